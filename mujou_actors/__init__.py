@@ -1,0 +1,44 @@
+"""mujou_actors: PyTorch nodes as actors, typed ports, a shared worker pool,
+simulated time that is bit-for-bit reproducible.
+
+Import it as ``import mujou_actors as mujou``.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CallbackError,
+    MujouError,
+    NetError,
+    NodeError,
+    NotRunningError,
+    PortTypeError,
+    SnapshotError,
+    StopTimeoutError,
+)
+from .node import Node
+from .ports import Input, Output, connect
+from .run import Run, run
+from .stats import NodeStats, RunStats, WorkerStats
+
+__all__ = [
+    "CallbackError",
+    "Input",
+    "MujouError",
+    "NetError",
+    "Node",
+    "NodeError",
+    "NodeStats",
+    "NotRunningError",
+    "Output",
+    "PortTypeError",
+    "Run",
+    "RunStats",
+    "SnapshotError",
+    "StopTimeoutError",
+    "WorkerStats",
+    "connect",
+    "run",
+]
+
+__version__ = "0.1.0"

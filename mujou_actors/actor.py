@@ -1,0 +1,134 @@
+"""The actor behind each node: its mailbox, schedule, context and statistics.
+
+An actor runs one hook at a time. The dispatcher decides *when* (and on which
+thread); the actor does *what*: apply the deliveries that are due, work out
+``dt`` and the tick bookkeeping, call the hook in the node's own
+``contextvars.Context`` and record its statistics.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections import deque
+from typing import Any
+
+from .mailbox import Mailbox
+
+__all__ = ["Actor", "LATENESS_SAMPLES"]
+
+# The lateness percentiles in stats() are taken over this many recent updates.
+LATENESS_SAMPLES = 1024
+
+
+class Actor:
+    """Runtime record of one node inside one run (not a public class)."""
+
+    __slots__ = (
+        "node", "path", "order", "dedicated", "period_ns", "device",
+        "mailbox", "context", "triggers",
+        # schedule (guarded by the dispatcher's lock while not busy)
+        "next_tick_ns", "trigger_key", "queued_key", "version", "busy",
+        # the hook in flight
+        "hook", "stamp", "seq", "thread_name",
+        # lifecycle
+        "started", "failed",
+        # statistics
+        "updates", "overruns", "dt_sum", "dt_max", "lateness", "hook_ns", "restarts",
+        "last_update_ns",
+    )
+
+    def __init__(self, node: Any, path: str, order: int) -> None:
+        self.node = node
+        self.path = path
+        self.order = order
+        self.dedicated: bool = node._mujou_dedicated
+        self.period_ns: int | None = node._mujou_period_ns
+        self.device = node._mujou_device
+        self.mailbox = Mailbox()
+        # A fresh, empty context per node: contextvars set in one node's hooks
+        # are seen by its later hooks and by no other node, nor by the host.
+        self.context = contextvars.Context()
+        self.triggers: frozenset[Any] = frozenset()
+        self.next_tick_ns: int | None = None
+        self.trigger_key: tuple[int, int] | None = None
+        self.queued_key: tuple[int, int] | None = None
+        self.version = 0
+        self.busy = False
+        self.hook: str | None = None
+        self.stamp: tuple[int, int] = (0, 0)
+        self.seq = 0
+        self.thread_name: str | None = None
+        self.started = False
+        self.failed = False
+        self.updates = 0
+        self.overruns = 0
+        self.dt_sum = 0.0
+        self.dt_max = 0.0
+        self.lateness: deque[int] = deque(maxlen=LATENESS_SAMPLES)
+        self.hook_ns = 0
+        self.restarts = 0
+        self.last_update_ns = 0
+
+    def schedule_first_tick(self, start_ns: int) -> None:
+        """Make the first tick due one period after ``start_ns`` (drift-free grid)."""
+        period = self.period_ns
+        if period is not None:
+            # Ticks sit on the grid k * period even for a run that starts late
+            # (a restored run), so schedules continue where they were.
+            self.next_tick_ns = (start_ns // period + 1) * period
+        self.last_update_ns = start_ns
+
+    def key(self) -> tuple[int, int] | None:
+        """The (time, delta) of this actor's earliest pending timed work."""
+        trig = self.trigger_key
+        tick = self.next_tick_ns
+        if tick is None:
+            return trig
+        if trig is None or (tick, 0) < trig:
+            return (tick, 0)
+        return trig
+
+    def apply_deliveries(self, before: tuple[int, int] | None) -> bool:
+        """Push due deliveries into the node's Inputs; True when one triggers."""
+        triggered = False
+        triggers = self.triggers
+        for d in self.mailbox.take_deliveries(before):
+            d.input._push(d.message)
+            if d.input in triggers:
+                triggered = True
+        return triggered
+
+    def run_update(self, now_ns: int, due_ns: int, is_tick: bool) -> None:
+        """Call ``on_update`` for a tick due at ``due_ns`` or a trigger, at ``now_ns``.
+
+        A tick that starts a full period or more after it was due stands for
+        the latest missed tick: the missed ones are counted as overruns and
+        skipped, never run as a burst.
+        """
+        if is_tick:
+            period = self.period_ns
+            assert period is not None
+            missed = (now_ns - due_ns) // period
+            if missed > 0:
+                self.overruns += missed
+                due_ns += missed * period
+            self.next_tick_ns = due_ns + period
+        dt = (now_ns - self.last_update_ns) / 1e9
+        self.last_update_ns = now_ns
+        self.lateness.append(now_ns - due_ns)
+        self.call("on_update", dt)
+        self.updates += 1
+        self.dt_sum += dt
+        if dt > self.dt_max:
+            self.dt_max = dt
+
+    def call(self, hook: str, *args: Any) -> None:
+        """Call a hook of the node in the node's context, timing it."""
+        self.hook = hook
+        t0 = time.perf_counter_ns()
+        try:
+            self.context.run(getattr(self.node, hook), *args)
+        finally:
+            self.hook_ns += time.perf_counter_ns() - t0
+            self.hook = None

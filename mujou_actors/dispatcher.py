@@ -1,0 +1,566 @@
+"""The dispatcher: worker pool, earliest-due-first ready queue, dedicated threads.
+
+One lock guards the schedule. Actors that are ready sit in a heap keyed by
+``(time_ns, delta, order)``; a worker pops the earliest, runs one hook of that
+actor with the lock released, and puts the actor back with its next key. An
+actor is in the heap at most once and never on two threads at once, so the
+hooks of one node never overlap, and the lock hand-over makes each hook see
+what the previous one wrote, whichever thread ran it.
+
+Simulated time adds one rule (``_may_start``): work at a later ``(time,
+delta)`` waits until everything earlier has finished. A message sent at
+``(t, d)`` is therefore applied before any later hook of its reader and never
+during the same cycle, and deliveries are sorted by stamp: the result is
+bit-identical whatever the number of workers.
+
+Dedicated-thread actors are not in the heap; each has a thread that waits
+for its own key under the same rules.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from .actor import Actor
+from .errors import NotRunningError
+from .mailbox import HOST_ORDER, Delivery, Start, Stop
+from .timers import Timer
+
+__all__ = ["Dispatcher", "usable_cpus", "default_workers"]
+
+log = logging.getLogger("mujou_actors")
+
+CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
+
+# Run modes of the dispatcher.
+CONTROL, RUNNING, STOPPING, SHUTDOWN = "control", "running", "stopping", "shutdown"
+
+
+# ---------------------------------------------------------------------------
+# Worker count
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """CPUs allowed by the cgroup quota of this process (v2 ``cpu.max`` or v1), if any."""
+    limits: list[float] = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            entries = [line.strip().split(":", 2) for line in f if line.strip()]
+    except OSError:
+        return None
+    for _, controllers, rel in entries:
+        if controllers == "":  # cgroup v2: walk the path and its ancestors
+            parts = [p for p in rel.split("/") if p]
+            for i in range(len(parts), -1, -1):
+                limit = _read_cpu_max(os.path.join("/sys/fs/cgroup", *parts[:i], "cpu.max"))
+                if limit is not None:
+                    limits.append(limit)
+        elif "cpu" in controllers.split(","):
+            for root in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"):
+                limit = _read_cfs(os.path.join(root, rel.lstrip("/")))
+                if limit is None:
+                    limit = _read_cfs(root)
+                if limit is not None:
+                    limits.append(limit)
+                    break
+    return min(limits) if limits else None
+
+
+def _read_cpu_max(path: str) -> float | None:
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return int(quota) / int(period)
+
+
+def _read_cfs(folder: str) -> float | None:
+    try:
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return None if quota <= 0 else quota / period
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: logical cores, limited by affinity and cgroup quota.
+
+    Returns:
+        int: at least 1. The quota is rounded up (1.5 CPUs allow 2 threads to
+        make progress).
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_limit()
+    if quota is not None:
+        cpus = min(cpus, max(1, -(-int(quota * 1000) // 1000)))
+    return max(1, cpus)
+
+
+def gil_enabled() -> bool:
+    """Whether the GIL is enabled (always on Pythons before 3.13)."""
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
+
+
+def default_workers(pool_nodes: int, *, cpus: int | None = None, gil: bool | None = None) -> int:
+    """The default number of worker threads.
+
+    The usable CPUs, halved while the GIL is enabled (more threads would mostly
+    contend for it), never more than the nodes that run on the workers, and at
+    least 1.
+
+    Args:
+        pool_nodes (int): nodes without ``dedicated_thread``.
+        cpus (int, optional): usable CPUs; default :func:`usable_cpus`.
+        gil (bool, optional): whether the GIL is enabled; default: this process.
+    """
+    cpus = usable_cpus() if cpus is None else cpus
+    gil = gil_enabled() if gil is None else gil
+    n = cpus // 2 if gil else cpus
+    return max(1, min(n, pool_nodes))
+
+
+# ---------------------------------------------------------------------------
+# Dispatcher
+
+
+class Dispatcher:
+    """Runs the actors' hooks on a pool of workers and dedicated threads.
+
+    Args:
+        actors: every actor of the run, in the net's order.
+        timer: the run's timer.
+        workers: number of worker threads to start.
+        on_failure: called (without the lock) with ``(actor, hook, exc)`` when
+            a hook raises.
+        on_end: called (without the lock) once the run's ``duration`` is over.
+    """
+
+    def __init__(
+        self,
+        actors: list[Actor],
+        timer: Timer,
+        workers: int,
+        on_failure: Callable[[Actor, str, BaseException], None],
+        on_end: Callable[[], None],
+    ) -> None:
+        self.actors = actors
+        self.timer = timer
+        self.simulated = timer.simulated
+        self.n_workers = workers
+        self._on_failure = on_failure
+        self._on_end = on_end
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[int, int, int, int, Actor]] = []
+        self._dedicated = [a for a in actors if a.dedicated]
+        self._mode = CONTROL
+        self._inflight = 0
+        self._pending_control = 0
+        self._frontier: tuple[int, int] = CONTROL_KEY
+        self.end_ns: int | None = None
+        self._ended = False
+        self._host_seq = 0
+        self._threads: list[threading.Thread] = []
+        self._busy_ns: dict[str, int] = {}
+        self._started_ns = time.perf_counter_ns()
+
+    # -- threads -----------------------------------------------------------------
+    def start_threads(self) -> None:
+        """Start the worker threads and one thread per dedicated actor."""
+        for i in range(self.n_workers):
+            self._spawn(f"mujou-worker-{i}", self._worker_loop, None)
+        for actor in self._dedicated:
+            self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
+
+    def _spawn(self, name: str, target: Callable[..., None], arg: Any) -> None:
+        args = () if arg is None else (arg,)
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        self._busy_ns[name] = 0
+        thread.start()
+
+    def is_own_thread(self) -> bool:
+        """True on a worker or dedicated thread of this dispatcher."""
+        return threading.current_thread() in self._threads
+
+    def join_threads(self, timeout: float, skip: Iterable[str] = ()) -> None:
+        """Wait (up to ``timeout`` s in all) for the threads to exit, except ``skip``."""
+        deadline = time.monotonic() + timeout
+        skip = set(skip)
+        for thread in self._threads:
+            if thread.name not in skip and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- modes -------------------------------------------------------------------------
+    def start_running(self, start_ns: int) -> None:
+        """Start the timer at ``start_ns`` and let timed work run."""
+        with self._cond:
+            self.timer.start(start_ns)
+            self._frontier = (start_ns, 0)
+            first_trigger = (start_ns, 1) if self.simulated else (start_ns, 0)
+            for actor in self.actors:
+                actor.schedule_first_tick(start_ns)
+                if actor.trigger_key is not None:
+                    # Messages written before the timer started (inputs=, and
+                    # sends from on_start) trigger right after t = start.
+                    actor.trigger_key = first_trigger
+            self._mode = RUNNING
+            for actor in self.actors:
+                self._schedule(actor)
+            self._cond.notify_all()
+
+    def request_stop(self) -> None:
+        """Stop starting timed work; hooks in flight finish."""
+        with self._cond:
+            if self._mode in (CONTROL, RUNNING):
+                self._mode = STOPPING
+            self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        """Make every thread exit once it is out of its hook."""
+        with self._cond:
+            self._mode = SHUTDOWN
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> list[Actor]:
+        """Wait until no hook is in flight; return the actors still busy at timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return [a for a in self.actors if a.busy]
+
+    # -- control phases (start, stop) -----------------------------------------------
+    def run_control(self, actors: list[Actor], envelope: Any, timeout: float) -> list[Actor]:
+        """Post ``envelope`` to each actor, help run them, wait for all.
+
+        The calling thread runs pool actors' envelopes itself alongside the
+        workers (so a phase finishes even when every worker is stuck in a
+        hook); dedicated actors run theirs on their own thread.
+
+        Returns:
+            The actors whose envelope had not been handled after ``timeout`` s.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if self._mode == RUNNING:
+                raise RuntimeError("control phases run while timed work is held")
+            if self._mode == STOPPING:
+                self._mode = CONTROL
+            for actor in actors:
+                actor.mailbox.control.append(envelope)
+                self._pending_control += 1
+                if not actor.busy:
+                    self._schedule(actor)
+            self._cond.notify_all()
+            while self._pending_control:
+                item = self._pop_control()
+                if item is not None:
+                    self._run_locked(item)
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.05))
+            return [a for a in actors
+                    if a.busy or any(e is envelope for e in a.mailbox.control)]
+
+    def _pop_control(self) -> Actor | None:
+        heap = self._heap
+        while heap and heap[0][0] == CONTROL_KEY[0]:
+            _, _, _, version, actor = heapq.heappop(heap)
+            if version == actor.version and not actor.busy:
+                return actor
+        return None
+
+    # -- scheduling (lock held) ------------------------------------------------------
+    def _key(self, actor: Actor) -> tuple[int, int] | None:
+        if actor.mailbox.control:
+            return CONTROL_KEY
+        if self._mode != RUNNING or actor.failed:
+            return None
+        return actor.key()
+
+    def _schedule(self, actor: Actor) -> None:
+        """Queue a non-busy actor at its earliest pending key."""
+        key = self._key(actor)
+        if key is None:
+            actor.queued_key = None
+            return
+        queued = actor.queued_key
+        if queued is not None and queued <= key:
+            return
+        actor.version += 1
+        actor.queued_key = key
+        if actor.dedicated:
+            self._cond.notify_all()
+        else:
+            heapq.heappush(self._heap, (key[0], key[1], actor.order, actor.version, actor))
+            self._cond.notify()
+
+    def _global_min(self) -> tuple[int, int] | None:
+        """Earliest key of all pending work, dropping stale heap entries."""
+        heap = self._heap
+        while heap and heap[0][3] != heap[0][4].version:
+            heapq.heappop(heap)
+        best = (heap[0][0], heap[0][1]) if heap else None
+        for actor in self._dedicated:
+            k = actor.queued_key
+            if k is not None and not actor.busy and (best is None or k < best):
+                best = k
+        return best
+
+    def _may_start(self, key: tuple[int, int]) -> tuple[bool, float | None]:
+        """Whether work at ``key`` may start now; else how long to wait (None: a notify)."""
+        if key == CONTROL_KEY:
+            return True, None
+        if self._mode != RUNNING:
+            return False, None
+        end = self.end_ns
+        if self.simulated:
+            if key == self._frontier:
+                return True, None
+            if self._inflight or key != self._global_min():
+                return False, None
+            if end is not None and key[0] > end:
+                self._reach_end()
+                return False, None
+            self._frontier = key
+            self.timer.advance_to(key[0])  # type: ignore[attr-defined]
+            return True, None
+        now = self.timer.now_ns()
+        if end is not None and key[0] > end:
+            if now >= end and not self._inflight:
+                self._reach_end()
+                return False, None
+            return False, max(0.0, (end - now) / 1e9)
+        if key[0] <= now:
+            return True, None
+        return False, (key[0] - now) / 1e9
+
+    def _idle_wait(self) -> float | None:
+        """Nothing is queued: end the run if its duration allows, else wait."""
+        end = self.end_ns
+        if self._mode != RUNNING or end is None or self._inflight:
+            return None
+        if self._dedicated and self._global_min() is not None:
+            return None
+        if self.simulated:
+            self._reach_end()
+            return None
+        now = self.timer.now_ns()
+        if now >= end:
+            self._reach_end()
+            return None
+        return (end - now) / 1e9
+
+    def _reach_end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self.simulated and self.end_ns is not None:
+            self.timer.advance_to(self.end_ns)  # type: ignore[attr-defined]
+        self._mode = STOPPING
+        self._cond.notify_all()
+        # Hand the end over to the run without holding our lock.
+        threading.Thread(target=self._on_end, name="mujou-end", daemon=True).start()
+
+    # -- worker and dedicated loops -----------------------------------------------
+    def _worker_loop(self) -> None:
+        heap = self._heap
+        cond = self._cond
+        with cond:
+            while self._mode != SHUTDOWN:
+                if not heap:
+                    cond.wait(self._idle_wait())
+                    continue
+                t, d, _, version, actor = heap[0]
+                if version != actor.version or actor.busy:
+                    heapq.heappop(heap)
+                    continue
+                ok, wait = self._may_start((t, d))
+                if not ok:
+                    cond.wait(wait)
+                    continue
+                heapq.heappop(heap)
+                self._run_locked(actor)
+
+    def _dedicated_loop(self, actor: Actor) -> None:
+        cond = self._cond
+        with cond:
+            while self._mode != SHUTDOWN:
+                key = actor.queued_key
+                if key is None or actor.busy:
+                    cond.wait(self._idle_wait())
+                    continue
+                ok, wait = self._may_start(key)
+                if not ok:
+                    cond.wait(wait)
+                    continue
+                self._run_locked(actor)
+
+    def _run_locked(self, actor: Actor) -> None:
+        """Run the actor's next work; called and returns with the lock held."""
+        key = actor.queued_key
+        actor.queued_key = None
+        actor.version += 1
+        actor.busy = True
+        self._inflight += 1
+        control = None
+        is_tick = False
+        due = 0
+        if key == CONTROL_KEY:
+            control = actor.mailbox.control.popleft()
+        else:
+            assert key is not None
+            tick = actor.next_tick_ns
+            if self.simulated:
+                is_tick = key[1] == 0 and tick == key[0]
+                now = key[0]
+            else:
+                now = self.timer.now_ns()
+                is_tick = tick is not None and tick <= now
+            trig = actor.trigger_key
+            if trig is not None and trig <= key:
+                actor.trigger_key = None
+                due = trig[0]
+            if is_tick:
+                due = tick  # type: ignore[assignment]
+            actor.stamp = key
+        name = threading.current_thread().name
+        actor.thread_name = name
+        self._cond.release()
+        t0 = time.perf_counter_ns()
+        try:
+            if control is not None:
+                self._run_control(actor, control)
+            else:
+                before = key if self.simulated else None
+                actor.apply_deliveries(before)
+                self._run_update(actor, now, due, is_tick)
+        finally:
+            busy = time.perf_counter_ns() - t0
+            self._cond.acquire()
+            if name in self._busy_ns:  # a host thread helping in a control phase is no worker
+                self._busy_ns[name] += busy
+            self._inflight -= 1
+            actor.busy = False
+            if control is not None:
+                self._pending_control -= 1
+            self._schedule(actor)
+            self._cond.notify_all()
+
+    def _run_update(self, actor: Actor, now: int, due: int, is_tick: bool) -> None:
+        try:
+            actor.run_update(now, due, is_tick)
+        except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+            self._fail(actor, "on_update", exc)
+
+    def _run_control(self, actor: Actor, envelope: Any) -> None:
+        if isinstance(envelope, Start):
+            actor.stamp = CONTROL_KEY
+            try:
+                actor.call("on_start")
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(actor, "on_start", exc)
+            else:
+                actor.started = True
+        elif isinstance(envelope, Stop):
+            if actor.started:
+                actor.started = False
+                try:
+                    actor.call("on_stop")
+                except BaseException as exc:  # noqa: BLE001
+                    self._fail(actor, "on_stop", exc)
+        else:
+            envelope(actor)
+
+    def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        actor.failed = True
+        self._on_failure(actor, hook, exc)
+
+    # -- messages ----------------------------------------------------------------------
+    def trigger(self, actor: Actor, key: tuple[int, int]) -> None:
+        """Make ``actor`` run a triggered update at ``key`` (or earlier)."""
+        with self._cond:
+            current = actor.trigger_key
+            if current is None or key < current:
+                actor.trigger_key = key
+                if not actor.busy:
+                    self._schedule(actor)
+
+    def host_deliver(self, actor: Actor, port: Any, message: Any, triggers: bool) -> None:
+        """Deliver a message written by the host (run.write, inputs=)."""
+        with self._cond:
+            self._host_seq += 1
+            seq = self._host_seq
+            actor.mailbox.deliveries.append(
+                Delivery(-1, 0, HOST_ORDER, seq, port, message))
+            if triggers:
+                if self._mode == CONTROL:
+                    key = CONTROL_KEY  # made (start, 1) when the timer starts
+                elif self.simulated:
+                    t, d = self._frontier
+                    key = (t, d + 1)
+                else:
+                    key = (self.timer.now_ns(), 0)
+                current = actor.trigger_key
+                if current is None or key < current:
+                    actor.trigger_key = key
+                if not actor.busy:
+                    self._schedule(actor)
+
+    def make_sink(self, sender: Actor, routes: list[tuple[Any, Actor, bool]],
+                  view: Any) -> Callable[[Any, Any], None]:
+        """Build the function an Output of ``sender`` hands its messages to.
+
+        Args:
+            sender: the actor owning the Output.
+            routes: ``(input, reader actor, triggers)`` for every connected Input.
+            view: the host's view of the Output (``last`` and ``listeners``).
+        """
+        simulated = self.simulated
+        now_ns = self.timer.now_ns
+        trigger = self.trigger
+        order = sender.order
+
+        def sink(output: Any, message: Any) -> None:
+            if sender.hook is None:
+                raise NotRunningError(
+                    f"output {output.path!r}: send() from outside a hook of node "
+                    f"{sender.path or '<root>'!r}")
+            seq = sender.seq = sender.seq + 1
+            t, d = sender.stamp
+            for port, reader, triggers in routes:
+                reader.mailbox.deliveries.append(Delivery(t, d, order, seq, port, message))
+                if triggers:
+                    trigger(reader, (t, d + 1) if simulated else (now_ns(), 0))
+            view.last = message
+            if view.listeners:
+                view.publish(message)
+
+        return sink
+
+    def busy_fractions(self) -> dict[str, float]:
+        """Share of wall time each thread spent running hooks, by thread name."""
+        elapsed = max(1, time.perf_counter_ns() - self._started_ns)
+        with self._cond:
+            return {name: busy / elapsed for name, busy in self._busy_ns.items()}

@@ -1,0 +1,93 @@
+"""Every exception the framework raises, under one base class.
+
+The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
+plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
+(``NodeError``), bad data (``SnapshotError``) and time (``StopTimeoutError``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MujouError",
+    "PortTypeError",
+    "NodeError",
+    "SnapshotError",
+    "StopTimeoutError",
+    "NotRunningError",
+    "NetError",
+    "CallbackError",
+]
+
+
+class MujouError(Exception):
+    """Base class of every exception defined by mujou_actors."""
+
+
+class PortTypeError(MujouError, TypeError):
+    """A message, or a connection, does not match a port's declared type.
+
+    Raised by :func:`mujou_actors.connect` when an Output's type cannot feed an
+    Input, and by ``Output.send``, ``Run.write`` and ``run(inputs=...)`` when a
+    value does not match. The message names the port path, what was expected and
+    what was got. It is a ``TypeError``, so ``except TypeError`` catches it too.
+    """
+
+
+class NodeError(MujouError):
+    """A hook of a node raised; the run that ran it has stopped.
+
+    The original exception is the ``__cause__``.
+
+    Attributes:
+        path (str): dotted path of the failed node (``""`` for the root).
+        hook (str): name of the hook that raised (``"on_update"``, ...).
+        failures (list[NodeError]): every failure the run saw, in order; the
+            first is this error itself. Later ones (for example an ``on_stop``
+            that raised while the run was ending) are also logged.
+    """
+
+    def __init__(self, path: str, hook: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.hook = hook
+        self.failures: list[NodeError] = [self]
+
+
+class SnapshotError(MujouError):
+    """A snapshot file or state tree is truncated, corrupted, foreign or too new."""
+
+
+class StopTimeoutError(MujouError, TimeoutError):
+    """Nodes were still inside a hook when ``stop_timeout`` ran out.
+
+    Their threads are left behind (they are daemon threads) and their
+    ``on_stop`` is not run, since it would overlap the hook still running.
+
+    Attributes:
+        stuck (dict[str, str]): node path -> name of the hook it is stuck in.
+    """
+
+    def __init__(self, stuck: dict[str, str], timeout: float) -> None:
+        names = ", ".join(f"{p or '<root>'!r} in {h}" for p, h in stuck.items())
+        super().__init__(f"stop timed out after {timeout} s: still running: {names}")
+        self.stuck = stuck
+
+
+class NotRunningError(MujouError, RuntimeError):
+    """A port was used outside a running net, or from the wrong node."""
+
+
+class NetError(MujouError, ValueError):
+    """The net given to ``mujou.run`` is not valid.
+
+    For example: a node reachable under two paths, a port connected to a node
+    outside the net, a node already running in another run, or a node whose
+    ``__init__`` did not call ``super().__init__()``.
+    """
+
+
+class CallbackError(MujouError):
+    """A host callback given to ``Run.subscribe`` raised; the run has stopped.
+
+    The original exception is the ``__cause__``.
+    """

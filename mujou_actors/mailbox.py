@@ -1,0 +1,91 @@
+"""Envelopes and mailboxes: everything that reaches a node goes through its mailbox.
+
+Two kinds of envelope reach an actor:
+
+* control envelopes (``Start``, ``Stop``, and later snapshot and restore
+  requests): handled one at a time, before any timed work;
+* deliveries: a message for one of the node's Inputs, stamped with the time
+  and delta cycle it was sent at, the sender's order in the net and the
+  sender's sequence number. Ordering by that stamp is what makes simulated
+  runs deterministic whatever the number of workers.
+
+Timer ticks are not queued: a node's next tick is a single due time in its
+schedule, so a late node skips ticks instead of accumulating a burst.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+__all__ = ["Start", "Stop", "Delivery", "Mailbox", "HOST_ORDER"]
+
+# Sender order used for the host's writes (run.write, inputs=): before any node.
+HOST_ORDER = -1
+
+
+class Start:
+    """Run the node's ``on_start``."""
+
+    __slots__ = ()
+
+
+class Stop:
+    """Run the node's ``on_stop``."""
+
+    __slots__ = ()
+
+
+class Delivery(NamedTuple):
+    """A message for one Input, with its stamp (sorts by the first four fields)."""
+
+    t_ns: int          # run time of the sending hook
+    delta: int         # delta cycle of the sending hook
+    sender: int        # sender's order in the net (HOST_ORDER for the host)
+    seq: int           # sender's send counter
+    input: Any         # the Input port
+    message: Any
+
+
+class Mailbox:
+    """One node's mailbox: control envelopes and stamped deliveries.
+
+    Senders append from any thread (``deque.append`` is atomic); only the
+    thread that runs the node's hook takes envelopes out.
+    """
+
+    __slots__ = ("control", "deliveries")
+
+    def __init__(self) -> None:
+        self.control: deque[Any] = deque()
+        self.deliveries: deque[Delivery] = deque()
+
+    def take_deliveries(self, before: tuple[int, int] | None) -> list[Delivery]:
+        """Remove and return the deliveries to apply before a hook.
+
+        Args:
+            before: ``(t_ns, delta)`` of the hook about to run in a simulated
+                run: only deliveries stamped earlier are taken, sorted by stamp
+                (the rest stay). ``None`` (real time): all, in arrival order.
+        """
+        queue = self.deliveries
+        taken: list[Delivery] = []
+        pop = queue.popleft
+        try:
+            while True:
+                taken.append(pop())
+        except IndexError:
+            pass
+        if before is None or not taken:
+            return taken
+        t, d = before
+        later = [x for x in taken if (x.t_ns, x.delta) >= (t, d)]
+        if later:
+            taken = [x for x in taken if (x.t_ns, x.delta) < (t, d)]
+            queue.extendleft(reversed(later))
+        taken.sort(key=_stamp)
+        return taken
+
+
+def _stamp(d: Delivery) -> tuple[int, int, int, int]:
+    return (d.t_ns, d.delta, d.sender, d.seq)

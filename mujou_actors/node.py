@@ -1,0 +1,257 @@
+"""``Node``: settings, generator, hooks, child nodes, ports and default state.
+
+A node knows nothing of threads or of the run that runs it: the run walks the
+tree of nodes, gives each a path and an actor, and calls the hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any, Iterator
+
+import torch
+
+from .devices import validate_device
+from .ports import Port, ports_of_class
+
+__all__ = ["Node"]
+
+# Attributes the framework keeps on a node are prefixed so that they never
+# collide with a user's own fields (as Pykka does).
+_PREFIX = "_mujou_"
+
+
+def _check_period(period: Any, where: str) -> int | None:
+    """Validate a period in seconds; return it in integer nanoseconds."""
+    if period is None:
+        return None
+    if isinstance(period, bool) or not isinstance(period, (int, float)):
+        raise TypeError(f"{where}: period must be a number of seconds or None, got {period!r}")
+    if not math.isfinite(period) or period <= 0:
+        raise ValueError(f"{where}: period must be a finite number > 0 or None, got {period!r}")
+    period_ns = round(period * 1_000_000_000)
+    if period_ns < 1:
+        raise ValueError(f"{where}: period {period!r} s is shorter than 1 ns")
+    return period_ns
+
+
+def _check_seed(seed: Any, where: str) -> int | None:
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{where}: seed must be an int or None, got {seed!r}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"{where}: seed must be in [0, 2**64), got {seed!r}")
+    return seed
+
+
+def random_seed() -> int:
+    """A fresh seed from the OS's entropy: different on every call."""
+    return secrets.randbits(63)
+
+
+class Node:
+    """A small stateful computation that runs as an actor.
+
+    Subclass it, call ``super().__init__(...)`` first in ``__init__``, declare
+    ports and override the hooks. All arguments are keyword-only.
+
+    Args:
+        period (float | None): seconds of the run's timer between two updates
+            on average; updates are due at ``k * period`` (k = 1, 2, ...).
+            ``None``: no timer, the node updates when a triggering Input
+            receives a message. Default: 0.01.
+        seed (int | None): seed of ``self.generator``. ``None``: the run's
+            ``seed=`` derives one from the node's path, or, without it, every
+            run draws a fresh one. Default: None.
+        device (str | torch.device): ``"cpu"`` or a CUDA device. ``"cuda"``
+            without index is fixed to the current CUDA device now.
+            Default: ``"cpu"``.
+        dedicated_thread (bool): run the hooks, ``on_start`` included, on a
+            thread of the node's own (named ``mujou-node-PATH``) instead of the
+            shared workers: for hooks that block or rely on per-thread state.
+            Default: False.
+
+    Raises:
+        ValueError: ``period`` not finite or <= 0; a device other than the CPU
+            or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available.
+        TypeError: an argument of the wrong type.
+
+    Example::
+
+        class Noise(Node):
+            out = Output(torch.Tensor, shape=(3,))
+
+            def __init__(self):
+                super().__init__(period=0.004, seed=7)
+
+            def on_update(self, dt):
+                self.out.send(torch.randn(3, generator=self.generator))
+    """
+
+    def __init__(
+        self,
+        *,
+        period: float | None = 0.01,
+        seed: int | None = None,
+        device: str | torch.device = "cpu",
+        dedicated_thread: bool = False,
+    ) -> None:
+        where = type(self).__name__
+        self._mujou_period_ns = _check_period(period, where)
+        self._mujou_period = None if period is None else float(period)
+        self._mujou_seed = _check_seed(seed, where)
+        self._mujou_device = validate_device(device, owner=where)
+        if not isinstance(dedicated_thread, bool):
+            raise TypeError(f"{where}: dedicated_thread must be a bool, got {dedicated_thread!r}")
+        self._mujou_dedicated = dedicated_thread
+        self._mujou_generator = torch.Generator(device=self._mujou_device)
+        self._mujou_generator.manual_seed(seed if seed is not None else random_seed())
+        self._mujou_path: str | None = None
+        self._mujou_run: object | None = None
+
+    # -- ports assigned in __init__ are bound here; nothing else is routed ------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Port):
+            value._bind(self, name)
+        object.__setattr__(self, name, value)
+
+    # -- read-only settings -------------------------------------------------------
+    @property
+    def period(self) -> float | None:
+        """float | None: seconds of the run's timer between updates (None: triggered)."""
+        return self._mujou_period
+
+    @property
+    def generator(self) -> torch.Generator:
+        """torch.Generator: the node's own random generator, on the node's device."""
+        return self._mujou_generator
+
+    @property
+    def device(self) -> torch.device:
+        """torch.device: where the node computes (``cpu`` or ``cuda:N``)."""
+        return self._mujou_device
+
+    @property
+    def dedicated_thread(self) -> bool:
+        """bool: whether the node's hooks run on a thread of its own."""
+        return self._mujou_dedicated
+
+    @property
+    def path(self) -> str | None:
+        """str | None: dotted attribute path from the run's root (root: ``""``).
+
+        None while the node has never been part of a run.
+        """
+        return self._mujou_path
+
+    # -- hooks ----------------------------------------------------------------------
+    def on_start(self) -> None:
+        """Called once per start (and per restart), before any update."""
+
+    def on_update(self, dt: float) -> None:
+        """Called on every tick (and triggering message).
+
+        Args:
+            dt (float): seconds of the run's timer since this node's previous
+                update (since the start for the first one); exactly ``period``
+                with the simulated timer when the node is never late.
+        """
+
+    def on_stop(self) -> None:
+        """Called once when the run ends, for every node whose ``on_start`` ran."""
+
+    # -- state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The node's own state (not its children's: they have their own entries).
+
+        Holds ``"generator"`` (its state tensor) and every attribute that is a
+        ``torch.Tensor``, ``nn.Module`` or ``torch.optim.Optimizer`` (by their
+        own ``state_dict``). Subclasses extend it by calling ``super()``.
+
+        Returns:
+            dict[str, Any]: attribute name -> value.
+        """
+        state: dict[str, Any] = {"generator": self._mujou_generator.get_state()}
+        for name, value in vars(self).items():
+            if name.startswith(_PREFIX):
+                continue
+            if isinstance(value, torch.Tensor):
+                state[name] = value
+            elif isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+                state[name] = value.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; tensors go to the node's device.
+
+        Args:
+            state (dict[str, Any]): as returned by :meth:`state_dict`.
+
+        Raises:
+            KeyError: ``state`` names an attribute the node does not have.
+            ValueError: a generator state of the wrong kind (a CUDA
+                generator's state into a CPU node or the reverse).
+        """
+        gen = state.get("generator")
+        if gen is not None:
+            if gen.numel() != self._mujou_generator.get_state().numel():
+                raise ValueError(
+                    f"node {self._mujou_path!r}: the generator state does not fit a "
+                    f"{self._mujou_device.type} generator (state saved on another device type?)"
+                )
+            self._mujou_generator.set_state(gen.cpu())
+        for name, value in state.items():
+            if name == "generator":
+                continue
+            if not hasattr(self, name):
+                raise KeyError(f"node {self._mujou_path!r} has no attribute {name!r} to restore")
+            current = getattr(self, name)
+            if isinstance(current, torch.Tensor):
+                with torch.no_grad():
+                    current.copy_(value.to(current.device))
+            elif isinstance(current, torch.nn.Module):
+                current.load_state_dict(value)
+            elif isinstance(current, torch.optim.Optimizer):
+                current.load_state_dict(value)
+            else:
+                object.__setattr__(self, name, value)
+
+    # -- introspection used by the run ----------------------------------------------
+    def _mujou_ports(self) -> dict[str, Port]:
+        """Every port of this node by attribute name (binds declared ones)."""
+        ports: dict[str, Port] = {}
+        for name in ports_of_class(type(self)):
+            port = getattr(self, name)
+            if isinstance(port, Port):
+                ports[name] = port
+        for name, value in vars(self).items():
+            if isinstance(value, Port):
+                ports[name] = value
+        return ports
+
+    def _mujou_children(self) -> Iterator[tuple[str, Node]]:
+        """Child nodes held as attributes, or in lists, tuples and dicts of them."""
+        for name, value in vars(self).items():
+            if name.startswith(_PREFIX):
+                continue
+            yield from iter_nodes(name, value)
+
+    def __repr__(self) -> str:
+        where = "" if self._mujou_path is None else f" {self._mujou_path or '<root>'!r}"
+        return f"<{type(self).__name__}{where}>"
+
+
+def iter_nodes(prefix: str, value: Any) -> Iterator[tuple[str, Node]]:
+    """Nodes in ``value`` (a node, or a list/tuple/dict of them) with dotted paths."""
+    if isinstance(value, Node):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if isinstance(item, Node):
+                yield f"{prefix}.{i}" if prefix else str(i), item
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, Node) and isinstance(key, (str, int)):
+                yield f"{prefix}.{key}" if prefix else str(key), item

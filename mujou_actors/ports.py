@@ -1,0 +1,515 @@
+"""Typed ports: ``Input``, ``Output``, ``connect``, message checks and QoS buffers.
+
+A port is declared on a node class (a descriptor that gives each node instance
+its own port object on first access) or assigned in ``__init__``. This module
+knows nothing of threads: an Output hands every checked and copied message to
+a *sink* that the running net installs (the dispatcher), and an Input's buffer
+is only touched by its node's own hooks, which never overlap.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections import deque
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .errors import NotRunningError, PortTypeError
+
+__all__ = ["Port", "Input", "Output", "connect", "copy_message"]
+
+log = logging.getLogger("mujou_actors")
+
+Checker = Callable[[Any], Any]
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
+
+
+# ---------------------------------------------------------------------------
+# Message types
+
+
+class _Spec:
+    """The declared type of a port: a Python type, or a tensor with shape/dtype."""
+
+    __slots__ = ("type", "shape", "dtype")
+
+    def __init__(self, type_: Any, shape: Any, dtype: Any, where: str) -> None:
+        if not isinstance(type_, type):
+            raise TypeError(f"{where}: the message type must be a class, got {type_!r}")
+        is_tensor = issubclass(type_, torch.Tensor)
+        if not is_tensor and (shape is not None or dtype is not None):
+            raise TypeError(f"{where}: shape and dtype apply to torch.Tensor ports only")
+        if shape is not None:
+            shape = tuple(shape)
+            for dim in shape:
+                if dim is not None and (type(dim) is not int or dim < 0):
+                    raise TypeError(
+                        f"{where}: shape must hold ints >= 0 or None, got {shape!r}"
+                    )
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{where}: dtype must be a torch.dtype, got {dtype!r}")
+        self.type = type_
+        self.shape = shape
+        self.dtype = dtype
+
+    def describe(self) -> str:
+        if not issubclass(self.type, torch.Tensor):
+            return self.type.__name__
+        parts = []
+        if self.dtype is not None:
+            parts.append(f"dtype={self.dtype}")
+        if self.shape is not None:
+            parts.append(f"shape={self.shape}")
+        return f"Tensor({', '.join(parts)})"
+
+    def accepts_all_of(self, other: _Spec) -> bool:
+        """True when every value of ``other`` is a value of ``self`` (no check needed)."""
+        if self.type is object:
+            return True
+        if not issubclass(other.type, self.type) or other.type is object:
+            return self.type is float and other.type is int
+        if self.dtype is not None and other.dtype != self.dtype:
+            return False
+        if self.shape is None:
+            return True
+        if other.shape is None or len(other.shape) != len(self.shape):
+            return False
+        return all(a is None or a == b for a, b in zip(self.shape, other.shape))
+
+    def may_accept_some_of(self, other: _Spec) -> bool:
+        """False when no value of ``other`` can be a value of ``self``."""
+        if self.type is object or other.type is object:
+            return True
+        if self.type is float and other.type is int:
+            return True
+        if not (issubclass(other.type, self.type) or issubclass(self.type, other.type)):
+            return False
+        if None not in (self.dtype, other.dtype) and self.dtype != other.dtype:
+            return False
+        if self.shape is None or other.shape is None:
+            return True
+        if len(self.shape) != len(other.shape):
+            return False
+        return all(a is None or b is None or a == b for a, b in zip(self.shape, other.shape))
+
+
+def describe_value(value: Any) -> str:
+    """A short description of a message for error messages (type, dtype, shape)."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(dtype={value.dtype}, shape={tuple(value.shape)})"
+    return type(value).__name__
+
+
+def _make_checker(spec: _Spec, port: Port) -> Checker | None:
+    """Compile the check of ``spec`` into one small function (None: accept all).
+
+    The function returns the value to deliver (an ``int`` on a ``float`` port
+    becomes a ``float``) or raises :class:`PortTypeError` naming ``port``.
+    """
+    t = spec.type
+    if t is object:
+        return None
+
+    def fail(value: Any) -> PortTypeError:
+        return PortTypeError(
+            f"port {port.path!r}: expected {spec.describe()}, got {describe_value(value)}"
+        )
+
+    if issubclass(t, torch.Tensor):
+        dtype, shape = spec.dtype, spec.shape
+        ndim = None if shape is None else len(shape)
+        fixed = () if shape is None else tuple((i, d) for i, d in enumerate(shape) if d is not None)
+
+        def check_tensor(value: Any) -> Any:
+            if not isinstance(value, t):
+                raise fail(value)
+            if dtype is not None and value.dtype != dtype:
+                raise fail(value)
+            if ndim is not None:
+                vshape = value.shape
+                if len(vshape) != ndim:
+                    raise fail(value)
+                for i, d in fixed:
+                    if vshape[i] != d:
+                        raise fail(value)
+            return value
+
+        return check_tensor
+    if t is float:
+
+        def check_float(value: Any) -> Any:
+            vt = type(value)
+            if vt is float:
+                return value
+            if vt is int or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                return float(value)
+            raise fail(value)
+
+        return check_float
+    if t is int:
+
+        def check_int(value: Any) -> Any:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise fail(value)
+
+        return check_int
+
+    def check_instance(value: Any) -> Any:
+        if isinstance(value, t):
+            return value
+        raise fail(value)
+
+    return check_instance
+
+
+def copy_message(value: Any) -> Any:
+    """Copy a message for value semantics: tensors are cloned, containers rebuilt.
+
+    Immutable scalars are shared. Tensors are detached and cloned (a message
+    carries data, not an autograd graph), also inside lists, tuples, dicts,
+    NamedTuples and dataclasses. Other objects are deep-copied.
+
+    Args:
+        value: any message.
+
+    Returns:
+        A copy that shares no mutable memory with ``value``.
+    """
+    vt = type(value)
+    if vt in _IMMUTABLE:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if vt is list:
+        return [copy_message(v) for v in value]
+    if vt is dict:
+        return {k: copy_message(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [copy_message(v) for v in value]
+        return vt(*items) if hasattr(vt, "_fields") else vt(items)
+    if dataclasses.is_dataclass(value):
+        clone = copy.copy(value)
+        for f in dataclasses.fields(value):
+            object.__setattr__(clone, f.name, copy_message(getattr(value, f.name)))
+        return clone
+    return copy.deepcopy(value)
+
+
+# ---------------------------------------------------------------------------
+# Ports
+
+
+class Port:
+    """Common part of :class:`Input` and :class:`Output`: type, owner and path.
+
+    A port object declared on a class is a template; each node instance gets
+    its own bound copy on first attribute access (a descriptor), so two nodes of
+    one class never share a port.
+    """
+
+    _kind = "port"
+
+    def __init__(self, type_: Any = object, *, shape: Any = None, dtype: Any = None) -> None:
+        self._spec = _Spec(type_, shape, dtype, f"{type(self).__name__}({type_!r})")
+        self._name: str | None = None
+        self._owner: Any = None
+        self._check: Checker | None = None
+
+    # -- descriptor protocol: one port object per node instance ---------------
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        bound = self._template_copy()
+        bound._bind(instance, self._name or "?")
+        instance.__dict__[self._name] = bound
+        return bound
+
+    def _template_copy(self) -> Port:
+        raise NotImplementedError
+
+    def _bind(self, owner: Any, name: str) -> None:
+        if self._owner is not None and self._owner is not owner:
+            raise ValueError(
+                f"port {self.path!r} already belongs to another node; "
+                f"make a new {type(self).__name__} for {type(owner).__name__}.{name}"
+            )
+        self._owner = owner
+        self._name = name
+        self._check = _make_checker(self._spec, self)
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def name(self) -> str | None:
+        """str | None: attribute name of the port on its node (None while unbound)."""
+        return self._name
+
+    @property
+    def node(self) -> Any:
+        """Node | None: the node the port belongs to (None while unbound)."""
+        return self._owner
+
+    @property
+    def path(self) -> str:
+        """str: dotted path ``"node.path.port"`` inside the running net.
+
+        Before the node joins a run its path is not known yet, so the path is
+        ``"ClassName.port"``.
+        """
+        owner = self._owner
+        if owner is None:
+            return f"<unbound {type(self).__name__}>"
+        node_path = getattr(owner, "_mujou_path", None)
+        if node_path is None:
+            return f"{type(owner).__name__}.{self._name}"
+        return f"{node_path}.{self._name}" if node_path else str(self._name)
+
+    @property
+    def type(self) -> type:
+        """type: the declared message type (``torch.Tensor`` for tensor ports)."""
+        return self._spec.type
+
+    @property
+    def shape(self) -> tuple[int | None, ...] | None:
+        """tuple | None: declared tensor shape, None entries are free dimensions."""
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """torch.dtype | None: declared tensor dtype."""
+        return self._spec.dtype
+
+    def check(self, value: Any) -> Any:
+        """Check ``value`` against the port's type.
+
+        Returns:
+            The value to deliver (an ``int`` sent on a ``float`` port becomes a
+            ``float``).
+
+        Raises:
+            PortTypeError: the value does not match; names the port, what was
+                expected and what was got.
+        """
+        check = self._check
+        return value if check is None else check(value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} {self._spec.describe()}>"
+
+
+class Input(Port):
+    """An input port: a QoS buffer of received messages.
+
+    Args:
+        type_ (type): message type: a Python class (``int``, ``float``, ``str``,
+            a dataclass, a NamedTuple, ...), ``torch.Tensor``, or ``object`` for
+            anything. Default: ``object``.
+        shape (tuple[int | None, ...], optional): for tensors, the shape;
+            ``None`` marks a free dimension.
+        dtype (torch.dtype, optional): for tensors, the dtype.
+        depth (int | None): how many messages are kept; when full the oldest is
+            dropped (and counted in ``run.stats()``). ``None`` keeps all.
+            Default: 1.
+        trigger (bool | None): whether a received message triggers an update.
+            ``None`` means: iff the node has ``period=None``. Several messages
+            that arrive before the triggered update starts give one update.
+
+    Raises:
+        TypeError: bad type, shape or dtype.
+        ValueError: ``depth`` is not None or an int >= 1.
+
+    Example::
+
+        class Controller(Node):
+            observation = Input(torch.Tensor, shape=(4,), dtype=torch.float64)
+            setpoint = Input(float, depth=1)
+    """
+
+    _kind = "input"
+
+    def __init__(
+        self,
+        type_: Any = object,
+        *,
+        shape: Any = None,
+        dtype: Any = None,
+        depth: int | None = 1,
+        trigger: bool | None = None,
+    ) -> None:
+        super().__init__(type_, shape=shape, dtype=dtype)
+        if depth is not None and (type(depth) is not int or depth < 1):
+            raise ValueError(f"Input depth must be an int >= 1 or None, got {depth!r}")
+        if trigger is not None and not isinstance(trigger, bool):
+            raise TypeError(f"Input trigger must be None, True or False, got {trigger!r}")
+        self._depth = depth
+        self._trigger = trigger
+        self._buffer: deque[Any] = deque(maxlen=depth)
+        self._drops = 0
+        self._sources: list[Output] = []
+
+    def _template_copy(self) -> Input:
+        spec = self._spec
+        return Input(spec.type, shape=spec.shape, dtype=spec.dtype,
+                     depth=self._depth, trigger=self._trigger)
+
+    @property
+    def depth(self) -> int | None:
+        """int | None: QoS depth, the number of messages kept (None: unbounded)."""
+        return self._depth
+
+    @property
+    def trigger(self) -> bool | None:
+        """bool | None: the ``trigger`` setting as given (None: follow the period)."""
+        return self._trigger
+
+    @property
+    def drops(self) -> int:
+        """int: messages dropped because the buffer was full, since the run started."""
+        return self._drops
+
+    def read(self) -> Any:
+        """Return the newest kept message without consuming it.
+
+        Returns:
+            The newest kept message, or ``None`` when none is kept (before the
+            first message, or after :meth:`drain`). Readers share the message
+            with the other readers: do not modify it.
+        """
+        buf = self._buffer
+        return buf[-1] if buf else None
+
+    def drain(self) -> list[Any]:
+        """Return and consume every kept message, oldest first."""
+        buf = self._buffer
+        out = list(buf)
+        buf.clear()
+        return out
+
+    def __len__(self) -> int:
+        """The number of kept messages."""
+        return len(self._buffer)
+
+    def __bool__(self) -> bool:
+        # A port is always truthy, whatever its length: ``if self.inp:`` would
+        # otherwise silently mean "has messages".
+        return True
+
+    def _push(self, message: Any) -> None:
+        """Keep one message (called by the owning actor before its hook runs)."""
+        buf = self._buffer
+        if self._depth is not None and len(buf) == self._depth:
+            self._drops += 1
+            if self._drops == 1:
+                log.warning(
+                    "input %r is full (depth %d): dropping its oldest messages; "
+                    "drops are counted in run.stats()", self.path, self._depth,
+                )
+        buf.append(message)
+
+    def _reset(self) -> None:
+        self._buffer.clear()
+        self._drops = 0
+
+
+class Output(Port):
+    """An output port: ``send`` delivers a copy of a message to every connected Input.
+
+    Args:
+        type_ (type): message type, as for :class:`Input`. Default: ``object``.
+        shape (tuple[int | None, ...], optional): for tensors, the shape.
+        dtype (torch.dtype, optional): for tensors, the dtype.
+
+    An Output may feed any number of Inputs; messages from one Output to one
+    Input arrive in send order.
+    """
+
+    _kind = "output"
+
+    def __init__(self, type_: Any = object, *, shape: Any = None, dtype: Any = None) -> None:
+        super().__init__(type_, shape=shape, dtype=dtype)
+        self._readers: list[Input] = []
+        # Readers whose declared type is narrower than ours: checked at send.
+        self._strict_readers: list[Input] = []
+        self._sink: Callable[[Output, Any], None] | None = None
+
+    def _template_copy(self) -> Output:
+        spec = self._spec
+        return Output(spec.type, shape=spec.shape, dtype=spec.dtype)
+
+    @property
+    def readers(self) -> tuple[Input, ...]:
+        """tuple[Input, ...]: the connected Inputs, in connection order."""
+        return tuple(self._readers)
+
+    def send(self, value: Any) -> None:
+        """Send a message to every connected Input.
+
+        The value is checked against this port's type (and against a reader's
+        narrower type), then copied: the caller may reuse or modify its buffer
+        right after. Call it from a hook of the port's own node.
+
+        Args:
+            value: the message; for tensor ports a ``torch.Tensor`` of the
+                declared dtype and shape.
+
+        Raises:
+            PortTypeError: the value does not match this port's type or a
+                connected Input's; nothing is delivered then.
+            NotRunningError: the node is not part of a running net.
+        """
+        check = self._check
+        if check is not None:
+            value = check(value)
+        for reader in self._strict_readers:
+            reader.check(value)
+        sink = self._sink
+        if sink is None:
+            raise NotRunningError(f"output {self.path!r}: send() needs a running net")
+        sink(self, copy_message(value))
+
+
+def connect(output: Output, input: Input) -> None:
+    """Connect an Output to an Input; checked at once.
+
+    Args:
+        output (Output): the sending port.
+        input (Input): the receiving port.
+
+    Raises:
+        TypeError: the arguments are not an Output and an Input (in that order).
+        PortTypeError: no message of the Output's type can match the Input's
+            type; names both ports and their types.
+        ValueError: the two ports are already connected.
+    """
+    if not isinstance(output, Output) or not isinstance(input, Input):
+        raise TypeError(
+            "connect(output, input) takes an Output then an Input, got "
+            f"{type(output).__name__} and {type(input).__name__}"
+        )
+    if not input._spec.may_accept_some_of(output._spec):
+        raise PortTypeError(
+            f"cannot connect {output.path!r} ({output._spec.describe()}) to "
+            f"{input.path!r} ({input._spec.describe()}): incompatible types"
+        )
+    if input in output._readers:
+        raise ValueError(f"{output.path!r} is already connected to {input.path!r}")
+    output._readers.append(input)
+    if not input._spec.accepts_all_of(output._spec):
+        output._strict_readers.append(input)
+    input._sources.append(output)
+
+
+def ports_of_class(cls: type) -> Iterable[str]:
+    """Names of the ports declared on ``cls`` and its bases, in definition order."""
+    seen: dict[str, None] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, Port):
+                seen[name] = None
+    return list(seen)

@@ -1,0 +1,82 @@
+"""Statistics of a run: frozen records returned by ``Run.stats()``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = ["NodeStats", "WorkerStats", "RunStats", "percentile"]
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """Counters of one node since the run started.
+
+    Attributes:
+        path (str): the node's dotted path.
+        updates (int): ``on_update`` calls.
+        overruns (int): ticks skipped because the node fell a period or more
+            behind (real time only; a simulated node is never late).
+        dt_mean (float): mean ``dt`` in seconds of the run's timer (0 before
+            the first update).
+        dt_max (float): largest ``dt`` in seconds.
+        lateness_p50 (float): median of (start - due) over recent updates, seconds.
+        lateness_p99 (float): 99th percentile of the same, seconds.
+        hook_time (float): wall seconds spent in the node's hooks.
+        drops (Mapping[str, int]): per Input name, messages dropped by QoS depth.
+        restarts (int): restarts by the supervisor.
+    """
+
+    path: str
+    updates: int
+    overruns: int
+    dt_mean: float
+    dt_max: float
+    lateness_p50: float
+    lateness_p99: float
+    hook_time: float
+    drops: Mapping[str, int] = field(default_factory=dict)
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker or dedicated thread.
+
+    Attributes:
+        name (str): thread name (``mujou-worker-N`` or ``mujou-node-PATH``).
+        busy (float): share of wall time since the start spent in hooks (0..1).
+    """
+
+    name: str
+    busy: float
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """A snapshot of a run's statistics.
+
+    Attributes:
+        time (float): the run's time in seconds of its timer.
+        wall (float): wall seconds since the run started.
+        nodes (Mapping[str, NodeStats]): by node path.
+        workers (Mapping[str, WorkerStats]): by thread name.
+    """
+
+    time: float
+    wall: float
+    nodes: Mapping[str, NodeStats]
+    workers: Mapping[str, WorkerStats]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+        object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
+
+
+def percentile(sorted_values: list[int], q: float) -> int:
+    """The ``q``-th percentile (0..100, nearest rank) of sorted values; 0 if empty."""
+    if not sorted_values:
+        return 0
+    rank = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * q // 100) - 1))
+    return sorted_values[int(rank)]
