@@ -89,15 +89,27 @@ class Actor:
             return (tick, 0)
         return trig
 
-    def apply_deliveries(self, before: tuple[int, int] | None) -> bool:
-        """Push due deliveries into the node's Inputs; True when one triggers."""
-        triggered = False
-        triggers = self.triggers
-        for d in self.mailbox.take_deliveries(before):
+    def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Push due deliveries into the node's Inputs.
+
+        Returns:
+            The trigger key ``(t, delta + 1)`` owed to the earliest triggering
+            delivery left for a later hook (simulated time), or None. A sender
+            at the same instant may have found this actor's trigger already
+            set for the current hook; this key keeps its message from waiting
+            for an unrelated update.
+        """
+        taken, kept = self.mailbox.take_deliveries(before)
+        for d in taken:
             d.input._push(d.message)
+        triggers = self.triggers
+        owed = None
+        for d in kept:
             if d.input in triggers:
-                triggered = True
-        return triggered
+                key = (d.t_ns, d.delta + 1)
+                if owed is None or key < owed:
+                    owed = key
+        return owed
 
     def run_update(self, now_ns: int, due_ns: int, is_tick: bool) -> None:
         """Call ``on_update`` for a tick due at ``due_ns`` or a trigger, at ``now_ns``.

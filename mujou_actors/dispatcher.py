@@ -449,16 +449,18 @@ class Dispatcher:
         actor.thread_name = name
         self._cond.release()
         t0 = time.perf_counter_ns()
+        owed = None
         try:
             if control is not None:
                 self._run_control(actor, control)
             else:
-                before = key if self.simulated else None
-                actor.apply_deliveries(before)
+                owed = actor.apply_deliveries(key if self.simulated else None)
                 self._run_update(actor, now, due, is_tick)
         finally:
             busy = time.perf_counter_ns() - t0
             self._cond.acquire()
+            if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
+                actor.trigger_key = owed
             if name in self._busy_ns:  # a host thread helping in a control phase is no worker
                 self._busy_ns[name] += busy
             self._inflight -= 1

@@ -60,13 +60,19 @@ class Mailbox:
         self.control: deque[Any] = deque()
         self.deliveries: deque[Delivery] = deque()
 
-    def take_deliveries(self, before: tuple[int, int] | None) -> list[Delivery]:
+    def take_deliveries(
+        self, before: tuple[int, int] | None
+    ) -> tuple[list[Delivery], list[Delivery]]:
         """Remove and return the deliveries to apply before a hook.
 
         Args:
             before: ``(t_ns, delta)`` of the hook about to run in a simulated
-                run: only deliveries stamped earlier are taken, sorted by stamp
-                (the rest stay). ``None`` (real time): all, in arrival order.
+                run: only deliveries stamped earlier are taken, sorted by stamp.
+                ``None`` (real time): all, in arrival order.
+
+        Returns:
+            ``(taken, kept)``: the deliveries to apply, and those left in the
+            mailbox for a later hook (stamped at or after ``before``).
         """
         queue = self.deliveries
         taken: list[Delivery] = []
@@ -77,14 +83,14 @@ class Mailbox:
         except IndexError:
             pass
         if before is None or not taken:
-            return taken
+            return taken, []
         t, d = before
-        later = [x for x in taken if (x.t_ns, x.delta) >= (t, d)]
-        if later:
+        kept = [x for x in taken if (x.t_ns, x.delta) >= (t, d)]
+        if kept:
             taken = [x for x in taken if (x.t_ns, x.delta) < (t, d)]
-            queue.extendleft(reversed(later))
+            queue.extendleft(reversed(kept))
         taken.sort(key=_stamp)
-        return taken
+        return taken, kept
 
 
 def _stamp(d: Delivery) -> tuple[int, int, int, int]:

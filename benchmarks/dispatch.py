@@ -1,0 +1,231 @@
+"""Dispatch overhead of mujou_actors: no-op periodic updates per second.
+
+What is measured
+----------------
+N (default 1,000) ``mujou.Node`` subclasses whose ``on_update(self, dt)`` does
+nothing run under the simulated timer with ``workers=1`` for ``--duration``
+seconds of simulated time. Since the hooks do no work, everything measured is
+framework cost: the ready heap, the lock hand-over, the simulated-time
+frontier, ``dt`` and statistics bookkeeping, the per-node context.
+
+* **mujou updates/s** = total ``updates`` from ``run.stats()`` divided by the
+  wall time of ``run.join()`` (timer running to the end of the run, including
+  the stop phase). Building the nodes is excluded; the time ``mujou.run(...)``
+  takes to return (validation, threads, every ``on_start``) is reported
+  separately as "start".
+* **floor updates/s**: a bare loop doing the same schedule with ``heapq`` over
+  ``(due_ns, index)`` on plain Python objects: peek the earliest, compute
+  ``dt``, call the same no-op ``on_update(dt)``, replace it with its next due
+  time. Same updates, same order, nothing else: the cost of the bare minimum.
+* **ratio** = mujou / floor, per repetition (1.0 would mean zero overhead
+  beyond a heap; 0.1 means the dispatcher spends 10x the floor per update).
+
+Two cases: ``uniform`` (every node period 10 ms: each time step releases all N
+nodes at once, ties broken by net order) and ``spread`` (periods spread over
+1..10 ms: the heap order really matters and each time step has few nodes).
+Both sides run exactly the same number of updates (asserted).
+
+How to read it: absolute rates depend on the CPU and the Python build; compare
+the ratio across commits on one machine. ``--profile`` prints where the worker
+thread's time goes (cProfile inflates small Python calls, so read it for
+shares, not for absolute rates).
+
+Usage::
+
+    python benchmarks/dispatch.py [--nodes 1000] [--duration 2.0] [--repeat 5]
+                                  [--json PATH] [--quick] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import heapq
+import json
+import platform
+import pstats
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mujou_actors as mujou
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "dispatch.json"
+
+
+class NoOp(mujou.Node):
+    def on_update(self, dt: float) -> None:
+        pass
+
+
+class Plain:
+    """A plain object with the very same no-op method."""
+
+    on_update = NoOp.on_update
+
+
+def periods_ns(case: str, n: int) -> list[int]:
+    if case == "uniform":
+        return [10_000_000] * n
+    # 1..10 ms in whole microseconds, spread evenly over the nodes.
+    return [(1000 + 9000 * i // max(1, n - 1)) * 1000 for i in range(n)]
+
+
+def run_mujou(periods: list[int], end_ns: int) -> dict:
+    nodes = [NoOp(period=p / 1e9) for p in periods]  # build: not timed
+    gc.collect()
+    t0 = time.perf_counter()
+    run = mujou.run(nodes, workers=1, timer="simulated", duration=end_ns / 1e9)
+    t1 = time.perf_counter()
+    run.join()
+    t2 = time.perf_counter()
+    updates = sum(s.updates for s in run.stats().nodes.values())
+    return {"updates": updates, "start_s": t1 - t0, "join_s": t2 - t1,
+            "rate": updates / (t2 - t1)}
+
+
+def run_floor(periods: list[int], end_ns: int) -> dict:
+    objs = [Plain() for _ in periods]
+    last = [0] * len(periods)
+    heap = [(p, i) for i, p in enumerate(periods)]
+    heapq.heapify(heap)
+    replace = heapq.heapreplace
+    updates = 0
+    gc.collect()
+    t0 = time.perf_counter()
+    while heap[0][0] <= end_ns:
+        due, i = heap[0]
+        dt = (due - last[i]) / 1e9
+        last[i] = due
+        objs[i].on_update(dt)
+        updates += 1
+        replace(heap, (due + periods[i], i))
+    t1 = time.perf_counter()
+    return {"updates": updates, "rate": updates / (t1 - t0)}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "samples": values}
+
+
+def bench_case(case: str, n: int, end_ns: int, repeat: int) -> dict:
+    periods = periods_ns(case, n)
+    expected = sum(end_ns // p for p in periods)
+    mj, fl = [], []
+    for _ in range(repeat):  # interleaved, so drifts in machine load hit both sides
+        m, f = run_mujou(periods, end_ns), run_floor(periods, end_ns)
+        assert m["updates"] == f["updates"] == expected, (case, m["updates"], f["updates"],
+                                                          expected)
+        mj.append(m)
+        fl.append(f)
+    return {
+        "nodes": n, "updates": expected,
+        "mujou": summary([m["rate"] for m in mj]),
+        "floor": summary([f["rate"] for f in fl]),
+        "ratio": summary([m["rate"] / f["rate"] for m, f in zip(mj, fl)]),
+        "start_s": summary([m["start_s"] for m in mj]),
+        "join_s": summary([m["join_s"] for m in mj]),
+    }
+
+
+def profile_one(n: int, end_ns: int, top: int = 25) -> None:
+    """cProfile the worker thread of one mujou repetition (uniform case); print top by tottime.
+
+    Only ``mujou-worker-*`` threads are profiled: the host and the run's
+    coordinator spend the run blocked in a lock, which would swamp the table.
+    """
+    profiles: list[cProfile.Profile] = []
+
+    def boot(frame, event, arg):  # first profile event of each thread started meanwhile
+        sys.setprofile(None)
+        if threading.current_thread().name.startswith("mujou-worker-"):
+            prof = cProfile.Profile()
+            profiles.append(prof)
+            prof.enable()
+
+    threading.setprofile(boot)
+    try:
+        result = run_mujou(periods_ns("uniform", n), end_ns)
+    finally:
+        threading.setprofile(None)
+    stats = pstats.Stats(profiles[0])
+    for prof in profiles[1:]:
+        stats.add(prof)
+    print(f"\nprofile of the worker thread: {result['updates']:,} updates, "
+          f"{result['rate']:,.0f} updates/s under the profiler")
+    stats.sort_stats("tottime").print_stats(top)
+
+
+def cell(s: dict, scale: float, fmt: str, sep: str) -> str:
+    """``median<sep>min–max``."""
+    med, lo, hi = (format(s[k] / scale, fmt) for k in ("median", "min", "max"))
+    return f"{med}{sep}{lo}–{hi}"
+
+
+def print_table(results: dict, title: str) -> None:
+    header = ["case", "updates/rep", "mujou kupd/s", "floor kupd/s", "mujou/floor",
+              "start s"]
+
+    def rows(sep: str) -> list[list[str]]:
+        return [[case, f"{r['updates']:,}", cell(r["mujou"], 1e3, ",.0f", sep),
+                 cell(r["floor"], 1e3, ",.0f", sep), cell(r["ratio"], 1, ".3f", sep),
+                 f"{r['start_s']['median']:.3f}"] for case, r in results.items()]
+
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        plain = [header, *rows(" | ")]
+        widths = [max(len(x) for x in col) for col in zip(*plain)]
+        print(f"{title}\n(median | min–max over repetitions)")
+        for row in plain:
+            print("  ".join(x.ljust(w) if i == 0 else x.rjust(w)
+                            for i, (x, w) in enumerate(zip(row, widths))))
+        return
+    table = Table(title=title, caption="median, then min–max over repetitions")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows("\n"):
+        table.add_row(*row)
+    Console().print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds of simulated time per repetition (default 2.0; quick 0.2)")
+    ap.add_argument("--repeat", type=int, default=None, help="default 5; quick 2")
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    ap.add_argument("--quick", action="store_true", help="a few seconds, for CI smoke runs")
+    ap.add_argument("--profile", action="store_true",
+                    help="also cProfile one mujou repetition; print the top 25 by tottime")
+    args = ap.parse_args()
+    duration = args.duration if args.duration is not None else (0.2 if args.quick else 2.0)
+    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
+    if args.nodes < 1 or repeat < 1 or duration <= 0:
+        ap.error("--nodes and --repeat must be >= 1, --duration > 0")
+    end_ns = round(duration * 1e9)
+
+    results = {case: bench_case(case, args.nodes, end_ns, repeat)
+               for case in ("uniform", "spread")}
+    title = (f"dispatch: {args.nodes} no-op nodes, simulated timer, workers=1, "
+             f"{duration:g} s sim, {repeat} reps")
+    print_table(results, title)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "dispatch", "nodes": args.nodes, "duration_s": duration,
+           "repeat": repeat, "quick": args.quick, "python": platform.python_version(),
+           "platform": platform.platform(), "mujou_version": mujou.__version__,
+           "cases": results}
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    if args.profile:
+        profile_one(args.nodes, end_ns)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Shared fixtures: worker counts, small nodes used across the test files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+
+
+@pytest.fixture(params=[1, 2, 4], ids=lambda n: f"workers={n}")
+def workers(request: pytest.FixtureRequest) -> int:
+    """Run a test under each worker count."""
+    return request.param
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+class Counter(mujou.Node):
+    """A periodic node that records every dt it gets."""
+
+    def __init__(self, period: float | None = 0.01, **kw: object) -> None:
+        super().__init__(period=period, **kw)  # type: ignore[arg-type]
+        self.dts: list[float] = []
+
+    def on_update(self, dt: float) -> None:
+        self.dts.append(dt)
+
+
+class Source(mujou.Node):
+    """Sends its update count (an int) every period."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, period: float | None = 0.01, **kw: object) -> None:
+        super().__init__(period=period, **kw)  # type: ignore[arg-type]
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send(self.n)
+
+
+class Collector(mujou.Node):
+    """Triggered by its Input; drains and records every message."""
+
+    inp = mujou.Input(object, depth=None)
+
+    def __init__(self, period: float | None = None, **kw: object) -> None:
+        super().__init__(period=period, **kw)  # type: ignore[arg-type]
+        self.batches: list[list[object]] = []
+
+    def on_update(self, dt: float) -> None:
+        self.batches.append(self.inp.drain())
+
+    @property
+    def received(self) -> list[object]:
+        return [m for batch in self.batches for m in batch]

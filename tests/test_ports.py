@@ -1,0 +1,318 @@
+"""Typed ports: connect checks, send/write/inputs checks, value semantics, QoS."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors.ports import copy_message
+from tests.conftest import Collector, Source
+
+
+@dataclasses.dataclass
+class Pose:
+    xyz: torch.Tensor
+    frame: str
+
+
+class Twist(NamedTuple):
+    linear: float
+    angular: float
+
+
+def _pair(out_port: mujou.Output, in_port: mujou.Input) -> tuple[mujou.Node, mujou.Node]:
+    class Tx(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.out = out_port
+
+    class Rx(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.inp = in_port
+
+    return Tx(), Rx()
+
+
+@pytest.mark.parametrize(
+    "out_port, in_port",
+    [
+        (mujou.Output(int), mujou.Input(str)),
+        (mujou.Output(torch.Tensor, dtype=torch.float32), mujou.Input(torch.Tensor, dtype=torch.int64)),
+        (mujou.Output(torch.Tensor, shape=(4,)), mujou.Input(torch.Tensor, shape=(3,))),
+        (mujou.Output(torch.Tensor, shape=(4,)), mujou.Input(torch.Tensor, shape=(4, 1))),
+        (mujou.Output(Pose), mujou.Input(Twist)),
+        (mujou.Output(float), mujou.Input(int)),
+    ],
+)
+def test_connect_refuses_incompatible_types_naming_both_ports(out_port, in_port) -> None:
+    tx, rx = _pair(out_port, in_port)
+
+    with pytest.raises(mujou.PortTypeError, match=r"Tx\.out.*Rx\.inp"):
+        mujou.connect(tx.out, rx.inp)
+
+
+@pytest.mark.parametrize(
+    "out_port, in_port",
+    [
+        (mujou.Output(int), mujou.Input(float)),
+        (mujou.Output(bool), mujou.Input(int)),
+        (mujou.Output(object), mujou.Input(str)),
+        (mujou.Output(str), mujou.Input(object)),
+        (mujou.Output(torch.Tensor, shape=(4,)), mujou.Input(torch.Tensor, shape=(None,))),
+        (mujou.Output(torch.Tensor), mujou.Input(torch.Tensor, shape=(2, 2), dtype=torch.float64)),
+    ],
+)
+def test_connect_accepts_compatible_types(out_port, in_port) -> None:
+    tx, rx = _pair(out_port, in_port)
+
+    mujou.connect(tx.out, rx.inp)
+
+    assert tx.out.readers == (rx.inp,)
+
+
+def test_connect_checks_the_argument_order() -> None:
+    tx, rx = _pair(mujou.Output(int), mujou.Input(int))
+
+    with pytest.raises(TypeError, match="Output then an Input"):
+        mujou.connect(rx.inp, tx.out)  # type: ignore[arg-type]
+
+
+def test_ports_declared_on_the_class_are_per_instance() -> None:
+    a, b = Source(), Source()
+
+    assert a.out is not b.out
+    assert a.out.node is a and b.out.node is b
+    assert Source.out is not a.out
+
+
+def test_port_declaration_errors() -> None:
+    with pytest.raises(TypeError, match="shape and dtype"):
+        mujou.Input(int, shape=(3,))
+    with pytest.raises(TypeError, match="class"):
+        mujou.Input("int")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="depth"):
+        mujou.Input(int, depth=0)
+    with pytest.raises(TypeError, match="dtype"):
+        mujou.Output(torch.Tensor, dtype="float32")
+
+
+class TensorSender(mujou.Node):
+    out = mujou.Output(torch.Tensor, shape=(3,), dtype=torch.float32)
+
+    def __init__(self, value: object) -> None:
+        super().__init__(period=0.01)
+        self.value = value
+        self.error: BaseException | None = None
+
+    def on_update(self, dt: float) -> None:
+        try:
+            self.out.send(self.value)
+        except mujou.PortTypeError as exc:
+            self.error = exc
+
+
+@pytest.mark.parametrize(
+    "value, got",
+    [
+        (torch.zeros(4), "shape=(4,)"),
+        (torch.zeros(3, dtype=torch.float64), "dtype=torch.float64"),
+        ([0.0, 0.0, 0.0], "got list"),
+    ],
+)
+def test_send_checks_type_and_names_port_expected_and_got(value: object, got: str) -> None:
+    node = TensorSender(value)
+
+    mujou.run(node, timer="simulated", duration=0.01).join()
+
+    assert node.error is not None
+    text = str(node.error)
+    assert "'out'" in text and "Tensor(dtype=torch.float32, shape=(3,))" in text and got in text
+
+
+def test_send_checks_a_narrower_reader_type_and_delivers_nothing_on_failure() -> None:
+    class Tx(mujou.Node):
+        out = mujou.Output(object)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.errors: list[str] = []
+
+        def on_update(self, dt: float) -> None:
+            for value in ("ok", 3):
+                try:
+                    self.out.send(value)
+                except mujou.PortTypeError as exc:
+                    self.errors.append(str(exc))
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Tx()
+            self.loose = Collector()
+            self.strict = Collector()
+            self.strict.inp = mujou.Input(str, depth=None)
+            mujou.connect(self.tx.out, self.loose.inp)
+            mujou.connect(self.tx.out, self.strict.inp)
+
+    net = Net()
+
+    mujou.run(net, timer="simulated", duration=0.02).join()
+
+    assert net.loose.received == ["ok", "ok"]
+    assert net.strict.received == ["ok", "ok"]
+    assert net.tx.errors == ["port 'strict.inp': expected str, got int"] * 2
+
+
+def test_value_semantics_sender_may_reuse_its_buffer() -> None:
+    class Reuser(mujou.Node):
+        out = mujou.Output(torch.Tensor)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.buf = torch.zeros(2)
+
+        def on_update(self, dt: float) -> None:
+            self.buf += 1
+            self.out.send(self.buf)
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Reuser()
+            self.rx = Collector()
+            mujou.connect(self.tx.out, self.rx.inp)
+
+    net = Net()
+
+    mujou.run(net, timer="simulated", duration=0.03).join()
+
+    assert [m.tolist() for m in net.rx.received] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+
+
+def test_copy_message_clones_tensors_inside_containers_and_detaches() -> None:
+    w = torch.ones(2, requires_grad=True)
+    y = w * 2
+    msg = {"pose": Pose(torch.zeros(3), "map"), "list": [y], "twist": Twist(1.0, 2.0)}
+
+    out = copy_message(msg)
+    msg["pose"].xyz += 1
+
+    assert torch.equal(out["pose"].xyz, torch.zeros(3))
+    assert out["pose"].frame == "map"
+    assert out["list"][0].requires_grad is False
+    assert out["twist"] == Twist(1.0, 2.0) and type(out["twist"]) is Twist
+
+
+def test_int_on_a_float_port_arrives_as_float_and_bool_is_refused() -> None:
+    port = mujou.Input(float)
+    port._bind(object(), "x")
+
+    assert port.check(3) == 3.0 and type(port.check(3)) is float
+    with pytest.raises(mujou.PortTypeError, match="expected float, got bool"):
+        port.check(True)
+
+
+def test_qos_depth_drops_oldest_and_counts_drops() -> None:
+    class Burst(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.n = 0
+
+        def on_update(self, dt: float) -> None:
+            for _ in range(5):
+                self.n += 1
+                self.out.send(self.n)
+
+    class Slow(mujou.Node):
+        inp = mujou.Input(int, depth=2)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.02)
+            self.seen: list[list[int]] = []
+
+        def on_update(self, dt: float) -> None:
+            self.seen.append(self.inp.drain())
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Burst()
+            self.rx = Slow()
+            mujou.connect(self.tx.out, self.rx.inp)
+
+    net = Net()
+
+    run = mujou.run(net, timer="simulated", duration=0.04)
+    run.join()
+
+    # t=0.02 sees the 5 messages of t=0.01 (those of t=0.02 are not visible yet),
+    # keeps the newest 2; t=0.04 sees the 10 of t=0.02 and t=0.03.
+    assert net.rx.seen == [[4, 5], [14, 15]]
+    assert run.stats().nodes["rx"].drops == {"inp": 3 + 8}
+
+
+def test_read_returns_newest_kept_and_none_after_drain() -> None:
+    inp = mujou.Input(int, depth=3)
+    inp._bind(object(), "inp")
+
+    assert inp.read() is None and len(inp) == 0
+    for i in range(4):
+        inp._push(i)
+
+    assert inp.read() == 3 and len(inp) == 3
+    assert inp.drain() == [1, 2, 3]
+    assert inp.read() is None and len(inp) == 0
+    assert bool(inp) is True
+
+
+def test_unbounded_depth_keeps_everything() -> None:
+    inp = mujou.Input(int, depth=None)
+    inp._bind(object(), "inp")
+
+    for i in range(10_000):
+        inp._push(i)
+
+    assert len(inp) == 10_000 and inp.drops == 0
+
+
+def test_send_outside_a_running_net_is_an_error() -> None:
+    node = Source()
+
+    with pytest.raises(mujou.NotRunningError, match="running net"):
+        node.out.send(1)
+
+
+def test_dataclass_and_namedtuple_ports() -> None:
+    class Tx(mujou.Node):
+        pose = mujou.Output(Pose)
+        twist = mujou.Output(Twist)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            self.pose.send(Pose(torch.ones(3), "odom"))
+            self.twist.send(Twist(0.5, -0.5))
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Tx()
+            self.a = Collector()
+            self.b = Collector()
+            mujou.connect(self.tx.pose, self.a.inp)
+            mujou.connect(self.tx.twist, self.b.inp)
+
+    net = Net()
+
+    mujou.run(net, timer="simulated", duration=0.01).join()
+
+    assert net.a.received[0].frame == "odom" and torch.equal(net.a.received[0].xyz, torch.ones(3))
+    assert net.b.received == [Twist(0.5, -0.5)]

@@ -1,0 +1,264 @@
+"""Timers: drift-free schedules, dt, overruns, delta cycles, simulated determinism."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mujou_actors as mujou
+from mujou_actors.actor import Actor
+from tests.conftest import Collector, Counter, Source
+
+
+def test_simulated_schedule_is_exact_and_includes_the_end(workers: int) -> None:
+    fast, slow = Counter(period=0.003), Counter(period=0.01)
+
+    run = mujou.run({"fast": fast, "slow": slow}, workers=workers, timer="simulated",
+                    duration=1.0)
+    run.join()
+
+    assert len(slow.dts) == 100          # t = 0.01 ... 1.0, the end included
+    assert len(fast.dts) == 333          # t = 0.003 ... 0.999
+    assert set(fast.dts) == {0.003} and set(slow.dts) == {0.01}
+    assert run.time_ns == 1_000_000_000
+
+
+def test_a_period_that_is_not_a_whole_number_of_ns_does_not_drift() -> None:
+    node = Counter(period=1 / 3)
+
+    run = mujou.run(node, timer="simulated", duration=100.0)
+    run.join()
+
+    # period_ns = 333333333: tick k is due at exactly k * period_ns.
+    assert len(node.dts) == 300
+    assert run.stats().nodes[""].overruns == 0
+
+
+def test_simulated_time_jumps_to_the_end_when_nothing_is_due() -> None:
+    idle = Collector()
+
+    run = mujou.run(idle, timer="simulated", duration=3600.0)
+    run.join(timeout=10)
+
+    assert run.time == 3600.0 and idle.batches == []
+
+
+def test_overrun_skips_missed_ticks_and_counts_them() -> None:
+    node = Counter(period=0.01)
+    actor = Actor(node, "", 0)
+    actor.schedule_first_tick(0)
+
+    # Due at 10 ms, starts at 47 ms: ticks 20, 30 and 40 ms are missed.
+    actor.run_update(now_ns=47_000_000, due_ns=10_000_000, is_tick=True)
+
+    assert actor.overruns == 3
+    assert actor.next_tick_ns == 50_000_000   # one tick later, no burst
+    assert node.dts == [0.047]
+    assert list(actor.lateness) == [7_000_000]  # measured from the tick it stands for
+
+
+def test_a_late_tick_within_one_period_is_not_an_overrun() -> None:
+    actor = Actor(Counter(period=0.01), "", 0)
+    actor.schedule_first_tick(0)
+
+    actor.run_update(now_ns=19_999_999, due_ns=10_000_000, is_tick=True)
+
+    assert actor.overruns == 0 and actor.next_tick_ns == 20_000_000
+
+
+def test_realtime_overrun_never_runs_a_burst() -> None:
+    class Stall(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.005)
+            self.dts: list[float] = []
+
+        def on_update(self, dt: float) -> None:
+            self.dts.append(dt)
+            if len(self.dts) == 2:
+                import threading
+                threading.Event().wait(0.05)  # stall for ten periods
+
+    node = Stall()
+
+    run = mujou.run(node, duration=0.15)
+    run.join()
+    stats = run.stats().nodes[""]
+
+    assert stats.overruns >= 8
+    # After the stall the next update comes once, then the schedule resumes:
+    # no run of back-to-back updates with dt ~ 0.
+    assert all(dt > 0.001 for dt in node.dts[2:])
+    assert stats.updates + stats.overruns >= 29
+
+
+def test_realtime_mean_period_holds() -> None:
+    node = Counter(period=0.002)
+
+    run = mujou.run(node, duration=0.5)
+    run.join()
+    stats = run.stats().nodes[""]
+
+    # Drift-free: updates due at k * period, so the count is exact unless
+    # ticks were skipped as overruns.
+    assert stats.updates + stats.overruns == 250
+    assert stats.dt_mean == pytest.approx(0.002, rel=0.05)
+
+
+class Chain(mujou.Node):
+    """A periodic source feeding a triggered relay, feeding a triggered sink,
+    plus a periodic reader of the source at the same rate."""
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.src = Source(period=0.01)
+        self.relay = Relay()
+        self.sink = Collector()
+        self.polled = Poller()
+        mujou.connect(self.src.out, self.relay.inp)
+        mujou.connect(self.relay.out, self.sink.inp)
+        mujou.connect(self.src.out, self.polled.inp)
+
+
+class Relay(mujou.Node):
+    inp = mujou.Input(int, depth=None)
+    out = mujou.Output(int)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.dts: list[float] = []
+
+    def on_update(self, dt: float) -> None:
+        self.dts.append(dt)
+        for m in self.inp.drain():
+            self.out.send(m * 10)
+
+
+class Poller(mujou.Node):
+    inp = mujou.Input(int)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.seen: list[int | None] = []
+
+    def on_update(self, dt: float) -> None:
+        self.seen.append(self.inp.read())
+
+
+def test_delta_cycles_run_triggered_readers_at_the_same_time(workers: int) -> None:
+    net = Chain()
+
+    mujou.run(net, workers=workers, timer="simulated", duration=0.05).join()
+
+    # The triggered chain runs within the same instant as the source ...
+    assert net.sink.batches == [[10], [20], [30], [40], [50]]
+    assert net.relay.dts == [0.01] * 5
+    # ... while a periodic reader at the same time sees the previous tick's message.
+    assert net.polled.seen == [None, 1, 2, 3, 4]
+
+
+def test_several_messages_before_a_triggered_update_give_one_update(workers: int) -> None:
+    class FanIn(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.sources = [Source(period=0.01) for _ in range(3)]
+            self.sink = Collector()
+            for s in self.sources:
+                mujou.connect(s.out, self.sink.inp)
+
+    net = FanIn()
+
+    mujou.run(net, workers=workers, timer="simulated", duration=0.03).join()
+
+    # One update per instant, draining the three messages in sender order.
+    assert net.sink.batches == [[1, 1, 1], [2, 2, 2], [3, 3, 3]]
+
+
+class Noisy(mujou.Node):
+    out = mujou.Output(torch.Tensor, shape=(4,))
+
+    def __init__(self, period: float) -> None:
+        super().__init__(period=period)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send(torch.randn(4, generator=self.generator) * dt)
+
+
+class Mixer(mujou.Node):
+    inp = mujou.Input(torch.Tensor, depth=3)
+    out = mujou.Output(torch.Tensor, shape=(4,))
+
+    def __init__(self, period: float | None) -> None:
+        super().__init__(period=period)
+        self.acc = torch.zeros(4)
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.acc = self.acc * 0.5 + m + torch.rand(4, generator=self.generator)
+        self.out.send(self.acc)
+
+
+class Log(mujou.Node):
+    inp = mujou.Input(torch.Tensor, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.digest.update(m.numpy().tobytes())
+            self.count += 1
+
+
+def _random_net(periods: list[float], mixer_periods: list[float | None],
+                edges: list[tuple[int, int]]) -> tuple[dict[str, mujou.Node], Log]:
+    nodes: dict[str, mujou.Node] = {}
+    sources = [Noisy(p) for p in periods]
+    mixers = [Mixer(p) for p in mixer_periods]
+    log = Log()
+    for i, s in enumerate(sources):
+        nodes[f"s{i}"] = s
+    for j, m in enumerate(mixers):
+        nodes[f"m{j}"] = m
+        mujou.connect(m.out, log.inp)
+    for i, j in sorted({(i % len(sources), j % len(mixers)) for i, j in edges}):
+        mujou.connect(sources[i].out, mixers[j].inp)
+    nodes["log"] = log
+    return nodes, log
+
+
+def _fingerprint(periods, mixer_periods, edges, workers: int, seed: int) -> tuple[str, int]:
+    nodes, log = _random_net(periods, mixer_periods, edges)
+    run = mujou.run(nodes, workers=workers, timer="simulated", duration=0.05, seed=seed)
+    run.join()
+    return log.digest.hexdigest(), log.count
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    periods=st.lists(st.sampled_from([0.001, 0.002, 0.003, 0.005]), min_size=1, max_size=4),
+    mixer_periods=st.lists(st.sampled_from([None, 0.002, 0.004]), min_size=1, max_size=3),
+    edges=st.sets(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=6),
+    seed=st.integers(0, 2**32),
+)
+def test_simulated_runs_are_bit_identical_for_any_worker_count(
+        periods, mixer_periods, edges, seed) -> None:
+    edges = sorted(edges)
+
+    one = _fingerprint(periods, mixer_periods, edges, workers=1, seed=seed)
+    three = _fingerprint(periods, mixer_periods, edges, workers=3, seed=seed)
+    again = _fingerprint(periods, mixer_periods, edges, workers=1, seed=seed)
+
+    assert one == three == again
+    assert one[1] > 0
+
+
+def test_a_different_run_seed_gives_different_messages() -> None:
+    args = ([0.001, 0.002], [None], [(0, 0), (1, 0)])
+
+    assert _fingerprint(*args, workers=1, seed=1) != _fingerprint(*args, workers=1, seed=2)
