@@ -122,6 +122,7 @@ class Run:
         self._input_views: dict[int, _View] = {}
         self._failures: list[NodeError | CallbackError] = []
         self._stuck: StopTimeoutError | None = None
+        self._reported = False
         self._lock = threading.Lock()
         self._end_requested = threading.Event()
         self._ended = threading.Event()
@@ -420,6 +421,7 @@ class Run:
     def _raise_outcome(self) -> None:
         with self._lock:
             failures = list(self._failures)
+            self._reported = True
         if failures:
             first = failures[0]
             if isinstance(first, NodeError):
@@ -433,7 +435,9 @@ class Run:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.stop()
-        if exc_type is None:
+        # Raise the run's failure unless the block already raised, or join()
+        # already reported it to the caller.
+        if exc_type is None and not self._reported:
             self._raise_outcome()
 
     # -- stats ------------------------------------------------------------------------------
@@ -562,11 +566,13 @@ def run(
         raise TypeError(f"mujou.run: seed must be an int or None, got {seed!r}")
 
     found = _walk(net)
-    ports = _collect_ports(found)
     for path, node in found:
         if node._mujou_run is not None:
             raise NetError(f"node {path or '<root>'!r} ({type(node).__name__}) "
                            "is already part of a running net")
+    for path, node in found:
+        node._mujou_path = path  # ports name themselves by path from here on
+    ports = _collect_ports(found)
     initial = _resolve_inputs(ports, inputs)
 
     token = object()
@@ -574,7 +580,6 @@ def run(
     seeds = {}
     for order, (path, node) in enumerate(found):
         node._mujou_run = token
-        node._mujou_path = path
         actor = Actor(node, path, order)
         actors.append(actor)
         own = node._mujou_seed

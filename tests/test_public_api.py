@@ -1,0 +1,63 @@
+"""The public surface: __all__, the runtime names, the docs' reference and docstrings."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import re
+import subprocess
+import sys
+
+import mujou_actors as mujou
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_all_lists_exactly_the_public_runtime_names() -> None:
+    public = {n for n in vars(mujou) if not n.startswith("_")}
+    modules = {n for n in public if inspect.ismodule(getattr(mujou, n))}
+
+    assert set(mujou.__all__) == public - modules - {"annotations"}
+
+
+def test_the_docs_reference_lists_every_public_name() -> None:
+    text = (ROOT / "docs" / "reference.md").read_text()
+
+    headings = re.findall(r"^## (\w+)\s*$", text, flags=re.M)
+
+    assert headings == list(mujou.__all__)
+
+
+def test_every_public_name_and_method_has_a_docstring() -> None:
+    missing = []
+    for name in mujou.__all__:
+        obj = getattr(mujou, name)
+        if not (obj.__doc__ or "").strip():
+            missing.append(name)
+        if inspect.isclass(obj):
+            for attr, value in vars(obj).items():
+                if attr.startswith("_") or not (callable(value) or isinstance(value, property)):
+                    continue
+                if not (getattr(value, "__doc__", None) or "").strip():
+                    missing.append(f"{name}.{attr}")
+
+    assert missing == []
+
+
+def test_import_is_quick_and_initialises_no_cuda_and_no_example_dependencies() -> None:
+    code = (
+        "import time, sys, torch\n"
+        "t0 = time.perf_counter()\n"
+        "import mujou_actors\n"
+        "took = time.perf_counter() - t0\n"
+        "heavy = [m for m in ('mujoco', 'gymnasium', 'matplotlib', 'rich', 'thespian')"
+        " if m in sys.modules]\n"
+        "print(took, torch.cuda.is_initialized(), heavy)\n"
+    )
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split(maxsplit=2)
+
+    assert float(out[0]) < 1.0
+    assert out[1] == "False"
+    assert out[2].strip() == "[]"

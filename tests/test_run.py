@@ -1,0 +1,449 @@
+"""The run: host API, seeds, ending, failures, stop with a stuck node, bad input."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors.supervisor import derive_seed
+from tests.conftest import Collector, Counter, Source
+
+
+class Lifecycle(mujou.Node):
+    """Records its hooks; optionally raises in one of them."""
+
+    def __init__(self, fail_in: str | None = None, period: float | None = 0.01) -> None:
+        super().__init__(period=period)
+        self.calls: list[str] = []
+        self.fail_in = fail_in
+
+    def _hook(self, name: str) -> None:
+        self.calls.append(name)
+        if self.fail_in == name:
+            raise RuntimeError(f"boom in {name}")
+
+    def on_start(self) -> None:
+        self._hook("on_start")
+
+    def on_update(self, dt: float) -> None:
+        self._hook("on_update")
+
+    def on_stop(self) -> None:
+        self._hook("on_stop")
+
+
+class Pipe(mujou.Node):
+    """A source, a triggered relay and a collector."""
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.src = Source(period=0.01)
+        self.sink = Collector()
+        mujou.connect(self.src.out, self.sink.inp)
+
+
+def test_a_failing_update_stops_the_run_and_join_raises_node_error(workers: int) -> None:
+    ok, bad = Lifecycle(), Lifecycle(fail_in="on_update")
+
+    run = mujou.run({"ok": ok, "bad": bad}, workers=workers, timer="simulated")
+
+    with pytest.raises(mujou.NodeError, match="'bad' raised in on_update: RuntimeError") as info:
+        run.join(timeout=10)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert info.value.path == "bad" and info.value.hook == "on_update"
+    assert bad.calls == ["on_start", "on_update", "on_stop"]
+    assert ok.calls.count("on_stop") == 1 and ok.calls[-1] == "on_stop"
+
+
+def test_a_failing_on_start_raises_from_run_and_stops_the_started_nodes() -> None:
+    ok, bad = Lifecycle(), Lifecycle(fail_in="on_start")
+
+    with pytest.raises(mujou.NodeError, match="'bad' raised in on_start"):
+        mujou.run({"ok": ok, "bad": bad}, timer="simulated")
+
+    assert ok.calls == ["on_start", "on_stop"]
+    assert bad.calls == ["on_start"]        # its on_start did not return
+    assert ok._mujou_run is None            # released: may run again
+
+
+def test_a_failing_on_stop_is_reported_not_swallowed(caplog) -> None:
+    node = Lifecycle(fail_in="on_stop")
+
+    run = mujou.run(node, timer="simulated", duration=0.02)
+
+    with pytest.raises(mujou.NodeError, match="on_stop"):
+        run.join()
+    assert "on_stop" in caplog.text
+
+
+def test_on_stop_runs_exactly_once_per_started_node(workers: int) -> None:
+    nodes = [Lifecycle() for _ in range(5)]
+
+    run = mujou.run(nodes, workers=workers, timer="simulated", duration=0.05)
+    run.join()
+    run.stop()
+    run.stop()
+
+    for node in nodes:
+        assert node.calls == ["on_start"] + ["on_update"] * 5 + ["on_stop"]
+
+
+def test_leaving_the_with_block_stops_the_run() -> None:
+    node = Lifecycle()
+
+    with mujou.run(node) as run:
+        assert run.running
+
+    assert not run.running and node.calls[-1] == "on_stop"
+
+
+def test_the_with_block_raises_a_node_failure() -> None:
+    with pytest.raises(mujou.NodeError):
+        with mujou.run(Lifecycle(fail_in="on_update"), timer="simulated") as run:
+            time_limit = time.monotonic() + 10
+            while run.running and time.monotonic() < time_limit:
+                threading.Event().wait(0.01)
+
+
+def test_stop_returns_and_names_a_stuck_dedicated_node() -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01, dedicated_thread=True)
+            self.stopped = False
+
+        def on_update(self, dt: float) -> None:
+            entered.set()
+            release.wait(30)
+
+        def on_stop(self) -> None:
+            self.stopped = True
+
+    stuck, other = Stuck(), Lifecycle()
+    run = mujou.run({"camera": stuck, "other": other}, stop_timeout=0.2)
+    assert entered.wait(5)
+
+    t0 = time.monotonic()
+    run.stop()
+    elapsed = time.monotonic() - t0
+
+    assert elapsed < 3
+    with pytest.raises(mujou.StopTimeoutError, match="'camera' in on_update") as info:
+        run.join()
+    assert info.value.stuck == {"camera": "on_update"}
+    assert other.calls[-1] == "on_stop" and stuck.stopped is False
+    release.set()
+
+
+def test_stop_from_inside_a_hook_does_not_deadlock() -> None:
+    holder: list[mujou.Run] = []
+
+    class Quitter(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.n = 0
+
+        def on_update(self, dt: float) -> None:
+            self.n += 1
+            if self.n == 3:
+                holder[0].stop()
+
+    node = Quitter()
+    run = mujou.run(node, timer="simulated")
+    holder.append(run)
+
+    run.join(timeout=10)
+
+    assert 3 <= node.n
+
+
+def test_join_with_a_timeout_raises_timeout_error() -> None:
+    with mujou.run(Counter()) as run:
+        with pytest.raises(TimeoutError, match="not ended"):
+            run.join(timeout=0.01)
+
+
+def test_write_read_and_a_triggered_update() -> None:
+    class Echo(mujou.Node):
+        inp = mujou.Input(float)
+        out = mujou.Output(float)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(self.inp.read() * 2)
+
+    node = Echo()
+    with mujou.run(node, timer="simulated") as run:
+        run.write("inp", 3)
+
+        assert run.wait_for("out", timeout=5) == 6.0
+        assert run.read(node.out) == 6.0 and run.read("inp") == 3.0
+
+
+def test_inputs_are_delivered_before_the_first_update() -> None:
+    class Check(mujou.Node):
+        gain = mujou.Input(float)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.seen: list[float | None] = []
+
+        def on_update(self, dt: float) -> None:
+            self.seen.append(self.gain.read())
+
+    node = Check()
+
+    mujou.run(node, timer="simulated", duration=0.02, inputs={node.gain: 2.5}).join()
+
+    assert node.seen == [2.5, 2.5]
+
+
+def test_inputs_trigger_a_triggered_node_at_time_zero() -> None:
+    sink = Collector()
+
+    mujou.run(sink, timer="simulated", duration=1.0, inputs={"inp": "hello"}).join()
+
+    assert sink.batches == [["hello"]]
+
+
+def test_host_writes_to_one_input_arrive_in_order() -> None:
+    sink = Collector()
+    with mujou.run(sink) as run:
+        for i in range(200):
+            run.write(sink.inp, i)
+        deadline = time.monotonic() + 5
+        while len(sink.received) < 200 and time.monotonic() < deadline:
+            threading.Event().wait(0.005)
+
+    assert sink.received == list(range(200))
+
+
+def test_subscribe_gets_every_message_in_order_off_the_workers() -> None:
+    net = Pipe()
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def on_message(m: int) -> None:
+        seen.append((m, threading.current_thread().name))
+        if m == 50:
+            done.set()
+
+    run = mujou.run(net, timer="simulated", duration=0.5)
+    # The subscription is made after the start; a simulated run may be past
+    # its first messages, so check order and thread, not the first value.
+    run.subscribe(net.src.out, on_message)
+    run.join()
+
+    values = [m for m, _ in seen]
+    assert values == list(range(values[0], 51)) if values else True
+    assert {name for _, name in seen} <= {"mujou-host"}
+
+
+def test_subscribe_and_wait_for_in_real_time() -> None:
+    net = Pipe()
+    seen: list[int] = []
+    with mujou.run(net) as run:
+        run.subscribe("src.out", seen.append)
+
+        match = run.wait_for(net.src.out, lambda m: m >= 5, timeout=5)
+        first = run.wait_for(net.sink.inp, timeout=5)
+
+    assert match == 5 or match > 5
+    assert first > match
+    assert seen == list(range(seen[0], seen[0] + len(seen)))
+
+
+def test_wait_for_times_out() -> None:
+    with mujou.run(Pipe()) as run:
+        with pytest.raises(TimeoutError, match="no match"):
+            run.wait_for("src.out", lambda m: m < 0, timeout=0.05)
+
+
+def test_wait_for_raises_when_the_run_ends_without_a_match() -> None:
+    run = mujou.run(Pipe(), timer="simulated", duration=0.05)
+    run.join()
+
+    with pytest.raises(mujou.NotRunningError, match="ended"):
+        run.wait_for("src.out", timeout=5)
+
+
+def test_a_raising_subscriber_stops_the_run() -> None:
+    def bad(m: int) -> None:
+        raise KeyError("nope")
+
+    with mujou.run(Pipe()) as run:
+        run.subscribe("src.out", bad)
+        with pytest.raises(mujou.CallbackError, match="'src.out'.*KeyError"):
+            run.join(timeout=5)
+
+
+def test_host_gets_copies() -> None:
+    class Tx(mujou.Node):
+        out = mujou.Output(torch.Tensor)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(torch.zeros(3))
+
+    node = Tx()
+    run = mujou.run(node, timer="simulated", duration=0.01)
+    run.join()
+
+    got = run.read("out")
+    got += 1
+
+    assert torch.equal(run.read("out"), torch.zeros(3))
+
+
+def test_reads_and_stats_work_after_the_end() -> None:
+    net = Pipe()
+
+    run = mujou.run(net, timer="simulated", duration=0.1)
+    run.join()
+
+    assert run.read("src.out") == 10
+    stats = run.stats()
+    assert stats.nodes["src"].updates == 10 and stats.nodes["sink"].updates == 10
+    assert stats.time == 0.1
+    with pytest.raises(dataclasses_frozen_error()):
+        stats.nodes["src"].updates = 3  # type: ignore[misc]
+
+
+def dataclasses_frozen_error() -> type[Exception]:
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError
+
+
+def test_stats_count_updates_dt_lateness_and_workers() -> None:
+    node = Counter(period=0.01)
+
+    run = mujou.run(node, workers=2, timer="simulated", duration=0.1)
+    run.join()
+    stats = run.stats()
+    s = stats.nodes[""]
+
+    assert (s.updates, s.overruns, s.dt_mean, s.dt_max) == (10, 0, pytest.approx(0.01), 0.01)
+    assert s.lateness_p50 == 0.0 and s.lateness_p99 == 0.0
+    assert set(stats.workers) == {"mujou-worker-0", "mujou-worker-1"}
+    assert all(0.0 <= w.busy <= 1.0 for w in stats.workers.values())
+
+
+def test_run_seed_derives_stable_per_node_seeds() -> None:
+    a, b = Counter(), Counter(seed=5)
+
+    run = mujou.run({"a": a, "b": b}, timer="simulated", duration=0.0, seed=11)
+    run.join()
+
+    assert run.seeds == {"a": derive_seed(11, "a"), "b": 5}
+    assert derive_seed(11, "a") == 2649756073461864040  # stable across processes
+    assert derive_seed(11, "a") != derive_seed(11, "b") != derive_seed(12, "a")
+
+
+def test_without_any_seed_runs_differ() -> None:
+    node = Counter()
+
+    first = mujou.run(node, timer="simulated", duration=0.0)
+    first.join()
+    second = mujou.run(node, timer="simulated", duration=0.0)
+    second.join()
+
+    assert first.seeds[""] != second.seeds[""]
+
+
+def test_a_run_never_touches_the_global_generator() -> None:
+    class Draw(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            torch.rand(1, generator=self.generator)
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+
+    mujou.run(Draw(), timer="simulated", duration=0.1, seed=1).join()
+
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, text",
+    [
+        ({"timer": "wall"}, ValueError, "timer"),
+        ({"workers": 0}, ValueError, "workers"),
+        ({"workers": 1.5}, TypeError, "workers"),
+        ({"duration": -1}, ValueError, "duration"),
+        ({"duration": float("nan")}, ValueError, "duration"),
+        ({"stop_timeout": 0}, ValueError, "stop_timeout"),
+        ({"seed": "x"}, TypeError, "seed"),
+        ({"inputs": {"nope": 1}}, ValueError, "'nope'"),
+        ({"inputs": {"sink.inp": 1, "src.out": 2}}, ValueError, "'src.out'"),
+        ({"inputs": [1]}, TypeError, "mapping"),
+    ],
+)
+def test_bad_run_arguments_are_named(kwargs, error, text) -> None:
+    net = Pipe()
+
+    with pytest.raises(error, match=text):
+        mujou.run(net, **kwargs)
+
+    assert net.src._mujou_run is None  # nothing was left claimed
+
+
+def test_a_mistyped_input_value_is_a_port_type_error_before_anything_starts() -> None:
+    node = Lifecycle()
+    node.gain = mujou.Input(float)
+
+    with pytest.raises(mujou.PortTypeError, match="'gain': expected float, got str"):
+        mujou.run(node, inputs={"gain": "fast"})
+
+    assert node.calls == []
+
+
+def test_bad_host_calls_are_named() -> None:
+    net, other = Pipe(), Pipe()
+    net.sink.gain = mujou.Input(float)
+    with mujou.run(net) as run:
+        with pytest.raises(ValueError, match="no port 'src.nope'"):
+            run.read("src.nope")
+        with pytest.raises(TypeError, match="is an Output; expected an Input"):
+            run.write("src.out", 1)
+        with pytest.raises(ValueError, match="not part of this run"):
+            run.read(other.src.out)
+        with pytest.raises(mujou.PortTypeError, match="'sink.gain': expected float, got str"):
+            run.write(net.sink.gain, "high")
+        with pytest.raises(TypeError, match="callable"):
+            run.subscribe("src.out", 3)  # type: ignore[arg-type]
+    with pytest.raises(mujou.NotRunningError, match="ended"):
+        run.write("sink.inp", 1)
+
+
+def test_a_port_connected_outside_the_net_is_refused() -> None:
+    inside, outside = Source(), Collector()
+    mujou.connect(inside.out, outside.inp)
+
+    with pytest.raises(mujou.NetError, match="not part of the net"):
+        mujou.run(inside, timer="simulated")
+
+
+def test_a_failure_is_logged_on_the_library_logger(caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="mujou_actors")
+
+    run = mujou.run(Lifecycle(fail_in="on_update"), timer="simulated")
+    with pytest.raises(mujou.NodeError):
+        run.join(timeout=10)
+
+    assert any(r.name == "mujou_actors" and "failed in on_update" in r.message
+               for r in caplog.records)
