@@ -249,12 +249,15 @@ class Dispatcher:
             return [a for a in self.actors if a.busy]
 
     # -- control phases (start, stop) -----------------------------------------------
-    def run_control(self, actors: list[Actor], envelope: Any, timeout: float) -> list[Actor]:
-        """Post ``envelope`` to each actor, help run them, wait for all.
+    def run_control(self, actors: list[Actor], envelope: Any, timeout: float,
+                    help: bool = False) -> list[Actor]:
+        """Post ``envelope`` to each actor and wait until all have handled it.
 
-        The calling thread runs pool actors' envelopes itself alongside the
-        workers (so a phase finishes even when every worker is stuck in a
-        hook); dedicated actors run theirs on their own thread.
+        Args:
+            help: the calling thread also runs pool actors' envelopes itself,
+                alongside the workers, so that a phase finishes even when every
+                worker is stuck in a hook (the stop phase). Dedicated actors
+                always run theirs on their own thread.
 
         Returns:
             The actors whose envelope had not been handled after ``timeout`` s.
@@ -272,7 +275,7 @@ class Dispatcher:
                     self._schedule(actor)
             self._cond.notify_all()
             while self._pending_control:
-                item = self._pop_control()
+                item = self._pop_control() if help else None
                 if item is not None:
                     self._run_locked(item)
                     continue

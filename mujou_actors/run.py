@@ -358,7 +358,7 @@ class Run:
         d.request_stop()
         stuck = {a.path: a.hook or "?" for a in d.wait_idle(self._stop_timeout)}
         to_stop = [a for a in self._actors if a.started and a.path not in stuck]
-        for actor in d.run_control(to_stop, Stop(), self._stop_timeout):
+        for actor in d.run_control(to_stop, Stop(), self._stop_timeout, help=True):
             stuck.setdefault(actor.path, actor.hook or "on_stop")
         if stuck:
             self._stuck = StopTimeoutError(stuck, self._stop_timeout)

@@ -162,6 +162,7 @@ def test_a_node_runs_in_one_net_at_a_time() -> None:
         mujou.run(node, timer="simulated")
     first.stop()
     first.join()
+    node.dts.clear()
     mujou.run(node, timer="simulated", duration=0.01).join()
 
     assert len(node.dts) == 1
