@@ -34,7 +34,8 @@ class Actor:
         # lifecycle
         "started", "failed",
         # statistics
-        "updates", "overruns", "dt_sum", "dt_max", "lateness", "hook_ns", "restarts",
+        "updates", "overruns", "dt_sum", "dt_max", "lateness", "hook_ns", "last_hook_ns",
+        "restarts",
         "last_update_ns",
     )
 
@@ -67,6 +68,7 @@ class Actor:
         self.dt_max = 0.0
         self.lateness: deque[int] = deque(maxlen=LATENESS_SAMPLES)
         self.hook_ns = 0
+        self.last_hook_ns = 0
         self.restarts = 0
         self.last_update_ns = 0
 
@@ -142,5 +144,7 @@ class Actor:
         try:
             self.context.run(getattr(self.node, hook), *args)
         finally:
-            self.hook_ns += time.perf_counter_ns() - t0
+            took = time.perf_counter_ns() - t0
+            self.last_hook_ns = took
+            self.hook_ns += took
             self.hook = None

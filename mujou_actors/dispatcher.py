@@ -170,6 +170,7 @@ class Dispatcher:
         self._dedicated = [a for a in actors if a.dedicated]
         self._mode = CONTROL
         self._inflight = 0
+        self._waiting = 0  # threads in _wait(); notifies are skipped when none
         self._pending_control = 0
         self._frontier: tuple[int, int] = CONTROL_KEY
         self.end_ns: int | None = None
@@ -245,7 +246,7 @@ class Dispatcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                self._wait(left)
             return [a for a in self.actors if a.busy]
 
     # -- control phases (start, stop) -----------------------------------------------
@@ -282,7 +283,7 @@ class Dispatcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(min(left, 0.05))
+                self._wait(min(left, 0.05))
             return [a for a in actors
                     if a.busy or any(e is envelope for e in a.mailbox.control)]
 
@@ -295,6 +296,13 @@ class Dispatcher:
         return None
 
     # -- scheduling (lock held) ------------------------------------------------------
+    def _wait(self, timeout: float | None) -> None:
+        self._waiting += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiting -= 1
+
     def _key(self, actor: Actor) -> tuple[int, int] | None:
         if actor.mailbox.control:
             return CONTROL_KEY
@@ -314,10 +322,12 @@ class Dispatcher:
         actor.version += 1
         actor.queued_key = key
         if actor.dedicated:
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
         else:
             heapq.heappush(self._heap, (key[0], key[1], actor.order, actor.version, actor))
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
 
     def _global_min(self) -> tuple[int, int] | None:
         """Earliest key of all pending work, dropping stale heap entries."""
@@ -390,10 +400,11 @@ class Dispatcher:
     def _worker_loop(self) -> None:
         heap = self._heap
         cond = self._cond
+        wait_ = self._wait
         with cond:
             while self._mode != SHUTDOWN:
                 if not heap:
-                    cond.wait(self._idle_wait())
+                    wait_(self._idle_wait())
                     continue
                 t, d, _, version, actor = heap[0]
                 if version != actor.version or actor.busy:
@@ -401,7 +412,7 @@ class Dispatcher:
                     continue
                 ok, wait = self._may_start((t, d))
                 if not ok:
-                    cond.wait(wait)
+                    wait_(wait)
                     continue
                 heapq.heappop(heap)
                 self._run_locked(actor)
@@ -412,11 +423,11 @@ class Dispatcher:
             while self._mode != SHUTDOWN:
                 key = actor.queued_key
                 if key is None or actor.busy:
-                    cond.wait(self._idle_wait())
+                    self._wait(self._idle_wait())
                     continue
                 ok, wait = self._may_start(key)
                 if not ok:
-                    cond.wait(wait)
+                    self._wait(wait)
                     continue
                 self._run_locked(actor)
 
@@ -451,27 +462,27 @@ class Dispatcher:
         name = threading.current_thread().name
         actor.thread_name = name
         self._cond.release()
-        t0 = time.perf_counter_ns()
         owed = None
         try:
             if control is not None:
                 self._run_control(actor, control)
             else:
-                owed = actor.apply_deliveries(key if self.simulated else None)
+                if actor.mailbox.deliveries:
+                    owed = actor.apply_deliveries(key if self.simulated else None)
                 self._run_update(actor, now, due, is_tick)
         finally:
-            busy = time.perf_counter_ns() - t0
             self._cond.acquire()
             if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
                 actor.trigger_key = owed
             if name in self._busy_ns:  # a host thread helping in a control phase is no worker
-                self._busy_ns[name] += busy
+                self._busy_ns[name] += actor.last_hook_ns
             self._inflight -= 1
             actor.busy = False
             if control is not None:
                 self._pending_control -= 1
             self._schedule(actor)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def _run_update(self, actor: Actor, now: int, due: int, is_tick: bool) -> None:
         try:
