@@ -126,7 +126,7 @@ def default_workers(pool_nodes: int, *, cpus: int | None = None, gil: bool | Non
 
     Args:
         pool_nodes (int): nodes without ``dedicated_thread``.
-        cpus (int, optional): usable CPUs; default :func:`usable_cpus`.
+        cpus (int, optional): usable CPUs; default `usable_cpus`.
         gil (bool, optional): whether the GIL is enabled; default: this process.
     """
     cpus = usable_cpus() if cpus is None else cpus
@@ -554,7 +554,6 @@ class Dispatcher:
             view: the host's view of the Output (``last`` and ``listeners``).
         """
         simulated = self.simulated
-        now_ns = self.timer.now_ns
         trigger = self.trigger
         order = sender.order
 
@@ -568,7 +567,10 @@ class Dispatcher:
             for port, reader, triggers in routes:
                 reader.mailbox.deliveries.append(Delivery(t, d, order, seq, port, message))
                 if triggers:
-                    trigger(reader, (t, d + 1) if simulated else (now_ns(), 0))
+                    # Real time: the triggered update is due when the sending
+                    # update was, so work caused by a tick due before the
+                    # run's end still runs, and lateness is end-to-end.
+                    trigger(reader, (t, d + 1) if simulated else (t, 0))
             view.last = message
             if view.listeners:
                 view.publish(message)

@@ -26,7 +26,7 @@ class MujouError(Exception):
 class PortTypeError(MujouError, TypeError):
     """A message, or a connection, does not match a port's declared type.
 
-    Raised by :func:`mujou_actors.connect` when an Output's type cannot feed an
+    Raised by `mujou_actors.connect` when an Output's type cannot feed an
     Input, and by ``Output.send``, ``Run.write`` and ``run(inputs=...)`` when a
     value does not match. The message names the port path, what was expected and
     what was got. It is a ``TypeError``, so ``except TypeError`` catches it too.

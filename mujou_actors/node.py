@@ -78,8 +78,8 @@ class Node:
             or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available.
         TypeError: an argument of the wrong type.
 
-    Example::
-
+    Example:
+        ```python
         class Noise(Node):
             out = Output(torch.Tensor, shape=(3,))
 
@@ -88,6 +88,7 @@ class Node:
 
             def on_update(self, dt):
                 self.out.send(torch.randn(3, generator=self.generator))
+        ```
     """
 
     def __init__(
@@ -184,10 +185,10 @@ class Node:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; tensors go to the node's device.
+        """Restore what `state_dict` returned; tensors go to the node's device.
 
         Args:
-            state (dict[str, Any]): as returned by :meth:`state_dict`.
+            state (dict[str, Any]): as returned by `state_dict`.
 
         Raises:
             KeyError: ``state`` names an attribute the node does not have.

@@ -107,7 +107,7 @@ def _make_checker(spec: _Spec, port: Port) -> Checker | None:
     """Compile the check of ``spec`` into one small function (None: accept all).
 
     The function returns the value to deliver (an ``int`` on a ``float`` port
-    becomes a ``float``) or raises :class:`PortTypeError` naming ``port``.
+    becomes a ``float``) or raises `PortTypeError` naming ``port``.
     """
     t = spec.type
     if t is object:
@@ -204,7 +204,7 @@ def copy_message(value: Any) -> Any:
 
 
 class Port:
-    """Common part of :class:`Input` and :class:`Output`: type, owner and path.
+    """Common part of `Input` and `Output`: type, owner and path.
 
     A port object declared on a class is a template; each node instance gets
     its own bound copy on first attribute access (a descriptor), so two nodes of
@@ -324,11 +324,12 @@ class Input(Port):
         TypeError: bad type, shape or dtype.
         ValueError: ``depth`` is not None or an int >= 1.
 
-    Example::
-
+    Example:
+        ```python
         class Controller(Node):
             observation = Input(torch.Tensor, shape=(4,), dtype=torch.float64)
             setpoint = Input(float, depth=1)
+        ```
     """
 
     _kind = "input"
@@ -378,7 +379,7 @@ class Input(Port):
 
         Returns:
             The newest kept message, or ``None`` when none is kept (before the
-            first message, or after :meth:`drain`). Readers share the message
+            first message, or after `drain`). Readers share the message
             with the other readers: do not modify it.
         """
         buf = self._buffer
@@ -406,7 +407,11 @@ class Input(Port):
         if self._depth is not None and len(buf) == self._depth:
             self._drops += 1
             if self._drops == 1:
-                log.warning(
+                # depth=1 asks for "the newest value": dropping is the intent
+                # there, so it is logged at INFO; a deeper queue overflowing
+                # means a reader that cannot keep up.
+                log.log(
+                    logging.INFO if self._depth == 1 else logging.WARNING,
                     "input %r is full (depth %d): dropping its oldest messages; "
                     "drops are counted in run.stats()", self.path, self._depth,
                 )
@@ -421,7 +426,7 @@ class Output(Port):
     """An output port: ``send`` delivers a copy of a message to every connected Input.
 
     Args:
-        type_ (type): message type, as for :class:`Input`. Default: ``object``.
+        type_ (type): message type, as for `Input`. Default: ``object``.
         shape (tuple[int | None, ...], optional): for tensors, the shape.
         dtype (torch.dtype, optional): for tensors, the dtype.
 
@@ -499,6 +504,10 @@ def connect(output: Output, input: Input) -> None:
         )
     if input in output._readers:
         raise ValueError(f"{output.path!r} is already connected to {input.path!r}")
+    for port in (output, input):
+        if getattr(port.node, "_mujou_run", None) is not None:
+            raise ValueError(f"cannot connect {port.path!r} while its node is running; "
+                             "connect before mujou.run")
     output._readers.append(input)
     if not input._spec.accepts_all_of(output._spec):
         output._strict_readers.append(input)

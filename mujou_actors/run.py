@@ -100,10 +100,10 @@ class _View:
 
 
 class Run:
-    """A started run of a net; made by :func:`run`, not directly.
+    """A started run of a net; made by `run`, not directly.
 
     Use it as a context manager (leaving the block stops the run and raises a
-    node's failure) or call :meth:`join`. Ports are given as objects or by
+    node's failure) or call `join`. Ports are given as objects or by
     dotted path (``"ctrl.setpoint"``).
     """
 
@@ -241,7 +241,7 @@ class Run:
 
         Callbacks run in send order on the thread ``mujou-host`` (never on a
         worker), each with a copy of the message. A callback that raises stops
-        the run; :meth:`join` raises :class:`CallbackError`.
+        the run; `join` raises `CallbackError`.
 
         Args:
             port (Port | str): an Output (every message sent on it) or an
@@ -298,8 +298,9 @@ class Run:
                 if message is _END:
                     ended = True
                     continue
+                message = copy_message(message)
                 if predicate is None or predicate(message):
-                    return copy_message(message)
+                    return message
         finally:
             detach()
             with self._lock:
@@ -387,8 +388,8 @@ class Run:
 
         From the host it returns once every node's ``on_stop`` has run: hooks
         in flight finish first, for at most ``stop_timeout`` seconds; nodes
-        still stuck then are reported (logged, and raised by :meth:`join` as
-        :class:`StopTimeoutError`) and left behind. From inside a hook (or a
+        still stuck then are reported (logged, and raised by `join` as
+        `StopTimeoutError`) and left behind. From inside a hook (or a
         subscriber callback) it only asks the run to end, so it never
         deadlocks.
         """
@@ -442,7 +443,7 @@ class Run:
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> RunStats:
-        """Per-node and per-worker statistics, as a frozen :class:`RunStats`.
+        """Per-node and per-worker statistics, as a frozen `RunStats`.
 
         Cheap enough to call a few times a second while the run goes on.
         """
@@ -520,7 +521,7 @@ def run(
     inputs: Mapping[Input | str, Any] | None = None,
     stop_timeout: float = 10.0,
 ) -> Run:
-    """Start a net and return the started :class:`Run`.
+    """Start a net and return the started `Run`.
 
     Validates the net, derives the seeds, starts the threads, runs every
     ``on_start`` (a dedicated node's on its own thread), delivers ``inputs``,

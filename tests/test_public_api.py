@@ -61,3 +61,15 @@ def test_import_is_quick_and_initialises_no_cuda_and_no_example_dependencies() -
     assert float(out[0]) < 1.0
     assert out[1] == "False"
     assert out[2].strip() == "[]"
+
+
+def test_the_docs_build_without_warnings(tmp_path) -> None:
+    import shutil
+
+    mkdocs = shutil.which("mkdocs") or str(pathlib.Path(sys.executable).parent / "mkdocs")
+
+    result = subprocess.run([mkdocs, "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "site" / "reference" / "index.html").exists()

@@ -447,3 +447,21 @@ def test_a_failure_is_logged_on_the_library_logger(caplog) -> None:
 
     assert any(r.name == "mujou_actors" and "failed in on_update" in r.message
                for r in caplog.records)
+
+
+def test_realtime_runs_the_triggered_work_of_the_last_tick() -> None:
+    net = Pipe()
+
+    run = mujou.run(net, duration=0.1)
+    run.join()
+
+    assert net.src.n == 10
+    assert net.sink.received == list(range(1, 11))
+
+
+def test_connect_while_running_is_refused() -> None:
+    net = Pipe()
+    extra = Collector()
+    with mujou.run(net):
+        with pytest.raises(ValueError, match="'src.out' while its node is running"):
+            mujou.connect(net.src.out, extra.inp)
