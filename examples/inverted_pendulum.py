@@ -3,24 +3,25 @@
 The pipeline, with the rate of each node::
 
     Physics (500 Hz) --state--> Sensor (250 Hz) --measurement--> Controller (100 Hz)
-       ^   \\                                                        |
-       |    `--state--> Recorder (on every message) <--command------+
-       `------------------------------------------------command----'
+      ^       |                                                        |
+      |       +--state--> Recorder (on every message) <--command-------+
+      |                                                                |
+      +------------------------------command---------------------------+
 
 * ``Physics`` steps gymnasium's ``inverted_pendulum.xml`` with MuJoCo every 2 ms,
   holding the newest command (zero-order hold), and sends the true state
-  ``[x, theta, xdot, thetadot]``.
+  ``[x, theta, xdot, thetadot]`` (m, rad, m/s, rad/s).
 * ``Sensor`` samples the newest state every 4 ms and adds Gaussian noise.
-* ``Controller`` computes ``u = clip(-K s, -3, 3)`` every 10 ms from the newest
-  measurement, with the LQR gain ``K`` of ``_pendulum_model``.
+* ``Controller`` computes ``u = clip(-K m, -3, 3)`` every 10 ms from the newest
+  measurement ``m``, with the LQR gain ``K`` of ``_pendulum_model``.
 * ``Recorder`` has no period: every message on its inputs triggers it, so it
   keeps every true state and every command for the summary and the plot.
 
 With the simulated timer (the default) the run goes as fast as the CPU allows and
 is bit-for-bit reproducible: the same seed gives the same fingerprint whatever
-``--workers`` is. A message sent at time ``t`` is seen by periodic nodes only
-after ``t``, so the controller acts on a measurement 4-6 ms old, like a real
-sampled loop.
+``--workers`` is. A message sent at time ``t`` reaches periodic nodes only after
+``t``, so the controller acts on a measurement 4-6 ms old, like a real sampled
+loop.
 
 Run it from the repository root::
 
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
 import os
 import sys
 from typing import Any
@@ -46,42 +46,46 @@ import torch
 import mujou_actors as mujou
 
 # The framework-free plant, sensor and LQR live next to this file.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 import _pendulum_model as pm  # noqa: E402
 
 PHYSICS_PERIOD = pm.PHYSICS_PERIOD_NS / 1e9  # 0.002 s
 SENSOR_PERIOD = pm.SENSOR_PERIOD_NS / 1e9  # 0.004 s
 CONTROL_PERIOD = pm.CONTROL_PERIOD_NS / 1e9  # 0.01 s
 
-State = dict(shape=(4,), dtype=torch.float64)  # [x, theta, xdot, thetadot]
-Command = dict(shape=(1,), dtype=torch.float64)  # control units (1 = 100 N)
-
 
 class Physics(mujou.Node):
     """The plant: MuJoCo's inverted pendulum, stepped every 2 ms.
 
-    Each update applies the newest command (zero before the first one) for
-    ``dt`` seconds and sends the true state. ``on_start`` draws the initial
-    state from the node's own generator and sends it, so the first state is
-    the one at t = 0.
+    Each update holds the newest command (zero before the first one) for
+    ``dt`` seconds of MuJoCo time and sends the true state. ``on_start`` draws
+    the initial state from the node's own generator and sends it, so the first
+    state is the one at t = 0.
     """
 
-    command = mujou.Input(torch.Tensor, **Command, depth=1)
-    state = mujou.Output(torch.Tensor, **State)
+    command = mujou.Input(torch.Tensor, shape=(1,), dtype=torch.float64, depth=1)
+    state = mujou.Output(torch.Tensor, shape=(4,), dtype=torch.float64)
 
     def __init__(self, *, seed: int | None = None) -> None:
         super().__init__(period=PHYSICS_PERIOD, seed=seed)
         self.model, self.data = pm.load_model(timestep=PHYSICS_PERIOD)
+        self.behind = 0.0  # seconds of the run's timer not simulated yet
 
     def on_start(self) -> None:
+        self.behind = 0.0
         self.state.send(pm.reset(self.model, self.data, self.generator))
 
     def on_update(self, dt: float) -> None:
         u = self.command.read()
-        # One MuJoCo step per period; with the real-time timer a late tick
-        # (dt of several periods) catches up so the plant keeps pace.
-        for _ in range(max(1, round(dt / self.model.opt.timestep))):
+        # One MuJoCo step per 2 ms of dt: exactly one with the simulated timer
+        # (dt == period); with the real-time timer a late tick catches up.
+        self.behind += dt
+        step = self.model.opt.timestep
+        while self.behind > 0.5 * step:
             pm.step_physics(self.model, self.data, 0.0 if u is None else u)
+            self.behind -= step
         self.state.send(pm.true_state(self.data))
 
     # MuJoCo's state is not a tensor attribute: add it to the node's state so
@@ -90,8 +94,7 @@ class Physics(mujou.Node):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        size = mujoco.mj_stateSize(self.model, self._MJ_STATE)
-        buf = torch.empty(size, dtype=torch.float64)
+        buf = torch.empty(mujoco.mj_stateSize(self.model, self._MJ_STATE), dtype=torch.float64)
         mujoco.mj_getState(self.model, self.data, buf.numpy(), self._MJ_STATE)
         state["mujoco"] = buf
         return state
@@ -108,11 +111,12 @@ class Sensor(mujou.Node):
     """A noisy state sensor sampling every 4 ms.
 
     Sends the newest true state plus zero-mean Gaussian noise (2 mm / 2 mrad on
-    positions, 0.02 on velocities) drawn from the node's own generator.
+    positions, 0.02 m/s / 0.02 rad/s on velocities) drawn from the node's own
+    generator.
     """
 
-    state = mujou.Input(torch.Tensor, **State, depth=1)
-    measurement = mujou.Output(torch.Tensor, **State)
+    state = mujou.Input(torch.Tensor, shape=(4,), dtype=torch.float64, depth=1)
+    measurement = mujou.Output(torch.Tensor, shape=(4,), dtype=torch.float64)
 
     def __init__(self, *, noise: pm.SensorNoise = pm.SensorNoise(),
                  seed: int | None = None) -> None:
@@ -130,15 +134,16 @@ class Controller(mujou.Node):
 
     ``K`` is designed for the 10 ms zero-order-hold discretisation of the MuJoCo
     model (see ``_pendulum_model.lqr_gain``); ``m`` is the newest measurement.
+    A command unit pushes the cart with 100 N.
     """
 
-    measurement = mujou.Input(torch.Tensor, **State, depth=1)
-    command = mujou.Output(torch.Tensor, **Command)
+    measurement = mujou.Input(torch.Tensor, shape=(4,), dtype=torch.float64, depth=1)
+    command = mujou.Output(torch.Tensor, shape=(1,), dtype=torch.float64)
 
     def __init__(self) -> None:
         super().__init__(period=CONTROL_PERIOD)
         model, _ = pm.load_model(timestep=PHYSICS_PERIOD)
-        self.gain = pm.lqr_gain(model, dt_control=CONTROL_PERIOD)  # (1, 4), in state_dict
+        self.gain = pm.lqr_gain(model, dt_control=CONTROL_PERIOD)  # (1, 4)
 
     def on_update(self, dt: float) -> None:
         m = self.measurement.read()
@@ -150,13 +155,13 @@ class Controller(mujou.Node):
 class Recorder(mujou.Node):
     """Keeps every true state and every command, with the time it arrived.
 
-    It has no period: each message triggers an update (several messages that
-    arrive together give one update), and ``depth=None`` keeps them all until
+    It has no period: each message triggers an update (messages that arrive
+    together give one update), and ``depth=None`` keeps them all until
     ``drain()``. Its clock is the sum of the ``dt`` of its updates.
     """
 
-    state = mujou.Input(torch.Tensor, **State, depth=None)
-    command = mujou.Input(torch.Tensor, **Command, depth=None)
+    state = mujou.Input(torch.Tensor, shape=(4,), dtype=torch.float64, depth=None)
+    command = mujou.Input(torch.Tensor, shape=(1,), dtype=torch.float64, depth=None)
 
     def __init__(self) -> None:
         super().__init__(period=None)
@@ -177,16 +182,15 @@ class Recorder(mujou.Node):
             self.commands.append(u)
 
     def trajectory(self) -> dict[str, torch.Tensor]:
-        """The recording as tensors: ``t, x, theta`` (states) and ``t_u, u`` (commands)."""
-        states = torch.stack(self.states) if self.states else torch.zeros(0, 4,
-                                                                          dtype=torch.float64)
-        commands = torch.cat(self.commands) if self.commands else torch.zeros(0,
-                                                                            dtype=torch.float64)
+        """The recording as float64 tensors: ``t, x, theta`` and ``t_u, u``."""
+        f64 = torch.float64
+        states = torch.stack(self.states) if self.states else torch.zeros(0, 4, dtype=f64)
+        commands = torch.cat(self.commands) if self.commands else torch.zeros(0, dtype=f64)
         return {
-            "t": torch.tensor(self.state_t, dtype=torch.float64),
+            "t": torch.tensor(self.state_t, dtype=f64),
             "x": states[:, 0],
             "theta": states[:, 1],
-            "t_u": torch.tensor(self.command_t, dtype=torch.float64),
+            "t_u": torch.tensor(self.command_t, dtype=f64),
             "u": commands,
         }
 
@@ -214,7 +218,7 @@ def make_net(seed: int | None = None) -> Pendulum:
     Args:
         seed (int | None): seeds of the two random nodes. An int gives Physics
             ``2 * seed`` and Sensor ``2 * seed + 1``, the generators of
-            ``_pendulum_model.simulate(seed)``: the net then follows the
+            ``_pendulum_model.simulate(seed)``: the net then follows that
             framework-free reference loop sample for sample. None leaves the
             seeds to ``mujou.run(seed=...)``, which derives them from the paths.
 
@@ -227,7 +231,7 @@ def make_net(seed: int | None = None) -> Pendulum:
 
 
 def fingerprint(traj: dict[str, torch.Tensor]) -> str:
-    """A short hex digest of the recorded angles, positions and commands."""
+    """A short hex digest of the recorded times, angles, positions and commands."""
     h = hashlib.sha256()
     for key in ("t", "theta", "x", "t_u", "u"):
         h.update(traj[key].numpy().tobytes())
@@ -243,8 +247,6 @@ def plot(traj: dict[str, torch.Tensor], path: str) -> None:
 
     fig, (ax_th, ax_x, ax_u) = plt.subplots(3, 1, sharex=True, figsize=(9, 7))
     ax_th.plot(traj["t"], traj["theta"], lw=0.7)
-    ax_th.axhline(pm.THETA_LIMIT_RAD, color="r", ls="--", lw=0.7)
-    ax_th.axhline(-pm.THETA_LIMIT_RAD, color="r", ls="--", lw=0.7)
     ax_th.set_ylabel("pole angle [rad]")
     ax_x.plot(traj["t"], traj["x"], lw=0.7, color="tab:green")
     ax_x.set_ylabel("cart x [m]")
@@ -272,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     net = make_net(seed=args.seed)
+    # The depth=1 inputs keep only the newest message on purpose (sample and
+    # hold): mujou counts every replaced message as a drop, and the summary
+    # prints those counts.
     run = mujou.run(net, timer=args.timer, duration=args.duration, seed=args.seed,
                     workers=args.workers)
     run.join()
@@ -280,17 +285,21 @@ def main(argv: list[str] | None = None) -> int:
 
     t, theta, x = traj["t"], traj["theta"].abs(), traj["x"].abs()
     late = t >= 1.0
-    stayed_up = bool(len(theta)) and bool((theta < pm.THETA_LIMIT_RAD).all())
+    stayed_up = len(theta) > 0 and bool((theta < pm.THETA_LIMIT_RAD).all())
     workers = sum(1 for name in stats.workers if name.startswith("mujou-worker-"))
+
+    def peak(values: torch.Tensor) -> float:
+        return float(values.max()) if len(values) else float("nan")
 
     print(f"inverted pendulum: {stats.time:g} s on the {args.timer} timer, "
           f"seed {args.seed}, {workers} worker(s)")
-    print(f"  {'node':<12}{'updates':>9}{'hook time [s]':>15}")
+    print(f"  {'node':<12}{'updates':>9}{'hook time [s]':>15}  drops (newest kept)")
     for path, node in stats.nodes.items():
         if path:  # the root is a pure container
-            print(f"  {path:<12}{node.updates:>9}{node.hook_time:>15.3f}")
-    print(f"  max |theta|  {theta.max():.5f} rad   (after 1 s: {theta[late].max():.5f} rad)")
-    print(f"  max |x|      {x.max():.5f} m     (after 1 s: {x[late].max():.5f} m)")
+            drops = ", ".join(f"{name} {n}" for name, n in node.drops.items() if n) or "-"
+            print(f"  {path:<12}{node.updates:>9}{node.hook_time:>15.3f}  {drops}")
+    print(f"  max |theta|  {peak(theta):.5f} rad   (after 1 s: {peak(theta[late]):.5f} rad)")
+    print(f"  max |x|      {peak(x):.5f} m     (after 1 s: {peak(x[late]):.5f} m)")
     print(f"  stayed up    {'yes' if stayed_up else 'NO'} "
           f"(|theta| < {pm.THETA_LIMIT_RAD} rad throughout)")
     print(f"  wall time    {stats.wall:.2f} s for {stats.time:g} s: "

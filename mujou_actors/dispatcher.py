@@ -361,10 +361,10 @@ class Dispatcher:
             return True, None
         now = self.timer.now_ns()
         if end is not None and key[0] > end:
-            if now >= end and not self._inflight:
+            if now >= end and self._nothing_due_by(end):
                 self._reach_end()
                 return False, None
-            return False, max(0.0, (end - now) / 1e9)
+            return False, max(0.0, (end - now) / 1e9) or None
         if key[0] <= now:
             return True, None
         return False, (key[0] - now) / 1e9
@@ -380,10 +380,17 @@ class Dispatcher:
             self._reach_end()
             return None
         now = self.timer.now_ns()
-        if now >= end:
+        if now >= end and self._nothing_due_by(end):
             self._reach_end()
             return None
-        return (end - now) / 1e9
+        return max(0.0, (end - now) / 1e9) or None
+
+    def _nothing_due_by(self, end: int) -> bool:
+        """No hook in flight and no queued work (pool or dedicated) due by ``end``."""
+        if self._inflight:
+            return False
+        first = self._global_min()
+        return first is None or first[0] > end
 
     def _reach_end(self) -> None:
         if self._ended:

@@ -131,6 +131,7 @@ class Run:
         self._waiters: list[queue.SimpleQueue[Any]] = []
         self._wall_start = time.perf_counter()
         self._wall_end: float | None = None
+        self._end_ns: int | None = None
         self._coordinator = threading.Thread(target=self._coordinate, name="mujou-run",
                                              daemon=True)
 
@@ -142,13 +143,14 @@ class Run:
 
     @property
     def time(self) -> float:
-        """float: the run's time in seconds of its timer."""
-        return self._timer.now_ns() / 1e9
+        """float: the run's time in seconds of its timer (frozen once the run has ended)."""
+        return self.time_ns / 1e9
 
     @property
     def time_ns(self) -> int:
-        """int: the run's time in integer nanoseconds of its timer."""
-        return self._timer.now_ns()
+        """int: the run's time in integer nanoseconds of its timer (frozen at the end)."""
+        end = self._end_ns
+        return self._timer.now_ns() if end is None else end
 
     @property
     def running(self) -> bool:
@@ -358,6 +360,7 @@ class Run:
         d = self._dispatcher
         d.request_stop()
         stuck = {a.path: a.hook or "?" for a in d.wait_idle(self._stop_timeout)}
+        self._end_ns = self._timer.now_ns()
         to_stop = [a for a in self._actors if a.started and a.path not in stuck]
         for actor in d.run_control(to_stop, Stop(), self._stop_timeout, help=True):
             stuck.setdefault(actor.path, actor.hook or "on_stop")

@@ -1,0 +1,59 @@
+"""The examples run in CI too (shortened), so they never rot."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+pytest.importorskip("mujoco")
+pytest.importorskip("gymnasium")
+
+
+def _run(script: str, *args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=240)
+
+
+def _fingerprint(out: str) -> str:
+    match = re.search(r"fingerprint\s+([0-9a-f]+)", out)
+    assert match, out
+    return match.group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pendulum_stays_up_for_60_s_with_the_shipped_seed(tmp_path) -> None:
+    result = _run("inverted_pendulum.py", "--plot", str(tmp_path / "p.png"), cwd=tmp_path)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "stayed up    yes" in result.stdout
+    assert re.search(r"physics\s+30000\b", result.stdout)
+    assert re.search(r"controller\s+6000\b", result.stdout)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.stderr == ""          # the library prints nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pendulum_is_bit_identical_across_runs_and_worker_counts() -> None:
+    runs = [_run("inverted_pendulum.py", "--duration", "3", "--no-plot", "--workers", w)
+            for w in ("1", "2", "1")]
+
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert len({_fingerprint(r.stdout) for r in runs}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_camera_example_keeps_the_periodic_nodes_at_rate() -> None:
+    result = _run("camera.py", "--duration", "1.5")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "held" in result.stdout
