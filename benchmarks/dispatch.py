@@ -126,7 +126,7 @@ def bench_case(case: str, n: int, end_ns: int, repeat: int) -> dict:
         "nodes": n, "updates": expected,
         "mujou": summary([m["rate"] for m in mj]),
         "floor": summary([f["rate"] for f in fl]),
-        "ratio": summary([m["rate"] / f["rate"] for m, f in zip(mj, fl)]),
+        "ratio": summary([m["rate"] / f["rate"] for m, f in zip(mj, fl, strict=False)]),
         "start_s": summary([m["start_s"] for m in mj]),
         "join_s": summary([m["join_s"] for m in mj]),
     }
@@ -180,11 +180,11 @@ def print_table(results: dict, title: str) -> None:
         from rich.table import Table
     except ImportError:
         plain = [header, *rows(" | ")]
-        widths = [max(len(x) for x in col) for col in zip(*plain)]
+        widths = [max(len(x) for x in col) for col in zip(*plain, strict=False)]
         print(f"{title}\n(median | min–max over repetitions)")
         for row in plain:
             print("  ".join(x.ljust(w) if i == 0 else x.rjust(w)
-                            for i, (x, w) in enumerate(zip(row, widths))))
+                            for i, (x, w) in enumerate(zip(row, widths, strict=False))))
         return
     table = Table(title=title, caption="median, then min–max over repetitions")
     for i, h in enumerate(header):

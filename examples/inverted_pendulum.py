@@ -118,7 +118,7 @@ class Sensor(mujou.Node):
     state = mujou.Input(torch.Tensor, shape=(4,), dtype=torch.float64, depth=1)
     measurement = mujou.Output(torch.Tensor, shape=(4,), dtype=torch.float64)
 
-    def __init__(self, *, noise: pm.SensorNoise = pm.SensorNoise(),
+    def __init__(self, *, noise: pm.SensorNoise = pm.SensorNoise(),  # noqa: B008 - frozen
                  seed: int | None = None) -> None:
         super().__init__(period=SENSOR_PERIOD, seed=seed)
         self.noise = noise

@@ -25,7 +25,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .actor import Actor
 from .errors import NotRunningError

@@ -13,7 +13,8 @@ import copy
 import dataclasses
 import logging
 from collections import deque
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ class _Spec:
             return True
         if other.shape is None or len(other.shape) != len(self.shape):
             return False
-        return all(a is None or a == b for a, b in zip(self.shape, other.shape))
+        return all(a is None or a == b for a, b in zip(self.shape, other.shape, strict=False))
 
     def may_accept_some_of(self, other: _Spec) -> bool:
         """False when no value of ``other`` can be a value of ``self``."""
@@ -93,7 +94,8 @@ class _Spec:
             return True
         if len(self.shape) != len(other.shape):
             return False
-        return all(a is None or b is None or a == b for a, b in zip(self.shape, other.shape))
+        pairs = zip(self.shape, other.shape, strict=True)
+        return all(a is None or b is None or a == b for a, b in pairs)
 
 
 def describe_value(value: Any) -> str:

@@ -13,7 +13,8 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .actor import Actor
 from .dispatcher import Dispatcher, default_workers

@@ -42,7 +42,8 @@ def _pair(out_port: mujou.Output, in_port: mujou.Input) -> tuple[mujou.Node, muj
     "out_port, in_port",
     [
         (mujou.Output(int), mujou.Input(str)),
-        (mujou.Output(torch.Tensor, dtype=torch.float32), mujou.Input(torch.Tensor, dtype=torch.int64)),
+        (mujou.Output(torch.Tensor, dtype=torch.float32),
+         mujou.Input(torch.Tensor, dtype=torch.int64)),
         (mujou.Output(torch.Tensor, shape=(4,)), mujou.Input(torch.Tensor, shape=(3,))),
         (mujou.Output(torch.Tensor, shape=(4,)), mujou.Input(torch.Tensor, shape=(4, 1))),
         (mujou.Output(Pose), mujou.Input(Twist)),

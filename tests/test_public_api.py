@@ -73,3 +73,14 @@ def test_the_docs_build_without_warnings(tmp_path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "site" / "reference" / "index.html").exists()
+
+
+def test_the_code_passes_ruff() -> None:
+    import shutil
+
+    ruff = shutil.which("ruff") or str(pathlib.Path(sys.executable).parent / "ruff")
+
+    result = subprocess.run([ruff, "check", "mujou_actors", "tests", "examples", "benchmarks"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stdout
