@@ -19,7 +19,9 @@ from .errors import (
 from .node import Node
 from .ports import Input, Output, connect
 from .run import Run, run
-from .stats import NodeStats, RunStats, WorkerStats
+from .snapshot import load, save
+from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats
+from .supervisor import Supervisor, latest_snapshot
 
 __all__ = [
     "CallbackError",
@@ -35,10 +37,15 @@ __all__ = [
     "Run",
     "RunStats",
     "SnapshotError",
+    "SnapshotStats",
     "StopTimeoutError",
+    "Supervisor",
     "WorkerStats",
     "connect",
+    "latest_snapshot",
+    "load",
     "run",
+    "save",
 ]
 
 __version__ = "0.1.0"

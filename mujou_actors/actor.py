@@ -70,7 +70,7 @@ class Actor:
         self.hook_ns = 0
         self.last_hook_ns = 0
         self.restarts = 0
-        self.last_update_ns = 0
+        self.last_update_ns: int | None = None
 
     def schedule_first_tick(self, start_ns: int) -> None:
         """Make the first tick due one period after ``start_ns`` (drift-free grid)."""
@@ -79,7 +79,8 @@ class Actor:
             # Ticks sit on the grid k * period even for a run that starts late
             # (a restored run), so schedules continue where they were.
             self.next_tick_ns = (start_ns // period + 1) * period
-        self.last_update_ns = start_ns
+        if self.last_update_ns is None:  # a restore sets it: dt goes on as it was
+            self.last_update_ns = start_ns
 
     def key(self) -> tuple[int, int] | None:
         """The (time, delta) of this actor's earliest pending timed work."""
@@ -128,7 +129,7 @@ class Actor:
                 self.overruns += missed
                 due_ns += missed * period
             self.next_tick_ns = due_ns + period
-        dt = (now_ns - self.last_update_ns) / 1e9
+        dt = (now_ns - self.last_update_ns) / 1e9  # type: ignore[operator]
         self.last_update_ns = now_ns
         self.lateness.append(now_ns - due_ns)
         self.call("on_update", dt)

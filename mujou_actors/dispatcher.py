@@ -159,6 +159,7 @@ class Dispatcher:
         workers: int,
         on_failure: Callable[[Actor, str, BaseException], None],
         on_end: Callable[[], None],
+        on_hold: Callable[[], None] = lambda: None,
     ) -> None:
         self.actors = actors
         self.timer = timer
@@ -166,6 +167,14 @@ class Dispatcher:
         self.n_workers = workers
         self._on_failure = on_failure
         self._on_end = on_end
+        self._on_hold = on_hold
+        # Holding: a consistent cut. With simulated time it falls between two
+        # instants (all work at t done, none after t started), so a snapshot
+        # taken there resumes exactly; hold_at_ns asks for a cut at that time.
+        self._hold_requested = False
+        self.held = False
+        self.hold_at_ns: int | None = None
+        self.cut_due = False  # held at hold_at_ns: a supervisor snapshot is due
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[int, int, int, int, Actor]] = []
         self._dedicated = [a for a in actors if a.dedicated]
@@ -225,6 +234,81 @@ class Dispatcher:
             for actor in self.actors:
                 self._schedule(actor)
             self._cond.notify_all()
+
+    def request_hold(self) -> None:
+        """Ask for a consistent cut: no hook in flight, timed work held.
+
+        In real time the cut comes as soon as the hooks in flight return; in
+        simulated time once the current instant (with its delta cycles) is done.
+        """
+        with self._cond:
+            self._hold_requested = True
+            if self._mode == RUNNING:
+                self._try_hold_now()
+            self._cond.notify_all()
+
+    def wait_held(self, timeout: float | None = None) -> bool:
+        """Wait until the dispatcher holds (or the run is stopping); True if held."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self.held and self._mode in (RUNNING, CONTROL):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._wait(left)
+            return self.held
+
+    def release(self, restart_at_ns: int | None = None) -> None:
+        """Let timed work run again after a hold.
+
+        Args:
+            restart_at_ns: when given, every actor's schedule restarts from this
+                time (a whole-net restore: ticks continue on their grid after
+                it, and a simulated timer rewinds to it).
+        """
+        with self._cond:
+            self.held = False
+            self._hold_requested = False
+            if self._mode != CONTROL:
+                return
+            if restart_at_ns is not None:
+                self._restart_schedules(restart_at_ns)
+            self._mode = RUNNING
+            for actor in self.actors:
+                self._schedule(actor)
+            self._cond.notify_all()
+
+    def _restart_schedules(self, start_ns: int) -> None:
+        if self.simulated:
+            self.timer.rewind_to(start_ns)  # type: ignore[attr-defined]
+        self._frontier = (start_ns, 0)
+        first_trigger = (start_ns, 1) if self.simulated else (start_ns, 0)
+        for actor in self.actors:
+            actor.schedule_first_tick(start_ns)
+            actor.queued_key = None
+            actor.version += 1
+            if actor.trigger_key is not None:
+                actor.trigger_key = first_trigger
+        self._heap.clear()
+
+    def _enter_hold(self, scheduled: bool = False) -> None:
+        self._mode = CONTROL
+        self.held = True
+        self._cond.notify_all()
+        if scheduled:
+            self.cut_due = True
+            self._on_hold()
+
+    def _try_hold_now(self) -> bool:
+        """Hold if nothing is in flight and, in simulated time, the instant is done."""
+        if self._inflight:
+            return False
+        if self.simulated:
+            first = self._global_min()
+            if first is not None and first[0] == self._frontier[0]:
+                return False
+        self._enter_hold()
+        return True
 
     def request_stop(self) -> None:
         """Stop starting timed work; hooks in flight finish."""
@@ -354,12 +438,10 @@ class Dispatcher:
                 return True, None
             if self._inflight or key != self._global_min():
                 return False, None
-            if end is not None and key[0] > end:
-                self._reach_end()
-                return False, None
-            self._frontier = key
-            self.timer.advance_to(key[0])  # type: ignore[attr-defined]
-            return True, None
+            return self._advance_simulated(key), None
+        if self._hold_requested:
+            self._try_hold_now()
+            return False, None
         now = self.timer.now_ns()
         if end is not None and key[0] > end:
             if now >= end and self._nothing_due_by(end):
@@ -370,15 +452,50 @@ class Dispatcher:
             return True, None
         return False, (key[0] - now) / 1e9
 
-    def _idle_wait(self) -> float | None:
-        """Nothing is queued: end the run if its duration allows, else wait."""
+    def _advance_simulated(self, key: tuple[int, int] | None) -> bool:
+        """Nothing in flight, ``key`` is the earliest work (None: no work): move on.
+
+        Returns True when work at ``key`` may start now; otherwise the run
+        holds at a cut or ends.
+        """
+        t_next = None if key is None else key[0]
+        frontier_t = self._frontier[0]
+        if t_next is not None and t_next == frontier_t:
+            self._frontier = key  # type: ignore[assignment]  # next delta cycle
+            return True
         end = self.end_ns
-        if self._mode != RUNNING or end is None or self._inflight:
+        cut = self.hold_at_ns
+        if cut is not None and (t_next is None or t_next > cut) and (end is None or cut <= end):
+            self.hold_at_ns = None
+            self.timer.advance_to(cut)  # type: ignore[attr-defined]
+            self._frontier = (cut, 0)
+            self._enter_hold(scheduled=True)
+            return False
+        if self._hold_requested:
+            self._enter_hold()
+            return False
+        if t_next is None or (end is not None and t_next > end):
+            if end is not None:
+                self._reach_end()
+            return False
+        self._frontier = key  # type: ignore[assignment]
+        self.timer.advance_to(t_next)  # type: ignore[attr-defined]
+        return True
+
+    def _idle_wait(self) -> float | None:
+        """Nothing is queued: hold or end the run if due, else say how long to wait."""
+        end = self.end_ns
+        if self._mode != RUNNING or self._inflight:
             return None
         if self._dedicated and self._global_min() is not None:
             return None
         if self.simulated:
-            self._reach_end()
+            self._advance_simulated(None)
+            return None
+        if self._hold_requested:
+            self._try_hold_now()
+            return None
+        if end is None:
             return None
         now = self.timer.now_ns()
         if now >= end and self._nothing_due_by(end):
@@ -515,7 +632,33 @@ class Dispatcher:
                 except BaseException as exc:  # noqa: BLE001
                     self._fail(actor, "on_stop", exc)
         else:
-            envelope(actor)
+            try:
+                envelope(actor)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(actor, envelope.hook, exc)
+
+    def post_control(self, actor: Actor, envelopes: list[Any]) -> None:
+        """Queue control envelopes for one actor while the run goes on (a restart)."""
+        with self._cond:
+            actor.mailbox.control.extend(envelopes)
+            self._pending_control += len(envelopes)
+            if not actor.busy:
+                self._schedule(actor)
+            self._cond.notify_all()
+
+    def discard_messages(self) -> None:
+        """Drop every undelivered message and pending trigger (a whole-net restore)."""
+        with self._cond:
+            for actor in self.actors:
+                actor.mailbox.deliveries.clear()
+                actor.trigger_key = None
+
+    def pending_deliveries(self, actor: Actor) -> list[Delivery]:
+        """The actor's undelivered messages in delivery order (call while held)."""
+        items = list(actor.mailbox.deliveries)
+        if self.simulated:
+            items.sort(key=lambda d: (d.t_ns, d.delta, d.sender, d.seq))
+        return items
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
         actor.failed = True

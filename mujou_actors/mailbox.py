@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
-__all__ = ["Start", "Stop", "Delivery", "Mailbox", "HOST_ORDER"]
+__all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER"]
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
 HOST_ORDER = -1
@@ -34,6 +34,52 @@ class Stop:
     """Run the node's ``on_stop``."""
 
     __slots__ = ()
+
+
+class Snapshot:
+    """Copy the node's state into ``into[path]`` (errors into ``errors[path]``).
+
+    A state that cannot be taken is the caller's error (``run.state_dict()``
+    raises it unwrapped), not a failure of the node.
+    """
+
+    __slots__ = ("into", "errors")
+    hook = "state_dict"
+
+    def __init__(self, into: dict[str, Any], errors: dict[str, BaseException]) -> None:
+        self.into = into
+        self.errors = errors
+
+    def __call__(self, actor: Any) -> None:
+        from .state import copy_state
+
+        try:
+            self.into[actor.path] = copy_state(actor.node.state_dict(),
+                                               f"node {actor.path!r} state")
+        except Exception as exc:
+            self.errors[actor.path] = exc
+
+
+class Restore:
+    """Load a node's state, its kept input messages and its ``dt`` reference."""
+
+    __slots__ = ("state", "inputs", "last_update_ns")
+    hook = "load_state_dict"
+
+    def __init__(self, state: Any, inputs: dict[Any, list[Any]],
+                 last_update_ns: int | None) -> None:
+        self.state = state
+        self.inputs = inputs
+        self.last_update_ns = last_update_ns
+
+    def __call__(self, actor: Any) -> None:
+        if self.state is not None:
+            actor.node.load_state_dict(self.state)
+        for port, messages in self.inputs.items():
+            port._restore(messages)
+        if self.last_update_ns is not None:
+            actor.last_update_ns = self.last_update_ns
+        actor.failed = False
 
 
 class Delivery(NamedTuple):

@@ -423,6 +423,11 @@ class Input(Port):
         self._buffer.clear()
         self._drops = 0
 
+    def _restore(self, messages: list[Any]) -> None:
+        """Replace the kept messages (a restore; not counted as drops)."""
+        self._buffer.clear()
+        self._buffer.extend(messages[-self._depth:] if self._depth else messages)
+
 
 class Output(Port):
     """An output port: ``send`` delivers a copy of a message to every connected Input.

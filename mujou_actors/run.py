@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -23,13 +24,15 @@ from .errors import (
     NetError,
     NodeError,
     NotRunningError,
+    SnapshotError,
     StopTimeoutError,
 )
-from .mailbox import Start, Stop
+from .mailbox import Restore, Snapshot, Start, Stop
 from .node import Node, iter_nodes, random_seed
 from .ports import Input, Output, Port, copy_message
-from .stats import NodeStats, RunStats, WorkerStats, percentile
-from .supervisor import derive_seed
+from .state import FORMAT, check_tree
+from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
+from .supervisor import RestartIntensity, SnapshotWriter, Supervisor, derive_seed
 from .timers import make_timer
 
 __all__ = ["run", "Run"]
@@ -110,7 +113,7 @@ class Run:
 
     def __init__(self, *, actors: list[Actor], dispatcher: Dispatcher,
                  ports: dict[str, Port], seeds: dict[str, int],
-                 stop_timeout: float) -> None:
+                 stop_timeout: float, supervisor: Supervisor | None = None) -> None:
         self._actors = actors
         self._dispatcher = dispatcher
         self._timer = dispatcher.timer
@@ -135,6 +138,20 @@ class Run:
         self._end_ns: int | None = None
         self._coordinator = threading.Thread(target=self._coordinate, name="mujou-run",
                                              daemon=True)
+        # Everything that changes the whole net (end, cuts, restarts) goes
+        # through the coordinator's queue, one at a time.
+        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._control_lock = threading.RLock()
+        self._supervisor = supervisor or Supervisor()
+        self._latest: dict[str, Any] | None = None
+        self._intensity = RestartIntensity(self._supervisor.max_restarts,
+                                           round(self._supervisor.within * 1e9))
+        self._writer: SnapshotWriter | None = None
+        self._pauses: list[float] = []
+        self._next_cut_ns: int | None = None
+        self._finishing = False
+        self._timer_started = False
+        self._pause_t0 = 0.0
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -336,22 +353,216 @@ class Run:
 
     # -- ending -------------------------------------------------------------------------
     def _request_end(self) -> None:
-        self._end_requested.set()
+        if not self._end_requested.is_set():
+            self._end_requested.set()
+            self._events.put(("end",))
+
+    def _record_failure(self, err: BaseException) -> None:
+        with self._lock:
+            self._failures.append(err)  # type: ignore[arg-type]
+        self._request_end()
 
     def _on_failure(self, actor: Actor, hook: str, exc: BaseException) -> None:
         path = actor.path or "<root>"
         err = NodeError(actor.path, hook,
                         f"node {path!r} raised in {hook}: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
-        log.error("node %r failed in %s", path, hook, exc_info=exc)
-        with self._lock:
-            self._failures.append(err)
-        self._request_end()
+        strategy = self._supervisor.restart
+        if strategy == "none" or self._end_requested.is_set() or not self._timer_started:
+            log.error("node %r failed in %s", path, hook, exc_info=exc)
+            self._record_failure(err)
+        elif not self._intensity.allow(self._timer.now_ns()):
+            log.error("node %r failed in %s; more than %d restarts within %s s: giving up",
+                      path, hook, self._supervisor.max_restarts, self._supervisor.within,
+                      exc_info=exc)
+            self._record_failure(err)
+        elif strategy == "one_for_one":
+            log.warning("node %r failed in %s; restarting it (one_for_one)", path, hook,
+                        exc_info=exc)
+            self._restart_one(actor)
+        else:
+            log.warning("node %r failed in %s; restarting the net (one_for_all)", path, hook,
+                        exc_info=exc)
+            self._events.put(("restart_all",))
+
+    # -- snapshots and restarts ---------------------------------------------------------
+    def _restart_one(self, actor: Actor) -> None:
+        """on_stop, on_start and the latest snapshot's state, as envelopes to one actor."""
+        latest = self._latest
+        assert latest is not None  # taken right after the start
+        actor.restarts += 1
+        state = latest["nodes"].get(actor.path)
+        self._dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
+
+    def _restart_all(self) -> None:
+        """Restore the whole net from the latest snapshot at a consistent cut."""
+        d = self._dispatcher
+        with self._control_lock:
+            if not self._hold():
+                return
+            tree = self._latest
+            assert tree is not None
+            started = [a for a in self._actors if a.started]
+            d.run_control(started, Stop(), self._stop_timeout, help=True)
+            d.run_control(self._actors, Start(), self._stop_timeout, help=True)
+            d.discard_messages()
+            for actor in self._actors:
+                actor.restarts += 1
+            self._restore_tree(tree, rewind=True)
+            at = tree["time_ns"] if d.simulated else self._timer.now_ns()
+            if not d.simulated:
+                for actor in self._actors:
+                    actor.last_update_ns = at
+            self._schedule_cuts(at)
+            d.release(restart_at_ns=at)
+
+    def _hold(self) -> bool:
+        """Bring the net to a consistent cut; False when the run is ending instead."""
+        d = self._dispatcher
+        if d.held:
+            return True
+        t0 = time.perf_counter()
+        d.request_hold()
+        held = d.wait_held()
+        self._pause_t0 = t0
+        return held
+
+    def _at_cut(self) -> None:
+        """Called at every cut: take the supervisor's snapshot if one is due."""
+        d = self._dispatcher
+        if not d.cut_due:
+            return
+        d.cut_due = False
+        self._supervise_snapshot()
+        self._schedule_cuts(self._timer.now_ns())
+
+    def _supervise_snapshot(self) -> None:
+        t0 = time.perf_counter()
+        tree = self._take_tree()
+        self._pauses.append(time.perf_counter() - t0)
+        self._latest = tree
+        if self._writer is not None:
+            self._writer.submit(tree)
+
+    def _schedule_cuts(self, now_ns: int) -> None:
+        every = self._supervisor.snapshot_every
+        if every is None:
+            return
+        every_ns = round(every * 1e9)
+        nxt = (now_ns // every_ns + 1) * every_ns
+        if self._dispatcher.simulated:
+            self._dispatcher.hold_at_ns = nxt
+        else:
+            self._next_cut_ns = nxt
+
+    def _take_tree(self) -> dict[str, Any]:
+        """The state tree, taken now: the net must be held (or not running)."""
+        d = self._dispatcher
+        nodes: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        if self._ended.is_set() or self._finishing:
+            envelope = Snapshot(nodes, errors)
+            for actor in self._actors:
+                envelope(actor)
+        else:
+            d.run_control(self._actors, Snapshot(nodes, errors), self._stop_timeout, help=True)
+        if errors:
+            raise next(iter(errors.values()))
+        inputs: dict[str, list[Any]] = {}
+        pending: dict[str, list[Any]] = {}
+        for path, port in self._ports.items():
+            if isinstance(port, Input):
+                inputs[path] = [copy_message(m) for m in port._buffer]
+        for actor in self._actors:
+            for delivery in d.pending_deliveries(actor):
+                pending.setdefault(delivery.input.path, []).append(copy_message(delivery.message))
+        return {
+            "format": FORMAT,
+            "time_ns": self.time_ns,
+            "seeds": dict(self._seeds),
+            "nodes": {a.path: nodes[a.path] for a in self._actors},
+            "inputs": inputs,
+            "pending": pending,
+            "schedule": {a.path: {"last_update_ns": a.last_update_ns} for a in self._actors},
+        }
+
+    def _restore_tree(self, tree: dict[str, Any], rewind: bool = False) -> None:
+        """Load a checked tree into the held net (Restore envelopes, then messages)."""
+        d = self._dispatcher
+        by_node: dict[str, dict[Any, list[Any]]] = {a.path: {} for a in self._actors}
+        for path, messages in tree["inputs"].items():
+            port = self._ports[path]
+            by_node[port.node._mujou_path][port] = [copy_message(m) for m in messages]
+        for actor in self._actors:
+            last = tree["schedule"].get(actor.path, {}).get("last_update_ns")
+            envelope = Restore(tree["nodes"][actor.path], by_node[actor.path], last)
+            d.run_control([actor], envelope, math.inf, help=True)
+        for path, messages in tree["pending"].items():
+            port = self._ports[path]
+            for message in messages:
+                self._deliver(port, copy_message(message))  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state tree of the whole net, taken at a consistent cut.
+
+        The run pauses while the state is copied: no hook is in flight, so no
+        message is half delivered. With the simulated timer the cut falls
+        between two instants. Works after the end too (the final state; a
+        simulated run's ``time_ns`` is then its end time).
+
+        Returns:
+            dict: ``{"format", "time_ns", "seeds", "nodes", "inputs", "pending",
+            "schedule"}`` (see docs/state.md), every tensor a CPU copy.
+
+        Raises:
+            TypeError: a node's ``state_dict()`` holds a value a tree cannot
+                (names the node and the key), raised as is.
+        """
+        if self._dispatcher.is_own_thread():
+            raise RuntimeError("state_dict() from inside a hook would wait for itself")
+        with self._control_lock:
+            if self._ended.is_set() or self._finishing:
+                self._ended.wait()
+                return self._take_tree()
+            if not self._hold():
+                self._ended.wait()
+                return self._take_tree()
+            try:
+                self._at_cut()
+                return self._take_tree()
+            finally:
+                self._dispatcher.release()
 
     def _coordinate(self) -> None:
-        self._end_requested.wait()
         try:
-            self._finish()
+            while True:
+                timeout = None
+                if self._next_cut_ns is not None:
+                    timeout = max(0.0, (self._next_cut_ns - self._timer.now_ns()) / 1e9)
+                try:
+                    event = self._events.get(timeout=timeout)
+                except queue.Empty:
+                    event = ("cut",)
+                    self._next_cut_ns = None
+                    self._dispatcher.cut_due = True
+                if event[0] == "end":
+                    break
+                try:
+                    if event[0] == "restart_all":
+                        self._restart_all()
+                    elif event[0] == "cut":
+                        with self._control_lock:
+                            if self._hold():
+                                try:
+                                    self._at_cut()
+                                finally:
+                                    self._dispatcher.release()
+                except BaseException as exc:  # noqa: BLE001 - e.g. a state that cannot be taken
+                    log.error("the supervisor failed", exc_info=exc)
+                    self._record_failure(exc)
+            with self._control_lock:
+                self._finishing = True
+                self._finish()
         finally:
             self._wall_end = time.perf_counter()
             self._ended.set()
@@ -372,6 +583,8 @@ class Run:
         stuck_threads = {a.thread_name for a in self._actors if a.path in stuck}
         d.join_threads(timeout=self._stop_timeout, skip=stuck_threads)
         self._release()
+        if self._writer is not None:
+            self._writer.close()  # every file is complete when join returns
         if self._host_thread is not None:
             self._host_queue.put(_END)
             if threading.current_thread() is not self._host_thread:
@@ -465,8 +678,14 @@ class Run:
         end = self._wall_end if self._wall_end is not None else time.perf_counter()
         workers = {name: WorkerStats(name, busy)
                    for name, busy in self._dispatcher.busy_fractions().items()}
+        pauses = list(self._pauses)
+        writes = list(self._writer.write_seconds) if self._writer is not None else []
+        snaps = SnapshotStats(
+            count=len(pauses), pause_mean=sum(pauses) / len(pauses) if pauses else 0.0,
+            pause_max=max(pauses, default=0.0),
+            write_mean=sum(writes) / len(writes) if writes else 0.0, files=len(writes))
         return RunStats(time=self.time, wall=end - self._wall_start, nodes=nodes,
-                        workers=workers)
+                        workers=workers, snapshots=snaps)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
@@ -523,6 +742,8 @@ def run(
     duration: float | None = None,
     seed: int | None = None,
     inputs: Mapping[Input | str, Any] | None = None,
+    state: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    supervisor: Supervisor | None = None,
     stop_timeout: float = 10.0,
 ) -> Run:
     """Start a net and return the started `Run`.
@@ -547,7 +768,16 @@ def run(
         seed (int, optional): derives the seed of every node without its own
             from this seed and the node's path (stable across processes).
         inputs (Mapping[Input | str, Any], optional): messages delivered to
-            Inputs after every ``on_start``, before the timer starts.
+            Inputs after every ``on_start`` (and the restore), before the timer
+            starts.
+        state (dict | str | os.PathLike, optional): a state tree
+            (``Run.state_dict()``) or a snapshot file (``mujou.save``) to
+            restore after every ``on_start``: node states, kept and undelivered
+            messages, and the time, so schedules continue where they were (the
+            timer starts at the tree's ``time_ns``; ``duration`` counts from
+            there). Seeds come from the tree.
+        supervisor (Supervisor, optional): snapshots and restart strategy;
+            default: no snapshots, a failure stops the run.
         stop_timeout (float): seconds ``stop()`` waits for a hook in flight
             (and for the ``on_stop`` hooks) before it reports the stuck
             nodes. Default: 10.
@@ -561,7 +791,10 @@ def run(
             ``super().__init__()``).
         PortTypeError: a value of ``inputs`` does not match its Input.
         ValueError / TypeError: a bad argument, naming it.
-        NodeError: an ``on_start`` raised (the run is stopped first).
+        NodeError: an ``on_start`` (or a ``load_state_dict``) raised; the run
+            is stopped first.
+        SnapshotError: ``state`` is not a valid tree or file, or does not fit
+            the net (names the missing and unexpected nodes and inputs).
     """
     t = make_timer(timer)
     _check_workers(workers)
@@ -569,6 +802,10 @@ def run(
     timeout = _check_number("stop_timeout", stop_timeout, allow_zero=False)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"mujou.run: seed must be an int or None, got {seed!r}")
+
+    if supervisor is not None and not isinstance(supervisor, Supervisor):
+        raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
+    tree = _load_state(state)
 
     found = _walk(net)
     for path, node in found:
@@ -579,6 +816,8 @@ def run(
         node._mujou_path = path  # ports name themselves by path from here on
     ports = _collect_ports(found)
     initial = _resolve_inputs(ports, inputs)
+    if tree is not None:
+        _check_fit(tree, found, ports, state)
 
     token = object()
     actors = []
@@ -588,7 +827,9 @@ def run(
         actor = Actor(node, path, order)
         actors.append(actor)
         own = node._mujou_seed
-        if own is None:
+        if tree is not None and path in tree["seeds"]:
+            own = tree["seeds"][path]  # the generator's state comes with the node's
+        elif own is None:
             own = derive_seed(seed, path) if seed is not None else random_seed()
             node._mujou_generator.manual_seed(own)
         seeds[path] = own
@@ -601,9 +842,10 @@ def run(
     holder: list[Run] = []
     dispatcher = Dispatcher(actors, t, n_workers,
                             on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
-                            on_end=lambda: holder[0]._request_end())
+                            on_end=lambda: holder[0]._request_end(),
+                            on_hold=lambda: holder[0]._events.put(("cut",)))
     result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
-                 stop_timeout=timeout)
+                 stop_timeout=timeout, supervisor=supervisor)
     holder.append(result)
     _wire(result, actors, ports, dispatcher)
 
@@ -611,15 +853,68 @@ def run(
     result._coordinator.start()
     for actor in dispatcher.run_control(actors, Start(), math.inf):
         log.error("node %r did not finish on_start", actor.path)
+    if tree is not None and not result._failures:
+        result._restore_tree(tree)
     if result._failures:
         result.stop()
         result._raise_outcome()
     for port, message in initial:
         result._deliver(port, message)
+    start_ns = 0 if tree is None else tree["time_ns"]
     if end_s is not None:
-        dispatcher.end_ns = round(end_s * 1e9)
-    dispatcher.start_running(0)
+        dispatcher.end_ns = start_ns + round(end_s * 1e9)
+    _start_supervision(result, start_ns)
+    result._timer_started = True
+    dispatcher.start_running(start_ns)
     return result
+
+
+def _start_supervision(result: Run, start_ns: int) -> None:
+    """The first snapshot, right after the start (and restore), then the schedule."""
+    sup = result._supervisor
+    if sup.snapshot_dir is not None:
+        from .snapshot import save
+
+        result._writer = SnapshotWriter(sup.snapshot_dir, sup.keep, save,
+                                        on_error=result._record_failure)
+    if sup.restart != "none" or sup.snapshot_every is not None or sup.snapshot_dir:
+        result._timer.start(start_ns)  # the first tree's time_ns is the start time
+        result._supervise_snapshot()
+        result._schedule_cuts(start_ns)
+
+
+def _load_state(state: Any) -> dict[str, Any] | None:
+    if state is None:
+        return None
+    if isinstance(state, (str, os.PathLike)):
+        from .snapshot import load
+
+        return check_tree(load(state), os.fspath(state))
+    if isinstance(state, Mapping):
+        return check_tree(dict(state), "state")
+    raise TypeError(f"mujou.run: state must be a state tree or a file path, "
+                    f"got {type(state).__name__}")
+
+
+def _check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
+               ports: dict[str, Port], source: Any) -> None:
+    """Every node of the net has state in the tree and the reverse (like nn.Module strict)."""
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "state"
+    paths = {p for p, _ in found}
+    problems = []
+    missing = sorted(paths - set(tree["nodes"]))
+    unexpected = sorted(set(tree["nodes"]) - paths)
+    if missing:
+        problems.append(f"no state for node(s) {missing}")
+    if unexpected:
+        problems.append(f"state for node(s) not in the net {unexpected}")
+    inputs = {p for p, port in ports.items() if isinstance(port, Input)}
+    for section in ("inputs", "pending"):
+        extra = sorted(set(tree[section]) - inputs)
+        if extra:
+            problems.append(f"{section} for port(s) that are not Inputs of the net {extra}")
+    if problems:
+        raise SnapshotError(f"{where} does not fit the net: " + "; ".join(problems))
 
 
 def _resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any]]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["NodeStats", "WorkerStats", "RunStats", "percentile"]
+__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "RunStats", "percentile"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,25 @@ class WorkerStats:
 
 
 @dataclass(frozen=True)
+class SnapshotStats:
+    """The supervisor's snapshots so far.
+
+    Attributes:
+        count (int): snapshots taken (the first one, right after the start, included).
+        pause_mean (float): mean wall seconds the run paused to copy the state.
+        pause_max (float): longest such pause, wall seconds.
+        write_mean (float): mean wall seconds to write a file (0 without files).
+        files (int): files written.
+    """
+
+    count: int = 0
+    pause_mean: float = 0.0
+    pause_max: float = 0.0
+    write_mean: float = 0.0
+    files: int = 0
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -62,12 +81,14 @@ class RunStats:
         wall (float): wall seconds since the run started.
         nodes (Mapping[str, NodeStats]): by node path.
         workers (Mapping[str, WorkerStats]): by thread name.
+        snapshots (SnapshotStats): the supervisor's snapshots and their timings.
     """
 
     time: float
     wall: float
     nodes: Mapping[str, NodeStats]
     workers: Mapping[str, WorkerStats]
+    snapshots: SnapshotStats = field(default_factory=SnapshotStats)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))

@@ -1,15 +1,37 @@
-"""Seeds of the run (the supervisor's snapshots and restarts build on this module).
+"""Seeds, the snapshot schedule, snapshot files and restart strategies.
 
-Per-node seeds are derived from the run's seed and the node's path with
-BLAKE2b, so they are the same in every process and on every Python version
+The supervisor's decisions live here; the run carries them out through the
+dispatcher's envelopes (Stop, Start, Restore) and consistent cuts.
+
+Restart strategies follow Erlang/OTP's supervisors: ``one_for_one`` restarts
+only the failed node, ``one_for_all`` restores the whole net, and more than
+``max_restarts`` restarts within ``within`` seconds escalate (the run stops).
+Per-node seeds are derived with BLAKE2b from the run's seed and the node's
+path, so they are the same in every process and on every Python version
 (unlike ``hash()``, which is salted per process).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["derive_seed"]
+__all__ = ["derive_seed", "Supervisor", "SnapshotWriter", "RESTART_STRATEGIES"]
+
+log = logging.getLogger("mujou_actors")
+
+RESTART_STRATEGIES = ("none", "one_for_one", "one_for_all")
+SNAPSHOT_PREFIX = "snapshot-"
+SNAPSHOT_SUFFIX = ".mujou"
+LATEST = "latest"
 
 
 def derive_seed(run_seed: int, path: str) -> int:
@@ -26,3 +48,193 @@ def derive_seed(run_seed: int, path: str) -> int:
         f"{run_seed}\x00{path}".encode(), digest_size=8, person=b"mujou-seed"
     ).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def _seconds(name: str, value: Any, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Supervisor: {name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"Supervisor: {name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class Supervisor:
+    """Snapshots the net's state on a schedule and restarts failed nodes from it.
+
+    Pass it to ``mujou.run(net, supervisor=Supervisor(...))``. It takes the
+    first snapshot right after the start (after a restore, if any), then one at
+    every multiple of ``snapshot_every`` seconds of the run's timer. Each
+    snapshot is a consistent cut: the run pauses only while the state is
+    copied in memory; files are written by a background thread, and every
+    file is complete when ``join`` returns.
+
+    Args:
+        restart (str): what a hook that raises does. ``"none"``: the run
+            stops and ``join`` raises ``NodeError``. ``"one_for_one"``: the
+            failed node gets ``on_stop``, ``on_start`` and its state from the
+            latest snapshot; its schedule goes on (its next update is its next
+            regular tick) and the other nodes are untouched. ``"one_for_all"``:
+            every node gets ``on_stop``, ``on_start`` and the whole net is
+            restored from the latest snapshot, kept and undelivered messages
+            included; a simulated timer rewinds to the snapshot's time.
+            Default: ``"none"``.
+        max_restarts (int): restarts allowed within ``within`` seconds; one
+            more escalates: the run stops and ``join`` raises ``NodeError``.
+            Default: 3.
+        within (float): seconds of the run's timer of that window. Default: 60.
+        snapshot_every (float, optional): seconds of the run's timer between
+            snapshots; None takes only the first one. Default: None.
+        snapshot_dir (str | os.PathLike, optional): where snapshot files go
+            (created if missing); None keeps snapshots in memory only.
+        keep (int): snapshot files kept in ``snapshot_dir``, newest first; a
+            file ``latest`` names the newest one and is replaced atomically.
+            Default: 3.
+
+    Raises:
+        ValueError: an unknown strategy, ``max_restarts`` < 0, ``keep`` < 1, or
+            a time that is not a finite number > 0.
+        TypeError: an argument of the wrong type.
+    """
+
+    def __init__(
+        self,
+        restart: str = "none",
+        *,
+        max_restarts: int = 3,
+        within: float = 60.0,
+        snapshot_every: float | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
+        keep: int = 3,
+    ) -> None:
+        if restart not in RESTART_STRATEGIES:
+            raise ValueError(f"Supervisor: restart must be one of {RESTART_STRATEGIES}, "
+                             f"got {restart!r}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+            raise TypeError(f"Supervisor: max_restarts must be an int, got {max_restarts!r}")
+        if max_restarts < 0:
+            raise ValueError(f"Supervisor: max_restarts must be >= 0, got {max_restarts}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"Supervisor: keep must be an int >= 1, got {keep!r}")
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.within = _seconds("within", within, allow_none=False)
+        self.snapshot_every = _seconds("snapshot_every", snapshot_every, allow_none=True)
+        self.snapshot_dir = None if snapshot_dir is None else os.fspath(snapshot_dir)
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return (f"Supervisor(restart={self.restart!r}, max_restarts={self.max_restarts}, "
+                f"within={self.within}, snapshot_every={self.snapshot_every}, "
+                f"snapshot_dir={self.snapshot_dir!r}, keep={self.keep})")
+
+
+class RestartIntensity:
+    """Counts restarts in a sliding window of the run's time (OTP's intensity)."""
+
+    def __init__(self, max_restarts: int, within_ns: int) -> None:
+        self.max_restarts = max_restarts
+        self.within_ns = within_ns
+        self._times: deque[int] = deque()
+
+    def allow(self, now_ns: int) -> bool:
+        """Record a restart at ``now_ns``; False when it would exceed the limit."""
+        times = self._times
+        while times and times[0] <= now_ns - self.within_ns:
+            times.popleft()
+        if len(times) >= self.max_restarts:
+            return False
+        times.append(now_ns)
+        return True
+
+
+def snapshot_name(time_ns: int) -> str:
+    """File name of the snapshot taken at ``time_ns`` (sorts by time)."""
+    return f"{SNAPSHOT_PREFIX}{time_ns:020d}{SNAPSHOT_SUFFIX}"
+
+
+class SnapshotWriter:
+    """Writes snapshot trees to files on a background thread, keeping the newest.
+
+    Args:
+        folder: the snapshot folder (created if missing).
+        keep: how many snapshot files to keep.
+        save: the function writing one tree atomically (``mujou.save``).
+        on_error: called with the exception when a write fails.
+    """
+
+    def __init__(self, folder: str, keep: int, save: Callable[[Any, str], None],
+                 on_error: Callable[[BaseException], None]) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.folder = folder
+        self.keep = keep
+        self._save = save
+        self._on_error = on_error
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.write_seconds: list[float] = []
+        self._thread = threading.Thread(target=self._loop, name="mujou-snapshots", daemon=True)
+        self._thread.start()
+
+    def submit(self, tree: dict[str, Any]) -> None:
+        """Queue a tree (already a private copy) for writing."""
+        self._queue.put(tree)
+
+    def close(self) -> None:
+        """Write everything queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            tree = self._queue.get()
+            if tree is None:
+                return
+            try:
+                self._write(tree)
+            except BaseException as exc:  # noqa: BLE001 - reported to the run
+                log.error("writing a snapshot to %s failed", self.folder, exc_info=exc)
+                self._on_error(exc)
+
+    def _write(self, tree: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        name = snapshot_name(tree["time_ns"])
+        self._save(tree, os.path.join(self.folder, name))
+        _write_pointer(self.folder, name)
+        self._prune()
+        took = time.perf_counter() - t0
+        self.write_seconds.append(took)
+        log.info("snapshot at t=%.6f s written to %s in %.3f s",
+                 tree["time_ns"] / 1e9, name, took)
+
+    def _prune(self) -> None:
+        names = sorted(n for n in os.listdir(self.folder)
+                       if n.startswith(SNAPSHOT_PREFIX) and n.endswith(SNAPSHOT_SUFFIX))
+        for name in names[:-self.keep]:
+            os.remove(os.path.join(self.folder, name))
+
+
+def _write_pointer(folder: str, name: str) -> None:
+    """Replace the ``latest`` file atomically with the newest snapshot's name."""
+    tmp = os.path.join(folder, f".{LATEST}.tmp")
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(folder, LATEST))
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_snapshot(folder: str | os.PathLike[str]) -> str:
+    """The path of the newest snapshot in a supervisor's ``snapshot_dir``.
+
+    Raises:
+        FileNotFoundError: the folder holds no ``latest`` pointer.
+    """
+    folder = os.fspath(folder)
+    with open(os.path.join(folder, LATEST)) as f:
+        return os.path.join(folder, f.read().strip())

@@ -69,6 +69,10 @@ class SimulatedTimer(Timer):
         if t_ns > self._now:
             self._now = t_ns
 
+    def rewind_to(self, t_ns: int) -> None:
+        """Set time back to ``t_ns``: only for restoring the whole net from a snapshot."""
+        self._now = t_ns
+
 
 def make_timer(kind: str) -> Timer:
     """Build the timer named by ``mujou.run(timer=...)``.
