@@ -29,6 +29,14 @@ Run it from the repository root::
     python examples/inverted_pendulum.py --workers 2 --duration 10 --no-plot
     python examples/inverted_pendulum.py --timer realtime --duration 5
 
+Stop and resume: ``--save-state PATH`` writes the net's final state with
+``mujou.save``; ``--restore PATH`` starts from such a file, and ``--duration``
+then counts from the snapshot's time. With the simulated timer, a 60 s run and a
+30 s run resumed for another 30 s end in bit-identical states::
+
+    python examples/inverted_pendulum.py --duration 30 --save-state half.mujou
+    python examples/inverted_pendulum.py --duration 30 --restore half.mujou
+
 The exit status is 0 when the pole stayed up (``|theta| < 0.2 rad`` throughout).
 """
 
@@ -271,27 +279,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="pendulum.png", metavar="PATH",
                         help="PNG to write (default: pendulum.png)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    parser.add_argument("--save-state", metavar="PATH",
+                        help="after the run, save the net's state to PATH (mujou.save)")
+    parser.add_argument("--restore", metavar="PATH",
+                        help="start from a state saved with --save-state; --duration "
+                             "then counts from its time, and the summary covers only "
+                             "what this run recorded")
     args = parser.parse_args(argv)
 
     net = make_net(seed=args.seed)
+    start = 0.0  # seconds of the run's timer at the start
+    if args.restore:
+        # The recording is not part of the state, and neither is the recorder's
+        # clock (a plain int): start it where the snapshot's recorder left off.
+        saved = mujou.load(args.restore)
+        start = saved["time_ns"] / 1e9
+        net.recorder.now_ns = saved["schedule"]["recorder"]["last_update_ns"]
     # The depth=1 inputs keep only the newest message on purpose (sample and
     # hold): mujou counts every replaced message as a drop, and the summary
     # prints those counts.
     run = mujou.run(net, timer=args.timer, duration=args.duration, seed=args.seed,
-                    workers=args.workers)
+                    workers=args.workers, state=args.restore)
     run.join()
+    if args.save_state:
+        mujou.save(run.state_dict(), args.save_state)
     stats = run.stats()
     traj = net.recorder.trajectory()
 
     t, theta, x = traj["t"], traj["theta"].abs(), traj["x"].abs()
-    late = t >= 1.0
+    late = t >= 1.0  # after the start transient (all of a restored run)
     stayed_up = len(theta) > 0 and bool((theta < pm.THETA_LIMIT_RAD).all())
     workers = sum(1 for name in stats.workers if name.startswith("mujou-worker-"))
 
     def peak(values: torch.Tensor) -> float:
         return float(values.max()) if len(values) else float("nan")
 
-    print(f"inverted pendulum: {stats.time:g} s on the {args.timer} timer, "
+    resumed = f" from t = {start:g} s" if args.restore else ""
+    print(f"inverted pendulum: {stats.time - start:g} s{resumed} on the {args.timer} timer, "
           f"seed {args.seed}, {workers} worker(s)")
     print(f"  {'node':<12}{'updates':>9}{'hook time [s]':>15}  drops (newest kept)")
     for path, node in stats.nodes.items():
@@ -302,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  max |x|      {peak(x):.5f} m     (after 1 s: {peak(x[late]):.5f} m)")
     print(f"  stayed up    {'yes' if stayed_up else 'NO'} "
           f"(|theta| < {pm.THETA_LIMIT_RAD} rad throughout)")
-    print(f"  wall time    {stats.wall:.2f} s for {stats.time:g} s: "
-          f"{stats.time / stats.wall:.1f}x real time")
+    print(f"  wall time    {stats.wall:.2f} s for {stats.time - start:g} s: "
+          f"{(stats.time - start) / stats.wall:.1f}x real time")
     print(f"  fingerprint  {fingerprint(traj)}")
+    if args.save_state:
+        print(f"  state        {args.save_state}")
     if not args.no_plot:
         plot(traj, args.plot)
         print(f"  plot         {args.plot}")

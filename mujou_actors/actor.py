@@ -132,11 +132,11 @@ class Actor:
         dt = (now_ns - self.last_update_ns) / 1e9  # type: ignore[operator]
         self.last_update_ns = now_ns
         self.lateness.append(now_ns - due_ns)
-        self.call("on_update", dt)
-        self.updates += 1
+        self.updates += 1  # counted when called: an update that raises counts too
         self.dt_sum += dt
         if dt > self.dt_max:
             self.dt_max = dt
+        self.call("on_update", dt)
 
     def call(self, hook: str, *args: Any) -> None:
         """Call a hook of the node in the node's context, timing it."""

@@ -172,6 +172,7 @@ class Dispatcher:
         # instants (all work at t done, none after t started), so a snapshot
         # taken there resumes exactly; hold_at_ns asks for a cut at that time.
         self._hold_requested = False
+        self._stop_requested = False
         self.held = False
         self.hold_at_ns: int | None = None
         self.cut_due = False  # held at hold_at_ns: a supervisor snapshot is due
@@ -301,21 +302,42 @@ class Dispatcher:
 
     def _try_hold_now(self) -> bool:
         """Hold if nothing is in flight and, in simulated time, the instant is done."""
-        if self._inflight:
+        if self._inflight or (self.simulated and self._instant_pending()):
             return False
-        if self.simulated:
-            first = self._global_min()
-            if first is not None and first[0] == self._frontier[0]:
-                return False
         self._enter_hold()
         return True
 
-    def request_stop(self) -> None:
-        """Stop starting timed work; hooks in flight finish."""
+    def request_stop(self, boundary: bool = False) -> None:
+        """Stop starting timed work; hooks in flight finish.
+
+        Args:
+            boundary: with simulated time, finish the current instant first
+                (its delta cycles included), so the final state is a clean cut
+                that does not depend on the number of workers.
+        """
         with self._cond:
-            if self._mode in (CONTROL, RUNNING):
+            if boundary and self.simulated and self._mode == RUNNING:
+                self._stop_requested = True
+                if not self._inflight and not self._instant_pending():
+                    self._mode = STOPPING
+            elif self._mode in (CONTROL, RUNNING):
                 self._mode = STOPPING
             self._cond.notify_all()
+
+    def wait_stopping(self, timeout: float) -> bool:
+        """Wait until timed work no longer starts; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._mode == RUNNING:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wait(left)
+            return True
+
+    def _instant_pending(self) -> bool:
+        first = self._global_min()
+        return first is not None and first[0] == self._frontier[0]
 
     def shutdown(self) -> None:
         """Make every thread exit once it is out of its hook."""
@@ -463,6 +485,10 @@ class Dispatcher:
         if t_next is not None and t_next == frontier_t:
             self._frontier = key  # type: ignore[assignment]  # next delta cycle
             return True
+        if self._stop_requested:
+            self._mode = STOPPING
+            self._cond.notify_all()
+            return False
         end = self.end_ns
         cut = self.hold_at_ns
         if cut is not None and (t_next is None or t_next > cut) and (end is None or cut <= end):

@@ -353,6 +353,9 @@ class Run:
 
     # -- ending -------------------------------------------------------------------------
     def _request_end(self) -> None:
+        # Timed work stops at once (simulated time: once the current instant is
+        # done, so where a run stops does not depend on the thread timing).
+        self._dispatcher.request_stop(boundary=True)
         if not self._end_requested.is_set():
             self._end_requested.set()
             self._events.put(("end",))
@@ -383,6 +386,7 @@ class Run:
         else:
             log.warning("node %r failed in %s; restarting the net (one_for_all)", path, hook,
                         exc_info=exc)
+            self._dispatcher.request_hold()  # now: the cut must not depend on thread timing
             self._events.put(("restart_all",))
 
     # -- snapshots and restarts ---------------------------------------------------------
@@ -436,9 +440,9 @@ class Run:
         self._supervise_snapshot()
         self._schedule_cuts(self._timer.now_ns())
 
-    def _supervise_snapshot(self) -> None:
+    def _supervise_snapshot(self, time_ns: int | None = None) -> None:
         t0 = time.perf_counter()
-        tree = self._take_tree()
+        tree = self._take_tree(time_ns)
         self._pauses.append(time.perf_counter() - t0)
         self._latest = tree
         if self._writer is not None:
@@ -454,9 +458,14 @@ class Run:
             self._dispatcher.hold_at_ns = nxt
         else:
             self._next_cut_ns = nxt
+            self._events.put(("wake",))  # the coordinator recomputes its timeout
 
-    def _take_tree(self) -> dict[str, Any]:
-        """The state tree, taken now: the net must be held (or not running)."""
+    def _take_tree(self, time_ns: int | None = None) -> dict[str, Any]:
+        """The state tree, taken now: the net must be held (or not running).
+
+        ``time_ns`` overrides the timer's reading (the first snapshot is taken
+        at the start time, before a real-time clock starts).
+        """
         d = self._dispatcher
         nodes: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
@@ -478,7 +487,7 @@ class Run:
                 pending.setdefault(delivery.input.path, []).append(copy_message(delivery.message))
         return {
             "format": FORMAT,
-            "time_ns": self.time_ns,
+            "time_ns": self.time_ns if time_ns is None else time_ns,
             "seeds": dict(self._seeds),
             "nodes": {a.path: nodes[a.path] for a in self._actors},
             "inputs": inputs,
@@ -570,7 +579,9 @@ class Run:
     def _finish(self) -> None:
         """Stop timed work, run every started node's on_stop, release the net."""
         d = self._dispatcher
-        d.request_stop()
+        d.request_stop(boundary=True)
+        if not d.wait_stopping(self._stop_timeout):
+            d.request_stop()  # the instant does not finish: a hook is stuck
         stuck = {a.path: a.hook or "?" for a in d.wait_idle(self._stop_timeout)}
         self._end_ns = self._timer.now_ns()
         to_stop = [a for a in self._actors if a.started and a.path not in stuck]
@@ -878,8 +889,7 @@ def _start_supervision(result: Run, start_ns: int) -> None:
         result._writer = SnapshotWriter(sup.snapshot_dir, sup.keep, save,
                                         on_error=result._record_failure)
     if sup.restart != "none" or sup.snapshot_every is not None or sup.snapshot_dir:
-        result._timer.start(start_ns)  # the first tree's time_ns is the start time
-        result._supervise_snapshot()
+        result._supervise_snapshot(time_ns=start_ns)
         result._schedule_cuts(start_ns)
 
 

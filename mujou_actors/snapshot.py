@@ -262,8 +262,15 @@ def _write(f: IO[bytes], structure: bytes, tensors: list[tuple[torch.Tensor, int
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes in C order: a view of its memory when it is a plain CPU tensor."""
-    t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return _memory(tensor.detach().cpu().resolve_conj().resolve_neg().contiguous())
+
+
+def _memory(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, as a writable view of its memory."""
+    # A contiguous tensor's elements lie back to back from its storage offset, but its strides
+    # may still be odd where they do not matter (empty or size-1 dims); restate them as 1.
+    flat = t.as_strided((t.numel(),), (1,))
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def _fsync_folder(folder: str) -> None:
@@ -287,7 +294,7 @@ def _read(f: IO[bytes], name: str) -> Any:
     decoder = _Decoder(data_len, device="cpu")
     tree = _decode(decoder, structure, name)
     for tensor in decoder.tensors:
-        data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # tensor's own memory
+        data = _memory(tensor)  # read straight into the tensor: no extra copy
         for i in range(0, len(data), _CHUNK):
             chunk = data[i : i + _CHUNK]
             if f.readinto(chunk) != len(chunk):

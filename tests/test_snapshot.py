@@ -1,0 +1,455 @@
+"""Snapshot files: exact round trips, atomic writes, clear errors, no code execution."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import pickle
+import struct
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mujou_actors import SnapshotError, snapshot
+from mujou_actors.snapshot import dumps, inspect_file, load, loads, save
+
+# torch warns once that complex32 is experimental; it round-trips all the same.
+pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def assert_same(got: Any, want: Any, path: str = "") -> None:
+    """Exact equality: types (tuple vs list), dict key order and types, tensor bits."""
+    if isinstance(want, torch.Tensor):
+        assert type(got) is torch.Tensor, path
+        assert (got.dtype, got.shape, got.device.type) == (want.dtype, want.shape, "cpu"), path
+        assert bits(got) == bits(want), path
+    elif isinstance(want, dict):
+        assert type(got) is dict and list(got) == list(want), path
+        for key in want:
+            assert type(key) is type(next(k for k in got if k == key)), path
+            assert_same(got[key], want[key], f"{path}[{key!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert type(got) is float and struct.pack("<d", got) == struct.pack("<d", want), path
+    else:
+        assert type(got) is type(want) and got == want, path
+
+
+def bits(t: torch.Tensor) -> bytes:
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())  # canonical strides
+    return fresh.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """Random bits of the dtype (valid 0/1 for bool), so NaN patterns are covered too."""
+    n = math.prod(shape) * dtype.itemsize
+    generator = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        raw &= 1
+    return raw.view(dtype).reshape(shape)
+
+
+def forge(structure: bytes, data: bytes = b"", version: int = 1) -> bytes:
+    """A file built by hand from the layout the module docstring documents, valid CRCs included."""
+    head = b"MUJOUSNP" + struct.pack("<IQQ", version, len(structure), len(data))
+    head += struct.pack("<I", zlib.crc32(head))
+    body = head + structure + data
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def example_tree() -> dict:
+    return {
+        "format": 1,
+        "time_ns": 123,
+        "seeds": {"": 5, "ctrl": 7},
+        "nodes": {"ctrl": {"generator": torch.Generator().manual_seed(3).get_state(),
+                           "w": torch.randn(3, 4)}},
+        "inputs": {"ctrl.obs": [torch.arange(5.0), 1.5]},
+    }
+
+
+@pytest.fixture
+def saved(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "state.snap"
+    save({"a": torch.arange(100, dtype=torch.float32), "b": [1, (2, "x")]}, path)
+    return path
+
+
+def error_of(path: pathlib.Path) -> str:
+    with pytest.raises(SnapshotError) as info:
+        load(path)
+    assert str(path) in str(info.value)
+    return str(info.value)
+
+
+# -- round trips --------------------------------------------------------------------------
+
+
+def test_the_example_state_tree_round_trips_exactly(tmp_path: pathlib.Path) -> None:
+    tree = example_tree()
+
+    save(tree, tmp_path / "s.snap")
+
+    assert_same(load(tmp_path / "s.snap"), tree)
+
+
+def test_plain_values_round_trip_exactly_with_tuples_int_keys_and_bytes() -> None:
+    tree = {
+        "none": None, "bools": [True, False], "ints": [0, -1, 2**63 - 1, -(2**63), 2**64 - 1],
+        "floats": [0.0, -0.0, 1e-310, math.inf, -math.inf, math.nan, 1 / 3],
+        "str": "héllo\x00✓", "bytes": b"\x00\xff", "empty": [[], (), {}, "", b""],
+        "tuple": (1, (2, [3, (4,)]), {"k": (None,)}),
+        "int_keys": {0: "a", -5: "b", 2**64 - 1: "c", "mixed": {1: {2: ()}}},
+        "deep": [[[[{"x": [(torch.ones(2),)]}]]]],
+    }
+
+    assert_same(loads(dumps(tree)), tree)
+
+
+def test_subclasses_load_as_their_base_type() -> None:
+    tree = OrderedDict(b=bytearray(b"xy"), t=torch.nn.Parameter(torch.ones(2)))
+
+    out = loads(dumps(tree))
+
+    assert type(out) is dict and list(out) == ["b", "t"]
+    assert out["b"] == b"xy"
+    assert type(out["t"]) is torch.Tensor and not out["t"].requires_grad
+
+
+def test_save_and_dumps_write_the_same_bytes(tmp_path: pathlib.Path) -> None:
+    tree = example_tree()
+
+    save(tree, str(tmp_path / "s.snap"))  # a str path works as well as a Path
+
+    assert (tmp_path / "s.snap").read_bytes() == dumps(tree)
+
+
+def test_the_bytes_follow_the_documented_layout() -> None:
+    tree = {"t": torch.tensor([1, 2], dtype=torch.int16), "u": (1,)}
+    structure = msgpack.packb({
+        "t": msgpack.ExtType(1, msgpack.packb(["int16", [2], 0, 4])),
+        "u": msgpack.ExtType(2, msgpack.packb([1])),
+    })
+
+    assert dumps(tree) == forge(structure, b"\x01\x00\x02\x00")
+
+
+def test_the_dtypes_the_brief_lists_are_all_supported() -> None:
+    names = ["float16", "float32", "float64", "bfloat16", "complex64", "complex128", "bool",
+             "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+             "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"]
+
+    missing = [n for n in names if hasattr(torch, n) and n not in snapshot._DTYPES]
+
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", sorted(snapshot._DTYPES))
+def test_every_dtype_round_trips_bit_for_bit(name: str) -> None:
+    dtype = snapshot._DTYPES[name]
+    tree = {"t": random_tensor(dtype, (3, 5)), "s": random_tensor(dtype, ()),
+            "e": random_tensor(dtype, (0, 4))}
+
+    assert_same(loads(dumps(tree)), tree)
+
+
+@pytest.mark.parametrize("view", ["every_other", "transposed", "offset", "expanded", "conj",
+                                  "zero_dim", "empty", "empty_strided", "requires_grad"])
+def test_unusual_tensors_round_trip_as_their_values(view: str) -> None:
+    base = torch.randn(4, 6, dtype=torch.complex64)
+    tensor = {
+        "every_other": base[:, ::2], "transposed": base.T, "offset": base[1:, 2:],
+        "expanded": torch.randn(3, 1).expand(3, 5), "conj": base.conj(),
+        "zero_dim": torch.tensor(2.5), "empty": torch.empty(0),
+        "empty_strided": base[:, 3:3], "requires_grad": torch.randn(3, requires_grad=True),
+    }[view]
+
+    out = loads(dumps([tensor]))[0]
+
+    assert out.is_contiguous()
+    assert out.shape == tensor.shape and out.dtype == tensor.dtype
+    assert torch.equal(out, tensor.detach())
+
+
+def test_loaded_tensors_are_contiguous_writable_and_share_no_memory(tmp_path: pathlib.Path) -> None:
+    a = torch.arange(6.0)
+    save({"x": a, "y": a, "v": a[1:3]}, tmp_path / "s.snap")  # aliasing is not kept
+
+    out = load(tmp_path / "s.snap")
+    out["x"] += 100
+
+    ptrs = {t.untyped_storage().data_ptr() for t in out.values()}
+    assert len(ptrs) == 3 and a.untyped_storage().data_ptr() not in ptrs
+    assert all(t.is_contiguous() and t.untyped_storage().nbytes() == t.nbytes
+               for t in out.values())
+    assert torch.equal(out["y"], torch.arange(6.0)) and torch.equal(a, torch.arange(6.0))
+
+
+def test_tensors_from_loads_do_not_view_the_input_bytes() -> None:
+    data = bytearray(dumps({"t": torch.zeros(4)}))
+
+    out = loads(data)
+    data[:] = bytes(len(data))
+
+    assert torch.equal(out["t"], torch.zeros(4))
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> torch.Tensor:
+    dtype = snapshot._DTYPES[draw(st.sampled_from(sorted(snapshot._DTYPES)))]
+    shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    layout = draw(st.sampled_from(["contiguous", "every_other", "transposed"]))
+    seed = draw(st.integers(0, 2**31))
+    if layout == "every_other":  # strided, with a storage offset
+        return random_tensor(dtype, (*shape, 2), seed)[..., 1]
+    if layout == "transposed":
+        return random_tensor(dtype, shape[::-1], seed).permute(tuple(reversed(range(len(shape)))))
+    return random_tensor(dtype, shape, seed)
+
+
+int64_or_uint64 = st.integers(-(2**63), 2**64 - 1)
+leaves = (st.none() | st.booleans() | int64_or_uint64 | st.floats() | st.text(max_size=8)
+          | st.binary(max_size=8) | tensors())
+trees = st.recursive(
+    leaves,
+    lambda kids: (st.lists(kids, max_size=4) | st.lists(kids, max_size=4).map(tuple)
+                  | st.dictionaries(st.text(max_size=4) | int64_or_uint64, kids, max_size=4)),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees)
+def test_any_tree_round_trips_exactly(tree: Any) -> None:
+    out = loads(dumps(tree))
+
+    assert_same(out, tree)
+
+
+# -- atomic writes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
+def test_a_save_that_fails_midway_leaves_the_previous_file_and_no_temp_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    path = tmp_path / "state.snap"
+    save({"old": torch.ones(3)}, path)
+    before = path.read_bytes()
+    real = snapshot._raw_bytes
+    temps: list[tuple[str, int]] = []  # (name, size) of the temp files when the failure hits
+
+    def fail_on_second_tensor(t: torch.Tensor) -> memoryview:
+        if t.numel() == 3:
+            temps.extend((p.name, p.stat().st_size) for p in tmp_path.iterdir() if p != path)
+            raise failure
+        return real(t)
+
+    monkeypatch.setattr(snapshot, "_raw_bytes", fail_on_second_tensor)
+    with pytest.raises(type(failure)):
+        save({"big": torch.ones(1 << 18), "next": torch.ones(3)}, path)
+
+    [(name, size)] = temps
+    assert name.startswith(".state.snap.") and name.endswith(".tmp")
+    assert size > 1 << 20  # the first tensor had reached the temp file
+    assert list(tmp_path.iterdir()) == [path]
+    assert path.read_bytes() == before
+    assert_same(load(path), {"old": torch.ones(3)})
+
+
+def test_save_replaces_an_existing_file(saved: pathlib.Path) -> None:
+    save({"new": (1, 2)}, saved)
+
+    assert load(saved) == {"new": (1, 2)}
+    assert list(saved.parent.iterdir()) == [saved]
+
+
+class Foo:
+    pass
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"nodes": {"ctrl": {"model": Foo()}}}, "nodes['ctrl']['model']: unsupported type Foo"),
+    (Foo(), "<root>: unsupported type Foo"),
+    ({"w": torch.ones(9), "a": [1, (2, {"s": {1, 2}})]}, "a[1][1]['s']: unsupported type set"),
+    ({"a": {1.5: 1}}, "a[1.5]: unsupported key type float"),
+    ({3: {(1,): 1}}, "[3][(1,)]: unsupported key type tuple"),
+    ({"big": 2**64}, "big: int 18446744073709551616 is outside the int64/uint64 range"),
+    ({"small": [-(2**63) - 1]}, "small[0]: int -9223372036854775809 is outside"),
+    ({"t": torch.ones(2).to_sparse()}, "t: unsupported torch.sparse_coo tensor"),
+    ({"t": torch.empty(2, device="meta")}, "t: unsupported torch.strided tensor on meta"),
+])
+def test_an_unsupported_value_is_a_type_error_naming_its_path_and_writes_nothing(
+    tmp_path: pathlib.Path, tree: Any, message: str
+) -> None:
+    path = tmp_path / "s.snap"
+
+    with pytest.raises(TypeError) as info:
+        save(tree, path)
+
+    assert str(info.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unsupported_value_leaves_an_existing_file_as_it_was(saved: pathlib.Path) -> None:
+    before = saved.read_bytes()
+
+    with pytest.raises(TypeError, match=r"^nodes\['ctrl'\]\['model'\]: unsupported type Foo$"):
+        save({"w": torch.ones(3), "nodes": {"ctrl": {"model": Foo()}}}, saved)
+
+    assert saved.read_bytes() == before
+    assert list(saved.parent.iterdir()) == [saved]
+
+
+# -- damaged and foreign files ------------------------------------------------------------
+
+
+def test_a_missing_file_is_file_not_found(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "nope.snap")
+
+
+def test_a_file_cut_anywhere_is_truncated(saved: pathlib.Path) -> None:
+    data = saved.read_bytes()
+    structure_len = struct.unpack_from("<Q", data, 12)[0]
+    ends = [0, 4, 8, 11, 12, 20, 31, 32, 33, 32 + structure_len - 1, 32 + structure_len,
+            32 + structure_len + 200, len(data) - 4, len(data) - 1]
+
+    for end in ends:
+        saved.write_bytes(data[:end])
+        message = error_of(saved)
+        assert "truncated" in message, (end, message)
+        if end >= 32:
+            assert f"expected {len(data)} bytes, got {end}" in message
+
+
+@pytest.mark.parametrize("where", ["header", "structure", "tensor data", "trailer"])
+def test_a_flipped_byte_is_corrupted(saved: pathlib.Path, where: str) -> None:
+    data = bytearray(saved.read_bytes())
+    structure_len = struct.unpack_from("<Q", data, 12)[0]
+    offset = {"header": 21, "structure": 32 + structure_len // 2,
+              "tensor data": 32 + structure_len + 150, "trailer": len(data) - 2}[where]
+    data[offset] ^= 0x10
+    saved.write_bytes(data)
+
+    assert "corrupted" in error_of(saved)
+
+
+def test_a_flipped_bit_in_a_float_of_the_structure_fails_the_checksum() -> None:
+    data = bytearray(dumps({"x": 1.5}))
+    data[-6] ^= 1  # the low byte of the float64, still perfectly decodable
+
+    with pytest.raises(SnapshotError, match=r"<bytes>: corrupted \(checksum mismatch\)"):
+        loads(bytes(data))
+
+
+def test_trailing_bytes_are_corrupted(saved: pathlib.Path) -> None:
+    saved.write_bytes(saved.read_bytes() + b"\0")
+
+    assert "corrupted" in error_of(saved)
+
+
+@pytest.mark.parametrize("content", [
+    b"\x89PNG\r\n\x1a\n" + bytes(100),
+    pickle.dumps({"a": 1}),
+    b"hello world, this is text and long enough to be a header",
+    b"MUJOX",  # short, and not the start of the magic
+], ids=["png", "pickle", "text", "short"])
+def test_a_foreign_file_is_not_a_mujou_snapshot(tmp_path: pathlib.Path, content: bytes) -> None:
+    path = tmp_path / "x.snap"
+    path.write_bytes(content)
+
+    assert "not a mujou snapshot" in error_of(path)
+
+
+def test_a_torch_save_file_is_not_a_mujou_snapshot(tmp_path: pathlib.Path) -> None:
+    torch.save({"w": torch.ones(2)}, tmp_path / "x.pt")
+
+    assert "not a mujou snapshot" in error_of(tmp_path / "x.pt")
+
+
+def test_a_newer_format_version_names_both_versions(saved: pathlib.Path) -> None:
+    saved.write_bytes(forge(b"\xc0", version=2))
+
+    message = error_of(saved)
+
+    assert "newer format version 2" in message and "up to version 1" in message
+
+
+@pytest.mark.parametrize("structure, data, reason", [
+    (msgpack.packb(msgpack.ExtType(7, b"")), b"", "unknown extension type 7"),
+    (msgpack.packb(msgpack.ExtType(1, msgpack.packb(["float9", [1], 0, 1]))), b"\0",
+     "unknown tensor dtype 'float9'"),
+    (msgpack.packb(msgpack.ExtType(1, msgpack.packb(["float32", [-1], 0, 4]))), bytes(4),
+     "bad tensor shape"),
+    # A shape asking for 4 GB from a 4-byte file is refused before anything is allocated.
+    (msgpack.packb(msgpack.ExtType(1, msgpack.packb(["float32", [10**9], 0, 4 * 10**9]))),
+     bytes(4), "out of place"),
+    (msgpack.packb([1]), bytes(4), "tensors of 0 bytes, not 4"),
+    (b"\xc1", b"", "cannot decode"),
+    (msgpack.packb(1) + msgpack.packb(2), b"", "cannot decode"),
+])
+def test_a_structure_that_does_not_decode_is_corrupted_with_the_reason(
+    structure: bytes, data: bytes, reason: str
+) -> None:
+    with pytest.raises(SnapshotError) as info:
+        loads(forge(structure, data))
+
+    assert "corrupted" in str(info.value) and reason in str(info.value)
+
+
+def test_loading_never_unpickles(saved: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("snapshot loading must not unpickle")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+
+    assert load(saved)["b"] == [1, (2, "x")]
+
+
+# -- inspect_file -------------------------------------------------------------------------
+
+
+def test_inspect_file_reports_the_header_without_reading_tensor_data(
+    saved: pathlib.Path,
+) -> None:
+    info = inspect_file(saved)
+
+    assert info["version"] == 1 and info["size"] == saved.stat().st_size
+    assert (info["tensors"], info["tensor_bytes"]) == (1, 400)
+    meta = info["tree"]["a"]
+    assert meta.is_meta and meta.shape == (100,) and meta.dtype == torch.float32
+    assert info["tree"]["b"] == [1, (2, "x")]
+
+
+def test_inspect_file_reports_a_foreign_file(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "x").write_bytes(b"GIF89a" + bytes(40))
+
+    with pytest.raises(SnapshotError, match="not a mujou snapshot"):
+        inspect_file(tmp_path / "x")
+
+
+# -- CUDA ---------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_a_cuda_tensor_is_saved_from_a_cpu_copy_and_loads_on_the_cpu() -> None:
+    t = torch.arange(10, device="cuda").reshape(2, 5).T
+
+    out = loads(dumps({"t": t}))["t"]
+
+    assert out.device.type == "cpu" and torch.equal(out, t.cpu())

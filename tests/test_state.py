@@ -1,0 +1,287 @@
+"""The state tree: consistent cuts, CPU copies, restore, bit-identical resumption."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from tests.conftest import Counter
+from tests.test_timers import _random_net
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
+    return a == b
+
+
+class Accumulator(mujou.Node):
+    """Periodic: adds noise from its generator to a tensor and sends it."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self, period: float = 0.01) -> None:
+        super().__init__(period=period)
+        self.total = torch.zeros(3)
+
+    def on_update(self, dt: float) -> None:
+        self.total += torch.randn(3, generator=self.generator) * dt
+        self.out.send(self.total)
+
+
+class Slow(mujou.Node):
+    """Reads at a slower period than its source: messages wait in its mailbox."""
+
+    inp = mujou.Input(torch.Tensor, depth=4)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.03)
+        self.sum = torch.zeros(3)
+        self.seen = torch.zeros((), dtype=torch.int64)
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.sum += m
+            self.seen += 1
+
+
+class Net(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.acc = Accumulator()
+        self.slow = Slow()
+        mujou.connect(self.acc.out, self.slow.inp)
+
+
+def test_the_tree_records_format_time_seeds_nodes_inputs_and_schedule() -> None:
+    net = Net()
+
+    run = mujou.run(net, timer="simulated", duration=0.05, seed=3)
+    run.join()
+    tree = run.state_dict()
+
+    assert tree["format"] == 1 and tree["time_ns"] == 50_000_000
+    assert tree["seeds"] == dict(run.seeds)
+    assert set(tree["nodes"]) == {"", "acc", "slow"}
+    assert set(tree["nodes"]["acc"]) == {"generator", "total"}
+    assert set(tree["inputs"]) == {"slow.inp"}
+    # slow read at 0.03 (the messages of 0.01 and 0.02); those of 0.03, 0.04
+    # and 0.05 wait in its mailbox.
+    assert len(tree["pending"]["slow.inp"]) == 3
+    assert tree["schedule"]["slow"] == {"last_update_ns": 30_000_000}
+
+
+def test_the_tree_holds_cpu_copies_that_later_updates_do_not_change() -> None:
+    net = Net()
+    with mujou.run(net, timer="realtime") as run:
+        tree = run.state_dict()
+        before = tree["nodes"]["acc"]["total"].clone()
+        run.wait_for("acc.out", timeout=5)
+        run.wait_for("acc.out", timeout=5)
+
+    assert tree["nodes"]["acc"]["total"] is not net.acc.total
+    assert torch.equal(tree["nodes"]["acc"]["total"], before)
+    assert not torch.equal(net.acc.total, before)
+
+
+def test_state_dict_during_a_realtime_run_pauses_and_resumes() -> None:
+    net = Net()
+    with mujou.run(net) as run:
+        run.wait_for("acc.out", timeout=5)
+        first = run.state_dict()
+        run.wait_for("acc.out", timeout=5)
+        second = run.state_dict()
+
+    assert second["time_ns"] > first["time_ns"]
+    assert not torch.equal(first["nodes"]["acc"]["total"], second["nodes"]["acc"]["total"])
+
+
+def test_an_unsupported_state_value_is_a_type_error_naming_node_and_key() -> None:
+    class Bad(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def state_dict(self) -> dict:
+            state = super().state_dict()
+            state["handle"] = threading.Lock()
+            return state
+
+    run = mujou.run({"bad": Bad()}, timer="simulated", duration=0.02)
+    run.join()
+
+    with pytest.raises(TypeError, match=r"node 'bad' state\['handle'\].*lock"):
+        run.state_dict()
+
+
+def test_restore_happens_after_on_start() -> None:
+    class Init(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.order: list[str] = []
+
+        def on_start(self) -> None:
+            self.order.append("on_start")
+            self.w = torch.zeros(2)
+
+        def load_state_dict(self, state: dict) -> None:
+            self.order.append("load_state_dict")
+            super().load_state_dict(state)
+
+    node = Init()
+    run = mujou.run(node, timer="simulated", duration=0.0)
+    run.join()
+    tree = run.state_dict()
+    tree["nodes"][""]["w"] = torch.ones(2)
+    fresh = Init()
+
+    mujou.run(fresh, timer="simulated", duration=0.0, state=tree).join()
+
+    assert fresh.order == ["on_start", "load_state_dict"]
+    assert torch.equal(fresh.w, torch.ones(2))
+
+
+@pytest.mark.parametrize("cut", [0.02, 0.05, 0.061])
+def test_run_2t_equals_run_t_then_restore_then_run_t(workers: int, cut: float) -> None:
+    args = ([0.001, 0.003], [None, 0.002], [(0, 0), (1, 1), (0, 1)])
+    nodes, log = _random_net(*args)
+    full = mujou.run(nodes, workers=workers, timer="simulated", duration=2 * cut, seed=5)
+    full.join()
+
+    first_nodes, first_log = _random_net(*args)
+    first = mujou.run(first_nodes, workers=workers, timer="simulated", duration=cut, seed=5)
+    first.join()
+    second_nodes, second_log = _random_net(*args)
+    second_log.digest, second_log.count = first_log.digest.copy(), first_log.count
+    second = mujou.run(second_nodes, workers=3 - min(workers, 2), timer="simulated",
+                       duration=cut, state=first.state_dict())
+    second.join()
+
+    assert (second_log.digest.hexdigest(), second_log.count) == (log.digest.hexdigest(), log.count)
+    assert _equal(second.state_dict(), full.state_dict())
+
+
+def test_messages_queued_at_the_cut_are_delivered_once_after_restore() -> None:
+    full_net = Net()
+    full = mujou.run(full_net, timer="simulated", duration=0.3, seed=1)
+    full.join()
+
+    part = Net()
+    first = mujou.run(part, timer="simulated", duration=0.14, seed=1)
+    first.join()
+    tree = first.state_dict()
+    resumed = Net()
+    mujou.run(resumed, timer="simulated", duration=0.16, state=tree).join()
+
+    assert len(tree["pending"]["slow.inp"]) == 3   # sent at 0.12, 0.13, 0.14, not yet read
+    assert int(resumed.slow.seen) == int(full_net.slow.seen) == 29
+    assert torch.equal(resumed.slow.sum, full_net.slow.sum)
+
+
+def test_kept_input_messages_are_restored() -> None:
+    class Peek(mujou.Node):
+        kept = mujou.Input(int, depth=None)
+        late = mujou.Input(int, depth=None)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.04)
+            self.seen: list[tuple[int | None, int]] = []
+
+        def on_update(self, dt: float) -> None:
+            self.seen.append((self.kept.read(), len(self.late)))
+
+    node = Peek()
+    run = mujou.run(node, timer="simulated", duration=0.05, inputs={"kept": 7})
+    run.join()
+    tree = run.state_dict()
+    fresh = Peek()
+
+    mujou.run(fresh, timer="simulated", duration=0.05, state=tree).join()
+
+    assert tree["inputs"]["kept"] == [7] and tree["pending"] == {}
+    assert fresh.seen == [(7, 0)]
+
+
+def test_a_restored_generator_continues_the_same_sequence() -> None:
+    class Draw(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01, seed=9)
+            self.draws: list[float] = []
+
+        def on_update(self, dt: float) -> None:
+            self.draws.append(float(torch.rand(1, generator=self.generator)))
+
+    whole = Draw()
+    mujou.run(whole, timer="simulated", duration=0.1).join()
+    a = Draw()
+    run = mujou.run(a, timer="simulated", duration=0.05)
+    run.join()
+    b = Draw()
+
+    mujou.run(b, timer="simulated", duration=0.05, state=run.state_dict()).join()
+
+    assert a.draws + b.draws == whole.draws
+
+
+def test_a_tree_that_does_not_fit_the_net_is_refused_before_anything_starts() -> None:
+    run = mujou.run(Net(), timer="simulated", duration=0.0)
+    run.join()
+    tree = run.state_dict()
+    other = {"a": Counter(), "slow": Counter()}
+
+    with pytest.raises(mujou.SnapshotError, match=r"no state for node\(s\) \['a'\].*"
+                                                   r"not in the net \['', 'acc'\]"):
+        mujou.run(other, timer="simulated", state=tree)
+    with pytest.raises(mujou.SnapshotError, match="format"):
+        mujou.run(Net(), timer="simulated", state={**tree, "format": 99})
+    with pytest.raises(mujou.SnapshotError, match="lacks pending"):
+        mujou.run(Net(), timer="simulated", state={k: v for k, v in tree.items()
+                                                     if k != "pending"})
+    with pytest.raises(TypeError, match="state must be"):
+        mujou.run(Net(), timer="simulated", state=42)
+    assert other["a"]._mujou_run is None
+
+
+def test_a_failing_load_state_dict_is_a_node_error() -> None:
+    class Picky(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def load_state_dict(self, state: dict) -> None:
+            raise KeyError("missing weights")
+
+    run = mujou.run(Picky(), timer="simulated", duration=0.0)
+    run.join()
+
+    with pytest.raises(mujou.NodeError, match="load_state_dict.*missing weights"):
+        mujou.run(Picky(), timer="simulated", state=run.state_dict())
+
+
+def test_a_generator_state_of_the_wrong_device_type_is_refused() -> None:
+    node = Counter()
+    state = node.state_dict()
+    state["generator"] = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA state
+
+    with pytest.raises(ValueError, match="generator state does not fit a cpu generator"):
+        node.load_state_dict(state)
+
+
+def test_the_state_survives_a_file_round_trip(tmp_path) -> None:
+    net = Net()
+    run = mujou.run(net, timer="simulated", duration=0.1, seed=1)
+    run.join()
+    path = tmp_path / "net.mujou"
+
+    mujou.save(run.state_dict(), path)
+    resumed = Net()
+    again = mujou.run(resumed, timer="simulated", duration=0.1, state=path)
+    again.join()
+
+    assert _equal(mujou.load(path), run.state_dict())
+    assert again.time == 0.2

@@ -1,0 +1,222 @@
+"""The supervisor: snapshot schedule and files, restart strategies, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from tests.crashnet import Net as CrashNet
+from tests.test_state import _equal
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Flaky(mujou.Node):
+    """Counts ticks in its state; raises at tick ``fail_at`` (once, or always)."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, fail_at: int = -1, always: bool = False) -> None:
+        super().__init__(period=0.01)
+        self.count = torch.zeros((), dtype=torch.int64)
+        self.fail_at, self.always, self.failed = fail_at, always, False
+        self.starts = self.stops = 0
+
+    def on_start(self) -> None:
+        self.starts += 1
+
+    def on_stop(self) -> None:
+        self.stops += 1
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+        if int(self.count) == self.fail_at and (self.always or not self.failed):
+            self.failed = True  # a Python attribute: not state, survives the restart
+            raise RuntimeError("sensor glitch")
+        self.out.send(int(self.count))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, text",
+    [
+        ({"restart": "rest_for_one"}, ValueError, "one_for_one"),
+        ({"max_restarts": -1}, ValueError, "max_restarts"),
+        ({"max_restarts": 1.5}, TypeError, "max_restarts"),
+        ({"within": 0}, ValueError, "within"),
+        ({"snapshot_every": float("inf")}, ValueError, "snapshot_every"),
+        ({"snapshot_every": "1s"}, TypeError, "snapshot_every"),
+        ({"keep": 0}, ValueError, "keep"),
+    ],
+)
+def test_bad_supervisor_settings_are_named(kwargs, error, text) -> None:
+    with pytest.raises(error, match=text):
+        mujou.Supervisor(**kwargs)
+
+
+def test_one_for_one_restarts_only_the_failed_node_from_the_latest_snapshot(workers) -> None:
+    flaky, steady = Flaky(fail_at=25), Flaky()
+    sup = mujou.Supervisor("one_for_one", snapshot_every=0.1)
+
+    run = mujou.run({"flaky": flaky, "steady": steady}, workers=workers, timer="simulated",
+                    duration=0.5, supervisor=sup)
+    run.join()
+    stats = run.stats()
+
+    # Failed at tick 25 (t = 0.25), restored to the snapshot of t = 0.2 (count 20),
+    # then the ticks 0.26 ... 0.5 on the regular grid: 20 + 25.
+    assert int(flaky.count) == 45
+    assert (flaky.starts, flaky.stops) == (2, 2)
+    assert stats.nodes["flaky"].restarts == 1 and stats.nodes["flaky"].updates == 50
+    assert int(steady.count) == 50 and (steady.starts, steady.stops) == (1, 1)
+    assert stats.nodes["steady"].restarts == 0
+
+
+def test_one_for_all_restores_the_net_and_rewinds_simulated_time() -> None:
+    flaky, steady = Flaky(fail_at=25), Flaky()
+    sup = mujou.Supervisor("one_for_all", snapshot_every=0.1)
+
+    run = mujou.run({"flaky": flaky, "steady": steady}, timer="simulated", duration=0.5,
+                    supervisor=sup)
+    run.join()
+    stats = run.stats()
+
+    # Both rewound to t = 0.2 and ran to 0.5 again: the state is as if never failed.
+    assert int(flaky.count) == 50 and int(steady.count) == 50
+    assert (steady.starts, steady.stops) == (2, 2)
+    assert stats.nodes["steady"].updates == 25 + 30
+    assert stats.nodes["flaky"].restarts == stats.nodes["steady"].restarts == 1
+    assert run.time == 0.5
+
+
+def test_a_node_that_always_fails_escalates_after_max_restarts(caplog) -> None:
+    node = Flaky(fail_at=5, always=True)
+    sup = mujou.Supervisor("one_for_one", max_restarts=2, within=10.0, snapshot_every=0.1)
+
+    run = mujou.run({"n": node}, timer="simulated", duration=1.0, supervisor=sup)
+
+    with pytest.raises(mujou.NodeError, match="'n' raised in on_update.*sensor glitch"):
+        run.join(timeout=10)
+    assert run.stats().nodes["n"].restarts == 2
+    assert node.starts == 3
+    assert "more than 2 restarts within 10.0 s" in caplog.text
+    assert caplog.text.count("restarting it (one_for_one)") == 2
+
+
+def test_restarts_outside_the_window_do_not_escalate() -> None:
+    class Periodic(Flaky):
+        ticks = 0  # a plain attribute: not state, not rewound by a restart
+
+        def on_update(self, dt: float) -> None:
+            self.ticks += 1
+            if self.ticks % 30 == 0:
+                raise RuntimeError("every 0.3 s")
+
+    node = Periodic()
+    sup = mujou.Supervisor("one_for_one", max_restarts=1, within=0.2, snapshot_every=0.05)
+
+    run = mujou.run({"n": node}, timer="simulated", duration=1.0, supervisor=sup)
+    run.join()
+
+    assert run.stats().nodes["n"].restarts == 3
+
+
+def test_snapshot_files_keep_the_newest_and_are_complete_when_join_returns(tmp_path) -> None:
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path, keep=3)
+
+    run = mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup)
+    run.join()
+    names = sorted(os.listdir(tmp_path))
+
+    assert names == ["latest", "snapshot-00000000000800000000.mujou",
+                     "snapshot-00000000000900000000.mujou", "snapshot-00000000001000000000.mujou"]
+    assert mujou.latest_snapshot(tmp_path) == str(tmp_path / names[-1])
+    trees = [mujou.load(tmp_path / n) for n in names[1:]]
+    assert [int(t["nodes"]["n"]["count"]) for t in trees] == [80, 90, 100]
+    snaps = run.stats().snapshots
+    assert snaps.count == 11 and snaps.files == 11   # t = 0 (the start), 0.1, ..., 1.0
+    assert 0 < snaps.pause_max and 0 < snaps.write_mean
+
+
+def test_realtime_snapshots_follow_the_run_timer(tmp_path) -> None:
+    sup = mujou.Supervisor(snapshot_every=0.05, snapshot_dir=tmp_path, keep=100)
+
+    run = mujou.run({"n": Flaky()}, duration=0.22, supervisor=sup)
+    run.join()
+    times = [mujou.load(tmp_path / n)["time_ns"] for n in sorted(os.listdir(tmp_path))
+             if n.endswith(".mujou")]
+
+    assert len(times) == 5 and times[0] == 0   # 0 and about 0.05, 0.1, 0.15, 0.2
+    assert all(b > a for a, b in zip(times, times[1:], strict=False))
+
+
+def test_a_corrupted_snapshot_file_is_a_clear_error_at_restore(tmp_path) -> None:
+    sup = mujou.Supervisor(snapshot_dir=tmp_path)
+    mujou.run({"n": Flaky()}, timer="simulated", duration=0.1, supervisor=sup).join()
+    path = mujou.latest_snapshot(tmp_path)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+
+    with pytest.raises(mujou.SnapshotError, match="corrupt|checksum"):
+        mujou.run({"n": Flaky()}, timer="simulated", state=path)
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_process_resumes_from_the_latest_file_and_loses_nothing(tmp_path) -> None:
+    crashed = subprocess.run([sys.executable, "-m", "tests.crashnet", str(tmp_path), "0.55"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert crashed.returncode == 137, crashed.stderr
+    latest = mujou.load(mujou.latest_snapshot(tmp_path))
+    t0 = latest["time_ns"]
+    assert t0 == 500_000_000   # the last snapshot before the crash at 0.57
+
+    resumed = CrashNet()
+    run = mujou.run(resumed, timer="simulated", state=mujou.latest_snapshot(tmp_path),
+                    duration=1.0 - t0 / 1e9)
+    run.join()
+    reference = CrashNet()
+    ref = mujou.run(reference, timer="simulated", duration=1.0, seed=4)
+    ref.join()
+
+    assert run.time_ns == ref.time_ns == 1_000_000_000
+    assert _equal(run.state_dict()["nodes"], ref.state_dict()["nodes"])
+    assert int(resumed.tracker.count) == int(reference.tracker.count)
+
+
+CHILD_WRITER = r"""
+import sys, torch, mujou_actors as mujou
+path = sys.argv[1]
+mujou.save({"generation": 1, "w": torch.arange(4)}, path)
+print("first", flush=True)
+sys.stdin.readline()
+mujou.save({"generation": 2, "w": torch.ones(64 * 2**20)}, path)   # 256 MiB
+print("second", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_while_a_snapshot_is_written_leaves_the_previous_file(tmp_path) -> None:
+    path = tmp_path / "state.mujou"
+    child = subprocess.Popen([sys.executable, "-c", CHILD_WRITER, str(path)], cwd=ROOT,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "first"
+
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not any(n.endswith(".tmp") and os.path.getsize(tmp_path / n) > 0
+                  for n in os.listdir(tmp_path)):
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.001)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+
+    tree = mujou.load(path)
+    assert tree["generation"] == 1 and torch.equal(tree["w"], torch.arange(4))
