@@ -25,7 +25,10 @@ import torch
 
 import mujou_actors as mujou
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The pendulum's nodes live next to this file.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 import inverted_pendulum as ip  # noqa: E402
 
 

@@ -864,17 +864,23 @@ def run(
     result._coordinator.start()
     for actor in dispatcher.run_control(actors, Start(), math.inf):
         log.error("node %r did not finish on_start", actor.path)
-    if tree is not None and not result._failures:
-        result._restore_tree(tree)
-    if result._failures:
-        result.stop()
-        result._raise_outcome()
-    for port, message in initial:
-        result._deliver(port, message)
-    start_ns = 0 if tree is None else tree["time_ns"]
-    if end_s is not None:
-        dispatcher.end_ns = start_ns + round(end_s * 1e9)
-    _start_supervision(result, start_ns)
+    try:
+        if tree is not None and not result._failures:
+            # The tree holds every message the net had at the cut; what on_start
+            # sent now was already delivered once, before the cut.
+            dispatcher.discard_messages()
+            result._restore_tree(tree)
+        if result._failures:
+            result._raise_outcome()
+        for port, message in initial:
+            result._deliver(port, message)
+        start_ns = 0 if tree is None else tree["time_ns"]
+        if end_s is not None:
+            dispatcher.end_ns = start_ns + round(end_s * 1e9)
+        _start_supervision(result, start_ns)
+    except BaseException:
+        result.stop()  # on_stop for the started nodes, threads ended, nodes released
+        raise
     result._timer_started = True
     dispatcher.start_running(start_ns)
     return result

@@ -57,3 +57,37 @@ def test_the_camera_example_keeps_the_periodic_nodes_at_rate() -> None:
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "held" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pendulum_resumed_in_a_fresh_process_is_bit_identical(tmp_path) -> None:
+    import mujou_actors as mujou
+    from tests.test_state import _equal
+
+    whole = _run("inverted_pendulum.py", "--duration", "4", "--no-plot",
+                 "--save-state", str(tmp_path / "whole.mujou"))
+    half = _run("inverted_pendulum.py", "--duration", "2", "--no-plot", "--workers", "2",
+                "--save-state", str(tmp_path / "half.mujou"))
+    rest = _run("inverted_pendulum.py", "--duration", "2", "--no-plot",
+                "--restore", str(tmp_path / "half.mujou"),
+                "--save-state", str(tmp_path / "rest.mujou"))
+
+    assert [r.returncode for r in (whole, half, rest)] == [0, 0, 0], rest.stderr
+    a, b = mujou.load(tmp_path / "whole.mujou"), mujou.load(tmp_path / "rest.mujou")
+    assert a["time_ns"] == b["time_ns"] == 4_000_000_000
+    assert _equal(a["nodes"], b["nodes"]) and _equal(a["inputs"], b["inputs"])
+    assert _equal(a["pending"], b["pending"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_restart_example_keeps_the_pole_up_through_a_controller_crash(tmp_path) -> None:
+    result = _run("pendulum_restart.py", "--duration", "25", "--snapshot-dir",
+                  str(tmp_path / "snaps"))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"controller restarts\s+1\b", result.stdout)
+    assert "stayed up              yes" in result.stdout
+    assert "restarting it (one_for_one)" in result.stderr
+    assert (tmp_path / "snaps" / "latest").exists()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mujou_actors as mujou
-from tests.conftest import Counter
+from tests.conftest import Collector, Counter, Source
 from tests.test_timers import _random_net
 
 
@@ -285,3 +285,48 @@ def test_the_state_survives_a_file_round_trip(tmp_path) -> None:
 
     assert _equal(mujou.load(path), run.state_dict())
     assert again.time == 0.2
+
+
+def test_messages_sent_by_on_start_are_not_delivered_again_after_a_restore() -> None:
+    class Announce(Source):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = torch.zeros((), dtype=torch.int64)  # state, unlike Source.n
+
+        def on_start(self) -> None:
+            self.out.send(-1)
+
+        def on_update(self, dt: float) -> None:
+            self.count += 1
+            self.out.send(int(self.count))
+
+    class Pair(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.src = Announce()
+            self.log = Collector()
+            mujou.connect(self.src.out, self.log.inp)
+
+    whole, first, second = Pair(), Pair(), Pair()
+    mujou.run(whole, timer="simulated", duration=0.04).join()
+    run = mujou.run(first, timer="simulated", duration=0.02)
+    run.join()
+
+    mujou.run(second, timer="simulated", duration=0.02, state=run.state_dict()).join()
+
+    assert whole.log.received == [-1, 1, 2, 3, 4]
+    assert first.log.received + second.log.received == whole.log.received
+
+
+def test_a_first_snapshot_that_fails_stops_the_run_cleanly() -> None:
+    class Opaque(Counter):
+        def state_dict(self) -> dict:
+            return {"handle": object()}
+
+    node = Opaque()
+
+    with pytest.raises(TypeError, match="object"):
+        mujou.run(node, timer="simulated", supervisor=mujou.Supervisor(snapshot_every=1.0))
+
+    assert node._mujou_run is None
+    mujou.run(node, timer="simulated", duration=0.01).join()
