@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         if path:  # the root is a pure container
             drops = ", ".join(f"{name} {n}" for name, n in node.drops.items() if n) or "-"
             print(f"  {path:<12}{node.updates:>9}{node.hook_time:>15.3f}  {drops}")
+    print("  (depth-1 inputs keep only the newest message: each replaced one counts as a drop)")
     print(f"  max |theta|  {peak(theta):.5f} rad   (after 1 s: {peak(theta[late]):.5f} rad)")
     print(f"  max |x|      {peak(x):.5f} m     (after 1 s: {peak(x[late]):.5f} m)")
     print(f"  stayed up    {'yes' if stayed_up else 'NO'} "

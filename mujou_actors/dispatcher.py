@@ -185,6 +185,7 @@ class Dispatcher:
         self._pending_control = 0
         self._frontier: tuple[int, int] = CONTROL_KEY
         self.end_ns: int | None = None
+        self.end_grace_ns = 10_000_000_000  # the run's stop_timeout
         self._ended = False
         self._host_seq = 0
         self._threads: list[threading.Thread] = []
@@ -465,11 +466,8 @@ class Dispatcher:
             self._try_hold_now()
             return False, None
         now = self.timer.now_ns()
-        if end is not None and key[0] > end:
-            if now >= end and self._nothing_due_by(end):
-                self._reach_end()
-                return False, None
-            return False, max(0.0, (end - now) / 1e9) or None
+        if end is not None and (key[0] > end or now >= end + self.end_grace_ns):
+            return False, self._realtime_end(now, end)
         if key[0] <= now:
             return True, None
         return False, (key[0] - now) / 1e9
@@ -523,18 +521,22 @@ class Dispatcher:
             return None
         if end is None:
             return None
-        now = self.timer.now_ns()
-        if now >= end and self._nothing_due_by(end):
+        return self._realtime_end(self.timer.now_ns(), end)
+
+    def _realtime_end(self, now: int, end: int) -> float | None:
+        """End a real-time run once its work due by ``end`` is done; else the wait.
+
+        Hooks still in flight ``end_grace_ns`` after the end no longer hold
+        the run: it ends, and stopping reports them as stuck.
+        """
+        if now < end:
+            return (end - now) / 1e9
+        late = now >= end + self.end_grace_ns
+        first = self._global_min()
+        if late or (not self._inflight and (first is None or first[0] > end)):
             self._reach_end()
             return None
-        return max(0.0, (end - now) / 1e9) or None
-
-    def _nothing_due_by(self, end: int) -> bool:
-        """No hook in flight and no queued work (pool or dedicated) due by ``end``."""
-        if self._inflight:
-            return False
-        first = self._global_min()
-        return first is None or first[0] > end
+        return (end + self.end_grace_ns - now) / 1e9
 
     def _reach_end(self) -> None:
         if self._ended:

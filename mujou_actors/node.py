@@ -113,6 +113,17 @@ class Node:
         self._mujou_path: str | None = None
         self._mujou_run: object | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: a framework attribute missing
+        # means the subclass never called super().__init__().
+        if name.startswith(_PREFIX) or (
+                "_mujou_period_ns" not in self.__dict__ and hasattr(Node, name)):
+            raise AttributeError(
+                f"{type(self).__name__}: call super().__init__(...) at the top of "
+                f"__init__ before using the node (no {name} yet)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # -- ports assigned in __init__ are bound here; nothing else is routed ------
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, Port):

@@ -44,6 +44,9 @@ class _Spec:
         if not is_tensor and (shape is not None or dtype is not None):
             raise TypeError(f"{where}: shape and dtype apply to torch.Tensor ports only")
         if shape is not None:
+            if not isinstance(shape, (tuple, list)):
+                raise TypeError(f"{where}: shape must be a tuple such as (3,) or (None, 4), "
+                                f"got {shape!r}")
             shape = tuple(shape)
             for dim in shape:
                 if dim is not None and (type(dim) is not int or dim < 0):
@@ -216,7 +219,8 @@ class Port:
     _kind = "port"
 
     def __init__(self, type_: Any = object, *, shape: Any = None, dtype: Any = None) -> None:
-        self._spec = _Spec(type_, shape, dtype, f"{type(self).__name__}({type_!r})")
+        label = getattr(type_, "__name__", repr(type_))
+        self._spec = _Spec(type_, shape, dtype, f"{type(self).__name__}({label})")
         self._name: str | None = None
         self._owner: Any = None
         self._check: Checker | None = None
@@ -507,7 +511,7 @@ def connect(output: Output, input: Input) -> None:
     if not input._spec.may_accept_some_of(output._spec):
         raise PortTypeError(
             f"cannot connect {output.path!r} ({output._spec.describe()}) to "
-            f"{input.path!r} ({input._spec.describe()}): incompatible types"
+            f"{input.path!r} ({input._spec.describe()}): {_mismatch(output._spec, input._spec)}"
         )
     if input in output._readers:
         raise ValueError(f"{output.path!r} is already connected to {input.path!r}")
@@ -519,6 +523,19 @@ def connect(output: Output, input: Input) -> None:
     if not input._spec.accepts_all_of(output._spec):
         output._strict_readers.append(input)
     input._sources.append(output)
+
+
+def _mismatch(out: _Spec, inp: _Spec) -> str:
+    """Which part of two incompatible specs differs, in words."""
+    if out.type is not inp.type and not issubclass(out.type, torch.Tensor):
+        return "incompatible types"
+    if None not in (out.dtype, inp.dtype) and out.dtype != inp.dtype:
+        return "the dtypes differ"
+    if out.shape is not None and inp.shape is not None:
+        if len(out.shape) != len(inp.shape):
+            return "the numbers of dimensions differ"
+        return "the shapes differ"
+    return "incompatible types"
 
 
 def ports_of_class(cls: type) -> Iterable[str]:

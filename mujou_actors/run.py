@@ -51,17 +51,19 @@ def _walk(net: Any) -> list[tuple[str, Node]]:
     if isinstance(net, Node):
         roots = [("", net)]
     elif isinstance(net, (list, tuple, dict)):
+        items = net.items() if isinstance(net, dict) else enumerate(net)
+        for key, item in items:
+            if not isinstance(item, Node):
+                hint = " (a class: did you forget the ()?)" if isinstance(item, type) else ""
+                raise NetError(f"mujou.run: net[{key!r}] must be a Node, got "
+                               f"{type(item).__name__}{hint}")
+            if isinstance(net, dict) and not (isinstance(key, str) and key and "." not in key):
+                raise NetError(f"mujou.run: net key {key!r} must be a non-empty str without '.'")
         roots = list(iter_nodes("", net))
-        size = len(net)
-        if len(roots) != size:
-            raise NetError("mujou.run: every item of a list or dict net must be a Node")
-        if isinstance(net, dict) and not all(isinstance(k, str) and k and "." not in k
-                                             for k in net):
-            raise NetError("mujou.run: the keys of a dict net must be non-empty str without '.'")
     else:
-        raise TypeError(
-            f"mujou.run: net must be a Node, or a list or dict of Nodes, got {type(net).__name__}"
-        )
+        hint = " (a class: did you forget the ()?)" if isinstance(net, type) else ""
+        raise TypeError(f"mujou.run: net must be a Node, or a list or dict of Nodes, got "
+                        f"{type(net).__name__}{hint}")
     found: list[tuple[str, Node]] = []
     seen: dict[int, str] = {}
     stack = list(reversed(roots))
@@ -151,6 +153,7 @@ class Run:
         self._next_cut_ns: int | None = None
         self._finishing = False
         self._timer_started = False
+        self._hard_end_ns: int | None = None
         self._pause_t0 = 0.0
 
     # -- properties -----------------------------------------------------------------
@@ -372,7 +375,8 @@ class Run:
         err.__cause__ = exc
         strategy = self._supervisor.restart
         if strategy == "none" or self._end_requested.is_set() or not self._timer_started:
-            log.error("node %r failed in %s", path, hook, exc_info=exc)
+            # join() raises it with its traceback: the log gets one line.
+            log.error("%s", err)
             self._record_failure(err)
         elif not self._intensity.allow(self._timer.now_ns()):
             log.error("node %r failed in %s; more than %d restarts within %s s: giving up",
@@ -545,15 +549,14 @@ class Run:
     def _coordinate(self) -> None:
         try:
             while True:
+                due = [t for t in (self._next_cut_ns, self._hard_end_ns) if t is not None]
                 timeout = None
-                if self._next_cut_ns is not None:
-                    timeout = max(0.0, (self._next_cut_ns - self._timer.now_ns()) / 1e9)
+                if due:
+                    timeout = max(0.0, (min(due) - self._timer.now_ns()) / 1e9)
                 try:
                     event = self._events.get(timeout=timeout)
                 except queue.Empty:
-                    event = ("cut",)
-                    self._next_cut_ns = None
-                    self._dispatcher.cut_due = True
+                    event = self._timed_event()
                 if event[0] == "end":
                     break
                 try:
@@ -575,6 +578,20 @@ class Run:
         finally:
             self._wall_end = time.perf_counter()
             self._ended.set()
+
+    def _timed_event(self) -> tuple[Any, ...]:
+        """What the coordinator's timeout stands for: a real-time cut or the hard end."""
+        now = self._timer.now_ns()
+        if self._hard_end_ns is not None and now >= self._hard_end_ns:
+            # Hooks still running stop_timeout after the end: every worker may
+            # be stuck, so no worker would notice the end; end it from here.
+            self._request_end()
+            return ("end",)
+        if self._next_cut_ns is not None and now >= self._next_cut_ns:
+            self._next_cut_ns = None
+            self._dispatcher.cut_due = True
+            return ("cut",)
+        return ("wake",)
 
     def _finish(self) -> None:
         """Stop timed work, run every started node's on_stop, release the net."""
@@ -655,6 +672,9 @@ class Run:
             first = failures[0]
             if isinstance(first, NodeError):
                 first.failures = [f for f in failures if isinstance(f, NodeError)]
+                more = len(first.failures) - 1
+                if more and not str(first).endswith("see .failures)"):
+                    first.args = (f"{first} (and {more} more failure(s): see .failures)",)
             raise first
         if self._stuck is not None:
             raise self._stuck
@@ -723,6 +743,18 @@ def _check_workers(workers: Any) -> None:
         raise TypeError(f"mujou.run: workers must be an int or None, got {workers!r}")
     if workers < 1:
         raise ValueError(f"mujou.run: workers must be >= 1, got {workers}")
+
+
+_HOOKS = {"on_start", "on_update", "on_stop"}
+
+
+def _warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
+    """A method named like a hook but unknown is most likely a typo (on_updte)."""
+    for cls in {type(node) for _, node in found}:
+        for name in dir(cls):
+            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)):
+                log.warning("%s.%s is not a hook and is never called; the hooks are %s",
+                            cls.__name__, name, ", ".join(sorted(_HOOKS)))
 
 
 def _collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
@@ -823,6 +855,7 @@ def run(
         if node._mujou_run is not None:
             raise NetError(f"node {path or '<root>'!r} ({type(node).__name__}) "
                            "is already part of a running net")
+    _warn_unknown_hooks(found)
     for path, node in found:
         node._mujou_path = path  # ports name themselves by path from here on
     ports = _collect_ports(found)
@@ -877,6 +910,10 @@ def run(
         start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             dispatcher.end_ns = start_ns + round(end_s * 1e9)
+            dispatcher.end_grace_ns = round(timeout * 1e9)
+            if not dispatcher.simulated:
+                result._hard_end_ns = dispatcher.end_ns + dispatcher.end_grace_ns
+                result._events.put(("wake",))  # the coordinator recomputes its timeout
         _start_supervision(result, start_ns)
     except BaseException:
         result.stop()  # on_stop for the started nodes, threads ended, nodes released

@@ -42,6 +42,9 @@ import os
 import secrets
 import struct
 import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
 import msgpack
@@ -60,7 +63,7 @@ _HEADER_LEN = _HEAD.size + _CRC.size  # 32
 _MIN_LEN = _HEADER_LEN + _CRC.size  # header and trailer
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
-_CHUNK = 4 << 20  # hash and write/read in pieces that stay in the CPU cache
+_CHUNK = 4 << 20  # read/write and CRC in pieces that stay in the CPU cache
 
 _DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -244,20 +247,22 @@ def _child(path: str, key: object) -> str:
 
 
 def _write(f: IO[bytes], structure: bytes, tensors: list[tuple[torch.Tensor, int]]) -> None:
-    head = _HEAD.pack(MAGIC, VERSION, len(structure), sum(n for _, n in tensors))
+    data_len = sum(n for _, n in tensors)
+    head = _HEAD.pack(MAGIC, VERSION, len(structure), data_len)
     head += _CRC.pack(zlib.crc32(head))
-    crc = zlib.crc32(structure, zlib.crc32(head))
     f.write(head)
     f.write(structure)
+    crc = _stream(f.write, _tensor_chunks(tensors), zlib.crc32(structure, zlib.crc32(head)),
+                  data_len)
+    f.write(_CRC.pack(crc))
+
+
+def _tensor_chunks(tensors: list[tuple[torch.Tensor, int]]) -> Iterator[memoryview]:
     for tensor, nbytes in tensors:
-        data = _raw_bytes(tensor)  # at most one tensor copy alive at a time
+        data = _raw_bytes(tensor)  # made only when reached: few tensor copies alive at a time
         if data.nbytes != nbytes:
             raise RuntimeError("a tensor was resized while it was being saved")
-        for i in range(0, nbytes, _CHUNK):
-            chunk = data[i : i + _CHUNK]
-            crc = zlib.crc32(chunk, crc)
-            f.write(chunk)
-    f.write(_CRC.pack(crc))
+        yield from _split(data)
 
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -284,6 +289,43 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
+# -- streaming tensor bytes -----------------------------------------------------------------
+
+
+def _split(data: memoryview) -> Iterator[memoryview]:
+    return (data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK))
+
+
+def _stream(io: Callable[[memoryview], int | None], chunks: Iterable[memoryview], crc: int,
+            total: int) -> int:
+    """Runs ``io`` (a write or a readinto) on each chunk; returns the CRC carried through them.
+
+    For big data ``io`` runs on a helper thread one chunk ahead of the CRC computed here, so the
+    checksum costs little beyond the disk time (both release the GIL). Raises EOFError when
+    ``io`` moves fewer bytes than the chunk holds.
+    """
+    if total <= 2 * _CHUNK:  # small (messages): a thread would cost more than it saves
+        for chunk in chunks:
+            crc = _crc_after(io(chunk), chunk, crc)
+        return crc
+    pending: deque[tuple[Future[int | None], memoryview]] = deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="mujou-snapshot-io") as pool:
+        for chunk in chunks:
+            pending.append((pool.submit(io, chunk), chunk))
+            if len(pending) == 2:
+                job, done = pending.popleft()
+                crc = _crc_after(job.result(), done, crc)
+        for job, done in pending:
+            crc = _crc_after(job.result(), done, crc)
+    return crc
+
+
+def _crc_after(moved: int | None, chunk: memoryview, crc: int) -> int:
+    if moved != len(chunk):
+        raise EOFError
+    return zlib.crc32(chunk, crc)
+
+
 # -- reading ------------------------------------------------------------------------------
 
 
@@ -293,16 +335,15 @@ def _read(f: IO[bytes], name: str) -> Any:
     crc = zlib.crc32(structure, crc)
     decoder = _Decoder(data_len, device="cpu")
     tree = _decode(decoder, structure, name)
-    for tensor in decoder.tensors:
-        data = _memory(tensor)  # read straight into the tensor: no extra copy
-        for i in range(0, len(data), _CHUNK):
-            chunk = data[i : i + _CHUNK]
-            if f.readinto(chunk) != len(chunk):
-                raise SnapshotError(f"{name}: truncated (the file shrank while it was read)")
-            crc = zlib.crc32(chunk, crc)
-    trailer = f.read(_CRC.size)
-    if len(trailer) != _CRC.size:
-        raise SnapshotError(f"{name}: truncated (the file shrank while it was read)")
+    # Read straight into each tensor's memory: no extra copy.
+    chunks = (chunk for tensor in decoder.tensors for chunk in _split(_memory(tensor)))
+    try:
+        crc = _stream(f.readinto, chunks, crc, data_len)
+        trailer = f.read(_CRC.size)
+        if len(trailer) != _CRC.size:
+            raise EOFError
+    except EOFError:
+        raise SnapshotError(f"{name}: truncated (the file shrank while it was read)") from None
     if _CRC.unpack(trailer)[0] != crc:
         raise SnapshotError(f"{name}: corrupted (checksum mismatch)")
     return tree

@@ -445,7 +445,7 @@ def test_a_failure_is_logged_on_the_library_logger(caplog) -> None:
     with pytest.raises(mujou.NodeError):
         run.join(timeout=10)
 
-    assert any(r.name == "mujou_actors" and "failed in on_update" in r.message
+    assert any(r.name == "mujou_actors" and "'<root>' raised in on_update" in r.message
                for r in caplog.records)
 
 
@@ -465,3 +465,60 @@ def test_connect_while_running_is_refused() -> None:
     with mujou.run(net):
         with pytest.raises(ValueError, match="'src.out' while its node is running"):
             mujou.connect(net.src.out, extra.inp)
+
+
+def test_a_realtime_duration_ends_the_run_even_with_a_stuck_hook() -> None:
+    release = threading.Event()
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            release.wait(30)
+
+    run = mujou.run(Stuck(), workers=1, duration=0.05, stop_timeout=0.2)
+
+    with pytest.raises(mujou.StopTimeoutError, match="'<root>' in on_update"):
+        run.join(timeout=10)
+    release.set()
+
+
+def test_newcomer_mistakes_get_specific_messages(caplog) -> None:
+    class NoSuper(mujou.Node):
+        def __init__(self) -> None:
+            self.generator.seed()
+
+    class Typo(Counter):
+        def on_updte(self, dt: float) -> None:
+            pass
+
+    with pytest.raises(AttributeError, match=r"call super\(\).__init__"):
+        NoSuper()
+    with pytest.raises(TypeError, match=r"shape must be a tuple such as \(3,\)"):
+        mujou.Input(torch.Tensor, shape=3)
+    with pytest.raises(mujou.NetError, match=r"net\[1\] must be a Node, got int"):
+        mujou.run([Counter(), 2])
+    with pytest.raises(mujou.NetError, match="net key 'a.b'"):
+        mujou.run({"a.b": Counter()})
+    with pytest.raises(TypeError, match="did you forget the"):
+        mujou.run(Counter)
+    out = mujou.Output(torch.Tensor, shape=(3,))
+    inp = mujou.Input(torch.Tensor, shape=(4,))
+    out._bind(Counter(), "out")
+    inp._bind(Counter(), "inp")
+    with pytest.raises(mujou.PortTypeError, match="the shapes differ"):
+        mujou.connect(out, inp)
+    mujou.run(Typo(), timer="simulated", duration=0.0).join()
+    assert "Typo.on_updte is not a hook" in caplog.text
+
+
+def test_several_failures_are_all_reported() -> None:
+    bad = [Lifecycle(fail_in="on_update"), Lifecycle(fail_in="on_stop")]
+
+    run = mujou.run(bad, timer="simulated")
+
+    with pytest.raises(mujou.NodeError, match=r"and 1 more failure\(s\)") as info:
+        run.join(timeout=10)
+    assert [(f.path, f.hook) for f in info.value.failures] == [("0", "on_update"),
+                                                               ("1", "on_stop")]

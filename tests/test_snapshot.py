@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
 import pathlib
 import pickle
 import struct
+import threading
 import zlib
 from collections import OrderedDict
 from typing import Any
@@ -87,6 +89,15 @@ def saved(tmp_path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+@pytest.fixture(params=["inline", "threaded"])
+def streaming(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test as is, then with 64-byte chunks: every test tree then streams its tensor
+    bytes through the helper thread, as big snapshots do."""
+    if request.param == "threaded":
+        monkeypatch.setattr(snapshot, "_CHUNK", 64)
+    return request.param
+
+
 def error_of(path: pathlib.Path) -> str:
     with pytest.raises(SnapshotError) as info:
         load(path)
@@ -97,7 +108,7 @@ def error_of(path: pathlib.Path) -> str:
 # -- round trips --------------------------------------------------------------------------
 
 
-def test_the_example_state_tree_round_trips_exactly(tmp_path: pathlib.Path) -> None:
+def test_the_example_state_tree_round_trips_exactly(tmp_path: pathlib.Path, streaming: str) -> None:
     tree = example_tree()
 
     save(tree, tmp_path / "s.snap")
@@ -128,12 +139,35 @@ def test_subclasses_load_as_their_base_type() -> None:
     assert type(out["t"]) is torch.Tensor and not out["t"].requires_grad
 
 
-def test_save_and_dumps_write_the_same_bytes(tmp_path: pathlib.Path) -> None:
+def test_save_and_dumps_write_the_same_bytes(tmp_path: pathlib.Path, streaming: str) -> None:
     tree = example_tree()
 
     save(tree, str(tmp_path / "s.snap"))  # a str path works as well as a Path
 
     assert (tmp_path / "s.snap").read_bytes() == dumps(tree)
+
+
+def test_streaming_through_the_helper_thread_gives_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree = example_tree()
+    inline = dumps(tree)
+    monkeypatch.setattr(snapshot, "_CHUNK", 64)
+    threads: set[str] = set()
+    real_stream = snapshot._stream
+
+    def spy(io: Any, chunks: Any, crc: int, total: int) -> int:
+        def recording_io(chunk: memoryview) -> Any:
+            threads.add(threading.current_thread().name)
+            return io(chunk)
+        return real_stream(recording_io, chunks, crc, total)
+
+    monkeypatch.setattr(snapshot, "_stream", spy)
+    threaded = dumps(tree)
+
+    assert threaded == inline
+    assert_same(loads(threaded), tree)
+    assert {name.split("_")[0] for name in threads} == {"mujou-snapshot-io"}
 
 
 def test_the_bytes_follow_the_documented_layout() -> None:
@@ -243,7 +277,8 @@ def test_any_tree_round_trips_exactly(tree: Any) -> None:
 
 @pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
 def test_a_save_that_fails_midway_leaves_the_previous_file_and_no_temp_file(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException,
+    streaming: str,
 ) -> None:
     path = tmp_path / "state.snap"
     save({"old": torch.ones(3)}, path)
@@ -263,7 +298,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_file_and_no_temp_file(
 
     [(name, size)] = temps
     assert name.startswith(".state.snap.") and name.endswith(".tmp")
-    assert size > 1 << 20  # the first tensor had reached the temp file
+    assert size > 1 << 19  # the first tensor (1 MiB) was mostly written already
     assert list(tmp_path.iterdir()) == [path]
     assert path.read_bytes() == before
     assert_same(load(path), {"old": torch.ones(3)})
@@ -321,7 +356,7 @@ def test_a_missing_file_is_file_not_found(tmp_path: pathlib.Path) -> None:
         load(tmp_path / "nope.snap")
 
 
-def test_a_file_cut_anywhere_is_truncated(saved: pathlib.Path) -> None:
+def test_a_file_cut_anywhere_is_truncated(saved: pathlib.Path, streaming: str) -> None:
     data = saved.read_bytes()
     structure_len = struct.unpack_from("<Q", data, 12)[0]
     ends = [0, 4, 8, 11, 12, 20, 31, 32, 33, 32 + structure_len - 1, 32 + structure_len,
@@ -336,7 +371,7 @@ def test_a_file_cut_anywhere_is_truncated(saved: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["header", "structure", "tensor data", "trailer"])
-def test_a_flipped_byte_is_corrupted(saved: pathlib.Path, where: str) -> None:
+def test_a_flipped_byte_is_corrupted(saved: pathlib.Path, where: str, streaming: str) -> None:
     data = bytearray(saved.read_bytes())
     structure_len = struct.unpack_from("<Q", data, 12)[0]
     offset = {"header": 21, "structure": 32 + structure_len // 2,
@@ -353,6 +388,19 @@ def test_a_flipped_bit_in_a_float_of_the_structure_fails_the_checksum() -> None:
 
     with pytest.raises(SnapshotError, match=r"<bytes>: corrupted \(checksum mismatch\)"):
         loads(bytes(data))
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_truncated(streaming: str) -> None:
+    class Shrunk(io.BytesIO):
+        """Claims the size the header promises but holds 100 bytes less."""
+
+        def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+            return super().seek(pos, whence) + (100 if whence == io.SEEK_END else 0)
+
+    data = dumps(example_tree())
+
+    with pytest.raises(SnapshotError, match=r"^x: truncated \(the file shrank"):
+        snapshot._read(Shrunk(data[:-100]), "x")
 
 
 def test_trailing_bytes_are_corrupted(saved: pathlib.Path) -> None:
