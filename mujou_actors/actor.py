@@ -8,11 +8,13 @@ thread); the actor does *what*: apply the deliveries that are due, work out
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 from collections import deque
 from typing import Any
 
+from .devices import receive
 from .mailbox import Mailbox
 
 __all__ = ["Actor", "LATENESS_SAMPLES"]
@@ -37,6 +39,8 @@ class Actor:
         "updates", "overruns", "dt_sum", "dt_max", "lateness", "hook_ns", "last_hook_ns",
         "restarts",
         "last_update_ns",
+        # CUDA (None for a net that uses no CUDA; see devices.py)
+        "rt", "stream", "copy_streams", "waiter",
     )
 
     def __init__(self, node: Any, path: str, order: int) -> None:
@@ -71,6 +75,10 @@ class Actor:
         self.last_hook_ns = 0
         self.restarts = 0
         self.last_update_ns: int | None = None
+        self.rt: Any = None            # CudaRuntime when the run uses CUDA
+        self.stream: Any = None        # the node's own stream (a CUDA node)
+        self.copy_streams: dict[Any, Any] = {}  # by source device
+        self.waiter: Any = None        # waits for self.stream (cuda_sync)
 
     def schedule_first_tick(self, start_ns: int) -> None:
         """Make the first tick due one period after ``start_ns`` (drift-free grid)."""
@@ -103,8 +111,15 @@ class Actor:
             for an unrelated update.
         """
         taken, kept = self.mailbox.take_deliveries(before)
-        for d in taken:
-            d.input._push(d.message)
+        rt = self.rt
+        if rt is None:
+            for d in taken:
+                d.input._push(d.message)
+        else:
+            with self.on_stream():
+                for d in taken:
+                    d.input._push(receive(d.message, self.device, self.stream,
+                                          self.copy_streams, rt))
         triggers = self.triggers
         owed = None
         for d in kept:
@@ -137,13 +152,33 @@ class Actor:
         if dt > self.dt_max:
             self.dt_max = dt
         self.call("on_update", dt)
+        self.wait_stream()
+
+    def on_stream(self) -> Any:
+        """Context making the node's device and stream current (a no-op on the CPU)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return self.rt.use(self.stream)
+
+    def wait_stream(self) -> None:
+        """Wait until the GPU has done the work queued on the node's stream."""
+        if self.stream is not None:
+            self.waiter.wait(self.stream)
 
     def call(self, hook: str, *args: Any) -> None:
-        """Call a hook of the node in the node's context, timing it."""
+        """Call a hook of the node in the node's context, timing it.
+
+        A CUDA node's device and stream are current during the hook, so all
+        its operations go on its own stream.
+        """
         self.hook = hook
         t0 = time.perf_counter_ns()
         try:
-            self.context.run(getattr(self.node, hook), *args)
+            if self.stream is None:
+                self.context.run(getattr(self.node, hook), *args)
+            else:
+                with self.rt.use(self.stream):
+                    self.context.run(getattr(self.node, hook), *args)
         finally:
             took = time.perf_counter_ns() - t0
             self.last_hook_ns = took

@@ -1,17 +1,42 @@
-"""Devices: validation of a node's device and moving messages between devices.
+"""Devices: validation, message routing between the CPU and CUDA devices, streams.
 
-Only the CPU and CUDA devices are supported (see docs/threads.md). Nothing here
-touches CUDA unless a CUDA device is actually named, so importing the package
-never initialises CUDA.
+The routing *decisions* are plain functions of devices (``send_path``,
+``receive_action``, ``write_path``, ``copy_stream_devices``), tested on any
+machine. The CUDA work that carries them out goes through ``CudaRuntime``, a
+thin facade over ``torch.cuda`` that tests replace with a fake. Nothing here
+touches CUDA unless a CUDA device is named, so importing the package, and a
+net of CPU nodes, never initialise CUDA.
+
+The rules (see docs/devices.md):
+
+* a CUDA sender whose port has a CUDA reader keeps the message on its device:
+  ``send`` copies it on the sender's stream and records an event; a reader on
+  that device waits on the event and uses the copy; a reader on another GPU
+  copies device to device, a CPU reader device to host, each on a copy stream
+  of its own on the sender's device;
+* a port that only CPU nodes (or only the host) read, and a tensor on a
+  device other than the sender's, go through host memory at send;
+* a CPU message for a CUDA reader is copied to the reader's device on the
+  reader's stream;
+* the host (``run.read``, ``subscribe``, ``wait_for``, ``state_dict``) always
+  gets CPU copies.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["validate_device", "to_device"]
+__all__ = [
+    "validate_device", "to_device", "map_tensors", "Path", "send_path", "Receive",
+    "receive_action", "write_path", "copy_stream_devices", "DeviceMessage", "CudaRuntime",
+]
+
+CPU = torch.device("cpu")
 
 
 def validate_device(device: Any, *, owner: str = "node") -> torch.device:
@@ -43,7 +68,7 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
     except RuntimeError as exc:
         raise ValueError(f"{owner}: {device!r} is not a device: {exc}") from None
     if dev.type == "cpu":
-        return torch.device("cpu")
+        return CPU
     if dev.type != "cuda":
         raise ValueError(
             f"{owner}: device {str(dev)!r} is not supported; use 'cpu' or a CUDA device"
@@ -60,18 +85,286 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Return ``tensor`` on ``device``, copying only when it is elsewhere.
-
-    The CUDA stream routing (which stream copies, which event readers wait on)
-    belongs to the CUDA work; on the CPU this is a plain ``Tensor.to``.
-
-    Args:
-        tensor (torch.Tensor): a message's tensor, any shape.
-        device (torch.device): the reader's device.
-
-    Returns:
-        torch.Tensor: ``tensor`` itself when it already lies on ``device``.
-    """
+    """Return ``tensor`` on ``device``, copying only when it is elsewhere."""
     if tensor.device == device:
         return tensor
     return tensor.to(device)
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor in a message, rebuilding its containers.
+
+    Lists, tuples, NamedTuples, dicts and dataclasses are rebuilt; other
+    values are returned as they are.
+    """
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    vt = type(value)
+    if vt is list:
+        return [map_tensors(v, fn) for v in value]
+    if vt is dict:
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [map_tensors(v, fn) for v in value]
+        return vt(*items) if hasattr(vt, "_fields") else vt(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: map_tensors(getattr(value, f.name), fn)
+                   for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a message, in order."""
+    found: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(value, keep)
+    return found
+
+
+# ---------------------------------------------------------------------------
+# Decisions (plain functions, tested on the CPU)
+
+
+class Path(enum.Enum):
+    """How a message leaves its sender."""
+
+    HOST = "host"      #: copied to host memory at send
+    DEVICE = "device"  #: copied on the sender's device and stream, with an event
+
+
+def send_path(sender_device: torch.device, reader_devices: Iterable[torch.device]) -> Path:
+    """The path of messages an Output sends (decided once per connection set).
+
+    Args:
+        sender_device: the sending node's device.
+        reader_devices: the devices of the nodes that read the Output (the
+            host is a CPU reader).
+
+    Returns:
+        ``Path.DEVICE`` when the sender is on CUDA and at least one reader is
+        on CUDA; ``Path.HOST`` otherwise (only CPU readers: host memory is the
+        cheaper way for them).
+    """
+    if sender_device.type != "cuda":
+        return Path.HOST
+    return Path.DEVICE if any(d.type == "cuda" for d in reader_devices) else Path.HOST
+
+
+class Receive(enum.Enum):
+    """What a reader does with a delivered message before its hook."""
+
+    SHARE = "share"                    #: use it as it is (CPU message, CPU reader)
+    WAIT = "wait"                      #: same CUDA device: wait on its event, share the copy
+    COPY_TO_DEVICE = "copy_to_device"  #: another GPU: device-to-device copy on a copy stream
+    COPY_TO_HOST = "copy_to_host"      #: CPU reader: device-to-host copy on a copy stream
+    HOST_TO_DEVICE = "host_to_device"  #: CPU message, CUDA reader: copy on the reader's stream
+
+
+def receive_action(message_device: torch.device, reader_device: torch.device) -> Receive:
+    """What a reader on ``reader_device`` does with a message on ``message_device``."""
+    if message_device.type != "cuda":
+        return Receive.SHARE if reader_device.type != "cuda" else Receive.HOST_TO_DEVICE
+    if reader_device == message_device:
+        return Receive.WAIT
+    if reader_device.type == "cuda":
+        return Receive.COPY_TO_DEVICE
+    return Receive.COPY_TO_HOST
+
+
+def write_path(tensor_device: torch.device, node_device: torch.device) -> Path:
+    """How ``run.write``/``inputs=`` deliver a tensor to a node on ``node_device``.
+
+    A CUDA tensor already on the node's device stays there (copied on the host's
+    current stream of that device); any other tensor goes through host memory.
+    """
+    if tensor_device.type == "cuda" and tensor_device == node_device:
+        return Path.DEVICE
+    return Path.HOST
+
+
+def copy_stream_devices(reader_device: torch.device,
+                        source_devices: Iterable[torch.device]) -> set[torch.device]:
+    """CUDA devices on which a reader needs a copy stream of its own.
+
+    Args:
+        reader_device: the reading node's device.
+        source_devices: devices of the CUDA senders whose messages take the
+            device path to this reader.
+    """
+    return {d for d in source_devices if d.type == "cuda" and d != reader_device}
+
+
+# ---------------------------------------------------------------------------
+# Carrying them out
+
+
+class DeviceMessage:
+    """A message kept on a CUDA device, with the event that marks it ready.
+
+    Readers never see this wrapper: each gets the value on its own device.
+    """
+
+    __slots__ = ("value", "device", "event", "host")
+
+    def __init__(self, value: Any, device: torch.device, event: Any) -> None:
+        self.value = value
+        self.device = device
+        self.event = event
+        self.host: Any = None  # the CPU copy, made once for all CPU readers
+
+
+class CudaRuntime:
+    """The CUDA operations routing needs; a facade so tests can use a fake.
+
+    Every method maps to one ``torch.cuda`` call.
+    """
+
+    def new_stream(self, device: torch.device) -> Any:
+        """A stream from PyTorch's per-device pool (32 per device, then shared)."""
+        return torch.cuda.Stream(device=device)
+
+    def use(self, stream: Any) -> Any:
+        """Context manager making ``stream`` (and its device) current."""
+        return torch.cuda.stream(stream)
+
+    def new_event(self) -> Any:
+        """An event to mark a message ready."""
+        return torch.cuda.Event()
+
+    def record(self, event: Any, stream: Any = None) -> None:
+        """Record ``event`` on ``stream`` (default: the current stream)."""
+        event.record(stream)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """Make ``stream`` wait (on the GPU) until ``event`` completed."""
+        stream.wait_event(event)
+
+    def synchronize(self, event: Any) -> None:
+        """Block the calling thread until ``event`` completed."""
+        event.synchronize()
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Tell the caching allocator ``stream`` uses ``tensor``'s memory."""
+        tensor.record_stream(stream)
+
+    def copy(self, tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        """A copy of ``tensor`` on ``device`` (on the current stream)."""
+        return tensor.to(device, non_blocking=non_blocking, copy=True)
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The calling thread's current stream on ``device``."""
+        return torch.cuda.current_stream(device)
+
+
+def device_copier(sender_device: torch.device,
+                  rt: CudaRuntime) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a sender on the device path copies each tensor of a message.
+
+    A tensor on the sender's device is cloned there (on the current stream,
+    the sender's); a tensor on any other device goes to host memory.
+    """
+    def place(t: torch.Tensor) -> torch.Tensor:
+        if t.device == sender_device:
+            return t.detach().clone()
+        return rt.copy(t.detach(), CPU, non_blocking=False)
+
+    return place
+
+
+def host_copier(rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a sender on the host path copies each tensor: into host memory."""
+    def place(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu" or rt is None:
+            return t.detach().clone()
+        return rt.copy(t.detach(), CPU, non_blocking=False)
+
+    return place
+
+
+def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime) -> DeviceMessage:
+    """Wrap a device-path message with an event recorded on the current stream."""
+    event = rt.new_event()
+    rt.record(event)
+    return DeviceMessage(value, sender_device, event)
+
+
+def write_copier(node_device: torch.device,
+                 rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How ``run.write``/``inputs=`` copy each tensor for a node on ``node_device``.
+
+    A tensor on the node's CUDA device is copied there on the host's current
+    stream of that device, which is then synchronized (the host need not);
+    any other tensor goes through host memory.
+    """
+    def place(t: torch.Tensor) -> torch.Tensor:
+        if rt is None or write_path(t.device, node_device) is Path.HOST:
+            return host_copier(rt)(t)
+        out = t.detach().clone()
+        rt.current_stream(t.device).synchronize()
+        return out
+
+    return place
+
+
+def to_host(message: Any, rt: CudaRuntime | None) -> Any:
+    """The host's CPU view of a delivered or sent message (not yet a private copy)."""
+    if type(message) is not DeviceMessage:
+        return message
+    assert rt is not None
+    if message.host is None:
+        rt.synchronize(message.event)
+        message.host = map_tensors(message.value,
+                                   lambda t: rt.copy(t, CPU, non_blocking=False))
+    return message.host
+
+
+def receive(message: Any, reader_device: torch.device, reader_stream: Any,
+            copy_streams: dict[torch.device, Any], rt: CudaRuntime | None) -> Any:
+    """The value a reader gets for ``message``, on its device (see ``Receive``).
+
+    Args:
+        message: a delivered message (a ``DeviceMessage`` or a plain value).
+        reader_device: the reader's device.
+        reader_stream: the reader's own stream (None for a CPU reader).
+        copy_streams: the reader's copy streams, by source device.
+        rt: the CUDA runtime (None when the run uses no CUDA at all).
+    """
+    if type(message) is not DeviceMessage:
+        if reader_device.type != "cuda":
+            return message
+        assert rt is not None
+        return map_tensors(message, lambda t: t if t.device == reader_device
+                           else rt.copy(t, reader_device, non_blocking=False))
+    assert rt is not None
+    action = receive_action(message.device, reader_device)
+    if action is Receive.WAIT:
+        rt.wait_event(reader_stream, message.event)
+        for t in tensors_in(message.value):
+            rt.record_stream(t, reader_stream)  # no reuse while this stream reads it
+        return message.value
+    stream = copy_streams[message.device]
+    if action is Receive.COPY_TO_HOST:
+        if message.host is None:  # one CPU copy serves every CPU reader
+            rt.wait_event(stream, message.event)
+            with rt.use(stream):
+                message.host = map_tensors(message.value,
+                                           lambda t: rt.copy(t, CPU, non_blocking=False))
+        return message.host
+    rt.wait_event(stream, message.event)
+    with rt.use(stream):
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            rt.record_stream(t, stream)
+            return rt.copy(t, reader_device, non_blocking=True)
+
+        moved = map_tensors(message.value, copy)
+        done = rt.new_event()
+        rt.record(done, stream)
+    rt.wait_event(reader_stream, done)
+    for t in tensors_in(moved):
+        rt.record_stream(t, reader_stream)
+    return moved

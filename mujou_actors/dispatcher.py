@@ -724,13 +724,15 @@ class Dispatcher:
                     self._schedule(actor)
 
     def make_sink(self, sender: Actor, routes: list[tuple[Any, Actor, bool]],
-                  view: Any) -> Callable[[Any, Any], None]:
+                  view: Any, copy: Callable[[Any], Any]) -> Callable[[Any, Any], None]:
         """Build the function an Output of ``sender`` hands its messages to.
 
         Args:
             sender: the actor owning the Output.
             routes: ``(input, reader actor, triggers)`` for every connected Input.
             view: the host's view of the Output (``last`` and ``listeners``).
+            copy: makes the message the readers share from the sent value
+                (value semantics, on the path the readers' devices ask for).
         """
         simulated = self.simulated
         trigger = self.trigger
@@ -741,6 +743,7 @@ class Dispatcher:
                 raise NotRunningError(
                     f"output {output.path!r}: send() from outside a hook of node "
                     f"{sender.path or '<root>'!r}")
+            message = copy(message)
             seq = sender.seq = sender.seq + 1
             t, d = sender.stamp
             for port, reader, triggers in routes:

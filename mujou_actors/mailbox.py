@@ -54,8 +54,13 @@ class Snapshot:
         from .state import copy_state
 
         try:
-            self.into[actor.path] = copy_state(actor.node.state_dict(),
-                                               f"node {actor.path!r} state")
+            # A CUDA node's stream is waited for before and after, on this
+            # (control) thread: the state is complete, and the copies are done.
+            actor.wait_stream()
+            with actor.on_stream():
+                state = actor.node.state_dict()
+                self.into[actor.path] = copy_state(state, f"node {actor.path!r} state")
+            actor.wait_stream()
         except Exception as exc:
             self.errors[actor.path] = exc
 
@@ -73,10 +78,17 @@ class Restore:
         self.last_update_ns = last_update_ns
 
     def __call__(self, actor: Any) -> None:
-        if self.state is not None:
-            actor.node.load_state_dict(self.state)
-        for port, messages in self.inputs.items():
-            port._restore(messages)
+        from .devices import map_tensors
+
+        with actor.on_stream():
+            if self.state is not None:
+                actor.node.load_state_dict(self.state)
+            device = actor.device
+            for port, messages in self.inputs.items():
+                if device.type == "cuda":  # kept messages arrive on the node's device
+                    messages = [map_tensors(m, lambda t: t.to(device)) for m in messages]
+                port._restore(messages)
+        actor.wait_stream()
         if self.last_update_ns is not None:
             actor.last_update_ns = self.last_update_ns
         actor.failed = False

@@ -171,7 +171,11 @@ def _make_checker(spec: _Spec, port: Port) -> Checker | None:
     return check_instance
 
 
-def copy_message(value: Any) -> Any:
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def copy_message(value: Any, tensor_copy: Callable[[torch.Tensor], torch.Tensor] = _clone) -> Any:
     """Copy a message for value semantics: tensors are cloned, containers rebuilt.
 
     Immutable scalars are shared. Tensors are detached and cloned (a message
@@ -180,6 +184,8 @@ def copy_message(value: Any) -> Any:
 
     Args:
         value: any message.
+        tensor_copy: how each tensor is copied (default: detach and clone on
+            its device); the device routing passes one that also moves it.
 
     Returns:
         A copy that shares no mutable memory with ``value``.
@@ -188,18 +194,18 @@ def copy_message(value: Any) -> Any:
     if vt in _IMMUTABLE:
         return value
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return tensor_copy(value)
     if vt is list:
-        return [copy_message(v) for v in value]
+        return [copy_message(v, tensor_copy) for v in value]
     if vt is dict:
-        return {k: copy_message(v) for k, v in value.items()}
+        return {k: copy_message(v, tensor_copy) for k, v in value.items()}
     if isinstance(value, tuple):
-        items = [copy_message(v) for v in value]
+        items = [copy_message(v, tensor_copy) for v in value]
         return vt(*items) if hasattr(vt, "_fields") else vt(items)
     if dataclasses.is_dataclass(value):
         clone = copy.copy(value)
         for f in dataclasses.fields(value):
-            object.__setattr__(clone, f.name, copy_message(getattr(value, f.name)))
+            object.__setattr__(clone, f.name, copy_message(getattr(value, f.name), tensor_copy))
         return clone
     return copy.deepcopy(value)
 
@@ -487,7 +493,7 @@ class Output(Port):
         sink = self._sink
         if sink is None:
             raise NotRunningError(f"output {self.path!r}: send() needs a running net")
-        sink(self, copy_message(value))
+        sink(self, value)  # the sink copies it, on the path its readers' devices ask for
 
 
 def connect(output: Output, input: Input) -> None:

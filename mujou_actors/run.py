@@ -18,6 +18,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .actor import Actor
+from .devices import (
+    CudaRuntime,
+    Path,
+    copy_stream_devices,
+    device_copier,
+    host_copier,
+    mark_ready,
+    send_path,
+    to_host,
+    write_copier,
+)
 from .dispatcher import Dispatcher, default_workers
 from .errors import (
     CallbackError,
@@ -155,6 +166,7 @@ class Run:
         self._timer_started = False
         self._hard_end_ns: int | None = None
         self._pause_t0 = 0.0
+        self._rt: CudaRuntime | None = None  # set when a node is on CUDA
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -194,6 +206,13 @@ class Run:
                             f"expected an {want.__name__}")
         return port
 
+    def _host_copy(self, message: Any) -> Any:
+        """A private CPU copy of a message for the host (or a state tree)."""
+        rt = self._rt
+        if rt is None:
+            return copy_message(message)
+        return copy_message(to_host(message, rt), host_copier(rt))
+
     def _view(self, output: Output) -> _View:
         return self._views[id(output)]
 
@@ -213,7 +232,7 @@ class Run:
         """
         p = self._port(port)
         message = self._view(p).last if isinstance(p, Output) else p.read()  # type: ignore[attr-defined]
-        return copy_message(message)
+        return self._host_copy(message)
 
     def write(self, port: Input | str, value: Any) -> None:
         """Deliver ``value`` to an Input as the host; writes to one Input arrive in order.
@@ -228,7 +247,8 @@ class Run:
             NotRunningError: the run has ended.
         """
         p = self._port(port, Input)
-        message = copy_message(p.check(value))
+        node_device = self._actor_of[id(p.node)].device
+        message = copy_message(p.check(value), write_copier(node_device, self._rt))
         if self._end_requested.is_set():
             raise NotRunningError(f"write to {p.path!r}: the run has ended")
         self._deliver(p, message)  # type: ignore[arg-type]
@@ -321,7 +341,7 @@ class Run:
                 if message is _END:
                     ended = True
                     continue
-                message = copy_message(message)
+                message = self._host_copy(message)
                 if predicate is None or predicate(message):
                     return message
         finally:
@@ -344,7 +364,7 @@ class Run:
                 return
             port, callback, message = item
             try:
-                callback(copy_message(message))
+                callback(self._host_copy(message))
             except Exception as exc:
                 err = CallbackError(f"subscriber of {port.path!r} raised "
                                     f"{type(exc).__name__}: {exc}")
@@ -485,10 +505,11 @@ class Run:
         pending: dict[str, list[Any]] = {}
         for path, port in self._ports.items():
             if isinstance(port, Input):
-                inputs[path] = [copy_message(m) for m in port._buffer]
+                inputs[path] = [self._host_copy(m) for m in port._buffer]
         for actor in self._actors:
             for delivery in d.pending_deliveries(actor):
-                pending.setdefault(delivery.input.path, []).append(copy_message(delivery.message))
+                pending.setdefault(delivery.input.path, []).append(
+                    self._host_copy(delivery.message))
         return {
             "format": FORMAT,
             "time_ns": self.time_ns if time_ns is None else time_ns,
@@ -787,6 +808,7 @@ def run(
     inputs: Mapping[Input | str, Any] | None = None,
     state: Mapping[str, Any] | str | os.PathLike[str] | None = None,
     supervisor: Supervisor | None = None,
+    cuda_sync: str = "block",
     stop_timeout: float = 10.0,
 ) -> Run:
     """Start a net and return the started `Run`.
@@ -821,6 +843,11 @@ def run(
             there). Seeds come from the tree.
         supervisor (Supervisor, optional): snapshots and restart strategy;
             default: no snapshots, a failure stops the run.
+        cuda_sync (str): how a worker waits for a CUDA node's stream after
+            ``on_update`` and a restore: ``"block"`` (the thread sleeps on an
+            event made with blocking sync), ``"spin"`` (busy-polls: lowest
+            latency, burns a core) or ``"yield"`` (polls, yielding the CPU).
+            Default: ``"block"``.
         stop_timeout (float): seconds ``stop()`` waits for a hook in flight
             (and for the ``on_stop`` hooks) before it reports the stuck
             nodes. Default: 10.
@@ -849,6 +876,9 @@ def run(
     if supervisor is not None and not isinstance(supervisor, Supervisor):
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
     tree = _load_state(state)
+    if cuda_sync not in ("block", "spin", "yield"):
+        raise ValueError(f"mujou.run: cuda_sync must be 'block', 'spin' or 'yield', "
+                         f"got {cuda_sync!r}")
 
     found = _walk(net)
     for path, node in found:
@@ -891,6 +921,7 @@ def run(
     result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
                  stop_timeout=timeout, supervisor=supervisor)
     holder.append(result)
+    _setup_cuda(result, actors, cuda_sync)
     _wire(result, actors, ports, dispatcher)
 
     dispatcher.start_threads()
@@ -905,8 +936,9 @@ def run(
             result._restore_tree(tree)
         if result._failures:
             result._raise_outcome()
-        for port, message in initial:
-            result._deliver(port, message)
+        for port, value in initial:
+            node_device = result._actor_of[id(port.node)].device
+            result._deliver(port, copy_message(value, write_copier(node_device, result._rt)))
         start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             dispatcher.end_ns = start_ns + round(end_s * 1e9)
@@ -983,7 +1015,7 @@ def _resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, An
         if not isinstance(port, Input):
             name = key if isinstance(key, str) else getattr(key, "path", repr(key))
             raise ValueError(f"mujou.run: inputs names {name!r}, which is not an Input of the net")
-        resolved.append((port, copy_message(port.check(value))))
+        resolved.append((port, port.check(value)))  # copied at delivery, for its device
     return resolved
 
 
@@ -998,10 +1030,61 @@ def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
             if isinstance(p, Input) and (period_none if p.trigger is None else p.trigger))
     for port in ports.values():
         if isinstance(port, Output):
+            sender = actor_of[id(port.node)]
             routes = [(r, actor_of[id(r.node)], False) for r in port._readers]
             routes = [(r, a, r in a.triggers) for r, a, _ in routes]
             view = _View()
             result._views[id(port)] = view
-            port._sink = dispatcher.make_sink(actor_of[id(port.node)], routes, view)
+            copy = _copier(sender, [a for _, a, _ in routes], result._rt)
+            port._sink = dispatcher.make_sink(sender, routes, view, copy)
+
+
+def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Callable[[Any], Any]:
+    """How an Output of ``sender`` copies each message, by its readers' devices.
+
+    Also gives each reader the copy stream it needs on the sender's device.
+    """
+    if rt is None:
+        return copy_message  # a net without CUDA: plain value semantics
+    device = sender.device
+    if send_path(device, [a.device for a in readers]) is Path.HOST:
+        host = host_copier(rt)
+        return lambda value: copy_message(value, host)
+    for reader in readers:
+        if device in copy_stream_devices(reader.device, [device]):
+            if device not in reader.copy_streams:
+                reader.copy_streams[device] = rt.new_stream(device)
+    place = device_copier(device, rt)
+    return lambda value: mark_ready(copy_message(value, place), device, rt)
+
+
+def _setup_cuda(result: Run, actors: list[Actor], cuda_sync: str) -> None:
+    """Give CUDA nodes a stream and a waiter; synchronize the host's streams.
+
+    Nothing happens, and CUDA stays untouched, when no node is on CUDA.
+    """
+    devices = {a.device for a in actors if a.device.type == "cuda"}
+    if not devices:
+        return
+    rt = result._rt = _cuda_runtime()
+    for device in sorted(devices, key=str):
+        # Tensors made in __init__ on the host's stream are complete before
+        # any node's stream uses them.
+        rt.current_stream(device).synchronize()
+    for actor in actors:
+        actor.rt = rt
+        if actor.device.type == "cuda":
+            actor.stream = rt.new_stream(actor.device)
+            actor.waiter = _make_waiter(cuda_sync)
+
+
+def _cuda_runtime() -> CudaRuntime:
+    return CudaRuntime()  # a seam: the CPU tests put a fake runtime here
+
+
+def _make_waiter(cuda_sync: str) -> Any:
+    from .cuda import make_waiter
+
+    return make_waiter(cuda_sync)
 
 

@@ -1,0 +1,329 @@
+"""Device routing: the decisions on the CPU, and the CUDA work with a fake runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors import devices
+from mujou_actors.devices import Path, Receive
+
+# The submodule, not the function mujou_actors.run that shadows it.
+run_module = importlib.import_module("mujou_actors.run")
+
+CPU = torch.device("cpu")
+GPU0 = torch.device("cuda", 0)
+GPU1 = torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize(
+    "sender, readers, path",
+    [
+        (GPU0, [GPU0], Path.DEVICE),
+        (GPU0, [CPU, GPU1], Path.DEVICE),   # one CUDA reader keeps it on the device
+        (GPU0, [CPU, CPU], Path.HOST),      # only CPU readers: through host memory
+        (GPU0, [], Path.HOST),              # only the host reads it
+        (CPU, [GPU0], Path.HOST),           # a CPU sender's messages live on the host
+    ],
+)
+def test_send_path(sender, readers, path) -> None:
+    assert devices.send_path(sender, readers) is path
+
+
+@pytest.mark.parametrize(
+    "message, reader, action",
+    [
+        (CPU, CPU, Receive.SHARE),
+        (CPU, GPU0, Receive.HOST_TO_DEVICE),
+        (GPU0, GPU0, Receive.WAIT),
+        (GPU0, GPU1, Receive.COPY_TO_DEVICE),
+        (GPU1, CPU, Receive.COPY_TO_HOST),
+    ],
+)
+def test_receive_action(message, reader, action) -> None:
+    assert devices.receive_action(message, reader) is action
+
+
+@pytest.mark.parametrize(
+    "tensor, node, path",
+    [(GPU0, GPU0, Path.DEVICE), (GPU1, GPU0, Path.HOST), (CPU, GPU0, Path.HOST),
+     (GPU0, CPU, Path.HOST), (CPU, CPU, Path.HOST)],
+)
+def test_write_path(tensor, node, path) -> None:
+    assert devices.write_path(tensor, node) is path
+
+
+def test_copy_streams_only_for_other_devices() -> None:
+    assert devices.copy_stream_devices(CPU, [GPU0, GPU1]) == {GPU0, GPU1}
+    assert devices.copy_stream_devices(GPU0, [GPU0, GPU1]) == {GPU1}
+    assert devices.copy_stream_devices(GPU0, [CPU]) == set()
+
+
+@dataclasses.dataclass
+class Pose:
+    xyz: torch.Tensor
+    frame: str
+
+
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: int
+
+
+def test_map_tensors_rebuilds_containers() -> None:
+    msg = {"pose": Pose(torch.ones(2), "map"), "pair": Pair(torch.zeros(1), 3),
+           "list": [torch.ones(1), "x"]}
+
+    out = devices.map_tensors(msg, lambda t: t + 1)
+
+    assert torch.equal(out["pose"].xyz, torch.full((2,), 2.0)) and out["pose"].frame == "map"
+    assert type(out["pair"]) is Pair and out["pair"].b == 3
+    assert torch.equal(out["list"][0], torch.full((1,), 2.0)) and out["list"][1] == "x"
+    assert len(devices.tensors_in(msg)) == 3
+
+
+class FakeRuntime(devices.CudaRuntime):
+    """Stands in for torch.cuda: CPU tensors, streams and events as names, a call log."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.streams = 0
+        self.events = 0
+
+    def new_stream(self, device: torch.device) -> str:
+        self.streams += 1
+        name = f"stream{self.streams}@{device}"
+        self.log.append(("new_stream", name))
+        return name
+
+    def use(self, stream: Any) -> Any:
+        self.log.append(("use", stream))
+        return contextlib.nullcontext()
+
+    def new_event(self) -> str:
+        self.events += 1
+        return f"event{self.events}"
+
+    def record(self, event: Any, stream: Any = None) -> None:
+        self.log.append(("record", event, stream))
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        self.log.append(("wait_event", stream, event))
+
+    def synchronize(self, event: Any) -> None:
+        self.log.append(("synchronize", event))
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        self.log.append(("record_stream", stream))
+
+    def copy(self, tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> Any:
+        self.log.append(("copy", str(device)))
+        return tensor.clone()
+
+    def current_stream(self, device: torch.device) -> Any:
+        rt = self
+
+        class Stream:
+            def synchronize(self) -> None:
+                rt.log.append(("host_stream_synchronize", str(device)))
+
+        return Stream()
+
+
+def test_a_reader_on_the_same_device_waits_and_shares_the_copy() -> None:
+    rt = FakeRuntime()
+    value = torch.ones(3)
+    msg = devices.DeviceMessage([value, value], GPU0, "ev")
+
+    out = devices.receive(msg, GPU0, "reader", {}, rt)
+
+    assert out is msg.value
+    assert rt.log == [("wait_event", "reader", "ev"),
+                      ("record_stream", "reader"), ("record_stream", "reader")]
+
+
+def test_a_reader_on_another_gpu_copies_on_its_copy_stream() -> None:
+    rt = FakeRuntime()
+    msg = devices.DeviceMessage(torch.ones(3), GPU0, "ev")
+
+    out = devices.receive(msg, GPU1, "reader", {GPU0: "copy@0"}, rt)
+
+    assert torch.equal(out, torch.ones(3))
+    assert rt.log == [
+        ("wait_event", "copy@0", "ev"),      # the copy waits for the sender's copy
+        ("use", "copy@0"),
+        ("record_stream", "copy@0"),         # the source is read on the copy stream
+        ("copy", "cuda:1"),
+        ("record", "event1", "copy@0"),
+        ("wait_event", "reader", "event1"),  # the reader waits for the copy
+        ("record_stream", "reader"),
+    ]
+
+
+def test_cpu_readers_share_one_host_copy_made_on_a_copy_stream() -> None:
+    rt = FakeRuntime()
+    msg = devices.DeviceMessage(torch.ones(2), GPU0, "ev")
+
+    first = devices.receive(msg, CPU, None, {GPU0: "copy@0"}, rt)
+    second = devices.receive(msg, CPU, None, {GPU0: "copy@0"}, rt)
+
+    assert first is second
+    assert rt.log == [("wait_event", "copy@0", "ev"), ("use", "copy@0"), ("copy", "cpu")]
+
+
+def test_the_host_synchronizes_on_the_event_before_copying() -> None:
+    rt = FakeRuntime()
+    msg = devices.DeviceMessage({"x": torch.ones(1)}, GPU0, "ev")
+
+    out = devices.to_host(msg, rt)
+
+    assert rt.log == [("synchronize", "ev"), ("copy", "cpu")]
+    assert torch.equal(out["x"], torch.ones(1))
+    assert devices.to_host(5, rt) == 5
+
+
+def test_a_cpu_message_for_a_cuda_reader_is_copied_to_its_device() -> None:
+    rt = FakeRuntime()
+
+    devices.receive([torch.ones(1), 2], GPU0, "reader", {}, rt)
+
+    assert rt.log == [("copy", "cuda:0")]
+
+
+def test_a_cpu_reader_of_a_cpu_message_touches_no_cuda() -> None:
+    rt = FakeRuntime()
+    msg = torch.ones(1)
+
+    assert devices.receive(msg, CPU, None, {}, rt) is msg
+    assert rt.log == []
+
+
+# -- a whole run with fake CUDA nodes: the wiring of streams, waits and copies ------
+
+
+class FakeWaiter:
+    def __init__(self) -> None:
+        self.waits: list[Any] = []
+
+    def wait(self, stream: Any) -> None:
+        self.waits.append(stream)
+
+
+class Sender(mujou.Node):
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send(torch.arange(3.0))
+
+
+class Reader(mujou.Node):
+    inp = mujou.Input(torch.Tensor, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.got: list[torch.Tensor] = []
+
+    def on_update(self, dt: float) -> None:
+        self.got.extend(self.inp.drain())
+
+
+def _on(node: mujou.Node, device: torch.device) -> mujou.Node:
+    node._mujou_device = device  # what Node(device=...) gives on a machine with GPUs
+    return node
+
+
+def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> None:
+    rt = FakeRuntime()
+    waiters: list[FakeWaiter] = []
+    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
+    monkeypatch.setattr(run_module, "_make_waiter",
+                        lambda sync: waiters.append(FakeWaiter()) or waiters[-1])
+    sender = _on(Sender(), GPU0)
+    same, other, cpu = _on(Reader(), GPU0), _on(Reader(), GPU1), Reader()
+    for reader in (same, other, cpu):
+        mujou.connect(sender.out, reader.inp)
+
+    run = mujou.run({"s": sender, "same": same, "other": other, "cpu": cpu},
+                    timer="simulated", duration=0.02)
+    run.join()
+    last = run.read("s.out")
+
+    names = [e[1] for e in rt.log if e[0] == "new_stream"]
+    assert names == ["stream1@cuda:0", "stream2@cuda:0", "stream3@cuda:1",
+                     "stream4@cuda:0", "stream5@cuda:0"]  # 3 own streams, 2 copy streams
+    assert ("host_stream_synchronize", "cuda:0") in rt.log
+    assert ("host_stream_synchronize", "cuda:1") in rt.log
+    assert len(waiters) == 3
+    assert waiters[0].waits == ["stream1@cuda:0"] * 2       # after each of 2 updates
+    assert [len(r.got) for r in (same, other, cpu)] == [2, 2, 2]
+    assert all(torch.equal(t, torch.arange(3.0)) for r in (same, other, cpu) for t in r.got)
+    assert torch.equal(last, torch.arange(3.0))
+    sends = [e for e in rt.log if e[0] == "record" and e[2] is None]
+    assert len(sends) == 2                                   # one ready event per send
+
+
+def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
+    rt = FakeRuntime()
+    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
+    monkeypatch.setattr(run_module, "_make_waiter", lambda sync: FakeWaiter())
+    sender, cpu = _on(Sender(), GPU0), Reader()
+    mujou.connect(sender.out, cpu.inp)
+
+    mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
+
+    assert not any(e[0] == "record" for e in rt.log)         # no device-path event
+    assert len(cpu.got) == 1
+
+
+def test_a_net_without_cuda_nodes_never_builds_a_runtime(monkeypatch) -> None:
+    def fail() -> None:
+        raise AssertionError("CUDA touched")
+
+    monkeypatch.setattr(run_module, "_cuda_runtime", fail)
+    sender, cpu = Sender(), Reader()
+    mujou.connect(sender.out, cpu.inp)
+
+    mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
+
+    assert len(cpu.got) == 1
+
+
+def test_bad_cuda_sync_is_named() -> None:
+    with pytest.raises(ValueError, match="cuda_sync"):
+        mujou.run(Sender(), cuda_sync="sleep")
+
+
+@pytest.mark.cuda
+def test_a_cuda_port_hand_off_keeps_the_tensor_on_the_device() -> None:
+    class OnDevice(Sender):
+        def __init__(self) -> None:
+            mujou.Node.__init__(self, period=0.01, device="cuda:0")
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(torch.arange(3.0, device=self.device))
+
+    class GpuReader(Reader):
+        def __init__(self) -> None:
+            mujou.Node.__init__(self, period=None, device="cuda:0")
+            self.got = []
+
+    src, dst, cpu = OnDevice(), GpuReader(), Reader()
+    mujou.connect(src.out, dst.inp)
+    mujou.connect(src.out, cpu.inp)
+
+    run = mujou.run({"s": src, "r": dst, "c": cpu}, timer="simulated", duration=0.03)
+    run.join()
+
+    assert [t.device for t in dst.got] == [GPU0] * 3
+    assert [t.device for t in cpu.got] == [CPU] * 3
+    assert all(torch.equal(t.cpu(), torch.arange(3.0)) for t in dst.got + cpu.got)
+    assert run.read("s.out").device == CPU
