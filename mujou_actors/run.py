@@ -35,13 +35,22 @@ from .errors import (
     NetError,
     NodeError,
     NotRunningError,
-    SnapshotError,
     StopTimeoutError,
 )
 from .mailbox import Restore, Snapshot, Start, Stop
-from .node import Node, iter_nodes, random_seed
+from .net import (
+    check_fit,
+    check_seconds,
+    check_workers,
+    collect_ports,
+    load_state,
+    resolve_inputs,
+    walk,
+    warn_unknown_hooks,
+)
+from .node import Node, random_seed
 from .ports import Input, Output, Port, copy_message
-from .state import FORMAT, check_tree
+from .state import FORMAT
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
 from .supervisor import RestartIntensity, SnapshotWriter, Supervisor, derive_seed
 from .timers import make_timer
@@ -55,47 +64,6 @@ _END = object()  # wakes waiters when the run ends
 
 # ---------------------------------------------------------------------------
 # The net
-
-
-def _walk(net: Any) -> list[tuple[str, Node]]:
-    """Every node of the net with its path, parents before children."""
-    if isinstance(net, Node):
-        roots = [("", net)]
-    elif isinstance(net, (list, tuple, dict)):
-        items = net.items() if isinstance(net, dict) else enumerate(net)
-        for key, item in items:
-            if not isinstance(item, Node):
-                hint = " (a class: did you forget the ()?)" if isinstance(item, type) else ""
-                raise NetError(f"mujou.run: net[{key!r}] must be a Node, got "
-                               f"{type(item).__name__}{hint}")
-            if isinstance(net, dict) and not (isinstance(key, str) and key and "." not in key):
-                raise NetError(f"mujou.run: net key {key!r} must be a non-empty str without '.'")
-        roots = list(iter_nodes("", net))
-    else:
-        hint = " (a class: did you forget the ()?)" if isinstance(net, type) else ""
-        raise TypeError(f"mujou.run: net must be a Node, or a list or dict of Nodes, got "
-                        f"{type(net).__name__}{hint}")
-    found: list[tuple[str, Node]] = []
-    seen: dict[int, str] = {}
-    stack = list(reversed(roots))
-    while stack:
-        path, node = stack.pop()
-        if "_mujou_period_ns" not in vars(node):
-            raise NetError(
-                f"node {path or '<root>'!r} ({type(node).__name__}): its __init__ "
-                "must call super().__init__()"
-            )
-        if id(node) in seen:
-            raise NetError(
-                f"node {type(node).__name__} is reachable twice, as {seen[id(node)] or '<root>'!r} "
-                f"and {path or '<root>'!r}; a node belongs to one place in the net"
-            )
-        seen[id(node)] = path
-        found.append((path, node))
-        children = [(f"{path}.{name}" if path else name, child)
-                    for name, child in node._mujou_children()]
-        stack.extend(reversed(children))
-    return found
 
 
 class _View:
@@ -352,9 +320,9 @@ class Run:
     def _start_host_thread(self) -> None:
         with self._lock:
             if self._host_thread is None:
-                self._host_thread = threading.Thread(target=self._host_loop,
-                                                     name="mujou-host", daemon=True)
-                self._host_thread.start()
+                thread = threading.Thread(target=self._host_loop, name="mujou-host", daemon=True)
+                thread.start()
+                self._host_thread = thread  # published only once started: _finish joins it
 
     def _host_loop(self) -> None:
         get = self._host_queue.get
@@ -748,56 +716,6 @@ class Run:
 # mujou.run
 
 
-def _check_number(name: str, value: Any, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"mujou.run: {name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"mujou.run: {name} must be a finite number "
-                         f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return float(value)
-
-
-def _check_workers(workers: Any) -> None:
-    if workers is None:
-        return
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise TypeError(f"mujou.run: workers must be an int or None, got {workers!r}")
-    if workers < 1:
-        raise ValueError(f"mujou.run: workers must be >= 1, got {workers}")
-
-
-_HOOKS = {"on_start", "on_update", "on_stop"}
-
-
-def _warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
-    """A method named like a hook but unknown is most likely a typo (on_updte)."""
-    for cls in {type(node) for _, node in found}:
-        for name in dir(cls):
-            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)):
-                log.warning("%s.%s is not a hook and is never called; the hooks are %s",
-                            cls.__name__, name, ", ".join(sorted(_HOOKS)))
-
-
-def _collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
-    ports: dict[str, Port] = {}
-    for path, node in found:
-        for name, port in node._mujou_ports().items():
-            ports[f"{path}.{name}" if path else name] = port
-    owners = {id(node) for _, node in found}
-    for port in ports.values():
-        if isinstance(port, Output):
-            for reader in port._readers:
-                if id(reader.node) not in owners:
-                    raise NetError(f"{port.path!r} is connected to {reader.path!r}, "
-                                   "whose node is not part of the net")
-        elif isinstance(port, Input):
-            for source in port._sources:
-                if id(source.node) not in owners:
-                    raise NetError(f"{port.path!r} is fed by {source.path!r}, "
-                                   "whose node is not part of the net")
-    return ports
-
-
 def run(
     net: Node | list[Node] | dict[str, Node],
     *,
@@ -867,31 +785,31 @@ def run(
             the net (names the missing and unexpected nodes and inputs).
     """
     t = make_timer(timer)
-    _check_workers(workers)
-    end_s = None if duration is None else _check_number("duration", duration, allow_zero=True)
-    timeout = _check_number("stop_timeout", stop_timeout, allow_zero=False)
+    check_workers(workers)
+    end_s = None if duration is None else check_seconds("duration", duration, allow_zero=True)
+    timeout = check_seconds("stop_timeout", stop_timeout, allow_zero=False)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"mujou.run: seed must be an int or None, got {seed!r}")
 
     if supervisor is not None and not isinstance(supervisor, Supervisor):
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
-    tree = _load_state(state)
+    tree = load_state(state)
     if cuda_sync not in ("block", "spin", "yield"):
         raise ValueError(f"mujou.run: cuda_sync must be 'block', 'spin' or 'yield', "
                          f"got {cuda_sync!r}")
 
-    found = _walk(net)
+    found = walk(net)
     for path, node in found:
         if node._mujou_run is not None:
             raise NetError(f"node {path or '<root>'!r} ({type(node).__name__}) "
                            "is already part of a running net")
-    _warn_unknown_hooks(found)
+    warn_unknown_hooks(found)
     for path, node in found:
         node._mujou_path = path  # ports name themselves by path from here on
-    ports = _collect_ports(found)
-    initial = _resolve_inputs(ports, inputs)
+    ports = collect_ports(found)
+    initial = resolve_inputs(ports, inputs)
     if tree is not None:
-        _check_fit(tree, found, ports, state)
+        check_fit(tree, found, ports, state)
 
     token = object()
     actors = []
@@ -966,57 +884,6 @@ def _start_supervision(result: Run, start_ns: int) -> None:
     if sup.restart != "none" or sup.snapshot_every is not None or sup.snapshot_dir:
         result._supervise_snapshot(time_ns=start_ns)
         result._schedule_cuts(start_ns)
-
-
-def _load_state(state: Any) -> dict[str, Any] | None:
-    if state is None:
-        return None
-    if isinstance(state, (str, os.PathLike)):
-        from .snapshot import load
-
-        return check_tree(load(state), os.fspath(state))
-    if isinstance(state, Mapping):
-        return check_tree(dict(state), "state")
-    raise TypeError(f"mujou.run: state must be a state tree or a file path, "
-                    f"got {type(state).__name__}")
-
-
-def _check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
-               ports: dict[str, Port], source: Any) -> None:
-    """Every node of the net has state in the tree and the reverse (like nn.Module strict)."""
-    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "state"
-    paths = {p for p, _ in found}
-    problems = []
-    missing = sorted(paths - set(tree["nodes"]))
-    unexpected = sorted(set(tree["nodes"]) - paths)
-    if missing:
-        problems.append(f"no state for node(s) {missing}")
-    if unexpected:
-        problems.append(f"state for node(s) not in the net {unexpected}")
-    inputs = {p for p, port in ports.items() if isinstance(port, Input)}
-    for section in ("inputs", "pending"):
-        extra = sorted(set(tree[section]) - inputs)
-        if extra:
-            problems.append(f"{section} for port(s) that are not Inputs of the net {extra}")
-    if problems:
-        raise SnapshotError(f"{where} does not fit the net: " + "; ".join(problems))
-
-
-def _resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any]]:
-    """Check ``inputs=`` before anything starts: ports exist, values match."""
-    if inputs is None:
-        return []
-    if not isinstance(inputs, Mapping):
-        raise TypeError(f"mujou.run: inputs must be a mapping, got {type(inputs).__name__}")
-    by_id = {id(p): p for p in ports.values()}
-    resolved = []
-    for key, value in inputs.items():
-        port = ports.get(key) if isinstance(key, str) else by_id.get(id(key))
-        if not isinstance(port, Input):
-            name = key if isinstance(key, str) else getattr(key, "path", repr(key))
-            raise ValueError(f"mujou.run: inputs names {name!r}, which is not an Input of the net")
-        resolved.append((port, port.check(value)))  # copied at delivery, for its device
-    return resolved
 
 
 def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
