@@ -14,6 +14,11 @@ deleted afterwards).
   (``posix_fadvise(DONTNEED)``, no root needed), so the disk is read.
   ``load(path)``: ``torch.empty`` + ``readinto`` + CRC-32. Baseline:
   ``torch.empty`` of each tensor and ``readinto`` its bytes.
+* **load (cold, same file)**: as above, but the baseline reads the tensor bytes
+  of the file mujou wrote. On a virtual disk backed by a file on the host, how a
+  file was written (write sizes, pacing, rename) changes how fast it reads back
+  while the host still caches or flushes it; this row compares the two readers
+  on the very same bytes on disk.
 * **load (warm)**: the same with the file in the page cache: no disk, so this
   is the worst case for the checksum's share.
 
@@ -25,8 +30,9 @@ less the tensor bytes for loads (the result itself). 0 means no copy of the
 data was held beyond the tensors; 1.0x the data would be one full copy.
 
 How to read it: absolute MB/s is the machine's disk; compare the ratios and
-the peak extra. Phases alternate mujou/baseline so drifting disk speed hits
-both alike; the median over ``--repeat`` is shown with min-max.
+the peak extra. Each phase runs mujou and baseline back to back (who goes first
+alternates) so drifting disk speed hits both alike; the median over
+``--repeat`` is shown with min-max.
 
 Usage::
 
@@ -41,23 +47,26 @@ import os
 import platform
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
-from mujou_actors.snapshot import load, save
+from mujou_actors.snapshot import MAGIC, load, save
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_JSON = ROOT / "results" / "snapshot.json"
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.complex64, torch.bool,
           torch.float16, torch.uint8, torch.float64]
 N_TENSORS = 16
-PHASES = {"save": ("save", "write"), "load (cold)": ("load", "read"),
-          "load (warm)": ("load", "read")}
+# "same file": the baseline reads the tensor bytes of the file mujou wrote, so both readers
+# meet the same on-disk layout (on a VM disk, how a file was written changes how fast it reads).
+PHASES = ["save", "load (cold)", "load (cold, same file)", "load (warm)"]
 
 
 # -- the child: one phase, in a fresh process ---------------------------------------------
@@ -102,10 +111,16 @@ def drop_from_cache(path: Path) -> None:
         os.close(fd)
 
 
+def data_offset(f: BinaryIO) -> int:
+    """Where the tensor bytes start: 0 in a baseline file, after the structure in a snapshot."""
+    head = f.read(32)
+    return 32 + struct.unpack_from("<Q", head, 12)[0] if head.startswith(MAGIC) else 0
+
+
 def child(phase: str, side: str, path: Path, total: int) -> dict:
     writing = phase == "save"
     tree = make_tree(total) if writing else None
-    if phase == "load (cold)":
+    if phase.startswith("load (cold"):
         drop_from_cache(path)
     elif phase == "load (warm)":
         path.read_bytes()  # into the page cache (a throwaway copy, before the measurement)
@@ -126,6 +141,7 @@ def child(phase: str, side: str, path: Path, total: int) -> dict:
     else:
         tree = empty_tree(total)
         with open(path, "rb") as f:
+            f.seek(data_offset(f))
             for t in tree.values():
                 f.readinto(raw(t))
     seconds = time.perf_counter() - t0
@@ -151,12 +167,14 @@ def stats(samples: list[float]) -> dict:
 
 def bench(folder: Path, total: int, repeat: int) -> dict:
     runs: dict[str, dict[str, list[dict]]] = {p: {"mujou": [], "baseline": []} for p in PHASES}
-    for _ in range(repeat):
-        for side in ("mujou", "baseline"):
-            path = folder / f"{side}.bin"
-            for phase in PHASES:  # save first: the loads read what it wrote
-                runs[phase][side].append(run_child(phase, side, path, total))
-            path.unlink()
+    for i in range(repeat):
+        sides = ("mujou", "baseline")[:: 1 if i % 2 == 0 else -1]  # who goes first alternates
+        for phase in PHASES:  # save first: the loads read what it wrote
+            for side in sides:
+                file = "mujou" if phase.endswith("same file)") else side
+                runs[phase][side].append(run_child(phase, side, folder / f"{file}.bin", total))
+        for side in sides:
+            (folder / f"{side}.bin").unlink()
     results = {}
     for phase, sides in runs.items():
         ratios = [m["mb_s"] / b["mb_s"] for m, b in zip(sides["mujou"], sides["baseline"],
@@ -198,7 +216,7 @@ def print_table(results: dict, title: str) -> None:
         table.add_column(h, justify="left" if i == 0 else "right")
     for row in rows("\n"):
         table.add_row(*row)
-    Console(width=120).print(table)
+    Console(width=130).print(table)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ Import it as ``import mujou_actors as mujou``.
 
 from __future__ import annotations
 
+from . import cuda as cuda  # the public submodule mujou.cuda
 from .errors import (
     CallbackError,
     MujouError,

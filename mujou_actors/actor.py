@@ -151,14 +151,26 @@ class Actor:
         self.dt_sum += dt
         if dt > self.dt_max:
             self.dt_max = dt
-        self.call("on_update", dt)
-        self.wait_stream()
+        try:
+            self.call("on_update", dt)
+        finally:
+            self.wait_stream()  # also after a failure: a restart must not race the GPU
 
     def on_stream(self) -> Any:
-        """Context making the node's device and stream current (a no-op on the CPU)."""
-        if self.stream is None:
+        """Context making the node's streams current: its own, and its copy streams.
+
+        A no-op for a node that uses no CUDA. The copy streams (on the devices
+        of the CUDA nodes it reads) are made current first, so the node's own
+        device ends up the current one.
+        """
+        if self.stream is None and not self.copy_streams:
             return contextlib.nullcontext()
-        return self.rt.use(self.stream)
+        stack = contextlib.ExitStack()
+        for stream in self.copy_streams.values():
+            stack.enter_context(self.rt.use(stream))
+        if self.stream is not None:
+            stack.enter_context(self.rt.use(self.stream))
+        return stack
 
     def wait_stream(self) -> None:
         """Wait until the GPU has done the work queued on the node's stream."""
@@ -174,10 +186,10 @@ class Actor:
         self.hook = hook
         t0 = time.perf_counter_ns()
         try:
-            if self.stream is None:
+            if self.rt is None:
                 self.context.run(getattr(self.node, hook), *args)
             else:
-                with self.rt.use(self.stream):
+                with self.on_stream():
                     self.context.run(getattr(self.node, hook), *args)
         finally:
             took = time.perf_counter_ns() - t0

@@ -287,9 +287,13 @@ def host_copier(rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor
 
 
 def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime) -> DeviceMessage:
-    """Wrap a device-path message with an event recorded on the current stream."""
+    """Wrap a device-path message with an event recorded on the sender's stream.
+
+    The stream is named explicitly: a hook may have made another device
+    current (``torch.cuda.device(1)``), and the copy ran on the sender's device.
+    """
     event = rt.new_event()
-    rt.record(event)
+    rt.record(event, rt.current_stream(sender_device))
     return DeviceMessage(value, sender_device, event)
 
 

@@ -665,6 +665,25 @@ class Dispatcher:
             except BaseException as exc:  # noqa: BLE001
                 self._fail(actor, envelope.hook, exc)
 
+    def run_here(self, actors: list[Actor], envelope: Callable[[Actor], None]) -> None:
+        """Run ``envelope`` for each actor on the calling thread, one actor at a time.
+
+        Used at a cut for snapshots, so that no worker waits for a CUDA node's
+        stream: each actor is marked busy meanwhile, so nothing else of it runs.
+        """
+        for actor in actors:
+            with self._cond:
+                while actor.busy:
+                    self._wait(None)
+                actor.busy = True
+            try:
+                envelope(actor)
+            finally:
+                with self._cond:
+                    actor.busy = False
+                    self._schedule(actor)
+                    self._cond.notify_all()
+
     def post_control(self, actor: Actor, envelopes: list[Any]) -> None:
         """Queue control envelopes for one actor while the run goes on (a restart)."""
         with self._cond:

@@ -54,8 +54,9 @@ class Snapshot:
         from .state import copy_state
 
         try:
-            # A CUDA node's stream is waited for before and after, on this
-            # (control) thread: the state is complete, and the copies are done.
+            # A CUDA node's stream is waited for before and after, on the thread
+            # taking the cut (never a worker): the state is complete when read,
+            # and the CPU copies are done when the run goes on.
             actor.wait_stream()
             with actor.on_stream():
                 state = actor.node.state_dict()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .actor import Actor
+from .cuda import check_cuda_sync
 from .devices import (
     CudaRuntime,
     Path,
@@ -466,7 +467,7 @@ class Run:
             for actor in self._actors:
                 envelope(actor)
         else:
-            d.run_control(self._actors, Snapshot(nodes, errors), self._stop_timeout, help=True)
+            d.run_here(self._actors, Snapshot(nodes, errors))
         if errors:
             raise next(iter(errors.values()))
         inputs: dict[str, list[Any]] = {}
@@ -794,9 +795,7 @@ def run(
     if supervisor is not None and not isinstance(supervisor, Supervisor):
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
     tree = load_state(state)
-    if cuda_sync not in ("block", "spin", "yield"):
-        raise ValueError(f"mujou.run: cuda_sync must be 'block', 'spin' or 'yield', "
-                         f"got {cuda_sync!r}")
+    check_cuda_sync(cuda_sync)
 
     found = walk(net)
     for path, node in found:

@@ -130,6 +130,8 @@ class FakeRuntime(devices.CudaRuntime):
         rt = self
 
         class Stream:
+            name = f"current@{device}"
+
             def synchronize(self) -> None:
                 rt.log.append(("host_stream_synchronize", str(device)))
 
@@ -267,8 +269,9 @@ def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> No
     assert [len(r.got) for r in (same, other, cpu)] == [2, 2, 2]
     assert all(torch.equal(t, torch.arange(3.0)) for r in (same, other, cpu) for t in r.got)
     assert torch.equal(last, torch.arange(3.0))
-    sends = [e for e in rt.log if e[0] == "record" and e[2] is None]
-    assert len(sends) == 2                                   # one ready event per send
+    sends = [e for e in rt.log
+             if e[0] == "record" and getattr(e[2], "name", None) == "current@cuda:0"]
+    assert len(sends) == 2            # one ready event per send, on the sender's stream
 
 
 def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
@@ -281,6 +284,7 @@ def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypat
     mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
 
     assert not any(e[0] == "record" for e in rt.log)         # no device-path event
+    assert not any(e[0] == "use" and "copy" in str(e[1]) for e in rt.log)
     assert len(cpu.got) == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import io
 import math
 import pathlib
@@ -130,12 +131,17 @@ def test_plain_values_round_trip_exactly_with_tuples_int_keys_and_bytes() -> Non
 
 
 def test_subclasses_load_as_their_base_type() -> None:
-    tree = OrderedDict(b=bytearray(b"xy"), t=torch.nn.Parameter(torch.ones(2)))
+    class Mode(enum.IntEnum):
+        FAST = 2
+
+    tree = OrderedDict(b=bytearray(b"xy"), t=torch.nn.Parameter(torch.ones(2)),
+                       e={Mode.FAST: Mode.FAST})
 
     out = loads(dumps(tree))
 
-    assert type(out) is dict and list(out) == ["b", "t"]
+    assert type(out) is dict and list(out) == ["b", "t", "e"]
     assert out["b"] == b"xy"
+    assert out["e"] == {2: 2} and type(next(iter(out["e"]))) is int
     assert type(out["t"]) is torch.Tensor and not out["t"].requires_grad
 
 
@@ -323,6 +329,7 @@ class Foo:
     ({3: {(1,): 1}}, "[3][(1,)]: unsupported key type tuple"),
     ({"big": 2**64}, "big: int 18446744073709551616 is outside the int64/uint64 range"),
     ({"small": [-(2**63) - 1]}, "small[0]: int -9223372036854775809 is outside"),
+    ({"keys": {2**64: 1}}, "keys[18446744073709551616]: int 18446744073709551616 is outside"),
     ({"t": torch.ones(2).to_sparse()}, "t: unsupported torch.sparse_coo tensor"),
     ({"t": torch.empty(2, device="meta")}, "t: unsupported torch.strided tensor on meta"),
 ])
