@@ -331,3 +331,29 @@ def test_a_cuda_port_hand_off_keeps_the_tensor_on_the_device() -> None:
     assert [t.device for t in cpu.got] == [CPU] * 3
     assert all(torch.equal(t.cpu(), torch.arange(3.0)) for t in dst.got + cpu.got)
     assert run.read("s.out").device == CPU
+
+
+def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeypatch) -> None:
+    rt = FakeRuntime()
+    waiters: list[FakeWaiter] = []
+    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
+    monkeypatch.setattr(run_module, "_make_waiter",
+                        lambda sync: waiters.append(FakeWaiter()) or waiters[-1])
+
+    class Model(Sender):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.zeros(2)
+
+    node = _on(Model(), GPU0)
+    run = mujou.run({"m": node}, timer="simulated", duration=0.0)
+    run.join()
+    updates_waits = len(waiters[0].waits)
+
+    tree = run.state_dict()
+
+    assert len(waiters[0].waits) == updates_waits + 2        # before and after state_dict
+    assert tree["nodes"]["m"]["w"].device == CPU
+    again = _on(Model(), GPU0)
+    mujou.run({"m": again}, timer="simulated", duration=0.0, state=tree).join()
+    assert len(waiters[1].waits) == 1                        # after the restore
