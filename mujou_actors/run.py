@@ -136,6 +136,7 @@ class Run:
         self._hard_end_ns: int | None = None
         self._pause_t0 = 0.0
         self._rt: CudaRuntime | None = None  # set when a node is on CUDA
+        self._start_ns = 0
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -153,6 +154,27 @@ class Run:
         """int: the run's time in integer nanoseconds of its timer (frozen at the end)."""
         end = self._end_ns
         return self._timer.now_ns() if end is None else end
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """Mapping[str, Node]: every node of the run by dotted path, parents first."""
+        return {a.path: a.node for a in self._actors}
+
+    @property
+    def start_time(self) -> float:
+        """float: the time the run started at, seconds of its timer (a restored run's is > 0)."""
+        return self._start_ns / 1e9
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the end without raising its failure (see `join` for that).
+
+        Args:
+            timeout (float, optional): wall seconds; None waits for the end.
+
+        Returns:
+            bool: True when the run has ended.
+        """
+        return self._ended.wait(timeout)
 
     @property
     def running(self) -> bool:
@@ -856,7 +878,7 @@ def run(
         for port, value in initial:
             node_device = result._actor_of[id(port.node)].device
             result._deliver(port, copy_message(value, write_copier(node_device, result._rt)))
-        start_ns = 0 if tree is None else tree["time_ns"]
+        start_ns = result._start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             dispatcher.end_ns = start_ns + round(end_s * 1e9)
             dispatcher.end_grace_ns = round(timeout * 1e9)

@@ -200,7 +200,7 @@ class SnapshotWriter:
         t0 = time.perf_counter()
         name = snapshot_name(tree["time_ns"])
         self._save(tree, os.path.join(self.folder, name))
-        _write_pointer(self.folder, name)
+        write_pointer(self.folder, name)
         self._prune()
         took = time.perf_counter() - t0
         self.write_seconds.append(took)
@@ -214,7 +214,7 @@ class SnapshotWriter:
             os.remove(os.path.join(self.folder, name))
 
 
-def _write_pointer(folder: str, name: str) -> None:
+def write_pointer(folder: str, name: str) -> None:
     """Replace the ``latest`` file atomically with the newest snapshot's name."""
     tmp = os.path.join(folder, f".{LATEST}.tmp")
     with open(tmp, "w") as f:

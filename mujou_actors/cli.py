@@ -1,0 +1,416 @@
+"""The ``mujou`` command: run a net from a file and watch it, inspect a snapshot.
+
+``mujou run FILE[:NAME]`` loads a net (a node, a list or dict of nodes, or a
+function returning one; NAME defaults to ``net`` then ``make_net``), runs it and,
+on a terminal, shows a live table of every node (rates, lateness, drops,
+restarts) and, for a simulated run with a duration, a progress bar in simulated
+seconds. Not on a terminal (CI, pipes) it prints plain status lines instead.
+Ctrl-C stops the run cleanly (every ``on_stop`` runs; with ``--snapshot-dir``
+the final state is written there too) and exits with 130.
+
+``mujou inspect SNAPSHOT`` prints a snapshot file's summary without loading its
+tensor data.
+
+Errors (a bad file, a missing NAME, a node failure) are one line on stderr and
+a non-zero exit code; ``--verbose`` adds the traceback. Built on click, with
+rich for the terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+import mujou_actors as mujou
+
+from .errors import MujouError
+from .node import Node
+from .stats import RunStats
+
+__all__ = ["main"]
+
+EXIT_FAILURE = 1      # the run failed (a node raised, a stop timed out)
+EXIT_USAGE = 2        # bad file, name or option
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+REFRESH_S = 0.25        # the live view's refresh period (wall seconds)
+STATUS_EVERY_S = 2.0    # plain status lines when not on a terminal
+
+
+class UsageError(click.ClickException):
+    """A mistake in what was asked for: one line, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------
+# Loading FILE[:NAME]
+
+
+def load_net(target: str) -> Any:
+    """Import ``FILE[:NAME]`` and return the net it names.
+
+    Args:
+        target: a Python file, optionally followed by ``:NAME``. NAME is a net
+            (a Node, or a list or dict of Nodes) or a function that returns one
+            when called without arguments. Default: ``net``, then ``make_net``.
+
+    Raises:
+        UsageError: no such file, the file fails to import, no such NAME, or
+            NAME is not a net.
+    """
+    path, _, name = target.partition(":") if not os.path.exists(target) else (target, "", "")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    module = _import_file(path)
+    names = [name] if name else ["net", "make_net"]
+    for candidate in names:
+        if hasattr(module, candidate):
+            return _as_net(getattr(module, candidate), f"{path}:{candidate}")
+    raise UsageError(f"{path} has no {' or '.join(repr(n) for n in names)}; "
+                     "name the net with FILE:NAME")
+
+
+def _import_file(path: str) -> Any:
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the file's own helpers import as in `python FILE`
+    spec = importlib.util.spec_from_file_location("__mujou_net__", path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"{path}: importing it raised {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _is_net(value: Any) -> bool:
+    if isinstance(value, Node):
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return isinstance(value, (list, tuple, dict)) and all(isinstance(v, Node) for v in items)
+
+
+def _as_net(value: Any, where: str) -> Any:
+    if _is_net(value):
+        return value
+    if callable(value) and not isinstance(value, type):
+        try:
+            made = value()
+        except Exception as exc:
+            raise UsageError(f"{where}() raised {type(exc).__name__}: {exc}") from exc
+        if _is_net(made):
+            return made
+        raise UsageError(f"{where}() returned a {type(made).__name__}, not a net of nodes")
+    raise UsageError(f"{where} is a {type(value).__name__}, not a net or a function "
+                     "returning one")
+
+
+# ---------------------------------------------------------------------------
+# Watching a run
+
+
+def _rates(prev: RunStats | None, now: RunStats) -> dict[str, tuple[float, float]]:
+    """Per node: updates per wall second and hook time share since ``prev``."""
+    wall = now.wall - (prev.wall if prev else 0.0)
+    out = {}
+    for path, node in now.nodes.items():
+        before = prev.nodes.get(path) if prev else None
+        updates = node.updates - (before.updates if before else 0)
+        hook = node.hook_time - (before.hook_time if before else 0.0)
+        out[path] = (updates / wall if wall > 0 else 0.0, hook / wall if wall > 0 else 0.0)
+    return out
+
+
+def _has_inputs(node: Node) -> bool:
+    from .ports import Input
+
+    return any(isinstance(p, Input) for p in node._mujou_ports().values())
+
+
+def _node_rows(stats: RunStats, rates: dict[str, tuple[float, float]],
+               periods: dict[str, float | None]) -> Iterator[list[str]]:
+    for path, node in stats.nodes.items():
+        if path not in periods:
+            continue
+        rate, share = rates.get(path, (0.0, 0.0))
+        period = periods.get(path)
+        yield [
+            path or "<root>",
+            f"{rate:,.1f}",
+            "-" if period is None else f"{1 / period:,.1f}",
+            f"{node.dt_mean * 1e3:.3f}",
+            f"{node.dt_max * 1e3:.3f}",
+            f"{node.lateness_p99 * 1e3:.3f}",
+            f"{share:.1%}",
+            str(sum(node.drops.values())),
+            str(node.restarts),
+        ]
+
+
+NODE_COLUMNS = ["node", "updates/s", "target/s", "dt mean ms", "dt max ms", "late p99 ms",
+                "hook share", "drops", "restarts"]
+
+
+def _live_table(stats: RunStats, rates: dict[str, tuple[float, float]],
+                periods: dict[str, float | None]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"t = {stats.time:.3f} s   wall {stats.wall:.1f} s", expand=False)
+    for i, column in enumerate(NODE_COLUMNS):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in _node_rows(stats, rates, periods):
+        table.add_row(*row)
+    workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in stats.workers.items())
+    table.caption = f"busy: {workers}" if workers else None
+    return table
+
+
+def _status_line(stats: RunStats, rates: dict[str, tuple[float, float]]) -> str:
+    nodes = ", ".join(f"{path or '<root>'} {rate:.0f}/s" for path, (rate, _) in rates.items()
+                      if stats.nodes[path].updates)
+    drops = sum(sum(n.drops.values()) for n in stats.nodes.values())
+    restarts = sum(n.restarts for n in stats.nodes.values())
+    return (f"t={stats.time:.3f}s wall={stats.wall:.1f}s {nodes} "
+            f"drops={drops} restarts={restarts}")
+
+
+def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool,
+          quiet: bool) -> None:
+    """Follow ``run`` until it ends: a live view on a terminal, status lines otherwise."""
+    periods = {path: node.period for path, node in run.nodes.items()
+               if node.period is not None or _has_inputs(node)}  # containers are left out
+    if quiet:
+        run.wait()
+        return
+    if not live:
+        _watch_plain(run, periods)
+        return
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    progress = None
+    task = None
+    if simulated and duration:
+        progress = Progress(TextColumn("simulated"), BarColumn(),
+                            TextColumn("{task.completed:.2f} / {task.total:.2f} s"),
+                            TextColumn("{task.fields[speed]}"))
+        task = progress.add_task("run", total=duration, speed="")
+    prev = None
+    with Live(refresh_per_second=1 / REFRESH_S, transient=False) as view:
+        while run.running:
+            stats = run.stats()
+            rates = _rates(prev, stats)
+            prev = stats
+            parts: list[Any] = [_live_table(stats, rates, periods)]
+            if progress is not None and task is not None:
+                speed = stats.time / stats.wall if stats.wall > 0 else 0.0
+                progress.update(task, completed=min(stats.time - run.start_time, duration or 0),
+                                speed=f"{speed:,.1f}x real time")
+                parts.append(progress)
+            view.update(Group(*parts))
+            run.wait(REFRESH_S)
+        stats = run.stats()
+        parts = [_live_table(stats, _rates(None, stats), periods)]
+        if progress is not None and task is not None:
+            progress.update(task, completed=duration,
+                            speed=f"{stats.time / max(stats.wall, 1e-9):,.1f}x real time")
+            parts.append(progress)
+        view.update(Group(*parts))
+
+
+def _watch_plain(run: mujou.Run, periods: dict[str, float | None]) -> None:
+    prev = None
+    while run.running:
+        run.wait(STATUS_EVERY_S)
+        stats = run.stats()
+        click.echo(_status_line(stats, _rates(prev, stats)))
+        prev = stats
+    stats = run.stats()
+    click.echo("\t".join(NODE_COLUMNS))
+    for row in _node_rows(stats, _rates(None, stats), periods):
+        click.echo("\t".join(row))
+
+
+def _stats_json(stats: RunStats) -> dict[str, Any]:
+    return {
+        "time": stats.time,
+        "wall": stats.wall,
+        "nodes": {p: dataclasses.asdict(n) for p, n in stats.nodes.items()},
+        "workers": {p: dataclasses.asdict(w) for p, w in stats.workers.items()},
+        "snapshots": dataclasses.asdict(stats.snapshots),
+    }
+
+
+def _final_snapshot(run: mujou.Run, folder: str) -> str:
+    """Write the run's final state into the snapshot folder; the path written."""
+    from .supervisor import snapshot_name, write_pointer
+
+    tree = run.state_dict()
+    name = snapshot_name(tree["time_ns"])
+    mujou.save(tree, os.path.join(folder, name))
+    write_pointer(folder, name)
+    return os.path.join(folder, name)
+
+
+# ---------------------------------------------------------------------------
+# Commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(mujou.__version__, prog_name="mujou")
+def main() -> None:
+    """Run mujou_actors nets and inspect their snapshots."""
+
+
+@main.command("run")
+@click.argument("target", metavar="FILE[:NAME]")
+@click.option("--duration", type=float, default=None,
+              help="Seconds of the run's timer; default: until Ctrl-C.")
+@click.option("--timer", type=click.Choice(["realtime", "simulated"]), default="realtime",
+              show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker threads; default: mujou's choice.")
+@click.option("--seed", type=int, default=None, help="Seed of the run.")
+@click.option("--snapshot-every", type=float, default=None,
+              help="Seconds of the run's timer between snapshots.")
+@click.option("--snapshot-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for snapshot files (the final state is written there too).")
+@click.option("--restore", type=click.Path(dir_okay=False), default=None,
+              help="Snapshot file to start from.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome/Perfetto trace of every hook to this file.")
+@click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
+              help="Write the final run.stats() as JSON to this file.")
+@click.option("--quiet", is_flag=True, help="No live view and no status lines.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def run_command(target: str, duration: float | None, timer: str, workers: int | None,
+                seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
+                restore: str | None, trace_path: str | None, stats_json: str | None,
+                quiet: bool, verbose: bool) -> None:
+    """Run the net in FILE (NAME: a net, or a function returning one)."""
+    with _errors(verbose):
+        net = load_net(target)
+        kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
+                                  "seed": seed, "state": restore}
+        if snapshot_every is not None or snapshot_dir is not None:
+            kwargs["supervisor"] = mujou.Supervisor(snapshot_every=snapshot_every,
+                                                    snapshot_dir=snapshot_dir)
+        if trace_path is not None:
+            kwargs["trace"] = trace_path
+        run = mujou.run(net, **kwargs)
+        live = sys.stdout.isatty() and not quiet
+        interrupted = False
+        try:
+            watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
+        except KeyboardInterrupt:
+            interrupted = True
+            click.echo("interrupted: stopping the run", err=True)
+            run.stop()
+        if snapshot_dir is not None and (interrupted or duration is None):
+            click.echo(f"final state written to {_final_snapshot(run, snapshot_dir)}", err=True)
+        if stats_json is not None:
+            with open(stats_json, "w") as f:
+                json.dump(_stats_json(run.stats()), f, indent=2)
+        run.join()
+        if interrupted:
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@main.command("inspect")
+@click.argument("snapshot", type=click.Path(dir_okay=False))
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def inspect_command(snapshot: str, verbose: bool) -> None:
+    """Print the summary of a snapshot file (no tensor data is read)."""
+    from .snapshot import inspect_file
+
+    with _errors(verbose):
+        if not os.path.isfile(snapshot):
+            raise UsageError(f"{snapshot}: no such file")
+        info = inspect_file(snapshot)
+        for line in summarize(info):
+            click.echo(line)
+
+
+def summarize(info: dict[str, Any]) -> Iterator[str]:
+    """Lines describing a snapshot (``snapshot.inspect_file``'s result)."""
+    tree = info["tree"]
+    yield (f"mujou snapshot, file format {info['version']}, {info['size']:,} bytes, "
+           f"{info['tensors']} tensors ({info['tensor_bytes']:,} bytes)")
+    if isinstance(tree, dict) and "time_ns" in tree:
+        yield f"state tree format {tree.get('format')}, time {tree['time_ns'] / 1e9:.9f} s"
+        yield "seeds:"
+        for path, seed in tree.get("seeds", {}).items():
+            yield f"  {path or '<root>'}: {seed}"
+        yield "nodes:"
+        for path, state in tree.get("nodes", {}).items():
+            yield f"  {path or '<root>'}:"
+            for key, line in _describe(state):
+                yield f"    {key}: {line}"
+        for section, title in (("inputs", "kept messages"), ("pending", "undelivered messages")):
+            entries = {p: m for p, m in tree.get(section, {}).items() if m}
+            yield f"{title}: {sum(len(m) for m in entries.values())}"
+            for path, messages in entries.items():
+                yield f"  {path}: {len(messages)}"
+    else:
+        for key, line in _describe(tree):
+            yield f"{key}: {line}"
+
+
+def _describe(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    import torch
+
+    if isinstance(value, dict):
+        if not value:
+            yield prefix or "(state)", "{}"
+        for key, item in value.items():
+            yield from _describe(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, torch.Tensor):
+        nbytes = value.numel() * value.element_size()
+        yield prefix, f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)} " \
+                      f"({nbytes:,} bytes)"
+    elif isinstance(value, (list, tuple)):
+        yield prefix, f"{type(value).__name__} of {len(value)}"
+    else:
+        text = repr(value)
+        yield prefix, text if len(text) <= 60 else text[:57] + "..."
+
+
+class _errors:
+    """Turn errors into one line on stderr and an exit code (tracebacks with --verbose)."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if exc is None or isinstance(exc, (SystemExit, click.exceptions.Exit)):
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            sys.exit(EXIT_INTERRUPTED)
+        if self.verbose:
+            traceback.print_exception(exc)
+        if isinstance(exc, click.ClickException):
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        code = EXIT_FAILURE if isinstance(exc, MujouError) else EXIT_USAGE
+        if isinstance(exc, (TimeoutError, RuntimeError)) and not isinstance(exc, MujouError):
+            code = EXIT_FAILURE
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,66 @@
+"""Small nets for the CLI tests (loaded by `mujou run FILE[:NAME]`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import mujou_actors as mujou
+
+
+class Ticker(mujou.Node):
+    """Counts its ticks in a tensor (so the count is state); writes a marker on stop."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, period: float = 0.01) -> None:
+        super().__init__(period=period)
+        self.count = torch.zeros((), dtype=torch.int64)
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+        self.out.send(int(self.count))
+
+    def on_stop(self) -> None:
+        marker = os.environ.get("MUJOU_TEST_STOP_MARKER")
+        if marker:
+            with open(marker, "w") as f:
+                f.write(str(int(self.count)))
+
+
+class Sink(mujou.Node):
+    inp = mujou.Input(int, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.total = 0
+
+    def on_update(self, dt: float) -> None:
+        self.total += sum(self.inp.drain())
+
+
+class Pair(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.ticker = Ticker()
+        self.sink = Sink()
+        mujou.connect(self.ticker.out, self.sink.inp)
+
+
+class Broken(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        raise ZeroDivisionError("the sensor divided by zero")
+
+
+net = Pair()
+
+
+def make_broken() -> mujou.Node:
+    return Broken()
+
+
+not_a_net = 42

@@ -1,0 +1,139 @@
+"""The `mujou` command, run as a user would: a subprocess, no terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import mujou_actors as mujou
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETS = os.path.join(ROOT, "tests", "nets", "cli_nets.py")
+
+
+def mujou_cmd(*args: str, env: dict[str, str] | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mujou_actors", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_run_prints_plain_lines_and_a_final_table_without_a_terminal(tmp_path) -> None:
+    stats = tmp_path / "stats.json"
+
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "1",
+                       "--stats-json", str(stats))
+
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stdout + result.stderr          # no escape codes
+    lines = result.stdout.splitlines()
+    assert lines[-3].split("\t")[:3] == ["node", "updates/s", "target/s"]
+    assert lines[-2].startswith("ticker\t") and lines[-1].startswith("sink\t")
+    data = json.loads(stats.read_text())
+    assert data["nodes"]["ticker"]["updates"] == 100 and data["time"] == 1.0
+
+
+def test_quiet_prints_nothing_and_name_picks_the_net(tmp_path) -> None:
+    result = mujou_cmd("run", f"{NETS}:net", "--timer", "simulated", "--duration", "0.5",
+                       "--quiet")
+
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize(
+    "target, text",
+    [
+        ("no/such/file.py", "no/such/file.py: no such file"),
+        (f"{NETS}:missing", "has no 'missing'"),
+        (f"{NETS}:not_a_net", "is a int, not a net"),
+    ],
+)
+def test_bad_targets_are_one_line_and_exit_2(target: str, text: str) -> None:
+    result = mujou_cmd("run", target, "--timer", "simulated", "--duration", "0.1")
+
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and text in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_option_exits_2() -> None:
+    result = mujou_cmd("run", NETS, "--timer", "wallclock")
+
+    assert result.returncode == 2 and "wallclock" in result.stderr
+
+
+def test_a_node_failure_is_one_line_and_exit_1_with_the_traceback_under_verbose() -> None:
+    plain = mujou_cmd("run", f"{NETS}:make_broken", "--timer", "simulated", "--duration", "1",
+                      "--quiet")
+    verbose = mujou_cmd("run", f"{NETS}:make_broken", "--timer", "simulated", "--duration",
+                        "1", "--quiet", "--verbose")
+
+    assert plain.returncode == verbose.returncode == 1
+    assert "error: NodeError: node '<root>' raised in on_update: ZeroDivisionError" in plain.stderr
+    assert "Traceback" not in plain.stderr
+    assert "Traceback" in verbose.stderr and "the sensor divided by zero" in verbose.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path) -> None:
+    marker = tmp_path / "stopped"
+    snaps = tmp_path / "snaps"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mujou_actors", "run", NETS, "--snapshot-dir", str(snaps)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "MUJOU_TEST_STOP_MARKER": str(marker)})
+    status = proc.stdout.readline()                 # the first status line: t > 0
+
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+
+    assert status.startswith("t=") and proc.returncode == 130, err
+    assert int(marker.read_text()) > 0                        # on_stop ran
+    final = mujou.load(mujou.latest_snapshot(snaps))
+    assert int(final["nodes"]["ticker"]["count"]) == int(marker.read_text())
+    assert "final state written to" in err
+
+
+def test_inspect_summarizes_a_snapshot(tmp_path) -> None:
+    from tests.nets.cli_nets import Pair
+
+    run = mujou.run(Pair(), timer="simulated", duration=0.05, seed=7)
+    run.join()
+    path = tmp_path / "pair.mujou"
+    mujou.save(run.state_dict(), path)
+
+    result = mujou_cmd("inspect", str(path))
+
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("mujou snapshot, file format 1")
+    assert "time 0.050000000 s" in out
+    assert f"  ticker: {run.seeds['ticker']}" in out
+    assert "    count: tensor int64 [] (8 bytes)" in out
+    assert "    generator: tensor uint8 [5056] (5,056 bytes)" in out
+    assert "kept messages: 0" in out
+
+
+def test_inspect_of_a_damaged_file_is_one_line(tmp_path) -> None:
+    bad = tmp_path / "bad.mujou"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+
+    result = mujou_cmd("inspect", str(bad))
+
+    assert result.returncode == 1
+    assert "not a mujou snapshot" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_console_script_is_installed() -> None:
+    import shutil
+
+    exe = shutil.which("mujou") or os.path.join(os.path.dirname(sys.executable), "mujou")
+
+    result = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0 and "inspect" in result.stdout and "run" in result.stdout
