@@ -294,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         # clock (a plain int): start it where the snapshot's recorder left off.
         saved = mujou.load(args.restore)
         start = saved["time_ns"] / 1e9
-        net.recorder.now_ns = saved["schedule"]["recorder"]["last_update_ns"]
+        # (mujou.run checks that the snapshot fits this net; .get leaves that to it.)
+        last = saved.get("schedule", {}).get("recorder", {}).get("last_update_ns")
+        net.recorder.now_ns = last if last is not None else saved["time_ns"]
     # The depth=1 inputs keep only the newest message on purpose (sample and
     # hold): mujou counts every replaced message as a drop, and the summary
     # prints those counts.

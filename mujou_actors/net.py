@@ -146,8 +146,34 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
         extra = sorted(set(tree[section]) - inputs)
         if extra:
             problems.append(f"{section} for port(s) that are not Inputs of the net {extra}")
+        for path in sorted(set(tree[section]) & inputs):
+            problems.extend(_message_problems(section, path, tree[section][path], ports[path]))
+    for path in sorted(paths & set(tree["seeds"])):
+        seed = tree["seeds"][path]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            problems.append(f"seeds[{path!r}] is {seed!r}, not an int")
+    for path in sorted(paths):
+        last = tree["schedule"].get(path, {}).get("last_update_ns") \
+            if isinstance(tree["schedule"].get(path), dict) else "?"
+        if last is not None and (isinstance(last, bool) or not isinstance(last, int)
+                                 or last > tree["time_ns"]):
+            problems.append(f"schedule[{path!r}]['last_update_ns'] is {last!r}, not an int "
+                            f"<= time_ns ({tree['time_ns']})")
     if problems:
         raise SnapshotError(f"{where} does not fit the net: " + "; ".join(problems))
+
+
+def _message_problems(section: str, path: str, messages: Any, port: Port) -> list[str]:
+    """Messages of a tree's inputs/pending section that do not fit their Input."""
+    if not isinstance(messages, list):
+        return [f"{section}[{path!r}] is a {type(messages).__name__}, not a list of messages"]
+    problems = []
+    for i, message in enumerate(messages):
+        try:
+            port.check(message)
+        except TypeError as exc:
+            problems.append(f"{section}[{path!r}][{i}]: {exc}")
+    return problems
 
 
 def resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any]]:

@@ -199,37 +199,75 @@ class Node:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned; tensors go to the node's device.
 
+        Strict, like ``nn.Module.load_state_dict(strict=True)``: every problem is
+        collected into one error before anything changes. Keys of the default
+        state (the generator, tensor, module and optimizer attributes) must all
+        be there, with tensors of the same shape and dtype; any other key sets a
+        plain attribute that exists already (a subclass's own state), but never
+        a port, a method, a child node or a framework attribute.
+
         Args:
             state (dict[str, Any]): as returned by `state_dict`.
 
         Raises:
-            KeyError: ``state`` names an attribute the node does not have.
-            ValueError: a generator state of the wrong kind (a CUDA
-                generator's state into a CPU node or the reverse).
+            ValueError: missing or unexpected keys, a tensor of another shape or
+                dtype, or a generator state of the wrong kind (a CUDA
+                generator's state into a CPU node or the reverse); the message
+                names the node and every key at fault.
         """
-        gen = state.get("generator")
-        if gen is not None:
-            if gen.numel() != self._mujou_generator.get_state().numel():
-                raise ValueError(
-                    f"node {self._mujou_path!r}: the generator state does not fit a "
-                    f"{self._mujou_device.type} generator (state saved on another device type?)"
-                )
-            self._mujou_generator.set_state(gen.cpu())
+        problems = list(self._mujou_state_problems(state))
+        if problems:
+            raise ValueError(f"node {self._mujou_path!r}: cannot load this state: "
+                             + "; ".join(problems))
+        self._mujou_generator.set_state(state["generator"].cpu())
         for name, value in state.items():
             if name == "generator":
                 continue
-            if not hasattr(self, name):
-                raise KeyError(f"node {self._mujou_path!r} has no attribute {name!r} to restore")
             current = getattr(self, name)
             if isinstance(current, torch.Tensor):
                 with torch.no_grad():
                     current.copy_(value.to(current.device))
-            elif isinstance(current, torch.nn.Module):
-                current.load_state_dict(value)
-            elif isinstance(current, torch.optim.Optimizer):
+            elif isinstance(current, (torch.nn.Module, torch.optim.Optimizer)):
                 current.load_state_dict(value)
             else:
                 object.__setattr__(self, name, value)
+
+    def _mujou_state_problems(self, state: Any) -> Iterator[str]:
+        """Everything that keeps ``state`` from loading, in words."""
+        if not isinstance(state, dict):
+            yield f"a state is a dict, got {type(state).__name__}"
+            return
+        expected = Node.state_dict(self)
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            yield f"missing key(s) {missing}"
+        gen = state.get("generator")
+        if "generator" in state and (not isinstance(gen, torch.Tensor) or
+                                     gen.numel() != expected["generator"].numel()):
+            yield (f"state['generator'] does not fit a {self._mujou_device.type} generator "
+                   "(saved on another device type?)")
+        for name, value in state.items():
+            if name == "generator":
+                continue
+            yield from self._mujou_key_problems(name, value)
+
+    def _mujou_key_problems(self, name: Any, value: Any) -> Iterator[str]:
+        if not isinstance(name, str) or name.startswith(_PREFIX) or not hasattr(self, name):
+            yield f"unexpected key {name!r}"
+            return
+        current = getattr(self, name)
+        if isinstance(current, (Port, Node)) or callable(current) and not isinstance(
+                current, (torch.Tensor, torch.nn.Module)):
+            yield f"key {name!r} names a {type(current).__name__}, which is not state"
+        elif isinstance(current, torch.Tensor):
+            if not isinstance(value, torch.Tensor):
+                yield f"state[{name!r}] is a {type(value).__name__}, expected a tensor"
+            elif value.shape != current.shape or value.dtype != current.dtype:
+                yield (f"state[{name!r}] is {value.dtype} {tuple(value.shape)}, "
+                       f"expected {current.dtype} {tuple(current.shape)}")
+        elif isinstance(current, (torch.nn.Module, torch.optim.Optimizer)) and not isinstance(
+                value, dict):
+            yield f"state[{name!r}] is a {type(value).__name__}, expected a state dict"
 
     # -- introspection used by the run ----------------------------------------------
     def _mujou_ports(self) -> dict[str, Port]:

@@ -67,7 +67,7 @@ class _Spec:
             parts.append(f"dtype={self.dtype}")
         if self.shape is not None:
             parts.append(f"shape={self.shape}")
-        return f"Tensor({', '.join(parts)})"
+        return f"Tensor({', '.join(parts)})" if parts else "Tensor"
 
     def accepts_all_of(self, other: _Spec) -> bool:
         """True when every value of ``other`` is a value of ``self`` (no check needed)."""

@@ -57,6 +57,8 @@ def _seconds(name: str, value: Any, *, allow_none: bool) -> float | None:
         raise TypeError(f"Supervisor: {name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"Supervisor: {name} must be a finite number > 0, got {value!r}")
+    if round(value * 1e9) < 1:
+        raise ValueError(f"Supervisor: {name} must be at least 1 ns, got {value!r}")
     return float(value)
 
 
@@ -108,6 +110,8 @@ class Supervisor:
         snapshot_dir: str | os.PathLike[str] | None = None,
         keep: int = 3,
     ) -> None:
+        if not isinstance(restart, str):
+            raise TypeError(f"Supervisor: restart must be a str, got {restart!r}")
         if restart not in RESTART_STRATEGIES:
             raise ValueError(f"Supervisor: restart must be one of {RESTART_STRATEGIES}, "
                              f"got {restart!r}")
@@ -115,8 +119,16 @@ class Supervisor:
             raise TypeError(f"Supervisor: max_restarts must be an int, got {max_restarts!r}")
         if max_restarts < 0:
             raise ValueError(f"Supervisor: max_restarts must be >= 0, got {max_restarts}")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"Supervisor: keep must be an int >= 1, got {keep!r}")
+        if isinstance(keep, bool) or not isinstance(keep, int):
+            raise TypeError(f"Supervisor: keep must be an int, got {keep!r}")
+        if keep < 1:
+            raise ValueError(f"Supervisor: keep must be >= 1, got {keep!r}")
+        if snapshot_dir is not None and not isinstance(snapshot_dir, (str, os.PathLike)):
+            raise TypeError(f"Supervisor: snapshot_dir must be a folder path, got {snapshot_dir!r}")
+        if snapshot_dir is not None and os.path.exists(snapshot_dir) and not os.path.isdir(
+                snapshot_dir):
+            raise ValueError(f"Supervisor: snapshot_dir {os.fspath(snapshot_dir)!r} is a file, "
+                             "not a folder")
         self.restart = restart
         self.max_restarts = max_restarts
         self.within = _seconds("within", within, allow_none=False)
@@ -167,6 +179,11 @@ class SnapshotWriter:
     def __init__(self, folder: str, keep: int, save: Callable[[Any, str], None],
                  on_error: Callable[[BaseException], None]) -> None:
         os.makedirs(folder, exist_ok=True)
+        for name in os.listdir(folder):
+            # A writer killed mid-write leaves its temporary file behind; only
+            # snapshot writers write here, and none of them is running yet.
+            if name.startswith(".") and name.endswith(".tmp"):
+                os.remove(os.path.join(folder, name))
         self.folder = folder
         self.keep = keep
         self._save = save
@@ -233,8 +250,15 @@ def latest_snapshot(folder: str | os.PathLike[str]) -> str:
     """The path of the newest snapshot in a supervisor's ``snapshot_dir``.
 
     Raises:
-        FileNotFoundError: the folder holds no ``latest`` pointer.
+        FileNotFoundError: the folder holds no ``latest`` pointer, or it names
+            a file that is not a snapshot of this folder or does not exist.
     """
     folder = os.fspath(folder)
     with open(os.path.join(folder, LATEST)) as f:
-        return os.path.join(folder, f.read().strip())
+        name = f.read().strip()
+    if os.path.basename(name) != name or not name.startswith(SNAPSHOT_PREFIX):
+        raise FileNotFoundError(f"{folder}/{LATEST} names {name!r}, not a snapshot of this folder")
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder}/{LATEST} names {name}, which does not exist")
+    return path

@@ -268,7 +268,7 @@ def test_a_generator_state_of_the_wrong_device_type_is_refused() -> None:
     state = node.state_dict()
     state["generator"] = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA state
 
-    with pytest.raises(ValueError, match="generator state does not fit a cpu generator"):
+    with pytest.raises(ValueError, match=r"state\['generator'\] does not fit a cpu generator"):
         node.load_state_dict(state)
 
 
@@ -330,3 +330,51 @@ def test_a_first_snapshot_that_fails_stops_the_run_cleanly() -> None:
 
     assert node._mujou_run is None
     mujou.run(node, timer="simulated", duration=0.01).join()
+
+
+def test_load_state_dict_is_strict_and_names_every_key_at_fault() -> None:
+    class Model(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.w = torch.zeros(2)
+            self.steps = 0
+            self.child = Counter()
+
+    node = Model()
+    good = node.state_dict()
+
+    bad = {**good, "w": torch.zeros(3, dtype=torch.float64), "out": 1, "child": 2,
+           "_mujou_device": "x", "nope": 1}
+    del bad["generator"]
+
+    with pytest.raises(ValueError) as info:
+        node.load_state_dict(bad)
+    text = str(info.value)
+    for part in ("missing key(s) ['generator']", "torch.float64 (3,), expected torch.float32 (2,)",
+                 "'out' names a Output", "'child' names a Counter",
+                 "unexpected key '_mujou_device'", "unexpected key 'nope'"):
+        assert part in text
+    assert node.device == torch.device("cpu") and isinstance(node.out, mujou.Output)
+    node.load_state_dict({**good, "steps": 5})
+    assert node.steps == 5
+
+
+def test_damaged_values_in_a_fitting_tree_are_refused_before_anything_starts() -> None:
+    run = mujou.run(Net(), timer="simulated", duration=0.05)
+    run.join()
+    tree = run.state_dict()
+    tree["seeds"]["acc"] = "x"
+    tree["schedule"]["slow"] = {"last_update_ns": tree["time_ns"] + 1}
+    tree["pending"]["slow.inp"] = ["not a tensor"]
+    fresh = Net()
+
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run(fresh, timer="simulated", state=tree)
+
+    text = str(info.value)
+    assert "seeds['acc'] is 'x'" in text
+    assert "schedule['slow']['last_update_ns']" in text
+    assert "pending['slow.inp'][0]: port 'slow.inp': expected Tensor, got str" in text
+    assert fresh.acc._mujou_run is None

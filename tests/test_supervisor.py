@@ -53,6 +53,11 @@ class Flaky(mujou.Node):
         ({"snapshot_every": float("inf")}, ValueError, "snapshot_every"),
         ({"snapshot_every": "1s"}, TypeError, "snapshot_every"),
         ({"keep": 0}, ValueError, "keep"),
+        ({"keep": 2.5}, TypeError, "keep"),
+        ({"restart": None}, TypeError, "restart"),
+        ({"snapshot_every": 1e-12}, ValueError, "at least 1 ns"),
+        ({"snapshot_dir": 5}, TypeError, "snapshot_dir"),
+        ({"snapshot_dir": __file__}, ValueError, "is a file, not a folder"),
     ],
 )
 def test_bad_supervisor_settings_are_named(kwargs, error, text) -> None:
@@ -220,3 +225,21 @@ def test_a_crash_while_a_snapshot_is_written_leaves_the_previous_file(tmp_path) 
 
     tree = mujou.load(path)
     assert tree["generation"] == 1 and torch.equal(tree["w"], torch.arange(4))
+
+
+def test_latest_snapshot_checks_what_the_pointer_names(tmp_path) -> None:
+    (tmp_path / "latest").write_text("../../etc/passwd\n")
+    with pytest.raises(FileNotFoundError, match="not a snapshot of this folder"):
+        mujou.latest_snapshot(tmp_path)
+    (tmp_path / "latest").write_text("snapshot-00000000000000000001.mujou\n")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        mujou.latest_snapshot(tmp_path)
+
+
+def test_a_stale_temporary_file_is_removed_when_a_writer_starts(tmp_path) -> None:
+    (tmp_path / ".snapshot-1.mujou.abc.tmp").write_bytes(b"half written")
+
+    mujou.run({"n": Flaky()}, timer="simulated", duration=0.0,
+              supervisor=mujou.Supervisor(snapshot_dir=tmp_path)).join()
+
+    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path))
