@@ -30,10 +30,17 @@ the ratio across commits on one machine. ``--profile`` prints where the worker
 thread's time goes (cProfile inflates small Python calls, so read it for
 shares, not for absolute rates).
 
+``--trace`` adds a third run to every repetition, with ``trace=`` a
+``mujou.Tracer`` (default capacity, a temporary file): the row "with
+tracing" next to each case, and the **tracing overhead** = 1 - traced rate /
+untraced rate, per repetition. The traced rate counts the same wall time as
+the untraced one (recording included); writing the JSON file after the run
+is excluded from it and reported apart as "trace write s".
+
 Usage::
 
     python benchmarks/dispatch.py [--nodes 1000] [--duration 2.0] [--repeat 5]
-                                  [--json PATH] [--quick] [--profile]
+                                  [--json PATH] [--quick] [--profile] [--trace]
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import platform
 import pstats
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -74,17 +82,32 @@ def periods_ns(case: str, n: int) -> list[int]:
     return [(1000 + 9000 * i // max(1, n - 1)) * 1000 for i in range(n)]
 
 
-def run_mujou(periods: list[int], end_ns: int) -> dict:
+class TimedTracer(mujou.Tracer):
+    """A Tracer that also times the writing of its file, to leave it out of the rate."""
+
+    write_s = 0.0
+
+    def _write(self, *args, **kwargs) -> None:
+        t0 = time.perf_counter()
+        super()._write(*args, **kwargs)
+        self.write_s = time.perf_counter() - t0
+
+
+def run_mujou(periods: list[int], end_ns: int, traced: bool = False, stats: bool = True) -> dict:
     nodes = [NoOp(period=p / 1e9) for p in periods]  # build: not timed
-    gc.collect()
-    t0 = time.perf_counter()
-    run = mujou.run(nodes, workers=1, timer="simulated", duration=end_ns / 1e9)
-    t1 = time.perf_counter()
-    run.join()
-    t2 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        tracer = TimedTracer(Path(folder) / "trace.json") if traced else None
+        gc.collect()
+        t0 = time.perf_counter()
+        run = mujou.run(nodes, workers=1, timer="simulated", duration=end_ns / 1e9,
+                        trace=tracer, stats=stats)
+        t1 = time.perf_counter()
+        run.join()
+        t2 = time.perf_counter()
+    write_s = tracer.write_s if tracer is not None else 0.0
     updates = sum(s.updates for s in run.stats().nodes.values())
-    return {"updates": updates, "start_s": t1 - t0, "join_s": t2 - t1,
-            "rate": updates / (t2 - t1)}
+    return {"updates": updates, "start_s": t1 - t0, "join_s": t2 - t1 - write_s,
+            "write_s": write_s, "rate": updates / (t2 - t1 - write_s)}
 
 
 def run_floor(periods: list[int], end_ns: int) -> dict:
@@ -112,17 +135,26 @@ def summary(values: list[float]) -> dict:
             "samples": values}
 
 
-def bench_case(case: str, n: int, end_ns: int, repeat: int) -> dict:
+def bench_case(case: str, n: int, end_ns: int, repeat: int, trace: bool = False,
+               stats_off: bool = False) -> dict:
     periods = periods_ns(case, n)
     expected = sum(end_ns // p for p in periods)
-    mj, fl = [], []
+    mj, fl, tr, ns = [], [], [], []
     for _ in range(repeat):  # interleaved, so drifts in machine load hit both sides
         m, f = run_mujou(periods, end_ns), run_floor(periods, end_ns)
         assert m["updates"] == f["updates"] == expected, (case, m["updates"], f["updates"],
                                                           expected)
         mj.append(m)
         fl.append(f)
-    return {
+        if trace:
+            t = run_mujou(periods, end_ns, traced=True)
+            assert t["updates"] == expected, (case, t["updates"], expected)
+            tr.append(t)
+        if stats_off:
+            q = run_mujou(periods, end_ns, stats=False)
+            assert q["updates"] == expected, (case, q["updates"], expected)
+            ns.append(q)
+    result = {
         "nodes": n, "updates": expected,
         "mujou": summary([m["rate"] for m in mj]),
         "floor": summary([f["rate"] for f in fl]),
@@ -130,6 +162,25 @@ def bench_case(case: str, n: int, end_ns: int, repeat: int) -> dict:
         "start_s": summary([m["start_s"] for m in mj]),
         "join_s": summary([m["join_s"] for m in mj]),
     }
+    if trace:
+        result["traced"] = {
+            "mujou": summary([t["rate"] for t in tr]),
+            "ratio": summary([t["rate"] / f["rate"] for t, f in zip(tr, fl, strict=False)]),
+            "overhead": summary([1 - t["rate"] / m["rate"]
+                                 for t, m in zip(tr, mj, strict=False)]),
+            "start_s": summary([t["start_s"] for t in tr]),
+            "join_s": summary([t["join_s"] for t in tr]),
+            "write_s": summary([t["write_s"] for t in tr]),
+        }
+    if stats_off:
+        result["no_stats"] = {
+            "mujou": summary([q["rate"] for q in ns]),
+            "ratio": summary([q["rate"] / f["rate"] for q, f in zip(ns, fl, strict=False)]),
+            "overhead": summary([1 - m["rate"] / q["rate"]
+                                 for m, q in zip(mj, ns, strict=False)]),
+            "start_s": summary([q["start_s"] for q in ns]),
+        }
+    return result
 
 
 def profile_one(n: int, end_ns: int, top: int = 25) -> None:
@@ -171,9 +222,19 @@ def print_table(results: dict, title: str) -> None:
               "start s"]
 
     def rows(sep: str) -> list[list[str]]:
-        return [[case, f"{r['updates']:,}", cell(r["mujou"], 1e3, ",.0f", sep),
-                 cell(r["floor"], 1e3, ",.0f", sep), cell(r["ratio"], 1, ".3f", sep),
-                 f"{r['start_s']['median']:.3f}"] for case, r in results.items()]
+        out = []
+        for case, r in results.items():
+            out.append([case, f"{r['updates']:,}", cell(r["mujou"], 1e3, ",.0f", sep),
+                        cell(r["floor"], 1e3, ",.0f", sep), cell(r["ratio"], 1, ".3f", sep),
+                        f"{r['start_s']['median']:.3f}"])
+            for key, label in (("traced", "with tracing"), ("no_stats", "without stats")):
+                t = r.get(key)
+                if t is not None:
+                    out.append([f"{case} {label}", f"{r['updates']:,}",
+                                cell(t["mujou"], 1e3, ",.0f", sep), "",
+                                cell(t["ratio"], 1, ".3f", sep),
+                                f"{t['start_s']['median']:.3f}"])
+        return out
 
     try:
         from rich.console import Console
@@ -194,6 +255,20 @@ def print_table(results: dict, title: str) -> None:
     Console().print(table)
 
 
+def print_overhead(results: dict) -> None:
+    """One line per case: the tracing overhead and the time to write the file."""
+    for case, r in results.items():
+        q = r.get("no_stats")
+        if q is not None:
+            print(f"stats overhead, {case}: {cell(q['overhead'], 0.01, '.1f', '% | ')}% "
+                  "(1 - rate with stats / rate without)")
+        t = r.get("traced")
+        if t is not None:
+            print(f"tracing overhead, {case}: {cell(t['overhead'], 0.01, '.1f', '% | ')}% "
+                  f"(1 - traced/untraced rate); trace write s: "
+                  f"{cell(t['write_s'], 1, '.2f', ' | ')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -204,6 +279,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few seconds, for CI smoke runs")
     ap.add_argument("--profile", action="store_true",
                     help="also cProfile one mujou repetition; print the top 25 by tottime")
+    ap.add_argument("--stats", action="store_true",
+                    help="also run each repetition with stats=False and report what the "
+                         "statistics cost")
+    ap.add_argument("--trace", action="store_true",
+                    help="also run each repetition with trace= (a mujou.Tracer) and report "
+                         "the overhead of tracing")
     args = ap.parse_args()
     duration = args.duration if args.duration is not None else (0.2 if args.quick else 2.0)
     repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
@@ -211,14 +292,17 @@ def main() -> None:
         ap.error("--nodes and --repeat must be >= 1, --duration > 0")
     end_ns = round(duration * 1e9)
 
-    results = {case: bench_case(case, args.nodes, end_ns, repeat)
+    results = {case: bench_case(case, args.nodes, end_ns, repeat, trace=args.trace,
+                                stats_off=args.stats)
                for case in ("uniform", "spread")}
     title = (f"dispatch: {args.nodes} no-op nodes, simulated timer, workers=1, "
              f"{duration:g} s sim, {repeat} reps")
     print_table(results, title)
+    print_overhead(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "dispatch", "nodes": args.nodes, "duration_s": duration,
-           "repeat": repeat, "quick": args.quick, "python": platform.python_version(),
+           "repeat": repeat, "quick": args.quick, "trace": args.trace, "stats": args.stats,
+           "python": platform.python_version(),
            "platform": platform.platform(), "mujou_version": mujou.__version__,
            "cases": results}
     args.json.write_text(json.dumps(doc, indent=2) + "\n")

@@ -23,6 +23,7 @@ from .run import Run, run
 from .snapshot import load, save
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats
 from .supervisor import Supervisor, latest_snapshot
+from .trace import Tracer
 
 __all__ = [
     "CallbackError",
@@ -41,6 +42,7 @@ __all__ = [
     "SnapshotStats",
     "StopTimeoutError",
     "Supervisor",
+    "Tracer",
     "WorkerStats",
     "connect",
     "latest_snapshot",

@@ -22,6 +22,8 @@ __all__ = ["Actor", "LATENESS_SAMPLES"]
 # The lateness percentiles in stats() are taken over this many recent updates.
 LATENESS_SAMPLES = 1024
 
+_clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
+
 
 class Actor:
     """Runtime record of one node inside one run (not a public class)."""
@@ -41,6 +43,10 @@ class Actor:
         "last_update_ns",
         # CUDA (None for a net that uses no CUDA; see devices.py)
         "rt", "stream", "copy_streams", "waiter",
+        # tracing (None for a run without a trace; see trace.py)
+        "trace", "applied", "depths",
+        # False: no timing statistics (lateness, dt, hook time); see run(stats=)
+        "timed",
     )
 
     def __init__(self, node: Any, path: str, order: int) -> None:
@@ -79,6 +85,10 @@ class Actor:
         self.stream: Any = None        # the node's own stream (a CUDA node)
         self.copy_streams: dict[Any, Any] = {}  # by source device
         self.waiter: Any = None        # waits for self.stream (cuda_sync)
+        self.trace: Any = None         # the run's trace.Recorder, if traced
+        self.applied: list[Any] | None = None  # deliveries read by the next hook (traced)
+        self.depths = (0, 0)  # ready heap and hooks in flight as the hook started (traced)
+        self.timed = True
 
     def schedule_first_tick(self, start_ns: int) -> None:
         """Make the first tick due one period after ``start_ns`` (drift-free grid)."""
@@ -111,6 +121,8 @@ class Actor:
             for an unrelated update.
         """
         taken, kept = self.mailbox.take_deliveries(before)
+        if self.trace is not None:
+            self.applied = taken
         rt = self.rt
         if rt is None:
             for d in taken:
@@ -146,11 +158,12 @@ class Actor:
             self.next_tick_ns = due_ns + period
         dt = (now_ns - self.last_update_ns) / 1e9  # type: ignore[operator]
         self.last_update_ns = now_ns
-        self.lateness.append(now_ns - due_ns)
         self.updates += 1  # counted when called: an update that raises counts too
-        self.dt_sum += dt
-        if dt > self.dt_max:
-            self.dt_max = dt
+        if self.timed:
+            self.lateness.append(now_ns - due_ns)
+            self.dt_sum += dt
+            if dt > self.dt_max:
+                self.dt_max = dt
         try:
             self.call("on_update", dt)
         finally:
@@ -184,7 +197,17 @@ class Actor:
         its operations go on its own stream.
         """
         self.hook = hook
-        t0 = time.perf_counter_ns()
+        if not self.timed and self.trace is None:
+            try:
+                if self.rt is None:
+                    self.context.run(getattr(self.node, hook), *args)
+                else:
+                    with self.on_stream():
+                        self.context.run(getattr(self.node, hook), *args)
+            finally:
+                self.hook = None
+            return
+        t0 = _clock()
         try:
             if self.rt is None:
                 self.context.run(getattr(self.node, hook), *args)
@@ -192,7 +215,9 @@ class Actor:
                 with self.on_stream():
                     self.context.run(getattr(self.node, hook), *args)
         finally:
-            took = time.perf_counter_ns() - t0
+            took = _clock() - t0
             self.last_hook_ns = took
             self.hook_ns += took
             self.hook = None
+            if self.trace is not None:
+                self.trace.hook(self, hook, t0, took, args)

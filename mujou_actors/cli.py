@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import sys
 import traceback
@@ -31,7 +32,7 @@ import click
 
 import mujou_actors as mujou
 
-from .errors import MujouError
+from .errors import MujouError, SnapshotError
 from .node import Node
 from .stats import RunStats
 
@@ -59,8 +60,9 @@ def load_net(target: str) -> Any:
 
     Args:
         target: a Python file, optionally followed by ``:NAME``. NAME is a net
-            (a Node, or a list or dict of Nodes) or a function that returns one
-            when called without arguments. Default: ``net``, then ``make_net``.
+            (a Node, or a list or dict of Nodes), a function that returns one
+            when called without arguments, or a Node class (made without
+            arguments). Default: ``net``, then ``make_net``.
 
     Raises:
         UsageError: no such file, the file fails to import, no such NAME, or
@@ -103,7 +105,7 @@ def _is_net(value: Any) -> bool:
 def _as_net(value: Any, where: str) -> Any:
     if _is_net(value):
         return value
-    if callable(value) and not isinstance(value, type):
+    if callable(value) and (not isinstance(value, type) or issubclass(value, Node)):
         try:
             made = value()
         except Exception as exc:
@@ -214,7 +216,8 @@ def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool
             prev = stats
             parts: list[Any] = [_live_table(stats, rates, periods)]
             if progress is not None and task is not None:
-                speed = stats.time / stats.wall if stats.wall > 0 else 0.0
+                simulated_s = stats.time - run.start_time
+                speed = simulated_s / stats.wall if stats.wall > 0 else 0.0
                 progress.update(task, completed=min(stats.time - run.start_time, duration or 0),
                                 speed=f"{speed:,.1f}x real time")
                 parts.append(progress)
@@ -223,16 +226,16 @@ def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool
         stats = run.stats()
         parts = [_live_table(stats, _rates(None, stats), periods)]
         if progress is not None and task is not None:
+            simulated_s = stats.time - run.start_time
             progress.update(task, completed=duration,
-                            speed=f"{stats.time / max(stats.wall, 1e-9):,.1f}x real time")
+                            speed=f"{simulated_s / max(stats.wall, 1e-9):,.1f}x real time")
             parts.append(progress)
         view.update(Group(*parts))
 
 
 def _watch_plain(run: mujou.Run, periods: dict[str, float | None]) -> None:
     prev = None
-    while run.running:
-        run.wait(STATUS_EVERY_S)
+    while not run.wait(STATUS_EVERY_S):
         stats = run.stats()
         click.echo(_status_line(stats, _rates(prev, stats)))
         prev = stats
@@ -240,6 +243,30 @@ def _watch_plain(run: mujou.Run, periods: dict[str, float | None]) -> None:
     click.echo("\t".join(NODE_COLUMNS))
     for row in _node_rows(stats, _rates(None, stats), periods):
         click.echo("\t".join(row))
+
+
+class _NotReported(logging.Filter):
+    """Leaves out the library's line for a failure the command reports itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "mujou_failure", False)
+
+
+def _setup_logging(live: bool, verbose: bool) -> logging.Handler:
+    """Library warnings (restarts, drops) on stderr; through rich under the live view."""
+    handler: logging.Handler
+    if live:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(show_path=verbose, rich_tracebacks=verbose)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("mujou %(levelname)s: %(message)s"))
+    handler.addFilter(_NotReported())
+    logger = logging.getLogger("mujou_actors")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    return handler
 
 
 def _stats_json(stats: RunStats) -> dict[str, Any]:
@@ -299,6 +326,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
+    live = sys.stdout.isatty() and not quiet
+    _setup_logging(live, verbose)
     with _errors(verbose):
         net = load_net(target)
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
@@ -309,7 +338,6 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         if trace_path is not None:
             kwargs["trace"] = trace_path
         run = mujou.run(net, **kwargs)
-        live = sys.stdout.isatty() and not quiet
         interrupted = False
         try:
             watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
@@ -317,7 +345,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             interrupted = True
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
-        if snapshot_dir is not None and (interrupted or duration is None):
+        if snapshot_dir is not None and (interrupted or run.failure is None):
+            # The final state, unless the run failed: a later --restore of the
+            # latest file must not start from a failed state.
             click.echo(f"final state written to {_final_snapshot(run, snapshot_dir)}", err=True)
         if stats_json is not None:
             with open(stats_json, "w") as f:
@@ -406,6 +436,8 @@ class _errors:
             click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         code = EXIT_FAILURE if isinstance(exc, MujouError) else EXIT_USAGE
+        if isinstance(exc, SnapshotError):
+            code = EXIT_USAGE  # a file given on the command line that is not a fit snapshot
         if isinstance(exc, (TimeoutError, RuntimeError)) and not isinstance(exc, MujouError):
             code = EXIT_FAILURE
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)

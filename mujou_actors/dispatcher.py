@@ -191,6 +191,7 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._busy_ns: dict[str, int] = {}
         self._started_ns = time.perf_counter_ns()
+        self.trace: Any = None  # the run's trace.Recorder; set before the sinks are made
 
     # -- threads -----------------------------------------------------------------
     def start_threads(self) -> None:
@@ -206,6 +207,10 @@ class Dispatcher:
         self._threads.append(thread)
         self._busy_ns[name] = 0
         thread.start()
+
+    def thread_names(self) -> list[str]:
+        """Names of the worker and dedicated threads, in the order they started."""
+        return [thread.name for thread in self._threads]
 
     def is_own_thread(self) -> bool:
         """True on a worker or dedicated thread of this dispatcher."""
@@ -614,6 +619,8 @@ class Dispatcher:
             actor.stamp = key
         name = threading.current_thread().name
         actor.thread_name = name
+        if self.trace is not None:  # queue depths, recorded with the hook's slice
+            actor.depths = (len(self._heap), self._inflight)
         self._cond.release()
         owed = None
         try:
@@ -709,6 +716,8 @@ class Dispatcher:
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
         actor.failed = True
+        if self.trace is not None:
+            self.trace.failure(actor, hook, exc)
         self._on_failure(actor, hook, exc)
 
     # -- messages ----------------------------------------------------------------------
@@ -756,6 +765,7 @@ class Dispatcher:
         simulated = self.simulated
         trigger = self.trigger
         order = sender.order
+        trace = self.trace
 
         def sink(output: Any, message: Any) -> None:
             if sender.hook is None:
@@ -765,6 +775,8 @@ class Dispatcher:
             message = copy(message)
             seq = sender.seq = sender.seq + 1
             t, d = sender.stamp
+            if trace is not None:  # before any reader can see the message
+                trace.send(sender, output, seq, routes)
             for port, reader, triggers in routes:
                 reader.mailbox.deliveries.append(Delivery(t, d, order, seq, port, message))
                 if triggers:

@@ -55,6 +55,7 @@ from .state import FORMAT
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
 from .supervisor import RestartIntensity, SnapshotWriter, Supervisor, derive_seed
 from .timers import make_timer
+from .trace import Recorder, Tracer, as_tracer
 
 __all__ = ["run", "Run"]
 
@@ -134,8 +135,8 @@ class Run:
         self._finishing = False
         self._timer_started = False
         self._hard_end_ns: int | None = None
-        self._pause_t0 = 0.0
         self._rt: CudaRuntime | None = None  # set when a node is on CUDA
+        self._trace: tuple[Tracer, Recorder] | None = None  # set when the run is traced
         self._start_ns = 0
 
     # -- properties -----------------------------------------------------------------
@@ -175,6 +176,15 @@ class Run:
             bool: True when the run has ended.
         """
         return self._ended.wait(timeout)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """BaseException | None: what `join` raises (the first failure, or stuck
+        nodes at the stop), None for a run that did not fail; final once ended."""
+        with self._lock:
+            if self._failures:
+                return self._failures[0]
+        return self._stuck
 
     @property
     def running(self) -> bool:
@@ -386,8 +396,9 @@ class Run:
         err.__cause__ = exc
         strategy = self._supervisor.restart
         if strategy == "none" or self._end_requested.is_set() or not self._timer_started:
-            # join() raises it with its traceback: the log gets one line.
-            log.error("%s", err)
+            # join() raises it with its traceback: the log gets one line, marked
+            # so that a front end reporting join()'s error can leave it out.
+            log.error("%s", err, extra={"mujou_failure": True})
             self._record_failure(err)
         elif not self._intensity.allow(self._timer.now_ns()):
             log.error("node %r failed in %s; more than %d restarts within %s s: giving up",
@@ -440,11 +451,8 @@ class Run:
         d = self._dispatcher
         if d.held:
             return True
-        t0 = time.perf_counter()
         d.request_hold()
-        held = d.wait_held()
-        self._pause_t0 = t0
-        return held
+        return d.wait_held()
 
     def _at_cut(self) -> None:
         """Called at every cut: take the supervisor's snapshot if one is due."""
@@ -622,6 +630,7 @@ class Run:
         d.shutdown()
         stuck_threads = {a.thread_name for a in self._actors if a.path in stuck}
         d.join_threads(timeout=self._stop_timeout, skip=stuck_threads)
+        self._write_trace()
         self._release()
         if self._writer is not None:
             self._writer.close()  # every file is complete when join returns
@@ -632,6 +641,21 @@ class Run:
         with self._lock:
             for inbox in self._waiters:
                 inbox.put(_END)
+
+    def _write_trace(self) -> None:
+        """Write the trace file of a traced run (once its threads have stopped)."""
+        if self._trace is None:
+            return
+        (tracer, recorder), self._trace = self._trace, None
+        d = self._dispatcher
+        try:
+            tracer._write(recorder, d.thread_names(),
+                          {"timer": "simulated" if d.simulated else "realtime",
+                           "workers": d.n_workers, "nodes": len(self._actors)})
+        except Exception as exc:  # noqa: BLE001 - join() raises it
+            log.error("could not write the trace file %s: %s", tracer.path, exc)
+            with self._lock:
+                self._failures.append(exc)  # type: ignore[arg-type]
 
     def _release(self) -> None:
         for actor in self._actors:
@@ -749,7 +773,9 @@ def run(
     inputs: Mapping[Input | str, Any] | None = None,
     state: Mapping[str, Any] | str | os.PathLike[str] | None = None,
     supervisor: Supervisor | None = None,
+    trace: str | os.PathLike[str] | Tracer | None = None,
     cuda_sync: str = "block",
+    stats: bool = True,
     stop_timeout: float = 10.0,
 ) -> Run:
     """Start a net and return the started `Run`.
@@ -784,11 +810,22 @@ def run(
             there). Seeds come from the tree.
         supervisor (Supervisor, optional): snapshots and restart strategy;
             default: no snapshots, a failure stops the run.
+        trace (str | os.PathLike | Tracer, optional): record a timeline of
+            every hook and write it, when the run ends, as a Chrome trace
+            event file (open it in Perfetto or ``chrome://tracing``): a path,
+            or a `Tracer` to set the ring buffer's capacity. The file is
+            complete when `Run.join` returns, a failed run included (a file
+            that cannot be written makes `Run.join` raise the ``OSError``).
+            Default: None (nothing is recorded).
         cuda_sync (str): how a worker waits for a CUDA node's stream after
             ``on_update`` and a restore: ``"block"`` (the thread sleeps on an
             event made with blocking sync), ``"spin"`` (busy-polls: lowest
             latency, burns a core) or ``"yield"`` (polls, yielding the CPU).
             Default: ``"block"``.
+        stats (bool): keep the timing statistics (dt, lateness, hook time,
+            worker busy share). False saves their cost on the hot path for
+            benchmarks; update, overrun, drop and restart counts remain.
+            Default: True.
         stop_timeout (float): seconds ``stop()`` waits for a hook in flight
             (and for the ``on_stop`` hooks) before it reports the stuck
             nodes. Default: 10.
@@ -818,6 +855,7 @@ def run(
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
     tree = load_state(state)
     check_cuda_sync(cuda_sync)
+    tracer = as_tracer(trace)
 
     found = walk(net)
     for path, node in found:
@@ -849,6 +887,10 @@ def run(
     for port in ports.values():
         if isinstance(port, Input):
             port._reset()
+    if not isinstance(stats, bool):
+        raise TypeError(f"mujou.run: stats must be True or False, got {stats!r}")
+    for actor in actors:
+        actor.timed = stats
     pool = sum(1 for a in actors if not a.dedicated)
     n_workers = workers if workers is not None else default_workers(pool)
 
@@ -860,6 +902,11 @@ def run(
     result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
                  stop_timeout=timeout, supervisor=supervisor)
     holder.append(result)
+    if tracer is not None:  # before the sinks are made: they keep the recorder
+        recorder = dispatcher.trace = tracer._recorder([a.path for a in actors], ports)
+        for actor in actors:
+            actor.trace = recorder
+        result._trace = (tracer, recorder)
     _setup_cuda(result, actors, cuda_sync)
     _wire(result, actors, ports, dispatcher)
 

@@ -75,6 +75,7 @@ def test_a_node_failure_is_one_line_and_exit_1_with_the_traceback_under_verbose(
 
     assert plain.returncode == verbose.returncode == 1
     assert "error: NodeError: node '<root>' raised in on_update: ZeroDivisionError" in plain.stderr
+    assert plain.stderr.count("raised in on_update") == 1     # reported once, not logged too
     assert "Traceback" not in plain.stderr
     assert "Traceback" in verbose.stderr and "the sensor divided by zero" in verbose.stderr
 
@@ -125,7 +126,7 @@ def test_inspect_of_a_damaged_file_is_one_line(tmp_path) -> None:
 
     result = mujou_cmd("inspect", str(bad))
 
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "not a mujou snapshot" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -137,3 +138,24 @@ def test_the_console_script_is_installed() -> None:
     result = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 0 and "inspect" in result.stdout and "run" in result.stdout
+
+
+def test_a_node_class_can_be_named_and_the_final_state_is_saved_at_the_end(tmp_path) -> None:
+    snaps = tmp_path / "snaps"
+
+    result = mujou_cmd("run", f"{NETS}:Pair", "--timer", "simulated", "--duration", "0.3",
+                       "--snapshot-dir", str(snaps), "--quiet")
+
+    assert result.returncode == 0, result.stderr
+    final = mujou.load(mujou.latest_snapshot(snaps))
+    assert final["time_ns"] == 300_000_000 and int(final["nodes"]["ticker"]["count"]) == 30
+
+
+def test_a_failed_run_does_not_overwrite_the_latest_snapshot(tmp_path) -> None:
+    snaps = tmp_path / "snaps"
+
+    result = mujou_cmd("run", f"{NETS}:make_broken", "--timer", "simulated", "--duration", "1",
+                       "--snapshot-dir", str(snaps), "--quiet")
+
+    assert result.returncode == 1
+    assert mujou.load(mujou.latest_snapshot(snaps))["time_ns"] == 0   # the start, not the failure
