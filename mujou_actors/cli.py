@@ -430,6 +430,11 @@ class _errors:
             return False
         if isinstance(exc, KeyboardInterrupt):
             sys.exit(EXIT_INTERRUPTED)
+        if isinstance(exc, BrokenPipeError):
+            # The reader went away (``mujou inspect ... | head``): stop quietly,
+            # with the exit status a shell gives for SIGPIPE.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         if self.verbose:
             traceback.print_exception(exc)
         if isinstance(exc, click.ClickException):
