@@ -8,12 +8,14 @@ duration, ``stop()``, leaving the ``with`` block or a node failure.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -62,6 +64,20 @@ __all__ = ["run", "Run"]
 log = logging.getLogger("mujou_actors")
 
 _END = object()  # wakes waiters when the run ends
+
+# Runs not yet ended, so that interpreter exit can stop them: their threads are
+# daemons, and a daemon killed inside a torch operation at exit aborts the
+# process. Runs share nothing through this set; it only serves that stop.
+_unended: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_runs_at_exit() -> None:
+    for run_ in list(_unended):
+        try:
+            run_.stop()
+        except Exception:  # noqa: BLE001 - exit goes on; the failure is logged
+            log.exception("stopping a run at interpreter exit failed")
 
 
 # ---------------------------------------------------------------------------
@@ -121,6 +137,7 @@ class Run:
         self._end_ns: int | None = None
         self._coordinator = threading.Thread(target=self._coordinate, name="mujou-run",
                                              daemon=True)
+        _unended.add(self)
         # Everything that changes the whole net (end, cuts, restarts) goes
         # through the coordinator's queue, one at a time.
         self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -597,6 +614,7 @@ class Run:
                 self._finish()
         finally:
             self._wall_end = time.perf_counter()
+            _unended.discard(self)
             self._ended.set()
 
     def _timed_event(self) -> tuple[Any, ...]:

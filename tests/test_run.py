@@ -522,3 +522,34 @@ def test_several_failures_are_all_reported() -> None:
         run.join(timeout=10)
     assert [(f.path, f.hook) for f in info.value.failures] == [("0", "on_update"),
                                                                ("1", "on_stop")]
+
+
+EXIT_WITHOUT_JOIN = r"""
+import sys, torch, mujou_actors as mujou
+
+class Busy(mujou.Node):
+    def __init__(self):
+        super().__init__(period=0.001)
+
+    def on_update(self, dt):
+        torch.ones(64, 64) @ torch.ones(64, 64)
+
+    def on_stop(self):
+        open(sys.argv[1], "w").write("stopped")
+
+run = mujou.run({"a": Busy(), "b": Busy()}, workers=2, timer="simulated")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_interpreter_exit_stops_a_run_that_was_never_joined(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    for i in range(3):
+        marker = tmp_path / f"stopped{i}"
+        result = subprocess.run([sys.executable, "-c", EXIT_WITHOUT_JOIN, str(marker)],
+                                capture_output=True, text=True, timeout=60)
+
+        assert result.returncode == 0, result.stderr
+        assert marker.read_text() == "stopped"
