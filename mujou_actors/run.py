@@ -418,9 +418,12 @@ class Run:
             log.error("%s", err, extra={"mujou_failure": True})
             self._record_failure(err)
         elif not self._intensity.allow(self._timer.now_ns()):
-            log.error("node %r failed in %s; more than %d restarts within %s s: giving up",
-                      path, hook, self._supervisor.max_restarts, self._supervisor.within,
-                      exc_info=exc)
+            sup = self._supervisor
+            err = NodeError(actor.path, hook,
+                            f"{err} (the supervisor gave up: more than {sup.max_restarts} "
+                            f"restarts within {sup.within} s)")
+            err.__cause__ = exc
+            log.error("%s", err, extra={"mujou_failure": True})
             self._record_failure(err)
         elif strategy == "one_for_one":
             log.warning("node %r failed in %s; restarting it (one_for_one)", path, hook,
