@@ -194,26 +194,19 @@ class Actor:
         """Call a hook of the node in the node's context, timing it.
 
         A CUDA node's device and stream are current during the hook, so all
-        its operations go on its own stream.
+        its operations go on its own stream. Without statistics and tracing
+        the clock is not read at all.
         """
         self.hook = hook
         if not self.timed and self.trace is None:
             try:
-                if self.rt is None:
-                    self.context.run(getattr(self.node, hook), *args)
-                else:
-                    with self.on_stream():
-                        self.context.run(getattr(self.node, hook), *args)
+                self._invoke(hook, args)
             finally:
                 self.hook = None
             return
         t0 = _clock()
         try:
-            if self.rt is None:
-                self.context.run(getattr(self.node, hook), *args)
-            else:
-                with self.on_stream():
-                    self.context.run(getattr(self.node, hook), *args)
+            self._invoke(hook, args)
         finally:
             took = _clock() - t0
             self.last_hook_ns = took
@@ -221,3 +214,10 @@ class Actor:
             self.hook = None
             if self.trace is not None:
                 self.trace.hook(self, hook, t0, took, args)
+
+    def _invoke(self, hook: str, args: tuple[Any, ...]) -> None:
+        if self.rt is None:
+            self.context.run(getattr(self.node, hook), *args)
+        else:
+            with self.on_stream():
+                self.context.run(getattr(self.node, hook), *args)
