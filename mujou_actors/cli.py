@@ -5,8 +5,9 @@ function returning one; NAME defaults to ``net`` then ``make_net``), runs it and
 on a terminal, shows a live table of every node (rates, lateness, drops,
 restarts) and, for a simulated run with a duration, a progress bar in simulated
 seconds. Not on a terminal (CI, pipes) it prints plain status lines instead.
-Ctrl-C stops the run cleanly (every ``on_stop`` runs; with ``--snapshot-dir``
-the final state is written there too) and exits with 130.
+Ctrl-C (or SIGTERM) stops the run cleanly (every ``on_stop`` runs; with
+``--snapshot-dir`` the final state is written there too) and exits with 130
+(143 for SIGTERM).
 
 ``mujou inspect SNAPSHOT`` prints a snapshot file's summary without loading its
 tensor data.
@@ -23,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Iterator
@@ -41,8 +43,17 @@ __all__ = ["main"]
 EXIT_FAILURE = 1      # the run failed (a node raised, a stop timed out)
 EXIT_USAGE = 2        # bad file, name or option
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_TERMINATED = 143   # SIGTERM, likewise
 REFRESH_S = 0.25        # the live view's refresh period (wall seconds)
 STATUS_EVERY_S = 2.0    # plain status lines when not on a terminal
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the run stops cleanly."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated()
 
 
 class UsageError(click.ClickException):
@@ -338,13 +349,16 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         if trace_path is not None:
             kwargs["trace"] = trace_path
         run = mujou.run(net, **kwargs)
-        interrupted = False
+        interrupted = 0
+        previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:
+            interrupted = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         if snapshot_dir is not None and (interrupted or run.failure is None):
             # The final state, unless the run failed: a later --restore of the
             # latest file must not start from a failed state.
@@ -354,7 +368,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 json.dump(_stats_json(run.stats()), f, indent=2)
         run.join()
         if interrupted:
-            sys.exit(EXIT_INTERRUPTED)
+            sys.exit(interrupted)
 
 
 @main.command("inspect")

@@ -81,7 +81,8 @@ def test_a_node_failure_is_one_line_and_exit_1_with_the_traceback_under_verbose(
 
 
 @pytest.mark.timeout(120)
-def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path) -> None:
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path, sig, code) -> None:
     marker = tmp_path / "stopped"
     snaps = tmp_path / "snaps"
     proc = subprocess.Popen(
@@ -90,10 +91,10 @@ def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path) -> 
         env={**os.environ, "MUJOU_TEST_STOP_MARKER": str(marker)})
     status = proc.stdout.readline()                 # the first status line: t > 0
 
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
 
-    assert status.startswith("t=") and proc.returncode == 130, err
+    assert status.startswith("t=") and proc.returncode == code, err
     assert int(marker.read_text()) > 0                        # on_stop ran
     final = mujou.load(mujou.latest_snapshot(snaps))
     assert int(final["nodes"]["ticker"]["count"]) == int(marker.read_text())
