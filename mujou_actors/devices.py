@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "validate_device", "to_device", "map_tensors", "Path", "send_path", "Receive",
+    "validate_device", "map_tensors", "Path", "send_path", "Receive",
     "receive_action", "write_path", "copy_stream_devices", "DeviceMessage", "CudaRuntime",
 ]
 
@@ -82,13 +82,6 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
             f"{owner}: device {str(dev)!r} does not exist; this host has {count} CUDA device(s)"
         )
     return torch.device("cuda", index)
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Return ``tensor`` on ``device``, copying only when it is elsewhere."""
-    if tensor.device == device:
-        return tensor
-    return tensor.to(device)
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
