@@ -1,0 +1,27 @@
+"""Smoke run of the peer benchmark suite (benchmarks/run.py --quick)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+def test_run_benchmark_quick(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    for name in ("ticks", "pingpong", "fanout"):
+        mujou = doc["workloads"][name]["results"]["mujou"]
+        assert mujou["median"] > 0, (name, mujou)
+        assert mujou["min"] > 0, (name, mujou)
