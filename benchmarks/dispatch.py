@@ -48,31 +48,20 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import heapq
 import json
 import platform
 import pstats
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from common import NoOp, heap_floor, summary
+
 import mujou_actors as mujou
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "dispatch.json"
-
-
-class NoOp(mujou.Node):
-    def on_update(self, dt: float) -> None:
-        pass
-
-
-class Plain:
-    """A plain object with the very same no-op method."""
-
-    on_update = NoOp.on_update
 
 
 def periods_ns(case: str, n: int) -> list[int]:
@@ -110,38 +99,13 @@ def run_mujou(periods: list[int], end_ns: int, traced: bool = False, stats: bool
             "write_s": write_s, "rate": updates / (t2 - t1 - write_s)}
 
 
-def run_floor(periods: list[int], end_ns: int) -> dict:
-    objs = [Plain() for _ in periods]
-    last = [0] * len(periods)
-    heap = [(p, i) for i, p in enumerate(periods)]
-    heapq.heapify(heap)
-    replace = heapq.heapreplace
-    updates = 0
-    gc.collect()
-    t0 = time.perf_counter()
-    while heap[0][0] <= end_ns:
-        due, i = heap[0]
-        dt = (due - last[i]) / 1e9
-        last[i] = due
-        objs[i].on_update(dt)
-        updates += 1
-        replace(heap, (due + periods[i], i))
-    t1 = time.perf_counter()
-    return {"updates": updates, "rate": updates / (t1 - t0)}
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "samples": values}
-
-
 def bench_case(case: str, n: int, end_ns: int, repeat: int, trace: bool = False,
                stats_off: bool = False) -> dict:
     periods = periods_ns(case, n)
     expected = sum(end_ns // p for p in periods)
     mj, fl, tr, ns = [], [], [], []
     for _ in range(repeat):  # interleaved, so drifts in machine load hit both sides
-        m, f = run_mujou(periods, end_ns), run_floor(periods, end_ns)
+        m, f = run_mujou(periods, end_ns), heap_floor(periods, end_ns)
         assert m["updates"] == f["updates"] == expected, (case, m["updates"], f["updates"],
                                                           expected)
         mj.append(m)

@@ -60,13 +60,13 @@ import gc
 import heapq
 import json
 import platform
-import statistics
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import NoOp, Plain, heap_floor, summary
 
 import mujou_actors as mujou
 
@@ -105,15 +105,6 @@ def percentile(values: list[int], q: float) -> float:
 # --------------------------------------------------------------------------- 1. ticks
 
 
-class NoOp(mujou.Node):
-    def on_update(self, dt: float) -> None:
-        pass
-
-
-class Plain:
-    on_update = NoOp.on_update
-
-
 def ticks_mujou(n: int, end_ns: int) -> dict:
     nodes = [NoOp(period=PERIOD_NS / 1e9) for _ in range(n)]
     gc.collect()
@@ -129,23 +120,8 @@ def ticks_mujou(n: int, end_ns: int) -> dict:
 
 
 def ticks_floor(n: int, end_ns: int) -> dict:
-    objs = [Plain() for _ in range(n)]
-    last = [0] * n
-    heap = [(PERIOD_NS, i) for i in range(n)]
-    heapq.heapify(heap)
-    replace = heapq.heapreplace
-    updates = 0
-    gc.collect()
-    t0 = time.perf_counter()
-    while heap[0][0] <= end_ns:
-        due, i = heap[0]
-        dt = (due - last[i]) / 1e9
-        last[i] = due
-        objs[i].on_update(dt)
-        updates += 1
-        replace(heap, (due + PERIOD_NS, i))
-    t1 = time.perf_counter()
-    return {"count": updates, "rate": updates / (t1 - t0)}
+    floor = heap_floor([PERIOD_NS] * n, end_ns)
+    return {"count": floor["updates"], "rate": floor["rate"]}
 
 
 def ticks_asyncio(n: int, end_ns: int) -> dict:
@@ -225,7 +201,9 @@ class Pinger(mujou.Node):
             self.out.send(k if k < self.n else torch.zeros(16))
 
 
-class Ponger(mujou.Node):
+class Relay(mujou.Node):
+    """A triggered node that sends on every message it receives (pong, and fan-out workers)."""
+
     inp = mujou.Input(object, depth=None)
     out = mujou.Output(object)
 
@@ -239,7 +217,7 @@ class Ponger(mujou.Node):
 
 def pingpong_mujou(n: int) -> dict:
     done = threading.Event()
-    ping, pong = Pinger(n, done), Ponger()
+    ping, pong = Pinger(n, done), Relay()
     mujou.connect(ping.out, pong.inp)
     mujou.connect(pong.out, ping.back)
     gc.collect()
@@ -398,18 +376,6 @@ class Source(mujou.Node):
             outs[k % w].send(k)
 
 
-class Worker(mujou.Node):
-    inp = mujou.Input(int, depth=None)
-    out = mujou.Output(int)
-
-    def __init__(self):
-        super().__init__(period=None)
-
-    def on_update(self, dt: float) -> None:
-        for m in self.inp.drain():
-            self.out.send(m)
-
-
 class Sink(mujou.Node):
     inp = mujou.Input(int, depth=None)
 
@@ -427,7 +393,7 @@ class Sink(mujou.Node):
 def fanout_mujou(m: int) -> dict:
     done = threading.Event()
     src = Source(m, FAN_WORKERS)
-    workers = [Worker() for _ in range(FAN_WORKERS)]
+    workers = [Relay() for _ in range(FAN_WORKERS)]
     sink = Sink(m, done)
     for out, w in zip(src.outs, workers, strict=True):
         mujou.connect(out, w.inp)
@@ -588,11 +554,6 @@ def fanout_thespian(m: int) -> dict:
 
 
 # --------------------------------------------------------------------------- suite
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "samples": values}
 
 
 def missing_peers() -> dict[str, str]:

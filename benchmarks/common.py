@@ -1,0 +1,62 @@
+"""Pieces the benchmark scripts share: the no-op node, the heap-loop floor, summaries.
+
+The scripts put their own folder on ``sys.path`` (as ``python benchmarks/X.py``
+does), so they import this module as ``common``.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import statistics
+import time
+
+import mujou_actors as mujou
+
+
+class NoOp(mujou.Node):
+    """A periodic node whose update does nothing: what dispatch costs alone."""
+
+    def on_update(self, dt: float) -> None:
+        pass
+
+
+class Plain:
+    """A plain object with the very same no-op method (the floor's node)."""
+
+    on_update = NoOp.on_update
+
+
+def heap_floor(periods: list[int], end_ns: int) -> dict:
+    """The floor: pop due times from a heap and call the same no-op method.
+
+    Args:
+        periods: one period per node, integer nanoseconds.
+        end_ns: the last due time to run, nanoseconds.
+
+    Returns:
+        dict: ``updates`` (calls made) and ``rate`` (calls per wall second).
+    """
+    objs = [Plain() for _ in periods]
+    last = [0] * len(periods)
+    heap = [(p, i) for i, p in enumerate(periods)]
+    heapq.heapify(heap)
+    replace = heapq.heapreplace
+    updates = 0
+    gc.collect()
+    t0 = time.perf_counter()
+    while heap[0][0] <= end_ns:
+        due, i = heap[0]
+        dt = (due - last[i]) / 1e9
+        last[i] = due
+        objs[i].on_update(dt)
+        updates += 1
+        replace(heap, (due + periods[i], i))
+    t1 = time.perf_counter()
+    return {"updates": updates, "rate": updates / (t1 - t0)}
+
+
+def summary(values: list[float]) -> dict:
+    """Median, min, max and the samples of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "samples": values}
