@@ -32,9 +32,9 @@ class Actor:
         "node", "path", "order", "dedicated", "period_ns", "device",
         "mailbox", "context", "triggers",
         # schedule (guarded by the dispatcher's lock while not busy)
-        "next_tick_ns", "trigger_key", "queued_key", "version", "busy",
+        "next_tick_ns", "trigger_key", "queued_key", "queued_code", "busy",
         # the hook in flight
-        "hook", "stamp", "seq", "thread_name",
+        "hook", "stamp", "seq", "thread_name", "deferred",
         # lifecycle
         "started", "failed",
         # statistics
@@ -64,12 +64,14 @@ class Actor:
         self.next_tick_ns: int | None = None
         self.trigger_key: tuple[int, int] | None = None
         self.queued_key: tuple[int, int] | None = None
-        self.version = 0
+        self.queued_code: int | None = None  # its entry in the dispatcher's heap
         self.busy = False
         self.hook: str | None = None
         self.stamp: tuple[int, int] = (0, 0)
         self.seq = 0
         self.thread_name: str | None = None
+        # (reader, key) triggers of this hook's sends, applied as it ends (dispatcher.make_sink)
+        self.deferred: list[tuple[Actor, tuple[int, int]]] = []
         self.started = False
         self.failed = False
         self.updates = 0
@@ -164,10 +166,29 @@ class Actor:
             self.dt_sum += dt
             if dt > self.dt_max:
                 self.dt_max = dt
+        if self.rt is not None or self.trace is not None:
+            try:
+                self.call("on_update", dt)
+            finally:
+                self.wait_stream()  # also after a failure: a restart must not race the GPU
+            return
+        # What call() does, inlined for the common case (no CUDA, no trace):
+        # this runs once per update.
+        self.hook = "on_update"
+        if not self.timed:
+            try:
+                self.context.run(self.node.on_update, dt)
+            finally:
+                self.hook = None
+            return
+        t0 = _clock()
         try:
-            self.call("on_update", dt)
+            self.context.run(self.node.on_update, dt)
         finally:
-            self.wait_stream()  # also after a failure: a restart must not race the GPU
+            took = _clock() - t0
+            self.last_hook_ns = took
+            self.hook_ns += took
+            self.hook = None
 
     def on_stream(self) -> Any:
         """Context making the node's streams current: its own, and its copy streams.

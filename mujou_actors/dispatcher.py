@@ -1,11 +1,13 @@
 """The dispatcher: worker pool, earliest-due-first ready queue, dedicated threads.
 
-One lock guards the schedule. Actors that are ready sit in a heap keyed by
-``(time_ns, delta, order)``; a worker pops the earliest, runs one hook of that
-actor with the lock released, and puts the actor back with its next key. An
-actor is in the heap at most once and never on two threads at once, so the
-hooks of one node never overlap, and the lock hand-over makes each hook see
-what the previous one wrote, whichever thread ran it.
+One lock guards the schedule. Actors that are ready sit in a calendar queue
+keyed by ``(time_ns, delta)``: a heap of keys, and per key the actors in the
+order they were queued. A worker takes the earliest, with it the others that
+may start at once (a batch), runs their hooks with the lock released, and
+puts each actor back with its next key. An actor is queued at most once and
+never on two threads at once, so the hooks of one node never overlap, and the
+lock hand-over makes each hook see what the previous one wrote, whichever
+thread ran it.
 
 Simulated time adds one rule (``_may_start``): work at a later ``(time,
 delta)`` waits until everything earlier has finished. A message sent at
@@ -25,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,6 +41,28 @@ __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
 log = logging.getLogger("mujou_actors")
 
 CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
+CONTROL_T = CONTROL_KEY[0]
+
+# Batches: a worker claims up to BATCH_MAX actors that may start now per lock
+# acquisition. With several workers a batch also stops at BATCH_BUDGET_NS of
+# the members' last hook times, so that slow hooks spread over the workers.
+BATCH_MAX = 64
+BATCH_BUDGET_NS = 50_000
+
+# The ready queue is a calendar: a heap of the distinct keys (instants) at
+# which actors are queued, each packed into one int ``(t << 32) | delta``
+# (sorts like the tuple, compares in C), and per key a list of its actors
+# (a bucket). Nodes on a common grid of periods share keys, so queueing and
+# taking an actor is O(1) for all but the first of a key. Actors of one key
+# are equally due; a bucket is taken whole, in the order queued, when it fits
+# in a batch, else from its end. A delta cycle count stays below 2**32.
+SHIFT, MASK = 32, (1 << 32) - 1
+
+# How a send triggers a reader (see make_sink).
+NOW, DEFER = 1, 2
+
+# A claimed hook: (actor, now_ns, due_ns, is_tick, consumed trigger key).
+Claim = tuple[Actor, int, int, bool, "tuple[int, int] | None"]
 
 # Run modes of the dispatcher.
 CONTROL, RUNNING, STOPPING, SHUTDOWN = "control", "running", "stopping", "shutdown"
@@ -136,6 +161,16 @@ def default_workers(pool_nodes: int, *, cpus: int | None = None, gil: bool | Non
     return max(1, min(n, pool_nodes))
 
 
+def _unpack(code: int) -> tuple[int, int]:
+    """The ``(t_ns, delta)`` key packed in a ready-queue code (see SHIFT)."""
+    return code >> SHIFT, code & MASK
+
+
+def _cost(actor: Actor, budget: int) -> int:
+    """What ``actor``'s next update counts against a batch's budget, in nanoseconds."""
+    return actor.last_hook_ns if actor.timed and actor.updates else budget
+
+
 # ---------------------------------------------------------------------------
 # Dispatcher
 
@@ -177,7 +212,11 @@ class Dispatcher:
         self.hold_at_ns: int | None = None
         self.cut_due = False  # held at hold_at_ns: a supervisor snapshot is due
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[int, int, int, int, Actor]] = []
+        self._heap: list[int] = []  # keys with queued pool actors, packed (see SHIFT)
+        self._due: dict[int, list[Actor]] = {}  # their actors, in the order queued
+        self._queued = 0  # entries in the buckets, stale ones included (a trace counter)
+        self._batches: dict[int, deque[Claim]] = {}  # claimed, by id, while they run
+        self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
         self._dedicated = [a for a in actors if a.dedicated]
         self._mode = CONTROL
         self._inflight = 0
@@ -251,6 +290,8 @@ class Dispatcher:
         with self._cond:
             self._hold_requested = True
             if self._mode == RUNNING:
+                if not self.simulated:
+                    self._unclaim()
                 self._try_hold_now()
             self._cond.notify_all()
 
@@ -292,11 +333,12 @@ class Dispatcher:
         first_trigger = (start_ns, 1) if self.simulated else (start_ns, 0)
         for actor in self.actors:
             actor.schedule_first_tick(start_ns)
-            actor.queued_key = None
-            actor.version += 1
+            actor.queued_key = actor.queued_code = None
             if actor.trigger_key is not None:
                 actor.trigger_key = first_trigger
         self._heap.clear()
+        self._due.clear()
+        self._queued = 0
 
     def _enter_hold(self, scheduled: bool = False) -> None:
         self._mode = CONTROL
@@ -322,6 +364,7 @@ class Dispatcher:
                 that does not depend on the number of workers.
         """
         with self._cond:
+            self._unclaim()
             if boundary and self.simulated and self._mode == RUNNING:
                 self._stop_requested = True
                 if not self._inflight and not self._instant_pending():
@@ -355,6 +398,7 @@ class Dispatcher:
         """Wait until no hook is in flight; return the actors still busy at timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._unclaim()
             while self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -391,7 +435,7 @@ class Dispatcher:
             while self._pending_control:
                 item = self._pop_control() if help else None
                 if item is not None:
-                    self._run_locked(item)
+                    self._run_locked(item, threading.current_thread().name)
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -401,12 +445,11 @@ class Dispatcher:
                     if a.busy or any(e is envelope for e in a.mailbox.control)]
 
     def _pop_control(self) -> Actor | None:
-        heap = self._heap
-        while heap and heap[0][0] == CONTROL_KEY[0]:
-            _, _, _, version, actor = heapq.heappop(heap)
-            if version == actor.version and not actor.busy:
-                return actor
-        return None
+        actor = self._top()
+        if actor is None or actor.queued_code >= 0:  # type: ignore[operator]
+            return None  # control keys are the negative ones
+        self._take(actor)
+        return actor
 
     # -- scheduling (lock held) ------------------------------------------------------
     def _wait(self, timeout: float | None) -> None:
@@ -416,38 +459,49 @@ class Dispatcher:
         finally:
             self._waiting -= 1
 
-    def _key(self, actor: Actor) -> tuple[int, int] | None:
-        if actor.mailbox.control:
-            return CONTROL_KEY
-        if self._mode != RUNNING or actor.failed:
-            return None
-        return actor.key()
-
     def _schedule(self, actor: Actor) -> None:
-        """Queue a non-busy actor at its earliest pending key."""
-        key = self._key(actor)
-        if key is None:
+        """Queue a non-busy actor at its earliest pending key.
+
+        The key is a control envelope's (first), else the earlier of the next
+        tick ``(t, 0)`` and the pending trigger; none while timed work is held
+        or after the actor failed (until a restart).
+        """
+        if actor.mailbox.control:
+            key = CONTROL_KEY
+        elif self._mode != RUNNING or actor.failed:
             actor.queued_key = None
             return
+        else:
+            key = actor.trigger_key
+            tick = actor.next_tick_ns
+            if tick is not None and (key is None or (tick, 0) < key):
+                key = (tick, 0)
+            if key is None:
+                actor.queued_key = None
+                return
         queued = actor.queued_key
         if queued is not None and queued <= key:
             return
-        actor.version += 1
         actor.queued_key = key
         if actor.dedicated:
             if self._waiting:
                 self._cond.notify_all()
         else:
-            heapq.heappush(self._heap, (key[0], key[1], actor.order, actor.version, actor))
+            code = actor.queued_code = (key[0] << SHIFT) | key[1]
+            bucket = self._due.get(code)
+            if bucket is None:
+                self._due[code] = [actor]
+                heapq.heappush(self._heap, code)
+            else:
+                bucket.append(actor)
+            self._queued += 1
             if self._waiting:
                 self._cond.notify()
 
     def _global_min(self) -> tuple[int, int] | None:
         """Earliest key of all pending work, dropping stale heap entries."""
-        heap = self._heap
-        while heap and heap[0][3] != heap[0][4].version:
-            heapq.heappop(heap)
-        best = (heap[0][0], heap[0][1]) if heap else None
+        top = self._top()
+        best = None if top is None else _unpack(top.queued_code)  # type: ignore[arg-type]
         for actor in self._dedicated:
             k = actor.queued_key
             if k is not None and not actor.busy and (best is None or k < best):
@@ -464,7 +518,9 @@ class Dispatcher:
         if self.simulated:
             if key == self._frontier:
                 return True, None
-            if self._inflight or key != self._global_min():
+            # The caller checked that the heap's top is live: without dedicated
+            # actors it is the earliest pending work.
+            if self._inflight or (self._dedicated and key != self._global_min()):
                 return False, None
             return self._advance_simulated(key), None
         if self._hold_requested:
@@ -556,28 +612,57 @@ class Dispatcher:
 
     # -- worker and dedicated loops -----------------------------------------------
     def _worker_loop(self) -> None:
-        heap = self._heap
-        cond = self._cond
+        name = threading.current_thread().name
         wait_ = self._wait
-        with cond:
+        top = self._top
+        with self._cond:
             while self._mode != SHUTDOWN:
-                if not heap:
+                actor = top()
+                if actor is None:
                     wait_(self._idle_wait())
                     continue
-                t, d, _, version, actor = heap[0]
-                if version != actor.version or actor.busy:
-                    heapq.heappop(heap)
+                code = actor.queued_code
+                t = code >> SHIFT  # type: ignore[operator]
+                if t == CONTROL_T:
+                    self._take(actor)
+                    self._run_locked(actor, name)
                     continue
+                d = code & MASK  # type: ignore[operator]
                 ok, wait = self._may_start((t, d))
                 if not ok:
                     wait_(wait)
                     continue
-                heapq.heappop(heap)
-                self._run_locked(actor)
+                self._run_batch(self._claim_batch(t, d, name), name)
+
+    def _top(self) -> Actor | None:
+        """A live actor of the earliest key (its bucket's last), dropping stale entries.
+
+        An entry is stale when its actor was queued again at another key since
+        (its ``queued_code`` differs), or is busy. The actor stays queued.
+        Called with the lock held.
+        """
+        heap, due = self._heap, self._due
+        while heap:
+            code = heap[0]
+            bucket = due[code]
+            while bucket:
+                actor = bucket[-1]
+                if actor.queued_code == code and not actor.busy:
+                    return actor
+                bucket.pop()
+                self._queued -= 1
+            del due[code]
+            heapq.heappop(heap)
+        return None
+
+    def _take(self, actor: Actor) -> None:
+        """Remove ``actor``, just returned by `_top`, from its bucket (lock held)."""
+        self._due[actor.queued_code].pop()  # type: ignore[index]
+        self._queued -= 1
 
     def _dedicated_loop(self, actor: Actor) -> None:
-        cond = self._cond
-        with cond:
+        name = threading.current_thread().name
+        with self._cond:
             while self._mode != SHUTDOWN:
                 key = actor.queued_key
                 if key is None or actor.busy:
@@ -587,68 +672,215 @@ class Dispatcher:
                 if not ok:
                     self._wait(wait)
                     continue
-                self._run_locked(actor)
+                self._run_locked(actor, name)
 
-    def _run_locked(self, actor: Actor) -> None:
-        """Run the actor's next work; called and returns with the lock held."""
-        key = actor.queued_key
-        actor.queued_key = None
-        actor.version += 1
-        actor.busy = True
-        self._inflight += 1
-        control = None
-        is_tick = False
-        due = 0
-        if key == CONTROL_KEY:
-            control = actor.mailbox.control.popleft()
+    # -- running hooks ----------------------------------------------------------------
+    #
+    # A hook runs in three steps: claim (lock held: the actor becomes busy and
+    # its trigger is consumed), run (no lock) and finish (lock held: statistics
+    # of the thread, deferred triggers, the actor's next key). A worker claims
+    # a *batch* of actors that may all start now, so a lock hand-over is paid
+    # per batch rather than per hook: for no-op hooks it is most of the cost.
+
+    def _claim_batch(self, t: int, d: int, name: str) -> deque[Claim]:
+        """Claim the queued actors at ``(t, d)``, the earliest key, that may start now.
+
+        Simulated time: the actors queued at exactly ``(t, d)`` (the
+        frontier). Real time: those of the following keys too, as long as
+        they are due (and due by the run's end). At most ``BATCH_MAX``; with
+        more than one worker a batch also stops once the members' last hook
+        times add up to ``BATCH_BUDGET_NS``, so slow hooks are spread over the
+        workers; a hook of unknown cost (a node's first update, or no timing
+        statistics) counts as the whole budget, so such nodes run in parallel.
+        Called with the lock held and a live actor first at ``(t, d)``.
+        """
+        heap, due = self._heap, self._due
+        simulated = self.simulated
+        claim = self._claim
+        if simulated:
+            now = limit_t = t
         else:
-            assert key is not None
-            tick = actor.next_tick_ns
-            if self.simulated:
-                is_tick = key[1] == 0 and tick == key[0]
-                now = key[0]
+            now = self.timer.now_ns()
+            end = self.end_ns
+            limit_t = now if end is None else min(now, end)
+        budget = self._batch_budget_ns
+        spent = 0
+        batch: deque[Claim] = deque()
+        while True:
+            code = (t << SHIFT) | d
+            key = (t, d)
+            bucket = due[code]
+            if budget is None and len(bucket) + len(batch) <= BATCH_MAX:
+                del due[code]  # the whole bucket, in the order queued
+                heapq.heappop(heap)  # code was the earliest key
+                self._queued -= len(bucket)
+                for actor in bucket:
+                    if actor.queued_code == code and not actor.busy:
+                        batch.append(claim(actor, key, now, name))
             else:
-                now = self.timer.now_ns()
-                is_tick = tick is not None and tick <= now
-            trig = actor.trigger_key
-            if trig is not None and trig <= key:
-                actor.trigger_key = None
+                while bucket and len(batch) < BATCH_MAX:
+                    actor = bucket.pop()
+                    if actor.queued_code != code or actor.busy:
+                        self._queued -= 1
+                        continue  # stale: queued again elsewhere
+                    if budget is not None:
+                        spent += _cost(actor, budget)
+                        if batch and spent > budget:
+                            bucket.append(actor)
+                            break
+                    self._queued -= 1
+                    batch.append(claim(actor, key, now, name))
+                if bucket:
+                    break
+                del due[code]
+                heapq.heappop(heap)
+            if simulated or len(batch) >= BATCH_MAX or not heap:
+                break
+            t, d = _unpack(heap[0])
+            if t > limit_t or t == CONTROL_T:
+                break
+        self._inflight += len(batch)
+        return batch
+
+    def _claim(self, actor: Actor, key: tuple[int, int], now: int, name: str) -> Claim:
+        """Make ``actor`` busy for its timed work at ``key`` and consume its trigger if due."""
+        actor.queued_key = actor.queued_code = None
+        actor.busy = True
+        tick = actor.next_tick_ns
+        if self.simulated:
+            is_tick = key[1] == 0 and tick == now
+        else:
+            is_tick = tick is not None and tick <= now
+        due = tick if is_tick else 0
+        trig = actor.trigger_key
+        if trig is not None and trig <= key:
+            actor.trigger_key = None
+            if not is_tick:
                 due = trig[0]
-            if is_tick:
-                due = tick  # type: ignore[assignment]
-            actor.stamp = key
-        name = threading.current_thread().name
+        else:
+            trig = None
+        actor.stamp = key
         actor.thread_name = name
         if self.trace is not None:  # queue depths, recorded with the hook's slice
-            actor.depths = (len(self._heap), self._inflight)
+            actor.depths = (self._queued, self._inflight + 1)
+        return actor, now, due, is_tick, trig  # type: ignore[return-value]
+
+    def _run_batch(self, batch: deque[Claim], name: str) -> None:
+        """Run a claimed batch (called and returns with the lock held).
+
+        Members are taken one by one from the shared deque, so that
+        `_unclaim` can give the ones not started yet back to the schedule (a
+        stop or a cut must not wait for them behind a stuck hook). Each
+        member's due deliveries are applied, then its update runs; a failure
+        of either is the node's failure.
+        """
+        many = len(batch) > 1
+        if many:
+            self._batches[id(batch)] = batch
+        ran: list[Actor] = []
+        owed: dict[Actor, tuple[int, int]] = {}
+        simulated = self.simulated
+        clock = None if simulated else self.timer.now_ns
         self._cond.release()
-        owed = None
         try:
-            if control is not None:
-                self._run_control(actor, control)
-            else:
-                if actor.mailbox.deliveries:
-                    owed = actor.apply_deliveries(key if self.simulated else None)
-                self._run_update(actor, now, due, is_tick)
+            take = batch.popleft
+            while batch:
+                try:
+                    actor, now, due, is_tick, _ = take()
+                except IndexError:  # given back meanwhile
+                    break
+                ran.append(actor)
+                try:
+                    if clock is not None:
+                        now = clock()  # at the start of the hook, not of the batch
+                    if actor.mailbox.deliveries:
+                        key = actor.apply_deliveries(actor.stamp if simulated else None)
+                        if key is not None:
+                            owed[actor] = key
+                    actor.run_update(now, due, is_tick)
+                except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                    self._fail(actor, "on_update", exc)
         finally:
             self._cond.acquire()
-            if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
-                actor.trigger_key = owed
-            if name in self._busy_ns:  # a host thread helping in a control phase is no worker
-                self._busy_ns[name] += actor.last_hook_ns
-            self._inflight -= 1
-            actor.busy = False
-            if control is not None:
-                self._pending_control -= 1
-            self._schedule(actor)
+            if many:
+                del self._batches[id(batch)]
+            busy_ns = 0
+            schedule = self._schedule
+            for actor in ran:
+                busy_ns += actor.last_hook_ns
+                if owed:
+                    key = owed.get(actor)
+                    if key is not None and (actor.trigger_key is None
+                                            or key < actor.trigger_key):
+                        actor.trigger_key = key
+                if actor.deferred:
+                    self._flush_triggers(actor)
+                actor.busy = False
+                schedule(actor)
+            self._inflight -= len(ran)
+            self._busy_ns[name] += busy_ns
             if self._waiting:
                 self._cond.notify_all()
 
-    def _run_update(self, actor: Actor, now: int, due: int, is_tick: bool) -> None:
+    def _flush_triggers(self, sender: Actor) -> None:
+        """Apply the triggers that ``sender``'s sends deferred to the end of its hook."""
+        deferred, sender.deferred = sender.deferred, []
+        for reader, key in deferred:
+            current = reader.trigger_key
+            if current is None or key < current:
+                reader.trigger_key = key
+                if not reader.busy:
+                    self._schedule(reader)
+
+    def _unclaim(self) -> None:
+        """Give the batch members not started yet back to the schedule (lock held)."""
+        for batch in self._batches.values():
+            while True:
+                try:
+                    actor, _, _, _, trig = batch.pop()
+                except IndexError:
+                    break
+                if trig is not None and (actor.trigger_key is None or trig < actor.trigger_key):
+                    actor.trigger_key = trig
+                self._inflight -= 1
+                actor.busy = False
+                self._schedule(actor)
+        self._cond.notify_all()
+
+    def _run_locked(self, actor: Actor, name: str) -> None:
+        """Run the actor's next work alone: a control envelope, or a dedicated thread's update.
+
+        Called and returns with the lock held.
+        """
+        key = actor.queued_key
+        if key != CONTROL_KEY:
+            assert key is not None
+            now = key[0] if self.simulated else self.timer.now_ns()
+            self._inflight += 1
+            self._run_batch(deque((self._claim(actor, key, now, name),)), name)
+            return
+        actor.queued_key = actor.queued_code = None
+        actor.busy = True
+        self._inflight += 1
+        actor.thread_name = name
+        if self.trace is not None:
+            actor.depths = (self._queued, self._inflight)
+        control = actor.mailbox.control.popleft()
+        self._cond.release()
         try:
-            actor.run_update(now, due, is_tick)
-        except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-            self._fail(actor, "on_update", exc)
+            self._run_control(actor, control)
+        finally:
+            self._cond.acquire()
+            if name in self._busy_ns:  # a host thread helping in a control phase is no worker
+                self._busy_ns[name] += actor.last_hook_ns
+            self._pending_control -= 1
+            if actor.deferred:
+                self._flush_triggers(actor)
+            self._inflight -= 1
+            actor.busy = False
+            self._schedule(actor)
+            if self._waiting:
+                self._cond.notify_all()
 
     def _run_control(self, actor: Actor, envelope: Any) -> None:
         if isinstance(envelope, Start):
@@ -687,6 +919,8 @@ class Dispatcher:
                 envelope(actor)
             finally:
                 with self._cond:
+                    if actor.deferred:
+                        self._flush_triggers(actor)
                     actor.busy = False
                     self._schedule(actor)
                     self._cond.notify_all()
@@ -766,6 +1000,14 @@ class Dispatcher:
         trigger = self.trigger
         order = sender.order
         trace = self.trace
+        # A trigger is deferred to the end of the sending hook when nothing
+        # could run the reader earlier anyway: in simulated time (a triggered
+        # update at (t, d + 1) waits for the instant (t, d) to finish), and in
+        # real time with one worker busy with the sender. That saves a lock
+        # hand-over per send.
+        plan = [(port, reader.mailbox.deliveries, reader,
+                 0 if not triggers else DEFER if self._defers(sender, reader) else NOW)
+                for port, reader, triggers in routes]
 
         def sink(output: Any, message: Any) -> None:
             if sender.hook is None:
@@ -777,18 +1019,27 @@ class Dispatcher:
             t, d = sender.stamp
             if trace is not None:  # before any reader can see the message
                 trace.send(sender, output, seq, routes)
-            for port, reader, triggers in routes:
-                reader.mailbox.deliveries.append(Delivery(t, d, order, seq, port, message))
-                if triggers:
-                    # Real time: the triggered update is due when the sending
-                    # update was, so work caused by a tick due before the
-                    # run's end still runs, and lateness is end-to-end.
-                    trigger(reader, (t, d + 1) if simulated else (t, 0))
+            # Real time: the triggered update is due when the sending update
+            # was, so work caused by a tick due before the run's end still
+            # runs, and lateness is end-to-end.
+            key = (t, d + 1) if simulated else (t, 0)
+            for port, box, reader, how in plan:
+                box.append(Delivery(t, d, order, seq, port, message))
+                if how is DEFER:
+                    sender.deferred.append((reader, key))
+                elif how:
+                    trigger(reader, key)
             view.last = message
             if view.listeners:
                 view.publish(message)
 
         return sink
+
+    def _defers(self, sender: Actor, reader: Actor) -> bool:
+        """Whether ``sender``'s triggers of ``reader`` may wait for the end of its hook."""
+        if self.simulated:
+            return True
+        return self.n_workers == 1 and not sender.dedicated and not reader.dedicated
 
     def busy_fractions(self) -> dict[str, float]:
         """Share of wall time each thread spent running hooks, by thread name."""
