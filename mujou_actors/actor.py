@@ -70,8 +70,9 @@ class Actor:
         self.stamp: tuple[int, int] = (0, 0)
         self.seq = 0
         self.thread_name: str | None = None
-        # (reader, key) triggers of this hook's sends, applied as it ends (dispatcher.make_sink)
-        self.deferred: list[tuple[Actor, tuple[int, int]]] = []
+        # Readers this hook's sends trigger, as dict keys (setting one again
+        # allocates nothing); triggered as the hook ends (dispatcher.make_sink).
+        self.deferred: dict[Actor, None] = {}
         self.started = False
         self.failed = False
         self.updates = 0
@@ -102,16 +103,6 @@ class Actor:
         if self.last_update_ns is None:  # a restore sets it: dt goes on as it was
             self.last_update_ns = start_ns
 
-    def key(self) -> tuple[int, int] | None:
-        """The (time, delta) of this actor's earliest pending timed work."""
-        trig = self.trigger_key
-        tick = self.next_tick_ns
-        if tick is None:
-            return trig
-        if trig is None or (tick, 0) < trig:
-            return (tick, 0)
-        return trig
-
     def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
         """Push due deliveries into the node's Inputs.
 
@@ -127,18 +118,17 @@ class Actor:
             self.applied = taken
         rt = self.rt
         if rt is None:
-            for d in taken:
-                d.input._push(d.message)
+            for d in taken:  # (t_ns, delta, sender, seq, input, message)
+                d[4]._push(d[5])
         else:
             with self.on_stream():
                 for d in taken:
-                    d.input._push(receive(d.message, self.device, self.stream,
-                                          self.copy_streams, rt))
+                    d[4]._push(receive(d[5], self.device, self.stream, self.copy_streams, rt))
         triggers = self.triggers
         owed = None
         for d in kept:
-            if d.input in triggers:
-                key = (d.t_ns, d.delta + 1)
+            if d[4] in triggers:
+                key = (d[0], d[1] + 1)
                 if owed is None or key < owed:
                     owed = key
         return owed

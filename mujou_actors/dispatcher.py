@@ -34,7 +34,7 @@ from typing import Any
 from .actor import Actor
 from .errors import NotRunningError
 from .mailbox import HOST_ORDER, Delivery, Start, Stop
-from .timers import Timer
+from .timers import Timer, tight_timer_slack
 
 __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
 
@@ -57,6 +57,9 @@ BATCH_BUDGET_NS = 50_000
 # are equally due; a bucket is taken whole, in the order queued, when it fits
 # in a batch, else from its end. A delta cycle count stays below 2**32.
 SHIFT, MASK = 32, (1 << 32) - 1
+
+# Messages of these exact types are immutable: a send shares them uncopied.
+SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
 
 # How a send triggers a reader (see make_sink).
 NOW, DEFER = 1, 2
@@ -161,6 +164,12 @@ def default_workers(pool_nodes: int, *, cpus: int | None = None, gil: bool | Non
     return max(1, min(n, pool_nodes))
 
 
+def _on_time(loop: Callable[..., None], *args: Any) -> None:
+    """Run a real-time thread's loop with tight timer slack (see `tight_timer_slack`)."""
+    tight_timer_slack()
+    loop(*args)
+
+
 def _unpack(code: int) -> tuple[int, int]:
     """The ``(t_ns, delta)`` key packed in a ready-queue code (see SHIFT)."""
     return code >> SHIFT, code & MASK
@@ -242,6 +251,9 @@ class Dispatcher:
 
     def _spawn(self, name: str, target: Callable[..., None], arg: Any) -> None:
         args = () if arg is None else (arg,)
+        if not self.simulated:
+            args = (target, *args)
+            target = _on_time
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         self._threads.append(thread)
         self._busy_ns[name] = 0
@@ -823,9 +835,14 @@ class Dispatcher:
                 self._cond.notify_all()
 
     def _flush_triggers(self, sender: Actor) -> None:
-        """Apply the triggers that ``sender``'s sends deferred to the end of its hook."""
-        deferred, sender.deferred = sender.deferred, []
-        for reader, key in deferred:
+        """Apply the triggers that ``sender``'s sends deferred to the end of its hook.
+
+        Their key is that of every send of the hook (see `make_sink`).
+        """
+        t, d = sender.stamp
+        key = (t, d + 1) if self.simulated else (t, 0)
+        deferred, sender.deferred = sender.deferred, {}
+        for reader in deferred:
             current = reader.trigger_key
             if current is None or key < current:
                 reader.trigger_key = key
@@ -943,7 +960,7 @@ class Dispatcher:
 
     def pending_deliveries(self, actor: Actor) -> list[Delivery]:
         """The actor's undelivered messages in delivery order (call while held)."""
-        items = list(actor.mailbox.deliveries)
+        items = [Delivery._make(d) for d in actor.mailbox.deliveries]
         if self.simulated:
             items.sort(key=lambda d: (d.t_ns, d.delta, d.sender, d.seq))
         return items
@@ -969,8 +986,7 @@ class Dispatcher:
         with self._cond:
             self._host_seq += 1
             seq = self._host_seq
-            actor.mailbox.deliveries.append(
-                Delivery(-1, 0, HOST_ORDER, seq, port, message))
+            actor.mailbox.deliveries.append((-1, 0, HOST_ORDER, seq, port, message))
             if triggers:
                 if self._mode == CONTROL:
                     key = CONTROL_KEY  # made (start, 1) when the timer starts
@@ -1014,21 +1030,21 @@ class Dispatcher:
                 raise NotRunningError(
                     f"output {output.path!r}: send() from outside a hook of node "
                     f"{sender.path or '<root>'!r}")
-            message = copy(message)
+            if type(message) not in SCALARS:  # immutable: shared as it is
+                message = copy(message)
             seq = sender.seq = sender.seq + 1
             t, d = sender.stamp
             if trace is not None:  # before any reader can see the message
                 trace.send(sender, output, seq, routes)
-            # Real time: the triggered update is due when the sending update
-            # was, so work caused by a tick due before the run's end still
-            # runs, and lateness is end-to-end.
-            key = (t, d + 1) if simulated else (t, 0)
             for port, box, reader, how in plan:
-                box.append(Delivery(t, d, order, seq, port, message))
+                box.append((t, d, order, seq, port, message))  # a mailbox.Delivery
                 if how is DEFER:
-                    sender.deferred.append((reader, key))
+                    sender.deferred[reader] = None
                 elif how:
-                    trigger(reader, key)
+                    # Real time: the triggered update is due when the sending
+                    # update was, so work caused by a tick due before the run's
+                    # end still runs, and lateness is end-to-end.
+                    trigger(reader, (t, d + 1) if simulated else (t, 0))
             view.last = message
             if view.listeners:
                 view.publish(message)

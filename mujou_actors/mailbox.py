@@ -15,6 +15,7 @@ schedule, so a late node skips ticks instead of accumulating a burst.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -96,7 +97,12 @@ class Restore:
 
 
 class Delivery(NamedTuple):
-    """A message for one Input, with its stamp (sorts by the first four fields)."""
+    """A message for one Input, with its stamp (sorts by the first four fields).
+
+    The mailbox holds deliveries as plain tuples in this field order (a
+    NamedTuple costs five times as much to build, once per message and
+    reader); this class names the fields for code off the hot path.
+    """
 
     t_ns: int          # run time of the sending hook
     delta: int         # delta cycle of the sending hook
@@ -117,11 +123,11 @@ class Mailbox:
 
     def __init__(self) -> None:
         self.control: deque[Any] = deque()
-        self.deliveries: deque[Delivery] = deque()
+        self.deliveries: deque[tuple[Any, ...]] = deque()  # Delivery fields
 
     def take_deliveries(
         self, before: tuple[int, int] | None
-    ) -> tuple[list[Delivery], list[Delivery]]:
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Remove and return the deliveries to apply before a hook.
 
         Args:
@@ -134,7 +140,7 @@ class Mailbox:
             mailbox for a later hook (stamped at or after ``before``).
         """
         queue = self.deliveries
-        taken: list[Delivery] = []
+        taken: list[tuple[Any, ...]] = []
         pop = queue.popleft
         try:
             while True:
@@ -143,14 +149,12 @@ class Mailbox:
             pass
         if before is None or not taken:
             return taken, []
-        t, d = before
-        kept = [x for x in taken if (x.t_ns, x.delta) >= (t, d)]
+        kept = [x for x in taken if x[:2] >= before]
         if kept:
-            taken = [x for x in taken if (x.t_ns, x.delta) < (t, d)]
+            taken = [x for x in taken if x[:2] < before]
             queue.extendleft(reversed(kept))
         taken.sort(key=_stamp)
         return taken, kept
 
 
-def _stamp(d: Delivery) -> tuple[int, int, int, int]:
-    return (d.t_ns, d.delta, d.sender, d.seq)
+_stamp = operator.itemgetter(0, 1, 2, 3)  # t_ns, delta, sender, seq

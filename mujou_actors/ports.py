@@ -157,7 +157,7 @@ def _make_checker(spec: _Spec, port: Port) -> Checker | None:
     if t is int:
 
         def check_int(value: Any) -> Any:
-            if isinstance(value, int) and not isinstance(value, bool):
+            if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
                 return value
             raise fail(value)
 

@@ -249,8 +249,8 @@ class Recorder:
             # 1 ns into the slice: a viewer binds the arrow to the slice enclosing
             # its end, whichever of the two it reads first.
             at = t0 + 1 if took > 1 else t0
-            for d in applied:
-                append(_RECV(RECV, at, thread, d.sender, d.seq, id(d.input)))
+            for d in applied:  # mailbox.Delivery fields
+                append(_RECV(RECV, at, thread, d[2], d[3], id(d[4])))
         t_ns = actor.last_update_ns
         ready, inflight = actor.depths
         # The slice last: a flow end that is kept has its slice kept too.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import sys
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from hypothesis import strategies as st
 import mujou_actors as mujou
 from mujou_actors.actor import Actor
 from tests.conftest import Collector, Counter, Source
+
+PR_GET_TIMERSLACK = 30  # linux/prctl.h
 
 
 def test_simulated_schedule_is_exact_and_includes_the_end(workers: int) -> None:
@@ -262,3 +266,25 @@ def test_a_different_run_seed_gives_different_messages() -> None:
     args = ([0.001, 0.002], [None], [(0, 0), (1, 0)])
 
     assert _fingerprint(*args, workers=1, seed=1) != _fingerprint(*args, workers=1, seed=2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl timer slack is Linux's")
+@pytest.mark.parametrize("timer, dedicated, expected", [
+    ("realtime", False, 1), ("realtime", True, 1), ("simulated", False, None)])
+def test_realtime_threads_ask_for_tight_timer_slack(timer: str, dedicated: bool,
+                                                    expected: int | None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    default = libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    seen: list[int] = []
+
+    class Probe(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01, dedicated_thread=dedicated)
+
+        def on_update(self, dt: float) -> None:
+            seen.append(libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0))
+
+    mujou.run(Probe(), timer=timer, duration=0.02).join()
+
+    assert seen and set(seen) == {default if expected is None else expected}
+    assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == default  # the host's is untouched
