@@ -10,6 +10,7 @@ import gc
 import heapq
 import statistics
 import time
+from collections.abc import Callable
 
 import mujou_actors as mujou
 
@@ -27,12 +28,15 @@ class Plain:
     on_update = NoOp.on_update
 
 
-def heap_floor(periods: list[int], end_ns: int) -> dict:
+def heap_floor(periods: list[int], end_ns: int,
+               on_ready: Callable[[], None] | None = None) -> dict:
     """The floor: pop due times from a heap and call the same no-op method.
 
     Args:
         periods: one period per node, integer nanoseconds.
         end_ns: the last due time to run, nanoseconds.
+        on_ready: called once the objects and the heap are built, before the
+            timed loop (to read the build time and memory).
 
     Returns:
         dict: ``updates`` (calls made) and ``rate`` (calls per wall second).
@@ -43,6 +47,8 @@ def heap_floor(periods: list[int], end_ns: int) -> dict:
     heapq.heapify(heap)
     replace = heapq.heapreplace
     updates = 0
+    if on_ready is not None:
+        on_ready()
     gc.collect()
     t0 = time.perf_counter()
     while heap[0][0] <= end_ns:

@@ -21,7 +21,10 @@ def test_run_benchmark_quick(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
-    for name in ("ticks", "pingpong", "fanout"):
+    for name in ("ticks", "pingpong", "fanout", "timer", "scale", "snapshot"):
         mujou = doc["workloads"][name]["results"]["mujou"]
         assert mujou["median"] > 0, (name, mujou)
         assert mujou["min"] > 0, (name, mujou)
+    for name, w in doc["workloads"].items():  # every peer has figures or a reason
+        for side, r in w["results"].items():
+            assert "median" in r or r["absent"], (name, side, r)
