@@ -400,6 +400,8 @@ def summarize(info: dict[str, Any]) -> Iterator[str]:
         for path, state in tree.get("nodes", {}).items():
             yield f"  {path or '<root>'}:"
             for key, line in _describe(state):
+                if key == "generator" and line.isdigit():  # see Node.state_dict
+                    line = f"seed {line} (not drawn from yet)"
                 yield f"    {key}: {line}"
         for section, title in (("inputs", "kept messages"), ("pending", "undelivered messages")):
             entries = {p: m for p, m in tree.get(section, {}).items() if m}

@@ -882,7 +882,7 @@ class Dispatcher:
         actor.thread_name = name
         if self.trace is not None:
             actor.depths = (self._queued, self._inflight)
-        control = actor.mailbox.control.popleft()
+        control = actor.mailbox.control.pop(0)
         self._cond.release()
         try:
             self._run_control(actor, control)

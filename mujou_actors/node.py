@@ -7,6 +7,8 @@ tree of nodes, gives each a path and an actor, and calls the hooks.
 from __future__ import annotations
 
 import math
+import os
+import random
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -47,9 +49,16 @@ def _check_seed(seed: Any, where: str) -> int | None:
     return seed
 
 
+# One OS entropy read per process (and per forked child) rather than one per
+# seed: a run of 100,000 nodes without a seed draws 100,000 of them.
+_seeder = random.Random(secrets.randbits(256))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _seeder.seed(secrets.randbits(256)))
+
+
 def random_seed() -> int:
-    """A fresh seed from the OS's entropy: different on every call."""
-    return secrets.randbits(63)
+    """A fresh seed, different on every call: from a generator seeded by the OS's entropy."""
+    return _seeder.getrandbits(63)
 
 
 class Node:
@@ -108,8 +117,10 @@ class Node:
         if not isinstance(dedicated_thread, bool):
             raise TypeError(f"{where}: dedicated_thread must be a bool, got {dedicated_thread!r}")
         self._mujou_dedicated = dedicated_thread
-        self._mujou_generator = torch.Generator(device=self._mujou_device)
-        self._mujou_generator.manual_seed(seed if seed is not None else random_seed())
+        # The generator is made on first use (it holds 5 KB of state on the
+        # CPU): a node that draws no random numbers never pays for it.
+        self._mujou_gen_seed = seed  # None: drawn when first needed (a run sets one)
+        self._mujou_generator: torch.Generator | None = None
         self._mujou_path: str | None = None
         self._mujou_run: object | None = None
 
@@ -138,8 +149,28 @@ class Node:
 
     @property
     def generator(self) -> torch.Generator:
-        """torch.Generator: the node's own random generator, on the node's device."""
-        return self._mujou_generator
+        """torch.Generator: the node's own random generator, on the node's device.
+
+        Made on first use and seeded with the node's seed (the ``seed``
+        argument, else the one the run derives for the node).
+        """
+        gen = self._mujou_generator
+        if gen is None:
+            gen = self._mujou_generator = torch.Generator(device=self._mujou_device)
+            gen.manual_seed(self._mujou_seed_now())
+        return gen
+
+    def _mujou_seed_now(self) -> int:
+        """The generator's seed, drawn at random if neither the node nor a run gave one."""
+        if self._mujou_gen_seed is None:
+            self._mujou_gen_seed = random_seed()
+        return self._mujou_gen_seed
+
+    def _mujou_reseed(self, seed: int) -> None:
+        """Seed the generator afresh (the run's derived seed, or a restored one)."""
+        self._mujou_gen_seed = seed
+        if self._mujou_generator is not None:
+            self._mujou_generator.manual_seed(seed)
 
     @property
     def device(self) -> torch.device:
@@ -179,14 +210,19 @@ class Node:
     def state_dict(self) -> dict[str, Any]:
         """The node's own state (not its children's: they have their own entries).
 
-        Holds ``"generator"`` (its state tensor) and every attribute that is a
-        ``torch.Tensor``, ``nn.Module`` or ``torch.optim.Optimizer`` (by their
-        own ``state_dict``). Subclasses extend it by calling ``super()``.
+        Holds ``"generator"`` and every attribute that is a ``torch.Tensor``,
+        ``nn.Module`` or ``torch.optim.Optimizer`` (by their own
+        ``state_dict``). The generator's entry is its state tensor once it has
+        been used, and until then just its seed (an int: a generator that drew
+        nothing is fully given by its seed). Subclasses extend it by calling
+        ``super()``.
 
         Returns:
             dict[str, Any]: attribute name -> value.
         """
-        state: dict[str, Any] = {"generator": self._mujou_generator.get_state()}
+        gen = self._mujou_generator
+        state: dict[str, Any] = {
+            "generator": self._mujou_seed_now() if gen is None else gen.get_state()}
         for name, value in vars(self).items():
             if name.startswith(_PREFIX):
                 continue
@@ -219,7 +255,11 @@ class Node:
         if problems:
             raise ValueError(f"node {self._mujou_path!r}: cannot load this state: "
                              + "; ".join(problems))
-        self._mujou_generator.set_state(state["generator"].cpu())
+        gen = state["generator"]
+        if isinstance(gen, int):
+            self._mujou_reseed(gen)
+        else:
+            self.generator.set_state(gen.cpu())
         for name, value in state.items():
             if name == "generator":
                 continue
@@ -242,10 +282,11 @@ class Node:
         if missing:
             yield f"missing key(s) {missing}"
         gen = state.get("generator")
-        if "generator" in state and (not isinstance(gen, torch.Tensor) or
-                                     gen.numel() != expected["generator"].numel()):
+        if "generator" in state and not _is_seed(gen) and (
+                not isinstance(gen, torch.Tensor)
+                or gen.numel() != self.generator.get_state().numel()):
             yield (f"state['generator'] does not fit a {self._mujou_device.type} generator "
-                   "(saved on another device type?)")
+                   "(saved on another device type?); expected its state tensor or a seed")
         for name, value in state.items():
             if name == "generator":
                 continue
@@ -292,6 +333,10 @@ class Node:
     def __repr__(self) -> str:
         where = "" if self._mujou_path is None else f" {self._mujou_path or '<root>'!r}"
         return f"<{type(self).__name__}{where}>"
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
 def iter_nodes(prefix: str, value: Any) -> Iterator[tuple[str, Node]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -544,11 +545,21 @@ def _mismatch(out: _Spec, inp: _Spec) -> str:
     return "incompatible types"
 
 
+_port_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
 def ports_of_class(cls: type) -> Iterable[str]:
-    """Names of the ports declared on ``cls`` and its bases, in definition order."""
-    seen: dict[str, None] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            if isinstance(value, Port):
-                seen[name] = None
-    return list(seen)
+    """Names of the ports declared on ``cls`` and its bases, in definition order.
+
+    Worked out once per class (a run asks for every node's ports twice):
+    ports are declared in class bodies.
+    """
+    names = _port_names.get(cls)
+    if names is None:
+        seen: dict[str, None] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, Port):
+                    seen[name] = None
+        names = _port_names[cls] = tuple(seen)
+    return names

@@ -754,7 +754,7 @@ class Run:
         """
         nodes = {}
         for a in self._actors:
-            late = sorted(a.lateness)
+            late = sorted(a.lateness_samples())
             drops = {name: p.drops for name, p in a.node._mujou_ports().items()
                      if isinstance(p, Input)}
             nodes[a.path] = NodeStats(
@@ -903,7 +903,7 @@ def run(
             own = tree["seeds"][path]  # the generator's state comes with the node's
         elif own is None:
             own = derive_seed(seed, path) if seed is not None else random_seed()
-            node._mujou_generator.manual_seed(own)
+            node._mujou_reseed(own)
         seeds[path] = own
     for port in ports.values():
         if isinstance(port, Input):
@@ -975,6 +975,9 @@ def _start_supervision(result: Run, start_ns: int) -> None:
         result._schedule_cuts(start_ns)
 
 
+_NO_TRIGGERS: frozenset[Any] = frozenset()  # shared by the many nodes without one
+
+
 def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
           dispatcher: Dispatcher) -> None:
     """Install each Output's sink and each actor's set of triggering Inputs."""
@@ -983,7 +986,8 @@ def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
         period_none = actor.period_ns is None
         actor.triggers = frozenset(
             p for p in actor.node._mujou_ports().values()
-            if isinstance(p, Input) and (period_none if p.trigger is None else p.trigger))
+            if isinstance(p, Input) and (period_none if p.trigger is None else p.trigger)
+        ) or _NO_TRIGGERS
     for port in ports.values():
         if isinstance(port, Output):
             sender = actor_of[id(port.node)]

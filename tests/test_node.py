@@ -178,11 +178,45 @@ def test_default_state_dict_holds_generator_and_tensor_attributes() -> None:
 
     node = Model()
 
-    state = node.state_dict()
+    before = node.state_dict()  # the generator not drawn from yet: its seed says it all
+    torch.rand(1, generator=node.generator)
+    after = node.state_dict()
 
-    assert set(state) == {"generator", "bias", "net"}
-    assert torch.equal(state["generator"], node.generator.get_state())
-    assert set(state["net"]) == {"weight", "bias"}
+    assert set(before) == set(after) == {"generator", "bias", "net"}
+    assert before["generator"] == 3
+    assert torch.equal(after["generator"], node.generator.get_state())
+    assert set(after["net"]) == {"weight", "bias"}
+
+
+def test_a_generator_is_made_only_when_first_used() -> None:
+    node = mujou.Node(seed=5)
+
+    assert node._mujou_generator is None
+    first = torch.rand(2, generator=node.generator)
+
+    assert torch.equal(first, torch.rand(2, generator=torch.Generator().manual_seed(5)))
+    assert node._mujou_generator is node.generator
+
+
+def test_a_seed_state_loads_into_a_used_or_unused_generator() -> None:
+    fresh, used = mujou.Node(seed=1), mujou.Node(seed=2)
+    torch.rand(5, generator=used.generator)
+
+    fresh.load_state_dict({"generator": 9})
+    used.load_state_dict({"generator": 9})
+
+    reference = torch.rand(3, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(torch.rand(3, generator=fresh.generator), reference)
+    assert torch.equal(torch.rand(3, generator=used.generator), reference)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, True, 1.5, "9"])
+def test_a_generator_entry_that_is_neither_state_nor_seed_is_refused(bad) -> None:
+    node = mujou.Node(seed=1)
+
+    with pytest.raises(ValueError, match="state\\['generator'\\] does not fit"):
+        node.load_state_dict({"generator": bad})
+    assert node.state_dict()["generator"] == 1  # unchanged
 
 
 def test_load_state_dict_restores_values_and_generator() -> None:

@@ -62,7 +62,7 @@ def test_overrun_skips_missed_ticks_and_counts_them() -> None:
     assert actor.overruns == 3
     assert actor.next_tick_ns == 50_000_000   # one tick later, no burst
     assert node.dts == [0.047]
-    assert list(actor.lateness) == [7_000_000]  # measured from the tick it stands for
+    assert actor.lateness_samples() == [7_000_000]  # measured from the tick it stands for
 
 
 def test_a_late_tick_within_one_period_is_not_an_overrun() -> None:
@@ -288,3 +288,17 @@ def test_realtime_threads_ask_for_tight_timer_slack(timer: str, dedicated: bool,
 
     assert seen and set(seen) == {default if expected is None else expected}
     assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == default  # the host's is untouched
+
+
+def test_lateness_samples_keep_the_newest_in_order_when_the_ring_wraps() -> None:
+    from mujou_actors.actor import LATENESS_SAMPLES
+
+    actor = Actor(Counter(period=0.01), "", 0)
+    actor.schedule_first_tick(0)
+    n = LATENESS_SAMPLES + 10
+    for k in range(1, n + 1):  # tick k is due at k * 10 ms and starts k us late
+        actor.run_update(now_ns=k * 10_000_000 + k * 1_000, due_ns=k * 10_000_000, is_tick=True)
+
+    samples = actor.lateness_samples()
+
+    assert samples == [float(k * 1_000) for k in range(n - LATENESS_SAMPLES + 1, n + 1)]
