@@ -44,9 +44,11 @@ CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
 CONTROL_T = CONTROL_KEY[0]
 
 # Batches: a worker claims up to BATCH_MAX actors that may start now per lock
-# acquisition. With several workers a batch also stops at BATCH_BUDGET_NS of
-# the members' last hook times, so that slow hooks spread over the workers.
+# acquisition (the only worker: BATCH_MAX_ALONE). With several workers a batch
+# also stops at BATCH_BUDGET_NS of the members' last hook times, so that slow
+# hooks spread over the workers.
 BATCH_MAX = 64
+BATCH_MAX_ALONE = 1024
 BATCH_BUDGET_NS = 50_000
 
 # The ready queue is a calendar: a heap of the distinct keys (instants) at
@@ -226,6 +228,7 @@ class Dispatcher:
         self._queued = 0  # entries in the buckets, stale ones included (a trace counter)
         self._batches: dict[int, deque[Claim]] = {}  # claimed, by id, while they run
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
+        self._batch_max = BATCH_MAX_ALONE if workers == 1 else BATCH_MAX
         self._dedicated = [a for a in actors if a.dedicated]
         self._mode = CONTROL
         self._inflight = 0
@@ -694,16 +697,17 @@ class Dispatcher:
     # a *batch* of actors that may all start now, so a lock hand-over is paid
     # per batch rather than per hook: for no-op hooks it is most of the cost.
 
-    def _claim_batch(self, t: int, d: int, name: str) -> deque[Claim]:
+    def _claim_batch(self, t: int, d: int, name: str) -> list[Claim]:
         """Claim the queued actors at ``(t, d)``, the earliest key, that may start now.
 
         Simulated time: the actors queued at exactly ``(t, d)`` (the
         frontier). Real time: those of the following keys too, as long as
-        they are due (and due by the run's end). At most ``BATCH_MAX``; with
-        more than one worker a batch also stops once the members' last hook
-        times add up to ``BATCH_BUDGET_NS``, so slow hooks are spread over the
-        workers; a hook of unknown cost (a node's first update, or no timing
-        statistics) counts as the whole budget, so such nodes run in parallel.
+        they are due (and due by the run's end). At most ``BATCH_MAX`` (the
+        only worker: ``BATCH_MAX_ALONE``); with more than one worker a batch
+        also stops once the members' last hook times add up to
+        ``BATCH_BUDGET_NS``, so slow hooks are spread over the workers; a hook
+        of unknown cost (a node's first update, or no timing statistics)
+        counts as the whole budget, so such nodes run in parallel.
         Called with the lock held and a live actor first at ``(t, d)``.
         """
         heap, due = self._heap, self._due
@@ -716,13 +720,14 @@ class Dispatcher:
             end = self.end_ns
             limit_t = now if end is None else min(now, end)
         budget = self._batch_budget_ns
+        most = self._batch_max
         spent = 0
-        batch: deque[Claim] = deque()
+        batch: list[Claim] = []
         while True:
             code = (t << SHIFT) | d
             key = (t, d)
             bucket = due[code]
-            if budget is None and len(bucket) + len(batch) <= BATCH_MAX:
+            if budget is None and len(bucket) + len(batch) <= most:
                 del due[code]  # the whole bucket, in the order queued
                 heapq.heappop(heap)  # code was the earliest key
                 self._queued -= len(bucket)
@@ -730,7 +735,7 @@ class Dispatcher:
                     if actor.queued_code == code and not actor.busy:
                         batch.append(claim(actor, key, now, name))
             else:
-                while bucket and len(batch) < BATCH_MAX:
+                while bucket and len(batch) < most:
                     actor = bucket.pop()
                     if actor.queued_code != code or actor.busy:
                         self._queued -= 1
@@ -746,7 +751,7 @@ class Dispatcher:
                     break
                 del due[code]
                 heapq.heappop(heap)
-            if simulated or len(batch) >= BATCH_MAX or not heap:
+            if simulated or len(batch) >= most or not heap:
                 break
             t, d = _unpack(heap[0])
             if t > limit_t or t == CONTROL_T:
@@ -777,62 +782,85 @@ class Dispatcher:
             actor.depths = (self._queued, self._inflight + 1)
         return actor, now, due, is_tick, trig  # type: ignore[return-value]
 
-    def _run_batch(self, batch: deque[Claim], name: str) -> None:
+    def _run_batch(self, batch: list[Claim], name: str) -> None:
         """Run a claimed batch (called and returns with the lock held).
 
-        Members are taken one by one from the shared deque, so that
-        `_unclaim` can give the ones not started yet back to the schedule (a
-        stop or a cut must not wait for them behind a stuck hook). Each
-        member's due deliveries are applied, then its update runs; a failure
-        of either is the node's failure.
+        The members of a batch of several are taken one by one from a shared
+        deque, so that `_unclaim` can give the ones not started yet back to
+        the schedule (a stop or a cut must not wait for them behind a stuck
+        hook). Each member's due deliveries are applied, then its update
+        runs; a failure of either is the node's failure.
         """
-        many = len(batch) > 1
-        if many:
-            self._batches[id(batch)] = batch
-        ran: list[Actor] = []
-        owed: dict[Actor, tuple[int, int]] = {}
-        simulated = self.simulated
-        clock = None if simulated else self.timer.now_ns
+        if len(batch) == 1:  # the common case in real time: no deque, no lists
+            actor = batch[0][0]
+            self._cond.release()
+            try:
+                owed = self._run_claimed(batch[0])
+            finally:
+                self._cond.acquire()
+                self._finish(actor, owed, name)
+                self._inflight -= 1
+                if self._waiting:
+                    self._cond.notify_all()
+            return
+        members = deque(batch)
+        self._batches[id(members)] = members
+        ran: list[tuple[Actor, tuple[int, int] | None]] = []
         self._cond.release()
         try:
-            take = batch.popleft
-            while batch:
+            take = members.popleft
+            run = self._run_claimed
+            while members:
                 try:
-                    actor, now, due, is_tick, _ = take()
+                    item = take()
                 except IndexError:  # given back meanwhile
                     break
-                ran.append(actor)
-                try:
-                    if clock is not None:
-                        now = clock()  # at the start of the hook, not of the batch
-                    if actor.mailbox.deliveries:
-                        key = actor.apply_deliveries(actor.stamp if simulated else None)
-                        if key is not None:
-                            owed[actor] = key
-                    actor.run_update(now, due, is_tick)
-                except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-                    self._fail(actor, "on_update", exc)
+                ran.append((item[0], run(item)))
         finally:
             self._cond.acquire()
-            if many:
-                del self._batches[id(batch)]
+            del self._batches[id(members)]
             busy_ns = 0
             schedule = self._schedule
-            for actor in ran:
+            for actor, owed in ran:  # _finish, inlined: this runs once per hook
                 busy_ns += actor.last_hook_ns
-                if owed:
-                    key = owed.get(actor)
-                    if key is not None and (actor.trigger_key is None
-                                            or key < actor.trigger_key):
-                        actor.trigger_key = key
+                if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
+                    actor.trigger_key = owed
                 if actor.deferred:
                     self._flush_triggers(actor)
                 actor.busy = False
                 schedule(actor)
-            self._inflight -= len(ran)
             self._busy_ns[name] += busy_ns
+            self._inflight -= len(ran)
             if self._waiting:
                 self._cond.notify_all()
+
+    def _run_claimed(self, item: Claim) -> tuple[int, int] | None:
+        """Apply a claimed actor's due deliveries and run its update (no lock held).
+
+        Returns the trigger key owed to deliveries kept for a later hook.
+        """
+        actor, now, due, is_tick, _ = item
+        owed = None
+        try:
+            if not self.simulated:
+                now = self.timer.now_ns()  # at the start of the hook, not of the batch
+            if actor.deliveries:
+                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
+            actor.run_update(now, due, is_tick)
+        except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+            self._fail(actor, "on_update", exc)
+        return owed
+
+    def _finish(self, actor: Actor, owed: tuple[int, int] | None, name: str) -> None:
+        """After an actor's hook (lock held): its thread's busy time, the triggers
+        it owes and defers, and its next key. The caller lowers ``_inflight``."""
+        self._busy_ns[name] += actor.last_hook_ns
+        if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
+            actor.trigger_key = owed
+        if actor.deferred:
+            self._flush_triggers(actor)
+        actor.busy = False
+        self._schedule(actor)
 
     def _flush_triggers(self, sender: Actor) -> None:
         """Apply the triggers that ``sender``'s sends deferred to the end of its hook.
@@ -874,7 +902,7 @@ class Dispatcher:
             assert key is not None
             now = key[0] if self.simulated else self.timer.now_ns()
             self._inflight += 1
-            self._run_batch(deque((self._claim(actor, key, now, name),)), name)
+            self._run_batch([self._claim(actor, key, now, name)], name)
             return
         actor.queued_key = actor.queued_code = None
         actor.busy = True
