@@ -510,8 +510,8 @@ class Dispatcher:
             else:
                 bucket.append(actor)
             self._queued += 1
-            if self._waiting:
-                self._cond.notify()
+            # No notify here: callers queue many actors at once (a batch's
+            # finish, a release) and wake the workers once when done.
 
     def _global_min(self) -> tuple[int, int] | None:
         """Earliest key of all pending work, dropping stale heap entries."""
@@ -953,22 +953,36 @@ class Dispatcher:
         """Run ``envelope`` for each actor on the calling thread, one actor at a time.
 
         Used at a cut for snapshots, so that no worker waits for a CUDA node's
-        stream: each actor is marked busy meanwhile, so nothing else of it runs.
+        stream: the actors are marked busy meanwhile, so nothing else of them
+        runs (a restart's control envelopes may run during a cut). All those
+        not busy are taken in one go, the others as they come free; the
+        workers are woken once at the end (at a cut they have nothing to do,
+        and waking them per actor would only make them fight this thread for
+        the GIL).
         """
-        for actor in actors:
-            with self._cond:
-                while actor.busy:
-                    self._wait(None)
-                actor.busy = True
-            try:
-                envelope(actor)
-            finally:
+        left = list(actors)
+        try:
+            while left:
                 with self._cond:
-                    if actor.deferred:
-                        self._flush_triggers(actor)
-                    actor.busy = False
-                    self._schedule(actor)
-                    self._cond.notify_all()
+                    while all(a.busy for a in left):
+                        self._wait(None)
+                    mine = [a for a in left if not a.busy]
+                    left = [a for a in left if a.busy]
+                    for actor in mine:
+                        actor.busy = True
+                try:
+                    for actor in mine:
+                        envelope(actor)
+                finally:
+                    with self._cond:
+                        for actor in mine:
+                            if actor.deferred:
+                                self._flush_triggers(actor)
+                            actor.busy = False
+                            self._schedule(actor)
+        finally:
+            with self._cond:
+                self._cond.notify_all()
 
     def post_control(self, actor: Actor, envelopes: list[Any]) -> None:
         """Queue control envelopes for one actor while the run goes on (a restart)."""
@@ -1008,6 +1022,8 @@ class Dispatcher:
                 actor.trigger_key = key
                 if not actor.busy:
                     self._schedule(actor)
+                    if self._waiting:
+                        self._cond.notify()
 
     def host_deliver(self, actor: Actor, port: Any, message: Any, triggers: bool) -> None:
         """Deliver a message written by the host (run.write, inputs=)."""
@@ -1028,6 +1044,8 @@ class Dispatcher:
                     actor.trigger_key = key
                 if not actor.busy:
                     self._schedule(actor)
+                    if self._waiting:
+                        self._cond.notify()
 
     def make_sink(self, sender: Actor, routes: list[tuple[Any, Actor, bool]],
                   view: Any, copy: Callable[[Any], Any]) -> Callable[[Any, Any], None]:

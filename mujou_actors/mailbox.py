@@ -19,6 +19,9 @@ import operator
 from collections import deque
 from typing import Any, NamedTuple
 
+from .devices import map_tensors
+from .state import copy_state
+
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER"]
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
@@ -52,8 +55,6 @@ class Snapshot:
         self.errors = errors
 
     def __call__(self, actor: Any) -> None:
-        from .state import copy_state
-
         try:
             # A CUDA node's stream is waited for before and after, on the thread
             # taking the cut (never a worker): the state is complete when read,
@@ -80,8 +81,6 @@ class Restore:
         self.last_update_ns = last_update_ns
 
     def __call__(self, actor: Any) -> None:
-        from .devices import map_tensors
-
         with actor.on_stream():
             if self.state is not None:
                 actor.node.load_state_dict(self.state)

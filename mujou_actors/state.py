@@ -26,6 +26,7 @@ __all__ = ["FORMAT", "copy_state", "check_tree"]
 
 FORMAT = 1
 _LEAVES = (type(None), bool, int, float, str, bytes)
+_CPU = torch.device("cpu")
 _SECTIONS = ("format", "time_ns", "seeds", "nodes", "inputs", "pending", "schedule")
 
 
@@ -44,27 +45,37 @@ def copy_state(value: Any, where: str) -> Any:
             bytes, or a list / tuple / dict (str or int keys) of these; names
             ``where`` and the key.
     """
+    return _copy(value, where, ())
+
+
+def _copy(value: Any, where: str, keys: tuple[Any, ...]) -> Any:
+    # ``keys`` is the path below ``where``; it is put into words only for an
+    # error (a snapshot of a big net copies thousands of small states).
     vt = type(value)
     if vt in _LEAVES:
         return value
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return value.detach().to(_CPU, copy=True)
     if vt is list or vt is tuple:
-        items = [copy_state(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_copy(v, where, (*keys, i)) for i, v in enumerate(value)]
         return items if vt is list else tuple(items)
     if vt is dict:
         out = {}
         for k, v in value.items():
             if type(k) not in (str, int):
-                raise TypeError(f"{where}: key {k!r} is a {type(k).__name__}; "
+                raise TypeError(f"{_where(where, keys)}: key {k!r} is a {type(k).__name__}; "
                                 "state keys must be str or int")
-            out[k] = copy_state(v, f"{where}[{k!r}]")
+            out[k] = _copy(v, where, (*keys, k))
         return out
     if isinstance(value, (list, tuple, dict)):  # subclasses, e.g. OrderedDict
-        return copy_state(vt.__base__(value) if vt.__base__ in (list, tuple, dict)
-                          else dict(value), where)
-    raise TypeError(f"{where}: a {vt.__name__} cannot be part of the state; use tensors, "
-                    "numbers, str, bytes, None, and lists / tuples / dicts of these")
+        return _copy(vt.__base__(value) if vt.__base__ in (list, tuple, dict)
+                     else dict(value), where, keys)
+    raise TypeError(f"{_where(where, keys)}: a {vt.__name__} cannot be part of the state; use "
+                    "tensors, numbers, str, bytes, None, and lists / tuples / dicts of these")
+
+
+def _where(where: str, keys: tuple[Any, ...]) -> str:
+    return where + "".join(f"[{k!r}]" for k in keys)
 
 
 def check_tree(tree: Any, source: str) -> dict[str, Any]:
