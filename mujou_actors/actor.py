@@ -148,8 +148,7 @@ class Actor:
         skipped, never run as a burst.
         """
         if is_tick:
-            period = self.period_ns
-            assert period is not None
+            period: int = self.period_ns  # type: ignore[assignment]  # ticks have a period
             missed = (now_ns - due_ns) // period
             if missed > 0:
                 self.overruns += missed

@@ -712,7 +712,6 @@ class Dispatcher:
         """
         heap, due = self._heap, self._due
         simulated = self.simulated
-        claim = self._claim
         if simulated:
             now = limit_t = t
         else:
@@ -721,66 +720,85 @@ class Dispatcher:
             limit_t = now if end is None else min(now, end)
         budget = self._batch_budget_ns
         most = self._batch_max
-        spent = 0
-        batch: list[Claim] = []
+        spent = taken = 0
+        # (code, key, actors) per key; a whole bucket is taken as it is, stale
+        # entries included (the claim skips them).
+        groups: list[tuple[int, tuple[int, int], list[Actor]]] = []
         while True:
             code = (t << SHIFT) | d
-            key = (t, d)
             bucket = due[code]
-            if budget is None and len(bucket) + len(batch) <= most:
+            if budget is None and len(bucket) + taken <= most:
                 del due[code]  # the whole bucket, in the order queued
                 heapq.heappop(heap)  # code was the earliest key
                 self._queued -= len(bucket)
-                for actor in bucket:
-                    if actor.queued_code == code and not actor.busy:
-                        batch.append(claim(actor, key, now, name))
+                groups.append((code, (t, d), bucket))
+                taken += len(bucket)
             else:
-                while bucket and len(batch) < most:
+                group: list[Actor] = []
+                while bucket and taken < most:
                     actor = bucket.pop()
                     if actor.queued_code != code or actor.busy:
                         self._queued -= 1
                         continue  # stale: queued again elsewhere
                     if budget is not None:
                         spent += _cost(actor, budget)
-                        if batch and spent > budget:
+                        if taken and spent > budget:
                             bucket.append(actor)
                             break
                     self._queued -= 1
-                    batch.append(claim(actor, key, now, name))
+                    group.append(actor)
+                    taken += 1
+                groups.append((code, (t, d), group))
                 if bucket:
                     break
                 del due[code]
                 heapq.heappop(heap)
-            if simulated or len(batch) >= most or not heap:
+            if simulated or taken >= most or not heap:
                 break
             t, d = _unpack(heap[0])
             if t > limit_t or t == CONTROL_T:
                 break
+        return self._claim(groups, now, name)
+
+    def _claim(self, groups: list[tuple[Any, tuple[int, int], list[Actor]]], now: int,
+               name: str) -> list[Claim]:
+        """Make the live actors of ``groups`` busy for their timed work (lock held).
+
+        Each group is ``(code, key, actors)``: actors queued at ``key`` whose
+        ``queued_code`` must still be ``code`` (else the entry is stale). An
+        actor's trigger is consumed if due by ``key``. Returns the claims
+        ``(actor, now_ns, due_ns, is_tick, consumed trigger)``.
+        """
+        simulated = self.simulated
+        traced = self.trace is not None
+        batch: list[Claim] = []
+        for code, key, group in groups:
+            t, d = key
+            for actor in group:
+                if actor.queued_code != code or actor.busy:
+                    continue
+                actor.queued_key = actor.queued_code = None
+                actor.busy = True
+                tick = actor.next_tick_ns
+                if simulated:
+                    is_tick = d == 0 and tick == t
+                else:
+                    is_tick = tick is not None and tick <= now
+                due = tick if is_tick else 0
+                trig = actor.trigger_key
+                if trig is not None and trig <= key:
+                    actor.trigger_key = None
+                    if not is_tick:
+                        due = trig[0]
+                else:
+                    trig = None
+                actor.stamp = key
+                actor.thread_name = name
+                batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
+                if traced:  # queue depths, recorded with the hook's slice
+                    actor.depths = (self._queued, self._inflight + len(batch))
         self._inflight += len(batch)
         return batch
-
-    def _claim(self, actor: Actor, key: tuple[int, int], now: int, name: str) -> Claim:
-        """Make ``actor`` busy for its timed work at ``key`` and consume its trigger if due."""
-        actor.queued_key = actor.queued_code = None
-        actor.busy = True
-        tick = actor.next_tick_ns
-        if self.simulated:
-            is_tick = key[1] == 0 and tick == now
-        else:
-            is_tick = tick is not None and tick <= now
-        due = tick if is_tick else 0
-        trig = actor.trigger_key
-        if trig is not None and trig <= key:
-            actor.trigger_key = None
-            if not is_tick:
-                due = trig[0]
-        else:
-            trig = None
-        actor.stamp = key
-        actor.thread_name = name
-        if self.trace is not None:  # queue depths, recorded with the hook's slice
-            actor.depths = (self._queued, self._inflight + 1)
-        return actor, now, due, is_tick, trig  # type: ignore[return-value]
 
     def _run_batch(self, batch: list[Claim], name: str) -> None:
         """Run a claimed batch (called and returns with the lock held).
@@ -901,8 +919,7 @@ class Dispatcher:
         if key != CONTROL_KEY:
             assert key is not None
             now = key[0] if self.simulated else self.timer.now_ns()
-            self._inflight += 1
-            self._run_batch([self._claim(actor, key, now, name)], name)
+            self._run_batch(self._claim([(None, key, [actor])], now, name), name)
             return
         actor.queued_key = actor.queued_code = None
         actor.busy = True
