@@ -78,7 +78,9 @@ min–max; the JSON file keeps every sample.
    reports as JSON: **start s** = build the nodes + ``mujou.run(...)`` until it
    returns; **B/node** = growth of the resident set (``/proc/self/statm``)
    from before the build (after a ``gc.collect()``) to right after the start,
-   / ``N``; the main figure is no-op calls per wall second from the return
+   / ``N``; **B/node run** = the same growth read at the last instant's
+   update, once every node has run (what a running net holds, its
+   statistics included); the main figure is no-op calls per wall second from the return
    of ``mujou.run`` to the last instant's update of a marker node placed last
    in the net; **stop s** = from there until ``run.join()`` returns (the end of
    the run: every node's ``on_stop``), left out of the rate since it grows with
@@ -843,19 +845,41 @@ class Footprint:
 
 
 class LastTick(mujou.Node):
-    """Put last in the net: notes the wall time of its latest update (the last instant's)."""
+    """Notes the wall time and RSS once each instant's ticks are all done.
+
+    Its periodic part sends to its triggered ``mark`` child, whose update runs
+    at the delta cycle after every tick of the instant (simulated time), so
+    ``last`` is the end of the last instant whatever order the ticks ran in.
+    """
 
     def __init__(self):
         super().__init__(period=PERIOD_NS / 1e9)
-        self.last = 0.0
+        self.mark = Mark()
+        self.out = mujou.Output(int)
+        mujou.connect(self.out, self.mark.inp)
 
     def on_update(self, dt: float) -> None:
+        self.out.send(0)
+
+
+class Mark(mujou.Node):
+    inp = mujou.Input(int)
+
+    def __init__(self):
+        super().__init__(period=None)
+        self.last = 0.0
+        self.rss = 0
+
+    def on_update(self, dt: float) -> None:
+        self.inp.drain()
         self.last = time.perf_counter()
+        self.rss = rss_bytes()
 
 
 def timed_run(nodes: list, end_ns: int, on_start: Callable[[], None] | None = None) -> tuple:
-    """Run ``nodes`` for ``end_ns`` simulated; (updates, ticks/s until the last tick, stop s).
+    """Run ``nodes`` for ``end_ns`` simulated.
 
+    Returns (updates, ticks/s until the last instant is done, stop s, RSS then).
     The rate excludes the end of the run (``on_stop`` of every node), timed as stop s.
     """
     mark = LastTick()
@@ -868,8 +892,9 @@ def timed_run(nodes: list, end_ns: int, on_start: Callable[[], None] | None = No
     if run.running:
         run.stop()
         raise Timeout("mujou scale run did not finish")
-    updates = sum(s.updates for p, s in run.stats().nodes.items() if p != mark.path)
-    return updates, updates / (mark.last - t0), t1 - mark.last
+    marks = (mark.path, mark.mark.path)
+    updates = sum(s.updates for p, s in run.stats().nodes.items() if p not in marks)
+    return updates, updates / (mark.mark.last - t0), t1 - mark.mark.last, mark.mark.rss
 
 
 def scale_mujou(n: int, end_ns: int) -> dict:
@@ -880,13 +905,13 @@ def scale_mujou(n: int, end_ns: int) -> dict:
     fp = Footprint(n)
     nodes = [NoOp(period=PERIOD_NS / 1e9) for _ in range(n)]
     build_s = time.perf_counter() - fp.t0
-    updates, rate, stop_s = timed_run(nodes, end_ns, fp.ready)
+    updates, rate, stop_s, rss_run = timed_run(nodes, end_ns, fp.ready)
     del nodes
     gc.collect()
-    _, rate_1k, _ = timed_run([NoOp(period=PERIOD_NS / 1e9) for _ in range(1000)],
-                              end_ns * n // 1000)
+    _, rate_1k, _, _ = timed_run([NoOp(period=PERIOD_NS / 1e9) for _ in range(1000)],
+                                 end_ns * n // 1000)
     return {"count": updates, "rate": rate, "build_s": build_s, **fp.fields, "stop_s": stop_s,
-            "vs_1k": rate / rate_1k}
+            "bytes_per_node_run": (rss_run - fp.rss0) / n, "vs_1k": rate / rate_1k}
 
 
 def scale_floor(n: int, end_ns: int) -> dict:
@@ -1102,6 +1127,7 @@ COLUMNS = {
               ("stats_p99_us", "stats p99 µs", "{:.1f}")],
     "scale": [("start_s", "start s", "{:.2f}"), ("stop_s", "stop s", "{:.2f}"),
               ("bytes_per_node", "B/node", "{:,.0f}"),
+              ("bytes_per_node_run", "B/node run", "{:,.0f}"),
               ("vs_1k", "vs 1k nodes", "{:.3f}")],
     "snapshot": [("ms_max", "ms max", "{:.2f}")],
 }

@@ -40,7 +40,7 @@ class Actor:
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without
         "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp",
         "thread_name", "deliveries", "rt", "trace", "timed", "update", "context", "hook",
-        "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness", "late_n",
+        "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness",
         "hook_ns", "last_hook_ns", "deferred", "failed", "seq",
         # identity and the rest
         "node", "path", "order", "dedicated", "device", "mailbox", "triggers", "started",
@@ -78,7 +78,7 @@ class Actor:
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
         # allocates nothing); triggered as the hook ends (dispatcher.make_sink).
-        self.deferred: dict[Actor, None] = {}
+        self.deferred: dict[Actor, None] | None = None
         self.started = False
         self.failed = False
         self.updates = 0
@@ -86,7 +86,6 @@ class Actor:
         self.dt_sum = 0.0
         self.dt_max = 0.0
         self.lateness: array[float] | None = None  # ring of samples (ns), made when first used
-        self.late_n = 0  # samples written to the ring
         self.hook_ns = 0
         self.last_hook_ns = 0
         self.restarts = 0
@@ -156,13 +155,13 @@ class Actor:
             self.next_tick_ns = due_ns + period
         dt = (now_ns - self.last_update_ns) / 1e9  # type: ignore[operator]
         self.last_update_ns = now_ns
-        self.updates += 1  # counted when called: an update that raises counts too
-        if self.timed:
+        n = self.updates
+        self.updates = n + 1  # counted when called: an update that raises counts too
+        if self.timed:  # fixed for a run: every update writes a sample, the n-th at n
             ring = self.lateness
             if ring is None:
                 ring = self.lateness = array("f", bytes(4 * LATENESS_SAMPLES))
-            ring[self.late_n & _RING_MASK] = now_ns - due_ns
-            self.late_n += 1
+            ring[n & _RING_MASK] = now_ns - due_ns
             self.dt_sum += dt
             if dt > self.dt_max:
                 self.dt_max = dt
@@ -196,7 +195,7 @@ class Actor:
         Safe to call from another thread while the node runs: a sample written
         meanwhile may be the newest or not yet there.
         """
-        ring, n = self.lateness, self.late_n
+        ring, n = self.lateness, self.updates
         if ring is None:
             return []
         if n <= LATENESS_SAMPLES:

@@ -887,8 +887,8 @@ class Dispatcher:
         """
         t, d = sender.stamp
         key = (t, d + 1) if self.simulated else (t, 0)
-        deferred, sender.deferred = sender.deferred, {}
-        for reader in deferred:
+        deferred, sender.deferred = sender.deferred, None
+        for reader in deferred:  # type: ignore[union-attr]
             current = reader.trigger_key
             if current is None or key < current:
                 reader.trigger_key = key
@@ -1102,7 +1102,10 @@ class Dispatcher:
             for port, box, reader, how in plan:
                 box.append((t, d, order, seq, port, message))  # a mailbox.Delivery
                 if how is DEFER:
-                    sender.deferred[reader] = None
+                    deferred = sender.deferred
+                    if deferred is None:
+                        deferred = sender.deferred = {}
+                    deferred[reader] = None
                 elif how:
                     # Real time: the triggered update is due when the sending
                     # update was, so work caused by a tick due before the run's
