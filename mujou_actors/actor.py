@@ -39,7 +39,8 @@ class Actor:
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without
         "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp",
-        "thread_name", "deliveries", "rt", "trace", "timed", "update", "context", "hook",
+        "thread_name", "deliveries", "control", "rt", "trace", "timed", "update", "context",
+        "hook",
         "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness",
         "hook_ns", "last_hook_ns", "deferred", "failed", "seq",
         # identity and the rest
@@ -62,7 +63,9 @@ class Actor:
         self.period_ns: int | None = node._mujou_period_ns
         self.device = node._mujou_device
         self.mailbox = Mailbox()
-        self.deliveries = self.mailbox.deliveries  # the same deque, one hop less per update
+        # The mailbox's own deque and list, one hop less per update.
+        self.deliveries = self.mailbox.deliveries
+        self.control = self.mailbox.control
         # A fresh, empty context per node: contextvars set in one node's hooks
         # are seen by its later hooks and by no other node, nor by the host.
         self.context = contextvars.Context()

@@ -481,7 +481,7 @@ class Dispatcher:
         tick ``(t, 0)`` and the pending trigger; none while timed work is held
         or after the actor failed (until a restart).
         """
-        if actor.mailbox.control:
+        if actor.control:
             key = CONTROL_KEY
         elif self._mode != RUNNING or actor.failed:
             actor.queued_key = None
@@ -823,7 +823,8 @@ class Dispatcher:
             return
         members = deque(batch)
         self._batches[id(members)] = members
-        ran: list[tuple[Actor, tuple[int, int] | None]] = []
+        ran: list[Actor] = []
+        owes: dict[Actor, tuple[int, int]] = {}
         self._cond.release()
         try:
             take = members.popleft
@@ -833,16 +834,22 @@ class Dispatcher:
                     item = take()
                 except IndexError:  # given back meanwhile
                     break
-                ran.append((item[0], run(item)))
+                ran.append(item[0])
+                owed = run(item)
+                if owed is not None:
+                    owes[item[0]] = owed
         finally:
             self._cond.acquire()
             del self._batches[id(members)]
             busy_ns = 0
             schedule = self._schedule
-            for actor, owed in ran:  # _finish, inlined: this runs once per hook
+            for actor in ran:  # _finish, inlined: this runs once per hook
                 busy_ns += actor.last_hook_ns
-                if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
-                    actor.trigger_key = owed
+                if owes:
+                    owed = owes.get(actor)
+                    if owed is not None and (actor.trigger_key is None
+                                             or owed < actor.trigger_key):
+                        actor.trigger_key = owed
                 if actor.deferred:
                     self._flush_triggers(actor)
                 actor.busy = False
