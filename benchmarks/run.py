@@ -99,8 +99,9 @@ min–max; the JSON file keeps every sample.
    equals the tree's ``time_ns // period``) outside the timing. *floor*: no
    framework and no load: the same data (each node's generator entry -- its
    seed, as for a node that never drew from it --, a clone of its tensor and
-   its counter) copied from 1,000 plain objects into a fresh dict. The ratio (floor ms / mujou ms) is the share of the bare copy that
-   taking a consistent cut of a running net reaches.
+   its counter) copied from 1,000 plain objects into a fresh dict. The ratio
+   (floor ms / mujou ms) is the share of the bare copy that taking a
+   consistent cut of a running net reaches.
 
 How to read the ratios
 ----------------------
