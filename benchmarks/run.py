@@ -1165,8 +1165,9 @@ def print_table(workloads: dict) -> None:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         print(f"\n{name}: " + ", ".join(f"{k}={v}" for k, v in w["size"].items()))
         for k, row in enumerate(rows):
-            print("  " + "  ".join(x.ljust(wd) if i < 2 else x.rjust(wd)
-                                   for i, (x, wd) in enumerate(zip(row, widths, strict=True))))
+            print(("  " + "  ".join(x.ljust(wd) if i < 2 else x.rjust(wd)
+                                    for i, (x, wd) in enumerate(zip(row, widths, strict=True))
+                                    )).rstrip())
             if k == 0:
                 print("  " + "  ".join("-" * wd for wd in widths))
         for line in absent:
