@@ -60,7 +60,7 @@ min–max; the JSON file keeps every sample.
      tick early, and a tick late by a period or more stands for the latest one
      due). Column *stats p99* is mujou's own ``run.stats()`` figure for
      comparison: the largest per-node ``lateness_p99`` (over each node's last
-     1024 updates; measured from the dispatcher's clock read, before the hook).
+     256 updates; measured from the dispatcher's clock read, before the hook).
    * *threads*: one ``threading.Thread`` per node sleeping with ``time.sleep``
      until ``origin + k * period`` (absolute schedule, so no drift); a late
      thread catches up without skipping ticks.

@@ -44,9 +44,9 @@ CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
 CONTROL_T = CONTROL_KEY[0]
 
 # Batches: a worker claims up to BATCH_MAX actors that may start now per lock
-# acquisition (the only worker: BATCH_MAX_ALONE). With several workers a batch
-# also stops at BATCH_BUDGET_NS of the members' last hook times, so that slow
-# hooks spread over the workers.
+# acquisition (the only worker: BATCH_MAX_ALONE; real time with several
+# workers: one). With several workers a batch also stops at BATCH_BUDGET_NS of
+# the members' last hook times, so that slow hooks spread over the workers.
 BATCH_MAX = 64
 BATCH_MAX_ALONE = 1024
 BATCH_BUDGET_NS = 50_000
@@ -178,8 +178,27 @@ def _unpack(code: int) -> tuple[int, int]:
 
 
 def _cost(actor: Actor, budget: int) -> int:
-    """What ``actor``'s next update counts against a batch's budget, in nanoseconds."""
-    return actor.last_hook_ns if actor.timed and actor.updates else budget
+    """What ``actor``'s next update counts against a batch's budget, in nanoseconds.
+
+    Its last hook time; the whole budget for its first update (so that nodes
+    of unknown cost start in parallel); an eighth of it without timing
+    statistics (batches of eight).
+    """
+    if not actor.timed:
+        return budget // 8
+    return actor.last_hook_ns if actor.updates else budget
+
+
+class _Batch:
+    """A batch of several claims in flight on one worker (see `Dispatcher._run_batch`)."""
+
+    __slots__ = ("todo", "done", "owes", "name")
+
+    def __init__(self, claims: list[Claim], name: str) -> None:
+        self.todo: deque[Claim] = deque(claims)  # not started; `_unclaim` may take them back
+        self.done: deque[Actor] = deque()  # have run, not yet finished
+        self.owes: dict[Actor, tuple[int, int]] = {}  # trigger keys owed (apply_deliveries)
+        self.name = name  # the worker's thread
 
 
 # ---------------------------------------------------------------------------
@@ -226,9 +245,13 @@ class Dispatcher:
         self._heap: list[int] = []  # keys with queued pool actors, packed (see SHIFT)
         self._due: dict[int, list[Actor]] = {}  # their actors, in the order queued
         self._queued = 0  # entries in the buckets, stale ones included (a trace counter)
-        self._batches: dict[int, deque[Claim]] = {}  # claimed, by id, while they run
+        self._batches: dict[int, _Batch] = {}  # batches of several in flight, by id
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
-        self._batch_max = BATCH_MAX_ALONE if workers == 1 else BATCH_MAX
+        # Real time with several workers: no batches. A hook that is slow now
+        # and then would hold its batch-mates while another worker is idle,
+        # and in real time that lateness is what the user sees.
+        self._batch_max = (BATCH_MAX_ALONE if workers == 1
+                           else BATCH_MAX if timer.simulated else 1)
         self._dedicated = [a for a in actors if a.dedicated]
         self._mode = CONTROL
         self._inflight = 0
@@ -703,11 +726,10 @@ class Dispatcher:
         Simulated time: the actors queued at exactly ``(t, d)`` (the
         frontier). Real time: those of the following keys too, as long as
         they are due (and due by the run's end). At most ``BATCH_MAX`` (the
-        only worker: ``BATCH_MAX_ALONE``); with more than one worker a batch
-        also stops once the members' last hook times add up to
-        ``BATCH_BUDGET_NS``, so slow hooks are spread over the workers; a hook
-        of unknown cost (a node's first update, or no timing statistics)
-        counts as the whole budget, so such nodes run in parallel.
+        only worker: ``BATCH_MAX_ALONE``; real time with several workers: 1);
+        with more than one worker a batch also stops once the members' last
+        hook times add up to ``BATCH_BUDGET_NS`` (see `_cost`), so slow hooks
+        are spread over the workers.
         Called with the lock held and a live actor first at ``(t, d)``.
         """
         heap, due = self._heap, self._due
@@ -821,43 +843,58 @@ class Dispatcher:
                 if self._waiting:
                     self._cond.notify_all()
             return
-        members = deque(batch)
-        self._batches[id(members)] = members
-        ran: list[Actor] = []
-        owes: dict[Actor, tuple[int, int]] = {}
+        rec = _Batch(batch, name)
+        self._batches[id(rec)] = rec
         self._cond.release()
         try:
-            take = members.popleft
+            todo, done = rec.todo, rec.done
+            take = todo.popleft
             run = self._run_claimed
-            while members:
+            while todo:
                 try:
                     item = take()
                 except IndexError:  # given back meanwhile
                     break
-                ran.append(item[0])
                 owed = run(item)
                 if owed is not None:
-                    owes[item[0]] = owed
+                    rec.owes[item[0]] = owed
+                done.append(item[0])
         finally:
             self._cond.acquire()
-            del self._batches[id(members)]
-            busy_ns = 0
-            schedule = self._schedule
-            for actor in ran:  # _finish, inlined: this runs once per hook
-                busy_ns += actor.last_hook_ns
-                if owes:
-                    owed = owes.get(actor)
-                    if owed is not None and (actor.trigger_key is None
-                                             or owed < actor.trigger_key):
-                        actor.trigger_key = owed
-                if actor.deferred:
-                    self._flush_triggers(actor)
-                actor.busy = False
-                schedule(actor)
-            self._busy_ns[name] += busy_ns
-            self._inflight -= len(ran)
+            del self._batches[id(rec)]
+            self._finish_done(rec)
             if self._waiting:
                 self._cond.notify_all()
+
+    def _finish_done(self, rec: _Batch) -> None:
+        """`_finish` the members of a batch that have run (lock held).
+
+        Called as the batch ends, and by `_unclaim` while it still runs, so
+        that members behind a stuck hook are not held busy: each member is
+        taken from ``rec.done`` once, by whichever comes first.
+        """
+        busy_ns = 0
+        finished = 0
+        owes = rec.owes
+        done = rec.done
+        schedule = self._schedule
+        while done:
+            try:
+                actor = done.popleft()
+            except IndexError:
+                break
+            finished += 1
+            busy_ns += actor.last_hook_ns
+            if owes:
+                owed = owes.get(actor)
+                if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
+                    actor.trigger_key = owed
+            if actor.deferred:
+                self._flush_triggers(actor)
+            actor.busy = False
+            schedule(actor)
+        self._busy_ns[rec.name] += busy_ns
+        self._inflight -= finished
 
     def _run_claimed(self, item: Claim) -> tuple[int, int] | None:
         """Apply a claimed actor's due deliveries and run its update (no lock held).
@@ -903,11 +940,17 @@ class Dispatcher:
                     self._schedule(reader)
 
     def _unclaim(self) -> None:
-        """Give the batch members not started yet back to the schedule (lock held)."""
-        for batch in self._batches.values():
+        """Free the batches in flight of every member but the one running (lock held).
+
+        Members not started yet go back to the schedule; members that have
+        run are finished now rather than when their batch ends (a stop or a
+        cut must not wait for them behind a stuck hook).
+        """
+        for rec in self._batches.values():
+            self._finish_done(rec)
             while True:
                 try:
-                    actor, _, _, _, trig = batch.pop()
+                    actor, _, _, _, trig = rec.todo.pop()
                 except IndexError:
                     break
                 if trig is not None and (actor.trigger_key is None or trig < actor.trigger_key):

@@ -253,8 +253,9 @@ class Node:
         """
         problems = list(self._mujou_state_problems(state))
         if problems:
-            raise ValueError(f"node {self._mujou_path!r}: cannot load this state: "
-                             + "; ".join(problems))
+            where = (f"node {self._mujou_path!r}" if self._mujou_path is not None
+                     else f"{type(self).__name__} (not in a run yet)")
+            raise ValueError(f"{where}: cannot load this state: " + "; ".join(problems))
         gen = state["generator"]
         if isinstance(gen, int):
             self._mujou_reseed(gen)
@@ -281,12 +282,8 @@ class Node:
         missing = sorted(set(expected) - set(state))
         if missing:
             yield f"missing key(s) {missing}"
-        gen = state.get("generator")
-        if "generator" in state and not _is_seed(gen) and (
-                not isinstance(gen, torch.Tensor)
-                or gen.numel() != self.generator.get_state().numel()):
-            yield (f"state['generator'] does not fit a {self._mujou_device.type} generator "
-                   "(saved on another device type?); expected its state tensor or a seed")
+        if "generator" in state:
+            yield from _generator_problems(state["generator"], self._mujou_device)
         for name, value in state.items():
             if name == "generator":
                 continue
@@ -337,6 +334,35 @@ class Node:
 
 def _is_seed(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
+_generator_states: dict[str, tuple[torch.dtype, int]] = {}
+
+
+def _generator_problems(gen: Any, device: torch.device) -> Iterator[str]:
+    """What keeps ``gen`` from being a generator entry for a node on ``device``.
+
+    A seed fits any device. A state tensor must be what ``get_state`` gives
+    for this device type (a CPU generator's and a CUDA generator's differ);
+    that dtype and size are learnt once per device type from a throwaway
+    generator, so checking never makes the node's own.
+    """
+    if _is_seed(gen):
+        return
+    kind = device.type
+    if not isinstance(gen, torch.Tensor):
+        text = repr(gen) if isinstance(gen, (int, float, str, type(None))) else type(gen).__name__
+        yield (f"state['generator'] is {text}: expected a seed (an int in [0, 2**64)) or "
+               f"the state tensor of a {kind} generator")
+        return
+    spec = _generator_states.get(kind)
+    if spec is None:
+        state = torch.Generator(device=device).get_state()
+        spec = _generator_states[kind] = (state.dtype, state.numel())
+    if (gen.dtype, gen.numel()) != spec:
+        yield (f"state['generator'] is a {gen.dtype} tensor of {gen.numel()} elements; a "
+               f"{kind} generator's state is {spec[0]} of {spec[1]} (saved on another device "
+               "type?)")
 
 
 def iter_nodes(prefix: str, value: Any) -> Iterator[tuple[str, Node]]:

@@ -210,12 +210,23 @@ def test_a_seed_state_loads_into_a_used_or_unused_generator() -> None:
     assert torch.equal(torch.rand(3, generator=used.generator), reference)
 
 
-@pytest.mark.parametrize("bad", [-1, 2**64, True, 1.5, "9"])
-def test_a_generator_entry_that_is_neither_state_nor_seed_is_refused(bad) -> None:
+@pytest.mark.parametrize("bad, said", [
+    (-1, "is -1"), (2**64, "is 18446744073709551616"), (True, "is True"), (1.5, "is 1.5"),
+    ("9", "is '9'"), (None, "is None"), ([1, 2], "is list"),
+    (torch.zeros(5056), "is a torch.float32 tensor of 5056 elements"),
+    (torch.zeros(16, dtype=torch.uint8), "is a torch.uint8 tensor of 16 elements"),
+])
+def test_a_generator_entry_that_is_neither_state_nor_seed_is_refused(bad, said: str) -> None:
     node = mujou.Node(seed=1)
 
-    with pytest.raises(ValueError, match="state\\['generator'\\] does not fit"):
+    with pytest.raises(ValueError) as info:
         node.load_state_dict({"generator": bad})
+
+    message = str(info.value)
+    assert message.startswith("Node (not in a run yet): cannot load this state: ")
+    assert f"state['generator'] {said}" in message
+    assert "seed (an int in [0, 2**64))" in message or "generator's state is" in message
+    assert node._mujou_generator is None  # checking made no generator
     assert node.state_dict()["generator"] == 1  # unchanged
 
 
