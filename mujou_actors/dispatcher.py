@@ -862,28 +862,33 @@ class Dispatcher:
         finally:
             self._cond.acquire()
             del self._batches[id(rec)]
-            self._finish_done(rec)
+            self._finish_done(rec, final=True)
             if self._waiting:
                 self._cond.notify_all()
 
-    def _finish_done(self, rec: _Batch) -> None:
+    def _finish_done(self, rec: _Batch, final: bool = False) -> None:
         """`_finish` the members of a batch that have run (lock held).
 
-        Called as the batch ends, and by `_unclaim` while it still runs, so
-        that members behind a stuck hook are not held busy: each member is
-        taken from ``rec.done`` once, by whichever comes first.
+        Called as the batch ends (``final``: its worker appends no more), and
+        by `_unclaim` while it still runs, so that members behind a stuck hook
+        are not held busy: each member is taken from ``rec.done`` once, by
+        whichever comes first.
         """
-        busy_ns = 0
-        finished = 0
-        owes = rec.owes
         done = rec.done
+        if final:
+            actors = list(done)
+            done.clear()
+        else:  # the worker may append meanwhile: take one at a time
+            actors = []
+            while True:
+                try:
+                    actors.append(done.popleft())
+                except IndexError:
+                    break
+        busy_ns = 0
+        owes = rec.owes
         schedule = self._schedule
-        while done:
-            try:
-                actor = done.popleft()
-            except IndexError:
-                break
-            finished += 1
+        for actor in actors:
             busy_ns += actor.last_hook_ns
             if owes:
                 owed = owes.get(actor)
@@ -894,7 +899,7 @@ class Dispatcher:
             actor.busy = False
             schedule(actor)
         self._busy_ns[rec.name] += busy_ns
-        self._inflight -= finished
+        self._inflight -= len(actors)
 
     def _run_claimed(self, item: Claim) -> tuple[int, int] | None:
         """Apply a claimed actor's due deliveries and run its update (no lock held).
