@@ -340,13 +340,15 @@ def pingpong_asyncio(n: int) -> dict:
 
 if pykka is not None:
 
-    class PykkaPonger(pykka.ThreadingActor):
-        def __init__(self, ping):
+    class PykkaRelay(pykka.ThreadingActor):
+        """Tells every message it receives to ``target`` (pong, and fan-out workers)."""
+
+        def __init__(self, target):
             super().__init__()
-            self.ping = ping
+            self.target = target
 
         def on_receive(self, message):
-            self.ping.tell(message)
+            self.target.tell(message)
 
     class PykkaPinger(pykka.ThreadingActor):
         def __init__(self, n: int, done: threading.Event):
@@ -378,7 +380,7 @@ if pykka is not None:
 def pingpong_pykka(n: int) -> dict:
     done = threading.Event()
     ping = PykkaPinger.start(n, done)
-    pong = PykkaPonger.start(ping)
+    pong = PykkaRelay.start(ping)
     try:
         gc.collect()
         ping.tell(("start", pong))
@@ -547,14 +549,6 @@ if pykka is not None:
                 self.done.set()
             return None
 
-    class PykkaWorker(pykka.ThreadingActor):
-        def __init__(self, sink):
-            super().__init__()
-            self.sink = sink
-
-        def on_receive(self, message):
-            self.sink.tell(message)
-
     class PykkaSource(pykka.ThreadingActor):
         def __init__(self, m: int, workers: list):
             super().__init__()
@@ -573,7 +567,7 @@ if pykka is not None:
 def fanout_pykka(m: int) -> dict:
     done = threading.Event()
     sink = PykkaSink.start(m, done)
-    workers = [PykkaWorker.start(sink) for _ in range(FAN_WORKERS)]
+    workers = [PykkaRelay.start(sink) for _ in range(FAN_WORKERS)]
     src = PykkaSource.start(m, workers)
     try:
         gc.collect()
