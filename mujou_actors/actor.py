@@ -12,6 +12,8 @@ import contextlib
 import contextvars
 import time
 from array import array
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from .devices import receive
@@ -26,6 +28,7 @@ LATENESS_SAMPLES = 256
 _RING_MASK = LATENESS_SAMPLES - 1
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
+_INPUT, _MESSAGE = itemgetter(4), itemgetter(5)  # fields of a mailbox.Delivery
 
 
 class Actor:
@@ -127,8 +130,12 @@ class Actor:
             self.applied = taken
         rt = self.rt
         if rt is None:
-            for d in taken:  # (t_ns, delta, sender, seq, input, message)
+            if len(taken) == 1:
+                d = taken[0]  # (t_ns, delta, sender, seq, input, message)
                 d[4]._push(d[5])
+            else:  # runs of messages for one Input go in with one extend
+                for port, run in groupby(taken, _INPUT):
+                    port._push_many(list(map(_MESSAGE, run)))
         else:
             with self.on_stream():
                 for d in taken:

@@ -418,17 +418,29 @@ class Input(Port):
         """Keep one message (called by the owning actor before its hook runs)."""
         buf = self._buffer
         if self._depth is not None and len(buf) == self._depth:
-            self._drops += 1
-            if self._drops == 1:
-                # depth=1 asks for "the newest value": dropping is the intent
-                # there, so it is logged at INFO; a deeper queue overflowing
-                # means a reader that cannot keep up.
-                log.log(
-                    logging.INFO if self._depth == 1 else logging.WARNING,
-                    "input %r is full (depth %d): dropping its oldest messages; "
-                    "drops are counted in run.stats()", self.path, self._depth,
-                )
+            self._count_drops(1)
         buf.append(message)
+
+    def _push_many(self, messages: list[Any]) -> None:
+        """Keep several messages, oldest first: as many `_push` calls, in one go."""
+        buf = self._buffer
+        if self._depth is not None:
+            over = len(buf) + len(messages) - self._depth
+            if over > 0:
+                self._count_drops(over)
+        buf.extend(messages)  # the deque's maxlen drops the oldest
+
+    def _count_drops(self, n: int) -> None:
+        self._drops += n
+        if self._drops == n:
+            # depth=1 asks for "the newest value": dropping is the intent
+            # there, so it is logged at INFO; a deeper queue overflowing
+            # means a reader that cannot keep up.
+            log.log(
+                logging.INFO if self._depth == 1 else logging.WARNING,
+                "input %r is full (depth %d): dropping its oldest messages; "
+                "drops are counted in run.stats()", self.path, self._depth,
+            )
 
     def _reset(self) -> None:
         self._buffer.clear()

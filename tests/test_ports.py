@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import NamedTuple
 
 import pytest
@@ -257,6 +258,45 @@ def test_qos_depth_drops_oldest_and_counts_drops() -> None:
     # keeps the newest 2; t=0.04 sees the 10 of t=0.02 and t=0.03.
     assert net.rx.seen == [[4, 5], [14, 15]]
     assert run.stats().nodes["rx"].drops == {"inp": 3 + 8}
+
+
+@pytest.mark.parametrize("depth", [None, 1, 3])
+def test_messages_pushed_together_keep_and_drop_as_one_by_one(depth, caplog) -> None:
+    one, many = mujou.Input(int, depth=depth), mujou.Input(int, depth=depth)
+    one._bind(object(), "one")
+    many._bind(object(), "many")
+
+    with caplog.at_level(logging.INFO, logger="mujou_actors"):
+        for batch in ([1, 2], [3, 4, 5, 6], [7]):
+            for m in batch:
+                one._push(m)
+            many._push_many(batch)
+
+    assert list(many._buffer) == list(one._buffer)
+    assert many.drops == one.drops == (0 if depth is None else 7 - depth)
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("'object.many' is full" in m for m in logged) == (depth is not None)  # once
+
+
+def test_deliveries_for_two_inputs_keep_their_order_per_input() -> None:
+    from mujou_actors.actor import Actor
+
+    class Two(mujou.Node):
+        a = mujou.Input(int, depth=None)
+        b = mujou.Input(int, depth=None)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+
+    node = Two()
+    ports = node._mujou_ports()
+    actor = Actor(node, "two", 0)
+    for seq, (name, m) in enumerate([("a", 1), ("a", 2), ("b", 10), ("a", 3), ("b", 11)]):
+        actor.deliveries.append((0, 0, 1, seq, ports[name], m))
+
+    actor.apply_deliveries(None)
+
+    assert node.a.drain() == [1, 2, 3] and node.b.drain() == [10, 11]
 
 
 def test_read_returns_newest_kept_and_none_after_drain() -> None:
