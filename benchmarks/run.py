@@ -187,16 +187,22 @@ def percentile(values: list[int], q: float) -> float:
 # --------------------------------------------------------------------------- 1. ticks
 
 
-def ticks_mujou(n: int, end_ns: int) -> dict:
-    nodes = [NoOp(period=PERIOD_NS / 1e9) for _ in range(n)]
-    gc.collect()
-    run = mujou.run(nodes, timer="simulated", duration=end_ns / 1e9)
+def timed_join(run: mujou.Run, what: str) -> tuple[float, float]:
+    """``run.join()`` bounded by ``WAIT_S``; (wall time before, after) in s."""
     t0 = time.perf_counter()
     run.join(timeout=WAIT_S)
     t1 = time.perf_counter()
     if run.running:
         run.stop()
-        raise Timeout("mujou ticks did not finish")
+        raise Timeout(f"mujou {what} did not finish")
+    return t0, t1
+
+
+def ticks_mujou(n: int, end_ns: int) -> dict:
+    nodes = [NoOp(period=PERIOD_NS / 1e9) for _ in range(n)]
+    gc.collect()
+    run = mujou.run(nodes, timer="simulated", duration=end_ns / 1e9)
+    t0, t1 = timed_join(run, "ticks")
     updates = sum(s.updates for s in run.stats().nodes.values())
     return {"count": updates, "rate": updates / (t1 - t0)}
 
@@ -881,12 +887,7 @@ def timed_run(nodes: list, end_ns: int, on_start: Callable[[], None] | None = No
     run = mujou.run([*nodes, mark], timer="simulated", duration=end_ns / 1e9)
     if on_start is not None:
         on_start()
-    t0 = time.perf_counter()
-    run.join(timeout=WAIT_S)
-    t1 = time.perf_counter()
-    if run.running:
-        run.stop()
-        raise Timeout("mujou scale run did not finish")
+    t0, t1 = timed_join(run, "scale run")
     marks = (mark.path, mark.mark.path)
     updates = sum(s.updates for p, s in run.stats().nodes.items() if p not in marks)
     return updates, updates / (mark.mark.last - t0), t1 - mark.mark.last, mark.mark.rss
