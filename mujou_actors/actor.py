@@ -17,7 +17,7 @@ from operator import itemgetter
 from typing import Any
 
 from .devices import receive
-from .mailbox import Mailbox
+from .mailbox import MASK, SHIFT, Mailbox
 
 __all__ = ["Actor", "LATENESS_SAMPLES"]
 
@@ -28,7 +28,7 @@ LATENESS_SAMPLES = 256
 _RING_MASK = LATENESS_SAMPLES - 1
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
-_INPUT, _MESSAGE = itemgetter(4), itemgetter(5)  # fields of a mailbox.Delivery
+_SLOT, _MESSAGE = itemgetter(3), itemgetter(4)  # fields of a delivery in a mailbox
 
 
 class Actor:
@@ -41,13 +41,13 @@ class Actor:
         # every update: schedule (guarded by the dispatcher's lock while not
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without
-        "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp",
+        "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp", "code",
         "thread_name", "deliveries", "control", "rt", "trace", "timed", "update", "context",
         "hook",
         "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness",
         "hook_ns", "last_hook_ns", "deferred", "failed", "seq",
         # identity and the rest
-        "node", "path", "order", "dedicated", "device", "mailbox", "triggers", "started",
+        "node", "path", "order", "dedicated", "device", "mailbox", "inputs", "triggers", "started",
         "overruns", "restarts",
         # CUDA (None for a net that uses no CUDA; see devices.py)
         "stream", "copy_streams", "waiter",
@@ -72,19 +72,26 @@ class Actor:
         # A fresh, empty context per node: contextvars set in one node's hooks
         # are seen by its later hooks and by no other node, nor by the host.
         self.context = contextvars.Context()
-        self.triggers: frozenset[Any] = frozenset()
+        # The node's Inputs; a delivery names its Input by index in this
+        # tuple. An int keeps the delivery tuple free of references to
+        # tracked objects, so the garbage collector untracks it in its first
+        # pass instead of scanning every queued message again and again (at
+        # 200,000 queued messages that was two thirds of a send's cost).
+        self.inputs: tuple[Any, ...] = ()
+        self.triggers: frozenset[int] = frozenset()  # indices of triggering Inputs
         self.next_tick_ns: int | None = None
         self.trigger_key: tuple[int, int] | None = None
         self.queued_key: tuple[int, int] | None = None
         self.queued_code: int | None = None  # its entry in the dispatcher's heap
         self.busy = False
         self.hook: str | None = None
-        self.stamp: tuple[int, int] = (0, 0)
+        self.stamp: tuple[int, int] = (0, 0)  # (t_ns, delta) of the hook in flight
+        self.code = 0  # the same, packed (mailbox.pack): what its sends carry
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
-        # allocates nothing); triggered as the hook ends (dispatcher.make_sink).
-        self.deferred: dict[Actor, None] | None = None
+        # allocates nothing); triggered as the hook ends (dispatcher.make_send).
+        self.deferred: dict[Actor, None] | None = None  # made at wiring for a sender that defers
         self.started = False
         self.failed = False
         self.updates = 0
@@ -115,8 +122,19 @@ class Actor:
         if self.last_update_ns is None:  # a restore sets it: dt goes on as it was
             self.last_update_ns = start_ns
 
-    def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
+    def slot(self, port: Any) -> int:
+        """Index of ``port`` (one of the node's Inputs) in `inputs`: what a delivery names."""
+        for i, p in enumerate(self.inputs):
+            if p is port:
+                return i
+        raise ValueError(f"input {port.path!r} is not an input of node {self.path!r}")
+
+    def apply_deliveries(self, before: int | None) -> tuple[int, int] | None:
         """Push due deliveries into the node's Inputs.
+
+        Args:
+            before: the packed stamp of the hook about to run (simulated
+                time), or None (real time: every delivery is due).
 
         Returns:
             The trigger key ``(t, delta + 1)`` owed to the earliest triggering
@@ -129,22 +147,24 @@ class Actor:
         if self.trace is not None:
             self.applied = taken
         rt = self.rt
+        inputs = self.inputs
         if rt is None:
             if len(taken) == 1:
-                d = taken[0]  # (t_ns, delta, sender, seq, input, message)
-                d[4]._push(d[5])
+                d = taken[0]  # (code, sender, seq, input slot, message)
+                inputs[d[3]]._push(d[4])
             else:  # runs of messages for one Input go in with one extend
-                for port, run in groupby(taken, _INPUT):
-                    port._push_many(list(map(_MESSAGE, run)))
+                for slot, run in groupby(taken, _SLOT):
+                    inputs[slot]._push_many(list(map(_MESSAGE, run)))
         else:
             with self.on_stream():
                 for d in taken:
-                    d[4]._push(receive(d[5], self.device, self.stream, self.copy_streams, rt))
+                    inputs[d[3]]._push(
+                        receive(d[4], self.device, self.stream, self.copy_streams, rt))
         triggers = self.triggers
         owed = None
         for d in kept:
-            if d[4] in triggers:
-                key = (d[0], d[1] + 1)
+            if d[3] in triggers:
+                key = (d[0] >> SHIFT, (d[0] & MASK) + 1)
                 if owed is None or key < owed:
                     owed = key
         return owed

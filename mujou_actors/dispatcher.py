@@ -33,7 +33,7 @@ from typing import Any
 
 from .actor import Actor
 from .errors import NotRunningError
-from .mailbox import HOST_ORDER, Delivery, Start, Stop
+from .mailbox import HOST_ORDER, MASK, SHIFT, Delivery, Start, Stop, pack, unpack
 from .timers import Timer, tight_timer_slack
 
 __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
@@ -41,6 +41,7 @@ __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
 log = logging.getLogger("mujou_actors")
 
 CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
+CONTROL_CODE = pack(CONTROL_KEY)
 CONTROL_T = CONTROL_KEY[0]
 
 # Batches: a worker claims up to BATCH_MAX actors that may start now per lock
@@ -52,18 +53,17 @@ BATCH_MAX_ALONE = 1024
 BATCH_BUDGET_NS = 50_000
 
 # The ready queue is a calendar: a heap of the distinct keys (instants) at
-# which actors are queued, each packed into one int ``(t << 32) | delta``
-# (sorts like the tuple, compares in C), and per key a list of its actors
-# (a bucket). Nodes on a common grid of periods share keys, so queueing and
-# taking an actor is O(1) for all but the first of a key. Actors of one key
-# are equally due; a bucket is taken whole, in the order queued, when it fits
-# in a batch, else from its end. A delta cycle count stays below 2**32.
-SHIFT, MASK = 32, (1 << 32) - 1
+# which actors are queued, each packed into one int (mailbox.pack: sorts like
+# the tuple, compares in C), and per key a list of its actors (a bucket).
+# Nodes on a common grid of periods share keys, so queueing and taking an
+# actor is O(1) for all but the first of a key. Actors of one key are equally
+# due; a bucket is taken whole, in the order queued, when it fits in a batch,
+# else from its end.
 
 # Messages of these exact types are immutable: a send shares them uncopied.
 SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
 
-# How a send triggers a reader (see make_sink).
+# How a send triggers a reader (see make_send).
 NOW, DEFER = 1, 2
 
 # A claimed hook: (actor, now_ns, due_ns, is_tick, consumed trigger key).
@@ -172,9 +172,13 @@ def _on_time(loop: Callable[..., None], *args: Any) -> None:
     loop(*args)
 
 
-def _unpack(code: int) -> tuple[int, int]:
-    """The ``(t_ns, delta)`` key packed in a ready-queue code (see SHIFT)."""
-    return code >> SHIFT, code & MASK
+def _not_in_hook(sender: Actor, output: Any, send: Callable[[Any], None]) -> NotRunningError:
+    """The error of a send made outside a hook of the port's node (cold path)."""
+    if output.__dict__.get("send") is not send:  # kept from a run that has ended
+        return NotRunningError(f"output {output.path!r}: send() needs a running net")
+    return NotRunningError(
+        f"output {output.path!r}: send() from outside a hook of node "
+        f"{sender.path or '<root>'!r}")
 
 
 def _cost(actor: Actor, budget: int) -> int:
@@ -539,7 +543,7 @@ class Dispatcher:
     def _global_min(self) -> tuple[int, int] | None:
         """Earliest key of all pending work, dropping stale heap entries."""
         top = self._top()
-        best = None if top is None else _unpack(top.queued_code)  # type: ignore[arg-type]
+        best = None if top is None else unpack(top.queued_code)  # type: ignore[arg-type]
         for actor in self._dedicated:
             k = actor.queued_key
             if k is not None and not actor.busy and (best is None or k < best):
@@ -777,7 +781,7 @@ class Dispatcher:
                 heapq.heappop(heap)
             if simulated or taken >= most or not heap:
                 break
-            t, d = _unpack(heap[0])
+            t, d = unpack(heap[0])
             if t > limit_t or t == CONTROL_T:
                 break
         return self._claim(groups, now, name)
@@ -796,6 +800,7 @@ class Dispatcher:
         batch: list[Claim] = []
         for code, key, group in groups:
             t, d = key
+            stamp_code = pack(key) if code is None else code  # None: a dedicated thread's
             for actor in group:
                 if actor.queued_code != code or actor.busy:
                     continue
@@ -815,6 +820,7 @@ class Dispatcher:
                 else:
                     trig = None
                 actor.stamp = key
+                actor.code = stamp_code
                 actor.thread_name = name
                 batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
                 if traced:  # queue depths, recorded with the hook's slice
@@ -912,7 +918,7 @@ class Dispatcher:
             if not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.deliveries:
-                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
+                owed = actor.apply_deliveries(actor.code if self.simulated else None)
             actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
@@ -932,17 +938,18 @@ class Dispatcher:
     def _flush_triggers(self, sender: Actor) -> None:
         """Apply the triggers that ``sender``'s sends deferred to the end of its hook.
 
-        Their key is that of every send of the hook (see `make_sink`).
+        Their key is that of every send of the hook (see `make_send`).
         """
         t, d = sender.stamp
         key = (t, d + 1) if self.simulated else (t, 0)
-        deferred, sender.deferred = sender.deferred, None
+        deferred = sender.deferred
         for reader in deferred:  # type: ignore[union-attr]
             current = reader.trigger_key
             if current is None or key < current:
                 reader.trigger_key = key
                 if not reader.busy:
                     self._schedule(reader)
+        deferred.clear()  # type: ignore[union-attr]  # the sends hold this very dict
 
     def _unclaim(self) -> None:
         """Free the batches in flight of every member but the one running (lock held).
@@ -1001,7 +1008,7 @@ class Dispatcher:
 
     def _run_control(self, actor: Actor, envelope: Any) -> None:
         if isinstance(envelope, Start):
-            actor.stamp = CONTROL_KEY
+            actor.stamp, actor.code = CONTROL_KEY, CONTROL_CODE
             try:
                 actor.call("on_start")
             except BaseException as exc:  # noqa: BLE001
@@ -1074,7 +1081,9 @@ class Dispatcher:
 
     def pending_deliveries(self, actor: Actor) -> list[Delivery]:
         """The actor's undelivered messages in delivery order (call while held)."""
-        items = [Delivery._make(d) for d in actor.mailbox.deliveries]
+        inputs = actor.inputs
+        items = [Delivery(*unpack(d[0]), d[1], d[2], inputs[d[3]], d[4])
+                 for d in actor.mailbox.deliveries]
         if self.simulated:
             items.sort(key=lambda d: (d.t_ns, d.delta, d.sender, d.seq))
         return items
@@ -1097,12 +1106,12 @@ class Dispatcher:
                     if self._waiting:
                         self._cond.notify()
 
-    def host_deliver(self, actor: Actor, port: Any, message: Any, triggers: bool) -> None:
-        """Deliver a message written by the host (run.write, inputs=)."""
+    def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> None:
+        """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``."""
         with self._cond:
             self._host_seq += 1
             seq = self._host_seq
-            actor.mailbox.deliveries.append((-1, 0, HOST_ORDER, seq, port, message))
+            actor.mailbox.deliveries.append((CONTROL_CODE, HOST_ORDER, seq, slot, message))
             if triggers:
                 if self._mode == CONTROL:
                     key = CONTROL_KEY  # made (start, 1) when the timer starts
@@ -1119,58 +1128,121 @@ class Dispatcher:
                     if self._waiting:
                         self._cond.notify()
 
-    def make_sink(self, sender: Actor, routes: list[tuple[Any, Actor, bool]],
-                  view: Any, copy: Callable[[Any], Any]) -> Callable[[Any, Any], None]:
-        """Build the function an Output of ``sender`` hands its messages to.
+    def make_send(self, sender: Actor, output: Any, routes: list[tuple[Any, Actor, bool]],
+                  view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """Build the ``send`` of one Output of ``sender`` for this run.
+
+        The run installs it on the Output, so a hook's ``out.send(value)`` is a
+        single call that checks, copies, stamps and delivers (see
+        `ports.Output.send` for what it promises).
 
         Args:
             sender: the actor owning the Output.
+            output: the Output.
             routes: ``(input, reader actor, triggers)`` for every connected Input.
             view: the host's view of the Output (``last`` and ``listeners``).
             copy: makes the message the readers share from the sent value
                 (value semantics, on the path the readers' devices ask for).
         """
-        simulated = self.simulated
-        trigger = self.trigger
-        order = sender.order
-        trace = self.trace
         # A trigger is deferred to the end of the sending hook when nothing
         # could run the reader earlier anyway: in simulated time (a triggered
         # update at (t, d + 1) waits for the instant (t, d) to finish), and in
         # real time with one worker busy with the sender. That saves a lock
         # hand-over per send.
-        plan = [(port, reader.mailbox.deliveries, reader,
-                 0 if not triggers else DEFER if self._defers(sender, reader) else NOW)
+        plan = [(reader.slot(port), reader.mailbox.deliveries, reader,
+                 0 if not triggers else DEFER if self._defers(sender, reader) else NOW,
+                 port if port in output._strict_readers else None)
                 for port, reader, triggers in routes]
+        if sender.deferred is None and any(route[3] is DEFER for route in plan):
+            sender.deferred = {}  # made once; emptied as each hook ends
+        if len(plan) == 1 and self.trace is None:
+            return self._send_one(sender, output, plan[0], view, copy)
+        return self._send_many(sender, output, routes, plan, view, copy)
 
-        def sink(output: Any, message: Any) -> None:
+    def _send_one(self, sender: Actor, output: Any, route: tuple[Any, ...],
+                  view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """`make_send` for an Output with one reader and no trace: the common case, lean."""
+        check, exact = output._check, output._spec.exact
+        slot, box, reader, how, narrow = route
+        reader_check, reader_exact = (None, None) if narrow is None else (
+            narrow._check, narrow._spec.exact)
+        append = box.append
+        deferred = sender.deferred
+        order = sender.order
+        trigger = self.trigger
+        simulated = self.simulated
+
+        def send(value: Any) -> None:
+            vt = type(value)
+            if check is not None and vt is not exact:
+                value = check(value)
+                vt = type(value)
+            if reader_check is not None and vt is not reader_exact:  # a narrower reader
+                value = reader_check(value)
+                vt = type(value)
             if sender.hook is None:
-                raise NotRunningError(
-                    f"output {output.path!r}: send() from outside a hook of node "
-                    f"{sender.path or '<root>'!r}")
-            if type(message) not in SCALARS:  # immutable: shared as it is
-                message = copy(message)
+                raise _not_in_hook(sender, output, send)
+            if vt not in SCALARS:  # immutable: shared as it is
+                value = copy(value)
             seq = sender.seq = sender.seq + 1
+            append((sender.code, order, seq, slot, value))  # a delivery (mailbox.Delivery)
+            if how is DEFER:
+                deferred[reader] = None
+            elif how:
+                # Real time: the triggered update is due when the sending
+                # update was, so work caused by a tick due before the run's
+                # end still runs, and lateness is end-to-end.
+                t, d = sender.stamp
+                trigger(reader, (t, d + 1) if simulated else (t, 0))
+            view.last = value
+            if view.listeners:
+                view.publish(value)
+
+        return send
+
+    def _send_many(self, sender: Actor, output: Any, routes: list[tuple[Any, Actor, bool]],
+                   plan: list[tuple[Any, ...]], view: Any,
+                   copy: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """`make_send` for any number of readers, traced or not."""
+        check = output._check
+        order = sender.order
+        trigger = self.trigger
+        simulated = self.simulated
+        trace = self.trace
+        deferred = sender.deferred
+        checks = [None if route[4] is None else route[4]._check for route in plan]
+        narrow = any(c is not None for c in checks)
+
+        def send(value: Any) -> None:
+            if check is not None:
+                value = check(value)
+            # Every reader's check passes before anything is delivered; a
+            # narrower reader gets the value as its own check gives it (an int
+            # becomes a float for a float Input; other values come back as they
+            # are, so they share the one copy).
+            narrowed = [value if c is None else c(value) for c in checks] if narrow else None
+            if sender.hook is None:
+                raise _not_in_hook(sender, output, send)
+            shared = value if type(value) in SCALARS else copy(value)
+            seq = sender.seq = sender.seq + 1
+            code = sender.code
             t, d = sender.stamp
             if trace is not None:  # before any reader can see the message
                 trace.send(sender, output, seq, routes)
-            for port, box, reader, how in plan:
-                box.append((t, d, order, seq, port, message))  # a mailbox.Delivery
+            for i, (slot, box, reader, how, _) in enumerate(plan):
+                message = shared
+                if narrowed is not None and type(narrowed[i]) in SCALARS:
+                    message = narrowed[i]
+                box.append((code, order, seq, slot, message))  # a delivery (mailbox.Delivery)
                 if how is DEFER:
-                    deferred = sender.deferred
-                    if deferred is None:
-                        deferred = sender.deferred = {}
                     deferred[reader] = None
                 elif how:
-                    # Real time: the triggered update is due when the sending
-                    # update was, so work caused by a tick due before the run's
-                    # end still runs, and lateness is end-to-end.
                     trigger(reader, (t, d + 1) if simulated else (t, 0))
-            view.last = message
+            view.last = shared
             if view.listeners:
-                view.publish(message)
+                view.publish(shared)
 
-        return sink
+        return send
 
     def _defers(self, sender: Actor, reader: Actor) -> bool:
         """Whether ``sender``'s triggers of ``reader`` may wait for the end of its hook."""

@@ -9,23 +9,43 @@ Two kinds of envelope reach an actor:
   sender's sequence number. Ordering by that stamp is what makes simulated
   runs deterministic whatever the number of workers.
 
+A ``(t_ns, delta)`` key travels packed into one int, ``(t_ns << 32) | delta``
+(`pack`): it sorts like the tuple and compares in C. The dispatcher's ready
+queue and the deliveries use the same packing.
+
 Timer ticks are not queued: a node's next tick is a single due time in its
 schedule, so a late node skips ticks instead of accumulating a burst.
 """
 
 from __future__ import annotations
 
-import operator
+from bisect import bisect_left
 from collections import deque
+from itertools import repeat, starmap
 from typing import Any, NamedTuple
 
 from .devices import map_tensors
 from .state import copy_state
 
-__all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER"]
+__all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
+           "SHIFT", "MASK", "pack", "unpack"]
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
 HOST_ORDER = -1
+
+# A packed key: (t_ns << SHIFT) | delta. A delta cycle count stays below 2**32;
+# t_ns may be -1 (control envelopes, before any timed key).
+SHIFT, MASK = 32, (1 << 32) - 1
+
+
+def pack(key: tuple[int, int]) -> int:
+    """``(t_ns, delta)`` packed into one int that sorts like the tuple."""
+    return (key[0] << SHIFT) | key[1]
+
+
+def unpack(code: int) -> tuple[int, int]:
+    """The ``(t_ns, delta)`` key packed in ``code`` (see `pack`)."""
+    return code >> SHIFT, code & MASK
 
 
 class Start:
@@ -98,16 +118,25 @@ class Restore:
 class Delivery(NamedTuple):
     """A message for one Input, with its stamp (sorts by the first four fields).
 
-    The mailbox holds deliveries as plain tuples in this field order (a
-    NamedTuple costs five times as much to build, once per message and
-    reader); this class names the fields for code off the hot path.
+    This class names the fields for code off the hot path. The mailbox holds
+    each delivery as a plain tuple ``(code, sender, seq, slot, message)``:
+
+    * ``code``: ``t_ns`` and ``delta`` packed (`pack`), so that the tuples
+      themselves sort by stamp, and the stamps are unique, so a comparison
+      never reaches the message;
+    * ``slot``: the Input's index in the reader's ``actor.inputs``.
+
+    A NamedTuple costs five times as much to build, once per message and
+    reader. And a tuple of ints and an immutable message holds no reference
+    the garbage collector must follow, so the collector untracks it in its
+    first pass instead of scanning every queued message again and again.
     """
 
     t_ns: int          # run time of the sending hook
     delta: int         # delta cycle of the sending hook
     sender: int        # sender's order in the net (HOST_ORDER for the host)
     seq: int           # sender's send counter
-    input: Any         # the Input port
+    input: Any         # the Input port (its index, in a mailbox)
     message: Any
 
 
@@ -124,38 +153,34 @@ class Mailbox:
         # A list, not a deque (56 bytes against 760 empty): control envelopes
         # are few, and only ever touched under the dispatcher's lock.
         self.control: list[Any] = []
-        self.deliveries: deque[tuple[Any, ...]] = deque()  # Delivery fields
+        self.deliveries: deque[tuple[Any, ...]] = deque()  # (code, sender, seq, slot, message)
 
     def take_deliveries(
-        self, before: tuple[int, int] | None
+        self, before: int | None
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Remove and return the deliveries to apply before a hook.
 
         Args:
-            before: ``(t_ns, delta)`` of the hook about to run in a simulated
-                run: only deliveries stamped earlier are taken, sorted by stamp.
-                ``None`` (real time): all, in arrival order.
+            before: the packed ``(t_ns, delta)`` of the hook about to run in a
+                simulated run: only deliveries stamped earlier are taken,
+                sorted by stamp. ``None`` (real time): all, in arrival order.
 
         Returns:
             ``(taken, kept)``: the deliveries to apply, and those left in the
             mailbox for a later hook (stamped at or after ``before``).
         """
         queue = self.deliveries
-        taken: list[tuple[Any, ...]] = []
-        pop = queue.popleft
-        try:
-            while True:
-                taken.append(pop())
-        except IndexError:
-            pass
+        # Exactly as many pops as there are deliveries now, in C: senders on
+        # other threads may append meanwhile (those wait for a later hook), and
+        # list(queue) + clear() could lose a message appended between the two.
+        taken: list[tuple[Any, ...]] = list(starmap(queue.popleft, repeat((), len(queue))))
         if before is None or not taken:
             return taken, []
-        kept = [x for x in taken if x[:2] >= before]
-        if kept:
-            taken = [x for x in taken if x[:2] < before]
-            queue.extendleft(reversed(kept))
-        taken.sort(key=_stamp)
+        taken.sort()  # by (code, sender, seq): unique, so the message is never compared
+        if taken[-1][0] < before:
+            return taken, []
+        cut = bisect_left(taken, (before,))  # (before,) sorts before (before, ...)
+        kept = taken[cut:]
+        del taken[cut:]
+        queue.extendleft(reversed(kept))
         return taken, kept
-
-
-_stamp = operator.itemgetter(0, 1, 2, 3)  # t_ns, delta, sender, seq

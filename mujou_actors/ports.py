@@ -36,7 +36,7 @@ _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 class _Spec:
     """The declared type of a port: a Python type, or a tensor with shape/dtype."""
 
-    __slots__ = ("type", "shape", "dtype")
+    __slots__ = ("type", "shape", "dtype", "exact")
 
     def __init__(self, type_: Any, shape: Any, dtype: Any, where: str) -> None:
         if not isinstance(type_, type):
@@ -59,6 +59,11 @@ class _Spec:
         self.type = type_
         self.shape = shape
         self.dtype = dtype
+        # Values of exactly this type pass the check as they are: a send tests
+        # ``type(v) is exact`` inline and calls the checker only otherwise.
+        # None: every value needs the checker (a tensor with a dtype or shape).
+        self.exact: type | None = (
+            None if is_tensor and (shape is not None or dtype is not None) else type_)
 
     def describe(self) -> str:
         if not issubclass(self.type, torch.Tensor):
@@ -471,7 +476,9 @@ class Output(Port):
         self._readers: list[Input] = []
         # Readers whose declared type is narrower than ours: checked at send.
         self._strict_readers: list[Input] = []
-        self._sink: Callable[[Output, Any], None] | None = None
+        # The run's send for this port (dispatcher.make_send), None outside a
+        # run; a run also installs it as the instance's ``send``.
+        self._send: Callable[[Any], None] | None = None
 
     def _template_copy(self) -> Output:
         spec = self._spec
@@ -489,6 +496,12 @@ class Output(Port):
         narrower type), then copied: the caller may reuse or modify its buffer
         right after. Call it from a hook of the port's own node.
 
+        A reader whose Input declares a narrower type than this Output gets
+        the value as its own check gives it (an ``int`` sent on an
+        ``Output(object)`` arrives as a ``float`` at an ``Input(float)``).
+        While the node runs, ``send`` is replaced on the instance by the
+        run's own function, which does all of this in one call.
+
         Args:
             value: the message; for tensor ports a ``torch.Tensor`` of the
                 declared dtype and shape.
@@ -498,15 +511,16 @@ class Output(Port):
                 connected Input's; nothing is delivered then.
             NotRunningError: the node is not part of a running net.
         """
+        send = self._send
+        if send is not None:  # running: Output.send(port, v), or a method kept from before
+            send(value)
+            return
         check = self._check
         if check is not None:
             value = check(value)
         for reader in self._strict_readers:
             reader.check(value)
-        sink = self._sink
-        if sink is None:
-            raise NotRunningError(f"output {self.path!r}: send() needs a running net")
-        sink(self, value)  # the sink copies it, on the path its readers' devices ask for
+        raise NotRunningError(f"output {self.path!r}: send() needs a running net")
 
 
 def connect(output: Output, input: Input) -> None:

@@ -273,8 +273,8 @@ class Run:
 
     def _deliver(self, port: Input, message: Any) -> None:
         actor = self._actor_of[id(port.node)]
-        triggers = port in actor.triggers
-        self._dispatcher.host_deliver(actor, port, message, triggers)
+        slot = actor.slot(port)
+        self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
         view = self._input_views.get(id(port))
         if view is not None and view.listeners:
             view.publish(message)
@@ -683,7 +683,8 @@ class Run:
             actor.node._mujou_run = None
         for port in self._ports.values():
             if isinstance(port, Output):
-                port._sink = None
+                port._send = None
+                port.__dict__.pop("send", None)  # back to Output.send: "needs a running net"
 
     def stop(self) -> None:
         """End the run; idempotent.
@@ -984,19 +985,24 @@ def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
     actor_of = result._actor_of
     for actor in actors:
         period_none = actor.period_ns is None
+        actor.inputs = tuple(
+            p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
         actor.triggers = frozenset(
-            p for p in actor.node._mujou_ports().values()
-            if isinstance(p, Input) and (period_none if p.trigger is None else p.trigger)
+            i for i, p in enumerate(actor.inputs)
+            if (period_none if p.trigger is None else p.trigger)
         ) or _NO_TRIGGERS
     for port in ports.values():
         if isinstance(port, Output):
             sender = actor_of[id(port.node)]
-            routes = [(r, actor_of[id(r.node)], False) for r in port._readers]
-            routes = [(r, a, r in a.triggers) for r, a, _ in routes]
+            routes = []
+            for r in port._readers:
+                reader = actor_of[id(r.node)]
+                routes.append((r, reader, reader.slot(r) in reader.triggers))
             view = _View()
             result._views[id(port)] = view
             copy = _copier(sender, [a for _, a, _ in routes], result._rt)
-            port._sink = dispatcher.make_sink(sender, routes, view, copy)
+            # An instance attribute: a hook's ``out.send(v)`` calls it directly.
+            port.send = port._send = dispatcher.make_send(sender, port, routes, view, copy)
 
 
 def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Callable[[Any], Any]:

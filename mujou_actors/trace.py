@@ -249,8 +249,9 @@ class Recorder:
             # 1 ns into the slice: a viewer binds the arrow to the slice enclosing
             # its end, whichever of the two it reads first.
             at = t0 + 1 if took > 1 else t0
-            for d in applied:  # mailbox.Delivery fields
-                append(_RECV(RECV, at, thread, d[2], d[3], id(d[4])))
+            inputs = actor.inputs
+            for d in applied:  # mailbox.Delivery fields; the flow is named by the Input
+                append(_RECV(RECV, at, thread, d[1], d[2], id(inputs[d[3]])))
         t_ns = actor.last_update_ns
         ready, inflight = actor.depths
         # The slice last: a flow end that is kept has its slice kept too.
