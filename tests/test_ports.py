@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -168,6 +168,62 @@ def test_send_checks_a_narrower_reader_type_and_delivers_nothing_on_failure() ->
     assert net.loose.received == ["ok", "ok"]
     assert net.strict.received == ["ok", "ok"]
     assert net.tx.errors == ["port 'strict.inp': expected str, got int"] * 2
+
+
+@pytest.mark.parametrize("readers", ["float", "float+object", "float traced"])
+def test_a_narrower_reader_gets_the_value_as_its_own_check_gives_it(readers, tmp_path) -> None:
+    # One untraced reader takes the lean send; the other cases the general one.
+    class Tx(mujou.Node):
+        out = mujou.Output(object)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(3)
+
+    tx, as_float, as_is = Tx(), Collector(), Collector()
+    as_float.inp = mujou.Input(float, depth=None)
+    mujou.connect(tx.out, as_float.inp)
+    nodes = [tx, as_float]
+    if "object" in readers:
+        mujou.connect(tx.out, as_is.inp)
+        nodes.append(as_is)
+    trace = tmp_path / "t.json" if "traced" in readers else None
+
+    mujou.run(nodes, timer="simulated", duration=0.02, trace=trace).join()
+
+    assert [(m, type(m)) for m in as_float.received] == [(3.0, float)] * 2
+    if "object" in readers:
+        assert [(m, type(m)) for m in as_is.received] == [(3, int)] * 2
+
+
+def test_send_from_the_host_while_running_and_after_the_run_names_the_problem() -> None:
+    class Keeper(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.kept: Any = None
+
+        def on_start(self) -> None:
+            self.kept = self.out.send  # the run's send, kept past the run
+
+    node, rx = Keeper(), Collector()
+    mujou.connect(node.out, rx.inp)
+
+    with mujou.run([node, rx], timer="simulated") as run:
+        with pytest.raises(mujou.NotRunningError,
+                           match="'0.out': send\\(\\) from outside a hook of node '0'"):
+            node.out.send(1)
+        with pytest.raises(mujou.NotRunningError, match="outside a hook"):
+            mujou.Output.send(node.out, 1)  # the class's method hands over to the run's
+        run.stop()
+
+    assert node.out.send.__func__ is mujou.Output.send  # the run's send is gone
+    with pytest.raises(mujou.NotRunningError, match="'0.out': send\\(\\) needs a running net"):
+        node.kept(1)
+    assert rx.received == []
 
 
 def test_value_semantics_sender_may_reuse_its_buffer() -> None:
