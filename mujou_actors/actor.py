@@ -17,7 +17,7 @@ from operator import itemgetter
 from typing import Any
 
 from .devices import receive
-from .mailbox import MASK, SHIFT, Mailbox
+from .mailbox import Mailbox, unstamp
 
 __all__ = ["Actor", "LATENESS_SAMPLES"]
 
@@ -28,7 +28,7 @@ LATENESS_SAMPLES = 256
 _RING_MASK = LATENESS_SAMPLES - 1
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
-_SLOT, _MESSAGE = itemgetter(3), itemgetter(4)  # fields of a delivery in a mailbox
+_SLOT, _MESSAGE = itemgetter(1), itemgetter(2)  # fields of a delivery in a mailbox
 
 
 class Actor:
@@ -41,7 +41,8 @@ class Actor:
         # every update: schedule (guarded by the dispatcher's lock while not
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without
-        "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp", "code",
+        "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp",
+        "send_stamp",
         "thread_name", "deliveries", "control", "rt", "trace", "timed", "update", "context",
         "hook",
         "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness",
@@ -86,7 +87,7 @@ class Actor:
         self.busy = False
         self.hook: str | None = None
         self.stamp: tuple[int, int] = (0, 0)  # (t_ns, delta) of the hook in flight
-        self.code = 0  # the same, packed (mailbox.pack): what its sends carry
+        self.send_stamp = 0  # the same with the order, packed (mailbox.stamp): its sends
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
@@ -133,8 +134,9 @@ class Actor:
         """Push due deliveries into the node's Inputs.
 
         Args:
-            before: the packed stamp of the hook about to run (simulated
-                time), or None (real time: every delivery is due).
+            before: the stamp of the hook about to run (simulated time:
+                deliveries from its instant wait), or None (real time: every
+                delivery is due).
 
         Returns:
             The trigger key ``(t, delta + 1)`` owed to the earliest triggering
@@ -143,28 +145,32 @@ class Actor:
             set for the current hook; this key keeps its message from waiting
             for an unrelated update.
         """
+        rt = self.rt
+        inputs = self.inputs
+        if before is None and len(inputs) == 1 and rt is None and self.trace is None:
+            inputs[0]._push_many(self.mailbox.take_messages())  # the common case, lean
+            return None
         taken, kept = self.mailbox.take_deliveries(before)
         if self.trace is not None:
             self.applied = taken
-        rt = self.rt
-        inputs = self.inputs
         if rt is None:
             if len(taken) == 1:
-                d = taken[0]  # (code, sender, seq, input slot, message)
-                inputs[d[3]]._push(d[4])
+                d = taken[0]  # (stamp, input slot, message[, seq])
+                inputs[d[1]]._push(d[2])
             else:  # runs of messages for one Input go in with one extend
                 for slot, run in groupby(taken, _SLOT):
                     inputs[slot]._push_many(list(map(_MESSAGE, run)))
         else:
             with self.on_stream():
                 for d in taken:
-                    inputs[d[3]]._push(
-                        receive(d[4], self.device, self.stream, self.copy_streams, rt))
+                    inputs[d[1]]._push(
+                        receive(d[2], self.device, self.stream, self.copy_streams, rt))
         triggers = self.triggers
         owed = None
         for d in kept:
-            if d[3] in triggers:
-                key = (d[0] >> SHIFT, (d[0] & MASK) + 1)
+            if d[1] in triggers:
+                t, delta, _ = unstamp(d[0])
+                key = (t, delta + 1)
                 if owed is None or key < owed:
                     owed = key
         return owed

@@ -33,7 +33,19 @@ from typing import Any
 
 from .actor import Actor
 from .errors import NotRunningError
-from .mailbox import HOST_ORDER, MASK, SHIFT, Delivery, Start, Stop, pack, unpack
+from .mailbox import (
+    HOST_ORDER,
+    MASK,
+    ORDER_BITS,
+    SHIFT,
+    Delivery,
+    Start,
+    Stop,
+    pack,
+    stamp,
+    unpack,
+    unstamp,
+)
 from .timers import Timer, tight_timer_slack
 
 __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
@@ -41,7 +53,7 @@ __all__ = ["Dispatcher", "usable_cpus", "default_workers"]
 log = logging.getLogger("mujou_actors")
 
 CONTROL_KEY = (-1, 0)  # control envelopes sort before every timed key
-CONTROL_CODE = pack(CONTROL_KEY)
+HOST_STAMP = stamp(CONTROL_KEY, HOST_ORDER)  # the host's writes: before every node's send
 CONTROL_T = CONTROL_KEY[0]
 
 # Batches: a worker claims up to BATCH_MAX actors that may start now per lock
@@ -800,7 +812,8 @@ class Dispatcher:
         batch: list[Claim] = []
         for code, key, group in groups:
             t, d = key
-            stamp_code = pack(key) if code is None else code  # None: a dedicated thread's
+            # The stamp of the hook's sends: one int per hook, shared by its messages.
+            first = (pack(key) if code is None else code) << ORDER_BITS  # None: dedicated
             for actor in group:
                 if actor.queued_code != code or actor.busy:
                     continue
@@ -820,7 +833,7 @@ class Dispatcher:
                 else:
                     trig = None
                 actor.stamp = key
-                actor.code = stamp_code
+                actor.send_stamp = first | (actor.order + 1)  # mailbox.stamp(key, order)
                 actor.thread_name = name
                 batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
                 if traced:  # queue depths, recorded with the hook's slice
@@ -918,7 +931,7 @@ class Dispatcher:
             if not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.deliveries:
-                owed = actor.apply_deliveries(actor.code if self.simulated else None)
+                owed = actor.apply_deliveries(actor.send_stamp if self.simulated else None)
             actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
@@ -1008,7 +1021,7 @@ class Dispatcher:
 
     def _run_control(self, actor: Actor, envelope: Any) -> None:
         if isinstance(envelope, Start):
-            actor.stamp, actor.code = CONTROL_KEY, CONTROL_CODE
+            actor.stamp, actor.send_stamp = CONTROL_KEY, stamp(CONTROL_KEY, actor.order)
             try:
                 actor.call("on_start")
             except BaseException as exc:  # noqa: BLE001
@@ -1082,11 +1095,10 @@ class Dispatcher:
     def pending_deliveries(self, actor: Actor) -> list[Delivery]:
         """The actor's undelivered messages in delivery order (call while held)."""
         inputs = actor.inputs
-        items = [Delivery(*unpack(d[0]), d[1], d[2], inputs[d[3]], d[4])
-                 for d in actor.mailbox.deliveries]
+        queued = list(actor.mailbox.deliveries)
         if self.simulated:
-            items.sort(key=lambda d: (d.t_ns, d.delta, d.sender, d.seq))
-        return items
+            queued.sort(key=lambda d: d[0])  # stable: a stamp's messages in send order
+        return [Delivery(*unstamp(d[0]), inputs[d[1]], d[2]) for d in queued]
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
         actor.failed = True
@@ -1111,7 +1123,7 @@ class Dispatcher:
         with self._cond:
             self._host_seq += 1
             seq = self._host_seq
-            actor.mailbox.deliveries.append((CONTROL_CODE, HOST_ORDER, seq, slot, message))
+            actor.mailbox.deliveries.append((HOST_STAMP, slot, message, seq))
             if triggers:
                 if self._mode == CONTROL:
                     key = CONTROL_KEY  # made (start, 1) when the timer starts
@@ -1168,7 +1180,6 @@ class Dispatcher:
             narrow._check, narrow._spec.exact)
         append = box.append
         deferred = sender.deferred
-        order = sender.order
         trigger = self.trigger
         simulated = self.simulated
 
@@ -1184,8 +1195,7 @@ class Dispatcher:
                 raise _not_in_hook(sender, output, send)
             if vt not in SCALARS:  # immutable: shared as it is
                 value = copy(value)
-            seq = sender.seq = sender.seq + 1
-            append((sender.code, order, seq, slot, value))  # a delivery (mailbox.Delivery)
+            append((sender.send_stamp, slot, value))  # a delivery (mailbox.Delivery)
             if how is DEFER:
                 deferred[reader] = None
             elif how:
@@ -1205,7 +1215,6 @@ class Dispatcher:
                    copy: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`make_send` for any number of readers, traced or not."""
         check = output._check
-        order = sender.order
         trigger = self.trigger
         simulated = self.simulated
         trace = self.trace
@@ -1224,16 +1233,19 @@ class Dispatcher:
             if sender.hook is None:
                 raise _not_in_hook(sender, output, send)
             shared = value if type(value) in SCALARS else copy(value)
-            seq = sender.seq = sender.seq + 1
-            code = sender.code
+            stamped = sender.send_stamp
             t, d = sender.stamp
             if trace is not None:  # before any reader can see the message
+                seq = sender.seq = sender.seq + 1  # names the trace's flow arrows
                 trace.send(sender, output, seq, routes)
             for i, (slot, box, reader, how, _) in enumerate(plan):
                 message = shared
                 if narrowed is not None and type(narrowed[i]) in SCALARS:
                     message = narrowed[i]
-                box.append((code, order, seq, slot, message))  # a delivery (mailbox.Delivery)
+                if trace is None:
+                    box.append((stamped, slot, message))  # a delivery (mailbox.Delivery)
+                else:
+                    box.append((stamped, slot, message, seq))
                 if how is DEFER:
                     deferred[reader] = None
                 elif how:

@@ -5,13 +5,13 @@ Two kinds of envelope reach an actor:
 * control envelopes (``Start``, ``Stop``, and later snapshot and restore
   requests): handled one at a time, before any timed work;
 * deliveries: a message for one of the node's Inputs, stamped with the time
-  and delta cycle it was sent at, the sender's order in the net and the
-  sender's sequence number. Ordering by that stamp is what makes simulated
+  and delta cycle it was sent at and the sender's order in the net. Ordering
+  by that stamp, and by send order within one stamp, is what makes simulated
   runs deterministic whatever the number of workers.
 
 A ``(t_ns, delta)`` key travels packed into one int, ``(t_ns << 32) | delta``
 (`pack`): it sorts like the tuple and compares in C. The dispatcher's ready
-queue and the deliveries use the same packing.
+queue uses it; a delivery's stamp (`stamp`) packs the sender's order in too.
 
 Timer ticks are not queued: a node's next tick is a single due time in its
 schedule, so a late node skips ticks instead of accumulating a burst.
@@ -22,13 +22,17 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from itertools import repeat, starmap
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .devices import map_tensors
 from .state import copy_state
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
-           "SHIFT", "MASK", "pack", "unpack"]
+           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp"]
+
+# Fields of a delivery in a mailbox (see Delivery).
+_STAMP, _SLOT, _MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
 HOST_ORDER = -1
@@ -36,6 +40,9 @@ HOST_ORDER = -1
 # A packed key: (t_ns << SHIFT) | delta. A delta cycle count stays below 2**32;
 # t_ns may be -1 (control envelopes, before any timed key).
 SHIFT, MASK = 32, (1 << 32) - 1
+# A delivery's stamp: (packed key << ORDER_BITS) | (sender order + 1).
+ORDER_BITS = 32
+_ORDER_MASK = (1 << ORDER_BITS) - 1
 
 
 def pack(key: tuple[int, int]) -> int:
@@ -46,6 +53,21 @@ def pack(key: tuple[int, int]) -> int:
 def unpack(code: int) -> tuple[int, int]:
     """The ``(t_ns, delta)`` key packed in ``code`` (see `pack`)."""
     return code >> SHIFT, code & MASK
+
+
+def stamp(key: tuple[int, int], order: int) -> int:
+    """The stamp of the sends of a hook at ``key`` by the sender of ``order``.
+
+    One int that sorts like ``(t_ns, delta, order)``; ``order`` is the
+    sender's order in the net, or `HOST_ORDER`.
+    """
+    return (pack(key) << ORDER_BITS) | (order + 1)
+
+
+def unstamp(value: int) -> tuple[int, int, int]:
+    """``(t_ns, delta, sender order)`` of a delivery's stamp (see `stamp`)."""
+    t, d = unpack(value >> ORDER_BITS)
+    return t, d, (value & _ORDER_MASK) - 1
 
 
 class Start:
@@ -119,24 +141,27 @@ class Delivery(NamedTuple):
     """A message for one Input, with its stamp (sorts by the first four fields).
 
     This class names the fields for code off the hot path. The mailbox holds
-    each delivery as a plain tuple ``(code, sender, seq, slot, message)``:
+    each delivery as a plain tuple ``(stamp, slot, message)``, and in a
+    traced run, or from the host, ``(stamp, slot, message, seq)``:
 
-    * ``code``: ``t_ns`` and ``delta`` packed (`pack`), so that the tuples
-      themselves sort by stamp, and the stamps are unique, so a comparison
-      never reaches the message;
-    * ``slot``: the Input's index in the reader's ``actor.inputs``.
+    * ``stamp``: ``t_ns``, ``delta`` and the sender's order packed into one
+      int (`stamp`), the same object for every send of one hook;
+    * ``slot``: the Input's index in the reader's ``actor.inputs``;
+    * ``seq``: the sender's send counter (it names a trace's flow arrows).
 
-    A NamedTuple costs five times as much to build, once per message and
-    reader. And a tuple of ints and an immutable message holds no reference
-    the garbage collector must follow, so the collector untracks it in its
-    first pass instead of scanning every queued message again and again.
+    Deliveries are ordered by stamp, and those of one stamp (one hook of one
+    sender) by arrival, which is their send order: a stable sort on the stamp
+    alone, so no per-message sequence number is made. A send allocates the
+    tuple and nothing else; a tuple of ints and an immutable message holds no
+    reference the garbage collector must follow, so the collector untracks it
+    in its first pass instead of scanning every queued message again and
+    again. (A NamedTuple costs five times as much to build.)
     """
 
     t_ns: int          # run time of the sending hook
     delta: int         # delta cycle of the sending hook
     sender: int        # sender's order in the net (HOST_ORDER for the host)
-    seq: int           # sender's send counter
-    input: Any         # the Input port (its index, in a mailbox)
+    input: Any         # the Input port (its slot, in a mailbox)
     message: Any
 
 
@@ -153,7 +178,16 @@ class Mailbox:
         # A list, not a deque (56 bytes against 760 empty): control envelopes
         # are few, and only ever touched under the dispatcher's lock.
         self.control: list[Any] = []
-        self.deliveries: deque[tuple[Any, ...]] = deque()  # (code, sender, seq, slot, message)
+        self.deliveries: deque[tuple[Any, ...]] = deque()  # (stamp, slot, message[, seq])
+
+    def take_messages(self) -> list[Any]:
+        """Remove every delivery and return the messages alone, in arrival order.
+
+        For real time, when every delivery goes to the one Input of the node:
+        the messages are picked out in C, with no list of deliveries between.
+        """
+        queue = self.deliveries
+        return list(map(_MESSAGE, starmap(queue.popleft, repeat((), len(queue)))))
 
     def take_deliveries(
         self, before: int | None
@@ -161,13 +195,14 @@ class Mailbox:
         """Remove and return the deliveries to apply before a hook.
 
         Args:
-            before: the packed ``(t_ns, delta)`` of the hook about to run in a
-                simulated run: only deliveries stamped earlier are taken,
-                sorted by stamp. ``None`` (real time): all, in arrival order.
+            before: in a simulated run, the stamp of the hook about to run
+                (`stamp`): only deliveries sent at an earlier ``(t_ns, delta)``
+                are taken, sorted by stamp and, within a stamp, in arrival
+                order. ``None`` (real time): all, in arrival order.
 
         Returns:
             ``(taken, kept)``: the deliveries to apply, and those left in the
-            mailbox for a later hook (stamped at or after ``before``).
+            mailbox for a later hook (sent at the instant of ``before`` or later).
         """
         queue = self.deliveries
         # Exactly as many pops as there are deliveries now, in C: senders on
@@ -176,10 +211,11 @@ class Mailbox:
         taken: list[tuple[Any, ...]] = list(starmap(queue.popleft, repeat((), len(queue))))
         if before is None or not taken:
             return taken, []
-        taken.sort()  # by (code, sender, seq): unique, so the message is never compared
+        before = before >> ORDER_BITS << ORDER_BITS  # the least stamp of its instant
+        taken.sort(key=_STAMP)  # stable: one sender's sends of one hook stay in send order
         if taken[-1][0] < before:
             return taken, []
-        cut = bisect_left(taken, (before,))  # (before,) sorts before (before, ...)
+        cut = bisect_left(taken, before, key=_STAMP)
         kept = taken[cut:]
         del taken[cut:]
         queue.extendleft(reversed(kept))

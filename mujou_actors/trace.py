@@ -36,6 +36,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from .mailbox import unstamp
+
 __all__ = ["Tracer", "Recorder", "as_tracer", "format_events", "DEFAULT_CAPACITY"]
 
 DEFAULT_CAPACITY = 1_000_000
@@ -251,7 +253,8 @@ class Recorder:
             at = t0 + 1 if took > 1 else t0
             inputs = actor.inputs
             for d in applied:  # mailbox.Delivery fields; the flow is named by the Input
-                append(_RECV(RECV, at, thread, d[1], d[2], id(inputs[d[3]])))
+                sender = unstamp(d[0])[2]
+                append(_RECV(RECV, at, thread, sender, d[3], id(inputs[d[1]])))
         t_ns = actor.last_update_ns
         ready, inflight = actor.depths
         # The slice last: a flow end that is kept has its slice kept too.

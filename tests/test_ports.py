@@ -349,7 +349,7 @@ def test_deliveries_for_two_inputs_keep_their_order_per_input() -> None:
     actor = Actor(node, "two", 0)
     actor.inputs = (ports["a"], ports["b"])
     for seq, (name, m) in enumerate([("a", 1), ("a", 2), ("b", 10), ("a", 3), ("b", 11)]):
-        actor.deliveries.append((0, 1, seq, actor.slot(ports[name]), m))
+        actor.deliveries.append((seq, actor.slot(ports[name]), m))
 
     actor.apply_deliveries(None)
 
