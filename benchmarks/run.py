@@ -121,7 +121,10 @@ no figure is ever made up for it.
 
 Usage::
 
-    python benchmarks/run.py [--quick] [--json PATH] [--repeat R]
+    python benchmarks/run.py [--quick] [--json PATH] [--repeat R] [--only W[,W...]]
+
+``--only fanout,timer`` measures those workloads alone (names as numbered
+above), for a look at one figure without the whole suite.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 
@@ -1171,8 +1174,14 @@ def print_table(workloads: dict) -> None:
             print(f"  {w['note']}")
 
 
-def suite(quick: bool, repeat: int) -> dict:
-    """Measure the six workloads; sizes per the module docstring (smaller with ``quick``)."""
+WORKLOADS = ("ticks", "pingpong", "fanout", "timer", "scale", "snapshot")
+
+
+def suite(quick: bool, repeat: int, only: Iterable[str] = WORKLOADS) -> dict:
+    """Measure the workloads named in ``only`` (default: all six), in the order of WORKLOADS.
+
+    Sizes per the module docstring (smaller with ``quick``).
+    """
     nodes = 1000
     duration = 0.2 if quick else 1.0
     n_ping = 1000 if quick else 5000
@@ -1191,15 +1200,15 @@ def suite(quick: bool, repeat: int) -> dict:
     na = "n/a: no periodic scheduler to compare"
     mpq_fan = ("skipped in --quick (starts ~100 processes)" if quick else peer(
         "thespian-mpq", lambda: in_child("fanout_thespian", child_s, m=m_fan, base=MPQ)))
-    w = {
-        "ticks": measure("ticks", "ticks/s", {"nodes": nodes, "period_s": PERIOD_NS / 1e9,
+    plans: dict[str, Callable[[], dict]] = {
+        "ticks": lambda: measure("ticks", "ticks/s", {"nodes": nodes, "period_s": PERIOD_NS / 1e9,
                                               "duration_s": duration},
                          {"mujou": lambda: ticks_mujou(nodes, end_ns),
                           "floor": lambda: ticks_floor(nodes, end_ns),
                           "asyncio": lambda: ticks_asyncio(nodes, end_ns),
                           "pykka": absent.get("pykka", na),
                           "thespian": absent.get("thespian", na)}, repeat),
-        "pingpong": measure(
+        "pingpong": lambda: measure(
             "pingpong", "rt/s", {"round_trips": n_ping + 1},
             {"mujou": lambda: pingpong_mujou(n_ping),
              "asyncio": lambda: pingpong_asyncio(n_ping),
@@ -1207,14 +1216,14 @@ def suite(quick: bool, repeat: int) -> dict:
              "thespian": peer("thespian", lambda: pingpong_thespian(n_ping)),
              "thespian-mpq": peer("thespian-mpq", lambda: in_child(
                  "pingpong_thespian", child_s, n=n_ping, base=MPQ))}, repeat),
-        "fanout": measure(
+        "fanout": lambda: measure(
             "fanout", "msg/s", {"messages": m_fan, "workers": FAN_WORKERS},
             {"mujou": lambda: fanout_mujou(m_fan),
              "asyncio": lambda: fanout_asyncio(m_fan),
              "pykka": peer("pykka", lambda: fanout_pykka(m_fan)),
              "thespian": peer("thespian", lambda: fanout_thespian(m_fan)),
              "thespian-mpq": mpq_fan}, repeat),
-        "timer": measure(
+        "timer": lambda: measure(
             "timer", "lateness p99 µs",
             {"nodes": TIMER_NODES, "period_s": TIMER_PERIOD_NS / 1e9,
              "duration_s": timer_k * TIMER_PERIOD_NS / 1e9},
@@ -1223,20 +1232,22 @@ def suite(quick: bool, repeat: int) -> dict:
                               ("asyncio", timer_asyncio), ("pykka", timer_pykka),
                               ("thespian", timer_thespian))},
             repeat, main="late_p99_us", lower_better=True),
-        "scale": measure(
+        "scale": lambda: measure(
             "scale", "ticks/s", {"nodes": n_scale, "period_s": PERIOD_NS / 1e9,
                                  "duration_s": scale_ns / 1e9},
             {side: lambda side=side: in_child(f"scale_{side}", child_s, n=n_scale,
                                               end_ns=scale_ns)
              for side in ("mujou", "floor", "asyncio")}, repeat),
-        "snapshot": measure(
+        "snapshot": lambda: measure(
             "snapshot", "ms/snapshot", {"nodes": SNAP_NODES, "snapshots": k_snap},
             {"mujou": lambda: snapshot_mujou(SNAP_NODES, k_snap),
              "floor": lambda: snapshot_floor(SNAP_NODES, k_snap)},
             repeat, main="ms", lower_better=True),
     }
-    w["scale"]["note"] = (f"vs 1k nodes: mujou ticks/s at {n_scale:,} nodes / at 1,000 nodes "
-                          "for as many updates, same child process (target >= 0.8)")
+    w = {name: plans[name]() for name in WORKLOADS if name in only}
+    if "scale" in w:
+        w["scale"]["note"] = (f"vs 1k nodes: mujou ticks/s at {n_scale:,} nodes / at 1,000 nodes "
+                              "for as many updates, same child process (target >= 0.8)")
     return w
 
 
@@ -1245,6 +1256,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, 2 reps: a CI smoke run")
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
     ap.add_argument("--repeat", type=int, default=None, help="default 5; quick 2")
+    ap.add_argument("--only", type=lambda v: v.split(","), default=list(WORKLOADS),
+                    metavar="W[,W...]",
+                    help="measure only these workloads: " + ", ".join(WORKLOADS))
     ap.add_argument("--child", nargs=3, metavar=("NAME", "KWARGS", "TOKEN"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -1255,8 +1269,11 @@ def main() -> None:
     repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
     if repeat < 1:
         ap.error("--repeat must be >= 1")
+    unknown = [name for name in args.only if name not in WORKLOADS]
+    if unknown:
+        ap.error(f"--only: no workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     t_start = time.perf_counter()
-    workloads = suite(args.quick, repeat)
+    workloads = suite(args.quick, repeat, args.only)
     elapsed = time.perf_counter() - t_start
     print(f"mujou_actors {mujou.__version__} vs peers, {repeat} reps"
           f"{' (quick)' if args.quick else ''}; mujou/side: >1 means mujou better "
