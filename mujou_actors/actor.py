@@ -42,7 +42,6 @@ class Actor:
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without
         "busy", "queued_code", "queued_key", "next_tick_ns", "trigger_key", "stamp",
-        "send_stamp",
         "thread_name", "deliveries", "control", "rt", "trace", "timed", "update", "context",
         "hook",
         "period_ns", "last_update_ns", "updates", "dt_sum", "dt_max", "lateness",
@@ -86,8 +85,9 @@ class Actor:
         self.queued_code: int | None = None  # its entry in the dispatcher's heap
         self.busy = False
         self.hook: str | None = None
-        self.stamp: tuple[int, int] = (0, 0)  # (t_ns, delta) of the hook in flight
-        self.send_stamp = 0  # the same with the order, packed (mailbox.stamp): its sends
+        # (t_ns, delta) of the hook in flight: the key object of its batch,
+        # shared, so setting it per hook allocates nothing (see make_send).
+        self.stamp: tuple[int, int] = (0, 0)
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
@@ -130,13 +130,13 @@ class Actor:
                 return i
         raise ValueError(f"input {port.path!r} is not an input of node {self.path!r}")
 
-    def apply_deliveries(self, before: int | None) -> tuple[int, int] | None:
+    def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
         """Push due deliveries into the node's Inputs.
 
         Args:
-            before: the stamp of the hook about to run (simulated time:
-                deliveries from its instant wait), or None (real time: every
-                delivery is due).
+            before: ``(t_ns, delta)`` of the hook about to run (simulated
+                time: deliveries from that instant wait), or None (real time:
+                every delivery is due).
 
         Returns:
             The trigger key ``(t, delta + 1)`` owed to the earliest triggering

@@ -36,12 +36,10 @@ from .errors import NotRunningError
 from .mailbox import (
     HOST_ORDER,
     MASK,
-    ORDER_BITS,
     SHIFT,
     Delivery,
     Start,
     Stop,
-    pack,
     stamp,
     unpack,
     unstamp,
@@ -812,8 +810,6 @@ class Dispatcher:
         batch: list[Claim] = []
         for code, key, group in groups:
             t, d = key
-            # The stamp of the hook's sends: one int per hook, shared by its messages.
-            first = (pack(key) if code is None else code) << ORDER_BITS  # None: dedicated
             for actor in group:
                 if actor.queued_code != code or actor.busy:
                     continue
@@ -833,7 +829,6 @@ class Dispatcher:
                 else:
                     trig = None
                 actor.stamp = key
-                actor.send_stamp = first | (actor.order + 1)  # mailbox.stamp(key, order)
                 actor.thread_name = name
                 batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
                 if traced:  # queue depths, recorded with the hook's slice
@@ -931,7 +926,7 @@ class Dispatcher:
             if not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.deliveries:
-                owed = actor.apply_deliveries(actor.send_stamp if self.simulated else None)
+                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
             actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
@@ -1021,7 +1016,7 @@ class Dispatcher:
 
     def _run_control(self, actor: Actor, envelope: Any) -> None:
         if isinstance(envelope, Start):
-            actor.stamp, actor.send_stamp = CONTROL_KEY, stamp(CONTROL_KEY, actor.order)
+            actor.stamp = CONTROL_KEY
             try:
                 actor.call("on_start")
             except BaseException as exc:  # noqa: BLE001
@@ -1175,6 +1170,12 @@ class Dispatcher:
                   view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`make_send` for an Output with one reader and no trace: the common case, lean."""
         check, exact = output._check, output._spec.exact
+        order = sender.order
+        # The stamp of the hook in flight, packed once per hook (mailbox.stamp)
+        # and shared by its messages: the sender's key object changes at
+        # each hook, and is held here so its identity cannot be reused.
+        seen: Any = None
+        stamped = 0
         slot, box, reader, how, narrow = route
         reader_check, reader_exact = (None, None) if narrow is None else (
             narrow._check, narrow._spec.exact)
@@ -1184,6 +1185,7 @@ class Dispatcher:
         simulated = self.simulated
 
         def send(value: Any) -> None:
+            nonlocal seen, stamped
             vt = type(value)
             if check is not None and vt is not exact:
                 value = check(value)
@@ -1195,7 +1197,10 @@ class Dispatcher:
                 raise _not_in_hook(sender, output, send)
             if vt not in SCALARS:  # immutable: shared as it is
                 value = copy(value)
-            append((sender.send_stamp, slot, value))  # a delivery (mailbox.Delivery)
+            key = sender.stamp
+            if key is not seen:
+                seen, stamped = key, stamp(key, order)
+            append((stamped, slot, value))  # a delivery (mailbox.Delivery)
             if how is DEFER:
                 deferred[reader] = None
             elif how:
@@ -1215,6 +1220,9 @@ class Dispatcher:
                    copy: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`make_send` for any number of readers, traced or not."""
         check = output._check
+        order = sender.order
+        seen: Any = None
+        stamped = 0
         trigger = self.trigger
         simulated = self.simulated
         trace = self.trace
@@ -1223,6 +1231,7 @@ class Dispatcher:
         narrow = any(c is not None for c in checks)
 
         def send(value: Any) -> None:
+            nonlocal seen, stamped
             if check is not None:
                 value = check(value)
             # Every reader's check passes before anything is delivered; a
@@ -1233,8 +1242,10 @@ class Dispatcher:
             if sender.hook is None:
                 raise _not_in_hook(sender, output, send)
             shared = value if type(value) in SCALARS else copy(value)
-            stamped = sender.send_stamp
-            t, d = sender.stamp
+            key = sender.stamp
+            if key is not seen:  # as in _send_one
+                seen, stamped = key, stamp(key, order)
+            t, d = key
             if trace is not None:  # before any reader can see the message
                 seq = sender.seq = sender.seq + 1  # names the trace's flow arrows
                 trace.send(sender, output, seq, routes)

@@ -190,15 +190,15 @@ class Mailbox:
         return list(map(_MESSAGE, starmap(queue.popleft, repeat((), len(queue)))))
 
     def take_deliveries(
-        self, before: int | None
+        self, before: tuple[int, int] | None
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Remove and return the deliveries to apply before a hook.
 
         Args:
-            before: in a simulated run, the stamp of the hook about to run
-                (`stamp`): only deliveries sent at an earlier ``(t_ns, delta)``
-                are taken, sorted by stamp and, within a stamp, in arrival
-                order. ``None`` (real time): all, in arrival order.
+            before: in a simulated run, ``(t_ns, delta)`` of the hook about to
+                run: only deliveries sent at an earlier instant are taken,
+                sorted by stamp and, within a stamp, in arrival order.
+                ``None`` (real time): all, in arrival order.
 
         Returns:
             ``(taken, kept)``: the deliveries to apply, and those left in the
@@ -211,11 +211,11 @@ class Mailbox:
         taken: list[tuple[Any, ...]] = list(starmap(queue.popleft, repeat((), len(queue))))
         if before is None or not taken:
             return taken, []
-        before = before >> ORDER_BITS << ORDER_BITS  # the least stamp of its instant
+        least = pack(before) << ORDER_BITS  # the least stamp of that instant
         taken.sort(key=_STAMP)  # stable: one sender's sends of one hook stay in send order
-        if taken[-1][0] < before:
+        if taken[-1][0] < least:
             return taken, []
-        cut = bisect_left(taken, before, key=_STAMP)
+        cut = bisect_left(taken, least, key=_STAMP)
         kept = taken[cut:]
         del taken[cut:]
         queue.extendleft(reversed(kept))
