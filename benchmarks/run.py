@@ -61,6 +61,11 @@ min–max; the JSON file keeps every sample.
      due). Column *stats p99* is mujou's own ``run.stats()`` figure for
      comparison: the largest per-node ``lateness_p99`` (over each node's last
      256 updates; measured from the dispatcher's clock read, before the hook).
+   * *mujou-2w*: the same with ``workers=2``, a configuration rather than a
+     peer. With the default single worker on a 2-core machine, a stall of that
+     one thread of a millisecond or more makes every node skip a tick; a
+     second worker runs the nodes while the first is held up. Its ratio is
+     mujou-2w's p99 / mujou's.
    * *threads*: one ``threading.Thread`` per node sleeping with ``time.sleep``
      until ``origin + k * period`` (absolute schedule, so no drift); a late
      thread catches up without skipping ticks.
@@ -131,6 +136,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import heapq
 import json
@@ -678,10 +684,10 @@ class Stamp(mujou.Node):
         self.starts.append(time.monotonic_ns())
 
 
-def timer_mujou(n: int, period_ns: int, k: int) -> dict:
+def timer_mujou(n: int, period_ns: int, k: int, workers: int | None = None) -> dict:
     nodes = [Stamp(period_ns / 1e9) for _ in range(n)]
     gc.collect()
-    run = mujou.run(nodes, timer="realtime", duration=k * period_ns / 1e9)
+    run = mujou.run(nodes, timer="realtime", duration=k * period_ns / 1e9, workers=workers)
     a, now, b = time.monotonic_ns(), run.time_ns, time.monotonic_ns()
     origin = (a + b) // 2 - now  # the run's t = 0 on the monotonic clock
     if not run.wait(WAIT_S):
@@ -1228,7 +1234,9 @@ def suite(quick: bool, repeat: int, only: Iterable[str] = WORKLOADS) -> dict:
             {"nodes": TIMER_NODES, "period_s": TIMER_PERIOD_NS / 1e9,
              "duration_s": timer_k * TIMER_PERIOD_NS / 1e9},
             {side: peer(side, lambda fn=fn: fn(TIMER_NODES, TIMER_PERIOD_NS, timer_k))
-             for side, fn in (("mujou", timer_mujou), ("threads", timer_threads),
+             for side, fn in (("mujou", timer_mujou),
+                              ("mujou-2w", functools.partial(timer_mujou, workers=2)),
+                              ("threads", timer_threads),
                               ("asyncio", timer_asyncio), ("pykka", timer_pykka),
                               ("thespian", timer_thespian))},
             repeat, main="late_p99_us", lower_better=True),
