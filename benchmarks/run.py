@@ -129,7 +129,9 @@ Usage::
     python benchmarks/run.py [--quick] [--json PATH] [--repeat R] [--only W[,W...]]
 
 ``--only fanout,timer`` measures those workloads alone (names as numbered
-above), for a look at one figure without the whole suite.
+above), for a look at one figure without the whole suite; its samples go to
+``results/run-only.json`` unless ``--json`` says otherwise, so the last full
+run's file stays.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ from common import NoOp, Plain, heap_floor, summary
 import mujou_actors as mujou
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "run.json"
+ONLY_JSON = DEFAULT_JSON.with_name("run-only.json")  # a run with --only
 WAIT_S = 120.0  # bound on any single measurement; a peer that overruns is reported as failed
 PERIOD_NS = 10_000_000
 FAN_WORKERS = 100
@@ -1262,9 +1265,12 @@ def suite(quick: bool, repeat: int, only: Iterable[str] = WORKLOADS) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 2 reps: a CI smoke run")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    ap.add_argument("--json", type=Path, default=None,
+                    help=f"where to write every sample (default {DEFAULT_JSON.name}, "
+                         f"with --only {ONLY_JSON.name}, in {DEFAULT_JSON.parent})")
     ap.add_argument("--repeat", type=int, default=None, help="default 5; quick 2")
-    ap.add_argument("--only", type=lambda v: v.split(","), default=list(WORKLOADS),
+    ap.add_argument("--only", type=lambda v: [w.strip() for w in v.split(",") if w.strip()],
+                    default=None,
                     metavar="W[,W...]",
                     help="measure only these workloads: " + ", ".join(WORKLOADS))
     ap.add_argument("--child", nargs=3, metavar=("NAME", "KWARGS", "TOKEN"),
@@ -1277,11 +1283,15 @@ def main() -> None:
     repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
     if repeat < 1:
         ap.error("--repeat must be >= 1")
-    unknown = [name for name in args.only if name not in WORKLOADS]
-    if unknown:
-        ap.error(f"--only: no workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    only = WORKLOADS if args.only is None else args.only
+    unknown = [name for name in only if name not in WORKLOADS]
+    if unknown or not only:
+        what = f"no workload {', '.join(unknown)}" if unknown else "name at least one workload"
+        ap.error(f"--only: {what}; choose from {', '.join(WORKLOADS)}")
+    if args.json is None:  # a partial run does not replace the last full one
+        args.json = DEFAULT_JSON if args.only is None else ONLY_JSON
     t_start = time.perf_counter()
-    workloads = suite(args.quick, repeat, args.only)
+    workloads = suite(args.quick, repeat, only)
     elapsed = time.perf_counter() - t_start
     print(f"mujou_actors {mujou.__version__} vs peers, {repeat} reps"
           f"{' (quick)' if args.quick else ''}; mujou/side: >1 means mujou better "

@@ -19,7 +19,13 @@ from typing import Any
 from .devices import receive
 from .mailbox import Mailbox, unstamp
 
-__all__ = ["Actor", "LATENESS_SAMPLES"]
+__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT"]
+
+# The actor whose context the calling code runs in: set once in the context of
+# each actor that has Outputs (dispatcher.make_send), whose hooks run in it and
+# only they. A send checks it (a ContextVar read hits a per-thread cache), so
+# that another thread or another node's hook cannot send for the node.
+CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("mujou_actors.current")
 
 # The lateness percentiles in stats() are taken over this many recent updates
 # (a power of two). The samples sit in a float32 ring: 1 KiB per node, exact

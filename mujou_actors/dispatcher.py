@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .actor import Actor
-from .errors import NotRunningError
+from .actor import CURRENT, Actor
+from .errors import NotRunningError, PortTypeError
 from .mailbox import (
     HOST_ORDER,
     MASK,
@@ -184,11 +184,28 @@ def _on_time(loop: Callable[..., None], *args: Any) -> None:
 
 def _not_in_hook(sender: Actor, output: Any, send: Callable[[Any], None]) -> NotRunningError:
     """The error of a send made outside a hook of the port's node (cold path)."""
-    if output.__dict__.get("send") is not send:  # kept from a run that has ended
-        return NotRunningError(f"output {output.path!r}: send() needs a running net")
+    if output._send is not send:  # kept from a run that has ended
+        if output._send is None:
+            return NotRunningError(f"output {output.path!r}: send() needs a running net")
+        return NotRunningError(
+            f"output {output.path!r}: this send() belongs to a run that has ended; "
+            "call the port's send() again (self.out.send) rather than keeping it")
     return NotRunningError(
         f"output {output.path!r}: send() from outside a hook of node "
-        f"{sender.path or '<root>'!r}")
+        f"{sender.path or '<root>'!r} (from the host, or from another node's hook)")
+
+
+def _reader_check(output: Any, reader: Any) -> Callable[[Any], Any]:
+    """The check of a reader's narrower type, naming the Output that sent the value too."""
+    check = reader._check
+
+    def checked(value: Any) -> Any:
+        try:
+            return check(value)
+        except PortTypeError as exc:
+            raise PortTypeError(f"output {output.path!r} sent to {exc}") from None
+
+    return checked
 
 
 def _cost(actor: Actor, budget: int) -> int:
@@ -998,6 +1015,7 @@ class Dispatcher:
         if self.trace is not None:
             actor.depths = (self._queued, self._inflight)
         control = actor.mailbox.control.pop(0)
+        actor.stamp = self._control_stamp()
         self._cond.release()
         try:
             self._run_control(actor, control)
@@ -1014,9 +1032,20 @@ class Dispatcher:
             if self._waiting:
                 self._cond.notify_all()
 
+    def _control_stamp(self) -> tuple[int, int]:
+        """The key that a control hook's sends carry (lock held).
+
+        Before the timer starts, the control key: `start_running` moves the
+        triggers it causes to just after the start. Later (a restart's
+        ``on_start`` or ``on_stop``), the instant the run is at, so that its
+        messages are ordered and trigger their readers like any hook's sends.
+        """
+        if self._frontier == CONTROL_KEY:
+            return CONTROL_KEY
+        return self._frontier if self.simulated else (self.timer.now_ns(), 0)
+
     def _run_control(self, actor: Actor, envelope: Any) -> None:
         if isinstance(envelope, Start):
-            actor.stamp = CONTROL_KEY
             try:
                 actor.call("on_start")
             except BaseException as exc:  # noqa: BLE001
@@ -1160,6 +1189,8 @@ class Dispatcher:
                  0 if not triggers else DEFER if self._defers(sender, reader) else NOW,
                  port if port in output._strict_readers else None)
                 for port, reader, triggers in routes]
+        if CURRENT not in sender.context:
+            sender.context.run(CURRENT.set, sender)  # what the send checks
         if sender.deferred is None and any(route[3] is DEFER for route in plan):
             sender.deferred = {}  # made once; emptied as each hook ends
         if len(plan) == 1 and self.trace is None:
@@ -1170,44 +1201,48 @@ class Dispatcher:
                   view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`make_send` for an Output with one reader and no trace: the common case, lean."""
         check, exact = output._check, output._spec.exact
+        slot, box, reader, how, narrow = route
+        reader_check = None if narrow is None else _reader_check(output, narrow)
+        reader_exact = None if narrow is None else narrow._spec.exact
+        append = box.append
+        deferred = sender.deferred
         order = sender.order
+        trigger = self.trigger
+        simulated = self.simulated
+        running = CURRENT.get
         # The stamp of the hook in flight, packed once per hook (mailbox.stamp)
         # and shared by its messages: the sender's key object changes at
         # each hook, and is held here so its identity cannot be reused.
         seen: Any = None
         stamped = 0
-        slot, box, reader, how, narrow = route
-        reader_check, reader_exact = (None, None) if narrow is None else (
-            narrow._check, narrow._spec.exact)
-        append = box.append
-        deferred = sender.deferred
-        trigger = self.trigger
-        simulated = self.simulated
 
         def send(value: Any) -> None:
             nonlocal seen, stamped
+            if sender.hook is None or running(None) is not sender:
+                raise _not_in_hook(sender, output, send)
             vt = type(value)
             if check is not None and vt is not exact:
                 value = check(value)
                 vt = type(value)
-            if reader_check is not None and vt is not reader_exact:  # a narrower reader
-                value = reader_check(value)
-                vt = type(value)
-            if sender.hook is None:
-                raise _not_in_hook(sender, output, send)
-            if vt not in SCALARS:  # immutable: shared as it is
-                value = copy(value)
+            if vt in SCALARS:  # immutable: shared as it is
+                message = value
+                if reader_check is not None and vt is not reader_exact:
+                    message = reader_check(value)  # a narrower reader: int -> float
+            else:
+                if reader_check is not None:
+                    reader_check(value)  # passes a non-scalar through as it is
+                message = value = copy(value)
             key = sender.stamp
             if key is not seen:
                 seen, stamped = key, stamp(key, order)
-            append((stamped, slot, value))  # a delivery (mailbox.Delivery)
+            append((stamped, slot, message))  # a delivery (mailbox.Delivery)
             if how is DEFER:
                 deferred[reader] = None
             elif how:
                 # Real time: the triggered update is due when the sending
                 # update was, so work caused by a tick due before the run's
                 # end still runs, and lateness is end-to-end.
-                t, d = sender.stamp
+                t, d = key
                 trigger(reader, (t, d + 1) if simulated else (t, 0))
             view.last = value
             if view.listeners:
@@ -1225,23 +1260,26 @@ class Dispatcher:
         stamped = 0
         trigger = self.trigger
         simulated = self.simulated
+        running = CURRENT.get
         trace = self.trace
         deferred = sender.deferred
-        checks = [None if route[4] is None else route[4]._check for route in plan]
+        checks = [None if route[4] is None else _reader_check(output, route[4])
+                  for route in plan]
         narrow = any(c is not None for c in checks)
 
         def send(value: Any) -> None:
             nonlocal seen, stamped
+            if sender.hook is None or running(None) is not sender:
+                raise _not_in_hook(sender, output, send)
             if check is not None:
                 value = check(value)
             # Every reader's check passes before anything is delivered; a
-            # narrower reader gets the value as its own check gives it (an int
-            # becomes a float for a float Input; other values come back as they
-            # are, so they share the one copy).
+            # narrower reader gets a scalar as its own check gives it (an int
+            # becomes a float for a float Input); other values pass as they
+            # are and share the one copy.
             narrowed = [value if c is None else c(value) for c in checks] if narrow else None
-            if sender.hook is None:
-                raise _not_in_hook(sender, output, send)
-            shared = value if type(value) in SCALARS else copy(value)
+            if type(value) not in SCALARS:
+                value = copy(value)
             key = sender.stamp
             if key is not seen:  # as in _send_one
                 seen, stamped = key, stamp(key, order)
@@ -1250,7 +1288,7 @@ class Dispatcher:
                 seq = sender.seq = sender.seq + 1  # names the trace's flow arrows
                 trace.send(sender, output, seq, routes)
             for i, (slot, box, reader, how, _) in enumerate(plan):
-                message = shared
+                message = value
                 if narrowed is not None and type(narrowed[i]) in SCALARS:
                     message = narrowed[i]
                 if trace is None:
@@ -1261,9 +1299,9 @@ class Dispatcher:
                     deferred[reader] = None
                 elif how:
                     trigger(reader, (t, d + 1) if simulated else (t, 0))
-            view.last = shared
+            view.last = value
             if view.listeners:
-                view.publish(shared)
+                view.publish(value)
 
         return send
 

@@ -138,7 +138,7 @@ class Restore:
 
 
 class Delivery(NamedTuple):
-    """A message for one Input, with its stamp (sorts by the first four fields).
+    """A message for one Input, with its stamp, as `Run.state_dict` lists them.
 
     This class names the fields for code off the hot path. The mailbox holds
     each delivery as a plain tuple ``(stamp, slot, message)``, and in a

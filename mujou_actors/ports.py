@@ -2,9 +2,9 @@
 
 A port is declared on a node class (a descriptor that gives each node instance
 its own port object on first access) or assigned in ``__init__``. This module
-knows nothing of threads: an Output hands every checked and copied message to
-a *sink* that the running net installs (the dispatcher), and an Input's buffer
-is only touched by its node's own hooks, which never overlap.
+knows nothing of threads: while a net runs, each Output's ``send`` is a
+function the dispatcher built for that run, and an Input's buffer is only
+touched by its node's own hooks, which never overlap.
 """
 
 from __future__ import annotations
@@ -76,11 +76,15 @@ class _Spec:
         return f"Tensor({', '.join(parts)})" if parts else "Tensor"
 
     def accepts_all_of(self, other: _Spec) -> bool:
-        """True when every value of ``other`` is a value of ``self`` (no check needed)."""
+        """True when every value of ``other`` passes as it is: no check, no conversion.
+
+        An ``int`` port feeding a ``float`` one does not: its values are
+        converted at send, whichever type the sending port declares.
+        """
         if self.type is object:
             return True
         if not issubclass(other.type, self.type) or other.type is object:
-            return self.type is float and other.type is int
+            return False
         if self.dtype is not None and other.dtype != self.dtype:
             return False
         if self.shape is None:
@@ -497,10 +501,13 @@ class Output(Port):
         right after. Call it from a hook of the port's own node.
 
         A reader whose Input declares a narrower type than this Output gets
-        the value as its own check gives it (an ``int`` sent on an
-        ``Output(object)`` arrives as a ``float`` at an ``Input(float)``).
+        the value as its own check gives it: an ``int`` sent on an
+        ``Output(int)`` or ``Output(object)`` arrives as a ``float`` at an
+        ``Input(float)``, while ``run.read`` and subscribers see what was sent.
         While the node runs, ``send`` is replaced on the instance by the
-        run's own function, which does all of this in one call.
+        run's own function, which does all of this in one call (not for a
+        subclass that overrides ``send``: its method runs, and this one hands
+        over to the run's function).
 
         Args:
             value: the message; for tensor ports a ``torch.Tensor`` of the
@@ -508,19 +515,16 @@ class Output(Port):
 
         Raises:
             PortTypeError: the value does not match this port's type or a
-                connected Input's; nothing is delivered then.
-            NotRunningError: the node is not part of a running net.
+                connected Input's (the message names both ports); nothing is
+                delivered then.
+            NotRunningError: the node is not part of a running net, or the
+                call does not come from a hook of the port's own node
+                (checked first).
         """
         send = self._send
-        if send is not None:  # running: Output.send(port, v), or a method kept from before
-            send(value)
-            return
-        check = self._check
-        if check is not None:
-            value = check(value)
-        for reader in self._strict_readers:
-            reader.check(value)
-        raise NotRunningError(f"output {self.path!r}: send() needs a running net")
+        if send is None:
+            raise NotRunningError(f"output {self.path!r}: send() needs a running net")
+        send(value)  # running: Output.send(port, v), a subclass's super().send(v), ...
 
 
 def connect(output: Output, input: Input) -> None:

@@ -1001,8 +1001,10 @@ def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
             view = _View()
             result._views[id(port)] = view
             copy = _copier(sender, [a for _, a, _ in routes], result._rt)
-            # An instance attribute: a hook's ``out.send(v)`` calls it directly.
-            port.send = port._send = dispatcher.make_send(sender, port, routes, view, copy)
+            port._send = dispatcher.make_send(sender, port, routes, view, copy)
+            if type(port).send is Output.send:  # a subclass's own send() stays in the way
+                # An instance attribute: a hook's ``out.send(v)`` calls it directly.
+                port.send = port._send
 
 
 def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Callable[[Any], Any]:

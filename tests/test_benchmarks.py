@@ -44,3 +44,7 @@ def test_only_measures_the_named_workloads_and_refuses_unknown_ones(tmp_path: Pa
                          cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert bad.returncode == 2
     assert "--only: no workload nope; choose from ticks, pingpong" in bad.stderr
+    empty = subprocess.run([sys.executable, script, "--only", " ,"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert empty.returncode == 2
+    assert "--only: name at least one workload" in empty.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Any, NamedTuple
 
 import pytest
@@ -167,14 +168,16 @@ def test_send_checks_a_narrower_reader_type_and_delivers_nothing_on_failure() ->
 
     assert net.loose.received == ["ok", "ok"]
     assert net.strict.received == ["ok", "ok"]
-    assert net.tx.errors == ["port 'strict.inp': expected str, got int"] * 2
+    assert net.tx.errors == ["output 'tx.out' sent to port 'strict.inp': expected str, got int"] * 2
 
 
+@pytest.mark.parametrize("sent_on", [object, int])
 @pytest.mark.parametrize("readers", ["float", "float+object", "float traced"])
-def test_a_narrower_reader_gets_the_value_as_its_own_check_gives_it(readers, tmp_path) -> None:
+def test_a_narrower_reader_gets_the_value_as_its_own_check_gives_it(
+        readers, sent_on, tmp_path) -> None:
     # One untraced reader takes the lean send; the other cases the general one.
     class Tx(mujou.Node):
-        out = mujou.Output(object)
+        out = mujou.Output(sent_on)
 
         def __init__(self) -> None:
             super().__init__(period=0.01)
@@ -191,8 +194,11 @@ def test_a_narrower_reader_gets_the_value_as_its_own_check_gives_it(readers, tmp
         nodes.append(as_is)
     trace = tmp_path / "t.json" if "traced" in readers else None
 
-    mujou.run(nodes, timer="simulated", duration=0.02, trace=trace).join()
+    with mujou.run(nodes, timer="simulated", duration=0.02, trace=trace) as run:
+        run.join()
+        sent = run.read(tx.out)
 
+    assert (sent, type(sent)) == (3, int)  # the host sees what was sent, on every path
     assert [(m, type(m)) for m in as_float.received] == [(3.0, float)] * 2
     if "object" in readers:
         assert [(m, type(m)) for m in as_is.received] == [(3, int)] * 2
@@ -224,6 +230,103 @@ def test_send_from_the_host_while_running_and_after_the_run_names_the_problem() 
     with pytest.raises(mujou.NotRunningError, match="'0.out': send\\(\\) needs a running net"):
         node.kept(1)
     assert rx.received == []
+
+
+class Holding(mujou.Node):
+    """Sends 1 in its first update, then holds that update until ``release`` is set."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, inside: threading.Event, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.inside, self.release = inside, release
+
+    def on_update(self, dt: float) -> None:
+        if not self.inside.is_set():
+            self.out.send(1)
+            self.inside.set()
+            self.release.wait(10)
+
+
+class Intruder(mujou.Node):
+    """Once ``inside`` is set, tries to send on another node's Output from its own hook."""
+
+    def __init__(self, victim: Holding) -> None:
+        super().__init__(period=0.01)
+        self.victim = lambda: victim  # not an attribute: the net would see the node twice
+        self.errors: list[str] = []
+
+    def on_update(self, dt: float) -> None:
+        victim = self.victim()
+        if victim.inside.wait(10) and not victim.release.is_set():
+            try:
+                victim.out.send(2)
+            except mujou.NotRunningError as exc:
+                self.errors.append(str(exc))
+            victim.release.set()
+
+
+@pytest.mark.parametrize("caller", ["host", "another node"])
+def test_only_the_nodes_own_hook_may_send_even_while_that_hook_runs(caller) -> None:
+    inside, release, got = threading.Event(), threading.Event(), threading.Event()
+
+    class Telling(Collector):
+        def on_update(self, dt: float) -> None:
+            super().on_update(dt)
+            got.set()
+
+    node, rx = Holding(inside, release), Telling()
+    mujou.connect(node.out, rx.inp)
+    nodes: list[mujou.Node] = [node, rx]
+    if caller == "another node":
+        intruder = Intruder(node)
+        nodes.append(intruder)
+
+    with mujou.run(nodes, timer="realtime", workers=2) as run:
+        assert inside.wait(10)  # the node's first update is in flight
+        if caller == "host":
+            with pytest.raises(mujou.NotRunningError, match="from outside a hook of node '0'"):
+                node.out.send(3)
+            release.set()
+        assert release.wait(10) and got.wait(10)
+        assert run.read(node.out) == 1  # the newest message sent: none got through after it
+        run.stop()
+
+    if caller == "another node":
+        assert intruder.errors == [
+            "output '0.out': send() from outside a hook of node '0' "
+            "(from the host, or from another node's hook)"]
+    assert rx.received == [1]
+
+
+def test_a_subclass_overriding_send_is_called_during_the_run() -> None:
+    class Counting(mujou.Output):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.calls = 0
+
+        def _template_copy(self) -> Counting:
+            return Counting(self._spec.type)
+
+        def send(self, value: Any) -> None:
+            self.calls += 1
+            super().send(value)
+
+    class Tx(mujou.Node):
+        out = Counting(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(7)
+
+    tx, rx = Tx(), Collector()
+    mujou.connect(tx.out, rx.inp)
+
+    mujou.run([tx, rx], timer="simulated", duration=0.03).join()
+
+    assert tx.out.calls == 3 and rx.received == [7, 7, 7]
 
 
 def test_value_semantics_sender_may_reuse_its_buffer() -> None:

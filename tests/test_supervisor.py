@@ -83,6 +83,58 @@ def test_one_for_one_restarts_only_the_failed_node_from_the_latest_snapshot(work
     assert stats.nodes["steady"].restarts == 0
 
 
+class Greeter(mujou.Node):
+    """Sends a greeting from on_start and its update count; raises in its third update."""
+
+    out = mujou.Output(str)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_start(self) -> None:
+        self.out.send("hello")
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            raise RuntimeError("third update")
+        self.out.send(f"update {self.n}")
+
+
+class Log(mujou.Node):
+    """Triggered: records each batch of messages it drains."""
+
+    inp = mujou.Input(str, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list[list[str]] = []
+
+    def on_update(self, dt: float) -> None:
+        self.seen.append(self.inp.drain())
+
+
+@pytest.mark.parametrize("timer", ["simulated", "realtime"])
+def test_messages_sent_by_a_restarted_nodes_on_start_reach_their_reader(timer, workers) -> None:
+    # They used to carry the control key: the reader's trigger then sorted
+    # before the run's time (simulated: never ran) or was taken for a control
+    # envelope (real time: the worker thread died).
+    src, log = Greeter(), Log()
+    mujou.connect(src.out, log.inp)
+
+    with mujou.run([src, log], timer=timer, duration=0.06, workers=workers,
+                   supervisor=mujou.Supervisor("one_for_one")) as run:
+        run.join()
+
+    assert run.stats().nodes["0"].restarts == 1
+    assert [m for batch in log.seen for m in batch] == [
+        "hello", "update 1", "update 2", "hello", "update 4", "update 5", "update 6"]
+    if timer == "simulated":  # each message triggers its own update, right after its send
+        assert log.seen == [["hello"], ["update 1"], ["update 2"], ["hello"], ["update 4"],
+                            ["update 5"], ["update 6"]]
+
+
 def test_one_for_all_restores_the_net_and_rewinds_simulated_time() -> None:
     flaky, steady = Flaky(fail_at=25), Flaky()
     sup = mujou.Supervisor("one_for_all", snapshot_every=0.1)
