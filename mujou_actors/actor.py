@@ -13,11 +13,10 @@ import contextvars
 import time
 from array import array
 from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 from .devices import receive
-from .mailbox import Mailbox, unstamp
+from .mailbox import MESSAGE, SLOT, Mailbox, unstamp
 
 __all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT"]
 
@@ -34,7 +33,6 @@ LATENESS_SAMPLES = 256
 _RING_MASK = LATENESS_SAMPLES - 1
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
-_SLOT, _MESSAGE = itemgetter(1), itemgetter(2)  # fields of a delivery in a mailbox
 
 
 class Actor:
@@ -164,8 +162,8 @@ class Actor:
                 d = taken[0]  # (stamp, input slot, message[, seq])
                 inputs[d[1]]._push(d[2])
             else:  # runs of messages for one Input go in with one extend
-                for slot, run in groupby(taken, _SLOT):
-                    inputs[slot]._push_many(list(map(_MESSAGE, run)))
+                for slot, run in groupby(taken, SLOT):
+                    inputs[slot]._push_many(list(map(MESSAGE, run)))
         else:
             with self.on_stream():
                 for d in taken:

@@ -37,6 +37,7 @@ from .mailbox import (
     HOST_ORDER,
     MASK,
     SHIFT,
+    STAMP,
     Delivery,
     Start,
     Stop,
@@ -1121,7 +1122,7 @@ class Dispatcher:
         inputs = actor.inputs
         queued = list(actor.mailbox.deliveries)
         if self.simulated:
-            queued.sort(key=lambda d: d[0])  # stable: a stamp's messages in send order
+            queued.sort(key=STAMP)  # stable: a stamp's messages in send order
         return [Delivery(*unstamp(d[0]), inputs[d[1]], d[2]) for d in queued]
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:

@@ -29,10 +29,10 @@ from .devices import map_tensors
 from .state import copy_state
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
-           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp"]
+           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp", "STAMP", "SLOT", "MESSAGE"]
 
-# Fields of a delivery in a mailbox (see Delivery).
-_STAMP, _SLOT, _MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
+# Getters of the fields of a delivery in a mailbox (see Delivery).
+STAMP, SLOT, MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
 HOST_ORDER = -1
@@ -187,7 +187,7 @@ class Mailbox:
         the messages are picked out in C, with no list of deliveries between.
         """
         queue = self.deliveries
-        return list(map(_MESSAGE, starmap(queue.popleft, repeat((), len(queue)))))
+        return list(map(MESSAGE, starmap(queue.popleft, repeat((), len(queue)))))
 
     def take_deliveries(
         self, before: tuple[int, int] | None
@@ -212,10 +212,10 @@ class Mailbox:
         if before is None or not taken:
             return taken, []
         least = pack(before) << ORDER_BITS  # the least stamp of that instant
-        taken.sort(key=_STAMP)  # stable: one sender's sends of one hook stay in send order
+        taken.sort(key=STAMP)  # stable: one sender's sends of one hook stay in send order
         if taken[-1][0] < least:
             return taken, []
-        cut = bisect_left(taken, least, key=_STAMP)
+        cut = bisect_left(taken, least, key=STAMP)
         kept = taken[cut:]
         del taken[cut:]
         queue.extendleft(reversed(kept))
