@@ -327,3 +327,49 @@ def test_fast_hooks_due_together_run_as_one_batch_in_net_order() -> None:
     run.join()
 
     assert order == list(range(10)) * 3
+
+
+class TwoOut(mujou.Node):
+    """Each update sends its count on ``a``, ``b``, ``a``: three messages of one stamp."""
+
+    a = mujou.Output(int)
+    b = mujou.Output(int)
+
+    def __init__(self, base: int) -> None:
+        super().__init__(period=0.01)
+        self.base, self.n = base, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        k = self.base + 10 * self.n
+        self.a.send(k)
+        self.b.send(k + 1)
+        self.a.send(k + 2)
+
+
+def test_messages_of_one_hook_arrive_in_send_order_whatever_the_workers(workers) -> None:
+    # A delivery carries no sequence number: within one stamp (one hook of one
+    # sender), send order is arrival order, and the sort by stamp is stable.
+    class Both(mujou.Node):
+        inp = mujou.Input(int, depth=None)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.02)
+            self.seen: list[list[int]] = []
+
+        def on_update(self, dt: float) -> None:
+            self.seen.append(self.inp.drain())
+
+    first, second, rx = TwoOut(1000), TwoOut(2000), Both()
+    for src in (second, first):  # connected out of net order on purpose
+        mujou.connect(src.a, rx.inp)
+        mujou.connect(src.b, rx.inp)
+
+    mujou.run([first, second, rx], timer="simulated", duration=0.04, workers=workers).join()
+
+    # Sent at t = 0.01 and 0.02 (delivered at 0.02), 0.03 (at 0.04); 0.04's sends
+    # come after rx's update at 0.04. Sender order, then each hook's send order.
+    assert rx.seen == [
+        [1010, 1011, 1012, 2010, 2011, 2012],
+        [1020, 1021, 1022, 2020, 2021, 2022, 1030, 1031, 1032, 2030, 2031, 2032],
+    ]
