@@ -76,11 +76,8 @@ class Actor:
         # A fresh, empty context per node: contextvars set in one node's hooks
         # are seen by its later hooks and by no other node, nor by the host.
         self.context = contextvars.Context()
-        # The node's Inputs; a delivery names its Input by index in this
-        # tuple. An int keeps the delivery tuple free of references to
-        # tracked objects, so the garbage collector untracks it in its first
-        # pass instead of scanning every queued message again and again (at
-        # 200,000 queued messages that was two thirds of a send's cost).
+        # The node's Inputs: a delivery names its Input by index in this tuple
+        # (why an index: see mailbox.Delivery). Set when the run wires the net.
         self.inputs: tuple[Any, ...] = ()
         self.triggers: frozenset[int] = frozenset()  # indices of triggering Inputs
         self.next_tick_ns: int | None = None
