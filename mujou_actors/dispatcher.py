@@ -35,14 +35,12 @@ from .actor import CURRENT, Actor
 from .errors import NotRunningError, PortTypeError
 from .mailbox import (
     HOST_ORDER,
-    MASK,
     SHIFT,
     STAMP,
     Delivery,
     Start,
     Stop,
     stamp,
-    unpack,
     unstamp,
 )
 from .timers import Timer, tight_timer_slack
@@ -70,6 +68,13 @@ BATCH_BUDGET_NS = 50_000
 # actor is O(1) for all but the first of a key. Actors of one key are equally
 # due; a bucket is taken whole, in the order queued, when it fits in a batch,
 # else from its end.
+#
+# A bucket keeps the key tuple of its first actor, and every actor queued in
+# it refers to that one object (``queued_key``, and ``next_tick_ns`` when the
+# tick set the key). With 100,000 nodes an update's cost is mostly cache
+# misses, and an int or tuple made per actor is one more miss when the actor
+# is next claimed; the bucket's objects stay in cache. Liveness is identity:
+# an entry is live while its actor's ``queued_key`` is the bucket's key.
 
 # Messages of these exact types are immutable: a send shares them uncopied.
 SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
@@ -275,7 +280,8 @@ class Dispatcher:
         self.cut_due = False  # held at hold_at_ns: a supervisor snapshot is due
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[int] = []  # keys with queued pool actors, packed (see SHIFT)
-        self._due: dict[int, list[Actor]] = {}  # their actors, in the order queued
+        # Per packed key: (the key tuple its actors share, its actors in the order queued).
+        self._due: dict[int, tuple[tuple[int, int], list[Actor]]] = {}
         self._queued = 0  # entries in the buckets, stale ones included (a trace counter)
         self._batches: dict[int, _Batch] = {}  # batches of several in flight, by id
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
@@ -403,7 +409,7 @@ class Dispatcher:
         first_trigger = (start_ns, 1) if self.simulated else (start_ns, 0)
         for actor in self.actors:
             actor.schedule_first_tick(start_ns)
-            actor.queued_key = actor.queued_code = None
+            actor.queued_key = None
             if actor.trigger_key is not None:
                 actor.trigger_key = first_trigger
         self._heap.clear()
@@ -516,8 +522,8 @@ class Dispatcher:
 
     def _pop_control(self) -> Actor | None:
         actor = self._top()
-        if actor is None or actor.queued_code >= 0:  # type: ignore[operator]
-            return None  # control keys are the negative ones
+        if actor is None or actor.queued_key[0] != CONTROL_T:  # type: ignore[index]
+            return None
         self._take(actor)
         return actor
 
@@ -536,7 +542,9 @@ class Dispatcher:
         tick ``(t, 0)`` and the pending trigger; none while timed work is held
         or after the actor failed (until a restart).
         """
-        if actor.control:
+        tick = None
+        # _pending_control first: with none anywhere, the actor's list is not read.
+        if self._pending_control and actor.control:
             key = CONTROL_KEY
         elif self._mode != RUNNING or actor.failed:
             actor.queued_key = None
@@ -552,34 +560,42 @@ class Dispatcher:
         queued = actor.queued_key
         if queued is not None and queued <= key:
             return
-        actor.queued_key = key
         if actor.dedicated:
+            actor.queued_key = key
             if self._waiting:
                 self._cond.notify_all()
+            return
+        code = (key[0] << SHIFT) | key[1]
+        entry = self._due.get(code)
+        if entry is None:
+            self._due[code] = (key, [actor])
+            heapq.heappush(self._heap, code)
         else:
-            code = actor.queued_code = (key[0] << SHIFT) | key[1]
-            bucket = self._due.get(code)
-            if bucket is None:
-                self._due[code] = [actor]
-                heapq.heappush(self._heap, code)
-            else:
-                bucket.append(actor)
-            self._queued += 1
-            # No notify here: callers queue many actors at once (a batch's
-            # finish, a release) and wake the workers once when done.
+            key = entry[0]  # the bucket's key object (see the calendar's comment)
+            entry[1].append(actor)
+            if tick == key[0]:
+                actor.next_tick_ns = key[0]
+        actor.queued_key = key
+        self._queued += 1
+        # No notify here: callers queue many actors at once (a batch's
+        # finish, a release) and wake the workers once when done.
 
     def _global_min(self) -> tuple[int, int] | None:
         """Earliest key of all pending work, dropping stale heap entries."""
         top = self._top()
-        best = None if top is None else unpack(top.queued_code)  # type: ignore[arg-type]
+        best = None if top is None else top.queued_key
         for actor in self._dedicated:
             k = actor.queued_key
             if k is not None and not actor.busy and (best is None or k < best):
                 best = k
         return best
 
-    def _may_start(self, key: tuple[int, int]) -> tuple[bool, float | None]:
-        """Whether work at ``key`` may start now; else how long to wait (None: a notify)."""
+    def _may_start(self, key: tuple[int, int],
+                   now: int | None = None) -> tuple[bool, float | None]:
+        """Whether work at ``key`` may start now; else how long to wait (None: a notify).
+
+        ``now``: the timer's time (ns) in real time, if the caller read it already.
+        """
         if key == CONTROL_KEY:
             return True, None
         if self._mode != RUNNING:
@@ -596,7 +612,8 @@ class Dispatcher:
         if self._hold_requested:
             self._try_hold_now()
             return False, None
-        now = self.timer.now_ns()
+        if now is None:
+            now = self.timer.now_ns()
         if end is not None and (key[0] > end or now >= end + self.end_grace_ns):
             return False, self._realtime_end(now, end)
         if key[0] <= now:
@@ -685,39 +702,40 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         top = self._top
+        simulated, now_ns = self.simulated, self.timer.now_ns
         with self._cond:
             while self._mode != SHUTDOWN:
                 actor = top()
                 if actor is None:
                     wait_(self._idle_wait())
                     continue
-                code = actor.queued_code
-                t = code >> SHIFT  # type: ignore[operator]
-                if t == CONTROL_T:
+                key = actor.queued_key
+                if key[0] == CONTROL_T:  # type: ignore[index]
                     self._take(actor)
                     self._run_locked(actor, name)
                     continue
-                d = code & MASK  # type: ignore[operator]
-                ok, wait = self._may_start((t, d))
+                # Real time: one reading of the clock decides and stamps the claim.
+                now = None if simulated else now_ns()
+                ok, wait = self._may_start(key, now)  # type: ignore[arg-type]
                 if not ok:
                     wait_(wait)
                     continue
-                self._run_batch(self._claim_batch(t, d, name), name)
+                self._run_batch(self._claim_batch(key, name, now), name)  # type: ignore[arg-type]
 
     def _top(self) -> Actor | None:
         """A live actor of the earliest key (its bucket's last), dropping stale entries.
 
         An entry is stale when its actor was queued again at another key since
-        (its ``queued_code`` differs), or is busy. The actor stays queued.
-        Called with the lock held.
+        (its ``queued_key`` is not the bucket's), or is busy. The actor stays
+        queued. Called with the lock held.
         """
         heap, due = self._heap, self._due
         while heap:
             code = heap[0]
-            bucket = due[code]
+            key, bucket = due[code]
             while bucket:
                 actor = bucket[-1]
-                if actor.queued_code == code and not actor.busy:
+                if actor.queued_key is key and not actor.busy:
                     return actor
                 bucket.pop()
                 self._queued -= 1
@@ -727,7 +745,7 @@ class Dispatcher:
 
     def _take(self, actor: Actor) -> None:
         """Remove ``actor``, just returned by `_top`, from its bucket (lock held)."""
-        self._due[actor.queued_code].pop()  # type: ignore[index]
+        self._due[self._heap[0]][1].pop()
         self._queued -= 1
 
     def _dedicated_loop(self, actor: Actor) -> None:
@@ -752,8 +770,9 @@ class Dispatcher:
     # a *batch* of actors that may all start now, so a lock hand-over is paid
     # per batch rather than per hook: for no-op hooks it is most of the cost.
 
-    def _claim_batch(self, t: int, d: int, name: str) -> list[Claim]:
-        """Claim the queued actors at ``(t, d)``, the earliest key, that may start now.
+    def _claim_batch(self, key: tuple[int, int], name: str,
+                     now: int | None = None) -> list[Claim]:
+        """Claim the queued actors at ``key = (t, d)``, the earliest, that may start now.
 
         Simulated time: the actors queued at exactly ``(t, d)`` (the
         frontier). Real time: those of the following keys too, as long as
@@ -762,36 +781,39 @@ class Dispatcher:
         with more than one worker a batch also stops once the members' last
         hook times add up to ``BATCH_BUDGET_NS`` (see `_cost`), so slow hooks
         are spread over the workers.
-        Called with the lock held and a live actor first at ``(t, d)``.
+        Called with the lock held and a live actor first at ``key``; ``now``:
+        the timer's time (ns) in real time, if the caller read it already.
         """
         heap, due = self._heap, self._due
+        t = key[0]
         simulated = self.simulated
         if simulated:
             now = limit_t = t
         else:
-            now = self.timer.now_ns()
+            if now is None:
+                now = self.timer.now_ns()
             end = self.end_ns
             limit_t = now if end is None else min(now, end)
         budget = self._batch_budget_ns
         most = self._batch_max
         spent = taken = 0
-        # (code, key, actors) per key; a whole bucket is taken as it is, stale
+        # (key, actors) per key; a whole bucket is taken as it is, stale
         # entries included (the claim skips them).
-        groups: list[tuple[int, tuple[int, int], list[Actor]]] = []
+        groups: list[tuple[tuple[int, int], list[Actor]]] = []
         while True:
-            code = (t << SHIFT) | d
-            bucket = due[code]
+            code = heap[0]  # the earliest key
+            key, bucket = due[code]
             if budget is None and len(bucket) + taken <= most:
                 del due[code]  # the whole bucket, in the order queued
-                heapq.heappop(heap)  # code was the earliest key
+                heapq.heappop(heap)
                 self._queued -= len(bucket)
-                groups.append((code, (t, d), bucket))
+                groups.append((key, bucket))
                 taken += len(bucket)
             else:
                 group: list[Actor] = []
                 while bucket and taken < most:
                     actor = bucket.pop()
-                    if actor.queued_code != code or actor.busy:
+                    if actor.queued_key is not key or actor.busy:
                         self._queued -= 1
                         continue  # stale: queued again elsewhere
                     if budget is not None:
@@ -802,36 +824,36 @@ class Dispatcher:
                     self._queued -= 1
                     group.append(actor)
                     taken += 1
-                groups.append((code, (t, d), group))
+                groups.append((key, group))
                 if bucket:
                     break
                 del due[code]
                 heapq.heappop(heap)
             if simulated or taken >= most or not heap:
                 break
-            t, d = unpack(heap[0])
+            t = heap[0] >> SHIFT
             if t > limit_t or t == CONTROL_T:
                 break
         return self._claim(groups, now, name)
 
-    def _claim(self, groups: list[tuple[Any, tuple[int, int], list[Actor]]], now: int,
+    def _claim(self, groups: list[tuple[tuple[int, int], list[Actor]]], now: int,
                name: str) -> list[Claim]:
         """Make the live actors of ``groups`` busy for their timed work (lock held).
 
-        Each group is ``(code, key, actors)``: actors queued at ``key`` whose
-        ``queued_code`` must still be ``code`` (else the entry is stale). An
+        Each group is ``(key, actors)``: actors queued at ``key`` whose
+        ``queued_key`` must still be that object (else the entry is stale). An
         actor's trigger is consumed if due by ``key``. Returns the claims
         ``(actor, now_ns, due_ns, is_tick, consumed trigger)``.
         """
         simulated = self.simulated
         traced = self.trace is not None
         batch: list[Claim] = []
-        for code, key, group in groups:
+        for key, group in groups:
             t, d = key
             for actor in group:
-                if actor.queued_code != code or actor.busy:
+                if actor.queued_key is not key or actor.busy:
                     continue
-                actor.queued_key = actor.queued_code = None
+                actor.queued_key = None
                 actor.busy = True
                 tick = actor.next_tick_ns
                 if simulated:
@@ -867,7 +889,7 @@ class Dispatcher:
             actor = batch[0][0]
             self._cond.release()
             try:
-                owed = self._run_claimed(batch[0])
+                owed = self._run_claimed(batch[0], fresh=False)
             finally:
                 self._cond.acquire()
                 self._finish(actor, owed, name)
@@ -933,17 +955,22 @@ class Dispatcher:
         self._busy_ns[rec.name] += busy_ns
         self._inflight -= len(actors)
 
-    def _run_claimed(self, item: Claim) -> tuple[int, int] | None:
+    def _run_claimed(self, item: Claim, fresh: bool = True) -> tuple[int, int] | None:
         """Apply a claimed actor's due deliveries and run its update (no lock held).
+
+        In real time the update starts at the timer's time read now
+        (``fresh``), or, for a hook claimed alone, at the claim's: that was
+        read just before the lock was released, and one clock read fewer
+        per hop is measurable in a ping-pong.
 
         Returns the trigger key owed to deliveries kept for a later hook.
         """
         actor, now, due, is_tick, _ = item
         owed = None
         try:
-            if not self.simulated:
+            if fresh and not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
-            if actor.deliveries:
+            if actor.inputs and actor.deliveries:  # no Inputs: the deque stays unread
                 owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
             actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
@@ -1007,9 +1034,9 @@ class Dispatcher:
         if key != CONTROL_KEY:
             assert key is not None
             now = key[0] if self.simulated else self.timer.now_ns()
-            self._run_batch(self._claim([(None, key, [actor])], now, name), name)
+            self._run_batch(self._claim([(key, [actor])], now, name), name)
             return
-        actor.queued_key = actor.queued_code = None
+        actor.queued_key = None
         actor.busy = True
         self._inflight += 1
         actor.thread_name = name

@@ -61,7 +61,7 @@ def stamp(key: tuple[int, int], order: int) -> int:
     One int that sorts like ``(t_ns, delta, order)``; ``order`` is the
     sender's order in the net, or `HOST_ORDER`.
     """
-    return (pack(key) << ORDER_BITS) | (order + 1)
+    return (((key[0] << SHIFT) | key[1]) << ORDER_BITS) | (order + 1)  # pack, inlined
 
 
 def unstamp(value: int) -> tuple[int, int, int]:
@@ -133,7 +133,7 @@ class Restore:
                 port._restore(messages)
         actor.wait_stream()
         if self.last_update_ns is not None:
-            actor.last_update_ns = self.last_update_ns
+            actor.set_last_update(self.last_update_ns)
         actor.failed = False
 
 

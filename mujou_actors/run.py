@@ -462,7 +462,7 @@ class Run:
             at = tree["time_ns"] if d.simulated else self._timer.now_ns()
             if not d.simulated:
                 for actor in self._actors:
-                    actor.last_update_ns = at
+                    actor.set_last_update(at)
             self._schedule_cuts(at)
             d.release(restart_at_ns=at)
 
@@ -895,9 +895,10 @@ def run(
     token = object()
     actors = []
     seeds = {}
+    periods: dict[int, int] = {}
     for order, (path, node) in enumerate(found):
         node._mujou_run = token
-        actor = Actor(node, path, order)
+        actor = Actor(node, path, order, periods)
         actors.append(actor)
         own = node._mujou_seed
         if tree is not None and path in tree["seeds"]:
