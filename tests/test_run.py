@@ -553,3 +553,70 @@ def test_interpreter_exit_stops_a_run_that_was_never_joined(tmp_path) -> None:
 
         assert result.returncode == 0, result.stderr
         assert marker.read_text() == "stopped"
+
+
+class _Sparse(mujou.Node):
+    """Ticks every 10 ms and sends only at the ticks listed (1-based)."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, at: set[int]) -> None:
+        super().__init__(period=0.01)
+        self.at, self.n = at, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n in self.at:
+            self.out.send(self.n)
+
+
+class _DtLog(mujou.Node):
+    """Triggered: records every ``dt`` it is given."""
+
+    inp = mujou.Input(int, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.dts: list[float] = []
+
+    def on_update(self, dt: float) -> None:
+        self.inp.drain()
+        self.dts.append(dt)
+
+
+def test_dt_mean_and_max_are_those_of_the_dts_the_hook_was_given() -> None:
+    src, log = _Sparse({1, 2, 5, 9}), _DtLog()
+    mujou.connect(src.out, log.inp)
+    run = mujou.run([src, log], timer="simulated", duration=0.1)
+    run.join()
+    s = run.stats().nodes[log._mujou_path]
+
+    # Triggered at 10, 20, 50 and 90 ms (one delta cycle after each send).
+    assert log.dts == [0.01, 0.01, 0.03, 0.04]
+    assert s.updates == 4
+    assert s.dt_max == 0.04
+    assert s.dt_mean == pytest.approx(sum(log.dts) / 4, abs=1e-15)
+    periodic = run.stats().nodes[src._mujou_path]
+    assert (periodic.updates, periodic.dt_max, periodic.dt_mean) == (10, 0.01, pytest.approx(0.01))
+
+
+def test_dt_sum_adds_up_spans_across_restores() -> None:
+    from mujou_actors.actor import Actor
+
+    node = Counter(period=0.01)
+    actor = Actor(node, "", 0)
+    actor.schedule_first_tick(0)
+    given: list[int] = []
+    # Updates at 10, 20 ms; a restore puts the last update back at 5 ms;
+    # updates at 15, 40 ms; a restart at 100 ms; an update at 130 ms.
+    for step in (10, 20, "r5", 15, 40, "r100", 130):
+        if isinstance(step, str):
+            actor.set_last_update(int(step[1:]) * 1_000_000)
+            continue
+        given.append(step * 1_000_000 - actor.last_update_ns)  # type: ignore[operator]
+        actor.run_update(step * 1_000_000, step * 1_000_000, False)
+
+    assert given == [10_000_000, 10_000_000, 10_000_000, 25_000_000, 30_000_000]
+    assert actor.updates == 5
+    assert actor.dt_sum == sum(given) / 1e9
+    assert actor.dt_max == 0.03
