@@ -56,7 +56,7 @@ CONTROL_T = CONTROL_KEY[0]
 # Batches: a worker claims up to BATCH_MAX actors that may start now per lock
 # acquisition (the only worker: BATCH_MAX_ALONE; real time with several
 # workers: one). With several workers a batch also stops at BATCH_BUDGET_NS of
-# the members' last hook times, so that slow hooks spread over the workers.
+# the members' mean hook times, so that slow hooks spread over the workers.
 BATCH_MAX = 64
 BATCH_MAX_ALONE = 1024
 BATCH_BUDGET_NS = 50_000
@@ -217,25 +217,24 @@ def _reader_check(output: Any, reader: Any) -> Callable[[Any], Any]:
 def _cost(actor: Actor, budget: int) -> int:
     """What ``actor``'s next update counts against a batch's budget, in nanoseconds.
 
-    Its last hook time; the whole budget for its first update (so that nodes
+    Its mean hook time; the whole budget for its first update (so that nodes
     of unknown cost start in parallel); an eighth of it without timing
     statistics (batches of eight).
     """
     if not actor.timed:
         return budget // 8
-    return actor.last_hook_ns if actor.updates else budget
+    n = actor.updates
+    return actor.hook_ns // n if n else budget
 
 
 class _Batch:
     """A batch of several claims in flight on one worker (see `Dispatcher._run_batch`)."""
 
-    __slots__ = ("todo", "done", "owes", "name")
+    __slots__ = ("todo", "done")
 
-    def __init__(self, claims: list[Claim], name: str) -> None:
+    def __init__(self, claims: list[Claim]) -> None:
         self.todo: deque[Claim] = deque(claims)  # not started; `_unclaim` may take them back
         self.done: deque[Actor] = deque()  # have run, not yet finished
-        self.owes: dict[Actor, tuple[int, int]] = {}  # trigger keys owed (apply_deliveries)
-        self.name = name  # the worker's thread
 
 
 # ---------------------------------------------------------------------------
@@ -284,6 +283,9 @@ class Dispatcher:
         self._due: dict[int, tuple[tuple[int, int], list[Actor]]] = {}
         self._queued = 0  # entries in the buckets, stale ones included (a trace counter)
         self._batches: dict[int, _Batch] = {}  # batches of several in flight, by id
+        # Trigger keys owed to deliveries kept for a later hook (apply_deliveries),
+        # set by the thread that ran the actor, taken as the actor is finished.
+        self._owed: dict[Actor, tuple[int, int]] = {}
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
         # Real time with several workers: no batches. A hook that is slow now
         # and then would hold its batch-mates while another worker is idle,
@@ -778,7 +780,7 @@ class Dispatcher:
         frontier). Real time: those of the following keys too, as long as
         they are due (and due by the run's end). At most ``BATCH_MAX`` (the
         only worker: ``BATCH_MAX_ALONE``; real time with several workers: 1);
-        with more than one worker a batch also stops once the members' last
+        with more than one worker a batch also stops once the members' mean
         hook times add up to ``BATCH_BUDGET_NS`` (see `_cost`), so slow hooks
         are spread over the workers.
         Called with the lock held and a live actor first at ``key``; ``now``:
@@ -888,18 +890,21 @@ class Dispatcher:
         if len(batch) == 1:  # the common case in real time: no deque, no lists
             actor = batch[0][0]
             self._cond.release()
+            took = 0
             try:
-                owed = self._run_claimed(batch[0], fresh=False)
+                took = self._run_claimed(batch[0], fresh=False)
             finally:
                 self._cond.acquire()
-                self._finish(actor, owed, name)
+                self._busy_ns[name] += took
+                self._finish(actor)
                 self._inflight -= 1
                 if self._waiting:
                     self._cond.notify_all()
             return
-        rec = _Batch(batch, name)
+        rec = _Batch(batch)
         self._batches[id(rec)] = rec
         self._cond.release()
+        busy = 0  # the members' hook times, for the worker's busy share
         try:
             todo, done = rec.todo, rec.done
             take = todo.popleft
@@ -909,13 +914,12 @@ class Dispatcher:
                     item = take()
                 except IndexError:  # given back meanwhile
                     break
-                owed = run(item)
-                if owed is not None:
-                    rec.owes[item[0]] = owed
+                busy += run(item)
                 done.append(item[0])
         finally:
             self._cond.acquire()
             del self._batches[id(rec)]
+            self._busy_ns[name] += busy
             self._finish_done(rec, final=True)
             if self._waiting:
                 self._cond.notify_all()
@@ -939,50 +943,55 @@ class Dispatcher:
                     actors.append(done.popleft())
                 except IndexError:
                     break
-        busy_ns = 0
-        owes = rec.owes
+        owed = self._owed
         schedule = self._schedule
         for actor in actors:
-            busy_ns += actor.last_hook_ns
-            if owes:
-                owed = owes.get(actor)
-                if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
-                    actor.trigger_key = owed
+            if owed:
+                self._take_owed(actor)
             if actor.deferred:
                 self._flush_triggers(actor)
             actor.busy = False
             schedule(actor)
-        self._busy_ns[rec.name] += busy_ns
         self._inflight -= len(actors)
 
-    def _run_claimed(self, item: Claim, fresh: bool = True) -> tuple[int, int] | None:
+    def _run_claimed(self, item: Claim, fresh: bool = True) -> int:
         """Apply a claimed actor's due deliveries and run its update (no lock held).
 
         In real time the update starts at the timer's time read now
         (``fresh``), or, for a hook claimed alone, at the claim's: that was
         read just before the lock was released, and one clock read fewer
-        per hop is measurable in a ping-pong.
+        per hop is measurable in a ping-pong. A trigger key owed to
+        deliveries kept for a later hook goes to ``_owed``.
 
-        Returns the trigger key owed to deliveries kept for a later hook.
+        Returns the hook's wall time (ns; 0 without statistics), which the
+        caller adds to its thread's busy time.
         """
         actor, now, due, is_tick, _ = item
-        owed = None
+        ran = False
         try:
             if fresh and not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.inputs and actor.deliveries:  # no Inputs: the deque stays unread
                 owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
-            actor.run_update(now, due, is_tick)
+                if owed is not None:
+                    self._owed[actor] = owed
+            ran = True
+            return actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
-        return owed
+            return actor.last_hook_ns if ran and actor.timed else 0
 
-    def _finish(self, actor: Actor, owed: tuple[int, int] | None, name: str) -> None:
-        """After an actor's hook (lock held): its thread's busy time, the triggers
-        it owes and defers, and its next key. The caller lowers ``_inflight``."""
-        self._busy_ns[name] += actor.last_hook_ns
+    def _take_owed(self, actor: Actor) -> None:
+        """Move a trigger key owed to ``actor`` (see `_run_claimed`) to its trigger (lock held)."""
+        owed = self._owed.pop(actor, None)
         if owed is not None and (actor.trigger_key is None or owed < actor.trigger_key):
             actor.trigger_key = owed
+
+    def _finish(self, actor: Actor) -> None:
+        """After an actor's hook (lock held): the triggers it owes and defers,
+        and its next key. The caller counts the busy time and lowers ``_inflight``."""
+        if self._owed:
+            self._take_owed(actor)
         if actor.deferred:
             self._flush_triggers(actor)
         actor.busy = False

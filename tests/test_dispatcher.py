@@ -373,3 +373,45 @@ def test_messages_of_one_hook_arrive_in_send_order_whatever_the_workers(workers)
         [1010, 1011, 1012, 2010, 2011, 2012],
         [1020, 1021, 1022, 2020, 2021, 2022, 1030, 1031, 1032, 2030, 2031, 2032],
     ]
+
+
+class _FailsAt(mujou.Node):
+    """Raises in its ``n``-th update."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(period=0.01)
+        self.n, self.k = n, 0
+
+    def on_update(self, dt: float) -> None:
+        self.k += 1
+        if self.k == self.n:
+            raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_workers_busy_time_is_the_sum_of_the_hook_times_it_ran(
+        monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
+    from mujou_actors import actor as actor_module
+
+    # A clock that advances 1 µs per reading: every hook takes exactly 1 µs.
+    readings = iter(range(0, 10**12, 1000))
+    monkeypatch.setattr(actor_module, "_clock", lambda: next(readings))
+    nodes = [Counter(period=0.01) for _ in range(3)]
+    if failing:
+        nodes.append(_FailsAt(4))
+    run = mujou.run(nodes, timer="simulated", duration=0.1, workers=1)
+    if failing:
+        with pytest.raises(mujou.NodeError):
+            run.join()
+    else:
+        run.join()
+    stats = run.stats()
+    updates = sum(s.updates for s in stats.nodes.values())
+    hooks_ns = round(sum(s.hook_time for s in stats.nodes.values()) * 1e9)
+    busy_ns = run._dispatcher._busy_ns["mujou-worker-0"]
+
+    assert updates == (3 * 10 if not failing else 3 * 4 + 4)
+    # Every update ran on the worker, the failed one included; the start
+    # and stop hooks ran on the worker or on the host that helped.
+    assert updates * 1000 <= busy_ns <= hooks_ns
+    assert hooks_ns - busy_ns <= 2 * len(nodes) * 1000
