@@ -234,8 +234,9 @@ class Actor:
         the latest missed tick: the missed ones are counted as overruns and
         skipped, never run as a burst.
 
-        Returns the hook's wall time in ns (0 without statistics). If the hook
-        raises, that time is left in ``last_hook_ns`` instead.
+        Returns the hook's wall time in ns (0 when it was not timed: without
+        statistics or tracing). If the hook raises, that time is left in
+        ``last_hook_ns`` instead, for the dispatcher to take.
         """
         if is_tick:
             period: int = self.period_ns  # type: ignore[assignment]  # ticks have a period
@@ -263,7 +264,8 @@ class Actor:
                 self.call("on_update", dt)
             finally:
                 self.wait_stream()  # also after a failure: a restart must not race the GPU
-            return self.last_hook_ns
+            took, self.last_hook_ns = self.last_hook_ns, 0  # taken once, by the caller
+            return took
         # What call() does, inlined for the common case (no CUDA, no trace):
         # this runs once per update. The hook's time is returned rather than
         # stored: an int kept per node is one more cache miss per update
@@ -349,8 +351,12 @@ class Actor:
                 self.trace.hook(self, hook, t0, took, args)
 
     def _invoke(self, hook: str, args: tuple[Any, ...]) -> None:
+        if hook == "on_update":  # the one found as the run started, as without tracing
+            fn, args = self.update, (self.node, *args)
+        else:
+            fn = getattr(self.node, hook)
         if self.rt is None:
-            self.context.run(getattr(self.node, hook), *args)
+            self.context.run(fn, *args)
         else:
             with self.on_stream():
-                self.context.run(getattr(self.node, hook), *args)
+                self.context.run(fn, *args)

@@ -217,9 +217,9 @@ def _reader_check(output: Any, reader: Any) -> Callable[[Any], Any]:
 def _cost(actor: Actor, budget: int) -> int:
     """What ``actor``'s next update counts against a batch's budget, in nanoseconds.
 
-    Its mean hook time; the whole budget for its first update (so that nodes
-    of unknown cost start in parallel); an eighth of it without timing
-    statistics (batches of eight).
+    Its mean hook time (``on_start`` included); the whole budget for its
+    first update (so that nodes of unknown cost start in parallel); an eighth
+    of it without timing statistics (batches of eight).
     """
     if not actor.timed:
         return budget // 8
@@ -979,7 +979,8 @@ class Dispatcher:
             return actor.run_update(now, due, is_tick)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
-            return actor.last_hook_ns if ran and actor.timed else 0
+            took, actor.last_hook_ns = actor.last_hook_ns, 0  # taken once
+            return took if ran and actor.timed else 0
 
     def _take_owed(self, actor: Actor) -> None:
         """Move a trigger key owed to ``actor`` (see `_run_claimed`) to its trigger (lock held)."""
@@ -1058,8 +1059,11 @@ class Dispatcher:
             self._run_control(actor, control)
         finally:
             self._cond.acquire()
+            # The envelope's hook time, if it ran one through call(); taken
+            # once (an envelope that runs no hook, a Restore, adds nothing).
+            took, actor.last_hook_ns = actor.last_hook_ns, 0
             if name in self._busy_ns:  # a host thread helping in a control phase is no worker
-                self._busy_ns[name] += actor.last_hook_ns
+                self._busy_ns[name] += took
             self._pending_control -= 1
             if actor.deferred:
                 self._flush_triggers(actor)
@@ -1186,9 +1190,9 @@ class Dispatcher:
             seq = self._host_seq
             actor.mailbox.deliveries.append((HOST_STAMP, slot, message, seq))
             if triggers:
-                if self._mode == CONTROL:
-                    key = CONTROL_KEY  # made (start, 1) when the timer starts
-                elif self.simulated:
+                if self._frontier == CONTROL_KEY:  # the timer has not started
+                    key = CONTROL_KEY  # made (start, 1) when it starts
+                elif self.simulated:  # running, or held at a cut: the next delta cycle
                     t, d = self._frontier
                     key = (t, d + 1)
                 else:

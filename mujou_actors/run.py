@@ -760,7 +760,9 @@ class Run:
                      if isinstance(p, Input)}
             nodes[a.path] = NodeStats(
                 path=a.path, updates=a.updates, overruns=a.overruns,
-                dt_mean=a.dt_sum / a.updates if a.updates else 0.0, dt_max=a.dt_max,
+                # stats=False: no dt statistics (dt_sum would still be exact)
+                dt_mean=a.dt_sum / a.updates if a.updates and a.timed else 0.0,
+                dt_max=a.dt_max,
                 lateness_p50=percentile(late, 50) / 1e9,
                 lateness_p99=percentile(late, 99) / 1e9,
                 hook_time=a.hook_ns / 1e9, drops=drops, restarts=a.restarts)

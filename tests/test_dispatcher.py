@@ -388,14 +388,44 @@ class _FailsAt(mujou.Node):
             raise RuntimeError("boom")
 
 
+_FAILURES = {"left": 0}  # outside the nodes: a restore must not reset it
+
+
+class _FailsSome(mujou.Node):
+    """Raises in every 5th update while ``_FAILURES["left"]`` allows."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        if self.updates_seen() % 5 == 0 and _FAILURES["left"] > 0:
+            _FAILURES["left"] -= 1
+            raise RuntimeError("boom")
+
+    def updates_seen(self) -> int:
+        _FAILURES["n"] = _FAILURES.get("n", 0) + 1
+        return _FAILURES["n"]
+
+
+def _hook_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every update take exactly 1 µs and every other hook exactly 1 ms."""
+    import sys
+
+    from mujou_actors import actor as actor_module
+
+    now = [0]
+
+    def clock() -> int:
+        now[0] += 1_000_000 if sys._getframe(1).f_code.co_name == "call" else 1000
+        return now[0]
+
+    monkeypatch.setattr(actor_module, "_clock", clock)
+
+
 @pytest.mark.parametrize("failing", [False, True])
 def test_a_workers_busy_time_is_the_sum_of_the_hook_times_it_ran(
         monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
-    from mujou_actors import actor as actor_module
-
-    # A clock that advances 1 µs per reading: every hook takes exactly 1 µs.
-    readings = iter(range(0, 10**12, 1000))
-    monkeypatch.setattr(actor_module, "_clock", lambda: next(readings))
+    _hook_clock(monkeypatch)
     nodes = [Counter(period=0.01) for _ in range(3)]
     if failing:
         nodes.append(_FailsAt(4))
@@ -411,7 +441,30 @@ def test_a_workers_busy_time_is_the_sum_of_the_hook_times_it_ran(
     busy_ns = run._dispatcher._busy_ns["mujou-worker-0"]
 
     assert updates == (3 * 10 if not failing else 3 * 4 + 4)
-    # Every update ran on the worker, the failed one included; the start
-    # and stop hooks ran on the worker or on the host that helped.
-    assert updates * 1000 <= busy_ns <= hooks_ns
-    assert hooks_ns - busy_ns <= 2 * len(nodes) * 1000
+    # Every update ran on the worker, the failed one included (1 µs each);
+    # the start and stop hooks (1 ms each) ran on the worker or on the host
+    # that helped.
+    assert busy_ns % 1_000_000 == updates * 1000
+    assert busy_ns <= hooks_ns
+
+
+def test_restarts_count_each_hook_once_in_the_workers_busy_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _hook_clock(monkeypatch)
+    monkeypatch.setitem(_FAILURES, "left", 5)
+    monkeypatch.setitem(_FAILURES, "n", 0)
+    node = _FailsSome()
+    run = mujou.run({"f": node, "c": Counter(period=0.01)}, timer="simulated", duration=0.5,
+                    workers=1, supervisor=mujou.Supervisor("one_for_one", max_restarts=10))
+    run.join()
+    stats = run.stats()
+    hooks_ns = round(sum(s.hook_time for s in stats.nodes.values()) * 1e9)
+    busy_ns = run._dispatcher._busy_ns["mujou-worker-0"]
+    other_hooks = hooks_ns // 1_000_000  # on_start and on_stop, each 1 ms
+
+    assert stats.nodes["f"].restarts == 5
+    # 2 starts, 2 stops and a stop and a start per restart. A restart's
+    # Restore runs no hook: it must add nothing (it once added the start's
+    # time again, five times over here, more than the host could have run).
+    assert other_hooks == 2 + 2 + 2 * 5
+    assert busy_ns // 1_000_000 <= other_hooks

@@ -620,3 +620,86 @@ def test_dt_sum_adds_up_spans_across_restores() -> None:
     assert actor.updates == 5
     assert actor.dt_sum == sum(given) / 1e9
     assert actor.dt_max == 0.03
+
+
+class _Echo(mujou.Node):
+    """Triggered: sends back every int it reads."""
+
+    inp = mujou.Input(int, depth=None)
+    out = mujou.Output(int)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.out.send(m)
+
+
+class _WritesAtCut(mujou.Node):
+    """Ticks; the first time its state is taken, the host writes to ``e.inp``."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.run: mujou.Run | None = None
+
+    def on_update(self, dt: float) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        if self.run is not None:  # runs on the host thread, at the cut
+            run, self.run = self.run, None
+            run.write("e.inp", 7)
+        return super().state_dict()
+
+
+@pytest.mark.parametrize("timer", ["simulated", "realtime"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_host_write_while_the_net_is_held_triggers_its_reader_after_the_cut(
+        timer: str, workers: int) -> None:
+    echo, writer = _Echo(), _WritesAtCut()
+    run = mujou.run({"e": echo, "w": writer}, timer=timer, workers=workers)
+    got: list[int] = []
+    arrived = threading.Event()
+    run.subscribe("e.out", lambda m: (got.append(m), arrived.set()))
+    writer.run = run
+    run.state_dict()  # holds the running net; the write happens at the cut
+
+    assert arrived.wait(10), "the reader was never triggered"
+    run.stop()
+    run.join(timeout=10)
+    assert got == [7]
+    assert run.stats().nodes["e"].updates == 1
+
+
+def test_stats_false_reports_no_dt_statistics() -> None:
+    run = mujou.run(Counter(period=0.01), timer="simulated", duration=0.1, stats=False)
+    run.join()
+    s = run.stats().nodes[""]
+
+    assert s.updates == 10
+    assert (s.dt_mean, s.dt_max, s.hook_time) == (0.0, 0.0, 0.0)
+
+
+class _Swaps(mujou.Node):
+    """Replaces its own on_update in on_start: the run keeps the one it found."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.calls: list[str] = []
+
+    def on_start(self) -> None:
+        self.on_update = lambda dt: self.calls.append("replacement")  # type: ignore[method-assign]
+
+    def on_update(self, dt: float) -> None:
+        self.calls.append("method")
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_on_update_is_the_one_found_as_the_run_starts_with_or_without_a_trace(
+        tmp_path, traced: bool) -> None:
+    node = _Swaps()
+    trace = tmp_path / "t.json" if traced else None
+    mujou.run(node, timer="simulated", duration=0.03, trace=trace).join()
+
+    assert node.calls == ["method"] * 3
