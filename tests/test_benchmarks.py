@@ -48,3 +48,49 @@ def test_only_measures_the_named_workloads_and_refuses_unknown_ones(tmp_path: Pa
                            cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert empty.returncode == 2
     assert "--only: name at least one workload" in empty.stderr
+
+
+def _cachesim():  # the script's module, imported by path (benchmarks/ is no package)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cachesim", ROOT / "benchmarks" / "cachesim.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_cachesim_reads_cachegrinds_totals_and_takes_the_margin() -> None:
+    cachesim = _cachesim()
+    stderr = ("==81== I   refs:      42,477,231,931\n"
+              "==81== D1  misses:       470,251,640  (   426,843,795 rd   + 43,407,845 wr)\n"
+              "==81== LLd misses:        14,645,407  (     6,624,761 rd   +  8,020,646 wr)\n")
+    totals = cachesim.parse_totals(stderr)
+    assert totals == {"ir": 42_477_231_931, "d1": 470_251_640, "ll": 14_645_407}
+
+    short = {"ir": 1000, "d1": 100, "ll": 10, "updates": 50}
+    long = {"ir": 3000, "d1": 300, "ll": 50, "updates": 150}
+    assert cachesim.marginal(short, long) == {"updates": 100, "ir": 20.0, "d1": 2.0, "ll": 0.4}
+    with pytest.raises(ValueError, match="'ll'"):
+        cachesim.parse_totals("\n".join(stderr.splitlines()[:2]))
+    with pytest.raises(ValueError, match="A < B"):
+        cachesim.marginal(long, short)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("side", "updates"), [("mujou", 30 * 3), ("floor", 30 * 3)])
+def test_cachesim_child_runs_the_net_it_measures(side: str, updates: int) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cachesim.py"), "--child", side, "30", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) == updates
+
+
+@pytest.mark.timeout(60)
+def test_cachesim_without_valgrind_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cachesim.py"), "--json", str(tmp_path / "x")],
+        cwd=ROOT, capture_output=True, text=True, timeout=50, env={"PATH": str(tmp_path)})
+    assert proc.returncode == 2
+    assert "valgrind is not on the PATH" in proc.stderr
+    assert not (tmp_path / "x").exists()
