@@ -943,10 +943,10 @@ class Dispatcher:
                     actors.append(done.popleft())
                 except IndexError:
                     break
-        owed = self._owed
+        owes = self._owed
         schedule = self._schedule
-        for actor in actors:
-            if owed:
+        for actor in actors:  # what _finish does, inlined: this runs once per update
+            if owes:
                 self._take_owed(actor)
             if actor.deferred:
                 self._flush_triggers(actor)

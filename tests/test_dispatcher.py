@@ -388,7 +388,9 @@ class _FailsAt(mujou.Node):
             raise RuntimeError("boom")
 
 
-_FAILURES = {"left": 0}  # outside the nodes: a restore must not reset it
+# Outside the nodes, so that a restore does not reset them: updates so far,
+# failures still to raise.
+_FAILURES = {"n": 0, "left": 0}
 
 
 class _FailsSome(mujou.Node):
@@ -398,13 +400,10 @@ class _FailsSome(mujou.Node):
         super().__init__(period=0.01)
 
     def on_update(self, dt: float) -> None:
-        if self.updates_seen() % 5 == 0 and _FAILURES["left"] > 0:
+        _FAILURES["n"] += 1
+        if _FAILURES["n"] % 5 == 0 and _FAILURES["left"] > 0:
             _FAILURES["left"] -= 1
             raise RuntimeError("boom")
-
-    def updates_seen(self) -> int:
-        _FAILURES["n"] = _FAILURES.get("n", 0) + 1
-        return _FAILURES["n"]
 
 
 def _hook_clock(monkeypatch: pytest.MonkeyPatch) -> None:
