@@ -36,7 +36,9 @@ class PortTypeError(MujouError, TypeError):
 class NodeError(MujouError):
     """A hook of a node raised; the run that ran it has stopped.
 
-    The original exception is the ``__cause__``.
+    Also what ``Run.state_dict()`` raises when a node's ``state_dict`` raised
+    (hook ``"state_dict"``); that run goes on. The original exception is the
+    ``__cause__``.
 
     Attributes:
         path (str): dotted path of the failed node (``""`` for the root).
@@ -51,6 +53,23 @@ class NodeError(MujouError):
         self.path = path
         self.hook = hook
         self.failures: list[NodeError] = [self]
+
+    @classmethod
+    def from_hook(cls, path: str, hook: str, exc: BaseException) -> NodeError:
+        """The error reporting that ``exc`` came out of the hook ``hook`` of a node.
+
+        Args:
+            path (str): the node's dotted path (``""`` for the root).
+            hook (str): the hook's name (``"on_update"``, ``"state_dict"``, ...).
+            exc (BaseException): what the hook raised; becomes the ``__cause__``.
+
+        Returns:
+            NodeError: "node 'path' raised in hook: Type: message", whatever
+            ``exc``'s own ``__str__`` does.
+        """
+        err = cls(path, hook, f"node {path or '<root>'!r} raised in {hook}: {describe(exc)}")
+        err.__cause__ = exc
+        return err
 
 
 class SnapshotError(MujouError):
@@ -91,3 +110,23 @@ class CallbackError(MujouError):
 
     The original exception is the ``__cause__``.
     """
+
+
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception, for error messages and logs.
+
+    Never raises: an exception whose ``__str__`` raises (or returns no str) is
+    still named, so that reporting a failure cannot lose it.
+
+    Args:
+        exc (BaseException): any exception.
+
+    Returns:
+        str: the type's name, then ``": "`` and the message when there is one.
+    """
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        text = f"<{name}.__str__ raised>"
+    return f"{name}: {text}" if text else name

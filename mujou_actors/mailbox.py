@@ -26,6 +26,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .devices import map_tensors
+from .errors import NodeError
 from .state import copy_state
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
@@ -86,7 +87,10 @@ class Snapshot:
     """Copy the node's state into ``into[path]`` (errors into ``errors[path]``).
 
     A state that cannot be taken is the caller's error (``run.state_dict()``
-    raises it unwrapped), not a failure of the node.
+    raises it), not a failure of the node: what the node's ``state_dict``
+    raises becomes a `NodeError` naming the node and the hook, while a value
+    that a tree cannot hold stays the ``TypeError`` of `copy_state`, which
+    names the node and the key.
     """
 
     __slots__ = ("into", "errors")
@@ -103,15 +107,24 @@ class Snapshot:
             # and the CPU copies are done when the run goes on.
             actor.wait_stream()
             with actor.on_stream():
-                state = actor.node.state_dict()
+                try:
+                    # User code, so in the node's own context like its hooks.
+                    state = actor.context.run(actor.node.state_dict)
+                except BaseException as exc:  # noqa: BLE001 - reported, whatever it is
+                    self.errors[actor.path] = NodeError.from_hook(actor.path, self.hook, exc)
+                    return
                 self.into[actor.path] = copy_state(state, f"node {actor.path!r} state")
             actor.wait_stream()
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
             self.errors[actor.path] = exc
 
 
 class Restore:
-    """Load a node's state, its kept input messages and its ``dt`` reference."""
+    """Load a node's state, its kept input messages and its ``dt`` reference.
+
+    What raises here is reported like a hook's failure (`NodeError`, hook
+    ``load_state_dict``) by whoever runs the envelope.
+    """
 
     __slots__ = ("state", "inputs", "last_update_ns")
     hook = "load_state_dict"
@@ -125,7 +138,8 @@ class Restore:
     def __call__(self, actor: Any) -> None:
         with actor.on_stream():
             if self.state is not None:
-                actor.node.load_state_dict(self.state)
+                # User code, so in the node's own context like its hooks.
+                actor.context.run(actor.node.load_state_dict, self.state)
             device = actor.device
             for port, messages in self.inputs.items():
                 if device.type == "cuda":  # kept messages arrive on the node's device

@@ -515,7 +515,16 @@ class Run:
         if self._ended.is_set() or self._finishing:
             envelope = Snapshot(nodes, errors)
             for actor in self._actors:
-                envelope(actor)
+                if actor.busy:
+                    # Left behind in a hook at the stop: its state is still
+                    # changing, and its context is entered on that thread.
+                    hook = actor.hook or "?"
+                    errors[actor.path] = NodeError(
+                        actor.path, hook,
+                        f"node {actor.path or '<root>'!r} is still in {hook} (stuck when the "
+                        "run stopped): its state cannot be taken")
+                else:
+                    envelope(actor)
         else:
             d.run_here(self._actors, Snapshot(nodes, errors))
         if errors:
@@ -568,6 +577,9 @@ class Run:
             "schedule"}`` (see docs/state.md), every tensor a CPU copy.
 
         Raises:
+            NodeError: a node's ``state_dict()`` raised (hook ``"state_dict"``,
+                the node's path, the original exception as ``__cause__``), or,
+                after the end, a node is still stuck in a hook. The run goes on.
             TypeError: a node's ``state_dict()`` holds a value a tree cannot
                 (names the node and the key), raised as is.
         """

@@ -120,6 +120,116 @@ def test_an_unsupported_state_value_is_a_type_error_naming_node_and_key() -> Non
         run.state_dict()
 
 
+class Fragile(mujou.Node):
+    """Its state_dict raises ``exc`` (set after __init__), as a user's may."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.exc: BaseException | None = None
+
+    def state_dict(self) -> dict:
+        if self.exc is not None:
+            raise self.exc
+        return super().state_dict()
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+@pytest.mark.parametrize("exc", [ValueError("disk on fire"), KeyboardInterrupt(), BrokenStr()],
+                         ids=["ValueError", "KeyboardInterrupt", "broken __str__"])
+def test_a_raising_state_dict_is_a_node_error_naming_the_node_and_the_hook(
+        exc: BaseException) -> None:
+    net = {"ok": Counter(), "ctrl": Fragile()}
+    with mujou.run(net, timer="simulated") as run:
+        net["ctrl"].exc = exc
+        with pytest.raises(mujou.NodeError) as during:
+            run.state_dict()
+        assert run.running  # the caller's error, not a failure of the run
+    run.join()
+    with pytest.raises(mujou.NodeError) as after:
+        run.state_dict()
+
+    for info in (during, after):
+        assert (info.value.path, info.value.hook) == ("ctrl", "state_dict")
+        assert info.value.__cause__ is exc
+        assert str(info.value) == {
+            ValueError: "node 'ctrl' raised in state_dict: ValueError: disk on fire",
+            KeyboardInterrupt: "node 'ctrl' raised in state_dict: KeyboardInterrupt",
+            BrokenStr: "node 'ctrl' raised in state_dict: BrokenStr: <BrokenStr.__str__ raised>",
+        }[type(exc)]
+
+
+def test_a_state_dict_failing_at_a_supervisor_snapshot_fails_the_run_with_a_node_error(
+        ) -> None:
+    node = Fragile()
+    node.exc = ValueError("disk on fire")
+
+    with pytest.raises(mujou.NodeError, match="node '<root>' raised in state_dict: ValueError: disk on fire"):
+        mujou.run(node, timer="simulated", supervisor=mujou.Supervisor(restart="one_for_one"))
+    assert node._mujou_run is None
+
+
+def test_state_dict_after_the_end_names_a_node_left_stuck_in_its_hook() -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01, dedicated_thread=True)
+
+        def on_update(self, dt: float) -> None:
+            entered.set()
+            release.wait(30)
+
+    run = mujou.run({"cam": Stuck(), "ok": Counter()}, stop_timeout=0.2)
+    try:
+        assert entered.wait(5)
+        run.stop()
+        with pytest.raises(mujou.NodeError, match="'cam' is still in on_update") as info:
+            run.state_dict()
+        assert (info.value.path, info.value.hook) == ("cam", "on_update")
+    finally:
+        release.set()
+
+
+def test_state_dict_and_load_state_dict_run_in_the_nodes_context_during_and_after_the_run(
+        ) -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[tuple[str, str]] = []
+
+    class Ctx(mujou.Node):
+        def __init__(self, name: str) -> None:
+            super().__init__(period=0.01)
+            self.name = name
+
+        def on_start(self) -> None:
+            var.set(self.name)
+
+        def state_dict(self) -> dict:
+            seen.append(("state_dict", var.get()))
+            return super().state_dict()
+
+        def load_state_dict(self, state: dict) -> None:
+            seen.append(("load_state_dict", var.get()))
+            super().load_state_dict(state)
+
+    net = {"a": Ctx("a"), "b": Ctx("b")}
+    with mujou.run(net, timer="simulated") as run:
+        tree = run.state_dict()
+    after = mujou.run(net, timer="simulated", duration=0.05, state=tree)
+    after.join()
+    after.state_dict()
+
+    assert seen == [("state_dict", "a"), ("state_dict", "b"),  # during the run
+                    ("load_state_dict", "a"), ("load_state_dict", "b"),  # the restore
+                    ("state_dict", "a"), ("state_dict", "b")]  # after the end
+    assert var.get() == "unset"  # the host's own context was never touched
+
+
 def test_restore_happens_after_on_start() -> None:
     class Init(mujou.Node):
         def __init__(self) -> None:
