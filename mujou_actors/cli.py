@@ -9,8 +9,8 @@ Ctrl-C (or SIGTERM) stops the run cleanly (every ``on_stop`` runs; with
 ``--snapshot-dir`` the final state is written there too) and exits with 130
 (143 for SIGTERM).
 
-``mujou inspect SNAPSHOT`` prints a snapshot file's summary without loading its
-tensor data.
+``mujou inspect SNAPSHOT`` checks a snapshot file whole (as ``mujou.load``
+does), then prints its summary; the tensor data is checksummed, not kept.
 
 Errors (a bad file, a missing NAME, a node failure) are one line on stderr and
 a non-zero exit code; ``--verbose`` adds the traceback. Built on click, with
@@ -375,7 +375,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
 @click.argument("snapshot", type=click.Path(dir_okay=False))
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def inspect_command(snapshot: str, verbose: bool) -> None:
-    """Print the summary of a snapshot file (no tensor data is read)."""
+    """Check a snapshot file whole, then print its summary (tensor data is not kept)."""
     from .snapshot import inspect_file
 
     with _errors(verbose):

@@ -176,7 +176,12 @@ def loads(data: bytes) -> Any:
 
 
 def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Describe a snapshot file without reading its tensor data or its checksum.
+    """Describe a snapshot file without keeping its tensor data in memory.
+
+    The whole file is checked first, as `load` checks it: its tensor data is
+    read through the checksum in chunks of a few MiB and dropped, so a damaged
+    file is refused before anything is decoded and nothing in the result comes
+    from unchecked bytes.
 
     Args:
         path (str | os.PathLike): the snapshot file.
@@ -189,13 +194,17 @@ def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: there is no such file.
-        SnapshotError: as for `load`, except that a damaged tensor data section is
-            not noticed (its checksum is not computed).
+        SnapshotError: as for `load` (not a snapshot, a newer format version,
+            truncated, or corrupted anywhere: header, structure, tensor data or
+            checksum); the message names the file.
     """
+    name = os.fspath(path)
     with open(path, "rb") as f:
-        size, structure_len, data_len, _ = _read_header(f, os.fspath(path))
+        size, structure_len, data_len, crc = _read_header(f, name)
+        structure = f.read(structure_len)
+        _check_rest(f, zlib.crc32(structure, crc), data_len, name)
         decoder = _Decoder(data_len, device="meta")
-        tree = _decode(decoder, f.read(structure_len), os.fspath(path))
+        tree = _decode(decoder, structure, name)
     return {"version": VERSION, "size": size, "structure_bytes": structure_len,
             "tensors": len(decoder.tensors), "tensor_bytes": data_len, "tree": tree}
 
@@ -358,6 +367,22 @@ def _read(f: IO[bytes], name: str) -> Any:
     if _CRC.unpack(trailer)[0] != crc:
         raise SnapshotError(f"{name}: corrupted (checksum mismatch)")
     return tree
+
+
+def _check_rest(f: IO[bytes], crc: int, data_len: int, name: str) -> None:
+    """Carries ``crc`` through the tensor data (read and dropped) and checks the trailer."""
+    left = data_len
+    while left:
+        chunk = f.read(min(left, _CHUNK))
+        if not chunk:
+            raise SnapshotError(f"{name}: truncated (the file shrank while it was read)")
+        crc = zlib.crc32(chunk, crc)
+        left -= len(chunk)
+    trailer = f.read(_CRC.size)
+    if len(trailer) != _CRC.size:
+        raise SnapshotError(f"{name}: truncated (the file shrank while it was read)")
+    if _CRC.unpack(trailer)[0] != crc:
+        raise SnapshotError(f"{name}: corrupted (checksum mismatch)")
 
 
 def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:

@@ -132,6 +132,32 @@ def test_inspect_of_a_damaged_file_is_one_line(tmp_path) -> None:
     assert "not a mujou snapshot" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_inspect_refuses_every_damaged_file_and_prints_nothing_from_it(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+    from tests.nets.cli_nets import Pair
+
+    run = mujou.run(Pair(), timer="simulated", duration=0.05, seed=7)
+    run.join()
+    good = tmp_path / "pair.mujou"
+    mujou.save(run.state_dict(), good)
+    data = good.read_bytes()
+    bad = tmp_path / "bad.mujou"
+    outcomes = []
+
+    for i in range(len(data)):                  # one bit flipped in every byte in turn
+        flipped = bytearray(data)
+        flipped[i] ^= 1 << (i % 8)
+        bad.write_bytes(flipped)
+        result = CliRunner().invoke(main, ["inspect", str(bad)])
+        outcomes.append((result.exit_code, result.stdout,
+                         result.stderr.startswith(f"error: SnapshotError: {bad}: ")))
+
+    assert outcomes == [(2, "", True)] * len(data)
+    assert CliRunner().invoke(main, ["inspect", str(good)]).exit_code == 0
+
+
 def test_the_console_script_is_installed() -> None:
     import shutil
 

@@ -7,6 +7,7 @@ import io
 import math
 import pathlib
 import pickle
+import re
 import struct
 import threading
 import zlib
@@ -489,6 +490,34 @@ def test_inspect_file_reports_the_header_without_reading_tensor_data(
     meta = info["tree"]["a"]
     assert meta.is_meta and meta.shape == (100,) and meta.dtype == torch.float32
     assert info["tree"]["b"] == [1, (2, "x")]
+
+
+def test_inspect_file_refuses_a_file_with_any_one_bit_flipped(saved: pathlib.Path,
+                                                               tmp_path: pathlib.Path) -> None:
+    data = saved.read_bytes()
+    damaged = tmp_path / "damaged.snap"
+    refused = 0
+
+    for bit in range(len(data) * 8):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        damaged.write_bytes(flipped)
+        with pytest.raises(SnapshotError, match=f"^{re.escape(str(damaged))}: "):
+            inspect_file(damaged)
+        refused += 1
+
+    assert refused == len(data) * 8 and inspect_file(saved)["tensors"] == 1
+
+
+def test_inspect_file_refuses_damaged_tensor_data_it_does_not_keep(
+    saved: pathlib.Path, streaming: str,
+) -> None:
+    data = bytearray(saved.read_bytes())
+    data[-5] ^= 0x80  # the last byte of the tensor data, just before the checksum
+    saved.write_bytes(data)
+
+    with pytest.raises(SnapshotError, match="corrupted \\(checksum mismatch\\)"):
+        inspect_file(saved)
 
 
 def test_inspect_file_reports_a_foreign_file(tmp_path: pathlib.Path) -> None:
