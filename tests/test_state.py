@@ -167,7 +167,8 @@ def test_a_state_dict_failing_at_a_supervisor_snapshot_fails_the_run_with_a_node
     node = Fragile()
     node.exc = ValueError("disk on fire")
 
-    with pytest.raises(mujou.NodeError, match="node '<root>' raised in state_dict: ValueError: disk on fire"):
+    with pytest.raises(mujou.NodeError,
+                       match="node '<root>' raised in state_dict: ValueError: disk on fire"):
         mujou.run(node, timer="simulated", supervisor=mujou.Supervisor(restart="one_for_one"))
     assert node._mujou_run is None
 
