@@ -172,16 +172,46 @@ def _node_rows(stats: RunStats, rates: dict[str, tuple[float, float]],
 
 NODE_COLUMNS = ["node", "updates/s", "target/s", "dt mean ms", "dt max ms", "late p99 ms",
                 "hook share", "drops", "restarts"]
+DROPS, RESTARTS = 7, 8  # their index in NODE_COLUMNS
+
+
+def _count(n: int) -> str:
+    """A count in at most 5 characters for the live view: ``14999``, ``150k``, ``2.9M``."""
+    if n < 100_000:
+        return str(n)
+    value = float(n)
+    for suffix in ("k", "M", "G", "T", "P", "E"):  # an int64 ends below 10 E
+        value /= 1000
+        if value < 999.5:  # would not round up to 1000
+            break
+    return f"{value:.1f}{suffix}" if value < 9.95 else f"{value:.0f}{suffix}"
 
 
 def _live_table(stats: RunStats, rates: dict[str, tuple[float, float]],
                 periods: dict[str, float | None]) -> Any:
+    """The live view's table.
+
+    At 80 columns the node names and the rates must stay whole, so the table
+    spends little on borders (one space between columns, a rule under the
+    header), puts each unit on a second header line, and never lets rich
+    shrink a column but ``drops`` and ``restarts``; drops are abbreviated
+    (``2.9M``) to five characters. The plain output keeps exact counts.
+    """
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"t = {stats.time:.3f} s   wall {stats.wall:.1f} s", expand=False)
+    table = Table(title=f"t = {stats.time:.3f} s   wall {stats.wall:.1f} s", expand=False,
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     for i, column in enumerate(NODE_COLUMNS):
-        table.add_column(column, justify="left" if i == 0 else "right")
+        # "dt mean ms" -> "dt mean" over "ms": narrower than the header on one line.
+        head, _, unit = column.rpartition(" ") if column.endswith(" ms") else (column, "", "")
+        if column == "hook share":
+            head, unit = "hook", "share"
+        table.add_column(f"{head}\n{unit}" if unit else column,
+                         justify="left" if i == 0 else "right",
+                         no_wrap=i not in (DROPS, RESTARTS))
     for row in _node_rows(stats, rates, periods):
+        row[DROPS] = _count(int(row[DROPS]))
         table.add_row(*row)
     workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in stats.workers.items())
     table.caption = f"busy: {workers}" if workers else None

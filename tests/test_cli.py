@@ -187,3 +187,44 @@ def test_a_failed_run_does_not_overwrite_the_latest_snapshot(tmp_path) -> None:
 
     assert result.returncode == 1
     assert mujou.load(mujou.latest_snapshot(snaps))["time_ns"] == 0   # the start, not the failure
+
+
+def test_the_live_view_at_80_columns_keeps_node_names_and_rates_whole() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mujou_actors import cli
+    from mujou_actors.stats import NodeStats, RunStats, WorkerStats
+
+    names = ["physics", "sensor", "controller", "recorder", "rig.camera_left",
+             "rig.arm.joint_ctl"]
+    nodes = {path: NodeStats(path, 150_000, 0, 0.010, 0.0123, 0.0011, 0.0011, 1.1,
+                             {"command": 3 * 10**i}, i) for i, path in enumerate(names)}
+    stats = RunStats(30.0, 1.6, nodes, {"mujou-worker-0": WorkerStats("mujou-worker-0", 0.7)})
+    rates = {path: (123_542.2 if i == 0 else 99.9, 0.393) for i, path in enumerate(names)}
+    periods: dict[str, float | None] = {path: 0.001 for path in names}
+    periods["recorder"] = None
+    console = Console(width=80, record=True, file=io.StringIO())
+
+    console.print(cli._live_table(stats, rates, periods))
+
+    lines = console.export_text().splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in
+            ([n] for n in names)}
+    assert list(rows) == names and max(len(line) for line in lines) <= 80
+    assert rows["physics"][1:3] == ["123,542.2", "1,000.0"]      # updates/s, target/s
+    assert rows["recorder"][1:3] == ["99.9", "-"]
+    assert rows["rig.arm.joint_ctl"][3:8] == ["10.000", "12.300", "1.100", "39.3%", "300k"]
+    assert [row[-2:] for row in rows.values()] == [
+        ["3", "0"], ["30", "1"], ["300", "2"], ["3000", "3"], ["30000", "4"], ["300k", "5"]]
+
+
+def test_counts_in_the_live_view_take_at_most_five_characters() -> None:
+    from mujou_actors.cli import _count
+
+    counts = [0, 99_999, 100_000, 149_999, 999_499, 999_500, 2_949_999, 9_950_000,
+              99_950_000, 10**12, 2**63 - 1]
+
+    assert [_count(n) for n in counts] == ["0", "99999", "100k", "150k", "999k", "1.0M",
+                                           "2.9M", "10M", "100M", "1.0T", "9.2E"]
