@@ -26,6 +26,14 @@ it without ``torch.`` (``"float32"``, ``"bfloat16"``), the shape as a list of
 ints, the offset of its bytes from the start of the tensor data and their
 length. Any other extension type, or an unknown dtype name, cannot be decoded.
 
+Limits, which ``save`` and ``load`` apply alike (``save`` refuses what ``load``
+would refuse): containers (dicts, lists, tuples) nest at most `MAX_DEPTH` (100)
+levels; dict keys are str or int, each once per dict; a tuple's payload is
+exactly one array; and the decoded objects may take at most `MEMORY_PER_BYTE`
+(32) bytes of memory per byte of structure plus `MEMORY_SLACK` (16 MiB), as
+charged by a fixed model of CPython's object sizes. The structure is parsed
+without recursion, so no file, however nested, can overflow the stack.
+
 Tensor bytes never go through the msgpack buffer. ``save`` streams each tensor
 from its own memory (a tensor that is not contiguous, or not on the CPU, is
 copied first, one tensor at a time) and ``load`` reads each one straight into a
@@ -57,7 +65,8 @@ import torch
 
 from .errors import SnapshotError
 
-__all__ = ["save", "load", "dumps", "loads", "inspect_file", "MAGIC", "VERSION"]
+__all__ = ["save", "load", "dumps", "loads", "inspect_file", "MAGIC", "VERSION", "MAX_DEPTH",
+           "MEMORY_PER_BYTE", "MEMORY_SLACK"]
 
 MAGIC = b"MUJOUSNP"
 VERSION = 1
@@ -69,6 +78,40 @@ _MIN_LEN = _HEADER_LEN + _CRC.size  # header and trailer
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
 _CHUNK = 4 << 20  # read/write and CRC in pieces that stay in the CPU cache
+
+# -- limits (what save refuses and load refuses alike) ---------------------------------
+
+MAX_DEPTH = 100
+"""How deep containers (dicts, lists, tuples) may nest in a file; the root container is level 1."""
+
+MEMORY_PER_BYTE = 32
+"""Decoded objects may take this many bytes of memory per byte of structure (see `MEMORY_SLACK`)."""
+
+MEMORY_SLACK = 16 << 20
+"""Bytes of decoded objects allowed on top of ``MEMORY_PER_BYTE`` per byte of structure."""
+
+# The memory a decoded object is charged, in bytes: a deterministic model of CPython's sizes
+# (64-bit), computed the same way when saving (from the objects) and when loading (from the
+# bytes), so that save refuses exactly what load would. Shared objects (None, bools, small ints,
+# strs and bytes of at most one byte) cost nothing beyond the slot of the container holding them.
+_COST_LIST, _COST_TUPLE, _COST_DICT = 56, 40, 64  # plus per item:
+_COST_SLOT, _COST_ENTRY = 8, 40  # a list/tuple item, a dict entry
+_COST_STR, _COST_BYTES = 56, 40  # plus one per (UTF-8) byte
+_COST_INT, _COST_FLOAT, _COST_TENSOR = 32, 24, 512
+
+
+def _memory_budget(structure_len: int) -> int:
+    # Bytes of decoded objects that a structure of ``structure_len`` bytes may make.
+    return MEMORY_PER_BYTE * structure_len + MEMORY_SLACK
+
+
+def _int_cost(value: int) -> int:
+    return 0 if -5 <= value <= 256 else _COST_INT
+
+
+def _text_cost(n: int, base: int) -> int:
+    return 0 if n <= 1 else base + n
+
 
 _DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -99,25 +142,41 @@ def save(tree: Any, path: str | os.PathLike[str]) -> None:
         TypeError: a value, key or tensor cannot be stored; the message names its
             key path (``nodes['ctrl']['model']: unsupported type Foo``). Nothing
             is written and an existing file is left as it was.
-        OSError: the file cannot be written; an existing file is left as it was.
+        ValueError: the tree is beyond what `load` accepts: containers nested
+            deeper than `MAX_DEPTH`, or more decoded memory than `MEMORY_PER_BYTE`
+            bytes per byte of structure plus `MEMORY_SLACK`. Nothing is written.
+        OSError: the file cannot be written (the message names ``path``, also
+            for a full disk); an existing file is left as it was.
     """
     structure, tensors = _encode(tree)  # every TypeError is raised before the disk is touched
     target = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(target))
     tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "xb") as f:
-            _write(f, structure, tensors)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_folder(folder)
+            with open(tmp, "xb") as f:
+                _write(f, structure, tensors)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_folder(folder)
+    except OSError as e:
+        # A write() or fsync() that fails (a full disk) names no file: say which one.
+        raise _naming(e, target) from e
+
+
+def _naming(exc: OSError, target: str) -> OSError:
+    """The same error (its errno picks the same OSError subclass), naming the snapshot file."""
+    what = exc.strerror or _reason(exc)
+    if exc.errno is None:
+        return OSError(f"cannot write the snapshot file {target}: {what}")
+    return OSError(exc.errno, f"{what} (writing the snapshot file)", target)
 
 
 def load(path: str | os.PathLike[str]) -> Any:
@@ -135,8 +194,9 @@ def load(path: str | os.PathLike[str]) -> Any:
     Raises:
         FileNotFoundError: there is no such file.
         SnapshotError: the file is not a mujou snapshot, was written by a newer
-            format version, is truncated or is corrupted (checksum mismatch or
-            undecodable structure); the message names the file and which.
+            format version, is truncated or is corrupted (checksum mismatch, or a
+            structure that does not decode or is beyond the limits of the module
+            docstring); the message names the file and which.
     """
     with open(path, "rb") as f:
         return _read(f, os.fspath(path))
@@ -153,6 +213,7 @@ def dumps(tree: Any) -> bytes:
 
     Raises:
         TypeError: a value cannot be stored; the message names its key path.
+        ValueError: the tree is beyond the limits `load` applies (as for `save`).
     """
     structure, tensors = _encode(tree)
     f = io.BytesIO()
@@ -213,30 +274,53 @@ def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
-    """Packs the structure; returns it and the tensors with their byte sizes, in file order."""
+    """Packs the structure; returns it and the tensors with their byte sizes, in file order.
+
+    Refuses what `load` would refuse: nesting deeper than `MAX_DEPTH` and a structure whose
+    decoded objects would exceed `_memory_budget` (charged as the decoder charges them).
+    """
     tensors: list[tuple[torch.Tensor, int]] = []
     offset = 0
+    cost = 0
 
-    def convert(obj: Any, path: str) -> Any:
-        nonlocal offset
-        if obj is None or isinstance(obj, (bool, float, str, bytes)):
+    def convert(obj: Any, path: str, depth: int) -> Any:
+        nonlocal offset, cost
+        if obj is None or isinstance(obj, bool):
+            return obj
+        if isinstance(obj, float):
+            cost += _COST_FLOAT
             return obj
         if isinstance(obj, int):
+            cost += _int_cost(obj)
             return _checked_int(obj, path)
-        if isinstance(obj, bytearray):
+        if isinstance(obj, str):
+            cost += _text_cost(_utf8_len(obj, path), _COST_STR)
+            return obj
+        if isinstance(obj, (bytes, bytearray)):
+            cost += _text_cost(len(obj), _COST_BYTES)
             return bytes(obj)
+        if isinstance(obj, (dict, list, tuple)) and depth >= MAX_DEPTH:
+            raise ValueError(f"{path or '<root>'}: containers nested deeper than {MAX_DEPTH} "
+                             "levels, the most a snapshot file holds")
         if isinstance(obj, dict):
+            cost += _COST_DICT + _COST_ENTRY * len(obj)
             for key in obj:
                 if isinstance(key, bool) or not isinstance(key, (str, int)):
                     raise TypeError(f"{_child(path, key)}: unsupported key type "
                                     f"{type(key).__name__} (keys must be str or int)")
                 if isinstance(key, int):
                     _checked_int(key, _child(path, key))
-            return {key: convert(value, _child(path, key)) for key, value in obj.items()}
+                    cost += _int_cost(key)
+                else:
+                    cost += _text_cost(_utf8_len(key, _child(path, key)), _COST_STR)
+            return {key: convert(value, _child(path, key), depth + 1)
+                    for key, value in obj.items()}
         if isinstance(obj, list):
-            return [convert(item, f"{path}[{i}]") for i, item in enumerate(obj)]
+            cost += _COST_LIST + _COST_SLOT * len(obj)
+            return [convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(obj)]
         if isinstance(obj, tuple):
-            items = [convert(item, f"{path}[{i}]") for i, item in enumerate(obj)]
+            cost += _COST_TUPLE + _COST_SLOT * len(obj)
+            items = [convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(obj)]
             return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(items))
         if isinstance(obj, torch.Tensor):
             name = str(obj.dtype).removeprefix("torch.")
@@ -246,13 +330,31 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
                 raise TypeError(f"{path or '<root>'}: unsupported {obj.layout} tensor "
                                 f"on {obj.device} (only strided tensors with data)")
             nbytes = obj.numel() * obj.element_size()
-            meta = [name, list(obj.shape), offset, nbytes]
+            meta = msgpack.packb([name, list(obj.shape), offset, nbytes])
+            if len(meta) > _MAX_TENSOR_META:
+                raise TypeError(f"{path or '<root>'}: a tensor of {obj.dim()} dimensions "
+                                "has too many for a snapshot file")
+            cost += _COST_TENSOR
             tensors.append((obj, nbytes))
             offset += nbytes
-            return msgpack.ExtType(_EXT_TENSOR, msgpack.packb(meta))
+            return msgpack.ExtType(_EXT_TENSOR, meta)
         raise TypeError(f"{path or '<root>'}: unsupported type {type(obj).__name__}")
 
-    return msgpack.packb(convert(tree, "")), tensors
+    structure = msgpack.packb(convert(tree, "", 0))
+    if cost > _memory_budget(len(structure)):
+        raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
+                         f"{_memory_budget(len(structure))} bytes of memory to load (the most "
+                         f"is {MEMORY_PER_BYTE} bytes per byte plus {MEMORY_SLACK >> 20} MiB: "
+                         "store many small values as a tensor)")
+    return structure, tensors
+
+
+def _utf8_len(text: str, path: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 form, so load could not read it
+        raise TypeError(f"{path or '<root>'}: a str that is not valid Unicode ({e.reason} at "
+                        f"index {e.start})") from None
 
 
 def _child(path: str, key: object) -> str:
@@ -354,7 +456,7 @@ def _read(f: IO[bytes], name: str) -> Any:
     structure = f.read(structure_len)
     crc = zlib.crc32(structure, crc)
     decoder = _Decoder(data_len, device="cpu")
-    tree = _decode(decoder, structure, name)
+    tree = _decode(decoder, structure, name, lambda: _rest_matches(f, crc, data_len))
     # Read straight into each tensor's memory: no extra copy.
     chunks = (chunk for tensor in decoder.tensors for chunk in _split(_memory(tensor)))
     try:
@@ -385,6 +487,15 @@ def _check_rest(f: IO[bytes], crc: int, data_len: int, name: str) -> None:
         raise SnapshotError(f"{name}: corrupted (checksum mismatch)")
 
 
+def _rest_matches(f: IO[bytes], crc: int, data_len: int) -> bool:
+    """Whether the tensor data and the trailer, read from the current offset, fit ``crc``."""
+    try:
+        _check_rest(f, crc, data_len, "")
+    except SnapshotError:
+        return False
+    return True
+
+
 def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
     """Checks the header against the file size; returns (size, S, D, CRC of the header)."""
     size = f.seek(0, io.SEEK_END)
@@ -413,39 +524,258 @@ def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
     return size, structure_len, data_len, zlib.crc32(head)
 
 
-def _decode(decoder: _Decoder, structure: bytes, name: str) -> Any:
+def _decode(decoder: _Decoder, structure: bytes, name: str,
+            checksum_ok: Callable[[], bool] | None = None) -> Any:
+    """Decodes the structure; a failure is reported as a checksum mismatch when it is one.
+
+    ``checksum_ok`` (reading the rest of the file) is asked only when the structure does not
+    decode: a damaged file is then reported as damaged, not as the first oddity its damage made.
+    """
     try:
         tree = decoder.unpack(structure)
         if decoder.offset != decoder.data_len:
             raise ValueError(f"tensors of {decoder.offset} bytes, not {decoder.data_len}")
-    except Exception as e:  # anything the bytes can make msgpack or torch raise
-        raise SnapshotError(f"{name}: corrupted: cannot decode the structure ({e})") from e
+    except Exception as e:  # anything the bytes can make the parser or torch raise
+        if checksum_ok is not None and not checksum_ok():
+            raise SnapshotError(f"{name}: corrupted (checksum mismatch)") from None
+        raise SnapshotError(f"{name}: corrupted: cannot decode the structure: "
+                            f"{_reason(e)}") from e
     return tree
 
 
-class _Decoder:
-    """Rebuilds the tree from the structure, making (not yet filling) each tensor."""
+def _reason(exc: BaseException) -> str:
+    """The exception in words, never empty (its ``__str__`` may be empty or raise)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - the type's name is still worth showing
+        text = ""
+    return text or type(exc).__name__
 
-    def __init__(self, data_len: int, device: str) -> None:
+
+
+
+_LIST, _MAP, _TUPLE = 0, 1, 2
+_NO_KEY = object()  # a dict frame waiting for its next key
+_MAX_TENSOR_META = 1024  # bytes of a tensor's [dtype, shape, offset, nbytes]: ~100 dims
+_SCALARS = {  # format byte -> (struct format, size) of the fixed-size values
+    0xca: (">f", 4), 0xcb: (">d", 8),
+    0xcc: (">B", 1), 0xcd: (">H", 2), 0xce: (">I", 4), 0xcf: (">Q", 8),
+    0xd0: (">b", 1), 0xd1: (">h", 2), 0xd2: (">i", 4), 0xd3: (">q", 8),
+}
+_LENGTHS = {  # format byte -> (what it starts, struct format of its length, its size)
+    0xc4: ("bin", ">B", 1), 0xc5: ("bin", ">H", 2), 0xc6: ("bin", ">I", 4),
+    0xd9: ("str", ">B", 1), 0xda: ("str", ">H", 2), 0xdb: ("str", ">I", 4),
+    0xdc: ("list", ">H", 2), 0xdd: ("list", ">I", 4),
+    0xde: ("dict", ">H", 2), 0xdf: ("dict", ">I", 4),
+    0xc7: ("ext", ">B", 1), 0xc8: ("ext", ">H", 2), 0xc9: ("ext", ">I", 4),
+}
+_FIXEXT = {0xd4: 1, 0xd5: 2, 0xd6: 4, 0xd7: 8, 0xd8: 16}
+
+
+class _Decoder:
+    """Rebuilds the tree from the structure, making (not yet filling) each tensor.
+
+    The structure is parsed here rather than by msgpack's C decoder, which would decode each
+    tuple's payload in a nested call (a few hundred nested tuples overflow the C stack) and
+    takes any amount of memory a small file asks for. This parser keeps its own stack, so it
+    never recurses, and refuses (ValueError, with the offset) nesting deeper than `MAX_DEPTH`,
+    more memory than `_memory_budget`, extension types other than tensors and tuples, a tuple
+    whose payload is not exactly one array, dict keys that are not str or int, and a key that
+    appears twice.
+    """
+
+    def __init__(self, data_len: int, device: str, budget: int | None = None) -> None:
         self.data_len = data_len
         self.device = device
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
+        self.budget = budget
+        self.cost = 0
 
     def unpack(self, data: bytes) -> Any:
-        # strict_map_key=False: int keys are part of the tree.
-        return msgpack.unpackb(data, ext_hook=self._ext, strict_map_key=False)
+        if self.budget is None:
+            self.budget = _memory_budget(len(data))
+        value, pos = self._parse(data, 0, len(data), ext=True)
+        if pos != len(data):
+            raise ValueError(f"{len(data) - pos} bytes after the tree, from offset {pos}")
+        return value
 
-    def _ext(self, code: int, payload: bytes) -> Any:
-        if code == _EXT_TUPLE:
-            return tuple(self.unpack(payload))
-        if code != _EXT_TENSOR:
-            raise ValueError(f"unknown extension type {code}")
-        dtype_name, shape, offset, nbytes = msgpack.unpackb(payload)
-        dtype = _DTYPES.get(dtype_name)
+    def _parse(self, data: bytes, pos: int, end: int, ext: bool) -> tuple[Any, int]:
+        """The value starting at ``pos`` and the offset after it; ``ext``: tensors and tuples."""
+        stack: list[list[Any]] = []  # open containers: [kind, items, left, key, offset]
+        unpack_from = struct.unpack_from
+        budget = self.budget
+        assert budget is not None
+        while True:
+            if pos >= end:
+                raise ValueError(f"the structure ends inside a value, at offset {pos}")
+            at = pos
+            b = data[pos]
+            pos += 1
+            kind = -1  # the container b opens, if any, with its length n and a tuple's end
+            n = stop = 0
+            cost = 0
+            if b <= 0x7F:
+                value = b
+            elif b >= 0xE0:
+                value = b - 0x100
+                cost = _int_cost(value)
+            elif b <= 0x8F:
+                kind, n = _MAP, b & 0x0F
+            elif b <= 0x9F:
+                kind, n = _LIST, b & 0x0F
+            elif b <= 0xBF:
+                value, pos = self._text(data, pos, b & 0x1F, end, "str", at)
+                cost = _text_cost(b & 0x1F, _COST_STR)
+            elif b == 0xC0:
+                value = None
+            elif b == 0xC2:
+                value = False
+            elif b == 0xC3:
+                value = True
+            elif b in _SCALARS:
+                fmt, size = _SCALARS[b]
+                if pos + size > end:
+                    raise ValueError(f"the structure ends inside a number, at offset {at}")
+                value = unpack_from(fmt, data, pos)[0]
+                pos += size
+                cost = _COST_FLOAT if b <= 0xCB else _int_cost(value)
+            elif b in _LENGTHS or b in _FIXEXT:
+                if b in _FIXEXT:
+                    what, length = "ext", _FIXEXT[b]
+                else:
+                    what, fmt, size = _LENGTHS[b]
+                    if pos + size > end:
+                        raise ValueError(f"the structure ends inside a length, at offset {at}")
+                    length = unpack_from(fmt, data, pos)[0]
+                    pos += size
+                if what in ("str", "bin"):
+                    value, pos = self._text(data, pos, length, end, what, at)
+                    cost = _text_cost(length, _COST_STR if what == "str" else _COST_BYTES)
+                elif what == "list":
+                    kind, n = _LIST, length
+                elif what == "dict":
+                    kind, n = _MAP, length
+                else:
+                    if pos + 1 + length > end:
+                        raise ValueError(f"an extension at offset {at} runs past the structure "
+                                         f"({length} bytes)")
+                    code = unpack_from(">b", data, pos)[0]
+                    pos += 1
+                    if stack and stack[-1][0] == _MAP and stack[-1][3] is _NO_KEY:
+                        raise ValueError(f"the dict key at offset {at} is an extension (type "
+                                         f"{code}); keys must be str or int")
+                    if not ext:
+                        raise ValueError(f"an extension (type {code}) at offset {at} inside "
+                                         "a tensor's description")
+                    if code == _EXT_TUPLE:
+                        stop = pos + length
+                        kind, n, pos = _TUPLE, *self._array_header(data, pos, stop, at)
+                    elif code == _EXT_TENSOR:
+                        value = self._tensor(data, pos, pos + length, at)
+                        pos += length
+                        cost = _COST_TENSOR
+                    else:
+                        raise ValueError(f"unknown extension type {code} at offset {at}")
+            else:
+                raise ValueError(f"byte 0x{b:02x} at offset {at} starts no value")
+            if stack and stack[-1][0] == _MAP and stack[-1][3] is _NO_KEY and (
+                    kind != -1 or type(value) not in (str, int)):
+                found = ("list", "dict", "tuple")[kind] if kind != -1 else type(value).__name__
+                raise ValueError(f"the dict key at offset {at} is a {found}; keys must be str "
+                                 "or int")
+            if kind != -1:
+                if len(stack) >= MAX_DEPTH:
+                    raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels "
+                                     f"(at offset {at}), the most a snapshot holds")
+                # Each item takes at least a byte: a length the bytes cannot hold is damage,
+                # refused before anything is made.
+                if n * (2 if kind == _MAP else 1) > end - pos:
+                    raise ValueError(f"a {('list', 'dict', 'tuple')[kind]} at offset {at} "
+                                     f"claims {n} items in {end - pos} bytes")
+                cost = (_COST_DICT + _COST_ENTRY * n if kind == _MAP
+                        else (_COST_LIST if kind == _LIST else _COST_TUPLE) + _COST_SLOT * n)
+            self.cost += cost
+            if self.cost > budget:
+                raise ValueError(f"the structure would take more than {budget} bytes of memory "
+                                 f"(at offset {at}); a snapshot's structure may take "
+                                 f"{MEMORY_PER_BYTE} bytes per byte plus {MEMORY_SLACK >> 20} MiB")
+            if kind != -1:
+                if n:
+                    # The last slot: where a tuple's payload ends, where a dict starts.
+                    stack.append([kind, {} if kind == _MAP else [], n, _NO_KEY,
+                                  at if kind == _MAP else stop])
+                    continue
+                value = {} if kind == _MAP else ([] if kind == _LIST else ())
+                if kind == _TUPLE and pos != stop:
+                    raise ValueError(f"the tuple at offset {at} holds more than its array")
+            while True:  # put the value into its container; close the containers it fills
+                if not stack:
+                    return value, pos
+                top = stack[-1]
+                if top[0] == _MAP:
+                    key = top[3]
+                    if key is _NO_KEY:
+                        top[3] = value
+                        break
+                    if key in top[1]:
+                        raise ValueError(f"the dict at offset {top[4]} holds the key "
+                                         f"{key!r} twice")
+                    top[1][key] = value
+                    top[3] = _NO_KEY
+                else:
+                    top[1].append(value)
+                top[2] -= 1
+                if top[2]:
+                    break
+                stack.pop()
+                value = top[1]
+                if top[0] == _TUPLE:
+                    if pos != top[4]:
+                        raise ValueError(f"a tuple ending at offset {pos} holds more than "
+                                         "its array")
+                    value = tuple(value)
+
+    @staticmethod
+    def _text(data: bytes, pos: int, n: int, end: int, what: str, at: int) -> tuple[Any, int]:
+        if pos + n > end:
+            raise ValueError(f"a {what} at offset {at} runs past the structure ({n} bytes)")
+        raw = data[pos : pos + n]
+        if what == "bin":
+            return raw, pos + n
+        try:
+            return raw.decode("utf-8"), pos + n
+        except UnicodeDecodeError:
+            raise ValueError(f"the str at offset {at} is not valid UTF-8") from None
+
+    @staticmethod
+    def _array_header(data: bytes, pos: int, stop: int, at: int) -> tuple[int, int]:
+        """A tuple's length and where its items start: its payload must be one array."""
+        b = data[pos] if pos < stop else None
+        if b is not None and 0x90 <= b <= 0x9F:
+            return b & 0x0F, pos + 1
+        if b in (0xDC, 0xDD):
+            size = 2 if b == 0xDC else 4
+            if pos + 1 + size <= stop:
+                return struct.unpack_from(">H" if size == 2 else ">I", data, pos + 1)[0], \
+                    pos + 1 + size
+        raise ValueError(f"the tuple at offset {at}: its payload is not an array")
+
+    def _tensor(self, data: bytes, pos: int, stop: int, at: int) -> torch.Tensor:
+        if stop - pos > _MAX_TENSOR_META:
+            raise ValueError(f"the tensor at offset {at} has a description of {stop - pos} "
+                             f"bytes (at most {_MAX_TENSOR_META})")
+        cost = self.cost  # the description is dropped at once: its objects are not kept
+        meta, after = self._parse(data, pos, stop, ext=False)
+        self.cost = cost
+        if after != stop or type(meta) is not list or len(meta) != 4:
+            raise ValueError(f"the tensor at offset {at}: its payload is not "
+                             "[dtype, shape, offset, nbytes]")
+        dtype_name, shape, offset, nbytes = meta
+        dtype = _DTYPES.get(dtype_name) if type(dtype_name) is str else None
         if dtype is None:
             raise ValueError(f"unknown tensor dtype {dtype_name!r}")
-        if not isinstance(shape, list) or any(type(n) is not int or n < 0 for n in shape):
+        if type(shape) is not list or any(type(n) is not int or n < 0 for n in shape):
             raise ValueError(f"bad tensor shape {shape!r}")
         # Checked before allocating, so damaged sizes can never ask for more than the file holds.
         if (offset != self.offset or nbytes != math.prod(shape) * dtype.itemsize

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import enum
+import errno
 import io
 import math
 import pathlib
 import pickle
 import re
 import struct
+import subprocess
+import sys
 import threading
+import tracemalloc
 import zlib
 from collections import OrderedDict
 from typing import Any
@@ -537,3 +541,184 @@ def test_a_cuda_tensor_is_saved_from_a_cpu_copy_and_loads_on_the_cpu() -> None:
     out = loads(dumps({"t": t}))["t"]
 
     assert out.device.type == "cpu" and torch.equal(out, t.cpu())
+
+
+# -- limits: nesting, memory, what the structure may hold ------------------------------------
+
+
+def nested_tuples(depth: int) -> bytes:
+    """The structure of a tuple holding a tuple ... ``depth`` levels down, as save encodes it."""
+    structure = msgpack.packb(None)
+    for _ in range(depth):
+        structure = msgpack.packb(msgpack.ExtType(2, b"\x91" + structure))
+    return structure
+
+
+_CHILD = """
+import sys
+from mujou_actors import SnapshotError, load
+from mujou_actors.snapshot import inspect_file
+for read in (load, inspect_file):
+    try:
+        read(sys.argv[1])
+    except SnapshotError as e:
+        print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", [193, 5000])
+def test_a_deeply_nested_file_is_refused_not_a_crash(tmp_path: pathlib.Path, depth: int) -> None:
+    # A crash is a segfault: run the reader in a child, so that it fails this test only.
+    path = tmp_path / "deep.mujou"
+    path.write_bytes(forge(nested_tuples(depth)))
+
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
+                           text=True, timeout=50)
+
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    lines = child.stdout.splitlines()
+    assert len(lines) == 2 and all(
+        line.startswith(f"SnapshotError {path}: corrupted: cannot decode the structure: "
+                        "containers nested deeper than 100 levels") for line in lines), lines
+
+
+def test_nesting_is_bounded_at_max_depth_for_tuples_lists_and_dicts() -> None:
+    assert snapshot.MAX_DEPTH == 100
+    for wrap in (lambda x: (x,), lambda x: [x], lambda x: {"k": x}):
+        tree: Any = 1
+        for _ in range(snapshot.MAX_DEPTH):
+            tree = wrap(tree)
+        assert_same(loads(dumps(tree)), tree)  # 100 levels: fine both ways
+
+        with pytest.raises(ValueError, match=r"nested deeper than 100 levels"):
+            dumps(wrap(tree))  # save refuses what load would refuse
+
+
+def test_a_deep_list_written_by_another_tool_is_refused_too() -> None:
+    structure = b"\x91" * 101 + b"\xc0"
+
+    with pytest.raises(SnapshotError, match=r"nested deeper than 100 levels \(at offset 100\)"):
+        loads(forge(structure))
+
+
+def empty_dicts(count: int) -> bytes:
+    return b"\xdd" + struct.pack(">I", count) + b"\x80" * count
+
+
+def test_a_file_of_empty_dicts_is_refused_for_the_memory_it_would_take() -> None:
+    # 72 bytes of Python objects per byte of file; the bound is 32 per byte plus 16 MiB.
+    with pytest.raises(SnapshotError, match=r"would take more than \d+ bytes of memory \(at "
+                       r"offset \d+\); a snapshot's structure may take 32 bytes per byte plus "
+                       r"16 MiB"):
+        loads(forge(empty_dicts(1 << 20)))
+
+
+def test_loading_stays_within_its_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshot, "MEMORY_SLACK", 1 << 20)  # a smaller file shows the same
+    structure = empty_dicts(200_000)
+    budget = snapshot.MEMORY_PER_BYTE * len(structure) + snapshot.MEMORY_SLACK
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotError, match="memory"):
+            loads(forge(structure))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    # The model's charges are close to CPython's sizes: the peak is the budget, give or take,
+    # plus the file's bytes (read whole here), not the 73 bytes per byte of before.
+    assert peak < 1.3 * budget + 3 * len(structure), (peak, budget)
+
+
+def test_save_refuses_a_tree_that_load_would_refuse_for_its_memory() -> None:
+    many = [{} for _ in range(1 << 20)]
+
+    with pytest.raises(ValueError, match=r"would take more than \d+ bytes of memory to load"):
+        dumps(many)
+    # Just under the bound it round-trips: the same charges on both sides.
+    fits = [{} for _ in range(200_000)]
+    assert loads(dumps(fits)) == fits
+
+
+def test_lists_of_numbers_and_short_strings_stay_well_within_the_bound() -> None:
+    tree = {"ints": list(range(-1000, 300_000)), "floats": [0.5] * 300_000,
+            "words": [f"w{i % 100}" for i in range(300_000)]}
+
+    assert loads(dumps(tree)) == tree
+
+
+@pytest.mark.parametrize("structure, reason", [
+    (b"", "the structure ends inside a value, at offset 0"),
+    (b"\x92\x01", "a list at offset 0 claims 2 items in 1 bytes"),
+    (b"\x91\xcb\x00", "the structure ends inside a number, at offset 1"),
+    (b"\xd6\xff" + b"\0" * 4, "unknown extension type -1"),  # a msgpack timestamp
+    (msgpack.packb(msgpack.ExtType(3, b"")), "unknown extension type 3"),
+    (b"\x81\xc0\x01", "the dict key at offset 1 is a NoneType; keys must be str or int"),
+    (b"\x81\xc3\x01", "is a bool; keys must be str or int"),
+    (b"\x81\xcb" + struct.pack(">d", 1.0) + b"\x01", "is a float; keys must be str or int"),
+    (b"\x81\xc4\x01a\x01", "is a bytes; keys must be str or int"),
+    (b"\x81\x91\x01\x01", "is a list; keys must be str or int"),
+    (b"\x81\x80\x01", "is a dict; keys must be str or int"),
+    (b"\x81" + msgpack.packb(msgpack.ExtType(2, b"\x90")) + b"\x01", "keys must be str or int"),
+    (b"\x82\xa1a\x01\xa1a\x02", "the dict at offset 0 holds the key 'a' twice"),
+    (b"\x82\x01\x01\x01\x02", "the dict at offset 0 holds the key 1 twice"),
+    (msgpack.packb(msgpack.ExtType(2, msgpack.packb(1))), "its payload is not an array"),
+    (msgpack.packb(msgpack.ExtType(2, msgpack.packb({"a": 1}))), "its payload is not an array"),
+    (msgpack.packb(msgpack.ExtType(2, b"")), "its payload is not an array"),
+    (msgpack.packb(msgpack.ExtType(2, msgpack.packb([1]) + b"\x01")),
+     "holds more than its array"),
+    (b"\xa2\xff\xfe", "is not valid UTF-8"),
+    (b"\xdd\xff\xff\xff\xff", "claims 4294967295 items in 0 bytes"),
+    (msgpack.packb(msgpack.ExtType(1, msgpack.packb(["float32", [1], 0, 4, 5]))),
+     "not [dtype, shape, offset, nbytes]"),
+    (msgpack.packb(msgpack.ExtType(1, msgpack.packb(
+        ["float32", [1], 0, msgpack.ExtType(1, b"")]))), "inside a tensor's description"),
+])
+def test_a_structure_beyond_the_format_is_refused_with_a_reason(
+    structure: bytes, reason: str
+) -> None:
+    with pytest.raises(SnapshotError) as info:
+        loads(forge(structure))
+
+    message = str(info.value)
+    assert message.startswith("<bytes>: corrupted: cannot decode the structure: ")
+    assert reason in message and "()" not in message
+
+
+def test_a_damaged_structure_is_reported_as_a_checksum_mismatch_not_as_its_symptom() -> None:
+    data = bytearray(dumps({"a": [1, 2, 3]}))
+    data[32] = 0xC1  # the structure's first byte: now undecodable, and the CRC no longer fits
+
+    with pytest.raises(SnapshotError, match=r"^<bytes>: corrupted \(checksum mismatch\)$"):
+        loads(bytes(data))
+
+
+def test_an_undecodable_error_message_is_never_empty() -> None:
+    class Mute(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no words")
+
+    assert snapshot._reason(ValueError()) == "ValueError"
+    assert snapshot._reason(Mute()) == "Mute"
+
+
+def test_save_refuses_a_str_with_a_lone_surrogate_naming_its_path() -> None:
+    with pytest.raises(TypeError, match=r"^nodes\['a'\]\[0\]: a str that is not valid Unicode"):
+        dumps({"nodes": {"a": ["\ud800"]}})
+
+
+def test_a_full_disk_names_the_file(tmp_path: pathlib.Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(snapshot, "_write", full)
+    path = tmp_path / "state.mujou"
+
+    with pytest.raises(OSError) as info:
+        save({"a": 1}, path)
+
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(path)
+    assert str(path) in str(info.value) and "No space left on device" in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
