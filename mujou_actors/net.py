@@ -141,6 +141,10 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
         problems.append(f"no state for node(s) {missing}")
     if unexpected:
         problems.append(f"state for node(s) not in the net {unexpected}")
+    for path in sorted(paths & set(tree["nodes"])):
+        if not isinstance(tree["nodes"][path], Mapping):  # what load_state_dict takes
+            problems.append(f"nodes[{path!r}] is {_short(tree['nodes'][path])}, not a dict "
+                            "(a node's state_dict())")
     inputs = {p for p, port in ports.items() if isinstance(port, Input)}
     for section in ("inputs", "pending"):
         extra = sorted(set(tree[section]) - inputs)
@@ -156,11 +160,16 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
         last = tree["schedule"].get(path, {}).get("last_update_ns") \
             if isinstance(tree["schedule"].get(path), dict) else "?"
         if last is not None and (isinstance(last, bool) or not isinstance(last, int)
-                                 or last > tree["time_ns"]):
+                                 or not 0 <= last <= tree["time_ns"]):
             problems.append(f"schedule[{path!r}]['last_update_ns'] is {last!r}, not an int "
-                            f"<= time_ns ({tree['time_ns']})")
+                            f"from 0 to time_ns ({tree['time_ns']})")
     if problems:
         raise SnapshotError(f"{where} does not fit the net: " + "; ".join(problems))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 def _message_problems(section: str, path: str, messages: Any, port: Port) -> list[str]:

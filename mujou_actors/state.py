@@ -85,8 +85,13 @@ def check_tree(tree: Any, source: str) -> dict[str, Any]:
         tree: what ``Run.state_dict()`` or ``mujou.load`` returned.
         source: where it came from, for errors (a file name or ``"state"``).
 
+    Returns:
+        dict: ``tree`` itself.
+
     Raises:
-        SnapshotError: not a tree of this format, or a section is malformed.
+        SnapshotError: not a tree of this format, a section is missing or not a
+            dict, a section has a key that is not a str, or ``time_ns`` is not an
+            int in ``[0, 2**63)``.
     """
     if not isinstance(tree, dict):
         raise SnapshotError(f"{source}: a state tree is a dict, got {type(tree).__name__}")
@@ -96,9 +101,17 @@ def check_tree(tree: Any, source: str) -> dict[str, Any]:
     missing = [k for k in _SECTIONS if k not in tree]
     if missing:
         raise SnapshotError(f"{source}: state tree lacks {', '.join(missing)}")
-    if type(tree["time_ns"]) is not int or tree["time_ns"] < 0:
-        raise SnapshotError(f"{source}: time_ns must be an int >= 0")
+    time_ns = tree["time_ns"]
+    if type(time_ns) is not int or not 0 <= time_ns < 2**63:
+        raise SnapshotError(f"{source}: time_ns must be an int in [0, 2**63) (a timer's "
+                            f"nanoseconds), got {time_ns!r}")
     for section in ("seeds", "nodes", "inputs", "pending", "schedule"):
         if not isinstance(tree[section], dict):
             raise SnapshotError(f"{source}: {section} must be a dict")
+        # Its keys are paths; any other key would also make the fit check compare
+        # an int with a str.
+        bad = [key for key in tree[section] if type(key) is not str]
+        if bad:
+            raise SnapshotError(f"{source}: {section} has the key {bad[0]!r} (a "
+                                f"{type(bad[0]).__name__}); its keys are dotted paths (str)")
     return tree

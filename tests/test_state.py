@@ -490,3 +490,54 @@ def test_damaged_values_in_a_fitting_tree_are_refused_before_anything_starts() -
     assert "schedule['slow']['last_update_ns']" in text
     assert "pending['slow.inp'][0]: port 'slow.inp': expected Tensor, got str" in text
     assert fresh.acc._mujou_run is None
+
+
+def _ended_tree() -> dict:
+    run = mujou.run(Net(), timer="simulated", duration=0.05)
+    run.join()
+    return run.state_dict()
+
+
+def test_a_node_entry_that_is_not_a_dict_is_refused_before_anything_starts() -> None:
+    tree = _ended_tree()
+    tree["nodes"]["acc"] = None
+    tree["nodes"]["slow"] = [1, 2]
+    fresh = Net()
+
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run(fresh, timer="simulated", state=tree)
+
+    text = str(info.value)
+    assert "nodes['acc'] is None, not a dict (a node's state_dict())" in text
+    assert "nodes['slow'] is [1, 2], not a dict" in text
+    assert fresh.acc._mujou_run is None
+
+
+@pytest.mark.parametrize("time_ns", [-1, 2**63, 2**64 - 1, 1.5, True])
+def test_a_time_outside_a_timer_s_range_is_refused(time_ns: object) -> None:
+    tree = {**_ended_tree(), "time_ns": time_ns}
+
+    with pytest.raises(mujou.SnapshotError, match=r"^state: time_ns must be an int in "
+                                                   r"\[0, 2\*\*63\)"):
+        mujou.run(Net(), timer="simulated", state=tree)
+
+
+def test_a_negative_last_update_is_refused() -> None:
+    tree = _ended_tree()
+    tree["schedule"]["acc"] = {"last_update_ns": -10}
+
+    with pytest.raises(mujou.SnapshotError, match=r"schedule\['acc'\]\['last_update_ns'\] is "
+                                                   r"-10, not an int from 0 to time_ns"):
+        mujou.run(Net(), timer="simulated", state=tree)
+
+
+@pytest.mark.parametrize("section", ["nodes", "inputs", "pending", "seeds", "schedule"])
+def test_a_section_with_int_and_str_keys_is_a_snapshot_error_not_a_type_error(
+    section: str,
+) -> None:
+    tree = _ended_tree()
+    tree[section] = {**tree[section], 3: {}}
+
+    with pytest.raises(mujou.SnapshotError, match=rf"^state: {section} has the key 3 \(a int\); "
+                                                   r"its keys are dotted paths \(str\)$"):
+        mujou.run(Net(), timer="simulated", state=tree)
