@@ -850,8 +850,10 @@ def run(
             every hook and write it, when the run ends, as a Chrome trace
             event file (open it in Perfetto or ``chrome://tracing``): a path,
             or a `Tracer` to set the ring buffer's capacity. The file is
-            complete when `Run.join` returns, a failed run included (a file
-            that cannot be written makes `Run.join` raise the ``OSError``).
+            complete when `Run.join` returns, a failed run included. Whether
+            it can be written is checked before anything starts; a file that
+            still cannot be written at the end makes `Run.join` raise the
+            ``OSError``.
             Default: None (nothing is recorded).
         cuda_sync (str): how a worker waits for a CUDA node's stream after
             ``on_update`` and a restore: ``"block"`` (the thread sleeps on an
@@ -879,6 +881,10 @@ def run(
             is stopped first.
         SnapshotError: ``state`` is not a valid tree or file, or does not fit
             the net (names the missing and unexpected nodes and inputs).
+        OSError: the ``trace`` file could not be written: the path is a
+            folder, lies under a file, or its folder takes no new file
+            (``IsADirectoryError``, ``NotADirectoryError``, ``PermissionError``);
+            raised before any node is claimed.
     """
     t = make_timer(timer)
     check_workers(workers)

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+import tempfile
 import threading
 import time
 from collections import deque
@@ -38,7 +39,8 @@ from typing import Any
 
 from .mailbox import unstamp
 
-__all__ = ["Tracer", "Recorder", "as_tracer", "format_events", "DEFAULT_CAPACITY"]
+__all__ = ["Tracer", "Recorder", "as_tracer", "check_writable", "format_events",
+           "DEFAULT_CAPACITY"]
 
 DEFAULT_CAPACITY = 1_000_000
 
@@ -91,7 +93,8 @@ class Tracer:
 
     Args:
         path (str | os.PathLike): the JSON file to write (replaced
-            atomically; missing parent folders are created).
+            atomically; missing parent folders are created). ``mujou.run``
+            checks that it can be written before the run starts.
         capacity (int, optional): the most events the file holds: the newest
             are kept (a hook's slice and its counter sample are two events;
             the metadata naming the process and threads comes on top). The
@@ -189,18 +192,87 @@ class Tracer:
 def as_tracer(trace: Any) -> Tracer | None:
     """The `Tracer` for ``mujou.run(trace=...)``: None, a path, or a Tracer.
 
+    The file is written only when the run ends, so whether it can be written
+    is checked here, before anything starts (see `check_writable`): a long run
+    must not find out at its end that its trace is lost.
+
+    Args:
+        trace (None | str | os.PathLike | Tracer): ``mujou.run``'s argument.
+
+    Returns:
+        Tracer | None: the tracer to record with; None for no trace.
+
     Raises:
         TypeError: any other type (names the argument).
         ValueError: an empty path.
+        OSError: the trace file could not be written (see `check_writable`).
     """
-    if trace is None or isinstance(trace, Tracer):
-        return trace
+    if trace is None:
+        return None
     if isinstance(trace, (str, os.PathLike)):
         if os.fspath(trace) == "":
             raise ValueError("mujou.run: trace must not be an empty path")
-        return Tracer(trace)
-    raise TypeError("mujou.run: trace must be None, a path (str or os.PathLike) or a "
-                    f"mujou.Tracer, got {type(trace).__name__}")
+        trace = Tracer(trace)
+    if not isinstance(trace, Tracer):
+        raise TypeError("mujou.run: trace must be None, a path (str or os.PathLike) or a "
+                        f"mujou.Tracer, got {type(trace).__name__}")
+    check_writable(trace.path, "mujou.run: trace file", make_folders=True)
+    return trace
+
+
+def check_writable(path: str | os.PathLike[str], what: str, *, make_folders: bool,
+                   folder: bool = False) -> None:
+    """Raise now, naming ``path``, if the file could not be written there later.
+
+    For files written atomically at the end of a run (a temporary file in the
+    same folder, then renamed): ``path`` must not be a folder, and its folder
+    must take a new file. That is tried, not read from permission bits (which
+    say yes to root, and nothing of a read-only mount): a probe file is made
+    and removed at once. With ``make_folders`` the folders missing on the way
+    are left to be made when the file is written; the nearest one that exists
+    is probed instead.
+
+    Args:
+        path (str | os.PathLike): the file that will be written.
+        what (str): what names the file in the message, such as
+            ``"mujou.run: trace file"`` or ``"--stats-json"``.
+        make_folders (bool): missing folders will be made when the file is
+            written (else a missing folder is an error).
+        folder (bool): ``path`` is itself a folder that files will be
+            written into (created if missing, with ``make_folders``).
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder (and ``folder`` is False).
+        NotADirectoryError: ``path`` (with ``folder``) or a folder on its way
+            is a file.
+        FileNotFoundError: its folder does not exist and ``make_folders`` is
+            False.
+        PermissionError: the folder does not take a new file (or another
+            ``OSError`` its probe raised, with the reason).
+    """
+    target = Path(os.fspath(path))
+    shown = repr(str(target))
+    if target.is_dir() and not folder:
+        raise IsADirectoryError(f"{what} {shown} is a folder, not a file")
+    if target.exists() and not target.is_dir() and folder:
+        raise NotADirectoryError(f"{what} {shown} is a file, not a folder")
+    where = target if folder else target.parent
+    while not where.exists():
+        if not make_folders:
+            raise FileNotFoundError(f"{what} {shown} cannot be written: its folder "
+                                    f"{str(where)!r} does not exist")
+        where = where.parent  # ends at the file system's root or at ".", which exist
+    if not where.is_dir():
+        raise NotADirectoryError(f"{what} {shown} cannot be written: {str(where)!r} is a "
+                                 "file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=where)
+    except OSError as exc:
+        kind = type(exc) if type(exc) is not OSError else PermissionError
+        raise kind(f"{what} {shown} cannot be written: the folder {str(where)!r} does not "
+                   f"take a new file ({exc.strerror or exc})") from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 class Recorder:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
+import sys
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -12,6 +16,30 @@ import mujou_actors as mujou
 def workers(request: pytest.FixtureRequest) -> int:
     """Run a test under each worker count."""
     return request.param
+
+
+@pytest.fixture
+def unwritable_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A folder that takes no new file: read-only mode bits, or /sys where root ignores them."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        try:
+            (folder / "probe").touch()
+        except PermissionError:
+            yield folder
+            return
+        (folder / "probe").unlink()  # root: mode bits do not stop it; sysfs takes no files
+        try:
+            (pathlib.Path("/sys") / "mujou-probe").touch()
+        except OSError:
+            if sys.platform.startswith("linux"):
+                yield pathlib.Path("/sys")
+                return
+        pytest.skip("no folder here refuses new files to this user")
+    finally:
+        folder.chmod(0o755)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -297,16 +298,68 @@ def test_a_failing_run_still_writes_its_trace_with_a_marker_where_the_hook_raise
         10_000_000, 20_000_000, 30_000_000]
 
 
-def test_a_trace_that_cannot_be_written_makes_join_raise_the_os_error(tmp_path) -> None:
+def test_a_trace_that_cannot_be_written_at_the_end_makes_join_raise_the_os_error(
+        tmp_path) -> None:
     taken = tmp_path / "taken"
+    run = mujou.run(Net(), timer="simulated", trace=taken)  # fine as the run starts
     taken.mkdir()
-    (taken / "x").write_text("")  # a folder that os.replace cannot replace
+    (taken / "x").write_text("")  # now a folder that os.replace cannot replace
 
-    run = mujou.run(Net(), timer="simulated", duration=0.02, trace=taken)
+    run.stop()
 
     with pytest.raises(OSError):
         run.join()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no .tmp left behind
+
+
+class Started(mujou.Node):
+    """Counts its on_start calls."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.starts = 0
+
+    def on_start(self) -> None:
+        self.starts += 1
+
+
+@pytest.mark.parametrize("make", [str, pathlib.Path, mujou.Tracer])
+def test_a_trace_path_that_cannot_be_written_is_refused_before_anything_starts(
+        unwritable_folder, make) -> None:
+    path = unwritable_folder / "t.json"
+    node = Started()
+
+    with pytest.raises(PermissionError) as info:
+        mujou.run(node, timer="simulated", duration=0.02, trace=make(path))
+
+    assert str(info.value).startswith(f"mujou.run: trace file {str(path)!r} cannot be "
+                                      f"written: the folder {str(unwritable_folder)!r}")
+    assert node.starts == 0
+    mujou.run(node, timer="simulated", duration=0.02).join()     # the node was not claimed
+    assert node.starts == 1
+
+
+def test_a_trace_path_that_is_a_folder_or_under_a_file_is_refused_naming_it(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+
+    with pytest.raises(IsADirectoryError,
+                       match=re.escape(f"trace file {str(tmp_path)!r} is a folder")):
+        mujou.run(Started(), timer="simulated", duration=0.02, trace=tmp_path)
+    with pytest.raises(NotADirectoryError,
+                       match=re.escape(f"{str(tmp_path / 'file')!r} is a file, not a folder")):
+        mujou.run(Started(), timer="simulated", duration=0.02,
+                  trace=tmp_path / "file" / "sub" / "t.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]   # no probe left behind
+
+
+def test_checking_a_trace_path_leaves_missing_folders_to_the_end(tmp_path) -> None:
+    path = tmp_path / "a" / "b" / "t.json"
+    run = mujou.run(Net(), timer="simulated", trace=path)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == []          # checked, not made
+    run.stop()
+    run.join()
+    assert json.loads(path.read_text())["traceEvents"]
 
 
 def test_a_run_whose_on_start_fails_still_writes_its_trace(tmp_path) -> None:
