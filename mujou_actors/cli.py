@@ -7,7 +7,9 @@ restarts) and, for a simulated run with a duration, a progress bar in simulated
 seconds. Not on a terminal (CI, pipes) it prints plain status lines instead.
 Ctrl-C (or SIGTERM) stops the run cleanly (every ``on_stop`` runs; with
 ``--snapshot-dir`` the final state is written there too) and exits with 130
-(143 for SIGTERM).
+(143 for SIGTERM); signals that follow while it stops are only noted. The
+paths of ``--trace``, ``--stats-json`` and ``--snapshot-dir`` are checked
+before anything runs.
 
 ``mujou inspect SNAPSHOT`` checks a snapshot file whole (as ``mujou.load``
 does), then prints its summary; the tensor data is checksummed, not kept.
@@ -37,6 +39,7 @@ import mujou_actors as mujou
 from .errors import MujouError, SnapshotError
 from .node import Node
 from .stats import RunStats
+from .trace import check_writable
 
 __all__ = ["main"]
 
@@ -48,12 +51,68 @@ REFRESH_S = 0.25        # the live view's refresh period (wall seconds)
 STATUS_EVERY_S = 2.0    # plain status lines when not on a terminal
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the run stops cleanly."""
+class _Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the run stops cleanly; ``code`` is the exit code it ends with."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated()
+class _Signals:
+    """How ``mujou run`` answers SIGINT and SIGTERM: one clean stop, whatever follows.
+
+    The first signal decides the exit code (130 for SIGINT, 143 for SIGTERM).
+    What it does depends on ``mode``, which the command sets as it goes:
+
+    * ``"raise"`` (loading the net, watching the run): raise `_Interrupted`
+      in the main thread, which stops the run;
+    * ``"defer"`` (``mujou.run`` starting the net): only note it; the command
+      stops the run as soon as it has started. A second SIGINT there gives up
+      on the start (a way out of an ``on_start`` that never returns);
+    * ``"finish"`` (stopping, writing the final snapshot and ``--stats-json``):
+      only note it.
+
+    Once the first signal has been raised every later one is only noted, so a
+    second Ctrl-C, or GNU ``timeout`` signalling the process and then its
+    group, cannot break the stop or lose the files written after it. The stop
+    itself is bounded by ``stop_timeout``; SIGKILL remains the way to force.
+    """
+
+    def __init__(self) -> None:
+        self.code = 0
+        self.mode = "raise"
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():  # else signal() refuses
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = not self.code
+        if first:
+            self.code = EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+        if (self.mode == "raise" and first) or (
+                self.mode == "defer" and not first and signum == signal.SIGINT):
+            self.mode = "finish"  # raised once: from now on signals are only noted
+            raise _Interrupted(self.code)
+        # os.write, not click.echo: the main thread may be inside a write to stderr.
+        if self.mode == "defer" and first:
+            note = ("interrupted: the run stops as soon as the net has started "
+                    "(Ctrl-C again to give up on the start)\n")
+        elif first:
+            note = "interrupted: writing the final files first\n"
+        else:
+            note = "interrupted again: still stopping cleanly (SIGKILL forces)\n"
+        os.write(2, note.encode())
 
 
 class UsageError(click.ClickException):
@@ -179,11 +238,10 @@ def _count(n: int) -> str:
     """A count in at most 5 characters for the live view: ``14999``, ``150k``, ``2.9M``."""
     if n < 100_000:
         return str(n)
-    value = float(n)
-    for suffix in ("k", "M", "G", "T", "P", "E"):  # an int64 ends below 10 E
-        value /= 1000
-        if value < 999.5:  # would not round up to 1000
-            break
+    value, unit = n / 1000, 0
+    while value >= 999.5 and unit < 5:  # would round up to 1000: the next unit
+        value, unit = value / 1000, unit + 1
+    suffix = "kMGTPE"[unit]  # an int64 ends below 10 E
     return f"{value:.1f}{suffix}" if value < 9.95 else f"{value:.0f}{suffix}"
 
 
@@ -369,7 +427,15 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
-    with _errors(verbose):
+    with _errors(verbose), _Signals() as signals:
+        # Before anything runs (the net's file included): files written only at
+        # the end must not be found unwritable after a long run.
+        if trace_path is not None:
+            check_writable(trace_path, "--trace", make_folders=True)
+        if stats_json is not None:
+            check_writable(stats_json, "--stats-json", make_folders=False)
+        if snapshot_dir is not None:
+            check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
         net = load_net(target)
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
                                   "seed": seed, "state": restore}
@@ -378,27 +444,46 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                                                     snapshot_dir=snapshot_dir)
         if trace_path is not None:
             kwargs["trace"] = trace_path
+        signals.mode = "defer"
         run = mujou.run(net, **kwargs)
-        interrupted = 0
-        previous = signal.signal(signal.SIGTERM, _terminate)
+        stopped = False  # by a signal
         try:
+            signals.mode = "raise"
+            if signals.code:
+                raise _Interrupted(signals.code)  # it came while the net was starting
             watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
-        except KeyboardInterrupt as exc:
-            interrupted = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+            signals.mode = "finish"
+        except KeyboardInterrupt:
+            signals.mode = "finish"
+            stopped = True
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if snapshot_dir is not None and (interrupted or run.failure is None):
+        # From here on a signal is only noted (signals.code): the final state and
+        # the stats are written whatever arrives.
+        if snapshot_dir is not None and (stopped or run.failure is None):
             # The final state, unless the run failed: a later --restore of the
             # latest file must not start from a failed state.
             click.echo(f"final state written to {_final_snapshot(run, snapshot_dir)}", err=True)
         if stats_json is not None:
-            with open(stats_json, "w") as f:
-                json.dump(_stats_json(run.stats()), f, indent=2)
+            _write_json(stats_json, _stats_json(run.stats()))
         run.join()
-        if interrupted:
-            sys.exit(interrupted)
+        if signals.code:
+            sys.exit(signals.code)
+
+
+def _write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically: a file there is always complete."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 @main.command("inspect")
@@ -475,7 +560,7 @@ class _errors:
         if exc is None or isinstance(exc, (SystemExit, click.exceptions.Exit)):
             return False
         if isinstance(exc, KeyboardInterrupt):
-            sys.exit(EXIT_INTERRUPTED)
+            sys.exit(exc.code if isinstance(exc, _Interrupted) else EXIT_INTERRUPTED)
         if isinstance(exc, BrokenPipeError):
             # The reader went away (``mujou inspect ... | head``): stop quietly,
             # with the exit status a shell gives for SIGPIPE.

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -99,6 +102,92 @@ def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path, sig
     final = mujou.load(mujou.latest_snapshot(snaps))
     assert int(final["nodes"]["ticker"]["count"]) == int(marker.read_text())
     assert "final state written to" in err
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line)
+    into.put(None)
+
+
+def _wait_for(lines: queue.Queue, text: str, seen: list[str], timeout: float) -> bool:
+    """Collect lines into ``seen`` until one holds ``text`` (True) or EOF/timeout (False)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            return False
+        if line is None:
+            return False
+        seen.append(line)
+        if text in line:
+            return True
+    return False
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_second_signal_while_stopping_keeps_the_clean_stop_and_its_files(
+        tmp_path, sig, code) -> None:
+    snaps, stats, marker = tmp_path / "snaps", tmp_path / "stats.json", tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mujou_actors", "run", f"{NETS}:make_slow_stop",
+         "--snapshot-dir", str(snaps), "--stats-json", str(stats)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "MUJOU_TEST_STOP_MARKER": str(marker)})
+    out: queue.Queue = queue.Queue()
+    err: queue.Queue = queue.Queue()
+    for stream, lines in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, lines), daemon=True).start()
+    stdout: list[str] = []
+    stderr: list[str] = []
+    try:
+        ready = _wait_for(out, "ready", stdout, 60)
+        proc.send_signal(sig)                    # the first: the run stops
+        stopping = _wait_for(out, "stopping", stdout, 60)    # on_stop waits for stdin
+        proc.send_signal(sig)                    # the second, while it stops
+        noted = _wait_for(err, "interrupted again", stderr, 20)
+        proc.stdin.write("go\n")                 # on_stop may return now
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    _wait_for(err, "\0", stderr, 5)              # the rest, up to EOF
+
+    assert (ready, stopping, noted, proc.returncode) == (True, True, True, code), stderr
+    count = int(marker.read_text())
+    assert count > 0                                                  # on_stop ran
+    final = mujou.load(mujou.latest_snapshot(snaps))
+    assert int(final["nodes"][""]["count"]) == count                  # the root node
+    assert json.loads(stats.read_text())["nodes"][""]["updates"] == count
+    assert any("final state written to" in line for line in stderr)
+
+
+@pytest.mark.parametrize("option, name, message", [
+    ("--stats-json", "missing/stats.json",
+     "error: FileNotFoundError: --stats-json {path!r} cannot be written: its folder "
+     "{folder!r} does not exist"),
+    ("--trace", "READ_ONLY/t.json",
+     "error: PermissionError: --trace {path!r} cannot be written: the folder {folder!r} "
+     "does not take a new file"),
+    ("--snapshot-dir", "file/snaps",
+     "error: NotADirectoryError: --snapshot-dir {path!r} cannot be written: {folder!r} is a "
+     "file, not a folder"),
+])
+def test_output_paths_that_cannot_be_written_are_refused_before_anything_runs(
+        tmp_path, unwritable_folder, option, name, message) -> None:
+    (tmp_path / "file").write_text("")
+    path = str(tmp_path / name).replace(str(tmp_path / "READ_ONLY"), str(unwritable_folder))
+    marker = tmp_path / "stopped"
+
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.1", option, path,
+                       env={"MUJOU_TEST_STOP_MARKER": str(marker)})
+
+    folder = os.path.dirname(path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(message.format(path=path, folder=folder)), result.stderr
+    assert result.stderr.count("\n") == 1 and not marker.exists()      # nothing ran
 
 
 def test_inspect_summarizes_a_snapshot(tmp_path) -> None:

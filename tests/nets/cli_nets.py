@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -64,3 +65,22 @@ def make_broken() -> mujou.Node:
 
 
 not_a_net = 42
+
+
+class SlowStop(Ticker):
+    """Prints ``ready`` at its first update; its ``on_stop`` prints ``stopping`` and
+    waits for a line on stdin, so a test can signal the command while it stops."""
+
+    def on_update(self, dt: float) -> None:
+        super().on_update(dt)
+        if int(self.count) == 1:
+            print("ready", flush=True)
+
+    def on_stop(self) -> None:
+        print("stopping", flush=True)
+        sys.stdin.readline()  # returns at the test's line, or at EOF if the test is gone
+        super().on_stop()
+
+
+def make_slow_stop() -> mujou.Node:
+    return SlowStop()
