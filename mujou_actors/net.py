@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import NetError, SnapshotError
-from .node import Node, iter_nodes
+from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
 from .state import check_tree
+from .supervisor import derive_seed
 
 __all__ = [
     "walk", "collect_ports", "warn_unknown_hooks", "check_seconds", "check_workers",
-    "load_state", "check_fit", "resolve_inputs",
+    "load_state", "check_fit", "resolve_inputs", "check_flag", "settle_seeds",
 ]
 
 log = logging.getLogger("mujou_actors")
@@ -82,6 +83,42 @@ def check_workers(workers: Any) -> None:
         raise TypeError(f"mujou.run: workers must be an int or None, got {workers!r}")
     if workers < 1:
         raise ValueError(f"mujou.run: workers must be >= 1, got {workers}")
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A ``mujou.run`` argument that must be True or False (``stats``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"mujou.run: {name} must be True or False, got {value!r}")
+    return value
+
+
+def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
+                 seed: int | None) -> dict[str, int]:
+    """The seed of every node's generator in this run, by path; changes no node.
+
+    A tree's seed wins (the generator's state comes with the node's), then the
+    node's own, then one derived from the run's ``seed`` and the path, else a
+    fresh random one. A node that drew from its generator before any run
+    seeded it (in ``__init__``) and is seeded afresh now is warned about: what
+    it drew came from a seed that no run records.
+    """
+    seeds = {}
+    for path, node in found:
+        if tree is not None and path in tree["seeds"]:
+            seeds[path] = tree["seeds"][path]
+            continue
+        own = node._mujou_seed
+        if own is None:
+            if node._mujou_drew_before_run():
+                log.warning(
+                    "node %r (%s) drew from self.generator before the run seeded it "
+                    "(in __init__?): those draws used a random seed that the run does not "
+                    "record, so they differ from run to run whatever mujou.run(seed=) is; "
+                    "give the node a seed of its own (Node(seed=...)) or draw in on_start",
+                    path or "<root>", type(node).__name__)
+            own = derive_seed(seed, path) if seed is not None else random_seed()
+        seeds[path] = own
+    return seeds
 
 
 _HOOKS = {"on_start", "on_update", "on_stop"}
@@ -154,11 +191,23 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
             problems.extend(_message_problems(section, path, tree[section][path], ports[path]))
     for path in sorted(paths & set(tree["seeds"])):
         seed = tree["seeds"][path]
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            problems.append(f"seeds[{path!r}] is {seed!r}, not an int")
-    for path in sorted(paths):
-        last = tree["schedule"].get(path, {}).get("last_update_ns") \
-            if isinstance(tree["schedule"].get(path), dict) else "?"
+        try:  # the check of Node(seed=) and mujou.run(seed=): a tree's seed is one of those
+            fits = check_seed(seed, f"seeds[{path!r}]") is not None
+        except (TypeError, ValueError):
+            fits = False
+        if not fits:
+            problems.append(f"seeds[{path!r}] is {seed!r}, not a seed (an int in [0, 2**64))")
+    # Only the nodes the tree has state for: one it lacks is reported above,
+    # by its path, once (not again as a schedule problem).
+    unscheduled = sorted(paths & set(tree["nodes"]) - set(tree["schedule"]))
+    if unscheduled:
+        problems.append(f"no schedule for node(s) {unscheduled}")
+    for path in sorted(paths & set(tree["nodes"]) & set(tree["schedule"])):
+        entry = tree["schedule"][path]
+        if not isinstance(entry, dict):
+            problems.append(f"schedule[{path!r}] is a {type(entry).__name__}, not a dict")
+            continue
+        last = entry.get("last_update_ns")
         if last is not None and (isinstance(last, bool) or not isinstance(last, int)
                                  or not 0 <= last <= tree["time_ns"]):
             problems.append(f"schedule[{path!r}]['last_update_ns'] is {last!r}, not an int "

@@ -18,7 +18,7 @@ import torch
 from .devices import validate_device
 from .ports import Port, ports_of_class
 
-__all__ = ["Node"]
+__all__ = ["Node", "check_seed"]
 
 # Attributes the framework keeps on a node are prefixed so that they never
 # collide with a user's own fields (as Pykka does).
@@ -39,7 +39,23 @@ def _check_period(period: Any, where: str) -> int | None:
     return period_ns
 
 
-def _check_seed(seed: Any, where: str) -> int | None:
+def check_seed(seed: Any, where: str) -> int | None:
+    """Validate a seed: ``Node(seed=)``, ``mujou.run(seed=)`` and the seeds of a tree.
+
+    One check for all of them, so that a seed one of them accepts is never
+    refused by another (a tree records the seeds a run used).
+
+    Args:
+        seed: the value given.
+        where (str): what the message names first (``"mujou.run"``, a class).
+
+    Returns:
+        int | None: ``seed`` (None for None).
+
+    Raises:
+        TypeError: ``seed`` is not an int (a bool or a float included) nor None.
+        ValueError: an int outside ``[0, 2**64)``.
+    """
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -72,9 +88,10 @@ class Node:
             on average; updates are due at ``k * period`` (k = 1, 2, ...).
             ``None``: no timer, the node updates when a triggering Input
             receives a message. Default: 0.01.
-        seed (int | None): seed of ``self.generator``. ``None``: the run's
-            ``seed=`` derives one from the node's path, or, without it, every
-            run draws a fresh one. Default: None.
+        seed (int | None): seed of ``self.generator``, in ``[0, 2**64)``.
+            ``None``: the run's ``seed=`` derives one from the node's path,
+            or, without it, every run draws a fresh one; such a node draws
+            reproducibly only from ``on_start`` on. Default: None.
         device (str | torch.device): ``"cpu"`` or a CUDA device. ``"cuda"``
             without index is fixed to the current CUDA device now.
             Default: ``"cpu"``.
@@ -84,7 +101,8 @@ class Node:
             Default: False.
 
     Raises:
-        ValueError: ``period`` not finite or <= 0; a device other than the CPU
+        ValueError: ``period`` not finite or <= 0; ``seed`` outside
+            ``[0, 2**64)``; a device other than the CPU
             or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available.
         TypeError: an argument of the wrong type.
 
@@ -112,7 +130,7 @@ class Node:
         where = type(self).__name__
         self._mujou_period_ns = _check_period(period, where)
         self._mujou_period = None if period is None else float(period)
-        self._mujou_seed = _check_seed(seed, where)
+        self._mujou_seed = check_seed(seed, where)
         self._mujou_device = validate_device(device, owner=where)
         if not isinstance(dedicated_thread, bool):
             raise TypeError(f"{where}: dedicated_thread must be a bool, got {dedicated_thread!r}")
@@ -148,11 +166,26 @@ class Node:
         return self._mujou_period
 
     @property
+    def seed(self) -> int | None:
+        """int | None: the seed of ``self.generator``: what `Run.seeds` shows for the node.
+
+        The ``seed`` argument when one was given. Otherwise the seed the latest
+        run gave the node (derived from ``mujou.run(seed=)``, drawn at random,
+        or taken from a restored tree), and None for such a node before its
+        first run (unless its generator was used already: it then has the
+        random seed it was made with).
+        """
+        return self._mujou_gen_seed
+
+    @property
     def generator(self) -> torch.Generator:
         """torch.Generator: the node's own random generator, on the node's device.
 
         Made on first use and seeded with the node's seed (the ``seed``
-        argument, else the one the run derives for the node).
+        argument, else the one the run gives the node as it starts). A node
+        without a seed of its own is seeded afresh by every run, so draws
+        made before the run (in ``__init__``) are not reproducible: give such a
+        node its own seed, or draw in ``on_start``.
         """
         gen = self._mujou_generator
         if gen is None:
@@ -171,6 +204,25 @@ class Node:
         self._mujou_gen_seed = seed
         if self._mujou_generator is not None:
             self._mujou_generator.manual_seed(seed)
+
+    # Set on the instance once the node has been in a run (which seeded its
+    # generator); the class's False costs the nodes nothing per instance.
+    _mujou_run_seeded = False
+
+    def _mujou_drew_before_run(self) -> bool:
+        """Whether the generator was drawn from before any run seeded it (in ``__init__``).
+
+        Such draws came from a random seed that no run records: a run that
+        seeds the generator afresh makes them unreproducible. Told by the
+        generator's state, which differs from a fresh one of its seed once
+        anything was drawn.
+        """
+        gen = self._mujou_generator
+        if gen is None or self._mujou_run_seeded or self._mujou_seed is not None:
+            return False
+        fresh = torch.Generator(device=self._mujou_device)
+        fresh.manual_seed(self._mujou_seed_now())
+        return not torch.equal(gen.get_state(), fresh.get_state())
 
     @property
     def device(self) -> torch.device:

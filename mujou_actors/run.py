@@ -43,19 +43,21 @@ from .errors import (
 from .mailbox import Restore, Snapshot, Start, Stop
 from .net import (
     check_fit,
+    check_flag,
     check_seconds,
     check_workers,
     collect_ports,
     load_state,
     resolve_inputs,
+    settle_seeds,
     walk,
     warn_unknown_hooks,
 )
-from .node import Node, random_seed
+from .node import Node, check_seed
 from .ports import Input, Output, Port, copy_message
 from .state import FORMAT
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
-from .supervisor import RestartIntensity, SnapshotWriter, Supervisor, derive_seed
+from .supervisor import RestartIntensity, SnapshotWriter, Supervisor
 from .timers import make_timer
 from .trace import Recorder, Tracer, as_tracer
 
@@ -834,7 +836,8 @@ def run(
             due at t <= duration runs (delta cycles included), then the run
             ends. Default: runs until stopped.
         seed (int, optional): derives the seed of every node without its own
-            from this seed and the node's path (stable across processes).
+            from this seed and the node's path (stable across processes); in
+            ``[0, 2**64)``, as ``Node(seed=)``.
         inputs (Mapping[Input | str, Any], optional): messages delivered to
             Inputs after every ``on_start`` (and the restore), before the timer
             starts.
@@ -876,7 +879,9 @@ def run(
             running net, a port connected outside the net, a missing
             ``super().__init__()``).
         PortTypeError: a value of ``inputs`` does not match its Input.
-        ValueError / TypeError: a bad argument, naming it.
+        ValueError / TypeError: a bad argument, naming it. Every argument is
+            checked before the nodes are claimed, and a failure after that
+            releases them: the same nodes may be run again at once.
         NodeError: an ``on_start`` (or a ``load_state_dict``) raised; the run
             is stopped first.
         SnapshotError: ``state`` is not a valid tree or file, or does not fit
@@ -890,8 +895,8 @@ def run(
     check_workers(workers)
     end_s = None if duration is None else check_seconds("duration", duration, allow_zero=True)
     timeout = check_seconds("stop_timeout", stop_timeout, allow_zero=False)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"mujou.run: seed must be an int or None, got {seed!r}")
+    check_seed(seed, "mujou.run")
+    check_flag("stats", stats)
 
     if supervisor is not None and not isinstance(supervisor, Supervisor):
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
@@ -912,49 +917,59 @@ def run(
     if tree is not None:
         check_fit(tree, found, ports, state)
 
+    seeds = settle_seeds(found, tree, seed)
+
+    # Every argument is checked: the nodes are claimed from here on, and a
+    # failure before the threads run releases them again (a later
+    # mujou.run of the same nodes must not find them part of a running net).
     token = object()
-    actors = []
-    seeds = {}
-    periods: dict[int, int] = {}
-    for order, (path, node) in enumerate(found):
+    for _, node in found:
         node._mujou_run = token
-        actor = Actor(node, path, order, periods)
-        actors.append(actor)
-        own = node._mujou_seed
-        if tree is not None and path in tree["seeds"]:
-            own = tree["seeds"][path]  # the generator's state comes with the node's
-        elif own is None:
-            own = derive_seed(seed, path) if seed is not None else random_seed()
-            node._mujou_reseed(own)
-        seeds[path] = own
-    for port in ports.values():
-        if isinstance(port, Input):
-            port._reset()
-    if not isinstance(stats, bool):
-        raise TypeError(f"mujou.run: stats must be True or False, got {stats!r}")
-    for actor in actors:
-        actor.timed = stats
-    pool = sum(1 for a in actors if not a.dedicated)
-    n_workers = workers if workers is not None else default_workers(pool)
-
-    holder: list[Run] = []
-    dispatcher = Dispatcher(actors, t, n_workers,
-                            on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
-                            on_end=lambda: holder[0]._request_end(),
-                            on_hold=lambda: holder[0]._events.put(("cut",)))
-    result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
-                 stop_timeout=timeout, supervisor=supervisor)
-    holder.append(result)
-    if tracer is not None:  # before the sinks are made: they keep the recorder
-        recorder = dispatcher.trace = tracer._recorder([a.path for a in actors], ports)
+    result: Run | None = None
+    started: Dispatcher | None = None
+    try:
+        actors = []
+        periods: dict[int, int] = {}
+        for order, (path, node) in enumerate(found):
+            actors.append(Actor(node, path, order, periods))
+            if node._mujou_seed is None and (tree is None or path not in tree["seeds"]):
+                node._mujou_reseed(seeds[path])  # a tree's generator state comes with the node's
+            node._mujou_gen_seed = seeds[path]  # what Node.seed and Run.seeds show
+            node._mujou_run_seeded = True  # later draws are the run's: no warning next time
+        for port in ports.values():
+            if isinstance(port, Input):
+                port._reset()
         for actor in actors:
-            actor.trace = recorder
-        result._trace = (tracer, recorder)
-    _setup_cuda(result, actors, cuda_sync)
-    _wire(result, actors, ports, dispatcher)
+            actor.timed = stats
+        pool = sum(1 for a in actors if not a.dedicated)
+        n_workers = workers if workers is not None else default_workers(pool)
 
-    dispatcher.start_threads()
-    result._coordinator.start()
+        holder: list[Run] = []
+        dispatcher = Dispatcher(actors, t, n_workers,
+                                on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
+                                on_end=lambda: holder[0]._request_end(),
+                                on_hold=lambda: holder[0]._events.put(("cut",)))
+        result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
+                     stop_timeout=timeout, supervisor=supervisor)
+        holder.append(result)
+        if tracer is not None:  # before the sinks are made: they keep the recorder
+            recorder = dispatcher.trace = tracer._recorder([a.path for a in actors], ports)
+            for actor in actors:
+                actor.trace = recorder
+            result._trace = (tracer, recorder)
+        _setup_cuda(result, actors, cuda_sync)
+        _wire(result, actors, ports, dispatcher)
+        started = dispatcher
+        dispatcher.start_threads()
+        result._coordinator.start()
+    except BaseException:
+        if started is not None:  # no hook has run: the threads exit at once
+            started.shutdown()
+            started.join_threads(timeout=timeout)
+        _unclaim(found, ports, token)
+        if result is not None:
+            _unended.discard(result)  # never started: there is nothing to stop at exit
+        raise
     for actor in dispatcher.run_control(actors, Start(), math.inf):
         log.error("node %r did not finish on_start", actor.path)
     try:
@@ -982,6 +997,17 @@ def run(
     result._timer_started = True
     dispatcher.start_running(start_ns)
     return result
+
+
+def _unclaim(found: list[tuple[str, Node]], ports: dict[str, Port], token: object) -> None:
+    """Release the nodes of a run that failed before its threads started."""
+    for _, node in found:
+        if node._mujou_run is token:
+            node._mujou_run = None
+    for port in ports.values():
+        if isinstance(port, Output):
+            port._send = None
+            port.__dict__.pop("send", None)
 
 
 def _start_supervision(result: Run, start_ns: int) -> None:

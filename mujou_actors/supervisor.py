@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .node import check_seed
+
 __all__ = ["derive_seed", "Supervisor", "SnapshotWriter", "RESTART_STRATEGIES"]
 
 log = logging.getLogger("mujou_actors")
@@ -38,12 +40,19 @@ def derive_seed(run_seed: int, path: str) -> int:
     """The seed of the node at ``path`` in a run seeded with ``run_seed``.
 
     Args:
-        run_seed (int): ``mujou.run(seed=...)``.
+        run_seed (int): ``mujou.run(seed=...)``, in ``[0, 2**64)``.
         path (str): the node's dotted path (``""`` for the root).
 
     Returns:
         int: a seed in ``[0, 2**63)``; different paths give unrelated seeds.
+
+    Raises:
+        TypeError: ``run_seed`` is not an int (a bool or None included).
+        ValueError: ``run_seed`` is outside ``[0, 2**64)`` (the check of
+            ``Node(seed=)``: a run seed is a seed like any other).
     """
+    if check_seed(run_seed, "derive_seed") is None:
+        raise TypeError("derive_seed: run_seed must be an int, got None")
     digest = hashlib.blake2b(
         f"{run_seed}\x00{path}".encode(), digest_size=8, person=b"mujou-seed"
     ).digest()

@@ -72,7 +72,7 @@ def test_cuda_without_index_is_fixed_at_construction() -> None:
 def test_settings_are_read_only() -> None:
     node = Plain()
 
-    for name in ("period", "generator", "device", "dedicated_thread", "path"):
+    for name in ("period", "seed", "generator", "device", "dedicated_thread", "path"):
         with pytest.raises(AttributeError):
             setattr(node, name, None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -351,6 +352,87 @@ def test_run_seed_derives_stable_per_node_seeds() -> None:
     assert derive_seed(11, "a") != derive_seed(11, "b") != derive_seed(12, "a")
 
 
+def test_node_seed_is_its_own_seed_or_the_one_the_run_gave_it() -> None:
+    a, b = Counter(), Counter(seed=5)
+    assert (a.seed, b.seed) == (None, 5)
+
+    run = mujou.run({"a": a, "b": b}, timer="simulated", duration=0.0, seed=11)
+    run.join()
+
+    assert (a.seed, b.seed) == (derive_seed(11, "a"), 5) == (run.seeds["a"], run.seeds["b"])
+    tree = run.state_dict()
+    again = mujou.run({"a": a, "b": b}, timer="simulated", duration=0.0)  # a fresh random one
+    again.join()
+    assert a.seed == again.seeds["a"] != derive_seed(11, "a") and b.seed == 5
+    restored, other = Counter(), Counter(seed=9)
+    mujou.run({"a": restored, "b": other}, timer="simulated", duration=0.0, state=tree).join()
+    assert (restored.seed, other.seed) == (derive_seed(11, "a"), 5)  # the tree's
+    with pytest.raises(AttributeError):
+        a.seed = 3  # type: ignore[misc]
+
+
+def test_run_seed_node_seed_and_derive_seed_share_one_check() -> None:
+    for bad, error in [(-1, ValueError), (2**64, ValueError), (1.0, TypeError),
+                       (True, TypeError), ("1", TypeError)]:
+        with pytest.raises(error, match="seed") as node_error:
+            Counter(seed=bad)
+        with pytest.raises(error, match="seed") as run_error:
+            mujou.run(Counter(), timer="simulated", duration=0.0, seed=bad)
+        with pytest.raises(error, match="seed") as derive_error:
+            derive_seed(bad, "a")
+        words = {str(e.value).split(": ", 1)[1] for e in (node_error, run_error, derive_error)}
+        assert len(words) == 1, words
+    top = 2**64 - 1
+    run = mujou.run({"a": Counter(seed=top), "b": Counter()}, timer="simulated",
+                    duration=0.0, seed=top)
+    run.join()
+    assert run.seeds == {"a": top, "b": derive_seed(top, "b")}
+
+
+class Drawer(mujou.Node):
+    """Draws from its generator in __init__ (or in on_start), records it."""
+
+    def __init__(self, *, seed: int | None = None, draw_in_init: bool = True) -> None:
+        super().__init__(period=0.01, seed=seed)
+        self.draw_in_init = draw_in_init
+        self.w = torch.rand(2, generator=self.generator) if draw_in_init else None
+
+    def on_start(self) -> None:
+        if self.w is None:
+            self.w = torch.rand(2, generator=self.generator)
+
+
+def test_drawing_in_init_without_a_seed_of_its_own_is_warned_about(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="mujou_actors")
+
+    mujou.run({"d": Drawer()}, timer="simulated", duration=0.0, seed=0).join()
+
+    warnings = [m for m in caplog.messages if "drew from self.generator" in m]
+    assert len(warnings) == 1 and warnings[0].startswith("node 'd' (Drawer) drew")
+    assert "give the node a seed of its own" in warnings[0] and "on_start" in warnings[0]
+
+
+def test_draws_with_a_seed_of_its_own_or_in_on_start_are_reproducible_and_not_warned(
+        caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="mujou_actors")
+    weights = []
+    for _ in range(2):
+        own, late, touched = Drawer(seed=3), Drawer(draw_in_init=False), Counter()
+        assert touched.generator is not None  # made, never drawn from: the run seeds it afresh
+        mujou.run({"own": own, "late": late, "touched": touched}, timer="simulated",
+                  duration=0.0, seed=0).join()
+        weights.append((own.w, late.w, torch.rand(1, generator=touched.generator)))
+    (own0, late0, touched0), (own1, late1, touched1) = weights
+
+    assert torch.equal(own0, own1) and torch.equal(late0, late1)
+    assert torch.equal(touched0, touched1)
+    again = Drawer(draw_in_init=False)
+    mujou.run({"d": again}, timer="simulated", duration=0.0).join()
+    torch.rand(1, generator=again.generator)  # drawn from after its first run
+    mujou.run({"d": again}, timer="simulated", duration=0.0, seed=0).join()
+    assert not [r for r in caplog.records if "drew from self.generator" in r.getMessage()]
+
+
 def test_without_any_seed_runs_differ() -> None:
     node = Counter()
 
@@ -387,19 +469,81 @@ def test_a_run_never_touches_the_global_generator() -> None:
         ({"duration": -1}, ValueError, "duration"),
         ({"duration": float("nan")}, ValueError, "duration"),
         ({"stop_timeout": 0}, ValueError, "stop_timeout"),
+        ({"stop_timeout": "1"}, TypeError, "stop_timeout"),
         ({"seed": "x"}, TypeError, "seed"),
+        ({"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*64\)"),
+        ({"seed": 2**64}, ValueError, r"seed must be in \[0, 2\*\*64\)"),
+        ({"seed": True}, TypeError, "seed"),
         ({"inputs": {"nope": 1}}, ValueError, "'nope'"),
         ({"inputs": {"sink.inp": 1, "src.out": 2}}, ValueError, "'src.out'"),
         ({"inputs": [1]}, TypeError, "mapping"),
+        ({"stats": 1}, TypeError, "stats must be True or False"),
+        ({"stats": None}, TypeError, "stats must be True or False"),
+        ({"supervisor": "one_for_one"}, TypeError, "supervisor"),
+        ({"cuda_sync": "fast"}, ValueError, "cuda_sync"),
+        ({"trace": 3}, TypeError, "trace"),
+        ({"trace": ""}, ValueError, "trace"),
+        ({"state": 42}, TypeError, "state must be"),
+        ({"state": {"format": 1}}, mujou.SnapshotError, "lacks"),
     ],
 )
-def test_bad_run_arguments_are_named(kwargs, error, text) -> None:
+def test_a_bad_run_argument_is_named_and_leaves_the_net_free_to_run(kwargs, error, text) -> None:
     net = Pipe()
 
     with pytest.raises(error, match=text):
         mujou.run(net, **kwargs)
 
-    assert net.src._mujou_run is None  # nothing was left claimed
+    assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
+    run = mujou.run(net, timer="simulated", duration=0.03)  # the same nodes, at once
+    run.join(timeout=10)
+    assert net.sink.received == [1, 2, 3]
+
+
+def test_a_failure_while_the_run_is_built_releases_the_nodes(monkeypatch) -> None:
+    run_module = sys.modules["mujou_actors.run"]  # mujou_actors.run is the function
+    net = Pipe()
+
+    def broken_wire(*args: object) -> None:
+        raise MemoryError("no memory for the sinks")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(run_module, "_wire", broken_wire)
+        with pytest.raises(MemoryError, match="no memory for the sinks"):
+            mujou.run(net, timer="simulated", duration=0.03)
+
+    assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
+    run = mujou.run(net, timer="simulated", duration=0.03)
+    run.join(timeout=10)
+    assert net.sink.received == [1, 2, 3]
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_that_cannot_start_releases_the_nodes_and_ends_the_started_ones(
+        monkeypatch) -> None:
+    from mujou_actors.dispatcher import Dispatcher
+
+    net = Pipe()
+    spawn = Dispatcher._spawn
+    spawned: list[str] = []
+
+    def spawn_one(self: Dispatcher, name: str, target: object, arg: object) -> None:
+        if spawned:
+            raise RuntimeError("can't start new thread")
+        spawned.append(name)
+        spawn(self, name, target, arg)
+
+    before = {t.name for t in threading.enumerate()}
+    with monkeypatch.context() as patch:
+        patch.setattr(Dispatcher, "_spawn", spawn_one)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            mujou.run(net, workers=2, timer="simulated", duration=0.03)
+
+    assert spawned == ["mujou-worker-0"]
+    assert {t.name for t in threading.enumerate()} - before == set()  # the one started ended
+    assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
+    run = mujou.run(net, timer="simulated", duration=0.03)
+    run.join(timeout=10)
+    assert net.sink.received == [1, 2, 3]
 
 
 def test_a_mistyped_input_value_is_a_port_type_error_before_anything_starts() -> None:

@@ -359,6 +359,29 @@ def test_a_tree_that_does_not_fit_the_net_is_refused_before_anything_starts() ->
     assert other["a"]._mujou_run is None
 
 
+def test_a_tree_of_a_renamed_net_is_refused_naming_only_real_paths() -> None:
+    run = mujou.run({"a": Counter(), "b": Counter()}, timer="simulated", duration=0.02)
+    run.join()
+    tree = run.state_dict()
+
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run({"a": Counter(), "c": Counter()}, timer="simulated", state=tree)
+
+    assert str(info.value) == ("state does not fit the net: no state for node(s) ['c']; "
+                               "state for node(s) not in the net ['b']")
+    damaged = {**tree, "schedule": {"a": 7}}
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run({"a": Counter(), "b": Counter()}, timer="simulated", state=damaged)
+    assert str(info.value) == ("state does not fit the net: no schedule for node(s) ['b']; "
+                               "schedule['a'] is a int, not a dict")
+    bad_seed = {**tree, "seeds": {"a": -1, "b": 2**64}}
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run({"a": Counter(), "b": Counter()}, timer="simulated", state=bad_seed)
+    assert str(info.value) == (
+        "state does not fit the net: seeds['a'] is -1, not a seed (an int in [0, 2**64)); "
+        f"seeds['b'] is {2**64}, not a seed (an int in [0, 2**64))")
+
+
 def test_a_failing_load_state_dict_is_a_node_error() -> None:
     class Picky(mujou.Node):
         def __init__(self) -> None:
