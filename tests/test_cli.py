@@ -164,6 +164,37 @@ def test_a_second_signal_while_stopping_keeps_the_clean_stop_and_its_files(
     assert any("final state written to" in line for line in stderr)
 
 
+@pytest.mark.timeout(90)
+def test_a_signal_while_the_net_starts_stops_it_cleanly_once_started(tmp_path) -> None:
+    snaps, stats, marker = tmp_path / "snaps", tmp_path / "stats.json", tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mujou_actors", "run", f"{NETS}:make_slow_start",
+         "--snapshot-dir", str(snaps), "--stats-json", str(stats)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "MUJOU_TEST_STOP_MARKER": str(marker)})
+    out: queue.Queue = queue.Queue()
+    err: queue.Queue = queue.Queue()
+    for stream, lines in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, lines), daemon=True).start()
+    stdout: list[str] = []
+    stderr: list[str] = []
+    try:
+        starting = _wait_for(out, "starting", stdout, 60)   # on_start waits for stdin
+        proc.send_signal(signal.SIGTERM)
+        noted = _wait_for(err, "stops as soon as the net has started", stderr, 20)
+        proc.stdin.write("go\n")                            # on_start may return now
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    _wait_for(err, "\0", stderr, 5)
+
+    assert (starting, noted, proc.returncode) == (True, True, 143), stderr
+    count = int(marker.read_text())                                   # on_stop ran
+    assert int(mujou.load(mujou.latest_snapshot(snaps))["nodes"][""]["count"]) == count
+    assert json.loads(stats.read_text())["nodes"][""]["updates"] == count
+
+
 @pytest.mark.parametrize("option, name, message", [
     ("--stats-json", "missing/stats.json",
      "error: FileNotFoundError: --stats-json {path!r} cannot be written: its folder "

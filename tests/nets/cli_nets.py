@@ -84,3 +84,16 @@ class SlowStop(Ticker):
 
 def make_slow_stop() -> mujou.Node:
     return SlowStop()
+
+
+class SlowStart(Ticker):
+    """Its ``on_start`` prints ``starting`` and waits for a line on stdin, so a test can
+    signal the command while the net starts."""
+
+    def on_start(self) -> None:
+        print("starting", flush=True)
+        sys.stdin.readline()  # returns at the test's line, or at EOF if the test is gone
+
+
+def make_slow_start() -> mujou.Node:
+    return SlowStart()
