@@ -59,7 +59,7 @@ from .state import FORMAT
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
 from .supervisor import RestartIntensity, SnapshotWriter, Supervisor
 from .timers import make_timer
-from .trace import Recorder, Tracer, as_tracer
+from .trace import Recorder, Tracer, as_tracer, check_writable
 
 __all__ = ["run", "Run"]
 
@@ -886,10 +886,11 @@ def run(
             is stopped first.
         SnapshotError: ``state`` is not a valid tree or file, or does not fit
             the net (names the missing and unexpected nodes and inputs).
-        OSError: the ``trace`` file could not be written: the path is a
-            folder, lies under a file, or its folder takes no new file
-            (``IsADirectoryError``, ``NotADirectoryError``, ``PermissionError``);
-            raised before any node is claimed.
+        OSError: the ``trace`` file, or files in the supervisor's
+            ``snapshot_dir``, could not be written: the path is a folder (a
+            file for ``snapshot_dir``), lies under a file, or its folder takes
+            no new file (``IsADirectoryError``, ``NotADirectoryError``,
+            ``PermissionError``); raised before any node is claimed.
     """
     t = make_timer(timer)
     check_workers(workers)
@@ -900,6 +901,10 @@ def run(
 
     if supervisor is not None and not isinstance(supervisor, Supervisor):
         raise TypeError(f"mujou.run: supervisor must be a Supervisor, got {supervisor!r}")
+    if supervisor is not None and supervisor.snapshot_dir is not None:
+        # The first file is written after every on_start: find a bad folder first.
+        check_writable(supervisor.snapshot_dir, "mujou.run: snapshot_dir", make_folders=True,
+                       folder=True)
     tree = load_state(state)
     check_cuda_sync(cuda_sync)
     tracer = as_tracer(trace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,3 +297,27 @@ def test_a_stale_temporary_file_is_removed_when_a_writer_starts(tmp_path) -> Non
               supervisor=mujou.Supervisor(snapshot_dir=tmp_path)).join()
 
     assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path))
+
+
+def test_a_snapshot_dir_that_takes_no_file_is_refused_before_any_on_start(
+        unwritable_folder) -> None:
+    class Started(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.starts = 0
+
+        def on_start(self) -> None:
+            self.starts += 1
+
+    node = Started()
+    folder = unwritable_folder / "snaps"
+
+    with pytest.raises(PermissionError, match=re.escape(
+            f"mujou.run: snapshot_dir {str(folder)!r} cannot be written: the folder "
+            f"{str(unwritable_folder)!r} does not take a new file")):
+        mujou.run(node, timer="simulated", duration=0.02,
+                  supervisor=mujou.Supervisor(snapshot_dir=folder))
+
+    assert node.starts == 0 and not folder.exists()
+    mujou.run(node, timer="simulated", duration=0.02).join()      # the node was not claimed
+    assert node.starts == 1
