@@ -473,16 +473,18 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
 
 def _write_json(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically: a file there is always complete."""
-    import tempfile
+    import secrets
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    folder, name = os.path.split(os.path.abspath(path))
+    # open(..., "x") rather than mkstemp: the file gets the umask's mode, not 0600.
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "x") as f:
             json.dump(data, f, indent=2)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 
