@@ -15,6 +15,7 @@ from .errors import (
     NotRunningError,
     PortTypeError,
     SnapshotError,
+    StartTimeoutError,
     StopTimeoutError,
 )
 from .node import Node
@@ -40,6 +41,7 @@ __all__ = [
     "RunStats",
     "SnapshotError",
     "SnapshotStats",
+    "StartTimeoutError",
     "StopTimeoutError",
     "Supervisor",
     "Tracer",

@@ -36,7 +36,7 @@ import click
 
 import mujou_actors as mujou
 
-from .errors import MujouError, SnapshotError
+from .errors import MujouError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
 from .trace import check_writable
@@ -161,7 +161,7 @@ def _import_file(path: str) -> Any:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise UsageError(f"{path}: importing it raised {type(exc).__name__}: {exc}") from exc
+        raise UsageError(f"{path}: importing it raised {describe(exc)}") from exc
     return module
 
 
@@ -179,7 +179,7 @@ def _as_net(value: Any, where: str) -> Any:
         try:
             made = value()
         except Exception as exc:
-            raise UsageError(f"{where}() raised {type(exc).__name__}: {exc}") from exc
+            raise UsageError(f"{where}() raised {describe(exc)}") from exc
         if _is_net(made):
             return made
         raise UsageError(f"{where}() returned a {type(made).__name__}, not a net of nodes")
@@ -578,7 +578,7 @@ class _errors:
             code = EXIT_USAGE  # a file given on the command line that is not a fit snapshot
         if isinstance(exc, (TimeoutError, RuntimeError)) and not isinstance(exc, MujouError):
             code = EXIT_FAILURE
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"error: {describe(exc)}", err=True)  # a user's exception, maybe
         sys.exit(code)
 
 

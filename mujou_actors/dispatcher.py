@@ -251,6 +251,10 @@ class Dispatcher:
         on_failure: called (without the lock) with ``(actor, hook, exc)`` when
             a hook raises.
         on_end: called (without the lock) once the run's ``duration`` is over.
+        on_hold: called (with the lock) when a scheduled cut is reached.
+        on_crash: called (without the lock) with the exception, should one
+            ever escape a thread's loop (a defect of the framework, not a
+            hook's failure): the run must end and report it, never lose it.
     """
 
     def __init__(
@@ -261,6 +265,7 @@ class Dispatcher:
         on_failure: Callable[[Actor, str, BaseException], None],
         on_end: Callable[[], None],
         on_hold: Callable[[], None] = lambda: None,
+        on_crash: Callable[[BaseException], None] = lambda exc: None,
     ) -> None:
         self.actors = actors
         self.timer = timer
@@ -269,6 +274,7 @@ class Dispatcher:
         self._on_failure = on_failure
         self._on_end = on_end
         self._on_hold = on_hold
+        self._on_crash = on_crash
         # Holding: a consistent cut. With simulated time it falls between two
         # instants (all work at t done, none after t started), so a snapshot
         # taken there resumes exactly; hold_at_ns asks for a cut at that time.
@@ -296,13 +302,22 @@ class Dispatcher:
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
-        self._pending_control = 0
+        self._pending_control = 0  # control envelopes queued or in flight, all phases
+        # Per control phase (id of its envelope, see run_control): envelopes
+        # neither handled nor withdrawn yet. A phase waits for its own only,
+        # not for a hook stuck in an earlier phase's.
+        self._phase_left: dict[int, int] = {}
         self._frontier: tuple[int, int] = CONTROL_KEY
         self.end_ns: int | None = None
         self.end_grace_ns = 10_000_000_000  # the run's stop_timeout
         self._ended = False
         self._host_seq = 0
         self._threads: list[threading.Thread] = []
+        # Helpers of a control phase (see run_control): started on demand,
+        # gone once no control envelope is pending. Not in _threads: they
+        # are no worker and get no track of their own in the thread list.
+        self._helpers: list[threading.Thread] = []
+        self._free_helpers = 0  # helpers started or waiting, not in a hook
         self._busy_ns: dict[str, int] = {}
         self._started_ns = time.perf_counter_ns()
         self.trace: Any = None  # the run's trace.Recorder; set before the sinks are made
@@ -316,14 +331,27 @@ class Dispatcher:
             self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
 
     def _spawn(self, name: str, target: Callable[..., None], arg: Any) -> None:
-        args = () if arg is None else (arg,)
+        args = (target,) if arg is None else (target, arg)
         if not self.simulated:
-            args = (target, *args)
-            target = _on_time
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+            args = (_on_time, *args)
+        thread = threading.Thread(target=self._guarded, args=args, name=name, daemon=True)
         self._threads.append(thread)
         self._busy_ns[name] = 0
         thread.start()
+
+    def _guarded(self, loop: Callable[..., None], *args: Any) -> None:
+        """Run a thread's loop; what escapes it ends the run as a failure, never silently.
+
+        Hooks' exceptions are caught where the hooks run (`_fail`); this is
+        the last line for a defect of the dispatcher itself, which would
+        otherwise leave the run without the thread and ``join()`` waiting.
+        """
+        try:
+            loop(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the run
+            log.critical("thread %s of the run died", threading.current_thread().name,
+                         exc_info=exc)
+            self._on_crash(exc)
 
     def thread_names(self) -> list[str]:
         """Names of the worker and dedicated threads, in the order they started."""
@@ -331,13 +359,17 @@ class Dispatcher:
 
     def is_own_thread(self) -> bool:
         """True on a worker or dedicated thread of this dispatcher."""
-        return threading.current_thread() in self._threads
+        me = threading.current_thread()
+        return me in self._threads or me in self._helpers
 
     def join_threads(self, timeout: float, skip: Iterable[str] = ()) -> None:
-        """Wait (up to ``timeout`` s in all) for the threads to exit, except ``skip``."""
+        """Wait (up to ``timeout`` s in all) for the threads to exit, except ``skip``.
+
+        Helpers of the control phases are joined too.
+        """
         deadline = time.monotonic() + timeout
         skip = set(skip)
-        for thread in self._threads:
+        for thread in self._threads + self._helpers:
             if thread.name not in skip and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
@@ -489,14 +521,31 @@ class Dispatcher:
                     help: bool = False) -> list[Actor]:
         """Post ``envelope`` to each actor and wait until all have handled it.
 
+        Pool actors' envelopes are taken in the order of ``actors`` (the
+        net's order), so with one worker and no helpers they run one after
+        the other in that order. The calling thread only waits: it never runs
+        a hook itself, so that the deadline holds whatever a hook does.
+
         Args:
-            help: the calling thread also runs pool actors' envelopes itself,
-                alongside the workers, so that a phase finishes even when every
-                worker is stuck in a hook (the stop phase). Dedicated actors
+            actors (list[Actor]): the actors, in the order their envelopes start.
+            envelope: a control envelope (`Start`, `Stop`, `Restore`, ...), one
+                object posted to every actor.
+            timeout (float): wall seconds to wait in all.
+            help (bool): helper threads run pool actors' envelopes alongside
+                the workers, so that a phase finishes even when every worker
+                is stuck in a hook (the stop phase). A helper is started
+                whenever an envelope waits and no helper is free, so a helper
+                stuck in a hook holds up only its own node. Dedicated actors
                 always run theirs on their own thread.
 
         Returns:
-            The actors whose envelope had not been handled after ``timeout`` s.
+            list[Actor]: those that had not handled the envelope after
+            ``timeout``, in the order of ``actors``: still inside its hook
+            (``busy``), or never started on it. The envelope of the latter is
+            withdrawn, so it does not run later behind the caller's back.
+
+        Raises:
+            RuntimeError: timed work is not held (a defect of the caller).
         """
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -506,21 +555,81 @@ class Dispatcher:
                 self._mode = CONTROL
             for actor in actors:
                 actor.mailbox.control.append(envelope)
-                self._pending_control += 1
+            self._pending_control += len(actors)
+            phase = id(envelope)  # unique while this call holds the envelope
+            self._phase_left[phase] = len(actors)
+            # Taken from the end of the control key's bucket (see _top): queued
+            # in reverse, the envelopes start in the order of ``actors``.
+            for actor in reversed(actors):
                 if not actor.busy:
                     self._schedule(actor)
             self._cond.notify_all()
-            while self._pending_control:
-                item = self._pop_control() if help else None
-                if item is not None:
-                    self._run_locked(item, threading.current_thread().name)
-                    continue
+            while self._phase_left[phase]:
+                if help and not self._free_helpers and self._control_waits():
+                    self._start_helper()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                # Polled too: an envelope queued behind a stuck helper wakes no one.
                 self._wait(min(left, 0.05))
-            return [a for a in actors
+            left = self._phase_left.pop(phase)
+            if not left:
+                return []
+            late = [a for a in actors
                     if a.busy or any(e is envelope for e in a.mailbox.control)]
+            self._withdraw(late, envelope)
+            return late
+
+    def _withdraw(self, actors: list[Actor], envelope: Any) -> None:
+        """Take back ``envelope`` from the actors that have not started it (lock held)."""
+        withdrawn = False
+        for actor in actors:
+            control = actor.mailbox.control
+            left = [e for e in control if e is not envelope]
+            if len(left) == len(control):
+                continue
+            self._pending_control -= len(control) - len(left)
+            control[:] = left
+            withdrawn = True
+            if not actor.busy:
+                actor.queued_key = None  # its control-key entry is stale now
+                self._schedule(actor)
+        if withdrawn:
+            self._cond.notify_all()  # helpers waiting for the phase to end
+
+    def _control_waits(self) -> bool:
+        """Whether a control envelope is queued and no thread has taken it (lock held)."""
+        actor = self._top()
+        return actor is not None and actor.queued_key[0] == CONTROL_T  # type: ignore[index]
+
+    def _start_helper(self) -> None:
+        """Start a helper thread for the control phase (lock held; see `run_control`)."""
+        thread = threading.Thread(target=self._guarded, args=(self._helper_loop,),
+                                  name=f"mujou-helper-{len(self._helpers)}", daemon=True)
+        self._free_helpers += 1  # free until it takes an envelope: one start per wait
+        self._helpers.append(thread)
+        thread.start()
+
+    def _helper_loop(self) -> None:
+        """Run queued control envelopes until none waits (see `run_control`).
+
+        It exits rather than wait for more: an envelope queued later (an
+        actor's next one) is taken by a worker or by a helper started then.
+        """
+        name = threading.current_thread().name
+        with self._cond:
+            try:
+                while self._mode != SHUTDOWN:
+                    actor = self._pop_control()
+                    if actor is None:
+                        break
+                    self._free_helpers -= 1
+                    try:
+                        self._run_locked(actor, name)
+                    finally:
+                        self._free_helpers += 1
+            finally:
+                self._free_helpers -= 1
 
     def _pop_control(self) -> Actor | None:
         actor = self._top()
@@ -1065,6 +1174,9 @@ class Dispatcher:
             if name in self._busy_ns:  # a host thread helping in a control phase is no worker
                 self._busy_ns[name] += took
             self._pending_control -= 1
+            left = self._phase_left.get(id(control))
+            if left is not None:
+                self._phase_left[id(control)] = left - 1
             if actor.deferred:
                 self._flush_triggers(actor)
             self._inflight -= 1
@@ -1166,9 +1278,18 @@ class Dispatcher:
         return [Delivery(*unstamp(d[0]), inputs[d[1]], d[2]) for d in queued]
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        """Report that ``actor``'s ``hook`` raised ``exc`` (whatever it is: any BaseException).
+
+        The run's ``on_failure`` is reached even if tracing the failure
+        raises, and the thread running the hook goes on either way.
+        """
         actor.failed = True
         if self.trace is not None:
-            self.trace.failure(actor, hook, exc)
+            try:
+                self.trace.failure(actor, hook, exc)
+            except BaseException as err:  # noqa: BLE001 - the failure itself must get through
+                log.error("could not trace the failure of node %r in %s", actor.path, hook,
+                          exc_info=err)
         self._on_failure(actor, hook, exc)
 
     # -- messages ----------------------------------------------------------------------

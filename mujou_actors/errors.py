@@ -2,7 +2,8 @@
 
 The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
-(``NodeError``), bad data (``SnapshotError``) and time (``StopTimeoutError``).
+(``NodeError``), bad data (``SnapshotError``) and time (``StartTimeoutError``,
+``StopTimeoutError``). `describe` formats any exception for a message.
 """
 
 from __future__ import annotations
@@ -12,11 +13,47 @@ __all__ = [
     "PortTypeError",
     "NodeError",
     "SnapshotError",
+    "StartTimeoutError",
     "StopTimeoutError",
     "NotRunningError",
     "NetError",
     "CallbackError",
+    "describe",
 ]
+
+
+def describe(exc: BaseException) -> str:
+    """``"TypeName: message"`` for an exception, whatever the exception object does.
+
+    A user's exception is formatted for a node's failure, a log line or a
+    trace. Its ``__str__`` (or ``__repr__``) may itself raise, or return
+    something other than a ``str``: the text then falls back to ``repr``, and
+    to a placeholder naming what failed, so that reporting a failure never
+    raises and the failure is never lost.
+
+    Args:
+        exc (BaseException): the exception to describe.
+
+    Returns:
+        str: the type's name and the exception's text (``"ValueError: bad"``;
+        just the type's name when the text is empty).
+    """
+    try:
+        name = type(exc).__name__
+        if not isinstance(name, str):
+            name = "<exception>"
+    except BaseException:  # noqa: BLE001 - a metaclass may make even this raise
+        name = "<exception>"
+    try:
+        text = str(exc)
+    except BaseException as str_error:  # noqa: BLE001 - user code: report, never raise
+        try:
+            text = f"{repr(exc)} (its str() raised {type(str_error).__name__})"
+        except BaseException:  # noqa: BLE001
+            text = "<its str() and repr() raised>"
+    if type(text) is not str:  # a str subclass: a plain copy, its own methods never run
+        text = str.__str__(text) if isinstance(text, str) else "<unprintable>"
+    return f"{name}: {text}" if text else name
 
 
 class MujouError(Exception):
@@ -74,6 +111,33 @@ class NodeError(MujouError):
 
 class SnapshotError(MujouError):
     """A snapshot file or state tree is truncated, corrupted, foreign or too new."""
+
+
+class StartTimeoutError(MujouError, TimeoutError):
+    """Nodes had not finished ``on_start`` (or the restore) when ``start_timeout`` ran out.
+
+    Raised by `mujou_actors.run`. The run was stopped first: the nodes whose
+    ``on_start`` had returned got their ``on_stop``, and the net was released,
+    so its nodes may be run again. A node still inside its hook is left
+    behind on its thread (a daemon thread), as at a stop that times out.
+
+    Attributes:
+        stuck (dict[str, str]): node path -> name of the hook it is stuck in
+            (``"on_start"``, or ``"load_state_dict"`` for a restore).
+        not_started (list[str]): paths of the nodes whose hook never began
+            (queued behind a stuck one), in the net's order.
+    """
+
+    def __init__(self, stuck: dict[str, str], not_started: list[str], timeout: float) -> None:
+        parts = []
+        if stuck:
+            names = ", ".join(f"{p or '<root>'!r} in {h}" for p, h in stuck.items())
+            parts.append(f"still running: {names}")
+        if not_started:
+            parts.append("never started: " + ", ".join(repr(p or "<root>") for p in not_started))
+        super().__init__(f"start timed out after {timeout} s: {'; '.join(parts)}")
+        self.stuck = stuck
+        self.not_started = not_started
 
 
 class StopTimeoutError(MujouError, TimeoutError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import queue
 import threading
@@ -38,7 +37,9 @@ from .errors import (
     NetError,
     NodeError,
     NotRunningError,
+    StartTimeoutError,
     StopTimeoutError,
+    describe,
 )
 from .mailbox import Restore, Snapshot, Start, Stop
 from .net import (
@@ -386,8 +387,7 @@ class Run:
             try:
                 callback(self._host_copy(message))
             except Exception as exc:
-                err = CallbackError(f"subscriber of {port.path!r} raised "
-                                    f"{type(exc).__name__}: {exc}")
+                err = CallbackError(f"subscriber of {port.path!r} raised {describe(exc)}")
                 err.__cause__ = exc
                 log.error("%s", err, exc_info=exc)
                 with self._lock:
@@ -410,8 +410,8 @@ class Run:
 
     def _on_failure(self, actor: Actor, hook: str, exc: BaseException) -> None:
         path = actor.path or "<root>"
-        err = NodeError(actor.path, hook,
-                        f"node {path!r} raised in {hook}: {type(exc).__name__}: {exc}")
+        # describe(): the exception's own __str__ may raise; this must not.
+        err = NodeError(actor.path, hook, f"node {path!r} raised in {hook}: {describe(exc)}")
         err.__cause__ = exc
         strategy = self._supervisor.restart
         if strategy == "none" or self._end_requested.is_set() or not self._timer_started:
@@ -460,7 +460,8 @@ class Run:
             d.discard_messages()
             for actor in self._actors:
                 actor.restarts += 1
-            self._restore_tree(tree, rewind=True)
+            self._restore_tree(tree, time.monotonic() + self._stop_timeout,
+                               self._stop_timeout, rewind=True)
             at = tree["time_ns"] if d.simulated else self._timer.now_ns()
             if not d.simulated:
                 for actor in self._actors:
@@ -550,17 +551,33 @@ class Run:
             "schedule": {a.path: {"last_update_ns": a.last_update_ns} for a in self._actors},
         }
 
-    def _restore_tree(self, tree: dict[str, Any], rewind: bool = False) -> None:
-        """Load a checked tree into the held net (Restore envelopes, then messages)."""
+    def _restore_tree(self, tree: dict[str, Any], deadline: float, limit: float,
+                      rewind: bool = False) -> None:
+        """Load a checked tree into the held net (Restore envelopes, then messages).
+
+        Args:
+            deadline: ``time.monotonic()`` by which every ``load_state_dict``
+                must have returned.
+            limit: the timeout that deadline stands for (seconds), for the error.
+
+        Raises:
+            StartTimeoutError: the deadline passed (names the stuck node and
+                those not restored).
+        """
         d = self._dispatcher
         by_node: dict[str, dict[Any, list[Any]]] = {a.path: {} for a in self._actors}
         for path, messages in tree["inputs"].items():
             port = self._ports[path]
             by_node[port.node._mujou_path][port] = [copy_message(m) for m in messages]
-        for actor in self._actors:
+        for i, actor in enumerate(self._actors):
             last = tree["schedule"].get(actor.path, {}).get("last_update_ns")
             envelope = Restore(tree["nodes"][actor.path], by_node[actor.path], last)
-            d.run_control([actor], envelope, math.inf, help=True)
+            left = max(0.0, deadline - time.monotonic())
+            if d.run_control([actor], envelope, left, help=True):
+                # Restore runs load_state_dict outside actor.call: no hook name is set.
+                stuck = {actor.path: actor.hook or Restore.hook} if actor.busy else {}
+                rest = [a.path for a in self._actors[i + (1 if stuck else 0):]]
+                raise StartTimeoutError(stuck, rest, limit)
         for path, messages in tree["pending"].items():
             port = self._ports[path]
             for message in messages:
@@ -649,22 +666,32 @@ class Run:
         return ("wake",)
 
     def _finish(self) -> None:
-        """Stop timed work, run every started node's on_stop, release the net."""
+        """Stop timed work, run every started node's on_stop, release the net.
+
+        Two waits of at most ``stop_timeout`` each, as docs/run.md promises:
+        one for the hooks in flight (the end of a simulated instant
+        included), one for the ``on_stop`` hooks and the threads' exit.
+        """
         d = self._dispatcher
+        timeout = self._stop_timeout
+        deadline = time.monotonic() + timeout  # hooks in flight: one wait in all
         d.request_stop(boundary=True)
-        if not d.wait_stopping(self._stop_timeout):
+        if not d.wait_stopping(timeout):
             d.request_stop()  # the instant does not finish: a hook is stuck
-        stuck = {a.path: a.hook or "?" for a in d.wait_idle(self._stop_timeout)}
+        left = max(0.0, deadline - time.monotonic())
+        stuck = {a.path: a.hook or "?" for a in d.wait_idle(left)}
         self._end_ns = self._timer.now_ns()
         to_stop = [a for a in self._actors if a.started and a.path not in stuck]
-        for actor in d.run_control(to_stop, Stop(), self._stop_timeout, help=True):
+        deadline = time.monotonic() + timeout  # the on_stop hooks, then the threads' exit
+        for actor in d.run_control(to_stop, Stop(), timeout, help=True):
             stuck.setdefault(actor.path, actor.hook or "on_stop")
         if stuck:
-            self._stuck = StopTimeoutError(stuck, self._stop_timeout)
+            self._stuck = StopTimeoutError(stuck, timeout)
             log.error("%s", self._stuck)
         d.shutdown()
+        # Threads not stuck are out of their hooks and exit at once.
         stuck_threads = {a.thread_name for a in self._actors if a.path in stuck}
-        d.join_threads(timeout=self._stop_timeout, skip=stuck_threads)
+        d.join_threads(timeout=max(0.0, deadline - time.monotonic()), skip=stuck_threads)
         self._write_trace()
         self._release()
         if self._writer is not None:
@@ -815,6 +842,7 @@ def run(
     cuda_sync: str = "block",
     stats: bool = True,
     stop_timeout: float = 10.0,
+    start_timeout: float = 60.0,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -867,9 +895,14 @@ def run(
             worker busy share). False saves their cost on the hot path for
             benchmarks; update, overrun, drop and restart counts remain.
             Default: True.
-        stop_timeout (float): seconds ``stop()`` waits for a hook in flight
-            (and for the ``on_stop`` hooks) before it reports the stuck
-            nodes. Default: 10.
+        stop_timeout (float): wall seconds ``stop()`` waits for the hooks in
+            flight, and then again for the ``on_stop`` hooks, before it reports
+            the stuck nodes: it returns within twice this. Default: 10.
+        start_timeout (float): wall seconds that the start phase (every
+            ``on_start``, then the restore of ``state``) may take in all.
+            ``on_start`` hooks begin in the net's order (parents first): one
+            after the other on a single worker, so an ``on_start`` must never
+            wait for a later node's. Default: 60.
 
     Returns:
         Run: the started run.
@@ -884,6 +917,10 @@ def run(
             releases them: the same nodes may be run again at once.
         NodeError: an ``on_start`` (or a ``load_state_dict``) raised; the run
             is stopped first.
+        StartTimeoutError: ``start_timeout`` ran out (names the nodes stuck in
+            ``on_start`` or ``load_state_dict``, and those never started); the
+            run is stopped first (``on_stop`` of the started nodes, within
+            ``stop_timeout``) and the nodes are released.
         SnapshotError: ``state`` is not a valid tree or file, or does not fit
             the net (names the missing and unexpected nodes and inputs).
         OSError: the ``trace`` file, or files in the supervisor's
@@ -896,6 +933,7 @@ def run(
     check_workers(workers)
     end_s = None if duration is None else check_seconds("duration", duration, allow_zero=True)
     timeout = check_seconds("stop_timeout", stop_timeout, allow_zero=False)
+    start_limit = check_seconds("start_timeout", start_timeout, allow_zero=False)
     check_seed(seed, "mujou.run")
     check_flag("stats", stats)
 
@@ -953,7 +991,8 @@ def run(
         dispatcher = Dispatcher(actors, t, n_workers,
                                 on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
                                 on_end=lambda: holder[0]._request_end(),
-                                on_hold=lambda: holder[0]._events.put(("cut",)))
+                                on_hold=lambda: holder[0]._events.put(("cut",)),
+                                on_crash=lambda e: holder[0]._record_failure(e))
         result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
                      stop_timeout=timeout, supervisor=supervisor)
         holder.append(result)
@@ -975,14 +1014,20 @@ def run(
         if result is not None:
             _unended.discard(result)  # never started: there is nothing to stop at exit
         raise
-    for actor in dispatcher.run_control(actors, Start(), math.inf):
-        log.error("node %r did not finish on_start", actor.path)
+    # One bound for the whole start phase: the on_start hooks, then the restore.
+    start_deadline = time.monotonic() + start_limit
+    late = dispatcher.run_control(actors, Start(), start_limit)
     try:
-        if tree is not None and not result._failures:
+        if result._failures:  # an on_start raised: that is the cause, not what waited
+            result._raise_outcome()
+        if late:
+            raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
+                                    [a.path for a in late if not a.busy], start_limit)
+        if tree is not None:
             # The tree holds every message the net had at the cut; what on_start
             # sent now was already delivered once, before the cut.
             dispatcher.discard_messages()
-            result._restore_tree(tree)
+            result._restore_tree(tree, start_deadline, start_limit)
         if result._failures:
             result._raise_outcome()
         for port, value in initial:

@@ -37,6 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from .errors import describe
 from .mailbox import unstamp
 
 __all__ = ["Tracer", "Recorder", "as_tracer", "check_writable", "format_events",
@@ -349,8 +350,8 @@ class Recorder:
     def failure(self, actor: Any, hook: str, exc: BaseException) -> None:
         """A hook of ``actor`` raised ``exc`` (rare: kept as a tuple)."""
         thread = self._code(self.threads, actor.thread_name or "?")
-        self._append((FAIL, time.perf_counter_ns(), thread, actor.order, hook,
-                      type(exc).__name__, str(exc)))
+        name, _, text = describe(exc).partition(": ")  # never raises, whatever exc does
+        self._append((FAIL, time.perf_counter_ns(), thread, actor.order, hook, name, text))
 
     def names(self, table: dict[str, int]) -> list[str]:
         """The names of ``threads`` or ``hooks``, by number."""

@@ -470,6 +470,9 @@ def test_a_run_never_touches_the_global_generator() -> None:
         ({"duration": float("nan")}, ValueError, "duration"),
         ({"stop_timeout": 0}, ValueError, "stop_timeout"),
         ({"stop_timeout": "1"}, TypeError, "stop_timeout"),
+        ({"start_timeout": 0}, ValueError, "start_timeout"),
+        ({"start_timeout": float("inf")}, ValueError, "start_timeout"),
+        ({"start_timeout": "1"}, TypeError, "start_timeout"),
         ({"seed": "x"}, TypeError, "seed"),
         ({"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*64\)"),
         ({"seed": 2**64}, ValueError, r"seed must be in \[0, 2\*\*64\)"),
@@ -847,3 +850,356 @@ def test_on_update_is_the_one_found_as_the_run_starts_with_or_without_a_trace(
     mujou.run(node, timer="simulated", duration=0.03, trace=trace).join()
 
     assert node.calls == ["method"] * 3
+
+
+# ---------------------------------------------------------------------------
+# Bounded start and stop, and failures never lost (issue 12, items 4, 6, 7, 8)
+
+
+class _Starts(mujou.Node):
+    """Appends its path to ``log`` in on_start, after waiting for ``wait`` if given."""
+
+    def __init__(self, log: list[str], wait: threading.Event | None = None,
+                 sets: threading.Event | None = None) -> None:
+        super().__init__(period=None)
+        self.log, self.wait, self.sets = log, wait, sets
+        self.stopped = 0
+        self.done = threading.Event()  # set as on_start returns
+
+    def on_start(self) -> None:
+        if self.wait is not None:
+            assert self.wait.wait(5), "the on_start it waits for never ran"
+        if self.sets is not None:
+            self.sets.set()
+        self.log.append(self._mujou_path)
+        self.done.set()
+
+    def on_stop(self) -> None:
+        self.stopped += 1
+
+
+@pytest.mark.timeout(20)
+def test_on_start_hooks_begin_in_the_nets_order_on_one_worker() -> None:
+    log: list[str] = []
+    a_started = threading.Event()
+    # b waits for a, which comes first in the net: one worker must run a first.
+    net = {"a": _Starts(log, sets=a_started), "b": _Starts(log, wait=a_started)}
+    net["a"].child = _Starts(log)
+    net["z"] = _Starts(log)
+
+    mujou.run(net, workers=1, timer="simulated", duration=0.0).join()
+
+    assert log == ["a", "a.child", "b", "z"]
+
+
+@pytest.mark.timeout(20)
+def test_an_on_start_stuck_past_start_timeout_names_it_stops_the_run_and_frees_the_net(
+        caplog) -> None:
+    log: list[str] = []
+    release = threading.Event()
+    # b waits for a later node's on_start: with one worker it never comes.
+    net = {"c": _Starts(log), "b": _Starts(log, wait=release), "a": _Starts(log)}
+
+    t0 = time.monotonic()
+    with pytest.raises(mujou.StartTimeoutError, match="'b' in on_start") as info:
+        mujou.run(net, workers=1, timer="simulated", start_timeout=0.3, stop_timeout=0.2)
+    took = time.monotonic() - t0
+    release.set()
+
+    assert info.value.stuck == {"b": "on_start"}
+    assert info.value.not_started == ["a"]
+    assert isinstance(info.value, TimeoutError)
+    assert log == ["c"]
+    assert [n.stopped for n in net.values()] == [1, 0, 0]  # on_stop of the started one only
+    assert 0.3 <= took < 0.3 + 2 * 0.2 + 2.0  # start_timeout, then the stop's bound
+    assert "'b' in on_start" in caplog.text
+
+    # The net was released: the same nodes run again, and start completely.
+    assert net["b"].done.wait(5)  # the stuck on_start, left behind, has returned
+    log.clear()
+    mujou.run(net, workers=2, timer="simulated", duration=0.0).join()
+    assert sorted(log) == ["a", "b", "c"]
+
+
+class _SlowRestore(mujou.Node):
+    """load_state_dict waits for ``release``."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.release = release
+
+    def state_dict(self) -> dict:
+        return {"x": 1}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.release.wait(30)
+
+
+@pytest.mark.timeout(20)
+def test_a_restore_stuck_in_load_state_dict_is_bounded_by_start_timeout() -> None:
+    release = threading.Event()
+    net = {"a": _SlowRestore(release), "b": _SlowRestore(release)}
+    first = mujou.run(net, timer="simulated", duration=0.02)
+    first.join()
+    tree = first.state_dict()
+
+    with pytest.raises(mujou.StartTimeoutError) as info:
+        mujou.run(net, timer="simulated", state=tree, start_timeout=0.3, stop_timeout=0.2)
+    release.set()
+
+    assert info.value.stuck == {"a": "load_state_dict"}
+    assert info.value.not_started == ["b"]
+    assert net["a"]._mujou_run is None and net["b"]._mujou_run is None
+
+
+class _StuckUpdate(mujou.Node):
+    """Blocks in its second update until ``release``; sets ``entered`` as it blocks."""
+
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.entered, self.release, self.n = entered, release, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 2:
+            self.entered.set()
+            self.release.wait(30)
+
+
+@pytest.mark.timeout(20)
+def test_stop_behind_a_stuck_simulated_hook_waits_stop_timeout_once() -> None:
+    entered, release = threading.Event(), threading.Event()
+    other = Lifecycle()
+    run = mujou.run({"s": _StuckUpdate(entered, release), "o": other}, workers=1,
+                    timer="simulated", stop_timeout=1.0)
+    assert entered.wait(5)
+
+    t0 = time.monotonic()
+    run.stop()
+    took = time.monotonic() - t0
+    release.set()
+
+    with pytest.raises(mujou.StopTimeoutError, match=r"after 1\.0 s: .*'s' in on_update") as info:
+        run.join()
+    assert info.value.stuck == {"s": "on_update"}
+    assert other.calls[-1] == "on_stop"
+    # One stop_timeout for the hooks in flight (the instant's end included),
+    # not one for the instant and another for the idle wait.
+    assert 1.0 <= took < 1.8
+
+
+class _BlockingStop(mujou.Node):
+    """on_stop blocks until ``release``."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.release = release
+
+    def on_stop(self) -> None:
+        self.release.wait(30)
+
+
+@pytest.mark.timeout(20)
+def test_stop_returns_after_stop_timeout_when_on_stop_blocks_on_a_worker(workers) -> None:
+    release = threading.Event()
+    other = Lifecycle()
+    run = mujou.run({"s": _BlockingStop(release), "o": other}, workers=workers,
+                    timer="simulated", stop_timeout=0.3)
+    try:
+        t0 = time.monotonic()
+        run.stop()
+        took = time.monotonic() - t0
+        with pytest.raises(mujou.StopTimeoutError, match="'s' in on_stop") as info:
+            run.join(timeout=5)
+    finally:
+        release.set()
+
+    assert info.value.stuck == {"s": "on_stop"}
+    assert other.calls[-1] == "on_stop" and other.calls.count("on_stop") == 1
+    assert 0.3 <= took < 0.3 + 2.0
+
+
+@pytest.mark.timeout(20)
+def test_a_stuck_update_and_a_stuck_on_stop_take_at_most_twice_stop_timeout() -> None:
+    entered, release = threading.Event(), threading.Event()
+    nodes = {"s": _StuckUpdate(entered, release), "t": _BlockingStop(release)}
+    run = mujou.run(nodes, workers=1, timer="simulated", stop_timeout=0.5)
+    assert entered.wait(5)
+    try:
+        t0 = time.monotonic()
+        run.stop()
+        took = time.monotonic() - t0
+        with pytest.raises(mujou.StopTimeoutError) as info:
+            run.join(timeout=5)
+    finally:
+        release.set()
+
+    assert info.value.stuck == {"s": "on_update", "t": "on_stop"}
+    assert 2 * 0.5 <= took < 2 * 0.5 + 1.5  # the two waits docs/run.md describes
+
+
+EXIT_WITH_A_BLOCKED_ON_STOP = r"""
+import threading, mujou_actors as mujou
+
+class Blocks(mujou.Node):
+    def on_stop(self):
+        threading.Event().wait()  # forever: exit must not wait for it
+
+run = mujou.run({"a": Blocks(), "b": mujou.Node()}, workers=1, stop_timeout=0.2)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_interpreter_exit_is_not_held_by_an_on_stop_blocked_on_a_worker() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", EXIT_WITH_A_BLOCKED_ON_STOP],
+                            capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    assert "'a' in on_stop" in result.stderr  # logged as stuck
+
+
+class _BadStr(Exception):
+    def __str__(self) -> str:
+        raise ValueError("str of the exception")
+
+
+class _BadStrAndRepr(Exception):
+    def __str__(self) -> str:
+        raise ValueError("str of the exception")
+
+    def __repr__(self) -> str:
+        raise ValueError("repr of the exception")
+
+
+class _Base(BaseException):
+    pass
+
+
+_RAISED = {
+    "str raises": _BadStr,
+    "str and repr raise": _BadStrAndRepr,
+    "BaseException": lambda: _Base("base"),
+    "SystemExit": lambda: SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt,
+}
+
+
+class _Raises(mujou.Node):
+    """Raises ``make()`` in ``hook``."""
+
+    def __init__(self, hook: str, make) -> None:
+        super().__init__(period=0.01)
+        self.hook, self.make = hook, make
+
+    def _maybe(self, hook: str) -> None:
+        if hook == self.hook:
+            raise self.make()
+
+    def on_start(self) -> None:
+        self._maybe("on_start")
+
+    def on_update(self, dt: float) -> None:
+        self._maybe("on_update")
+
+    def on_stop(self) -> None:
+        self._maybe("on_stop")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._maybe("load_state_dict")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", list(_RAISED))
+@pytest.mark.parametrize("workers_", [1, 2], ids=lambda n: f"workers={n}")
+def test_a_failing_update_is_reported_whatever_the_exception_object_does(
+        kind, workers_, caplog) -> None:
+    node = _Raises("on_update", _RAISED[kind])
+    run = mujou.run({"bad": node, "ok": Lifecycle()}, workers=workers_, timer="simulated",
+                    duration=1.0)
+
+    with pytest.raises(mujou.NodeError, match="'bad' raised in on_update") as info:
+        run.join(timeout=10)
+
+    assert type(info.value.__cause__).__name__ in (kind, "_BadStr", "_BadStrAndRepr", "_Base")
+    assert info.value.path == "bad" and info.value.hook == "on_update"
+    assert run.time < 1.0  # the failure stopped the run
+    assert "'bad' raised in on_update" in caplog.text
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("hook", ["on_start", "on_stop", "load_state_dict"])
+def test_a_failing_control_hook_is_reported_even_when_its_exception_cannot_be_printed(
+        hook) -> None:
+    node = _Raises(hook, _BadStrAndRepr)
+    state = None
+    if hook == "load_state_dict":
+        state = mujou.run({"bad": _Raises("", _BadStr)}, timer="simulated",
+                          duration=0.01).state_dict()
+
+    with pytest.raises(mujou.NodeError, match=f"'bad' raised in {hook}: _BadStrAndRepr") as info:
+        run = mujou.run({"bad": node}, workers=1, timer="simulated", duration=0.05, state=state)
+        run.join(timeout=10)
+
+    assert isinstance(info.value.__cause__, _BadStrAndRepr)
+    assert node._mujou_run is None  # released
+
+
+@pytest.mark.timeout(20)
+def test_a_traced_failure_with_an_unprintable_exception_reaches_join_and_the_trace(
+        tmp_path) -> None:
+    import json
+
+    path = tmp_path / "trace.json"
+    run = mujou.run({"bad": _Raises("on_update", _BadStr)}, workers=1, timer="simulated",
+                    duration=1.0, trace=path)
+
+    with pytest.raises(mujou.NodeError, match="its str\\(\\) raised ValueError"):
+        run.join(timeout=10)
+
+    failures = [e for e in json.loads(path.read_text())["traceEvents"]
+                if e.get("cat") == "failure"]
+    assert [f["name"] for f in failures] == ["bad.on_update raised _BadStr"]
+    assert failures[0]["args"]["error"] == "_BadStr() (its str() raised ValueError)"
+
+
+@pytest.mark.timeout(20)
+def test_a_subscriber_raising_an_unprintable_exception_stops_the_run() -> None:
+    src = Source()
+    run = mujou.run({"src": src}, workers=1)
+
+    def callback(message) -> None:
+        raise _BadStrAndRepr()
+
+    run.subscribe("src.out", callback)
+    with pytest.raises(mujou.CallbackError, match="_BadStrAndRepr") as info:
+        run.join(timeout=10)
+    assert isinstance(info.value.__cause__, _BadStrAndRepr)
+
+
+def test_describe_formats_any_exception_without_raising() -> None:
+    from mujou_actors.errors import describe
+
+    class NotStr(Exception):
+        def __str__(self):
+            return 42
+
+    class StrSub(str):
+        def __str__(self):
+            raise ValueError("never called")
+
+    class Sub(Exception):
+        def __str__(self):
+            return StrSub("sub")
+
+    assert describe(ValueError("bad")) == "ValueError: bad"
+    assert describe(ValueError()) == "ValueError"
+    assert describe(_BadStr()) == "_BadStr: _BadStr() (its str() raised ValueError)"
+    assert describe(_BadStrAndRepr()) == "_BadStrAndRepr: <its str() and repr() raised>"
+    assert describe(NotStr()) == "NotStr: NotStr() (its str() raised TypeError)"
+    assert describe(Sub()) == "Sub: sub" and type(describe(Sub())) is str
