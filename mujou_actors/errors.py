@@ -22,40 +22,6 @@ __all__ = [
 ]
 
 
-def describe(exc: BaseException) -> str:
-    """``"TypeName: message"`` for an exception, whatever the exception object does.
-
-    A user's exception is formatted for a node's failure, a log line or a
-    trace. Its ``__str__`` (or ``__repr__``) may itself raise, or return
-    something other than a ``str``: the text then falls back to ``repr``, and
-    to a placeholder naming what failed, so that reporting a failure never
-    raises and the failure is never lost.
-
-    Args:
-        exc (BaseException): the exception to describe.
-
-    Returns:
-        str: the type's name and the exception's text (``"ValueError: bad"``;
-        just the type's name when the text is empty).
-    """
-    try:
-        name = type(exc).__name__
-        if not isinstance(name, str):
-            name = "<exception>"
-    except BaseException:  # noqa: BLE001 - a metaclass may make even this raise
-        name = "<exception>"
-    try:
-        text = str(exc)
-    except BaseException as str_error:  # noqa: BLE001 - user code: report, never raise
-        try:
-            text = f"{repr(exc)} (its str() raised {type(str_error).__name__})"
-        except BaseException:  # noqa: BLE001
-            text = "<its str() and repr() raised>"
-    if type(text) is not str:  # a str subclass: a plain copy, its own methods never run
-        text = str.__str__(text) if isinstance(text, str) else "<unprintable>"
-    return f"{name}: {text}" if text else name
-
-
 class MujouError(Exception):
     """Base class of every exception defined by mujou_actors."""
 
@@ -177,10 +143,13 @@ class CallbackError(MujouError):
 
 
 def describe(exc: BaseException) -> str:
-    """``"Type: message"`` of an exception, for error messages and logs.
+    """``"Type: message"`` of an exception, for error messages, logs and traces.
 
-    Never raises: an exception whose ``__str__`` raises (or returns no str) is
-    still named, so that reporting a failure cannot lose it.
+    Never raises, whatever the exception object does: its ``__str__`` may
+    raise (any BaseException), or return something that is not a ``str``, or
+    a ``str`` subclass with methods of its own (never called here). The
+    message then says that ``__str__`` raised, so reporting a failure can
+    never lose it. ``__repr__`` is not called.
 
     Args:
         exc (BaseException): any exception.
@@ -188,9 +157,17 @@ def describe(exc: BaseException) -> str:
     Returns:
         str: the type's name, then ``": "`` and the message when there is one.
     """
-    name = type(exc).__name__
+    try:
+        name = type(exc).__name__
+        if type(name) is not str:
+            name = "<exception>"
+    except BaseException:  # noqa: BLE001 - a metaclass may make even this raise
+        name = "<exception>"
+    broken = f"<{name}.__str__ raised>"
     try:
         text = str(exc)
     except BaseException:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        text = f"<{name}.__str__ raised>"
+        text = broken
+    if type(text) is not str:  # a str subclass: a plain copy (formatting it would call it)
+        text = str.__str__(text) if isinstance(text, str) else broken
     return f"{name}: {text}" if text else name

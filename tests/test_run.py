@@ -1159,13 +1159,13 @@ def test_a_traced_failure_with_an_unprintable_exception_reaches_join_and_the_tra
     run = mujou.run({"bad": _Raises("on_update", _BadStr)}, workers=1, timer="simulated",
                     duration=1.0, trace=path)
 
-    with pytest.raises(mujou.NodeError, match="its str\\(\\) raised ValueError"):
+    with pytest.raises(mujou.NodeError, match="_BadStr: <_BadStr.__str__ raised>"):
         run.join(timeout=10)
 
     failures = [e for e in json.loads(path.read_text())["traceEvents"]
                 if e.get("cat") == "failure"]
     assert [f["name"] for f in failures] == ["bad.on_update raised _BadStr"]
-    assert failures[0]["args"]["error"] == "_BadStr() (its str() raised ValueError)"
+    assert failures[0]["args"]["error"] == "<_BadStr.__str__ raised>"
 
 
 @pytest.mark.timeout(20)
@@ -1199,7 +1199,7 @@ def test_describe_formats_any_exception_without_raising() -> None:
 
     assert describe(ValueError("bad")) == "ValueError: bad"
     assert describe(ValueError()) == "ValueError"
-    assert describe(_BadStr()) == "_BadStr: _BadStr() (its str() raised ValueError)"
-    assert describe(_BadStrAndRepr()) == "_BadStrAndRepr: <its str() and repr() raised>"
-    assert describe(NotStr()) == "NotStr: NotStr() (its str() raised TypeError)"
+    assert describe(_BadStr()) == "_BadStr: <_BadStr.__str__ raised>"
+    assert describe(_BadStrAndRepr()) == "_BadStrAndRepr: <_BadStrAndRepr.__str__ raised>"
+    assert describe(NotStr()) == "NotStr: <NotStr.__str__ raised>"
     assert describe(Sub()) == "Sub: sub" and type(describe(Sub())) is str
