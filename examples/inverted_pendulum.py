@@ -112,6 +112,10 @@ class Physics(mujou.Node):
         buf = state.pop("mujoco").to(torch.float64).contiguous()
         super().load_state_dict(state)
         mujoco.mj_setState(self.model, self.data, buf.numpy(), self._MJ_STATE)
+        # Exact because this node reads only qpos and qvel between steps:
+        # mj_forward recomputes derived quantities (xpos, cfrc_ext, ...) from
+        # the restored state, not as the last mj_step left them. A node that
+        # reads those saves them too (docs/state.md, "a simulator's state").
         mujoco.mj_forward(self.model, self.data)
 
 

@@ -85,7 +85,9 @@ class Node:
 
     Args:
         period (float | None): seconds of the run's timer between two updates
-            on average; updates are due at ``k * period`` (k = 1, 2, ...).
+            on average, kept as whole nanoseconds ``round(period * 1e9)``;
+            updates are due at k times that (k = 1, 2, ...), so a period that
+            is not a whole number of ns is off by up to 0.5 ns per tick.
             ``None``: no timer, the node updates when a triggering Input
             receives a message. Default: 0.01.
         seed (int | None): seed of ``self.generator``, in ``[0, 2**64)``.
@@ -251,8 +253,9 @@ class Node:
 
         Args:
             dt (float): seconds of the run's timer since this node's previous
-                update (since the start for the first one); exactly ``period``
-                with the simulated timer when the node is never late.
+                update (since the start for the first one); with the
+                simulated timer, for a node never late, exactly the period
+                rounded to whole nanoseconds (``round(period * 1e9) / 1e9``).
         """
 
     def on_stop(self) -> None:

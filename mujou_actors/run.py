@@ -792,7 +792,9 @@ class Run:
     def stats(self) -> RunStats:
         """Per-node and per-worker statistics, as a frozen `RunStats`.
 
-        Cheap enough to call a few times a second while the run goes on.
+        Counts and ``dt`` cover the whole run; the lateness percentiles only
+        each node's newest 256 updates. Cheap enough to call a few times a
+        second while the run goes on.
         """
         nodes = {}
         for a in self._actors:
@@ -871,8 +873,9 @@ def run(
             starts.
         state (dict | str | os.PathLike, optional): a state tree
             (``Run.state_dict()``) or a snapshot file (``mujou.save``) to
-            restore after every ``on_start``: node states, kept and undelivered
-            messages, and the time, so schedules continue where they were (the
+            restore after every ``on_start`` (what ``on_start`` sends is
+            dropped: the tree holds the messages of its cut): node states,
+            kept and undelivered messages, and the time, so schedules continue where they were (the
             timer starts at the tree's ``time_ns``; ``duration`` counts from
             there). Seeds come from the tree.
         supervisor (Supervisor, optional): snapshots and restart strategy;

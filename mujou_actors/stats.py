@@ -21,8 +21,9 @@ class NodeStats:
         dt_mean (float): mean ``dt`` in seconds of the run's timer (0 before
             the first update).
         dt_max (float): largest ``dt`` in seconds.
-        lateness_p50 (float): median of (start - due) over recent updates, seconds.
-        lateness_p99 (float): 99th percentile of the same, seconds.
+        lateness_p50 (float): median of (start - due) of the node's newest
+            256 updates (not of the whole run), seconds.
+        lateness_p99 (float): 99th percentile of the same 256, seconds.
         hook_time (float): wall seconds spent in the node's hooks.
         drops (Mapping[str, int]): per Input name, messages dropped by QoS depth.
         restarts (int): restarts by the supervisor.

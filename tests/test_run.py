@@ -341,6 +341,37 @@ def test_stats_count_updates_dt_lateness_and_workers() -> None:
     assert all(0.0 <= w.busy <= 1.0 for w in stats.workers.values())
 
 
+def test_a_period_is_rounded_to_whole_nanoseconds_for_the_schedule_and_dt() -> None:
+    sixty = Counter(period=1 / 60)  # 16,666,666.67 ns: ticks every 16,666,667 ns
+    even = Counter(period=0.01)
+
+    run = mujou.run({"sixty": sixty, "even": even}, timer="simulated", duration=1.0)
+    run.join()
+
+    assert len(sixty.dts) == 59  # the 60th is due at 1.00000002 s, after the end
+    assert set(sixty.dts) == {0.016666667} and 0.016666667 != sixty.period
+    assert len(even.dts) == 100 and set(even.dts) == {0.01} == {even.period}
+    longer = Counter(period=1 / 60)
+    mujou.run(longer, timer="simulated", duration=1.0 + 1e-6).join()
+    assert len(longer.dts) == 60
+
+
+def test_the_lateness_figures_cover_the_newest_256_updates_only() -> None:
+    run = mujou.run({"n": Counter()}, timer="simulated", duration=0.0)
+    run.join()
+    actor = run._actors[0]  # ended: its updates are driven here, with chosen lateness
+    period = actor.period_ns
+
+    for k in range(1, 201):  # the first 44 start 1 ms late, the rest on time
+        actor.run_update(k * period + (1_000_000 if k <= 44 else 0), k * period, True)
+    assert run.stats().nodes["n"].lateness_p99 == 0.001
+    for k in range(201, 301):
+        actor.run_update(k * period, k * period, True)
+
+    stats = run.stats().nodes["n"]
+    assert (stats.updates, stats.lateness_p99, stats.lateness_p50) == (300, 0.0, 0.0)
+
+
 def test_run_seed_derives_stable_per_node_seeds() -> None:
     a, b = Counter(), Counter(seed=5)
 

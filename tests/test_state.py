@@ -564,3 +564,92 @@ def test_a_section_with_int_and_str_keys_is_a_snapshot_error_not_a_type_error(
     with pytest.raises(mujou.SnapshotError, match=rf"^state: {section} has the key 3 \(a int\); "
                                                    r"its keys are dotted paths \(str\)$"):
         mujou.run(Net(), timer="simulated", state=tree)
+
+
+# -- a simulator's state: the recipe of docs/state.md, checked on gymnasium ---------
+
+class Walker(mujou.Node):
+    """Steps a gymnasium MuJoCo env with random actions; the recipe of docs/state.md."""
+
+    # MuJoCo's state, and the arrays gymnasium reads as the last step left them
+    # (mj_forward would recompute them from the restored state, to other values).
+    DERIVED = ("xpos", "xipos", "cinert", "cvel", "qfrc_actuator", "cfrc_ext")
+
+    def __init__(self, env_id: str, derived: tuple[str, ...] = DERIVED) -> None:
+        import gymnasium
+
+        super().__init__(period=0.05, seed=1)
+        self.env = gymnasium.make(env_id).unwrapped  # no TimeLimit: its count is state too
+        self.derived = derived
+        self.reward = torch.zeros((), dtype=torch.float64)
+        self.obs = torch.zeros(self.env.observation_space.shape, dtype=torch.float64)
+
+    def on_start(self) -> None:
+        obs, _ = self.env.reset(seed=int(torch.randint(2**31, (), generator=self.generator)))
+        self.obs = torch.from_numpy(obs)
+
+    def on_update(self, dt: float) -> None:
+        action = torch.rand(self.env.action_space.shape, generator=self.generator) * 0.8 - 0.4
+        obs, reward, _, _, _ = self.env.step(action.numpy())
+        self.obs = torch.from_numpy(obs)
+        self.reward += reward
+
+    def state_dict(self) -> dict:
+        import mujoco
+
+        state = super().state_dict()
+        model, data = self.env.model, self.env.data
+        kind = mujoco.mjtState.mjSTATE_INTEGRATION
+        buf = torch.empty(mujoco.mj_stateSize(model, kind), dtype=torch.float64)
+        mujoco.mj_getState(model, data, buf.numpy(), kind)
+        state["mujoco"] = buf
+        for name in self.derived:
+            state[f"mujoco.{name}"] = torch.from_numpy(getattr(data, name).copy())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        import mujoco
+
+        state = dict(state)
+        model, data = self.env.model, self.env.data
+        kind = mujoco.mjtState.mjSTATE_INTEGRATION
+        mujoco.mj_setState(model, data, state.pop("mujoco").numpy(), kind)
+        mujoco.mj_forward(model, data)
+        for name in self.derived:
+            getattr(data, name)[...] = state.pop(f"mujoco.{name}").numpy()
+        super().load_state_dict(state)
+
+
+def _walk_in_two_halves(env_id: str, derived: tuple[str, ...], path) -> tuple[Walker, Walker]:
+    whole = Walker(env_id, derived)
+    mujou.run(whole, timer="simulated", duration=1.0).join()
+    half = mujou.run(Walker(env_id, derived), timer="simulated", duration=0.5)
+    half.join()
+    mujou.save(half.state_dict(), path)
+    resumed = Walker(env_id, derived)
+    mujou.run(resumed, timer="simulated", duration=0.5, state=path).join()
+    return whole, resumed
+
+
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_the_mujoco_recipe_restores_a_gymnasium_env_bit_for_bit(env_id: str, tmp_path) -> None:
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("mujoco")
+
+    whole, resumed = _walk_in_two_halves(env_id, Walker.DERIVED, tmp_path / "half.mujou")
+
+    assert torch.equal(whole.reward, resumed.reward)
+    assert torch.equal(whole.obs, resumed.obs)
+    assert _equal(whole.state_dict(), resumed.state_dict())
+
+
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_mj_set_state_and_mj_forward_alone_do_not_restore_a_gymnasium_env(
+        env_id: str, tmp_path) -> None:
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("mujoco")
+
+    whole, resumed = _walk_in_two_halves(env_id, (), tmp_path / "half.mujou")
+
+    assert torch.equal(whole.obs, resumed.obs)  # the physics is the same...
+    assert not torch.equal(whole.reward, resumed.reward)  # ...what gymnasium read is not
