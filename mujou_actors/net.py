@@ -15,12 +15,14 @@ from typing import Any
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
+from .snapshot import file_problem, from_file
 from .state import check_tree
 from .supervisor import derive_seed
 
 __all__ = [
     "walk", "collect_ports", "warn_unknown_hooks", "check_seconds", "check_workers",
-    "load_state", "check_fit", "resolve_inputs", "check_flag", "settle_seeds",
+    "load_state", "check_fit", "check_file_messages", "resolve_inputs", "check_flag",
+    "settle_seeds",
 ]
 
 log = logging.getLogger("mujou_actors")
@@ -168,7 +170,22 @@ def load_state(state: Any) -> dict[str, Any] | None:
 
 def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
                ports: dict[str, Port], source: Any) -> None:
-    """Every node of the net has state in the tree and the reverse (like nn.Module strict)."""
+    """Every node of the net has state in the tree and the reverse (like nn.Module strict).
+
+    Also puts the messages of ``inputs`` and ``pending`` back into the NamedTuple
+    or dataclass their Input declares (a file holds them as tuples and dicts):
+    ``tree``'s two sections are replaced by new dicts holding the converted
+    messages.
+
+    Args:
+        tree (dict): a tree that passed ``check_tree``.
+        found (list): the net's ``(path, node)`` pairs (`walk`).
+        ports (dict): the net's ports by dotted path (`collect_ports`).
+        source (Any): the ``state=`` argument, for the message.
+
+    Raises:
+        SnapshotError: the tree does not fit the net; every problem is listed.
+    """
     where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "state"
     paths = {p for p, _ in found}
     problems = []
@@ -187,6 +204,11 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
         extra = sorted(set(tree[section]) - inputs)
         if extra:
             problems.append(f"{section} for port(s) that are not Inputs of the net {extra}")
+        # A file brings NamedTuples and dataclasses back as tuples and dicts: put them back
+        # into the type their Input declares. New lists, so the caller's tree is unchanged.
+        tree[section] = {path: [from_file(m, ports[path].type) for m in messages]
+                         if path in inputs and isinstance(messages, list) else messages
+                         for path, messages in tree[section].items()}
         for path in sorted(set(tree[section]) & inputs):
             problems.extend(_message_problems(section, path, tree[section][path], ports[path]))
     for path in sorted(paths & set(tree["seeds"])):
@@ -232,6 +254,29 @@ def _message_problems(section: str, path: str, messages: Any, port: Port) -> lis
         except TypeError as exc:
             problems.append(f"{section}[{path!r}][{i}]: {exc}")
     return problems
+
+
+def check_file_messages(tree: dict[str, Any], ports: Mapping[str, Port]) -> None:
+    """Refuse a tree whose messages would not come back from a snapshot file as they are.
+
+    Args:
+        tree (dict): a tree taken by the run (``Run.state_dict()``'s layout).
+        ports (Mapping): the net's ports by dotted path.
+
+    Raises:
+        TypeError: a message kept by, or pending for, an Input is of a type a file
+            cannot hold, or would not bring back as itself (see
+            ``snapshot.file_problem``); the message names the Input and the type.
+    """
+    for section, role in (("inputs", "kept by"), ("pending", "on its way to")):
+        for path, messages in tree[section].items():
+            port = ports[path]
+            for message in messages:
+                problem = file_problem(message, port.type)
+                if problem is not None:
+                    raise TypeError(
+                        f"a {type(message).__name__} message {role} Input {path!r} (declared "
+                        f"{port.type.__name__}) cannot go into a snapshot file: {problem}")
 
 
 def resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any]]:

@@ -9,6 +9,7 @@ duration, ``stop()``, leaving the ``with`` block or a node failure.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import queue
@@ -43,6 +44,7 @@ from .errors import (
 )
 from .mailbox import Restore, Snapshot, Start, Stop
 from .net import (
+    check_file_messages,
     check_fit,
     check_flag,
     check_seconds,
@@ -403,6 +405,11 @@ class Run:
             self._end_requested.set()
             self._events.put(("end",))
 
+    def _supervisor_failed(self, exc: BaseException) -> None:
+        # One line: join() raises it with its traceback (marked for front ends).
+        log.error("the supervisor failed: %s", exc, extra={"mujou_failure": True})
+        self._record_failure(exc)
+
     def _record_failure(self, err: BaseException) -> None:
         with self._lock:
             self._failures.append(err)  # type: ignore[arg-type]
@@ -612,7 +619,10 @@ class Run:
                 self._ended.wait()
                 return self._take_tree()
             try:
-                self._at_cut()
+                try:
+                    self._at_cut()  # the supervisor's snapshot, if one is due now
+                except Exception as exc:  # noqa: BLE001 - the supervisor's, not this caller's
+                    self._supervisor_failed(exc)  # the run stops at this cut
                 return self._take_tree()
             finally:
                 self._dispatcher.release()
@@ -638,11 +648,14 @@ class Run:
                             if self._hold():
                                 try:
                                     self._at_cut()
+                                except BaseException as exc:  # noqa: BLE001 - join() raises it
+                                    # Recorded while the net is held: the release then leaves
+                                    # it stopping, so the run ends at this very cut.
+                                    self._supervisor_failed(exc)
                                 finally:
                                     self._dispatcher.release()
                 except BaseException as exc:  # noqa: BLE001 - e.g. a state that cannot be taken
-                    log.error("the supervisor failed", exc_info=exc)
-                    self._record_failure(exc)
+                    self._supervisor_failed(exc)
             with self._control_lock:
                 self._finishing = True
                 self._finish()
@@ -695,7 +708,7 @@ class Run:
         self._write_trace()
         self._release()
         if self._writer is not None:
-            self._writer.close()  # every file is complete when join returns
+            self._writer.close(self._stop_timeout)  # each file is complete or absent
         if self._host_thread is not None:
             self._host_queue.put(_END)
             if threading.current_thread() is not self._host_thread:
@@ -817,7 +830,8 @@ class Run:
         snaps = SnapshotStats(
             count=len(pauses), pause_mean=sum(pauses) / len(pauses) if pauses else 0.0,
             pause_max=max(pauses, default=0.0),
-            write_mean=sum(writes) / len(writes) if writes else 0.0, files=len(writes))
+            write_mean=sum(writes) / len(writes) if writes else 0.0, files=len(writes),
+            skipped=self._writer.skipped if self._writer is not None else 0)
         return RunStats(time=self.time, wall=end - self._wall_start, nodes=nodes,
                         workers=workers, snapshots=snaps)
 
@@ -1069,8 +1083,12 @@ def _start_supervision(result: Run, start_ns: int) -> None:
     if sup.snapshot_dir is not None:
         from .snapshot import save
 
-        result._writer = SnapshotWriter(sup.snapshot_dir, sup.keep, save,
-                                        on_error=result._record_failure)
+        # Simulated time waits for each file (every snapshot gets one, a failure stops the
+        # run before the next); real time skips a snapshot rather than stall the net.
+        result._writer = SnapshotWriter(
+            sup.snapshot_dir, sup.keep, save, on_error=result._record_failure,
+            check=functools.partial(check_file_messages, ports=result._ports),
+            block=result._dispatcher.simulated, cancelled=result._end_requested.is_set)
     if sup.restart != "none" or sup.snapshot_every is not None or sup.snapshot_dir:
         result._supervise_snapshot(time_ns=start_ns)
         result._schedule_cuts(start_ns)

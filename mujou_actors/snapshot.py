@@ -49,6 +49,7 @@ tensor, or a view and its base, load as independent tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -65,8 +66,8 @@ import torch
 
 from .errors import SnapshotError
 
-__all__ = ["save", "load", "dumps", "loads", "inspect_file", "MAGIC", "VERSION", "MAX_DEPTH",
-           "MEMORY_PER_BYTE", "MEMORY_SLACK"]
+__all__ = ["save", "load", "dumps", "loads", "inspect_file", "file_problem", "from_file", "MAGIC",
+           "VERSION", "MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK"]
 
 MAGIC = b"MUJOUSNP"
 VERSION = 1
@@ -338,6 +339,11 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
             tensors.append((obj, nbytes))
             offset += nbytes
             return msgpack.ExtType(_EXT_TENSOR, meta)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            # A message type the ports allow: stored as a dict of its fields (a restore
+            # puts it back into the dataclass its Input declares; see `from_file`).
+            return convert({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)},
+                           path, depth)
         raise TypeError(f"{path or '<root>'}: unsupported type {type(obj).__name__}")
 
     structure = msgpack.packb(convert(tree, "", 0))
@@ -409,6 +415,123 @@ def _fsync_folder(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- messages: what comes back from a file as it was ------------------------------------
+
+_EXACT = (type(None), bool, int, float, str, bytes, torch.Tensor, list, dict, tuple)
+
+
+def _is_named_tuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _is_dataclass_type(cls: type) -> bool:
+    return isinstance(cls, type) and dataclasses.is_dataclass(cls)
+
+
+def file_problem(message: Any, declared: type) -> str | None:
+    """Why a message would not come back from a file as itself; None when it would.
+
+    A file holds plain types only (see the module docstring): a subclass comes
+    back as its base type, a NamedTuple as a tuple, a dataclass as a dict of its
+    fields. A restore puts a message back into the NamedTuple or dataclass its
+    Input declares (`from_file`), so such a message round-trips when it is of
+    exactly that type and its fields hold plain values.
+
+    Args:
+        message (Any): a message kept by, or pending for, an Input.
+        declared (type): the Input's declared message type.
+
+    Returns:
+        str | None: the first thing that would not come back as it is, in words
+        (``"its field 'goal' is a Pose (a NamedTuple), which comes back as a
+        tuple"``), or None.
+    """
+    top = type(message)
+    if top is declared and (_is_named_tuple(top) or _is_dataclass_type(top)):
+        if _is_named_tuple(top):
+            fields = list(zip(top._fields, message, strict=True))
+        else:
+            names = [f.name for f in dataclasses.fields(message)]
+            extra = sorted(set(getattr(message, "__dict__", {})) - set(names))
+            if extra:
+                return (f"it has attributes that are not fields of {top.__name__} "
+                        f"({', '.join(extra)}), which a file leaves out")
+            fields = [(name, getattr(message, name)) for name in names]
+        for name, value in fields:
+            problem = _plain_problem(value, f"its field {name!r}")
+            if problem:
+                return problem
+        return _encode_problem(dict(fields), "its fields")
+    return _plain_problem(message, "it") or _encode_problem(message, "it")
+
+
+def _plain_problem(value: Any, what: str) -> str | None:
+    """The first value inside ``value`` whose type a file does not bring back; None if none."""
+    stack = [(value, what, 0)]
+    while stack:
+        value, what, depth = stack.pop()
+        vt = type(value)
+        if vt not in _EXACT:
+            if _is_named_tuple(vt):
+                kind, back = "a NamedTuple", "a tuple"
+            elif _is_dataclass_type(vt):
+                kind, back = "a dataclass", "a dict"
+            else:
+                base = next((b for b in _EXACT if isinstance(value, b)), None)
+                if base is None:
+                    return f"{what} is a {vt.__name__}, which a file cannot hold"
+                kind, back = f"a subclass of {base.__name__}", f"a {base.__name__}"
+            return f"{what} is a {vt.__name__} ({kind}), which a file brings back as {back}"
+        if depth >= MAX_DEPTH:
+            return f"{what} is nested deeper than {MAX_DEPTH} levels"
+        if vt is dict:
+            for key, item in value.items():
+                if type(key) not in (str, int):
+                    return (f"{what} has a key of type {type(key).__name__} (a file holds str "
+                            "and int keys)")
+                stack.append((item, f"{what}[{key!r}]", depth + 1))
+        elif vt is list or vt is tuple:
+            stack.extend((item, f"{what}[{i}]", depth + 1) for i, item in enumerate(value))
+    return None
+
+
+def _encode_problem(value: Any, what: str) -> str | None:
+    """What `encode` refuses in a plain value (an int beyond 64 bits, a lone surrogate...)."""
+    try:
+        _encode(value)
+    except (TypeError, ValueError) as e:
+        return f"{what}: {_reason(e)}"
+    return None
+
+
+def from_file(message: Any, declared: type) -> Any:
+    """A message read from a file, put back into the NamedTuple or dataclass its Input declares.
+
+    A tuple of the right length becomes the declared NamedTuple; a dict whose
+    keys are exactly the fields of the declared dataclass becomes an instance of
+    it (made without calling its ``__init__``, as a copy would be). Any other
+    message is returned as it is, for the Input's type check to judge.
+
+    Args:
+        message (Any): a message of a loaded tree's ``inputs`` or ``pending``.
+        declared (type): the Input's declared message type.
+
+    Returns:
+        Any: the message as the Input holds it.
+    """
+    if type(message) is tuple and _is_named_tuple(declared) and \
+            len(message) == len(declared._fields):
+        return declared._make(message)
+    if type(message) is dict and _is_dataclass_type(declared):
+        names = [f.name for f in dataclasses.fields(declared)]
+        if set(message) == set(names):
+            obj = declared.__new__(declared)
+            for name in names:
+                object.__setattr__(obj, name, message[name])  # frozen dataclasses too
+            return obj
+    return message
 
 
 # -- streaming tensor bytes -----------------------------------------------------------------

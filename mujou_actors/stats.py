@@ -64,6 +64,9 @@ class SnapshotStats:
         pause_max (float): longest such pause, wall seconds.
         write_mean (float): mean wall seconds to write a file (0 without files).
         files (int): files written.
+        skipped (int): snapshots that got no file because the writer was still
+            busy with earlier ones when the next one came (real time only; the
+            snapshot still served restarts).
     """
 
     count: int = 0
@@ -71,6 +74,7 @@ class SnapshotStats:
     pause_max: float = 0.0
     write_mean: float = 0.0
     files: int = 0
+    skipped: int = 0
 
 
 @dataclass(frozen=True)

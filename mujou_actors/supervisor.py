@@ -178,15 +178,35 @@ def snapshot_name(time_ns: int) -> str:
 class SnapshotWriter:
     """Writes snapshot trees to files on a background thread, keeping the newest.
 
+    At most two trees are held: the one being written and one waiting. With
+    ``block`` (simulated time) `submit` waits until the previous file is
+    written, so every snapshot gets its file and a failed write is known before
+    the next snapshot is taken. Without it (real time, where waiting would stall
+    the net) a tree that arrives while another one is still waiting replaces it:
+    the replaced snapshot gets no file and is counted in `skipped`.
+
+    Pruning keeps the ``keep`` files written last: this writer's files in the
+    order it wrote them, after the files it found in the folder (oldest
+    modification first), so files of an earlier run never push out a new one,
+    whatever their times.
+
     Args:
-        folder: the snapshot folder (created if missing).
-        keep: how many snapshot files to keep.
-        save: the function writing one tree atomically (``mujou.save``).
-        on_error: called with the exception when a write fails.
+        folder (str): the snapshot folder (created if missing).
+        keep (int): how many snapshot files to keep.
+        save (Callable): writes one tree atomically (``mujou.save``); may raise.
+        on_error (Callable): called once, on the writer thread, with the first
+            exception a write raises; no file is written after it.
+        check (Callable, optional): called by `submit` with each tree; raises
+            (``TypeError``) for a tree that a file would not restore as it is.
+        block (bool): `submit` waits for the previous write (see above).
+        cancelled (Callable, optional): True once the run is ending; ends
+            `submit`'s wait (the tree then waits as without ``block``).
     """
 
     def __init__(self, folder: str, keep: int, save: Callable[[Any, str], None],
-                 on_error: Callable[[BaseException], None]) -> None:
+                 on_error: Callable[[BaseException], None], *,
+                 check: Callable[[dict[str, Any]], None] | None = None, block: bool = False,
+                 cancelled: Callable[[], bool] | None = None) -> None:
         os.makedirs(folder, exist_ok=True)
         for name in os.listdir(folder):
             # A writer killed mid-write leaves its temporary file behind; only
@@ -197,35 +217,106 @@ class SnapshotWriter:
         self.keep = keep
         self._save = save
         self._on_error = on_error
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._check = check
+        self._block = block
+        self._cancelled = cancelled or (lambda: False)
+        self._cond = threading.Condition()
+        self._waiting: dict[str, Any] | None = None  # the tree next in line
+        self._writing: str | None = None  # the file being written
+        self._closing = False
+        self._failed = False
+        self._written: dict[str, None] = {}  # this writer's files, in write order
+        self.skipped = 0
         self.write_seconds: list[float] = []
         self._thread = threading.Thread(target=self._loop, name="mujou-snapshots", daemon=True)
         self._thread.start()
 
     def submit(self, tree: dict[str, Any]) -> None:
-        """Queue a tree (already a private copy) for writing."""
-        self._queue.put(tree)
+        """Queue a tree (already a private copy) for writing.
 
-    def close(self) -> None:
-        """Write everything queued, then stop the thread."""
-        self._queue.put(None)
-        self._thread.join()
+        Args:
+            tree (dict): the snapshot's tree.
+
+        Raises:
+            TypeError: ``check`` refused the tree; the message names the file.
+        """
+        if self._check is not None:
+            try:
+                self._check(tree)
+            except TypeError as exc:
+                raise TypeError(f"cannot write the snapshot file "
+                                f"{self._path(tree)}: {exc}") from exc
+        with self._cond:
+            while self._block and (self._waiting is not None or self._writing is not None) \
+                    and not self._failed and not self._cancelled():
+                self._cond.wait(0.05)  # polls cancelled(): the run's end needs no notify here
+            if self._failed:
+                return  # reported already; no file is written after a failure
+            if self._waiting is not None:
+                self.skipped += 1
+                log.warning("snapshot at t=%.6f s skipped: the writer is still busy with "
+                            "earlier ones (%d skipped so far)",
+                            self._waiting["time_ns"] / 1e9, self.skipped)
+            self._waiting = tree
+            self._cond.notify_all()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write the tree still waiting, if any, then stop the thread.
+
+        Args:
+            timeout (float, optional): seconds to wait for the writes; None waits
+                as long as they take. When they take longer, ``on_error`` gets
+                a ``TimeoutError`` naming the file (which is then written or not
+                at all, never half: ``latest`` still names a complete file).
+        """
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                late = self._writing or "?"
+                self._failed = True
+            err = TimeoutError(f"the snapshot file {os.path.join(self.folder, late)} was still "
+                               f"being written {timeout} s after the run stopped")
+            log.error("%s", err, extra={"mujou_failure": True})
+            self._on_error(err)
+
+    def _path(self, tree: dict[str, Any]) -> str:
+        return os.path.join(self.folder, snapshot_name(tree["time_ns"]))
 
     def _loop(self) -> None:
         while True:
-            tree = self._queue.get()
-            if tree is None:
-                return
+            with self._cond:
+                while self._waiting is None and not self._closing:
+                    self._cond.wait()
+                tree, self._waiting = self._waiting, None
+                if tree is None:
+                    return
+                self._writing = snapshot_name(tree["time_ns"])
             try:
                 self._write(tree)
-            except BaseException as exc:  # noqa: BLE001 - reported to the run
-                log.error("writing a snapshot to %s failed", self.folder, exc_info=exc)
+            except BaseException as exc:  # noqa: BLE001 - reported to the run, once
+                with self._cond:
+                    self._failed = True
+                    self._waiting = None
+                    self._writing = None
+                    self._cond.notify_all()
+                # One line: join() raises the error itself (marked for front ends).
+                log.error("writing a snapshot to %s failed: %s", self.folder, _words(exc),
+                          extra={"mujou_failure": True})
                 self._on_error(exc)
+                return
+            with self._cond:
+                self._writing = None
+                self._cond.notify_all()
 
     def _write(self, tree: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         name = snapshot_name(tree["time_ns"])
         self._save(tree, os.path.join(self.folder, name))
+        self._written.pop(name, None)  # a rewound run writes a time again: now the newest
+        self._written[name] = None
         write_pointer(self.folder, name)
         self._prune()
         took = time.perf_counter() - t0
@@ -234,10 +325,35 @@ class SnapshotWriter:
                  tree["time_ns"] / 1e9, name, took)
 
     def _prune(self) -> None:
-        names = sorted(n for n in os.listdir(self.folder)
-                       if n.startswith(SNAPSHOT_PREFIX) and n.endswith(SNAPSHOT_SUFFIX))
-        for name in names[:-self.keep]:
-            os.remove(os.path.join(self.folder, name))
+        """Delete all but the ``keep`` files written last (see the class docstring)."""
+        found = [n for n in os.listdir(self.folder)
+                 if n.startswith(SNAPSHOT_PREFIX) and n.endswith(SNAPSHOT_SUFFIX)]
+        others = sorted((n for n in found if n not in self._written),
+                        key=lambda n: (_mtime_ns(os.path.join(self.folder, n)), n))
+        present = set(found)
+        mine = [n for n in self._written if n in present]
+        for name in (others + mine)[:-self.keep]:
+            try:
+                os.remove(os.path.join(self.folder, name))
+            except FileNotFoundError:
+                pass  # removed meanwhile by someone else: the goal is met
+            self._written.pop(name, None)
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def _words(exc: BaseException) -> str:
+    """``Type: message`` of an exception, whatever its ``__str__`` does."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - its type is still worth showing
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def write_pointer(folder: str, name: str) -> None:

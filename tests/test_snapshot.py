@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import io
@@ -722,3 +723,17 @@ def test_a_full_disk_names_the_file(tmp_path: pathlib.Path,
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(path)
     assert str(path) in str(info.value) and "No space left on device" in str(info.value)
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_a_dataclass_is_stored_as_a_dict_of_its_fields() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Goal:
+        x: torch.Tensor
+        name: str
+
+    got = loads(dumps({"m": [Goal(torch.arange(3.0), "g")]}))
+
+    assert_same(got, {"m": [{"x": torch.arange(3.0), "name": "g"}]})
+    back = snapshot.from_file(got["m"][0], Goal)
+    assert type(back) is Goal and back.name == "g" and torch.equal(back.x, torch.arange(3.0))
+    assert snapshot.from_file({"x": 1}, Goal) == {"x": 1}  # not its fields: left to the port

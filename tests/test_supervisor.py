@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import gc
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import typing
+import weakref
 
 import pytest
 import torch
 
 import mujou_actors as mujou
+from mujou_actors import snapshot
+from mujou_actors.supervisor import SnapshotWriter
 from tests.crashnet import Net as CrashNet
 from tests.test_state import _equal
 
@@ -321,3 +330,289 @@ def test_a_snapshot_dir_that_takes_no_file_is_refused_before_any_on_start(
     assert node.starts == 0 and not folder.exists()
     mujou.run(node, timer="simulated", duration=0.02).join()      # the node was not claimed
     assert node.starts == 1
+
+
+# -- snapshot files in a used folder, the writer's bound, message types -----------------------
+
+
+def _files(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".mujou"))
+
+
+def test_a_fresh_run_in_a_used_folder_keeps_its_own_new_files(tmp_path) -> None:
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path, keep=3)
+    mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup).join()
+    assert _files(tmp_path)[-1] == "snapshot-00000000001000000000.mujou"
+
+    # A new run starts at t = 0: its files have smaller times than the old run's.
+    run = mujou.run({"n": Flaky()}, timer="simulated", duration=0.1, supervisor=sup)
+    run.join()
+
+    # Kept: the files written last. The old run's newest survives next to the two new ones.
+    assert _files(tmp_path) == ["snapshot-00000000000000000000.mujou",
+                                "snapshot-00000000000100000000.mujou",
+                                "snapshot-00000000001000000000.mujou"]
+    latest = mujou.latest_snapshot(tmp_path)
+    assert latest == str(tmp_path / "snapshot-00000000000100000000.mujou")
+    assert int(mujou.load(latest)["nodes"]["n"]["count"]) == 10   # the new run's state
+
+    mujou.run({"n": Flaky()}, timer="simulated", duration=0.3, supervisor=sup).join()
+    assert _files(tmp_path) == ["snapshot-00000000000100000000.mujou",
+                                "snapshot-00000000000200000000.mujou",
+                                "snapshot-00000000000300000000.mujou"]
+
+
+def _tree(i: int) -> dict:
+    return {"time_ns": i, "x": torch.zeros(1)}
+
+
+class GatedSave:
+    """A save that waits for ``go`` before writing each tree; records the times it wrote."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.started = threading.Semaphore(0)
+        self.times: list[int] = []
+
+    def __call__(self, tree: dict, path: str) -> None:
+        self.started.release()
+        assert self.go.wait(30)
+        mujou.save(tree, path)
+        self.times.append(tree["time_ns"])
+
+
+@pytest.mark.timeout(30)
+def test_the_realtime_writer_holds_two_trees_at_most_and_counts_the_skipped(tmp_path) -> None:
+    save = GatedSave()
+    errors: list[BaseException] = []
+    writer = SnapshotWriter(str(tmp_path), 10, save, errors.append)
+    trees = [_tree(i) for i in range(6)]
+    alive = [weakref.ref(t["x"]) for t in trees]
+    writer.submit(trees[0])
+    assert save.started.acquire(timeout=10)  # tree 0 is being written
+    for tree in trees[1:]:
+        writer.submit(tree)  # never waits
+    del trees, tree
+    gc.collect()
+
+    assert writer.skipped == 4  # 1..4 were each replaced by the next one
+    assert [i for i, ref in enumerate(alive) if ref() is not None] == [0, 5]
+    save.go.set()
+    writer.close(10)
+    assert save.times == [0, 5] and errors == []
+    assert mujou.latest_snapshot(tmp_path).endswith("snapshot-00000000000000000005.mujou")
+
+
+@pytest.mark.timeout(30)
+def test_the_simulated_writer_waits_for_the_previous_file_until_the_run_ends(tmp_path) -> None:
+    save = GatedSave()
+    ending = threading.Event()
+    writer = SnapshotWriter(str(tmp_path), 10, save, lambda e: None, block=True,
+                            cancelled=ending.is_set)
+    writer.submit(_tree(0))
+    assert save.started.acquire(timeout=10)
+    second = threading.Thread(target=writer.submit, args=(_tree(1),))
+    second.start()
+
+    second.join(0.2)
+    assert second.is_alive()  # back-pressure: it waits for file 0
+    save.go.set()
+    second.join(10)
+    assert not second.is_alive()
+    assert save.started.acquire(timeout=10)  # file 1 is being written
+    save.go.clear()
+    third = threading.Thread(target=writer.submit, args=(_tree(2),))
+    third.start()
+    ending.set()  # the run ends: the wait ends too
+    third.join(10)
+    assert not third.is_alive()
+    save.go.set()
+    writer.close(10)
+    assert save.times == [0, 1, 2] and writer.skipped == 0
+
+
+@pytest.mark.timeout(30)
+def test_closing_a_writer_stuck_on_its_disk_is_bounded_and_names_the_file(tmp_path) -> None:
+    save = GatedSave()
+    errors: list[BaseException] = []
+    writer = SnapshotWriter(str(tmp_path), 10, save, errors.append)
+    writer.submit(_tree(7))
+    assert save.started.acquire(timeout=10)
+    writer.submit(_tree(8))
+
+    t0 = time.monotonic()
+    writer.close(0.2)
+
+    assert time.monotonic() - t0 < 5
+    assert len(errors) == 1 and isinstance(errors[0], TimeoutError)
+    assert str(tmp_path / "snapshot-00000000000000000007.mujou") in str(errors[0])
+    save.go.set()
+
+
+def test_a_realtime_run_with_a_slow_disk_skips_snapshots_and_counts_them(
+        tmp_path, monkeypatch) -> None:
+    real = snapshot.save
+
+    def slow(tree: dict, path: str) -> None:
+        time.sleep(0.05)
+        real(tree, path)
+
+    monkeypatch.setattr(snapshot, "save", slow)
+    sup = mujou.Supervisor(snapshot_every=0.005, snapshot_dir=tmp_path, keep=100)
+    run = mujou.run({"n": Flaky()}, duration=0.3, supervisor=sup)
+    run.join()
+    snaps = run.stats().snapshots
+
+    assert snaps.skipped > 0 and snaps.files + snaps.skipped == snaps.count
+    assert len(_files(tmp_path)) == snaps.files
+
+
+def test_a_simulated_run_with_a_slow_disk_writes_every_snapshot(tmp_path, monkeypatch) -> None:
+    real = snapshot.save
+
+    def slow(tree: dict, path: str) -> None:
+        time.sleep(0.01)
+        real(tree, path)
+
+    monkeypatch.setattr(snapshot, "save", slow)
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path, keep=100)
+    run = mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup)
+    run.join()
+    snaps = run.stats().snapshots
+
+    assert (snaps.count, snaps.files, snaps.skipped) == (11, 11, 0)
+    assert len(_files(tmp_path)) == 11
+
+
+class Step(typing.NamedTuple):
+    x: float
+    tag: str
+
+
+@dataclasses.dataclass
+class Goal:
+    x: torch.Tensor
+    steps: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrapped:
+    step: Step
+
+
+def _pair(type_: type, make, declared: type | None = None):
+    class Src(mujou.Node):
+        out = mujou.Output(type_)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.1)
+            self.k = 0
+
+        def on_update(self, dt: float) -> None:
+            self.k += 1
+            self.out.send(make(self.k))
+
+    class Sink(mujou.Node):
+        goal = mujou.Input(declared or type_, depth=2)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.3)
+
+        def on_update(self, dt: float) -> None:
+            pass
+
+    src, sink = Src(), Sink()
+    mujou.connect(src.out, sink.goal)
+    return {"s": src, "l": sink}
+
+
+@pytest.mark.parametrize("type_, make", [
+    (Step, lambda k: Step(k / 2, f"s{k}")),
+    (Goal, lambda k: Goal(torch.full((2,), float(k)), [k, (k, "x")])),
+])
+def test_named_tuple_and_dataclass_messages_round_trip_through_supervisor_files(
+        tmp_path, type_, make) -> None:
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path)
+    run = mujou.run(_pair(type_, make), timer="simulated", duration=0.5, supervisor=sup)
+    run.join()
+    want = run.state_dict()
+
+    again = mujou.run(_pair(type_, make), timer="simulated", duration=0.0,
+                      state=mujou.latest_snapshot(tmp_path))
+    again.join()
+    got = again.state_dict()
+
+    assert want["inputs"]["l.goal"] and want["pending"]["l.goal"]
+    for section in ("inputs", "pending"):
+        assert [type(m) for m in got[section]["l.goal"]] == [type_] * len(want[section]["l.goal"])
+        assert _equal([vars(m) if dataclasses.is_dataclass(m) else m
+                       for m in got[section]["l.goal"]],
+                      [vars(m) if dataclasses.is_dataclass(m) else m
+                       for m in want[section]["l.goal"]])
+
+
+@pytest.mark.parametrize("type_, make, declared, problem", [
+    (Goal, lambda k: Goal(torch.zeros(1), []), object,
+     "a Goal message on its way to Input 'l.goal' (declared object) cannot go into a snapshot "
+     "file: it is a Goal (a dataclass), which a file brings back as a dict"),
+    (Step, lambda k: Step(1.0, "a"), tuple,
+     "it is a Step (a NamedTuple), which a file brings back as a tuple"),
+    (Wrapped, lambda k: Wrapped(Step(1.0, "a")), None,
+     "its field 'step' is a Step (a NamedTuple), which a file brings back as a tuple"),
+    (object, lambda k: {"big": 2**70}, None,
+     "it: big: int 1180591620717411303424 is outside the int64/uint64 range"),
+])
+def test_a_message_a_file_would_not_restore_stops_the_run_at_that_snapshot_naming_the_port(
+        tmp_path, caplog, type_, make, declared, problem) -> None:
+    caplog.set_level(logging.INFO, logger="mujou_actors")
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path)
+    run = mujou.run(_pair(type_, make, declared), timer="simulated", duration=1.0,
+                    supervisor=sup)
+
+    with pytest.raises(TypeError) as info:
+        run.join()
+
+    # The first snapshot (t = 0) has no message yet; the one at 0.1 s has: the run ends there.
+    name = tmp_path / "snapshot-00000000000100000000.mujou"
+    assert str(info.value).startswith(f"cannot write the snapshot file {name}: ")
+    assert problem in str(info.value) and "inputs[" not in str(info.value)
+    assert run.time_ns == 100_000_000
+    assert _files(tmp_path) == ["snapshot-00000000000000000000.mujou"]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+
+
+def test_a_first_snapshot_whose_message_a_file_cannot_hold_fails_mujou_run(tmp_path) -> None:
+    net = _pair(Goal, lambda k: Goal(torch.zeros(1), []), object)
+    sup = mujou.Supervisor(snapshot_dir=tmp_path)
+
+    with pytest.raises(TypeError, match=r"snapshot-00000000000000000000\.mujou: a Goal message "
+                                        r"on its way to Input 'l.goal'"):
+        mujou.run(net, timer="simulated", inputs={"l.goal": Goal(torch.zeros(1), [])},
+                  supervisor=sup)
+    assert net["l"]._mujou_run is None
+
+
+def test_a_failed_write_stops_a_simulated_run_before_its_next_snapshot_logged_once(
+        tmp_path, monkeypatch, caplog) -> None:
+    real = snapshot.save
+
+    def full_after_first(tree: dict, path: str) -> None:
+        if tree["time_ns"] > 0:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(tree, path)
+
+    monkeypatch.setattr(snapshot, "save", full_after_first)
+    caplog.set_level(logging.INFO, logger="mujou_actors")
+    sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path)
+    run = mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup)
+
+    with pytest.raises(OSError, match="No space left on device") as info:
+        run.join()
+
+    assert info.value.filename == str(tmp_path / "snapshot-00000000000100000000.mujou")
+    assert run.time_ns <= 200_000_000   # not the 1 s a run that ignored it would reach
+    assert run.stats().snapshots.files == 1 and _files(tmp_path) == [
+        "snapshot-00000000000000000000.mujou"]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "snapshot-00000000000100000000.mujou" in errors[0].getMessage()
