@@ -18,6 +18,7 @@ from .errors import (
     StartTimeoutError,
     StopTimeoutError,
 )
+from .host import Subscription
 from .node import Node
 from .ports import Input, Output, connect
 from .run import Run, run
@@ -43,6 +44,7 @@ __all__ = [
     "SnapshotStats",
     "StartTimeoutError",
     "StopTimeoutError",
+    "Subscription",
     "Supervisor",
     "Tracer",
     "WorkerStats",

@@ -42,6 +42,7 @@ from .errors import (
     StopTimeoutError,
     describe,
 )
+from .host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
 from .mailbox import Restore, Snapshot, Start, Stop
 from .net import (
     check_file_messages,
@@ -67,8 +68,6 @@ from .trace import Recorder, Tracer, as_tracer, check_writable
 __all__ = ["run", "Run"]
 
 log = logging.getLogger("mujou_actors")
-
-_END = object()  # wakes waiters when the run ends
 
 # Runs not yet ended, so that interpreter exit can stop them: their threads are
 # daemons, and a daemon killed inside a torch operation at exit aborts the
@@ -134,9 +133,8 @@ class Run:
         self._lock = threading.Lock()
         self._end_requested = threading.Event()
         self._ended = threading.Event()
-        self._host_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._host_thread: threading.Thread | None = None
-        self._waiters: list[queue.SimpleQueue[Any]] = []
+        # Subscriptions, waiters and the mujou-host thread (see host.py).
+        self._host = Host(self._host_copy, self._callback_failed)
         self._wall_start = time.perf_counter()
         self._wall_end: float | None = None
         self._end_ns: int | None = None
@@ -196,8 +194,31 @@ class Run:
 
         Returns:
             bool: True when the run has ended.
+
+        Raises:
+            RuntimeError: called from inside a hook or a subscriber callback
+                (the end waits for those to return; check `running` instead).
         """
+        self._check_caller("wait()")
         return self._ended.wait(timeout)
+
+    def _check_caller(self, call: str) -> None:
+        """Refuse a call that waits for the end from a thread the end waits for.
+
+        The end waits for every hook and for the subscriber callbacks (the
+        ``mujou-host`` thread) to return, so such a call would block until
+        ``stop_timeout`` or forever.
+        """
+        if self._dispatcher.is_own_thread():
+            raise RuntimeError(
+                f"{call} from inside a hook would block its thread until the run ends, and "
+                "the run's end waits for the hook: use run.stop() to end the run, "
+                "run.running to check")
+        if self._host.on_thread():
+            raise RuntimeError(
+                f"{call} from a subscriber callback would block the callbacks' thread "
+                "(mujou-host) until the run ends, and the run's end waits for the callbacks: "
+                "use run.stop() to end the run, run.running to check")
 
     @property
     def failure(self) -> BaseException | None:
@@ -302,30 +323,46 @@ class Run:
 
         return detach
 
-    def subscribe(self, port: Port | str, callback: Callable[[Any], None]) -> Callable[[], None]:
+    def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
+                  depth: int = HOST_QUEUE_DEPTH) -> Subscription:
         """Call ``callback(message)`` for every later message of a port.
 
         Callbacks run in send order on the thread ``mujou-host`` (never on a
-        worker), each with a copy of the message. A callback that raises stops
-        the run; `join` raises `CallbackError`.
+        worker), each with a copy of the message. Each subscription queues at
+        most ``depth`` messages for its callback; when the callback falls
+        further behind, the oldest is dropped and counted
+        (`Subscription.dropped`, logged once). A callback that raises
+        (whatever it raises) stops the run; `join` raises `CallbackError`. The
+        other subscriptions are served until the end. When the run ends, what
+        is queued is delivered for at most ``stop_timeout`` seconds, the rest
+        counted in `Subscription.undelivered`.
 
         Args:
             port (Port | str): an Output (every message sent on it) or an
                 Input (every message delivered to it), or its dotted path.
             callback: called with one argument.
+            depth (int): the most messages waiting for this callback, >= 1.
+                Default: `HOST_QUEUE_DEPTH` (1024).
 
         Returns:
-            A function that cancels the subscription.
+            Subscription: call it (or its ``cancel()``) to cancel the
+            subscription; it counts the calls and the dropped messages.
+
+        Raises:
+            ValueError / TypeError: no such port in this run, a callback that
+                is not callable, a bad ``depth``.
+            NotRunningError: the run has ended.
         """
         p = self._port(port)
         if not callable(callback):
             raise TypeError(f"subscribe({p.path!r}): callback must be callable")
-        self._start_host_thread()
-        put = self._host_queue.put
-        return self._listen(p, lambda m: put((p, callback, m)))
+        depth = check_depth(f"subscribe({p.path!r})", depth)
+        sub = self._host.subscribe(p.path, callback, depth)
+        sub.detach = self._listen(p, sub.put)
+        return sub
 
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
-                 timeout: float | None = None) -> Any:
+                 timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
         """Wait for the first message of a port, sent after this call, that matches.
 
         Args:
@@ -333,6 +370,9 @@ class Run:
             predicate: tried on every message in order (on the calling
                 thread); None matches the first message.
             timeout (float, optional): wall seconds.
+            depth (int): the most messages waiting for the predicate, >= 1;
+                when it falls further behind, the oldest is dropped unseen
+                (logged once). Default: `HOST_QUEUE_DEPTH` (1024).
 
         Returns:
             A copy of the matching message.
@@ -340,61 +380,39 @@ class Run:
         Raises:
             TimeoutError: no match within ``timeout``.
             NotRunningError: the run ended before a match.
+            RuntimeError: called from inside a hook or a subscriber callback
+                (the run's end waits for those).
         """
         p = self._port(port)
-        if self._dispatcher.is_own_thread():
-            raise RuntimeError("wait_for() from inside a hook would block a worker forever")
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        detach = self._listen(p, inbox.put)
-        with self._lock:
-            self._waiters.append(inbox)
-            ended = self._ended.is_set()
+        self._check_caller("wait_for()")
+        what = f"wait_for({p.path!r})"
+        waiter = Waiter(what, check_depth(what, depth))
         deadline = None if timeout is None else time.monotonic() + timeout
+        detach = self._listen(p, waiter.put)
         try:
+            self._host.add_waiter(waiter)  # refused once the run has ended
             while True:
-                if ended and inbox.empty():
-                    raise NotRunningError(f"wait_for({p.path!r}): the run ended without a match")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"wait_for({p.path!r}): no match within {timeout} s")
-                try:
-                    message = inbox.get(timeout=left)
-                except queue.Empty:
-                    continue
-                if message is _END:
-                    ended = True
-                    continue
+                # Checked before each message too: a port that keeps sending
+                # must not keep a failing predicate from timing out.
+                ok, message = waiter.get(deadline)
+                if not ok or (deadline is not None and time.monotonic() > deadline):
+                    raise TimeoutError(f"{what}: no match within {timeout} s"
+                                       + waiter.drops_note())
                 message = self._host_copy(message)
                 if predicate is None or predicate(message):
                     return message
         finally:
             detach()
-            with self._lock:
-                self._waiters.remove(inbox)
+            self._host.remove_waiter(waiter)
 
-    def _start_host_thread(self) -> None:
+    def _callback_failed(self, sub: Subscription, exc: BaseException) -> None:
+        """A subscriber callback raised: the run ends, and join() raises CallbackError."""
+        err = CallbackError(f"subscriber of {sub.port!r} raised {describe(exc)}")
+        err.__cause__ = exc
         with self._lock:
-            if self._host_thread is None:
-                thread = threading.Thread(target=self._host_loop, name="mujou-host", daemon=True)
-                thread.start()
-                self._host_thread = thread  # published only once started: _finish joins it
-
-    def _host_loop(self) -> None:
-        get = self._host_queue.get
-        while True:
-            item = get()
-            if item is _END:
-                return
-            port, callback, message = item
-            try:
-                callback(self._host_copy(message))
-            except Exception as exc:
-                err = CallbackError(f"subscriber of {port.path!r} raised {describe(exc)}")
-                err.__cause__ = exc
-                log.error("%s", err, exc_info=exc)
-                with self._lock:
-                    self._failures.append(err)
-                self._request_end()
+            self._failures.append(err)
+        self._request_end()
+        log.error("%s", err, exc_info=exc)
 
     # -- ending -------------------------------------------------------------------------
     def _request_end(self) -> None:
@@ -709,13 +727,8 @@ class Run:
         self._release()
         if self._writer is not None:
             self._writer.close(self._stop_timeout)  # each file is complete or absent
-        if self._host_thread is not None:
-            self._host_queue.put(_END)
-            if threading.current_thread() is not self._host_thread:
-                self._host_thread.join()
-        with self._lock:
-            for inbox in self._waiters:
-                inbox.put(_END)
+        # Queued callbacks get at most stop_timeout more; waiters are woken.
+        self._host.close(self._stop_timeout)
 
     def _write_trace(self) -> None:
         """Write the trace file of a traced run (once its threads have stopped)."""
@@ -751,8 +764,8 @@ class Run:
         deadlocks.
         """
         self._request_end()
-        if self._dispatcher.is_own_thread() or threading.current_thread() in (
-                self._host_thread, self._coordinator):
+        if (self._dispatcher.is_own_thread() or self._host.on_thread()
+                or threading.current_thread() is self._coordinator):
             return
         self._ended.wait()
 
@@ -768,10 +781,10 @@ class Run:
             CallbackError: a subscriber callback raised.
             StopTimeoutError: nodes were stuck in a hook when the run stopped.
             TimeoutError: the run has not ended within ``timeout``.
-            RuntimeError: called from inside a hook (it would wait for itself).
+            RuntimeError: called from inside a hook or a subscriber callback
+                (it would wait for itself; use `stop`).
         """
-        if self._dispatcher.is_own_thread():
-            raise RuntimeError("join() from inside a hook would wait for itself; use stop()")
+        self._check_caller("join()")
         if not self._ended.wait(timeout):
             raise TimeoutError(f"the run has not ended within {timeout} s")
         self._raise_outcome()

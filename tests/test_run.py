@@ -1234,3 +1234,225 @@ def test_describe_formats_any_exception_without_raising() -> None:
     assert describe(_BadStrAndRepr()) == "_BadStrAndRepr: <_BadStrAndRepr.__str__ raised>"
     assert describe(NotStr()) == "NotStr: <NotStr.__str__ raised>"
     assert describe(Sub()) == "Sub: sub" and type(describe(Sub())) is str
+
+
+# -- the host's subscribers and waiters ----------------------------------------------
+
+
+def test_join_wait_and_wait_for_from_a_subscriber_callback_raise_runtime_error() -> None:
+    errors: list[tuple[str, BaseException | None]] = []
+    done = threading.Event()
+    holder: list[mujou.Run] = []
+
+    def callback(m: int) -> None:
+        if done.is_set():
+            return
+        run_ = holder[0]
+        for name, call in [("join", lambda: run_.join(timeout=0.2)),
+                           ("wait", lambda: run_.wait(timeout=0.2)),
+                           ("wait_for", lambda: run_.wait_for("src.out", timeout=0.2))]:
+            try:
+                call()
+            except BaseException as exc:  # noqa: BLE001 - recorded for the asserts
+                errors.append((name, exc))
+            else:
+                errors.append((name, None))
+        done.set()
+
+    run = mujou.run(Pipe(), timer="simulated")
+    holder.append(run)
+    run.subscribe("src.out", callback)
+    assert done.wait(10)
+    run.stop()
+    run.join(timeout=10)
+
+    assert [name for name, _ in errors] == ["join", "wait", "wait_for"]
+    for name, exc in errors:
+        assert isinstance(exc, RuntimeError), (name, exc)
+        assert str(exc).startswith(f"{name}() from a subscriber callback would block")
+        assert "use run.stop()" in str(exc)
+
+
+def test_wait_from_inside_a_hook_raises_runtime_error() -> None:
+    holder: list[mujou.Run] = []
+    got: list[BaseException | bool] = []
+
+    class Waits(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            if not got:
+                try:
+                    got.append(holder[0].wait(timeout=0.05))
+                except RuntimeError as exc:
+                    got.append(exc)
+
+    run = mujou.run(Waits(), timer="simulated", duration=0.02)
+    holder.append(run)
+    run.join(timeout=10)
+
+    assert len(got) == 1 and isinstance(got[0], RuntimeError)
+    assert str(got[0]).startswith("wait() from inside a hook would block its thread")
+
+
+def test_subscribe_after_the_end_is_refused_and_starts_no_thread() -> None:
+    def host_threads() -> int:
+        return sum(t.name == "mujou-host" for t in threading.enumerate())
+
+    before = host_threads()
+    run = mujou.run(Pipe(), timer="simulated", duration=0.05)
+    run.join()
+
+    for _ in range(3):
+        with pytest.raises(mujou.NotRunningError, match=r"subscribe\('src.out'\): .*ended"):
+            run.subscribe("src.out", print)
+
+    assert host_threads() == before
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), BrokenStr()],
+                         ids=["SystemExit", "KeyboardInterrupt", "broken __str__"])
+def test_a_callback_raising_any_exception_is_reported_and_the_others_still_get_every_message(
+        exc: BaseException) -> None:
+    net = Pipe()
+    seen: list[int] = []
+    raised: list[int] = []
+
+    def bad(m: int) -> None:
+        raised.append(m)
+        raise exc
+
+    run = mujou.run(net, timer="simulated")  # runs until the failure ends it
+    good = run.subscribe("src.out", seen.append, depth=100_000)
+    run.subscribe("src.out", bad)
+    with pytest.raises(mujou.CallbackError) as info:
+        run.join(timeout=10)
+
+    assert info.value.__cause__ is exc
+    assert str(info.value) == {
+        SystemExit: "subscriber of 'src.out' raised SystemExit: 3",
+        KeyboardInterrupt: "subscriber of 'src.out' raised KeyboardInterrupt",
+        BrokenStr: "subscriber of 'src.out' raised BrokenStr: <BrokenStr.__str__ raised>",
+    }[type(exc)]
+    # Every message sent until the end reached the other subscriber, in order.
+    assert seen == list(range(seen[0], run.read("src.out") + 1))
+    assert good.delivered == len(seen) and good.dropped == 0 and good.undelivered == 0
+    assert len(raised) == 1 and not good.active  # a callback that raised is called no more
+
+
+class Sink(mujou.Node):
+    """A triggered node with one Input the host writes to."""
+
+    inp = mujou.Input(int, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+
+    def on_update(self, dt: float) -> None:
+        self.inp.drain()
+
+
+def test_a_slow_subscriber_keeps_its_newest_messages_up_to_its_depth_and_counts_the_drops(
+        caplog) -> None:
+    entered, release, last = threading.Event(), threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def slow(m: int) -> None:
+        seen.append(m)
+        if m == 0:
+            entered.set()
+            assert release.wait(10)
+        if m == 10:
+            last.set()
+
+    caplog.set_level(logging.WARNING, logger="mujou_actors")
+    with mujou.run({"sink": Sink()}, timer="simulated") as run:
+        sub = run.subscribe("sink.inp", slow, depth=4)
+        run.write("sink.inp", 0)
+        assert entered.wait(10)
+        for i in range(1, 11):  # the callback is busy with 0: these queue up
+            run.write("sink.inp", i)
+        assert sub.dropped == 6
+        release.set()
+        assert last.wait(10)
+
+    assert seen == [0, 7, 8, 9, 10]  # the oldest were dropped
+    assert (sub.delivered, sub.dropped, sub.undelivered) == (5, 6, 0)
+    drops = [r for r in caplog.records if "falls behind" in r.getMessage()]
+    assert len(drops) == 1 and "'sink.inp'" in drops[0].getMessage()
+    assert "depth=4" in drops[0].getMessage()
+
+
+@pytest.mark.timeout(20)
+def test_stop_waits_at_most_stop_timeout_for_a_stuck_callback_and_counts_what_is_left(
+        caplog) -> None:
+    entered, release = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def stuck(m: int) -> None:
+        seen.append(m)
+        entered.set()
+        release.wait(30)
+
+    run = mujou.run({"sink": Sink()}, timer="simulated", stop_timeout=0.3)
+    sub = run.subscribe("sink.inp", stuck, depth=8)
+    run.write("sink.inp", 0)
+    assert entered.wait(10)
+    for i in range(1, 5):
+        run.write("sink.inp", i)
+    t0 = time.monotonic()
+    run.stop()
+    elapsed = time.monotonic() - t0
+    release.set()
+    host = run._host.thread
+    assert host is not None
+    host.join(10)
+
+    assert 0.3 <= elapsed < 5  # the callback's share of the stop is stop_timeout
+    assert (sub.delivered, sub.dropped, sub.undelivered) == (1, 0, 4)
+    assert seen == [0] and not host.is_alive()  # nothing is delivered past the bound
+    text = caplog.text
+    assert "4 message(s) were not delivered" in text and "left behind" in text
+    run.join()  # a stuck callback is logged, not a failure of the run
+
+
+def test_the_queue_of_a_slow_wait_for_is_bounded_and_its_drops_are_reported() -> None:
+    entered, written = threading.Event(), threading.Event()
+    tried: list[int] = []
+    run = mujou.run({"sink": Sink()}, timer="simulated")
+
+    def writer() -> None:
+        run.write("sink.inp", 0)
+        assert entered.wait(10)
+        for i in range(1, 11):  # the predicate is busy with 0: these queue up
+            run.write("sink.inp", i)
+        written.set()
+        run.stop()
+
+    def never(m: int) -> bool:
+        tried.append(m)
+        if m == 0:
+            entered.set()
+            assert written.wait(10)
+        return False
+
+    def start_writer_once_waiting() -> None:
+        deadline = time.monotonic() + 10
+        while not run._host._waiters and time.monotonic() < deadline:
+            time.sleep(0.001)  # registered once it listens: the first write is seen
+        writer()
+
+    thread = threading.Thread(target=start_writer_once_waiting)
+    thread.start()
+    with pytest.raises(mujou.NotRunningError,
+                       match=r"6 message\(s\) were dropped unseen.*depth=4"):
+        run.wait_for("sink.inp", never, depth=4)
+    thread.join(10)
+
+    assert tried[0] == 0 and tried[1:] == [7, 8, 9, 10]
