@@ -983,14 +983,19 @@ def run(
             raise NetError(f"node {path or '<root>'!r} ({type(node).__name__}) "
                            "is already part of a running net")
     warn_unknown_hooks(found)
+    previous = [(node, node._mujou_path) for _, node in found]
     for path, node in found:
         node._mujou_path = path  # ports name themselves by path from here on
-    ports = collect_ports(found)
-    initial = resolve_inputs(ports, inputs)
-    if tree is not None:
-        check_fit(tree, found, ports, state)
-
-    seeds = settle_seeds(found, tree, seed)
+    try:
+        ports = collect_ports(found)
+        initial = resolve_inputs(ports, inputs)
+        if tree is not None:
+            check_fit(tree, found, ports, state)
+        seeds = settle_seeds(found, tree, seed)
+    except BaseException:
+        for node, old in previous:  # a refused run leaves the nodes as they were
+            node._mujou_path = old
+        raise
 
     # Every argument is checked: the nodes are claimed from here on, and a
     # failure before the threads run releases them again (a later
@@ -1041,6 +1046,8 @@ def run(
             started.shutdown()
             started.join_threads(timeout=timeout)
         _unclaim(found, ports, token)
+        for node, old in previous:
+            node._mujou_path = old
         if result is not None:
             _unended.discard(result)  # never started: there is nothing to stop at exit
         raise

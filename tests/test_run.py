@@ -495,9 +495,12 @@ def test_a_run_never_touches_the_global_generator() -> None:
     "kwargs, error, text",
     [
         ({"timer": "wall"}, ValueError, "timer"),
+        ({"timer": 1}, ValueError, "timer"),
         ({"workers": 0}, ValueError, "workers"),
         ({"workers": 1.5}, TypeError, "workers"),
+        ({"workers": True}, TypeError, "workers"),
         ({"duration": -1}, ValueError, "duration"),
+        ({"duration": "1"}, TypeError, "duration"),
         ({"duration": float("nan")}, ValueError, "duration"),
         ({"stop_timeout": 0}, ValueError, "stop_timeout"),
         ({"stop_timeout": "1"}, TypeError, "stop_timeout"),
@@ -517,6 +520,9 @@ def test_a_run_never_touches_the_global_generator() -> None:
         ({"cuda_sync": "fast"}, ValueError, "cuda_sync"),
         ({"trace": 3}, TypeError, "trace"),
         ({"trace": ""}, ValueError, "trace"),
+        ({"trace": "/dev/null/trace.json"}, NotADirectoryError, "trace file"),
+        ({"supervisor": mujou.Supervisor(snapshot_dir="/dev/null/snapshots")},
+         NotADirectoryError, "snapshot_dir"),
         ({"state": 42}, TypeError, "state must be"),
         ({"state": {"format": 1}}, mujou.SnapshotError, "lacks"),
     ],
@@ -528,6 +534,7 @@ def test_a_bad_run_argument_is_named_and_leaves_the_net_free_to_run(kwargs, erro
         mujou.run(net, **kwargs)
 
     assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
+    assert [n.path for n in (net, net.src, net.sink)] == [None, None, None]  # never in a run
     run = mujou.run(net, timer="simulated", duration=0.03)  # the same nodes, at once
     run.join(timeout=10)
     assert net.sink.received == [1, 2, 3]
@@ -546,6 +553,7 @@ def test_a_failure_while_the_run_is_built_releases_the_nodes(monkeypatch) -> Non
             mujou.run(net, timer="simulated", duration=0.03)
 
     assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
+    assert [n.path for n in (net, net.src, net.sink)] == [None, None, None]
     run = mujou.run(net, timer="simulated", duration=0.03)
     run.join(timeout=10)
     assert net.sink.received == [1, 2, 3]
