@@ -124,6 +124,7 @@ class Run:
         self._port_ids = {id(p) for p in ports.values()}
         self._seeds = seeds
         self._stop_timeout = stop_timeout
+        self._start_timeout = 60.0  # set by run(): bounds a restart's on_start and restore too
         self._actor_of = {id(a.node): a for a in actors}
         self._views: dict[int, _View] = {}
         self._input_views: dict[int, _View] = {}
@@ -480,13 +481,23 @@ class Run:
             tree = self._latest
             assert tree is not None
             started = [a for a in self._actors if a.started]
-            d.run_control(started, Stop(), self._stop_timeout, help=True)
-            d.run_control(self._actors, Start(), self._stop_timeout, help=True)
+            # Bounded as at the end and at the start; a node that does not make
+            # it ends the run (the coordinator records the error), rather than
+            # the restart going on without it.
+            late = d.run_control(started, Stop(), self._stop_timeout, help=True)
+            if late:
+                raise StopTimeoutError({a.path: a.hook or "on_stop" for a in late},
+                                       self._stop_timeout)
+            deadline = time.monotonic() + self._start_timeout
+            late = d.run_control(self._actors, Start(), self._start_timeout, help=True)
+            if late:
+                raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
+                                        [a.path for a in late if not a.busy],
+                                        self._start_timeout)
             d.discard_messages()
             for actor in self._actors:
                 actor.restarts += 1
-            self._restore_tree(tree, time.monotonic() + self._stop_timeout,
-                               self._stop_timeout, rewind=True)
+            self._restore_tree(tree, deadline, self._start_timeout, rewind=True)
             at = tree["time_ns"] if d.simulated else self._timer.now_ns()
             if not d.simulated:
                 for actor in self._actors:
@@ -1052,6 +1063,7 @@ def run(
             _unended.discard(result)  # never started: there is nothing to stop at exit
         raise
     # One bound for the whole start phase: the on_start hooks, then the restore.
+    result._start_timeout = start_limit
     start_deadline = time.monotonic() + start_limit
     late = dispatcher.run_control(actors, Start(), start_limit)
     try:

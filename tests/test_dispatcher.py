@@ -467,3 +467,43 @@ def test_restarts_count_each_hook_once_in_the_workers_busy_time(
     # time again, five times over here, more than the host could have run).
     assert other_hooks == 2 + 2 + 2 * 5
     assert busy_ns // 1_000_000 <= other_hooks
+
+
+@pytest.mark.timeout(20)
+def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
+    entered, release = threading.Event(), threading.Event()
+    stopped: list[str] = []
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:  # holds the only worker
+            entered.set()
+            release.wait(30)
+
+    class Stops(mujou.Node):
+        def __init__(self, blocks: bool) -> None:
+            super().__init__(period=None)
+            self.blocks = blocks
+
+        def on_stop(self) -> None:
+            if self.blocks:
+                release.wait(30)
+            stopped.append(self._mujou_path)
+
+    net = {"s": Stuck(), "a": Stops(True), "b": Stops(False), "c": Stops(False)}
+    run = mujou.run(net, workers=1, stop_timeout=0.3)
+    try:
+        assert entered.wait(5)
+        run.stop()
+        with pytest.raises(mujou.StopTimeoutError) as info:
+            run.join(timeout=5)
+        done = list(stopped)
+    finally:
+        release.set()
+
+    # The worker is stuck, a helper is stuck in a's on_stop (the first in the
+    # net's order): another helper still runs b's and c's.
+    assert info.value.stuck == {"s": "on_update", "a": "on_stop"}
+    assert done == ["b", "c"]

@@ -616,3 +616,54 @@ def test_a_failed_write_stops_a_simulated_run_before_its_next_snapshot_logged_on
         "snapshot-00000000000000000000.mujou"]
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "snapshot-00000000000100000000.mujou" in errors[0].getMessage()
+
+
+class _StuckRestart(mujou.Node):
+    """Fails in its 3rd update; blocks in ``hook`` during the restart that follows."""
+
+    def __init__(self, hook: str, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.hook, self.release, self.n = hook, release, 0
+        self.calls: list[str] = []
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.hook and self.calls.count("on_start") == (1 if name == "on_stop" else 2):
+            self.release.wait(30)
+
+    def on_start(self) -> None:
+        self._call("on_start")
+
+    def on_stop(self) -> None:
+        self._call("on_stop")
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            raise RuntimeError("fails once")
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("hook, error", [("on_stop", mujou.StopTimeoutError),
+                                         ("on_start", mujou.StartTimeoutError)])
+def test_a_one_for_all_restart_stuck_in_a_hook_ends_the_run_naming_it(hook, error) -> None:
+    release = threading.Event()
+    node = _StuckRestart(hook, release)
+    run = mujou.run({"x": node, "y": mujou.Node(period=0.01)}, workers=1, timer="simulated",
+                    supervisor=mujou.Supervisor(restart="one_for_all"),
+                    start_timeout=0.3, stop_timeout=0.2)
+    try:
+        with pytest.raises(error) as info:
+            run.join(timeout=10)
+    finally:
+        release.set()
+
+    assert info.value.stuck == {"x": hook}
+    assert node.calls[-1] == hook
+    assert node.calls.count("on_start") == (1 if hook == "on_stop" else 2)
