@@ -279,9 +279,11 @@ class Host:
         for the thread. Messages still queued after ``timeout`` are discarded
         and counted in each subscription's `Subscription.undelivered`; a
         callback still running then is left behind on its daemon thread.
-        Both are logged.
+        Both are logged. Idempotent: a second call does nothing.
         """
         with self.cond:
+            if self._closed:
+                return
             self._closed = True
             self._deadline = time.monotonic() + timeout
             thread = self._thread
@@ -296,8 +298,9 @@ class Host:
             left = self._discard_undelivered()
             self.cond.notify_all()
         if thread is not None and thread.is_alive():
-            log.error("a subscriber callback is still running %s s after the run ended; "
-                      "its thread mujou-host is left behind (a daemon thread)", timeout)
+            log.error("a subscriber callback was still running when stop_timeout (%s s) ran "
+                      "out; the stop does not wait for it (its thread, mujou-host, is a daemon "
+                      "thread and calls no further callback)", timeout)
         if left:
             log.warning("%s message(s) were not delivered to subscribers: the callbacks were "
                         "still behind when stop_timeout (%s s) ran out (counted in "

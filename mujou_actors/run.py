@@ -691,6 +691,9 @@ class Run:
         finally:
             self._wall_end = time.perf_counter()
             _unended.discard(self)
+            # Whatever stopped _finish short, no waiter may wait on (a no-op
+            # once _finish closed the host's side).
+            self._host.close(0.0)
             self._ended.set()
 
     def _timed_event(self) -> tuple[Any, ...]:
