@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .errors import describe
 from .node import check_seed
 
 __all__ = ["derive_seed", "Supervisor", "SnapshotWriter", "RESTART_STRATEGIES"]
@@ -303,7 +304,7 @@ class SnapshotWriter:
                     self._writing = None
                     self._cond.notify_all()
                 # One line: join() raises the error itself (marked for front ends).
-                log.error("writing a snapshot to %s failed: %s", self.folder, _words(exc),
+                log.error("writing a snapshot to %s failed: %s", self.folder, describe(exc),
                           extra={"mujou_failure": True})
                 self._on_error(exc)
                 return
@@ -345,15 +346,6 @@ def _mtime_ns(path: str) -> int:
         return os.stat(path).st_mtime_ns
     except FileNotFoundError:
         return 0
-
-
-def _words(exc: BaseException) -> str:
-    """``Type: message`` of an exception, whatever its ``__str__`` does."""
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - its type is still worth showing
-        text = ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def write_pointer(folder: str, name: str) -> None:

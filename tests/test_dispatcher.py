@@ -507,3 +507,26 @@ def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
     # net's order): another helper still runs b's and c's.
     assert info.value.stuck == {"s": "on_update", "a": "on_stop"}
     assert done == ["b", "c"]
+
+
+@pytest.mark.timeout(20)
+def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
+        monkeypatch, caplog) -> None:
+    real = dispatcher.Dispatcher._claim_batch
+    calls: list[int] = []
+
+    def breaks_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # a defect of the dispatcher itself, not a hook's failure
+            raise RuntimeError("defect in the loop")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(dispatcher.Dispatcher, "_claim_batch", breaks_once)
+    node = Counter()
+    run = mujou.run(node, workers=1, timer="simulated", duration=1.0, stop_timeout=0.2)
+
+    # The only worker died: the run still ends and reports it.
+    with pytest.raises(RuntimeError, match="defect in the loop"):
+        run.join(timeout=10)
+    assert len(node.dts) == 2
+    assert "thread mujou-worker-0 of the run died" in caplog.text
