@@ -17,7 +17,6 @@ import hashlib
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections import deque
