@@ -564,14 +564,19 @@ class Dispatcher:
                 if not actor.busy:
                     self._schedule(actor)
             self._cond.notify_all()
-            while self._phase_left[phase]:
-                if help and not self._free_helpers and self._control_waits():
-                    self._start_helper()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                # Polled too: an envelope queued behind a stuck helper wakes no one.
-                self._wait(min(left, 0.05))
+            try:
+                while self._phase_left[phase]:
+                    if help and not self._free_helpers and self._control_waits():
+                        self._start_helper()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    # Polled too: an envelope queued behind a stuck helper wakes no one.
+                    self._wait(min(left, 0.05))
+            except BaseException:  # the waiting thread interrupted (KeyboardInterrupt)
+                self._phase_left.pop(phase)
+                self._withdraw(actors, envelope)  # none of them starts behind its back
+                raise
             left = self._phase_left.pop(phase)
             if not left:
                 return []

@@ -1068,8 +1068,9 @@ def run(
     # One bound for the whole start phase: the on_start hooks, then the restore.
     result._start_timeout = start_limit
     start_deadline = time.monotonic() + start_limit
-    late = dispatcher.run_control(actors, Start(), start_limit)
     try:
+        # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
+        late = dispatcher.run_control(actors, Start(), start_limit)
         if result._failures:  # an on_start raised: that is the cause, not what waited
             result._raise_outcome()
         if late:

@@ -1464,3 +1464,29 @@ def test_the_queue_of_a_slow_wait_for_is_bounded_and_its_drops_are_reported() ->
     thread.join(10)
 
     assert tried[0] == 0 and tried[1:] == [7, 8, 9, 10]
+
+
+@pytest.mark.timeout(20)
+def test_a_keyboard_interrupt_while_mujou_run_waits_for_on_start_stops_the_run() -> None:
+    import _thread
+
+    release = threading.Event()
+    log: list[str] = []
+
+    class Interrupts(_Starts):
+        def on_start(self) -> None:
+            _thread.interrupt_main()  # as Ctrl-C would, while the host waits
+            release.wait(30)
+            super().on_start()
+
+    net = {"c": _Starts(log), "i": Interrupts(log), "later": _Starts(log)}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mujou.run(net, workers=1, timer="simulated", stop_timeout=0.2)
+    finally:
+        release.set()
+
+    assert net["i"].done.wait(5)  # left behind, it has returned now
+    assert log == ["c", "i"]  # 'later' never started, not even once the worker was free
+    assert [n.stopped for n in net.values()] == [1, 0, 0]
+    assert all(n._mujou_run is None for n in net.values())  # released
