@@ -4,7 +4,10 @@ A *tree* is nested ``dict`` (keys ``str`` or ``int``), ``list``, ``tuple``,
 ``None``, ``bool``, ``int`` (within int64/uint64), ``float``, ``str``,
 ``bytes`` and ``torch.Tensor`` (strided, any device: saved from a CPU copy,
 loaded on the CPU). Subclasses are stored as their base type (an
-``OrderedDict`` loads as a ``dict``, a ``bytearray`` as ``bytes``).
+``OrderedDict`` loads as a ``dict``, a ``bytearray`` as ``bytes``, a NamedTuple
+as a ``tuple``) and a dataclass instance as a ``dict`` of its fields;
+`from_file` puts a message back into the NamedTuple or dataclass its Input
+declares.
 
 File format, version 1 (all integers little-endian)::
 
@@ -420,6 +423,7 @@ def _fsync_folder(folder: str) -> None:
 # -- messages: what comes back from a file as it was ------------------------------------
 
 _EXACT = (type(None), bool, int, float, str, bytes, torch.Tensor, list, dict, tuple)
+_DTYPE_SET = frozenset(_DTYPES.values())
 
 
 def _is_named_tuple(cls: type) -> bool:
@@ -463,16 +467,29 @@ def file_problem(message: Any, declared: type) -> str | None:
             problem = _plain_problem(value, f"its field {name!r}")
             if problem:
                 return problem
-        return _encode_problem(dict(fields), "its fields")
-    return _plain_problem(message, "it") or _encode_problem(message, "it")
+        return None
+    return _plain_problem(message, "it")
 
 
 def _plain_problem(value: Any, what: str) -> str | None:
-    """The first value inside ``value`` whose type a file does not bring back; None if none."""
+    """The first value inside ``value`` that a file does not bring back as it is; None if none.
+
+    Checks what `_encode` checks (cheaply: this runs on every message at every supervisor
+    snapshot) and also that every type is exactly a plain one.
+    """
     stack = [(value, what, 0)]
     while stack:
         value, what, depth = stack.pop()
         vt = type(value)
+        if vt is torch.Tensor:
+            if value.dtype not in _DTYPE_SET or value.layout != torch.strided or value.is_meta:
+                return f"{what} is a {value.layout} {value.dtype} tensor, which a file cannot hold"
+            continue
+        if vt is int or vt is str:
+            problem = _scalar_problem(value, what)
+            if problem:
+                return problem
+            continue
         if vt not in _EXACT:
             if _is_named_tuple(vt):
                 kind, back = "a NamedTuple", "a tuple"
@@ -491,18 +508,24 @@ def _plain_problem(value: Any, what: str) -> str | None:
                 if type(key) not in (str, int):
                     return (f"{what} has a key of type {type(key).__name__} (a file holds str "
                             "and int keys)")
+                problem = _scalar_problem(key, f"{what} has a key that")
+                if problem:
+                    return problem
                 stack.append((item, f"{what}[{key!r}]", depth + 1))
         elif vt is list or vt is tuple:
             stack.extend((item, f"{what}[{i}]", depth + 1) for i, item in enumerate(value))
     return None
 
 
-def _encode_problem(value: Any, what: str) -> str | None:
-    """What `encode` refuses in a plain value (an int beyond 64 bits, a lone surrogate...)."""
-    try:
-        _encode(value)
-    except (TypeError, ValueError) as e:
-        return f"{what}: {_reason(e)}"
+def _scalar_problem(value: int | str, what: str) -> str | None:
+    if type(value) is int:
+        if not -(2**63) <= value < 2**64:
+            return f"{what} is the int {value}, outside the int64/uint64 range of a file"
+    elif not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{what} is a str that is not valid Unicode (a lone surrogate)"
     return None
 
 

@@ -78,8 +78,9 @@ class Supervisor:
     first snapshot right after the start (after a restore, if any), then one at
     every multiple of ``snapshot_every`` seconds of the run's timer. Each
     snapshot is a consistent cut: the run pauses only while the state is
-    copied in memory; files are written by a background thread, and every
-    file is complete when ``join`` returns.
+    copied in memory; files are written by a background thread (see
+    `SnapshotWriter` for its bound), each complete or absent, and ``join``
+    returns once they are written (within ``stop_timeout``).
 
     Args:
         restart (str): what a hook that raises does. ``"none"``: the run
@@ -99,9 +100,10 @@ class Supervisor:
             snapshots; None takes only the first one. Default: None.
         snapshot_dir (str | os.PathLike, optional): where snapshot files go
             (created if missing); None keeps snapshots in memory only.
-        keep (int): snapshot files kept in ``snapshot_dir``, newest first; a
-            file ``latest`` names the newest one and is replaced atomically.
-            Default: 3.
+        keep (int): snapshot files kept in ``snapshot_dir``: the ones written
+            last (an earlier run's files go first, whatever their times); a
+            file ``latest`` names the one written last and is replaced
+            atomically. Default: 3.
 
     Raises:
         ValueError: an unknown strategy, ``max_restarts`` < 0, ``keep`` < 1, or

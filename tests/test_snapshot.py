@@ -737,3 +737,20 @@ def test_a_dataclass_is_stored_as_a_dict_of_its_fields() -> None:
     back = snapshot.from_file(got["m"][0], Goal)
     assert type(back) is Goal and back.name == "g" and torch.equal(back.x, torch.arange(3.0))
     assert snapshot.from_file({"x": 1}, Goal) == {"x": 1}  # not its fields: left to the port
+
+
+@pytest.mark.parametrize("message, problem", [
+    ([1, {"k": (2.0, b"x")}], None),
+    (torch.zeros(2).to_sparse(), "it is a torch.sparse_coo torch.float32 tensor"),
+    ({"s": "\ud800"}, "it['s'] is a str that is not valid Unicode"),
+    ({2**64: 1}, "it has a key that is the int 18446744073709551616, outside"),
+    ({True: 1}, "it has a key of type bool"),
+    ([OrderedDict()], "it[0] is a OrderedDict (a subclass of dict), which a file brings back "
+                      "as a dict"),
+    ([object()], "it[0] is a object, which a file cannot hold"),
+])
+def test_file_problem_names_what_a_file_would_not_bring_back(message: Any,
+                                                             problem: str | None) -> None:
+    got = snapshot.file_problem(message, object)
+
+    assert got == problem if problem is None else (got or "").startswith(problem), got

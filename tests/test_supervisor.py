@@ -560,7 +560,7 @@ def test_named_tuple_and_dataclass_messages_round_trip_through_supervisor_files(
     (Wrapped, lambda k: Wrapped(Step(1.0, "a")), None,
      "its field 'step' is a Step (a NamedTuple), which a file brings back as a tuple"),
     (object, lambda k: {"big": 2**70}, None,
-     "it: big: int 1180591620717411303424 is outside the int64/uint64 range"),
+     "it['big'] is the int 1180591620717411303424, outside the int64/uint64 range"),
 ])
 def test_a_message_a_file_would_not_restore_stops_the_run_at_that_snapshot_naming_the_port(
         tmp_path, caplog, type_, make, declared, problem) -> None:
