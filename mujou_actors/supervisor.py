@@ -299,15 +299,17 @@ class SnapshotWriter:
             try:
                 self._write(tree)
             except BaseException as exc:  # noqa: BLE001 - reported to the run, once
-                with self._cond:
-                    self._failed = True
-                    self._waiting = None
-                    self._writing = None
-                    self._cond.notify_all()
                 # One line: join() raises the error itself (marked for front ends).
                 log.error("writing a snapshot to %s failed: %s", self.folder, describe(exc),
                           extra={"mujou_failure": True})
-                self._on_error(exc)
+                try:
+                    self._on_error(exc)  # first: a submit waiting for this file then finds
+                finally:                 # the run stopping when it lets the net go on
+                    with self._cond:
+                        self._failed = True
+                        self._waiting = None
+                        self._writing = None
+                        self._cond.notify_all()
                 return
             with self._cond:
                 self._writing = None
