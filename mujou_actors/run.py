@@ -637,9 +637,16 @@ class Run:
                 after the end, a node is still stuck in a hook. The run goes on.
             TypeError: a node's ``state_dict()`` holds a value a tree cannot
                 (names the node and the key), raised as is.
+            RuntimeError: called from inside a hook, or from a subscriber
+                callback once the run is ending (the final state comes only
+                once the end, which waits for the callbacks, is done).
         """
         if self._dispatcher.is_own_thread():
             raise RuntimeError("state_dict() from inside a hook would wait for itself")
+        if self._host.on_thread() and self._end_requested.is_set():
+            raise RuntimeError(
+                "state_dict() from a subscriber callback while the run ends would wait for "
+                "the end, and the end waits for the callbacks: take it after run.join()")
         with self._control_lock:
             if self._ended.is_set() or self._finishing:
                 self._ended.wait()

@@ -1490,3 +1490,38 @@ def test_a_keyboard_interrupt_while_mujou_run_waits_for_on_start_stops_the_run()
     assert log == ["c", "i"]  # 'later' never started, not even once the worker was free
     assert [n.stopped for n in net.values()] == [1, 0, 0]
     assert all(n._mujou_run is None for n in net.values())  # released
+
+
+@pytest.mark.timeout(20)
+def test_state_dict_from_a_subscriber_callback_works_while_running_and_is_refused_at_the_end(
+        ) -> None:
+    got: list[object] = []
+    holder: list[mujou.Run] = []
+    first, done = threading.Event(), threading.Event()
+
+    def callback(m: int) -> None:
+        run_ = holder[0]
+        if m == 0:
+            got.append(sorted(run_.state_dict()["nodes"]))
+            first.set()
+            return
+        assert run_._end_requested.wait(10)  # the host's stop() below has begun
+        try:
+            run_.state_dict()
+        except RuntimeError as exc:
+            got.append(exc)
+        done.set()
+
+    run = mujou.run({"sink": Sink()}, timer="simulated")
+    holder.append(run)
+    run.subscribe("sink.inp", callback)
+    run.write("sink.inp", 0)
+    assert first.wait(10)
+    run.write("sink.inp", 1)
+    run.stop()
+    run.join(timeout=10)
+
+    assert done.is_set() and got[0] == ["sink"]
+    assert isinstance(got[1], RuntimeError)
+    assert str(got[1]).startswith("state_dict() from a subscriber callback while the run ends")
+
