@@ -115,7 +115,7 @@ class Subscription:
     def put(self, message: Any) -> None:
         """Queue a message for the callback (called on the sending thread)."""
         host = self._host
-        with host.cond:
+        with host.lock:  # the plain lock: entered in C, as a send's cost
             if not self._active:
                 return
             items = self._items
@@ -125,7 +125,8 @@ class Subscription:
                 self._dropped += 1
                 first = self._dropped == 1
             items.append((next(host.order), message))
-            host.cond.notify()
+            if host.idle:  # a notify only when the thread waits
+                host.cond.notify()
         if first:
             log.warning("the subscriber of %r falls behind its messages: dropping the oldest "
                         "beyond depth=%d (counted in Subscription.dropped)", self.port, self.depth)
@@ -211,8 +212,10 @@ class Host:
                  on_error: Callable[[Subscription, BaseException], None]) -> None:
         self._copy = copy
         self._on_error = on_error
-        self.cond = threading.Condition(threading.Lock())
-        self.order = itertools.count()  # send order across subscriptions (under cond)
+        self.lock = threading.Lock()  # guards everything below and the subscriptions' queues
+        self.cond = threading.Condition(self.lock)
+        self.idle = False  # the thread waits on cond for a message
+        self.order = itertools.count()  # send order across subscriptions (under the lock)
         self._subs: list[Subscription] = []
         self._waiters: list[Waiter] = []
         self._thread: threading.Thread | None = None
@@ -234,7 +237,7 @@ class Host:
         Raises:
             NotRunningError: the run has ended (no message will ever come).
         """
-        with self.cond:
+        with self.lock:
             if self._closed:
                 raise NotRunningError(f"subscribe({port!r}): the run has ended")
             sub = Subscription(self, port, callback, depth)
@@ -253,20 +256,20 @@ class Host:
         Raises:
             NotRunningError: the run has ended.
         """
-        with self.cond:
+        with self.lock:
             if self._closed:
                 raise NotRunningError(f"{waiter.what}: the run ended without a match")
             self._waiters.append(waiter)
 
     def remove_waiter(self, waiter: Waiter) -> None:
         """Forget a waiter that has returned."""
-        with self.cond:
+        with self.lock:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
     def remove(self, sub: Subscription) -> None:
         """Forget a cancelled subscription and what waits for it."""
-        with self.cond:
+        with self.lock:
             sub._active = False
             sub._items.clear()
             if sub in self._subs:
@@ -281,7 +284,7 @@ class Host:
         callback still running then is left behind on its daemon thread.
         Both are logged. Idempotent: a second call does nothing.
         """
-        with self.cond:
+        with self.lock:
             if self._closed:
                 return
             self._closed = True
@@ -293,7 +296,7 @@ class Host:
             waiter.close()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        with self.cond:
+        with self.lock:
             self._deadline = time.monotonic()  # a callback in progress is the last
             left = self._discard_undelivered()
             self.cond.notify_all()
@@ -330,26 +333,35 @@ class Host:
             if deadline is not None and time.monotonic() >= deadline:
                 self._discard_undelivered()
                 return None
-            best = None
-            for sub in self._subs:
-                if sub._items and (best is None or sub._items[0][0] < best._items[0][0]):
-                    best = sub
+            subs = self._subs
+            if len(subs) == 1:  # the common case: no order to merge
+                best = subs[0] if subs[0]._items else None
+            else:
+                best = None
+                for sub in subs:
+                    if sub._items and (best is None or sub._items[0][0] < best._items[0][0]):
+                        best = sub
             if best is not None:
                 return best, best._items.popleft()[1]
             if self._closed:
                 return None
-            self.cond.wait(None if deadline is None else deadline - time.monotonic())
+            self.idle = True
+            try:
+                self.cond.wait(None if deadline is None else deadline - time.monotonic())
+            finally:
+                self.idle = False
 
     def _loop(self) -> None:
+        lock, take, copy = self.lock, self._next, self._copy
         while True:
-            with self.cond:
-                item = self._next()
+            with lock:
+                item = take()
             if item is None:
                 return
             sub, message = item
             sub._delivered += 1
             try:
-                sub.callback(self._copy(message))
+                sub.callback(copy(message))
             except BaseException as exc:  # noqa: BLE001 - every failure is reported
                 try:
                     # Called no more: one report per broken callback, and the
