@@ -314,10 +314,11 @@ class Dispatcher:
         self._host_seq = 0
         self._threads: list[threading.Thread] = []
         # Helpers of a control phase (see run_control): started on demand,
-        # gone once no control envelope is pending. Not in _threads: they
-        # are no worker and get no track of their own in the thread list.
-        self._helpers: list[threading.Thread] = []
-        self._free_helpers = 0  # helpers started or waiting, not in a hook
+        # gone once no control envelope waits. Not in _threads: they are no
+        # worker and get no track of their own in the thread list.
+        self._helpers: list[threading.Thread] = []  # alive ones (pruned as one starts)
+        self._helpers_started = 0  # names them
+        self._free_helpers = 0  # helpers started, not in a hook
         self._busy_ns: dict[str, int] = {}
         self._started_ns = time.perf_counter_ns()
         self.trace: Any = None  # the run's trace.Recorder; set before the sinks are made
@@ -610,9 +611,12 @@ class Dispatcher:
     def _start_helper(self) -> None:
         """Start a helper thread for the control phase (lock held; see `run_control`)."""
         thread = threading.Thread(target=self._guarded, args=(self._helper_loop,),
-                                  name=f"mujou-helper-{len(self._helpers)}", daemon=True)
+                                  name=f"mujou-helper-{self._helpers_started}", daemon=True)
+        self._helpers_started += 1
         self._free_helpers += 1  # free until it takes an envelope: one start per wait
-        self._helpers.append(thread)
+        # Those that have exited go: many restarts must not grow the list.
+        # A new list, not an edit: is_own_thread reads it without the lock.
+        self._helpers = [t for t in self._helpers if t.is_alive()] + [thread]
         thread.start()
 
     def _helper_loop(self) -> None:
@@ -1176,7 +1180,7 @@ class Dispatcher:
             # The envelope's hook time, if it ran one through call(); taken
             # once (an envelope that runs no hook, a Restore, adds nothing).
             took, actor.last_hook_ns = actor.last_hook_ns, 0
-            if name in self._busy_ns:  # a host thread helping in a control phase is no worker
+            if name in self._busy_ns:  # a helper of a control phase is no worker
                 self._busy_ns[name] += took
             self._pending_control -= 1
             left = self._phase_left.get(id(control))

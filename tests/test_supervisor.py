@@ -667,3 +667,40 @@ def test_a_one_for_all_restart_stuck_in_a_hook_ends_the_run_naming_it(hook, erro
     assert info.value.stuck == {"x": hook}
     assert node.calls[-1] == hook
     assert node.calls.count("on_start") == (1 if hook == "on_stop" else 2)
+
+
+class _FailsOften(mujou.Node):
+    """Raises in every 3rd update since its last (re)start."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_start(self) -> None:
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            raise RuntimeError("again")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_many_one_for_all_restarts_keep_only_the_helper_threads_still_alive() -> None:
+    # Every restart rewinds to the snapshot at t = 0 and fails again: the
+    # supervisor gives up after 30 restarts.
+    sup = mujou.Supervisor(restart="one_for_all", max_restarts=30, within=1.0)
+    nodes = {"f": _FailsOften(), "g": mujou.Node(period=0.01)}
+    run = mujou.run(nodes, workers=1, timer="simulated", duration=0.6, supervisor=sup)
+    with pytest.raises(mujou.NodeError, match="gave up"):
+        run.join(timeout=20)
+
+    assert run.stats().nodes["f"].restarts == 30
+    # Each restart's phases started helpers; those that exited are not kept.
+    assert len(run._dispatcher._helpers) <= 2
+    assert not any(t.is_alive() for t in run._dispatcher._helpers)
