@@ -498,9 +498,9 @@ def _plain_problem(value: Any, what: str) -> str | None:
             else:
                 base = next((b for b in _EXACT if isinstance(value, b)), None)
                 if base is None:
-                    return f"{what} is a {vt.__name__}, which a file cannot hold"
+                    return f"{what} is {_a(vt.__name__)}, which a file cannot hold"
                 kind, back = f"a subclass of {base.__name__}", f"a {base.__name__}"
-            return f"{what} is a {vt.__name__} ({kind}), which a file brings back as {back}"
+            return f"{what} is {_a(vt.__name__)} ({kind}), which a file brings back as {back}"
         if depth >= MAX_DEPTH:
             return f"{what} is nested deeper than {MAX_DEPTH} levels"
         if vt is dict:
@@ -515,6 +515,10 @@ def _plain_problem(value: Any, what: str) -> str | None:
         elif vt is list or vt is tuple:
             stack.extend((item, f"{what}[{i}]", depth + 1) for i, item in enumerate(value))
     return None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _scalar_problem(value: int | str, what: str) -> str | None:

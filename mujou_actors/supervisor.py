@@ -256,9 +256,10 @@ class SnapshotWriter:
                 return  # reported already; no file is written after a failure
             if self._waiting is not None:
                 self.skipped += 1
-                log.warning("snapshot at t=%.6f s skipped: the writer is still busy with "
-                            "earlier ones (%d skipped so far)",
-                            self._waiting["time_ns"] / 1e9, self.skipped)
+                if self.skipped & (self.skipped - 1) == 0:  # 1, 2, 4, 8...: no log flood
+                    log.warning("snapshot at t=%.6f s skipped: the writer is still busy with "
+                                "earlier ones (%d skipped so far)",
+                                self._waiting["time_ns"] / 1e9, self.skipped)
             self._waiting = tree
             self._cond.notify_all()
 

@@ -745,9 +745,9 @@ def test_a_dataclass_is_stored_as_a_dict_of_its_fields() -> None:
     ({"s": "\ud800"}, "it['s'] is a str that is not valid Unicode"),
     ({2**64: 1}, "it has a key that is the int 18446744073709551616, outside"),
     ({True: 1}, "it has a key of type bool"),
-    ([OrderedDict()], "it[0] is a OrderedDict (a subclass of dict), which a file brings back "
+    ([OrderedDict()], "it[0] is an OrderedDict (a subclass of dict), which a file brings back "
                       "as a dict"),
-    ([object()], "it[0] is a object, which a file cannot hold"),
+    ([object()], "it[0] is an object, which a file cannot hold"),
 ])
 def test_file_problem_names_what_a_file_would_not_bring_back(message: Any,
                                                              problem: str | None) -> None:

@@ -382,7 +382,9 @@ class GatedSave:
 
 
 @pytest.mark.timeout(30)
-def test_the_realtime_writer_holds_two_trees_at_most_and_counts_the_skipped(tmp_path) -> None:
+def test_the_realtime_writer_holds_two_trees_at_most_and_counts_the_skipped(
+        tmp_path, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="mujou_actors")
     save = GatedSave()
     errors: list[BaseException] = []
     writer = SnapshotWriter(str(tmp_path), 10, save, errors.append)
@@ -396,6 +398,10 @@ def test_the_realtime_writer_holds_two_trees_at_most_and_counts_the_skipped(tmp_
     gc.collect()
 
     assert writer.skipped == 4  # 1..4 were each replaced by the next one
+    # Logged at the 1st, 2nd and 4th skip only: a slow disk does not flood the log.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"snapshot at t=0.000000 s skipped: the writer is still busy with earlier ones "
+        f"({n} skipped so far)" for n in (1, 2, 4)]
     assert [i for i, ref in enumerate(alive) if ref() is not None] == [0, 5]
     save.go.set()
     writer.close(10)
