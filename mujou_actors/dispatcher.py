@@ -251,7 +251,8 @@ class Dispatcher:
         on_failure: called (without the lock) with ``(actor, hook, exc)`` when
             a hook raises.
         on_end: called (without the lock) once the run's ``duration`` is over.
-        on_hold: called (with the lock) when a scheduled cut is reached.
+        on_hold: called (with the lock held, so it must not block) each time
+            the dispatcher enters a hold, whoever asked for it.
         on_crash: called (without the lock) with the exception, should one
             ever escape a thread's loop (a defect of the framework, not a
             hook's failure): the run must end and report it, never lose it.
@@ -278,7 +279,10 @@ class Dispatcher:
         # Holding: a consistent cut. With simulated time it falls between two
         # instants (all work at t done, none after t started), so a snapshot
         # taken there resumes exactly; hold_at_ns asks for a cut at that time.
-        self._hold_requested = False
+        # _hold_requested counts the requests not yet withdrawn (a request
+        # that times out withdraws only itself, not a restart's); a release
+        # ends them all.
+        self._hold_requested = 0
         self._stop_requested = False
         self.held = False
         self.hold_at_ns: int | None = None
@@ -396,26 +400,41 @@ class Dispatcher:
         """Ask for a consistent cut: no hook in flight, timed work held.
 
         In real time the cut comes as soon as the hooks in flight return; in
-        simulated time once the current instant (with its delta cycles) is done.
+        simulated time once the current instant (with its delta cycles) is
+        done. The hold is announced through ``on_hold``; it lasts until
+        `release`. A request that can wait no longer is taken back with
+        `withdraw_hold`.
         """
         with self._cond:
-            self._hold_requested = True
+            self._hold_requested += 1
             if self._mode == RUNNING:
                 if not self.simulated:
                     self._unclaim()
                 self._try_hold_now()
             self._cond.notify_all()
 
-    def wait_held(self, timeout: float | None = None) -> bool:
-        """Wait until the dispatcher holds (or the run is stopping); True if held."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def withdraw_hold(self) -> dict[str, str] | None:
+        """Take back one `request_hold` that has not been met yet.
+
+        Returns:
+            None when the dispatcher holds already (the request is met: the
+            caller must `release` as usual); otherwise the hooks that kept the
+            cut from coming, ``{node path: hook name}``, and timed work goes on
+            unless another request is still pending.
+        """
         with self._cond:
-            while not self.held and self._mode in (RUNNING, CONTROL):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._wait(left)
-            return self.held
+            if self.held:
+                return None
+            if self._hold_requested:
+                self._hold_requested -= 1
+            busy = {a.path: a.hook or "?" for a in self.actors if a.busy}
+            self._cond.notify_all()  # workers that saw the request wait for a notify
+            return busy
+
+    def busy_hooks(self) -> dict[str, str]:
+        """The hooks in flight now, ``{node path: hook name}`` (``"?"`` between hooks)."""
+        with self._cond:
+            return {a.path: a.hook or "?" for a in self.actors if a.busy}
 
     def release(self, restart_at_ns: int | None = None) -> None:
         """Let timed work run again after a hold.
@@ -427,7 +446,7 @@ class Dispatcher:
         """
         with self._cond:
             self.held = False
-            self._hold_requested = False
+            self._hold_requested = 0
             if self._mode != CONTROL:
                 return
             if restart_at_ns is not None:
@@ -457,7 +476,7 @@ class Dispatcher:
         self._cond.notify_all()
         if scheduled:
             self.cut_due = True
-            self._on_hold()
+        self._on_hold()
 
     def _try_hold_now(self) -> bool:
         """Hold if nothing is in flight and, in simulated time, the instant is done."""
@@ -1227,7 +1246,8 @@ class Dispatcher:
             except BaseException as exc:  # noqa: BLE001
                 self._fail(actor, envelope.hook, exc)
 
-    def run_here(self, actors: list[Actor], envelope: Callable[[Actor], None]) -> None:
+    def run_here(self, actors: list[Actor], envelope: Callable[[Actor], None],
+                 timeout: float | None = None) -> list[Actor]:
         """Run ``envelope`` for each actor on the calling thread, one actor at a time.
 
         Used at a cut for snapshots, so that no worker waits for a CUDA node's
@@ -1237,13 +1257,25 @@ class Dispatcher:
         workers are woken once at the end (at a cut they have nothing to do,
         and waking them per actor would only make them fight this thread for
         the GIL).
+
+        Args:
+            timeout: wall seconds to wait for actors that are busy (a
+                restart's hook); None waits for them.
+
+        Returns:
+            The actors still busy at ``timeout``, whose envelope did not run
+            (empty when all ran).
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         left = list(actors)
         try:
             while left:
                 with self._cond:
                     while all(a.busy for a in left):
-                        self._wait(None)
+                        wait = None if deadline is None else deadline - time.monotonic()
+                        if wait is not None and wait <= 0:
+                            return left
+                        self._wait(wait)
                     mine = [a for a in left if not a.busy]
                     left = [a for a in left if a.busy]
                     for actor in mine:
@@ -1261,6 +1293,7 @@ class Dispatcher:
         finally:
             with self._cond:
                 self._cond.notify_all()
+        return left
 
     def post_control(self, actor: Actor, envelopes: list[Any]) -> None:
         """Queue control envelopes for one actor while the run goes on (a restart)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import math
 import os
 import queue
 import threading
@@ -88,6 +89,40 @@ def _stop_runs_at_exit() -> None:
 # The net
 
 
+class _StateRequest:
+    """A host's `Run.state_dict` call, waiting for the coordinator's cut.
+
+    The coordinator sets ``tree`` or ``error`` and then ``done``; ``done``
+    alone means the run ended first (the caller then takes the final state).
+    ``cancelled`` (set by a caller that gave up) makes it skip the request.
+    Both sides change it under the run's ``_lock``.
+    """
+
+    __slots__ = ("deadline", "timeout", "done", "tree", "error", "cancelled")
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.done = threading.Event()
+        self.tree: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+
+class _NoCut(TimeoutError):
+    """No consistent cut within a bound: ``busy`` names the hooks in the way."""
+
+    def __init__(self, timeout: float, busy: Mapping[str, str]) -> None:
+        self.busy = dict(busy)
+        super().__init__(f"no consistent cut within {timeout:g} s; " + _why_no_cut(busy))
+
+
+def _why_no_cut(busy: Mapping[str, str]) -> str:
+    if not busy:
+        return "the run was busy with another snapshot or a restart"
+    return "still running: " + ", ".join(f"{p or '<root>'!r} in {h}" for p, h in busy.items())
+
+
 class _View:
     """The host's view of one Output: the newest message and the listeners."""
 
@@ -143,9 +178,26 @@ class Run:
                                              daemon=True)
         _unended.add(self)
         # Everything that changes the whole net (end, cuts, restarts) goes
-        # through the coordinator's queue, one at a time.
+        # through the coordinator's queue and is done on its thread, one at a
+        # time; no other thread holds the net, so none waits for another
+        # while holding what it needs.
         self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._control_lock = threading.RLock()
+        # What waits for the next cut (the coordinator's alone): host
+        # state_dict() calls, a real-time periodic snapshot (until its
+        # monotonic deadline) and a one_for_all restart (its failure and
+        # deadline; set by the failing thread before it asks for the hold).
+        self._requests: list[_StateRequest] = []
+        self._closed = False  # set under _lock once the coordinator takes no more requests
+        self._cut_deadline: float | None = None
+        self._restart_due: tuple[NodeError, float] | None = None
+        self._asked = False  # the coordinator's own request_hold is pending
+        # Periodic snapshots that could not be taken (a hook did not return
+        # within the bound), and the hooks of the last miss: while the same
+        # hook invocations are still running, later ones are missed at once
+        # rather than holding the net again.
+        self._missed = 0
+        self._missing: dict[Actor, tuple[int, str | None]] = {}
+        self._by_path = {a.path: a for a in actors}
         self._supervisor = supervisor or Supervisor()
         self._latest: dict[str, Any] | None = None
         self._intensity = RestartIntensity(self._supervisor.max_restarts,
@@ -460,8 +512,11 @@ class Run:
         else:
             log.warning("node %r failed in %s; restarting the net (one_for_all)", path, hook,
                         exc_info=exc)
+            # Before the hold is asked for: the coordinator serves it at the
+            # first cut, whoever asked for that cut (see _serve).
+            self._restart_due = (err, time.monotonic() + self._stop_timeout)
             self._dispatcher.request_hold()  # now: the cut must not depend on thread timing
-            self._events.put(("restart_all",))
+            self._events.put(("wake",))
 
     # -- snapshots and restarts ---------------------------------------------------------
     def _restart_one(self, actor: Actor) -> None:
@@ -473,58 +528,217 @@ class Run:
         self._dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
 
     def _restart_all(self) -> None:
-        """Restore the whole net from the latest snapshot at a consistent cut."""
+        """Restore the whole net from the latest snapshot (held: at a consistent cut)."""
         d = self._dispatcher
-        with self._control_lock:
-            if not self._hold():
-                return
-            tree = self._latest
-            assert tree is not None
-            started = [a for a in self._actors if a.started]
-            # Bounded as at the end and at the start; a node that does not make
-            # it ends the run (the coordinator records the error), rather than
-            # the restart going on without it.
-            late = d.run_control(started, Stop(), self._stop_timeout, help=True)
-            if late:
-                raise StopTimeoutError({a.path: a.hook or "on_stop" for a in late},
-                                       self._stop_timeout)
-            deadline = time.monotonic() + self._start_timeout
-            late = d.run_control(self._actors, Start(), self._start_timeout, help=True)
-            if late:
-                raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
-                                        [a.path for a in late if not a.busy],
-                                        self._start_timeout)
-            d.discard_messages()
+        tree = self._latest
+        assert tree is not None
+        started = [a for a in self._actors if a.started]
+        # Bounded as at the end and at the start; a node that does not make
+        # it ends the run (the coordinator records the error), rather than
+        # the restart going on without it.
+        late = d.run_control(started, Stop(), self._stop_timeout, help=True)
+        if late:
+            raise StopTimeoutError({a.path: a.hook or "on_stop" for a in late},
+                                   self._stop_timeout)
+        deadline = time.monotonic() + self._start_timeout
+        late = d.run_control(self._actors, Start(), self._start_timeout, help=True)
+        if late:
+            raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
+                                    [a.path for a in late if not a.busy],
+                                    self._start_timeout)
+        d.discard_messages()
+        for actor in self._actors:
+            actor.restarts += 1
+        self._restore_tree(tree, deadline, self._start_timeout, rewind=True)
+        at = tree["time_ns"] if d.simulated else self._timer.now_ns()
+        if not d.simulated:
             for actor in self._actors:
-                actor.restarts += 1
-            self._restore_tree(tree, deadline, self._start_timeout, rewind=True)
-            at = tree["time_ns"] if d.simulated else self._timer.now_ns()
-            if not d.simulated:
-                for actor in self._actors:
-                    actor.set_last_update(at)
-            self._schedule_cuts(at)
-            d.release(restart_at_ns=at)
+                actor.set_last_update(at)
+        self._schedule_cuts(at)
+        d.release(restart_at_ns=at)
 
-    def _hold(self) -> bool:
-        """Bring the net to a consistent cut; False when the run is ending instead."""
-        d = self._dispatcher
-        if d.held:
-            return True
-        d.request_hold()
-        return d.wait_held()
+    # -- consistent cuts (the coordinator's) -------------------------------------------
+    def _cut_bound(self) -> float:
+        """Wall seconds a periodic snapshot waits for the net to reach a cut."""
+        every = self._supervisor.snapshot_every
+        return self._stop_timeout if every is None else min(every, self._stop_timeout)
 
-    def _at_cut(self) -> None:
-        """Called at every cut: take the supervisor's snapshot if one is due."""
+    def _serve(self) -> None:
+        """Ask for, serve or give up the cut that what waits for one needs.
+
+        Never waits: the dispatcher announces the hold with a ``held`` event,
+        and each wish has a deadline that the coordinator's timeout covers.
+        """
         d = self._dispatcher
-        if not d.cut_due:
+        while True:
+            if self._timed_due():
+                return
+            if d.held:  # only this thread releases: a hold seen is a hold
+                self._at_hold()
+                continue
+            self._requests = [r for r in self._requests if not r.cancelled]
+            now = time.monotonic()
+            late = [r for r in self._requests if r.deadline is not None and now >= r.deadline]
+            cut_late = self._cut_deadline is not None and now >= self._cut_deadline
+            restart_late = self._restart_due is not None and now >= self._restart_due[1]
+            if late or cut_late or restart_late:
+                busy = d.busy_hooks()
+                if d.held:  # reached meanwhile after all
+                    continue
+                for req in late:
+                    self._requests.remove(req)
+                    self._answer(req, error=TimeoutError(
+                        f"state_dict(): no consistent cut within {req.timeout:g} s; "
+                        + _why_no_cut(busy)))
+                if cut_late:
+                    self._cut_deadline = None
+                    self._miss(busy, self._cut_bound())
+                if restart_late:
+                    self._give_up_restart(busy)
+            wanted = bool(self._requests) or self._cut_deadline is not None or (
+                self._restart_due is not None)
+            if wanted and not self._asked:
+                self._asked = True
+                d.request_hold()
+                continue  # it may hold at once
+            if not wanted and self._asked:
+                self._asked = False
+                if d.withdraw_hold() is None:  # held already: release it
+                    continue
             return
-        d.cut_due = False
-        self._supervise_snapshot()
-        self._schedule_cuts(self._timer.now_ns())
 
-    def _supervise_snapshot(self, time_ns: int | None = None) -> None:
+    def _timed_due(self) -> bool:
+        """Act on the real-time schedule: the hard end (True: the run ends) and
+        a periodic snapshot that has come due."""
+        now = self._timer.now_ns()
+        if self._hard_end_ns is not None and now >= self._hard_end_ns:
+            # Hooks still running stop_timeout after the end: every worker may
+            # be stuck, so no worker would notice the end; end it from here.
+            self._request_end()
+            return True
+        if self._next_cut_ns is not None and now >= self._next_cut_ns:
+            self._next_cut_ns = None
+            still = {a.path: h for a, (n, h) in self._missing.items()
+                     if a.busy and a.updates == n and a.hook == h}
+            if still:  # the hooks of the last miss are still running: no hold
+                self._miss(still, 0.0)
+            else:
+                self._missing = {}
+                self._cut_deadline = time.monotonic() + self._cut_bound()
+        return False
+
+    def _next_timeout(self) -> float | None:
+        """Wall seconds until the coordinator must look again (None: an event will come)."""
+        now_ns = self._timer.now_ns()
+        now = time.monotonic()
+        left = [(t - now_ns) / 1e9 for t in (self._next_cut_ns, self._hard_end_ns)
+                if t is not None]
+        left += [r.deadline - now for r in self._requests if r.deadline is not None]
+        if self._cut_deadline is not None:
+            left.append(self._cut_deadline - now)
+        if self._restart_due is not None:
+            left.append(self._restart_due[1] - now)
+        return max(0.0, min(left)) if left else None
+
+    def _at_hold(self) -> None:
+        """The net is held: restart it, take the due snapshot, answer the requests."""
+        d = self._dispatcher
+        self._asked = False
+        if self._restart_due is not None:
+            self._restart_due = None
+            # The restore reschedules the snapshots from the snapshot's time.
+            d.cut_due = False
+            self._cut_deadline = None
+            self._restart_all()  # releases; the other wishes ask for the next cut
+            return
+        try:
+            if d.cut_due or self._cut_deadline is not None:
+                d.cut_due = False
+                self._cut_deadline = None
+                bound = self._cut_bound()
+                try:
+                    self._supervise_snapshot(timeout=bound)
+                except _NoCut as exc:  # a restart's hook took an actor during the cut
+                    self._miss(exc.busy, bound)
+                except BaseException as exc:  # noqa: BLE001 - join() raises it
+                    # Recorded while the net is held: the release then leaves
+                    # it stopping, so the run ends at this very cut.
+                    self._supervisor_failed(exc)
+                else:
+                    if self._missing:
+                        log.info("snapshots resume at t=%.6f s", self.time_ns / 1e9)
+                        self._missing = {}
+                    self._schedule_cuts(self._timer.now_ns())
+            requests, self._requests = self._requests, []
+            for req in requests:
+                if req.cancelled:
+                    continue
+                left = None if req.deadline is None else max(0.0, req.deadline - time.monotonic())
+                try:
+                    tree = self._take_tree(timeout=left)
+                except _NoCut as exc:
+                    self._answer(req, error=TimeoutError(
+                        f"state_dict(): no consistent cut within {req.timeout:g} s; "
+                        + _why_no_cut(exc.busy)))
+                except BaseException as exc:  # noqa: BLE001 - the caller raises it
+                    self._answer(req, error=exc)
+                else:
+                    self._answer(req, tree=tree)
+        finally:
+            d.release()
+
+    def _answer(self, req: _StateRequest, tree: dict[str, Any] | None = None,
+                error: BaseException | None = None) -> None:
+        with self._lock:
+            if not req.cancelled:
+                req.tree, req.error = tree, error
+            req.done.set()
+
+    def _miss(self, busy: Mapping[str, str], bound: float) -> None:
+        """Count a periodic snapshot that could not be taken; the next multiple tries again."""
+        self._missed += 1
+        first = not self._missing
+        self._missing = {a: (a.updates, a.hook) for a in
+                         (self._by_path[p] for p in busy if p in self._by_path)}
+        self._schedule_cuts(self._timer.now_ns())
+        nxt = self._next_cut_ns if self._next_cut_ns is not None else self._dispatcher.hold_at_ns
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "snapshot missed at t=%.6f s: %s; the net goes on%s",
+                self.time_ns / 1e9,
+                _why_no_cut(busy) if bound == 0.0 else
+                f"no consistent cut within {bound:g} s; {_why_no_cut(busy)}",
+                "" if nxt is None else f", next try at t={nxt / 1e9:.6f} s")
+
+    def _give_up_restart(self, busy: Mapping[str, str]) -> None:
+        """A one_for_all restart found no cut within stop_timeout: the run fails."""
+        err, _ = self._restart_due  # type: ignore[misc]
+        self._restart_due = None
+        failed = NodeError(err.path, err.hook,
+                           f"{err} (one_for_all could not restart the net: no consistent "
+                           f"cut within {self._stop_timeout:g} s; {_why_no_cut(busy)})")
+        failed.__cause__ = err.__cause__
+        log.error("%s", failed, extra={"mujou_failure": True})
+        self._record_failure(failed)
+
+    def _close_requests(self) -> None:
+        """Take no more requests; let those waiting fall back to the final state."""
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if event[0] == "state":
+                self._requests.append(event[1])
+        requests, self._requests = self._requests, []
+        for req in requests:
+            self._answer(req)
+
+    def _supervise_snapshot(self, time_ns: int | None = None,
+                            timeout: float | None = None) -> None:
         t0 = time.perf_counter()
-        tree = self._take_tree(time_ns)
+        tree = self._take_tree(time_ns, timeout)
         self._pauses.append(time.perf_counter() - t0)
         self._latest = tree
         if self._writer is not None:
@@ -542,11 +756,14 @@ class Run:
             self._next_cut_ns = nxt
             self._events.put(("wake",))  # the coordinator recomputes its timeout
 
-    def _take_tree(self, time_ns: int | None = None) -> dict[str, Any]:
+    def _take_tree(self, time_ns: int | None = None,
+                   timeout: float | None = None) -> dict[str, Any]:
         """The state tree, taken now: the net must be held (or not running).
 
         ``time_ns`` overrides the timer's reading (the first snapshot is taken
-        at the start time, before a real-time clock starts).
+        at the start time, before a real-time clock starts). ``timeout``:
+        wall seconds to wait for actors busy with a restart's control hook
+        (raises `_NoCut`).
         """
         d = self._dispatcher
         nodes: dict[str, Any] = {}
@@ -565,7 +782,9 @@ class Run:
                 else:
                     envelope(actor)
         else:
-            d.run_here(self._actors, Snapshot(nodes, errors))
+            late = d.run_here(self._actors, Snapshot(nodes, errors), timeout)
+            if late:
+                raise _NoCut(timeout or 0.0, {a.path: a.hook or "?" for a in late})
         if errors:
             raise next(iter(errors.values()))
         inputs: dict[str, list[Any]] = {}
@@ -619,22 +838,31 @@ class Run:
             for message in messages:
                 self._deliver(port, copy_message(message))  # type: ignore[arg-type]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
         """The state tree of the whole net, taken at a consistent cut.
 
         The run pauses while the state is copied: no hook is in flight, so no
         message is half delivered. With the simulated timer the cut falls
         between two instants. Works after the end too (the final state; a
-        simulated run's ``time_ns`` is then its end time).
+        simulated run's ``time_ns`` is then its end time). A call waiting for
+        its cut when the run ends returns the final state.
+
+        Args:
+            timeout (float, optional): wall seconds to wait for the cut (a
+                hook that does not return keeps it from coming); None waits
+                until the hooks in flight return or the run ends.
 
         Returns:
             dict: ``{"format", "time_ns", "seeds", "nodes", "inputs", "pending",
             "schedule"}`` (see docs/state.md), every tensor a CPU copy.
 
         Raises:
+            TimeoutError: no cut within ``timeout``; names the nodes still in
+                a hook and the hook. The run goes on as if not asked.
             NodeError: a node's ``state_dict()`` raised (hook ``"state_dict"``,
                 the node's path, the original exception as ``__cause__``), or,
                 after the end, a node is still stuck in a hook. The run goes on.
+            ValueError / TypeError: ``timeout`` is not a number >= 0 or None.
             TypeError: a node's ``state_dict()`` holds a value a tree cannot
                 (names the node and the key), raised as is.
             RuntimeError: called from inside a hook, or from a subscriber
@@ -647,75 +875,69 @@ class Run:
             raise RuntimeError(
                 "state_dict() from a subscriber callback while the run ends would wait for "
                 "the end, and the end waits for the callbacks: take it after run.join()")
-        with self._control_lock:
-            if self._ended.is_set() or self._finishing:
-                self._ended.wait()
-                return self._take_tree()
-            if not self._hold():
-                self._ended.wait()
-                return self._take_tree()
-            try:
-                try:
-                    self._at_cut()  # the supervisor's snapshot, if one is due now
-                except Exception as exc:  # noqa: BLE001 - the supervisor's, not this caller's
-                    self._supervisor_failed(exc)  # the run stops at this cut
-                return self._take_tree()
-            finally:
-                self._dispatcher.release()
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"state_dict(): timeout must be a number of seconds or None, "
+                                f"got {timeout!r}")
+            if not math.isfinite(timeout) or timeout < 0:
+                raise ValueError(f"state_dict(): timeout must be a finite number >= 0, "
+                                 f"got {timeout!r}")
+        req = _StateRequest(timeout)
+        with self._lock:  # against _close_requests: a request is posted only while served
+            posted = not self._closed
+            if posted:
+                self._events.put(("state", req))
+        if posted:
+            if not req.done.wait(timeout):
+                with self._lock:
+                    req.cancelled = not req.done.is_set()
+                if req.cancelled:  # the coordinator is behind (a restart, a snapshot)
+                    raise TimeoutError(f"state_dict(): no consistent cut within {timeout:g} s; "
+                                       + _why_no_cut(self._dispatcher.busy_hooks()))
+            if req.error is not None:
+                raise req.error
+            if req.tree is not None:
+                return req.tree
+        return self._final_state(req)
+
+    def _final_state(self, req: _StateRequest) -> dict[str, Any]:
+        """The state at the end, once the run has ended (see `state_dict`)."""
+        if self._host.on_thread() and not self._ended.is_set():
+            raise RuntimeError(
+                "state_dict() from a subscriber callback while the run ends would wait for "
+                "the end, and the end waits for the callbacks: take it after run.join()")
+        left = None if req.deadline is None else max(0.0, req.deadline - time.monotonic())
+        if not self._ended.wait(left):
+            raise TimeoutError(f"state_dict(): the run is ending and did not end within "
+                               f"{req.timeout:g} s")
+        return self._take_tree()  # a node left stuck in a hook: NodeError
 
     def _coordinate(self) -> None:
         try:
             while True:
-                due = [t for t in (self._next_cut_ns, self._hard_end_ns) if t is not None]
-                timeout = None
-                if due:
-                    timeout = max(0.0, (min(due) - self._timer.now_ns()) / 1e9)
                 try:
-                    event = self._events.get(timeout=timeout)
+                    event = self._events.get(timeout=self._next_timeout())
                 except queue.Empty:
-                    event = self._timed_event()
+                    event = ("wake",)  # a deadline or a time of the schedule has come
                 if event[0] == "end":
                     break
+                if event[0] == "state":
+                    self._requests.append(event[1])
                 try:
-                    if event[0] == "restart_all":
-                        self._restart_all()
-                    elif event[0] == "cut":
-                        with self._control_lock:
-                            if self._hold():
-                                try:
-                                    self._at_cut()
-                                except BaseException as exc:  # noqa: BLE001 - join() raises it
-                                    # Recorded while the net is held: the release then leaves
-                                    # it stopping, so the run ends at this very cut.
-                                    self._supervisor_failed(exc)
-                                finally:
-                                    self._dispatcher.release()
+                    self._serve()
                 except BaseException as exc:  # noqa: BLE001 - e.g. a state that cannot be taken
                     self._supervisor_failed(exc)
-            with self._control_lock:
-                self._finishing = True
-                self._finish()
+            self._close_requests()  # before _finish: it joins the subscriber thread
+            self._finishing = True
+            self._finish()
         finally:
             self._wall_end = time.perf_counter()
             _unended.discard(self)
+            self._close_requests()
             # Whatever stopped _finish short, no waiter may wait on (a no-op
             # once _finish closed the host's side).
             self._host.close(0.0)
             self._ended.set()
-
-    def _timed_event(self) -> tuple[Any, ...]:
-        """What the coordinator's timeout stands for: a real-time cut or the hard end."""
-        now = self._timer.now_ns()
-        if self._hard_end_ns is not None and now >= self._hard_end_ns:
-            # Hooks still running stop_timeout after the end: every worker may
-            # be stuck, so no worker would notice the end; end it from here.
-            self._request_end()
-            return ("end",)
-        if self._next_cut_ns is not None and now >= self._next_cut_ns:
-            self._next_cut_ns = None
-            self._dispatcher.cut_due = True
-            return ("cut",)
-        return ("wake",)
 
     def _finish(self) -> None:
         """Stop timed work, run every started node's on_stop, release the net.
@@ -865,7 +1087,8 @@ class Run:
             count=len(pauses), pause_mean=sum(pauses) / len(pauses) if pauses else 0.0,
             pause_max=max(pauses, default=0.0),
             write_mean=sum(writes) / len(writes) if writes else 0.0, files=len(writes),
-            skipped=self._writer.skipped if self._writer is not None else 0)
+            skipped=self._writer.skipped if self._writer is not None else 0,
+            missed=self._missed)
         return RunStats(time=self.time, wall=end - self._wall_start, nodes=nodes,
                         workers=workers, snapshots=snaps)
 
@@ -1047,7 +1270,7 @@ def run(
         dispatcher = Dispatcher(actors, t, n_workers,
                                 on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
                                 on_end=lambda: holder[0]._request_end(),
-                                on_hold=lambda: holder[0]._events.put(("cut",)),
+                                on_hold=lambda: holder[0]._events.put(("held",)),
                                 on_crash=lambda e: holder[0]._record_failure(e))
         result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
                      stop_timeout=timeout, supervisor=supervisor)

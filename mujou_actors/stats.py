@@ -67,6 +67,10 @@ class SnapshotStats:
         skipped (int): snapshots that got no file because the writer was still
             busy with earlier ones when the next one came (real time only; the
             snapshot still served restarts).
+        missed (int): periodic snapshots not taken because the net could not
+            be brought to a consistent cut in time (a hook that did not
+            return; see docs/state.md); each is logged, and the next multiple
+            of ``snapshot_every`` tries again.
     """
 
     count: int = 0
@@ -75,6 +79,7 @@ class SnapshotStats:
     write_mean: float = 0.0
     files: int = 0
     skipped: int = 0
+    missed: int = 0
 
 
 @dataclass(frozen=True)

@@ -833,7 +833,7 @@ class _WritesAtCut(mujou.Node):
         pass
 
     def state_dict(self) -> dict:
-        if self.run is not None:  # runs on the host thread, at the cut
+        if self.run is not None:  # runs at the cut (on the coordinator thread)
             run, self.run = self.run, None
             run.write("e.inp", 7)
         return super().state_dict()
@@ -1525,3 +1525,163 @@ def test_state_dict_from_a_subscriber_callback_works_while_running_and_is_refuse
     assert isinstance(got[1], RuntimeError)
     assert str(got[1]).startswith("state_dict() from a subscriber callback while the run ends")
 
+
+# -- state_dict() and the end of the run ---------------------------------------------
+
+
+def _spy_on_holds(run: mujou.Run, asked: threading.Event | None = None) -> threading.Event:
+    """An Event (``asked``, or a new one) set once a cut has been asked of the run's dispatcher."""
+    asked = asked or threading.Event()
+    dispatcher = run._dispatcher
+    request_hold = dispatcher.request_hold
+
+    def spy() -> None:
+        request_hold()
+        asked.set()
+
+    dispatcher.request_hold = spy  # type: ignore[method-assign]
+    return asked
+
+
+def _outcome(call: object) -> object:
+    try:
+        return call()  # type: ignore[operator]
+    except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+        return exc
+
+
+@pytest.mark.timeout(30)
+def test_state_dict_called_in_a_loop_while_short_simulated_runs_end_never_hangs() -> None:
+    for _ in range(20):
+        run = mujou.run(Counter(), timer="simulated", duration=0.05)
+        times: list[int] = []
+
+        def loop(run: mujou.Run = run, times: list[int] = times) -> None:
+            while True:
+                times.append(run.state_dict()["time_ns"])
+                if not run.running:
+                    return
+
+        caller = threading.Thread(target=loop, daemon=True)
+        caller.start()
+        run.join(timeout=5)
+        caller.join(5)
+
+        assert not caller.is_alive(), "state_dict() never returned"
+        assert times[-1] == 50_000_000  # the last one is the final state
+        assert times == sorted(times)
+
+
+@pytest.mark.timeout(20)
+def test_a_state_dict_in_flight_as_the_run_stops_returns_the_final_state() -> None:
+    holder: list[mujou.Run] = []
+    asked, entered = threading.Event(), threading.Event()
+
+    class StopsOnceAsked(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.n = 0
+
+        def on_update(self, dt: float) -> None:
+            self.n += 1
+            if self.n == 3:  # the instant cannot finish: the cut waits for it
+                entered.set()
+                assert asked.wait(10)
+                holder[0].stop()  # from a hook: only asks for the end
+
+    node = StopsOnceAsked()
+    run = mujou.run(node, timer="simulated")
+    holder.append(run)
+    _spy_on_holds(run, asked)
+    assert entered.wait(5)
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(_outcome(run.state_dict)), daemon=True)
+    caller.start()
+
+    run.join(timeout=5)
+    caller.join(5)
+
+    assert not caller.is_alive(), "state_dict() never returned"
+    tree = got[0]
+    assert isinstance(tree, dict), tree
+    assert tree["time_ns"] == 30_000_000 == run.time_ns  # the final state, at the stop
+    assert node.n == 3 and run.state_dict()["time_ns"] == 30_000_000
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("timer", ["simulated", "realtime"])
+def test_stop_returns_within_its_bound_while_a_state_dict_waits_behind_a_stuck_hook(
+        timer: str) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            entered.set()
+            release.wait(30)
+
+    other = Lifecycle()
+    run = mujou.run({"stuck": Stuck(), "other": other}, workers=2, timer=timer,
+                    stop_timeout=0.5)
+    asked = _spy_on_holds(run)
+    assert entered.wait(5)
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(_outcome(run.state_dict)), daemon=True)
+    caller.start()
+    assert asked.wait(5)
+
+    stopper = threading.Thread(target=run.stop, daemon=True)
+    t0 = time.monotonic()
+    stopper.start()
+    stopper.join(8)
+    elapsed = time.monotonic() - t0
+    caller.join(5)
+    release.set()
+
+    assert not stopper.is_alive(), "stop() never returned"
+    assert elapsed < 4  # a few stop_timeouts at most, however loaded the machine
+    assert not caller.is_alive(), "state_dict() never returned"
+    err = got[0]  # as after the end: no final state for a node still in its hook
+    assert isinstance(err, mujou.NodeError), err
+    assert err.path == "stuck" and "'stuck' is still in on_update" in str(err)
+    assert other.calls[-1] == "on_stop"
+    with pytest.raises(mujou.StopTimeoutError, match="'stuck' in on_update"):
+        run.join()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("timer", ["simulated", "realtime"])
+def test_state_dict_with_a_timeout_behind_a_stuck_hook_raises_naming_the_node(
+        timer: str) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class StuckOnce(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.n = 0
+
+        def on_update(self, dt: float) -> None:
+            self.n += 1
+            if self.n == 3:
+                entered.set()
+                release.wait(30)
+
+    stuck = StuckOnce()
+    run = mujou.run({"cam": stuck, "other": Counter()}, workers=2, timer=timer)
+    assert entered.wait(5)
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"within 0\.2 s.*'cam' in on_update"):
+        run.state_dict(timeout=0.2)
+    elapsed = time.monotonic() - t0
+    release.set()
+    after = run.state_dict(timeout=5)  # the net goes on once the hook returns
+    run.stop()
+    run.join(timeout=5)
+
+    assert 0.2 <= elapsed < 3
+    assert after["nodes"]["cam"] is not None and stuck.n >= 3
+    with pytest.raises(ValueError, match="timeout must be a finite number >= 0"):
+        run.state_dict(timeout=-1)

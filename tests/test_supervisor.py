@@ -22,6 +22,7 @@ import torch
 import mujou_actors as mujou
 from mujou_actors import snapshot
 from mujou_actors.supervisor import SnapshotWriter
+from tests.conftest import Counter
 from tests.crashnet import Net as CrashNet
 from tests.test_state import _equal
 
@@ -710,3 +711,95 @@ def test_many_one_for_all_restarts_keep_only_the_helper_threads_still_alive() ->
     # Each restart's phases started helpers; those that exited are not kept.
     assert len(run._dispatcher._helpers) <= 2
     assert not any(t.is_alive() for t in run._dispatcher._helpers)
+
+
+# -- cuts that cannot be reached -------------------------------------------------------
+
+
+class _StuckAt(mujou.Node):
+    """Ticks at 100 Hz; its ``at``-th update blocks until ``release`` is set."""
+
+    def __init__(self, at: int, entered: threading.Event, release: threading.Event) -> None:
+        super().__init__(period=0.01)
+        self.at, self.entered, self.release = at, entered, release
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == self.at:
+            self.entered.set()
+            self.release.wait(30)
+
+
+def _until(condition: object, timeout: float) -> bool:
+    """Poll ``condition()`` every 10 ms for at most ``timeout`` wall seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_hook_makes_periodic_snapshots_missed_not_the_net_frozen(caplog) -> None:
+    entered, release = threading.Event(), threading.Event()
+    healthy = Counter(period=0.01)
+    run = mujou.run({"stuck": _StuckAt(3, entered, release), "ok": healthy}, workers=2,
+                    supervisor=mujou.Supervisor(snapshot_every=0.05))
+    try:
+        assert entered.wait(5)
+        taken = run.stats().snapshots.count
+        n0 = len(healthy.dts)
+        # At 100 Hz that takes 0.3 s (and one pause of 0.05 s for the first
+        # snapshot missed); a net frozen by the cut made 4-5 updates a second.
+        assert _until(lambda: len(healthy.dts) >= n0 + 30, 2.5), (
+            f"the healthy node made {len(healthy.dts) - n0} updates")
+        assert _until(lambda: run.stats().snapshots.missed >= 1, 5), "no snapshot was missed"
+        assert run.stats().snapshots.count == taken  # none taken while the hook is stuck
+        missed = run.stats().snapshots.missed
+    finally:
+        release.set()
+    assert _until(lambda: run.stats().snapshots.count > taken, 5), "snapshots did not resume"
+    run.stop()
+    run.join(timeout=10)
+
+    assert missed >= 1 and run.stats().snapshots.missed >= missed
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "snapshot missed" in r.getMessage()]
+    assert len(warnings) == 1  # once per stuck hook, not at every multiple
+    assert "within 0.05 s" in warnings[0] and "'stuck' in on_update" in warnings[0]
+
+
+@pytest.mark.timeout(30)
+def test_with_the_simulated_timer_a_stuck_hook_delays_the_snapshot_and_none_is_missed() -> None:
+    entered, release = threading.Event(), threading.Event()
+    sup = mujou.Supervisor(snapshot_every=0.02)
+    run = mujou.run({"stuck": _StuckAt(3, entered, release), "ok": Counter()}, workers=2,
+                    timer="simulated", duration=0.1, supervisor=sup)
+    assert entered.wait(5)
+
+    with pytest.raises(TimeoutError, match=r"within 0\.1 s.*'stuck' in on_update"):
+        run.state_dict(timeout=0.1)  # simulated time waits for the hook: so does the cut
+    assert run.time_ns == 30_000_000
+    release.set()
+    run.join(timeout=10)
+
+    snaps = run.stats().snapshots
+    assert snaps.count == 6 and snaps.missed == 0  # t = 0, 0.02, ..., 0.1, each taken
+
+
+@pytest.mark.timeout(30)
+def test_a_one_for_all_restart_behind_a_stuck_hook_fails_the_run_within_stop_timeout() -> None:
+    entered, release = threading.Event(), threading.Event()
+    sup = mujou.Supervisor("one_for_all")
+    run = mujou.run({"stuck": _StuckAt(1, entered, release), "bad": Flaky(fail_at=3)},
+                    workers=2, supervisor=sup, stop_timeout=0.3)
+    try:
+        assert entered.wait(5)
+        with pytest.raises(mujou.NodeError, match=r"could not restart the net: no consistent "
+                           r"cut within 0\.3 s; still running: 'stuck' in on_update") as info:
+            run.join(timeout=10)
+    finally:
+        release.set()
+    assert info.value.path == "bad" and isinstance(info.value.__cause__, RuntimeError)
