@@ -1558,8 +1558,9 @@ def test_state_dict_called_in_a_loop_while_short_simulated_runs_end_never_hangs(
 
         def loop(run: mujou.Run = run, times: list[int] = times) -> None:
             while True:
+                ended = not run.running
                 times.append(run.state_dict()["time_ns"])
-                if not run.running:
+                if ended:  # that call began after the end
                     return
 
         caller = threading.Thread(target=loop, daemon=True)
