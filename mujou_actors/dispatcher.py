@@ -311,6 +311,7 @@ class Dispatcher:
         # neither handled nor withdrawn yet. A phase waits for its own only,
         # not for a hook stuck in an earlier phase's.
         self._phase_left: dict[int, int] = {}
+        self._in_control: dict[Actor, Any] = {}  # the envelope each actor is running
         self._frontier: tuple[int, int] = CONTROL_KEY
         self.end_ns: int | None = None
         self.end_grace_ns = 10_000_000_000  # the run's stop_timeout
@@ -621,6 +622,17 @@ class Dispatcher:
                 self._schedule(actor)
         if withdrawn:
             self._cond.notify_all()  # helpers waiting for the phase to end
+
+    def hook_of(self, actor: Actor) -> str:
+        """The name of the hook ``actor`` is in, for a report of stuck nodes.
+
+        Also names ``load_state_dict``, which a `Restore` envelope runs outside
+        ``actor.call``; ``"?"`` when nothing says.
+        """
+        if actor.hook is not None:
+            return actor.hook
+        envelope = self._in_control.get(actor)
+        return getattr(envelope, "hook", None) or "?"
 
     def _control_waits(self) -> bool:
         """Whether a control envelope is queued and no thread has taken it (lock held)."""
@@ -1191,6 +1203,7 @@ class Dispatcher:
             actor.depths = (self._queued, self._inflight)
         control = actor.mailbox.control.pop(0)
         actor.stamp = self._control_stamp()
+        self._in_control[actor] = control  # names the hook should it get stuck
         self._cond.release()
         try:
             self._run_control(actor, control)
@@ -1202,6 +1215,7 @@ class Dispatcher:
             if name in self._busy_ns:  # a helper of a control phase is no worker
                 self._busy_ns[name] += took
             self._pending_control -= 1
+            del self._in_control[actor]
             left = self._phase_left.get(id(control))
             if left is not None:
                 self._phase_left[id(control)] = left - 1

@@ -538,12 +538,12 @@ class Run:
         # the restart going on without it.
         late = d.run_control(started, Stop(), self._stop_timeout, help=True)
         if late:
-            raise StopTimeoutError({a.path: a.hook or "on_stop" for a in late},
+            raise StopTimeoutError({a.path: d.hook_of(a) if a.busy else "on_stop" for a in late},
                                    self._stop_timeout)
         deadline = time.monotonic() + self._start_timeout
         late = d.run_control(self._actors, Start(), self._start_timeout, help=True)
         if late:
-            raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
+            raise StartTimeoutError({a.path: d.hook_of(a) for a in late if a.busy},
                                     [a.path for a in late if not a.busy],
                                     self._start_timeout)
         d.discard_messages()
@@ -774,7 +774,7 @@ class Run:
                 if actor.busy:
                     # Left behind in a hook at the stop: its state is still
                     # changing, and its context is entered on that thread.
-                    hook = actor.hook or "?"
+                    hook = d.hook_of(actor)
                     errors[actor.path] = NodeError(
                         actor.path, hook,
                         f"node {actor.path or '<root>'!r} is still in {hook} (stuck when the "
@@ -784,7 +784,7 @@ class Run:
         else:
             late = d.run_here(self._actors, Snapshot(nodes, errors), timeout)
             if late:
-                raise _NoCut(timeout or 0.0, {a.path: a.hook or "?" for a in late})
+                raise _NoCut(timeout or 0.0, {a.path: d.hook_of(a) for a in late})
         if errors:
             raise next(iter(errors.values()))
         inputs: dict[str, list[Any]] = {}
@@ -829,8 +829,7 @@ class Run:
             envelope = Restore(tree["nodes"][actor.path], by_node[actor.path], last)
             left = max(0.0, deadline - time.monotonic())
             if d.run_control([actor], envelope, left, help=True):
-                # Restore runs load_state_dict outside actor.call: no hook name is set.
-                stuck = {actor.path: actor.hook or Restore.hook} if actor.busy else {}
+                stuck = {actor.path: d.hook_of(actor)} if actor.busy else {}
                 rest = [a.path for a in self._actors[i + (1 if stuck else 0):]]
                 raise StartTimeoutError(stuck, rest, limit)
         for path, messages in tree["pending"].items():
@@ -953,12 +952,12 @@ class Run:
         if not d.wait_stopping(timeout):
             d.request_stop()  # the instant does not finish: a hook is stuck
         left = max(0.0, deadline - time.monotonic())
-        stuck = {a.path: a.hook or "?" for a in d.wait_idle(left)}
+        stuck = {a.path: d.hook_of(a) for a in d.wait_idle(left)}
         self._end_ns = self._timer.now_ns()
         to_stop = [a for a in self._actors if a.started and a.path not in stuck]
         deadline = time.monotonic() + timeout  # the on_stop hooks, then the threads' exit
         for actor in d.run_control(to_stop, Stop(), timeout, help=True):
-            stuck.setdefault(actor.path, actor.hook or "on_stop")
+            stuck.setdefault(actor.path, d.hook_of(actor) if actor.busy else "on_stop")
         if stuck:
             self._stuck = StopTimeoutError(stuck, timeout)
             log.error("%s", self._stuck)
@@ -1304,7 +1303,7 @@ def run(
         if result._failures:  # an on_start raised: that is the cause, not what waited
             result._raise_outcome()
         if late:
-            raise StartTimeoutError({a.path: a.hook or "on_start" for a in late if a.busy},
+            raise StartTimeoutError({a.path: dispatcher.hook_of(a) for a in late if a.busy},
                                     [a.path for a in late if not a.busy], start_limit)
         if tree is not None:
             # The tree holds every message the net had at the cut; what on_start

@@ -975,7 +975,7 @@ class _SlowRestore(mujou.Node):
 
 
 @pytest.mark.timeout(20)
-def test_a_restore_stuck_in_load_state_dict_is_bounded_by_start_timeout() -> None:
+def test_a_restore_stuck_in_load_state_dict_is_bounded_by_start_timeout(caplog) -> None:
     release = threading.Event()
     net = {"a": _SlowRestore(release), "b": _SlowRestore(release)}
     first = mujou.run(net, timer="simulated", duration=0.02)
@@ -988,6 +988,8 @@ def test_a_restore_stuck_in_load_state_dict_is_bounded_by_start_timeout() -> Non
 
     assert info.value.stuck == {"a": "load_state_dict"}
     assert info.value.not_started == ["b"]
+    # The stop that followed names the hook too (it is not run through actor.call).
+    assert "still running: 'a' in load_state_dict" in caplog.text
     assert net["a"]._mujou_run is None and net["b"]._mujou_run is None
 
 
