@@ -1277,8 +1277,8 @@ class Dispatcher:
                 restart's hook); None waits for them.
 
         Returns:
-            The actors still busy at ``timeout``, whose envelope did not run
-            (empty when all ran).
+            The actors still busy at ``timeout``, or once the run is stopping,
+            whose envelope did not run (empty when all ran).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         left = list(actors)
@@ -1287,8 +1287,9 @@ class Dispatcher:
                 with self._cond:
                     while all(a.busy for a in left):
                         wait = None if deadline is None else deadline - time.monotonic()
-                        if wait is not None and wait <= 0:
-                            return left
+                        if (wait is not None and wait <= 0) or self._mode in (STOPPING,
+                                                                               SHUTDOWN):
+                            return left  # the run is stopping: it takes no cut now
                         self._wait(wait)
                     mine = [a for a in left if not a.busy]
                     left = [a for a in left if a.busy]

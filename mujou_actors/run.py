@@ -659,7 +659,8 @@ class Run:
                 try:
                     self._supervise_snapshot(timeout=bound)
                 except _NoCut as exc:  # a restart's hook took an actor during the cut
-                    self._miss(exc.busy, bound)
+                    if not self._end_requested.is_set():  # else: the run stops at this cut
+                        self._miss(exc.busy, bound)
                 except BaseException as exc:  # noqa: BLE001 - join() raises it
                     # Recorded while the net is held: the release then leaves
                     # it stopping, so the run ends at this very cut.
@@ -673,13 +674,21 @@ class Run:
             for req in requests:
                 if req.cancelled:
                     continue
-                left = None if req.deadline is None else max(0.0, req.deadline - time.monotonic())
+                # Never an unbounded wait here: the coordinator must get back
+                # to its queue (the end, the hard end). A call without a
+                # timeout tries again at the next cut, and so does any call
+                # once the run is ending (it then gets the final state).
+                left = (self._cut_bound() if req.deadline is None
+                        else max(0.0, req.deadline - time.monotonic()))
                 try:
                     tree = self._take_tree(timeout=left)
                 except _NoCut as exc:
-                    self._answer(req, error=TimeoutError(
-                        f"state_dict(): no consistent cut within {req.timeout:g} s; "
-                        + _why_no_cut(exc.busy)))
+                    if req.deadline is None or self._end_requested.is_set():
+                        self._requests.append(req)
+                    else:
+                        self._answer(req, error=TimeoutError(
+                            f"state_dict(): no consistent cut within {req.timeout:g} s; "
+                            + _why_no_cut(exc.busy)))
                 except BaseException as exc:  # noqa: BLE001 - the caller raises it
                     self._answer(req, error=exc)
                 else:

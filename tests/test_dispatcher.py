@@ -530,3 +530,42 @@ def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
         run.join(timeout=10)
     assert len(node.dts) == 2
     assert "thread mujou-worker-0 of the run died" in caplog.text
+
+
+@pytest.mark.timeout(20)
+def test_a_cut_gives_up_on_an_actor_busy_past_its_timeout_and_withdraws_its_request() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            entered.set()
+            release.wait(30)
+
+    healthy = Counter()
+    run = mujou.run({"stuck": Stuck(), "ok": healthy}, workers=2)
+    d = run._dispatcher
+    stuck = next(a for a in d.actors if a.path == "stuck")
+    try:
+        assert entered.wait(5)
+        seen: list[str] = []
+        t0 = time.monotonic()
+        late = d.run_here([stuck], lambda a: seen.append(a.path), timeout=0.2)
+        took = time.monotonic() - t0
+
+        d.request_hold()  # cannot be met while the hook runs
+        busy = d.withdraw_hold()
+        n0 = len(healthy.dts)
+        deadline = time.monotonic() + 3
+        while len(healthy.dts) < n0 + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        release.set()
+    run.stop()
+    run.join(timeout=10)
+
+    assert late == [stuck] and seen == [] and 0.2 <= took < 2
+    assert busy is not None and busy["stuck"] == "on_update" and not d.held
+    assert len(healthy.dts) >= n0 + 5  # the withdrawn request holds nothing back
