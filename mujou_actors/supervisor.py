@@ -97,7 +97,11 @@ class Supervisor:
             Default: 3.
         within (float): seconds of the run's timer of that window. Default: 60.
         snapshot_every (float, optional): seconds of the run's timer between
-            snapshots; None takes only the first one. Default: None.
+            snapshots; None takes only the first one. In real time a snapshot
+            waits at most ``min(snapshot_every, stop_timeout)`` wall seconds
+            for the hooks in flight; one that does not return by then makes
+            it missed (logged, counted in ``stats().snapshots.missed``) and
+            the net goes on. Default: None.
         snapshot_dir (str | os.PathLike, optional): where snapshot files go
             (created if missing); None keeps snapshots in memory only.
         keep (int): snapshot files kept in ``snapshot_dir``: the ones written
