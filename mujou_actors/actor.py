@@ -227,12 +227,17 @@ class Actor:
                     owed = key
         return owed
 
-    def run_update(self, now_ns: int, due_ns: int, is_tick: bool) -> int:
+    def run_update(self, now_ns: int, due_ns: int, is_tick: bool,
+                   end_ns: int | None = None) -> int:
         """Call ``on_update`` for a tick due at ``due_ns`` or a trigger, at ``now_ns``.
 
         A tick that starts a full period or more after it was due stands for
         the latest missed tick: the missed ones are counted as overruns and
-        skipped, never run as a burst.
+        skipped, never run as a burst. ``end_ns``, the run's end if it has
+        one: ticks after it are not due, so a tick starting after the end
+        stands for the latest tick due by the end, and neither counts nor
+        measures its lateness against the later ones (a periodic node's
+        updates and overruns add up to the ticks due by the end).
 
         Returns the hook's wall time in ns (0 when it was not timed: without
         statistics or tracing). If the hook raises, that time is left in
@@ -242,6 +247,8 @@ class Actor:
             period: int = self.period_ns  # type: ignore[assignment]  # ticks have a period
             missed = (now_ns - due_ns) // period
             if missed > 0:
+                if end_ns is not None and now_ns > end_ns:
+                    missed = (end_ns - due_ns) // period  # the latest tick due by the end
                 self.overruns += missed
                 due_ns += missed * period
             self.next_tick_ns = due_ns + period

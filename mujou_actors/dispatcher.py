@@ -999,6 +999,10 @@ class Dispatcher:
         simulated = self.simulated
         traced = self.trace is not None
         batch: list[Claim] = []
+        # Real time: ticks due by now count, but none after the run's end (a
+        # trigger claimed late must not consume a tick that is not due).
+        end = self.end_ns
+        due_by = now if end is None or now < end else end
         for key, group in groups:
             t, d = key
             for actor in group:
@@ -1010,7 +1014,7 @@ class Dispatcher:
                 if simulated:
                     is_tick = d == 0 and tick == t
                 else:
-                    is_tick = tick is not None and tick <= now
+                    is_tick = tick is not None and tick <= due_by
                 due = tick if is_tick else 0
                 trig = actor.trigger_key
                 if trig is not None and trig <= key:
@@ -1125,7 +1129,7 @@ class Dispatcher:
                 if owed is not None:
                     self._owed[actor] = owed
             ran = True
-            return actor.run_update(now, due, is_tick)
+            return actor.run_update(now, due, is_tick, self.end_ns)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
             took, actor.last_hook_ns = actor.last_hook_ns, 0  # taken once

@@ -17,12 +17,15 @@ class NodeStats:
         path (str): the node's dotted path.
         updates (int): ``on_update`` calls.
         overruns (int): ticks skipped because the node fell a period or more
-            behind (real time only; a simulated node is never late).
+            behind (real time only; a simulated node is never late). Only
+            ticks due by the run's end count: for a periodic node,
+            ``updates + overruns`` is the number of ticks due.
         dt_mean (float): mean ``dt`` in seconds of the run's timer (0 before
             the first update).
         dt_max (float): largest ``dt`` in seconds.
         lateness_p50 (float): median of (start - due) of the node's newest
-            256 updates (not of the whole run), seconds.
+            256 updates (not of the whole run), seconds; a late tick is
+            measured from the latest tick due that it stands for.
         lateness_p99 (float): 99th percentile of the same 256, seconds.
         hook_time (float): wall seconds spent in the node's hooks.
         drops (Mapping[str, int]): per Input name, messages dropped by QoS depth.

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
+from mujou_actors import timers as mujou_actors_timers
 from mujou_actors.actor import Actor
 from tests.conftest import Collector, Counter, Source
 
@@ -302,3 +303,84 @@ def test_lateness_samples_keep_the_newest_in_order_when_the_ring_wraps() -> None
     samples = actor.lateness_samples()
 
     assert samples == [float(k * 1_000) for k in range(n - LATENESS_SAMPLES + 1, n + 1)]
+
+
+class _ScriptedClock(mujou_actors_timers.Timer):
+    """A real-time timer whose time moves only when a hook moves it (deterministic)."""
+
+    simulated = False
+
+    def __init__(self, first_ns: int) -> None:
+        self.t_ns = first_ns
+
+    def start(self, at_ns: int = 0) -> None:
+        pass
+
+    def now_ns(self) -> int:
+        return self.t_ns
+
+
+def test_a_tick_starting_after_the_realtime_end_stands_for_the_last_tick_due(
+        monkeypatch) -> None:
+    period = 10_000_000
+    clock = _ScriptedClock(first_ns=period)  # the first tick is due at once
+
+    class Late(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=period / 1e9)
+            self.n = 0
+
+        def on_update(self, dt: float) -> None:
+            self.n += 1
+            # Each tick starts when due, but the 10th (due at the end, 100 ms)
+            # only 12 ms after it, past the tick of 110 ms that is not due.
+            late = 12_000_000 if self.n == 9 else 0
+            clock.t_ns = max(clock.t_ns, (self.n + 1) * period + late)
+
+    monkeypatch.setattr(sys.modules["mujou_actors.run"], "make_timer", lambda kind: clock)
+    node = Late()
+
+    run = mujou.run(node, duration=0.1, workers=1)
+    run.join(timeout=30)
+    stats = run.stats().nodes[""]
+
+    assert (stats.updates, stats.overruns) == (10, 0)  # the 10 ticks due by the end
+    assert stats.lateness_p99 == pytest.approx(0.012)  # from the 100 ms tick it ran for
+
+
+def test_a_late_tick_is_never_counted_past_the_end_of_the_run() -> None:
+    actor = Actor(Counter(period=0.01), "", 0)
+    actor.schedule_first_tick(0)
+
+    # Due at 100 ms (the end), starts at 127 ms: the ticks of 110 and 120 ms are not due.
+    actor.run_update(now_ns=127_000_000, due_ns=100_000_000, is_tick=True,
+                     end_ns=100_000_000)
+
+    assert actor.overruns == 0 and actor.updates == 1
+    assert actor.lateness_samples() == [27_000_000]
+    # Another, due at 80 ms, starts at 127 ms: it stands for the 100 ms tick,
+    # those of 80 and 90 ms are skipped.
+    other = Actor(Counter(period=0.01), "", 0)
+    other.schedule_first_tick(0)
+    other.run_update(now_ns=127_000_000, due_ns=80_000_000, is_tick=True,
+                     end_ns=100_000_000)
+
+    assert other.overruns == 2 and other.lateness_samples() == [27_000_000]
+    assert other.next_tick_ns == 110_000_000
+
+
+def test_a_trigger_claimed_after_the_realtime_end_takes_no_tick_that_is_not_due() -> None:
+    from mujou_actors.dispatcher import Dispatcher
+
+    actor = Actor(Counter(period=0.01), "", 0)
+    dispatcher = Dispatcher([actor], _ScriptedClock(0), 1,
+                            on_failure=lambda *a: None, on_end=lambda: None)
+    dispatcher.end_ns = 100_000_000
+    key = (95_000_000, 0)  # a message sent at 95 ms triggers it
+    actor.next_tick_ns, actor.trigger_key, actor.queued_key = 110_000_000, key, key
+
+    claims = dispatcher._claim([(key, [actor])], 112_000_000, "w")
+
+    # A triggered update due at 95 ms; the 110 ms tick (after the end) is not consumed.
+    assert claims == [(actor, 112_000_000, 95_000_000, False, key)]
+    assert actor.next_tick_ns == 110_000_000
