@@ -302,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         last = saved.get("schedule", {}).get("recorder", {}).get("last_update_ns")
         net.recorder.now_ns = last if last is not None else saved["time_ns"]
     # The depth=1 inputs keep only the newest message on purpose (sample and
-    # hold): mujou counts every replaced message as a drop, and the summary
-    # prints those counts.
+    # hold): a message replaced before its node read it counts as a drop, so
+    # the slower sensor and controller report the messages they skip, and the
+    # summary prints those counts.
     run = mujou.run(net, timer=args.timer, duration=args.duration, seed=args.seed,
                     workers=args.workers, state=args.restore)
     run.join()
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         if path:  # the root is a pure container
             drops = ", ".join(f"{name} {n}" for name, n in node.drops.items() if n) or "-"
             print(f"  {path:<12}{node.updates:>9}{node.hook_time:>15.3f}  {drops}")
-    print("  (depth-1 inputs keep only the newest message: each replaced one counts as a drop)")
+    print("  (depth-1 inputs keep only the newest message: one replaced unread is a drop)")
     print(f"  max |theta|  {peak(theta):.5f} rad   (after 1 s: {peak(theta[late]):.5f} rad)")
     print(f"  max |x|      {peak(x):.5f} m     (after 1 s: {peak(x[late]):.5f} m)")
     print(f"  stayed up    {'yes' if stayed_up else 'NO'} "

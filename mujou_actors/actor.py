@@ -16,9 +16,9 @@ from itertools import groupby
 from typing import Any
 
 from .devices import receive
-from .mailbox import MESSAGE, SLOT, Mailbox, unstamp
+from .mailbox import MESSAGE, SLOT, Mailbox, prune_limit, unstamp
 
-__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT"]
+__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER"]
 
 # The actor whose context the calling code runs in: set once in the context of
 # each actor that has Outputs (dispatcher.make_send), whose hooks run in it and
@@ -31,6 +31,9 @@ CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("mujou_actors.curr
 # to the nanosecond up to 16 ms and to 1e-7 of the value beyond.
 LATENESS_SAMPLES = 256
 _RING_MASK = LATENESS_SAMPLES - 1
+
+# A mailbox bound that no mailbox reaches.
+NEVER = 1 << 62
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
 
@@ -55,6 +58,10 @@ class Actor:
         # with Inputs; control: while some control envelope is pending), and
         # the time of a hook run by call() or of an update that raised
         "deliveries", "control", "seq", "last_hook_ns",
+        # the mailbox's bound: a send that finds more deliveries than
+        # prune_at has it pruned (see prune); prune_at is the bound, or
+        # NEVER while a prune is already due (simulated time)
+        "prune_at", "bound", "input_depths",
         # dt_sum, kept as spans of last_update_ns (see the property)
         "dt_from_ns", "dt_done_ns",
         # identity and the rest
@@ -103,6 +110,9 @@ class Actor:
         # (why an index: see mailbox.Delivery). Set when the run wires the net.
         self.inputs: tuple[Any, ...] = ()
         self.triggers: frozenset[int] = frozenset()  # indices of triggering Inputs
+        # Set with the Inputs (bound_mailbox); until then nothing is pruned.
+        self.input_depths: tuple[int | None, ...] | None = None
+        self.prune_at = self.bound = NEVER
         self.next_tick_ns: int | None = None
         self.trigger_key: tuple[int, int] | None = None
         self.queued_key: tuple[int, int] | None = None  # its bucket's key (dispatcher)
@@ -182,6 +192,39 @@ class Actor:
                 return i
         raise ValueError(f"input {port.path!r} is not an input of node {self.path!r}")
 
+    def bound_mailbox(self) -> None:
+        """Bound the mailbox by the depths of the node's Inputs (set once they are known).
+
+        A node whose Inputs all have ``depth=None`` keeps every message: its
+        mailbox is never pruned, and its hooks take their deliveries without
+        the mailbox's lock.
+        """
+        if self.input_depths is None:
+            depths = self.input_depths = tuple(p.depth for p in self.inputs)
+            if all(d is None for d in depths):
+                self.mailbox.lock = None
+            else:
+                self.prune_at = self.bound = prune_limit(depths)
+
+    def prune(self, by_stamp: bool) -> list[tuple[Any, int]]:
+        """Drop the deliveries its next hook would push out unseen (`Mailbox.prune`).
+
+        The caller holds what `Mailbox.prune` asks for: the dispatcher's lock
+        between two instants (simulated time), or the mailbox's lock (real
+        time). Counts the drops of each Input; returns ``(input, drops)`` for
+        those with some, for the caller to log once it holds no lock.
+        """
+        depths = self.input_depths
+        removed = self.mailbox.prune(depths, by_stamp)  # type: ignore[arg-type]
+        self.prune_at = self.bound = prune_limit(depths, len(self.deliveries))  # type: ignore[arg-type]
+        lost = []
+        for slot, n in enumerate(removed):
+            if n:
+                port = self.inputs[slot]
+                port._lost += n  # only ever written here, under the caller's lock
+                lost.append((port, n))
+        return lost
+
     def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
         """Push due deliveries into the node's Inputs.
 
@@ -199,10 +242,29 @@ class Actor:
         """
         rt = self.rt
         inputs = self.inputs
-        if before is None and len(inputs) == 1 and rt is None and self.trace is None:
-            inputs[0]._push_many(self.mailbox.take_messages())  # the common case, lean
-            return None
-        taken, kept = self.mailbox.take_deliveries(before)
+        mailbox = self.mailbox
+        if before is None:
+            # Real time: a sender may prune the mailbox (Actor.prune) from its
+            # own thread; holding the lock, this hook takes what is there.
+            lock = mailbox.lock  # None: never pruned (bound_mailbox)
+            if len(inputs) == 1 and rt is None and self.trace is None:  # the common case, lean
+                if lock is None:
+                    inputs[0]._push_many(mailbox.take_messages())
+                    return None
+                lock.acquire()  # no `with`: half the cost
+                try:
+                    messages = mailbox.take_messages()
+                finally:
+                    lock.release()
+                inputs[0]._push_many(messages)
+                return None
+            if lock is None:
+                taken, kept = mailbox.take_deliveries(None)
+            else:
+                with lock:
+                    taken, kept = mailbox.take_deliveries(None)
+        else:  # simulated time: pruned only between instants, never meanwhile
+            taken, kept = mailbox.take_deliveries(before)
         if self.trace is not None:
             self.applied = taken
         if rt is None:

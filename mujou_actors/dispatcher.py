@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .actor import CURRENT, Actor
+from .actor import CURRENT, NEVER, Actor
 from .errors import NotRunningError, PortTypeError
 from .mailbox import (
     HOST_ORDER,
@@ -296,6 +296,9 @@ class Dispatcher:
         # Trigger keys owed to deliveries kept for a later hook (apply_deliveries),
         # set by the thread that ran the actor, taken as the actor is finished.
         self._owed: dict[Actor, tuple[int, int]] = {}
+        # Simulated time: readers whose mailbox a send found over its bound,
+        # pruned between two instants (see _prune_crowded).
+        self._crowded: dict[Actor, None] = {}
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
         # Real time with several workers: no batches. A hook that is slow now
         # and then would hold its batch-mates while another worker is idle,
@@ -472,6 +475,8 @@ class Dispatcher:
         self._queued = 0
 
     def _enter_hold(self, scheduled: bool = False) -> None:
+        if self._crowded:  # a cut between instants: what it holds is bounded too
+            self._prune_crowded()
         self._mode = CONTROL
         self.held = True
         self._cond.notify_all()
@@ -777,6 +782,8 @@ class Dispatcher:
         Returns True when work at ``key`` may start now; otherwise the run
         holds at a cut or ends.
         """
+        if self._crowded:
+            self._prune_crowded()
         t_next = None if key is None else key[0]
         frontier_t = self._frontier[0]
         if t_next is not None and t_next == frontier_t:
@@ -821,6 +828,38 @@ class Dispatcher:
         if end is None:
             return None
         return self._realtime_end(self.timer.now_ns(), end)
+
+    def _prune_crowded(self) -> None:
+        """Prune the mailboxes that sends found over their bound (simulated time; lock held).
+
+        Called between two instants, with no hook in flight: every delivery
+        in a mailbox then goes into the Inputs at the node's next update, so
+        `Mailbox.prune` removes only what that update would push out unseen,
+        and the run's results do not change. Whether a mailbox is pruned
+        depends only on its length now, not on which send saw it over its
+        bound first: the same for any number of workers. (Every send to a
+        mailbox that has a bound checks it, so a mailbox over its bound now
+        was noted by its last send, if not before.)
+        """
+        crowded = list(self._crowded)
+        self._crowded.clear()
+        for actor in crowded:
+            actor.prune_at = actor.bound  # sends check it again
+            if len(actor.deliveries) > actor.bound:
+                for port, _ in actor.prune(True):
+                    port._log_first_drop()
+
+    def _prune_now(self, actor: Actor) -> None:
+        """Prune ``actor``'s mailbox now (real time), holding its lock; no other lock held."""
+        lock = actor.mailbox.lock
+        if lock is None:  # keeps every message (its bound is NEVER): not reached
+            return
+        with lock:
+            if len(actor.deliveries) <= actor.prune_at:
+                return  # another sender pruned it meanwhile
+            lost = actor.prune(False)
+        for port, _ in lost:
+            port._log_first_drop()
 
     def _realtime_end(self, now: int, end: int) -> float | None:
         """End a real-time run once its work due by ``end`` is done; else the wait.
@@ -1367,10 +1406,18 @@ class Dispatcher:
 
     def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> None:
         """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``."""
+        actor.bound_mailbox()
         with self._cond:
             self._host_seq += 1
             seq = self._host_seq
-            actor.mailbox.deliveries.append((HOST_STAMP, slot, message, seq))
+            box = actor.mailbox.deliveries
+            box.append((HOST_STAMP, slot, message, seq))
+            if len(box) > actor.prune_at:
+                if self.simulated:
+                    self._crowded[actor] = None
+                    actor.prune_at = NEVER
+                else:
+                    self._prune_now(actor)  # the mailbox's lock inside ours, never the reverse
             if triggers:
                 if self._frontier == CONTROL_KEY:  # the timer has not started
                     key = CONTROL_KEY  # made (start, 1) when it starts
@@ -1408,9 +1455,16 @@ class Dispatcher:
         # update at (t, d + 1) waits for the instant (t, d) to finish), and in
         # real time with one worker busy with the sender. That saves a lock
         # hand-over per send.
+        for _, reader, _ in routes:
+            reader.bound_mailbox()
+        # Every send to a reader with a bounded Input checks the bound, also
+        # those to its depth=None Inputs: in simulated time, whether a mailbox
+        # is over its bound between two instants must be seen by its last send,
+        # whichever thread made it (see _prune_crowded).
         plan = [(reader.slot(port), reader.mailbox.deliveries, reader,
                  0 if not triggers else DEFER if self._defers(sender, reader) else NOW,
-                 port if port in output._strict_readers else None)
+                 port if port in output._strict_readers else None,
+                 reader.bound != NEVER)
                 for port, reader, triggers in routes]
         if CURRENT not in sender.context:
             sender.context.run(CURRENT.set, sender)  # what the send checks
@@ -1420,11 +1474,29 @@ class Dispatcher:
             return self._send_one(sender, output, plan[0], view, copy)
         return self._send_many(sender, output, routes, plan, view, copy)
 
+    def _crowd(self) -> Callable[[Actor], None]:
+        """What a send does with a reader whose mailbox it finds over its bound.
+
+        Simulated time: note it, to be pruned between two instants (the
+        current instant's hooks may still take some of its deliveries and not
+        others). Real time: prune it now.
+        """
+        if self.simulated:
+            crowded = self._crowded
+
+            def note(reader: Actor) -> None:
+                crowded[reader] = None
+                reader.prune_at = NEVER  # noted: the instant's other sends need not check
+
+            return note
+        return self._prune_now
+
     def _send_one(self, sender: Actor, output: Any, route: tuple[Any, ...],
                   view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`make_send` for an Output with one reader and no trace: the common case, lean."""
         check, exact = output._check, output._spec.exact
-        slot, box, reader, how, narrow = route
+        slot, box, reader, how, narrow, bounded = route
+        crowd = self._crowd()
         reader_check = None if narrow is None else _reader_check(output, narrow)
         reader_exact = None if narrow is None else narrow._spec.exact
         append = box.append
@@ -1459,6 +1531,8 @@ class Dispatcher:
             if key is not seen:
                 seen, stamped = key, stamp(key, order)
             append((stamped, slot, message))  # a delivery (mailbox.Delivery)
+            if bounded and len(box) > reader.prune_at:
+                crowd(reader)  # the mailbox's bound: see Actor.prune
             if how is DEFER:
                 deferred[reader] = None
             elif how:
@@ -1489,6 +1563,7 @@ class Dispatcher:
         checks = [None if route[4] is None else _reader_check(output, route[4])
                   for route in plan]
         narrow = any(c is not None for c in checks)
+        crowd = self._crowd()
 
         def send(value: Any) -> None:
             nonlocal seen, stamped
@@ -1510,7 +1585,7 @@ class Dispatcher:
             if trace is not None:  # before any reader can see the message
                 seq = sender.seq = sender.seq + 1  # names the trace's flow arrows
                 trace.send(sender, output, seq, routes)
-            for i, (slot, box, reader, how, _) in enumerate(plan):
+            for i, (slot, box, reader, how, _, bounded) in enumerate(plan):
                 message = value
                 if narrowed is not None and type(narrowed[i]) in SCALARS:
                     message = narrowed[i]
@@ -1518,6 +1593,8 @@ class Dispatcher:
                     box.append((stamped, slot, message))  # a delivery (mailbox.Delivery)
                 else:
                     box.append((stamped, slot, message, seq))
+                if bounded and len(box) > reader.prune_at:
+                    crowd(reader)  # the mailbox's bound: see Actor.prune
                 if how is DEFER:
                     deferred[reader] = None
                 elif how:

@@ -15,10 +15,15 @@ queue uses it; a delivery's stamp (`stamp`) packs the sender's order in too.
 
 Timer ticks are not queued: a node's next tick is a single due time in its
 schedule, so a late node skips ticks instead of accumulating a burst.
+
+A mailbox is bounded by its node's Input depths (`Mailbox.prune`): of the
+deliveries waiting for an Input, those its next hook would push out unseen
+are dropped, and counted, while they wait.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections import deque
 from itertools import repeat, starmap
@@ -30,10 +35,16 @@ from .errors import NodeError
 from .state import copy_state
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
-           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp", "STAMP", "SLOT", "MESSAGE"]
+           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp", "STAMP", "SLOT", "MESSAGE",
+           "SLACK", "prune_limit"]
 
 # Getters of the fields of a delivery in a mailbox (see Delivery).
 STAMP, SLOT, MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
+
+# A mailbox is pruned (`Mailbox.prune`) once it holds more deliveries than
+# twice the depths of its node's bounded Inputs plus SLACK, and after a prune
+# not before it has twice as many as were left (see `prune_limit`).
+SLACK = 16
 
 # Sender order used for the host's writes (run.write, inputs=): before any node.
 HOST_ORDER = -1
@@ -179,20 +190,90 @@ class Delivery(NamedTuple):
     message: Any
 
 
+def prune_limit(depths: tuple[int | None, ...], left: int = 0) -> int:
+    """How many deliveries a mailbox may hold before it is pruned again.
+
+    Args:
+        depths: the depth of each of the node's Inputs, by slot (None: unbounded).
+        left: the deliveries a prune left (those of unbounded Inputs, or
+            within their Inputs' depths).
+
+    Returns:
+        Twice the bounded depths plus `SLACK`, or twice ``left`` if more:
+        pruning costs at most a constant per delivery, even with a backlog
+        for an unbounded Input that no prune can shorten.
+    """
+    base = 2 * sum(d for d in depths if d is not None) + SLACK
+    return max(base, 2 * left)
+
+
 class Mailbox:
     """One node's mailbox: control envelopes and stamped deliveries.
 
     Senders append from any thread (``deque.append`` is atomic); only the
-    thread that runs the node's hook takes envelopes out.
+    thread that runs the node's hook takes envelopes out, and in real time
+    it takes deliveries holding ``lock``, which a sender that prunes the
+    mailbox holds too (`prune`).
     """
 
-    __slots__ = ("control", "deliveries")
+    __slots__ = ("control", "deliveries", "lock")
 
     def __init__(self) -> None:
         # A list, not a deque (56 bytes against 760 empty): control envelopes
         # are few, and only ever touched under the dispatcher's lock.
         self.control: list[Any] = []
         self.deliveries: deque[tuple[Any, ...]] = deque()  # (stamp, slot, message[, seq])
+        # None for a node that keeps every message (Actor.bound_mailbox):
+        # never pruned, so its hooks need no lock to take them.
+        self.lock: threading.Lock | None = threading.Lock()
+
+    def prune(self, depths: tuple[int | None, ...], by_stamp: bool) -> list[int]:
+        """Drop the deliveries that the node's next hook would push out unseen.
+
+        Every delivery now in the mailbox goes into the Inputs at the same
+        next hook, so of those for an Input of depth ``n`` only the newest
+        ``n`` can survive it: the older ones are removed now, which bounds the
+        mailbox by the depths whatever the rate of the senders and however
+        long the node's hooks take. The survivors are those the hook would
+        keep, in the order it would keep them.
+
+        The caller makes sure that every delivery now in the mailbox goes in
+        at the same next hook: in simulated time, between two instants (no
+        hook in flight, so none can take the earlier deliveries and leave the
+        later ones); in real time, holding ``lock``, which the node holds while
+        it takes deliveries (a hook takes all there are). Senders may append
+        meanwhile: those wait behind the survivors.
+
+        Args:
+            depths: the depth of each of the node's Inputs, by slot (None: unbounded).
+            by_stamp: order by stamp (simulated time), not by arrival.
+
+        Returns:
+            The deliveries removed, per slot.
+        """
+        queue = self.deliveries
+        taken = list(starmap(queue.popleft, repeat((), len(queue))))
+        if by_stamp:
+            taken.sort(key=STAMP)  # stable, as take_deliveries sorts them
+        if len(depths) == 1 and depths[0] is not None:  # one Input: the newest, in C
+            depth = depths[0]
+            queue.extendleft(reversed(taken[-depth:]))
+            return [max(0, len(taken) - depth)]
+        room = list(depths)  # how many more of each slot survive, from the newest
+        removed = [0] * len(depths)
+        kept = []
+        for d in reversed(taken):
+            slot = d[1]
+            left = room[slot]
+            if left is None:
+                kept.append(d)
+            elif left:
+                room[slot] = left - 1
+                kept.append(d)
+            else:
+                removed[slot] += 1
+        queue.extendleft(kept)  # kept is newest first: extendleft restores the order
+        return removed
 
     def take_messages(self) -> list[Any]:
         """Remove every delivery and return the messages alone, in arrival order.

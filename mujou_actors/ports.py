@@ -336,8 +336,9 @@ class Input(Port):
             ``None`` marks a free dimension.
         dtype (torch.dtype, optional): for tensors, the dtype.
         depth (int | None): how many messages are kept; when full the oldest is
-            dropped (and counted in ``run.stats()``). ``None`` keeps all.
-            Default: 1.
+            discarded. A discarded message that no `read` or `drain` had
+            returned is a drop, counted in `drops` and ``run.stats()``; one
+            that was read is not. ``None`` keeps all. Default: 1.
         trigger (bool | None): whether a received message triggers an update.
             ``None`` means: iff the node has ``period=None``. Several messages
             that arrive before the triggered update starts give one update.
@@ -373,7 +374,23 @@ class Input(Port):
         self._depth = depth
         self._trigger = trigger
         self._buffer: deque[Any] = deque(maxlen=depth)
+        # Drops: messages discarded before any read() or drain() returned
+        # them. _drops is counted by the node's own hooks' thread (messages
+        # pushed out of the buffer), _lost by whoever bounds the node's
+        # mailbox (messages dropped while waiting there, see mailbox.prune),
+        # so that neither writes the other's counter.
         self._drops = 0
+        self._lost = 0
+        self._logged = False
+        # What read() has returned, for telling a read message from an unseen
+        # one when it is pushed out: _read says read() returned the newest
+        # kept message since it came; with depth > 1, _seen holds the numbers
+        # (1, 2, ... in arrival order, _count the newest's) of the kept
+        # messages read() returned, oldest first (read() only ever returns the
+        # newest, so at most one per kept message).
+        self._read = False
+        self._seen: deque[int] = deque()
+        self._count = 0
         self._sources: list[Output] = []
 
     def _template_copy(self) -> Input:
@@ -393,8 +410,15 @@ class Input(Port):
 
     @property
     def drops(self) -> int:
-        """int: messages dropped because the buffer was full, since the run started."""
-        return self._drops
+        """int: messages discarded unseen since the run started.
+
+        A message is discarded when the buffer is full and a newer one comes
+        (or, while it waits in the node's mailbox, once ``depth`` newer ones
+        wait behind it). It counts as a drop unless a `read` or `drain`
+        had returned it: a ``depth=1`` Input whose every message was read
+        reports no drops, however often its message is replaced.
+        """
+        return self._drops + self._lost
 
     def read(self) -> Any:
         """Return the newest kept message without consuming it.
@@ -402,16 +426,24 @@ class Input(Port):
         Returns:
             The newest kept message, or ``None`` when none is kept (before the
             first message, or after `drain`). Readers share the message
-            with the other readers: do not modify it.
+            with the other readers: do not modify it. A message once
+            returned here is no longer counted as a drop when a newer one
+            replaces it.
         """
         buf = self._buffer
-        return buf[-1] if buf else None
+        if buf:
+            self._read = True
+            return buf[-1]
+        return None
 
     def drain(self) -> list[Any]:
         """Return and consume every kept message, oldest first."""
         buf = self._buffer
         out = list(buf)
         buf.clear()
+        self._read = False
+        if self._seen:
+            self._seen.clear()
         return out
 
     def __len__(self) -> int:
@@ -426,39 +458,95 @@ class Input(Port):
     def _push(self, message: Any) -> None:
         """Keep one message (called by the owning actor before its hook runs)."""
         buf = self._buffer
-        if self._depth is not None and len(buf) == self._depth:
-            self._count_drops(1)
+        depth = self._depth
+        if depth == 1:  # the default: one flag says whether the kept one was read
+            if buf and not self._read:
+                self._count_drops(1)
+            self._read = False
+        elif depth is not None:
+            self._evict(1)
         buf.append(message)
 
     def _push_many(self, messages: list[Any]) -> None:
         """Keep several messages, oldest first: as many `_push` calls, in one go."""
         buf = self._buffer
-        if self._depth is not None:
-            over = len(buf) + len(messages) - self._depth
-            if over > 0:
-                self._count_drops(over)
+        depth = self._depth
+        if depth is None:  # keeps everything
+            buf.extend(messages)
+            return
+        if not messages:
+            return
+        if depth == 1:
+            unseen = len(messages) - 1 + (1 if buf and not self._read else 0)
+            if unseen:
+                self._count_drops(unseen)
+            self._read = False
+        else:
+            self._evict(len(messages))
         buf.extend(messages)  # the deque's maxlen drops the oldest
+
+    def _evict(self, n: int) -> None:
+        """Count the drops of pushing ``n`` messages into a buffer of depth > 1.
+
+        Of the messages pushed out (the oldest kept ones first, then the
+        oldest of the ``n``), those read() had returned are not drops; the
+        ``n`` are new, so none of them was.
+        """
+        seen = self._seen
+        if self._read:  # the newest kept one was read: remember it by number
+            seen.append(self._count)
+            self._read = False
+        kept = len(self._buffer)
+        over = kept + n - self._depth  # type: ignore[operator]
+        self._count += n
+        if over <= 0:
+            return
+        out = over if over < kept else kept  # kept messages pushed out
+        last = self._count - n - kept + out  # the number of the newest of them
+        while seen and seen[0] <= last:
+            seen.popleft()
+            out -= 1
+        unseen = over - (over if over < kept else kept) + out
+        if unseen:
+            self._count_drops(unseen)
 
     def _count_drops(self, n: int) -> None:
         self._drops += n
-        if self._drops == n:
+        self._log_first_drop()
+
+    def _log_first_drop(self) -> None:
+        if not self._logged:
+            self._logged = True
             # depth=1 asks for "the newest value": dropping is the intent
             # there, so it is logged at INFO; a deeper queue overflowing
             # means a reader that cannot keep up.
             log.log(
                 logging.INFO if self._depth == 1 else logging.WARNING,
-                "input %r is full (depth %d): dropping its oldest messages; "
+                "input %r is full (depth %d): dropping its oldest unread messages; "
                 "drops are counted in run.stats()", self.path, self._depth,
             )
 
     def _reset(self) -> None:
         self._buffer.clear()
-        self._drops = 0
+        self._drops = self._lost = self._count = 0
+        self._logged = self._read = False
+        self._seen.clear()
 
     def _restore(self, messages: list[Any]) -> None:
-        """Replace the kept messages (a restore; not counted as drops)."""
-        self._buffer.clear()
-        self._buffer.extend(messages[-self._depth:] if self._depth else messages)
+        """Replace the kept messages (a restore; not counted as drops).
+
+        A snapshot does not say which kept messages had been read: they count
+        as read, so a restored healthy net reports no drops it did not have.
+        """
+        buf = self._buffer
+        buf.clear()
+        buf.extend(messages[-self._depth:] if self._depth else messages)
+        self._read = bool(buf)
+        self._seen.clear()
+        if self._depth is not None and self._depth > 1:
+            self._read = False
+            self._count = len(buf)
+            self._seen.extend(range(1, len(buf) + 1))
 
 
 class Output(Port):

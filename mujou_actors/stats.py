@@ -28,7 +28,11 @@ class NodeStats:
             measured from the latest tick due that it stands for.
         lateness_p99 (float): 99th percentile of the same 256, seconds.
         hook_time (float): wall seconds spent in the node's hooks.
-        drops (Mapping[str, int]): per Input name, messages dropped by QoS depth.
+        drops (Mapping[str, int]): per Input name, messages discarded by its
+            QoS depth before any ``read()`` or ``drain()`` returned them
+            (pushed out of the full Input, or dropped from the mailbox while
+            newer ones waited); a message that was read and then replaced is
+            not a drop.
         restarts (int): restarts by the supervisor.
     """
 

@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import mujou_actors as mujou
 from mujou_actors.ports import copy_message
@@ -517,3 +519,303 @@ def test_dataclass_and_namedtuple_ports() -> None:
 
     assert net.a.received[0].frame == "odom" and torch.equal(net.a.received[0].xyz, torch.ones(3))
     assert net.b.received == [Twist(0.5, -0.5)]
+
+
+# ---------------------------------------------------------------------------
+# Drops: messages discarded before any read() or drain() returned them
+
+
+def _bound_input(depth: int | None) -> mujou.Input:
+    inp = mujou.Input(int, depth=depth)
+    inp._bind(object(), "inp")
+    return inp
+
+
+def test_a_depth_one_input_whose_every_message_is_read_reports_no_drops() -> None:
+    class Reader(mujou.Node):
+        inp = mujou.Input(int)  # depth=1: the newest value
+
+        def __init__(self, period: float) -> None:
+            super().__init__(period=period)
+            self.got: list[int | None] = []
+
+        def on_update(self, dt: float) -> None:
+            self.got.append(self.inp.read())
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Source(period=0.01)
+            self.every = Reader(period=0.01)   # reads each message once
+            self.half = Reader(period=0.02)    # reads every other one
+            mujou.connect(self.tx.out, self.every.inp)
+            mujou.connect(self.tx.out, self.half.inp)
+
+    net = Net()
+
+    run = mujou.run(net, timer="simulated", duration=1.0)
+    run.join()
+    nodes = run.stats().nodes
+
+    # Each reader sees the message of the previous tick (delta cycles).
+    assert net.every.got == [None, *range(1, 100)] and net.every.inp.drops == 0
+    assert nodes["every"].drops == {"inp": 0}
+    # The half-rate reader reads 1, 3, 5, ...: 2, 4, ..., 98 were replaced unseen.
+    assert net.half.got == [1, *range(3, 100, 2)]
+    assert nodes["half"].drops == {"inp": 49}
+
+
+def test_drops_count_only_the_messages_no_read_or_drain_returned() -> None:
+    inp = _bound_input(3)
+
+    inp._push(1)
+    assert inp.read() == 1
+    inp._push(2)
+    inp._push(3)
+    assert inp.read() == 3
+    inp._push(4)          # kept: 2 3 4
+    inp._push(5)          # 2 goes, never read
+    assert inp.drops == 1
+    inp._push(6)          # 3 goes, it was read
+    assert inp.drops == 1
+    inp._push_many([7, 8, 9, 10])  # 4 5 6 go unread, and 7 never got in
+    assert inp.drops == 5 and list(inp._buffer) == [8, 9, 10]
+    assert inp.read() == 10 and inp.drain() == [8, 9, 10]
+    inp._push_many([11, 12, 13, 14])  # 11 never got in
+    assert inp.drops == 6
+
+    one = _bound_input(1)
+    one._push(1)
+    one.read()
+    one.read()
+    one._push_many([2, 3])  # 1 was read; 2 was not
+    one._push(4)            # 3 was not
+    assert one.drops == 2
+    assert one.drain() == [4]
+    one._push(5)            # 4 was drained
+    assert one.drops == 2
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_pushing_together_or_one_by_one_counts_the_same_drops_whatever_the_reads(
+        depth: int) -> None:
+    one, many = _bound_input(depth), _bound_input(depth)
+    pattern = [([1, 2], "read"), ([3, 4, 5, 6], None), ([7], "read"), ([8, 9], "drain"),
+               ([10, 11, 12], "read"), ([13], "read"), ([14, 15, 16, 17, 18, 19], None)]
+
+    for batch, call in pattern:
+        for m in batch:
+            one._push(m)
+        many._push_many(batch)
+        if call == "read":
+            assert one.read() == many.read()
+        elif call == "drain":
+            assert one.drain() == many.drain()
+        assert (many.drops, list(many._buffer)) == (one.drops, list(one._buffer))
+
+
+def test_messages_restored_into_an_input_count_as_read() -> None:
+    for depth in (1, 3):
+        inp = _bound_input(depth)
+        inp._restore([7, 8, 9])
+        new = list(range(10, 10 + depth))
+        inp._push_many(new)  # pushes the restored ones out
+        assert inp.drops == 0 and list(inp._buffer) == new
+
+
+# ---------------------------------------------------------------------------
+# The mailbox is bounded by the depths of the Inputs
+
+
+def test_a_reader_that_never_runs_holds_a_bounded_mailbox_and_counts_drops() -> None:
+    from mujou_actors.mailbox import prune_limit
+
+    go = threading.Event()
+    n_ticks, burst = 1000, 100
+
+    class Tx(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.001)
+            self.n = 0
+            self.box: Any = None
+            self.pending: list[int] = []  # the reader's mailbox as each tick starts
+
+        def on_update(self, dt: float) -> None:
+            assert go.wait(10)
+            self.pending.append(len(self.box))
+            for _ in range(burst):
+                self.n += 1
+                self.out.send(self.n)
+
+    class Rx(mujou.Node):
+        inp = mujou.Input(int, depth=4, trigger=False)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)  # never updates
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Tx()
+            self.rx = Rx()
+            mujou.connect(self.tx.out, self.rx.inp)
+
+    net = Net()
+
+    run = mujou.run(net, timer="simulated", duration=n_ticks * 0.001)
+    net.tx.box = run._actor_of[id(net.rx)].deliveries
+    go.set()
+    run.join(timeout=60)
+    pending = len(run.state_dict()["pending"]["rx.inp"])
+
+    assert net.tx.n == n_ticks * burst
+    # Between instants only the newest 4 wait: the mailbox never grows past
+    # its bound, however many messages come.
+    assert max(net.tx.pending) <= prune_limit((4,)) and pending == 4
+    assert net.rx.inp.drops == n_ticks * burst - 4
+    assert run.stats().nodes["rx"].drops == {"inp": n_ticks * burst - 4}
+
+
+def test_a_realtime_reader_stuck_in_a_hook_has_its_mailbox_pruned_as_messages_come() -> None:
+    from mujou_actors.mailbox import prune_limit
+
+    ready, stuck, sent, again = (threading.Event() for _ in range(4))
+    seen: dict[str, Any] = {}  # what the sender saw of the reader's mailbox
+
+    class Tx(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+            self.ticks = 0
+
+        def on_update(self, dt: float) -> None:
+            self.ticks += 1
+            if self.ticks == 1:
+                self.out.send(1)  # triggers the reader, which then blocks
+            elif self.ticks == 2:
+                assert ready.wait(10) and stuck.wait(10)
+                box, most = seen["box"], 0
+                for n in range(2, 201):
+                    self.out.send(n)
+                    most = max(most, len(box))
+                seen.update(most=most, left=len(box), drops=seen["inp"].drops)
+                sent.set()
+
+    class Rx(mujou.Node):
+        inp = mujou.Input(int, depth=4)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.got: list[list[int]] = []
+
+        def on_update(self, dt: float) -> None:
+            self.got.append(self.inp.drain())
+            if len(self.got) == 1:
+                stuck.set()
+                assert sent.wait(10)
+            else:
+                again.set()
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Tx()
+            self.rx = Rx()
+            mujou.connect(self.tx.out, self.rx.inp)
+
+    net = Net()
+
+    run = mujou.run(net, workers=2)
+    seen.update(box=run._actor_of[id(net.rx)].deliveries, inp=net.rx.inp)
+    ready.set()
+    assert sent.wait(20)
+    assert again.wait(20)
+    run.stop()
+
+    # The 199 messages sent while the reader was stuck were pruned as they
+    # came and counted at once; the reader then finds the newest 4, as before.
+    assert seen["most"] <= prune_limit((4,))
+    assert seen["drops"] == 199 - seen["left"]
+    assert net.rx.got[:2] == [[1], [197, 198, 199, 200]]
+    assert run.stats().nodes["rx"].drops == {"inp": 195}
+
+
+class _Burst(mujou.Node):
+    out = mujou.Output(int)
+
+    def __init__(self, period: float, burst: int, tag: int) -> None:
+        super().__init__(period=period)
+        self.burst, self.tag, self.n = burst, tag, 0
+
+    def on_update(self, dt: float) -> None:
+        for _ in range(self.burst):
+            self.n += 1
+            self.out.send(self.tag * 1_000_000 + self.n)
+
+
+def _qos_run(senders, reader, workers: int) -> tuple[Any, ...]:
+    """Run a random net into one reader; what it saw, its drops and its pending messages."""
+    (period, depth_a, trigger_a, depth_b, trigger_b) = reader
+
+    class Reader(mujou.Node):
+        a = mujou.Input(int, depth=depth_a, trigger=trigger_a)
+        b = mujou.Input(int, depth=depth_b, trigger=trigger_b)
+
+        def __init__(self) -> None:
+            super().__init__(period=period)
+            self.log: list[Any] = []
+
+        def on_update(self, dt: float) -> None:
+            n = len(self.log)
+            # Reads and drains mixed: which messages count as read matters.
+            self.log.append((dt, self.a.drain() if n % 3 else [self.a.read()],
+                             self.b.read() if n % 2 else self.b.drain()))
+
+    rx = Reader()
+    nodes: dict[str, mujou.Node] = {"rx": rx}
+    for i, (p, burst, to_b) in enumerate(senders):
+        tx = nodes[f"tx{i}"] = _Burst(p, burst, i)
+        mujou.connect(tx.out, rx.b if to_b else rx.a)
+    run = mujou.run(nodes, workers=workers, timer="simulated", duration=0.03)
+    run.join(timeout=60)
+    pending = {k: len(v) for k, v in run.state_dict()["pending"].items()}
+    return rx.log, run.stats().nodes["rx"].drops, pending
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    senders=st.lists(st.tuples(st.sampled_from([0.001, 0.002, 0.003]), st.integers(1, 6),
+                               st.booleans()), min_size=1, max_size=4),
+    reader=st.tuples(st.sampled_from([None, 0.004, 0.01]), st.sampled_from([1, 2, 3]),
+                     st.sampled_from([None, True, False]), st.sampled_from([1, 4, None]),
+                     st.sampled_from([None, True, False])),
+)
+# Sends into a depth=None Input fill the mailbox too: found by this test.
+@example(senders=[(0.001, 1, False), (0.001, 2, False), (0.002, 1, True)],
+         reader=(0.004, 3, None, None, None))
+def test_pruning_the_mailbox_changes_no_result_for_any_worker_count(senders, reader) -> None:
+    from mujou_actors import mailbox
+
+    slack = mailbox.SLACK
+    try:
+        mailbox.SLACK = 1 << 60  # no pruning: every message waits in the mailbox, as before
+        unpruned = _qos_run(senders, reader, workers=1)
+        mailbox.SLACK = 0  # pruned as often as can be
+        pruned = [_qos_run(senders, reader, workers=w) for w in (1, 2, 4)]
+    finally:
+        mailbox.SLACK = slack
+
+    # The reader sees the same messages at the same updates, and the drops
+    # and pending messages do not depend on the number of workers.
+    assert pruned[0] == pruned[1] == pruned[2]
+    log, drops, pending = pruned[0]
+    assert log == unpruned[0]
+    # What pruning removed, the reader's next update would have pushed out
+    # unseen: it is a drop now instead of a pending message.
+    for name in ("a", "b"):
+        path = f"rx.{name}"
+        assert (drops[name] + pending.get(path, 0)
+                == unpruned[1][name] + unpruned[2].get(path, 0))
