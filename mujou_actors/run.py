@@ -117,6 +117,13 @@ class _NoCut(TimeoutError):
         super().__init__(f"no consistent cut within {timeout:g} s; " + _why_no_cut(busy))
 
 
+# A node's state_dict() and load_state_dict() run on the run's own thread
+# (mujou-run) at a cut and in a restart; that thread also ends the run.
+_ON_COORDINATOR = ("{call} from a node's state_dict() or load_state_dict() would block the "
+                   "run's thread (mujou-run), which takes the cuts and ends the run, "
+                   "so it would wait for itself")
+
+
 def _why_no_cut(busy: Mapping[str, str]) -> str:
     if not busy:
         return "the run was busy with another snapshot or a restart"
@@ -272,6 +279,8 @@ class Run:
                 f"{call} from a subscriber callback would block the callbacks' thread "
                 "(mujou-host) until the run ends, and the run's end waits for the callbacks: "
                 "use run.stop() to end the run, run.running to check")
+        if threading.current_thread() is self._coordinator:
+            raise RuntimeError(_ON_COORDINATOR.format(call=call))
 
     @property
     def failure(self) -> BaseException | None:
@@ -879,6 +888,8 @@ class Run:
         """
         if self._dispatcher.is_own_thread():
             raise RuntimeError("state_dict() from inside a hook would wait for itself")
+        if threading.current_thread() is self._coordinator:
+            raise RuntimeError(_ON_COORDINATOR.format(call="state_dict()"))
         if self._host.on_thread() and self._end_requested.is_set():
             raise RuntimeError(
                 "state_dict() from a subscriber callback while the run ends would wait for "

@@ -1690,3 +1690,34 @@ def test_state_dict_with_a_timeout_behind_a_stuck_hook_raises_naming_the_node(
     assert after["nodes"]["cam"] is not None and stuck.n >= 3
     with pytest.raises(ValueError, match="timeout must be a finite number >= 0"):
         run.state_dict(timeout=-1)
+
+
+@pytest.mark.timeout(20)
+def test_run_calls_that_wait_are_refused_from_a_nodes_state_dict_at_a_cut() -> None:
+    holder: list[mujou.Run] = []
+    got: dict[str, BaseException | None] = {}
+
+    class Asks(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            pass
+
+        def state_dict(self) -> dict:
+            if holder and not got:  # runs at the cut, on the run's thread
+                for name, call in [("state_dict", holder[0].state_dict),
+                                   ("join", holder[0].join), ("wait", holder[0].wait)]:
+                    got[name] = _outcome(call)  # type: ignore[assignment]
+            return super().state_dict()
+
+    run = mujou.run(Asks(), timer="simulated")
+    holder.append(run)
+    tree = run.state_dict(timeout=5)
+    run.stop()
+    run.join(timeout=5)
+
+    assert tree["nodes"][""] is not None and sorted(got) == ["join", "state_dict", "wait"]
+    for name, err in got.items():
+        assert isinstance(err, RuntimeError), (name, err)
+        assert "would block the run's thread (mujou-run)" in str(err)
