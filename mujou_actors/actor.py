@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import time
 from array import array
 from itertools import groupby
@@ -201,9 +202,8 @@ class Actor:
         """
         if self.input_depths is None:
             depths = self.input_depths = tuple(p.depth for p in self.inputs)
-            if all(d is None for d in depths):
-                self.mailbox.lock = None
-            else:
+            if any(d is not None for d in depths):
+                self.mailbox.lock = threading.Lock()
                 self.prune_at = self.bound = prune_limit(depths)
 
     def prune(self, by_stamp: bool) -> list[tuple[Any, int]]:

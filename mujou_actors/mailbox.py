@@ -223,9 +223,10 @@ class Mailbox:
         # are few, and only ever touched under the dispatcher's lock.
         self.control: list[Any] = []
         self.deliveries: deque[tuple[Any, ...]] = deque()  # (stamp, slot, message[, seq])
-        # None for a node that keeps every message (Actor.bound_mailbox):
-        # never pruned, so its hooks need no lock to take them.
-        self.lock: threading.Lock | None = threading.Lock()
+        # Made for a node with a bounded Input (Actor.bound_mailbox); None
+        # for one that keeps every message: never pruned, so its hooks need
+        # no lock to take them.
+        self.lock: threading.Lock | None = None
 
     def prune(self, depths: tuple[int | None, ...], by_stamp: bool) -> list[int]:
         """Drop the deliveries that the node's next hook would push out unseen.

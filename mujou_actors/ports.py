@@ -387,9 +387,10 @@ class Input(Port):
         # kept message since it came; with depth > 1, _seen holds the numbers
         # (1, 2, ... in arrival order, _count the newest's) of the kept
         # messages read() returned, oldest first (read() only ever returns the
-        # newest, so at most one per kept message).
+        # newest, so at most one per kept message); made when first needed
+        # (an empty deque takes 760 bytes).
         self._read = False
-        self._seen: deque[int] = deque()
+        self._seen: deque[int] | None = None
         self._count = 0
         self._sources: list[Output] = []
 
@@ -493,6 +494,8 @@ class Input(Port):
         ``n`` are new, so none of them was.
         """
         seen = self._seen
+        if seen is None:
+            seen = self._seen = deque()
         if self._read:  # the newest kept one was read: remember it by number
             seen.append(self._count)
             self._read = False
@@ -530,7 +533,7 @@ class Input(Port):
         self._buffer.clear()
         self._drops = self._lost = self._count = 0
         self._logged = self._read = False
-        self._seen.clear()
+        self._seen = None
 
     def _restore(self, messages: list[Any]) -> None:
         """Replace the kept messages (a restore; not counted as drops).
@@ -542,11 +545,11 @@ class Input(Port):
         buf.clear()
         buf.extend(messages[-self._depth:] if self._depth else messages)
         self._read = bool(buf)
-        self._seen.clear()
+        self._seen = None
         if self._depth is not None and self._depth > 1:
             self._read = False
             self._count = len(buf)
-            self._seen.extend(range(1, len(buf) + 1))
+            self._seen = deque(range(1, len(buf) + 1))
 
 
 class Output(Port):
