@@ -678,6 +678,59 @@ def test_a_reader_that_never_runs_holds_a_bounded_mailbox_and_counts_drops() -> 
     assert run.stats().nodes["rx"].drops == {"inp": n_ticks * burst - 4}
 
 
+def test_a_slow_simulated_reader_holds_a_bounded_mailbox_between_its_updates(
+        workers: int) -> None:
+    from mujou_actors.mailbox import prune_limit
+
+    go = threading.Event()
+
+    class Tx(mujou.Node):
+        out = mujou.Output(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.001)
+            self.n = 0
+            self.box: Any = None
+            self.most = 0
+
+        def on_update(self, dt: float) -> None:
+            assert go.wait(10)
+            self.most = max(self.most, len(self.box))
+            for _ in range(3):
+                self.n += 1
+                self.out.send(self.n)
+
+    class Slow(mujou.Node):
+        inp = mujou.Input(int, depth=4)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.5)  # 500 sender ticks between its updates
+            self.got: list[list[int]] = []
+
+        def on_update(self, dt: float) -> None:
+            self.got.append(self.inp.drain())
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.tx = Tx()
+            self.rx = Slow()
+            mujou.connect(self.tx.out, self.rx.inp)
+
+    net = Net()
+
+    run = mujou.run(net, timer="simulated", duration=1.0, workers=workers)
+    net.tx.box = run._actor_of[id(net.rx)].deliveries
+    go.set()
+    run.join(timeout=60)
+
+    # At 0.5 s the reader finds the newest 4 of the 499 ticks before (the
+    # 500th is of its own instant), as with a mailbox that kept all 1,497.
+    assert net.rx.got == [[1494, 1495, 1496, 1497], [2994, 2995, 2996, 2997]]
+    assert net.tx.most <= prune_limit((4,))
+    assert net.rx.inp.drops == 1497 - 4 + 1500 - 4
+
+
 def test_a_realtime_reader_stuck_in_a_hook_has_its_mailbox_pruned_as_messages_come() -> None:
     from mujou_actors.mailbox import prune_limit
 
