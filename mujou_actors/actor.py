@@ -206,16 +206,18 @@ class Actor:
                 self.mailbox.lock = threading.Lock()
                 self.prune_at = self.bound = prune_limit(depths)
 
-    def prune(self, by_stamp: bool) -> list[tuple[Any, int]]:
+    def prune(self, by_stamp: bool, below: int | None = None) -> list[tuple[Any, int]]:
         """Drop the deliveries its next hook would push out unseen (`Mailbox.prune`).
 
         The caller holds what `Mailbox.prune` asks for: the dispatcher's lock
-        between two instants (simulated time), or the mailbox's lock (real
-        time). Counts the drops of each Input; returns ``(input, drops)`` for
-        those with some, for the caller to log once it holds no lock.
+        between two instants, or while the node is not busy with ``below``
+        the least stamp of the current instant (simulated time), or the
+        mailbox's lock (real time). Counts the drops of each Input; returns
+        ``(input, drops)`` for those with some, for the caller to log once it
+        holds no lock.
         """
         depths = self.input_depths
-        removed = self.mailbox.prune(depths, by_stamp)  # type: ignore[arg-type]
+        removed = self.mailbox.prune(depths, by_stamp, below)  # type: ignore[arg-type]
         self.prune_at = self.bound = prune_limit(depths, len(self.deliveries))  # type: ignore[arg-type]
         lost = []
         for slot, n in enumerate(removed):

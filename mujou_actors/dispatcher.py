@@ -35,11 +35,13 @@ from .actor import CURRENT, NEVER, Actor
 from .errors import NotRunningError, PortTypeError
 from .mailbox import (
     HOST_ORDER,
+    ORDER_BITS,
     SHIFT,
     STAMP,
     Delivery,
     Start,
     Stop,
+    pack,
     stamp,
     unstamp,
 )
@@ -1412,12 +1414,20 @@ class Dispatcher:
             seq = self._host_seq
             box = actor.mailbox.deliveries
             box.append((HOST_STAMP, slot, message, seq))
+            lost = None
             if len(box) > actor.prune_at:
-                if self.simulated:
+                if not self.simulated:
+                    self._prune_now(actor)  # the mailbox's lock inside ours, never the reverse
+                elif actor.busy:  # its hook may be taking deliveries: between instants
                     self._crowded[actor] = None
                     actor.prune_at = NEVER
                 else:
-                    self._prune_now(actor)  # the mailbox's lock inside ours, never the reverse
+                    # Not busy, and it can only be claimed under our lock: its
+                    # next hook, at the current instant or later, takes every
+                    # delivery stamped before this instant (this one too), so
+                    # those can be pruned now. (An idle net may never reach the
+                    # next instant.)
+                    lost = actor.prune(True, pack(self._frontier) << ORDER_BITS)
             if triggers:
                 if self._frontier == CONTROL_KEY:  # the timer has not started
                     key = CONTROL_KEY  # made (start, 1) when it starts
@@ -1433,6 +1443,8 @@ class Dispatcher:
                     self._schedule(actor)
                     if self._waiting:
                         self._cond.notify()
+        for port, _ in lost or ():
+            port._log_first_drop()
 
     def make_send(self, sender: Actor, output: Any, routes: list[tuple[Any, Actor, bool]],
                   view: Any, copy: Callable[[Any], Any]) -> Callable[[Any], None]:

@@ -36,7 +36,7 @@ from .state import copy_state
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
            "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp", "STAMP", "SLOT", "MESSAGE",
-           "SLACK", "prune_limit"]
+           "ORDER_BITS", "SLACK", "prune_limit"]
 
 # Getters of the fields of a delivery in a mailbox (see Delivery).
 STAMP, SLOT, MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -228,7 +228,8 @@ class Mailbox:
         # no lock to take them.
         self.lock: threading.Lock | None = None
 
-    def prune(self, depths: tuple[int | None, ...], by_stamp: bool) -> list[int]:
+    def prune(self, depths: tuple[int | None, ...], by_stamp: bool,
+              below: int | None = None) -> list[int]:
         """Drop the deliveries that the node's next hook would push out unseen.
 
         Every delivery now in the mailbox goes into the Inputs at the same
@@ -243,11 +244,15 @@ class Mailbox:
         hook in flight, so none can take the earlier deliveries and leave the
         later ones); in real time, holding ``lock``, which the node holds while
         it takes deliveries (a hook takes all there are). Senders may append
-        meanwhile: those wait behind the survivors.
+        meanwhile: those wait behind the survivors. Or, with ``below``, that
+        every delivery stamped below it goes in at the same next hook: only
+        those are pruned, the others are kept as they are.
 
         Args:
             depths: the depth of each of the node's Inputs, by slot (None: unbounded).
             by_stamp: order by stamp (simulated time), not by arrival.
+            below: prune only the deliveries stamped below this (simulated
+                time; None: all).
 
         Returns:
             The deliveries removed, per slot.
@@ -256,6 +261,12 @@ class Mailbox:
         taken = list(starmap(queue.popleft, repeat((), len(queue))))
         if by_stamp:
             taken.sort(key=STAMP)  # stable, as take_deliveries sorts them
+        later: list[tuple[Any, ...]] = []
+        if below is not None:
+            cut = bisect_left(taken, below, key=STAMP)
+            later = taken[cut:]
+            del taken[cut:]
+            queue.extendleft(reversed(later))  # they stay, after the survivors
         if len(depths) == 1 and depths[0] is not None:  # one Input: the newest, in C
             depth = depths[0]
             queue.extendleft(reversed(taken[-depth:]))

@@ -731,6 +731,30 @@ def test_a_slow_simulated_reader_holds_a_bounded_mailbox_between_its_updates(
     assert net.rx.inp.drops == 1497 - 4 + 1500 - 4
 
 
+@pytest.mark.parametrize("timer", ["simulated", "realtime"])
+def test_host_writes_into_an_idle_reader_keep_its_mailbox_bounded(timer: str) -> None:
+    from mujou_actors.mailbox import prune_limit
+
+    class Rx(mujou.Node):
+        inp = mujou.Input(int, depth=2, trigger=False)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)  # never updates: the net stays idle
+
+    rx = Rx()
+
+    with mujou.run(rx, timer=timer) as run:
+        box = run._actor_of[id(rx)].deliveries
+        most = 0
+        for n in range(1000):
+            run.write(rx.inp, n)
+            most = max(most, len(box))
+        left = [m for _, _, m, *_ in box]
+
+    assert most <= prune_limit((2,))
+    assert left[-2:] == [998, 999] and rx.inp.drops == 1000 - len(left)
+
+
 def test_a_realtime_reader_stuck_in_a_hook_has_its_mailbox_pruned_as_messages_come() -> None:
     from mujou_actors.mailbox import prune_limit
 
