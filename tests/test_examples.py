@@ -91,3 +91,29 @@ def test_the_restart_example_keeps_the_pole_up_through_a_controller_crash(tmp_pa
     assert "stayed up              yes" in result.stdout
     assert "restarting it (one_for_one)" in result.stderr
     assert (tmp_path / "snaps" / "latest").exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_gpu_pipeline_answers_every_frame_and_is_bit_identical_for_1_and_2_workers() -> None:
+    runs = [_run("gpu_pipeline.py", "--device", "cpu", "--duration", "0.5", "--workers", w)
+            for w in ("1", "2")]
+
+    assert [r.returncode for r in runs] == [0, 0], [r.stdout + r.stderr for r in runs]
+    out = runs[0].stdout
+    assert "models on cpu" in out
+    assert re.search(r"images\s+(MuJoCo render|synthetic)", out), out
+    for node in ("world", "perception", "policy", "actuator"):
+        assert re.search(rf"{node}\s+25 updates", out), out
+    assert "over 25 commands" in out
+    assert _fingerprint(runs[0].stdout) == _fingerprint(runs[1].stdout)
+    assert runs[0].stderr == ""  # the library prints nothing
+
+
+@pytest.mark.timeout(60)
+def test_the_gpu_pipeline_draws_its_own_images_when_asked_and_says_so() -> None:
+    result = _run("gpu_pipeline.py", "--device", "cpu", "--duration", "0.2",
+                  "--images", "synthetic")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "images       synthetic (--images synthetic)" in result.stdout
+    assert "over 10 commands" in result.stdout
