@@ -1,4 +1,4 @@
-"""Camera images -> CNN perception -> policy -> actuator, with the models on the GPU when there is one.
+"""Camera images -> CNN perception -> policy -> actuator, the models on a GPU if there is one.
 
 The net, on the simulated timer::
 
@@ -160,7 +160,8 @@ class World(mujou.Node):
         col, row = (x + 1.0) / 2.0 * WIDTH, (0.75 - y) / 1.5 * HEIGHT
         xs, ys = self._pixels
         disk = ((xs + 0.5 - col) ** 2 + (ys + 0.5 - row) ** 2) <= (0.08 / 2.0 * WIDTH) ** 2
-        image = torch.tensor([50, 75, 100], dtype=torch.uint8).view(3, 1, 1).repeat(1, HEIGHT, WIDTH)
+        table = torch.tensor([50, 75, 100], dtype=torch.uint8).view(3, 1, 1)
+        image = table.repeat(1, HEIGHT, WIDTH)
         image[:, disk] = torch.tensor([255, 204, 25], dtype=torch.uint8).view(3, 1)
         return image
 
