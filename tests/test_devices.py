@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 from typing import Any, NamedTuple
@@ -13,6 +12,8 @@ import torch
 import mujou_actors as mujou
 from mujou_actors import devices
 from mujou_actors.devices import Path, Receive
+from tests import fake_cuda
+from tests.fake_cuda import FakeRuntime, FakeStream, StaleRead, shadow
 
 # The submodule, not the function mujou_actors.run that shadows it.
 run_module = importlib.import_module("mujou_actors.run")
@@ -88,114 +89,99 @@ def test_map_tensors_rebuilds_containers() -> None:
     assert len(devices.tensors_in(msg)) == 3
 
 
-class FakeRuntime(devices.CudaRuntime):
-    """Stands in for torch.cuda: CPU tensors, streams and events as names, a call log."""
+def _gpu() -> tuple[FakeRuntime, FakeStream, FakeStream]:
+    """A fake runtime with a sender's and a reader's stream on cuda:0."""
+    rt = FakeRuntime()
+    return rt, rt.new_stream(GPU0), rt.new_stream(GPU0)
 
-    def __init__(self) -> None:
-        self.log: list[tuple[Any, ...]] = []
-        self.streams = 0
-        self.events = 0
 
-    def new_stream(self, device: torch.device) -> str:
-        self.streams += 1
-        name = f"stream{self.streams}@{device}"
-        self.log.append(("new_stream", name))
-        return name
-
-    def use(self, stream: Any) -> Any:
-        self.log.append(("use", stream))
-        return contextlib.nullcontext()
-
-    def new_event(self) -> str:
-        self.events += 1
-        return f"event{self.events}"
-
-    def record(self, event: Any, stream: Any = None) -> None:
-        self.log.append(("record", event, stream))
-
-    def wait_event(self, stream: Any, event: Any) -> None:
-        self.log.append(("wait_event", stream, event))
-
-    def synchronize(self, event: Any) -> None:
-        self.log.append(("synchronize", event))
-
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        self.log.append(("record_stream", stream))
-
-    def copy(self, tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> Any:
-        self.log.append(("copy", str(device)))
-        return tensor.clone()
-
-    def current_stream(self, device: torch.device) -> Any:
-        rt = self
-
-        class Stream:
-            name = f"current@{device}"
-
-            def synchronize(self) -> None:
-                rt.log.append(("host_stream_synchronize", str(device)))
-
-        return Stream()
+def _sent(rt: FakeRuntime, stream: FakeStream, value: Any) -> devices.DeviceMessage:
+    """What a CUDA sender on ``stream`` hands its readers: its copy and a ready event."""
+    with rt.use(stream):
+        copied = devices.map_tensors(rt.cuda(value, stream.device), lambda t: t.clone())
+        return devices.mark_ready(copied, stream.device, rt)
 
 
 def test_a_reader_on_the_same_device_waits_and_shares_the_copy() -> None:
-    rt = FakeRuntime()
-    value = torch.ones(3)
-    msg = devices.DeviceMessage([value, value], GPU0, "ev")
+    rt, sender, reader = _gpu()
+    msg = _sent(rt, sender, [torch.ones(3), torch.zeros(2)])
+    rt.log.clear()
 
-    out = devices.receive(msg, GPU0, "reader", {}, rt)
+    out = devices.receive(msg, GPU0, reader, {}, rt)
 
     assert out is msg.value
-    assert rt.log == [("wait_event", "reader", "ev"),
-                      ("record_stream", "reader"), ("record_stream", "reader")]
+    assert rt.log == [("wait_event", "stream2@cuda:0", "event1"),
+                      ("record_stream", "stream2@cuda:0", "cuda:0"),
+                      ("record_stream", "stream2@cuda:0", "cuda:0")]
+    with rt.use(reader):  # the reader's stream may read it: it waited for the event
+        assert torch.equal(shadow(out[0] + 1), torch.full((3,), 2.0))
+
+
+def test_a_reader_that_skips_the_wait_reads_before_ready() -> None:
+    rt, sender, reader = _gpu()
+    msg = _sent(rt, sender, torch.ones(3))
+
+    with rt.use(reader), pytest.raises(StaleRead, match="stream2@cuda:0"):
+        msg.value + 1
 
 
 def test_a_reader_on_another_gpu_copies_on_its_copy_stream() -> None:
-    rt = FakeRuntime()
-    msg = devices.DeviceMessage(torch.ones(3), GPU0, "ev")
+    rt, sender, _ = _gpu()
+    reader, copy0 = rt.new_stream(GPU1), rt.new_stream(GPU0)
+    msg = _sent(rt, sender, torch.ones(3))
 
-    out = devices.receive(msg, GPU1, "reader", {GPU0: "copy@0"}, rt)
+    with rt.use(reader):
+        rt.log.clear()
+        out = devices.receive(msg, GPU1, reader, {GPU0: copy0}, rt)
+        assert torch.equal(shadow(out * 1), torch.ones(3))
 
-    assert torch.equal(out, torch.ones(3))
+    assert out.device == GPU1
     assert rt.log == [
-        ("wait_event", "copy@0", "ev"),      # the copy waits for the sender's copy
-        ("use", "copy@0"),
-        ("record_stream", "copy@0"),         # the source is read on the copy stream
-        ("copy", "cuda:1"),
-        ("record", "event1", "copy@0"),
-        ("wait_event", "reader", "event1"),  # the reader waits for the copy
-        ("record_stream", "reader"),
+        ("wait_event", "stream4@cuda:0", "event1"),  # the copy waits for the sender's copy
+        ("use", "stream4@cuda:0"),
+        ("record_stream", "stream4@cuda:0", "cuda:0"),  # the source is read on the copy stream
+        ("copy", "cuda:0", "cuda:1"),
+        ("new_event", "event2"),
+        ("record", "event2", "stream4@cuda:0"),
+        ("wait_event", "stream3@cuda:1", "event2"),  # the reader waits for the copy
+        ("record_stream", "stream3@cuda:1", "cuda:1"),
     ]
 
 
 def test_cpu_readers_share_one_host_copy_made_on_a_copy_stream() -> None:
-    rt = FakeRuntime()
-    msg = devices.DeviceMessage(torch.ones(2), GPU0, "ev")
+    rt, sender, copy0 = _gpu()
+    msg = _sent(rt, sender, torch.ones(2))
+    rt.log.clear()
 
-    first = devices.receive(msg, CPU, None, {GPU0: "copy@0"}, rt)
-    second = devices.receive(msg, CPU, None, {GPU0: "copy@0"}, rt)
+    first = devices.receive(msg, CPU, None, {GPU0: copy0}, rt)
+    second = devices.receive(msg, CPU, None, {GPU0: copy0}, rt)
 
     assert first is second
-    assert rt.log == [("wait_event", "copy@0", "ev"), ("use", "copy@0"), ("copy", "cpu")]
+    assert first.device == CPU and torch.equal(first, torch.ones(2))
+    assert rt.log == [("wait_event", "stream2@cuda:0", "event1"), ("use", "stream2@cuda:0"),
+                      ("copy", "cuda:0", "cpu")]
 
 
 def test_the_host_synchronizes_on_the_event_before_copying() -> None:
-    rt = FakeRuntime()
-    msg = devices.DeviceMessage({"x": torch.ones(1)}, GPU0, "ev")
+    rt, sender, _ = _gpu()
+    msg = _sent(rt, sender, {"x": torch.ones(1)})
+    rt.log.clear()
 
     out = devices.to_host(msg, rt)
 
-    assert rt.log == [("synchronize", "ev"), ("copy", "cpu")]
-    assert torch.equal(out["x"], torch.ones(1))
+    assert rt.log == [("synchronize", "event1"), ("copy", "cuda:0", "cpu")]
+    assert out["x"].device == CPU and torch.equal(out["x"], torch.ones(1))
     assert devices.to_host(5, rt) == 5
 
 
 def test_a_cpu_message_for_a_cuda_reader_is_copied_to_its_device() -> None:
-    rt = FakeRuntime()
+    rt, _, reader = _gpu()
 
-    devices.receive([torch.ones(1), 2], GPU0, "reader", {}, rt)
+    with rt.use(reader):
+        out = devices.receive([torch.ones(1), 2], GPU0, reader, {}, rt)
 
-    assert rt.log == [("copy", "cuda:0")]
+    assert out[0].device == GPU0 and out[1] == 2
+    assert rt.log[-1] == ("copy", "cpu", "cuda:0")
 
 
 def test_a_cpu_reader_of_a_cpu_message_touches_no_cuda() -> None:
@@ -209,33 +195,35 @@ def test_a_cpu_reader_of_a_cpu_message_touches_no_cuda() -> None:
 # -- a whole run with fake CUDA nodes: the wiring of streams, waits and copies ------
 
 
-class FakeWaiter:
-    def __init__(self) -> None:
-        self.waits: list[Any] = []
-
-    def wait(self, stream: Any) -> None:
-        self.waits.append(stream)
-
-
 class Sender(mujou.Node):
     out = mujou.Output(torch.Tensor)
 
-    def __init__(self) -> None:
+    def __init__(self, rt: FakeRuntime | None = None) -> None:
         super().__init__(period=0.01)
+        self.rt = rt
 
     def on_update(self, dt: float) -> None:
-        self.out.send(torch.arange(3.0))
+        value = torch.arange(3.0)
+        if self.device.type == "cuda":
+            assert self.rt is not None
+            self.rt.note_current("on_update")
+            value = self.rt.cuda(value, self.device)
+        self.out.send(value)
 
 
 class Reader(mujou.Node):
     inp = mujou.Input(torch.Tensor, depth=None)
 
-    def __init__(self) -> None:
+    def __init__(self, rt: FakeRuntime | None = None) -> None:
         super().__init__(period=None)
+        self.rt = rt
         self.got: list[torch.Tensor] = []
 
     def on_update(self, dt: float) -> None:
-        self.got.extend(self.inp.drain())
+        for t in self.inp.drain():
+            assert t.device == self.device, f"{t.device} on a {self.device} reader"
+            # Use it on the reader's stream, as a hook would: a stale read raises here.
+            self.got.append(shadow(t * 1))
 
 
 def _on(node: mujou.Node, device: torch.device) -> mujou.Node:
@@ -244,13 +232,9 @@ def _on(node: mujou.Node, device: torch.device) -> mujou.Node:
 
 
 def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> None:
-    rt = FakeRuntime()
-    waiters: list[FakeWaiter] = []
-    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
-    monkeypatch.setattr(run_module, "_make_waiter",
-                        lambda sync: waiters.append(FakeWaiter()) or waiters[-1])
-    sender = _on(Sender(), GPU0)
-    same, other, cpu = _on(Reader(), GPU0), _on(Reader(), GPU1), Reader()
+    rt, waiters = fake_cuda.install(monkeypatch)
+    sender = _on(Sender(rt), GPU0)
+    same, other, cpu = _on(Reader(rt), GPU0), _on(Reader(rt), GPU1), Reader()
     for reader in (same, other, cpu):
         mujou.connect(sender.out, reader.inp)
 
@@ -262,30 +246,29 @@ def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> No
     names = [e[1] for e in rt.log if e[0] == "new_stream"]
     assert names == ["stream1@cuda:0", "stream2@cuda:0", "stream3@cuda:1",
                      "stream4@cuda:0", "stream5@cuda:0"]  # 3 own streams, 2 copy streams
-    assert ("host_stream_synchronize", "cuda:0") in rt.log
-    assert ("host_stream_synchronize", "cuda:1") in rt.log
+    assert ("stream_synchronize", "default@cuda:0") in rt.log
+    assert ("stream_synchronize", "default@cuda:1") in rt.log
     assert len(waiters) == 3
-    assert waiters[0].waits == ["stream1@cuda:0"] * 2       # after each of 2 updates
+    assert [s.name for s in waiters[0].waits] == ["stream1@cuda:0"] * 2  # after each update
+    assert rt.current_log == [("on_update", {"cuda:0": "stream1@cuda:0"})] * 2
     assert [len(r.got) for r in (same, other, cpu)] == [2, 2, 2]
     assert all(torch.equal(t, torch.arange(3.0)) for r in (same, other, cpu) for t in r.got)
-    assert torch.equal(last, torch.arange(3.0))
-    sends = [e for e in rt.log
-             if e[0] == "record" and getattr(e[2], "name", None) == "current@cuda:0"]
+    assert last.device == CPU and torch.equal(last, torch.arange(3.0))
+    sends = [e for e in rt.log if e[0] == "record" and e[2] == "stream1@cuda:0"]
     assert len(sends) == 2            # one ready event per send, on the sender's stream
 
 
 def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
-    rt = FakeRuntime()
-    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
-    monkeypatch.setattr(run_module, "_make_waiter", lambda sync: FakeWaiter())
-    sender, cpu = _on(Sender(), GPU0), Reader()
+    rt, _ = fake_cuda.install(monkeypatch)
+    sender, cpu = _on(Sender(rt), GPU0), Reader()
     mujou.connect(sender.out, cpu.inp)
 
     mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
 
     assert not any(e[0] == "record" for e in rt.log)         # no device-path event
-    assert not any(e[0] == "use" and "copy" in str(e[1]) for e in rt.log)
-    assert len(cpu.got) == 1
+    assert not any(e[0] == "use" and e[1] != "stream1@cuda:0" for e in rt.log)
+    assert ("copy", "cuda:0", "cpu") in rt.log
+    assert len(cpu.got) == 1 and torch.equal(cpu.got[0], torch.arange(3.0))
 
 
 def test_a_net_without_cuda_nodes_never_builds_a_runtime(monkeypatch) -> None:
@@ -334,16 +317,12 @@ def test_a_cuda_port_hand_off_keeps_the_tensor_on_the_device() -> None:
 
 
 def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeypatch) -> None:
-    rt = FakeRuntime()
-    waiters: list[FakeWaiter] = []
-    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
-    monkeypatch.setattr(run_module, "_make_waiter",
-                        lambda sync: waiters.append(FakeWaiter()) or waiters[-1])
+    rt, waiters = fake_cuda.install(monkeypatch)
 
     class Model(Sender):
         def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.zeros(2)
+            super().__init__(rt)
+            self.w = rt.cuda(torch.zeros(2))
 
     node = _on(Model(), GPU0)
     run = mujou.run({"m": node}, timer="simulated", duration=0.0)
