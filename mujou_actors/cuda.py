@@ -365,8 +365,10 @@ def set_sync_mode(mode: str, device: int | Any | None = None) -> str:
         device (int | torch.device | str, optional): a device ordinal as
             torch numbers them (``CUDA_VISIBLE_DEVICES`` applies), a CUDA
             ``torch.device`` or ``"cuda:N"``. ``None`` (the default): every
-            visible device; then nothing is changed unless every device can
-            take the mode.
+            visible device, all or nothing: every device is checked before
+            any is changed, and if setting one fails (a driver error, a mode
+            that does not read back) the devices already set get their
+            previous flags back before the error is raised.
 
     Returns:
         str: the mode in effect, as read back from the driver.
@@ -379,8 +381,9 @@ def set_sync_mode(mode: str, device: int | Any | None = None) -> str:
             context is already active with another mode (the message names the
             device and its current mode: set the mode before the first CUDA
             use in the process); the mode read back differs; or a driver call
-            failed (named with its ``CUresult`` name). Asking for the mode that
-            is already in effect, active context or not, is not an error.
+            failed (named with its ``CUresult`` name). The message also names
+            any device that could not be set back. Asking for the mode that is
+            already in effect, active context or not, is not an error.
     """
     want = _check_mode(mode)
     ordinal = None if device is None else _check_device(device)
@@ -406,16 +409,39 @@ def set_sync_mode(mode: str, device: int | Any | None = None) -> str:
                     f"mujou.cuda.set_sync_mode({mode!r}) first thing in the program",
                     device=i, current=current)
             todo.append((i, dev, flags))
-        for i, dev, flags in todo:
-            new = (flags & ~_CU_CTX_SCHED_MASK) | want
-            _check(drv, drv.primary_ctx_set_flags(dev, new), "cuDevicePrimaryCtxSetFlags", i)
-            _, back, _ = _state(drv, i)
-            if back & _CU_CTX_SCHED_MASK != want:
-                current = _mode_name(back)
-                raise SyncModeError(
-                    f"the CUDA sync mode of device {i} did not take effect: set to {mode!r}, "
-                    f"read back {current!r} (flags 0x{back:x})", device=i, current=current)
+        done: list[tuple[int, int, int]] = []
+        try:
+            for i, dev, flags in todo:
+                new = (flags & ~_CU_CTX_SCHED_MASK) | want
+                _check(drv, drv.primary_ctx_set_flags(dev, new), "cuDevicePrimaryCtxSetFlags", i)
+                done.append((i, dev, flags))
+                _, back, _ = _state(drv, i)
+                if back & _CU_CTX_SCHED_MASK != want:
+                    current = _mode_name(back)
+                    raise SyncModeError(
+                        f"the CUDA sync mode of device {i} did not take effect: set to {mode!r}, "
+                        f"read back {current!r} (flags 0x{back:x})", device=i, current=current)
+        except SyncModeError as exc:
+            # All or nothing: the devices already set get their old flags back.
+            left = _restore_flags(drv, done)
+            if left:
+                exc.args = (f"{exc.args[0]}; devices {left} could not be set back to their "
+                            f"previous mode and keep {mode!r}",)
+            raise
     return mode
+
+
+def _restore_flags(drv: Any, done: list[tuple[int, int, int]]) -> list[int]:
+    """Set each ``(ordinal, handle, flags)`` back to ``flags``; the ordinals that failed."""
+    failed = []
+    for i, dev, flags in reversed(done):
+        try:
+            code = drv.primary_ctx_set_flags(dev, flags)
+        except Exception:  # noqa: BLE001 - the error being reported is the first one
+            code = -1
+        if code != _CUDA_SUCCESS:
+            failed.append(i)
+    return sorted(failed)
 
 
 def get_sync_mode(device: int | Any = 0) -> str:
@@ -553,6 +579,22 @@ class StreamWaiter:
         if event is None:
             event = self._events[key] = self._factory(self._sync == "block")
         event.record(stream)
+        self._await(event)
+
+    def wait_event(self, event: Any) -> None:
+        """Return once the GPU has reached ``event``, an event recorded elsewhere.
+
+        Under ``"block"`` the thread sleeps in ``event.synchronize()`` only if
+        the event was created with blocking sync (the run's ready events are,
+        see `mujou_actors.devices.CudaRuntime.new_event`); under ``"spin"``
+        and ``"yield"`` it polls ``event.query()`` as `wait` does.
+
+        Args:
+            event (torch.cuda.Event): a recorded event, of any device.
+        """
+        self._await(event)
+
+    def _await(self, event: Any) -> None:
         if self._sync == "block":
             event.synchronize()
         elif self._sync == "spin":

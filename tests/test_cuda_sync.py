@@ -335,6 +335,62 @@ def test_device_none_changes_nothing_when_one_device_refuses(use_driver) -> None
     assert fake.flags == [AUTO, AUTO, AUTO]
 
 
+class FailingOn(FakeDriver):
+    """A FakeDriver whose set_flags fails (or is ignored) on one device only."""
+
+    def __init__(self, *args: Any, fail: int, ignore: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail = HANDLE + fail
+        self.ignore = ignore
+        self.restore_code = 0  # what set_flags answers when it puts old flags back
+
+    def primary_ctx_set_flags(self, dev: int, flags: int) -> int:
+        if dev == self.fail and not self.ignore:
+            self.calls.append(("set_flags", dev, flags))
+            return 1
+        if dev == self.fail:  # accepted, but the old flags stay
+            self.calls.append(("set_flags", dev, flags))
+            return 0
+        if flags & 0x7 != BLOCK and self.restore_code:
+            self.calls.append(("set_flags", dev, flags))
+            return self.restore_code
+        return super().primary_ctx_set_flags(dev, flags)
+
+
+def test_device_none_sets_the_changed_devices_back_when_a_later_set_fails(use_driver) -> None:
+    fake = use_driver(FailingOn(n=3, flags=[AUTO, MAP_HOST | SPIN, AUTO], fail=2))
+
+    with pytest.raises(cuda.SyncModeError, match="cuDevicePrimaryCtxSetFlags for CUDA device 2"):
+        cuda.set_sync_mode("block")
+
+    assert fake.flags == [AUTO, MAP_HOST | SPIN, AUTO]
+    assert fake.sets == [("set_flags", HANDLE, BLOCK), ("set_flags", HANDLE + 1, MAP_HOST | BLOCK),
+                         ("set_flags", HANDLE + 2, BLOCK),
+                         ("set_flags", HANDLE + 1, MAP_HOST | SPIN), ("set_flags", HANDLE, AUTO)]
+
+
+def test_device_none_sets_the_changed_devices_back_when_a_read_back_differs(use_driver) -> None:
+    fake = use_driver(FailingOn(n=3, fail=1, ignore=True))
+
+    with pytest.raises(cuda.SyncModeError, match="device 1 did not take effect") as info:
+        cuda.set_sync_mode("yield")
+
+    assert info.value.device == 1
+    assert fake.flags == [AUTO, AUTO, AUTO]
+    assert fake.sets[-1] == ("set_flags", HANDLE, AUTO)  # device 0, already set, is set back
+    assert ("set_flags", HANDLE + 2, YIELD) not in fake.sets  # device 2 never touched
+
+
+def test_a_device_that_cannot_be_set_back_is_named_in_the_error(use_driver) -> None:
+    fake = use_driver(FailingOn(n=2, fail=1))
+    fake.restore_code = 1
+
+    with pytest.raises(cuda.SyncModeError, match=r"devices \[0\] could not be set back.*'block'"):
+        cuda.set_sync_mode("block")
+
+    assert fake.flags == [BLOCK, AUTO]
+
+
 def test_get_sync_mode_reads_the_scheduling_bits_only(use_driver) -> None:
     use_driver(FakeDriver(n=4, flags=[AUTO, MAP_HOST | SPIN, LMEM_RESIZE_TO_MAX | YIELD,
                                       MAP_HOST | BLOCK], active=[True, False, True, False]))
@@ -724,8 +780,10 @@ def test_gpu_waiter_returns_once_the_stream_is_done(sync: str) -> None:
     waiter = cuda.make_waiter(sync)
     x = torch.ones(1 << 20, device="cuda")
 
+    # Ordered after the default stream, where x was made: outside the context,
+    # since inside it the current stream is `stream` itself.
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        stream.wait_stream(torch.cuda.current_stream())
         torch.cuda._sleep(20_000_000)
         y = x * 3
     waiter.wait(stream)
