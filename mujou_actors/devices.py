@@ -258,13 +258,17 @@ def device_copier(sender_device: torch.device,
                   rt: CudaRuntime) -> Callable[[torch.Tensor], torch.Tensor]:
     """How a sender on the device path copies each tensor of a message.
 
-    A tensor on the sender's device is cloned there (on the current stream,
-    the sender's); a tensor on any other device goes to host memory.
+    Each tensor by its own device: one on the sender's device is cloned there
+    (on the current stream, the sender's); one on another GPU is copied device
+    to device onto the sender's device (torch orders that copy after the
+    source device's current stream and before the sender's stream, so the
+    ready event covers it); a CPU tensor is cloned in host memory, and each
+    CUDA reader moves it to its own device.
     """
     def place(t: torch.Tensor) -> torch.Tensor:
-        if t.device == sender_device:
+        if t.device == sender_device or t.device.type != "cuda":
             return t.detach().clone()
-        return rt.copy(t.detach(), CPU, non_blocking=False)
+        return rt.copy(t.detach(), sender_device, non_blocking=True)
 
     return place
 
@@ -338,23 +342,37 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         return map_tensors(message, lambda t: t if t.device == reader_device
                            else rt.copy(t, reader_device, non_blocking=False))
     assert rt is not None
-    action = receive_action(message.device, reader_device)
+    # A device-path message holds tensors of the sender's device and CPU
+    # tensors (see device_copier): each is handled by its own device, and
+    # record_stream (CUDA tensors only) only ever sees the former.
+    source = message.device
+    action = receive_action(source, reader_device)
     if action is Receive.WAIT:
         rt.wait_event(reader_stream, message.event)
+        mixed = False
         for t in tensors_in(message.value):
-            rt.record_stream(t, reader_stream)  # no reuse while this stream reads it
-        return message.value
-    stream = copy_streams[message.device]
+            if t.device == source:
+                rt.record_stream(t, reader_stream)  # no reuse while this stream reads it
+            else:
+                mixed = True
+        if not mixed:
+            return message.value
+        return map_tensors(message.value, lambda t: t if t.device == source
+                           else rt.copy(t, reader_device, non_blocking=False))
+    stream = copy_streams[source]
     if action is Receive.COPY_TO_HOST:
         if message.host is None:  # one CPU copy serves every CPU reader
             rt.wait_event(stream, message.event)
             with rt.use(stream):
-                message.host = map_tensors(message.value,
-                                           lambda t: rt.copy(t, CPU, non_blocking=False))
+                message.host = map_tensors(
+                    message.value, lambda t: t if t.device.type != "cuda"
+                    else rt.copy(t, CPU, non_blocking=False))
         return message.host
     rt.wait_event(stream, message.event)
     with rt.use(stream):
         def copy(t: torch.Tensor) -> torch.Tensor:
+            if t.device != source:
+                return t  # a CPU tensor: moved below, on the reader's stream
             rt.record_stream(t, stream)
             return rt.copy(t, reader_device, non_blocking=True)
 
@@ -362,6 +380,11 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         done = rt.new_event()
         rt.record(done, stream)
     rt.wait_event(reader_stream, done)
-    for t in tensors_in(moved):
-        rt.record_stream(t, reader_stream)
-    return moved
+
+    def settle(t: torch.Tensor) -> torch.Tensor:
+        if t.device == reader_device:
+            rt.record_stream(t, reader_stream)
+            return t
+        return rt.copy(t, reader_device, non_blocking=False)
+
+    return map_tensors(moved, settle)

@@ -408,6 +408,15 @@ class FakeRuntime(devices.CudaRuntime):
             stream = self.current_stream(tensor.device)
             self.check_read(tensor, stream, f"copy to {device}")
             data = tensor.shadow.detach().clone()
+            if device.type == "cuda" and device != tensor.device:
+                # Between GPUs torch puts a barrier in both directions: the
+                # destination's current stream waits for the copy.
+                target = self.current_stream(device)
+                for s, n in stream.horizon().items():
+                    if s is not target and target.seen.get(s, 0) < n:
+                        target.seen[s] = n
+                stream.enqueue()
+                return FakeCudaTensor(data, device, self, (target, target.enqueue()))
         else:
             if tensor.device.type != "cpu":
                 raise RuntimeError(f"fake copy: a {tensor.device} tensor that is not fake")

@@ -258,6 +258,123 @@ def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> No
     assert len(sends) == 2            # one ready event per send, on the sender's stream
 
 
+class MixedSender(mujou.Node):
+    """Sends a tensor of its device, a CPU stamp and a tensor of another GPU in one message."""
+
+    out = mujou.Output(dict)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send({"img": torch.ones(2, device=self.device), "stamp": torch.tensor(0.5),
+                       "other": torch.full((2,), 3.0, device="cuda:1")})
+
+
+class MixedReader(mujou.Node):
+    inp = mujou.Input(dict, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.devices: list[dict[str, torch.device]] = []
+        self.got: list[dict[str, torch.Tensor]] = []
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.devices.append({k: t.device for k, t in m.items()})
+            # Used on the reader's stream: a tensor not ordered there raises StaleRead.
+            self.got.append({k: shadow(t * 1) for k, t in m.items()})
+
+
+MIXED = {"img": torch.ones(2), "stamp": torch.tensor(0.5), "other": torch.full((2,), 3.0)}
+
+
+def test_a_mixed_message_reaches_every_reader_with_each_tensor_on_the_readers_device(
+        monkeypatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    sender = _on(MixedSender(), GPU0)
+    readers = {"same": _on(MixedReader(), GPU0), "gpu1": _on(MixedReader(), GPU1),
+               "cpu": MixedReader()}
+    for reader in readers.values():
+        mujou.connect(sender.out, reader.inp)
+
+    run = mujou.run({"s": sender, **readers}, timer="simulated", duration=0.01)
+    run.join()
+
+    for name, want in (("same", GPU0), ("gpu1", GPU1), ("cpu", CPU)):
+        reader = readers[name]
+        assert reader.devices == [dict.fromkeys(MIXED, want)], name
+        assert len(reader.got) == 1 and all(
+            torch.equal(reader.got[0][k], MIXED[k]) for k in MIXED), name
+    recorded = {(e[1], e[2]) for e in rt.log if e[0] == "record_stream"}
+    assert recorded <= {(s.name, str(s.device)) for s in rt.streams}
+    # The tensor of the third GPU went device to device, never through host memory.
+    assert ("copy", "cuda:1", "cuda:0") in rt.log
+    assert ("copy", "cuda:1", "cpu") not in rt.log
+    last = run.read("s.out")
+    assert {k: t.device for k, t in last.items()} == dict.fromkeys(MIXED, CPU)
+
+
+def test_a_reader_on_the_senders_device_moves_the_cpu_tensors_of_a_message_to_it() -> None:
+    rt, sender, reader = _gpu()
+    with rt.use(sender):
+        copied = [torch.ones(2, device="cuda:0"), torch.tensor(7.0)]
+        msg = devices.mark_ready(copied, GPU0, rt)
+
+    with rt.use(reader):
+        rt.log.clear()
+        out = devices.receive(msg, GPU0, reader, {}, rt)
+        values = [shadow(t * 1) for t in out]
+
+    assert [t.device for t in out] == [GPU0, GPU0]
+    assert out[0] is copied[0]                  # the sender's copy, shared
+    assert torch.equal(values[1], torch.tensor(7.0))
+    assert rt.log == [("wait_event", "stream2@cuda:0", "event1"),
+                      ("record_stream", "stream2@cuda:0", "cuda:0"),
+                      ("copy", "cpu", "cuda:0")]
+
+
+def test_a_reader_on_another_gpu_gets_the_cpu_tensors_of_a_message_on_its_device() -> None:
+    rt, sender, _ = _gpu()
+    reader, copy0 = rt.new_stream(GPU1), rt.new_stream(GPU0)
+    with rt.use(sender):
+        msg = devices.mark_ready((torch.ones(2, device="cuda:0"), torch.tensor(7.0)), GPU0, rt)
+
+    with rt.use(copy0), rt.use(reader):         # as the reader's hooks have them
+        out = devices.receive(msg, GPU1, reader, {GPU0: copy0}, rt)
+        values = [shadow(t * 1) for t in out]
+
+    assert type(out) is tuple and [t.device for t in out] == [GPU1, GPU1]
+    assert torch.equal(values[0], torch.ones(2)) and torch.equal(values[1], torch.tensor(7.0))
+    assert not any(e[0] == "record_stream" and e[2] == "cpu" for e in rt.log)
+
+
+def test_cpu_readers_of_a_mixed_message_share_its_cpu_tensors() -> None:
+    rt, sender, copy0 = _gpu()
+    stamp = torch.tensor(7.0)
+    with rt.use(sender):
+        msg = devices.mark_ready([torch.ones(2, device="cuda:0"), stamp], GPU0, rt)
+
+    out = devices.receive(msg, CPU, None, {GPU0: copy0}, rt)
+
+    assert [t.device for t in out] == [CPU, CPU]
+    assert out[1] is stamp
+    assert torch.equal(out[0], torch.ones(2))
+
+
+def test_a_sender_moves_a_tensor_of_another_gpu_to_its_device_and_keeps_cpu_ones() -> None:
+    rt = FakeRuntime()
+    own = rt.new_stream(GPU0)
+    with rt.use(own):
+        other = torch.full((2,), 3.0, device="cuda:1")
+        place = devices.device_copier(GPU0, rt)
+        moved, stamp = place(other), place(torch.tensor(1.0))
+
+    assert (moved.device, stamp.device) == (GPU0, CPU)
+    assert torch.equal(shadow(moved), torch.full((2,), 3.0))
+    assert ("copy", "cuda:1", "cuda:0") in rt.log
+
+
 def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
     rt, _ = fake_cuda.install(monkeypatch)
     sender, cpu = _on(Sender(rt), GPU0), Reader()
