@@ -36,6 +36,7 @@ import click
 
 import mujou_actors as mujou
 
+from .actor import LATENESS_SAMPLES
 from .errors import MujouError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
@@ -232,6 +233,8 @@ def _node_rows(stats: RunStats, rates: dict[str, tuple[float, float]],
 NODE_COLUMNS = ["node", "updates/s", "target/s", "dt mean ms", "dt max ms", "late p99 ms",
                 "hook share", "drops", "restarts"]
 DROPS, RESTARTS = 7, 8  # their index in NODE_COLUMNS
+# The heading cannot say it: the lateness is that of a window, not of the whole run.
+LATENESS_NOTE = f"late p99: of each node's newest {LATENESS_SAMPLES} updates"
 
 
 def _count(n: int) -> str:
@@ -247,33 +250,69 @@ def _count(n: int) -> str:
 
 def _live_table(stats: RunStats, rates: dict[str, tuple[float, float]],
                 periods: dict[str, float | None]) -> Any:
-    """The live view's table.
+    """The live view's table: a rich renderable laid out for the width it gets.
 
-    At 80 columns the node names and the rates must stay whole, so the table
-    spends little on borders (one space between columns, a rule under the
-    header), puts each unit on a second header line, and never lets rich
-    shrink a column but ``drops`` and ``restarts``; drops are abbreviated
-    (``2.9M``) to five characters. The plain output keeps exact counts.
+    At 80 columns every figure must stay whole, so the table spends little on
+    borders (one space between columns, a rule under the header), puts each
+    unit on a second header line and abbreviates counts to five characters
+    (``2.9M``). When the width is still short, the ``restarts`` heading is cut
+    first (``rest…``, down to the width of its counts), then the node column
+    folds long paths onto further lines, whole; no figure is ever cut. (Left
+    to rich, a column that no longer fits vanishes, values and all: drops and
+    restarts would not show.) The plain output keeps exact counts. The
+    caption says what the lateness covers, which its heading cannot.
     """
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=f"t = {stats.time:.3f} s   wall {stats.wall:.1f} s", expand=False,
-                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
-    for i, column in enumerate(NODE_COLUMNS):
-        # "dt mean ms" -> "dt mean" over "ms": narrower than the header on one line.
-        head, _, unit = column.rpartition(" ") if column.endswith(" ms") else (column, "", "")
-        if column == "hook share":
-            head, unit = "hook", "share"
-        table.add_column(f"{head}\n{unit}" if unit else column,
-                         justify="left" if i == 0 else "right",
-                         no_wrap=i not in (DROPS, RESTARTS))
+    rows = []
     for row in _node_rows(stats, rates, periods):
         row[DROPS] = _count(int(row[DROPS]))
-        table.add_row(*row)
-    workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in stats.workers.items())
-    table.caption = f"busy: {workers}" if workers else None
-    return table
+        row[RESTARTS] = _count(int(row[RESTARTS]))
+        rows.append(row)
+    return _LiveTable(stats, rows)
+
+
+class _LiveTable:
+    """The table of `_live_table`; rich calls ``__rich_console__`` with the width to fill."""
+
+    def __init__(self, stats: RunStats, rows: list[list[str]]) -> None:
+        self.stats = stats
+        self.rows = rows
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        yield self.table(options.max_width)
+
+    def table(self, width: int) -> Any:
+        """The rich Table for ``width`` terminal columns."""
+        from rich import box
+        from rich.table import Table
+
+        headings = []
+        for column in NODE_COLUMNS:
+            # "dt mean ms" -> "dt mean" over "ms": narrower than the heading on one line.
+            head, _, unit = column.rpartition(" ") if column.endswith(" ms") else (column, "", "")
+            if column == "hook share":
+                head, unit = "hook", "share"
+            headings.append(f"{head}\n{unit}" if unit else column)
+        natural = [max(len(text) for text in [*heading.split("\n"), *(r[i] for r in self.rows)])
+                   for i, heading in enumerate(headings)]
+        fixed: dict[int, int] = {}
+        excess = sum(natural) + len(natural) - 1 - width  # one space between columns
+        if excess > 0:  # the restarts heading gives way first, then the node paths fold
+            counts = max([len(r[RESTARTS]) for r in self.rows] + [4])  # "r…" says little
+            fixed[RESTARTS] = max(counts, natural[RESTARTS] - excess)
+            excess -= natural[RESTARTS] - fixed[RESTARTS]
+        if excess > 0:
+            fixed[0] = max(8, natural[0] - excess)  # below that rich cuts the figures too
+        table = Table(title=f"t = {self.stats.time:.3f} s   wall {self.stats.wall:.1f} s",
+                      expand=False, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
+        for i, heading in enumerate(headings):
+            table.add_column(heading, justify="left" if i == 0 else "right",
+                             width=fixed.get(i), no_wrap=i != 0,
+                             overflow="fold" if i == 0 else "ellipsis")
+        for row in self.rows:
+            table.add_row(*row)
+        workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in self.stats.workers.items())
+        table.caption = LATENESS_NOTE + (f"\nbusy: {workers}" if workers else "")
+        return table
 
 
 def _status_line(stats: RunStats, rates: dict[str, tuple[float, float]]) -> str:

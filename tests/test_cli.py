@@ -340,6 +340,51 @@ def test_the_live_view_at_80_columns_keeps_node_names_and_rates_whole() -> None:
         ["3", "0"], ["30", "1"], ["300", "2"], ["3000", "3"], ["30000", "4"], ["300k", "5"]]
 
 
+def _live_view_text(names: list[str], width: int = 80) -> list[str]:
+    """The live view's table for nodes at ``names``, as ``width`` columns of text."""
+    import io
+
+    from rich.console import Console
+
+    from mujou_actors import cli
+    from mujou_actors.stats import NodeStats, RunStats, WorkerStats
+
+    nodes = {path: NodeStats(path, 600_000, 0, 0.002, 0.0031, 0.0001, 0.0005, 1.0,
+                             {"state": 15_000 * (i + 1)}, i + 1) for i, path in enumerate(names)}
+    stats = RunStats(30.0, 2.5, nodes, {"mujou-worker-0": WorkerStats("mujou-worker-0", 0.7)})
+    rates = {path: (12_145.1, 0.49) for path in names}
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(cli._live_table(stats, rates, {path: 0.002 for path in names}))
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_the_live_view_at_80_columns_shows_every_count_of_nodes_with_long_paths() -> None:
+    # A 29- and a 45-character path leave too little room for the node column:
+    # it folds the paths onto further lines, and no figure is cut or left out
+    # (rich used to drop the drops and restarts columns, values and all).
+    names = ["arm.left.wrist.camera.decoder", "arm.right.gripper", "b" * 45]
+
+    lines = _live_view_text(names)
+
+    assert max(len(line) for line in lines) <= 80
+    rows = [line.split() for line in lines if "12,145.1" in line]
+    assert [row[1:] for row in rows] == [
+        ["12,145.1", "500.0", "2.000", "3.100", "0.500", "49.0%", str(drops), str(restarts)]
+        for drops, restarts in ((15000, 1), (30000, 2), (45000, 3))]
+    body = lines[lines.index("─" * 80) + 1:lines.index(lines[-2])]  # rule to caption
+    assert "".join(line.split()[0] for line in body) == "".join(names)  # whole, in order
+    assert lines[2].split()[-2:] == ["drops", "res…"]  # the heading gave way, not a count
+
+
+def test_the_live_view_says_that_its_lateness_is_of_the_newest_256_updates() -> None:
+    lines = _live_view_text(["physics", "sensor"])
+
+    notes = [line.strip() for line in lines if "late p99:" in line]
+    assert notes == ["late p99: of each node's newest 256 updates"]
+    assert max(len(line) for line in lines) <= 80
+    assert lines[-1].strip() == "busy: mujou-worker-0 70%"
+
+
 def test_counts_in_the_live_view_take_at_most_five_characters() -> None:
     from mujou_actors.cli import _count
 
