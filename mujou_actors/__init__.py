@@ -23,7 +23,7 @@ from .node import Node
 from .ports import Input, Output, connect
 from .run import Run, run
 from .snapshot import load, save
-from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats
+from .stats import NodeStats, RunStats, SnapshotStats, SubscriptionStats, WorkerStats
 from .supervisor import Supervisor, latest_snapshot
 from .trace import Tracer
 
@@ -45,6 +45,7 @@ __all__ = [
     "StartTimeoutError",
     "StopTimeoutError",
     "Subscription",
+    "SubscriptionStats",
     "Supervisor",
     "Tracer",
     "WorkerStats",

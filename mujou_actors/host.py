@@ -15,7 +15,9 @@ neither slow the net down nor make memory grow without bound:
 A full queue drops its oldest message, counts it, and logs once per queue.
 When the run ends, the thread delivers what is queued for at most
 ``stop_timeout`` seconds; what is left then is counted as undelivered and
-logged. Nothing here knows about nodes or the dispatcher.
+logged. The counts are kept per port for the run's statistics
+(`Host.stats`), those of cancelled subscriptions and returned waiters
+included. Nothing here knows about nodes or the dispatcher.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import NotRunningError
+from .stats import SubscriptionStats
 
 __all__ = ["HOST_QUEUE_DEPTH", "Subscription", "Host", "Waiter", "check_depth"]
 
@@ -138,11 +141,12 @@ class Subscription:
 
 
 class Waiter:
-    """The bounded queue of one `Run.wait_for`, read by the waiting thread."""
+    """The bounded queue of one `Run.wait_for` on ``port``, read by the waiting thread."""
 
-    __slots__ = ("what", "depth", "cond", "items", "dropped", "closed")
+    __slots__ = ("port", "what", "depth", "cond", "items", "dropped", "closed")
 
-    def __init__(self, what: str, depth: int) -> None:
+    def __init__(self, port: str, what: str, depth: int) -> None:
+        self.port = port
         self.what = what
         self.depth = depth
         self.cond = threading.Condition(threading.Lock())
@@ -199,6 +203,17 @@ class Waiter:
                 f"behind by more than depth={self.depth})")
 
 
+class _Totals:
+    """A port's counts of the subscriptions and waiters that have left the host."""
+
+    __slots__ = ("subscriptions", "delivered", "dropped", "undelivered", "waits",
+                 "wait_dropped")
+
+    def __init__(self) -> None:
+        self.subscriptions = self.delivered = self.dropped = self.undelivered = 0
+        self.waits = self.wait_dropped = 0
+
+
 class Host:
     """The subscriptions and waiters of one run, and its ``mujou-host`` thread.
 
@@ -221,6 +236,10 @@ class Host:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._deadline: float | None = None  # set at the end: deliver until then
+        # Per port: the counts of the subscriptions and waiters no longer in
+        # the lists above (folded in as they leave, so memory stays bounded
+        # by the ports, whatever the number of subscribe/cancel calls).
+        self._totals: dict[str, _Totals] = {}
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -242,6 +261,7 @@ class Host:
                 raise NotRunningError(f"subscribe({port!r}): the run has ended")
             sub = Subscription(self, port, callback, depth)
             self._subs.append(sub)
+            self._total(port).subscriptions += 1
             if self._thread is None:
                 # Started under the lock, so that close() either sees it or
                 # refuses it: no thread is ever started after the end.
@@ -260,20 +280,62 @@ class Host:
             if self._closed:
                 raise NotRunningError(f"{waiter.what}: the run ended without a match")
             self._waiters.append(waiter)
+            self._total(waiter.port).waits += 1
 
     def remove_waiter(self, waiter: Waiter) -> None:
-        """Forget a waiter that has returned."""
+        """Forget a waiter that has returned (its drops stay in `stats`)."""
         with self.lock:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+                # Detached already: no put can count a drop after this one.
+                self._total(waiter.port).wait_dropped += waiter.dropped
 
     def remove(self, sub: Subscription) -> None:
-        """Forget a cancelled subscription and what waits for it."""
+        """Forget a cancelled subscription and what waits for it (its counts stay in `stats`)."""
         with self.lock:
             sub._active = False
             sub._items.clear()
             if sub in self._subs:
                 self._subs.remove(sub)
+                self._fold(sub)
+
+    def _total(self, port: str) -> _Totals:
+        """The counts of ``port`` (lock held)."""
+        total = self._totals.get(port)
+        if total is None:
+            total = self._totals[port] = _Totals()
+        return total
+
+    def _fold(self, sub: Subscription) -> None:
+        """Add the counts of a subscription that leaves ``_subs`` to its port's (lock held)."""
+        total = self._total(sub.port)
+        total.delivered += sub._delivered
+        total.dropped += sub._dropped
+        total.undelivered += sub._undelivered
+
+    def stats(self) -> dict[str, SubscriptionStats]:
+        """The counts of every port subscribed to or waited on, by port path.
+
+        Returns:
+            dict[str, SubscriptionStats]: for each port, the sums over its
+            subscriptions and waiters so far, live and gone.
+        """
+        with self.lock:
+            sums = {port: [t.delivered, t.dropped, t.undelivered, t.wait_dropped]
+                    for port, t in self._totals.items()}
+            for sub in self._subs:
+                row = sums[sub.port]
+                row[0] += sub._delivered
+                row[1] += sub._dropped
+                row[2] += sub._undelivered
+            waiters = list(self._waiters)
+            made = {port: (t.subscriptions, t.waits) for port, t in self._totals.items()}
+        for waiter in waiters:  # read without the host's lock: a put takes only the waiter's
+            sums[waiter.port][3] += waiter.dropped
+        return {port: SubscriptionStats(
+                    port=port, subscriptions=made[port][0], delivered=row[0], dropped=row[1],
+                    undelivered=row[2], waits=made[port][1], wait_dropped=row[3])
+                for port, row in sums.items()}
 
     def close(self, timeout: float) -> None:
         """The run has ended: deliver what is queued for at most ``timeout`` s.
@@ -319,6 +381,7 @@ class Host:
                 total += n
                 sub._items.clear()
             sub._active = False
+            self._fold(sub)
         self._subs.clear()
         return total
 
@@ -342,6 +405,9 @@ class Host:
                     if sub._items and (best is None or sub._items[0][0] < best._items[0][0]):
                         best = sub
             if best is not None:
+                # Counted here, under the lock, so that a cancel() racing with
+                # the call folds a count that already includes it.
+                best._delivered += 1
                 return best, best._items.popleft()[1]
             if self._closed:
                 return None
@@ -359,7 +425,6 @@ class Host:
             if item is None:
                 return
             sub, message = item
-            sub._delivered += 1
             try:
                 sub.callback(copy(message))
             except BaseException as exc:  # noqa: BLE001 - every failure is reported

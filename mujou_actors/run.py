@@ -393,7 +393,7 @@ class Run:
         worker), each with a copy of the message. Each subscription queues at
         most ``depth`` messages for its callback; when the callback falls
         further behind, the oldest is dropped and counted
-        (`Subscription.dropped`, logged once). A callback that raises
+        (`Subscription.dropped` and ``stats().subscriptions``, logged once). A callback that raises
         (whatever it raises) stops the run; `join` raises `CallbackError`. The
         other subscriptions are served until the end. When the run ends, what
         is queued is delivered for at most ``stop_timeout`` seconds, the rest
@@ -434,7 +434,8 @@ class Run:
             timeout (float, optional): wall seconds.
             depth (int): the most messages waiting for the predicate, >= 1;
                 when it falls further behind, the oldest is dropped unseen
-                (logged once). Default: `HOST_QUEUE_DEPTH` (1024).
+                (logged once, counted in ``stats().subscriptions``).
+                Default: `HOST_QUEUE_DEPTH` (1024).
 
         Returns:
             A copy of the matching message.
@@ -448,7 +449,7 @@ class Run:
         p = self._port(port)
         self._check_caller("wait_for()")
         what = f"wait_for({p.path!r})"
-        waiter = Waiter(what, check_depth(what, depth))
+        waiter = Waiter(p.path, what, check_depth(what, depth))
         deadline = None if timeout is None else time.monotonic() + timeout
         detach = self._listen(p, waiter.put)
         try:
@@ -1078,11 +1079,12 @@ class Run:
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> RunStats:
-        """Per-node and per-worker statistics, as a frozen `RunStats`.
+        """The statistics of nodes, workers, snapshots and subscribers: a frozen `RunStats`.
 
         Counts and ``dt`` cover the whole run; the lateness percentiles only
-        each node's newest 256 updates. Cheap enough to call a few times a
-        second while the run goes on.
+        each node's newest 256 updates. ``subscriptions`` has the host's
+        deliveries and drops for each port subscribed to or waited on.
+        Cheap enough to call a few times a second while the run goes on.
         """
         nodes = {}
         for a in self._actors:
@@ -1109,7 +1111,7 @@ class Run:
             skipped=self._writer.skipped if self._writer is not None else 0,
             missed=self._missed)
         return RunStats(time=self.time, wall=end - self._wall_start, nodes=nodes,
-                        workers=workers, snapshots=snaps)
+                        workers=workers, snapshots=snaps, subscriptions=self._host.stats())
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"

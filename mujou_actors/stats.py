@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "RunStats", "percentile"]
+__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "RunStats",
+           "percentile"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ class SnapshotStats:
             snapshot still served restarts).
         missed (int): periodic snapshots not taken because the net could not
             be brought to a consistent cut in time (a hook that did not
-            return; see docs/state.md); each is logged, and the next multiple
-            of ``snapshot_every`` tries again.
+            return; see docs/state.md); the first behind the same hook calls
+            is logged as a warning (later ones at debug level), and the next
+            multiple of ``snapshot_every`` tries again.
     """
 
     count: int = 0
@@ -90,6 +92,38 @@ class SnapshotStats:
 
 
 @dataclass(frozen=True)
+class SubscriptionStats:
+    """What the host's observers of one port got and lost (`Run.subscribe`, `Run.wait_for`).
+
+    The counts add up over every subscription and every ``wait_for`` call on
+    the port during the run, cancelled subscriptions and returned calls
+    included. A message counts once for each observer it was queued for:
+    for each subscription, ``delivered + dropped + undelivered`` (plus what
+    was discarded by ``cancel()``) is what was sent after it was made.
+
+    Attributes:
+        port (str): the port's dotted path.
+        subscriptions (int): `Run.subscribe` calls on the port.
+        delivered (int): callback calls (those that raised included).
+        dropped (int): messages dropped from a subscription's full queue:
+            its callback was ``depth`` messages behind.
+        undelivered (int): messages still queued for a callback when the
+            run ended and ``stop_timeout`` ran out.
+        waits (int): `Run.wait_for` calls on the port.
+        wait_dropped (int): messages dropped unseen from a full ``wait_for``
+            queue: its predicate was ``depth`` messages behind.
+    """
+
+    port: str
+    subscriptions: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    undelivered: int = 0
+    waits: int = 0
+    wait_dropped: int = 0
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -99,6 +133,9 @@ class RunStats:
         nodes (Mapping[str, NodeStats]): by node path.
         workers (Mapping[str, WorkerStats]): by thread name.
         snapshots (SnapshotStats): the supervisor's snapshots and their timings.
+        subscriptions (Mapping[str, SubscriptionStats]): by port path, the
+            ports that the host subscribed to or waited on in this run (none:
+            empty); the host's queues' deliveries and drops.
     """
 
     time: float
@@ -106,10 +143,12 @@ class RunStats:
     nodes: Mapping[str, NodeStats]
     workers: Mapping[str, WorkerStats]
     snapshots: SnapshotStats = field(default_factory=SnapshotStats)
+    subscriptions: Mapping[str, SubscriptionStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
         object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
+        object.__setattr__(self, "subscriptions", MappingProxyType(dict(self.subscriptions)))
 
 
 def percentile(sorted_values: list[int], q: float) -> int:

@@ -1469,6 +1469,89 @@ def test_the_queue_of_a_slow_wait_for_is_bounded_and_its_drops_are_reported() ->
 
 
 @pytest.mark.timeout(20)
+def test_stats_count_each_ports_deliveries_drops_and_undelivered_messages_cancelled_included(
+        ) -> None:
+    entered, release, again, stuck = (threading.Event() for _ in range(4))
+
+    def slow(m: int) -> None:
+        if m == 0:
+            entered.set()
+            assert release.wait(10)
+        if m == 11:
+            again.set()
+            stuck.wait(30)
+
+    run = mujou.run({"sink": Sink(), "other": Sink()}, timer="simulated", stop_timeout=0.3)
+    assert dict(run.stats().subscriptions) == {}  # nothing observed yet
+    slow_sub = run.subscribe("sink.inp", slow, depth=4)
+    seen: list[int] = []
+    caught_up = threading.Event()
+
+    def fast_callback(m: int) -> None:  # called after slow's call for the same write
+        seen.append(m)
+        if m == 10:
+            caught_up.set()
+
+    fast = run.subscribe("sink.inp", fast_callback)
+    run.write("sink.inp", 0)
+    assert entered.wait(10)
+    for i in range(1, 11):  # slow is busy with 0: it keeps 7..10 and drops 1..6
+        run.write("sink.inp", i)
+    release.set()
+    assert caught_up.wait(10)
+    live = run.stats().subscriptions["sink.inp"]
+    assert (live.subscriptions, live.delivered, live.dropped, live.undelivered) == (2, 16, 6, 0)
+
+    fast.cancel()  # its counts stay in the stats
+    for i in (11, 12, 13):  # slow is stuck in 11: 12 and 13 are left at the end
+        run.write("sink.inp", i)
+    assert again.wait(10)
+    run.stop()
+    stuck.set()
+    run.join()
+
+    assert seen == list(range(11))
+    assert (slow_sub.delivered, slow_sub.dropped, slow_sub.undelivered) == (6, 6, 2)
+    stats = run.stats()
+    assert dict(stats.subscriptions) == {"sink.inp": mujou.SubscriptionStats(
+        port="sink.inp", subscriptions=2, delivered=17, dropped=6, undelivered=2)}
+    with pytest.raises(TypeError):
+        stats.subscriptions["other.inp"] = mujou.SubscriptionStats("other.inp")  # type: ignore
+
+
+def test_stats_count_the_messages_a_slow_wait_for_dropped_unseen() -> None:
+    entered, written = threading.Event(), threading.Event()
+    run = mujou.run({"sink": Sink()}, timer="simulated")
+
+    def writer() -> None:
+        deadline = time.monotonic() + 10
+        while not run._host._waiters and time.monotonic() < deadline:
+            time.sleep(0.001)  # registered once it listens: the first write is seen
+        run.write("sink.inp", 0)
+        assert entered.wait(10)
+        for i in range(1, 11):  # the predicate is busy with 0: 1..6 are dropped
+            run.write("sink.inp", i)
+        written.set()
+
+    def is_ten(m: int) -> bool:
+        if m == 0:
+            entered.set()
+            assert written.wait(10)
+        return m == 10
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert run.wait_for("sink.inp", is_ten, depth=4) == 10
+    thread.join(10)
+    with pytest.raises(TimeoutError):
+        run.wait_for("sink.inp", timeout=0.01)  # a second call, nothing dropped
+    run.stop()
+
+    assert run.stats().subscriptions["sink.inp"] == mujou.SubscriptionStats(
+        port="sink.inp", waits=2, wait_dropped=6)
+
+
+@pytest.mark.timeout(20)
 def test_a_keyboard_interrupt_while_mujou_run_waits_for_on_start_stops_the_run() -> None:
     import _thread
 
