@@ -204,6 +204,10 @@ class Run:
         # rather than holding the net again.
         self._missed = 0
         self._missing: dict[Actor, tuple[int, str | None]] = {}
+        # A miss was logged: the next snapshot taken logs that they resume.
+        # Not _missing, which is emptied as soon as those hooks return, before
+        # the next snapshot is even tried.
+        self._resume_due = False
         self._by_path = {a.path: a for a in actors}
         self._supervisor = supervisor or Supervisor()
         self._latest: dict[str, Any] | None = None
@@ -676,9 +680,10 @@ class Run:
                     # it stopping, so the run ends at this very cut.
                     self._supervisor_failed(exc)
                 else:
-                    if self._missing:
+                    self._missing = {}
+                    if self._resume_due:
+                        self._resume_due = False
                         log.info("snapshots resume at t=%.6f s", self.time_ns / 1e9)
-                        self._missing = {}
                     self._schedule_cuts(self._timer.now_ns())
             requests, self._requests = self._requests, []
             for req in requests:
@@ -716,6 +721,7 @@ class Run:
     def _miss(self, busy: Mapping[str, str], bound: float) -> None:
         """Count a periodic snapshot that could not be taken; the next multiple tries again."""
         self._missed += 1
+        self._resume_due = True
         first = not self._missing
         self._missing = {a: (a.updates, a.hook) for a in
                          (self._by_path[p] for p in busy if p in self._by_path)}

@@ -743,6 +743,7 @@ def _until(condition: object, timeout: float) -> bool:
 
 @pytest.mark.timeout(30)
 def test_a_stuck_hook_makes_periodic_snapshots_missed_not_the_net_frozen(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="mujou_actors")
     entered, release = threading.Event(), threading.Event()
     healthy = Counter(period=0.01)
     run = mujou.run({"stuck": _StuckAt(3, entered, release), "ok": healthy}, workers=2,
@@ -769,6 +770,10 @@ def test_a_stuck_hook_makes_periodic_snapshots_missed_not_the_net_frozen(caplog)
                 if r.levelno == logging.WARNING and "snapshot missed" in r.getMessage()]
     assert len(warnings) == 1  # once per stuck hook, not at every multiple
     assert "within 0.05 s" in warnings[0] and "'stuck' in on_update" in warnings[0]
+    # Once the hook has returned and a snapshot was taken, that is logged too.
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    first_miss = next(i for i, m in enumerate(messages) if "snapshot missed" in m)
+    assert any("snapshots resume at t=" in m for m in messages[first_miss:])
 
 
 @pytest.mark.timeout(30)
