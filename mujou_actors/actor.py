@@ -69,7 +69,7 @@ class Actor:
         "path", "order", "device", "mailbox", "triggers", "started",
         "overruns", "restarts",
         # CUDA (None for a net that uses no CUDA; see devices.py)
-        "stream", "copy_streams", "waiter",
+        "stream", "copy_streams", "waiter", "kept_ready",
         # tracing (None for a run without a trace; see trace.py)
         "applied", "depths",
     )
@@ -143,6 +143,9 @@ class Actor:
         self.stream: Any = None        # the node's own stream (a CUDA node)
         self.copy_streams: dict[Any, Any] = {}  # by source device
         self.waiter: Any = None        # waits for self.stream (cuda_sync)
+        # Recorded on self.stream after each batch of received messages, before
+        # they are kept: the host waits for it before it copies a kept value.
+        self.kept_ready: Any = None
         self.trace: Any = None         # the run's trace.Recorder, if traced
         self.applied: list[Any] | None = None  # deliveries read by the next hook (traced)
         self.depths = (0, 0)  # ready heap and hooks in flight as the hook started (traced)
@@ -278,9 +281,14 @@ class Actor:
                     inputs[slot]._push_many(list(map(MESSAGE, run)))
         else:
             with self.on_stream():
-                for d in taken:
-                    inputs[d[1]]._push(
-                        receive(d[2], self.device, self.stream, self.copy_streams, rt))
+                got = [(d[1], receive(d[2], self.device, self.stream, self.copy_streams, rt))
+                       for d in taken]
+                if self.stream is not None and got:
+                    # Before the values are kept (the host may read them at once):
+                    # one event covers every copy and wait queued for them so far.
+                    rt.record(self.kept_ready, self.stream)
+            for slot, value in got:
+                inputs[slot]._push(value)
         triggers = self.triggers
         owed = None
         for d in kept:

@@ -335,14 +335,32 @@ class Run:
 
         Returns:
             A copy of the message, or ``None`` before the first. Works after
-            the run has ended too.
+            the run has ended too. The copy of a CUDA message is made once its
+            GPU work is done (a sent message's ready event, the receiving
+            work of a CUDA node's Input).
 
         Raises:
             ValueError: no such port in this run.
         """
         p = self._port(port)
-        message = self._view(p).last if isinstance(p, Output) else p.read()  # type: ignore[attr-defined]
+        if isinstance(p, Output):
+            return self._host_copy(self._view(p).last)
+        message = p.read()  # type: ignore[attr-defined]
+        self._wait_kept(p)  # type: ignore[arg-type]
         return self._host_copy(message)
+
+    def _wait_kept(self, port: Input) -> None:
+        """Wait until the values kept by a CUDA node's Input are on its device.
+
+        Its receive work (waits for senders' events, copies) is queued on the
+        node's stream, which the host's stream is not ordered after. The event
+        is recorded after each batch of received values, before they are
+        kept, so a later record than the one of a value read just before
+        this call only covers more.
+        """
+        event = self._actor_of[id(port.node)].kept_ready
+        if event is not None:
+            self._rt.synchronize(event)  # type: ignore[union-attr]
 
     def write(self, port: Input | str, value: Any) -> None:
         """Deliver ``value`` to an Input as the host; writes to one Input arrive in order.
@@ -816,7 +834,9 @@ class Run:
         pending: dict[str, list[Any]] = {}
         for path, port in self._ports.items():
             if isinstance(port, Input):
-                inputs[path] = [self._host_copy(m) for m in port._buffer]
+                kept = list(port._buffer)
+                self._wait_kept(port)
+                inputs[path] = [self._host_copy(m) for m in kept]
         for actor in self._actors:
             for delivery in d.pending_deliveries(actor):
                 pending.setdefault(delivery.input.path, []).append(
@@ -1455,6 +1475,7 @@ def _setup_cuda(result: Run, actors: list[Actor], cuda_sync: str) -> None:
         if actor.device.type == "cuda":
             actor.stream = rt.new_stream(actor.device)
             actor.waiter = _make_waiter(cuda_sync)
+            actor.kept_ready = rt.new_event()
 
 
 def _cuda_runtime() -> CudaRuntime:

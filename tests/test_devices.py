@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import importlib
 from typing import Any, NamedTuple
 
@@ -453,3 +454,77 @@ def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeyp
     again = _on(Model(), GPU0)
     mujou.run({"m": again}, timer="simulated", duration=0.0, state=tree).join()
     assert len(waiters[1].waits) == 1                        # after the restore
+
+
+# -- host reads of a CUDA node's Input (its kept values) ----------------------------
+
+
+class Blocking(mujou.Node):
+    """Reads its Input on the node's stream and stays in on_update until released."""
+
+    inp = mujou.Input(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.got: list[torch.Tensor] = []
+
+    def on_update(self, dt: float) -> None:
+        self.inside.set()
+        assert self.release.wait(10), "never released"
+        self.got.append(shadow(self.inp.read() * 1))
+
+
+class HeldSender(Sender):
+    """Sends once, then stays in on_update (its stream not yet waited for) until released."""
+
+    def __init__(self, rt: FakeRuntime) -> None:
+        super().__init__(rt)
+        self.release = threading.Event()
+
+    def on_update(self, dt: float) -> None:
+        if self.rt.current_log:  # only the first update sends
+            return
+        super().on_update(dt)
+        assert self.release.wait(10), "never released"
+
+
+@pytest.mark.timeout(20)
+def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_copy_made_on_its_stream(
+        monkeypatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    sender, reader = Sender(), _on(Blocking(), GPU0)       # a CPU message, copied on the GPU
+    mujou.connect(sender.out, reader.inp)
+    run = mujou.run({"s": sender, "r": reader}, timer="simulated", duration=0.01)
+    try:
+        assert reader.inside.wait(10)
+        # The reader's stream holds the host-to-device copy, not yet waited for.
+        kept = run.read("r.inp")
+    finally:
+        reader.release.set()
+        run.join()
+
+    assert kept.device == CPU and torch.equal(kept, torch.arange(3.0))
+    assert [torch.equal(t, torch.arange(3.0)) for t in reader.got] == [True]
+
+
+@pytest.mark.timeout(20)
+def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_sender_still_in_its_update(
+        monkeypatch) -> None:
+    rt, waiters = fake_cuda.install(monkeypatch)
+    sender, reader = _on(HeldSender(rt), GPU0), _on(Blocking(), GPU0)
+    mujou.connect(sender.out, reader.inp)
+    run = mujou.run({"s": sender, "r": reader}, timer="realtime", duration=None, workers=2)
+    try:
+        assert reader.inside.wait(10)
+        assert waiters[0].waits == []               # the sender's stream: never waited for
+        assert [e.query() for e in rt.events if e.recorded] == [False, False]  # send, receive
+        kept = run.read("r.inp")
+    finally:
+        sender.release.set()
+        reader.release.set()
+        run.stop()
+        run.join()
+
+    assert kept.device == CPU and torch.equal(kept, torch.arange(3.0))
+    assert [torch.equal(t, torch.arange(3.0)) for t in reader.got] == [True]
