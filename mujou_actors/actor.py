@@ -69,7 +69,7 @@ class Actor:
         "path", "order", "device", "mailbox", "triggers", "started",
         "overruns", "restarts",
         # CUDA (None for a net that uses no CUDA; see devices.py)
-        "stream", "copy_streams", "waiter", "kept_ready",
+        "stream", "copy_streams", "copy_done", "waiter", "kept_ready",
         # tracing (None for a run without a trace; see trace.py)
         "applied", "depths",
     )
@@ -142,6 +142,7 @@ class Actor:
         self.rt: Any = None            # CudaRuntime when the run uses CUDA
         self.stream: Any = None        # the node's own stream (a CUDA node)
         self.copy_streams: dict[Any, Any] = {}  # by source device
+        self.copy_done: dict[Any, Any] = {}  # an event per copy stream, reused (devices.receive)
         self.waiter: Any = None        # waits for self.stream (cuda_sync)
         # Recorded on self.stream after each batch of received messages, before
         # they are kept: the host waits for it before it copies a kept value.
@@ -281,8 +282,8 @@ class Actor:
                     inputs[slot]._push_many(list(map(MESSAGE, run)))
         else:
             with self.on_stream():
-                got = [(d[1], receive(d[2], self.device, self.stream, self.copy_streams, rt))
-                       for d in taken]
+                got = [(d[1], receive(d[2], self.device, self.stream, self.copy_streams, rt,
+                                      self.copy_done)) for d in taken]
                 if self.stream is not None and got:
                     # Before the values are kept (the host may read them at once):
                     # one event covers every copy and wait queued for them so far.

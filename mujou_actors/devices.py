@@ -283,13 +283,27 @@ def host_copier(rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor
     return place
 
 
-def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime) -> DeviceMessage:
+def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime,
+               event: Any = None) -> DeviceMessage:
     """Wrap a device-path message with an event recorded on the sender's stream.
 
     The stream is named explicitly: a hook may have made another device
     current (``torch.cuda.device(1)``), and the copy ran on the sender's device.
+
+    Args:
+        value: the message, as copied by `device_copier`.
+        sender_device (torch.device): the sender's CUDA device.
+        rt (CudaRuntime): the CUDA runtime.
+        event: the Output's own event, recorded again at each send (a new one
+            when None). Reusing it is safe: every record is on the sender's
+            stream, so a wait that finds a later send's record waits for the
+            earlier copy too (and at most for the sender's work in between).
+
+    Returns:
+        DeviceMessage: the message with its ready event.
     """
-    event = rt.new_event()
+    if event is None:
+        event = rt.new_event()
     rt.record(event, rt.current_stream(sender_device))
     return DeviceMessage(value, sender_device, event)
 
@@ -325,7 +339,8 @@ def to_host(message: Any, rt: CudaRuntime | None) -> Any:
 
 
 def receive(message: Any, reader_device: torch.device, reader_stream: Any,
-            copy_streams: dict[torch.device, Any], rt: CudaRuntime | None) -> Any:
+            copy_streams: dict[torch.device, Any], rt: CudaRuntime | None,
+            copy_done: dict[torch.device, Any] | None = None) -> Any:
     """The value a reader gets for ``message``, on its device (see ``Receive``).
 
     Args:
@@ -334,6 +349,10 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         reader_stream: the reader's own stream (None for a CPU reader).
         copy_streams: the reader's copy streams, by source device.
         rt: the CUDA runtime (None when the run uses no CUDA at all).
+        copy_done: the reader's events that mark a device-to-device copy
+            done, by source device, made on first use and then recorded again
+            for each copy (None: a new event per copy). The reader's stream
+            waits for it right after it is recorded, on the same thread.
     """
     if type(message) is not DeviceMessage:
         if reader_device.type != "cuda":
@@ -377,7 +396,11 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
             return rt.copy(t, reader_device, non_blocking=True)
 
         moved = map_tensors(message.value, copy)
-        done = rt.new_event()
+        done = None if copy_done is None else copy_done.get(source)
+        if done is None:
+            done = rt.new_event()
+            if copy_done is not None:
+                copy_done[source] = done
         rt.record(done, stream)
     rt.wait_event(reader_stream, done)
 

@@ -1454,7 +1454,10 @@ def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Call
             if device not in reader.copy_streams:
                 reader.copy_streams[device] = rt.new_stream(device)
     place = device_copier(device, rt)
-    return lambda value: mark_ready(copy_message(value, place), device, rt)
+    # One ready event per Output, recorded again at each send (see mark_ready):
+    # creating events on the workers is slow, and the run needs no more.
+    event = rt.new_event()
+    return lambda value: mark_ready(copy_message(value, place), device, rt, event)
 
 
 def _setup_cuda(result: Run, actors: list[Actor], cuda_sync: str) -> None:

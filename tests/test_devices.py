@@ -376,6 +376,33 @@ def test_a_sender_moves_a_tensor_of_another_gpu_to_its_device_and_keeps_cpu_ones
     assert ("copy", "cuda:1", "cuda:0") in rt.log
 
 
+@pytest.mark.parametrize("duration", [0.01, 0.04])
+def test_an_output_and_a_cross_gpu_reader_each_reuse_one_event_whatever_the_sends(
+        monkeypatch, duration: float) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    sender = _on(Sender(rt), GPU0)
+    same, other, cpu = _on(Reader(rt), GPU0), _on(Reader(rt), GPU1), Reader()
+    for reader in (same, other, cpu):
+        mujou.connect(sender.out, reader.inp)
+
+    mujou.run({"s": sender, "same": same, "other": other, "cpu": cpu},
+              timer="simulated", duration=duration).join()
+
+    sends = round(duration / 0.01)  # updates at 0, 0.01, ... before the end
+    records: dict[str, list[str]] = {}
+    for e in rt.log:
+        if e[0] == "record":
+            records.setdefault(e[2], []).append(e[1])
+    assert len(set(records["stream1@cuda:0"])) == 1          # the Output's event, reused
+    assert len(records["stream1@cuda:0"]) == sends
+    assert len(set(records["stream4@cuda:0"])) == 1          # the copy to cuda:1, reused
+    assert len(records["stream4@cuda:0"]) == sends
+    # 1 for the Output, 3 for what the CUDA nodes keep, 1 for the cross-GPU copies.
+    assert len(rt.events) == 5
+    assert [len(r.got) for r in (same, other, cpu)] == [sends] * 3
+    assert all(torch.equal(t, torch.arange(3.0)) for r in (same, other, cpu) for t in r.got)
+
+
 def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
     rt, _ = fake_cuda.install(monkeypatch)
     sender, cpu = _on(Sender(rt), GPU0), Reader()
