@@ -349,7 +349,13 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
                            path, depth)
         raise TypeError(f"{path or '<root>'}: unsupported type {type(obj).__name__}")
 
-    structure = msgpack.packb(convert(tree, "", 0))
+    try:
+        structure = msgpack.packb(convert(tree, "", 0))
+    finally:
+        # convert refers to itself through its closure: a reference cycle that, left alone,
+        # holds `tensors` (the tree's tensors) until the cyclic garbage collector runs, which
+        # few allocations may mean never; each supervisor snapshot would stay in memory.
+        del convert
     if cost > _memory_budget(len(structure)):
         raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
                          f"{_memory_budget(len(structure))} bytes of memory to load (the most "
