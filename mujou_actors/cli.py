@@ -116,6 +116,18 @@ class _Signals:
         os.write(2, note.encode())
 
 
+class _RunFailed(Exception):
+    """What made a started run fail (``run.failure``): exit code 1 whatever its class.
+
+    A snapshot refused or a write failing during the run raises a TypeError or
+    an OSError, which would otherwise read as a mistake in the command (2).
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
 class UsageError(click.ClickException):
     """A mistake in what was asked for: one line, exit code 2."""
 
@@ -505,7 +517,12 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             click.echo(f"final state written to {_final_snapshot(run, snapshot_dir)}", err=True)
         if stats_json is not None:
             _write_json(stats_json, _stats_json(run.stats()))
-        run.join()
+        try:
+            run.join()
+        except Exception as exc:
+            if exc is run.failure:  # the run failed, whatever the exception's class
+                raise _RunFailed(exc) from exc
+            raise
         if signals.code:
             sys.exit(signals.code)
 
@@ -607,6 +624,11 @@ class _errors:
             # with the exit status a shell gives for SIGPIPE.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(141)
+        if isinstance(exc, _RunFailed):
+            if self.verbose:
+                traceback.print_exception(exc.cause)
+            click.echo(f"error: {describe(exc.cause)}", err=True)
+            sys.exit(EXIT_FAILURE)
         if self.verbose:
             traceback.print_exception(exc)
         if isinstance(exc, click.ClickException):

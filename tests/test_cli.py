@@ -309,6 +309,24 @@ def test_a_failed_run_does_not_overwrite_the_latest_snapshot(tmp_path) -> None:
     assert mujou.load(mujou.latest_snapshot(snaps))["time_ns"] == 0   # the start, not the failure
 
 
+def test_a_snapshot_refused_during_the_run_is_a_failed_run_exit_1(tmp_path) -> None:
+    # The net's first snapshot (t = 0) is fine; the one at 0.2 s holds a set, which a
+    # file cannot bring back: the run fails there. That is a failed run (1), not a
+    # mistake in the command line (2).
+    snaps = tmp_path / "snaps"
+
+    result = mujou_cmd("run", f"{NETS}:make_unsaveable", "--timer", "simulated",
+                       "--duration", "1", "--snapshot-every", "0.1", "--snapshot-dir",
+                       str(snaps), "--quiet")
+
+    errors = [line for line in result.stderr.splitlines() if "cannot go into" in line]
+    assert result.returncode == 1
+    assert len(errors) == 1 and errors[0].startswith("error: TypeError: cannot write the "
+                                                     "snapshot file ")
+    assert "Input 'reader.inp'" in errors[0] and "Traceback" not in result.stderr
+    assert mujou.load(mujou.latest_snapshot(snaps))["time_ns"] == 100_000_000
+
+
 def test_the_live_view_at_80_columns_keeps_node_names_and_rates_whole() -> None:
     import io
 

@@ -97,3 +97,36 @@ class SlowStart(Ticker):
 
 def make_slow_start() -> mujou.Node:
     return SlowStart()
+
+
+class Tags(mujou.Node):
+    """From its 15th update on, sends a set: a message no snapshot file can hold."""
+
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.count = 0
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+        if self.count >= 15:
+            self.out.send({"left", "right"})
+
+
+class TagReader(mujou.Node):
+    inp = mujou.Input(object, depth=2)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+
+class Unsaveable(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.tags, self.reader = Tags(), TagReader()
+        mujou.connect(self.tags.out, self.reader.inp)
+
+
+def make_unsaveable() -> mujou.Node:
+    return Unsaveable()
