@@ -267,13 +267,14 @@ class Pipeline(mujou.Node):
     Args:
         device (str): where the model nodes run.
         images (str): the World's image source (see `World`).
+        weights_seed (int): seed of the CNN's weights; the MLP's is the next one.
     """
 
-    def __init__(self, device: str, images: str = "auto") -> None:
+    def __init__(self, device: str, images: str = "auto", weights_seed: int = 1) -> None:
         super().__init__()
         self.world = World(images)
-        self.perception = Perception(device)
-        self.policy = Policy(device)
+        self.perception = Perception(device, weights_seed)
+        self.policy = Policy(device, weights_seed + 1)
         self.actuator = Actuator()
         mujou.connect(self.world.frame, self.perception.frame)
         mujou.connect(self.perception.features, self.policy.features)
@@ -287,7 +288,7 @@ def default_device() -> str:
 
 
 def run_pipeline(device: str, *, duration: float = 2.0, workers: int | None = None,
-                 seed: int = 0, images: str = "auto") -> dict[str, Any]:
+                 seed: int = 0, images: str = "auto", weights_seed: int = 1) -> dict[str, Any]:
     """Run the pipeline on the simulated timer and return what it did.
 
     Args:
@@ -296,6 +297,7 @@ def run_pipeline(device: str, *, duration: float = 2.0, workers: int | None = No
         workers (int, optional): worker threads (default: mujou's choice).
         seed (int): the run's seed.
         images (str): the image source (see `World`).
+        weights_seed (int): seed of the models' weights (see `Pipeline`).
 
     Returns:
         dict[str, Any]: ``commands`` (N, 2) float32 and ``positions`` (M, 2)
@@ -305,7 +307,7 @@ def run_pipeline(device: str, *, duration: float = 2.0, workers: int | None = No
     """
     torch.backends.cuda.matmul.allow_tf32 = False  # process-wide: set by the host, before
     torch.backends.cudnn.allow_tf32 = False        # the run (see docs/devices.md)
-    net = Pipeline(device, images)
+    net = Pipeline(device, images, weights_seed)
     run = mujou.run(net, timer="simulated", duration=duration, seed=seed, workers=workers)
     run.join()
     commands = torch.stack(net.actuator.commands) if net.actuator.commands else torch.zeros(0, 2)

@@ -94,3 +94,61 @@ def test_cachesim_without_valgrind_says_so(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "valgrind is not on the PATH" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+GPU_CHECKS = {  # JSON key -> the table's row
+    "pytest": "pytest -m cuda", "handoff": "cuda->cuda hand-off: copies",
+    "alloc-device": "allocator reuse: device path", "alloc-write": "allocator reuse: run.write",
+    "wait-cpu": "waits: CPU time, block vs spin", "sync-waits": "set_sync_mode: implicit waits",
+    "sync-api": "set_sync_mode: read back, too late", "host-reads": "host reads never stale",
+    "mixed": "mixed-device messages", "streams": "current stream in every hook",
+    "sync-debug": "no hidden host sync", "state": "GPU state through save/restore",
+    "many-nodes": "more than 32 CUDA nodes", "workers": "simulated: 1, 2, 4 workers",
+    "example": "examples/gpu_pipeline.py CPU vs GPU", "two-gpus": "cuda:0 -> cuda:1",
+}
+
+
+@pytest.mark.timeout(60)
+def test_gpu_check_dry_run_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run",
+         "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=50)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["dry_run"] is True and doc["device"] == "CPU dry run"
+    assert list(doc["checks"]) == list(GPU_CHECKS)
+    statuses = {key: c["status"] for key, c in doc["checks"].items()}
+    assert statuses == {key: "skipped" if key == "pytest" else "dry-ok" for key in GPU_CHECKS}
+    for key, row in GPU_CHECKS.items():
+        check = doc["checks"][key]
+        assert check["name"] == row
+        assert set(check) >= {"name", "status", "detail", "control", "seconds"}, key
+        assert row in proc.stdout, row  # one row of the table each
+    assert "dry-ok" in proc.stdout
+    assert "0 corrupted" in doc["checks"]["alloc-device"]["detail"]
+    assert "Output 0, Input 0" in doc["checks"]["host-reads"]["detail"]
+
+
+@pytest.mark.timeout(60)
+def test_gpu_check_refuses_unknown_checks_and_says_when_there_is_no_gpu(tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    bad = subprocess.run([sys.executable, script, "--dry-run", "--only", "state,nope"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert bad.returncode == 2
+    assert "--only: no check nope; choose from pytest, handoff" in bad.stderr
+
+    one = subprocess.run([sys.executable, script, "--dry-run", "--only", "state,workers",
+                          "--json", str(tmp_path / "g.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert list(json.loads((tmp_path / "g.json").read_text())["checks"]) == ["state", "workers"]
+
+    import torch
+    if not torch.cuda.is_available():
+        none = subprocess.run([sys.executable, script, "--json", str(tmp_path / "n.json")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=50)
+        assert none.returncode == 0
+        assert none.stdout.startswith("no CUDA device: nothing to check")
+        assert not (tmp_path / "n.json").exists()
