@@ -1013,6 +1013,7 @@ def _under_sync_debug(env: Env, reader_device: torch.device, expect: int,
         while not done.wait(0.01) and run.running and time.monotonic() < deadline:
             pass
     finally:
+        gate.set()  # also when arming failed: the sender must not wait for it
         if not env.dry:
             torch.cuda.set_sync_debug_mode(0)
         run.stop()
