@@ -38,7 +38,8 @@ so a test can fail for the same mistakes a GPU would punish:
   `FakeWaiter.wait`, or the test: `FakeEvent.finish` (the GPU reached that
   event) and `FakeRuntime.finish_all` (the GPU caught up). `FakeEvent.query`
   tells whether the event's work is done; events never recorded are done, as
-  in CUDA.
+  in CUDA. With ``FakeRuntime.done_after_polls = N`` an event's work is done
+  at its N-th query after a record (the GPU progresses while a waiter polls).
 * **Log.** `FakeRuntime.log` holds one tuple per runtime call, with streams
   and events by name (``"stream1@cuda:0"``, ``"event1"``), so tests can assert
   orders and counts.
@@ -139,6 +140,7 @@ class FakeEvent:
         self.blocking = blocking
         self.recorded: dict[FakeStream, int] | None = None
         self.records = 0
+        self.polls = 0  # queries since the last record
 
     def __repr__(self) -> str:
         return self.name
@@ -151,10 +153,21 @@ class FakeEvent:
             raise TypeError(f"{self.name}.record: expected a FakeStream, got {stream!r}")
         self.recorded = stream.horizon()
         self.records += 1
+        self.polls = 0
 
     def query(self) -> bool:
-        """Whether the work it marks is done (True for an event never recorded)."""
-        return all(s.done >= n for s, n in (self.recorded or {}).items())
+        """Whether the work it marks is done (True for an event never recorded).
+
+        With ``rt.done_after_polls = N``, the N-th query since the last record
+        finds it done: the GPU got there while the host polled.
+        """
+        done = all(s.done >= n for s, n in (self.recorded or {}).items())
+        if not done and self.rt.done_after_polls is not None:
+            self.polls += 1
+            if self.polls >= self.rt.done_after_polls:
+                self.finish()
+                done = True
+        return done
 
     def synchronize(self) -> None:
         """The host waits until the work it marks is done."""
@@ -337,6 +350,7 @@ class FakeRuntime(devices.CudaRuntime):
         self.streams: list[FakeStream] = []
         self.events: list[FakeEvent] = []
         self.current_log: list[tuple[str, dict[str, str]]] = []
+        self.done_after_polls: int | None = None  # see FakeEvent.query
         self._defaults: dict[torch.device, FakeStream] = {}
         self._local = threading.local()
         self._lock = threading.Lock()  # streams and events are made from several workers

@@ -114,6 +114,24 @@ def test_the_stream_waiter_of_mujou_makes_a_streams_work_readable() -> None:
     assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.full((2,), 5.0))
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("sync, polls", [("block", 0), ("spin", 3), ("yield", 3)])
+def test_each_waiter_mode_waits_until_the_streams_work_is_done(sync: str, polls: int) -> None:
+    rt = FakeRuntime()
+    rt.done_after_polls = 3                      # the GPU gets there at the third poll
+    stream = rt.new_stream(GPU0)
+    with rt.use(stream):
+        x = torch.full((2,), 5.0, device="cuda:0")
+    waiter = cuda.make_waiter(sync, event_factory=lambda blocking: rt.new_event(blocking),
+                              yield_fn=lambda: None)
+
+    waiter.wait(stream)
+
+    assert rt.events[0].polls == polls
+    assert rt.events[0].blocking is (sync == "block")
+    assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.full((2,), 5.0))
+
+
 def test_current_streams_are_per_thread_and_per_device() -> None:
     rt = FakeRuntime()
     s0, s1 = rt.new_stream(GPU0), rt.new_stream(GPU1)
