@@ -93,7 +93,7 @@ class FakeStream:
         return self.name
 
     def horizon(self) -> dict[FakeStream, int]:
-        """Everything this stream's next work is ordered after: its own work and what it waited for."""
+        """What this stream's next work is ordered after: its own work and what it waited."""
         h = dict(self.seen)
         h[self] = self.queued
         return h

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 import importlib
+import threading
 from typing import Any, NamedTuple
 
 import pytest
