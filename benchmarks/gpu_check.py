@@ -103,10 +103,13 @@ from unittest import mock
 
 import torch
 
-import mujou_actors as mujou
-from mujou_actors import devices as mujou_devices
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # check the repository this script is in, installed or not
+    sys.path.insert(0, str(ROOT))
+
+import mujou_actors as mujou  # noqa: E402
+from mujou_actors import devices as mujou_devices  # noqa: E402
+
 NUMEL = 1 << 20  # 1M float32 elements: 4 MiB per message (hand-off)
 EXAMPLE_TOL = 1e-4  # max |CPU - GPU| of the example's forces (N) and positions (m)
 BLOCK_MAX = 0.3  # "block": process CPU time at most this share of the GPU time
