@@ -57,7 +57,9 @@ class Subscription:
     Its callback gets the port's messages in the order they were sent, from a
     queue of at most `depth` messages: when the callback falls that far
     behind, the oldest waiting message is dropped (and counted in `dropped`).
-    A callback that raises is cancelled: it is not called again.
+    A callback that raises is cancelled: it is not called again. The counts
+    are also summed per port in ``run.stats().subscriptions``
+    (`SubscriptionStats`), where they stay after a cancel.
 
     Attributes:
         port (str): the dotted path of the port subscribed to.
