@@ -74,7 +74,7 @@ and exits 0.
 Usage::
 
     python benchmarks/gpu_check.py [--json PATH] [--only KEY,KEY] [--no-pytest]
-                                   [--updates 1000] [--kernel-ms 200] [--waits 3]
+                                   [--updates 1000] [--kernel-ms 300] [--waits 3]
     python benchmarks/gpu_check.py --dry-run
 
 Exit status: 0 when every check that ran passed, 1 when one failed, 2 for a
@@ -393,8 +393,10 @@ def _allocator_result(env: Env, main: tuple[int, int], control: tuple[int, int] 
 def check_alloc_device(env: Env) -> dict[str, Any]:
     """Device path: late CUDA readers of a CUDA sender, on several workers."""
     numel = env.size(1 << 18, 1024)
-    kw = dict(pairs=2, period=0.001, duration=env.size(300, 50) / 1000,
-              sleep_ms=0.0 if env.dry else 0.5, numel=numel)
+    # A reader's stream sleeps 1 ms per message, as long as the sender's
+    # period: it falls behind, so blocks are freed while still unread.
+    kw = dict(pairs=2, period=0.001, duration=env.size(400, 50) / 1000,
+              sleep_ms=0.0 if env.dry else 1.0, numel=numel)
     main = _late_device_path(env, **kw)
     control = None
     if not env.dry:
@@ -424,7 +426,7 @@ def check_alloc_write(env: Env) -> dict[str, Any]:
     """``run.write`` of CUDA tensors into a late CUDA reader."""
     numel = env.size(1 << 18, 1024)
     count = env.size(250, 30)
-    sleep_ms = 0.0 if env.dry else 0.5
+    sleep_ms = 0.0 if env.dry else 1.0  # the host writes every ~0.5 ms: the reader lags
     main = _late_write_path(env, count, sleep_ms, numel)
     control = None
     if not env.dry:
@@ -532,6 +534,9 @@ def _wait_scenarios() -> dict[str, Callable[..., tuple[int, int]]]:
         return node.updates, cpu.count
 
     def cpu_message_to_cuda_reader(env, chain, size, waits, period, mode):
+        # The copy to the device waits only for itself here (the reader's
+        # stream is idle between its updates), so this measures the net's
+        # waits with that copy in them rather than one long copy wait.
         ticker = Ticker(period=period / 2)
         node = Chain(chain, size, False, period=period, device=env.dev)
         mujou.connect(ticker.out, node.inp)
@@ -1106,7 +1111,7 @@ def check_many_nodes(env: Env) -> dict[str, Any]:
     """40 CUDA nodes (shared pool streams) with late readers: messages intact."""
     numel = env.size(1 << 16, 256)
     kw = dict(pairs=20, period=0.002, duration=env.size(200, 20) / 1000,
-              sleep_ms=0.0 if env.dry else 0.2, numel=numel)
+              sleep_ms=0.0 if env.dry else 1.0, numel=numel)
     main = _late_device_path(env, **kw)
     control = None
     if not env.dry:
@@ -1288,7 +1293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated keys: {', '.join(CHECKS)}")
     parser.add_argument("--no-pytest", action="store_true", help="skip the cuda tests")
     parser.add_argument("--updates", type=int, default=1000, help="sends in the hand-off")
-    parser.add_argument("--kernel-ms", type=float, default=200.0, help="GPU work per wait")
+    parser.add_argument("--kernel-ms", type=float, default=300.0, help="GPU work per wait")
     parser.add_argument("--waits", type=int, default=3, help="long waits per measurement")
     parser.add_argument("--child-sync-mode", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
