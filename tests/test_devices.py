@@ -555,3 +555,49 @@ def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_sender_still_in_its_updat
 
     assert kept.device == CPU and torch.equal(kept, torch.arange(3.0))
     assert [torch.equal(t, torch.arange(3.0)) for t in reader.got] == [True]
+
+
+class Noting(mujou.Node):
+    """Notes the thread's current streams in each of its hooks."""
+
+    inp = mujou.Input(torch.Tensor)
+
+    def __init__(self, rt: FakeRuntime, label: str) -> None:
+        super().__init__(period=0.01)
+        self.rt, self.label = rt, label
+
+    def on_start(self) -> None:
+        self.rt.note_current(f"{self.label}.on_start")
+
+    def on_update(self, dt: float) -> None:
+        self.rt.note_current(f"{self.label}.on_update")
+
+    def on_stop(self) -> None:
+        self.rt.note_current(f"{self.label}.on_stop")
+
+    def state_dict(self) -> dict[str, Any]:
+        self.rt.note_current(f"{self.label}.state_dict")
+        return super().state_dict()
+
+
+def test_every_hook_of_a_cuda_node_runs_on_its_streams_and_a_cpu_node_after_it_on_none(
+        monkeypatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    source, cpu_source = _on(Sender(rt), GPU0), Sender()
+    gpu, cpu = _on(Noting(rt, "gpu"), GPU1), Noting(rt, "cpu")
+    mujou.connect(source.out, gpu.inp)
+    mujou.connect(cpu_source.out, cpu.inp)   # a CPU node that reads no CUDA node
+
+    run = mujou.run({"s": source, "c": cpu_source, "gpu": gpu, "cpu": cpu}, timer="simulated",
+                    duration=0.01, workers=1)  # one worker: both nodes run on one thread
+    run.join()
+    run.state_dict()  # after the end: on the host's thread
+
+    seen = {label: current for label, current in rt.current_log if "." in label}
+    own = {"cuda:0": "stream3@cuda:0", "cuda:1": "stream2@cuda:1"}  # its copy stream, its own
+    assert seen == {**{f"gpu.{h}": own for h in ("on_start", "on_update", "on_stop",
+                                                 "state_dict")},
+                    **{f"cpu.{h}": {} for h in ("on_start", "on_update", "on_stop",
+                                                "state_dict")}}
+    assert [label for label, _ in rt.current_log if label.startswith("gpu.")] == [
+        "gpu.on_start", "gpu.on_update", "gpu.on_stop", "gpu.state_dict"]

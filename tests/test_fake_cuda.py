@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from mujou_actors import cuda
+from mujou_actors import cuda, devices
 from tests.fake_cuda import FakeCudaTensor, FakeRuntime, StaleRead, shadow
 
 CPU = torch.device("cpu")
@@ -157,3 +157,15 @@ def test_current_streams_are_per_thread_and_per_device() -> None:
     assert rt.current_log == [("inner", {"cuda:1": "stream2@cuda:1", "cuda:0": "stream1@cuda:0"}),
                               ("after", {})]
     assert rt.current_stream(GPU0).name == "default@cuda:0"
+
+
+TEST_ONLY = {"cuda", "note_current", "finish_all", "check_read", "complete"}
+
+
+def test_the_fake_implements_only_the_facades_methods_besides_its_test_hands() -> None:
+    # A method the code calls on the fake but the real facade lacks would pass
+    # every CPU test and fail on the first GPU.
+    fake = {n for n, v in vars(FakeRuntime).items() if callable(v) and not n.startswith("_")}
+
+    assert fake - TEST_ONLY <= {n for n in dir(devices.CudaRuntime) if not n.startswith("_")}
+    assert not TEST_ONLY & set(dir(devices.CudaRuntime))
