@@ -14,12 +14,16 @@ The rules (see docs/devices.md):
   that device waits on the event and uses the copy; a reader on another GPU
   copies device to device, a CPU reader device to host, each on a copy stream
   of its own on the sender's device;
-* a port that only CPU nodes (or only the host) read, and a tensor on a
-  device other than the sender's, go through host memory at send;
-* a CPU message for a CUDA reader is copied to the reader's device on the
-  reader's stream;
+* a port that only CPU nodes (or only the host) read goes through host
+  memory at send;
+* each tensor of a message is handled by its own device: on the device path
+  a tensor of another GPU is copied onto the sender's device at send and a
+  CPU tensor stays in host memory; every reader gets every tensor on its own
+  device;
+* a CPU message (or tensor) for a CUDA reader is copied to the reader's
+  device on the reader's stream;
 * the host (``run.read``, ``subscribe``, ``wait_for``, ``state_dict``) always
-  gets CPU copies.
+  gets CPU copies, made once the GPU work that produced them is done.
 """
 
 from __future__ import annotations
