@@ -44,9 +44,16 @@ so a test can fail for the same mistakes a GPU would punish:
   and events by name (``"stream1@cuda:0"``, ``"event1"``), so tests can assert
   orders and counts.
 
+Use `install` to put a fresh runtime and waiters behind the run's seams in a
+test. Nodes "on CUDA" are made with ``node._mujou_device = torch.device(
+"cuda", i)`` (``Node(device="cuda")`` checks for a real GPU); inside their
+hooks, where a fake stream is current, ``torch.zeros(..., device="cuda:0")``,
+``t.to("cuda:1")`` and ``t.cuda()`` make fake tensors.
+
 Not modelled: the caching allocator's reuse of freed memory, pinned memory,
-and ``non_blocking`` copies to the host (they are done and checked as blocking
-ones).
+``non_blocking`` copies to the host (they are done and checked as blocking
+ones), and writes through a view (``t[0]`` is a new tensor whose writes do not
+re-date ``t``).
 """
 
 from __future__ import annotations
