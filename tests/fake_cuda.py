@@ -51,9 +51,9 @@ hooks, where a fake stream is current, ``torch.zeros(..., device="cuda:0")``,
 ``t.to("cuda:1")`` and ``t.cuda()`` make fake tensors.
 
 Not modelled: the caching allocator's reuse of freed memory, pinned memory,
-``non_blocking`` copies to the host (they are done and checked as blocking
-ones), and writes through a view (``t[0]`` is a new tensor whose writes do not
-re-date ``t``).
+and ``non_blocking`` copies to the host (they are done and checked as blocking
+ones). Views are followed: a write through ``t[0]`` or ``t.view(...)`` counts
+as a write of ``t``.
 """
 
 from __future__ import annotations
@@ -205,11 +205,15 @@ class FakeCudaTensor(torch.Tensor):
         shadow (torch.Tensor): the data, on the CPU.
         rt (FakeRuntime): the runtime whose streams order its reads.
         writer (tuple[FakeStream, int]): the stream and work that wrote it.
+        root (FakeCudaTensor | None): for a view, the tensor whose memory it
+            shares: a write through the view re-dates the root too, and a read
+            of the view must be ordered after the root's last write as well.
     """
 
     shadow: torch.Tensor
     rt: FakeRuntime
     writer: tuple[FakeStream, int]
+    root: FakeCudaTensor | None
 
     @staticmethod
     def __new__(cls, shadow: torch.Tensor, device: torch.device, rt: FakeRuntime,
@@ -220,6 +224,7 @@ class FakeCudaTensor(torch.Tensor):
         out.shadow = shadow
         out.rt = rt
         out.writer = writer
+        out.root = None
         return out
 
     @classmethod
@@ -280,8 +285,10 @@ class FakeCudaTensor(torch.Tensor):
             same = by_shadow.get(id(x))
             if same is not None:  # an in-place op returns its argument: now written again
                 same.writer = (stream, seq)
+                if same.root is not None:
+                    same.root.writer = (stream, seq)
                 return same
-            return FakeCudaTensor(x, device, rt, (stream, seq))
+            return _viewing(FakeCudaTensor(x, device, rt, (stream, seq)), fakes)
 
         return tree_map(wrap, out)
 
@@ -291,7 +298,19 @@ def _indexed(t: FakeCudaTensor, index: Any) -> FakeCudaTensor:
     stream = t.rt.current_stream(t.device)
     t.rt.check_read(t, stream, "indexing")
     index = tree_map(lambda x: x.shadow if isinstance(x, FakeCudaTensor) else x, index)
-    return FakeCudaTensor(t.shadow[index], t.device, t.rt, (stream, stream.enqueue()))
+    return _viewing(FakeCudaTensor(t.shadow[index], t.device, t.rt, (stream, stream.enqueue())),
+                    [t])
+
+
+def _viewing(out: FakeCudaTensor, sources: list[FakeCudaTensor]) -> FakeCudaTensor:
+    """Link ``out`` to the root of the source whose memory it shares, if any (a view)."""
+    if out.shadow.numel():
+        ptr = out.shadow.untyped_storage().data_ptr()
+        for a in sources:
+            if a.shadow.numel() and a.shadow.untyped_storage().data_ptr() == ptr:
+                out.root = a.root if a.root is not None else a
+                break
+    return out
 
 
 def _cuda_target(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.device | None:
@@ -491,6 +510,8 @@ class FakeRuntime(devices.CudaRuntime):
 
     def check_read(self, tensor: FakeCudaTensor, stream: FakeStream, what: str) -> None:
         """Raise `StaleRead` unless ``stream`` may read ``tensor`` now."""
+        if tensor.root is not None:
+            self.check_read(tensor.root, stream, what)
         writer, seq = tensor.writer
         if not stream.orders(writer, seq):
             raise StaleRead(

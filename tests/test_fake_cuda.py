@@ -159,6 +159,26 @@ def test_current_streams_are_per_thread_and_per_device() -> None:
     assert rt.current_stream(GPU0).name == "default@cuda:0"
 
 
+def test_a_write_through_a_view_makes_the_whole_tensor_unready_elsewhere() -> None:
+    rt = FakeRuntime()
+    writer, reader = rt.new_stream(GPU0), rt.new_stream(GPU0)
+    with rt.use(writer):
+        x = torch.zeros(4, device="cuda:0")
+    done = rt.new_event()
+    rt.record(done, writer)
+    rt.wait_event(reader, done)
+    with rt.use(writer):
+        x[1:3] = 5.0                             # after the event the reader waited for
+        x.view(2, 2)[0].add_(1)
+
+    with rt.use(reader), pytest.raises(StaleRead):
+        x + 1
+    with rt.use(reader), pytest.raises(StaleRead):
+        x[0] + 1                                 # a fresh view reads the root's writes too
+    rt.finish_all()
+    assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.tensor([1.0, 6.0, 5.0, 0.0]))
+
+
 TEST_ONLY = {"cuda", "note_current", "finish_all", "check_read", "complete"}
 
 
