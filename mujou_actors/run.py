@@ -217,6 +217,11 @@ class Run:
         self._pauses: list[float] = []
         self._next_cut_ns: int | None = None
         self._finishing = False
+        # After the end each state_dict() takes the state on its own thread,
+        # inside each node's context: one call at a time, as during the run
+        # (a Context is entered by one thread at a time, and a node's
+        # state_dict never runs alongside itself).
+        self._final_lock = threading.Lock()
         self._timer_started = False
         self._hard_end_ns: int | None = None
         self._rt: CudaRuntime | None = None  # set when a node is on CUDA
@@ -902,7 +907,9 @@ class Run:
 
         Raises:
             TimeoutError: no cut within ``timeout``; names the nodes still in
-                a hook and the hook. The run goes on as if not asked.
+                a hook and the hook. The run goes on as if not asked. After
+                the end: another thread's call, taking the final state (one
+                at a time), did not return within ``timeout``.
             NodeError: a node's ``state_dict()`` raised (hook ``"state_dict"``,
                 the node's path, the original exception as ``__cause__``), or,
                 after the end, a node is still stuck in a hook. The run goes on.
@@ -956,7 +963,14 @@ class Run:
         if not self._ended.wait(left):
             raise TimeoutError(f"state_dict(): the run is ending and did not end within "
                                f"{req.timeout:g} s")
-        return self._take_tree()  # a node left stuck in a hook: NodeError
+        left = None if req.deadline is None else max(0.0, req.deadline - time.monotonic())
+        if not self._final_lock.acquire(timeout=-1 if left is None else left):
+            raise TimeoutError(f"state_dict(): another state_dict() call, taking the final "
+                               f"state, did not return within {req.timeout:g} s")
+        try:
+            return self._take_tree()  # a node left stuck in a hook: NodeError
+        finally:
+            self._final_lock.release()
 
     def _coordinate(self) -> None:
         try:

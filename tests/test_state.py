@@ -195,6 +195,38 @@ def test_state_dict_after_the_end_names_a_node_left_stuck_in_its_hook() -> None:
         release.set()
 
 
+@pytest.mark.timeout(20)
+def test_state_dict_calls_after_the_end_on_two_threads_take_the_state_one_at_a_time() -> None:
+    inside, go = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    class Held(Counter):
+        def state_dict(self) -> dict:
+            calls.append(len(calls))
+            if len(calls) == 2:  # the first call after the end waits inside its context
+                inside.set()
+                assert go.wait(10)
+            return {"n": len(self.dts)}
+
+    run = mujou.run({"held": Held()}, timer="simulated", duration=0.05)
+    run.join()
+    assert run.state_dict()["nodes"]["held"] == {"n": 5}  # call 0, alone
+    got: list[object] = []
+    first = threading.Thread(target=lambda: got.append(run.state_dict()))
+    first.start()
+    assert inside.wait(10)
+    # The context of 'held' is entered on the first thread: a second call
+    # waits for it (bounded by its timeout), never enters it too.
+    with pytest.raises(TimeoutError, match="another state_dict.*within 0.2 s"):
+        run.state_dict(timeout=0.2)
+    go.set()
+    first.join(10)
+    again = run.state_dict(timeout=5)
+
+    assert calls == [0, 1, 2]  # the timed-out call never reached the node
+    assert got[0]["nodes"]["held"] == again["nodes"]["held"] == {"n": 5}  # type: ignore[index]
+
+
 def test_state_dict_and_load_state_dict_run_in_the_nodes_context_during_and_after_the_run(
         ) -> None:
     import contextvars
