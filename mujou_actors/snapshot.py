@@ -355,7 +355,9 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
         # convert refers to itself through its closure: a reference cycle that, left alone,
         # holds `tensors` (the tree's tensors) until the cyclic garbage collector runs, which
         # few allocations may mean never; each supervisor snapshot would stay in memory.
-        del convert
+        # Rebound rather than deleted: ruff takes a `del` of the closure's own name for an
+        # undefined name inside it (F821).
+        convert = None  # type: ignore[assignment]
     if cost > _memory_budget(len(structure)):
         raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
                          f"{_memory_budget(len(structure))} bytes of memory to load (the most "
