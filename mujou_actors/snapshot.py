@@ -663,6 +663,9 @@ def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
         raise SnapshotError(f"{name}: not a mujou snapshot (starts with {head[:8]!r})")
     # The version comes before anything else: a newer format may lay out the rest differently.
     version = struct.unpack_from("<I", head, 8)[0] if len(head) >= 12 else 0
+    if version > VERSION and len(head) >= _HEADER_LEN and _damaged_version(head):
+        raise SnapshotError(f"{name}: corrupted (header checksum mismatch; its version field "
+                            f"reads {version}, a damaged {VERSION})")
     if version > VERSION:
         raise SnapshotError(f"{name}: written by a newer format version {version} "
                             f"(this mujou_actors reads up to version {VERSION})")
@@ -680,6 +683,19 @@ def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
     if size > expected:
         raise SnapshotError(f"{name}: corrupted: {size} bytes where the header says {expected}")
     return size, structure_len, data_len, zlib.crc32(head)
+
+
+def _damaged_version(head: bytes) -> bool:
+    """Whether a header whose version reads newer is a version-1 header with that field damaged.
+
+    Its checksum then fits the header once the version reads `VERSION` again (and not as it
+    is): a flipped bit there must not pass for a file from a newer mujou_actors.
+    """
+    stored = _CRC.unpack_from(head, _HEAD.size)[0]
+    if zlib.crc32(head[: _HEAD.size]) == stored:
+        return False  # the header is as it was written: a newer format's (or its look-alike)
+    repaired = head[:8] + struct.pack("<I", VERSION) + head[12 : _HEAD.size]
+    return zlib.crc32(repaired) == stored
 
 
 def _decode(decoder: _Decoder, structure: bytes, name: str,

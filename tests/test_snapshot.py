@@ -476,6 +476,20 @@ def test_a_newer_format_version_names_both_versions(saved: pathlib.Path) -> None
     assert "newer format version 2" in message and "up to version 1" in message
 
 
+@pytest.mark.parametrize("bit", range(32))
+def test_a_flipped_bit_in_the_version_of_a_version_1_file_is_corrupted_not_newer(
+        saved: pathlib.Path, bit: int) -> None:
+    # The header's checksum still fits the header once the version reads 1 again: the
+    # file is a damaged version 1 file, not one from a newer mujou_actors.
+    data = bytearray(saved.read_bytes())
+    data[8 + bit // 8] ^= 1 << (bit % 8)
+    saved.write_bytes(bytes(data))
+
+    message = error_of(saved)
+
+    assert "corrupted (header checksum mismatch" in message and "newer" not in message
+
+
 @pytest.mark.parametrize("structure, data, reason", [
     (msgpack.packb(msgpack.ExtType(7, b"")), b"", "unknown extension type 7"),
     (msgpack.packb(msgpack.ExtType(1, msgpack.packb(["float9", [1], 0, 1]))), b"\0",
