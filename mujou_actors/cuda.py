@@ -517,7 +517,10 @@ class StreamWaiter:
     """Makes a worker thread wait until a CUDA stream has done its queued work.
 
     The run gives one to each CUDA node and calls `wait` with the node's stream
-    after each ``on_update`` and around the state. Each `wait` records an event
+    after each hook and around the state; every other wait of the run (a
+    send to CPU readers, a CPU reader's copy, the host's copies,
+    ``run.write``) goes through a waiter of the waiting thread's own
+    (`mujou_actors.devices.CudaRuntime.waiter`). Each `wait` records an event
     on the stream, then waits for that event as ``sync`` says:
 
     * ``"block"``: the event is created with blocking sync

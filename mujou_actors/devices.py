@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+from .cuda import StreamWaiter, check_cuda_sync, make_waiter
 
 __all__ = [
     "validate_device", "map_tensors", "Path", "send_path", "Receive",
@@ -218,8 +221,57 @@ class DeviceMessage:
 class CudaRuntime:
     """The CUDA operations routing needs; a facade so tests can use a fake.
 
-    Every method maps to one ``torch.cuda`` call.
+    Every method maps to one ``torch.cuda`` call, except the waits (`wait`,
+    `wait_ready`), which go through the calling thread's own `StreamWaiter`,
+    so that every wait of the run on the GPU follows ``mujou.run(cuda_sync=)``.
+    A waiter reuses its event, so two threads never share one.
+
+    Args:
+        sync (str): how the run's threads wait for the GPU: ``"block"``
+            (default), ``"spin"`` or ``"yield"`` (see `mujou_actors.cuda`).
+
+    Raises:
+        ValueError: ``sync`` is not one of the three.
     """
+
+    sync = "block"  # the default; replaced by __init__ and set_sync
+
+    def __init__(self, sync: str = "block") -> None:
+        self.set_sync(sync)
+
+    def set_sync(self, sync: str) -> None:
+        """Choose how the threads wait from now on (the run does, before its first wait).
+
+        Args:
+            sync (str): ``"block"``, ``"spin"`` or ``"yield"``.
+
+        Raises:
+            ValueError: ``sync`` is not one of the three.
+        """
+        self.sync = check_cuda_sync(sync)
+        self._waiters = threading.local()  # the waiters made so far waited the old way
+
+    def make_waiter(self) -> StreamWaiter:
+        """A new waiter for one thread (a seam: the fakes give theirs fake events)."""
+        return make_waiter(self.sync)
+
+    def waiter(self) -> StreamWaiter:
+        """The calling thread's waiter, made on its first wait."""
+        local = self.__dict__.get("_waiters")
+        if local is None:  # a subclass (a test's fake) that skipped __init__
+            local = self.__dict__.setdefault("_waiters", threading.local())
+        waiter = getattr(local, "waiter", None)
+        if waiter is None:
+            waiter = local.waiter = self.make_waiter()
+        return waiter
+
+    def wait(self, stream: Any) -> None:
+        """Block the calling thread until the work queued on ``stream`` so far is done."""
+        self.waiter().wait(stream)
+
+    def wait_ready(self, event: Any) -> None:
+        """Block the calling thread until ``event`` (one of `new_event`'s) completed."""
+        self.waiter().wait_event(event)
 
     def new_stream(self, device: torch.device) -> Any:
         """A stream from PyTorch's per-device pool (32 per device, then shared)."""
@@ -230,8 +282,12 @@ class CudaRuntime:
         return torch.cuda.stream(stream)
 
     def new_event(self) -> Any:
-        """An event to mark a message ready."""
-        return torch.cuda.Event()
+        """An event to mark a message ready.
+
+        Under ``sync="block"`` it is a blocking-sync event, so that a thread
+        waiting for it (`wait_ready`) sleeps instead of spinning.
+        """
+        return torch.cuda.Event(blocking=self.sync == "block")
 
     def record(self, event: Any, stream: Any = None) -> None:
         """Record ``event`` on ``stream`` (default: the current stream)."""
@@ -241,10 +297,6 @@ class CudaRuntime:
         """Make ``stream`` wait (on the GPU) until ``event`` completed."""
         stream.wait_event(event)
 
-    def synchronize(self, event: Any) -> None:
-        """Block the calling thread until ``event`` completed."""
-        event.synchronize()
-
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         """Tell the caching allocator ``stream`` uses ``tensor``'s memory."""
         tensor.record_stream(stream)
@@ -252,6 +304,29 @@ class CudaRuntime:
     def copy(self, tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
         """A copy of ``tensor`` on ``device`` (on the current stream)."""
         return tensor.to(device, non_blocking=non_blocking, copy=True)
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of CUDA ``tensor`` in pinned host memory, queued on the current stream.
+
+        The copy does not block: it is complete only once the thread has
+        waited for that stream (`wait`). Pinned memory is what makes a
+        device-to-host copy asynchronous; from pageable memory the copy itself
+        would wait for the stream, spinning under CUDA's default flag.
+        """
+        out = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=True)
+        out.copy_(tensor, non_blocking=True)
+        return out
+
+    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A copy of CPU ``tensor`` on ``device``, queued on the current stream; no wait.
+
+        The tensor is first copied into pinned memory on the CPU, so the
+        transfer is asynchronous; torch's pinned-memory cache keeps that
+        buffer until the transfer is done.
+        """
+        if tensor.device.type != "cpu":
+            return tensor.to(device, copy=True)
+        return tensor.pin_memory().to(device, non_blocking=True)
 
     def current_stream(self, device: torch.device) -> Any:
         """The calling thread's current stream on ``device``."""
@@ -277,14 +352,43 @@ def device_copier(sender_device: torch.device,
     return place
 
 
-def host_copier(rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How a sender on the host path copies each tensor: into host memory."""
-    def place(t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu" or rt is None:
-            return t.detach().clone()
-        return rt.copy(t.detach(), CPU, non_blocking=False)
+class HostCopier:
+    """Copies the tensors of one message into host memory, then waits for them once.
 
-    return place
+    Used by the host path's ``send``, by ``run.write`` for a tensor that does
+    not stay on its device, and for the host's own copies. A CPU tensor is
+    cloned. A CUDA tensor is copied without blocking into pinned memory, on
+    the current stream of its device (the sender's own stream inside a hook);
+    `wait` then waits once for each such stream through the calling thread's
+    waiter, so the wait follows ``cuda_sync`` (a plain ``.cpu()`` would wait
+    inside the copy, spinning under CUDA's default flag).
+
+    Call it on each tensor (as ``copy_message``'s ``tensor_copy``), then `wait`
+    before the copies are used.
+
+    Args:
+        rt (CudaRuntime | None): the CUDA runtime; None for a run without CUDA.
+    """
+
+    __slots__ = ("rt", "streams")
+
+    def __init__(self, rt: CudaRuntime | None) -> None:
+        self.rt = rt
+        self.streams: dict[torch.device, Any] = {}  # device -> the stream the copies are on
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        rt = self.rt
+        if t.device.type != "cuda" or rt is None:
+            return t.detach().clone()
+        if t.device not in self.streams:
+            self.streams[t.device] = rt.current_stream(t.device)
+        return rt.to_host(t.detach())
+
+    def wait(self) -> None:
+        """Wait (through the thread's waiter) until every copy made so far is done."""
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            self.rt.wait(stream)  # type: ignore[union-attr]  # streams only with a runtime
 
 
 def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime,
@@ -312,22 +416,42 @@ def mark_ready(value: Any, sender_device: torch.device, rt: CudaRuntime,
     return DeviceMessage(value, sender_device, event)
 
 
-def write_copier(node_device: torch.device,
-                 rt: CudaRuntime | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How ``run.write``/``inputs=`` copy each tensor for a node on ``node_device``.
+class WriteCopier(HostCopier):
+    """How ``run.write``/``inputs=`` copy the tensors of one message for a node.
 
-    A tensor on the node's CUDA device is copied there on the host's current
-    stream of that device, which is then synchronized (the host need not);
-    any other tensor goes through host memory.
+    A tensor on the node's CUDA device stays there: it is cloned on the host's
+    current stream of that device, and `wait` waits for that stream (through
+    the calling thread's waiter) before the message is delivered, so the
+    source may be reused by the host at once and the node's stream needs no
+    ordering of its own. The clone belongs to the host stream's memory pool,
+    while the node drops it after queueing work on *its* stream: without
+    ``record_stream`` on the node's stream, the caching allocator would hand
+    the block back to the host's next allocation of that size while the
+    node's kernels may still read it. Any other tensor goes through host
+    memory, as `HostCopier` copies it.
+
+    Args:
+        node_device (torch.device): the device of the node written to.
+        node_stream: the node's own stream (None for a CPU node).
+        rt (CudaRuntime): the CUDA runtime.
     """
-    def place(t: torch.Tensor) -> torch.Tensor:
-        if rt is None or write_path(t.device, node_device) is Path.HOST:
-            return host_copier(rt)(t)
-        out = t.detach().clone()
-        rt.current_stream(t.device).synchronize()
-        return out
 
-    return place
+    __slots__ = ("node_device", "node_stream")
+
+    def __init__(self, node_device: torch.device, node_stream: Any, rt: CudaRuntime) -> None:
+        super().__init__(rt)
+        self.node_device = node_device
+        self.node_stream = node_stream
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if write_path(t.device, self.node_device) is Path.HOST:
+            return HostCopier.__call__(self, t)
+        rt: CudaRuntime = self.rt  # type: ignore[assignment]
+        if t.device not in self.streams:
+            self.streams[t.device] = rt.current_stream(t.device)
+        out = t.detach().clone()
+        rt.record_stream(out, self.node_stream)
+        return out
 
 
 def to_host(message: Any, rt: CudaRuntime | None) -> Any:
@@ -336,10 +460,19 @@ def to_host(message: Any, rt: CudaRuntime | None) -> Any:
         return message
     assert rt is not None
     if message.host is None:
-        rt.synchronize(message.event)
-        message.host = map_tensors(message.value,
-                                   lambda t: rt.copy(t, CPU, non_blocking=False))
+        # The host's current stream waits for the ready event on the GPU, the
+        # copies go on it, and this thread waits for them through its waiter.
+        rt.wait_event(rt.current_stream(message.device), message.event)
+        message.host = _host_view(message.value, rt)
     return message.host
+
+
+def _host_view(value: Any, rt: CudaRuntime) -> Any:
+    """``value`` with its CUDA tensors copied to host memory (waited for); CPU ones shared."""
+    copier = HostCopier(rt)
+    view = map_tensors(value, lambda t: t if t.device.type != "cuda" else copier(t))
+    copier.wait()
+    return view
 
 
 def receive(message: Any, reader_device: torch.device, reader_stream: Any,
@@ -362,8 +495,9 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         if reader_device.type != "cuda":
             return message
         assert rt is not None
+        # On the reader's (current) stream, from pinned memory: nothing waits.
         return map_tensors(message, lambda t: t if t.device == reader_device
-                           else rt.copy(t, reader_device, non_blocking=False))
+                           else rt.to_device(t, reader_device))
     assert rt is not None
     # A device-path message holds tensors of the sender's device and CPU
     # tensors (see device_copier): each is handled by its own device, and
@@ -381,15 +515,13 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         if not mixed:
             return message.value
         return map_tensors(message.value, lambda t: t if t.device == source
-                           else rt.copy(t, reader_device, non_blocking=False))
+                           else rt.to_device(t, reader_device))  # a CPU tensor: no wait
     stream = copy_streams[source]
     if action is Receive.COPY_TO_HOST:
         if message.host is None:  # one CPU copy serves every CPU reader
             rt.wait_event(stream, message.event)
             with rt.use(stream):
-                message.host = map_tensors(
-                    message.value, lambda t: t if t.device.type != "cuda"
-                    else rt.copy(t, CPU, non_blocking=False))
+                message.host = _host_view(message.value, rt)
         return message.host
     rt.wait_event(stream, message.event)
     with rt.use(stream):
@@ -412,6 +544,6 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         if t.device == reader_device:
             rt.record_stream(t, reader_stream)
             return t
-        return rt.copy(t, reader_device, non_blocking=False)
+        return rt.to_device(t, reader_device)  # a CPU tensor, on the reader's stream: no wait
 
     return map_tensors(moved, settle)

@@ -1285,9 +1285,15 @@ class Dispatcher:
         return self._frontier if self.simulated else (self.timer.now_ns(), 0)
 
     def _run_control(self, actor: Actor, envelope: Any) -> None:
+        # A CUDA node's stream is waited for after on_start and on_stop as after
+        # on_update, also after a failure: the run starts with the work of every
+        # on_start done, and join() never returns with a node's GPU work queued.
         if isinstance(envelope, Start):
             try:
-                actor.call("on_start")
+                try:
+                    actor.call("on_start")
+                finally:
+                    actor.wait_stream()
             except BaseException as exc:  # noqa: BLE001
                 self._fail(actor, "on_start", exc)
             else:
@@ -1296,7 +1302,10 @@ class Dispatcher:
             if actor.started:
                 actor.started = False
                 try:
-                    actor.call("on_stop")
+                    try:
+                        actor.call("on_stop")
+                    finally:
+                        actor.wait_stream()
                 except BaseException as exc:  # noqa: BLE001
                     self._fail(actor, "on_stop", exc)
         else:

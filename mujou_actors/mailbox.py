@@ -30,7 +30,7 @@ from itertools import repeat, starmap
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .devices import map_tensors
+from .devices import HostCopier, map_tensors
 from .errors import NodeError
 from .state import copy_state
 
@@ -115,8 +115,11 @@ class Snapshot:
         try:
             # A CUDA node's stream is waited for before and after, on the thread
             # taking the cut (never a worker): the state is complete when read,
-            # and the CPU copies are done when the run goes on.
+            # and the CPU copies are done when the run goes on. The copies of
+            # CUDA tensors go into pinned memory without blocking and are waited
+            # for through the thread's waiter (cuda_sync), not inside the copy.
             actor.wait_stream()
+            copier = None if actor.rt is None else HostCopier(actor.rt)
             with actor.on_stream():
                 try:
                     # User code, so in the node's own context like its hooks.
@@ -124,7 +127,13 @@ class Snapshot:
                 except BaseException as exc:  # noqa: BLE001 - reported, whatever it is
                     self.errors[actor.path] = NodeError.from_hook(actor.path, self.hook, exc)
                     return
-                self.into[actor.path] = copy_state(state, f"node {actor.path!r} state")
+                where = f"node {actor.path!r} state"
+                if copier is None:
+                    state = copy_state(state, where)
+                else:
+                    state = copy_state(state, where, copier)
+                    copier.wait()
+                self.into[actor.path] = state
             actor.wait_stream()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller
             self.errors[actor.path] = exc
@@ -154,7 +163,11 @@ class Restore:
             device = actor.device
             for port, messages in self.inputs.items():
                 if device.type == "cuda":  # kept messages arrive on the node's device
-                    messages = [map_tensors(m, lambda t: t.to(device)) for m in messages]
+                    # Queued on the node's stream without a host wait; the
+                    # wait_stream below covers them (cuda_sync).
+                    rt = actor.rt
+                    messages = [map_tensors(m, lambda t: t if t.device == device
+                                            else rt.to_device(t, device)) for m in messages]
                 port._restore(messages)
         actor.wait_stream()
         if self.last_update_ns is not None:

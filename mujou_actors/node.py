@@ -322,7 +322,9 @@ class Node:
             current = getattr(self, name)
             if isinstance(current, torch.Tensor):
                 with torch.no_grad():
-                    current.copy_(value.to(current.device))
+                    # Queued without a host wait (a blocking copy would spin on the
+                    # stream); the run waits for the node's stream after the restore.
+                    current.copy_(value.to(current.device, non_blocking=True))
             elif isinstance(current, (torch.nn.Module, torch.optim.Optimizer)):
                 current.load_state_dict(value)
             else:

@@ -26,12 +26,12 @@ from .devices import (
     CudaRuntime,
     Path,
     copy_stream_devices,
+    HostCopier,
+    WriteCopier,
     device_copier,
-    host_copier,
     mark_ready,
     send_path,
     to_host,
-    write_copier,
 )
 from .dispatcher import Dispatcher, default_workers
 from .errors import (
@@ -326,7 +326,7 @@ class Run:
         rt = self._rt
         if rt is None:
             return copy_message(message)
-        return copy_message(to_host(message, rt), host_copier(rt))
+        return _host_message(to_host(message, rt), HostCopier(rt))
 
     def _view(self, output: Output) -> _View:
         return self._views[id(output)]
@@ -365,7 +365,7 @@ class Run:
         """
         event = self._actor_of[id(port.node)].kept_ready
         if event is not None:
-            self._rt.synchronize(event)  # type: ignore[union-attr]
+            self._rt.wait_ready(event)  # type: ignore[union-attr]
 
     def write(self, port: Input | str, value: Any) -> None:
         """Deliver ``value`` to an Input as the host; writes to one Input arrive in order.
@@ -380,8 +380,7 @@ class Run:
             NotRunningError: the run has ended.
         """
         p = self._port(port, Input)
-        node_device = self._actor_of[id(p.node)].device
-        message = copy_message(p.check(value), write_copier(node_device, self._rt))
+        message = _write_copy(p.check(value), self._actor_of[id(p.node)], self._rt)
         if self._end_requested.is_set():
             raise NotRunningError(f"write to {p.path!r}: the run has ended")
         self._deliver(p, message)  # type: ignore[arg-type]
@@ -1375,8 +1374,7 @@ def run(
         if result._failures:
             result._raise_outcome()
         for port, value in initial:
-            node_device = result._actor_of[id(port.node)].device
-            result._deliver(port, copy_message(value, write_copier(node_device, result._rt)))
+            result._deliver(port, _write_copy(value, result._actor_of[id(port.node)], result._rt))
         start_ns = result._start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             dispatcher.end_ns = start_ns + round(end_s * 1e9)
@@ -1461,8 +1459,8 @@ def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Call
         return copy_message  # a net without CUDA: plain value semantics
     device = sender.device
     if send_path(device, [a.device for a in readers]) is Path.HOST:
-        host = host_copier(rt)
-        return lambda value: copy_message(value, host)
+        # A fresh copier per send: it keeps the streams its copies are on.
+        return lambda value: _host_message(value, HostCopier(rt))
     for reader in readers:
         if device in copy_stream_devices(reader.device, [device]):
             if device not in reader.copy_streams:
@@ -1474,6 +1472,20 @@ def _copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Call
     return lambda value: mark_ready(copy_message(value, place), device, rt, event)
 
 
+def _host_message(value: Any, copier: HostCopier) -> Any:
+    """``value`` copied with ``copier`` (a `HostCopier`), once its copies are done."""
+    message = copy_message(value, copier)
+    copier.wait()
+    return message
+
+
+def _write_copy(value: Any, actor: Actor, rt: CudaRuntime | None) -> Any:
+    """The copy of a value that ``run.write``/``inputs=`` deliver to ``actor``."""
+    if rt is None:
+        return copy_message(value)
+    return _host_message(value, WriteCopier(actor.device, actor.stream, rt))
+
+
 def _setup_cuda(result: Run, actors: list[Actor], cuda_sync: str) -> None:
     """Give CUDA nodes a stream and a waiter; synchronize the host's streams.
 
@@ -1483,10 +1495,11 @@ def _setup_cuda(result: Run, actors: list[Actor], cuda_sync: str) -> None:
     if not devices:
         return
     rt = result._rt = _cuda_runtime()
+    rt.set_sync(cuda_sync)
     for device in sorted(devices, key=str):
         # Tensors made in __init__ on the host's stream are complete before
         # any node's stream uses them.
-        rt.current_stream(device).synchronize()
+        rt.wait(rt.current_stream(device))
     for actor in actors:
         actor.rt = rt
         if actor.device.type == "cuda":

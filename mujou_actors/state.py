@@ -16,6 +16,7 @@ bit-identical to one that never stopped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,12 +31,20 @@ _CPU = torch.device("cpu")
 _SECTIONS = ("format", "time_ns", "seeds", "nodes", "inputs", "pending", "schedule")
 
 
-def copy_state(value: Any, where: str) -> Any:
+def _to_cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(_CPU, copy=True)
+
+
+def copy_state(value: Any, where: str,
+               tensor_copy: Callable[[torch.Tensor], torch.Tensor] = _to_cpu) -> Any:
     """A CPU copy of a state value, checked against what a tree may hold.
 
     Args:
         value: a node's ``state_dict()`` (or part of it).
         where: the key path for errors, e.g. ``"node 'ctrl', key 'model'"``.
+        tensor_copy: how each tensor is copied to the CPU (default: detached,
+            ``.to("cpu", copy=True)``). A CUDA node's cut passes one whose
+            copies complete only after a wait (`devices.HostCopier`).
 
     Returns:
         The same structure with every tensor detached, copied to the CPU.
@@ -45,19 +54,20 @@ def copy_state(value: Any, where: str) -> Any:
             bytes, or a list / tuple / dict (str or int keys) of these; names
             ``where`` and the key.
     """
-    return _copy(value, where, ())
+    return _copy(value, where, (), tensor_copy)
 
 
-def _copy(value: Any, where: str, keys: tuple[Any, ...]) -> Any:
+def _copy(value: Any, where: str, keys: tuple[Any, ...],
+          tensor_copy: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     # ``keys`` is the path below ``where``; it is put into words only for an
     # error (a snapshot of a big net copies thousands of small states).
     vt = type(value)
     if vt in _LEAVES:
         return value
     if isinstance(value, torch.Tensor):
-        return value.detach().to(_CPU, copy=True)
+        return tensor_copy(value)
     if vt is list or vt is tuple:
-        items = [_copy(v, where, (*keys, i)) for i, v in enumerate(value)]
+        items = [_copy(v, where, (*keys, i), tensor_copy) for i, v in enumerate(value)]
         return items if vt is list else tuple(items)
     if vt is dict:
         out = {}
@@ -65,11 +75,11 @@ def _copy(value: Any, where: str, keys: tuple[Any, ...]) -> Any:
             if type(k) not in (str, int):
                 raise TypeError(f"{_where(where, keys)}: key {k!r} is a {type(k).__name__}; "
                                 "state keys must be str or int")
-            out[k] = _copy(v, where, (*keys, k))
+            out[k] = _copy(v, where, (*keys, k), tensor_copy)
         return out
     if isinstance(value, (list, tuple, dict)):  # subclasses, e.g. OrderedDict
         return _copy(vt.__base__(value) if vt.__base__ in (list, tuple, dict)
-                     else dict(value), where, keys)
+                     else dict(value), where, keys, tensor_copy)
     raise TypeError(f"{_where(where, keys)}: a {vt.__name__} cannot be part of the state; use "
                     "tensors, numbers, str, bytes, None, and lists / tuples / dicts of these")
 

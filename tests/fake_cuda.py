@@ -44,16 +44,23 @@ so a test can fail for the same mistakes a GPU would punish:
   and events by name (``"stream1@cuda:0"``, ``"event1"``), so tests can assert
   orders and counts.
 
+* **Host waits.** `FakeRuntime.make_waiter` gives each thread a real
+  `StreamWaiter` of the run's ``cuda_sync`` whose events (`WaiterEvent`) log
+  how the thread waited; `FakeRuntime.host_waits` lists every host wait, those
+  through a waiter and the spinning ones (a stream's or an event's
+  ``synchronize``, a blocking copy to the CPU). `FakeRuntime.to_host`, the
+  non-blocking copy into pinned memory, gives a CPU tensor of garbage (NaN)
+  until the host has waited for the stream it was queued on.
+
 Use `install` to put a fresh runtime and waiters behind the run's seams in a
 test. Nodes "on CUDA" are made with ``node._mujou_device = torch.device(
 "cuda", i)`` (``Node(device="cuda")`` checks for a real GPU); inside their
 hooks, where a fake stream is current, ``torch.zeros(..., device="cuda:0")``,
 ``t.to("cuda:1")`` and ``t.cuda()`` make fake tensors.
 
-Not modelled: the caching allocator's reuse of freed memory, pinned memory,
-and ``non_blocking`` copies to the host (they are done and checked as blocking
-ones). Views are followed: a write through ``t[0]`` or ``t.view(...)`` counts
-as a write of ``t``.
+Not modelled: the caching allocator's reuse of freed memory (a test checks
+``record_stream`` in the log instead). Views are followed: a write through
+``t[0]`` or ``t.view(...)`` counts as a write of ``t``.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from mujou_actors import devices
+from mujou_actors.cuda import StreamWaiter
 
 CPU = torch.device("cpu")
 
@@ -183,6 +191,37 @@ class FakeEvent:
     def finish(self) -> None:
         """The test's hand: the GPU has reached this event (nothing is logged)."""
         self.rt.complete(self.recorded or {})
+
+
+class WaiterEvent(FakeEvent):
+    """The event of a real `StreamWaiter` made by `FakeRuntime.make_waiter`; its waits are logged.
+
+    ``synchronize`` logs ``("waiter", "blocking" | "polling", what)``: a
+    blocking event sleeps, a plain one spins inside ``synchronize`` (under
+    CUDA's default flag). ``query`` (the spin and yield waiters) logs
+    ``("waiter", "polling", what)`` the first time after each record.
+    """
+
+    def __init__(self, rt: FakeRuntime, name: str, blocking: bool) -> None:
+        super().__init__(rt, name, blocking)
+        self.what = ""
+        self.polled = False
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        super().record(stream)
+        self.what = getattr(stream, "name", str(stream))
+        self.polled = False
+
+    def synchronize(self) -> None:
+        self.rt.log.append(("waiter", "blocking" if self.blocking else "polling", self.what))
+        super().synchronize()
+
+    def query(self) -> bool:
+        if not self.polled:
+            self.rt.log.append(("waiter", "polling", self.what))
+            self.polled = True
+        self.rt.complete(self.recorded or {})  # the fake GPU is done once polled
+        return True
 
 
 class FakeWaiter:
@@ -380,6 +419,9 @@ class FakeRuntime(devices.CudaRuntime):
         self._defaults: dict[torch.device, FakeStream] = {}
         self._local = threading.local()
         self._lock = threading.Lock()  # streams and events are made from several workers
+        self.waiter_events: list[WaiterEvent] = []  # the events of the threads' waiters
+        # to_host copies not yet known done: (stream, work, out, data)
+        self._host_copies: list[tuple[FakeStream, int, torch.Tensor, torch.Tensor]] = []
 
     # -- the CudaRuntime facade ----------------------------------------------------------
     def new_stream(self, device: torch.device) -> FakeStream:
@@ -410,7 +452,9 @@ class FakeRuntime(devices.CudaRuntime):
             popped = stack.pop()
             assert popped is stream, "stream contexts left out of order"
 
-    def new_event(self, blocking: bool = False) -> FakeEvent:
+    def new_event(self, blocking: bool | None = None) -> FakeEvent:
+        if blocking is None:  # as CudaRuntime.new_event: blocking under cuda_sync="block"
+            blocking = self.sync == "block"
         with self._lock:
             event = FakeEvent(self, f"event{len(self.events) + 1}", blocking)
             self.events.append(event)
@@ -426,10 +470,6 @@ class FakeRuntime(devices.CudaRuntime):
             raise TypeError(f"wait_event: expected a FakeStream, got {stream!r}")
         self.log.append(("wait_event", stream.name, event.name))
         stream.wait_event(event)
-
-    def synchronize(self, event: Any) -> None:
-        self.log.append(("synchronize", event.name))
-        event.synchronize()
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         if tensor.device.type != "cuda":
@@ -469,6 +509,60 @@ class FakeRuntime(devices.CudaRuntime):
         assert stream is not None
         return FakeCudaTensor(data, device, self, (stream, stream.enqueue()))
 
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A non-blocking copy into "pinned" host memory, on the current stream of its device.
+
+        The CPU tensor returned holds garbage (NaN, or the dtype's largest
+        value) until the host has waited for that work (a waiter's wait, a
+        synchronize, `finish_all`), as a real copy into pinned memory would.
+        """
+        if not isinstance(tensor, FakeCudaTensor):
+            raise RuntimeError(f"fake to_host: expected a fake CUDA tensor, got one on "
+                               f"{tensor.device}")
+        stream = self.current_stream(tensor.device)
+        self.check_read(tensor, stream, "copy to the host")
+        self.log.append(("to_host", str(tensor.device), stream.name))
+        data = tensor.shadow.detach().clone()
+        out = torch.empty_like(data)
+        out.fill_(True if data.dtype == torch.bool else
+                  float("nan") if data.is_floating_point() or data.is_complex()
+                  else torch.iinfo(data.dtype).max)
+        with self._lock:
+            self._host_copies.append((stream, stream.enqueue(), out, data))
+        self._land_host_copies()  # nothing lands unless the stream is known done
+        return out
+
+    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A copy of a CPU tensor onto ``device``, on its current stream; nothing waits."""
+        device = torch.device(device)
+        if tensor.device.type != "cpu" or isinstance(tensor, FakeCudaTensor):
+            raise RuntimeError(f"fake to_device: expected a CPU tensor, got one on {tensor.device}")
+        stream = self.current_stream(device)
+        self.log.append(("to_device", str(device), stream.name))
+        return FakeCudaTensor(tensor.detach().clone(), device, self, (stream, stream.enqueue()))
+
+    def make_waiter(self) -> Any:
+        """A real `StreamWaiter` of the run's ``sync``, on `WaiterEvent`s that log."""
+        def event(blocking: bool) -> WaiterEvent:
+            with self._lock:
+                made = WaiterEvent(self, f"waiter_event{len(self.waiter_events) + 1}", blocking)
+                self.waiter_events.append(made)
+            return made
+
+        return StreamWaiter(self.sync, event_factory=event, yield_fn=lambda: None)
+
+    def host_waits(self) -> list[tuple[Any, ...]]:
+        """Every way the host waited for the GPU, in order, from the log.
+
+        ``("waiter", "blocking" | "polling", what)`` for a wait through a
+        waiter (what: a stream, or an event waited for with ``wait_ready``),
+        and the spinning ones as they are logged: ``stream_synchronize``,
+        ``synchronize`` (an event), and a blocking ``copy`` to the CPU.
+        """
+        spinning = {"stream_synchronize", "synchronize"}
+        return [e for e in self.log if e[0] in spinning or e[0] == "waiter"
+                or (e[0] == "copy" and e[2] == "cpu" and e[1] != "cpu")]
+
     def current_stream(self, device: torch.device) -> FakeStream:
         device = torch.device(device)
         for stream in reversed(self._stack()):
@@ -507,6 +601,7 @@ class FakeRuntime(devices.CudaRuntime):
         """The test's hand: the GPU has done all the work queued so far."""
         for stream in [*self.streams, *self._defaults.values()]:
             stream.done = stream.queued
+        self._land_host_copies()
 
     def check_read(self, tensor: FakeCudaTensor, stream: FakeStream, what: str) -> None:
         """Raise `StaleRead` unless ``stream`` may read ``tensor`` now."""
@@ -524,6 +619,16 @@ class FakeRuntime(devices.CudaRuntime):
         for stream, seq in horizon.items():
             if stream.done < seq:
                 stream.done = seq
+        self._land_host_copies()
+
+    def _land_host_copies(self) -> None:
+        """Fill each pending `to_host` copy whose work the host knows done."""
+        with self._lock:
+            pending = self._host_copies
+            landed = [c for c in pending if c[0].done >= c[1]]
+            self._host_copies = [c for c in pending if c[0].done < c[1]]
+        for _, _, out, data in landed:
+            out.copy_(data)
 
     def _stack(self) -> list[FakeStream]:
         stack = getattr(self._local, "stack", None)

@@ -159,18 +159,22 @@ def test_cpu_readers_share_one_host_copy_made_on_a_copy_stream() -> None:
 
     assert first is second
     assert first.device == CPU and torch.equal(first, torch.ones(2))
+    # A non-blocking copy into pinned memory on the copy stream, then a blocking wait.
     assert rt.log == [("wait_event", "stream2@cuda:0", "event1"), ("use", "stream2@cuda:0"),
-                      ("copy", "cuda:0", "cpu")]
+                      ("to_host", "cuda:0", "stream2@cuda:0"),
+                      ("waiter", "blocking", "stream2@cuda:0")]
 
 
-def test_the_host_synchronizes_on_the_event_before_copying() -> None:
+def test_the_host_orders_its_copy_after_the_ready_event_and_sleeps_until_it_is_done() -> None:
     rt, sender, _ = _gpu()
     msg = _sent(rt, sender, {"x": torch.ones(1)})
     rt.log.clear()
 
     out = devices.to_host(msg, rt)
 
-    assert rt.log == [("synchronize", "event1"), ("copy", "cuda:0", "cpu")]
+    assert rt.log == [("wait_event", "default@cuda:0", "event1"),
+                      ("to_host", "cuda:0", "default@cuda:0"),
+                      ("waiter", "blocking", "default@cuda:0")]
     assert out["x"].device == CPU and torch.equal(out["x"], torch.ones(1))
     assert devices.to_host(5, rt) == 5
 
@@ -182,7 +186,8 @@ def test_a_cpu_message_for_a_cuda_reader_is_copied_to_its_device() -> None:
         out = devices.receive([torch.ones(1), 2], GPU0, reader, {}, rt)
 
     assert out[0].device == GPU0 and out[1] == 2
-    assert rt.log[-1] == ("copy", "cpu", "cuda:0")
+    assert rt.log[-1] == ("to_device", "cuda:0", "stream2@cuda:0")  # on its stream, no wait
+    assert rt.host_waits() == []
 
 
 def test_a_cpu_reader_of_a_cpu_message_touches_no_cuda() -> None:
@@ -247,10 +252,11 @@ def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> No
     names = [e[1] for e in rt.log if e[0] == "new_stream"]
     assert names == ["stream1@cuda:0", "stream2@cuda:0", "stream3@cuda:1",
                      "stream4@cuda:0", "stream5@cuda:0"]  # 3 own streams, 2 copy streams
-    assert ("stream_synchronize", "default@cuda:0") in rt.log
-    assert ("stream_synchronize", "default@cuda:1") in rt.log
+    assert ("waiter", "blocking", "default@cuda:0") in rt.log  # the host's streams, at start
+    assert ("waiter", "blocking", "default@cuda:1") in rt.log
     assert len(waiters) == 3
-    assert [s.name for s in waiters[0].waits] == ["stream1@cuda:0"] * 2  # after each update
+    # after on_start, each of the 2 updates, and on_stop
+    assert [s.name for s in waiters[0].waits] == ["stream1@cuda:0"] * 4
     assert rt.current_log == [("on_update", {"cuda:0": "stream1@cuda:0"})] * 2
     assert [len(r.got) for r in (same, other, cpu)] == [2, 2, 2]
     assert all(torch.equal(t, torch.arange(3.0)) for r in (same, other, cpu) for t in r.got)
@@ -332,7 +338,7 @@ def test_a_reader_on_the_senders_device_moves_the_cpu_tensors_of_a_message_to_it
     assert torch.equal(values[1], torch.tensor(7.0))
     assert rt.log == [("wait_event", "stream2@cuda:0", "event1"),
                       ("record_stream", "stream2@cuda:0", "cuda:0"),
-                      ("copy", "cpu", "cuda:0")]
+                      ("to_device", "cuda:0", "stream2@cuda:0")]  # on its stream, no wait
 
 
 def test_a_reader_on_another_gpu_gets_the_cpu_tensors_of_a_message_on_its_device() -> None:
@@ -412,7 +418,8 @@ def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypat
 
     assert not any(e[0] == "record" for e in rt.log)         # no device-path event
     assert not any(e[0] == "use" and e[1] != "stream1@cuda:0" for e in rt.log)
-    assert ("copy", "cuda:0", "cpu") in rt.log
+    at = rt.log.index(("to_host", "cuda:0", "stream1@cuda:0"))  # on the sender's stream
+    assert rt.log[at + 1] == ("waiter", "blocking", "stream1@cuda:0")
     assert len(cpu.got) == 1 and torch.equal(cpu.got[0], torch.arange(3.0))
 
 
@@ -480,7 +487,7 @@ def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeyp
     assert tree["nodes"]["m"]["w"].device == CPU
     again = _on(Model(), GPU0)
     mujou.run({"m": again}, timer="simulated", duration=0.0, state=tree).join()
-    assert len(waiters[1].waits) == 1                        # after the restore
+    assert len(waiters[1].waits) == 3                 # after on_start, the restore, on_stop
 
 
 # -- host reads of a CUDA node's Input (its kept values) ----------------------------
@@ -544,7 +551,7 @@ def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_sender_still_in_its_updat
     run = mujou.run({"s": sender, "r": reader}, timer="realtime", duration=None, workers=2)
     try:
         assert reader.inside.wait(10)
-        assert waiters[0].waits == []               # the sender's stream: never waited for
+        assert len(waiters[0].waits) == 1  # the sender's stream: waited for after on_start only
         assert [e.query() for e in rt.events if e.recorded] == [False, False]  # send, receive
         kept = run.read("r.inp")
     finally:

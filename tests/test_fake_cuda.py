@@ -82,7 +82,7 @@ def test_a_read_on_another_stream_before_its_event_is_waited_for_is_stale() -> N
     assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.ones(2))
 
 
-def test_a_host_synchronize_makes_the_work_before_the_event_readable_by_the_host() -> None:
+def test_a_host_wait_for_an_event_makes_the_work_before_it_readable_by_the_host() -> None:
     rt = FakeRuntime()
     writer = rt.new_stream(GPU0)
     with rt.use(writer):
@@ -92,7 +92,7 @@ def test_a_host_synchronize_makes_the_work_before_the_event_readable_by_the_host
     with rt.use(writer):
         later = x * 3                            # queued after the event: not covered
 
-    rt.synchronize(event)
+    rt.wait_ready(event)  # through the thread's waiter
 
     assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.ones(2))
     with pytest.raises(StaleRead):
@@ -179,7 +179,7 @@ def test_a_write_through_a_view_makes_the_whole_tensor_unready_elsewhere() -> No
     assert torch.equal(rt.copy(x, CPU, non_blocking=False), torch.tensor([1.0, 6.0, 5.0, 0.0]))
 
 
-TEST_ONLY = {"cuda", "note_current", "finish_all", "check_read", "complete"}
+TEST_ONLY = {"cuda", "note_current", "finish_all", "check_read", "complete", "host_waits"}
 
 
 def test_the_fake_implements_only_the_facades_methods_besides_its_test_hands() -> None:
