@@ -161,13 +161,16 @@ class Restore:
                 # User code, so in the node's own context like its hooks.
                 actor.context.run(actor.node.load_state_dict, self.state)
             device = actor.device
+            rt = actor.rt
+
+            def place(t: Any) -> Any:
+                # Queued on the node's stream without a host wait; the
+                # wait_stream below covers them (cuda_sync).
+                return t if t.device == device else rt.to_device(t, device)
+
             for port, messages in self.inputs.items():
                 if device.type == "cuda":  # kept messages arrive on the node's device
-                    # Queued on the node's stream without a host wait; the
-                    # wait_stream below covers them (cuda_sync).
-                    rt = actor.rt
-                    messages = [map_tensors(m, lambda t: t if t.device == device
-                                            else rt.to_device(t, device)) for m in messages]
+                    messages = [map_tensors(m, place) for m in messages]
                 port._restore(messages)
         actor.wait_stream()
         if self.last_update_ns is not None:

@@ -24,10 +24,10 @@ from .actor import Actor
 from .cuda import check_cuda_sync
 from .devices import (
     CudaRuntime,
-    Path,
-    copy_stream_devices,
     HostCopier,
+    Path,
     WriteCopier,
+    copy_stream_devices,
     device_copier,
     mark_ready,
     send_path,
