@@ -16,8 +16,8 @@ The net, on the simulated timer::
   OpenGL context can be made at all (no EGL or OSMesa library), ``World`` draws
   the puck itself with torch (``--images synthetic``, or automatically, and
   the summary says why). The renderer's context belongs to the thread that made it
-  current, so ``World`` runs on a dedicated thread, where every one of its
-  hooks runs.
+  current, so ``World`` runs on a dedicated thread: its ``on_start`` (which
+  makes the renderer), ``on_update`` and ``on_stop`` all run there.
 * ``Perception`` (a small CNN) and ``Policy`` (an MLP head, tanh-bounded
   forces) are the model nodes: they run on ``cuda:0`` when CUDA is available
   and on the CPU otherwise (``--device`` chooses). Nothing in their code
