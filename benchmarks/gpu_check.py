@@ -534,9 +534,9 @@ def _wait_scenarios() -> dict[str, Callable[..., tuple[int, int]]]:
         return node.updates, cpu.count
 
     def cpu_message_to_cuda_reader(env, chain, size, waits, period, mode):
-        # The copy to the device waits only for itself here (the reader's
-        # stream is idle between its updates), so this measures the net's
-        # waits with that copy in them rather than one long copy wait.
+        # No thread waits for this copy (docs/devices.md: it is queued on the
+        # reader's stream, which the reader's own waits cover): the scenario
+        # shows that it adds no spinning wait to the net's.
         ticker = Ticker(period=period / 2)
         node = Chain(chain, size, False, period=period, device=env.dev)
         mujou.connect(ticker.out, node.inp)
