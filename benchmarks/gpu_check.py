@@ -48,7 +48,9 @@ Checks (JSON key: what it shows; its control):
   any hook) is on the default stream and the detector says so.
 * ``sync-debug``: with ``torch.cuda.set_sync_debug_mode("error")`` during a
   cuda:0 -> cuda:0 hand-off nothing raises; control: a host-path port under
-  the same mode must raise.
+  the same mode raises, or, where the host path makes only calls the debug
+  mode does not flag (non-blocking copies into pinned memory, event waits), a
+  reader that calls ``.item()`` in its hook must raise (the row says which).
 * ``state``: a CUDA node's generator and tensors through ``state_dict`` and a
   restore continue bit-identically to an uninterrupted run, and a CUDA tree
   into a CPU node is refused naming ``generator``; control: the tree with the
