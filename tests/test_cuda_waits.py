@@ -178,6 +178,34 @@ def test_under_spin_and_yield_the_same_waits_poll_through_the_waiter(
     assert [t.tolist() for t in cpu.got] == [[0, 1, 2], [1, 2, 3]]
 
 
+class Keeper(mujou.Node):
+    """A CUDA reader whose Input keeps its newest value."""
+
+    inp = mujou.Input(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+
+    def on_update(self, dt: float) -> None:
+        self.inp.read()
+
+
+@pytest.mark.timeout(20)
+def test_a_host_read_of_a_cuda_nodes_input_waits_on_a_blocking_event(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    src, gpu = _on(Source(rt), GPU0), _on(Keeper(), GPU0)
+    mujou.connect(src.out, gpu.inp)
+
+    run = mujou.run({"s": src, "g": gpu}, timer="simulated", duration=0.02)
+    run.join()
+    kept = run.read("g.inp")
+
+    assert kept.device == CPU and kept.tolist() == [1, 2, 3]
+    assert rt.events and all(e.blocking for e in rt.events)  # ready and kept-value events
+    assert _spinning(rt) == []
+
+
 @pytest.mark.timeout(20)
 def test_ready_events_are_blocking_under_block() -> None:
     rt = FakeRuntime()
