@@ -23,7 +23,11 @@ The rules (see docs/devices.md):
 * a CPU message (or tensor) for a CUDA reader is copied to the reader's
   device on the reader's stream;
 * the host (``run.read``, ``subscribe``, ``wait_for``, ``state_dict``) always
-  gets CPU copies, made once the GPU work that produced them is done.
+  gets CPU copies, made once the GPU work that produced them is done;
+* no thread ever waits inside a copy: a copy to host memory goes into pinned
+  memory without blocking and the thread then waits for its stream through
+  its own waiter (``CudaRuntime.wait``, as ``cuda_sync`` says), and a copy to
+  a device is queued from pinned memory with no host wait at all.
 """
 
 from __future__ import annotations
