@@ -289,7 +289,8 @@ class Host:
         with self.lock:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
-                # Detached already: no put can count a drop after this one.
+                # Detached already, so no later message is queued here (a send
+                # racing with the detach may still count a drop, of no one's).
                 self._total(waiter.port).wait_dropped += waiter.dropped
 
     def remove(self, sub: Subscription) -> None:
