@@ -32,6 +32,7 @@ The rules (see docs/devices.md):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import threading
@@ -99,7 +100,10 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply ``fn`` to every tensor in a message, rebuilding its containers.
 
     Lists, tuples, NamedTuples, dicts and dataclasses are rebuilt; other
-    values are returned as they are.
+    values are returned as they are. A dataclass is rebuilt as
+    ``ports.copy_message`` copies it: a shallow copy with every field replaced,
+    ``init=False`` ones included, without calling ``__init__`` or
+    ``__post_init__`` again (those could drop or change fields).
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -112,10 +116,16 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         items = [map_tensors(v, fn) for v in value]
         return vt(*items) if hasattr(vt, "_fields") else vt(items)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: map_tensors(getattr(value, f.name), fn)
-                   for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
+        clone = copy.copy(value)
+        for f in dataclasses.fields(value):
+            field = getattr(value, f.name, _UNSET)  # an init=False field may be unset
+            if field is not _UNSET:
+                object.__setattr__(clone, f.name, map_tensors(field, fn))  # frozen ones too
+        return clone
     return value
+
+
+_UNSET = object()
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

@@ -90,6 +90,71 @@ def test_map_tensors_rebuilds_containers() -> None:
     assert len(devices.tensors_in(msg)) == 3
 
 
+@dataclasses.dataclass
+class Stamped:
+    """A dataclass whose ``__post_init__`` counts calls and whose stamp is set after init."""
+
+    img: torch.Tensor
+    inits: int = 0
+    stamp: Any = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.inits += 1
+
+
+def test_map_tensors_keeps_init_false_fields_and_does_not_rerun_post_init() -> None:
+    msg = Stamped(torch.ones(2))
+    msg.stamp = torch.tensor(0.5)
+
+    out = devices.map_tensors(msg, lambda t: t + 1)
+
+    assert type(out) is Stamped and out.inits == 1  # rebuilt, not constructed again
+    assert torch.equal(out.img, torch.full((2,), 2.0))
+    assert out.stamp is not None and torch.equal(out.stamp, torch.tensor(1.5))
+    assert [t.tolist() for t in devices.tensors_in(msg)] == [[1.0, 1.0], 0.5]
+
+
+def test_a_dataclass_message_reaches_cuda_and_cpu_readers_with_its_init_false_tensor(
+        monkeypatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+
+    class StampSender(mujou.Node):
+        out = mujou.Output(Stamped)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            msg = Stamped(torch.ones(2, device=self.device))
+            msg.stamp = torch.tensor(0.5)  # a CPU stamp, set after construction
+            self.out.send(msg)
+
+    class StampReader(mujou.Node):
+        inp = mujou.Input(Stamped, depth=None)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.got: list[tuple[int, Any, Any]] = []
+
+        def on_update(self, dt: float) -> None:
+            for m in self.inp.drain():
+                stamp = None if m.stamp is None else (m.stamp.device, float(shadow(m.stamp * 1)))
+                self.got.append((m.inits, m.img.device, stamp))
+
+    sender = _on(StampSender(), GPU0)
+    gpu, cpu = _on(StampReader(), GPU0), StampReader()
+    mujou.connect(sender.out, gpu.inp)
+    mujou.connect(sender.out, cpu.inp)
+
+    run = mujou.run({"s": sender, "g": gpu, "c": cpu}, timer="simulated", duration=0.01)
+    run.join()
+
+    assert gpu.got == [(1, GPU0, (GPU0, 0.5))]
+    assert cpu.got == [(1, CPU, (CPU, 0.5))]
+    last = run.read("s.out")
+    assert (last.inits, last.stamp.device, float(last.stamp)) == (1, CPU, 0.5)
+
+
 def _gpu() -> tuple[FakeRuntime, FakeStream, FakeStream]:
     """A fake runtime with a sender's and a reader's stream on cuda:0."""
     rt = FakeRuntime()
