@@ -11,7 +11,7 @@ The net, on the simulated timer::
   (x and y). Every 20 ms it applies the newest command, steps the physics and
   sends a ``(3, 48, 64)`` uint8 image of the table seen from above.
   The image comes from MuJoCo's offscreen renderer. Rendering needs an OpenGL
-  context; on a machine without a display the example asks for EGL
+  context; unless ``MUJOCO_GL`` is set, the example asks for EGL
   (``MUJOCO_GL=egl``, GPU or Mesa drivers), which works headless. Where no
   OpenGL context can be made at all (no EGL or OSMesa library), ``World`` draws
   the puck itself with torch (``--images synthetic``, or automatically, and
@@ -32,7 +32,7 @@ The net, on the simulated timer::
   ``World`` as the next command; it keeps every command for the summary.
 
 The same code gives the same results on the CPU and on a GPU up to float
-rounding: ``main`` turns TF32 off (a process-wide torch setting, set by the
+rounding: ``run_pipeline`` turns TF32 off (a process-wide torch setting, set by the
 host before the run), since TF32 convolutions and matmuls round to 10 bits.
 On the simulated timer the run is bit-for-bit reproducible on one machine for
 any number of workers. ``benchmarks/gpu_check.py`` runs it on both devices and
