@@ -99,8 +99,9 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply ``fn`` to every tensor in a message, rebuilding its containers.
 
-    Lists, tuples, NamedTuples, dicts and dataclasses are rebuilt; other
-    values are returned as they are. A dataclass is rebuilt as
+    Lists, tuples, NamedTuples, dicts (dict subclasses too, with their type
+    and default) and dataclasses are rebuilt; other values are returned as
+    they are. A dataclass is rebuilt as
     ``ports.copy_message`` copies it: a shallow copy with every field replaced,
     ``init=False`` ones included, without calling ``__init__`` or
     ``__post_init__`` again (those could drop or change fields).
@@ -115,6 +116,11 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, tuple):
         items = [map_tensors(v, fn) for v in value]
         return vt(*items) if hasattr(vt, "_fields") else vt(items)
+    if isinstance(value, dict):  # a dict subclass, rebuilt as ports.copy_message copies it
+        clone = copy.copy(value)
+        for k, v in value.items():
+            clone[k] = map_tensors(v, fn)
+        return clone
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         clone = copy.copy(value)
         for f in dataclasses.fields(value):

@@ -189,8 +189,9 @@ def copy_message(value: Any, tensor_copy: Callable[[torch.Tensor], torch.Tensor]
     """Copy a message for value semantics: tensors are cloned, containers rebuilt.
 
     Immutable scalars are shared. Tensors are detached and cloned (a message
-    carries data, not an autograd graph), also inside lists, tuples, dicts,
-    NamedTuples and dataclasses. Other objects are deep-copied.
+    carries data, not an autograd graph), also inside lists, tuples, dicts
+    (dict subclasses such as OrderedDict too), NamedTuples and dataclasses.
+    Other objects are deep-copied.
 
     Args:
         value: any message.
@@ -216,6 +217,14 @@ def copy_message(value: Any, tensor_copy: Callable[[torch.Tensor], torch.Tensor]
         clone = copy.copy(value)
         for f in dataclasses.fields(value):
             object.__setattr__(clone, f.name, copy_message(getattr(value, f.name), tensor_copy))
+        return clone
+    if isinstance(value, dict):
+        # A dict subclass (OrderedDict, defaultdict, ...): its type, order and
+        # default kept, and its tensors copied by tensor_copy like a dict's, so
+        # the device routing sees them (a deepcopy would leave them on their device).
+        clone = copy.copy(value)
+        for k, v in value.items():
+            clone[k] = copy_message(v, tensor_copy)
         return clone
     return copy.deepcopy(value)
 

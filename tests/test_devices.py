@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib
 import threading
@@ -385,6 +386,42 @@ def test_a_mixed_message_reaches_every_reader_with_each_tensor_on_the_readers_de
     assert ("copy", "cuda:1", "cpu") not in rt.log
     last = run.read("s.out")
     assert {k: t.device for k, t in last.items()} == dict.fromkeys(MIXED, CPU)
+
+
+class OrderedSender(mujou.Node):
+    """Sends an OrderedDict (a dict subclass) of a tensor on its device and a CPU stamp."""
+
+    out = mujou.Output(dict)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send(collections.OrderedDict(
+            img=torch.ones(2, device=self.device), stamp=torch.tensor(0.5)))
+
+
+def test_a_dict_subclass_message_reaches_every_reader_and_the_host_on_their_devices(
+        monkeypatch) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    sender, only_cpu = _on(OrderedSender(), GPU0), _on(OrderedSender(), GPU0)
+    readers = {"gpu": _on(MixedReader(), GPU0), "cpu": MixedReader(), "host_path": MixedReader()}
+    mujou.connect(sender.out, readers["gpu"].inp)
+    mujou.connect(sender.out, readers["cpu"].inp)
+    mujou.connect(only_cpu.out, readers["host_path"].inp)  # only a CPU reader: host path
+
+    run = mujou.run({"s": sender, "o": only_cpu, **readers}, timer="simulated", duration=0.01)
+    run.join()
+
+    want = {"img": torch.ones(2), "stamp": torch.tensor(0.5)}
+    for name, device in (("gpu", GPU0), ("cpu", CPU), ("host_path", CPU)):
+        reader = readers[name]
+        assert reader.devices == [dict.fromkeys(want, device)], name
+        assert all(torch.equal(reader.got[0][k], want[k]) for k in want), name
+    for port in ("s.out", "o.out"):
+        last = run.read(port)
+        assert type(last) is collections.OrderedDict and list(last) == ["img", "stamp"]
+        assert {k: t.device for k, t in last.items()} == dict.fromkeys(want, CPU), port
 
 
 def test_a_reader_on_the_senders_device_moves_the_cpu_tensors_of_a_message_to_it() -> None:
