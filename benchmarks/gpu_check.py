@@ -669,7 +669,9 @@ def child_sync_mode(mode: str, kernel_ms: float, waits: int, dry: bool) -> dict[
     # What the driver itself does with a flag set on the active context.
     drv = mujou.cuda._driver()
     _, dev = drv.device_get(0)
-    code = drv.primary_ctx_set_flags(dev, {"spin": 1, "block": 4}[other])
+    _, flags_now, _ = drv.primary_ctx_get_state(dev)
+    # Only the scheduling bits (CU_CTX_SCHED_MASK, 0x7) change, as set_sync_mode does.
+    code = drv.primary_ctx_set_flags(dev, (flags_now & ~7) | {"spin": 1, "block": 4}[other])
     _, flags, active = drv.primary_ctx_get_state(dev)
     out["driver_on_active"] = {"set_flags": drv.error_name(code) or str(code),
                                "flags_read_back": flags & 7, "active": active,
