@@ -307,7 +307,19 @@ class CudaRuntime:
         Under ``sync="block"`` it is a blocking-sync event, so that a thread
         waiting for it (`wait_ready`) sleeps instead of spinning.
         """
-        return torch.cuda.Event(blocking=self.sync == "block")
+        return self.make_event(blocking=self.sync == "block")
+
+    def make_event(self, *, blocking: bool) -> Any:
+        """A new CUDA event, blocking-sync or not (a seam: the fakes record the request).
+
+        Args:
+            blocking (bool): whether a host thread that synchronizes on the
+                event sleeps (``cudaEventBlockingSync``) instead of spinning.
+
+        Returns:
+            torch.cuda.Event: the event, not yet recorded.
+        """
+        return torch.cuda.Event(blocking=blocking)
 
     def record(self, event: Any, stream: Any = None) -> None:
         """Record ``event`` on ``stream`` (default: the current stream)."""

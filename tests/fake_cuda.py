@@ -143,7 +143,8 @@ class FakeEvent:
 
     Attributes:
         name (str): ``"event<N>"``.
-        blocking (bool): as given (``torch.cuda.Event(blocking=...)``).
+        blocking (bool): what the code under test asked for (`FakeRuntime.make_event`'s
+            ``blocking=``, as ``torch.cuda.Event(blocking=...)``).
         recorded (dict[FakeStream, int] | None): the work it marks, from its
             last ``record``; None before the first.
         records (int): how often it was recorded.
@@ -406,7 +407,7 @@ class FakeRuntime(devices.CudaRuntime):
     Attributes:
         log (list[tuple]): one entry per runtime call, streams and events by name.
         streams (list[FakeStream]): the streams made by ``new_stream``.
-        events (list[FakeEvent]): the events made by ``new_event``.
+        events (list[FakeEvent]): the events made (``new_event`` -> ``make_event``).
         current_log (list[tuple[str, dict[str, str]]]): what `note_current` saw.
     """
 
@@ -452,9 +453,11 @@ class FakeRuntime(devices.CudaRuntime):
             popped = stack.pop()
             assert popped is stream, "stream contexts left out of order"
 
-    def new_event(self, blocking: bool | None = None) -> FakeEvent:
-        if blocking is None:  # as CudaRuntime.new_event: blocking under cuda_sync="block"
-            blocking = self.sync == "block"
+    # new_event is the library's own: whether an event blocks is what the code under
+    # test asks for (its ``blocking=``), kept in FakeEvent.blocking, never decided here.
+    def make_event(self, *, blocking: bool) -> FakeEvent:
+        if not isinstance(blocking, bool):
+            raise TypeError(f"make_event: blocking must be a bool, got {blocking!r}")
         with self._lock:
             event = FakeEvent(self, f"event{len(self.events) + 1}", blocking)
             self.events.append(event)

@@ -206,15 +206,23 @@ def test_a_host_read_of_a_cuda_nodes_input_waits_on_a_blocking_event(
     assert _spinning(rt) == []
 
 
+@pytest.mark.parametrize("sync", ["block", "spin"])
 @pytest.mark.timeout(20)
-def test_ready_events_are_blocking_under_block() -> None:
-    rt = FakeRuntime()
-    stream = rt.new_stream(GPU0)
+def test_ready_events_are_blocking_under_block(monkeypatch: pytest.MonkeyPatch,
+                                               sync: str) -> None:
+    rt, _ = fake_cuda.install(monkeypatch)
+    src, gpu = _on(Source(rt), GPU0), _on(Keeper(), GPU0)
+    mujou.connect(src.out, gpu.inp)
 
-    with rt.use(stream):
-        msg = devices.mark_ready(rt.cuda(torch.ones(1)), GPU0, rt)
+    mujou.run({"s": src, "g": gpu}, timer="simulated", duration=0.02, cuda_sync=sync).join()
 
-    assert msg.event.blocking is True
+    # The fake decides nothing: each event's ``blocking`` is what the run asked for.
+    recorded_on = {e[1]: e[2] for e in rt.log if e[0] == "record"}
+    ready = [e for e in rt.events if recorded_on.get(e.name) == "stream1@cuda:0"]
+    kept = [e for e in rt.events if recorded_on.get(e.name) == "stream2@cuda:0"]
+    assert len(ready) == 1 and len(kept) == 1  # the Output's reused event, the reader's
+    assert [e.blocking for e in ready + kept] == [sync == "block"] * 2
+    assert [e.records for e in ready] == [2]  # one record per send (updates at 0 and 0.01 s)
 
 
 @pytest.mark.timeout(20)

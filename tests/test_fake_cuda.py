@@ -104,7 +104,7 @@ def test_the_stream_waiter_of_mujou_makes_a_streams_work_readable() -> None:
     stream = rt.new_stream(GPU0)
     with rt.use(stream):
         x = torch.full((2,), 5.0, device="cuda:0")
-    waiter = cuda.StreamWaiter("block", event_factory=lambda blocking: rt.new_event(blocking))
+    waiter = cuda.StreamWaiter("block", event_factory=lambda blocking: rt.make_event(blocking=blocking))
 
     with pytest.raises(StaleRead):
         rt.copy(x, CPU, non_blocking=False)
@@ -122,7 +122,7 @@ def test_each_waiter_mode_waits_until_the_streams_work_is_done(sync: str, polls:
     stream = rt.new_stream(GPU0)
     with rt.use(stream):
         x = torch.full((2,), 5.0, device="cuda:0")
-    waiter = cuda.make_waiter(sync, event_factory=lambda blocking: rt.new_event(blocking),
+    waiter = cuda.make_waiter(sync, event_factory=lambda blocking: rt.make_event(blocking=blocking),
                               yield_fn=lambda: None)
 
     waiter.wait(stream)
