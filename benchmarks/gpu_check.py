@@ -40,8 +40,9 @@ Checks (JSON key: what it shows; its control):
   (``Run._wait_kept``) patched out, stale Input reads.
 * ``mixed``: a message mixing CUDA and CPU tensors (and another GPU's, with
   two GPUs) reaches a CUDA reader with every tensor on its device, a CPU
-  reader with every tensor on the CPU, values intact; control: the same
-  detector on the message as sent flags its CPU tensor.
+  reader with every tensor on the CPU, values intact; control: the same run
+  with the receive path's per-tensor routing patched out (a CUDA reader gets
+  the message's CPU tensors as sent) must be flagged by the same detector.
 * ``streams``: ``torch.cuda.current_stream()`` in every hook of a CUDA node
   (on_start, on_update, on_stop, state_dict, load_state_dict) is one stream,
   its own, not the default one; a CPU node that runs on the same (single)
@@ -92,6 +93,7 @@ import copy
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -868,8 +870,8 @@ class Collector(mujou.Node):
         self.got.extend(self.inp.drain())
 
 
-def check_mixed(env: Env) -> dict[str, Any]:
-    """Every tensor of a mixed message arrives on the reader's device, intact."""
+def _mixed_run(env: Env) -> dict[str, Any]:
+    """One run of the mixed net: what each reader got, by the detector."""
     sender = MixedSender(env, period=0.001, device=env.dev)
     gpu, cpu = Collector(device=env.dev), Collector()
     mujou.connect(sender.out, gpu.inp)
@@ -883,13 +885,75 @@ def check_mixed(env: Env) -> dict[str, Any]:
     count = (len(gpu.got), len(cpu.got))
     ok = count == (sender.n, sender.n) and not wrong["gpu"] and not wrong["cpu"] \
         and bad_values == 0
-    detail = (f"{count[0]}+{count[1]} messages, {len(_flat(sender.last))} tensors each; "
-              f"misplaced {wrong}; wrong values {bad_values}")
-    if env.dry:
-        return _result(env, ok, detail, "not in the dry run (one device)")
-    as_sent = _misplaced(sender.last, env.dev)
-    control = f"detector on the sent message: {as_sent}"
-    return _result(env, ok and bool(as_sent), detail, control)
+    return {"ok": ok, "count": count, "tensors": len(_flat(sender.last)), "wrong": wrong,
+            "bad_values": bad_values}
+
+
+_ACTOR_MODULE = importlib.import_module("mujou_actors.actor")  # where readers call receive
+
+
+@contextlib.contextmanager
+def _unrouted_receive(calls: list[int]) -> Iterator[None]:
+    """The control of the mixed check: the receive path without per-tensor routing.
+
+    A reader on the device of a device-path message gets the message as sent,
+    as before the fix: its CPU tensors stay on the CPU. ``record_stream`` is
+    called on the sender-device tensors only, so the reader's hook still runs
+    and the check's detector (not a crash) has to find the failure. Every
+    other case goes to the real ``devices.receive``. ``calls[0]`` counts the
+    calls of the patched function.
+
+    Raises:
+        RuntimeError: the readers do not call ``devices.receive`` through
+            ``mujou_actors.actor.receive`` (the patch would change nothing), or
+            its parameters changed (the stand-in would not match it).
+    """
+    real = mujou_devices.receive
+    if getattr(_ACTOR_MODULE, "receive", None) is not real:
+        raise RuntimeError("mujou_actors.actor.receive is not devices.receive: "
+                           "the mixed check's control would patch nothing")
+
+    def unrouted(message: Any, reader_device: torch.device, reader_stream: Any,
+                 copy_streams: dict[torch.device, Any], rt: Any,
+                 copy_done: dict[torch.device, Any] | None = None) -> Any:
+        calls[0] += 1
+        if type(message) is mujou_devices.DeviceMessage and reader_device == message.device:
+            rt.wait_event(reader_stream, message.event)
+            for t in mujou_devices.tensors_in(message.value):
+                if t.device == message.device:
+                    rt.record_stream(t, reader_stream)
+            return message.value  # the broken rule: CPU tensors left on the CPU
+        return real(message, reader_device, reader_stream, copy_streams, rt, copy_done)
+
+    want = list(inspect.signature(real).parameters)
+    if list(inspect.signature(unrouted).parameters) != want:
+        raise RuntimeError(f"devices.receive takes {want} now: update the mixed check's control")
+    with mock.patch.object(_ACTOR_MODULE, "receive", unrouted):
+        if _ACTOR_MODULE.receive is not unrouted:
+            raise RuntimeError("the mixed check's control did not replace actor.receive")
+        yield
+
+
+def check_mixed(env: Env) -> dict[str, Any]:
+    """Every tensor of a mixed message arrives on the reader's device, intact."""
+    main = _mixed_run(env)
+    detail = (f"{main['count'][0]}+{main['count'][1]} messages, {main['tensors']} tensors "
+              f"each; misplaced {main['wrong']}; wrong values {main['bad_values']}")
+    calls = [0]
+    with _unrouted_receive(calls):
+        ctl = _mixed_run(env)
+    if env.dry:  # the control's patch and net ran; on one device nothing can be misplaced
+        control = (f"receive without per-tensor routing: patched in, {calls[0]} calls "
+                   f"(no device path on the CPU: not in the dry run)")
+        return _result(env, main["ok"] and ctl["ok"], detail, control,
+                       counts=main, control_counts=ctl)
+    # The CPU tensors of each message ("stamp", "parts.1") must be found on the CPU.
+    caught = ctl["wrong"]["gpu"]
+    control = (f"receive without per-tensor routing ({calls[0]} calls): "
+               f"the CUDA reader got misplaced {caught}")
+    return _result(env, main["ok"] and calls[0] > 0
+                   and {"stamp@cpu", "parts.1@cpu"} <= set(caught),
+                   detail, control, counts=main, control_counts=ctl)
 
 
 # ---------------------------------------------------------------------------

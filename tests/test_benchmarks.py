@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,55 @@ def test_gpu_check_dry_run_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
     assert "dry-ok" in proc.stdout
     assert "0 corrupted" in doc["checks"]["alloc-device"]["detail"]
     assert "Output 0, Input 0" in doc["checks"]["host-reads"]["detail"]
+    # The mixed check's control (actor.receive patched) ran, and said what it could not see.
+    assert doc["checks"]["mixed"]["control"].startswith(
+        "receive without per-tensor routing: patched in, 0 calls")
+    assert doc["checks"]["mixed"]["control_counts"]["count"] == [50, 50]
+
+
+def _gpu_check(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """benchmarks/gpu_check.py as a module, its "CUDA" on the strict fake (tests/fake_cuda.py)."""
+    import importlib.util
+
+    import torch
+
+    from tests import fake_cuda
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "gpu_check", module)  # its dataclasses look it up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    fake_cuda.install(monkeypatch)
+    # Node(device="cuda:0") checks for a GPU; the fake runtime carries out the routing.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    return module
+
+
+@pytest.mark.timeout(30)
+def test_gpu_check_mixed_control_breaks_the_routing_and_its_detector_sees_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import torch
+
+    gpu_check = _gpu_check(monkeypatch)
+    env = gpu_check.Env(False, torch.device("cuda", 0), None, argparse.Namespace())
+
+    routed = gpu_check._mixed_run(env)
+    calls = [0]
+    with gpu_check._unrouted_receive(calls):
+        unrouted = gpu_check._mixed_run(env)
+    check = gpu_check.check_mixed(env)
+
+    assert routed["ok"] and routed["count"] == (50, 50) and routed["tensors"] == 4
+    assert routed["wrong"] == {"gpu": [], "cpu": []} and routed["bad_values"] == 0
+    assert calls == [100]  # every message the CUDA reader took (the CPU reader's too)
+    assert not unrouted["ok"] and unrouted["bad_values"] == 0
+    assert unrouted["wrong"] == {"gpu": ["parts.1@cpu", "stamp@cpu"], "cpu": []}
+    assert check["status"] == "ok"
+    assert check["control"] == ("receive without per-tensor routing (100 calls): "
+                                "the CUDA reader got misplaced ['parts.1@cpu', 'stamp@cpu']")
 
 
 @pytest.mark.timeout(60)
