@@ -46,8 +46,9 @@ Checks (JSON key: what it shows; its control):
 * ``streams``: ``torch.cuda.current_stream()`` in every hook of a CUDA node
   (on_start, on_update, on_stop, state_dict, load_state_dict) is one stream,
   its own, not the default one; a CPU node that runs on the same (single)
-  worker afterwards sees the default stream; control: the host thread (outside
-  any hook) is on the default stream and the detector says so.
+  worker afterwards sees the default stream; control: the same runs with the
+  node's stream context (``Actor.on_stream``) patched to enter the default
+  stream instead of the node's must be flagged by the same detector.
 * ``sync-debug``: with ``torch.cuda.set_sync_debug_mode("error")`` during a
   cuda:0 -> cuda:0 hand-off nothing raises; control: a host-path port under
   the same mode raises, or, where the host path makes only calls the debug
@@ -1012,8 +1013,8 @@ class CpuProbe(mujou.Node):
         self.seen.add(_stream_id(self.cuda_device))
 
 
-def check_streams(env: Env) -> dict[str, Any]:
-    """Every hook of a CUDA node on its own non-default stream; a CPU node after it not."""
+def _stream_runs(env: Env) -> dict[str, Any]:
+    """A run and a restored run of the probes: the streams each hook saw."""
     def net() -> dict[str, mujou.Node]:
         # Same period, the CUDA node first: on one worker the CPU node runs right after it.
         return {"gpu": StreamProbe(period=0.001, device=env.dev),
@@ -1030,21 +1031,46 @@ def check_streams(env: Env) -> dict[str, Any]:
         for hook, ids in probe.streams.items():
             hooks.setdefault(hook, set()).update(ids)
     want = {"on_start", "on_update", "on_stop", "state_dict", "load_state_dict"}
-    cpu_seen = first["cpu"].seen | second["cpu"].seen
-    missing = sorted(want - set(hooks))
-    if env.dry:
-        ok = not missing and all(ids == {None} for ids in hooks.values())
-        return _result(env, ok, f"hooks probed: {sorted(hooks)}; missing {missing}"
-                       + _dry_note(env, "streams"), "not in the dry run")
     per_run = [{i for ids in p.streams.values() for i in ids} for p in (first["gpu"],
                                                                        second["gpu"])]
-    own = all(len(ids) == 1 and not next(iter(ids))[1] for ids in per_run)
+    return {"hooks": hooks, "missing": sorted(want - set(hooks)), "per_run": per_run,
+            "cpu_seen": first["cpu"].seen | second["cpu"].seen}
+
+
+def _own(per_run: list[set[Any]]) -> bool:
+    """The detector: each run's CUDA hooks saw one stream, not the default one."""
+    return all(len(ids) == 1 and not next(iter(ids))[1] for ids in per_run)
+
+
+def check_streams(env: Env) -> dict[str, Any]:
+    """Every hook of a CUDA node on its own non-default stream; a CPU node after it not."""
+    main = _stream_runs(env)
+    hooks, missing = main["hooks"], main["missing"]
+    # The control: the node's stream context made to enter the worker's current stream
+    # of the node's device (its default stream) instead of the node's own.
+    def default_stream(actor: Any) -> Any:
+        if actor.stream is None:
+            return contextlib.nullcontext()
+        return actor.rt.use(actor.rt.current_stream(actor.device))
+
+    with mock.patch.object(_ACTOR_MODULE.Actor, "on_stream", default_stream):
+        ctl = _stream_runs(env)
+    if env.dry:
+        ok = not missing and all(ids == {None} for ids in hooks.values()) \
+            and not ctl["missing"]
+        return _result(env, ok, f"hooks probed: {sorted(hooks)}; missing {missing}"
+                       + _dry_note(env, "streams"),
+                       "Actor.on_stream on the default stream: the net ran (streams not in the dry run)")
+    per_run, cpu_seen = main["per_run"], main["cpu_seen"]
+    own = _own(per_run)
     cpu_ok = bool(cpu_seen) and all(default for _, default in cpu_seen)
-    host = _stream_id(env.dev)
-    ok = not missing and own and cpu_ok and host is not None and host[1]
+    ok = not missing and own and cpu_ok and not _own(ctl["per_run"])
     detail = (f"streams per run {[sorted(i) for i in per_run]} (one, non-default each); "
               f"CPU node after it sees {sorted(cpu_seen)}")
-    return _result(env, ok, detail, f"host thread: {host} (the detector sees the default)")
+    control = (f"Actor.on_stream on the default stream: streams per run "
+               f"{[sorted(i) for i in ctl['per_run']]}, the detector says "
+               f"{'own' if _own(ctl['per_run']) else 'not own'}")
+    return _result(env, ok, detail, control)
 
 
 # ---------------------------------------------------------------------------

@@ -134,10 +134,14 @@ def test_gpu_check_dry_run_runs_every_check_on_the_cpu(tmp_path: Path) -> None:
     assert doc["checks"]["mixed"]["control"].startswith(
         "receive without per-tensor routing: patched in, 0 calls")
     assert doc["checks"]["mixed"]["control_counts"]["count"] == [50, 50]
+    assert doc["checks"]["streams"]["control"].startswith("Actor.on_stream on the default stream")
 
 
-def _gpu_check(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """benchmarks/gpu_check.py as a module, its "CUDA" on the strict fake (tests/fake_cuda.py)."""
+def _gpu_check(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """benchmarks/gpu_check.py as a module, its "CUDA" on the strict fake (tests/fake_cuda.py).
+
+    Returns the module and the fake runtime.
+    """
     import importlib.util
 
     import torch
@@ -148,11 +152,11 @@ def _gpu_check(monkeypatch: pytest.MonkeyPatch) -> Any:
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "gpu_check", module)  # its dataclasses look it up
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    fake_cuda.install(monkeypatch)
+    rt, _ = fake_cuda.install(monkeypatch)
     # Node(device="cuda:0") checks for a GPU; the fake runtime carries out the routing.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    return module
+    return module, rt
 
 
 @pytest.mark.timeout(30)
@@ -162,7 +166,7 @@ def test_gpu_check_mixed_control_breaks_the_routing_and_its_detector_sees_it(
 
     import torch
 
-    gpu_check = _gpu_check(monkeypatch)
+    gpu_check, _ = _gpu_check(monkeypatch)
     env = gpu_check.Env(False, torch.device("cuda", 0), None, argparse.Namespace())
 
     routed = gpu_check._mixed_run(env)
@@ -202,3 +206,31 @@ def test_gpu_check_refuses_unknown_checks_and_says_when_there_is_no_gpu(tmp_path
         assert none.returncode == 0
         assert none.stdout.startswith("no CUDA device: nothing to check")
         assert not (tmp_path / "n.json").exists()
+
+
+@pytest.mark.timeout(30)
+def test_gpu_check_streams_control_runs_hooks_on_the_default_stream_and_is_flagged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import torch
+
+    gpu_check, rt = _gpu_check(monkeypatch)
+
+    def stream_id(device: torch.device) -> tuple[str, bool] | None:  # the fake's streams
+        if device.type != "cuda":
+            return None
+        name = rt.current_stream(device).name
+        return name, name.startswith("default@")
+
+    monkeypatch.setattr(gpu_check, "_stream_id", stream_id)
+    env = gpu_check.Env(False, torch.device("cuda", 0), None, argparse.Namespace())
+
+    check = gpu_check.check_streams(env)
+
+    assert check["status"] == "ok", check
+    assert check["detail"].startswith(
+        "streams per run [[('stream1@cuda:0', False)], [('stream2@cuda:0', False)]]")
+    assert check["control"] == ("Actor.on_stream on the default stream: streams per run "
+                                "[[('default@cuda:0', True)], [('default@cuda:0', True)]], "
+                                "the detector says not own")
