@@ -1060,7 +1060,8 @@ def check_streams(env: Env) -> dict[str, Any]:
             and not ctl["missing"]
         return _result(env, ok, f"hooks probed: {sorted(hooks)}; missing {missing}"
                        + _dry_note(env, "streams"),
-                       "Actor.on_stream on the default stream: the net ran (streams not in the dry run)")
+                       "Actor.on_stream on the default stream: the net ran "
+                       "(streams not in the dry run)")
     per_run, cpu_seen = main["per_run"], main["cpu_seen"]
     own = _own(per_run)
     cpu_ok = bool(cpu_seen) and all(default for _, default in cpu_seen)

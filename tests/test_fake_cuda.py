@@ -104,7 +104,8 @@ def test_the_stream_waiter_of_mujou_makes_a_streams_work_readable() -> None:
     stream = rt.new_stream(GPU0)
     with rt.use(stream):
         x = torch.full((2,), 5.0, device="cuda:0")
-    waiter = cuda.StreamWaiter("block", event_factory=lambda blocking: rt.make_event(blocking=blocking))
+    waiter = cuda.StreamWaiter("block",
+                               event_factory=lambda blocking: rt.make_event(blocking=blocking))
 
     with pytest.raises(StaleRead):
         rt.copy(x, CPU, non_blocking=False)
