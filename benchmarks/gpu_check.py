@@ -398,6 +398,15 @@ def _allocator_result(env: Env, main: tuple[int, int], control: tuple[int, int] 
                    control_messages=c_seen, control_corrupted=c_bad)
 
 
+def _late_device_path_and_control(env: Env, **kw: Any) -> tuple[Any, Any]:
+    """The late-reader run, and (off the dry run) the same run with record_stream patched out."""
+    main = _late_device_path(env, **kw)
+    if env.dry:
+        return main, None
+    with _no_record_stream():
+        return main, _late_device_path(env, **kw)
+
+
 def check_alloc_device(env: Env) -> dict[str, Any]:
     """Device path: late CUDA readers of a CUDA sender, on several workers."""
     numel = env.size(1 << 18, 1024)
@@ -405,11 +414,7 @@ def check_alloc_device(env: Env) -> dict[str, Any]:
     # period: it falls behind, so blocks are freed while still unread.
     kw = dict(pairs=2, period=0.001, duration=env.size(400, 50) / 1000,
               sleep_ms=0.0 if env.dry else 1.0, numel=numel)
-    main = _late_device_path(env, **kw)
-    control = None
-    if not env.dry:
-        with _no_record_stream():
-            control = _late_device_path(env, **kw)
+    main, control = _late_device_path_and_control(env, **kw)
     return _allocator_result(env, main, control, want=200)
 
 
@@ -1218,11 +1223,7 @@ def check_many_nodes(env: Env) -> dict[str, Any]:
     numel = env.size(1 << 16, 256)
     kw = dict(pairs=20, period=0.002, duration=env.size(200, 20) / 1000,
               sleep_ms=0.0 if env.dry else 1.0, numel=numel)
-    main = _late_device_path(env, **kw)
-    control = None
-    if not env.dry:
-        with _no_record_stream():
-            control = _late_device_path(env, **kw)
+    main, control = _late_device_path_and_control(env, **kw)
     res = _allocator_result(env, main, control, want=200)
     res["detail"] = "40 nodes: " + res["detail"]
     return res
