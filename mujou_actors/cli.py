@@ -30,7 +30,8 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -41,6 +42,13 @@ from .errors import MujouError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
 from .trace import check_writable
+
+if TYPE_CHECKING:  # rich is imported where it is used: `import mujou_actors` stays light
+    from rich.console import Console, ConsoleOptions, RenderableType
+    from rich.table import Table
+
+#: What FILE[:NAME] names: what ``mujou.run`` takes.
+Net = Node | list[Node] | tuple[Node, ...] | dict[str, Node]
 
 __all__ = ["main"]
 
@@ -138,7 +146,7 @@ class UsageError(click.ClickException):
 # Loading FILE[:NAME]
 
 
-def load_net(target: str) -> Any:
+def load_net(target: str) -> Net:
     """Import ``FILE[:NAME]`` and return the net it names.
 
     Args:
@@ -185,7 +193,7 @@ def _is_net(value: Any) -> bool:
     return isinstance(value, (list, tuple, dict)) and all(isinstance(v, Node) for v in items)
 
 
-def _as_net(value: Any, where: str) -> Any:
+def _as_net(value: Any, where: str) -> Net:
     if _is_net(value):
         return value
     if callable(value) and (not isinstance(value, type) or issubclass(value, Node)):
@@ -261,7 +269,7 @@ def _count(n: int) -> str:
 
 
 def _live_table(stats: RunStats, rates: dict[str, tuple[float, float]],
-                periods: dict[str, float | None]) -> Any:
+                periods: dict[str, float | None]) -> _LiveTable:
     """The live view's table: a rich renderable laid out for the width it gets.
 
     At 80 columns every figure must stay whole, so the table spends little on
@@ -289,10 +297,11 @@ class _LiveTable:
         self.stats = stats
         self.rows = rows
 
-    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+    def __rich_console__(self, console: Console,
+                         options: ConsoleOptions) -> Iterator[Table]:
         yield self.table(options.max_width)
 
-    def table(self, width: int) -> Any:
+    def table(self, width: int) -> Table:
         """The rich Table for ``width`` terminal columns."""
         from rich import box
         from rich.table import Table
@@ -364,7 +373,7 @@ def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool
             stats = run.stats()
             rates = _rates(prev, stats)
             prev = stats
-            parts: list[Any] = [_live_table(stats, rates, periods)]
+            parts: list[RenderableType] = [_live_table(stats, rates, periods)]
             if progress is not None and task is not None:
                 simulated_s = stats.time - run.start_time
                 speed = simulated_s / stats.wall if stats.wall > 0 else 0.0
@@ -496,7 +505,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         if trace_path is not None:
             kwargs["trace"] = trace_path
         signals.mode = "defer"
-        run = mujou.run(net, **kwargs)
+        # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
+        run = mujou.run(net, **kwargs)  # type: ignore[arg-type]
         stopped = False  # by a signal
         try:
             signals.mode = "raise"
@@ -614,7 +624,8 @@ class _errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if exc is None or isinstance(exc, (SystemExit, click.exceptions.Exit)):
             return False
         if isinstance(exc, KeyboardInterrupt):

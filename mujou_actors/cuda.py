@@ -48,9 +48,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import MujouError
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that importing this module is cheap
+    import torch
 
 __all__ = [
     "SYNC_MODES",
@@ -131,7 +134,7 @@ class _Driver:
     methods can simulate any outcome in the tests.
     """
 
-    def __init__(self, lib: Any) -> None:
+    def __init__(self, lib: ctypes.CDLL) -> None:
         c_int, c_uint = ctypes.c_int, ctypes.c_uint
         self._cu_init = lib.cuInit
         self._cu_init.argtypes = [c_uint]
@@ -199,7 +202,7 @@ def _library_names() -> tuple[str, ...]:
     return ("libcuda.so.1", "libcuda.so")
 
 
-def _open_library() -> Any:
+def _open_library() -> ctypes.CDLL:
     """Load the CUDA driver library (a seam: the tests make it fail)."""
     errors = []
     for name in _library_names():
@@ -214,7 +217,7 @@ _DRIVER: _Driver | None = None
 _LOCK = threading.RLock()  # one flag change at a time in this process
 
 
-def _driver() -> Any:
+def _driver() -> _Driver:
     """The process's `_Driver`, loaded on first use.
 
     A seam: the tests replace this function with one returning a fake driver.
@@ -235,7 +238,7 @@ def _driver() -> Any:
         return _DRIVER
 
 
-def _error_name(drv: Any, code: int) -> str:
+def _error_name(drv: _Driver, code: int) -> str:
     try:
         name = drv.error_name(code)
     except Exception:  # a broken name lookup must not hide the real error
@@ -243,7 +246,7 @@ def _error_name(drv: Any, code: int) -> str:
     return name or _KNOWN_ERRORS.get(code, "unknown CUresult")
 
 
-def _check(drv: Any, code: int, call: str, device: int | None = None) -> None:
+def _check(drv: _Driver, code: int, call: str, device: int | None = None) -> None:
     if code == _CUDA_SUCCESS:
         return
     name = _error_name(drv, code)
@@ -301,7 +304,7 @@ def _check_device(device: Any) -> int:
     return index
 
 
-def _device_count(drv: Any) -> int:
+def _device_count(drv: _Driver) -> int:
     _check(drv, drv.init(), "cuInit")
     code, count = drv.device_count()
     _check(drv, code, "cuDeviceGetCount")
@@ -317,7 +320,7 @@ def _in_range(ordinal: int, count: int) -> None:
                          f"the driver sees {count} device(s)")
 
 
-def _state(drv: Any, ordinal: int) -> tuple[int, int, bool]:
+def _state(drv: _Driver, ordinal: int) -> tuple[int, int, bool]:
     """(CUdevice handle, primary context flags, active) of one device ordinal."""
     code, dev = drv.device_get(ordinal)
     _check(drv, code, "cuDeviceGet", ordinal)
@@ -329,7 +332,7 @@ def _state(drv: Any, ordinal: int) -> tuple[int, int, bool]:
 # -- the scheduling flag -------------------------------------------------------------------
 
 
-def set_sync_mode(mode: str, device: int | Any | None = None) -> str:
+def set_sync_mode(mode: str, device: int | str | torch.device | None = None) -> str:
     """Choose how CUDA's own waits behave on a device: spin, yield or sleep.
 
     Sets the scheduling flag of the device's primary context, the context
@@ -431,7 +434,7 @@ def set_sync_mode(mode: str, device: int | Any | None = None) -> str:
     return mode
 
 
-def _restore_flags(drv: Any, done: list[tuple[int, int, int]]) -> list[int]:
+def _restore_flags(drv: _Driver, done: list[tuple[int, int, int]]) -> list[int]:
     """Set each ``(ordinal, handle, flags)`` back to ``flags``; the ordinals that failed."""
     failed = []
     for i, dev, flags in reversed(done):
@@ -444,7 +447,7 @@ def _restore_flags(drv: Any, done: list[tuple[int, int, int]]) -> list[int]:
     return sorted(failed)
 
 
-def get_sync_mode(device: int | Any = 0) -> str:
+def get_sync_mode(device: int | str | torch.device = 0) -> str:
     """Read back the scheduling flag of a device's primary context.
 
     Uses ``cuDevicePrimaryCtxGetState`` of the CUDA driver API. Before the
@@ -499,7 +502,7 @@ def check_cuda_sync(value: Any) -> str:
     return value
 
 
-def _torch_event(blocking: bool) -> Any:
+def _torch_event(blocking: bool) -> torch.cuda.Event:
     import torch
 
     return torch.cuda.Event(blocking=blocking)
@@ -544,7 +547,7 @@ class StreamWaiter:
 
     Args:
         sync (str): ``"block"`` (default), ``"spin"`` or ``"yield"``.
-        event_factory (Callable[[bool], Any], optional): makes an event given
+        event_factory (Callable[[bool], torch.cuda.Event], optional): makes an event given
             ``blocking``; the event needs ``record(stream)``, ``synchronize()``
             and ``query()``. Default: ``torch.cuda.Event(blocking=blocking)``.
             A seam for tests with fake streams and events.
@@ -558,19 +561,20 @@ class StreamWaiter:
     __slots__ = ("_sync", "_factory", "_yield", "_events")
 
     def __init__(self, sync: str = "block", *,
-                 event_factory: Callable[[bool], Any] | None = None,
+                 event_factory: Callable[[bool], torch.cuda.Event] | None = None,
                  yield_fn: Callable[[], None] | None = None) -> None:
         self._sync = check_cuda_sync(sync)
         self._factory = _torch_event if event_factory is None else event_factory
         self._yield = _yield_cpu if yield_fn is None else yield_fn
-        self._events: dict[Any, Any] = {}
+        # One event per device waited on (None: a stream without a device, a fake's).
+        self._events: dict[torch.device | None, torch.cuda.Event] = {}
 
     @property
     def sync(self) -> str:
         """str: how this waiter waits: ``"block"``, ``"spin"`` or ``"yield"``."""
         return self._sync
 
-    def wait(self, stream: Any) -> None:
+    def wait(self, stream: torch.cuda.Stream) -> None:
         """Return once the GPU has done all work queued on ``stream`` so far.
 
         Args:
@@ -584,7 +588,7 @@ class StreamWaiter:
         event.record(stream)
         self._await(event)
 
-    def wait_event(self, event: Any) -> None:
+    def wait_event(self, event: torch.cuda.Event) -> None:
         """Return once the GPU has reached ``event``, an event recorded elsewhere.
 
         Under ``"block"`` the thread sleeps in ``event.synchronize()`` only if
@@ -597,7 +601,8 @@ class StreamWaiter:
         """
         self._await(event)
 
-    def _await(self, event: Any) -> None:
+    def _await(self, event: torch.cuda.Event) -> None:
+        """Wait for ``event`` as ``sync`` says: sleep, spin or yield."""
         if self._sync == "block":
             event.synchronize()
         elif self._sync == "spin":
@@ -611,7 +616,7 @@ class StreamWaiter:
         return f"StreamWaiter({self._sync!r})"
 
 
-def make_waiter(sync: str, *, event_factory: Callable[[bool], Any] | None = None,
+def make_waiter(sync: str, *, event_factory: Callable[[bool], torch.cuda.Event] | None = None,
                 yield_fn: Callable[[], None] | None = None) -> StreamWaiter:
     """The waiter for ``mujou.run(cuda_sync=sync)``: a `StreamWaiter`.
 
@@ -619,7 +624,7 @@ def make_waiter(sync: str, *, event_factory: Callable[[bool], Any] | None = None
 
     Args:
         sync (str): ``"block"``, ``"spin"`` or ``"yield"``.
-        event_factory (Callable[[bool], Any], optional): see `StreamWaiter`.
+        event_factory (Callable[[bool], torch.cuda.Event], optional): see `StreamWaiter`.
         yield_fn (Callable[[], None], optional): see `StreamWaiter`.
 
     Returns:

@@ -62,12 +62,15 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import msgpack
 import torch
 
 from .errors import SnapshotError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["save", "load", "dumps", "loads", "inspect_file", "file_problem", "from_file", "MAGIC",
            "VERSION", "MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK"]
@@ -414,7 +417,7 @@ def _memory(t: torch.Tensor) -> memoryview:
     # A contiguous tensor's elements lie back to back from its storage offset, but its strides
     # may still be odd where they do not matter (empty or size-1 dims); restate them as 1.
     flat = t.as_strided((t.numel(),), (1,))
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def _fsync_folder(folder: str) -> None:
@@ -434,11 +437,24 @@ _EXACT = (type(None), bool, int, float, str, bytes, torch.Tensor, list, dict, tu
 _DTYPE_SET = frozenset(_DTYPES.values())
 
 
-def _is_named_tuple(cls: type) -> bool:
+class _NamedTupleClass(Protocol):
+    """A NamedTuple class, as far as this module uses one: its name, fields and `_make`."""
+
+    __name__: str
+    _fields: tuple[str, ...]
+
+    def _make(self, iterable: Iterable[Any], /) -> tuple[Any, ...]:
+        """A new instance from the field values, in order."""
+        ...
+
+
+def _is_named_tuple(cls: type) -> TypeGuard[_NamedTupleClass]:
+    """Whether ``cls`` is a NamedTuple class (a tuple subclass with ``_fields``)."""
     return issubclass(cls, tuple) and hasattr(cls, "_fields")
 
 
-def _is_dataclass_type(cls: type) -> bool:
+def _is_dataclass_type(cls: type) -> TypeGuard[type[DataclassInstance]]:
+    """Whether ``cls`` is a dataclass (the class, not an instance)."""
     return isinstance(cls, type) and dataclasses.is_dataclass(cls)
 
 
@@ -461,22 +477,24 @@ def file_problem(message: Any, declared: type) -> str | None:
         tuple"``), or None.
     """
     top = type(message)
-    if top is declared and (_is_named_tuple(top) or _is_dataclass_type(top)):
-        if _is_named_tuple(top):
-            fields = list(zip(top._fields, message, strict=True))
-        else:
-            names = [f.name for f in dataclasses.fields(message)]
-            extra = sorted(set(getattr(message, "__dict__", {})) - set(names))
-            if extra:
-                return (f"it has attributes that are not fields of {top.__name__} "
-                        f"({', '.join(extra)}), which a file leaves out")
-            fields = [(name, getattr(message, name)) for name in names]
-        for name, value in fields:
-            problem = _plain_problem(value, f"its field {name!r}")
-            if problem:
-                return problem
-        return None
-    return _plain_problem(message, "it")
+    if top is not declared:
+        return _plain_problem(message, "it")
+    if _is_named_tuple(top):
+        fields = list(zip(top._fields, message, strict=True))
+    elif _is_dataclass_type(top):
+        names = [f.name for f in dataclasses.fields(message)]
+        extra = sorted(set(getattr(message, "__dict__", {})) - set(names))
+        if extra:
+            return (f"it has attributes that are not fields of {top.__name__} "
+                    f"({', '.join(extra)}), which a file leaves out")
+        fields = [(name, getattr(message, name)) for name in names]
+    else:
+        return _plain_problem(message, "it")
+    for name, value in fields:
+        problem = _plain_problem(value, f"its field {name!r}")
+        if problem:
+            return problem
+    return None
 
 
 def _plain_problem(value: Any, what: str) -> str | None:
@@ -530,14 +548,15 @@ def _a(noun: str) -> str:
 
 
 def _scalar_problem(value: int | str, what: str) -> str | None:
-    if type(value) is int:
-        if not -(2**63) <= value < 2**64:
-            return f"{what} is the int {value}, outside the int64/uint64 range of a file"
-    elif not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{what} is a str that is not valid Unicode (a lone surrogate)"
+    """Why an int or a str (exactly one: the callers check the type) would not fit a file."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"{what} is a str that is not valid Unicode (a lone surrogate)"
+    elif not -(2**63) <= value < 2**64:
+        return f"{what} is the int {value}, outside the int64/uint64 range of a file"
     return None
 
 
@@ -609,7 +628,8 @@ def _crc_after(moved: int | None, chunk: memoryview, crc: int) -> int:
 # -- reading ------------------------------------------------------------------------------
 
 
-def _read(f: IO[bytes], name: str) -> Any:
+def _read(f: io.BufferedReader | io.BytesIO, name: str) -> Any:
+    """The tree of the open snapshot file ``f`` (``name`` for the messages): see `load`."""
     _, structure_len, data_len, crc = _read_header(f, name)
     structure = f.read(structure_len)
     crc = zlib.crc32(structure, crc)
@@ -777,6 +797,7 @@ class _Decoder:
     def _parse(self, data: bytes, pos: int, end: int, ext: bool) -> tuple[Any, int]:
         """The value starting at ``pos`` and the offset after it; ``ext``: tensors and tuples."""
         stack: list[list[Any]] = []  # open containers: [kind, items, left, key, offset]
+        value: Any  # whatever the bytes hold: a scalar, a tensor, a container
         unpack_from = struct.unpack_from
         budget = self.budget
         assert budget is not None

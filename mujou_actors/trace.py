@@ -35,10 +35,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import describe
 from .mailbox import unstamp
+
+if TYPE_CHECKING:
+    from .actor import Actor
+    from .ports import Input, Output, Port
 
 __all__ = ["Tracer", "Recorder", "as_tracer", "check_writable", "format_events",
            "DEFAULT_CAPACITY"]
@@ -140,7 +144,7 @@ class Tracer:
     def __repr__(self) -> str:
         return f"Tracer({str(self._path)!r}, capacity={self._capacity})"
 
-    def _recorder(self, paths: list[str], ports: dict[str, Any]) -> Recorder:
+    def _recorder(self, paths: list[str], ports: dict[str, Port]) -> Recorder:
         """A fresh, empty recorder for one run (runs never share one).
 
         Args:
@@ -289,7 +293,7 @@ class Recorder:
     __slots__ = ("events", "paths", "ports", "threads", "hooks", "start_ns", "start_unix",
                  "_append", "_lock")
 
-    def __init__(self, capacity: int, paths: list[str], ports: dict[str, Any]) -> None:
+    def __init__(self, capacity: int, paths: list[str], ports: dict[str, Port]) -> None:
         self.events: deque[Any] = deque(maxlen=capacity)
         self._append = self.events.append
         self.paths = paths
@@ -304,7 +308,7 @@ class Recorder:
         with self._lock:  # a name seen for the first time
             return table.setdefault(name, len(table))
 
-    def hook(self, actor: Any, hook: str, t0: int, took: int, args: tuple[Any, ...]) -> None:
+    def hook(self, actor: Actor, hook: str, t0: int, took: int, args: tuple[Any, ...]) -> None:
         """A hook of ``actor`` ran from ``t0`` for ``took`` ns; close the flows it read.
 
         ``actor.depths`` holds the queue depths the dispatcher saw as it
@@ -312,6 +316,7 @@ class Recorder:
         """
         append = self._append
         name = actor.thread_name
+        assert name is not None  # the dispatcher names the thread before it runs a hook
         thread = self.threads.get(name)
         if thread is None:
             thread = self._code(self.threads, name)
@@ -334,11 +339,13 @@ class Recorder:
         append(_SLICE(SLICE, t0, thread, actor.order, code, took, args[0] if args else _NAN,
                       -1 if t_ns is None else t_ns, actor.stamp[1], ready, inflight))
 
-    def send(self, sender: Any, output: Any, seq: int, routes: Iterable[Any]) -> None:
+    def send(self, sender: Actor, output: Output, seq: int,
+             routes: Iterable[tuple[Input, Actor, bool]]) -> None:
         """``sender`` sent its message ``seq`` on ``output``: a flow start per reader."""
         ts = time.perf_counter_ns()
         append = self._append
         name = sender.thread_name
+        assert name is not None  # the dispatcher names the thread before it runs a hook
         thread = self.threads.get(name)
         if thread is None:
             thread = self._code(self.threads, name)
@@ -347,7 +354,7 @@ class Recorder:
         for port, _, _ in routes:
             append(_SEND(SEND, ts, thread, order, seq, id(port), out))
 
-    def failure(self, actor: Any, hook: str, exc: BaseException) -> None:
+    def failure(self, actor: Actor, hook: str, exc: BaseException) -> None:
         """A hook of ``actor`` raised ``exc`` (rare: kept as a tuple)."""
         thread = self._code(self.threads, actor.thread_name or "?")
         name, _, text = describe(exc).partition(": ")  # never raises, whatever exc does
@@ -461,9 +468,10 @@ def format_events(records: list[tuple[Any, ...]], recorder: Recorder, threads: l
         if kind == SLICE:
             _, _, _, node, hook, took, dt, t_ns, delta, ready, inflight = rec
             key = (node, hook)
-            name = slice_names.get(key)
-            if name is None:
-                name = slice_names[key] = json.dumps(f"{_node(paths, node)}.{hooks[hook]}")
+            cached = slice_names.get(key)
+            if cached is None:
+                cached = slice_names[key] = json.dumps(f"{_node(paths, node)}.{hooks[hook]}")
+            name = cached
             if math.isnan(dt):
                 extra = "{}"
             else:

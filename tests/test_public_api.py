@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import mujou_actors as mujou
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -84,3 +86,14 @@ def test_the_code_passes_ruff() -> None:
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.timeout(600)  # a cold mypy cache on a loaded machine takes minutes
+def test_the_package_passes_mypy() -> None:
+    # pyproject.toml's [tool.mypy] says how strict: every function typed, typed bodies checked.
+    pytest.importorskip("mypy", reason="mypy is not installed (it comes with the test extra)")
+
+    result = subprocess.run([sys.executable, "-m", "mypy", "mujou_actors"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=540)
+
+    assert result.returncode == 0, result.stdout + result.stderr
