@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ._runtime.protocols import KernelListener
 from .actor import CURRENT, NEVER, Actor
 from .errors import NotRunningError, PortTypeError
 from .mailbox import (
@@ -250,14 +251,9 @@ class Dispatcher:
         actors: every actor of the run, in the net's order.
         timer: the run's timer.
         workers: number of worker threads to start.
-        on_failure: called (without the lock) with ``(actor, hook, exc)`` when
-            a hook raises.
-        on_end: called (without the lock) once the run's ``duration`` is over.
-        on_hold: called (with the lock held, so it must not block) each time
-            the dispatcher enters a hold, whoever asked for it.
-        on_crash: called (without the lock) with the exception, should one
-            ever escape a thread's loop (a defect of the framework, not a
-            hook's failure): the run must end and report it, never lose it.
+        listener: what drives the dispatcher (the run's coordinator): told
+            of a hook's failure, the end, each hold and a crash of a thread's
+            loop, each call with its locking rule (see `KernelListener`).
     """
 
     def __init__(
@@ -265,30 +261,27 @@ class Dispatcher:
         actors: list[Actor],
         timer: Timer,
         workers: int,
-        on_failure: Callable[[Actor, str, BaseException], None],
-        on_end: Callable[[], None],
-        on_hold: Callable[[], None] = lambda: None,
-        on_crash: Callable[[BaseException], None] = lambda exc: None,
+        listener: KernelListener,
     ) -> None:
         self.actors = actors
         self.timer = timer
         self.simulated = timer.simulated
         self.n_workers = workers
-        self._on_failure = on_failure
-        self._on_end = on_end
-        self._on_hold = on_hold
-        self._on_crash = on_crash
+        self._listener = listener
         # Holding: a consistent cut. With simulated time it falls between two
         # instants (all work at t done, none after t started), so a snapshot
-        # taken there resumes exactly; hold_at_ns asks for a cut at that time.
+        # taken there resumes exactly; `hold_at` asks for a cut at that time.
         # _hold_requested counts the requests not yet withdrawn (a request
         # that times out withdraws only itself, not a restart's); a release
         # ends them all.
         self._hold_requested = 0
+        # A stop was asked (stop_at_boundary, stop_now): for good. Timed work
+        # then never runs again, even when a control phase (run_control)
+        # took the mode back to CONTROL and a release or the start follows.
         self._stop_requested = False
         self.held = False
-        self.hold_at_ns: int | None = None
-        self.cut_due = False  # held at hold_at_ns: a supervisor snapshot is due
+        self._hold_at_ns: int | None = None
+        self._cut_due = False  # held at _hold_at_ns: a supervisor snapshot is due
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[int] = []  # keys with queued pool actors, packed (see SHIFT)
         # Per packed key: (the key tuple its actors share, its actors in the order queued).
@@ -318,8 +311,8 @@ class Dispatcher:
         self._phase_left: dict[int, int] = {}
         self._in_control: dict[Actor, Any] = {}  # the envelope each actor is running
         self._frontier: tuple[int, int] = CONTROL_KEY
-        self.end_ns: int | None = None
-        self.end_grace_ns = 10_000_000_000  # the run's stop_timeout
+        self._end_ns: int | None = None  # see set_end
+        self._end_grace_ns = 10_000_000_000  # the run's stop_timeout
         self._ended = False
         self._host_seq = 0
         self._threads: list[threading.Thread] = []
@@ -362,7 +355,7 @@ class Dispatcher:
         except BaseException as exc:  # noqa: BLE001 - reported to the run
             log.critical("thread %s of the run died", threading.current_thread().name,
                          exc_info=exc)
-            self._on_crash(exc)
+            self._listener.crashed(exc)
 
     def thread_names(self) -> list[str]:
         """Names of the worker and dedicated threads, in the order they started."""
@@ -386,7 +379,7 @@ class Dispatcher:
 
     # -- modes -------------------------------------------------------------------------
     def start_running(self, start_ns: int) -> None:
-        """Start the timer at ``start_ns`` and let timed work run."""
+        """Start the timer at ``start_ns`` and let timed work run (unless a stop was asked)."""
         with self._cond:
             self.timer.start(start_ns)
             self._frontier = (start_ns, 0)
@@ -397,17 +390,64 @@ class Dispatcher:
                     # Messages written before the timer started (inputs=, and
                     # sends from on_start) trigger right after t = start.
                     actor.trigger_key = first_trigger
-            self._mode = RUNNING
+            self._mode = STOPPING if self._stop_requested else RUNNING
             for actor in self.actors:
                 self._schedule(actor)
             self._cond.notify_all()
+
+    def set_end(self, end_ns: int | None, grace_ns: int) -> None:
+        """Set the run's end: timed work due after ``end_ns`` does not run.
+
+        Args:
+            end_ns (int | None): the end, ns of the timer; None runs until stopped.
+            grace_ns (int): real time: how long (ns) hooks still in flight at
+                the end may hold the run before it ends anyway (the run's
+                ``stop_timeout``).
+        """
+        with self._cond:
+            self._end_ns = end_ns
+            self._end_grace_ns = grace_ns
+            self._cond.notify_all()
+
+    @property
+    def end_ns(self) -> int | None:
+        """int | None: the run's end set by `set_end` (ns of the timer), None without one."""
+        return self._end_ns
+
+    def hold_at(self, ns: int | None) -> None:
+        """Simulated time: hold at the cut at ``ns`` (the next scheduled snapshot).
+
+        Once every instant up to ``ns`` is done, and none after it started,
+        the timer moves to ``ns`` and the dispatcher holds, with
+        `take_cut_due` then True. A cut after the run's end is never reached.
+
+        Args:
+            ns (int | None): the cut's time, ns of the timer; None: no cut.
+        """
+        with self._cond:
+            self._hold_at_ns = ns
+
+    @property
+    def next_cut_ns(self) -> int | None:
+        """int | None: the cut asked for with `hold_at` and not yet reached."""
+        return self._hold_at_ns
+
+    def take_cut_due(self) -> bool:
+        """Whether the hold now is the scheduled cut of `hold_at`; clears it.
+
+        Returns:
+            bool: True once for each hold at a scheduled cut.
+        """
+        with self._cond:
+            due, self._cut_due = self._cut_due, False
+            return due
 
     def request_hold(self) -> None:
         """Ask for a consistent cut: no hook in flight, timed work held.
 
         In real time the cut comes as soon as the hooks in flight return; in
         simulated time once the current instant (with its delta cycles) is
-        done. The hold is announced through ``on_hold``; it lasts until
+        done. The hold is announced through the listener's ``held``; it lasts until
         `release`. A request that can wait no longer is taken back with
         `withdraw_hold`.
         """
@@ -457,7 +497,7 @@ class Dispatcher:
                 return
             if restart_at_ns is not None:
                 self._restart_schedules(restart_at_ns)
-            self._mode = RUNNING
+            self._mode = STOPPING if self._stop_requested else RUNNING
             for actor in self.actors:
                 self._schedule(actor)
             self._cond.notify_all()
@@ -483,8 +523,8 @@ class Dispatcher:
         self.held = True
         self._cond.notify_all()
         if scheduled:
-            self.cut_due = True
-        self._on_hold()
+            self._cut_due = True
+        self._listener.held()
 
     def _try_hold_now(self) -> bool:
         """Hold if nothing is in flight and, in simulated time, the instant is done."""
@@ -493,18 +533,29 @@ class Dispatcher:
         self._enter_hold()
         return True
 
-    def request_stop(self, boundary: bool = False) -> None:
-        """Stop starting timed work; hooks in flight finish.
+    def stop_at_boundary(self) -> None:
+        """Stop starting timed work once the current instant is done; hooks in flight finish.
 
-        Args:
-            boundary: with simulated time, finish the current instant first
-                (its delta cycles included), so the final state is a clean cut
-                that does not depend on the number of workers.
+        With simulated time the current instant (its delta cycles included)
+        finishes first, so the final state is a clean cut that does not depend
+        on the number of workers; with real time timed work stops at once.
+        The way a run ends (see the coordinator's end).
         """
+        self._request_stop(boundary=True)
+
+    def stop_now(self) -> None:
+        """Stop starting timed work at once, even within a simulated instant.
+
+        The escalation of `stop_at_boundary` when its boundary does not come
+        (a hook of the instant is stuck): the rest of the instant never runs.
+        """
+        self._request_stop(boundary=False)
+
+    def _request_stop(self, boundary: bool) -> None:
         with self._cond:
             self._unclaim()
+            self._stop_requested = True
             if boundary and self.simulated and self._mode == RUNNING:
-                self._stop_requested = True
                 if not self._inflight and not self._instant_pending():
                     self._mode = STOPPING
             elif self._mode in (CONTROL, RUNNING):
@@ -758,7 +809,7 @@ class Dispatcher:
             return True, None
         if self._mode != RUNNING:
             return False, None
-        end = self.end_ns
+        end = self._end_ns
         if self.simulated:
             if key == self._frontier:
                 return True, None
@@ -772,7 +823,7 @@ class Dispatcher:
             return False, None
         if now is None:
             now = self.timer.now_ns()
-        if end is not None and (key[0] > end or now >= end + self.end_grace_ns):
+        if end is not None and (key[0] > end or now >= end + self._end_grace_ns):
             return False, self._realtime_end(now, end)
         if key[0] <= now:
             return True, None
@@ -795,10 +846,10 @@ class Dispatcher:
             self._mode = STOPPING
             self._cond.notify_all()
             return False
-        end = self.end_ns
-        cut = self.hold_at_ns
+        end = self._end_ns
+        cut = self._hold_at_ns
         if cut is not None and (t_next is None or t_next > cut) and (end is None or cut <= end):
-            self.hold_at_ns = None
+            self._hold_at_ns = None
             self.timer.advance_to(cut)  # type: ignore[attr-defined]
             self._frontier = (cut, 0)
             self._enter_hold(scheduled=True)
@@ -816,7 +867,7 @@ class Dispatcher:
 
     def _idle_wait(self) -> float | None:
         """Nothing is queued: hold or end the run if due, else say how long to wait."""
-        end = self.end_ns
+        end = self._end_ns
         if self._mode != RUNNING or self._inflight:
             return None
         if self._dedicated and self._global_min() is not None:
@@ -866,28 +917,28 @@ class Dispatcher:
     def _realtime_end(self, now: int, end: int) -> float | None:
         """End a real-time run once its work due by ``end`` is done; else the wait.
 
-        Hooks still in flight ``end_grace_ns`` after the end no longer hold
+        Hooks still in flight ``grace_ns`` (`set_end`) after the end no longer hold
         the run: it ends, and stopping reports them as stuck.
         """
         if now < end:
             return (end - now) / 1e9
-        late = now >= end + self.end_grace_ns
+        late = now >= end + self._end_grace_ns
         first = self._global_min()
         if late or (not self._inflight and (first is None or first[0] > end)):
             self._reach_end()
             return None
-        return (end + self.end_grace_ns - now) / 1e9
+        return (end + self._end_grace_ns - now) / 1e9
 
     def _reach_end(self) -> None:
         if self._ended:
             return
         self._ended = True
-        if self.simulated and self.end_ns is not None:
-            self.timer.advance_to(self.end_ns)  # type: ignore[attr-defined]
+        if self.simulated and self._end_ns is not None:
+            self.timer.advance_to(self._end_ns)  # type: ignore[attr-defined]
         self._mode = STOPPING
         self._cond.notify_all()
-        # Hand the end over to the run without holding our lock.
-        threading.Thread(target=self._on_end, name="mujou-end", daemon=True).start()
+        # The listener only posts an event: the end is handled on its thread.
+        self._listener.reached_end()
 
     # -- worker and dedicated loops -----------------------------------------------
     def _worker_loop(self) -> None:
@@ -984,7 +1035,7 @@ class Dispatcher:
         else:
             if now is None:
                 now = self.timer.now_ns()
-            end = self.end_ns
+            end = self._end_ns
             limit_t = now if end is None else min(now, end)
         budget = self._batch_budget_ns
         most = self._batch_max
@@ -1042,7 +1093,7 @@ class Dispatcher:
         batch: list[Claim] = []
         # Real time: ticks due by now count, but none after the run's end (a
         # trigger claimed late must not consume a tick that is not due).
-        end = self.end_ns
+        end = self._end_ns
         due_by = now if end is None or now < end else end
         for key, group in groups:
             t, d = key
@@ -1170,7 +1221,7 @@ class Dispatcher:
                 if owed is not None:
                     self._owed[actor] = owed
             ran = True
-            return actor.run_update(now, due, is_tick, self.end_ns)
+            return actor.run_update(now, due, is_tick, self._end_ns)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._fail(actor, "on_update", exc)
             took, actor.last_hook_ns = actor.last_hook_ns, 0  # taken once
@@ -1391,7 +1442,7 @@ class Dispatcher:
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
         """Report that ``actor``'s ``hook`` raised ``exc`` (whatever it is: any BaseException).
 
-        The run's ``on_failure`` is reached even if tracing the failure
+        The listener's ``hook_failed`` is reached even if tracing the failure
         raises, and the thread running the hook goes on either way.
         """
         actor.failed = True
@@ -1401,7 +1452,7 @@ class Dispatcher:
             except BaseException as err:  # noqa: BLE001 - the failure itself must get through
                 log.error("could not trace the failure of node %r in %s", actor.path, hook,
                           exc_info=err)
-        self._on_failure(actor, hook, exc)
+        self._listener.hook_failed(actor, hook, exc)
 
     # -- messages ----------------------------------------------------------------------
     def trigger(self, actor: Actor, key: tuple[int, int]) -> None:

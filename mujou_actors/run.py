@@ -9,6 +9,7 @@ duration, ``stop()``, leaving the ``with`` block or a node failure.
 from __future__ import annotations
 
 import atexit
+import enum
 import functools
 import logging
 import math
@@ -63,7 +64,7 @@ from .ports import Input, Output, Port, copy_message
 from .state import FORMAT
 from .stats import NodeStats, RunStats, SnapshotStats, WorkerStats, percentile
 from .supervisor import RestartIntensity, SnapshotWriter, Supervisor
-from .timers import make_timer
+from .timers import Timer, make_timer
 from .trace import Recorder, Tracer, as_tracer, check_writable
 
 __all__ = ["run", "Run"]
@@ -130,6 +131,14 @@ def _why_no_cut(busy: Mapping[str, str]) -> str:
     return "still running: " + ", ".join(f"{p or '<root>'!r} in {h}" for p, h in busy.items())
 
 
+class EndReason(enum.Enum):
+    """Why a run ends: the first reason to end it is the one recorded."""
+
+    STOPPED = "stopped"  # stop(), leaving the with block, interpreter exit
+    FAILED = "failed"  # a hook, a subscriber callback, the supervisor, a kernel thread
+    DURATION = "duration"  # the run's duration is over
+
+
 class _View:
     """The host's view of one Output: the newest message and the listeners."""
 
@@ -144,6 +153,35 @@ class _View:
             listener(message)
 
 
+class _Listener:
+    """The run's `KernelListener`: what its dispatcher reports, as the run's events.
+
+    ``reached_end`` and ``held`` come with the dispatcher's lock held: they
+    only post an event for the coordinator thread.
+    """
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run_: Run) -> None:
+        self._run = run_
+
+    def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        """A hook raised (on its thread, no lock held): the run's supervision decides."""
+        self._run._on_failure(actor, hook, exc)
+
+    def reached_end(self) -> None:
+        """The duration is over (lock held): an event, nothing more."""
+        self._run._events.put(("reached_end",))
+
+    def held(self) -> None:
+        """The net is held at a cut (lock held): an event, nothing more."""
+        self._run._events.put(("held",))
+
+    def crashed(self, exc: BaseException) -> None:
+        """An exception escaped a kernel thread's loop: the run fails with it."""
+        self._run._record_failure(exc)
+
+
 # ---------------------------------------------------------------------------
 # Run
 
@@ -156,12 +194,14 @@ class Run:
     dotted path (``"ctrl.setpoint"``).
     """
 
-    def __init__(self, *, actors: list[Actor], dispatcher: Dispatcher,
+    def __init__(self, *, actors: list[Actor], timer: Timer, workers: int,
                  ports: dict[str, Port], seeds: dict[str, int],
                  stop_timeout: float, supervisor: Supervisor | None = None) -> None:
         self._actors = actors
-        self._dispatcher = dispatcher
-        self._timer = dispatcher.timer
+        # The run drives its dispatcher, which reports back only through the
+        # KernelListener calls (hook_failed, reached_end, held, crashed).
+        self._dispatcher = Dispatcher(actors, timer, workers, _Listener(self))
+        self._timer = timer
         self._ports = ports
         self._port_ids = {id(p) for p in ports.values()}
         self._seeds = seeds
@@ -174,7 +214,10 @@ class Run:
         self._stuck: StopTimeoutError | None = None
         self._reported = False
         self._lock = threading.Lock()
+        # Set by _end, under _end_lock, with the reason recorded.
         self._end_requested = threading.Event()
+        self._end_lock = threading.Lock()
+        self._end_reason: EndReason | None = None
         self._ended = threading.Event()
         # Subscriptions, waiters and the mujou-host thread (see host.py).
         self._host = Host(self._host_copy, self._callback_failed)
@@ -500,17 +543,32 @@ class Run:
         err.__cause__ = exc
         with self._lock:
             self._failures.append(err)
-        self._request_end()
+        self._end(EndReason.FAILED)
         log.error("%s", err, exc_info=exc)
 
     # -- ending -------------------------------------------------------------------------
-    def _request_end(self) -> None:
-        # Timed work stops at once (simulated time: once the current instant is
-        # done, so where a run stops does not depend on the thread timing).
-        self._dispatcher.request_stop(boundary=True)
-        if not self._end_requested.is_set():
+    # The end of a run is decided here and nowhere else: whatever ends it (the
+    # duration, stop(), a failure) calls _end, the first call records its
+    # reason and the later ones do nothing. The deciding call asks the
+    # dispatcher to stop at the boundary itself, on its own thread, before any
+    # other caller returns (_end_lock), not on the coordinator's later turn: a
+    # failing hook's thread is still in flight then, so with simulated time the
+    # run stops at the end of the failure's instant whatever the coordinator's
+    # latency, and where a run stops does not depend on the thread timing.
+    # The coordinator only finishes the run (_finish), and escalates to
+    # Dispatcher.stop_now only if that boundary is not reached within
+    # stop_timeout (a hook of the instant is stuck). Lock order: _end_lock,
+    # then the dispatcher's; the dispatcher never calls back into _end with
+    # its lock held (reached_end and held only post events).
+    def _end(self, reason: EndReason) -> None:
+        """Decide that the run ends (idempotent: the first reason is recorded)."""
+        with self._end_lock:
+            if self._end_reason is not None:
+                return
+            self._end_reason = reason
+            self._dispatcher.stop_at_boundary()
             self._end_requested.set()
-            self._events.put(("end",))
+        self._events.put(("end",))
 
     def _supervisor_failed(self, exc: BaseException) -> None:
         # One line: join() raises it with its traceback (marked for front ends).
@@ -520,9 +578,10 @@ class Run:
     def _record_failure(self, err: BaseException) -> None:
         with self._lock:
             self._failures.append(err)  # type: ignore[arg-type]
-        self._request_end()
+        self._end(EndReason.FAILED)
 
     def _on_failure(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        """A hook raised (on its thread, no lock held): stop, or restart as the supervisor says."""
         path = actor.path or "<root>"
         # describe(): the exception's own __str__ may raise; this must not.
         err = NodeError(actor.path, hook, f"node {path!r} raised in {hook}: {describe(exc)}")
@@ -650,7 +709,7 @@ class Run:
         if self._hard_end_ns is not None and now >= self._hard_end_ns:
             # Hooks still running stop_timeout after the end: every worker may
             # be stuck, so no worker would notice the end; end it from here.
-            self._request_end()
+            self._end(EndReason.DURATION)
             return True
         if self._next_cut_ns is not None and now >= self._next_cut_ns:
             self._next_cut_ns = None
@@ -683,13 +742,13 @@ class Run:
         if self._restart_due is not None:
             self._restart_due = None
             # The restore reschedules the snapshots from the snapshot's time.
-            d.cut_due = False
+            d.take_cut_due()
             self._cut_deadline = None
             self._restart_all()  # releases; the other wishes ask for the next cut
             return
         try:
-            if d.cut_due or self._cut_deadline is not None:
-                d.cut_due = False
+            cut_due = d.take_cut_due()  # taken (cleared) whatever the deadline says
+            if cut_due or self._cut_deadline is not None:
                 self._cut_deadline = None
                 bound = self._cut_bound()
                 try:
@@ -748,7 +807,7 @@ class Run:
         self._missing = {a: (a.updates, a.hook) for a in
                          (self._by_path[p] for p in busy if p in self._by_path)}
         self._schedule_cuts(self._timer.now_ns())
-        nxt = self._next_cut_ns if self._next_cut_ns is not None else self._dispatcher.hold_at_ns
+        nxt = self._next_cut_ns if self._next_cut_ns is not None else self._dispatcher.next_cut_ns
         level = logging.WARNING if first else logging.DEBUG
         log.log(level, "snapshot missed at t=%.6f s: %s; the net goes on%s",
                 self.time_ns / 1e9,
@@ -798,7 +857,7 @@ class Run:
         every_ns = round(every * 1e9)
         nxt = (now_ns // every_ns + 1) * every_ns
         if self._dispatcher.simulated:
-            self._dispatcher.hold_at_ns = nxt
+            self._dispatcher.hold_at(nxt)
         else:
             self._next_cut_ns = nxt
             self._events.put(("wake",))  # the coordinator recomputes its timeout
@@ -980,6 +1039,9 @@ class Run:
                     event = ("wake",)  # a deadline or a time of the schedule has come
                 if event[0] == "end":
                     break
+                if event[0] == "reached_end":
+                    self._end(EndReason.DURATION)  # its "end" event follows
+                    continue
                 if event[0] == "state":
                     self._requests.append(event[1])
                 try:
@@ -1008,9 +1070,9 @@ class Run:
         d = self._dispatcher
         timeout = self._stop_timeout
         deadline = time.monotonic() + timeout  # hooks in flight: one wait in all
-        d.request_stop(boundary=True)
+        # _end asked for the stop at the boundary already (see there).
         if not d.wait_stopping(timeout):
-            d.request_stop()  # the instant does not finish: a hook is stuck
+            d.stop_now()  # the instant does not finish: a hook is stuck
         left = max(0.0, deadline - time.monotonic())
         stuck = {a.path: d.hook_of(a) for a in d.wait_idle(left)}
         self._end_ns = self._timer.now_ns()
@@ -1065,7 +1127,7 @@ class Run:
         subscriber callback) it only asks the run to end, so it never
         deadlocks.
         """
-        self._request_end()
+        self._end(EndReason.STOPPED)
         if (self._dispatcher.is_own_thread() or self._host.on_thread()
                 or threading.current_thread() is self._coordinator):
             return
@@ -1326,15 +1388,9 @@ def run(
         pool = sum(1 for a in actors if not a.dedicated)
         n_workers = workers if workers is not None else default_workers(pool)
 
-        holder: list[Run] = []
-        dispatcher = Dispatcher(actors, t, n_workers,
-                                on_failure=lambda a, h, e: holder[0]._on_failure(a, h, e),
-                                on_end=lambda: holder[0]._request_end(),
-                                on_hold=lambda: holder[0]._events.put(("held",)),
-                                on_crash=lambda e: holder[0]._record_failure(e))
-        result = Run(actors=actors, dispatcher=dispatcher, ports=ports, seeds=seeds,
+        result = Run(actors=actors, timer=t, workers=n_workers, ports=ports, seeds=seeds,
                      stop_timeout=timeout, supervisor=supervisor)
-        holder.append(result)
+        dispatcher = result._dispatcher
         if tracer is not None:  # before the sinks are made: they keep the recorder
             recorder = dispatcher.trace = tracer._recorder([a.path for a in actors], ports)
             for actor in actors:
@@ -1377,10 +1433,10 @@ def run(
             result._deliver(port, _write_copy(value, result._actor_of[id(port.node)], result._rt))
         start_ns = result._start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
-            dispatcher.end_ns = start_ns + round(end_s * 1e9)
-            dispatcher.end_grace_ns = round(timeout * 1e9)
+            end_ns, grace_ns = start_ns + round(end_s * 1e9), round(timeout * 1e9)
+            dispatcher.set_end(end_ns, grace_ns)
             if not dispatcher.simulated:
-                result._hard_end_ns = dispatcher.end_ns + dispatcher.end_grace_ns
+                result._hard_end_ns = end_ns + grace_ns
                 result._events.put(("wake",))  # the coordinator recomputes its timeout
         _start_supervision(result, start_ns)
     except BaseException:

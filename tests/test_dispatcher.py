@@ -569,3 +569,89 @@ def test_a_cut_gives_up_on_an_actor_busy_past_its_timeout_and_withdraws_its_requ
     assert late == [stuck] and seen == [] and 0.2 <= took < 2
     assert busy is not None and busy["stuck"] == "on_update" and not d.held
     assert len(healthy.dts) >= n0 + 5  # the withdrawn request holds nothing back
+
+
+class _Recorder:
+    """A `KernelListener` that records each call, whether the lock was held, the thread."""
+
+    def __init__(self) -> None:
+        self.d: dispatcher.Dispatcher | None = None
+        self.calls: list[tuple[str, bool, str]] = []
+        self.ended = threading.Event()
+
+    def _note(self, name: str) -> None:
+        assert self.d is not None
+        free = self.d._cond.acquire(blocking=False)  # the lock is not reentrant
+        if free:
+            self.d._cond.release()
+        self.calls.append((name, not free, threading.current_thread().name))
+
+    def hook_failed(self, actor, hook: str, exc: BaseException) -> None:
+        self._note("hook_failed")
+
+    def reached_end(self) -> None:
+        self._note("reached_end")
+        self.ended.set()
+
+    def held(self) -> None:
+        self._note("held")
+
+    def crashed(self, exc: BaseException) -> None:
+        self._note("crashed")
+
+
+def _kernel(actors: list, listener: _Recorder) -> dispatcher.Dispatcher:
+    from mujou_actors.timers import SimulatedTimer
+
+    d = dispatcher.Dispatcher(actors, SimulatedTimer(), 1, listener)
+    listener.d = d
+    return d
+
+
+@pytest.mark.timeout(20)
+def test_the_end_is_told_to_the_listener_on_the_worker_with_the_lock_held() -> None:
+    from mujou_actors.actor import Actor
+
+    node = Counter(period=0.01)
+    listener = _Recorder()
+    d = _kernel([Actor(node, "", 0)], listener)
+    d.set_end(30_000_000, 10_000_000_000)
+    before = {t.name for t in threading.enumerate()}
+
+    d.start_threads()
+    d.start_running(0)
+    assert listener.ended.wait(10)
+    after = {t.name for t in threading.enumerate()}
+    d.shutdown()
+    d.join_threads(timeout=5)
+
+    # No thread started to call back: the worker tells the listener, under the lock.
+    assert listener.calls == [("reached_end", True, "mujou-worker-0")]
+    assert after - before == {"mujou-worker-0"}
+    assert len(node.dts) == 3 and d.end_ns == 30_000_000  # t = 10, 20, 30 ms
+    assert d.wait_stopping(0.0)
+
+
+def test_a_stop_asked_in_a_control_phase_outlasts_the_phase_the_release_and_the_start() -> None:
+    from mujou_actors.mailbox import Stop
+
+    d = _kernel([], _Recorder())
+
+    d.stop_at_boundary()  # not running yet: the stop comes at once
+    assert d.run_control([], Stop(), 1.0) == []  # a control phase (mode CONTROL again)
+    d.release()
+    d.start_running(0)
+
+    # A stop is for good: no timed work runs after it, whatever the phases did.
+    assert d.wait_stopping(0.0)
+
+
+def test_a_cut_asked_with_hold_at_is_taken_once_and_cleared() -> None:
+    d = _kernel([], _Recorder())
+
+    d.hold_at(50_000_000)
+
+    assert d.next_cut_ns == 50_000_000
+    assert d.take_cut_due() is False  # not held there yet
+    d.hold_at(None)
+    assert d.next_cut_ns is None

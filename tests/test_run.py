@@ -1804,3 +1804,76 @@ def test_run_calls_that_wait_are_refused_from_a_nodes_state_dict_at_a_cut() -> N
     for name, err in got.items():
         assert isinstance(err, RuntimeError), (name, err)
         assert "would block the run's thread (mujou-run)" in str(err)
+
+
+# -- the end of a run: decided once -------------------------------------------------
+
+
+class _FailsAt(mujou.Node):
+    """A periodic node whose ``n``-th update raises."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(period=0.01)
+        self.n, self.updates = n, 0
+
+    def on_update(self, dt: float) -> None:
+        self.updates += 1
+        if self.updates == self.n:
+            raise RuntimeError(f"boom at update {self.n}")
+
+
+def _count_stops(monkeypatch) -> list[str]:
+    """Record each stop the run asks of its dispatcher: "boundary" or "now"."""
+    from mujou_actors.dispatcher import Dispatcher
+
+    asked: list[str] = []
+    at_boundary, now = Dispatcher.stop_at_boundary, Dispatcher.stop_now
+
+    def spy_boundary(self) -> None:
+        asked.append("boundary")
+        at_boundary(self)
+
+    def spy_now(self) -> None:
+        asked.append("now")
+        now(self)
+
+    monkeypatch.setattr(Dispatcher, "stop_at_boundary", spy_boundary)
+    monkeypatch.setattr(Dispatcher, "stop_now", spy_now)
+    return asked
+
+
+def _end_reason(run: mujou.Run) -> str:
+    return run._end_reason.value  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers_", [1, 2], ids=lambda n: f"workers={n}")
+def test_two_failures_in_one_instant_end_the_run_once_at_that_instant(
+        monkeypatch, workers_: int) -> None:
+    asked = _count_stops(monkeypatch)
+    net = {"a": _FailsAt(3), "b": _FailsAt(3), "c": Counter()}
+
+    run = mujou.run(net, timer="simulated", workers=workers_)
+    with pytest.raises(mujou.NodeError):
+        run.join(timeout=20)
+
+    assert asked == ["boundary"]  # asked once, by the first failing thread
+    assert _end_reason(run) == "failed"
+    assert run.time_ns == 30_000_000  # the instant of the failures, finished
+    assert len(net["c"].dts) == 3
+
+
+@pytest.mark.timeout(30)
+def test_stop_and_the_duration_each_end_the_run_once(monkeypatch) -> None:
+    asked = _count_stops(monkeypatch)
+
+    with mujou.run(Counter(), timer="simulated", duration=0.05) as run:
+        run.join(timeout=20)
+        run.stop()
+    assert (asked, _end_reason(run)) == (["boundary"], "duration")
+
+    asked.clear()
+    with mujou.run(Counter(), workers=1) as run:
+        run.stop()
+        run.stop()
+    assert (asked, _end_reason(run)) == (["boundary"], "stopped")

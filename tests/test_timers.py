@@ -320,6 +320,22 @@ class _ScriptedClock(mujou_actors_timers.Timer):
         return self.t_ns
 
 
+class _Quiet:
+    """A `KernelListener` for a dispatcher driven by the test alone: it ignores every call."""
+
+    def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        pass
+
+    def reached_end(self) -> None:
+        pass
+
+    def held(self) -> None:
+        pass
+
+    def crashed(self, exc: BaseException) -> None:
+        pass
+
+
 def test_a_tick_starting_after_the_realtime_end_stands_for_the_last_tick_due(
         monkeypatch) -> None:
     period = 10_000_000
@@ -373,9 +389,8 @@ def test_a_trigger_claimed_after_the_realtime_end_takes_no_tick_that_is_not_due(
     from mujou_actors.dispatcher import Dispatcher
 
     actor = Actor(Counter(period=0.01), "", 0)
-    dispatcher = Dispatcher([actor], _ScriptedClock(0), 1,
-                            on_failure=lambda *a: None, on_end=lambda: None)
-    dispatcher.end_ns = 100_000_000
+    dispatcher = Dispatcher([actor], _ScriptedClock(0), 1, _Quiet())
+    dispatcher.set_end(100_000_000, 10_000_000_000)
     key = (95_000_000, 0)  # a message sent at 95 ms triggers it
     actor.next_tick_ns, actor.trigger_key, actor.queued_key = 110_000_000, key, key
 

@@ -1,0 +1,58 @@
+"""The typed protocols between the kernel's parts and whatever drives them.
+
+The dispatcher knows what drives it (the run's coordinator, or a test, or
+later a process of a multi-process run) only through `KernelListener`: four
+calls, each with its locking rule, and no other channel. The driver talks
+back to the dispatcher only through the dispatcher's methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..actor import Actor
+
+__all__ = ["KernelListener"]
+
+
+class KernelListener(Protocol):
+    """What a `Dispatcher` tells the one that drives it.
+
+    Two calls come with the dispatcher's lock held (`reached_end`, `held`):
+    they must not block, nor call back into the dispatcher, nor take a lock
+    that is ever held while calling the dispatcher; they post an event for
+    the driver's own thread. The other two come without any lock of the
+    dispatcher's, on the thread where it happened.
+    """
+
+    def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        """A hook raised (no lock held; on the thread that ran the hook).
+
+        Args:
+            actor (Actor): the actor whose hook raised.
+            hook (str): the hook's name (``"on_update"``, ``"on_start"``...).
+            exc (BaseException): what it raised, whatever it is.
+        """
+
+    def reached_end(self) -> None:
+        """The run's end (`Dispatcher.set_end`) is reached; timed work has stopped.
+
+        Called once, WITH the dispatcher's lock held: must not block; posts an
+        event.
+        """
+
+    def held(self) -> None:
+        """The dispatcher entered a hold (a consistent cut), whoever asked for it.
+
+        Called WITH the dispatcher's lock held: must not block; posts an event.
+        """
+
+    def crashed(self, exc: BaseException) -> None:
+        """An exception escaped a thread's loop: a defect of the kernel, not a hook's.
+
+        No lock held. The run must end and report it, never lose it.
+
+        Args:
+            exc (BaseException): what escaped.
+        """
