@@ -50,7 +50,9 @@ if TYPE_CHECKING:  # rich is imported where it is used: `import mujou_actors` st
 #: What FILE[:NAME] names: what ``mujou.run`` takes.
 Net = Node | list[Node] | tuple[Node, ...] | dict[str, Node]
 
-__all__ = ["main"]
+# Nothing here is for users to import: the program is `mujou` (setup.cfg's entry point names
+# main, which needs no __all__).
+__all__: list[str] = []
 
 EXIT_FAILURE = 1      # the run failed (a node raised, a stop timed out)
 EXIT_USAGE = 2        # bad file, name or option

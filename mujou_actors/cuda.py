@@ -50,14 +50,14 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .errors import MujouError
+# SyncModeError lives with the other errors; it is also mujou.cuda.SyncModeError.
+from .errors import SyncModeError
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that importing this module is cheap
     import torch
 
+# The members docs/reference.md documents; SyncModeError is errors.py's, re-exported.
 __all__ = [
-    "SYNC_MODES",
-    "CUDA_SYNC_VALUES",
     "SyncModeError",
     "set_sync_mode",
     "get_sync_mode",
@@ -98,29 +98,6 @@ _KNOWN_ERRORS = {
     708: "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
     999: "CUDA_ERROR_UNKNOWN",
 }
-
-
-class SyncModeError(MujouError, RuntimeError):
-    """The CUDA scheduling flag could not be read or set.
-
-    Raised by `set_sync_mode` when the device's primary context is already
-    active with another mode (the mode must be chosen before the first CUDA use
-    in the process), when the value read back from the driver is not the one
-    asked for, when there is no CUDA driver or device, and when a driver call
-    fails (the message names the call and the ``CUresult`` code, as named by
-    ``cuGetErrorName``). It is a ``RuntimeError``.
-
-    Attributes:
-        device (int | None): the device ordinal concerned, or ``None`` when the
-            error is not about one device (no driver, no device).
-        current (str | None): the mode in effect on that device when known.
-    """
-
-    def __init__(self, message: str, *, device: int | None = None,
-                 current: str | None = None) -> None:
-        super().__init__(message)
-        self.device = device
-        self.current = current
 
 
 # -- the driver ---------------------------------------------------------------------------

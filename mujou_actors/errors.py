@@ -2,8 +2,9 @@
 
 The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
-(``NodeError``), bad data (``SnapshotError``) and time (``StartTimeoutError``,
-``StopTimeoutError``). `describe` formats any exception for a message.
+(``NodeError``), bad data (``SnapshotError``), time (``StartTimeoutError``,
+``StopTimeoutError``) and the CUDA driver (``SyncModeError``, also
+``mujou.cuda.SyncModeError``). `describe` formats any exception for a message.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = [
     "NotRunningError",
     "NetError",
     "CallbackError",
-    "describe",
+    "SyncModeError",
 ]
 
 
@@ -140,6 +141,31 @@ class CallbackError(MujouError):
 
     The original exception is the ``__cause__``.
     """
+
+
+class SyncModeError(MujouError, RuntimeError):
+    """The CUDA scheduling flag could not be read or set.
+
+    Raised by `mujou_actors.cuda.set_sync_mode` when the device's primary
+    context is already active with another mode (the mode must be chosen
+    before the first CUDA use in the process), when the value read back from
+    the driver is not the one asked for, when there is no CUDA driver or
+    device, and when a driver call fails (the message names the call and the
+    ``CUresult`` code, as named by ``cuGetErrorName``); also by
+    `mujou_actors.cuda.get_sync_mode`. It is a ``RuntimeError``. Import it as
+    ``mujou.cuda.SyncModeError``.
+
+    Attributes:
+        device (int | None): the device ordinal concerned, or ``None`` when the
+            error is not about one device (no driver, no device).
+        current (str | None): the mode in effect on that device when known.
+    """
+
+    def __init__(self, message: str, *, device: int | None = None,
+                 current: str | None = None) -> None:
+        super().__init__(message)
+        self.device = device
+        self.current = current
 
 
 def describe(exc: BaseException) -> str:

@@ -30,10 +30,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._checks import is_int
 from .errors import NotRunningError
 from .stats import SubscriptionStats
 
-__all__ = ["HOST_QUEUE_DEPTH", "Subscription", "Host", "Waiter", "check_depth"]
+# Only the names users import (docs/reference.md); the package's own helpers stay importable.
+__all__ = ["Subscription"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -44,7 +46,7 @@ HOST_QUEUE_DEPTH = 1024
 
 def check_depth(what: str, depth: Any) -> int:
     """``depth`` as a queue bound, or a TypeError / ValueError naming ``what``."""
-    if isinstance(depth, bool) or not isinstance(depth, int):
+    if not is_int(depth):
         raise TypeError(f"{what}: depth must be an int >= 1, got {depth!r}")
     if depth < 1:
         raise ValueError(f"{what}: depth must be an int >= 1, got {depth!r}")

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ._checks import is_int, is_number
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
@@ -19,11 +20,8 @@ from .snapshot import file_problem, from_file
 from .state import check_tree
 from .supervisor import derive_seed
 
-__all__ = [
-    "walk", "collect_ports", "warn_unknown_hooks", "check_seconds", "check_workers",
-    "load_state", "check_fit", "check_file_messages", "resolve_inputs", "check_flag",
-    "settle_seeds",
-]
+# Nothing here is for users to import: mujou.run calls these checks.
+__all__: list[str] = []
 
 log = logging.getLogger("mujou_actors")
 
@@ -70,7 +68,7 @@ def walk(net: Any) -> list[tuple[str, Node]]:
 
 
 def check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"mujou.run: {name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"mujou.run: {name} must be a finite number "
@@ -81,7 +79,7 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
 def check_workers(workers: Any) -> None:
     if workers is None:
         return
-    if isinstance(workers, bool) or not isinstance(workers, int):
+    if not is_int(workers):
         raise TypeError(f"mujou.run: workers must be an int or None, got {workers!r}")
     if workers < 1:
         raise ValueError(f"mujou.run: workers must be >= 1, got {workers}")
@@ -230,8 +228,7 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
             problems.append(f"schedule[{path!r}] is a {type(entry).__name__}, not a dict")
             continue
         last = entry.get("last_update_ns")
-        if last is not None and (isinstance(last, bool) or not isinstance(last, int)
-                                 or not 0 <= last <= tree["time_ns"]):
+        if last is not None and (not is_int(last) or not 0 <= last <= tree["time_ns"]):
             problems.append(f"schedule[{path!r}]['last_update_ns'] is {last!r}, not an int "
                             f"from 0 to time_ns ({tree['time_ns']})")
     if problems:

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
+from ._checks import is_int, is_number
 from .devices import validate_device
 from .ports import Port, ports_of_class
 
-__all__ = ["Node", "check_seed"]
+# Only the names users import (docs/reference.md); the package's own helpers stay importable.
+__all__ = ["Node"]
 
 # Attributes the framework keeps on a node are prefixed so that they never
 # collide with a user's own fields (as Pykka does).
@@ -29,7 +31,7 @@ def _check_period(period: Any, where: str) -> int | None:
     """Validate a period in seconds; return it in integer nanoseconds."""
     if period is None:
         return None
-    if isinstance(period, bool) or not isinstance(period, (int, float)):
+    if not is_number(period):
         raise TypeError(f"{where}: period must be a number of seconds or None, got {period!r}")
     if not math.isfinite(period) or period <= 0:
         raise ValueError(f"{where}: period must be a finite number > 0 or None, got {period!r}")
@@ -58,7 +60,7 @@ def check_seed(seed: Any, where: str) -> int | None:
     """
     if seed is None:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise TypeError(f"{where}: seed must be an int or None, got {seed!r}")
     if not 0 <= seed < 2**64:
         raise ValueError(f"{where}: seed must be in [0, 2**64), got {seed!r}")
@@ -390,7 +392,7 @@ class Node:
 
 
 def _is_seed(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+    return is_int(value) and 0 <= value < 2**64
 
 
 _generator_states: dict[str, tuple[torch.dtype, int]] = {}

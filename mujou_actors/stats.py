@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "RunStats",
-           "percentile"]
+# Only the names users import (docs/reference.md); the package's own helpers stay importable.
+__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "RunStats"]
 
 
 @dataclass(frozen=True)

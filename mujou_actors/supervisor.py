@@ -23,10 +23,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._checks import is_int, is_number
 from .errors import describe
 from .node import check_seed
 
-__all__ = ["derive_seed", "Supervisor", "SnapshotWriter", "RESTART_STRATEGIES"]
+# Only the names users import (docs/reference.md); the package's own helpers stay importable.
+__all__ = ["Supervisor", "latest_snapshot"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -62,7 +64,7 @@ def derive_seed(run_seed: int, path: str) -> int:
 def _seconds(name: str, value: Any, *, allow_none: bool) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"Supervisor: {name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"Supervisor: {name} must be a finite number > 0, got {value!r}")
@@ -130,11 +132,11 @@ class Supervisor:
         if restart not in RESTART_STRATEGIES:
             raise ValueError(f"Supervisor: restart must be one of {RESTART_STRATEGIES}, "
                              f"got {restart!r}")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+        if not is_int(max_restarts):
             raise TypeError(f"Supervisor: max_restarts must be an int, got {max_restarts!r}")
         if max_restarts < 0:
             raise ValueError(f"Supervisor: max_restarts must be >= 0, got {max_restarts}")
-        if isinstance(keep, bool) or not isinstance(keep, int):
+        if not is_int(keep):
             raise TypeError(f"Supervisor: keep must be an int, got {keep!r}")
         if keep < 1:
             raise ValueError(f"Supervisor: keep must be >= 1, got {keep!r}")

@@ -37,6 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._checks import is_int
 from .errors import describe
 from .mailbox import unstamp
 
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
     from .actor import Actor
     from .ports import Input, Output, Port
 
-__all__ = ["Tracer", "Recorder", "as_tracer", "check_writable", "format_events",
-           "DEFAULT_CAPACITY"]
+# Only the names users import (docs/reference.md); the package's own helpers stay importable.
+__all__ = ["Tracer"]
 
 DEFAULT_CAPACITY = 1_000_000
 
@@ -124,7 +125,7 @@ class Tracer:
             raise TypeError(f"Tracer: path must be a str or os.PathLike, got {path!r}")
         if os.fspath(path) == "":
             raise ValueError("Tracer: path must not be empty")
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
+        if not is_int(capacity):
             raise TypeError(f"Tracer: capacity must be an int, got {capacity!r}")
         if capacity < 1:
             raise ValueError(f"Tracer: capacity must be >= 1, got {capacity}")
