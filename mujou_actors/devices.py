@@ -32,8 +32,6 @@ The rules (see docs/devices.md):
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import enum
 import threading
 from collections.abc import Callable, Iterable
@@ -42,9 +40,10 @@ from typing import Any
 import torch
 
 from .cuda import StreamWaiter, check_cuda_sync, make_waiter
+from .messages import map_tensors, tensors_in  # re-exported: mailbox.py and tests import them
 
 __all__ = [
-    "validate_device", "map_tensors", "Path", "send_path", "Receive",
+    "validate_device", "Path", "send_path", "Receive",
     "receive_action", "write_path", "copy_stream_devices", "DeviceMessage", "CudaRuntime",
 ]
 
@@ -94,56 +93,6 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
             f"{owner}: device {str(dev)!r} does not exist; this host has {count} CUDA device(s)"
         )
     return torch.device("cuda", index)
-
-
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor in a message, rebuilding its containers.
-
-    Lists, tuples, NamedTuples, dicts (dict subclasses too, with their type
-    and default) and dataclasses are rebuilt; other values are returned as
-    they are. A dataclass is rebuilt as
-    ``ports.copy_message`` copies it: a shallow copy with every field replaced,
-    ``init=False`` ones included, without calling ``__init__`` or
-    ``__post_init__`` again (those could drop or change fields).
-    """
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    vt = type(value)
-    if vt is list:
-        return [map_tensors(v, fn) for v in value]
-    if vt is dict:
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [map_tensors(v, fn) for v in value]
-        return vt(*items) if hasattr(vt, "_fields") else vt(items)
-    if isinstance(value, dict):  # a dict subclass, rebuilt as ports.copy_message copies it
-        clone = copy.copy(value)
-        for k, v in value.items():
-            clone[k] = map_tensors(v, fn)
-        return clone
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        clone = copy.copy(value)
-        for f in dataclasses.fields(value):
-            field = getattr(value, f.name, _UNSET)  # an init=False field may be unset
-            if field is not _UNSET:
-                object.__setattr__(clone, f.name, map_tensors(field, fn))  # frozen ones too
-        return clone
-    return value
-
-
-_UNSET = object()
-
-
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a message, in order."""
-    found: list[torch.Tensor] = []
-
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        found.append(t)
-        return t
-
-    map_tensors(value, keep)
-    return found
 
 
 # ---------------------------------------------------------------------------

@@ -1,16 +1,15 @@
-"""Typed ports: ``Input``, ``Output``, ``connect``, message checks and QoS buffers.
+"""Typed ports: ``Input``, ``Output``, ``connect`` and the Inputs' QoS buffers.
 
 A port is declared on a node class (a descriptor that gives each node instance
 its own port object on first access) or assigned in ``__init__``. This module
 knows nothing of threads: while a net runs, each Output's ``send`` is a
 function the dispatcher built for that run, and an Input's buffer is only
-touched by its node's own hooks, which never overlap.
+touched by its node's own hooks, which never overlap. The message types, their
+checks and the copy a send makes live in `mujou_actors.messages`.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 import weakref
 from collections import deque
@@ -20,213 +19,12 @@ from typing import Any
 import torch
 
 from .errors import NotRunningError, PortTypeError
+from .messages import Checker, _make_checker, _mismatch, _Spec
+from .messages import copy_message as copy_message  # re-exported: run.py imports it from here
 
-__all__ = ["Port", "Input", "Output", "connect", "copy_message"]
+__all__ = ["Port", "Input", "Output", "connect"]
 
 log = logging.getLogger("mujou_actors")
-
-Checker = Callable[[Any], Any]
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
-
-
-# ---------------------------------------------------------------------------
-# Message types
-
-
-class _Spec:
-    """The declared type of a port: a Python type, or a tensor with shape/dtype."""
-
-    __slots__ = ("type", "shape", "dtype", "exact")
-
-    def __init__(self, type_: Any, shape: Any, dtype: Any, where: str) -> None:
-        if not isinstance(type_, type):
-            raise TypeError(f"{where}: the message type must be a class, got {type_!r}")
-        is_tensor = issubclass(type_, torch.Tensor)
-        if not is_tensor and (shape is not None or dtype is not None):
-            raise TypeError(f"{where}: shape and dtype apply to torch.Tensor ports only")
-        if shape is not None:
-            if not isinstance(shape, (tuple, list)):
-                raise TypeError(f"{where}: shape must be a tuple such as (3,) or (None, 4), "
-                                f"got {shape!r}")
-            shape = tuple(shape)
-            for dim in shape:
-                if dim is not None and (type(dim) is not int or dim < 0):
-                    raise TypeError(
-                        f"{where}: shape must hold ints >= 0 or None, got {shape!r}"
-                    )
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"{where}: dtype must be a torch.dtype, got {dtype!r}")
-        self.type = type_
-        self.shape = shape
-        self.dtype = dtype
-        # Values of exactly this type pass the check as they are: a send tests
-        # ``type(v) is exact`` inline and calls the checker only otherwise.
-        # None: every value needs the checker (a tensor with a dtype or shape).
-        self.exact: type | None = (
-            None if is_tensor and (shape is not None or dtype is not None) else type_)
-
-    def describe(self) -> str:
-        if not issubclass(self.type, torch.Tensor):
-            return self.type.__name__
-        parts = []
-        if self.dtype is not None:
-            parts.append(f"dtype={self.dtype}")
-        if self.shape is not None:
-            parts.append(f"shape={self.shape}")
-        return f"Tensor({', '.join(parts)})" if parts else "Tensor"
-
-    def accepts_all_of(self, other: _Spec) -> bool:
-        """True when every value of ``other`` passes as it is: no check, no conversion.
-
-        An ``int`` port feeding a ``float`` one does not: its values are
-        converted at send, whichever type the sending port declares.
-        """
-        if self.type is object:
-            return True
-        if not issubclass(other.type, self.type) or other.type is object:
-            return False
-        if self.dtype is not None and other.dtype != self.dtype:
-            return False
-        if self.shape is None:
-            return True
-        if other.shape is None or len(other.shape) != len(self.shape):
-            return False
-        return all(a is None or a == b for a, b in zip(self.shape, other.shape, strict=False))
-
-    def may_accept_some_of(self, other: _Spec) -> bool:
-        """False when no value of ``other`` can be a value of ``self``."""
-        if self.type is object or other.type is object:
-            return True
-        if self.type is float and other.type is int:
-            return True
-        if not (issubclass(other.type, self.type) or issubclass(self.type, other.type)):
-            return False
-        if None not in (self.dtype, other.dtype) and self.dtype != other.dtype:
-            return False
-        if self.shape is None or other.shape is None:
-            return True
-        if len(self.shape) != len(other.shape):
-            return False
-        pairs = zip(self.shape, other.shape, strict=True)
-        return all(a is None or b is None or a == b for a, b in pairs)
-
-
-def describe_value(value: Any) -> str:
-    """A short description of a message for error messages (type, dtype, shape)."""
-    if isinstance(value, torch.Tensor):
-        return f"Tensor(dtype={value.dtype}, shape={tuple(value.shape)})"
-    return type(value).__name__
-
-
-def _make_checker(spec: _Spec, port: Port) -> Checker | None:
-    """Compile the check of ``spec`` into one small function (None: accept all).
-
-    The function returns the value to deliver (an ``int`` on a ``float`` port
-    becomes a ``float``) or raises `PortTypeError` naming ``port``.
-    """
-    t = spec.type
-    if t is object:
-        return None
-
-    def fail(value: Any) -> PortTypeError:
-        return PortTypeError(
-            f"port {port.path!r}: expected {spec.describe()}, got {describe_value(value)}"
-        )
-
-    if issubclass(t, torch.Tensor):
-        dtype, shape = spec.dtype, spec.shape
-        ndim = None if shape is None else len(shape)
-        fixed = () if shape is None else tuple((i, d) for i, d in enumerate(shape) if d is not None)
-
-        def check_tensor(value: Any) -> Any:
-            if not isinstance(value, t):
-                raise fail(value)
-            if dtype is not None and value.dtype != dtype:
-                raise fail(value)
-            if ndim is not None:
-                vshape = value.shape
-                if len(vshape) != ndim:
-                    raise fail(value)
-                for i, d in fixed:
-                    if vshape[i] != d:
-                        raise fail(value)
-            return value
-
-        return check_tensor
-    if t is float:
-
-        def check_float(value: Any) -> Any:
-            vt = type(value)
-            if vt is float:
-                return value
-            if vt is int or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-                return float(value)
-            raise fail(value)
-
-        return check_float
-    if t is int:
-
-        def check_int(value: Any) -> Any:
-            if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
-                return value
-            raise fail(value)
-
-        return check_int
-
-    def check_instance(value: Any) -> Any:
-        if isinstance(value, t):
-            return value
-        raise fail(value)
-
-    return check_instance
-
-
-def _clone(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
-
-
-def copy_message(value: Any, tensor_copy: Callable[[torch.Tensor], torch.Tensor] = _clone) -> Any:
-    """Copy a message for value semantics: tensors are cloned, containers rebuilt.
-
-    Immutable scalars are shared. Tensors are detached and cloned (a message
-    carries data, not an autograd graph), also inside lists, tuples, dicts
-    (dict subclasses such as OrderedDict too), NamedTuples and dataclasses.
-    Other objects are deep-copied.
-
-    Args:
-        value: any message.
-        tensor_copy: how each tensor is copied (default: detach and clone on
-            its device); the device routing passes one that also moves it.
-
-    Returns:
-        A copy that shares no mutable memory with ``value``.
-    """
-    vt = type(value)
-    if vt in _IMMUTABLE:
-        return value
-    if isinstance(value, torch.Tensor):
-        return tensor_copy(value)
-    if vt is list:
-        return [copy_message(v, tensor_copy) for v in value]
-    if vt is dict:
-        return {k: copy_message(v, tensor_copy) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [copy_message(v, tensor_copy) for v in value]
-        return vt(*items) if hasattr(vt, "_fields") else vt(items)
-    if dataclasses.is_dataclass(value):
-        clone = copy.copy(value)
-        for f in dataclasses.fields(value):
-            object.__setattr__(clone, f.name, copy_message(getattr(value, f.name), tensor_copy))
-        return clone
-    if isinstance(value, dict):
-        # A dict subclass (OrderedDict, defaultdict, ...): its type, order and
-        # default kept, and its tensors copied by tensor_copy like a dict's, so
-        # the device routing sees them (a deepcopy would leave them on their device).
-        clone = copy.copy(value)
-        for k, v in value.items():
-            clone[k] = copy_message(v, tensor_copy)
-        return clone
-    return copy.deepcopy(value)
 
 
 # ---------------------------------------------------------------------------
@@ -660,19 +458,6 @@ def connect(output: Output, input: Input) -> None:
     if not input._spec.accepts_all_of(output._spec):
         output._strict_readers.append(input)
     input._sources.append(output)
-
-
-def _mismatch(out: _Spec, inp: _Spec) -> str:
-    """Which part of two incompatible specs differs, in words."""
-    if out.type is not inp.type and not issubclass(out.type, torch.Tensor):
-        return "incompatible types"
-    if None not in (out.dtype, inp.dtype) and out.dtype != inp.dtype:
-        return "the dtypes differ"
-    if out.shape is not None and inp.shape is not None:
-        if len(out.shape) != len(inp.shape):
-            return "the numbers of dimensions differ"
-        return "the shapes differ"
-    return "incompatible types"
 
 
 _port_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()

@@ -17,16 +17,17 @@ bit-identical to one that never stopped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from .errors import SnapshotError
+from .messages import Rules, walk
 
 __all__ = ["FORMAT", "copy_state", "check_tree"]
 
 FORMAT = 1
-_LEAVES = (type(None), bool, int, float, str, bytes)
+_LEAVES = frozenset((type(None), bool, int, float, str, bytes))
 _CPU = torch.device("cpu")
 _SECTIONS = ("format", "time_ns", "seeds", "nodes", "inputs", "pending", "schedule")
 
@@ -39,6 +40,8 @@ def copy_state(value: Any, where: str,
                tensor_copy: Callable[[torch.Tensor], torch.Tensor] = _to_cpu) -> Any:
     """A CPU copy of a state value, checked against what a tree may hold.
 
+    Walked without recursion (`messages.walk`), so no state can overflow the stack.
+
     Args:
         value: a node's ``state_dict()`` (or part of it).
         where: the key path for errors, e.g. ``"node 'ctrl', key 'model'"``.
@@ -47,45 +50,35 @@ def copy_state(value: Any, where: str,
             copies complete only after a wait (`devices.HostCopier`).
 
     Returns:
-        The same structure with every tensor detached, copied to the CPU.
+        The same structure with every tensor detached, copied to the CPU. A
+        subclass of list, tuple or dict (an OrderedDict, a NamedTuple) becomes
+        a plain one.
 
     Raises:
         TypeError: a value that is not a tensor, None, bool, int, float, str,
             bytes, or a list / tuple / dict (str or int keys) of these; names
             ``where`` and the key.
+        ValueError: lists, tuples and dicts nested deeper than
+            `messages.MAX_NESTING` levels; names ``where``, the key path and the limit.
     """
-    return _copy(value, where, (), tensor_copy)
+    return walk(value, tensor_copy, _RULES, where)
 
 
-def _copy(value: Any, where: str, keys: tuple[Any, ...],
-          tensor_copy: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    # ``keys`` is the path below ``where``; it is put into words only for an
-    # error (a snapshot of a big net copies thousands of small states).
-    vt = type(value)
-    if vt in _LEAVES:
-        return value
-    if isinstance(value, torch.Tensor):
-        return tensor_copy(value)
-    if vt is list or vt is tuple:
-        items = [_copy(v, where, (*keys, i), tensor_copy) for i, v in enumerate(value)]
-        return items if vt is list else tuple(items)
-    if vt is dict:
-        out = {}
-        for k, v in value.items():
-            if type(k) not in (str, int):
-                raise TypeError(f"{_where(where, keys)}: key {k!r} is a {type(k).__name__}; "
-                                "state keys must be str or int")
-            out[k] = _copy(v, where, (*keys, k), tensor_copy)
-        return out
-    if isinstance(value, (list, tuple, dict)):  # subclasses, e.g. OrderedDict
-        return _copy(vt.__base__(value) if vt.__base__ in (list, tuple, dict)
-                     else dict(value), where, keys, tensor_copy)
-    raise TypeError(f"{_where(where, keys)}: a {vt.__name__} cannot be part of the state; use "
+def _refuse(value: Any, path: Callable[[], str]) -> NoReturn:
+    """What a value the tree cannot hold becomes: a ``TypeError`` naming its key path."""
+    raise TypeError(f"{path()}: a {type(value).__name__} cannot be part of the state; use "
                     "tensors, numbers, str, bytes, None, and lists / tuples / dicts of these")
 
 
-def _where(where: str, keys: tuple[Any, ...]) -> str:
-    return where + "".join(f"[{k!r}]" for k in keys)
+def _bad_key(key: Any) -> str | None:
+    """Why a dict key cannot be part of the state (None: it can)."""
+    if type(key) in (str, int):
+        return None
+    return f"key {key!r} is a {type(key).__name__}; state keys must be str or int"
+
+
+# What copy_state keeps, converts and refuses (messages.walk's rules for the tree).
+_RULES = Rules(_LEAVES, True, _refuse, _bad_key)
 
 
 def check_tree(tree: Any, source: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
-from mujou_actors.ports import copy_message
+from mujou_actors.messages import copy_message
 from tests.conftest import Collector, Source
 
 
