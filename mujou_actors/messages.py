@@ -23,8 +23,9 @@ import torch
 
 from .errors import PortTypeError
 
-__all__ = ["MAX_NESTING", "SCALARS", "Rules", "walk", "copy_message", "map_tensors",
-           "tensors_in", "describe_value"]
+# What users import: the limit the docs name. The rest (walk, Rules, copy_message,
+# map_tensors, tensors_in, describe_value, SCALARS) is for the package's own modules.
+__all__ = ["MAX_NESTING"]
 
 Checker = Callable[[Any], Any]
 
