@@ -895,7 +895,7 @@ def _mixed_run(env: Env) -> dict[str, Any]:
             "bad_values": bad_values}
 
 
-_ACTOR_MODULE = importlib.import_module("mujou_actors.actor")  # where readers call receive
+_ACTOR_MODULE = importlib.import_module("mujou_actors._runtime.actor")  # where readers call receive
 
 
 @contextlib.contextmanager
@@ -911,12 +911,12 @@ def _unrouted_receive(calls: list[int]) -> Iterator[None]:
 
     Raises:
         RuntimeError: the readers do not call ``devices.receive`` through
-            ``mujou_actors.actor.receive`` (the patch would change nothing), or
+            ``mujou_actors._runtime.actor.receive`` (the patch would change nothing), or
             its parameters changed (the stand-in would not match it).
     """
     real = mujou_devices.receive
     if getattr(_ACTOR_MODULE, "receive", None) is not real:
-        raise RuntimeError("mujou_actors.actor.receive is not devices.receive: "
+        raise RuntimeError("mujou_actors._runtime.actor.receive is not devices.receive: "
                            "the mixed check's control would patch nothing")
 
     def unrouted(message: Any, reader_device: torch.device, reader_stream: Any,

@@ -37,7 +37,7 @@ import click
 
 import mujou_actors as mujou
 
-from .actor import LATENESS_SAMPLES
+from ._runtime.actor import LATENESS_SAMPLES
 from .errors import MujouError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats

@@ -21,7 +21,11 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .actor import Actor
+from ._runtime.actor import Actor
+from ._runtime.dispatcher import Dispatcher
+from ._runtime.mailbox import Restore, Snapshot, Start, Stop
+from ._runtime.sends import make_send
+from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
 from .devices import (
     CudaRuntime,
@@ -34,7 +38,6 @@ from .devices import (
     send_path,
     to_host,
 )
-from .dispatcher import Dispatcher, default_workers
 from .errors import (
     CallbackError,
     NetError,
@@ -45,7 +48,6 @@ from .errors import (
     describe,
 )
 from .host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
-from .mailbox import Restore, Snapshot, Start, Stop
 from .net import (
     check_file_messages,
     check_fit,
@@ -196,11 +198,12 @@ class Run:
 
     def __init__(self, *, actors: list[Actor], timer: Timer, workers: int,
                  ports: dict[str, Port], seeds: dict[str, int],
-                 stop_timeout: float, supervisor: Supervisor | None = None) -> None:
+                 stop_timeout: float, supervisor: Supervisor | None = None,
+                 trace: Recorder | None = None) -> None:
         self._actors = actors
         # The run drives its dispatcher, which reports back only through the
         # KernelListener calls (hook_failed, reached_end, held, crashed).
-        self._dispatcher = Dispatcher(actors, timer, workers, _Listener(self))
+        self._dispatcher = Dispatcher(actors, timer, workers, _Listener(self), trace)
         self._timer = timer
         self._ports = ports
         self._port_ids = {id(p) for p in ports.values()}
@@ -886,7 +889,7 @@ class Run:
                         f"node {actor.path or '<root>'!r} is still in {hook} (stuck when the "
                         "run stopped): its state cannot be taken")
                 else:
-                    envelope(actor)
+                    actor.take_state(envelope)
         else:
             late = d.run_here(self._actors, Snapshot(nodes, errors), timeout)
             if late:
@@ -1388,14 +1391,16 @@ def run(
         pool = sum(1 for a in actors if not a.dedicated)
         n_workers = workers if workers is not None else default_workers(pool)
 
-        result = Run(actors=actors, timer=t, workers=n_workers, ports=ports, seeds=seeds,
-                     stop_timeout=timeout, supervisor=supervisor)
-        dispatcher = result._dispatcher
+        recorder = None
         if tracer is not None:  # before the sinks are made: they keep the recorder
-            recorder = dispatcher.trace = tracer._recorder([a.path for a in actors], ports)
+            recorder = tracer._recorder([a.path for a in actors], ports)
             for actor in actors:
                 actor.trace = recorder
-            result._trace = (tracer, recorder)
+        result = Run(actors=actors, timer=t, workers=n_workers, ports=ports, seeds=seeds,
+                     stop_timeout=timeout, supervisor=supervisor, trace=recorder)
+        dispatcher = result._dispatcher
+        if tracer is not None:
+            result._trace = (tracer, recorder)  # type: ignore[assignment]
         _setup_cuda(result, actors, cuda_sync)
         _wire(result, actors, ports, dispatcher)
         started = dispatcher
@@ -1500,7 +1505,7 @@ def _wire(result: Run, actors: list[Actor], ports: dict[str, Port],
             view = _View()
             result._views[id(port)] = view
             copy = _copier(sender, [a for _, a, _ in routes], result._rt)
-            port._send = dispatcher.make_send(sender, port, routes, view, copy)
+            port._send = make_send(dispatcher.sends, sender, port, routes, view, copy)
             if type(port).send is Output.send:  # a subclass's own send() stays in the way
                 # An instance attribute: a hook's ``out.send(v)`` calls it directly.
                 port.send = port._send

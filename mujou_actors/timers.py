@@ -7,42 +7,13 @@ things: what time it is, and how long to sleep until a due time.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 import time
 
 # Nothing here is for users to import: a run picks its timer by name (timer="realtime").
 __all__: list[str] = []
 
 log = logging.getLogger("mujou_actors")
-
-PR_SET_TIMERSLACK = 29  # linux/prctl.h
-
-
-def tight_timer_slack() -> bool:
-    """Ask Linux to wake the calling thread on time: 1 ns of timer slack.
-
-    By default the kernel may delay a sleeping thread's wake-up by up to
-    50 µs (the thread's *timer slack*, ``prctl(PR_SET_TIMERSLACK)``, see
-    prctl(2)) so as to batch wake-ups. The real-time timer's worker and
-    dedicated threads ask for 1 ns instead, which takes that 50 µs off the
-    lateness of every tick without any busy waiting. The setting belongs to
-    the calling thread only.
-
-    Returns:
-        bool: True if the kernel accepted it; False elsewhere than Linux or
-        when the call fails (the thread then keeps the default slack).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError) as exc:  # no libc symbol: keep the default
-        log.debug("timer slack unchanged: %s", exc)
-        return False
-
 
 class Timer:
     """Base class: a clock in integer nanoseconds of the run's time."""

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._checks import is_int
+from ._runtime.keys import unstamp
 from .errors import describe
-from .mailbox import unstamp
 
 if TYPE_CHECKING:
-    from .actor import Actor
+    from ._runtime.actor import Actor
     from .ports import Input, Output, Port
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import dispatcher
+from mujou_actors._runtime import dispatcher, workers
 from tests.conftest import Counter
 
 TAG: contextvars.ContextVar[str] = contextvars.ContextVar("TAG", default="unset")
@@ -28,13 +28,13 @@ TAG: contextvars.ContextVar[str] = contextvars.ContextVar("TAG", default="unset"
     ],
 )
 def test_default_worker_count_rules(cpus: int, gil: bool, pool: int, expected: int) -> None:
-    assert dispatcher.default_workers(pool, cpus=cpus, gil=gil) == expected
+    assert workers.default_workers(pool, cpus=cpus, gil=gil) == expected
 
 
 def test_usable_cpus_follows_affinity() -> None:
     import os
 
-    assert 1 <= dispatcher.usable_cpus() <= len(os.sched_getaffinity(0))
+    assert 1 <= workers.usable_cpus() <= len(os.sched_getaffinity(0))
 
 
 def test_cgroup_v2_quota_is_read(tmp_path) -> None:
@@ -42,16 +42,16 @@ def test_cgroup_v2_quota_is_read(tmp_path) -> None:
     (tmp_path / "unlimited").mkdir()
     (tmp_path / "unlimited" / "cpu.max").write_text("max 100000\n")
 
-    assert dispatcher._read_cpu_max(str(tmp_path / "cpu.max")) == 1.5
-    assert dispatcher._read_cpu_max(str(tmp_path / "unlimited" / "cpu.max")) is None
-    assert dispatcher._read_cpu_max(str(tmp_path / "missing")) is None
+    assert workers._read_cpu_max(str(tmp_path / "cpu.max")) == 1.5
+    assert workers._read_cpu_max(str(tmp_path / "unlimited" / "cpu.max")) is None
+    assert workers._read_cpu_max(str(tmp_path / "missing")) is None
 
 
 def test_cgroup_v1_quota_is_read(tmp_path) -> None:
     (tmp_path / "cpu.cfs_quota_us").write_text("250000\n")
     (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
 
-    assert dispatcher._read_cfs(str(tmp_path)) == 2.5
+    assert workers._read_cfs(str(tmp_path)) == 2.5
 
 
 def test_explicit_workers_start_exactly_that_many_named_threads() -> None:
@@ -410,7 +410,7 @@ def _hook_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every update take exactly 1 µs and every other hook exactly 1 ms."""
     import sys
 
-    from mujou_actors import actor as actor_module
+    from mujou_actors._runtime import actor as actor_module
 
     now = [0]
 
@@ -610,7 +610,7 @@ def _kernel(actors: list, listener: _Recorder) -> dispatcher.Dispatcher:
 
 @pytest.mark.timeout(20)
 def test_the_end_is_told_to_the_listener_on_the_worker_with_the_lock_held() -> None:
-    from mujou_actors.actor import Actor
+    from mujou_actors._runtime.actor import Actor
 
     node = Counter(period=0.01)
     listener = _Recorder()
@@ -633,7 +633,7 @@ def test_the_end_is_told_to_the_listener_on_the_worker_with_the_lock_held() -> N
 
 
 def test_a_stop_asked_in_a_control_phase_outlasts_the_phase_the_release_and_the_start() -> None:
-    from mujou_actors.mailbox import Stop
+    from mujou_actors._runtime.mailbox import Stop
 
     d = _kernel([], _Recorder())
 

@@ -440,7 +440,7 @@ def test_messages_pushed_together_keep_and_drop_as_one_by_one(depth, caplog) -> 
 
 
 def test_deliveries_for_two_inputs_keep_their_order_per_input() -> None:
-    from mujou_actors.actor import Actor
+    from mujou_actors._runtime.actor import Actor
 
     class Two(mujou.Node):
         a = mujou.Input(int, depth=None)
@@ -628,7 +628,7 @@ def test_messages_restored_into_an_input_count_as_read() -> None:
 
 
 def test_a_reader_that_never_runs_holds_a_bounded_mailbox_and_counts_drops() -> None:
-    from mujou_actors.mailbox import prune_limit
+    from mujou_actors._runtime.mailbox import prune_limit
 
     go = threading.Event()
     n_ticks, burst = 1000, 100
@@ -680,7 +680,7 @@ def test_a_reader_that_never_runs_holds_a_bounded_mailbox_and_counts_drops() -> 
 
 def test_a_slow_simulated_reader_holds_a_bounded_mailbox_between_its_updates(
         workers: int) -> None:
-    from mujou_actors.mailbox import prune_limit
+    from mujou_actors._runtime.mailbox import prune_limit
 
     go = threading.Event()
 
@@ -733,7 +733,7 @@ def test_a_slow_simulated_reader_holds_a_bounded_mailbox_between_its_updates(
 
 @pytest.mark.parametrize("timer", ["simulated", "realtime"])
 def test_host_writes_into_an_idle_reader_keep_its_mailbox_bounded(timer: str) -> None:
-    from mujou_actors.mailbox import prune_limit
+    from mujou_actors._runtime.mailbox import prune_limit
 
     class Rx(mujou.Node):
         inp = mujou.Input(int, depth=2, trigger=False)
@@ -756,7 +756,7 @@ def test_host_writes_into_an_idle_reader_keep_its_mailbox_bounded(timer: str) ->
 
 
 def test_a_realtime_reader_stuck_in_a_hook_has_its_mailbox_pruned_as_messages_come() -> None:
-    from mujou_actors.mailbox import prune_limit
+    from mujou_actors._runtime.mailbox import prune_limit
 
     ready, stuck, sent, again = (threading.Event() for _ in range(4))
     seen: dict[str, Any] = {}  # what the sender saw of the reader's mailbox

@@ -562,7 +562,7 @@ def test_a_failure_while_the_run_is_built_releases_the_nodes(monkeypatch) -> Non
 @pytest.mark.timeout(30)
 def test_a_thread_that_cannot_start_releases_the_nodes_and_ends_the_started_ones(
         monkeypatch) -> None:
-    from mujou_actors.dispatcher import Dispatcher
+    from mujou_actors._runtime.dispatcher import Dispatcher
 
     net = Pipe()
     spawn = Dispatcher._spawn
@@ -787,7 +787,7 @@ def test_dt_mean_and_max_are_those_of_the_dts_the_hook_was_given() -> None:
 
 
 def test_dt_sum_adds_up_spans_across_restores() -> None:
-    from mujou_actors.actor import Actor
+    from mujou_actors._runtime.actor import Actor
 
     node = Counter(period=0.01)
     actor = Actor(node, "", 0)
@@ -1824,7 +1824,7 @@ class _FailsAt(mujou.Node):
 
 def _count_stops(monkeypatch) -> list[str]:
     """Record each stop the run asks of its dispatcher: "boundary" or "now"."""
-    from mujou_actors.dispatcher import Dispatcher
+    from mujou_actors._runtime.dispatcher import Dispatcher
 
     asked: list[str] = []
     at_boundary, now = Dispatcher.stop_at_boundary, Dispatcher.stop_now

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mujou_actors as mujou
 from mujou_actors import timers as mujou_actors_timers
-from mujou_actors.actor import Actor
+from mujou_actors._runtime.actor import Actor
 from tests.conftest import Collector, Counter, Source
 
 PR_GET_TIMERSLACK = 30  # linux/prctl.h
@@ -292,7 +292,7 @@ def test_realtime_threads_ask_for_tight_timer_slack(timer: str, dedicated: bool,
 
 
 def test_lateness_samples_keep_the_newest_in_order_when_the_ring_wraps() -> None:
-    from mujou_actors.actor import LATENESS_SAMPLES
+    from mujou_actors._runtime.actor import LATENESS_SAMPLES
 
     actor = Actor(Counter(period=0.01), "", 0)
     actor.schedule_first_tick(0)
@@ -385,8 +385,24 @@ def test_a_late_tick_is_never_counted_past_the_end_of_the_run() -> None:
     assert other.next_tick_ns == 110_000_000
 
 
+class _Quiet:
+    """A dispatcher's listener that expects nothing to happen (see KernelListener)."""
+
+    def hook_failed(self, actor: object, hook: str, exc: BaseException) -> None:
+        raise AssertionError(f"{hook} failed: {exc!r}")
+
+    def reached_end(self) -> None:
+        pass
+
+    def held(self) -> None:
+        pass
+
+    def crashed(self, exc: BaseException) -> None:
+        raise AssertionError(f"crashed: {exc!r}")
+
+
 def test_a_trigger_claimed_after_the_realtime_end_takes_no_tick_that_is_not_due() -> None:
-    from mujou_actors.dispatcher import Dispatcher
+    from mujou_actors._runtime.dispatcher import Dispatcher
 
     actor = Actor(Counter(period=0.01), "", 0)
     dispatcher = Dispatcher([actor], _ScriptedClock(0), 1, _Quiet())

@@ -2,5 +2,21 @@
 
 Nothing here is public: its names and modules may change in any version.
 ``mujou_actors.run`` builds on it and drives it; nothing in it imports
-``mujou_actors.run`` back.
+``mujou_actors.run`` back. The public modules above it (node, ports, net,
+supervisor, run, ...) say *what* a net is and what a run promises; the
+modules here carry it out, each importing only those listed before it:
+
+* `keys`: the ``(t_ns, delta)`` keys of the schedule and the stamps of deliveries;
+* `workers`: how many worker threads, and their timer slack;
+* `mailbox`: a node's mailbox (plain data) and the control envelopes;
+* `actor`: the runtime record of one node, and the one place that calls user code
+  (hooks, ``state_dict``, ``load_state_dict``), always inside the node's context;
+* `protocols`: `KernelListener`, what the dispatcher tells whoever drives it;
+* `calendar`: the ready queue, and its rule of which entries are live;
+* `policy`: simulated and real time as objects whose decisions the dispatcher acts on;
+* `sends`: the ``send`` installed on each Output;
+* `dispatcher`: the lock, the threads' loops, claiming and finishing hooks, the phases;
+* `cuts`: a kernel's state at a consistent cut, taken and loaded;
+* `kernel`: a dispatcher for some of a net's nodes that a driver steps one delta
+  cycle at a time (deliveries in, sends out): what a group process runs.
 """

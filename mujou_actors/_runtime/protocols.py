@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..actor import Actor
+    from .actor import Actor
 
 __all__ = ["KernelListener"]
 

@@ -4,6 +4,11 @@ An actor runs one hook at a time. The dispatcher decides *when* (and on which
 thread); the actor does *what*: apply the deliveries that are due, work out
 ``dt`` and the tick bookkeeping, call the hook in the node's own
 ``contextvars.Context`` and record its statistics.
+
+This is the one module that calls the user's code: the hooks (`Actor.run_update`,
+`Actor.handle` for ``on_start`` / ``on_stop``), ``state_dict`` (`Actor.take_state`)
+and ``load_state_dict`` (`Actor.restore`), each inside the node's own context
+and, for a CUDA node, on its streams. Nothing else reaches into a node.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from array import array
 from itertools import groupby
 from typing import Any
 
-from .devices import receive
-from .mailbox import MESSAGE, SLOT, Mailbox, prune_limit, unstamp
+from ..devices import HostCopier, map_tensors, receive
+from ..errors import NodeError
+from ..state import copy_state
+from .keys import Key, unstamp
+from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start, Stop, prune_limit
 
 __all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER"]
 
@@ -115,13 +123,13 @@ class Actor:
         self.input_depths: tuple[int | None, ...] | None = None
         self.prune_at = self.bound = NEVER
         self.next_tick_ns: int | None = None
-        self.trigger_key: tuple[int, int] | None = None
-        self.queued_key: tuple[int, int] | None = None  # its bucket's key (dispatcher)
+        self.trigger_key: Key | None = None
+        self.queued_key: Key | None = None  # its bucket's key (dispatcher)
         self.busy = False
         self.hook: str | None = None
         # (t_ns, delta) of the hook in flight: the key object of its batch,
         # shared, so setting it per hook allocates nothing (see make_send).
-        self.stamp: tuple[int, int] = (0, 0)
+        self.stamp: Key = (0, 0)
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
@@ -231,7 +239,7 @@ class Actor:
                 lost.append((port, n))
         return lost
 
-    def apply_deliveries(self, before: tuple[int, int] | None) -> tuple[int, int] | None:
+    def apply_deliveries(self, before: Key | None) -> Key | None:
         """Push due deliveries into the node's Inputs.
 
         Args:
@@ -440,3 +448,98 @@ class Actor:
         else:
             with self.on_stream():
                 self.context.run(fn, *args)
+
+    # -- control envelopes: on_start, on_stop, state_dict, load_state_dict -----------
+    def handle(self, envelope: Envelope) -> tuple[str, BaseException] | None:
+        """Run one control envelope; return ``(hook, exception)`` if it failed, else None.
+
+        `Start` runs ``on_start`` (the node counts as started once it
+        returns), `Stop` runs ``on_stop`` of a started node, `Restore` loads a
+        state (`restore`), `Snapshot` takes one (`take_state`; its errors go
+        into the envelope, never count as the node's failure). A CUDA node's
+        stream is waited for after ``on_start`` and ``on_stop`` as after
+        ``on_update``, also after a failure: the run starts with the work of
+        every ``on_start`` done, and the end never leaves a node's GPU work
+        queued. Whatever the hook raises (any BaseException) is returned, for
+        the dispatcher to report.
+        """
+        if isinstance(envelope, Snapshot):
+            self.take_state(envelope)
+            return None
+        if isinstance(envelope, Stop) and not self.started:
+            return None
+        hook = (envelope.hook if isinstance(envelope, Restore)
+                else "on_start" if isinstance(envelope, Start) else "on_stop")
+        try:
+            if isinstance(envelope, Restore):
+                self.restore(envelope)
+            else:
+                if isinstance(envelope, Stop):
+                    self.started = False
+                try:
+                    self.call(hook)
+                finally:
+                    self.wait_stream()
+                if isinstance(envelope, Start):
+                    self.started = True
+        except BaseException as exc:  # noqa: BLE001 - returned, never swallowed
+            return hook, exc
+        return None
+
+    def take_state(self, envelope: Snapshot) -> None:
+        """Copy the node's state into ``envelope.into[path]``; errors into ``envelope.errors``.
+
+        A CUDA node's stream is waited for before and after, on the thread
+        taking the cut (never a worker): the state is complete when read, and
+        the CPU copies are done when the run goes on. The copies of CUDA
+        tensors go into pinned memory without blocking and are waited for
+        through the thread's waiter (cuda_sync), not inside the copy.
+        """
+        try:
+            self.wait_stream()
+            copier = None if self.rt is None else HostCopier(self.rt)
+            with self.on_stream():
+                try:
+                    state = self.context.run(self.node.state_dict)
+                except BaseException as exc:  # noqa: BLE001 - reported, whatever it is
+                    envelope.errors[self.path] = NodeError.from_hook(self.path, envelope.hook,
+                                                                     exc)
+                    return
+                where = f"node {self.path!r} state"
+                if copier is None:
+                    state = copy_state(state, where)
+                else:
+                    state = copy_state(state, where, copier)
+                    copier.wait()
+                envelope.into[self.path] = state
+            self.wait_stream()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            envelope.errors[self.path] = exc
+
+    def restore(self, envelope: Restore) -> None:
+        """Load a state, the kept messages of the node's Inputs and its ``dt`` reference.
+
+        ``load_state_dict`` runs in the node's context, on its stream; kept
+        messages of a CUDA node are moved to its device on that stream, which
+        is then waited for. Clears ``failed`` (a restart). Raises what
+        ``load_state_dict`` raises.
+        """
+        with self.on_stream():
+            if envelope.state is not None:
+                self.context.run(self.node.load_state_dict, envelope.state)
+            device = self.device
+            rt = self.rt
+
+            def place(t: Any) -> Any:
+                # Queued on the node's stream without a host wait; the
+                # wait_stream below covers them (cuda_sync).
+                return t if t.device == device else rt.to_device(t, device)
+
+            for port, messages in envelope.inputs.items():
+                if device.type == "cuda":  # kept messages arrive on the node's device
+                    messages = [map_tensors(m, place) for m in messages]
+                port._restore(messages)
+        self.wait_stream()
+        if envelope.last_update_ns is not None:
+            self.set_last_update(envelope.last_update_ns)
+        self.failed = False

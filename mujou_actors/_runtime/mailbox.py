@@ -1,17 +1,14 @@
-"""Envelopes and mailboxes: everything that reaches a node goes through its mailbox.
+"""A node's mailbox and the control envelopes: everything that reaches a node goes through it.
 
 Two kinds of envelope reach an actor:
 
-* control envelopes (``Start``, ``Stop``, and later snapshot and restore
-  requests): handled one at a time, before any timed work;
+* control envelopes (`Start`, `Stop`, `Snapshot`, `Restore`): plain data, handled
+  one at a time, before any timed work, by `Actor.handle` (the one place that
+  calls the node's code);
 * deliveries: a message for one of the node's Inputs, stamped with the time
-  and delta cycle it was sent at and the sender's order in the net. Ordering
-  by that stamp, and by send order within one stamp, is what makes simulated
-  runs deterministic whatever the number of workers.
-
-A ``(t_ns, delta)`` key travels packed into one int, ``(t_ns << 32) | delta``
-(`pack`): it sorts like the tuple and compares in C. The dispatcher's ready
-queue uses it; a delivery's stamp (`stamp`) packs the sender's order in too.
+  and delta cycle it was sent at and the sender's order in the net (see
+  `keys.stamp`). Ordering by that stamp, and by send order within one stamp,
+  is what makes simulated runs deterministic whatever the number of workers.
 
 Timer ticks are not queued: a node's next tick is a single due time in its
 schedule, so a late node skips ticks instead of accumulating a burst.
@@ -30,13 +27,10 @@ from itertools import repeat, starmap
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .devices import HostCopier, map_tensors
-from .errors import NodeError
-from .state import copy_state
+from .keys import ORDER_BITS, Key, pack
 
-__all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "HOST_ORDER",
-           "SHIFT", "MASK", "pack", "unpack", "stamp", "unstamp", "STAMP", "SLOT", "MESSAGE",
-           "ORDER_BITS", "SLACK", "prune_limit"]
+__all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "STAMP", "SLOT",
+           "MESSAGE", "SLACK", "prune_limit", "Envelope"]
 
 # Getters of the fields of a delivery in a mailbox (see Delivery).
 STAMP, SLOT, MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -45,42 +39,6 @@ STAMP, SLOT, MESSAGE = itemgetter(0), itemgetter(1), itemgetter(2)
 # twice the depths of its node's bounded Inputs plus SLACK, and after a prune
 # not before it has twice as many as were left (see `prune_limit`).
 SLACK = 16
-
-# Sender order used for the host's writes (run.write, inputs=): before any node.
-HOST_ORDER = -1
-
-# A packed key: (t_ns << SHIFT) | delta. A delta cycle count stays below 2**32;
-# t_ns may be -1 (control envelopes, before any timed key).
-SHIFT, MASK = 32, (1 << 32) - 1
-# A delivery's stamp: (packed key << ORDER_BITS) | (sender order + 1).
-ORDER_BITS = 32
-_ORDER_MASK = (1 << ORDER_BITS) - 1
-
-
-def pack(key: tuple[int, int]) -> int:
-    """``(t_ns, delta)`` packed into one int that sorts like the tuple."""
-    return (key[0] << SHIFT) | key[1]
-
-
-def unpack(code: int) -> tuple[int, int]:
-    """The ``(t_ns, delta)`` key packed in ``code`` (see `pack`)."""
-    return code >> SHIFT, code & MASK
-
-
-def stamp(key: tuple[int, int], order: int) -> int:
-    """The stamp of the sends of a hook at ``key`` by the sender of ``order``.
-
-    One int that sorts like ``(t_ns, delta, order)``; ``order`` is the
-    sender's order in the net, or `HOST_ORDER`.
-    """
-    return (((key[0] << SHIFT) | key[1]) << ORDER_BITS) | (order + 1)  # pack, inlined
-
-
-def unstamp(value: int) -> tuple[int, int, int]:
-    """``(t_ns, delta, sender order)`` of a delivery's stamp (see `stamp`)."""
-    t, d = unpack(value >> ORDER_BITS)
-    return t, d, (value & _ORDER_MASK) - 1
-
 
 class Start:
     """Run the node's ``on_start``."""
@@ -97,11 +55,11 @@ class Stop:
 class Snapshot:
     """Copy the node's state into ``into[path]`` (errors into ``errors[path]``).
 
-    A state that cannot be taken is the caller's error (``run.state_dict()``
-    raises it), not a failure of the node: what the node's ``state_dict``
-    raises becomes a `NodeError` naming the node and the hook, while a value
-    that a tree cannot hold stays the ``TypeError`` of `copy_state`, which
-    names the node and the key.
+    Run by `Actor.take_state`. A state that cannot be taken is the caller's
+    error (``run.state_dict()`` raises it), not a failure of the node: what
+    the node's ``state_dict`` raises becomes a `NodeError` naming the node and
+    the hook, while a value that a tree cannot hold stays the ``TypeError`` of
+    `state.copy_state`, which names the node and the key.
     """
 
     __slots__ = ("into", "errors")
@@ -111,39 +69,18 @@ class Snapshot:
         self.into = into
         self.errors = errors
 
-    def __call__(self, actor: Any) -> None:
-        try:
-            # A CUDA node's stream is waited for before and after, on the thread
-            # taking the cut (never a worker): the state is complete when read,
-            # and the CPU copies are done when the run goes on. The copies of
-            # CUDA tensors go into pinned memory without blocking and are waited
-            # for through the thread's waiter (cuda_sync), not inside the copy.
-            actor.wait_stream()
-            copier = None if actor.rt is None else HostCopier(actor.rt)
-            with actor.on_stream():
-                try:
-                    # User code, so in the node's own context like its hooks.
-                    state = actor.context.run(actor.node.state_dict)
-                except BaseException as exc:  # noqa: BLE001 - reported, whatever it is
-                    self.errors[actor.path] = NodeError.from_hook(actor.path, self.hook, exc)
-                    return
-                where = f"node {actor.path!r} state"
-                if copier is None:
-                    state = copy_state(state, where)
-                else:
-                    state = copy_state(state, where, copier)
-                    copier.wait()
-                self.into[actor.path] = state
-            actor.wait_stream()
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller
-            self.errors[actor.path] = exc
-
 
 class Restore:
     """Load a node's state, its kept input messages and its ``dt`` reference.
 
-    What raises here is reported like a hook's failure (`NodeError`, hook
-    ``load_state_dict``) by whoever runs the envelope.
+    Run by `Actor.restore`. What raises there is reported like a hook's
+    failure (`NodeError`, hook ``load_state_dict``) by whoever runs the
+    envelope.
+
+    Args:
+        state: the node's state dict (None: the node's state is not loaded).
+        inputs (dict[Input, list]): the messages each Input keeps, oldest first.
+        last_update_ns (int | None): the time of the node's last update, ns.
     """
 
     __slots__ = ("state", "inputs", "last_update_ns")
@@ -155,27 +92,9 @@ class Restore:
         self.inputs = inputs
         self.last_update_ns = last_update_ns
 
-    def __call__(self, actor: Any) -> None:
-        with actor.on_stream():
-            if self.state is not None:
-                # User code, so in the node's own context like its hooks.
-                actor.context.run(actor.node.load_state_dict, self.state)
-            device = actor.device
-            rt = actor.rt
 
-            def place(t: Any) -> Any:
-                # Queued on the node's stream without a host wait; the
-                # wait_stream below covers them (cuda_sync).
-                return t if t.device == device else rt.to_device(t, device)
-
-            for port, messages in self.inputs.items():
-                if device.type == "cuda":  # kept messages arrive on the node's device
-                    messages = [map_tensors(m, place) for m in messages]
-                port._restore(messages)
-        actor.wait_stream()
-        if self.last_update_ns is not None:
-            actor.set_last_update(self.last_update_ns)
-        actor.failed = False
+# What a control phase posts to an actor's mailbox.
+Envelope = Start | Stop | Snapshot | Restore
 
 
 class Delivery(NamedTuple):
@@ -237,12 +156,20 @@ class Mailbox:
     def __init__(self) -> None:
         # A list, not a deque (56 bytes against 760 empty): control envelopes
         # are few, and only ever touched under the dispatcher's lock.
-        self.control: list[Any] = []
+        self.control: list[Envelope] = []
         self.deliveries: deque[tuple[Any, ...]] = deque()  # (stamp, slot, message[, seq])
         # Made for a node with a bounded Input (Actor.bound_mailbox); None
         # for one that keeps every message: never pruned, so its hooks need
         # no lock to take them.
         self.lock: threading.Lock | None = None
+
+    def put(self, delivery: tuple[Any, ...]) -> None:
+        """Append one delivery ``(stamp, slot, message[, seq])`` (from any thread).
+
+        For deliveries from outside the hooks (the host, another process); a
+        hook's send appends to `deliveries` directly, one call less per send.
+        """
+        self.deliveries.append(delivery)
 
     def prune(self, depths: tuple[int | None, ...], by_stamp: bool,
               below: int | None = None) -> list[int]:
@@ -313,7 +240,7 @@ class Mailbox:
         return list(map(MESSAGE, starmap(queue.popleft, repeat((), len(queue)))))
 
     def take_deliveries(
-        self, before: tuple[int, int] | None
+        self, before: Key | None
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Remove and return the deliveries to apply before a hook.
 

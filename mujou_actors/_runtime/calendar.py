@@ -1,0 +1,231 @@
+"""The ready queue: a calendar of the keys at which actors are due, earliest first.
+
+A heap holds the distinct keys (instants) at which pool actors are queued,
+each packed into one int (`keys.pack`: sorts like the tuple, compares in C),
+and per key a list of its actors (a *bucket*). Nodes on a common grid of
+periods share keys, so queueing and taking an actor is O(1) for all but the
+first of a key. Actors of one key are equally due; a bucket is taken whole,
+in the order queued, when it fits in a batch, else from its end.
+
+A bucket keeps the key tuple of its first actor, and every actor queued in it
+refers to that one object (``queued_key``, and ``next_tick_ns`` when the tick
+set the key). With 100,000 nodes an update's cost is mostly cache misses, and
+an int or tuple made per actor is one more miss when the actor is next
+claimed; the bucket's objects stay in cache.
+
+**The liveness rule** (`Calendar.live`): an entry is live while its actor's
+``queued_key`` is the bucket's key object and the actor is not busy. An actor
+queued again at an earlier key leaves a stale entry behind, dropped when it
+comes up; nothing is ever searched for and removed.
+
+Dedicated-thread actors are not in the heap: their thread waits for their own
+``queued_key``; `Calendar.earliest` counts them in.
+
+Every method is called with the dispatcher's lock held.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from .keys import CONTROL_KEY, CONTROL_T, SHIFT, Key
+
+if TYPE_CHECKING:
+    from .actor import Actor
+
+__all__ = ["Calendar", "Group"]
+
+# Actors taken from one bucket, with the bucket's key: ``(key, actors)``.
+Group = tuple[Key, list["Actor"]]
+
+
+class Calendar:
+    """The queue of actors that have work due, by key (see the module's docstring).
+
+    Args:
+        dedicated (list[Actor]): the actors on dedicated threads (never in the heap).
+
+    Attributes:
+        queued (int): entries in the buckets, stale ones included (a trace counter).
+        control_pending (int): control envelopes queued or in flight, all phases:
+            while it is 0, no actor's control list is read when it is queued.
+        timed_open (bool): timed work may be queued (the dispatcher is running).
+    """
+
+    __slots__ = ("_heap", "_due", "queued", "dedicated", "control_pending", "timed_open")
+
+    def __init__(self, dedicated: list[Actor]) -> None:
+        self._heap: list[int] = []  # packed keys of the buckets
+        # Per packed key: (the key tuple its actors share, its actors in the order queued).
+        self._due: dict[int, tuple[Key, list[Actor]]] = {}
+        self.queued = 0
+        self.dedicated = dedicated
+        self.control_pending = 0
+        self.timed_open = False
+
+    @staticmethod
+    def live(actor: Actor, key: Key) -> bool:
+        """Whether an entry of ``actor`` in the bucket of ``key`` is live (the rule)."""
+        return actor.queued_key is key and not actor.busy
+
+    def schedule(self, actor: Actor) -> None:
+        """Queue a non-busy actor at its earliest pending key.
+
+        The key is a control envelope's (first), else the earlier of the next
+        tick ``(t, 0)`` and the pending trigger; none while timed work is
+        closed (held, stopping) or after the actor failed (until a restart).
+        An actor already queued at that key or earlier stays as it is. A
+        dedicated actor only gets its ``queued_key`` (its thread waits for it):
+        the caller wakes the threads.
+        """
+        tick = None
+        # control_pending first: with none anywhere, the actor's list is not read.
+        if self.control_pending and actor.control:
+            key = CONTROL_KEY
+        elif not self.timed_open or actor.failed:
+            actor.queued_key = None
+            return
+        else:
+            key = actor.trigger_key  # type: ignore[assignment]
+            tick = actor.next_tick_ns
+            if tick is not None and (key is None or (tick, 0) < key):
+                key = (tick, 0)
+            if key is None:
+                actor.queued_key = None
+                return
+        queued = actor.queued_key
+        if queued is not None and queued <= key:
+            return
+        if actor.dedicated:
+            actor.queued_key = key
+            return
+        code = (key[0] << SHIFT) | key[1]
+        entry = self._due.get(code)
+        if entry is None:
+            self._due[code] = (key, [actor])
+            heapq.heappush(self._heap, code)
+        else:
+            key = entry[0]  # the bucket's key object (see the module's docstring)
+            entry[1].append(actor)
+            if tick == key[0]:
+                actor.next_tick_ns = key[0]
+        actor.queued_key = key
+        self.queued += 1
+
+    def top(self) -> Actor | None:
+        """A live actor of the earliest key (its bucket's last), dropping stale entries.
+
+        The actor stays queued (`take_top` takes it).
+        """
+        heap, due = self._heap, self._due
+        while heap:
+            code = heap[0]
+            key, bucket = due[code]
+            while bucket:
+                actor = bucket[-1]
+                if actor.queued_key is key and not actor.busy:  # Calendar.live, inlined
+                    return actor
+                bucket.pop()
+                self.queued -= 1
+            del due[code]
+            heapq.heappop(heap)
+        return None
+
+    def take_top(self) -> None:
+        """Remove the actor just returned by `top` from its bucket."""
+        self._due[self._heap[0]][1].pop()
+        self.queued -= 1
+
+    def top_is_control(self) -> bool:
+        """Whether the earliest live entry is a control envelope's."""
+        actor = self.top()
+        return actor is not None and actor.queued_key[0] == CONTROL_T  # type: ignore[index]
+
+    def earliest(self) -> Key | None:
+        """The earliest key of all pending work, dedicated actors included."""
+        top = self.top()
+        best = None if top is None else top.queued_key
+        for actor in self.dedicated:
+            k = actor.queued_key
+            if k is not None and not actor.busy and (best is None or k < best):
+                best = k
+        return best
+
+    def take(self, most: int, budget: int | None, limit_t: int | None) -> list[Group]:
+        """Take the actors that may start together, from the earliest key on.
+
+        Called with a live actor first in the earliest bucket. Takes that
+        bucket (whole, in the order queued, when it fits in ``most`` and no
+        budget applies; else from its end, one at a time, skipping stale
+        entries, until ``most`` or the ``budget``), then, if ``limit_t`` is
+        not None, the buckets of the following keys due by ``limit_t``
+        (real time), never a control key's.
+
+        Args:
+            most: the most live actors to take.
+            budget: nanoseconds of the members' mean hook times (see `cost`);
+                None: no budget.
+            limit_t: take later keys with ``t <= limit_t`` too (None: only the first).
+
+        Returns:
+            list[Group]: ``(key, actors)`` per key; a group may hold stale
+            entries (the claim skips them, by `live`).
+        """
+        heap, due = self._heap, self._due
+        spent = taken = 0
+        groups: list[Group] = []
+        while True:
+            code = heap[0]  # the earliest key
+            key, bucket = due[code]
+            if budget is None and len(bucket) + taken <= most:
+                del due[code]  # the whole bucket, in the order queued
+                heapq.heappop(heap)
+                self.queued -= len(bucket)
+                groups.append((key, bucket))
+                taken += len(bucket)
+            else:
+                group: list[Actor] = []
+                while bucket and taken < most:
+                    actor = bucket.pop()
+                    if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
+                        self.queued -= 1
+                        continue
+                    if budget is not None:
+                        spent += cost(actor, budget)
+                        if taken and spent > budget:
+                            bucket.append(actor)
+                            break
+                    self.queued -= 1
+                    group.append(actor)
+                    taken += 1
+                groups.append((key, group))
+                if bucket:
+                    break
+                del due[code]
+                heapq.heappop(heap)
+            if limit_t is None or taken >= most or not heap:
+                break
+            t = heap[0] >> SHIFT
+            if t > limit_t or t == CONTROL_T:
+                break
+        return groups
+
+    def clear(self) -> None:
+        """Forget every entry (a whole-net restore reschedules every actor)."""
+        self._heap.clear()
+        self._due.clear()
+        self.queued = 0
+
+
+def cost(actor: Actor, budget: int) -> int:
+    """What ``actor``'s next update counts against a batch's budget, in nanoseconds.
+
+    Its mean hook time (``on_start`` included); the whole budget for its
+    first update (so that nodes of unknown cost start in parallel); an eighth
+    of it without timing statistics (batches of eight).
+    """
+    if not actor.timed:
+        return budget // 8
+    n = actor.updates
+    return actor.hook_ns // n if n else budget

@@ -1,0 +1,434 @@
+"""A kernel for some of a net's nodes, driven from outside: deliveries in, sends out, stepped.
+
+`Kernel` runs the nodes of a net that it is given (each path with its
+subtree) on its own dispatcher and workers, in simulated time, and lets a
+driver do everything else: this is how a group of nodes runs in a process of
+its own, driven by the run's coordinator across processes (docs/architecture.md,
+"The kernel from outside"). The driver
+
+* feeds it messages sent by nodes outside the kernel (`Kernel.deliver`, with
+  the sender's time, delta cycle and order in the net, so they sort exactly
+  as they would in one process);
+* collects what its nodes send to Inputs outside it (`Kernel.take_sends`);
+* asks when its next work is due (`Kernel.next_due`) and lets it run one delta
+  cycle, or up to a key, at a time (`Kernel.step`): nothing later starts until
+  the driver grants it;
+* takes and loads its part of the state at a cut (`Kernel.state_dict`,
+  `Kernel.load_state_dict`).
+
+Run with the same inputs, a net split over several kernels, each stepped
+through the same global sequence of delta cycles, sends every message and
+reaches every state bit for bit as the whole net does in one `mujou.run`
+(tests/test_kernel.py checks it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from ..errors import NodeError, StartTimeoutError, describe
+from ..net import collect_ports, settle_seeds, walk
+from ..node import Node
+from ..ports import Input, Output, Port, copy_message
+from ..timers import SimulatedTimer
+from .actor import Actor
+from .cuts import restore_tree, take_tree
+from .dispatcher import Dispatcher
+from .keys import CONTROL_KEY, MASK, Key, stamp, unstamp
+from .mailbox import STAMP, Start, Stop
+from .sends import make_send
+
+__all__ = ["Kernel", "OutsideSend"]
+
+# The latest delta cycle of an instant: step(until=(t, LAST_DELTA)) runs all of t.
+LAST_DELTA = MASK
+
+
+class OutsideSend(NamedTuple):
+    """A message sent by a node of the kernel to an Input outside it.
+
+    Attributes:
+        t_ns (int): the time of the sending hook, ns of the run's timer.
+        delta (int): its delta cycle.
+        sender (int): the sending node's order in the net (its place in
+            `mujou_actors.net.walk`): what orders messages of one instant.
+        output (str): the dotted path of the Output.
+        message: the message (the kernel's own copy; deliver it as it is).
+    """
+
+    t_ns: int
+    delta: int
+    sender: int
+    output: str
+    message: Any
+
+
+class _View:
+    """The host's view of an Output that a driven kernel keeps (its newest message)."""
+
+    __slots__ = ("last", "listeners")
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.listeners: list[Any] = []
+
+    def publish(self, message: Any) -> None:  # no listeners in a kernel
+        pass
+
+
+class _Outbox:
+    """What a local Output sends to Inputs outside the kernel, in send order."""
+
+    __slots__ = ("path", "sends")
+
+    def __init__(self, path: str, sends: list[tuple[int, str, Any]]) -> None:
+        self.path = path
+        self.sends = sends
+
+    def __call__(self, stamped: int, message: Any) -> None:
+        self.sends.append((stamped, self.path, message))  # list.append: atomic
+
+
+class _Events:
+    """The kernel's `KernelListener`: it records failures; holds and ends need no event."""
+
+    def __init__(self) -> None:
+        self.failures: list[NodeError] = []
+        self.lock = threading.Lock()
+
+    def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
+        err = NodeError(actor.path, hook,
+                        f"node {actor.path or '<root>'!r} raised in {hook}: {describe(exc)}")
+        err.__cause__ = exc
+        with self.lock:
+            self.failures.append(err)
+
+    def reached_end(self) -> None:
+        pass
+
+    def held(self) -> None:
+        pass
+
+    def crashed(self, exc: BaseException) -> None:
+        err = NodeError("", "kernel", f"a thread of the kernel died: {describe(exc)}")
+        err.__cause__ = exc
+        with self.lock:
+            self.failures.append(err)
+
+
+def _in(path: str, roots: Iterable[str]) -> bool:
+    return any(r == "" or path == r or path.startswith(r + ".") for r in roots)
+
+
+class Kernel:
+    """Runs some nodes of a net in simulated time, one delta cycle at a time, for a driver.
+
+    Args:
+        net (Node | list[Node] | dict[str, Node]): the whole net, as `mujou.run`
+            takes it: every process builds the same net, and paths, port
+            names and the nodes' order come from all of it.
+        nodes (Iterable[str], optional): paths of the nodes this kernel runs,
+            each with its subtree (``""``: the root, so all). Default: all.
+        workers (int): worker threads, >= 1. Results do not depend on it.
+        seed (int, optional): the run's seed, as ``mujou.run(seed=)``.
+
+    Raises:
+        NetError / TypeError: an invalid net (as `mujou.run`).
+        ValueError: a path of ``nodes`` names no node of the net.
+
+    Only the kernel's own nodes are claimed (``Node``'s "part of a running
+    net"); the others are only walked for their paths and ports.
+    """
+
+    def __init__(self, net: Node | list[Node] | dict[str, Node],
+                 nodes: Iterable[str] | None = None, *, workers: int = 1,
+                 seed: int | None = None) -> None:
+        found = walk(net)
+        roots = [""] if nodes is None else list(nodes)
+        paths = {p for p, _ in found}
+        for root in roots:
+            if root not in paths and not (nodes is None and root == ""):
+                raise ValueError(f"Kernel: no node {root!r} in the net "
+                                 f"(nodes: {sorted(paths)})")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"Kernel: workers must be an int >= 1, got {workers!r}")
+        for path, node in found:
+            node._mujou_path = path
+        self._ports = collect_ports(found)
+        seeds = settle_seeds(found, None, seed)
+        local = [(order, path, node) for order, (path, node) in enumerate(found)
+                 if _in(path, roots)]
+        self.seeds = {path: seeds[path] for _, path, _ in local}
+        self._sends: list[tuple[int, str, Any]] = []
+        self._events = _Events()
+        self._token = object()
+        for _, path, node in local:
+            if node._mujou_run is not None:
+                raise ValueError(f"Kernel: node {path or '<root>'!r} is already part of a "
+                                 "running net")
+        periods: dict[int, int] = {}
+        self.actors = [Actor(node, path, order, periods) for order, path, node in local]
+        for actor in self.actors:
+            actor.node._mujou_run = self._token
+            if actor.node._mujou_seed is None:
+                actor.node._mujou_reseed(seeds[actor.path])
+            actor.node._mujou_gen_seed = seeds[actor.path]
+            actor.node._mujou_run_seeded = True
+        self._actor_of = {id(a.node): a for a in self.actors}
+        self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
+                                       if id(port.node) in self._actor_of}
+        self.dispatcher = Dispatcher(self.actors, SimulatedTimer(), workers, self._events)
+        self._wire()
+        self._started = False
+        self._stopped = False
+        self._timing = False  # the timer has started
+        self._start_ns = 0
+
+    # -- building ---------------------------------------------------------------
+    def _wire(self) -> None:
+        actor_of = self._actor_of
+        for actor in self.actors:
+            actor.inputs = tuple(
+                p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
+            period_none = actor.period_ns is None
+            actor.triggers = frozenset(
+                i for i, p in enumerate(actor.inputs)
+                if (period_none if p.trigger is None else p.trigger))
+            for port in actor.inputs:
+                port._reset()
+        for port in self.ports.values():
+            if not isinstance(port, Output):
+                continue
+            sender = actor_of[id(port.node)]
+            routes = [(r, actor_of[id(r.node)], actor_of[id(r.node)].slot(r)
+                       in actor_of[id(r.node)].triggers)
+                      for r in port._readers if id(r.node) in actor_of]
+            outside = any(id(r.node) not in actor_of for r in port._readers)
+            outbox = _Outbox(port.path, self._sends) if outside else None
+            port._send = make_send(self.dispatcher.sends, sender, port, routes,  # type: ignore[arg-type]
+                                   _View(), copy_message, outbox)
+            if type(port).send is Output.send:
+                port.send = port._send  # type: ignore[method-assign]
+
+    # -- the phases -----------------------------------------------------------------
+    def start(self, start_ns: int = 0, timeout: float = 60.0) -> None:
+        """Start the threads and run every ``on_start`` (in the net's order).
+
+        The timer starts at ``start_ns`` (or a loaded tree's time) at the
+        first `next_due` or `step`; until then, messages that other kernels'
+        ``on_start`` sent may be delivered, and a state loaded.
+
+        Raises:
+            NodeError: an ``on_start`` raised.
+            StartTimeoutError: the ``on_start`` hooks did not all return within ``timeout``.
+            RuntimeError: the kernel was started before.
+        """
+        if self._started:
+            raise RuntimeError("Kernel.start: the kernel is started already")
+        self._started = True
+        self._start_ns = start_ns
+        d = self.dispatcher
+        d.set_bound(CONTROL_KEY)  # driven: nothing timed starts before a step
+        d.start_threads()
+        late = d.run_control(self.actors, Start(), timeout)
+        self._raise_failures()
+        if late:
+            raise StartTimeoutError({a.path: d.hook_of(a) for a in late if a.busy},
+                                    [a.path for a in late if not a.busy], timeout)
+
+    def _timer(self) -> None:
+        """Start the timer (at the first `next_due` or `step`), once."""
+        if not self._timing:
+            self._timing = True
+            self.dispatcher.start_running(self._start_ns)
+
+    def stop(self, timeout: float = 10.0) -> list[str]:
+        """Run every started node's ``on_stop``, end the threads, release the nodes.
+
+        Idempotent. Returns the paths of nodes still stuck in a hook after
+        ``timeout`` (left behind, as `mujou.run`'s stop does).
+        """
+        if self._stopped:
+            return []
+        self._stopped = True
+        d = self.dispatcher
+        stuck = []
+        if self._started:
+            d.stop_now()
+            stuck = [a.path for a in d.wait_idle(timeout)]
+            started = [a for a in self.actors if a.started and a.path not in stuck]
+            stuck += [a.path for a in d.run_control(started, Stop(), timeout, help=True)]
+            d.shutdown()
+            d.join_threads(timeout)
+        for actor in self.actors:
+            if actor.node._mujou_run is self._token:
+                actor.node._mujou_run = None
+        for port in self.ports.values():
+            if isinstance(port, Output):
+                port._send = None
+                port.__dict__.pop("send", None)
+        return stuck
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- driving --------------------------------------------------------------------
+    def next_due(self) -> Key | None:
+        """The key ``(t_ns, delta)`` of the kernel's earliest pending work, or None.
+
+        Work comes from the nodes' ticks, from their own sends within the
+        kernel and from `deliver`; a driver steps the kernels of a run through
+        the least of their next due keys (and of the messages in transit).
+        """
+        if not self._started or self._stopped:
+            raise RuntimeError("Kernel.next_due: the kernel is not running (start() it first)")
+        self._timer()
+        return self.dispatcher.next_due()
+
+    def step(self, until: Key | None = None, timeout: float = 10.0) -> Key | None:
+        """Run the pending work with keys up to ``until``, then pause; return `next_due`.
+
+        Args:
+            until (Key, optional): the latest ``(t_ns, delta)`` that may run;
+                ``(t, LAST_DELTA)`` runs the whole instant ``t``. Default: the
+                next due key, so one delta cycle runs.
+            timeout (float): wall seconds for the step.
+
+        Returns:
+            Key | None: the next due key once the step is done.
+
+        Raises:
+            RuntimeError: the kernel is not started, or is stopped.
+            TimeoutError: the step did not finish within ``timeout`` (names the
+                hooks still running).
+            NodeError: a hook raised during the step (the first failure; the
+                failed node runs no more, as with no supervisor).
+        """
+        if not self._started or self._stopped:
+            raise RuntimeError("Kernel.step: the kernel is not running (start() it first)")
+        d = self.dispatcher
+        self._timer()
+        if until is None:
+            until = d.next_due()
+            if until is None:
+                return None
+        if not d.run_until(until, timeout):
+            busy = d.busy_hooks()
+            raise TimeoutError(f"Kernel.step: work up to {until} did not finish within "
+                               f"{timeout:g} s; still running: {busy}")
+        self._raise_failures()
+        return d.next_due()
+
+    def deliver(self, input: str, message: Any, t_ns: int, delta: int, sender: int) -> None:
+        """Deliver a message sent outside the kernel to one of its Inputs.
+
+        It is stamped as the sender's send was, so it sorts among the Input's
+        messages exactly as in one process, and it triggers a triggering Input
+        at ``(t_ns, delta + 1)``.
+
+        Args:
+            input (str): the dotted path of an Input of a node of this kernel.
+            message: the message (checked against the Input's type, then copied).
+            t_ns (int): the sending hook's time, ns; delta (int): its delta cycle;
+            sender (int): the sender's order in the net (`OutsideSend.sender`).
+
+        Raises:
+            ValueError: no such Input in this kernel, or the message comes too
+                late: the kernel has already run past ``(t_ns, delta)``.
+            PortTypeError: the Input refuses the value.
+        """
+        port = self.ports.get(input)
+        if not isinstance(port, Input):
+            inputs = sorted(p for p, q in self.ports.items() if isinstance(q, Input))
+            raise ValueError(f"Kernel.deliver: no input {input!r} in this kernel "
+                             f"(inputs: {inputs})")
+        actor = self._actor_of[id(port.node)]
+        slot = actor.slot(port)
+        key = (t_ns, delta)
+        trigger = (t_ns, delta + 1) if slot in actor.triggers else None
+        value = copy_message(port.check(message))
+        if not self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
+                                       not_before=key):
+            raise ValueError(f"Kernel.deliver: a message for {input!r} sent at {key} comes "
+                             f"too late: the kernel has run past it "
+                             f"(frontier {self.dispatcher.frontier})")
+
+    def take_sends(self) -> list[OutsideSend]:
+        """The messages its nodes sent to Inputs outside it since the last call, in order.
+
+        Ordered by ``(t_ns, delta, sender)``, and one sender's messages of one
+        hook in send order: the order in which they are to be delivered.
+        """
+        taken = self._sends[:len(self._sends)]
+        del self._sends[:len(taken)]
+        taken.sort(key=STAMP)  # stable
+        out = []
+        for stamped, path, message in taken:
+            t, d, order = unstamp(stamped)
+            out.append(OutsideSend(t, d, order, path, message))
+        return out
+
+    @property
+    def time_ns(self) -> int:
+        """int: the kernel's time, ns of the run's (simulated) timer."""
+        return self.dispatcher.timer.now_ns()
+
+    # -- state at a cut ---------------------------------------------------------------
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """The state tree of the kernel's nodes, taken while it is paused (between steps).
+
+        The layout of `mujou.Run.state_dict` (docs/state.md), for this kernel's
+        nodes and Inputs only; ``time_ns`` is the kernel's time.
+
+        Raises:
+            NodeError: a node's ``state_dict`` raised.
+            TimeoutError: an actor stayed busy for ``timeout``.
+        """
+        return take_tree(self.dispatcher, self.actors, self.ports, time_ns=self.time_ns,
+                         seeds=self.seeds, host_copy=copy_message, wait_kept=_no_wait,
+                         timeout=timeout, ended=self._stopped)
+
+    def load_state_dict(self, tree: Mapping[str, Any], timeout: float = 60.0) -> None:
+        """Load a tree taken by `state_dict` (of a kernel with the same nodes).
+
+        Call it after `start` and before the timer starts (the first
+        `next_due` or `step`): the nodes' states, kept and undelivered messages
+        and the time are restored (what ``on_start`` sent is dropped: the tree
+        holds the messages of its cut), and the schedules go on from the
+        tree's ``time_ns``.
+
+        Raises:
+            RuntimeError: not started, or the timer has started.
+            StartTimeoutError: a ``load_state_dict`` did not return in time.
+            NodeError: a ``load_state_dict`` raised.
+        """
+        d = self.dispatcher
+        if not self._started or self._timing or self._stopped:
+            raise RuntimeError("Kernel.load_state_dict: call it after start() and before "
+                               "the first next_due() or step()")
+        d.discard_messages()
+        restore_tree(d, self.actors, self.ports, tree, time.monotonic() + timeout, timeout,
+                     self._deliver_host)
+        self._raise_failures()
+        self._start_ns = tree["time_ns"]
+
+    def _deliver_host(self, port: Input, message: Any) -> None:
+        actor = self._actor_of[id(port.node)]
+        slot = actor.slot(port)
+        self.dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
+
+    def _raise_failures(self) -> None:
+        with self._events.lock:
+            failures, self._events.failures = self._events.failures, []
+        if failures:
+            raise failures[0]
+
+
+def _no_wait(port: Input) -> None:
+    """A CPU kernel's Inputs keep complete values: nothing to wait for."""

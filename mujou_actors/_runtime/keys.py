@@ -1,0 +1,61 @@
+"""Keys of the schedule and stamps of deliveries: a time, a delta cycle and an order.
+
+Work in a run is ordered by a *key* ``(t_ns, delta)``: the time in integer
+nanoseconds of the run's timer and the delta cycle within that instant
+(simulated time; real time always has delta 0). Control envelopes use
+`CONTROL_KEY`, before every timed key.
+
+A key travels packed into one int, ``(t_ns << SHIFT) | delta`` (`pack`): it
+sorts like the tuple and compares in C. A delivery's *stamp* (`stamp`) packs
+the sender's order in the net in too, so that sorting deliveries by stamp
+orders them by ``(t_ns, delta, sender)``: what makes a simulated run's
+results independent of the number of workers.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Key", "SHIFT", "MASK", "ORDER_BITS", "HOST_ORDER", "CONTROL_KEY", "CONTROL_T",
+           "HOST_STAMP", "pack", "unpack", "stamp", "unstamp"]
+
+# ``(t_ns, delta)``; t_ns may be -1 (CONTROL_KEY).
+Key = tuple[int, int]
+
+# A packed key: (t_ns << SHIFT) | delta. A delta cycle count stays below 2**32.
+SHIFT, MASK = 32, (1 << 32) - 1
+# A delivery's stamp: (packed key << ORDER_BITS) | (sender order + 1).
+ORDER_BITS = 32
+_ORDER_MASK = (1 << ORDER_BITS) - 1
+
+# Sender order used for the host's writes (run.write, inputs=): before any node.
+HOST_ORDER = -1
+
+CONTROL_KEY: Key = (-1, 0)  # control envelopes sort before every timed key
+CONTROL_T = CONTROL_KEY[0]
+
+
+def pack(key: Key) -> int:
+    """``(t_ns, delta)`` packed into one int that sorts like the tuple."""
+    return (key[0] << SHIFT) | key[1]
+
+
+def unpack(code: int) -> Key:
+    """The ``(t_ns, delta)`` key packed in ``code`` (see `pack`)."""
+    return code >> SHIFT, code & MASK
+
+
+def stamp(key: Key, order: int) -> int:
+    """The stamp of the sends of a hook at ``key`` by the sender of ``order``.
+
+    One int that sorts like ``(t_ns, delta, order)``; ``order`` is the
+    sender's order in the net, or `HOST_ORDER`.
+    """
+    return (((key[0] << SHIFT) | key[1]) << ORDER_BITS) | (order + 1)  # pack, inlined
+
+
+def unstamp(value: int) -> tuple[int, int, int]:
+    """``(t_ns, delta, sender order)`` of a delivery's stamp (see `stamp`)."""
+    t, d = unpack(value >> ORDER_BITS)
+    return t, d, (value & _ORDER_MASK) - 1
+
+
+HOST_STAMP = stamp(CONTROL_KEY, HOST_ORDER)  # the host's writes: before every node's send

@@ -1,0 +1,270 @@
+"""The ``send`` of each Output: check, copy once, stamp, deliver, trigger.
+
+When a run is built, every Output gets a send function made here (`make_send`)
+and installed on the Output instance, so a hook's ``out.send(value)`` is a
+single call. The data goes one way: the send checks the value (`ports` checks),
+makes the one copy all readers share (the copier the build chose by the
+readers' devices), appends one stamped delivery per connected Input to the
+reader's mailbox, triggers the readers whose Input triggers, and records the
+message in the Output's host view (`host.OutputView`) for ``run.read`` and
+subscriptions. What it needs from the dispatcher is the `SendTarget` protocol.
+
+There are two builders: a lean one for an Output with one reader and no trace
+(the common case, and the one a ping-pong measures) and one for any number of
+readers. Every send of one hook carries the same stamp, made once per hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import NotRunningError, PortTypeError
+from .actor import CURRENT, NEVER, Actor
+from .keys import Key, stamp
+from .policy import TimePolicy
+
+if TYPE_CHECKING:
+    from ..host import OutputView as View
+    from ..ports import Input, Output
+    from ..trace import Recorder
+
+__all__ = ["SCALARS", "SendTarget", "SendContext", "make_send"]
+
+# Messages of these exact types are immutable: a send shares them uncopied.
+SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+# How a send triggers a reader: not at all (0), at once (NOW), or as the hook ends (DEFER).
+NOW, DEFER = 1, 2
+
+Send = Callable[[Any], None]
+Outbox = Callable[[int, Any], None]
+Copier = Callable[[Any], Any]
+# A connected Input: (the Input, its node's actor, whether it triggers the node).
+Wire = tuple["Input", Actor, bool]
+# What a send does per reader: (slot, mailbox deque, reader, NOW/DEFER/0,
+# the Input if its type is narrower than the Output's (else None), bounded).
+Route = tuple[Any, ...]
+
+
+class SendTarget(Protocol):
+    """What a send asks of the dispatcher (each call takes the dispatcher's lock)."""
+
+    def trigger(self, actor: Actor, key: Key) -> None:
+        """Make ``actor`` run a triggered update at ``key`` (or earlier)."""
+
+    def crowd(self, reader: Actor) -> None:
+        """A send found ``reader``'s mailbox over its bound: prune it (now or between instants)."""
+
+
+class SendContext:
+    """What every send of one run shares: the time policy, worker count, target and trace.
+
+    Args:
+        policy (TimePolicy): the run's simulated or real time.
+        workers (int): worker threads of the run (one worker defers more triggers).
+        target (SendTarget): the dispatcher.
+        trace (Recorder | None): the run's trace recorder, None without a trace.
+    """
+
+    __slots__ = ("policy", "workers", "target", "trace")
+
+    def __init__(self, policy: TimePolicy, workers: int, target: SendTarget,
+                 trace: Recorder | None) -> None:
+        self.policy = policy
+        self.workers = workers
+        self.target = target
+        self.trace = trace
+
+
+def _not_in_hook(sender: Actor, output: Output, send: Send) -> NotRunningError:
+    """The error of a send made outside a hook of the port's node (cold path)."""
+    if output._send is not send:  # kept from a run that has ended
+        if output._send is None:
+            return NotRunningError(f"output {output.path!r}: send() needs a running net")
+        return NotRunningError(
+            f"output {output.path!r}: this send() belongs to a run that has ended; "
+            "call the port's send() again (self.out.send) rather than keeping it")
+    return NotRunningError(
+        f"output {output.path!r}: send() from outside a hook of node "
+        f"{sender.path or '<root>'!r} (from the host, or from another node's hook)")
+
+
+def _reader_check(output: Output, reader: Input) -> Copier:
+    """The check of a reader's narrower type, naming the Output that sent the value too."""
+    check = reader._check
+
+    def checked(value: Any) -> Any:
+        try:
+            return check(value)
+        except PortTypeError as exc:
+            raise PortTypeError(f"output {output.path!r} sent to {exc}") from None
+
+    return checked
+
+
+def make_send(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire],
+              view: View, copy: Copier, outbox: Outbox | None = None) -> Send:
+    """Build the ``send`` of one Output of ``sender`` for this run.
+
+    The build installs it on the Output, so a hook's ``out.send(value)`` is a
+    single call that checks, copies, stamps and delivers (see
+    `ports.Output.send` for what it promises).
+
+    Args:
+        ctx (SendContext): what the run's sends share.
+        sender (Actor): the actor owning the Output.
+        output (Output): the Output.
+        routes (list[Wire]): ``(input, reader actor, triggers)`` for every connected Input.
+        view (OutputView): the host's view of the Output (``last`` and ``listeners``).
+        copy: makes the message the readers share from the sent value
+            (value semantics, on the path the readers' devices ask for).
+        outbox: for an Output with readers outside the kernel (`kernel.Kernel`):
+            called with ``(stamp, message)`` for each send, after the local
+            readers got theirs. None in a run of the whole net.
+
+    Returns:
+        The send function: ``send(value)``; it raises `PortTypeError` for a
+        value its Output or a reader's Input refuses (nothing is delivered
+        then), and `NotRunningError` when called outside a hook of the
+        Output's node.
+    """
+    # A trigger is deferred to the end of the sending hook when nothing
+    # could run the reader earlier anyway (TimePolicy.defers): that saves a
+    # lock hand-over per send.
+    policy, workers = ctx.policy, ctx.workers
+    for _, reader, _ in routes:
+        reader.bound_mailbox()
+    # Every send to a reader with a bounded Input checks the bound, also
+    # those to its depth=None Inputs: in simulated time, whether a mailbox
+    # is over its bound between two instants must be seen by its last send,
+    # whichever thread made it (see Dispatcher._prune_crowded).
+    plan = [(reader.slot(port), reader.mailbox.deliveries, reader,
+             0 if not triggers else
+             DEFER if policy.defers(workers, sender.dedicated, reader.dedicated) else NOW,
+             port if port in output._strict_readers else None,
+             reader.bound != NEVER)
+            for port, reader, triggers in routes]
+    if CURRENT not in sender.context:
+        sender.context.run(CURRENT.set, sender)  # what the send checks
+    if sender.deferred is None and any(route[3] is DEFER for route in plan):
+        sender.deferred = {}  # made once; emptied as each hook ends
+    if len(plan) == 1 and ctx.trace is None and outbox is None:
+        return _send_one(ctx, sender, output, plan[0], view, copy)
+    return _send_many(ctx, sender, output, routes, plan, view, copy, outbox)
+
+
+def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
+              view: View, copy: Copier) -> Send:
+    """`make_send` for an Output with one reader and no trace: the common case, lean."""
+    check, exact = output._check, output._spec.exact
+    slot, box, reader, how, narrow, bounded = route
+    crowd = ctx.target.crowd
+    reader_check = None if narrow is None else _reader_check(output, narrow)
+    reader_exact = None if narrow is None else narrow._spec.exact
+    append = box.append
+    deferred = sender.deferred
+    order = sender.order
+    trigger = ctx.target.trigger
+    step = ctx.policy.delta_step
+    running = CURRENT.get
+    # The stamp of the hook in flight, packed once per hook (mailbox.stamp)
+    # and shared by its messages: the sender's key object changes at
+    # each hook, and is held here so its identity cannot be reused.
+    seen: Any = None
+    stamped = 0
+
+    def send(value: Any) -> None:
+        nonlocal seen, stamped
+        if sender.hook is None or running(None) is not sender:
+            raise _not_in_hook(sender, output, send)
+        vt = type(value)
+        if check is not None and vt is not exact:
+            value = check(value)
+            vt = type(value)
+        if vt in SCALARS:  # immutable: shared as it is
+            message = value
+            if reader_check is not None and vt is not reader_exact:
+                message = reader_check(value)  # a narrower reader: int -> float
+        else:
+            if reader_check is not None:
+                reader_check(value)  # passes a non-scalar through as it is
+            message = value = copy(value)
+        key = sender.stamp
+        if key is not seen:
+            seen, stamped = key, stamp(key, order)
+        append((stamped, slot, message))  # a delivery (mailbox.Delivery)
+        if bounded and len(box) > reader.prune_at:
+            crowd(reader)  # the mailbox's bound: see Actor.prune
+        if how is DEFER:
+            deferred[reader] = None
+        elif how:
+            # Real time: the triggered update is due when the sending
+            # update was, so work caused by a tick due before the run's
+            # end still runs, and lateness is end-to-end.
+            t, d = key
+            trigger(reader, (t, d + step))
+        view.last = value
+        if view.listeners:
+            view.publish(value)
+
+    return send
+
+def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire],
+               plan: list[Route], view: View, copy: Copier, outbox: Outbox | None) -> Send:
+    """`make_send` for any number of readers, traced or not."""
+    check = output._check
+    order = sender.order
+    seen: Any = None
+    stamped = 0
+    trigger = ctx.target.trigger
+    step = ctx.policy.delta_step
+    running = CURRENT.get
+    trace = ctx.trace
+    deferred = sender.deferred
+    checks = [None if route[4] is None else _reader_check(output, route[4])
+              for route in plan]
+    narrow = any(c is not None for c in checks)
+    crowd = ctx.target.crowd
+
+    def send(value: Any) -> None:
+        nonlocal seen, stamped
+        if sender.hook is None or running(None) is not sender:
+            raise _not_in_hook(sender, output, send)
+        if check is not None:
+            value = check(value)
+        # Every reader's check passes before anything is delivered; a
+        # narrower reader gets a scalar as its own check gives it (an int
+        # becomes a float for a float Input); other values pass as they
+        # are and share the one copy.
+        narrowed = [value if c is None else c(value) for c in checks] if narrow else None
+        if type(value) not in SCALARS:
+            value = copy(value)
+        key = sender.stamp
+        if key is not seen:  # as in _send_one
+            seen, stamped = key, stamp(key, order)
+        t, d = key
+        if trace is not None:  # before any reader can see the message
+            seq = sender.seq = sender.seq + 1  # names the trace's flow arrows
+            trace.send(sender, output, seq, routes)
+        for i, (slot, box, reader, how, _, bounded) in enumerate(plan):
+            message = value
+            if narrowed is not None and type(narrowed[i]) in SCALARS:
+                message = narrowed[i]
+            if trace is None:
+                box.append((stamped, slot, message))  # a delivery (mailbox.Delivery)
+            else:
+                box.append((stamped, slot, message, seq))
+            if bounded and len(box) > reader.prune_at:
+                crowd(reader)  # the mailbox's bound: see Actor.prune
+            if how is DEFER:
+                deferred[reader] = None
+            elif how:
+                trigger(reader, (t, d + step))
+        if outbox is not None:  # readers outside the kernel get the checked value
+            outbox(stamped, value)
+        view.last = value
+        if view.listeners:
+            view.publish(value)
+
+    return send

@@ -1,0 +1,285 @@
+"""The kernel driven without `Run`: a subset of a net, deliveries in, sends out, stepped.
+
+A driver below steps several kernels, each running some of a net's nodes,
+through one global sequence of delta cycles and carries the messages between
+them, as the multi-process backend will: the messages and states must be
+bit-identical to the whole net's single `mujou.run`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors._runtime.kernel import LAST_DELTA, Kernel, OutsideSend
+from mujou_actors.errors import NodeError
+
+pytestmark = pytest.mark.timeout(60)
+
+MS = 1_000_000
+
+
+class Sim(mujou.Node):
+    """A periodic source: a noisy random walk from its generator."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.x = torch.zeros(3)
+
+    def on_update(self, dt: float) -> None:
+        self.x = self.x + torch.randn(3, generator=self.generator) * dt
+        self.out.send(self.x)
+
+    # The default state dict: x and the generator's state.
+
+
+class Ctrl(mujou.Node):
+    """Triggered by each observation: a command from it and its own count."""
+
+    obs = mujou.Input(torch.Tensor, depth=4)
+    cmd = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        for x in self.obs.drain():
+            self.n += 1
+            self.cmd.send(torch.tanh(x) * self.n)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+class Log(mujou.Node):
+    """Records every command with the time it saw it (two Inputs: order matters)."""
+
+    cmd = mujou.Input(torch.Tensor, depth=None)
+    obs = mujou.Input(torch.Tensor, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list[tuple[str, list[float]]] = []
+
+    def on_update(self, dt: float) -> None:
+        for x in self.obs.drain():
+            self.seen.append(("obs", x.tolist()))
+        for c in self.cmd.drain():
+            self.seen.append(("cmd", c.tolist()))
+
+    def state_dict(self) -> dict:
+        return {"seen": [[k, v] for k, v in self.seen]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = [(k, v) for k, v in state["seen"]]
+
+
+def make_net() -> dict[str, mujou.Node]:
+    net = {"sim": Sim(), "ctrl": Ctrl(), "log": Log()}
+    mujou.connect(net["sim"].out, net["ctrl"].obs)
+    mujou.connect(net["sim"].out, net["log"].obs)
+    mujou.connect(net["ctrl"].cmd, net["log"].cmd)
+    return net
+
+
+def _readers(net: dict[str, mujou.Node]) -> dict[str, list[str]]:
+    """Output path -> the paths of the Inputs it feeds."""
+    out = {}
+    for path, node in net.items():
+        for name, port in node._mujou_ports().items():
+            if isinstance(port, mujou.Output):
+                out[f"{path}.{name}"] = [r.path for r in port.readers]
+    return out
+
+
+def drive(kernels: list[Kernel], readers: dict[str, list[str]], end_ns: int,
+          log: list[OutsideSend] | None = None) -> int:
+    """Step the kernels through the global delta cycles up to ``end_ns``; return the steps.
+
+    The conservative rule: every kernel runs the same delta cycle, the least
+    due one of all; the messages it sent go to their readers' kernels before
+    the next, which they may trigger.
+    """
+    owner = {path: k for k in kernels for path in k.ports}
+    steps = 0
+    while True:
+        dues = [d for d in (k.next_due() for k in kernels) if d is not None]
+        if not dues or min(dues)[0] > end_ns:
+            return steps
+        key = min(dues)
+        for kernel in kernels:
+            kernel.step(until=key)
+        steps += 1
+        for kernel in kernels:
+            for sent in kernel.take_sends():
+                if log is not None:
+                    log.append(sent)
+                for reader in readers[sent.output]:
+                    if reader in owner and owner[reader] is not kernel:
+                        owner[reader].deliver(reader, sent.message, sent.t_ns, sent.delta,
+                                              sent.sender)
+
+
+def _single(workers: int, duration: float) -> dict:
+    net = make_net()
+    with mujou.run(net, timer="simulated", duration=duration, seed=7, workers=workers) as run:
+        run.join()
+    return run.state_dict()["nodes"]
+
+
+@pytest.mark.parametrize("groups", [
+    [["sim"], ["ctrl", "log"]],
+    [["sim", "log"], ["ctrl"]],
+    [["sim"], ["ctrl"], ["log"]],
+], ids=["sim|ctrl+log", "sim+log|ctrl", "three"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_net_split_over_driven_kernels_matches_the_single_run_bit_for_bit(
+        groups: list[list[str]], workers: int) -> None:
+    expected = _single(1, 0.1)
+    net = make_net()
+    kernels = [Kernel(net, g, workers=workers, seed=7) for g in groups]
+    try:
+        for k in kernels:
+            k.start()
+        drive(kernels, _readers(net), 100 * MS)
+        states = {}
+        for k in kernels:
+            states.update(k.state_dict()["nodes"])
+    finally:
+        for k in kernels:
+            k.stop()
+    assert set(states) == set(expected)
+    assert torch.equal(states["sim"]["x"], expected["sim"]["x"])
+    assert states["ctrl"] == expected["ctrl"] and states["ctrl"]["n"] == 10
+    assert states["log"]["seen"] == expected["log"]["seen"]
+    assert len(states["log"]["seen"]) == 20  # every obs and every cmd, in the same order
+
+
+def _updates(kernel: Kernel) -> dict[str, int]:
+    return {a.path: a.updates for a in kernel.actors}
+
+
+def test_stepping_runs_one_delta_cycle_at_a_time_and_says_what_is_due_next() -> None:
+    net = make_net()
+    with Kernel(net, seed=1) as k:
+        k.start()
+        assert k.next_due() == (10 * MS, 0)  # sim's first tick
+        assert k.step() == (10 * MS, 1)  # sim sent: ctrl and log are triggered next
+        assert k.dispatcher.frontier == (10 * MS, 0)
+        assert _updates(k) == {"sim": 1, "ctrl": 0, "log": 0}
+        assert k.step() == (10 * MS, 2)  # ctrl sent its command to log
+        assert _updates(k) == {"sim": 1, "ctrl": 1, "log": 1}
+        assert k.step() == (20 * MS, 0)
+        assert _updates(k) == {"sim": 1, "ctrl": 1, "log": 2}
+        assert k.step(until=(30 * MS, LAST_DELTA)) == (40 * MS, 0)  # two whole instants
+        assert _updates(k) == {"sim": 3, "ctrl": 3, "log": 6}
+        assert k.time_ns == 30 * MS
+
+
+def test_sends_to_inputs_outside_the_kernel_are_collected_in_stamp_order() -> None:
+    net = make_net()
+    with Kernel(net, ["sim", "ctrl"], seed=3) as k:
+        k.start()
+        k.step(until=(20 * MS, LAST_DELTA))
+        sent = k.take_sends()
+        assert k.take_sends() == []  # taken once
+    # sim.out reaches log (outside) at each tick, ctrl.cmd one delta cycle later.
+    assert [(s.t_ns, s.delta, s.output) for s in sent] == [
+        (10 * MS, 0, "sim.out"), (10 * MS, 1, "ctrl.cmd"),
+        (20 * MS, 0, "sim.out"), (20 * MS, 1, "ctrl.cmd")]
+    assert [s.sender for s in sent] == [0, 1, 0, 1]  # the nodes' order in the net
+    assert torch.equal(sent[1].message, torch.tanh(sent[0].message) * 1)
+
+
+def test_deliveries_from_outside_are_applied_in_stamp_order_whatever_their_arrival() -> None:
+    net = make_net()
+    with Kernel(net, ["log"]) as k:
+        k.start()
+        assert k.next_due() is None  # nothing of its own: triggered only
+        # Arrival order is not send order: sorted by (t, delta, sender) when applied.
+        k.deliver("log.cmd", torch.tensor([2.0]), 10 * MS, 1, 1)
+        k.deliver("log.obs", torch.tensor([1.0]), 10 * MS, 0, 0)
+        assert k.next_due() == (10 * MS, 1)  # the earliest trigger: obs at (10 ms, 0) + 1
+        k.step(until=(10 * MS, LAST_DELTA))
+        seen = k.state_dict()["nodes"]["log"]["seen"]
+    assert seen == [["obs", [1.0]], ["cmd", [2.0]]]
+
+
+def test_a_delivery_after_its_delta_cycle_ran_is_refused_naming_the_input() -> None:
+    net = make_net()
+    with Kernel(net, ["log"]) as k:
+        k.start()
+        k.deliver("log.obs", torch.tensor([1.0]), 10 * MS, 0, 0)
+        k.step()  # runs (10 ms, 1)
+        with pytest.raises(ValueError, match=r"'log.obs' sent at \(10000000, 0\) comes too late"):
+            k.deliver("log.obs", torch.tensor([2.0]), 10 * MS, 0, 0)
+        with pytest.raises(ValueError, match="no input 'sim.out' in this kernel"):
+            k.deliver("sim.out", torch.tensor([2.0]), 20 * MS, 0, 0)
+        with pytest.raises(mujou.PortTypeError):
+            k.deliver("log.obs", "not a tensor", 20 * MS, 0, 0)
+        assert len(k.state_dict()["nodes"]["log"]["seen"]) == 1  # the refused ones left no trace
+
+
+def test_a_kernel_state_taken_at_a_cut_restores_into_a_fresh_kernel_and_goes_on_identically(
+        ) -> None:
+    straight = make_net()
+    with Kernel(straight, seed=5) as k:
+        k.start()
+        k.step(until=(100 * MS, LAST_DELTA))
+        expected = k.state_dict()["nodes"]
+
+    first = make_net()
+    with Kernel(first, seed=5) as k:
+        k.start()
+        k.step(until=(50 * MS, LAST_DELTA))
+        tree = k.state_dict()
+    assert tree["time_ns"] == 50 * MS and tree["nodes"]["ctrl"]["n"] == 5
+
+    second = make_net()
+    with Kernel(second, seed=5) as k:
+        k.start()
+        k.load_state_dict(tree)
+        assert k.next_due() == (60 * MS, 0)  # the schedule goes on where it was
+        k.step(until=(100 * MS, LAST_DELTA))
+        got = k.state_dict()["nodes"]
+    assert torch.equal(got["sim"]["x"], expected["sim"]["x"])
+    assert got["ctrl"] == expected["ctrl"] and got["log"] == expected["log"]
+
+
+class Boom(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_update(self, dt: float) -> None:
+        raise RuntimeError("boom")
+
+
+def test_a_hook_that_raises_fails_the_step_with_a_node_error_and_runs_no_more() -> None:
+    with Kernel({"b": Boom()}) as k:
+        k.start()
+        with pytest.raises(NodeError, match="node 'b' raised in on_update") as info:
+            k.step()
+        assert info.value.path == "b" and info.value.hook == "on_update"
+        assert k.next_due() is None  # a failed node is not scheduled again
+
+
+def test_a_kernel_claims_only_its_own_nodes_and_releases_them_at_stop() -> None:
+    net = make_net()
+    k = Kernel(net, ["ctrl"])
+    assert net["ctrl"]._mujou_run is not None and net["sim"]._mujou_run is None
+    with pytest.raises(ValueError, match="already part of a running net"):
+        Kernel(net, ["ctrl"])
+    with pytest.raises(ValueError, match="no node 'nope' in the net"):
+        Kernel(net, ["nope"])
+    k.start()
+    k.stop()
+    assert net["ctrl"]._mujou_run is None
+    with pytest.raises(RuntimeError, match="not running"):
+        k.step()
