@@ -208,10 +208,10 @@ class Kernel:
                       for r in port._readers if id(r.node) in actor_of]
             outside = any(id(r.node) not in actor_of for r in port._readers)
             outbox = _Outbox(port.path, self._sends) if outside else None
-            port._send = make_send(self.dispatcher.sends, sender, port, routes,  # type: ignore[arg-type]
+            port._send = make_send(self.dispatcher.sends, sender, port, routes,
                                    _View(), copy_message, outbox)
             if type(port).send is Output.send:
-                port.send = port._send  # type: ignore[method-assign]
+                port.send = port._send  # type: ignore[method-assign, assignment]
 
     # -- the phases -----------------------------------------------------------------
     def start(self, start_ns: int = 0, timeout: float = 60.0) -> None:

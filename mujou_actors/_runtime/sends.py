@@ -25,7 +25,6 @@ from .keys import Key, stamp
 from .policy import TimePolicy
 
 if TYPE_CHECKING:
-    from ..host import OutputView as View
     from ..ports import Input, Output
     from ..trace import Recorder
 
@@ -45,6 +44,16 @@ Wire = tuple["Input", Actor, bool]
 # What a send does per reader: (slot, mailbox deque, reader, NOW/DEFER/0,
 # the Input if its type is narrower than the Output's (else None), bounded).
 Route = tuple[Any, ...]
+
+
+class View(Protocol):
+    """The host's view of one Output that a send updates: its newest message, its listeners."""
+
+    last: Any
+    listeners: list[Callable[[Any], None]]
+
+    def publish(self, message: Any) -> None:
+        """Hand ``message`` to every listener (on the sending thread)."""
 
 
 class SendTarget(Protocol):
@@ -93,6 +102,7 @@ def _not_in_hook(sender: Actor, output: Output, send: Send) -> NotRunningError:
 def _reader_check(output: Output, reader: Input) -> Copier:
     """The check of a reader's narrower type, naming the Output that sent the value too."""
     check = reader._check
+    assert check is not None  # a reader is narrower only when it checks something
 
     def checked(value: Any) -> Any:
         try:
@@ -163,7 +173,8 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
     reader_check = None if narrow is None else _reader_check(output, narrow)
     reader_exact = None if narrow is None else narrow._spec.exact
     append = box.append
-    deferred = sender.deferred
+    # Used only for DEFER routes, which make_send gave a dict.
+    deferred: dict[Actor, None] = {} if sender.deferred is None else sender.deferred
     order = sender.order
     trigger = ctx.target.trigger
     step = ctx.policy.delta_step
@@ -221,7 +232,8 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wir
     step = ctx.policy.delta_step
     running = CURRENT.get
     trace = ctx.trace
-    deferred = sender.deferred
+    # Used only for DEFER routes, which make_send gave a dict.
+    deferred: dict[Actor, None] = {} if sender.deferred is None else sender.deferred
     checks = [None if route[4] is None else _reader_check(output, route[4])
               for route in plan]
     narrow = any(c is not None for c in checks)
