@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NodeError, StartTimeoutError
-from ..ports import Input, Port, copy_message
+from ..messages import copy_message
+from ..ports import Input, Port
 from ..state import FORMAT
 from .mailbox import Restore, Snapshot
 

@@ -30,9 +30,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ..errors import NodeError, StartTimeoutError, describe
+from ..messages import copy_message
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node
-from ..ports import Input, Output, Port, copy_message
+from ..ports import Input, Output, Port
 from ..timers import SimulatedTimer
 from .actor import Actor
 from .cuts import restore_tree, take_tree
