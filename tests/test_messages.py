@@ -102,7 +102,8 @@ def test_a_deep_message_sent_fails_its_node_with_the_limit_not_a_recursion_error
 
     run = mujou.run(Net(), timer="simulated", duration=0.02)
 
-    with pytest.raises(mujou.NodeError, match="'src' raised in on_update: ValueError: .*"
+    with pytest.raises(mujou.NodeError, match="'src' raised in on_update: ValueError: output "
+                       "'src.out' sent a value that cannot be copied: .*"
                        "nested deeper than 1000 levels") as info:
         run.join(timeout=30)
     assert type(info.value.__cause__) is ValueError

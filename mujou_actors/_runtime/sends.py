@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import NotRunningError, PortTypeError
+from ..messages import SCALARS  # immutable: a send shares them uncopied
 from .actor import CURRENT, NEVER, Actor
 from .keys import Key, stamp
 from .policy import TimePolicy
@@ -28,10 +29,8 @@ if TYPE_CHECKING:
     from ..ports import Input, Output
     from ..trace import Recorder
 
-__all__ = ["SCALARS", "SendTarget", "SendContext", "make_send"]
+__all__ = ["SendTarget", "SendContext", "View", "make_send"]
 
-# Messages of these exact types are immutable: a send shares them uncopied.
-SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
 
 # How a send triggers a reader: not at all (0), at once (NOW), or as the hook ends (DEFER).
 NOW, DEFER = 1, 2
@@ -97,6 +96,11 @@ def _not_in_hook(sender: Actor, output: Output, send: Send) -> NotRunningError:
     return NotRunningError(
         f"output {output.path!r}: send() from outside a hook of node "
         f"{sender.path or '<root>'!r} (from the host, or from another node's hook)")
+
+
+def _copy_failed(output: Output, exc: ValueError) -> ValueError:
+    """The error of a value that cannot be copied (nested too deep), naming the Output."""
+    return ValueError(f"output {output.path!r} sent a value that cannot be copied: {exc}")
 
 
 def _reader_check(output: Output, reader: Input) -> Copier:
@@ -200,7 +204,10 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
         else:
             if reader_check is not None:
                 reader_check(value)  # passes a non-scalar through as it is
-            message = value = copy(value)
+            try:
+                message = value = copy(value)
+            except ValueError as exc:  # too deep: name the port (free unless raised)
+                raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:
             seen, stamped = key, stamp(key, order)
@@ -251,7 +258,10 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wir
         # are and share the one copy.
         narrowed = [value if c is None else c(value) for c in checks] if narrow else None
         if type(value) not in SCALARS:
-            value = copy(value)
+            try:
+                value = copy(value)
+            except ValueError as exc:  # too deep: name the port (free unless raised)
+                raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:  # as in _send_one
             seen, stamped = key, stamp(key, order)
