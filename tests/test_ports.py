@@ -874,7 +874,7 @@ def _qos_run(senders, reader, workers: int) -> tuple[Any, ...]:
 @example(senders=[(0.001, 1, False), (0.001, 2, False), (0.002, 1, True)],
          reader=(0.004, 3, None, None, None))
 def test_pruning_the_mailbox_changes_no_result_for_any_worker_count(senders, reader) -> None:
-    from mujou_actors import mailbox
+    from mujou_actors._runtime import mailbox
 
     slack = mailbox.SLACK
     try:
