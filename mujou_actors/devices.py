@@ -42,10 +42,8 @@ import torch
 from .cuda import StreamWaiter, check_cuda_sync, make_waiter
 from .messages import map_tensors, tensors_in  # re-exported: mailbox.py and tests import them
 
-__all__ = [
-    "validate_device", "Path", "send_path", "Receive",
-    "receive_action", "write_path", "copy_stream_devices", "DeviceMessage", "CudaRuntime",
-]
+# Nothing here is for users to import: a node names its device (Node(device=...)).
+__all__: list[str] = []
 
 CPU = torch.device("cpu")
 

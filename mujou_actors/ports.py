@@ -22,7 +22,7 @@ from .errors import NotRunningError, PortTypeError
 from .messages import Checker, _make_checker, _mismatch, _Spec
 from .messages import copy_message as copy_message  # re-exported: run.py imports it from here
 
-__all__ = ["Port", "Input", "Output", "connect"]
+__all__ = ["Input", "Output", "connect"]
 
 log = logging.getLogger("mujou_actors")
 

@@ -24,7 +24,8 @@ import torch
 from .errors import SnapshotError
 from .messages import Rules, walk
 
-__all__ = ["FORMAT", "copy_state", "check_tree"]
+# Nothing here is for users to import: trees come from Run.state_dict and mujou.save.
+__all__: list[str] = []
 
 FORMAT = 1
 _LEAVES = frozenset((type(None), bool, int, float, str, bytes))

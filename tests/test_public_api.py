@@ -25,8 +25,6 @@ def test_all_lists_exactly_the_public_runtime_names() -> None:
 # The limits docs/state.md names (`mujou_actors.snapshot.MAX_DEPTH`, ...): public constants
 # that are not in the reference.
 DOCUMENTED_CONSTANTS = {"MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK", "MAX_NESTING"}
-# issue 14: being rewritten by the kernel split; held to this rule once it lands.
-SPLIT_IN_PROGRESS = {"devices", "ports", "run", "state"}
 
 
 def test_public_modules_list_only_public_names_in_all() -> None:
@@ -39,7 +37,7 @@ def test_public_modules_list_only_public_names_in_all() -> None:
     public = set(mujou.__all__) | members | DOCUMENTED_CONSTANTS
     wrong = {}
     for info in pkgutil.iter_modules(mujou.__path__):
-        if info.name.startswith("_") or info.name in SPLIT_IN_PROGRESS:
+        if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"mujou_actors.{info.name}")
         extra = sorted(set(getattr(module, "__all__", ())) - public)
