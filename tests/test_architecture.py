@@ -1,0 +1,86 @@
+"""The shape of the code that makes some defects impossible by construction.
+
+Each test scans the package's source (its syntax trees), so a change that
+breaks one of these rules fails here, before it can show up as a hang or a
+hook run outside its node's context.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mujou_actors"
+USER_CODE = {"on_start", "on_update", "on_stop", "state_dict", "load_state_dict"}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text()))
+            for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def test_only_the_actor_calls_a_nodes_hooks_and_state_methods() -> None:
+    """User code runs in one module, _runtime/actor.py, inside the node's context.
+
+    Allowed elsewhere: node.py (Node's own default state_dict, which runs
+    inside the hook that called it) and the host's API on a Run (``run.``).
+    """
+    found = []
+    for name, tree in _modules():
+        if name in ("_runtime/actor.py", "node.py"):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in USER_CODE
+                    and isinstance(node.ctx, ast.Load)
+                    and ast.unparse(node.value).split(".")[-1] not in ("run", "self")):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def test_only_the_actor_enters_a_nodes_context_for_user_code() -> None:
+    """``<actor>.context.run(...)`` outside actor.py only sets what a send checks."""
+    calls = [(name, ast.unparse(node)) for name, tree in _modules()
+             if name != "_runtime/actor.py" for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr == "run" and ast.unparse(node.func.value).endswith(".context")]
+    assert calls == [("_runtime/sends.py", "sender.context.run(CURRENT.set, sender)")]
+
+
+# Waits without a timeout, each with its way out. Anything new needs a bound, or a
+# line here saying what ends it.
+UNBOUNDED_WAITS = {
+    # the snapshot writer's thread waits for work; close() notifies it
+    ("supervisor.py", "self._cond.wait()"),
+    # stop() from the host waits for the end, which itself is bounded by stop_timeout
+    ("run.py", "self._ended.wait()"),
+    # the CLI's own run: Ctrl-C stops it
+    ("cli.py", "run.wait()"), ("cli.py", "run.join()"),
+    # CUDA copies of one message: the GPU completes them (the waiter's cuda_sync)
+    ("devices.py", "copier.wait()"), ("run.py", "copier.wait()"),
+    ("_runtime/actor.py", "copier.wait()"),
+    # locks held only for a few statements by their holders, never across a wait
+    ("_runtime/actor.py", "lock.acquire()"), ("_runtime/dispatcher.py", "self._cond.acquire()"),
+}
+
+
+def test_every_wait_has_a_bound_or_a_named_way_out() -> None:
+    found = set()
+    for name, tree in _modules():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in {"wait", "join", "get", "acquire"}
+                    and not node.args and not node.keywords):
+                found.add((name, ast.unparse(node)))
+    assert found <= UNBOUNDED_WAITS, sorted(found - UNBOUNDED_WAITS)
+
+
+def test_the_kernel_never_imports_the_run_or_the_cli() -> None:
+    found = []
+    for name, tree in _modules():
+        if not name.startswith("_runtime/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level and (node.module or "") in (
+                    "run", "cli", "host") and node.level == 2:
+                found.append(f"{name}: from ..{node.module}")
+    assert found == []
