@@ -119,7 +119,7 @@ def send_path(sender_device: torch.device, reader_devices: Iterable[torch.device
     """
     if sender_device.type != "cuda":
         return Path.HOST
-    return Path.DEVICE if any(d.type == "cuda" for d in reader_devices) else Path.HOST
+    return Path.DEVICE if any(device.type == "cuda" for device in reader_devices) else Path.HOST
 
 
 class Receive(enum.Enum):
@@ -163,7 +163,8 @@ def copy_stream_devices(reader_device: torch.device,
         source_devices: devices of the CUDA senders whose messages take the
             device path to this reader.
     """
-    return {d for d in source_devices if d.type == "cuda" and d != reader_device}
+    return {device for device in source_devices
+            if device.type == "cuda" and device != reader_device}
 
 
 # ---------------------------------------------------------------------------

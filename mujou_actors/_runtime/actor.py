@@ -214,7 +214,7 @@ class Actor:
         """
         if self.input_depths is None:
             depths = self.input_depths = tuple(p.depth for p in self.inputs)
-            if any(d is not None for d in depths):
+            if any(depth is not None for depth in depths):
                 self.mailbox.lock = threading.Lock()
                 self.prune_at = self.bound = prune_limit(depths)
 
@@ -283,15 +283,15 @@ class Actor:
             self.applied = taken
         if rt is None:
             if len(taken) == 1:
-                d = taken[0]  # (stamp, input slot, message[, seq])
-                inputs[d[1]]._push(d[2])
+                delivery = taken[0]  # (stamp, input slot, message[, seq])
+                inputs[delivery[1]]._push(delivery[2])
             else:  # runs of messages for one Input go in with one extend
                 for slot, run in groupby(taken, SLOT):
                     inputs[slot]._push_many(list(map(MESSAGE, run)))
         else:
             with self.on_stream():
-                got = [(d[1], receive(d[2], self.device, self.stream, self.copy_streams, rt,
-                                      self.copy_done)) for d in taken]
+                got = [(dv[1], receive(dv[2], self.device, self.stream, self.copy_streams, rt,
+                                       self.copy_done)) for dv in taken]
                 if self.stream is not None and got:
                     # Before the values are kept (the host may read them at once):
                     # one event covers every copy and wait queued for them so far.
@@ -300,9 +300,9 @@ class Actor:
                 inputs[slot]._push(value)
         triggers = self.triggers
         owed = None
-        for d in kept:
-            if d[1] in triggers:
-                t, delta, _ = unstamp(d[0])
+        for delivery in kept:
+            if delivery[1] in triggers:
+                t, delta, _ = unstamp(delivery[0])
                 key = (t, delta + 1)
                 if owed is None or key < owed:
                     owed = key

@@ -708,7 +708,7 @@ class Dispatcher:
         queued = list(actor.mailbox.deliveries)
         if self.simulated:
             queued.sort(key=STAMP)  # stable: a stamp's messages in send order
-        return [Delivery(*unstamp(d[0]), inputs[d[1]], d[2]) for d in queued]
+        return [Delivery(*unstamp(dv[0]), inputs[dv[1]], dv[2]) for dv in queued]
 
     # -- when work may start ----------------------------------------------------------
     def _wait(self, timeout: float | None) -> None:

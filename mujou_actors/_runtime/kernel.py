@@ -231,13 +231,13 @@ class Kernel:
             raise RuntimeError("Kernel.start: the kernel is started already")
         self._started = True
         self._start_ns = start_ns
-        d = self.dispatcher
-        d.set_bound(CONTROL_KEY)  # driven: nothing timed starts before a step
-        d.start_threads()
-        late = d.run_control(self.actors, Start(), timeout)
+        dispatcher = self.dispatcher
+        dispatcher.set_bound(CONTROL_KEY)  # driven: nothing timed starts before a step
+        dispatcher.start_threads()
+        late = dispatcher.run_control(self.actors, Start(), timeout)
         self._raise_failures()
         if late:
-            raise StartTimeoutError({a.path: d.hook_of(a) for a in late if a.busy},
+            raise StartTimeoutError({a.path: dispatcher.hook_of(a) for a in late if a.busy},
                                     [a.path for a in late if not a.busy], timeout)
 
     def _timer(self) -> None:
@@ -255,15 +255,15 @@ class Kernel:
         if self._stopped:
             return []
         self._stopped = True
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         stuck = []
         if self._started:
-            d.stop_now()
-            stuck = [a.path for a in d.wait_idle(timeout)]
+            dispatcher.stop_now()
+            stuck = [a.path for a in dispatcher.wait_idle(timeout)]
             started = [a for a in self.actors if a.started and a.path not in stuck]
-            stuck += [a.path for a in d.run_control(started, Stop(), timeout, help=True)]
-            d.shutdown()
-            d.join_threads(timeout)
+            stuck += [a.path for a in dispatcher.run_control(started, Stop(), timeout, help=True)]
+            dispatcher.shutdown()
+            dispatcher.join_threads(timeout)
         for actor in self.actors:
             if actor.node._mujou_run is self._token:
                 actor.node._mujou_run = None
@@ -313,18 +313,18 @@ class Kernel:
         """
         if not self._started or self._stopped:
             raise RuntimeError("Kernel.step: the kernel is not running (start() it first)")
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         self._timer()
         if until is None:
-            until = d.next_due()
+            until = dispatcher.next_due()
             if until is None:
                 return None
-        if not d.run_until(until, timeout):
-            busy = d.busy_hooks()
+        if not dispatcher.run_until(until, timeout):
+            busy = dispatcher.busy_hooks()
             raise TimeoutError(f"Kernel.step: work up to {until} did not finish within "
                                f"{timeout:g} s; still running: {busy}")
         self._raise_failures()
-        return d.next_due()
+        return dispatcher.next_due()
 
     def deliver(self, input: str, message: Any, t_ns: int, delta: int, sender: int) -> None:
         """Deliver a message sent outside the kernel to one of its Inputs.
@@ -409,12 +409,12 @@ class Kernel:
             StartTimeoutError: a ``load_state_dict`` did not return in time.
             NodeError: a ``load_state_dict`` raised.
         """
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         if not self._started or self._timing or self._stopped:
             raise RuntimeError("Kernel.load_state_dict: call it after start() and before "
                                "the first next_due() or step()")
-        d.discard_messages()
-        restore_tree(d, self.actors, self.ports, tree, time.monotonic() + timeout, timeout,
+        dispatcher.discard_messages()
+        restore_tree(dispatcher, self.actors, self.ports, tree, time.monotonic() + timeout, timeout,
                      self._deliver_host)
         self._raise_failures()
         self._start_ns = tree["time_ns"]

@@ -138,7 +138,7 @@ def prune_limit(depths: tuple[int | None, ...], left: int = 0) -> int:
         pruning costs at most a constant per delivery, even with a backlog
         for an unbounded Input that no prune can shorten.
     """
-    base = 2 * sum(d for d in depths if d is not None) + SLACK
+    base = 2 * sum(depth for depth in depths if depth is not None) + SLACK
     return max(base, 2 * left)
 
 
@@ -217,14 +217,14 @@ class Mailbox:
         room = list(depths)  # how many more of each slot survive, from the newest
         removed = [0] * len(depths)
         kept = []
-        for d in reversed(taken):
-            slot = d[1]
+        for delivery in reversed(taken):
+            slot = delivery[1]
             left = room[slot]
             if left is None:
-                kept.append(d)
+                kept.append(delivery)
             elif left:
                 room[slot] = left - 1
-                kept.append(d)
+                kept.append(delivery)
             else:
                 removed[slot] += 1
         queue.extendleft(kept)  # kept is newest first: extendleft restores the order
