@@ -115,8 +115,7 @@ if str(ROOT) not in sys.path:  # check the repository this script is in, install
 
 import mujou_actors as mujou  # noqa: E402
 from mujou_actors import devices as mujou_devices  # noqa: E402
-
-_RUN_MODULE = importlib.import_module("mujou_actors.run")  # the module (mujou.run is the function)
+from mujou_actors._runtime.build import Wiring  # noqa: E402
 
 NUMEL = 1 << 20  # 1M float32 elements: 4 MiB per message (hand-off)
 EXAMPLE_TOL = 1e-4  # max |CPU - GPU| of the example's forces (N) and positions (m)
@@ -805,9 +804,9 @@ def check_host_reads(env: Env) -> dict[str, Any]:
               f"Input {main['stale_input']}")
     ok = main["reads"] > 0 and main["stale_output"] == 0 and main["stale_input"] == 0
     # The rule of the Input's reads alone: the host waits for the kept values'
-    # event (Run._wait_kept) before it copies them; without that wait its copy,
+    # event (Wiring.wait_kept) before it copies them; without that wait its copy,
     # on its own stream, may run before the sender's late write.
-    with mock.patch.object(_RUN_MODULE.Run, "_wait_kept", lambda self, port: None):
+    with mock.patch.object(Wiring, "wait_kept", lambda self, port: None):
         kept = _host_reads(env, numel, 3.0, duration)
     if env.dry:
         return _result(env, ok and kept["reads"] > 0, detail, "not in the dry run",

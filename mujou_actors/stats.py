@@ -151,7 +151,7 @@ class RunStats:
         object.__setattr__(self, "subscriptions", MappingProxyType(dict(self.subscriptions)))
 
 
-def percentile(sorted_values: list[int], q: float) -> int:
+def percentile(sorted_values: list[float], q: float) -> float:
     """The ``q``-th percentile (0..100, nearest rank) of sorted values; 0 if empty."""
     if not sorted_values:
         return 0

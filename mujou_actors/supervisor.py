@@ -1,6 +1,7 @@
 """Seeds, the snapshot schedule, snapshot files and restart strategies.
 
-The supervisor's decisions live here; the run carries them out through the
+The supervisor's decisions live here (`failure_verdict` returns a `Verdict`
+for each node failure); the run's coordinator carries them out through the
 dispatcher's envelopes (Stop, Start, Restore) and consistent cuts.
 
 Restart strategies follow Erlang/OTP's supervisors: ``one_for_one`` restarts
@@ -13,6 +14,8 @@ path, so they are the same in every process and on every Python version
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import logging
 import math
@@ -176,6 +179,57 @@ class RestartIntensity:
             return False
         times.append(now_ns)
         return True
+
+
+class Action(enum.Enum):
+    """What the supervisor decides about a node's failure (see `failure_verdict`)."""
+
+    STOP = "stop"  # the run stops with the failure
+    RESTART_ONE = "restart_one"  # the failed node restarts from the latest snapshot
+    RESTART_ALL = "restart_all"  # the whole net is restored from the latest snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The supervisor's decision about one failure; the run's coordinator carries it out.
+
+    Attributes:
+        action (Action): stop the run, or restart one node or the whole net.
+        note (str): with `Action.STOP`, why the supervisor gave up on
+            restarting, appended to the failure's message in parentheses;
+            ``""`` when there was nothing to give up (no strategy, the run
+            ending or not started).
+    """
+
+    action: Action
+    note: str = ""
+
+
+def failure_verdict(supervisor: Supervisor, intensity: RestartIntensity, now_ns: int, *,
+                    restartable: bool) -> Verdict:
+    """Decide what a node's failure does to the run.
+
+    Args:
+        supervisor (Supervisor): the run's settings (its ``restart`` strategy).
+        intensity (RestartIntensity): the run's restart count; a restart that
+            is allowed is recorded in it.
+        now_ns (int): the run's time, ns of its timer.
+        restartable (bool): False while the run is ending or has not started
+            yet (its timer): a failure then always stops it.
+
+    Returns:
+        Verdict: `Action.STOP` (with a note when more than ``max_restarts``
+        restarts fell within ``within`` seconds), else the strategy's restart.
+    """
+    strategy = supervisor.restart
+    if strategy == "none" or not restartable:
+        return Verdict(Action.STOP)
+    if not intensity.allow(now_ns):
+        return Verdict(Action.STOP, f"the supervisor gave up: more than "
+                       f"{supervisor.max_restarts} restarts within {supervisor.within} s")
+    if strategy == "one_for_one":
+        return Verdict(Action.RESTART_ONE)
+    return Verdict(Action.RESTART_ALL)
 
 
 def snapshot_name(time_ns: int) -> str:

@@ -1,8 +1,9 @@
 """A strict fake of the CUDA runtime, for the CPU tests of the device paths.
 
-The run reaches CUDA only through `mujou_actors.devices.CudaRuntime` (built by
-``run._cuda_runtime``) and the waiter from ``run._make_waiter``. `FakeRuntime`
-replaces the first and `FakeWaiter` the second (`install` does both), so a
+The run reaches CUDA only through `mujou_actors.devices.CudaRuntime` and the
+waiters of its CUDA nodes, both made through the kernel's seams
+(`mujou_actors._runtime.build.Seams`). `FakeRuntime` stands for the first and
+`FakeWaiter` for the second (`fakes` gives a ``mujou.run`` with both), so a
 whole run with "CUDA" nodes executes on a CPU-only build of torch.
 
 The fake is strict where real CUDA would fail, corrupt or read stale memory,
@@ -67,8 +68,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -640,9 +641,51 @@ class FakeRuntime(devices.CudaRuntime):
         return stack
 
 
+class Fakes(NamedTuple):
+    """A fake CUDA for one run or more: the runtime, the waiters, and the run to start with it.
+
+    ``start`` is ``mujou.run`` with the fakes behind the kernel's seams
+    (`mujou_actors._runtime.build.Seams`): the same arguments.
+    """
+
+    rt: FakeRuntime
+    waiters: list[FakeWaiter]
+    start: Callable[..., Any]
+
+
+def fakes(rt: FakeRuntime | None = None) -> Fakes:
+    """A `FakeRuntime` and `FakeWaiter`s behind the seams of the runs that ``start`` makes.
+
+    Args:
+        rt (FakeRuntime, optional): the runtime to use; a new one by default.
+
+    Returns:
+        Fakes: the runtime, the list that receives each waiter a run makes
+        (one per CUDA node, in order), and the ``mujou.run`` that uses them.
+    """
+    import functools
+    import importlib
+
+    from mujou_actors._runtime.build import Seams
+
+    run_module = importlib.import_module("mujou_actors.run")  # mujou_actors.run is the function
+    rt = rt if rt is not None else FakeRuntime()
+    waiters: list[FakeWaiter] = []
+
+    def make_waiter(sync: str) -> FakeWaiter:
+        waiters.append(FakeWaiter(sync))
+        return waiters[-1]
+
+    seams = Seams(cuda_runtime=lambda: rt, make_waiter=make_waiter)  # type: ignore[arg-type]
+    return Fakes(rt, waiters, functools.partial(run_module._start, seams=seams))
+
+
 def install(monkeypatch: Any, rt: FakeRuntime | None = None) -> tuple[FakeRuntime,
                                                                       list[FakeWaiter]]:
-    """Put a `FakeRuntime` and `FakeWaiter`s behind the run's seams for one test.
+    """Make ``mujou.run`` start its runs on `fakes` for one test.
+
+    For code under test that calls ``mujou.run`` itself (benchmarks/gpu_check.py);
+    a test that starts its runs calls ``fakes().start`` instead.
 
     Args:
         monkeypatch (pytest.MonkeyPatch): the test's monkeypatch fixture.
@@ -652,16 +695,8 @@ def install(monkeypatch: Any, rt: FakeRuntime | None = None) -> tuple[FakeRuntim
         tuple[FakeRuntime, list[FakeWaiter]]: the runtime, and the list that
         receives each waiter the run makes (one per CUDA node, in order).
     """
-    import importlib
+    import mujou_actors
 
-    run_module = importlib.import_module("mujou_actors.run")
-    rt = rt if rt is not None else FakeRuntime()
-    waiters: list[FakeWaiter] = []
-
-    def make_waiter(sync: str) -> FakeWaiter:
-        waiters.append(FakeWaiter(sync))
-        return waiters[-1]
-
-    monkeypatch.setattr(run_module, "_cuda_runtime", lambda: rt)
-    monkeypatch.setattr(run_module, "_make_waiter", make_waiter)
-    return rt, waiters
+    fake = fakes(rt)
+    monkeypatch.setattr(mujou_actors, "run", fake.start)
+    return fake.rt, fake.waiters

@@ -51,12 +51,12 @@ def test_only_the_actor_enters_a_nodes_context_for_user_code() -> None:
 UNBOUNDED_WAITS = {
     # the snapshot writer's thread waits for work; close() notifies it
     ("supervisor.py", "self._cond.wait()"),
-    # stop() from the host waits for the end, which itself is bounded by stop_timeout
-    ("run.py", "self._ended.wait()"),
+    # (Run.stop from the host waits for the end, coordinator.wait_ended(None), which is
+    # itself bounded by stop_timeout; a None timeout is not a call without arguments.)
     # the CLI's own run: Ctrl-C stops it
     ("cli.py", "run.wait()"), ("cli.py", "run.join()"),
     # CUDA copies of one message: the GPU completes them (the waiter's cuda_sync)
-    ("devices.py", "copier.wait()"), ("run.py", "copier.wait()"),
+    ("devices.py", "copier.wait()"), ("_runtime/build.py", "copier.wait()"),
     ("_runtime/actor.py", "copier.wait()"),
     # locks held only for a few statements by their holders, never across a wait
     ("_runtime/actor.py", "lock.acquire()"), ("_runtime/dispatcher.py", "self._cond.acquire()"),

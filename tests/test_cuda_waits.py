@@ -10,7 +10,6 @@ stream's or an event's ``synchronize``, a blocking copy to the CPU). Also:
 
 from __future__ import annotations
 
-import importlib
 import threading
 from typing import Any
 
@@ -21,8 +20,6 @@ import mujou_actors as mujou
 from mujou_actors import devices
 from tests import fake_cuda
 from tests.fake_cuda import FakeCudaTensor, FakeRuntime, shadow
-
-run_module = importlib.import_module("mujou_actors.run")
 
 CPU = torch.device("cpu")
 GPU0 = torch.device("cuda", 0)
@@ -82,11 +79,11 @@ def _spinning(rt: FakeRuntime) -> list[tuple[Any, ...]]:
 @pytest.mark.timeout(20)
 def test_a_cuda_send_to_cpu_readers_only_copies_to_pinned_memory_and_sleeps_on_its_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, cpu = _on(Source(rt), GPU0), Sink()
     mujou.connect(src.out, cpu.inp)
 
-    mujou.run({"s": src, "c": cpu}, timer="simulated", duration=0.02).join()
+    start({"s": src, "c": cpu}, timer="simulated", duration=0.02).join()
 
     sends = [i for i, e in enumerate(rt.log) if e == ("to_host", "cuda:0", "stream1@cuda:0")]
     assert len(sends) == 2  # updates at 0 and 0.01 s
@@ -98,12 +95,12 @@ def test_a_cuda_send_to_cpu_readers_only_copies_to_pinned_memory_and_sleeps_on_i
 @pytest.mark.timeout(20)
 def test_a_cpu_reader_of_a_device_path_message_sleeps_on_its_copy_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu, cpu = _on(Source(rt), GPU0), _on(Sink(), GPU0), Sink()
     mujou.connect(src.out, gpu.inp)
     mujou.connect(src.out, cpu.inp)
 
-    mujou.run({"s": src, "g": gpu, "c": cpu}, timer="simulated", duration=0.02).join()
+    start({"s": src, "g": gpu, "c": cpu}, timer="simulated", duration=0.02).join()
 
     copy = "stream3@cuda:0"  # the CPU reader's copy stream on the sender's device
     at = rt.log.index(("to_host", "cuda:0", copy))
@@ -116,11 +113,11 @@ def test_a_cpu_reader_of_a_device_path_message_sleeps_on_its_copy_stream(
 @pytest.mark.timeout(20)
 def test_a_cpu_message_for_a_cuda_reader_is_queued_on_its_stream_without_any_host_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu = Source(rt), _on(Sink(), GPU0)
     mujou.connect(src.out, gpu.inp)
 
-    mujou.run({"s": src, "g": gpu}, timer="simulated", duration=0.02).join()
+    start({"s": src, "g": gpu}, timer="simulated", duration=0.02).join()
 
     assert rt.log.count(("to_device", "cuda:0", "stream1@cuda:0")) == 2
     # Only the run's start waits on the host: for the host's stream.
@@ -131,12 +128,12 @@ def test_a_cpu_message_for_a_cuda_reader_is_queued_on_its_stream_without_any_hos
 @pytest.mark.timeout(20)
 def test_host_reads_waits_subscriptions_and_cuts_of_cuda_outputs_sleep(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu = _on(Source(rt), GPU0), _on(Sink(), GPU0)
     mujou.connect(src.out, gpu.inp)
     got: list[list[float]] = []
 
-    run = mujou.run({"s": src, "g": gpu}, timer="simulated")  # no end: stopped below
+    run = start({"s": src, "g": gpu}, timer="simulated")  # no end: stopped below
     seen = threading.Event()
     run.subscribe("s.out", lambda m: got.append(m.tolist()) or seen.set())
     first = run.wait_for("s.out", timeout=10)
@@ -162,12 +159,12 @@ def test_host_reads_waits_subscriptions_and_cuts_of_cuda_outputs_sleep(
 @pytest.mark.timeout(20)
 def test_under_spin_and_yield_the_same_waits_poll_through_the_waiter(
         monkeypatch: pytest.MonkeyPatch, sync: str, kind: str) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu, cpu = _on(Source(rt), GPU0), _on(Sink(), GPU0), Sink()
     mujou.connect(src.out, gpu.inp)
     mujou.connect(src.out, cpu.inp)
 
-    run = mujou.run({"s": src, "g": gpu, "c": cpu}, timer="simulated", duration=0.02,
+    run = start({"s": src, "g": gpu, "c": cpu}, timer="simulated", duration=0.02,
                     cuda_sync=sync)
     run.join()
     run.read("s.out")
@@ -193,11 +190,11 @@ class Keeper(mujou.Node):
 @pytest.mark.timeout(20)
 def test_a_host_read_of_a_cuda_nodes_input_waits_on_a_blocking_event(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu = _on(Source(rt), GPU0), _on(Keeper(), GPU0)
     mujou.connect(src.out, gpu.inp)
 
-    run = mujou.run({"s": src, "g": gpu}, timer="simulated", duration=0.02)
+    run = start({"s": src, "g": gpu}, timer="simulated", duration=0.02)
     run.join()
     kept = run.read("g.inp")
 
@@ -210,11 +207,11 @@ def test_a_host_read_of_a_cuda_nodes_input_waits_on_a_blocking_event(
 @pytest.mark.timeout(20)
 def test_ready_events_are_blocking_under_block(monkeypatch: pytest.MonkeyPatch,
                                                sync: str) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     src, gpu = _on(Source(rt), GPU0), _on(Keeper(), GPU0)
     mujou.connect(src.out, gpu.inp)
 
-    mujou.run({"s": src, "g": gpu}, timer="simulated", duration=0.02, cuda_sync=sync).join()
+    start({"s": src, "g": gpu}, timer="simulated", duration=0.02, cuda_sync=sync).join()
 
     # The fake decides nothing: each event's ``blocking`` is what the run asked for.
     recorded_on = {e[1]: e[2] for e in rt.log if e[0] == "record"}
@@ -265,12 +262,12 @@ class Model(mujou.Node):
 @pytest.mark.timeout(20)
 def test_run_write_of_a_cuda_tensor_gives_the_node_a_clone_its_stream_is_recorded_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     node = _on(Model(), GPU0)
     x = rt.cuda(torch.tensor([1.0, 2.0]))
     done = threading.Event()
 
-    run = mujou.run({"m": node}, timer="simulated")  # no end: stopped below
+    run = start({"m": node}, timer="simulated")  # no end: stopped below
     run.subscribe("m.out", lambda m: done.set())
     run.write("m.inp", x)
     assert done.wait(10)  # the node read it
@@ -288,12 +285,12 @@ def test_run_write_of_a_cuda_tensor_gives_the_node_a_clone_its_stream_is_recorde
 @pytest.mark.timeout(20)
 def test_inputs_of_a_cuda_tensor_are_recorded_on_the_node_stream_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     node = _on(Model(), GPU0)
 
     done = threading.Event()
 
-    run = mujou.run({"m": node}, timer="simulated", inputs={"m.inp": rt.cuda(torch.ones(2))})
+    run = start({"m": node}, timer="simulated", inputs={"m.inp": rt.cuda(torch.ones(2))})
     run.subscribe("m.out", lambda m: done.set())
     assert done.wait(10) or node.got  # it may have run before the subscription
     run.stop()
@@ -358,7 +355,7 @@ class Busy(mujou.Node):
 @pytest.mark.timeout(20)
 def test_the_node_stream_is_waited_for_after_on_start_and_on_stop_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, waiters = fake_cuda.install(monkeypatch)
+    rt, waiters, start = fake_cuda.fakes()
     log: list[str] = []
     original = fake_cuda.FakeWaiter.wait
 
@@ -369,7 +366,7 @@ def test_the_node_stream_is_waited_for_after_on_start_and_on_stop_too(
     monkeypatch.setattr(fake_cuda.FakeWaiter, "wait", logged)
     node = _on(Busy(rt, log), GPU0)
 
-    mujou.run({"b": node}, timer="simulated", duration=0.01).join()
+    start({"b": node}, timer="simulated", duration=0.01).join()
 
     assert log == ["on_start", "wait", "on_update", "wait", "on_stop", "wait"]
     assert all(s.query() for s in rt.streams)  # join() left no GPU work queued

@@ -13,6 +13,7 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors import devices
+from mujou_actors._runtime.build import Seams
 from mujou_actors.devices import Path, Receive
 from tests import fake_cuda
 from tests.fake_cuda import FakeRuntime, FakeStream, StaleRead, shadow
@@ -117,7 +118,7 @@ def test_map_tensors_keeps_init_false_fields_and_does_not_rerun_post_init() -> N
 
 def test_a_dataclass_message_reaches_cuda_and_cpu_readers_with_its_init_false_tensor(
         monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
 
     class StampSender(mujou.Node):
         out = mujou.Output(Stamped)
@@ -147,7 +148,7 @@ def test_a_dataclass_message_reaches_cuda_and_cpu_readers_with_its_init_false_te
     mujou.connect(sender.out, gpu.inp)
     mujou.connect(sender.out, cpu.inp)
 
-    run = mujou.run({"s": sender, "g": gpu, "c": cpu}, timer="simulated", duration=0.01)
+    run = start({"s": sender, "g": gpu, "c": cpu}, timer="simulated", duration=0.01)
     run.join()
 
     assert gpu.got == [(1, GPU0, (GPU0, 0.5))]
@@ -304,13 +305,13 @@ def _on(node: mujou.Node, device: torch.device) -> mujou.Node:
 
 
 def test_a_run_with_cuda_nodes_gives_streams_waits_and_copies(monkeypatch) -> None:
-    rt, waiters = fake_cuda.install(monkeypatch)
+    rt, waiters, start = fake_cuda.fakes()
     sender = _on(Sender(rt), GPU0)
     same, other, cpu = _on(Reader(rt), GPU0), _on(Reader(rt), GPU1), Reader()
     for reader in (same, other, cpu):
         mujou.connect(sender.out, reader.inp)
 
-    run = mujou.run({"s": sender, "same": same, "other": other, "cpu": cpu},
+    run = start({"s": sender, "same": same, "other": other, "cpu": cpu},
                     timer="simulated", duration=0.02)
     run.join()
     last = run.read("s.out")
@@ -364,14 +365,14 @@ MIXED = {"img": torch.ones(2), "stamp": torch.tensor(0.5), "other": torch.full((
 
 def test_a_mixed_message_reaches_every_reader_with_each_tensor_on_the_readers_device(
         monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     sender = _on(MixedSender(), GPU0)
     readers = {"same": _on(MixedReader(), GPU0), "gpu1": _on(MixedReader(), GPU1),
                "cpu": MixedReader()}
     for reader in readers.values():
         mujou.connect(sender.out, reader.inp)
 
-    run = mujou.run({"s": sender, **readers}, timer="simulated", duration=0.01)
+    run = start({"s": sender, **readers}, timer="simulated", duration=0.01)
     run.join()
 
     for name, want in (("same", GPU0), ("gpu1", GPU1), ("cpu", CPU)):
@@ -403,14 +404,14 @@ class OrderedSender(mujou.Node):
 
 def test_a_dict_subclass_message_reaches_every_reader_and_the_host_on_their_devices(
         monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     sender, only_cpu = _on(OrderedSender(), GPU0), _on(OrderedSender(), GPU0)
     readers = {"gpu": _on(MixedReader(), GPU0), "cpu": MixedReader(), "host_path": MixedReader()}
     mujou.connect(sender.out, readers["gpu"].inp)
     mujou.connect(sender.out, readers["cpu"].inp)
     mujou.connect(only_cpu.out, readers["host_path"].inp)  # only a CPU reader: host path
 
-    run = mujou.run({"s": sender, "o": only_cpu, **readers}, timer="simulated", duration=0.01)
+    run = start({"s": sender, "o": only_cpu, **readers}, timer="simulated", duration=0.01)
     run.join()
 
     want = {"img": torch.ones(2), "stamp": torch.tensor(0.5)}
@@ -487,13 +488,13 @@ def test_a_sender_moves_a_tensor_of_another_gpu_to_its_device_and_keeps_cpu_ones
 @pytest.mark.parametrize("duration", [0.01, 0.04])
 def test_an_output_and_a_cross_gpu_reader_each_reuse_one_event_whatever_the_sends(
         monkeypatch, duration: float) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     sender = _on(Sender(rt), GPU0)
     same, other, cpu = _on(Reader(rt), GPU0), _on(Reader(rt), GPU1), Reader()
     for reader in (same, other, cpu):
         mujou.connect(sender.out, reader.inp)
 
-    mujou.run({"s": sender, "same": same, "other": other, "cpu": cpu},
+    start({"s": sender, "same": same, "other": other, "cpu": cpu},
               timer="simulated", duration=duration).join()
 
     sends = round(duration / 0.01)  # updates at 0, 0.01, ... before the end
@@ -512,11 +513,11 @@ def test_an_output_and_a_cross_gpu_reader_each_reuse_one_event_whatever_the_send
 
 
 def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     sender, cpu = _on(Sender(rt), GPU0), Reader()
     mujou.connect(sender.out, cpu.inp)
 
-    mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
+    start({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
 
     assert not any(e[0] == "record" for e in rt.log)         # no device-path event
     assert not any(e[0] == "use" and e[1] != "stream1@cuda:0" for e in rt.log)
@@ -525,15 +526,16 @@ def test_a_cuda_sender_read_only_by_cpu_nodes_goes_through_host_memory(monkeypat
     assert len(cpu.got) == 1 and torch.equal(cpu.got[0], torch.arange(3.0))
 
 
-def test_a_net_without_cuda_nodes_never_builds_a_runtime(monkeypatch) -> None:
-    def fail() -> None:
+def test_a_net_without_cuda_nodes_never_builds_a_runtime() -> None:
+    def fail() -> devices.CudaRuntime:
         raise AssertionError("CUDA touched")
 
-    monkeypatch.setattr(run_module, "_cuda_runtime", fail)
+    seams = Seams(cuda_runtime=fail)
     sender, cpu = Sender(), Reader()
     mujou.connect(sender.out, cpu.inp)
 
-    mujou.run({"s": sender, "cpu": cpu}, timer="simulated", duration=0.01).join()
+    run_module._start({"s": sender, "cpu": cpu}, seams=seams, timer="simulated",
+                      duration=0.01).join()
 
     assert len(cpu.got) == 1
 
@@ -571,7 +573,7 @@ def test_a_cuda_port_hand_off_keeps_the_tensor_on_the_device() -> None:
 
 
 def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeypatch) -> None:
-    rt, waiters = fake_cuda.install(monkeypatch)
+    rt, waiters, start = fake_cuda.fakes()
 
     class Model(Sender):
         def __init__(self) -> None:
@@ -579,7 +581,7 @@ def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeyp
             self.w = rt.cuda(torch.zeros(2))
 
     node = _on(Model(), GPU0)
-    run = mujou.run({"m": node}, timer="simulated", duration=0.0)
+    run = start({"m": node}, timer="simulated", duration=0.0)
     run.join()
     updates_waits = len(waiters[0].waits)
 
@@ -588,7 +590,7 @@ def test_a_cuda_node_is_waited_for_around_state_dict_and_after_a_restore(monkeyp
     assert len(waiters[0].waits) == updates_waits + 2        # before and after state_dict
     assert tree["nodes"]["m"]["w"].device == CPU
     again = _on(Model(), GPU0)
-    mujou.run({"m": again}, timer="simulated", duration=0.0, state=tree).join()
+    start({"m": again}, timer="simulated", duration=0.0, state=tree).join()
     assert len(waiters[1].waits) == 3                 # after on_start, the restore, on_stop
 
 
@@ -628,10 +630,10 @@ class HeldSender(Sender):
 @pytest.mark.timeout(20)
 def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_copy_made_on_its_stream(
         monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     sender, reader = Sender(), _on(Blocking(), GPU0)       # a CPU message, copied on the GPU
     mujou.connect(sender.out, reader.inp)
-    run = mujou.run({"s": sender, "r": reader}, timer="simulated", duration=0.01)
+    run = start({"s": sender, "r": reader}, timer="simulated", duration=0.01)
     try:
         assert reader.inside.wait(10)
         # The reader's stream holds the host-to-device copy, not yet waited for.
@@ -647,10 +649,10 @@ def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_copy_made_on_its_stream(
 @pytest.mark.timeout(20)
 def test_a_host_read_of_a_cuda_nodes_input_waits_for_a_sender_still_in_its_update(
         monkeypatch) -> None:
-    rt, waiters = fake_cuda.install(monkeypatch)
+    rt, waiters, start = fake_cuda.fakes()
     sender, reader = _on(HeldSender(rt), GPU0), _on(Blocking(), GPU0)
     mujou.connect(sender.out, reader.inp)
-    run = mujou.run({"s": sender, "r": reader}, timer="realtime", duration=None, workers=2)
+    run = start({"s": sender, "r": reader}, timer="realtime", duration=None, workers=2)
     try:
         assert reader.inside.wait(10)
         assert len(waiters[0].waits) == 1  # the sender's stream: waited for after on_start only
@@ -691,13 +693,13 @@ class Noting(mujou.Node):
 
 def test_every_hook_of_a_cuda_node_runs_on_its_streams_and_a_cpu_node_after_it_on_none(
         monkeypatch) -> None:
-    rt, _ = fake_cuda.install(monkeypatch)
+    rt, _, start = fake_cuda.fakes()
     source, cpu_source = _on(Sender(rt), GPU0), Sender()
     gpu, cpu = _on(Noting(rt, "gpu"), GPU1), Noting(rt, "cpu")
     mujou.connect(source.out, gpu.inp)
     mujou.connect(cpu_source.out, cpu.inp)   # a CPU node that reads no CUDA node
 
-    run = mujou.run({"s": source, "c": cpu_source, "gpu": gpu, "cpu": cpu}, timer="simulated",
+    run = start({"s": source, "c": cpu_source, "gpu": gpu, "cpu": cpu}, timer="simulated",
                     duration=0.01, workers=1)  # one worker: both nodes run on one thread
     run.join()
     run.state_dict()  # after the end: on the host's thread

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 
@@ -541,14 +540,15 @@ def test_a_bad_run_argument_is_named_and_leaves_the_net_free_to_run(kwargs, erro
 
 
 def test_a_failure_while_the_run_is_built_releases_the_nodes(monkeypatch) -> None:
-    run_module = sys.modules["mujou_actors.run"]  # mujou_actors.run is the function
+    from mujou_actors._runtime import coordinator
+
     net = Pipe()
 
     def broken_wire(*args: object) -> None:
         raise MemoryError("no memory for the sinks")
 
     with monkeypatch.context() as patch:
-        patch.setattr(run_module, "_wire", broken_wire)
+        patch.setattr(coordinator, "wire", broken_wire)
         with pytest.raises(MemoryError, match="no memory for the sinks"):
             mujou.run(net, timer="simulated", duration=0.03)
 
@@ -1590,7 +1590,7 @@ def test_state_dict_from_a_subscriber_callback_works_while_running_and_is_refuse
             got.append(sorted(run_.state_dict()["nodes"]))
             first.set()
             return
-        assert run_._end_requested.wait(10)  # the host's stop() below has begun
+        assert run_._coordinator._end_requested.wait(10)  # the host's stop() below has begun
         try:
             run_.state_dict()
         except RuntimeError as exc:
@@ -1843,7 +1843,7 @@ def _count_stops(monkeypatch) -> list[str]:
 
 
 def _end_reason(run: mujou.Run) -> str:
-    return run._end_reason.value  # type: ignore[union-attr]
+    return run._coordinator.end_reason.value  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(30)
@@ -1877,3 +1877,15 @@ def test_stop_and_the_duration_each_end_the_run_once(monkeypatch) -> None:
         run.stop()
         run.stop()
     assert (asked, _end_reason(run)) == (["boundary"], "stopped")
+
+
+def test_the_seamed_start_takes_exactly_the_arguments_and_defaults_of_run() -> None:
+    import importlib
+    import inspect
+
+    run_module = importlib.import_module("mujou_actors.run")  # mujou_actors.run is the function
+    public = inspect.signature(mujou.run).parameters
+    seamed = dict(inspect.signature(run_module._start).parameters)
+
+    assert seamed.pop("seams").default is inspect.Parameter.empty
+    assert list(seamed.values()) == list(public.values())

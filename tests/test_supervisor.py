@@ -808,3 +808,47 @@ def test_a_one_for_all_restart_behind_a_stuck_hook_fails_the_run_within_stop_tim
     finally:
         release.set()
     assert info.value.path == "bad" and isinstance(info.value.__cause__, RuntimeError)
+
+
+# -- the verdicts (supervisor.failure_verdict): no threads ----------------------------
+
+
+def _verdict(restart: str, *, restartable: bool = True, intensity=None, now_ns: int = 0):
+    from mujou_actors.supervisor import RestartIntensity, failure_verdict
+
+    sup = mujou.Supervisor(restart=restart, max_restarts=2, within=1.0)
+    intensity = intensity or RestartIntensity(sup.max_restarts, round(sup.within * 1e9))
+    return failure_verdict(sup, intensity, now_ns, restartable=restartable)
+
+
+@pytest.mark.parametrize("restart, action", [("none", "stop"), ("one_for_one", "restart_one"),
+                                             ("one_for_all", "restart_all")])
+def test_a_failure_gets_the_strategys_verdict(restart: str, action: str) -> None:
+    verdict = _verdict(restart)
+
+    assert (verdict.action.value, verdict.note) == (action, "")
+
+
+@pytest.mark.parametrize("restart", ["one_for_one", "one_for_all"])
+def test_a_failure_while_the_run_ends_or_before_it_started_stops_it(restart: str) -> None:
+    from mujou_actors.supervisor import RestartIntensity
+
+    intensity = RestartIntensity(2, 1_000_000_000)
+
+    verdict = _verdict(restart, restartable=False, intensity=intensity)
+
+    assert (verdict.action.value, verdict.note) == ("stop", "")
+    assert intensity.allow(0) and intensity.allow(0)  # no restart was counted
+
+
+def test_the_supervisor_gives_up_past_max_restarts_within_the_window() -> None:
+    from mujou_actors.supervisor import RestartIntensity
+
+    intensity = RestartIntensity(2, 1_000_000_000)
+
+    verdicts = [_verdict("one_for_one", intensity=intensity, now_ns=t)
+                for t in (0, 400_000_000, 900_000_000, 1_000_000_000)]
+
+    assert [v.action.value for v in verdicts] == ["restart_one", "restart_one", "stop",
+                                                  "restart_one"]  # t=0 has left the window
+    assert verdicts[2].note == ("the supervisor gave up: more than 2 restarts within 1.0 s")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import mujou_actors as mujou
 from mujou_actors import timers as mujou_actors_timers
 from mujou_actors._runtime.actor import Actor
+from mujou_actors._runtime.build import Seams
 from tests.conftest import Collector, Counter, Source
 
 PR_GET_TIMERSLACK = 30  # linux/prctl.h
@@ -320,22 +321,6 @@ class _ScriptedClock(mujou_actors_timers.Timer):
         return self.t_ns
 
 
-class _Quiet:
-    """A `KernelListener` for a dispatcher driven by the test alone: it ignores every call."""
-
-    def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
-        pass
-
-    def reached_end(self) -> None:
-        pass
-
-    def held(self) -> None:
-        pass
-
-    def crashed(self, exc: BaseException) -> None:
-        pass
-
-
 def test_a_tick_starting_after_the_realtime_end_stands_for_the_last_tick_due(
         monkeypatch) -> None:
     period = 10_000_000
@@ -353,10 +338,10 @@ def test_a_tick_starting_after_the_realtime_end_stands_for_the_last_tick_due(
             late = 12_000_000 if self.n == 9 else 0
             clock.t_ns = max(clock.t_ns, (self.n + 1) * period + late)
 
-    monkeypatch.setattr(sys.modules["mujou_actors.run"], "make_timer", lambda kind: clock)
+    seams = Seams(make_timer=lambda kind: clock)
     node = Late()
 
-    run = mujou.run(node, duration=0.1, workers=1)
+    run = sys.modules["mujou_actors.run"]._start(node, seams=seams, duration=0.1, workers=1)
     run.join(timeout=30)
     stats = run.stats().nodes[""]
 

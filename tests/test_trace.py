@@ -250,7 +250,7 @@ def test_a_run_without_trace_writes_nothing(tmp_path, monkeypatch) -> None:
     run.join()
 
     assert list(tmp_path.iterdir()) == []
-    assert run._trace is None
+    assert run._coordinator._trace is None
     assert all(a.trace is None for a in run._actors)
 
 

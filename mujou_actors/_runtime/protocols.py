@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .actor import Actor
 
-__all__ = ["KernelListener"]
+__all__ = ["KernelListener", "HostSide", "Subscribed"]
 
 
 class KernelListener(Protocol):
@@ -55,4 +55,27 @@ class KernelListener(Protocol):
 
         Args:
             exc (BaseException): what escaped.
+        """
+
+
+class Subscribed(Protocol):
+    """A subscription whose callback failed, as the host side reports it (`host.Subscription`)."""
+
+    @property
+    def port(self) -> str:
+        """str: the dotted path of the port subscribed to."""
+
+
+class HostSide(Protocol):
+    """What the coordinator asks of a run's host side (`host.Host`): its bounded end.
+
+    The kernel does not import host.py: the run attaches its host side to the
+    coordinator (`Coordinator.attach_host`).
+    """
+
+    def close(self, timeout: float) -> None:
+        """Deliver what is queued for at most ``timeout`` wall seconds, wake every waiter.
+
+        Args:
+            timeout (float): wall seconds; 0 delivers nothing more.
         """

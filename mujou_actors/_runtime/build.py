@@ -1,0 +1,270 @@
+"""Building a run's kernel: the actors, CUDA streams and waiters, the wiring.
+
+What `mujou.run` does once every argument is checked and the nodes are
+claimed: make one `Actor` per node, give CUDA nodes a stream and a waiter,
+install each Output's send and keep the host's views of the ports (a
+`Wiring`). The kernel's constructor seams (`Seams`) are here too: the CPU
+tests put a fake CUDA runtime, fake waiters or a scripted timer there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..cuda import StreamWaiter, make_waiter
+from ..devices import (
+    CudaRuntime,
+    HostCopier,
+    Path,
+    WriteCopier,
+    copy_stream_devices,
+    device_copier,
+    mark_ready,
+    send_path,
+    to_host,
+)
+from ..messages import copy_message
+from ..ports import Input, Output, Port
+from ..timers import Timer, make_timer
+from .actor import Actor
+from .sends import Wire, make_send
+from .views import HostView
+
+if TYPE_CHECKING:
+    from ..node import Node
+    from .dispatcher import Dispatcher
+
+__all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Seams:
+    """What a run makes of the outside world; the defaults are the real ones.
+
+    Args:
+        cuda_runtime: makes the run's `CudaRuntime` (called only when a node
+            is on CUDA).
+        make_waiter: makes the waiter of one CUDA node from ``cuda_sync``.
+        make_timer: makes the run's timer from ``timer=`` (``"realtime"``,
+            ``"simulated"``); raises ``ValueError`` for another name.
+    """
+
+    cuda_runtime: Callable[[], CudaRuntime] = CudaRuntime
+    make_waiter: Callable[[str], StreamWaiter] = make_waiter
+    make_timer: Callable[[str], Timer] = make_timer
+
+
+def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
+                tree: dict[str, Any] | None, stats: bool,
+                ports: dict[str, Port]) -> list[Actor]:
+    """One actor per node, in the net's order; seeds each node's generator.
+
+    Args:
+        found: ``(path, node)`` of every node, parents first.
+        seeds: the settled seed of every node, by path.
+        tree: the state tree to restore, if any (its generators come with the
+            nodes' states: those nodes are not reseeded here).
+        stats: keep the timing statistics.
+        ports: every port of the net by path (the Inputs are reset).
+    """
+    actors = []
+    periods: dict[int, int] = {}
+    for order, (path, node) in enumerate(found):
+        actors.append(Actor(node, path, order, periods))
+        if node._mujou_seed is None and (tree is None or path not in tree["seeds"]):
+            node._mujou_reseed(seeds[path])  # a tree's generator state comes with the node's
+        node._mujou_gen_seed = seeds[path]  # what Node.seed and Run.seeds show
+        node._mujou_run_seeded = True  # later draws are the run's: no warning next time
+    for port in ports.values():
+        if isinstance(port, Input):
+            port._reset()
+    for actor in actors:
+        actor.timed = stats
+    return actors
+
+
+def setup_cuda(actors: list[Actor], cuda_sync: str, seams: Seams) -> CudaRuntime | None:
+    """Give CUDA nodes a stream and a waiter; synchronize the host's streams.
+
+    Returns:
+        CudaRuntime | None: the run's runtime; None, and CUDA untouched, when
+        no node is on CUDA.
+    """
+    devices = {a.device for a in actors if a.device.type == "cuda"}
+    if not devices:
+        return None
+    rt = seams.cuda_runtime()
+    rt.set_sync(cuda_sync)
+    for device in sorted(devices, key=str):
+        # Tensors made in __init__ on the host's stream are complete before
+        # any node's stream uses them.
+        rt.wait(rt.current_stream(device))
+    for actor in actors:
+        actor.rt = rt
+        if actor.device.type == "cuda":
+            actor.stream = rt.new_stream(actor.device)
+            actor.waiter = seams.make_waiter(cuda_sync)
+            actor.kept_ready = rt.new_event()
+    return rt
+
+
+class Wiring:
+    """A built net's ways to and from the host: the ports' views, the copies, the deliveries.
+
+    Made by `wire`; used by the host's API (read, write, subscribe) and by the
+    coordinator (a state tree's copies, a restore's messages).
+
+    Args:
+        actors: every actor of the run.
+        dispatcher: the run's dispatcher (a host write is one of its deliveries).
+        rt: the run's CUDA runtime, None without CUDA nodes.
+    """
+
+    def __init__(self, actors: list[Actor], dispatcher: Dispatcher,
+                 rt: CudaRuntime | None) -> None:
+        self.actor_of = {id(a.node): a for a in actors}
+        self.rt = rt
+        self.views: dict[int, HostView] = {}  # by id of the Output
+        self.input_views: dict[int, HostView] = {}  # by id of the Input, made on demand
+        self._dispatcher = dispatcher
+
+    def view(self, output: Output) -> HostView:
+        """The host's view of ``output`` (its newest message, its listeners)."""
+        return self.views[id(output)]
+
+    def host_copy(self, message: Any) -> Any:
+        """A private CPU copy of a message for the host (or a state tree)."""
+        rt = self.rt
+        if rt is None:
+            return copy_message(message)
+        return host_message(to_host(message, rt), HostCopier(rt))
+
+    def write_copy(self, value: Any, port: Input) -> Any:
+        """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
+        return write_copy(value, self.actor_of[id(port.node)], self.rt)
+
+    def deliver(self, port: Input, message: Any) -> None:
+        """Deliver ``message`` to ``port`` as the host (its listeners see it too)."""
+        actor = self.actor_of[id(port.node)]
+        slot = actor.slot(port)
+        self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
+        view = self.input_views.get(id(port))
+        if view is not None and view.listeners:
+            view.publish(message)
+
+    def wait_kept(self, port: Input) -> None:
+        """Wait until the values kept by a CUDA node's Input are on its device.
+
+        Its receive work (waits for senders' events, copies) is queued on the
+        node's stream, which the host's stream is not ordered after. The event
+        is recorded after each batch of received values, before they are
+        kept, so a later record than the one of a value read just before
+        this call only covers more.
+        """
+        event = self.actor_of[id(port.node)].kept_ready
+        if event is not None:
+            self.rt.wait_ready(event)  # type: ignore[union-attr]
+
+    def listen(self, port: Port, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Attach ``listener`` to every message sent on or delivered to ``port``.
+
+        Returns:
+            Callable[[], None]: detaches it again.
+        """
+        if isinstance(port, Output):
+            views = [self.view(port)]
+        else:
+            sources = port._sources  # type: ignore[attr-defined]
+            views = [self.view(s) for s in sources]
+            views.append(self.input_views.setdefault(id(port), HostView()))
+        for view in views:
+            # Copy-on-write: senders iterate the list without a lock.
+            view.listeners = view.listeners + [listener]
+
+        def detach() -> None:
+            for view in views:
+                view.listeners = [x for x in view.listeners if x is not listener]
+
+        return detach
+
+
+_NO_TRIGGERS: frozenset[Any] = frozenset()  # shared by the many nodes without one
+
+
+def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
+         rt: CudaRuntime | None) -> Wiring:
+    """Install each Output's send and each actor's set of triggering Inputs.
+
+    Returns:
+        Wiring: the host's views of the Outputs, and the run's copies.
+    """
+    wiring = Wiring(actors, dispatcher, rt)
+    actor_of = wiring.actor_of
+    for actor in actors:
+        period_none = actor.period_ns is None
+        actor.inputs = tuple(
+            p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
+        actor.triggers = frozenset(
+            i for i, p in enumerate(actor.inputs)
+            if (period_none if p.trigger is None else p.trigger)
+        ) or _NO_TRIGGERS
+    for port in ports.values():
+        if isinstance(port, Output):
+            sender = actor_of[id(port.node)]
+            routes: list[Wire] = []
+            for r in port._readers:
+                reader = actor_of[id(r.node)]
+                routes.append((r, reader, reader.slot(r) in reader.triggers))
+            view = wiring.views[id(port)] = HostView()
+            copy = copier(sender, [a for _, a, _ in routes], rt)
+            port._send = make_send(dispatcher.sends, sender, port, routes, view, copy)
+            if type(port).send is Output.send:  # a subclass's own send() stays in the way
+                # An instance attribute: a hook's ``out.send(v)`` calls it directly.
+                port.send = port._send  # type: ignore[method-assign,assignment]
+    return wiring
+
+
+def unwire(ports: dict[str, Port]) -> None:
+    """Take the run's sends off the Outputs: ``send`` needs a running net again."""
+    for port in ports.values():
+        if isinstance(port, Output):
+            port._send = None
+            port.__dict__.pop("send", None)  # back to Output.send: "needs a running net"
+
+
+def copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Callable[[Any], Any]:
+    """How an Output of ``sender`` copies each message, by its readers' devices.
+
+    Also gives each reader the copy stream it needs on the sender's device.
+    """
+    if rt is None:
+        return copy_message  # a net without CUDA: plain value semantics
+    device = sender.device
+    if send_path(device, [a.device for a in readers]) is Path.HOST:
+        # A fresh copier per send: it keeps the streams its copies are on.
+        return lambda value: host_message(value, HostCopier(rt))
+    for reader in readers:
+        if device in copy_stream_devices(reader.device, [device]):
+            if device not in reader.copy_streams:
+                reader.copy_streams[device] = rt.new_stream(device)
+    place = device_copier(device, rt)
+    # One ready event per Output, recorded again at each send (see mark_ready):
+    # creating events on the workers is slow, and the run needs no more.
+    event = rt.new_event()
+    return lambda value: mark_ready(copy_message(value, place), device, rt, event)
+
+
+def host_message(value: Any, copier: HostCopier) -> Any:
+    """``value`` copied with ``copier`` (a `HostCopier`), once its copies are done."""
+    message = copy_message(value, copier)
+    copier.wait()
+    return message
+
+
+def write_copy(value: Any, actor: Actor, rt: CudaRuntime | None) -> Any:
+    """The copy of a value that ``run.write``/``inputs=`` deliver to ``actor``."""
+    if rt is None:
+        return copy_message(value)
+    return host_message(value, WriteCopier(actor.device, actor.stream, rt))
