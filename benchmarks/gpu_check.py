@@ -37,7 +37,7 @@ Checks (JSON key: what it shows; its control):
   sender is late (its kernels wait before they write) never returns stale
   memory; controls: the same run with the host's event and stream waits patched
   out returns stale data, and with only the wait for a CUDA Input's kept values
-  (``Run._wait_kept``) patched out, stale Input reads.
+  (``Wiring.wait_kept``) patched out, stale Input reads.
 * ``mixed``: a message mixing CUDA and CPU tensors (and another GPU's, with
   two GPUs) reaches a CUDA reader with every tensor on its device, a CPU
   reader with every tensor on the CPU, values intact; control: the same run
