@@ -20,7 +20,6 @@ import torch
 
 from .errors import NotRunningError, PortTypeError
 from .messages import Checker, _make_checker, _mismatch, _Spec
-from .messages import copy_message as copy_message  # re-exported: run.py imports it from here
 
 __all__ = ["Input", "Output", "connect"]
 
@@ -378,7 +377,7 @@ class Output(Port):
         self._readers: list[Input] = []
         # Readers whose declared type is narrower than ours: checked at send.
         self._strict_readers: list[Input] = []
-        # The run's send for this port (dispatcher.make_send), None outside a
+        # The run's send for this port (sends.make_send), None outside a
         # run; a run also installs it as the instance's ``send``.
         self._send: Callable[[Any], None] | None = None
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
-from mujou_actors import devices, ports
+from mujou_actors import devices
 from mujou_actors.messages import MAX_NESTING, SCALARS, copy_message, map_tensors, tensors_in
 from mujou_actors.state import copy_state
 from tests.conftest import Collector
@@ -239,8 +239,7 @@ def test_a_defaultdict_keeps_its_default_and_a_list_subclass_is_deep_copied() ->
     assert map_tensors(bag, lambda t: t + 1) is bag  # an unknown object: as it is
 
 
-def test_ports_still_exports_copy_message_for_its_importers() -> None:
-    assert ports.copy_message is copy_message
+def test_devices_uses_the_one_walker() -> None:
     assert devices.map_tensors is map_tensors and devices.tensors_in is tensors_in
 
 

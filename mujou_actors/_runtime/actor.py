@@ -30,7 +30,7 @@ from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start,
 __all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER"]
 
 # The actor whose context the calling code runs in: set once in the context of
-# each actor that has Outputs (dispatcher.make_send), whose hooks run in it and
+# each actor that has Outputs (sends.make_send), whose hooks run in it and
 # only they. A send checks it (a ContextVar read hits a per-thread cache), so
 # that another thread or another node's hook cannot send for the node.
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("mujou_actors.current")
@@ -133,7 +133,7 @@ class Actor:
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
-        # allocates nothing); triggered as the hook ends (dispatcher.make_send).
+        # allocates nothing); triggered as the hook ends (sends.make_send).
         self.deferred: dict[Actor, None] | None = None  # made at wiring for a sender that defers
         self.started = False
         self.failed = False

@@ -10,7 +10,7 @@ tests put a fake CUDA runtime, fake waiters or a scripted timer there.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ..cuda import StreamWaiter, make_waiter
@@ -29,7 +29,7 @@ from ..messages import copy_message
 from ..ports import Input, Output, Port
 from ..timers import Timer, make_timer
 from .actor import Actor
-from .sends import Wire, make_send
+from .sends import Outbox, Wire, make_send
 from .views import HostView
 
 if TYPE_CHECKING:
@@ -58,20 +58,26 @@ class Seams:
 
 def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
                 tree: dict[str, Any] | None, stats: bool,
-                ports: dict[str, Port]) -> list[Actor]:
+                ports: dict[str, Port], only: Collection[str] | None = None) -> list[Actor]:
     """One actor per node, in the net's order; seeds each node's generator.
 
     Args:
-        found: ``(path, node)`` of every node, parents first.
+        found: ``(path, node)`` of every node of the net, parents first: a
+            node's place in it is its order (what orders sends of one instant).
         seeds: the settled seed of every node, by path.
         tree: the state tree to restore, if any (its generators come with the
             nodes' states: those nodes are not reseeded here).
         stats: keep the timing statistics.
-        ports: every port of the net by path (the Inputs are reset).
+        ports: the ports of the nodes that get actors, by path (their Inputs
+            are reset).
+        only: the paths of the nodes that get actors (a kernel for some of
+            the net's nodes); None: every node.
     """
     actors = []
     periods: dict[int, int] = {}
     for order, (path, node) in enumerate(found):
+        if only is not None and path not in only:
+            continue
         actors.append(Actor(node, path, order, periods))
         if node._mujou_seed is None and (tree is None or path not in tree["seeds"]):
             node._mujou_reseed(seeds[path])  # a tree's generator state comes with the node's
@@ -194,8 +200,18 @@ _NO_TRIGGERS: frozenset[Any] = frozenset()  # shared by the many nodes without o
 
 
 def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
-         rt: CudaRuntime | None) -> Wiring:
+         rt: CudaRuntime | None,
+         outbox: Callable[[Output], Outbox] | None = None) -> Wiring:
     """Install each Output's send and each actor's set of triggering Inputs.
+
+    Args:
+        actors: the actors of the nodes being run.
+        ports: their ports, by path.
+        dispatcher: their dispatcher.
+        rt: the CUDA runtime, None without CUDA nodes.
+        outbox: for a kernel that runs some of a net's nodes: makes the outbox of
+            an Output with readers outside it (`kernel.Kernel`); None: every
+            reader must be among ``actors``.
 
     Returns:
         Wiring: the host's views of the Outputs, and the run's copies.
@@ -214,12 +230,19 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
         if isinstance(port, Output):
             sender = actor_of[id(port.node)]
             routes: list[Wire] = []
+            outside = False
             for r in port._readers:
-                reader = actor_of[id(r.node)]
+                reader = actor_of.get(id(r.node))
+                if reader is None:
+                    outside = True
+                    continue
                 routes.append((r, reader, reader.slot(r) in reader.triggers))
+            if outside and outbox is None:
+                raise ValueError(f"output {port.path!r} has readers outside the nodes wired")
             view = wiring.views[id(port)] = HostView()
             copy = copier(sender, [a for _, a, _ in routes], rt)
-            port._send = make_send(dispatcher.sends, sender, port, routes, view, copy)
+            port._send = make_send(dispatcher.sends, sender, port, routes, view, copy,
+                                   outbox(port) if outside and outbox is not None else None)
             if type(port).send is Output.send:  # a subclass's own send() stays in the way
                 # An instance attribute: a hook's ``out.send(v)`` calls it directly.
                 port.send = port._send  # type: ignore[method-assign,assignment]

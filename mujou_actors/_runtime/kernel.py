@@ -30,17 +30,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ..errors import NodeError, StartTimeoutError, describe
-from ..messages import copy_message
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node
 from ..ports import Input, Output, Port
 from ..timers import SimulatedTimer
 from .actor import Actor
+from .build import Seams, make_actors, setup_cuda, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
 from .keys import CONTROL_KEY, MASK, Key, stamp, unstamp
 from .mailbox import STAMP, Start, Stop
-from .sends import make_send
 
 __all__ = ["Kernel", "OutsideSend"]
 
@@ -65,19 +64,6 @@ class OutsideSend(NamedTuple):
     sender: int
     output: str
     message: Any
-
-
-class _View:
-    """The host's view of an Output that a driven kernel keeps (its newest message)."""
-
-    __slots__ = ("last", "listeners")
-
-    def __init__(self) -> None:
-        self.last: Any = None
-        self.listeners: list[Any] = []
-
-    def publish(self, message: Any) -> None:  # no listeners in a kernel
-        pass
 
 
 class _Outbox:
@@ -135,6 +121,7 @@ class Kernel:
             each with its subtree (``""``: the root, so all). Default: all.
         workers (int): worker threads, >= 1. Results do not depend on it.
         seed (int, optional): the run's seed, as ``mujou.run(seed=)``.
+        seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`).
@@ -146,7 +133,7 @@ class Kernel:
 
     def __init__(self, net: Node | list[Node] | dict[str, Node],
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, seams: Seams | None = None) -> None:
         found = walk(net)
         roots = [""] if nodes is None else list(nodes)
         paths = {p for p, _ in found}
@@ -170,49 +157,26 @@ class Kernel:
             if node._mujou_run is not None:
                 raise ValueError(f"Kernel: node {path or '<root>'!r} is already part of a "
                                  "running net")
-        periods: dict[int, int] = {}
-        self.actors = [Actor(node, path, order, periods) for order, path, node in local]
+        local_paths = {path for _, path, _ in local}
+        self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
+                                       if port.node._mujou_path in local_paths}
+        self.actors = make_actors(found, seeds, None, True, self.ports, only=local_paths)
         for actor in self.actors:
             actor.node._mujou_run = self._token
-            if actor.node._mujou_seed is None:
-                actor.node._mujou_reseed(seeds[actor.path])
-            actor.node._mujou_gen_seed = seeds[actor.path]
-            actor.node._mujou_run_seeded = True
         self._actor_of = {id(a.node): a for a in self.actors}
-        self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
-                                       if id(port.node) in self._actor_of}
         self.dispatcher = Dispatcher(self.actors, SimulatedTimer(), workers, self._events)
-        self._wire()
+        # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
+        rt = setup_cuda(self.actors, "block", seams or Seams())
+        self._wiring = wire(self.actors, self.ports, self.dispatcher, rt,
+                            self._outbox)
         self._started = False
         self._stopped = False
         self._timing = False  # the timer has started
         self._start_ns = 0
 
-    # -- building ---------------------------------------------------------------
-    def _wire(self) -> None:
-        actor_of = self._actor_of
-        for actor in self.actors:
-            actor.inputs = tuple(
-                p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
-            period_none = actor.period_ns is None
-            actor.triggers = frozenset(
-                i for i, p in enumerate(actor.inputs)
-                if (period_none if p.trigger is None else p.trigger))
-            for port in actor.inputs:
-                port._reset()
-        for port in self.ports.values():
-            if not isinstance(port, Output):
-                continue
-            sender = actor_of[id(port.node)]
-            routes = [(r, actor_of[id(r.node)], actor_of[id(r.node)].slot(r)
-                       in actor_of[id(r.node)].triggers)
-                      for r in port._readers if id(r.node) in actor_of]
-            outside = any(id(r.node) not in actor_of for r in port._readers)
-            outbox = _Outbox(port.path, self._sends) if outside else None
-            port._send = make_send(self.dispatcher.sends, sender, port, routes,
-                                   _View(), copy_message, outbox)
-            if type(port).send is Output.send:
-                port.send = port._send  # type: ignore[method-assign, assignment]
+    def _outbox(self, output: Output) -> _Outbox:
+        """The outbox of a local Output with readers outside the kernel (see `build.wire`)."""
+        return _Outbox(output.path, self._sends)
 
     # -- the phases -----------------------------------------------------------------
     def start(self, start_ns: int = 0, timeout: float = 60.0) -> None:
@@ -353,7 +317,7 @@ class Kernel:
         slot = actor.slot(port)
         key = (t_ns, delta)
         trigger = (t_ns, delta + 1) if slot in actor.triggers else None
-        value = copy_message(port.check(message))
+        value = self._wiring.write_copy(port.check(message), port)
         if not self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
                                        not_before=key):
             raise ValueError(f"Kernel.deliver: a message for {input!r} sent at {key} comes "
@@ -392,8 +356,9 @@ class Kernel:
             TimeoutError: an actor stayed busy for ``timeout``.
         """
         return take_tree(self.dispatcher, self.actors, self.ports, time_ns=self.time_ns,
-                         seeds=self.seeds, host_copy=copy_message, wait_kept=_no_wait,
-                         timeout=timeout, ended=self._stopped)
+                         seeds=self.seeds, host_copy=self._wiring.host_copy,
+                         wait_kept=self._wiring.wait_kept, timeout=timeout,
+                         ended=self._stopped)
 
     def load_state_dict(self, tree: Mapping[str, Any], timeout: float = 60.0) -> None:
         """Load a tree taken by `state_dict` (of a kernel with the same nodes).
@@ -415,21 +380,12 @@ class Kernel:
                                "the first next_due() or step()")
         dispatcher.discard_messages()
         restore_tree(dispatcher, self.actors, self.ports, tree, time.monotonic() + timeout, timeout,
-                     self._deliver_host)
+                     self._wiring.deliver)
         self._raise_failures()
         self._start_ns = tree["time_ns"]
-
-    def _deliver_host(self, port: Input, message: Any) -> None:
-        actor = self._actor_of[id(port.node)]
-        slot = actor.slot(port)
-        self.dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
 
     def _raise_failures(self) -> None:
         with self._events.lock:
             failures, self._events.failures = self._events.failures, []
         if failures:
             raise failures[0]
-
-
-def _no_wait(port: Input) -> None:
-    """A CPU kernel's Inputs keep complete values: nothing to wait for."""

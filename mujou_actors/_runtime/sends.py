@@ -6,7 +6,7 @@ single call. The data goes one way: the send checks the value (`ports` checks),
 makes the one copy all readers share (the copier the build chose by the
 readers' devices), appends one stamped delivery per connected Input to the
 reader's mailbox, triggers the readers whose Input triggers, and records the
-message in the Output's host view (`host.OutputView`) for ``run.read`` and
+message in the Output's host view (`views.HostView`) for ``run.read`` and
 subscriptions. What it needs from the dispatcher is the `SendTarget` protocol.
 
 There are two builders: a lean one for an Output with one reader and no trace
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..ports import Input, Output
     from ..trace import Recorder
 
-__all__ = ["SendTarget", "SendContext", "View", "make_send"]
+__all__ = ["SendTarget", "SendContext", "View", "Outbox", "Wire", "make_send"]
 
 
 # How a send triggers a reader: not at all (0), at once (NOW), or as the hook ends (DEFER).

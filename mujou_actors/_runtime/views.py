@@ -1,6 +1,6 @@
 """The host's view of one Output: what each send leaves for the host.
 
-It lies below the dispatcher: a send (`Dispatcher.make_send`) writes into it,
+It lies below the dispatcher: a send (`sends.make_send`) writes into it,
 and the host's side of the run (``Run.read``, subscriptions, waiters) reads
 it, so a message's way through the code goes one way, down from the sender.
 """
