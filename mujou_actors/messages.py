@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ._checks import is_int, is_number
 from .errors import PortTypeError
 
 # What users import: the limit the docs name. The rest (walk, Rules, copy_message,
@@ -218,7 +219,7 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
             vt = type(value)
             if vt is float:
                 return value
-            if vt is int or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            if vt is int or is_number(value):  # the fast path first: no call for an int
                 return float(value)
             raise fail(value)
 
@@ -226,7 +227,7 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
     if t is int:
 
         def check_int(value: Any) -> Any:
-            if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
+            if type(value) is int or is_int(value):
                 return value
             raise fail(value)
 

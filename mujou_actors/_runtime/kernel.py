@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from .._checks import is_int
 from ..errors import NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node
@@ -141,7 +142,7 @@ class Kernel:
             if root not in paths and not (nodes is None and root == ""):
                 raise ValueError(f"Kernel: no node {root!r} in the net "
                                  f"(nodes: {sorted(paths)})")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        if not is_int(workers) or workers < 1:
             raise ValueError(f"Kernel: workers must be an int >= 1, got {workers!r}")
         for path, node in found:
             node._mujou_path = path
