@@ -97,14 +97,14 @@ def validate_device(device: Any, *, owner: str = "node") -> torch.device:
 # Decisions (plain functions, tested on the CPU)
 
 
-class Path(enum.Enum):
+class CopyPath(enum.Enum):
     """How a message leaves its sender."""
 
     HOST = "host"      #: copied to host memory at send
     DEVICE = "device"  #: copied on the sender's device and stream, with an event
 
 
-def send_path(sender_device: torch.device, reader_devices: Iterable[torch.device]) -> Path:
+def send_path(sender_device: torch.device, reader_devices: Iterable[torch.device]) -> CopyPath:
     """The path of messages an Output sends (decided once per connection set).
 
     Args:
@@ -113,13 +113,14 @@ def send_path(sender_device: torch.device, reader_devices: Iterable[torch.device
             host is a CPU reader).
 
     Returns:
-        ``Path.DEVICE`` when the sender is on CUDA and at least one reader is
-        on CUDA; ``Path.HOST`` otherwise (only CPU readers: host memory is the
+        ``CopyPath.DEVICE`` when the sender is on CUDA and at least one reader is
+        on CUDA; ``CopyPath.HOST`` otherwise (only CPU readers: host memory is the
         cheaper way for them).
     """
     if sender_device.type != "cuda":
-        return Path.HOST
-    return Path.DEVICE if any(device.type == "cuda" for device in reader_devices) else Path.HOST
+        return CopyPath.HOST
+    on_cuda = any(device.type == "cuda" for device in reader_devices)
+    return CopyPath.DEVICE if on_cuda else CopyPath.HOST
 
 
 class Receive(enum.Enum):
@@ -143,15 +144,15 @@ def receive_action(message_device: torch.device, reader_device: torch.device) ->
     return Receive.COPY_TO_HOST
 
 
-def write_path(tensor_device: torch.device, node_device: torch.device) -> Path:
+def write_path(tensor_device: torch.device, node_device: torch.device) -> CopyPath:
     """How ``run.write``/``inputs=`` deliver a tensor to a node on ``node_device``.
 
     A CUDA tensor already on the node's device stays there (copied on the host's
     current stream of that device); any other tensor goes through host memory.
     """
     if tensor_device.type == "cuda" and tensor_device == node_device:
-        return Path.DEVICE
-    return Path.HOST
+        return CopyPath.DEVICE
+    return CopyPath.HOST
 
 
 def copy_stream_devices(reader_device: torch.device,
@@ -424,7 +425,7 @@ class WriteCopier(HostCopier):
         self.node_stream = node_stream
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if write_path(t.device, self.node_device) is Path.HOST:
+        if write_path(t.device, self.node_device) is CopyPath.HOST:
             return HostCopier.__call__(self, t)
         rt: CudaRuntime = self.rt  # type: ignore[assignment]
         if t.device not in self.streams:

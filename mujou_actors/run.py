@@ -20,13 +20,9 @@ from typing import Any
 
 from ._checks import is_number
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
-from ._runtime.coordinator import (
-    ON_COORDINATOR,
-    Coordinator,
-    EndReason,
-    StateRequest,
-)
+from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
+from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
 from .errors import NetError, NotRunningError
@@ -346,12 +342,10 @@ class Run:
                                  f"got {timeout!r}")
         req = StateRequest(timeout)
         if self._coordinator.post_state_request(req):
-            if not req.done.wait(timeout):
-                with self._coordinator.lock:
-                    req.cancelled = not req.done.is_set()
-                if req.cancelled:  # the coordinator is behind (a restart, a snapshot)
-                    raise TimeoutError(f"state_dict(): no consistent cut within {timeout:g} s; "
-                                       + why_no_cut(self._dispatcher.busy_hooks()))
+            # Given up: the coordinator is behind (a restart, a snapshot).
+            if not req.done.wait(timeout) and self._coordinator.cancel_state_request(req):
+                raise TimeoutError(f"state_dict(): no consistent cut within {timeout:g} s; "
+                                   + why_no_cut(self._dispatcher.busy_hooks()))
             if req.error is not None:
                 raise req.error
             if req.tree is not None:
@@ -715,7 +709,7 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         coordinator = Coordinator(actors=actors, ports=plan.ports, seeds=plan.seeds,
                                   timer=args.timer, workers=n_workers,
                                   stop_timeout=args.stop_timeout, supervisor=args.supervisor,
-                                  rt=rt, tracer=args.tracer)
+                                  rt=rt, tracer=args.tracer, seams=seams)
         host = Host(coordinator.wiring.host_copy, coordinator.callback_failed)
         coordinator.attach_host(host)
         coordinator.start_threads()
@@ -738,13 +732,13 @@ def _unclaim(plan: _Plan, token: object) -> None:
 
 def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) -> Run:
     """Run the start phase, then start the timer; a failure stops the run first."""
-    result = Run(coordinator, host, plan.ports, plan.seeds)
+    run = Run(coordinator, host, plan.ports, plan.seeds)
     try:
         # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
         coordinator.begin(tree=args.tree, initial=plan.initial, end_s=args.end_s,
                           start_limit=args.start_timeout)
     except BaseException:
-        result.stop()  # on_stop for the started nodes, threads ended, nodes released
+        run.stop()  # on_stop for the started nodes, threads ended, nodes released
         raise
     coordinator.start_timer()
-    return result
+    return run

@@ -14,7 +14,7 @@ import torch
 import mujou_actors as mujou
 from mujou_actors import devices
 from mujou_actors._runtime.build import Seams
-from mujou_actors.devices import Path, Receive
+from mujou_actors.devices import CopyPath, Receive
 from tests import fake_cuda
 from tests.fake_cuda import FakeRuntime, FakeStream, StaleRead, shadow
 
@@ -29,11 +29,11 @@ GPU1 = torch.device("cuda", 1)
 @pytest.mark.parametrize(
     "sender, readers, path",
     [
-        (GPU0, [GPU0], Path.DEVICE),
-        (GPU0, [CPU, GPU1], Path.DEVICE),   # one CUDA reader keeps it on the device
-        (GPU0, [CPU, CPU], Path.HOST),      # only CPU readers: through host memory
-        (GPU0, [], Path.HOST),              # only the host reads it
-        (CPU, [GPU0], Path.HOST),           # a CPU sender's messages live on the host
+        (GPU0, [GPU0], CopyPath.DEVICE),
+        (GPU0, [CPU, GPU1], CopyPath.DEVICE),   # one CUDA reader keeps it on the device
+        (GPU0, [CPU, CPU], CopyPath.HOST),      # only CPU readers: through host memory
+        (GPU0, [], CopyPath.HOST),              # only the host reads it
+        (CPU, [GPU0], CopyPath.HOST),           # a CPU sender's messages live on the host
     ],
 )
 def test_send_path(sender, readers, path) -> None:
@@ -56,8 +56,8 @@ def test_receive_action(message, reader, action) -> None:
 
 @pytest.mark.parametrize(
     "tensor, node, path",
-    [(GPU0, GPU0, Path.DEVICE), (GPU1, GPU0, Path.HOST), (CPU, GPU0, Path.HOST),
-     (GPU0, CPU, Path.HOST), (CPU, CPU, Path.HOST)],
+    [(GPU0, GPU0, CopyPath.DEVICE), (GPU1, GPU0, CopyPath.HOST), (CPU, GPU0, CopyPath.HOST),
+     (GPU0, CPU, CopyPath.HOST), (CPU, CPU, CopyPath.HOST)],
 )
 def test_write_path(tensor, node, path) -> None:
     assert devices.write_path(tensor, node) is path

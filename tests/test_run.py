@@ -539,18 +539,19 @@ def test_a_bad_run_argument_is_named_and_leaves_the_net_free_to_run(kwargs, erro
     assert net.sink.received == [1, 2, 3]
 
 
-def test_a_failure_while_the_run_is_built_releases_the_nodes(monkeypatch) -> None:
-    from mujou_actors._runtime import coordinator
+def test_a_failure_while_the_run_is_built_releases_the_nodes() -> None:
+    import importlib
 
+    from mujou_actors._runtime.build import Seams, Wiring
+
+    run_module = importlib.import_module("mujou_actors.run")  # mujou_actors.run is the function
     net = Pipe()
 
-    def broken_wire(*args: object) -> None:
+    def broken_wire(*args: object) -> Wiring:
         raise MemoryError("no memory for the sinks")
 
-    with monkeypatch.context() as patch:
-        patch.setattr(coordinator, "wire", broken_wire)
-        with pytest.raises(MemoryError, match="no memory for the sinks"):
-            mujou.run(net, timer="simulated", duration=0.03)
+    with pytest.raises(MemoryError, match="no memory for the sinks"):
+        run_module._start(net, seams=Seams(wire=broken_wire), timer="simulated", duration=0.03)
 
     assert [n._mujou_run for n in (net, net.src, net.sink)] == [None, None, None]
     assert [n.path for n in (net, net.src, net.sink)] == [None, None, None]

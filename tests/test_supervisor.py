@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import importlib
 import logging
 import os
 import re
@@ -21,10 +22,13 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors import snapshot
+from mujou_actors._runtime.build import Seams
 from mujou_actors.supervisor import SnapshotWriter
 from tests.conftest import Counter
 from tests.crashnet import Net as CrashNet
 from tests.test_state import _equal
+
+run_module = importlib.import_module("mujou_actors.run")  # mujou_actors.run is the function
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -456,17 +460,14 @@ def test_closing_a_writer_stuck_on_its_disk_is_bounded_and_names_the_file(tmp_pa
     save.go.set()
 
 
-def test_a_realtime_run_with_a_slow_disk_skips_snapshots_and_counts_them(
-        tmp_path, monkeypatch) -> None:
-    real = snapshot.save
-
+def test_a_realtime_run_with_a_slow_disk_skips_snapshots_and_counts_them(tmp_path) -> None:
     def slow(tree: dict, path: str) -> None:
         time.sleep(0.05)
-        real(tree, path)
+        snapshot.save(tree, path)
 
-    monkeypatch.setattr(snapshot, "save", slow)
     sup = mujou.Supervisor(snapshot_every=0.005, snapshot_dir=tmp_path, keep=100)
-    run = mujou.run({"n": Flaky()}, duration=0.3, supervisor=sup)
+    run = run_module._start({"n": Flaky()}, seams=Seams(save_snapshot=slow), duration=0.3,
+                            supervisor=sup)
     run.join()
     snaps = run.stats().snapshots
 
@@ -474,16 +475,14 @@ def test_a_realtime_run_with_a_slow_disk_skips_snapshots_and_counts_them(
     assert len(_files(tmp_path)) == snaps.files
 
 
-def test_a_simulated_run_with_a_slow_disk_writes_every_snapshot(tmp_path, monkeypatch) -> None:
-    real = snapshot.save
-
+def test_a_simulated_run_with_a_slow_disk_writes_every_snapshot(tmp_path) -> None:
     def slow(tree: dict, path: str) -> None:
         time.sleep(0.01)
-        real(tree, path)
+        snapshot.save(tree, path)
 
-    monkeypatch.setattr(snapshot, "save", slow)
     sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path, keep=100)
-    run = mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup)
+    run = run_module._start({"n": Flaky()}, seams=Seams(save_snapshot=slow), timer="simulated",
+                            duration=1.0, supervisor=sup)
     run.join()
     snaps = run.stats().snapshots
 
@@ -601,18 +600,16 @@ def test_a_first_snapshot_whose_message_a_file_cannot_hold_fails_mujou_run(tmp_p
 
 
 def test_a_failed_write_stops_a_simulated_run_before_its_next_snapshot_logged_once(
-        tmp_path, monkeypatch, caplog) -> None:
-    real = snapshot.save
-
+        tmp_path, caplog) -> None:
     def full_after_first(tree: dict, path: str) -> None:
         if tree["time_ns"] > 0:
             raise OSError(errno.ENOSPC, "No space left on device", path)
-        real(tree, path)
+        snapshot.save(tree, path)
 
-    monkeypatch.setattr(snapshot, "save", full_after_first)
     caplog.set_level(logging.INFO, logger="mujou_actors")
     sup = mujou.Supervisor(snapshot_every=0.1, snapshot_dir=tmp_path)
-    run = mujou.run({"n": Flaky()}, timer="simulated", duration=1.0, supervisor=sup)
+    run = run_module._start({"n": Flaky()}, seams=Seams(save_snapshot=full_after_first),
+                            timer="simulated", duration=1.0, supervisor=sup)
 
     with pytest.raises(OSError, match="No space left on device") as info:
         run.join()

@@ -4,7 +4,8 @@ What `mujou.run` does once every argument is checked and the nodes are
 claimed: make one `Actor` per node, give CUDA nodes a stream and a waiter,
 install each Output's send and keep the host's views of the ports (a
 `Wiring`). The kernel's constructor seams (`Seams`) are here too: the CPU
-tests put a fake CUDA runtime, fake waiters or a scripted timer there.
+tests put a fake CUDA runtime, fake waiters, a scripted timer, a failing
+wiring or a slow disk there.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..cuda import StreamWaiter, make_waiter
 from ..devices import (
+    CopyPath,
     CudaRuntime,
     HostCopier,
-    Path,
     WriteCopier,
     copy_stream_devices,
     device_copier,
@@ -27,6 +28,7 @@ from ..devices import (
 )
 from ..messages import copy_message
 from ..ports import Input, Output, Port
+from ..snapshot import save
 from ..timers import Timer, make_timer
 from .actor import Actor
 from .sends import Outbox, Wire, make_send
@@ -37,23 +39,6 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 __all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Seams:
-    """What a run makes of the outside world; the defaults are the real ones.
-
-    Args:
-        cuda_runtime: makes the run's `CudaRuntime` (called only when a node
-            is on CUDA).
-        make_waiter: makes the waiter of one CUDA node from ``cuda_sync``.
-        make_timer: makes the run's timer from ``timer=`` (``"realtime"``,
-            ``"simulated"``); raises ``ValueError`` for another name.
-    """
-
-    cuda_runtime: Callable[[], CudaRuntime] = CudaRuntime
-    make_waiter: Callable[[str], StreamWaiter] = make_waiter
-    make_timer: Callable[[str], Timer] = make_timer
 
 
 def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
@@ -265,7 +250,7 @@ def copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Calla
     if rt is None:
         return copy_message  # a net without CUDA: plain value semantics
     device = sender.device
-    if send_path(device, [a.device for a in readers]) is Path.HOST:
+    if send_path(device, [a.device for a in readers]) is CopyPath.HOST:
         # A fresh copier per send: it keeps the streams its copies are on.
         return lambda value: host_message(value, HostCopier(rt))
     for reader in readers:
@@ -291,3 +276,26 @@ def write_copy(value: Any, actor: Actor, rt: CudaRuntime | None) -> Any:
     if rt is None:
         return copy_message(value)
     return host_message(value, WriteCopier(actor.device, actor.stream, rt))
+
+
+@dataclasses.dataclass(frozen=True)
+class Seams:
+    """What a run makes of the outside world; the defaults are the real ones.
+
+    Args:
+        cuda_runtime: makes the run's `CudaRuntime` (called only when a node
+            is on CUDA).
+        make_waiter: makes the waiter of one CUDA node from ``cuda_sync``.
+        make_timer: makes the run's timer from ``timer=`` (``"realtime"``,
+            ``"simulated"``); raises ``ValueError`` for another name.
+        wire: wires the run's net (`wire`'s arguments, without ``outbox``).
+        save_snapshot: writes one of the supervisor's snapshot trees to a
+            file (``mujou.save``'s arguments); may raise.
+    """
+
+    cuda_runtime: Callable[[], CudaRuntime] = CudaRuntime
+    make_waiter: Callable[[str], StreamWaiter] = make_waiter
+    make_timer: Callable[[str], Timer] = make_timer
+    wire: Callable[[list[Actor], dict[str, Port], Dispatcher, CudaRuntime | None],
+                   Wiring] = wire
+    save_snapshot: Callable[[Any, str], None] = save

@@ -10,7 +10,9 @@ The coordinator drives the dispatcher and is its `KernelListener`: the
 dispatcher reports failures, holds and the end through those four calls, and
 the coordinator acts through the dispatcher's methods. The supervisor decides
 what a failure does (`supervisor.failure_verdict`); the coordinator carries
-it out.
+it out. What waits for a cut lives in two records the coordinator calls: the
+host's state requests (`requests.StateRequests`) and the periodic snapshots
+(`snapshots.Snapshots`); the coordinator asks for the cut they need.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..devices import CudaRuntime
@@ -40,20 +42,21 @@ from ..stats import SnapshotStats
 from ..supervisor import (
     Action,
     RestartIntensity,
-    SnapshotWriter,
     Supervisor,
     failure_verdict,
 )
 from ..timers import Timer
 from ..trace import Recorder, Tracer
 from .actor import Actor
-from .build import Wiring, unwire, wire
+from .build import Seams, Wiring, unwire
 from .cuts import NoCut, restore_tree, take_tree, why_no_cut
 from .dispatcher import Dispatcher
 from .mailbox import Restore, Start, Stop
 from .protocols import HostSide, Subscribed
+from .requests import StateRequest, StateRequests
+from .snapshots import Snapshots
 
-__all__ = ["Coordinator", "EndReason", "StateRequest", "ON_COORDINATOR"]
+__all__ = ["Coordinator", "EndReason", "ON_COORDINATOR"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -91,31 +94,7 @@ class _Signal(enum.Enum):
     WAKE = "wake"  # look at the schedule and the deadlines again
 
 
-class StateRequest:
-    """A host's `Run.state_dict` call, waiting for the coordinator's cut.
-
-    The coordinator sets ``tree`` or ``error`` and then ``done``; ``done``
-    alone means the run ended first (the caller then takes the final state).
-    ``cancelled`` (set by a caller that gave up) makes it skip the request.
-    Both sides change it under the coordinator's lock (`Coordinator.lock`).
-
-    Args:
-        timeout (float, optional): wall seconds the caller waits; None: no bound.
-    """
-
-    __slots__ = ("deadline", "timeout", "done", "tree", "error", "cancelled")
-
-    def __init__(self, timeout: float | None) -> None:
-        self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.done = threading.Event()
-        self.tree: dict[str, Any] | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False
-
-
 _Event = _Signal | StateRequest
-
 
 
 # A node's state_dict() and load_state_dict() run on the run's own thread
@@ -123,7 +102,6 @@ _Event = _Signal | StateRequest
 ON_COORDINATOR = ("{call} from a node's state_dict() or load_state_dict() would block the "
                   "run's thread (mujou-run), which takes the cuts and ends the run, "
                   "so it would wait for itself")
-
 
 
 class Coordinator:
@@ -143,12 +121,14 @@ class Coordinator:
         supervisor: snapshots and the restart strategy (None: the defaults).
         rt: the run's CUDA runtime, None without CUDA nodes.
         tracer: records a timeline of the run when given.
+        seams: the constructor seams (`build.Seams`): how the net is wired
+            (``wire``) and how a snapshot file is written (``save_snapshot``).
     """
 
     def __init__(self, *, actors: list[Actor], ports: dict[str, Port], seeds: dict[str, int],
                  timer: Timer, workers: int, stop_timeout: float,
                  supervisor: Supervisor | None, rt: CudaRuntime | None,
-                 tracer: Tracer | None) -> None:
+                 tracer: Tracer | None, seams: Seams) -> None:
         self.actors = actors
         self.timer = timer
         self._ports = ports
@@ -165,11 +145,12 @@ class Coordinator:
                 actor.trace = recorder
             self._trace = (tracer, recorder)
         self.dispatcher = Dispatcher(actors, timer, workers, self, recorder)
-        self.wiring: Wiring = wire(actors, ports, self.dispatcher, rt)
+        self.wiring: Wiring = seams.wire(actors, ports, self.dispatcher, rt)
+        self._save_snapshot = seams.save_snapshot
         # Subscriptions, waiters and the mujou-host thread: the run's host side,
         # attached by the run (attach_host) before the threads start.
         self._host: HostSide | None = None
-        self.lock = threading.Lock()  # the failures, the state requests
+        self.lock = threading.Lock()  # the failures
         self._failures: list[BaseException] = []
         self._stuck: StopTimeoutError | None = None
         self._reported = False
@@ -184,34 +165,20 @@ class Coordinator:
         self.start_ns = 0
         self._thread = threading.Thread(target=self._coordinate, name="mujou-run", daemon=True)
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
-        # What waits for the next cut (the coordinator's alone): host
-        # state_dict() calls, a real-time periodic snapshot (until its
-        # monotonic deadline) and a one_for_all restart (its failure and
-        # deadline; set by the failing thread before it asks for the hold).
-        self._requests: list[StateRequest] = []
-        self._closed = False  # set under lock once the coordinator takes no more requests
-        self._cut_deadline: float | None = None
+        # What waits for the next cut: host state_dict() calls, a periodic
+        # snapshot (in real time until its monotonic deadline) and a
+        # one_for_all restart (its failure and deadline; set by the failing
+        # thread before it asks for the hold).
+        self._requests = StateRequests(self._events.put)
+        self._supervisor = supervisor or Supervisor()
+        self._snapshots = Snapshots(self._supervisor, actors, timer, stop_timeout=stop_timeout,
+                                    hold_at=self.dispatcher.hold_at,
+                                    simulated=self.dispatcher.simulated, wake=self._wake)
         self._restart_due: tuple[NodeError, float] | None = None
         self._asked = False  # the coordinator's own request_hold is pending
-        # Periodic snapshots that could not be taken (a hook did not return
-        # within the bound), and the hooks of the last miss: while the same
-        # hook invocations are still running, later ones are missed at once
-        # rather than holding the net again.
-        self._missed = 0
-        self._missing: dict[Actor, tuple[int, str | None]] = {}
-        # A miss was logged: the next snapshot taken logs that they resume.
-        # Not _missing, which is emptied as soon as those hooks return, before
-        # the next snapshot is even tried.
-        self._resume_due = False
-        self._by_path = {a.path: a for a in actors}
-        self._supervisor = supervisor or Supervisor()
-        self._latest: dict[str, Any] | None = None
         within = self._supervisor.within
         assert within is not None  # Supervisor() allows no None
         self._intensity = RestartIntensity(self._supervisor.max_restarts, round(within * 1e9))
-        self._writer: SnapshotWriter | None = None
-        self._pauses: list[float] = []
-        self._next_cut_ns: int | None = None
         self._finishing = False
         self._timer_started = False
         self._hard_end_ns: int | None = None
@@ -260,19 +227,19 @@ class Coordinator:
             BaseException: whatever the supervisor's first snapshot raised.
             The caller stops the run.
         """
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         self._start_timeout = start_limit
         start_deadline = time.monotonic() + start_limit  # one bound for the whole phase
-        late = d.run_control(self.actors, Start(), start_limit)
+        late = dispatcher.run_control(self.actors, Start(), start_limit)
         if self._failures:  # an on_start raised: that is the cause, not what waited
             self.raise_outcome()
         if late:
-            raise StartTimeoutError({a.path: d.hook_of(a) for a in late if a.busy},
+            raise StartTimeoutError({a.path: dispatcher.hook_of(a) for a in late if a.busy},
                                     [a.path for a in late if not a.busy], start_limit)
         if tree is not None:
             # The tree holds every message the net had at the cut; what on_start
             # sent now was already delivered once, before the cut.
-            d.discard_messages()
+            dispatcher.discard_messages()
             self._restore_tree(tree, start_deadline, start_limit)
         if self._failures:
             self.raise_outcome()
@@ -281,10 +248,10 @@ class Coordinator:
         start_ns = self.start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             end_ns, grace_ns = start_ns + round(end_s * 1e9), round(self._stop_timeout * 1e9)
-            d.set_end(end_ns, grace_ns)
-            if not d.simulated:
+            dispatcher.set_end(end_ns, grace_ns)
+            if not dispatcher.simulated:
                 self._hard_end_ns = end_ns + grace_ns
-                self._events.put(_Signal.WAKE)  # the coordinator recomputes its timeout
+                self._wake()
         self._start_supervision(start_ns)
 
     def start_timer(self) -> None:
@@ -294,19 +261,18 @@ class Coordinator:
 
     def _start_supervision(self, start_ns: int) -> None:
         """The first snapshot, right after the start (and restore), then the schedule."""
-        sup = self._supervisor
-        if sup.snapshot_dir is not None:
-            from ..snapshot import save
-
-            # Simulated time waits for each file (every snapshot gets one, a failure stops
-            # the run before the next); real time skips a snapshot rather than stall the net.
-            self._writer = SnapshotWriter(
-                sup.snapshot_dir, sup.keep, save, on_error=self._record_failure,
-                check=functools.partial(check_file_messages, ports=self._ports),
-                block=self.dispatcher.simulated, cancelled=self._end_requested.is_set)
-        if sup.restart != "none" or sup.snapshot_every is not None or sup.snapshot_dir:
+        snapshots = self._snapshots
+        snapshots.open_writer(self._save_snapshot,
+                              functools.partial(check_file_messages, ports=self._ports),
+                              on_error=self._record_failure,
+                              cancelled=self._end_requested.is_set)
+        if snapshots.wanted:
             self._supervise_snapshot(time_ns=start_ns)
-            self._schedule_cuts(start_ns)
+            snapshots.schedule(start_ns)
+
+    def _wake(self) -> None:
+        """Make the coordinator recompute its timeout (a new time to look at)."""
+        self._events.put(_Signal.WAKE)
 
     # -- what the host reads -------------------------------------------------------------
     @property
@@ -360,14 +326,7 @@ class Coordinator:
 
     def snapshot_stats(self) -> SnapshotStats:
         """The supervisor's snapshots so far: pauses, files, skipped and missed ones."""
-        pauses = list(self._pauses)
-        writes = list(self._writer.write_seconds) if self._writer is not None else []
-        return SnapshotStats(
-            count=len(pauses), pause_mean=sum(pauses) / len(pauses) if pauses else 0.0,
-            pause_max=max(pauses, default=0.0),
-            write_mean=sum(writes) / len(writes) if writes else 0.0, files=len(writes),
-            skipped=self._writer.skipped if self._writer is not None else 0,
-            missed=self._missed)
+        return self._snapshots.stats()
 
     def wall_seconds(self) -> float:
         """Wall seconds since the run was built (until its end, once ended)."""
@@ -377,11 +336,11 @@ class Coordinator:
     # -- requests of the host -------------------------------------------------------------
     def post_state_request(self, req: StateRequest) -> bool:
         """Queue a host's state request; False once requests are closed (the run ends)."""
-        with self.lock:  # against _close_requests: a request is posted only while served
-            if self._closed:
-                return False
-            self._events.put(req)
-            return True
+        return self._requests.post(req)
+
+    def cancel_state_request(self, req: StateRequest) -> bool:
+        """The host gave up waiting for ``req``: True unless it was answered meanwhile."""
+        return self._requests.cancel(req)
 
     # -- ending -------------------------------------------------------------------------
     # The end of a run is decided here and nowhere else: whatever ends it (the
@@ -461,7 +420,7 @@ class Coordinator:
             # first cut, whoever asked for that cut (see _serve).
             self._restart_due = (err, time.monotonic() + self._stop_timeout)
             self.dispatcher.request_hold()  # now: the cut must not depend on thread timing
-            self._events.put(_Signal.WAKE)
+            self._wake()
 
     def reached_end(self) -> None:
         """The duration is over (the dispatcher's lock is held): an event, nothing more."""
@@ -478,7 +437,7 @@ class Coordinator:
     # -- snapshots and restarts ---------------------------------------------------------
     def _restart_one(self, actor: Actor) -> None:
         """on_stop, on_start and the latest snapshot's state, as envelopes to one actor."""
-        latest = self._latest
+        latest = self._snapshots.latest
         assert latest is not None  # taken right after the start
         actor.restarts += 1
         state = latest["nodes"].get(actor.path)
@@ -486,81 +445,72 @@ class Coordinator:
 
     def _restart_all(self) -> None:
         """Restore the whole net from the latest snapshot (held: at a consistent cut)."""
-        d = self.dispatcher
-        tree = self._latest
+        dispatcher = self.dispatcher
+        tree = self._snapshots.latest
         assert tree is not None
         started = [a for a in self.actors if a.started]
         # Bounded as at the end and at the start; a node that does not make
         # it ends the run (the coordinator records the error), rather than
         # the restart going on without it.
-        late = d.run_control(started, Stop(), self._stop_timeout, help=True)
+        late = dispatcher.run_control(started, Stop(), self._stop_timeout, help=True)
         if late:
-            raise StopTimeoutError({a.path: d.hook_of(a) if a.busy else "on_stop" for a in late},
-                                   self._stop_timeout)
+            raise StopTimeoutError(
+                {a.path: dispatcher.hook_of(a) if a.busy else "on_stop" for a in late},
+                self._stop_timeout)
         deadline = time.monotonic() + self._start_timeout
-        late = d.run_control(self.actors, Start(), self._start_timeout, help=True)
+        late = dispatcher.run_control(self.actors, Start(), self._start_timeout, help=True)
         if late:
-            raise StartTimeoutError({a.path: d.hook_of(a) for a in late if a.busy},
+            raise StartTimeoutError({a.path: dispatcher.hook_of(a) for a in late if a.busy},
                                     [a.path for a in late if not a.busy],
                                     self._start_timeout)
-        d.discard_messages()
+        dispatcher.discard_messages()
         for actor in self.actors:
             actor.restarts += 1
         self._restore_tree(tree, deadline, self._start_timeout)
-        at = tree["time_ns"] if d.simulated else self.timer.now_ns()
-        if not d.simulated:
+        at = tree["time_ns"] if dispatcher.simulated else self.timer.now_ns()
+        if not dispatcher.simulated:
             for actor in self.actors:
                 actor.set_last_update(at)
-        self._schedule_cuts(at)
-        d.release(restart_at_ns=at)
+        self._snapshots.schedule(at)
+        dispatcher.release(restart_at_ns=at)
 
     # -- consistent cuts -----------------------------------------------------------------
-    def _cut_bound(self) -> float:
-        """Wall seconds a periodic snapshot waits for the net to reach a cut."""
-        every = self._supervisor.snapshot_every
-        return self._stop_timeout if every is None else min(every, self._stop_timeout)
-
     def _serve(self) -> None:
         """Ask for, serve or give up the cut that what waits for one needs.
 
         Never waits: the dispatcher announces the hold with a ``HELD`` event,
         and each wish has a deadline that the coordinator's timeout covers.
         """
-        d = self.dispatcher
+        dispatcher, requests, snapshots = self.dispatcher, self._requests, self._snapshots
         while True:
             if self._timed_due():
                 return
-            if d.held:  # only this thread releases: a hold seen is a hold
+            if dispatcher.held:  # only this thread releases: a hold seen is a hold
                 self._at_hold()
                 continue
-            self._requests = [r for r in self._requests if not r.cancelled]
+            requests.drop_cancelled()
             now = time.monotonic()
-            late = [r for r in self._requests if r.deadline is not None and now >= r.deadline]
-            cut_late = self._cut_deadline is not None and now >= self._cut_deadline
+            late = requests.late(now)
+            cut_late = snapshots.late(now)
             restart_late = self._restart_due is not None and now >= self._restart_due[1]
             if late or cut_late or restart_late:
-                busy = d.busy_hooks()
-                if d.held:  # reached meanwhile after all
+                busy = dispatcher.busy_hooks()
+                if dispatcher.held:  # reached meanwhile after all
                     continue
-                for req in late:
-                    self._requests.remove(req)
-                    self._answer(req, error=TimeoutError(
-                        f"state_dict(): no consistent cut within {req.timeout:g} s; "
-                        + why_no_cut(busy)))
+                requests.time_out(late, busy)
                 if cut_late:
-                    self._cut_deadline = None
-                    self._miss(busy, self._cut_bound())
+                    snapshots.give_up(busy)
                 if restart_late:
                     self._give_up_restart(busy)
-            wanted = bool(self._requests) or self._cut_deadline is not None or (
+            wanted = bool(requests) or snapshots.deadline is not None or (
                 self._restart_due is not None)
             if wanted and not self._asked:
                 self._asked = True
-                d.request_hold()
+                dispatcher.request_hold()
                 continue  # it may hold at once
             if not wanted and self._asked:
                 self._asked = False
-                if d.withdraw_hold() is None:  # held already: release it
+                if dispatcher.withdraw_hold() is None:  # held already: release it
                     continue
             return
 
@@ -573,110 +523,53 @@ class Coordinator:
             # be stuck, so no worker would notice the end; end it from here.
             self.end(EndReason.DURATION)
             return True
-        if self._next_cut_ns is not None and now >= self._next_cut_ns:
-            self._next_cut_ns = None
-            still = {a.path: str(h) for a, (n, h) in self._missing.items()
-                     if a.busy and a.updates == n and a.hook == h}
-            if still:  # the hooks of the last miss are still running: no hold
-                self._miss(still, 0.0)
-            else:
-                self._missing = {}
-                self._cut_deadline = time.monotonic() + self._cut_bound()
+        self._snapshots.come(now)
         return False
 
     def _next_timeout(self) -> float | None:
         """Wall seconds until the coordinator must look again (None: an event will come)."""
         now_ns = self.timer.now_ns()
         now = time.monotonic()
-        left = [(t - now_ns) / 1e9 for t in (self._next_cut_ns, self._hard_end_ns)
+        snapshots = self._snapshots
+        left = [(t - now_ns) / 1e9 for t in (snapshots.next_ns, self._hard_end_ns)
                 if t is not None]
-        left += [r.deadline - now for r in self._requests if r.deadline is not None]
-        if self._cut_deadline is not None:
-            left.append(self._cut_deadline - now)
+        left += [deadline - now for deadline in self._requests.deadlines()]
+        if snapshots.deadline is not None:
+            left.append(snapshots.deadline - now)
         if self._restart_due is not None:
             left.append(self._restart_due[1] - now)
         return max(0.0, min(left)) if left else None
 
     def _at_hold(self) -> None:
         """The net is held: restart it, take the due snapshot, answer the requests."""
-        d = self.dispatcher
+        dispatcher, snapshots = self.dispatcher, self._snapshots
         self._asked = False
         if self._restart_due is not None:
             self._restart_due = None
             # The restore reschedules the snapshots from the snapshot's time.
-            d.take_cut_due()
-            self._cut_deadline = None
+            dispatcher.take_cut_due()
+            snapshots.restarted()
             self._restart_all()  # releases; the other wishes ask for the next cut
             return
         try:
-            cut_due = d.take_cut_due()  # taken (cleared) whatever the deadline says
-            if cut_due or self._cut_deadline is not None:
-                self._cut_deadline = None
-                bound = self._cut_bound()
+            # The dispatcher's flag is taken (cleared) whatever the deadline says.
+            if snapshots.due_at_cut(dispatcher.take_cut_due()):
+                bound = snapshots.bound()
                 try:
                     self._supervise_snapshot(timeout=bound)
                 except NoCut as exc:  # a restart's hook took an actor during the cut
                     if not self._end_requested.is_set():  # else: the run stops at this cut
-                        self._miss(exc.busy, bound)
+                        snapshots.miss(exc.busy, bound)
                 except BaseException as exc:  # noqa: BLE001 - join() raises it
                     # Recorded while the net is held: the release then leaves
                     # it stopping, so the run ends at this very cut.
                     self._supervisor_failed(exc)
                 else:
-                    self._missing = {}
-                    if self._resume_due:
-                        self._resume_due = False
-                        log.info("snapshots resume at t=%.6f s", self.time_ns / 1e9)
-                    self._schedule_cuts(self.timer.now_ns())
-            requests, self._requests = self._requests, []
-            for req in requests:
-                if req.cancelled:
-                    continue
-                # Never an unbounded wait here: the coordinator must get back
-                # to its queue (the end, the hard end). A call without a
-                # timeout tries again at the next cut, and so does any call
-                # once the run is ending (it then gets the final state).
-                left = (self._cut_bound() if req.deadline is None
-                        else max(0.0, req.deadline - time.monotonic()))
-                try:
-                    tree = self.take_tree(timeout=left)
-                except NoCut as exc:
-                    if req.deadline is None or self._end_requested.is_set():
-                        self._requests.append(req)
-                    else:
-                        self._answer(req, error=TimeoutError(
-                            f"state_dict(): no consistent cut within {req.timeout:g} s; "
-                            + why_no_cut(exc.busy)))
-                except BaseException as exc:  # noqa: BLE001 - the caller raises it
-                    self._answer(req, error=exc)
-                else:
-                    self._answer(req, tree=tree)
+                    snapshots.taken()
+            self._requests.serve(lambda left: self.take_tree(timeout=left), snapshots.bound(),
+                                 self._end_requested.is_set)
         finally:
-            d.release()
-
-    def _answer(self, req: StateRequest, tree: dict[str, Any] | None = None,
-                error: BaseException | None = None) -> None:
-        """Answer a state request (unless its caller gave up) and wake the caller."""
-        with self.lock:
-            if not req.cancelled:
-                req.tree, req.error = tree, error
-            req.done.set()
-
-    def _miss(self, busy: Mapping[str, str], bound: float) -> None:
-        """Count a periodic snapshot that could not be taken; the next multiple tries again."""
-        self._missed += 1
-        self._resume_due = True
-        first = not self._missing
-        self._missing = {a: (a.updates, a.hook) for a in
-                         (self._by_path[p] for p in busy if p in self._by_path)}
-        self._schedule_cuts(self.timer.now_ns())
-        nxt = self._next_cut_ns if self._next_cut_ns is not None else self.dispatcher.next_cut_ns
-        level = logging.WARNING if first else logging.DEBUG
-        log.log(level, "snapshot missed at t=%.6f s: %s; the net goes on%s",
-                self.time_ns / 1e9,
-                why_no_cut(busy) if bound == 0.0 else
-                f"no consistent cut within {bound:g} s; {why_no_cut(busy)}",
-                "" if nxt is None else f", next try at t={nxt / 1e9:.6f} s")
+            dispatcher.release()
 
     def _give_up_restart(self, busy: Mapping[str, str]) -> None:
         """A one_for_all restart found no cut within stop_timeout: the run fails."""
@@ -690,42 +583,25 @@ class Coordinator:
         self._record_failure(failed)
 
     def _close_requests(self) -> None:
-        """Take no more requests; let those waiting fall back to the final state."""
-        with self.lock:
-            self._closed = True
+        """Take no more state requests; let those waiting fall back to the final state."""
+        self._requests.close(self._queued_requests)
+
+    def _queued_requests(self) -> Iterator[StateRequest]:
+        """Empty the event queue (the run ends), yielding the state requests on it."""
         while True:
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
-                break
+                return
             if isinstance(event, StateRequest):
-                self._requests.append(event)
-        requests, self._requests = self._requests, []
-        for req in requests:
-            self._answer(req)
+                yield event
 
     def _supervise_snapshot(self, time_ns: int | None = None,
                             timeout: float | None = None) -> None:
         """Take the supervisor's snapshot (the net is held or not yet running); file it."""
         t0 = time.perf_counter()
         tree = self.take_tree(time_ns, timeout)
-        self._pauses.append(time.perf_counter() - t0)
-        self._latest = tree
-        if self._writer is not None:
-            self._writer.submit(tree)
-
-    def _schedule_cuts(self, now_ns: int) -> None:
-        """Schedule the next periodic snapshot after ``now_ns``, on its grid."""
-        every = self._supervisor.snapshot_every
-        if every is None:
-            return
-        every_ns = round(every * 1e9)
-        nxt = (now_ns // every_ns + 1) * every_ns
-        if self.dispatcher.simulated:
-            self.dispatcher.hold_at(nxt)
-        else:
-            self._next_cut_ns = nxt
-            self._events.put(_Signal.WAKE)  # the coordinator recomputes its timeout
+        self._snapshots.keep(tree, time.perf_counter() - t0)
 
     # -- state trees ---------------------------------------------------------------------
     def take_tree(self, time_ns: int | None = None,
@@ -769,7 +645,7 @@ class Coordinator:
                     self.end(EndReason.DURATION)  # its END event follows
                     continue
                 if isinstance(event, StateRequest):
-                    self._requests.append(event)
+                    self._requests.add(event)
                 try:
                     self._serve()
                 except BaseException as exc:  # noqa: BLE001 - e.g. a state that cannot be taken
@@ -794,31 +670,31 @@ class Coordinator:
         one for the hooks in flight (the end of a simulated instant
         included), one for the ``on_stop`` hooks and the threads' exit.
         """
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         timeout = self._stop_timeout
         deadline = time.monotonic() + timeout  # hooks in flight: one wait in all
         # end() asked for the stop at the boundary already (see there).
-        if not d.wait_stopping(timeout):
-            d.stop_now()  # the instant does not finish: a hook is stuck
+        if not dispatcher.wait_stopping(timeout):
+            dispatcher.stop_now()  # the instant does not finish: a hook is stuck
         left = max(0.0, deadline - time.monotonic())
-        stuck = {a.path: d.hook_of(a) for a in d.wait_idle(left)}
+        stuck = {a.path: dispatcher.hook_of(a) for a in dispatcher.wait_idle(left)}
         self._end_ns = self.timer.now_ns()
         to_stop = [a for a in self.actors if a.started and a.path not in stuck]
         deadline = time.monotonic() + timeout  # the on_stop hooks, then the threads' exit
-        for actor in d.run_control(to_stop, Stop(), timeout, help=True):
-            stuck.setdefault(actor.path, d.hook_of(actor) if actor.busy else "on_stop")
+        for actor in dispatcher.run_control(to_stop, Stop(), timeout, help=True):
+            stuck.setdefault(actor.path, dispatcher.hook_of(actor) if actor.busy else "on_stop")
         if stuck:
             self._stuck = StopTimeoutError(stuck, timeout)
             log.error("%s", self._stuck)
-        d.shutdown()
+        dispatcher.shutdown()
         # Threads not stuck are out of their hooks and exit at once.
         stuck_threads = {a.thread_name for a in self.actors
                          if a.path in stuck and a.thread_name is not None}
-        d.join_threads(timeout=max(0.0, deadline - time.monotonic()), skip=stuck_threads)
+        dispatcher.join_threads(timeout=max(0.0, deadline - time.monotonic()),
+                                skip=stuck_threads)
         self._write_trace()
         self._release()
-        if self._writer is not None:
-            self._writer.close(self._stop_timeout)  # each file is complete or absent
+        self._snapshots.close(self._stop_timeout)  # each file is complete or absent
         # Queued callbacks get at most stop_timeout more; waiters are woken.
         if self._host is not None:
             self._host.close(self._stop_timeout)
@@ -828,11 +704,11 @@ class Coordinator:
         if self._trace is None:
             return
         (tracer, recorder), self._trace = self._trace, None
-        d = self.dispatcher
+        dispatcher = self.dispatcher
         try:
-            tracer._write(recorder, d.thread_names(),
-                          {"timer": "simulated" if d.simulated else "realtime",
-                           "workers": d.n_workers, "nodes": len(self.actors)})
+            tracer._write(recorder, dispatcher.thread_names(),
+                          {"timer": "simulated" if dispatcher.simulated else "realtime",
+                           "workers": dispatcher.n_workers, "nodes": len(self.actors)})
         except Exception as exc:  # noqa: BLE001 - join() raises it
             log.error("could not write the trace file %s: %s", tracer.path, exc)
             with self.lock:
