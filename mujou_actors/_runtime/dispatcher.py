@@ -1019,13 +1019,13 @@ class Dispatcher:
         try:
             todo, done = rec.todo, rec.done
             take = todo.popleft
-            run = self._run_claimed
+            run_claimed = self._run_claimed
             while todo:
                 try:
                     item = take()
                 except IndexError:  # given back meanwhile
                     break
-                busy += run(item)
+                busy += run_claimed(item)
                 done.append(item[0])
         finally:
             self._cond.acquire()
