@@ -283,3 +283,244 @@ def test_a_kernel_claims_only_its_own_nodes_and_releases_them_at_stop() -> None:
     assert net["ctrl"]._mujou_run is None
     with pytest.raises(RuntimeError, match="not running"):
         k.step()
+
+
+# -- a made-up net: fan-in, a depth-1 Input with drops, a dedicated thread, sends in on_start,
+# -- a message that crosses kernels twice in one instant, a kernel for a subtree ------------
+
+
+class Src(mujou.Node):
+    """A periodic source that also sends once in on_start."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self, period: float, tag: float, dedicated: bool = False) -> None:
+        super().__init__(period=period, dedicated_thread=dedicated)
+        self.tag = tag
+        self.k = 0
+
+    def on_start(self) -> None:
+        self.out.send(torch.tensor([self.tag, -1.0]))
+
+    def on_update(self, dt: float) -> None:
+        self.k += 1
+        self.out.send(torch.tensor([self.tag, float(self.k)])
+                      + torch.randn(2, generator=self.generator))
+
+    def state_dict(self) -> dict:
+        return {"k": self.k, "g": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.k = state["k"]
+        self.generator.set_state(state["g"])
+
+
+class Merge(mujou.Node):
+    """Fed by two sources through one depth-1 Input, and by the echo's answers."""
+
+    x = mujou.Input(torch.Tensor, depth=1)
+    y = mujou.Input(torch.Tensor, depth=None)
+    fwd = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list = []
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        xs, ys = self.x.drain(), self.y.drain()
+        self.seen.append([[v.tolist() for v in xs], [v.tolist() for v in ys], dt])
+        for v in xs:
+            self.n += 1
+            self.fwd.send(v * 2 + self.n)
+
+    def state_dict(self) -> dict:
+        return {"seen": list(self.seen), "n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen, self.n = list(state["seen"]), state["n"]
+
+
+class Group(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.merge = Merge()
+
+
+class Echo(mujou.Node):
+    """Sends back what it gets: the message crosses kernels twice in one instant."""
+
+    inp = mujou.Input(torch.Tensor, depth=2)
+    back = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list = []
+
+    def on_update(self, dt: float) -> None:
+        for v in self.inp.drain():
+            self.seen.append(v.tolist())
+            if v[1] > 0:
+                self.back.send(-v)
+
+    def state_dict(self) -> dict:
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = list(state["seen"])
+
+
+def make_fan_in() -> dict[str, mujou.Node]:
+    net = {"a": Src(0.01, 1.0), "b": Src(0.015, 2.0, dedicated=True), "grp": Group(),
+           "echo": Echo()}
+    merge = net["grp"].merge
+    mujou.connect(net["a"].out, merge.x)
+    mujou.connect(net["b"].out, merge.x)
+    mujou.connect(merge.fwd, net["echo"].inp)
+    mujou.connect(net["echo"].back, merge.y)
+    return net
+
+
+def _all_readers(net: dict[str, mujou.Node]) -> dict[str, list[str]]:
+    out = _readers(net)
+    merge = net["grp"].merge
+    out[merge.fwd.path] = [r.path for r in merge.fwd.readers]
+    return out
+
+
+def _carry(kernels: list[Kernel], readers: dict[str, list[str]]) -> None:
+    owner = {path: k for k in kernels for path in k.ports}
+    for kernel in kernels:
+        for sent in kernel.take_sends():
+            for reader in readers[sent.output]:
+                if owner[reader] is not kernel:
+                    owner[reader].deliver(reader, sent.message, sent.t_ns, sent.delta,
+                                          sent.sender)
+
+
+FAN_IN_GROUPS = [["a"], ["b"], ["grp.merge"], ["echo"]]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_fan_in_drops_on_start_sends_and_echoes_across_kernels_match_the_single_run(
+        workers: int) -> None:
+    net = make_fan_in()
+    with mujou.run(net, timer="simulated", duration=0.2, seed=7, workers=1) as run:
+        run.join()
+    expected = run.state_dict()["nodes"]
+    assert net["grp"].merge.x.drops > 0  # the depth-1 Input did drop messages
+    net = make_fan_in()
+    kernels = [Kernel(net, g, workers=workers, seed=7) for g in FAN_IN_GROUPS]
+    try:
+        for k in kernels:
+            k.start()
+        _carry(kernels, _all_readers(net))  # what the on_start hooks sent
+        drive(kernels, _all_readers(net), 200 * MS)
+        states: dict = {}
+        for k in kernels:
+            states.update(k.state_dict()["nodes"])
+    finally:
+        for k in kernels:
+            k.stop()
+    assert states["grp.merge"] == expected["grp.merge"]
+    assert states["echo"] == expected["echo"] and len(states["echo"]["seen"]) > 20
+    for src in ("a", "b"):
+        assert states[src]["k"] == expected[src]["k"]
+        assert torch.equal(states[src]["g"], expected[src]["g"])
+
+
+def test_trees_taken_at_an_instant_boundary_restore_a_split_net_and_drop_on_start_sends(
+        ) -> None:
+    net = make_fan_in()
+    with mujou.run(net, timer="simulated", duration=0.2, seed=7, workers=1) as run:
+        run.join()
+    expected = run.state_dict()["nodes"]
+    net = make_fan_in()
+    kernels = [Kernel(net, g, seed=7) for g in FAN_IN_GROUPS]
+    try:
+        for k in kernels:
+            k.start()
+        readers = _all_readers(net)
+        _carry(kernels, readers)
+        drive(kernels, readers, 90 * MS)  # every instant up to 90 ms, with all its deltas
+        trees = [k.state_dict() for k in kernels]
+    finally:
+        for k in kernels:
+            k.stop()
+    net = make_fan_in()
+    kernels = [Kernel(net, g, seed=7) for g in FAN_IN_GROUPS]
+    try:
+        for k, tree in zip(kernels, trees, strict=True):
+            k.start()
+            k.load_state_dict(tree)
+            # What on_start sent to other kernels goes with the rest: the trees hold the cut.
+            assert k.take_sends() == []
+        drive(kernels, _all_readers(net), 200 * MS)
+        states: dict = {}
+        for k in kernels:
+            states.update(k.state_dict()["nodes"])
+    finally:
+        for k in kernels:
+            k.stop()
+    assert states["grp.merge"] == expected["grp.merge"]
+    assert states["echo"] == expected["echo"]
+
+
+def test_a_state_between_two_delta_cycles_is_refused() -> None:
+    with Kernel(make_net(), ["log"]) as k:
+        k.start()
+        k.deliver("log.obs", torch.tensor([1.0]), 10 * MS, 0, 0)
+        assert k.next_due() == (10 * MS, 1)
+        # A tree would hold the message unstamped: loaded, it would trigger log at (0, 1).
+        with pytest.raises(RuntimeError, match=r"due at \(10000000, 1\), within an instant"):
+            k.state_dict()
+        k.step(until=(10 * MS, LAST_DELTA))
+        assert k.state_dict()["nodes"]["log"]["seen"] == [["obs", [1.0]]]
+    with Kernel(make_net(), seed=1) as k:
+        k.start()
+        k.step()  # (10 ms, 0): sim sent; ctrl and log, due at (10 ms, 1), are what a
+        k.state_dict()  # loaded tree triggers first: this state goes on identically
+        k.step()  # (10 ms, 1): ctrl sent its command, log is due at (10 ms, 2)
+        with pytest.raises(RuntimeError, match="take the state at an instant's boundary"):
+            k.state_dict()
+        k.step(until=(10 * MS, LAST_DELTA))
+        assert k.state_dict()["nodes"]["ctrl"]["n"] == 1
+
+
+def test_deliver_checks_the_stamp_it_is_given_and_refuses_after_stop() -> None:
+    k = Kernel(make_net(), ["log"])
+    k.start()
+    obs = torch.tensor([1.0])
+    for args, error, match in [
+            ((1e7, 0, 0), TypeError, "t_ns must be an int, got 10000000.0"),
+            ((True, 0, 0), TypeError, "t_ns must be an int, got True"),
+            ((10 * MS, 0.0, 0), TypeError, "delta must be an int"),
+            ((10 * MS, 0, None), TypeError, "sender must be an int"),
+            ((-2, 0, 0), ValueError, "t_ns must be >= -1"),
+            ((10 * MS, -1, 0), ValueError, r"delta must be in \[0, 4294967295\)"),
+            ((10 * MS, LAST_DELTA, 0), ValueError, "delta must be in"),
+            ((10 * MS, 0, 3), ValueError, r"sender must be in \[-1, 3\)"),
+            ((10 * MS, 0, -2), ValueError, "sender must be in")]:
+        with pytest.raises(error, match=match):
+            k.deliver("log.obs", obs, *args)
+    k.deliver("log.obs", obs, -1, 0, 0)  # as on_start's sends: before the timer started
+    assert k.next_due() == (0, 1)  # that one only: the refused ones left no trace
+    k.step()
+    assert k.state_dict()["nodes"]["log"]["seen"] == [["obs", [1.0]]]
+    k.stop()
+    with pytest.raises(RuntimeError, match="the kernel is stopped"):
+        k.deliver("log.obs", obs, 10 * MS, 0, 0)
+
+
+def test_a_step_bound_that_is_not_a_key_is_refused_and_the_kernel_goes_on() -> None:
+    with Kernel(make_net(), seed=1) as k:
+        k.start()
+        for bad in (5, (1, 2, 3), (1.0, 0), [10 * MS, 0], (True, 0)):
+            with pytest.raises(TypeError, match="until must be a key"):
+                k.step(until=bad, timeout=2)  # type: ignore[arg-type]
+        assert k.step(timeout=2) == (10 * MS, 1)  # no worker died of it
+
+
+def test_nodes_given_as_one_string_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"not the string 'sim' \(write \['sim'\]\)"):
+        Kernel(make_net(), "sim")

@@ -702,6 +702,14 @@ class Dispatcher:
                 actor.mailbox.deliveries.clear()
                 actor.trigger_key = None
 
+    def trigger_keys(self) -> list[Key]:
+        """The keys at which deliveries that have come trigger their readers, earliest first.
+
+        For a driven kernel's check that its state may be taken (`kernel.Kernel.state_dict`).
+        """
+        with self._cond:
+            return sorted(a.trigger_key for a in self.actors if a.trigger_key is not None)
+
     def pending_deliveries(self, actor: Actor) -> list[Delivery]:
         """The actor's undelivered messages in delivery order (call while held)."""
         inputs = actor.inputs

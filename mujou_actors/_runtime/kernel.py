@@ -39,7 +39,7 @@ from .actor import Actor
 from .build import Seams, make_actors, setup_cuda, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
-from .keys import CONTROL_KEY, MASK, Key, stamp, unstamp
+from .keys import CONTROL_KEY, CONTROL_T, HOST_ORDER, MASK, Key, stamp, unstamp
 from .mailbox import STAMP, Start, Stop
 
 __all__ = ["Kernel", "OutsideSend"]
@@ -107,7 +107,14 @@ class _Events:
             self.failures.append(err)
 
 
+def _is_key(value: object) -> bool:
+    """Whether ``value`` is a key ``(t_ns, delta)``: a tuple of two ints (no bools)."""
+    return (isinstance(value, tuple) and len(value) == 2
+            and is_int(value[0]) and is_int(value[1]))
+
+
 def _in(path: str, roots: Iterable[str]) -> bool:
+    """Whether the node at ``path`` lies in the subtree of one of ``roots``."""
     return any(r == "" or path == r or path.startswith(r + ".") for r in roots)
 
 
@@ -125,7 +132,8 @@ class Kernel:
         seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
 
     Raises:
-        NetError / TypeError: an invalid net (as `mujou.run`).
+        NetError / TypeError: an invalid net (as `mujou.run`); TypeError:
+            ``nodes`` is a string (a list of paths is meant).
         ValueError: a path of ``nodes`` names no node of the net.
 
     Only the kernel's own nodes are claimed (``Node``'s "part of a running
@@ -135,6 +143,9 @@ class Kernel:
     def __init__(self, net: Node | list[Node] | dict[str, Node],
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None) -> None:
+        if isinstance(nodes, str):
+            raise TypeError(f"Kernel: nodes must be an iterable of node paths, not the "
+                            f"string {nodes!r} (write [{nodes!r}])")
         found = walk(net)
         roots = [""] if nodes is None else list(nodes)
         paths = {p for p, _ in found}
@@ -147,6 +158,7 @@ class Kernel:
         for path, node in found:
             node._mujou_path = path
         self._ports = collect_ports(found)
+        self._n_nodes = len(found)
         seeds = settle_seeds(found, None, seed)
         local = [(order, path, node) for order, (path, node) in enumerate(found)
                  if _in(path, roots)]
@@ -271,6 +283,7 @@ class Kernel:
 
         Raises:
             RuntimeError: the kernel is not started, or is stopped.
+            TypeError: ``until`` is not a pair of ints.
             TimeoutError: the step did not finish within ``timeout`` (names the
                 hooks still running).
             NodeError: a hook raised during the step (the first failure; the
@@ -278,6 +291,10 @@ class Kernel:
         """
         if not self._started or self._stopped:
             raise RuntimeError("Kernel.step: the kernel is not running (start() it first)")
+        if until is not None and not _is_key(until):
+            # Checked here: a worker comparing keys with it would die of it.
+            raise TypeError(f"Kernel.step: until must be a key (t_ns, delta) of two ints, "
+                            f"got {until!r}")
         dispatcher = self.dispatcher
         self._timer()
         if until is None:
@@ -305,10 +322,29 @@ class Kernel:
             sender (int): the sender's order in the net (`OutsideSend.sender`).
 
         Raises:
-            ValueError: no such Input in this kernel, or the message comes too
-                late: the kernel has already run past ``(t_ns, delta)``.
+            RuntimeError: the kernel is stopped.
+            TypeError: ``t_ns``, ``delta`` or ``sender`` is not an int (a bool is not).
+            ValueError: no such Input in this kernel; ``t_ns`` below -1 (the time
+                of ``on_start``'s sends), ``delta`` outside ``[0, LAST_DELTA)``,
+                ``sender`` outside ``[-1, nodes in the net)`` (-1: the host); or
+                the message comes too late: the kernel has already run past
+                ``(t_ns, delta)``.
             PortTypeError: the Input refuses the value.
         """
+        if self._stopped:
+            raise RuntimeError("Kernel.deliver: the kernel is stopped")
+        for name, value in (("t_ns", t_ns), ("delta", delta), ("sender", sender)):
+            if not is_int(value):
+                raise TypeError(f"Kernel.deliver: {name} must be an int, got {value!r}")
+        # A stamp packs the three into one int: out of range, they would run into
+        # each other's bits and misorder the message (or move the kernel's time).
+        if t_ns < CONTROL_T:
+            raise ValueError(f"Kernel.deliver: t_ns must be >= {CONTROL_T}, got {t_ns}")
+        if not 0 <= delta < LAST_DELTA:
+            raise ValueError(f"Kernel.deliver: delta must be in [0, {LAST_DELTA}), got {delta}")
+        if not HOST_ORDER <= sender < self._n_nodes:
+            raise ValueError(f"Kernel.deliver: sender must be in [{HOST_ORDER}, "
+                             f"{self._n_nodes}) (a node's order in the net), got {sender}")
         port = self.ports.get(input)
         if not isinstance(port, Input):
             inputs = sorted(p for p, q in self.ports.items() if isinstance(q, Input))
@@ -352,10 +388,28 @@ class Kernel:
         The layout of `mujou.Run.state_dict` (docs/state.md), for this kernel's
         nodes and Inputs only; ``time_ns`` is the kernel's time.
 
+        Take it at an instant's boundary, as a run takes its cuts: when no
+        delivery that has come waits to trigger its reader at a key other
+        than ``(time_ns, 1)`` (so after ``step(until=(t, LAST_DELTA))``, or
+        after any step that leaves no triggered update due). A tree holds
+        undelivered messages without their stamps, and a loaded one triggers
+        their readers at ``(time_ns, 1)``: a tree taken between two delta
+        cycles would not go on as the kernel did.
+
         Raises:
+            RuntimeError: a triggered update is due at another key than
+                ``(time_ns, 1)`` (the kernel is within an instant).
             NodeError: a node's ``state_dict`` raised.
             TimeoutError: an actor stayed busy for ``timeout``.
         """
+        if self._timing and not self._stopped:
+            now = self.time_ns
+            late = [k for k in self.dispatcher.trigger_keys() if k != (now, 1)]
+            if late:
+                raise RuntimeError(
+                    f"Kernel.state_dict: a triggered update is due at {late[0]}, within an "
+                    f"instant (the kernel's time is {now}): take the state at an instant's "
+                    f"boundary, after step(until=(t, LAST_DELTA))")
         return take_tree(self.dispatcher, self.actors, self.ports, time_ns=self.time_ns,
                          seeds=self.seeds, host_copy=self._wiring.host_copy,
                          wait_kept=self._wiring.wait_kept, timeout=timeout,
@@ -366,8 +420,9 @@ class Kernel:
 
         Call it after `start` and before the timer starts (the first
         `next_due` or `step`): the nodes' states, kept and undelivered messages
-        and the time are restored (what ``on_start`` sent is dropped: the tree
-        holds the messages of its cut), and the schedules go on from the
+        and the time are restored (what ``on_start`` sent is dropped, within
+        the kernel and to Inputs outside it, which `take_sends` no longer
+        returns: the trees hold the messages of their cut), and the schedules go on from the
         tree's ``time_ns``.
 
         Raises:
@@ -380,6 +435,7 @@ class Kernel:
             raise RuntimeError("Kernel.load_state_dict: call it after start() and before "
                                "the first next_due() or step()")
         dispatcher.discard_messages()
+        del self._sends[:]  # on_start's sends to other kernels' Inputs: the trees hold theirs
         restore_tree(dispatcher, self.actors, self.ports, tree, time.monotonic() + timeout, timeout,
                      self._wiring.deliver)
         self._raise_failures()
