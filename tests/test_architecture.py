@@ -84,3 +84,65 @@ def test_the_kernel_never_imports_the_run_or_the_cli() -> None:
                     "run", "cli", "host") and node.level == 2:
                 found.append(f"{name}: from ..{node.module}")
     assert found == []
+
+
+def _package_imports(name: str, tree: ast.Module) -> set[str]:
+    """The package's modules that module ``name`` imports (any kind), as dotted names."""
+    here = name[:-len(".py")].split("/")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[:len(here) - (node.level - 1)]
+            if node.module:
+                found.add(".".join([*base, node.module]))
+            else:  # from . import x: a module of the package, or a name of __init__.py
+                for alias in node.names:
+                    path = PACKAGE.joinpath(*base, alias.name + ".py")
+                    found.add(".".join([*base, alias.name]) if path.exists() else "package")
+        elif isinstance(node, ast.ImportFrom) and node.module == "mujou_actors":
+            found.add("package")
+        elif isinstance(node, ast.Import):
+            found.update("package" for alias in node.names if alias.name == "mujou_actors")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mujou_actors."):
+            found.add(node.module.removeprefix("mujou_actors."))  # type: ignore[union-attr]
+    found.discard(name[:-len(".py")].replace("/", "."))
+    return found
+
+
+def test_the_import_table_of_the_architecture_page_is_the_real_one() -> None:
+    # docs/architecture.md, "Imports": each row names what its modules import,
+    # and each module imports only modules of the rows below its own.
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text().split("## Imports")[1]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `")]
+    modules = {name[:-len(".py")].replace("/", "."): tree for name, tree in _modules()}
+    row_of: dict[str, int] = {}
+    listed: dict[str, set[str]] = {}
+    for i, (cell, imports) in enumerate(rows):
+        names = {t for t in _ticked(imports) if t in modules}
+        if "the public package" in imports:
+            names.add("package")
+        for path in _ticked(cell):
+            module = path.removesuffix(".py").replace("/", ".")
+            if path.endswith(".py") and module in modules:
+                row_of.setdefault(module, i)
+                listed.setdefault(module, names)
+    wrong, above = [], []
+    for name, tree in _modules():
+        module = name[:-len(".py")].replace("/", ".")
+        real = _package_imports(name, tree)
+        if module == "__main__":
+            continue  # named in cli.py's row
+        if module not in listed:
+            wrong.append(f"{module}: not in the table")
+            continue
+        if real != listed[module]:
+            wrong.append(f"{module}: imports {sorted(real)}, "
+                         f"the table says {sorted(listed[module])}")
+        above += [f"{module} imports {dep}, listed above it" for dep in real
+                  if dep in row_of and row_of[dep] <= row_of[module] and module != "__init__"]
+    assert wrong + above == [], "\n".join(wrong + above)
+
+
+def _ticked(text: str) -> list[str]:
+    """The names between backticks in ``text``."""
+    return text.split("`")[1::2]
