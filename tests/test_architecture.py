@@ -146,3 +146,31 @@ def test_the_import_table_of_the_architecture_page_is_the_real_one() -> None:
 def _ticked(text: str) -> list[str]:
     """The names between backticks in ``text``."""
     return text.split("`")[1::2]
+
+
+def test_the_kernels_parts_write_no_field_of_another_part() -> None:
+    # The calendar, the mailbox and the kernel's listener change their own fields
+    # through their methods: no `self.part.field = ...` and no `calendar.field = ...`
+    # anywhere in the kernel, so what writes a part's state is found in the part.
+    # (An Actor is the record its dispatcher owns and writes under the lock; a
+    # port's and a node's framework fields are the run's to set; neither is a part.)
+    found = []
+    for name, tree in _modules():
+        if not name.startswith("_runtime/"):
+            continue
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets
+                           for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                if not isinstance(t, ast.Attribute):
+                    continue
+                base = t.value
+                if (isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name)
+                        and base.value.id == "self") or (
+                        isinstance(base, ast.Name) and base.id in ("calendar", "mailbox")):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(t)} = ...")
+    assert found == [], "\n".join(found)

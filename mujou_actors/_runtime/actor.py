@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 import time
 from array import array
 from itertools import groupby
@@ -215,7 +214,7 @@ class Actor:
         if self.input_depths is None:
             depths = self.input_depths = tuple(p.depth for p in self.inputs)
             if any(depth is not None for depth in depths):
-                self.mailbox.lock = threading.Lock()
+                self.mailbox.make_lock()
                 self.prune_at = self.bound = prune_limit(depths)
 
     def prune(self, by_stamp: bool, below: int | None = None) -> list[tuple[Any, int]]:

@@ -49,8 +49,10 @@ class Calendar:
     Attributes:
         queued (int): entries in the buckets, stale ones included (a trace counter).
         control_pending (int): control envelopes queued or in flight, all phases:
-            while it is 0, no actor's control list is read when it is queued.
-        timed_open (bool): timed work may be queued (the dispatcher is running).
+            while it is 0, no actor's control list is read when it is queued
+            (counted by `count_control`).
+        timed_open (bool): timed work may be queued (the dispatcher is running;
+            set by `open_timed`).
     """
 
     __slots__ = ("_heap", "_due", "queued", "dedicated", "control_pending", "timed_open")
@@ -63,6 +65,14 @@ class Calendar:
         self.dedicated = dedicated
         self.control_pending = 0
         self.timed_open = False
+
+    def count_control(self, n: int) -> None:
+        """Count ``n`` control envelopes more queued or in flight (fewer if negative)."""
+        self.control_pending += n
+
+    def open_timed(self, open_: bool) -> None:
+        """Let timed work be queued (True: the dispatcher runs) or not (False)."""
+        self.timed_open = open_
 
     @staticmethod
     def live(actor: Actor, key: Key) -> bool:

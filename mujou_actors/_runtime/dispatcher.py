@@ -294,7 +294,7 @@ class Dispatcher:
     # -- modes -------------------------------------------------------------------------
     def _set_mode(self, mode: Mode) -> None:
         self._mode = mode
-        self._calendar.timed_open = mode is RUNNING
+        self._calendar.open_timed(mode is RUNNING)
 
     def start_running(self, start_ns: int) -> None:
         """Start the timer at ``start_ns`` and let timed work run."""
@@ -514,7 +514,7 @@ class Dispatcher:
                 self._set_mode(CONTROL)
             for actor in actors:
                 actor.mailbox.control.append(envelope)
-            calendar.control_pending += len(actors)
+            calendar.count_control(len(actors))
             phase = id(envelope)  # unique while this call holds the envelope
             self._phase_left[phase] = len(actors)
             # Taken from the end of the control key's bucket (Calendar.top):
@@ -552,7 +552,7 @@ class Dispatcher:
             left = [e for e in control if e is not envelope]
             if len(left) == len(control):
                 continue
-            self._calendar.control_pending -= len(control) - len(left)
+            self._calendar.count_control(len(left) - len(control))
             control[:] = left
             withdrawn = True
             if not actor.busy:
@@ -565,7 +565,7 @@ class Dispatcher:
         """Queue control envelopes for one actor while the run goes on (a restart)."""
         with self._cond:
             actor.mailbox.control.extend(envelopes)
-            self._calendar.control_pending += len(envelopes)
+            self._calendar.count_control(len(envelopes))
             if not actor.busy:
                 self._calendar.schedule(actor)
             self._cond.notify_all()
@@ -637,7 +637,7 @@ class Dispatcher:
             took, actor.last_hook_ns = actor.last_hook_ns, 0
             if name in self._busy_ns:  # a helper of a control phase is no worker
                 self._busy_ns[name] += took
-            self._calendar.control_pending -= 1
+            self._calendar.count_control(-1)
             del self._in_control[actor]
             left = self._phase_left.get(id(envelope))
             if left is not None:

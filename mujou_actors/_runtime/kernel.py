@@ -100,6 +100,12 @@ class _Events:
     def held(self) -> None:
         pass
 
+    def take_failures(self) -> list[NodeError]:
+        """The failures recorded since the last call, oldest first."""
+        with self.lock:
+            failures, self.failures = self.failures, []
+        return failures
+
     def crashed(self, exc: BaseException) -> None:
         err = NodeError("", "kernel", f"a thread of the kernel died: {describe(exc)}")
         err.__cause__ = exc
@@ -442,7 +448,6 @@ class Kernel:
         self._start_ns = tree["time_ns"]
 
     def _raise_failures(self) -> None:
-        with self._events.lock:
-            failures, self._events.failures = self._events.failures, []
+        failures = self._events.take_failures()
         if failures:
             raise failures[0]

@@ -158,10 +158,14 @@ class Mailbox:
         # are few, and only ever touched under the dispatcher's lock.
         self.control: list[Envelope] = []
         self.deliveries: deque[tuple[Any, ...]] = deque()  # (stamp, slot, message[, seq])
-        # Made for a node with a bounded Input (Actor.bound_mailbox); None
-        # for one that keeps every message: never pruned, so its hooks need
-        # no lock to take them.
+        # Made for a node with a bounded Input (`make_lock`, from
+        # Actor.bound_mailbox); None for one that keeps every message: never
+        # pruned, so its hooks need no lock to take them.
         self.lock: threading.Lock | None = None
+
+    def make_lock(self) -> None:
+        """Give the mailbox its lock: it has a bounded Input, so senders may prune it."""
+        self.lock = threading.Lock()
 
     def put(self, delivery: tuple[Any, ...]) -> None:
         """Append one delivery ``(stamp, slot, message[, seq])`` (from any thread).
