@@ -174,3 +174,34 @@ def test_the_kernels_parts_write_no_field_of_another_part() -> None:
                         isinstance(base, ast.Name) and base.id in ("calendar", "mailbox")):
                     found.append(f"{name}:{node.lineno}: {ast.unparse(t)} = ...")
     assert found == [], "\n".join(found)
+
+
+def test_the_kernel_types_its_project_objects_by_their_class_not_any() -> None:
+    # A node, a port, an actor or the CUDA runtime typed `Any` hides the class
+    # from mypy: a parameter, field or return annotation of these names in
+    # `_runtime/` names the class (under TYPE_CHECKING where importing it
+    # would make a cycle).
+    meant = {"node", "port", "input", "inputs", "actor", "actors", "reader", "rt", "waiter",
+             "dispatcher", "listener", "prune", "_deliver"}
+    found = []
+    for name, tree in _modules():
+        if not name.startswith("_runtime/"):
+            continue
+        for node in ast.walk(tree):
+            annotated: list[tuple[str, ast.expr | None]] = []
+            if isinstance(node, ast.FunctionDef):
+                args = node.args
+                annotated += [(a.arg, a.annotation) for a in
+                              [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+                annotated.append((node.name, node.returns))
+            elif isinstance(node, ast.AnnAssign):
+                target = node.target
+                label = target.attr if isinstance(target, ast.Attribute) else ast.unparse(target)
+                annotated.append((label, node.annotation))
+            for label, annotation in annotated:
+                text = "" if annotation is None else ast.unparse(annotation)
+                # The object itself, or a container's element or key, typed Any (a
+                # message, which is any value, stays Any: list[Any], Callable[[Any], ...]).
+                if label in meant and (text.startswith("Any") or "[Any," in text):
+                    found.append(f"{name}:{node.lineno}: {label}: {text}")
+    assert found == [], "\n".join(found)

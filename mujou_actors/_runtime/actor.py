@@ -18,13 +18,19 @@ import contextvars
 import time
 from array import array
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..devices import HostCopier, map_tensors, receive
 from ..errors import NodeError
 from ..state import copy_state
 from .keys import Key, unstamp
 from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start, Stop, prune_limit
+
+if TYPE_CHECKING:
+    from ..cuda import StreamWaiter
+    from ..devices import CudaRuntime
+    from ..node import Node
+    from ..ports import Input
 
 __all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER"]
 
@@ -81,7 +87,7 @@ class Actor:
         "applied", "depths",
     )
 
-    def __init__(self, node: Any, path: str, order: int,
+    def __init__(self, node: Node, path: str, order: int,
                  periods: dict[int, int] | None = None) -> None:
         """Make the actor of ``node`` at ``path``, ``order``-th in the net.
 
@@ -116,7 +122,7 @@ class Actor:
         self.context = contextvars.Context()
         # The node's Inputs: a delivery names its Input by index in this tuple
         # (why an index: see mailbox.Delivery). Set when the run wires the net.
-        self.inputs: tuple[Any, ...] = ()
+        self.inputs: tuple[Input, ...] = ()
         self.triggers: frozenset[int] = frozenset()  # indices of triggering Inputs
         # Set with the Inputs (bound_mailbox); until then nothing is pruned.
         self.input_depths: tuple[int | None, ...] | None = None
@@ -146,15 +152,15 @@ class Actor:
         self.last_hook_ns = 0
         self.restarts = 0
         self.last_update_ns: int | None = None
-        self.rt: Any = None            # CudaRuntime when the run uses CUDA
+        self.rt: CudaRuntime | None = None  # when the run uses CUDA
         self.stream: Any = None        # the node's own stream (a CUDA node)
         self.copy_streams: dict[Any, Any] = {}  # by source device
         self.copy_done: dict[Any, Any] = {}  # an event per copy stream, reused (devices.receive)
-        self.waiter: Any = None        # waits for self.stream (cuda_sync)
+        self.waiter: StreamWaiter | None = None  # waits for self.stream (cuda_sync)
         # Recorded on self.stream after each batch of received messages, before
         # they are kept: the host waits for it before it copies a kept value.
         self.kept_ready: Any = None
-        self.trace: Any = None         # the run's trace.Recorder, if traced
+        self.trace: Any = None  # the run's trace.Recorder, if traced (trace.py imports this)
         self.applied: list[Any] | None = None  # deliveries read by the next hook (traced)
         self.depths = (0, 0)  # ready heap and hooks in flight as the hook started (traced)
         self.timed = True
@@ -197,7 +203,7 @@ class Actor:
             return 0.0
         return (self.dt_done_ns + self.last_update_ns - self.dt_from_ns) / 1e9  # type: ignore[operator]
 
-    def slot(self, port: Any) -> int:
+    def slot(self, port: Input) -> int:
         """Index of ``port`` (one of the node's Inputs) in `inputs`: what a delivery names."""
         for i, p in enumerate(self.inputs):
             if p is port:
@@ -217,7 +223,7 @@ class Actor:
                 self.mailbox.make_lock()
                 self.prune_at = self.bound = prune_limit(depths)
 
-    def prune(self, by_stamp: bool, below: int | None = None) -> list[tuple[Any, int]]:
+    def prune(self, by_stamp: bool, below: int | None = None) -> list[tuple[Input, int]]:
         """Drop the deliveries its next hook would push out unseen (`Mailbox.prune`).
 
         The caller holds what `Mailbox.prune` asks for: the dispatcher's lock
@@ -400,16 +406,19 @@ class Actor:
         """
         if self.stream is None and not self.copy_streams:
             return contextlib.nullcontext()
+        rt = self.rt
+        assert rt is not None  # a node with streams has the run's CUDA runtime
         stack = contextlib.ExitStack()
         for stream in self.copy_streams.values():
-            stack.enter_context(self.rt.use(stream))
+            stack.enter_context(rt.use(stream))
         if self.stream is not None:
-            stack.enter_context(self.rt.use(self.stream))
+            stack.enter_context(rt.use(self.stream))
         return stack
 
     def wait_stream(self) -> None:
         """Wait until the GPU has done the work queued on the node's stream."""
         if self.stream is not None:
+            assert self.waiter is not None  # set with the stream (build.setup_cuda)
             self.waiter.wait(self.stream)
 
     def call(self, hook: str, *args: Any) -> None:
@@ -532,6 +541,7 @@ class Actor:
             def place(t: Any) -> Any:
                 # Queued on the node's stream without a host wait; the
                 # wait_stream below covers them (cuda_sync).
+                assert rt is not None  # only called for a CUDA node
                 return t if t.device == device else rt.to_device(t, device)
 
             for port, messages in envelope.inputs.items():

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .actor import NEVER, Actor
@@ -46,6 +46,7 @@ from .sends import SendContext
 from .workers import on_time
 
 if TYPE_CHECKING:
+    from ..ports import Input
     from ..timers import Timer
     from ..trace import Recorder
 
@@ -248,7 +249,7 @@ class Dispatcher:
         for actor in self._dedicated:
             self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
 
-    def _spawn(self, name: str, target: Any, arg: Actor | None) -> None:
+    def _spawn(self, name: str, target: Callable[..., None], arg: Actor | None) -> None:
         args: tuple[Any, ...] = (target,) if arg is None else (target, arg)
         if self.policy.tight_slack:
             args = (on_time, *args)
@@ -257,7 +258,7 @@ class Dispatcher:
         self._busy_ns[name] = 0
         thread.start()
 
-    def _guarded(self, loop: Any, *args: Any) -> None:
+    def _guarded(self, loop: Callable[..., None], *args: Any) -> None:
         """Run a thread's loop; what escapes it ends the run as a failure, never silently.
 
         Hooks' exceptions are caught where the hooks run (`_fail`); this is
@@ -1236,12 +1237,12 @@ class Dispatcher:
             port._log_first_drop()
 
     def _deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
-                 trigger: Key | None) -> list[tuple[Any, int]]:
+                 trigger: Key | None) -> list[tuple[Input, int]]:
         """Append a delivery, keep the mailbox bounded, trigger; return the drops to log."""
         self._host_seq += 1
         box = actor.mailbox.deliveries
         box.append((stamp, slot, message, self._host_seq))
-        lost: list[tuple[Any, int]] = []
+        lost: list[tuple[Input, int]] = []
         if len(box) > actor.prune_at:
             if not self.simulated:
                 self._prune_now(actor)  # the mailbox's lock inside ours, never the reverse

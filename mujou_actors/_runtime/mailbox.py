@@ -25,9 +25,12 @@ from bisect import bisect_left
 from collections import deque
 from itertools import repeat, starmap
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .keys import ORDER_BITS, Key, pack
+
+if TYPE_CHECKING:
+    from ..ports import Input
 
 __all__ = ["Start", "Stop", "Snapshot", "Restore", "Delivery", "Mailbox", "STAMP", "SLOT",
            "MESSAGE", "SLACK", "prune_limit", "Envelope"]
@@ -86,7 +89,7 @@ class Restore:
     __slots__ = ("state", "inputs", "last_update_ns")
     hook = "load_state_dict"
 
-    def __init__(self, state: Any, inputs: dict[Any, list[Any]],
+    def __init__(self, state: Any, inputs: dict[Input, list[Any]],
                  last_update_ns: int | None) -> None:
         self.state = state
         self.inputs = inputs
@@ -121,7 +124,7 @@ class Delivery(NamedTuple):
     t_ns: int          # run time of the sending hook
     delta: int         # delta cycle of the sending hook
     sender: int        # sender's order in the net (HOST_ORDER for the host)
-    input: Any         # the Input port (its slot, in a mailbox)
+    input: Input       # the Input port (its slot, in a mailbox)
     message: Any
 
 
