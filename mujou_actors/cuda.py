@@ -51,6 +51,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 # SyncModeError lives with the other errors; it is also mujou.cuda.SyncModeError.
+from ._checks import is_int
 from .errors import SyncModeError
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that importing this module is cheap
@@ -255,10 +256,7 @@ def _check_device(device: Any) -> int:
     ``"cuda"`` without an index means torch's current device: 0 until torch has
     initialised CUDA (this never initialises it).
     """
-    if isinstance(device, bool):
-        raise TypeError(f"mujou.cuda: device must be an int or a CUDA torch.device, "
-                        f"got {device!r}")
-    if isinstance(device, int):
+    if is_int(device):  # a bool is no device index: it goes on to the TypeError below
         index = device
     else:
         import torch  # already imported by the package; cheap

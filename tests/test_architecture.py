@@ -205,3 +205,29 @@ def test_the_kernel_types_its_project_objects_by_their_class_not_any() -> None:
                 if label in meant and (text.startswith("Any") or "[Any," in text):
                     found.append(f"{name}:{node.lineno}: {label}: {text}")
     assert found == [], "\n".join(found)
+
+
+def test_a_number_but_not_a_bool_is_checked_only_by_checks() -> None:
+    # `_checks.is_number` / `is_int` are the one check: no function elsewhere
+    # asks both whether a value is a bool and whether it is an int or a float.
+    # The snapshot encoder tells the types apart to write each in its own
+    # format (a bool is not written as an int): no argument check.
+    encoders = {("snapshot.py", "_encode"), ("snapshot.py", "convert")}
+    found = []
+    for name, tree in _modules():
+        if name == "_checks.py":
+            continue
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef) or (name, func.name) in encoders:
+                continue
+            asked: dict[str, set[str]] = {}
+            for call in ast.walk(func):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                        and call.func.id == "isinstance" and len(call.args) == 2):
+                    value, kinds = (ast.unparse(a) for a in call.args)
+                    asked.setdefault(value, set()).update(
+                        k for k in ("bool", "int", "float") if k in kinds.replace(" ", "")
+                        .strip("()").split(","))
+            found += [f"{name}: {func.name}({value})" for value, kinds in asked.items()
+                      if "bool" in kinds and kinds & {"int", "float"}]
+    assert found == [], "\n".join(found)
