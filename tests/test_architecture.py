@@ -231,3 +231,24 @@ def test_a_number_but_not_a_bool_is_checked_only_by_checks() -> None:
             found += [f"{name}: {func.name}({value})" for value, kinds in asked.items()
                       if "bool" in kinds and kinds & {"int", "float"}]
     assert found == [], "\n".join(found)
+
+
+def test_the_dispatchers_public_methods_take_its_lock_but_those_the_page_lists() -> None:
+    # docs/architecture.md, "The locking rule": the public methods that take no lock.
+    unlocked = {"crowd", "hook_of", "pending_deliveries", "start_threads", "join_threads",
+                "thread_names", "is_own_thread", "end_ns", "next_cut_ns", "frontier"}
+    through = {"stop_at_boundary": "_request_stop", "stop_now": "_request_stop"}
+    tree = dict(_modules())["_runtime/dispatcher.py"]
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Dispatcher")
+    methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+    found = set()
+    for name, func in methods.items():
+        if name.startswith("_"):
+            continue
+        target = methods[through.get(name, name)]
+        if "with self._cond" not in ast.unparse(target):
+            found.add(name)
+    assert found == unlocked
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rule = page.split("**The locking rule.**")[1].split("## ")[0]
+    assert {n for n in unlocked if f"`{n}`" not in rule} == set()
