@@ -242,7 +242,7 @@ def test_the_dispatchers_public_methods_take_its_lock_but_those_the_page_lists()
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Dispatcher")
     methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
     found = set()
-    for name, func in methods.items():
+    for name in methods:
         if name.startswith("_"):
             continue
         target = methods[through.get(name, name)]
