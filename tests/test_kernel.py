@@ -8,10 +8,13 @@ bit-identical to the whole net's single `mujou.run`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 import mujou_actors as mujou
+from mujou_actors._runtime.build import Seams
 from mujou_actors._runtime.kernel import LAST_DELTA, Kernel, OutsideSend
 from mujou_actors.errors import NodeError
 
@@ -524,3 +527,40 @@ def test_a_step_bound_that_is_not_a_key_is_refused_and_the_kernel_goes_on() -> N
 def test_nodes_given_as_one_string_is_refused() -> None:
     with pytest.raises(TypeError, match=r"not the string 'sim' \(write \['sim'\]\)"):
         Kernel(make_net(), "sim")
+
+
+def test_a_refused_kernel_leaves_the_nodes_as_they_were() -> None:
+    net = make_net()
+    # Arguments come first: nothing of the net is touched.
+    with pytest.raises(TypeError, match="Kernel: seed must be an int"):
+        Kernel(net, ["sim"], seed="7")  # type: ignore[arg-type]
+    # A refused net: paths were given, then collect_ports found sim.out's readers
+    # outside it; they are taken back.
+    with pytest.raises(mujou.NetError, match="not part of the net"):
+        Kernel({"only": net["sim"]})
+    assert [n._mujou_path for n in net.values()] == [None, None, None]
+    # A build that fails once the nodes are claimed (here: the CUDA runtime) releases them.
+    net["sim"]._mujou_device = torch.device("cuda", 0)  # a "CUDA" node (see fake_cuda.py)
+
+    def no_cuda() -> Any:
+        raise RuntimeError("no CUDA here")
+
+    with pytest.raises(RuntimeError, match="no CUDA here"):
+        Kernel(net, ["sim", "ctrl"], seams=Seams(cuda_runtime=no_cuda))
+    assert [n._mujou_run for n in net.values()] == [None, None, None]
+    assert [n._mujou_path for n in net.values()] == [None, None, None]
+    assert "send" not in vars(net["ctrl"].cmd)  # unwired
+
+
+class Lone(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+
+def test_a_kernel_never_renames_a_node_of_another_running_net() -> None:
+    lone = Lone()
+    with mujou.run({"x": lone}, timer="simulated") as run:
+        with pytest.raises(ValueError, match="part of another running net, as 'x'"):
+            Kernel({"elsewhere": lone}, [])
+        assert lone.path == "x"
+        run.stop()

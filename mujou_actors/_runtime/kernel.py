@@ -32,11 +32,11 @@ from typing import Any, NamedTuple
 from .._checks import is_int
 from ..errors import NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
-from ..node import Node
+from ..node import Node, check_seed
 from ..ports import Input, Output, Port
 from ..timers import SimulatedTimer
 from .actor import Actor
-from .build import Seams, make_actors, setup_cuda, wire
+from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
 from .keys import CONTROL_KEY, CONTROL_T, HOST_ORDER, MASK, Key, stamp, unstamp
@@ -139,8 +139,14 @@ class Kernel:
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`); TypeError:
-            ``nodes`` is a string (a list of paths is meant).
-        ValueError: a path of ``nodes`` names no node of the net.
+            ``nodes`` is a string (a list of paths is meant), or ``seed`` is
+            not an int.
+        ValueError: a path of ``nodes`` names no node of the net; ``workers``
+            or ``seed`` out of range; a node of the kernel is in a running net
+            already, or a node of the net is in another running net.
+
+    A refused kernel leaves the nodes as they were (unclaimed, unwired, with
+    their paths).
 
     Only the kernel's own nodes are claimed (``Node``'s "part of a running
     net"); the others are only walked for their paths and ports.
@@ -149,9 +155,14 @@ class Kernel:
     def __init__(self, net: Node | list[Node] | dict[str, Node],
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None) -> None:
+        # Every argument is checked before a node is touched, as in mujou.run.
         if isinstance(nodes, str):
             raise TypeError(f"Kernel: nodes must be an iterable of node paths, not the "
                             f"string {nodes!r} (write [{nodes!r}])")
+        if not is_int(workers) or workers < 1:
+            raise ValueError(f"Kernel: workers must be an int >= 1, got {workers!r}")
+        check_seed(seed, "Kernel")
+        self._workers = workers
         found = walk(net)
         roots = [""] if nodes is None else list(nodes)
         paths = {p for p, _ in found}
@@ -159,23 +170,48 @@ class Kernel:
             if root not in paths and not (nodes is None and root == ""):
                 raise ValueError(f"Kernel: no node {root!r} in the net "
                                  f"(nodes: {sorted(paths)})")
-        if not is_int(workers) or workers < 1:
-            raise ValueError(f"Kernel: workers must be an int >= 1, got {workers!r}")
-        for path, node in found:
-            node._mujou_path = path
-        self._ports = collect_ports(found)
-        self._n_nodes = len(found)
-        seeds = settle_seeds(found, None, seed)
         local = [(order, path, node) for order, (path, node) in enumerate(found)
                  if _in(path, roots)]
-        self.seeds = {path: seeds[path] for _, path, _ in local}
-        self._sends: list[tuple[int, str, Any]] = []
-        self._events = _Events()
-        self._token = object()
         for _, path, node in local:
             if node._mujou_run is not None:
                 raise ValueError(f"Kernel: node {path or '<root>'!r} is already part of a "
                                  "running net")
+        for path, node in found:
+            # A node of a running net keeps its path: another kernel of this same
+            # net named it so already; under another name it is another net's.
+            if node._mujou_run is not None and node._mujou_path != path:
+                raise ValueError(f"Kernel: node {path or '<root>'!r} is part of another "
+                                 f"running net, as {node._mujou_path!r}")
+        previous = [(node, node._mujou_path) for _, node in found]
+        self._token = object()
+        try:
+            for path, node in found:
+                node._mujou_path = path  # ports name themselves by path from here on
+            self._build(found, local, seed, seams)
+        except BaseException:
+            # A refused kernel leaves the nodes as they were: unclaimed, unwired, named
+            # as before (and its threads are not started yet).
+            for node, _ in previous:
+                if node._mujou_run is self._token:
+                    node._mujou_run = None
+            unwire(getattr(self, "ports", {}))
+            for node, old in previous:
+                node._mujou_path = old
+            raise
+        self._started = False
+        self._stopped = False
+        self._timing = False  # the timer has started
+        self._start_ns = 0
+
+    def _build(self, found: list[tuple[str, Node]], local: list[tuple[int, str, Node]],
+               seed: int | None, seams: Seams | None) -> None:
+        """Claim the kernel's nodes and build its dispatcher and wiring (`__init__`'s work)."""
+        self._ports = collect_ports(found)
+        self._n_nodes = len(found)
+        seeds = settle_seeds(found, None, seed)
+        self.seeds = {path: seeds[path] for _, path, _ in local}
+        self._sends: list[tuple[int, str, Any]] = []
+        self._events = _Events()
         local_paths = {path for _, path, _ in local}
         self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
                                        if port.node._mujou_path in local_paths}
@@ -183,11 +219,11 @@ class Kernel:
         for actor in self.actors:
             actor.node._mujou_run = self._token
         self._actor_of = {id(a.node): a for a in self.actors}
-        self.dispatcher = Dispatcher(self.actors, SimulatedTimer(), workers, self._events)
+        self.dispatcher = Dispatcher(self.actors, SimulatedTimer(), self._workers, self._events)
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
-        self._wiring = wire(self.actors, self.ports, self.dispatcher, rt,
-                            self._outbox)
+        self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)
+
         self._started = False
         self._stopped = False
         self._timing = False  # the timer has started
@@ -250,10 +286,7 @@ class Kernel:
         for actor in self.actors:
             if actor.node._mujou_run is self._token:
                 actor.node._mujou_run = None
-        for port in self.ports.values():
-            if isinstance(port, Output):
-                port._send = None
-                port.__dict__.pop("send", None)
+        unwire(self.ports)
         return stuck
 
     def __enter__(self) -> Kernel:
