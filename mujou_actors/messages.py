@@ -196,7 +196,8 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
     if issubclass(t, torch.Tensor):
         dtype, shape = spec.dtype, spec.shape
         ndim = None if shape is None else len(shape)
-        fixed = () if shape is None else tuple((i, d) for i, d in enumerate(shape) if d is not None)
+        fixed = () if shape is None else tuple(
+            (i, size) for i, size in enumerate(shape) if size is not None)
 
         def check_tensor(value: Any) -> Any:
             if not isinstance(value, t):
@@ -207,8 +208,8 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
                 vshape = value.shape
                 if len(vshape) != ndim:
                     raise fail(value)
-                for i, d in fixed:
-                    if vshape[i] != d:
+                for i, size in fixed:
+                    if vshape[i] != size:
                         raise fail(value)
             return value
 

@@ -331,9 +331,9 @@ class Recorder:
             # its end, whichever of the two it reads first.
             at = t0 + 1 if took > 1 else t0
             inputs = actor.inputs
-            for d in applied:  # mailbox.Delivery fields; the flow is named by the Input
-                sender = unstamp(d[0])[2]
-                append(_RECV(RECV, at, thread, sender, d[3], id(inputs[d[1]])))
+            for delivery in applied:  # mailbox.Delivery fields; the flow is named by the Input
+                sender = unstamp(delivery[0])[2]
+                append(_RECV(RECV, at, thread, sender, delivery[3], id(inputs[delivery[1]])))
         t_ns = actor.last_update_ns
         ready, inflight = actor.depths
         # The slice last: a flow end that is kept has its slice kept too.

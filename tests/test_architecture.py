@@ -252,3 +252,13 @@ def test_the_dispatchers_public_methods_take_its_lock_but_those_the_page_lists()
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     rule = page.split("**The locking rule.**")[1].split("## ")[0]
     assert {n for n in unlocked if f"`{n}`" not in rule} == set()
+
+
+def test_d_names_a_delta_cycle_and_only_in_the_kernel() -> None:
+    # The vocabulary (issue 14): `d` is a delta cycle, in `_runtime/` only; a
+    # dimension, a delivery or a dispatcher is spelled out.
+    found = [f"{name}:{node.lineno}" for name, tree in _modules()
+             if not name.startswith("_runtime/") for node in ast.walk(tree)
+             if (isinstance(node, ast.Name) and node.id == "d")
+             or (isinstance(node, ast.arg) and node.arg == "d")]
+    assert found == []
