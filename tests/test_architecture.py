@@ -262,3 +262,27 @@ def test_d_names_a_delta_cycle_and_only_in_the_kernel() -> None:
              if (isinstance(node, ast.Name) and node.id == "d")
              or (isinstance(node, ast.arg) and node.arg == "d")]
     assert found == []
+
+
+def test_every_function_of_the_mailbox_is_used_by_the_kernel() -> None:
+    # The mailbox is the kernel's plain data: what it offers (docs/architecture.md
+    # names `Mailbox.put` as the way in from outside the hooks) is what the
+    # kernel calls, so the page cannot point at code that nothing runs.
+    tree = dict(_modules())["_runtime/mailbox.py"]
+    offered = {f.name for node in tree.body
+               for f in ([node] if isinstance(node, ast.FunctionDef) else
+                         node.body if isinstance(node, ast.ClassDef) else [])
+               if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")}
+    called = set()
+    for name, module in _modules():
+        if name == "_runtime/mailbox.py":
+            continue
+        for node in ast.walk(module):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name):
+                called.add(node.func.id)
+            elif (isinstance(node.func, ast.Attribute)  # a method: called on a mailbox
+                    and ast.unparse(node.func.value).endswith("mailbox")):
+                called.add(node.func.attr)
+    assert offered - called == set()

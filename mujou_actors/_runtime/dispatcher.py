@@ -1240,8 +1240,9 @@ class Dispatcher:
                  trigger: Key | None) -> list[tuple[Input, int]]:
         """Append a delivery, keep the mailbox bounded, trigger; return the drops to log."""
         self._host_seq += 1
-        box = actor.mailbox.deliveries
-        box.append((stamp, slot, message, self._host_seq))
+        mailbox = actor.mailbox
+        mailbox.put((stamp, slot, message, self._host_seq))
+        box = mailbox.deliveries
         lost: list[tuple[Input, int]] = []
         if len(box) > actor.prune_at:
             if not self.simulated:
