@@ -108,18 +108,12 @@ def drive(kernels: list[Kernel], readers: dict[str, list[str]], end_ns: int,
 
     The conservative rule: every kernel runs the same delta cycle, the least
     due one of all; the messages it sent go to their readers' kernels before
-    the next, which they may trigger.
+    the next, which they may trigger. What ``on_start`` sent is carried first,
+    before any timer starts (the first `Kernel.next_due`).
     """
     owner = {path: k for k in kernels for path in k.ports}
     steps = 0
     while True:
-        dues = [d for d in (k.next_due() for k in kernels) if d is not None]
-        if not dues or min(dues)[0] > end_ns:
-            return steps
-        key = min(dues)
-        for kernel in kernels:
-            kernel.step(until=key)
-        steps += 1
         for kernel in kernels:
             for sent in kernel.take_sends():
                 if log is not None:
@@ -128,6 +122,13 @@ def drive(kernels: list[Kernel], readers: dict[str, list[str]], end_ns: int,
                     if reader in owner and owner[reader] is not kernel:
                         owner[reader].deliver(reader, sent.message, sent.t_ns, sent.delta,
                                               sent.sender)
+        dues = [d for d in (k.next_due() for k in kernels) if d is not None]
+        if not dues or min(dues)[0] > end_ns:
+            return steps
+        key = min(dues)
+        for kernel in kernels:
+            kernel.step(until=key)
+        steps += 1
 
 
 def _single(workers: int, duration: float) -> dict:
@@ -391,16 +392,6 @@ def _all_readers(net: dict[str, mujou.Node]) -> dict[str, list[str]]:
     return out
 
 
-def _carry(kernels: list[Kernel], readers: dict[str, list[str]]) -> None:
-    owner = {path: k for k in kernels for path in k.ports}
-    for kernel in kernels:
-        for sent in kernel.take_sends():
-            for reader in readers[sent.output]:
-                if owner[reader] is not kernel:
-                    owner[reader].deliver(reader, sent.message, sent.t_ns, sent.delta,
-                                          sent.sender)
-
-
 FAN_IN_GROUPS = [["a"], ["b"], ["grp.merge"], ["echo"]]
 
 
@@ -417,8 +408,7 @@ def test_fan_in_drops_on_start_sends_and_echoes_across_kernels_match_the_single_
     try:
         for k in kernels:
             k.start()
-        _carry(kernels, _all_readers(net))  # what the on_start hooks sent
-        drive(kernels, _all_readers(net), 200 * MS)
+        drive(kernels, _all_readers(net), 200 * MS)  # on_start's sends carried first
         states: dict = {}
         for k in kernels:
             states.update(k.state_dict()["nodes"])
@@ -443,9 +433,7 @@ def test_trees_taken_at_an_instant_boundary_restore_a_split_net_and_drop_on_star
     try:
         for k in kernels:
             k.start()
-        readers = _all_readers(net)
-        _carry(kernels, readers)
-        drive(kernels, readers, 90 * MS)  # every instant up to 90 ms, with all its deltas
+        drive(kernels, _all_readers(net), 90 * MS)  # every instant up to 90 ms, with all its deltas
         trees = [k.state_dict() for k in kernels]
     finally:
         for k in kernels:
