@@ -278,7 +278,7 @@ def test_a_kernel_claims_only_its_own_nodes_and_releases_them_at_stop() -> None:
     net = make_net()
     k = Kernel(net, ["ctrl"])
     assert net["ctrl"]._mujou_run is not None and net["sim"]._mujou_run is None
-    with pytest.raises(ValueError, match="already part of a running net"):
+    with pytest.raises(mujou.NetError, match="already part of a running net"):
         Kernel(net, ["ctrl"])
     with pytest.raises(ValueError, match="no node 'nope' in the net"):
         Kernel(net, ["nope"])

@@ -129,9 +129,10 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
         StartTimeoutError: the deadline passed (names the stuck node and
             those not restored).
     """
-    by_node: dict[str, dict[Any, list[Any]]] = {a.path: {} for a in actors}
+    by_node: dict[str, dict[Input, list[Any]]] = {a.path: {} for a in actors}
     for path, messages in tree["inputs"].items():
         port = ports[path]
+        assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)
         by_node[port.node._mujou_path][port] = [copy_message(m) for m in messages]
     for i, actor in enumerate(actors):
         last = tree["schedule"].get(actor.path, {}).get("last_update_ns")

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .._checks import is_int
-from ..errors import NodeError, StartTimeoutError, describe
+from ..errors import NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
 from ..ports import Input, Output, Port
@@ -138,7 +138,8 @@ class Kernel:
         seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
 
     Raises:
-        NetError / TypeError: an invalid net (as `mujou.run`); TypeError:
+        NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
+            already part of a running net or kernel; TypeError:
             ``nodes`` is a string (a list of paths is meant), or ``seed`` is
             not an int.
         ValueError: a path of ``nodes`` names no node of the net; ``workers``
@@ -174,7 +175,7 @@ class Kernel:
                  if _in(path, roots)]
         for _, path, node in local:
             if node._mujou_run is not None:
-                raise ValueError(f"Kernel: node {path or '<root>'!r} is already part of a "
+                raise NetError(f"Kernel: node {path or '<root>'!r} is already part of a "
                                  "running net")
         for path, node in found:
             # A node of a running net keeps its path: another kernel of this same
