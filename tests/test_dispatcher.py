@@ -512,7 +512,7 @@ def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
 @pytest.mark.timeout(20)
 def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
         monkeypatch, caplog) -> None:
-    real = dispatcher.Dispatcher._claim_batch
+    real = dispatcher.Dispatcher._claim
     calls: list[int] = []
 
     def breaks_once(self, *args, **kwargs):
@@ -521,7 +521,7 @@ def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
             raise RuntimeError("defect in the loop")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(dispatcher.Dispatcher, "_claim_batch", breaks_once)
+    monkeypatch.setattr(dispatcher.Dispatcher, "_claim", breaks_once)
     node = Counter()
     run = mujou.run(node, workers=1, timer="simulated", duration=1.0, stop_timeout=0.2)
 

@@ -138,6 +138,7 @@ class Dispatcher:
         self._crowded: dict[Actor, None] = {}
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
         self._batch_max = self.policy.batch_max(workers)
+        self._delta_step = self.policy.delta_step  # read per update (_flush_triggers)
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
@@ -749,6 +750,8 @@ class Dispatcher:
             return False, None
         if now is None:
             now = self.timer.now_ns()
+        if key[0] <= now and self._end_ns is None:
+            return True, None  # RealTime.start's common case, inlined: one call fewer per hop
         step, arg = self.policy.start(key, now, self._end_ns,  # type: ignore[union-attr]
                                       self._grace_ns)
         if step is Step.START:
@@ -884,7 +887,7 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top = calendar.top
+        top, take = calendar.top, calendar.take
         simulated, now_ns = self.simulated, self.timer.now_ns
         with self._cond:
             while self._mode is not SHUTDOWN:
@@ -903,7 +906,16 @@ class Dispatcher:
                 if not ok:
                     wait_(wait)
                     continue
-                self._run_batch(self._claim_batch(key, name, now), name)
+                # The batch (see _claim): simulated time, the actors queued at
+                # exactly the frontier; real time, those of the following keys
+                # too while due (and due by the run's end).
+                if simulated:
+                    now, limit_t = key[0], None
+                else:
+                    end = self._end_ns
+                    limit_t = now if end is None or now < end else end  # type: ignore[operator]
+                groups = take(self._batch_max, self._batch_budget_ns, limit_t)
+                self._run_batch(self._claim(groups, now, name), name)  # type: ignore[arg-type]
 
     def _dedicated_loop(self, actor: Actor) -> None:
         """A dedicated actor's thread: waits for its own key under the same rules."""
@@ -931,29 +943,6 @@ class Dispatcher:
     # triggers it owes and deferred, the actor's next key). A worker claims
     # a *batch* of actors that may all start now, so a lock hand-over is paid
     # per batch rather than per hook: for no-op hooks it is most of the cost.
-
-    def _claim_batch(self, key: Key, name: str, now: int | None = None) -> list[Claim]:
-        """Claim the queued actors at ``key = (t, d)``, the earliest, that may start now.
-
-        Simulated time: the actors queued at exactly ``(t, d)`` (the
-        frontier). Real time: those of the following keys too, as long as
-        they are due (and due by the run's end). At most the policy's
-        ``batch_max``; with more than one worker a batch also stops once the
-        members' mean hook times add up to ``BATCH_BUDGET_NS``, so slow hooks
-        are spread over the workers. Called with a live actor first at
-        ``key``; ``now``: the timer's time (ns) in real time, if the caller
-        read it already.
-        """
-        if self.simulated:
-            now = key[0]
-            limit_t = None
-        else:
-            if now is None:
-                now = self.timer.now_ns()
-            end = self._end_ns
-            limit_t = now if end is None else min(now, end)
-        groups = self._calendar.take(self._batch_max, self._batch_budget_ns, limit_t)
-        return self._claim(groups, now, name)
 
     def _claim(self, groups: list[Group], now: int, name: str) -> list[Claim]:
         """Make the live actors of ``groups`` busy for their timed work.
@@ -1084,7 +1073,7 @@ class Dispatcher:
             if fresh and not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.inputs and actor.deliveries:  # no Inputs: the deque stays unread
-                owed = actor.apply_deliveries(self.policy.due_before(actor.stamp))
+                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)  # due_before
                 if owed is not None:
                     self._owed[actor] = owed
             ran = True
@@ -1131,12 +1120,16 @@ class Dispatcher:
 
         Their key is that of every send of the hook (see `sends.make_send`).
         """
-        key = self.policy.trigger_key(sender.stamp)
+        t, d = sender.stamp
+        key = (t, d + self._delta_step)  # TimePolicy.trigger_key, inlined (once per update)
         deferred = sender.deferred
         schedule = self._calendar.schedule
         for reader in deferred:  # type: ignore[union-attr]
-            if self._lower_trigger(reader, key) and not reader.busy:
-                schedule(reader)
+            current = reader.trigger_key  # _lower_trigger, inlined: this runs per send
+            if current is None or key < current:
+                reader.trigger_key = key
+                if not reader.busy:
+                    schedule(reader)
         deferred.clear()  # type: ignore[union-attr]  # the sends hold this very dict
 
     def _unclaim(self) -> None:
