@@ -6,6 +6,7 @@ tree of nodes, gives each a path and an actor, and calls the hooks.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -157,11 +158,35 @@ class Node:
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    # -- ports assigned in __init__ are bound here; nothing else is routed ------
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, Port):
-            value._bind(self, name)
-        object.__setattr__(self, name, value)
+    # -- ports assigned in __init__ --------------------------------------------
+    # A port assigned as an instance attribute (``self.out = Output(int)``, or
+    # setattr in a loop) learns its node and name when the ``__init__`` that
+    # assigned it returns: every subclass's ``__init__`` is wrapped once, here,
+    # to bind them. Not a ``__setattr__``: that would tax every attribute write
+    # of every hook (``self.count += 1`` cost ten times as much with one).
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_mujou_binds_ports", False):
+            return
+
+        @functools.wraps(init)
+        def __init__(self: Node, *args: Any, **kw: Any) -> None:
+            init(self, *args, **kw)
+            self._mujou_bind_ports()
+
+        __init__._mujou_binds_ports = True  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
+
+    def _mujou_bind_ports(self) -> None:
+        """Bind the ports held as instance attributes to this node, by attribute name.
+
+        Raises:
+            ValueError: a port already belongs to another node.
+        """
+        for name, value in vars(self).items():
+            if isinstance(value, Port) and (value._owner is not self or value._name != name):
+                value._bind(self, name)
 
     # -- read-only settings -------------------------------------------------------
     @property
@@ -376,6 +401,8 @@ class Node:
                 ports[name] = port
         for name, value in vars(self).items():
             if isinstance(value, Port):
+                if value._owner is not self:  # assigned after __init__ returned
+                    value._bind(self, name)
                 ports[name] = value
         return ports
 

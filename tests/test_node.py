@@ -245,3 +245,51 @@ def test_load_state_dict_restores_values_and_generator() -> None:
     assert torch.equal(b.bias, torch.full((2,), 5.0))
     assert torch.equal(torch.rand(3, generator=a.generator),
                        torch.rand(3, generator=b.generator))
+
+
+def test_ports_assigned_in_init_are_bound_when_init_returns_and_writes_are_plain() -> None:
+    class Fan(mujou.Node):
+        def __init__(self, n: int) -> None:
+            super().__init__(period=None)
+            for i in range(n):
+                setattr(self, f"out{i}", mujou.Output(int))
+            self.inp = mujou.Input(int)
+
+    fan = Fan(3)
+    assert [(fan.out2.node, fan.out2.name), (fan.inp.node, fan.inp.name)] == [
+        (fan, "out2"), (fan, "inp")]
+    assert fan.out0.path == "Fan.out0"  # outside a run: named by its class
+    # No Node.__setattr__: an attribute write in a hook is a plain object write.
+    assert "__setattr__" not in vars(mujou.Node) and type(fan).__setattr__ is object.__setattr__
+
+
+def test_a_port_assigned_after_init_is_bound_when_the_run_collects_it() -> None:
+    class Late(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+
+    class Net(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.a, self.b = Late(), Late()
+
+    net = Net()
+    net.a.out = mujou.Output(int)  # after Late.__init__ returned
+    net.b.inp = mujou.Input(int)
+    mujou.connect(net.a.out, net.b.inp)
+    with mujou.run(net, timer="simulated", duration=0.0) as run:
+        assert run.read("a.out") is None  # found by its path: bound to a as "out"
+    assert net.a.out.node is net.a and net.b.inp.path == "b.inp"
+
+
+def test_one_port_object_given_to_two_nodes_is_refused_naming_it() -> None:
+    shared = mujou.Output(int)
+
+    class Holder(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.out = shared
+
+    Holder()
+    with pytest.raises(ValueError, match="already belongs to another node"):
+        Holder()
