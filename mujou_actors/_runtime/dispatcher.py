@@ -1073,7 +1073,7 @@ class Dispatcher:
             if fresh and not self.simulated:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.inputs and actor.deliveries:  # no Inputs: the deque stays unread
-                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)  # due_before
+                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
                 if owed is not None:
                     self._owed[actor] = owed
             ran = True
@@ -1121,7 +1121,7 @@ class Dispatcher:
         Their key is that of every send of the hook (see `sends.make_send`).
         """
         t, d = sender.stamp
-        key = (t, d + self._delta_step)  # TimePolicy.trigger_key, inlined (once per update)
+        key = (t, d + self._delta_step)  # see TimePolicy.delta_step
         deferred = sender.deferred
         schedule = self._calendar.schedule
         for reader in deferred:  # type: ignore[union-attr]

@@ -55,10 +55,12 @@ class TimePolicy:
     """What differs between the timers; see `SimulatedTime` and `RealTime`.
 
     Attributes:
-        simulated (bool): the timer is simulated.
+        simulated (bool): the timer is simulated; then a hook takes only the
+            deliveries stamped before its own key (`Mailbox.take_deliveries`),
+            in real time every delivery that has arrived.
         delta_step (int): added to a sender's delta cycle to give the key at
-            which its message triggers a reader (1 simulated, 0 real time,
-            where every key has delta 0).
+            which its message triggers a reader, ``(t, d + delta_step)``
+            (1 simulated, 0 real time, where every key has delta 0).
         tight_slack (bool): the threads ask for tight timer slack (real time).
     """
 
@@ -74,22 +76,12 @@ class TimePolicy:
         """The key at which messages written before the timer started trigger their readers."""
         raise NotImplementedError
 
-    def trigger_key(self, key: Key) -> Key:
-        """The key at which a message sent by a hook at ``key`` triggers its reader."""
-        t, d = key
-        return (t, d + self.delta_step)
-
     def defers(self, workers: int, sender_dedicated: bool, reader_dedicated: bool) -> bool:
         """Whether a send may leave its reader's trigger to the end of the sending hook.
 
         True where nothing could run the reader earlier anyway, which saves a
         lock hand-over per send.
         """
-        raise NotImplementedError
-
-    def due_before(self, key: Key) -> Key | None:
-        """Which deliveries a hook at ``key`` takes: those stamped before the returned key
-        (None: every delivery in the mailbox)."""
         raise NotImplementedError
 
     def control_stamp(self, frontier: Key, now_ns: int) -> Key:
@@ -128,9 +120,6 @@ class SimulatedTime(TimePolicy):
                reader_dedicated: bool) -> bool:
         # A triggered update at (t, d + 1) waits for the instant (t, d) to finish.
         return True
-
-    def due_before(self, key: Key) -> Key | None:
-        return key  # deliveries from this very delta cycle wait for the next
 
     def control_stamp(self, frontier: Key, now_ns: int) -> Key:
         return frontier
@@ -196,9 +185,6 @@ class RealTime(TimePolicy):
                reader_dedicated: bool) -> bool:
         # One worker, busy with the sender: nothing can run the reader earlier.
         return workers == 1 and not sender_dedicated and not reader_dedicated
-
-    def due_before(self, key: Key) -> Key | None:
-        return None  # every delivery that has arrived
 
     def control_stamp(self, frontier: Key, now_ns: int) -> Key:
         return CONTROL_KEY if frontier == CONTROL_KEY else (now_ns, 0)
