@@ -405,7 +405,10 @@ class Kernel:
         """The messages its nodes sent to Inputs outside it since the last call, in order.
 
         Ordered by ``(t_ns, delta, sender)``, and one sender's messages of one
-        hook in send order: the order in which they are to be delivered.
+        hook in send order: the order in which they are to be delivered. They
+        wait here until taken (no QoS depth applies before the reader's own
+        kernel gets them), so a driver takes them after every `step`: what
+        waits is then at most one delta cycle's sends.
         """
         taken = self._sends[:len(self._sends)]
         del self._sends[:len(taken)]
