@@ -395,9 +395,7 @@ class Coordinator:
     def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
         """A hook raised (on its thread, no lock held): do what the supervisor decides."""
         path = actor.path or "<root>"
-        # describe(): the exception's own __str__ may raise; this must not.
-        err = NodeError(actor.path, hook, f"node {path!r} raised in {hook}: {describe(exc)}")
-        err.__cause__ = exc
+        err = NodeError.from_hook(actor.path, hook, exc)  # whatever exc's own __str__ does
         verdict = failure_verdict(
             self._supervisor, self._intensity, self.timer.now_ns(),
             restartable=self._timer_started and not self._end_requested.is_set())

@@ -88,9 +88,7 @@ class _Events:
         self.lock = threading.Lock()
 
     def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
-        err = NodeError(actor.path, hook,
-                        f"node {actor.path or '<root>'!r} raised in {hook}: {describe(exc)}")
-        err.__cause__ = exc
+        err = NodeError.from_hook(actor.path, hook, exc)
         with self.lock:
             self.failures.append(err)
 
