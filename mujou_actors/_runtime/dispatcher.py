@@ -91,6 +91,34 @@ class _Batch:
         self.done: deque[Actor] = deque()  # have run, not yet finished
 
 
+def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
+    """`Dispatcher._claim` in simulated time: the groups are at the frontier ``(t, d)``.
+
+    Every hook starts when it is due (``now == due == t``); a tick is due at
+    delta 0 only. An actor queued at ``key`` has its trigger at ``key`` or
+    later (it is queued at the earlier of its tick and its trigger), so the
+    trigger is consumed exactly when it equals ``key``.
+    """
+    batch: list[Claim] = []
+    append = batch.append
+    for key, group in groups:
+        t, d = key
+        for actor in group:
+            if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
+                continue
+            actor.queued_key = None
+            actor.busy = True
+            trig = actor.trigger_key
+            if trig is not None and trig <= key:
+                actor.trigger_key = None
+            else:
+                trig = None
+            actor.stamp = key
+            actor.thread_name = name
+            append((actor, t, t, d == 0 and actor.next_tick_ns == t, trig))
+    return batch
+
+
 class Dispatcher:
     """Runs the actors' hooks on a pool of workers and dedicated threads.
 
@@ -777,6 +805,9 @@ class Dispatcher:
         """
         if self._crowded:
             self._prune_crowded()
+        if key is not None and key[0] == self._frontier[0] and self._bound is None:
+            self._frontier = key  # SimulatedTime.advance's NEXT_DELTA, inlined: per delta cycle
+            return True
         step, arg = self.policy.advance(  # type: ignore[union-attr]
             key, self._frontier, stop_requested=self._stop_requested,
             hold_requested=bool(self._hold_requested), end_ns=self._end_ns,
@@ -902,10 +933,11 @@ class Dispatcher:
                     continue
                 # Real time: one reading of the clock decides and stamps the claim.
                 now = None if simulated else now_ns()
-                ok, wait = self._may_start(key, now)
-                if not ok:
-                    wait_(wait)
-                    continue
+                if not (simulated and key == self._frontier and self._mode is RUNNING):
+                    ok, wait = self._may_start(key, now)  # (the first test, inlined)
+                    if not ok:
+                        wait_(wait)
+                        continue
                 # The batch (see _claim): simulated time, the actors queued at
                 # exactly the frontier; real time, those of the following keys
                 # too while due (and due by the run's end).
@@ -952,25 +984,31 @@ class Dispatcher:
         consumed if due by ``key``. Returns the claims
         ``(actor, now_ns, due_ns, is_tick, consumed trigger)``.
         """
-        simulated = self.simulated
-        traced = self.trace is not None
+        if self.simulated:
+            batch = _claim_simulated(groups, name)
+        else:
+            batch = self._claim_real(groups, now, name)
+        if self.trace is not None:  # queue depths, recorded with each hook's slice
+            queued, inflight = self._calendar.queued, self._inflight
+            for i, claim in enumerate(batch, 1):
+                claim[0].depths = (queued, inflight + i)
+        self._inflight += len(batch)
+        return batch
+
+    def _claim_real(self, groups: list[Group], now: int, name: str) -> list[Claim]:
+        """`_claim` in real time: a tick counts if due by ``now`` (and by the run's end)."""
         batch: list[Claim] = []
-        # Real time: ticks due by now count, but none after the run's end (a
-        # trigger claimed late must not consume a tick that is not due).
+        # A trigger claimed late must not consume a tick that is not due.
         end = self._end_ns
         due_by = now if end is None or now < end else end
         for key, group in groups:
-            t, d = key
             for actor in group:
                 if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
                     continue
                 actor.queued_key = None
                 actor.busy = True
                 tick = actor.next_tick_ns
-                if simulated:
-                    is_tick = d == 0 and tick == t
-                else:
-                    is_tick = tick is not None and tick <= due_by
+                is_tick = tick is not None and tick <= due_by
                 due = tick if is_tick else 0
                 trig = actor.trigger_key
                 if trig is not None and trig <= key:
@@ -982,9 +1020,6 @@ class Dispatcher:
                 actor.stamp = key
                 actor.thread_name = name
                 batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
-                if traced:  # queue depths, recorded with the hook's slice
-                    actor.depths = (self._calendar.queued, self._inflight + len(batch))
-        self._inflight += len(batch)
         return batch
 
     def _run_batch(self, batch: list[Claim], name: str) -> None:
@@ -1001,7 +1036,14 @@ class Dispatcher:
             self._cond.release()
             took = 0
             try:
-                took = self._run_claimed(claim, fresh=False)
+                if self.simulated:  # _run_claimed, inlined
+                    actor = claim[0]
+                    try:
+                        took = actor.run_due(claim[1], claim[3], self._end_ns, self._owed)
+                    except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                        took = self._failed_update(actor, exc)
+                else:
+                    took = self._run_claimed(claim, fresh=False)
             finally:
                 self._cond.acquire()
                 self._busy_ns[name] += took
@@ -1016,15 +1058,28 @@ class Dispatcher:
         busy = 0  # the members' hook times, for the worker's busy share
         try:
             todo, done = rec.todo, rec.done
-            take = todo.popleft
-            run_claimed = self._run_claimed
-            while todo:
-                try:
-                    item = take()
-                except IndexError:  # given back meanwhile
-                    break
-                busy += run_claimed(item)
-                done.append(item[0])
+            take, add = todo.popleft, done.append
+            if self.simulated:  # _run_claimed, inlined: each hook starts when due
+                owes, end = self._owed, self._end_ns
+                while todo:
+                    try:
+                        actor, now, _, is_tick, _ = take()
+                    except IndexError:  # given back meanwhile
+                        break
+                    try:
+                        busy += actor.run_due(now, is_tick, end, owes)
+                    except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                        busy += self._failed_update(actor, exc)
+                    add(actor)
+            else:
+                run_claimed = self._run_claimed
+                while todo:
+                    try:
+                        item = take()
+                    except IndexError:  # given back meanwhile
+                        break
+                    busy += run_claimed(item)
+                    add(item[0])
         finally:
             self._cond.acquire()
             del self._batches[id(rec)]
@@ -1055,6 +1110,15 @@ class Dispatcher:
         self._inflight -= len(actors)
         self._finish(actors)
 
+    def _failed_update(self, actor: Actor, exc: BaseException) -> int:
+        """Report a failed update (or its deliveries); return its hook time for the busy share.
+
+        Called without the lock, as the hook that raised returns.
+        """
+        self._fail(actor, "on_update", exc)
+        took, actor.last_hook_ns = actor.last_hook_ns, 0  # taken once
+        return took if actor.timed else 0
+
     def _run_claimed(self, item: Claim, fresh: bool = True) -> int:
         """Apply a claimed actor's due deliveries and run its update (NO lock held).
 
@@ -1068,14 +1132,17 @@ class Dispatcher:
         caller adds to its thread's busy time.
         """
         actor, now, due, is_tick, _ = item
+        if self.simulated:
+            try:
+                return actor.run_due(now, is_tick, self._end_ns, self._owed)
+            except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                return self._failed_update(actor, exc)
         ran = False
         try:
-            if fresh and not self.simulated:
+            if fresh:
                 now = self.timer.now_ns()  # at the start of the hook, not of the batch
             if actor.inputs and actor.deliveries:  # no Inputs: the deque stays unread
-                owed = actor.apply_deliveries(actor.stamp if self.simulated else None)
-                if owed is not None:
-                    self._owed[actor] = owed
+                actor.apply_deliveries(None)  # real time: nothing is kept for later
             ran = True
             return actor.run_update(now, due, is_tick, self._end_ns)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
