@@ -512,16 +512,17 @@ def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
 @pytest.mark.timeout(20)
 def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
         monkeypatch, caplog) -> None:
-    real = dispatcher.Dispatcher._claim
+    # One worker in simulated time claims through the module's _claim_simulated.
+    real = dispatcher._claim_simulated
     calls: list[int] = []
 
-    def breaks_once(self, *args, **kwargs):
+    def breaks_once(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:  # a defect of the dispatcher itself, not a hook's failure
             raise RuntimeError("defect in the loop")
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(dispatcher.Dispatcher, "_claim", breaks_once)
+    monkeypatch.setattr(dispatcher, "_claim_simulated", breaks_once)
     node = Counter()
     run = mujou.run(node, workers=1, timer="simulated", duration=1.0, stop_timeout=0.2)
 

@@ -162,6 +162,22 @@ class Calendar:
                 best = k
         return best
 
+    def take_bucket(self, most: int) -> list[Group]:
+        """`take` with no budget and no later keys (simulated time), lean: once per delta cycle.
+
+        The earliest bucket whole when it holds at most ``most`` entries (the
+        common case), else what `take` takes from it.
+        """
+        code = self._heap[0]
+        entry = self._due[code]
+        bucket = entry[1]
+        if len(bucket) > most:
+            return self.take(most, None, None)
+        del self._due[code]
+        heapq.heappop(self._heap)
+        self.queued -= len(bucket)
+        return [entry]
+
     def take(self, most: int, budget: int | None, limit_t: int | None) -> list[Group]:
         """Take the actors that may start together, from the earliest key on.
 

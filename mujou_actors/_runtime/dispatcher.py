@@ -918,7 +918,7 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top, take = calendar.top, calendar.take
+        top, take, take_bucket = calendar.top, calendar.take, calendar.take_bucket
         simulated, now_ns = self.simulated, self.timer.now_ns
         with self._cond:
             while self._mode is not SHUTDOWN:
@@ -941,6 +941,14 @@ class Dispatcher:
                 # The batch (see _claim): simulated time, the actors queued at
                 # exactly the frontier; real time, those of the following keys
                 # too while due (and due by the run's end).
+                if simulated and self._batch_budget_ns is None:
+                    groups = take_bucket(self._batch_max)
+                    batch = _claim_simulated(groups, name)
+                    if self.trace is not None:
+                        self._record_depths(batch)
+                    self._inflight += len(batch)
+                    self._run_batch(batch, name)
+                    continue
                 if simulated:
                     now, limit_t = key[0], None
                 else:
@@ -988,12 +996,16 @@ class Dispatcher:
             batch = _claim_simulated(groups, name)
         else:
             batch = self._claim_real(groups, now, name)
-        if self.trace is not None:  # queue depths, recorded with each hook's slice
-            queued, inflight = self._calendar.queued, self._inflight
-            for i, claim in enumerate(batch, 1):
-                claim[0].depths = (queued, inflight + i)
+        if self.trace is not None:
+            self._record_depths(batch)
         self._inflight += len(batch)
         return batch
+
+    def _record_depths(self, batch: list[Claim]) -> None:
+        """Queue depths as each hook of ``batch`` starts, for its slice of the trace."""
+        queued, inflight = self._calendar.queued, self._inflight
+        for i, claim in enumerate(batch, 1):
+            claim[0].depths = (queued, inflight + i)
 
     def _claim_real(self, groups: list[Group], now: int, name: str) -> list[Claim]:
         """`_claim` in real time: a tick counts if due by ``now`` (and by the run's end)."""
