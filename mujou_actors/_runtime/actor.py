@@ -283,15 +283,6 @@ class Actor:
                 with lock:
                     taken, kept = mailbox.take_deliveries(None)
         else:  # simulated time: pruned only between instants, never meanwhile
-            queue = mailbox.deliveries
-            if len(queue) == 1 and rt is None and self.trace is None:
-                # The common case, lean: one delivery, taken if sent before this
-                # hook's key (else take_deliveries keeps it and owes its trigger).
-                delivery = queue[0]
-                if delivery[0] >> ORDER_BITS < ((before[0] << SHIFT) | before[1]):  # pack
-                    queue.popleft()  # senders only append: it is still the first
-                    inputs[delivery[1]]._push(delivery[2])
-                    return None
             taken, kept = mailbox.take_deliveries(before)
         if self.trace is not None:
             self.applied = taken
@@ -337,10 +328,19 @@ class Actor:
         Returns what `run_update` returns; raises what the deliveries or the
         hook raise.
         """
-        if self.inputs and self.deliveries:  # no Inputs: the deque stays unread
-            owed = self.apply_deliveries(self.stamp)
-            if owed is not None:
-                owes[self] = owed
+        queue = self.deliveries
+        if queue and self.inputs:  # no Inputs: the deque stays unread
+            key = self.stamp
+            # The common case, lean: one delivery sent before this hook's key
+            # (senders only append: it stays the first). Else apply_deliveries.
+            if len(queue) == 1 and queue[0][0] >> ORDER_BITS < ((key[0] << SHIFT) | key[1]) \
+                    and self.rt is None and self.trace is None:
+                delivery = queue.popleft()
+                self.inputs[delivery[1]]._push(delivery[2])
+            else:
+                owed = self.apply_deliveries(key)
+                if owed is not None:
+                    owes[self] = owed
         if self.rt is not None or self.trace is not None:
             return self.run_update(t_ns, t_ns, is_tick, end_ns)
         # run_update's common case with now == due, inlined: once per update.
