@@ -89,10 +89,9 @@ class Calendar:
         dedicated actor only gets its ``queued_key`` (its thread waits for it):
         the caller wakes the threads.
         """
-        tick = None
         # control_pending first: with none anywhere, the actor's list is not read.
         if self.control_pending and actor.control:
-            key = CONTROL_KEY
+            key, tick = CONTROL_KEY, None
         elif not self.timed_open or actor.failed:
             actor.queued_key = None
             return
@@ -101,7 +100,7 @@ class Calendar:
             tick = actor.next_tick_ns
             if tick is not None and (key is None or (tick, 0) < key):
                 key = (tick, 0)
-            if key is None:
+            elif key is None:
                 actor.queued_key = None
                 return
         queued = actor.queued_key

@@ -994,8 +994,30 @@ class Dispatcher:
         """
         if self.simulated:
             batch = _claim_simulated(groups, name)
-        else:
-            batch = self._claim_real(groups, now, name)
+        else:  # real time, inlined (a call fewer per hop): a tick counts if due by now
+            batch = []
+            # A trigger claimed late must not consume a tick not due by the end.
+            end = self._end_ns
+            due_by = now if end is None or now < end else end
+            for key, group in groups:
+                for actor in group:
+                    if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
+                        continue
+                    actor.queued_key = None
+                    actor.busy = True
+                    tick = actor.next_tick_ns
+                    is_tick = tick is not None and tick <= due_by
+                    due = tick if is_tick else 0
+                    trig = actor.trigger_key
+                    if trig is not None and trig <= key:
+                        actor.trigger_key = None
+                        if not is_tick:
+                            due = trig[0]
+                    else:
+                        trig = None
+                    actor.stamp = key
+                    actor.thread_name = name
+                    batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
         if self.trace is not None:
             self._record_depths(batch)
         self._inflight += len(batch)
@@ -1006,33 +1028,6 @@ class Dispatcher:
         queued, inflight = self._calendar.queued, self._inflight
         for i, claim in enumerate(batch, 1):
             claim[0].depths = (queued, inflight + i)
-
-    def _claim_real(self, groups: list[Group], now: int, name: str) -> list[Claim]:
-        """`_claim` in real time: a tick counts if due by ``now`` (and by the run's end)."""
-        batch: list[Claim] = []
-        # A trigger claimed late must not consume a tick that is not due.
-        end = self._end_ns
-        due_by = now if end is None or now < end else end
-        for key, group in groups:
-            for actor in group:
-                if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
-                    continue
-                actor.queued_key = None
-                actor.busy = True
-                tick = actor.next_tick_ns
-                is_tick = tick is not None and tick <= due_by
-                due = tick if is_tick else 0
-                trig = actor.trigger_key
-                if trig is not None and trig <= key:
-                    actor.trigger_key = None
-                    if not is_tick:
-                        due = trig[0]
-                else:
-                    trig = None
-                actor.stamp = key
-                actor.thread_name = name
-                batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
-        return batch
 
     def _run_batch(self, batch: list[Claim], name: str) -> None:
         """Run a claimed batch (called and returns with the lock held).
