@@ -273,8 +273,10 @@ class Dispatcher:
     # -- threads -----------------------------------------------------------------
     def start_threads(self) -> None:
         """Start the worker threads and one thread per dedicated actor."""
+        # One worker in simulated time, no dedicated thread: its lean loop.
+        lone = self.simulated and self.n_workers == 1 and not self._dedicated
         for i in range(self.n_workers):
-            self._spawn(f"mujou-worker-{i}", self._worker_loop, None)
+            self._spawn(f"mujou-worker-{i}", self._lone_loop if lone else self._worker_loop, None)
         for actor in self._dedicated:
             self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
 
@@ -956,6 +958,58 @@ class Dispatcher:
                     limit_t = now if end is None or now < end else end  # type: ignore[operator]
                 groups = take(self._batch_max, self._batch_budget_ns, limit_t)
                 self._run_batch(self._claim(groups, now, name), name)  # type: ignore[arg-type]
+
+    def _lone_loop(self) -> None:
+        """`_worker_loop` of the one worker of a simulated run without dedicated threads.
+
+        The same rules, lean: no clock, no budget, and a delta cycle's bucket
+        taken whole (`Calendar.take_bucket`); a cycle of one hook runs it with
+        neither a batch record nor a member loop, as `_run_batch` does.
+        """
+        name = threading.current_thread().name
+        wait_ = self._wait
+        calendar = self._calendar
+        top, take_bucket = calendar.top, calendar.take_bucket
+        cond, busy_ns, owes = self._cond, self._busy_ns, self._owed
+        most = self._batch_max
+        with cond:
+            while self._mode is not SHUTDOWN:
+                actor = top()
+                if actor is None:
+                    wait_(self._idle_wait())
+                    continue
+                key: Key = actor.queued_key  # type: ignore[assignment]
+                if key[0] == CONTROL_T:
+                    calendar.take_top()
+                    self._run_control(actor, name)
+                    continue
+                if key != self._frontier or self._mode is not RUNNING:
+                    ok, _ = self._may_start(key)  # simulated: never a timed wait
+                    if not ok:
+                        wait_(None)
+                        continue
+                batch = _claim_simulated(take_bucket(most), name)
+                if self.trace is not None:
+                    self._record_depths(batch)
+                if len(batch) != 1:
+                    self._inflight += len(batch)
+                    self._run_batch(batch, name)
+                    continue
+                actor = batch[0][0]  # _run_batch's path for one hook, inlined
+                self._inflight += 1
+                cond.release()
+                took = 0
+                try:
+                    took = actor.run_due(key[0], batch[0][3], self._end_ns, owes)
+                except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                    took = self._failed_update(actor, exc)
+                finally:
+                    cond.acquire()
+                    busy_ns[name] += took
+                    self._inflight -= 1
+                    self._finish((actor,))
+                    if self._waiting:
+                        cond.notify_all()
 
     def _dedicated_loop(self, actor: Actor) -> None:
         """A dedicated actor's thread: waits for its own key under the same rules."""
