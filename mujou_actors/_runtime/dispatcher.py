@@ -920,7 +920,7 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top, take, take_bucket = calendar.top, calendar.take, calendar.take_bucket
+        top, take = calendar.top, calendar.take
         simulated, now_ns = self.simulated, self.timer.now_ns
         with self._cond:
             while self._mode is not SHUTDOWN:
@@ -943,14 +943,6 @@ class Dispatcher:
                 # The batch (see _claim): simulated time, the actors queued at
                 # exactly the frontier; real time, those of the following keys
                 # too while due (and due by the run's end).
-                if simulated and self._batch_budget_ns is None:
-                    groups = take_bucket(self._batch_max)
-                    batch = _claim_simulated(groups, name)
-                    if self.trace is not None:
-                        self._record_depths(batch)
-                    self._inflight += len(batch)
-                    self._run_batch(batch, name)
-                    continue
                 if simulated:
                     now, limit_t = key[0], None
                 else:
@@ -969,10 +961,10 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top, take_bucket = calendar.top, calendar.take_bucket
-        cond, busy_ns, owes = self._cond, self._busy_ns, self._owed
+        top, take_bucket, schedule = calendar.top, calendar.take_bucket, calendar.schedule
+        busy_ns, owes = self._busy_ns, self._owed
         most = self._batch_max
-        with cond:
+        with self._cond:
             while self._mode is not SHUTDOWN:
                 actor = top()
                 if actor is None:
@@ -997,19 +989,27 @@ class Dispatcher:
                     continue
                 actor = batch[0][0]  # _run_batch's path for one hook, inlined
                 self._inflight += 1
-                cond.release()
+                self._cond.release()
                 took = 0
                 try:
                     took = actor.run_due(key[0], batch[0][3], self._end_ns, owes)
                 except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
                     took = self._failed_update(actor, exc)
                 finally:
-                    cond.acquire()
+                    self._cond.acquire()
                     busy_ns[name] += took
                     self._inflight -= 1
-                    self._finish((actor,))
+                    # _finish((actor,)), inlined
+                    if owes:
+                        owed = owes.pop(actor, None)
+                        if owed is not None:
+                            self._lower_trigger(actor, owed)
+                    if actor.deferred:
+                        self._flush_triggers(actor)
+                    actor.busy = False
+                    schedule(actor)
                     if self._waiting:
-                        cond.notify_all()
+                        self._cond.notify_all()
 
     def _dedicated_loop(self, actor: Actor) -> None:
         """A dedicated actor's thread: waits for its own key under the same rules."""
@@ -1215,7 +1215,8 @@ class Dispatcher:
         """After their hooks: the triggers each owes and deferred, and its next key.
 
         The one way an actor leaves ``busy`` after running (an update, a batch
-        member, a control envelope, a snapshot). The caller counts the busy
+        member, a control envelope, a snapshot; `_lone_loop` inlines it for
+        the one hook of a delta cycle). The caller counts the busy
         time, lowers ``_inflight`` and notifies.
         """
         owes = self._owed
