@@ -1,4 +1,4 @@
-"""mujou_actors against the frameworks a user would pick instead: six workloads, one run.
+"""mujou_actors against the frameworks a user would pick instead: ten workloads, one run.
 
 What is measured
 ----------------
@@ -108,6 +108,16 @@ min–max; the JSON file keeps every sample.
    (floor ms / mujou ms) is the share of the bare copy that taking a
    consistent cut of a running net reaches.
 
+7.-10. **hopper**, **hopper-trivial**, **pendulum**, **ticks10** -- real
+   work against a plain loop doing the same computation: a gymnasium
+   ``Hopper-v5`` RL loop with a torch MLP policy (sides *mujou*, *mujou-2w*,
+   *plain*; overhead %, and the user's own calls timed inside the net and
+   outside), the same net with trivial hooks (framework µs per RL step), the
+   4-rate inverted pendulum of ``examples/`` (overhead %; recordings checked
+   bit-identical to the plain loop's every repetition) and a 10-node no-op net
+   against the floor. Defined, with the window each figure times, in the
+   module docstring of ``benchmarks/realwork.py``, which also runs them alone.
+
 How to read the ratios
 ----------------------
 ``mujou / peer`` = median mujou rate / median peer rate, for the same workload
@@ -154,6 +164,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 
+import realwork
 import torch
 from common import NoOp, Plain, heap_floor, summary
 
@@ -1138,6 +1149,7 @@ COLUMNS = {
               ("bytes_per_node_run", "B/node run", "{:,.0f}"),
               ("vs_1k", "vs 1k nodes", "{:.3f}")],
     "snapshot": [("ms_max", "ms max", "{:.2f}")],
+    **realwork.COLUMNS,
 }
 
 
@@ -1183,11 +1195,11 @@ def print_table(workloads: dict) -> None:
             print(f"  {w['note']}")
 
 
-WORKLOADS = ("ticks", "pingpong", "fanout", "timer", "scale", "snapshot")
+WORKLOADS = ("ticks", "pingpong", "fanout", "timer", "scale", "snapshot", *realwork.WORKLOADS)
 
 
 def suite(quick: bool, repeat: int, only: Iterable[str] = WORKLOADS) -> dict:
-    """Measure the workloads named in ``only`` (default: all six), in the order of WORKLOADS.
+    """Measure the workloads named in ``only`` (default: all ten), in the order of WORKLOADS.
 
     Sizes per the module docstring (smaller with ``quick``).
     """
@@ -1254,6 +1266,8 @@ def suite(quick: bool, repeat: int, only: Iterable[str] = WORKLOADS) -> dict:
             {"mujou": lambda: snapshot_mujou(SNAP_NODES, k_snap),
              "floor": lambda: snapshot_floor(SNAP_NODES, k_snap)},
             repeat, main="ms", lower_better=True),
+        **{name: lambda name=name: realwork.run_workload(name, quick, repeat)
+           for name in realwork.WORKLOADS},
     }
     w = {name: plans[name]() for name in WORKLOADS if name in only}
     if "scale" in w:
@@ -1302,7 +1316,9 @@ def main() -> None:
     doc = {"benchmark": "run", "repeat": repeat, "quick": args.quick,
            "python": platform.python_version(), "platform": platform.platform(),
            "mujou_version": mujou.__version__, "torch_version": torch.__version__,
-           "pykka_version": getattr(pykka, "__version__", None), "elapsed_s": elapsed,
+           "pykka_version": getattr(pykka, "__version__", None),
+           "gymnasium_version": realwork.versions()["gymnasium"],
+           "mujoco_version": realwork.versions()["mujoco"], "elapsed_s": elapsed,
            "workloads": workloads}
     args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.json}")
