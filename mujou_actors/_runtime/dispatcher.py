@@ -975,11 +975,18 @@ class Dispatcher:
                     calendar.take_top()
                     self._run_control(actor, name)
                     continue
-                if key != self._frontier or self._mode is not RUNNING:
-                    ok, _ = self._may_start(key)  # simulated: never a timed wait
-                    if not ok:
-                        wait_(None)
-                        continue
+                frontier = self._frontier
+                if key != frontier or self._mode is not RUNNING:
+                    if key[0] == frontier[0] and self._mode is RUNNING and not self._inflight \
+                            and self._bound is None and not self._crowded:
+                        # The next delta cycle of the instant (_advance's NEXT_DELTA,
+                        # inlined: once per cycle).
+                        self._frontier = key
+                    else:
+                        ok, _ = self._may_start(key)  # simulated: never a timed wait
+                        if not ok:
+                            wait_(None)
+                            continue
                 batch = _claim_simulated(take_bucket(most), name)
                 if self.trace is not None:
                     self._record_depths(batch)
