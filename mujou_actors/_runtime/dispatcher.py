@@ -170,6 +170,7 @@ class Dispatcher:
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
+        self._idle_workers = 0  # of those, workers with nothing to start (_worker_wait)
         # Per control phase (id of its envelope, see run_control): envelopes
         # neither handled nor withdrawn yet. A phase waits for its own only,
         # not for a hook stuck in an earlier phase's.
@@ -758,6 +759,29 @@ class Dispatcher:
         finally:
             self._waiting -= 1
 
+    def _worker_wait(self, timeout: float | None) -> None:
+        """`_wait` for a worker with nothing it may start: counted apart (`_notify_finished`)."""
+        self._idle_workers += 1
+        try:
+            self._wait(timeout)
+        finally:
+            self._idle_workers -= 1
+
+    def _notify_finished(self, resumes: bool) -> None:
+        """Wake the threads that wait for hooks to finish, as a batch has finished.
+
+        In simulated time a worker that looks for work again at once
+        (``resumes``) starts the next delta cycle itself, and wakes the idle
+        workers only when it leaves work of that cycle for them (see
+        `_worker_loop`). Woken by every finish, each idle worker would find
+        nothing it may start and wait again: a hand-over of the lock and the
+        GIL per hook, and hooks spread over the CPUs for nothing. Threads
+        other than idle workers (the host, a driver) are always woken.
+        """
+        if self._waiting and (not resumes or not self.simulated
+                              or self._waiting > self._idle_workers):
+            self._cond.notify_all()
+
     def _may_start(self, key: Key, now: int | None = None) -> tuple[bool, float | None]:
         """Whether work at ``key`` may start now; else how long to wait (None: a notify).
 
@@ -918,7 +942,7 @@ class Dispatcher:
     def _worker_loop(self) -> None:
         """A worker thread's loop (takes the lock; releases it while hooks run)."""
         name = threading.current_thread().name
-        wait_ = self._wait
+        wait_ = self._worker_wait
         calendar = self._calendar
         top, take = calendar.top, calendar.take
         simulated, now_ns = self.simulated, self.timer.now_ns
@@ -949,7 +973,13 @@ class Dispatcher:
                     end = self._end_ns
                     limit_t = now if end is None or now < end else end  # type: ignore[operator]
                 groups = take(self._batch_max, self._batch_budget_ns, limit_t)
-                self._run_batch(self._claim(groups, now, name), name)  # type: ignore[arg-type]
+                batch = self._claim(groups, now, name)  # type: ignore[arg-type]
+                if simulated and self._idle_workers:
+                    # Work of this delta cycle left over: the idle workers share it.
+                    left = top()
+                    if left is not None and left.queued_key == key:
+                        self._cond.notify_all()
+                self._run_batch(batch, name, resumes=True)
 
     def _lone_loop(self) -> None:
         """`_worker_loop` of the one worker of a simulated run without dedicated threads.
@@ -1090,8 +1120,11 @@ class Dispatcher:
         for i, claim in enumerate(batch, 1):
             claim[0].depths = (queued, inflight + i)
 
-    def _run_batch(self, batch: list[Claim], name: str) -> None:
+    def _run_batch(self, batch: list[Claim], name: str, resumes: bool = False) -> None:
         """Run a claimed batch (called and returns with the lock held).
+
+        ``resumes``: the caller is a worker that looks for work again at once
+        (see `_notify_finished`).
 
         The members of a batch of several are taken one by one from a shared
         deque, so that `_unclaim` can give the ones not started yet back to
@@ -1117,8 +1150,7 @@ class Dispatcher:
                 self._busy_ns[name] += took
                 self._inflight -= 1
                 self._finish((claim[0],))
-                if self._waiting:
-                    self._cond.notify_all()
+                self._notify_finished(resumes)
             return
         rec = _Batch(batch)
         self._batches[id(rec)] = rec
@@ -1153,8 +1185,7 @@ class Dispatcher:
             del self._batches[id(rec)]
             self._busy_ns[name] += busy
             self._finish_done(rec, final=True)
-            if self._waiting:
-                self._cond.notify_all()
+            self._notify_finished(resumes)
 
     def _finish_done(self, rec: _Batch, final: bool = False) -> None:
         """`_finish` the members of a batch that have run.
