@@ -359,16 +359,16 @@ class Actor:
         if gap > self.dt_max_ns:
             self.dt_max_ns = self.period_ns if gap == self.period_ns else gap
         t0 = _clock()
-        ok = False
         try:
             self.context.run(self.update, self.node, gap / 1e9)
-            ok = True
-        finally:
-            took = _clock() - t0
+        except BaseException:  # timed and re-raised: the dispatcher reports it
+            took = self.last_hook_ns = _clock() - t0
             self.hook_ns += took
             self.hook = None
-            if not ok:
-                self.last_hook_ns = took
+            raise
+        took = _clock() - t0
+        self.hook_ns += took
+        self.hook = None
         return took
 
     def run_update(self, now_ns: int, due_ns: int, is_tick: bool,

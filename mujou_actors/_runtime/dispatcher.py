@@ -768,7 +768,7 @@ class Dispatcher:
             self._idle_workers -= 1
 
     def _notify_finished(self, resumes: bool) -> None:
-        """Wake the threads that wait for hooks to finish, as a batch has finished.
+        """Wake the threads that wait for hooks to finish, as a batch has finished (some wait).
 
         In simulated time a worker that looks for work again at once
         (``resumes``) starts the next delta cycle itself, and wakes the idle
@@ -778,8 +778,7 @@ class Dispatcher:
         GIL per hook, and hooks spread over the CPUs for nothing. Threads
         other than idle workers (the host, a driver) are always woken.
         """
-        if self._waiting and (not resumes or not self.simulated
-                              or self._waiting > self._idle_workers):
+        if not resumes or not self.simulated or self._waiting > self._idle_workers:
             self._cond.notify_all()
 
     def _may_start(self, key: Key, now: int | None = None) -> tuple[bool, float | None]:
@@ -1150,7 +1149,8 @@ class Dispatcher:
                 self._busy_ns[name] += took
                 self._inflight -= 1
                 self._finish((claim[0],))
-                self._notify_finished(resumes)
+                if self._waiting:  # no call when nobody waits
+                    self._notify_finished(resumes)
             return
         rec = _Batch(batch)
         self._batches[id(rec)] = rec
@@ -1185,7 +1185,8 @@ class Dispatcher:
             del self._batches[id(rec)]
             self._busy_ns[name] += busy
             self._finish_done(rec, final=True)
-            self._notify_finished(resumes)
+            if self._waiting:
+                self._notify_finished(resumes)
 
     def _finish_done(self, rec: _Batch, final: bool = False) -> None:
         """`_finish` the members of a batch that have run.
