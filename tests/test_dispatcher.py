@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
 import time
 
@@ -373,6 +374,82 @@ def test_messages_of_one_hook_arrive_in_send_order_whatever_the_workers(workers)
         [1010, 1011, 1012, 2010, 2011, 2012],
         [1020, 1021, 1022, 2020, 2021, 2022, 1030, 1031, 1032, 2030, 2031, 2032],
     ]
+
+
+class _Tick(mujou.Node):
+    """Sends ``(its index, its update count)`` every millisecond."""
+
+    out = mujou.Output(tuple)
+
+    def __init__(self, i: int) -> None:
+        super().__init__(period=0.001)
+        self.i, self.n = i, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send((self.i, self.n))
+
+
+class _Hop(mujou.Node):
+    """Triggered: logs ``(dt, messages, side)`` and passes each message one hop on."""
+
+    inp = mujou.Input(tuple, depth=None)
+    side = mujou.Input(tuple, depth=1, trigger=False)
+    out = mujou.Output(tuple)
+
+    def __init__(self, period: float | None = None, dedicated: bool = False) -> None:
+        super().__init__(period=period, dedicated_thread=dedicated)
+        self.seen: list[tuple[float, list[tuple], tuple | None]] = []
+
+    def on_update(self, dt: float) -> None:
+        got = self.inp.drain()
+        self.seen.append((dt, got, self.side.read()))
+        for i, n in got:
+            self.out.send((i + 1, n))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers, dedicated, traced", [
+    (1, False, False), (1, False, True), (1, True, False), (2, False, False), (3, True, True)],
+    ids=["1", "1+trace", "1+dedicated", "2", "3+dedicated+trace"])
+def test_crowded_instants_and_deep_delta_chains_give_exact_results_for_any_workers(
+        workers: int, dedicated: bool, traced: bool, tmp_path) -> None:
+    # More ticks due together than one worker's batch holds (1024; 64 with
+    # several), a chain of triggered hops six delta cycles deep (a dedicated
+    # one in it), a periodic reader of a tick of its own instant (the
+    # delivery may be in its mailbox already, sent at its own key: kept for
+    # the next instant) and a fan-in of every tick: the messages, dt and
+    # the statistics are exact (lateness 0), whatever the workers, threads
+    # and tracing.
+    n = 1030
+    ticks = [_Tick(i) for i in range(n)]
+    hops = [_Hop(dedicated=dedicated and j == 2) for j in range(6)]
+    late, fan = _Hop(period=0.001), _Hop()
+    mujou.connect(ticks[0].out, hops[0].inp)
+    for a, b in itertools.pairwise(hops):
+        mujou.connect(a.out, b.inp)
+    for hop in hops:
+        mujou.connect(ticks[-1].out, hop.side)  # sent at (t, 0): seen at every hop of t
+    mujou.connect(ticks[5].out, late.side)
+    for tick in ticks:
+        mujou.connect(tick.out, fan.inp)
+
+    run = mujou.run([*ticks, *hops, late, fan], workers=workers, timer="simulated",
+                    duration=0.003, trace=tmp_path / "trace.json" if traced else None)
+    run.join(timeout=30)
+
+    instants = (1, 2, 3)
+    for j, hop in enumerate(hops):  # at (t, j + 1)
+        assert hop.seen == [(0.001, [(j, k)], (n - 1, k)) for k in instants]
+    assert late.seen == [(0.001, [], None), (0.001, [], (5, 1)), (0.001, [], (5, 2))]
+    assert fan.seen == [(0.001, [(i, k) for i in range(n)], None) for k in instants]
+    assert all(tick.n == 3 for tick in ticks)
+    stats = run.stats()
+    assert len(stats.nodes) == n + 8
+    for s in stats.nodes.values():
+        assert (s.updates, s.overruns, s.dt_mean, s.dt_max, s.lateness_p50,
+                s.lateness_p99) == (3, 0, 0.001, 0.001, 0.0, 0.0), s.path
+        assert not any(s.drops.values()), s.path
 
 
 class _FailsAt(mujou.Node):
