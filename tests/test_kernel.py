@@ -8,6 +8,7 @@ bit-identical to the whole net's single `mujou.run`.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -420,6 +421,86 @@ def test_fan_in_drops_on_start_sends_and_echoes_across_kernels_match_the_single_
     for src in ("a", "b"):
         assert states[src]["k"] == expected[src]["k"]
         assert torch.equal(states[src]["g"], expected[src]["g"])
+
+
+class _Tick(mujou.Node):
+    """Sends ``(its index, its update count)`` every millisecond."""
+
+    out = mujou.Output(tuple)
+
+    def __init__(self, i: int) -> None:
+        super().__init__(period=0.001)
+        self.i, self.n = i, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send((self.i, self.n))
+
+
+class _Hop(mujou.Node):
+    """Triggered: logs ``(dt, messages)`` and passes each message one hop on."""
+
+    inp = mujou.Input(tuple, depth=None)
+    out = mujou.Output(tuple)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list[tuple[float, list[tuple]]] = []
+
+    def on_update(self, dt: float) -> None:
+        got = self.inp.drain()
+        self.seen.append((dt, got))
+        for i, n in got:
+            self.out.send((i + 1, n))
+
+
+def _crowded() -> dict[str, mujou.Node]:
+    """1030 ticks due together (over one worker's batch), a fan-in of all, a 4-hop chain.
+
+    The fan-in feeds the second hop too, so that a kernel holding the first
+    two hops but not the fan-in must wait at each delta cycle for it.
+    """
+    net: dict[str, mujou.Node] = {f"t{i}": _Tick(i) for i in range(1030)}
+    hops = [_Hop() for _ in range(4)]
+    net.update({f"h{j}": hop for j, hop in enumerate(hops)})
+    net["fan"] = fan = _Hop()
+    mujou.connect(net["t0"].out, hops[0].inp)
+    for a, b in itertools.pairwise(hops):
+        mujou.connect(a.out, b.inp)
+    for i in range(1030):
+        mujou.connect(net[f"t{i}"].out, fan.inp)
+    mujou.connect(fan.out, hops[1].inp)
+    return net
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_crowded_net_split_over_kernels_matches_the_single_run_for_any_workers(
+        workers: int) -> None:
+    # The lean simulated paths (a bucket over the batch, the lone worker's loop
+    # entering the next delta cycle itself) under a driver's bounds: the
+    # kernel of the ticks and the first two hops must not run the second hop
+    # before the fan-in's messages, sent in the other kernel, are carried.
+    single = _crowded()
+    mujou.run(single, timer="simulated", duration=0.003, workers=workers).join(timeout=30)
+    net = _crowded()
+    groups = [[f"t{i}" for i in range(1030)] + ["h0", "h1"], ["h2", "h3", "fan"]]
+    kernels = [Kernel(net, g, workers=workers) for g in groups]
+    try:
+        for k in kernels:
+            k.start()
+        drive(kernels, _readers(net), 3 * MS)
+    finally:
+        for k in kernels:
+            k.stop()
+    for path in ("h0", "h1", "h2", "h3", "fan"):
+        assert net[path].seen == single[path].seen, path  # type: ignore[attr-defined]
+    instants = (1, 2, 3)
+    assert single["fan"].seen == [  # type: ignore[attr-defined]
+        (0.001, [(i, k) for i in range(1030)]) for k in instants]
+    # At (t, 2): the first hop's message, then the fan-in's (net order).
+    assert single["h1"].seen == [  # type: ignore[attr-defined]
+        (0.001, [(1, k)] + [(i + 1, k) for i in range(1030)]) for k in instants]
+    assert [len(got) for _, got in single["h3"].seen] == [1031] * 3  # type: ignore[attr-defined]
 
 
 def test_trees_taken_at_an_instant_boundary_restore_a_split_net_and_drop_on_start_sends(
