@@ -342,3 +342,16 @@ def test_gpu_check_streams_control_runs_hooks_on_the_default_stream_and_is_flagg
     assert check["control"] == ("Actor.on_stream on the default stream: streams per run "
                                 "[[('default@cuda:0', True)], [('default@cuda:0', True)]], "
                                 "the detector says not own")
+
+
+@pytest.mark.timeout(120)
+def test_the_send_benchmark_measures_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "sends.json"
+    script = str(ROOT / "benchmarks" / "sends.py")
+    proc = subprocess.run([sys.executable, script, "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    samples = json.loads(out.read_text())["samples"]
+    assert list(samples) == ["int", "held", "held-any", "temp", "tuple"]
+    for case in samples.values():
+        assert case[0]["ns"] > 0 and case[0]["ops"] > 0 and case[0]["calls"] >= 1, case
