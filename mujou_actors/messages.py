@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -194,26 +195,7 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
         )
 
     if issubclass(t, torch.Tensor):
-        dtype, shape = spec.dtype, spec.shape
-        ndim = None if shape is None else len(shape)
-        fixed = () if shape is None else tuple(
-            (i, size) for i, size in enumerate(shape) if size is not None)
-
-        def check_tensor(value: Any) -> Any:
-            if not isinstance(value, t):
-                raise fail(value)
-            if dtype is not None and value.dtype != dtype:
-                raise fail(value)
-            if ndim is not None:
-                vshape = value.shape
-                if len(vshape) != ndim:
-                    raise fail(value)
-                for i, size in fixed:
-                    if vshape[i] != size:
-                        raise fail(value)
-            return value
-
-        return check_tensor
+        return _tensor_checker(t, spec.dtype, spec.shape, fail)
     if t is float:
 
         def check_float(value: Any) -> Any:
@@ -240,6 +222,78 @@ def _make_checker(spec: _Spec, port: _HasPath) -> Checker | None:
         raise fail(value)
 
     return check_instance
+
+
+def _tensor_checker(t: type[torch.Tensor], dtype: torch.dtype | None,
+                    shape: tuple[int | None, ...] | None,
+                    fail: Callable[[Any], PortTypeError]) -> Checker:
+    """The check of a tensor port: what its spec constrains, in one test for the common case.
+
+    A tensor of exactly the port's class passes on one comparison against
+    values worked out here: its dtype (``is``: dtypes are singletons) and its
+    whole shape (``==`` of a ``torch.Size`` with a tuple, in C), or, with free
+    dimensions, its number of dimensions and the fixed sizes picked in one
+    go. What the spec leaves free is not looked at. Anything else (a
+    subclass, a mismatch) goes through the full check, which raises the
+    error naming the port.
+    """
+    ndim = None if shape is None else len(shape)
+    fixed = () if shape is None else tuple(
+        (i, size) for i, size in enumerate(shape) if size is not None)
+
+    def full(value: Any) -> Any:
+        """The check of any value, subclasses included: each part apart, as errors name them."""
+        if not isinstance(value, t):
+            raise fail(value)
+        if dtype is not None and value.dtype != dtype:
+            raise fail(value)
+        if ndim is not None:
+            vshape = value.shape
+            if len(vshape) != ndim:
+                raise fail(value)
+            for i, size in fixed:
+                if vshape[i] != size:
+                    raise fail(value)
+        return value
+
+    if shape is not None and len(fixed) == ndim:  # every size given: compare the shape whole
+        whole = tuple(shape)
+        if dtype is None:
+            def check_shape(value: Any) -> Any:
+                if type(value) is t and value.shape == whole:
+                    return value
+                return full(value)
+
+            return check_shape
+
+        def check_dtype_shape(value: Any) -> Any:
+            if type(value) is t and value.dtype is dtype and value.shape == whole:
+                return value
+            return full(value)
+
+        return check_dtype_shape
+    if shape is not None:  # free dimensions: the count, then the fixed sizes in one pick
+        pick = operator.itemgetter(*(i for i, _ in fixed)) if fixed else None
+        want = tuple(size for _, size in fixed)
+        if len(want) == 1:
+            want = want[0]  # type: ignore[assignment]  # itemgetter of one index: the item
+
+        def check_free(value: Any) -> Any:
+            if type(value) is t and (dtype is None or value.dtype is dtype):
+                vshape = value.shape
+                if len(vshape) == ndim and (pick is None or pick(vshape) == want):
+                    return value
+            return full(value)
+
+        return check_free
+    if dtype is not None:
+        def check_dtype(value: Any) -> Any:
+            if type(value) is t and value.dtype is dtype:
+                return value
+            return full(value)
+
+        return check_dtype
+    return full  # a subclass port without dtype or shape: isinstance alone
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 import mujou_actors as mujou
 from mujou_actors import devices
-from mujou_actors.messages import MAX_NESTING, SCALARS, copy_message, map_tensors, tensors_in
+from mujou_actors.messages import (
+    MAX_NESTING,
+    SCALARS,
+    copy_message,
+    describe_value,
+    map_tensors,
+    tensors_in,
+)
 from mujou_actors.state import copy_state
 from tests.conftest import Collector
 
@@ -434,3 +441,44 @@ def test_copy_state_gives_or_refuses_what_the_recursive_version_did(state: Any) 
         assert str(info.value) == str(expected)
     else:
         assert same(copy_state(state, "node 'n' state"), expected)
+
+
+# -- the checks of tensor ports ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, dtype, good, bad", [
+    ((3,), torch.float32, torch.zeros(3), [torch.zeros(4), torch.zeros(3, dtype=torch.float64),
+                                          torch.zeros(3, 1), [0.0] * 3]),
+    ((3,), None, torch.zeros(3, dtype=torch.int64), [torch.zeros(2), torch.zeros(1, 3)]),
+    ((None, 4), torch.float32, torch.zeros(7, 4), [torch.zeros(7, 3), torch.zeros(4),
+                                                  torch.zeros(7, 4, dtype=torch.float16)]),
+    ((None, 4, None, 2), None, torch.zeros(1, 4, 5, 2), [torch.zeros(1, 4, 5, 3),
+                                                         torch.zeros(1, 3, 5, 2)]),
+    ((None,), None, torch.zeros(5), [torch.zeros(5, 1), torch.tensor(1.0)]),
+    ((), torch.int64, torch.tensor(3), [torch.tensor([3]), torch.tensor(3.0)]),
+    (None, torch.float64, torch.zeros(2, 2, dtype=torch.float64), [torch.zeros(2)]),
+])
+def test_a_tensor_port_checks_what_its_spec_constrains_with_the_same_errors(
+        shape, dtype, good, bad) -> None:
+    port = mujou.Output(torch.Tensor, shape=shape, dtype=dtype)
+    port._bind(object(), "out")
+
+    assert port.check(good) is good
+    for value in bad:
+        with pytest.raises(mujou.PortTypeError) as err:
+            port.check(value)
+        assert str(err.value) == (f"port 'object.out': expected {port._spec.describe()}, "
+                                  f"got {describe_value(value)}")
+
+
+def test_a_tensor_subclass_passes_a_tensor_port_through_the_full_check() -> None:
+    class Mine(torch.Tensor):
+        pass
+
+    port = mujou.Output(torch.Tensor, shape=(None, 2), dtype=torch.float32)
+    port._bind(object(), "out")
+    good = torch.zeros(3, 2).as_subclass(Mine)
+
+    assert port.check(good) is good
+    with pytest.raises(mujou.PortTypeError, match="expected Tensor"):
+        port.check(torch.zeros(3, 3).as_subclass(Mine))
