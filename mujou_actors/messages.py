@@ -17,10 +17,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import sys
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from ._checks import is_int, is_number
 from .errors import PortTypeError
@@ -533,16 +536,224 @@ def _path(where: str, stack: list[list[Any]], depth: int) -> str:
 # Copying messages
 
 
-def _clone(t: torch.Tensor) -> torch.Tensor:
-    """A message's own copy of a tensor: detached (no autograd graph), on its device."""
+def clone_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A message's own copy of a tensor: detached (no autograd graph), on its device.
+
+    A plain tensor that takes no part in autograd (no ``requires_grad``, and
+    no forward-mode dual level open, so no tangent) is cloned without the
+    ``detach`` first: the clone is the same tensor, about 0.4 µs sooner.
+    """
+    if type(t) is _Tensor and not t.requires_grad and _forward_ad._current_level < 0:
+        return t.clone()
     return t.detach().clone()
+
+
+# ---------------------------------------------------------------------------
+# Handing a temporary over uncopied
+#
+# A send copies its value so that the sender may change or reuse it after the
+# call. A value that nothing but the send holds any more (a temporary, as in
+# ``self.out.send(torch.tanh(x))``) cannot be changed by anyone: it is handed
+# to the readers as it is, as numpy reuses a temporary array in place of a new
+# one. Whether a tensor is such a temporary is read from what holds it: the
+# send reads the Python references to the object (against `sends`'s
+# calibrated count for a temporary argument); `sole_tensor` reads everything
+# else. Any doubt keeps the copy.
+
+_refs = sys.getrefcount
+_weak_refs = weakref.getweakrefcount
+_inference = torch.is_inference_mode_enabled
+# Private torch functions, read once: without them no tensor is handed over.
+_storage_uses: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_refs(t: torch.Tensor) -> tuple[int, int]:
+    """The references to ``t``'s storage object and the storage's uses, as `sole_tensor` reads them.
+
+    The same statements as there: the calibration's probe.
+    """
+    st = t.untyped_storage()
+    return _refs(st), _storage_uses(st._cdata)  # type: ignore[misc]
+
+
+def _calibrate_storage() -> tuple[int, int]:
+    """The storage readings of a tensor that alone holds its storage; (-1, -1): unusable.
+
+    Checks that a storage object kept elsewhere and a second tensor on the
+    storage both read higher, else nothing is ever handed over.
+    """
+    if _storage_uses is None or not hasattr(_Tensor, "_use_count"):
+        return -1, -1
+    try:
+        t = torch.empty(1)
+        alone = _storage_refs(t)
+        kept = t.untyped_storage()
+        with_object = _storage_refs(t)
+        del kept
+        other = t.detach()
+        with_tensor = _storage_refs(t)
+        del other
+    except Exception:  # a torch without these internals: copy everything
+        return -1, -1
+    if with_object[0] <= alone[0] or with_tensor[1] <= alone[1] or _storage_refs(t) != alone:
+        return -1, -1
+    return alone
+
+
+_STORAGE_REFS, _STORAGE_USES = _calibrate_storage()
+
+
+def sole_tensor(t: torch.Tensor) -> bool:
+    """Whether the readers may have ``t`` itself, the send's own copy needless.
+
+    The caller has made sure that ``t`` is a plain ``torch.Tensor`` (no
+    subclass) and that no Python reference to it is left but its own (see
+    `sends`). This function checks everything else that could still reach the
+    data or make ``t`` differ from the clone a send makes: no weak reference
+    to it; no holder in C++ (``_use_count``: a view of it keeps it, so does a
+    DLPack capsule or an autograd graph); no autograd (``requires_grad``,
+    which a ``grad_fn`` implies, and no forward-mode tangent: no dual level
+    open); as inference-mode-made as a clone made now would be; on the CPU
+    (other devices keep their copy path); and a storage that only ``t`` uses
+    (no view, no ``detach()`` twin, no storage object kept elsewhere), that
+    torch's allocator owns (resizable: not numpy's memory from
+    ``torch.from_numpy``, not a buffer's from ``torch.frombuffer``, not a
+    DLPack producer's, not a mapped file) and that no other process shares.
+    A tensor without a storage (sparse, a vmap or functorch wrapper) is copied.
+
+    Args:
+        t (torch.Tensor): a tensor only the caller holds.
+
+    Returns:
+        bool: True when ``t`` can be handed over as it is.
+    """
+    if (_weak_refs(t) or t._use_count() != 1  # type: ignore[attr-defined]  # torch's, untyped
+            or t.requires_grad or not t.is_cpu
+            or _forward_ad._current_level >= 0 or t.is_inference() is not _inference()):
+        return False
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage of its own
+        return False
+    return (_refs(st) == _STORAGE_REFS
+            and _storage_uses(st._cdata) == _STORAGE_USES  # type: ignore[misc]
+            and st.resizable() and not st.is_shared())
+
+
+def _take(t: torch.Tensor, once: int) -> torch.Tensor:
+    """A plain tensor of a flat container only the send holds: itself if nothing else holds it.
+
+    ``once`` is the count of Python references that `_take_flat`'s rebuilding
+    reads for a tensor the container alone holds (`_calibrate_flat`).
+    """
+    if _refs(t) == once and sole_tensor(t):
+        return t
+    return clone_tensor(t)
+
+
+def _flat(values: Iterable[Any]) -> bool:
+    """Whether every value is a leaf or a plain tensor (a flat container's values)."""
+    for v in values:
+        if type(v) not in _FLAT:
+            return False
+    return True
+
+
+def _take_flat(value: Any, vt: type, once: int) -> Any:
+    """A flat list, tuple or dict (``vt``) that only the send holds, rebuilt for the readers.
+
+    Each plain tensor in it that nothing but the container holds is handed
+    over (`_take`), the others cloned; the container itself is rebuilt, as
+    `copy_message` rebuilds it.
+    """
+    if vt is dict:
+        return {k: _take(v, once) if type(v) is _Tensor else v for k, v in value.items()}
+    out = [_take(v, once) if type(v) is _Tensor else v for v in value]
+    return out if vt is list else tuple(out)
+
+
+def _calibrate_flat(vt: type) -> int:
+    """The references `_take` reads for a tensor that only a flat ``vt`` holds; 0: unknown.
+
+    Found by running `_take_flat` itself on fresh tensors with each candidate
+    count until all of them are handed over; the count is kept only if a
+    tensor also held elsewhere is then still cloned, at every position.
+    """
+    def fresh(n: int, keep: torch.Tensor | None = None) -> Any:
+        items = [torch.empty(1) for _ in range(n)]
+        if keep is not None:
+            items[1] = keep
+        return dict(zip("abc", items, strict=False)) if vt is dict else vt(items)
+
+    def taken(message: Any, once: int) -> list[bool]:
+        values = list(message.values()) if vt is dict else list(message)
+        ptrs = [t.data_ptr() for t in values]
+        del values
+        out = _take_flat(message, vt, once)
+        rebuilt = out.values() if vt is dict else out
+        return [t.data_ptr() == ptr for t, ptr in zip(rebuilt, ptrs, strict=True)]
+
+    if _STORAGE_REFS < 0:
+        return 0
+    try:
+        for once in range(1, 10):
+            if taken(fresh(3), once) == [True, True, True]:
+                keep = torch.empty(1)
+                if taken(fresh(3, keep), once) == [True, False, True]:
+                    return once
+                return 0
+    except Exception:  # the probe itself failed: copy every container
+        return 0
+    return 0
+
+
+_ONCE_IN_LIST = _calibrate_flat(list)
+_ONCE_IN_TUPLE = _calibrate_flat(tuple)
+_ONCE_IN_DICT = _calibrate_flat(dict)
+
+
+def take_message(value: Any) -> Any:
+    """The message for the readers of a value that nothing but the send holds any more.
+
+    The send has counted the Python references to ``value``: none is left but
+    its own. A plain tensor is handed over as it is when `sole_tensor` says
+    so, else cloned. A flat list, tuple or dict (its values leaves and plain
+    tensors) is rebuilt, as `copy_message` rebuilds it, with each tensor only
+    the container holds handed over (the same rule), the others cloned. Any
+    other value is copied by `copy_message`: the containers of a nested
+    message may be held elsewhere, which only their own counts could tell.
+
+    Args:
+        value: the sent value, held by nothing but the send.
+
+    Returns:
+        The message; shares no mutable memory with anything the sender holds.
+
+    Raises:
+        ValueError: as `copy_message`.
+    """
+    vt = type(value)
+    if vt is _Tensor:
+        return value if sole_tensor(value) else clone_tensor(value)
+    if vt is list:
+        once = _ONCE_IN_LIST
+    elif vt is tuple:
+        once = _ONCE_IN_TUPLE
+    elif vt is dict:
+        once = _ONCE_IN_DICT
+    else:
+        return copy_message(value)
+    if once and _flat(value.values() if vt is dict else value):
+        return _take_flat(value, vt, once)
+    return copy_message(value)
 
 
 _COPY = Rules(SCALARS, False, lambda value, path: copy.deepcopy(value))
 _MAP = Rules(SCALARS, False, lambda value, path: value)
 
 
-def copy_message(value: Any, tensor_copy: Callable[[torch.Tensor], torch.Tensor] = _clone,
+def copy_message(value: Any,
+                 tensor_copy: Callable[[torch.Tensor], torch.Tensor] = clone_tensor,
                  where: str = "message") -> Any:
     """Copy a message for value semantics: tensors are cloned, containers rebuilt.
 

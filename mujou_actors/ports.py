@@ -397,6 +397,24 @@ class Output(Port):
         narrower type), then copied: the caller may reuse or modify its buffer
         right after. Call it from a hook of the port's own node.
 
+        A tensor that nothing but the send holds any more, a temporary such
+        as ``self.out.send(torch.tanh(x))``, is handed to the readers as it
+        is, without the copy: no one else can change it. That takes a plain
+        ``torch.Tensor`` (no subclass) that the call itself passed in, with
+        no other reference to it (no name, attribute or container of the
+        caller's, no weak reference, no view of it, no DLPack capsule), not a
+        view and on a storage of its own (``x[1:]``, ``x.detach()`` and
+        ``x.expand(...)`` share ``x``'s), in memory torch allocated (not
+        numpy's from ``torch.from_numpy``, nor a buffer's, nor shared with
+        another process), outside autograd (no ``requires_grad``, no
+        forward-mode dual level open), made in or out of inference mode as
+        the send is, on the CPU, in a net without CUDA nodes. A flat list,
+        tuple or dict that only the send holds is rebuilt as always, and
+        each tensor in it that only the container holds is handed over by
+        the same rule. Anything the sender could still reach or change is
+        copied. Readers get the same values either way, and the host's
+        ``run.read`` its own copy.
+
         A reader whose Input declares a narrower type than this Output gets
         the value as its own check gives it: an ``int`` sent on an
         ``Output(int)`` or ``Output(object)`` arrives as a ``float`` at an

@@ -482,3 +482,30 @@ def test_a_tensor_subclass_passes_a_tensor_port_through_the_full_check() -> None
     assert port.check(good) is good
     with pytest.raises(mujou.PortTypeError, match="expected Tensor"):
         port.check(torch.zeros(3, 3).as_subclass(Mine))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # make_dual's first call
+def test_clone_tensor_gives_what_detach_then_clone_gave() -> None:
+    # clone_tensor skips the detach of a tensor outside autograd: the same clone.
+    from torch.autograd import forward_ad
+
+    from mujou_actors.messages import clone_tensor
+
+    with torch.inference_mode():
+        inference = torch.arange(3.0)
+    base = torch.arange(6.0)
+    cases = [base, base[1:], base[:1].expand(4), base.reshape(2, 3).t(),
+             torch.ones(2, dtype=torch.complex64).conj(), inference,
+             torch.ones(2, requires_grad=True) * 2, torch.nn.Parameter(torch.ones(2), False)]
+    for t in cases:
+        for mode in (torch.no_grad(), torch.enable_grad(), torch.inference_mode()):
+            with mode:
+                got, old = clone_tensor(t), t.detach().clone()
+            assert type(got) is type(old) and torch.equal(got.resolve_conj(), old.resolve_conj())
+            assert (got.dtype, got.shape, got.stride()) == (old.dtype, old.shape, old.stride())
+            assert (got.requires_grad, got.grad_fn, got.is_inference(), got.is_conj()) == (
+                old.requires_grad, old.grad_fn, old.is_inference(), old.is_conj())
+            assert got.data_ptr() != t.data_ptr()
+    with forward_ad.dual_level():  # a tangent is dropped, as detach dropped it
+        dual = forward_ad.make_dual(torch.ones(2), torch.ones(2))
+        assert forward_ad.unpack_dual(clone_tensor(dual)).tangent is None

@@ -9,18 +9,38 @@ reader's mailbox, triggers the readers whose Input triggers, and records the
 message in the Output's host view (`views.HostView`) for ``run.read`` and
 subscriptions. What it needs from the dispatcher is the `SendTarget` protocol.
 
-There are two builders: a lean one for an Output with one reader and no trace
-(the common case, and the one a ping-pong measures) and one for any number of
-readers. Every send of one hook carries the same stamp, made once per hook.
+Where the copier is the plain clone (a net without CUDA nodes), a value that
+nothing but the send holds is not copied: the send reads the Python
+references to it (`TEMPORARY`, calibrated at import), and
+`messages.sole_tensor` and `messages.take_message` the rest (see
+`ports.Output.send` for the rule). A tensor the sender keeps is cloned there
+and then, without going through `copy_message`.
+
+There are three builders, each doing only what its Output needs: a lean one
+for an Output with one reader and no trace or outbox (the common case, and the
+one a ping-pong measures), one for several readers, and one for a traced run
+or an Output with readers outside the kernel. Every send of one hook carries
+the same stamp, made once per hook.
 """
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 from collections.abc import Callable
+from sys import getrefcount as _refs
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 from ..errors import NotRunningError, PortTypeError
-from ..messages import SCALARS  # immutable: a send shares them uncopied
+from ..messages import (
+    SCALARS,  # immutable: a send shares them uncopied
+    clone_tensor,
+    copy_message,
+    sole_tensor,
+    take_message,
+)
 from .actor import CURRENT, NEVER, Actor
 from .keys import Key, stamp
 from .policy import TimePolicy
@@ -43,6 +63,48 @@ Wire = tuple["Input", Actor, bool]
 # What a send does per reader: (slot, mailbox deque, reader, NOW/DEFER/0,
 # the Input if its type is narrower than the Output's (else None), bounded).
 Route = tuple[Any, ...]
+
+
+def _temporary_refs() -> int:
+    """The Python references a send reads to a value nothing but the send holds; 0: unknown.
+
+    Calibrated once, at import, through the call a hook makes: a send set on
+    a port instance, called as ``port.send(expression)``. The interpreter
+    hands the argument's reference to the called function's frame, so a
+    temporary is held by the send's parameter alone, and `sys.getrefcount`
+    adds its own; that count is the interpreter's to decide (CPython 3.11:
+    2), so it is measured rather than assumed, cold and once the call is
+    specialized. A value the caller keeps must read higher through the same
+    call, or no value is ever taken for a temporary (0). A build without the
+    GIL (where other threads' references are counted apart) and other
+    Pythons hand nothing over.
+    """
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return 0
+    counts: list[int] = []
+
+    class Port:  # an Output while a net runs: its send set on the instance
+        pass
+
+    def send(value: Any) -> None:
+        counts.append(_refs(value))  # where a send reads it: the parameter only
+
+    port = Port()
+    port.send = send  # type: ignore[attr-defined]
+    kept = torch.empty(0)
+    for _ in range(20):  # the first calls run cold, the later ones specialized
+        port.send(torch.empty(0))  # type: ignore[attr-defined]
+        port.send(kept)  # type: ignore[attr-defined]
+    temporary, held = set(counts[::2]), set(counts[1::2])
+    if len(temporary) != 1 or len(held) != 1 or min(held) <= min(temporary):
+        return 0
+    return temporary.pop()
+
+
+TEMPORARY = _temporary_refs()
+"""What `sys.getrefcount` reads in a send for a value that only the send holds (0: never)."""
+
+_Tensor = torch.Tensor
 
 
 class View(Protocol):
@@ -133,6 +195,9 @@ def make_send(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire
         view (OutputView): the host's view of the Output (``last`` and ``listeners``).
         copy: makes the message the readers share from the sent value
             (value semantics, on the path the readers' devices ask for).
+            When it is `copy_message` (a net without CUDA nodes), a value
+            nothing but the send holds is handed over instead, and a plain
+            tensor is cloned without going through it.
         outbox: for an Output with readers outside the kernel (`kernel.Kernel`):
             called with ``(stamp, message)`` for each send, after the local
             readers got theirs. None in a run of the whole net.
@@ -163,14 +228,25 @@ def make_send(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire
         sender.context.run(CURRENT.set, sender)  # what the send checks
     if sender.deferred is None and any(route[3] is DEFER for route in plan):
         sender.deferred = {}  # made once; emptied as each hook ends
+    # The readers' copier is the plain clone of copy_message (a net without
+    # CUDA): a temporary may be handed over instead (see Output.send).
+    plain = copy is copy_message
     if len(plan) == 1 and ctx.trace is None and outbox is None:
-        return _send_one(ctx, sender, output, plan[0], view, copy)
-    return _send_many(ctx, sender, output, routes, plan, view, copy, outbox)
+        return _send_one(ctx, sender, output, plan[0], view, copy, plain)
+    if ctx.trace is None and outbox is None:
+        return _send_many(ctx, sender, output, plan, view, copy, plain)
+    return _send_traced(ctx, sender, output, routes, plan, view, copy, plain, outbox)
 
 
 def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
-              view: View, copy: Copier) -> Send:
-    """`make_send` for an Output with one reader and no trace: the common case, lean."""
+              view: View, copy: Copier, plain: bool) -> Send:
+    """`make_send` for an Output with one reader and no trace: the common case, lean.
+
+    With ``plain`` (the readers' copier is `copy_message`'s clone), a value
+    that nothing but the send holds (`TEMPORARY` references) is handed over
+    uncopied when `sole_tensor` (a tensor) or `take_message` (a flat
+    container) allow it; a tensor the sender still holds is cloned at once.
+    """
     check, exact = output._check, output._spec.exact
     slot, box, reader, how, narrow, bounded = route
     crowd = ctx.target.crowd
@@ -183,6 +259,7 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
     trigger = ctx.target.trigger
     step = ctx.policy.delta_step
     running = CURRENT.get
+    temporary = TEMPORARY if plain else 0  # 0: no reading is a temporary's
     # The stamp of the hook in flight, packed once per hook (mailbox.stamp)
     # and shared by its messages: the sender's key object changes at
     # each hook, and is held here so its identity cannot be reused.
@@ -204,10 +281,20 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
         else:
             if reader_check is not None:
                 reader_check(value)  # passes a non-scalar through as it is
-            try:
-                message = value = copy(value)
-            except ValueError as exc:  # too deep: name the port (free unless raised)
-                raise _copy_failed(output, exc) from exc
+            if vt is _Tensor and plain:
+                # Nothing but this send holds it (no reference but the
+                # parameter, and sole_tensor for the rest): handed over.
+                if _refs(value) != temporary or not sole_tensor(value):
+                    value = clone_tensor(value)
+                message = value
+            else:
+                try:
+                    if _refs(value) == temporary:  # a container only the send holds
+                        message = value = take_message(value)
+                    else:
+                        message = value = copy(value)
+                except ValueError as exc:  # too deep: name the port (free unless raised)
+                    raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:
             seen, stamped = key, stamp(key, order)
@@ -228,9 +315,88 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
 
     return send
 
-def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire],
-               plan: list[Route], view: View, copy: Copier, outbox: Outbox | None) -> Send:
-    """`make_send` for any number of readers, traced or not."""
+
+def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route],
+               view: View, copy: Copier, plain: bool) -> Send:
+    """`make_send` for any number of readers, without a trace or an outbox.
+
+    The message is made as in `_send_one`, once for all the readers.
+    """
+    check = output._check
+    order = sender.order
+    seen: Any = None
+    stamped = 0
+    trigger = ctx.target.trigger
+    step = ctx.policy.delta_step
+    running = CURRENT.get
+    temporary = TEMPORARY if plain else 0
+    # Used only for DEFER routes, which make_send gave a dict.
+    deferred: dict[Actor, None] = {} if sender.deferred is None else sender.deferred
+    checks = [None if route[4] is None else _reader_check(output, route[4])
+              for route in plan]
+    narrow = any(c is not None for c in checks)
+    crowd = ctx.target.crowd
+    routes = [(slot, box, reader, how, bounded) for slot, box, reader, how, _, bounded in plan]
+
+    def send(value: Any) -> None:
+        nonlocal seen, stamped
+        if sender.hook is None or running(None) is not sender:
+            raise _not_in_hook(sender, output, send)
+        if check is not None:
+            value = check(value)
+        # Every reader's check passes before anything is delivered; a
+        # narrower reader gets a scalar as its own check gives it (an int
+        # becomes a float for a float Input); other values pass as they
+        # are and share the one copy.
+        narrowed = [value if c is None else c(value) for c in checks] if narrow else None
+        vt = type(value)
+        if vt in SCALARS:
+            pass
+        elif vt is _Tensor and plain:  # as in _send_one
+            if _refs(value) != temporary or not sole_tensor(value):
+                value = clone_tensor(value)
+        else:
+            try:
+                if _refs(value) == temporary:
+                    value = take_message(value)
+                else:
+                    value = copy(value)
+            except ValueError as exc:  # too deep: name the port (free unless raised)
+                raise _copy_failed(output, exc) from exc
+        key = sender.stamp
+        if key is not seen:  # as in _send_one
+            seen, stamped = key, stamp(key, order)
+        t, d = key
+        if narrowed is None:
+            for slot, box, reader, how, bounded in routes:
+                box.append((stamped, slot, value))  # a delivery (mailbox.Delivery)
+                if bounded and len(box) > reader.prune_at:
+                    crowd(reader)  # the mailbox's bound: see Actor.prune
+                if how is DEFER:
+                    deferred[reader] = None
+                elif how:
+                    trigger(reader, (t, d + step))
+        else:
+            for (slot, box, reader, how, bounded), mine in zip(routes, narrowed, strict=True):
+                message = mine if type(mine) in SCALARS else value
+                box.append((stamped, slot, message))
+                if bounded and len(box) > reader.prune_at:
+                    crowd(reader)
+                if how is DEFER:
+                    deferred[reader] = None
+                elif how:
+                    trigger(reader, (t, d + step))
+        view.last = value
+        if view.listeners:
+            view.publish(value)
+
+    return send
+
+
+def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire],
+                 plan: list[Route], view: View, copy: Copier, plain: bool,
+                 outbox: Outbox | None) -> Send:
+    """`make_send` for any number of readers with a trace, an outbox or both."""
     check = output._check
     order = sender.order
     seen: Any = None
@@ -239,6 +405,7 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wir
     step = ctx.policy.delta_step
     running = CURRENT.get
     trace = ctx.trace
+    temporary = TEMPORARY if plain else 0
     # Used only for DEFER routes, which make_send gave a dict.
     deferred: dict[Actor, None] = {} if sender.deferred is None else sender.deferred
     checks = [None if route[4] is None else _reader_check(output, route[4])
@@ -252,14 +419,19 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, routes: list[Wir
             raise _not_in_hook(sender, output, send)
         if check is not None:
             value = check(value)
-        # Every reader's check passes before anything is delivered; a
-        # narrower reader gets a scalar as its own check gives it (an int
-        # becomes a float for a float Input); other values pass as they
-        # are and share the one copy.
         narrowed = [value if c is None else c(value) for c in checks] if narrow else None
-        if type(value) not in SCALARS:
+        vt = type(value)
+        if vt in SCALARS:
+            pass
+        elif vt is _Tensor and plain:  # as in _send_one
+            if _refs(value) != temporary or not sole_tensor(value):
+                value = clone_tensor(value)
+        else:
             try:
-                value = copy(value)
+                if _refs(value) == temporary:
+                    value = take_message(value)
+                else:
+                    value = copy(value)
             except ValueError as exc:  # too deep: name the port (free unless raised)
                 raise _copy_failed(output, exc) from exc
         key = sender.stamp
