@@ -615,7 +615,9 @@ def sole_tensor(t: torch.Tensor) -> bool:
     which a ``grad_fn`` implies, and no forward-mode tangent: no dual level
     open); as inference-mode-made as a clone made now would be; on the CPU
     (other devices keep their copy path); and a storage that only ``t`` uses
-    (no view, no ``detach()`` twin, no storage object kept elsewhere), that
+    (no view, no ``detach()`` twin, no storage object kept elsewhere), no
+    Python attributes set on it (they could hold the sender's mutable objects,
+    and a clone has none), that
     torch's allocator owns (resizable: not numpy's memory from
     ``torch.from_numpy``, not a buffer's from ``torch.frombuffer``, not a
     DLPack producer's, not a mapped file) and that no other process shares.
@@ -628,6 +630,7 @@ def sole_tensor(t: torch.Tensor) -> bool:
         bool: True when ``t`` can be handed over as it is.
     """
     if (_weak_refs(t) or t._use_count() != 1  # type: ignore[attr-defined]  # torch's, untyped
+            or t.__dict__  # attributes set on it could be the sender's objects: the clone has none
             or t.requires_grad or not t.is_cpu
             or _forward_ad._current_level >= 0 or t.is_inference() is not _inference()):
         return False
@@ -743,12 +746,33 @@ def take_message(value: Any) -> Any:
         once = _ONCE_IN_DICT
     else:
         return copy_message(value)
-    if once and _flat(value.values() if vt is dict else value):
+    if once and _flat(value.values() if vt is dict else value) and not (
+            vt is dict and _tensor_key(value)):
         return _take_flat(value, vt, once)
     return copy_message(value)
 
 
-_COPY = Rules(SCALARS, False, lambda value, path: copy.deepcopy(value))
+def _message_key(key: Any) -> str | None:
+    """Why a dict key cannot be in a message (None: it can).
+
+    A tensor hashes by identity, so the copy that value semantics makes
+    would be another key, and a shared one could change under the reader.
+    """
+    if isinstance(key, _Tensor):
+        return (f"key is a {type(key).__name__}; a message's dict keys cannot be tensors "
+                "(a tensor hashes by identity: use an int, a str or a tuple of numbers)")
+    return None
+
+
+def _tensor_key(keys: Iterable[Any]) -> bool:
+    """Whether any of ``keys`` is a tensor (such a dict goes through `walk`, which refuses it)."""
+    for k in keys:
+        if isinstance(k, _Tensor):
+            return True
+    return False
+
+
+_COPY = Rules(SCALARS, False, lambda value, path: copy.deepcopy(value), _message_key)
 _MAP = Rules(SCALARS, False, lambda value, path: value)
 
 
@@ -761,6 +785,8 @@ def copy_message(value: Any,
     (a message carries data, not an autograd graph), also inside lists,
     tuples, dicts (dict subclasses such as OrderedDict too, keeping their type
     and default), NamedTuples and dataclasses. Other objects are deep-copied.
+    Dict keys are kept as they are (they are hashable, so they should be
+    immutable); a tensor key is refused, since a tensor hashes by identity.
 
     Args:
         value: any message.
@@ -776,6 +802,7 @@ def copy_message(value: Any,
     Raises:
         ValueError: containers nest deeper than `MAX_NESTING` levels; names
             ``where``, the key path and the limit.
+        TypeError: a dict key is a tensor; names ``where`` and the key path.
     """
     # Fast paths, for what most sends carry: a tensor, a flat tuple, list or dict.
     vt = type(value)
@@ -795,7 +822,8 @@ def copy_message(value: Any,
             if type(v) not in _FLAT:
                 break
         else:
-            return {k: tensor_copy(v) if type(v) is _Tensor else v for k, v in value.items()}
+            if not _tensor_key(value):
+                return {k: tensor_copy(v) if type(v) is _Tensor else v for k, v in value.items()}
     return walk(value, tensor_copy, _COPY, where)
 
 

@@ -408,7 +408,8 @@ class Output(Port):
         numpy's from ``torch.from_numpy``, nor a buffer's, nor shared with
         another process), outside autograd (no ``requires_grad``, no
         forward-mode dual level open), made in or out of inference mode as
-        the send is, on the CPU, in a net without CUDA nodes. A flat list,
+        the send is, on the CPU, in a net without CUDA nodes, with no Python
+        attribute set on it. A flat list,
         tuple or dict that only the send holds is rebuilt as always, and
         each tensor in it that only the container holds is handed over by
         the same rule. Anything the sender could still reach or change is

@@ -211,7 +211,13 @@ COPIED: dict[str, Callable[[Sender], None]] = {
     "an inference tensor outside inference mode":
         lambda s: s.out.send(s.noted(_inference_tensor(s.x))),
     "a subclass": lambda s: s.out.send(s.noted(torch.nn.Parameter(torch.ones(3), False))),
+    "a Python attribute on it": lambda s: s.out.send(s.noted(_tagged(s, torch.tanh(s.x)))),
 }
+
+
+def _tagged(s: Sender, t: torch.Tensor) -> torch.Tensor:
+    t.meta = s.kept  # type: ignore[attr-defined]  # one of the sender's mutable objects
+    return t
 
 
 @pytest.mark.parametrize("make", list(COPIED.values()), ids=list(COPIED))
@@ -342,3 +348,43 @@ def test_take_message_rebuilds_flat_containers_and_copies_the_rest() -> None:
     assert messages.take_message((1, "a")) == (1, "a")
     nested = {"a": [torch.ones(1)]}
     assert messages.take_message(nested)["a"][0] is not nested["a"][0]
+
+
+def test_an_attribute_set_on_a_temporary_never_reaches_the_reader() -> None:
+    # The copy has no attributes, so the message is the same whether or not the
+    # sender kept a name for the tensor, and the sender's object is not shared.
+    sender, rx, _ = _run(lambda s: s.out.send(_tagged(s, torch.tanh(s.x))))
+
+    assert [hasattr(m, "meta") for m in rx[0].received] == [False] * 3
+    assert all(torch.equal(m, torch.tanh(X)) for m in rx[0].received)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: s.out.send({s.x: 1.0}),  # a flat dict
+    lambda s: s.out.send({"a": {s.x: 1.0}}),  # nested
+    lambda s: s.out.send({torch.tanh(s.x): torch.zeros(1)}),  # a temporary, handed over else
+], ids=["flat", "nested", "temporary"])
+def test_a_tensor_as_a_dict_key_is_refused_naming_the_output(make) -> None:
+    sender = Sender(make)
+    reader = Collector()
+    mujou.connect(sender.out, reader.inp)
+    run = mujou.run([sender, reader], timer="simulated", duration=0.03)
+    with pytest.raises(mujou.NodeError) as info:
+        run.join(timeout=10)
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert "output '0.out' sent a value that cannot be copied" in str(cause)
+    assert "a message's dict keys cannot be tensors" in str(cause)
+    assert reader.received == []  # nothing was delivered
+
+
+def test_copy_message_refuses_a_tensor_key_with_its_path() -> None:
+    from mujou_actors.messages import copy_message, take_message
+
+    with pytest.raises(TypeError, match=r"port 'p'\['a'\]: key is a Tensor"):
+        copy_message({"a": {torch.zeros(1): 1}}, where="port 'p'")
+    with pytest.raises(TypeError, match="dict keys cannot be tensors"):
+        copy_message({torch.zeros(1): 1})
+    with pytest.raises(TypeError, match="dict keys cannot be tensors"):
+        take_message({torch.zeros(1): torch.zeros(1)})
+    assert copy_message({(1, 2): torch.ones(1)})[(1, 2)].item() == 1.0  # other keys stay

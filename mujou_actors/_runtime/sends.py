@@ -160,9 +160,14 @@ def _not_in_hook(sender: Actor, output: Output, send: Send) -> NotRunningError:
         f"{sender.path or '<root>'!r} (from the host, or from another node's hook)")
 
 
-def _copy_failed(output: Output, exc: ValueError) -> ValueError:
-    """The error of a value that cannot be copied (nested too deep), naming the Output."""
-    return ValueError(f"output {output.path!r} sent a value that cannot be copied: {exc}")
+def _copy_failed(output: Output, exc: ValueError | TypeError) -> ValueError | TypeError:
+    """The error of a value that cannot be copied, naming the Output; of ``exc``'s kind.
+
+    ValueError: containers nested too deep; TypeError: a tensor as a dict key,
+    or an object that cannot be deep-copied.
+    """
+    kind = ValueError if isinstance(exc, ValueError) else TypeError
+    return kind(f"output {output.path!r} sent a value that cannot be copied: {exc}")
 
 
 def _reader_check(output: Output, reader: Input) -> Copier:
@@ -293,7 +298,7 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
                         message = value = take_message(value)
                     else:
                         message = value = copy(value)
-                except ValueError as exc:  # too deep: name the port (free unless raised)
+                except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                     raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:
@@ -361,7 +366,7 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route
                     value = take_message(value)
                 else:
                     value = copy(value)
-            except ValueError as exc:  # too deep: name the port (free unless raised)
+            except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                 raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:  # as in _send_one
@@ -432,7 +437,7 @@ def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[W
                     value = take_message(value)
                 else:
                     value = copy(value)
-            except ValueError as exc:  # too deep: name the port (free unless raised)
+            except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                 raise _copy_failed(output, exc) from exc
         key = sender.stamp
         if key is not seen:  # as in _send_one
