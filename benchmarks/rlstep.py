@@ -10,9 +10,10 @@ the difference between two rows is what that thing costs:
 
 * **full**: as a user writes it: statistics on, float32 tensors of shapes
   (11,) and (3,) sent from buffers the senders keep (so each send copies).
-* **temporaries**: the senders send a fresh tensor (``buffer + 0``), which
-  nothing but the send holds: the framework may hand it over without a copy
-  (the row includes the hook's own ``+ 0``; see docs/nodes-and-ports.md).
+* **temporaries**: the senders send a fresh tensor (``torch.tanh(buffer)``),
+  which nothing but the send holds: the framework hands it over without a
+  copy (see docs/nodes-and-ports.md). The row includes the hook's own
+  ``tanh``, which costs about what the clone it saves does.
 * **no stats**: ``stats=False``: no clock reads around the hooks.
 * **floats**: the messages are Python floats (no tensor check, no copy: an
   immutable value is shared as it is).
@@ -65,7 +66,7 @@ def make_net(kind: type, temporaries: bool, recorder: bool) -> mujou.Node:
 
         def on_update(self, dt: float) -> None:
             self.action.read()
-            self.obs.send(self.buffer + 0 if temporaries else self.buffer)
+            self.obs.send(torch.tanh(self.buffer) if temporaries else self.buffer)
 
     class Policy(mujou.Node):
         obs = mujou.Input(kind, depth=1)
@@ -77,7 +78,7 @@ def make_net(kind: type, temporaries: bool, recorder: bool) -> mujou.Node:
 
         def on_update(self, dt: float) -> None:
             self.obs.read()
-            self.action.send(self.buffer + 0 if temporaries else self.buffer)
+            self.action.send(torch.tanh(self.buffer) if temporaries else self.buffer)
 
     class Recorder(mujou.Node):
         obs = mujou.Input(kind, depth=None)
