@@ -91,3 +91,17 @@ class Collector(mujou.Node):
     @property
     def received(self) -> list[object]:
         return [m for batch in self.batches for m in batch]
+
+
+class Tick(mujou.Node):
+    """Sends ``(its index, its update count)`` every millisecond."""
+
+    out = mujou.Output(tuple)
+
+    def __init__(self, i: int) -> None:
+        super().__init__(period=0.001)
+        self.i, self.n = i, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send((self.i, self.n))

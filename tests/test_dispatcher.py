@@ -12,7 +12,7 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors._runtime import dispatcher, workers
-from tests.conftest import Counter
+from tests.conftest import Counter, Tick
 
 TAG: contextvars.ContextVar[str] = contextvars.ContextVar("TAG", default="unset")
 
@@ -376,20 +376,6 @@ def test_messages_of_one_hook_arrive_in_send_order_whatever_the_workers(workers)
     ]
 
 
-class _Tick(mujou.Node):
-    """Sends ``(its index, its update count)`` every millisecond."""
-
-    out = mujou.Output(tuple)
-
-    def __init__(self, i: int) -> None:
-        super().__init__(period=0.001)
-        self.i, self.n = i, 0
-
-    def on_update(self, dt: float) -> None:
-        self.n += 1
-        self.out.send((self.i, self.n))
-
-
 class _Hop(mujou.Node):
     """Triggered: logs ``(dt, messages, side)`` and passes each message one hop on."""
 
@@ -422,7 +408,7 @@ def test_crowded_instants_and_deep_delta_chains_give_exact_results_for_any_worke
     # the statistics are exact (lateness 0), whatever the workers, threads
     # and tracing.
     n = 1030
-    ticks = [_Tick(i) for i in range(n)]
+    ticks = [Tick(i) for i in range(n)]
     hops = [_Hop(dedicated=dedicated and j == 2) for j in range(6)]
     late, fan = _Hop(period=0.001), _Hop()
     mujou.connect(ticks[0].out, hops[0].inp)

@@ -18,6 +18,7 @@ import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
 from mujou_actors._runtime.kernel import LAST_DELTA, Kernel, OutsideSend
 from mujou_actors.errors import NodeError
+from tests.conftest import Tick
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -393,6 +394,15 @@ def _all_readers(net: dict[str, mujou.Node]) -> dict[str, list[str]]:
     return out
 
 
+def _drive_states(kernels: list[Kernel], net: dict[str, mujou.Node]) -> dict[str, Any]:
+    """Drive ``kernels`` over ``net`` to 200 ms; the nodes' states of all of them, merged."""
+    drive(kernels, _all_readers(net), 200 * MS)
+    states: dict[str, Any] = {}
+    for k in kernels:
+        states.update(k.state_dict()["nodes"])
+    return states
+
+
 FAN_IN_GROUPS = [["a"], ["b"], ["grp.merge"], ["echo"]]
 
 
@@ -409,10 +419,7 @@ def test_fan_in_drops_on_start_sends_and_echoes_across_kernels_match_the_single_
     try:
         for k in kernels:
             k.start()
-        drive(kernels, _all_readers(net), 200 * MS)  # on_start's sends carried first
-        states: dict = {}
-        for k in kernels:
-            states.update(k.state_dict()["nodes"])
+        states = _drive_states(kernels, net)  # on_start's sends carried first
     finally:
         for k in kernels:
             k.stop()
@@ -421,20 +428,6 @@ def test_fan_in_drops_on_start_sends_and_echoes_across_kernels_match_the_single_
     for src in ("a", "b"):
         assert states[src]["k"] == expected[src]["k"]
         assert torch.equal(states[src]["g"], expected[src]["g"])
-
-
-class _Tick(mujou.Node):
-    """Sends ``(its index, its update count)`` every millisecond."""
-
-    out = mujou.Output(tuple)
-
-    def __init__(self, i: int) -> None:
-        super().__init__(period=0.001)
-        self.i, self.n = i, 0
-
-    def on_update(self, dt: float) -> None:
-        self.n += 1
-        self.out.send((self.i, self.n))
 
 
 class _Hop(mujou.Node):
@@ -460,7 +453,7 @@ def _crowded() -> dict[str, mujou.Node]:
     The fan-in feeds the second hop too, so that a kernel holding the first
     two hops but not the fan-in must wait at each delta cycle for it.
     """
-    net: dict[str, mujou.Node] = {f"t{i}": _Tick(i) for i in range(1030)}
+    net: dict[str, mujou.Node] = {f"t{i}": Tick(i) for i in range(1030)}
     hops = [_Hop() for _ in range(4)]
     net.update({f"h{j}": hop for j, hop in enumerate(hops)})
     net["fan"] = fan = _Hop()
@@ -527,10 +520,7 @@ def test_trees_taken_at_an_instant_boundary_restore_a_split_net_and_drop_on_star
             k.load_state_dict(tree)
             # What on_start sent to other kernels goes with the rest: the trees hold the cut.
             assert k.take_sends() == []
-        drive(kernels, _all_readers(net), 200 * MS)
-        states: dict = {}
-        for k in kernels:
-            states.update(k.state_dict()["nodes"])
+        states = _drive_states(kernels, net)
     finally:
         for k in kernels:
             k.stop()

@@ -1136,14 +1136,7 @@ class Dispatcher:
             self._cond.release()
             took = 0
             try:
-                if self.simulated:  # _run_claimed, inlined
-                    actor = claim[0]
-                    try:
-                        took = actor.run_due(claim[1], claim[3], self._end_ns, self._owed)
-                    except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-                        took = self._failed_update(actor, exc)
-                else:
-                    took = self._run_claimed(claim, fresh=False)
+                took = self._run_claimed(claim, fresh=False)
             finally:
                 self._cond.acquire()
                 self._busy_ns[name] += took
@@ -1222,8 +1215,9 @@ class Dispatcher:
     def _run_claimed(self, item: Claim, fresh: bool = True) -> int:
         """Apply a claimed actor's due deliveries and run its update (NO lock held).
 
-        In real time the update starts at the timer's time read now
-        (``fresh``), or, for a hook claimed alone, at the claim's: that was
+        In simulated time that is `Actor.run_due`. In real time the update
+        starts at the timer's time read now (``fresh``), or, for a hook
+        claimed alone, at the claim's: that was
         read just before the lock was released, and one clock read fewer
         per hop is measurable in a ping-pong. A trigger key owed to
         deliveries kept for a later hook goes to ``_owed``.
