@@ -6,6 +6,7 @@ does), so they import this module as ``common``.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import heapq
 import statistics
@@ -66,3 +67,21 @@ def summary(values: list[float]) -> dict:
     """Median, min, max and the samples of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "samples": values}
+
+
+def repeat_and_only(ap: argparse.ArgumentParser, args: argparse.Namespace,
+                    workloads: tuple[str, ...]) -> tuple[int, list[str] | tuple[str, ...]]:
+    """The repetitions and workloads that ``--repeat``, ``--quick`` and ``--only`` ask for.
+
+    Default 5 repetitions, 2 with ``--quick``. Calls ``ap.error`` (exit status
+    2) for fewer than one repetition, an unknown workload or an empty ``--only``.
+    """
+    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
+    if repeat < 1:
+        ap.error("--repeat must be >= 1")
+    only = workloads if args.only is None else args.only
+    unknown = [name for name in only if name not in workloads]
+    if unknown or not only:
+        what = f"no workload {', '.join(unknown)}" if unknown else "name at least one workload"
+        ap.error(f"--only: {what}; choose from {', '.join(workloads)}")
+    return repeat, only

@@ -120,7 +120,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import NoOp, heap_floor, summary
+from common import NoOp, heap_floor, repeat_and_only, summary
 
 import mujou_actors as mujou
 
@@ -825,14 +825,7 @@ def main() -> None:
                     default=None, metavar="W[,W...]",
                     help="measure only these workloads: " + ", ".join(WORKLOADS))
     args = ap.parse_args()
-    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
-    if repeat < 1:
-        ap.error("--repeat must be >= 1")
-    only = WORKLOADS if args.only is None else args.only
-    unknown = [name for name in only if name not in WORKLOADS]
-    if unknown or not only:
-        what = f"no workload {', '.join(unknown)}" if unknown else "name at least one workload"
-        ap.error(f"--only: {what}; choose from {', '.join(WORKLOADS)}")
+    repeat, only = repeat_and_only(ap, args, WORKLOADS)
     t_start = time.perf_counter()
     workloads = suite(args.quick, repeat, only)
     elapsed = time.perf_counter() - t_start

@@ -166,7 +166,7 @@ from pathlib import Path
 
 import realwork
 import torch
-from common import NoOp, Plain, heap_floor, summary
+from common import NoOp, Plain, heap_floor, repeat_and_only, summary
 
 import mujou_actors as mujou
 
@@ -1294,14 +1294,7 @@ def main() -> None:
         name, kwargs, _ = args.child
         print(json.dumps(CHILDREN[name](**json.loads(kwargs))))
         return
-    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 5)
-    if repeat < 1:
-        ap.error("--repeat must be >= 1")
-    only = WORKLOADS if args.only is None else args.only
-    unknown = [name for name in only if name not in WORKLOADS]
-    if unknown or not only:
-        what = f"no workload {', '.join(unknown)}" if unknown else "name at least one workload"
-        ap.error(f"--only: {what}; choose from {', '.join(WORKLOADS)}")
+    repeat, only = repeat_and_only(ap, args, WORKLOADS)
     if args.json is None:  # a partial run does not replace the last full one
         args.json = DEFAULT_JSON if args.only is None else ONLY_JSON
     t_start = time.perf_counter()
