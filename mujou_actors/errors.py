@@ -2,7 +2,8 @@
 
 The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
-(``NodeError``), bad data (``SnapshotError``), time (``StartTimeoutError``,
+(``NodeError``), bad data (``SnapshotError``; ``WireError`` on the data plane
+between processes), time (``StartTimeoutError``,
 ``StopTimeoutError``) and the CUDA driver (``SyncModeError``, also
 ``mujou.cuda.SyncModeError``). `describe` formats any exception for a message.
 """
@@ -78,6 +79,16 @@ class NodeError(MujouError):
 
 class SnapshotError(MujouError):
     """A snapshot file or state tree is truncated, corrupted, foreign or too new."""
+
+
+class WireError(MujouError, ValueError):
+    """Frames of the data plane between group processes that do not decode.
+
+    Raised by ``mujou_actors.distributed.wire.Decoder.decode`` for frames that
+    are not a batch of port messages, are truncated or damaged, or name shared
+    memory that is gone; the message says which, and where. Not in
+    ``__all__``: the data plane's own, not raised by the public API.
+    """
 
 
 class StartTimeoutError(MujouError, TimeoutError):

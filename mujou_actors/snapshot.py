@@ -132,6 +132,12 @@ _DTYPES: dict[str, torch.dtype] = {
     )
     if isinstance(getattr(torch, name, None), torch.dtype)  # older torch lacks some
 }
+# The name a file gives each dtype it holds: what `str(dtype)` says, without "torch." (a dict
+# lookup, where formatting the name costs about as much as the rest of a small tensor's entry).
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    dtype: str(dtype).removeprefix("torch.") for dtype in _DTYPES.values()
+    if str(dtype).removeprefix("torch.") in _DTYPES
+}
 
 
 def save(tree: Any, path: str | os.PathLike[str]) -> None:
@@ -289,7 +295,25 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
     decoded objects would exceed `_memory_budget` (charged as the decoder charges them).
     """
     tensors: list[tuple[torch.Tensor, int]] = []
-    offset = 0
+    packable, _, cost = _convert(tree, tensors, 0, "")
+    structure = msgpack.packb(packable)
+    if cost > _memory_budget(len(structure)):
+        raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
+                         f"{_memory_budget(len(structure))} bytes of memory to load (the most "
+                         f"is {MEMORY_PER_BYTE} bytes per byte plus {MEMORY_SLACK >> 20} MiB: "
+                         "store many small values as a tensor)")
+    return structure, tensors
+
+
+def _convert(tree: Any, tensors: list[tuple[torch.Tensor, int]], offset: int,
+             root: str) -> tuple[Any, int, int]:
+    """A tree made ready for ``msgpack.packb``: tuples and tensors as the format's extensions.
+
+    The tree's tensors are appended to ``tensors`` with their byte sizes, their bytes placed
+    from ``offset`` on in the tensor data. ``root`` is the tree's key path in errors (``""``:
+    ``<root>``). Returns the packable tree, the offset after its tensors and the memory its
+    decoding is charged (`_memory_budget`'s model). Raises what `save` raises for the tree.
+    """
     cost = 0
 
     def convert(obj: Any, path: str, depth: int) -> Any:
@@ -332,21 +356,11 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
             items = [convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(obj)]
             return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(items))
         if isinstance(obj, torch.Tensor):
-            name = str(obj.dtype).removeprefix("torch.")
-            if name not in _DTYPES:
-                raise TypeError(f"{path or '<root>'}: unsupported tensor dtype {name}")
-            if obj.layout != torch.strided or obj.is_meta:
-                raise TypeError(f"{path or '<root>'}: unsupported {obj.layout} tensor "
-                                f"on {obj.device} (only strided tensors with data)")
-            nbytes = obj.numel() * obj.element_size()
-            meta = msgpack.packb([name, list(obj.shape), offset, nbytes])
-            if len(meta) > _MAX_TENSOR_META:
-                raise TypeError(f"{path or '<root>'}: a tensor of {obj.dim()} dimensions "
-                                "has too many for a snapshot file")
+            ext, nbytes = _tensor_ext(obj, path, offset)
             cost += _COST_TENSOR
             tensors.append((obj, nbytes))
             offset += nbytes
-            return msgpack.ExtType(_EXT_TENSOR, meta)
+            return ext
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             # A message type the ports allow: stored as a dict of its fields (a restore
             # puts it back into the dataclass its Input declares; see `from_file`).
@@ -355,7 +369,7 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
         raise TypeError(f"{path or '<root>'}: unsupported type {type(obj).__name__}")
 
     try:
-        structure = msgpack.packb(convert(tree, "", 0))
+        packable = convert(tree, root, 0)
     finally:
         # convert refers to itself through its closure: a reference cycle that, left alone,
         # holds `tensors` (the tree's tensors) until the cyclic garbage collector runs, which
@@ -363,12 +377,28 @@ def _encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
         # Rebound rather than deleted: ruff takes a `del` of the closure's own name for an
         # undefined name inside it (F821).
         convert = None  # type: ignore[assignment]
-    if cost > _memory_budget(len(structure)):
-        raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
-                         f"{_memory_budget(len(structure))} bytes of memory to load (the most "
-                         f"is {MEMORY_PER_BYTE} bytes per byte plus {MEMORY_SLACK >> 20} MiB: "
-                         "store many small values as a tensor)")
-    return structure, tensors
+    return packable, offset, cost
+
+
+def _tensor_ext(obj: torch.Tensor, path: str, offset: int) -> tuple[msgpack.ExtType, int]:
+    """A tensor's extension (its bytes placed at ``offset`` in the tensor data) and its size.
+
+    Raises TypeError, naming ``path``, for a tensor a file cannot hold: a dtype the format
+    does not name, a layout other than strided, no data (meta), too many dimensions.
+    """
+    name = _DTYPE_NAMES.get(obj.dtype)
+    if name is None:
+        raise TypeError(f"{path or '<root>'}: unsupported tensor dtype "
+                        f"{str(obj.dtype).removeprefix('torch.')}")
+    if obj.layout != torch.strided or obj.is_meta:
+        raise TypeError(f"{path or '<root>'}: unsupported {obj.layout} tensor "
+                        f"on {obj.device} (only strided tensors with data)")
+    nbytes = obj.numel() * obj.element_size()
+    meta = msgpack.packb([name, list(obj.shape), offset, nbytes])
+    if len(meta) > _MAX_TENSOR_META:
+        raise TypeError(f"{path or '<root>'}: a tensor of {obj.dim()} dimensions "
+                        "has too many for a snapshot file")
+    return msgpack.ExtType(_EXT_TENSOR, meta), nbytes
 
 
 def _utf8_len(text: str, path: str) -> int:
@@ -783,15 +813,21 @@ class _Decoder:
     def __init__(self, data_len: int, device: str, budget: int | None = None) -> None:
         self.data_len = data_len
         self.device = device
+        self._device = torch.device(device)  # parsed once: torch.empty would parse the str
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
         self.budget = budget
         self.cost = 0
 
-    def unpack(self, data: bytes) -> Any:
+    def unpack(self, data: bytes, start: int = 0) -> Any:
+        """The tree that ``data[start:]`` holds, all of it (offsets in errors count from 0).
+
+        Without a budget given, the decoded objects may take `_memory_budget` of the
+        structure's length (``len(data) - start``).
+        """
         if self.budget is None:
-            self.budget = _memory_budget(len(data))
-        value, pos = self._parse(data, 0, len(data), ext=True)
+            self.budget = _memory_budget(len(data) - start)
+        value, pos = self._parse(data, start, len(data), ext=True)
         if pos != len(data):
             raise ValueError(f"{len(data) - pos} bytes after the tree, from offset {pos}")
         return value
@@ -959,26 +995,41 @@ class _Decoder:
         raise ValueError(f"the tuple at offset {at}: its payload is not an array")
 
     def _tensor(self, data: bytes, pos: int, stop: int, at: int) -> torch.Tensor:
+        """The tensor whose description is ``data[pos:stop]``: made, checked, not filled."""
         if stop - pos > _MAX_TENSOR_META:
             raise ValueError(f"the tensor at offset {at} has a description of {stop - pos} "
                              f"bytes (at most {_MAX_TENSOR_META})")
-        cost = self.cost  # the description is dropped at once: its objects are not kept
-        meta, after = self._parse(data, pos, stop, ext=False)
-        self.cost = cost
-        if after != stop or type(meta) is not list or len(meta) != 4:
+        meta = self._tensor_meta(data, pos, stop, at)
+        if type(meta) is not list or len(meta) != 4:
             raise ValueError(f"the tensor at offset {at}: its payload is not "
                              "[dtype, shape, offset, nbytes]")
         dtype_name, shape, offset, nbytes = meta
         dtype = _DTYPES.get(dtype_name) if type(dtype_name) is str else None
         if dtype is None:
             raise ValueError(f"unknown tensor dtype {dtype_name!r}")
-        if type(shape) is not list or any(type(n) is not int or n < 0 for n in shape):
+        if type(shape) is not list or not all([type(n) is int and n >= 0 for n in shape]):
             raise ValueError(f"bad tensor shape {shape!r}")
         # Checked before allocating, so damaged sizes can never ask for more than the file holds.
         if (offset != self.offset or nbytes != math.prod(shape) * dtype.itemsize
                 or offset + nbytes > self.data_len):
             raise ValueError(f"tensor bytes out of place ({offset=}, {nbytes=})")
         self.offset += nbytes
-        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        # The sizes as arguments: torch parses them about 0.5 us sooner than a list.
+        tensor = torch.empty(*shape, dtype=dtype, device=self._device) if shape else \
+            torch.empty((), dtype=dtype, device=self._device)
         self.tensors.append(tensor)
         return tensor
+
+    def _tensor_meta(self, data: bytes, pos: int, stop: int, at: int) -> Any:
+        """The value of a tensor's description (at most `_MAX_TENSOR_META` bytes), unchecked.
+
+        Parsed here like the rest, without extensions, and charged nothing: it is dropped at
+        once. Raises ValueError when it is not exactly one value.
+        """
+        cost = self.cost
+        meta, after = self._parse(data, pos, stop, ext=False)
+        self.cost = cost
+        if after != stop:
+            raise ValueError(f"the tensor at offset {at}: its payload is not "
+                             "[dtype, shape, offset, nbytes]")
+        return meta

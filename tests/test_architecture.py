@@ -212,7 +212,7 @@ def test_a_number_but_not_a_bool_is_checked_only_by_checks() -> None:
     # asks both whether a value is a bool and whether it is an int or a float.
     # The snapshot encoder tells the types apart to write each in its own
     # format (a bool is not written as an int): no argument check.
-    encoders = {("snapshot.py", "_encode"), ("snapshot.py", "convert")}
+    encoders = {("snapshot.py", "_convert"), ("snapshot.py", "convert")}
     found = []
     for name, tree in _modules():
         if name == "_checks.py":

@@ -1,0 +1,927 @@
+"""Port messages between group processes: the encoding of the data plane.
+
+A *batch* is a list of *items* ``(t_ns, delta, sender, port, message)``: the
+time and delta cycle of the sending hook, the sender's order in the net, the
+index of the port the message is for (an index both sides agree on, into the
+``declared`` sequence of the port types) and the message. `Encoder.encode`
+turns a batch into the frames of one ZeroMQ multipart message;
+`Decoder.decode` turns them back into the batch, each message as the type its
+port declares and bit for bit as it was sent. Messages are encoded with the
+snapshot codec (``mujou_actors.snapshot``: msgpack, tensors as raw bytes,
+never pickle), without a file's header and checksum, so what crosses is what a
+snapshot file holds: None, bool, int (int64/uint64), float, str, bytes, list,
+tuple, dict (str and int keys) and ``torch.Tensor`` (strided, every dtype the
+format names), nested at most ``snapshot.MAX_DEPTH`` levels, and a NamedTuple
+or dataclass of those where the port declares exactly that class.
+`crossing_problem` says, at connect time, whether a port's declared type can
+cross at all; `Encoder.encode` refuses a message that would not come back as
+itself (a subclass, a NamedTuple inside a list, an ``OrderedDict``).
+
+Frames (all integers little-endian)::
+
+    frame 0       offset      size  field
+                  0           4     magic b"MJW1" (the wire format, version 1)
+                  4           4     n: items, uint32
+                  8           4     k: tensors in shared memory, uint32
+                  12          2     a: length of the shared-memory pool's name, uint16
+                  14          a     the pool's name, ASCII (a file in /dev/shm; empty if k == 0)
+                  14+a        32n   t_ns[n], delta[n], sender[n], port[n]: int64 each
+                  14+a+32n    32k   per tensor in shared memory: its index among the
+                                    batch's tensors, its block's id, the block's offset
+                                    in the pool and the tensor's nbytes: int64 each
+                  14+a+32n+32k      the n messages: one msgpack array, in the snapshot
+                                    format (tensors and tuples as its extensions 1 and 2)
+    frames 1...                     the other tensors' raw bytes (C order), in the order of
+                                    the tensors: consecutive small ones joined in one frame,
+                                    each of at least `OWN_FRAME` bytes in a frame of its own
+
+A tensor's bytes are copied once on each side: the encoder copies small ones
+into a joined frame, or a large one into a shared-memory block, and hands a
+large inline one over as a view of its memory (send with ``copy=False``: pyzmq
+copies frames under its ``COPY_THRESHOLD`` itself); the decoder copies each
+into a tensor of its own (``torch.empty``: contiguous, writable, resizable,
+sharing memory with nothing). A tensor on a CUDA device is copied to the CPU
+by the encoder; the receiving kernel puts it on its own device. A
+non-contiguous tensor comes back contiguous, with the same elements.
+
+Shared memory (one machine): an `Encoder` given a ``prefix`` owns a pool of
+``pool_bytes`` (default `POOL_BYTES`, 64 MiB) in one file of ``/dev/shm``
+named ``<prefix><pid>-<random>``, made on first use; a tensor of at least
+``shm_threshold`` bytes (default `SHM_THRESHOLD`, 64 KiB) goes into a block of
+it, and frame 0 carries the block's descriptor. The `Decoder` maps the pool
+(read only), copies the tensor out and records the block as free: the caller
+carries `Decoder.take_freed`'s ids back to the sender (on its own reply path;
+no acknowledgement per message) and gives them to `Encoder.release`. When the
+pool has no room, the tensor goes inline: `Encoder.encode` never blocks and
+never drops. Pages are reserved (``posix_fallocate``) before they are written,
+so a full ``/dev/shm`` sends tensors inline instead of killing the sender with
+SIGBUS. The pool is a plain file, mapped with ``mmap``: no
+``multiprocessing.resource_tracker`` is involved. `Encoder.close` unlinks it;
+a sender killed before that leaves it behind, and `remove_blocks` removes every
+pool of a prefix. Without ``/dev/shm`` (not Linux), everything goes inline.
+
+Decoding takes untrusted bytes and is bounded: the messages are parsed by the
+snapshot codec's own parser (no recursion, at most ``snapshot.MAX_DEPTH``
+levels, decoded objects charged at most ``snapshot.MEMORY_PER_BYTE`` bytes per
+byte of the msgpack part plus ``snapshot.MEMORY_SLACK``), a tensor's
+description is read by msgpack's C parser (at most 1,024 bytes, no extension
+types: no recursion), and tensors are allocated only for bytes that are there:
+at most the data frames' total length plus the mapped pool's size (the
+tensors in shared memory of one batch take at most the pool). Frames that do
+not decode raise `WireError` naming what was wrong. There is no checksum (the
+transport delivers whole frames): damage that leaves a valid batch, a flipped
+bit inside a number or a tensor's data, is not seen.
+
+Neither class is thread-safe: each is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import secrets
+import stat
+import struct
+import sys
+from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import torch
+
+from ..errors import WireError
+from ..snapshot import (
+    _COST_BYTES,
+    _COST_DICT,
+    _COST_ENTRY,
+    _COST_FLOAT,
+    _COST_LIST,
+    _COST_SLOT,
+    _COST_STR,
+    _COST_TENSOR,
+    _COST_TUPLE,
+    _EXACT,
+    _EXT_TUPLE,
+    _a,
+    _checked_int,
+    _convert,
+    _Decoder,
+    _int_cost,
+    _is_dataclass_type,
+    _is_named_tuple,
+    _memory_budget,
+    _raw_bytes,
+    _reason,
+    _tensor_ext,
+    _text_cost,
+    _utf8_len,
+    file_problem,
+    from_file,
+)
+
+__all__ = ["Encoder", "Decoder", "crossing_problem", "remove_blocks", "Item",
+           "SHM_THRESHOLD", "POOL_BYTES", "OWN_FRAME", "MAGIC"]
+
+Item = tuple[int, int, int, int, Any]
+"""One message of a batch: ``(t_ns, delta, sender, port, message)``."""
+
+MAGIC = b"MJW1"
+"""The first bytes of frame 0: the wire format, version 1."""
+
+SHM_THRESHOLD = 64 << 10
+"""Bytes from which a tensor goes through shared memory (when the pool has room)."""
+
+POOL_BYTES = 64 << 20
+"""Default size of an Encoder's shared-memory pool, bytes."""
+
+OWN_FRAME = 16 << 10
+"""Bytes from which an inline tensor gets a frame of its own (a view of its memory)."""
+
+_HEAD = struct.Struct("<4sIIH")  # magic, n, k, a
+_ROW = 4 * 8  # bytes per item of the envelope, and per row of the shared-memory table
+_ALIGN = 4096  # blocks start on a page: whole pages reserved, copies aligned
+_SHM_DIR = "/dev/shm"
+# A pool's name, and a prefix of one: more than "mujou-" (one run's pools, not every run's),
+# no "/" (a file of /dev/shm itself).
+_NAME = re.compile(r"mujou-[A-Za-z0-9._-]+\Z")
+_BIG = sys.byteorder == "big"
+_Tensor = torch.Tensor
+_memmove = ctypes.memmove
+_string_at = ctypes.string_at
+# Message types encoded as they are, with the cost `_Decoder` charges for them (str, bytes
+# and int: computed). Any other type is checked by `file_problem` and converted by `_convert`.
+_NO_COST = frozenset((type(None), bool))
+
+
+# ---------------------------------------------------------------------------
+# Which port types cross
+
+
+def crossing_problem(declared: type, path: str) -> str | None:
+    """Why the messages of a port declared with ``declared`` cannot cross processes.
+
+    A port crosses when its declared type is one the snapshot codec brings
+    back as itself: ``object`` (any message: each is checked as it is
+    encoded), None's type, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+    ``list``, ``tuple``, ``dict``, ``torch.Tensor``, a NamedTuple class or a
+    dataclass (their fields checked per message, like a container's items).
+    Any other class cannot: ``complex`` and classes the codec does not hold,
+    and subclasses of the plain types (an ``OrderedDict``, an ``IntEnum``, a
+    Tensor subclass), which would come back as their base type.
+
+    Args:
+        declared (type): the port's declared message type (``Input(type_)``).
+        path (str): the port's dotted path, for the message.
+
+    Returns:
+        str | None: the reason in words, naming the port (``port 'ctrl.gain'
+        (declared complex): ...``), or None when its messages can cross.
+    """
+    why = _type_problem(declared)
+    if why is None:
+        return None
+    name = getattr(declared, "__qualname__", None) or repr(declared)
+    return (f"port {path!r} (declared {name}): its messages cannot cross between group "
+            f"processes: {why}")
+
+
+def _type_problem(declared: Any) -> str | None:
+    """`crossing_problem`'s reason without the port: None when the type crosses."""
+    if not isinstance(declared, type):
+        return f"{declared!r} is not a class"
+    if declared is object or declared in _EXACT:
+        return None
+    if _is_named_tuple(declared) or _is_dataclass_type(declared):
+        return None
+    base = next((b for b in _EXACT if issubclass(declared, b)), None)
+    if base is not None:
+        return (f"{_a(declared.__name__)} (a subclass of {base.__name__}) would come back as "
+                f"{_a(base.__name__)}; declare {base.__name__}")
+    return (f"the snapshot codec does not encode {_a(declared.__name__)} (it holds None, bool, "
+            "int, float, str, bytes, list, tuple, dict, torch.Tensor, and NamedTuples and "
+            "dataclasses of those)")
+
+
+# ---------------------------------------------------------------------------
+# Encoding
+
+
+class Encoder:
+    """Encodes batches of port messages into frames, large tensors through shared memory.
+
+    Args:
+        prefix (str | None): the start of the shared-memory pool's name, e.g.
+            ``"mujou-<run id>-<group>-"`` (``mujou-`` then at least one letter,
+            digit, ``.``, ``_`` or ``-``); None (the default): no shared memory,
+            every tensor inline.
+        shm_threshold (int): bytes from which a tensor goes through shared
+            memory. Default `SHM_THRESHOLD` (64 KiB).
+        pool_bytes (int): size of the pool, bytes (0: no shared memory).
+            Default `POOL_BYTES` (64 MiB). Memory is taken only as blocks are
+            first used, and stays with the pool until `close`.
+
+    Raises:
+        ValueError: a prefix that is not of that form, or a negative size.
+    """
+
+    def __init__(self, prefix: str | None = None, *, shm_threshold: int = SHM_THRESHOLD,
+                 pool_bytes: int = POOL_BYTES) -> None:
+        if prefix is not None and (type(prefix) is not str or not _NAME.match(prefix)
+                                   or len(prefix) > 200):
+            raise ValueError(f"Encoder: prefix must be 'mujou-' followed by letters, digits, "
+                             f"'.', '_' or '-' (1 to 194 of them), got {prefix!r}")
+        if type(shm_threshold) is not int or shm_threshold < 1:
+            raise ValueError(f"Encoder: shm_threshold must be an int >= 1, got {shm_threshold!r}")
+        if type(pool_bytes) is not int or pool_bytes < 0:
+            raise ValueError(f"Encoder: pool_bytes must be an int >= 0, got {pool_bytes!r}")
+        self._prefix = prefix
+        self._threshold = shm_threshold
+        # No pool (yet): one is made at the first tensor that wants one, if it can be.
+        self._pool: _Pool | None = None
+        self._want_pool = prefix is not None and pool_bytes >= _ALIGN and os.path.isdir(_SHM_DIR)
+        self._pool_bytes = pool_bytes - pool_bytes % _ALIGN
+        self._closed = False
+
+    @property
+    def pool_name(self) -> str | None:
+        """str | None: the pool's file name in ``/dev/shm``; None while there is none."""
+        return None if self._pool is None else self._pool.name
+
+    @property
+    def shm_in_use(self) -> int:
+        """int: bytes of the pool in blocks not released yet (whole pages)."""
+        return 0 if self._pool is None else self._pool.in_use
+
+    @property
+    def shm_blocks(self) -> int:
+        """int: blocks of the pool not released yet."""
+        return 0 if self._pool is None else len(self._pool.live)
+
+    def encode(self, items: Sequence[Item], declared: Sequence[type]) -> list[bytes | memoryview]:
+        """The frames of one batch: frame 0 as bytes, then the inline tensors' bytes.
+
+        The frames may be views of the messages' tensors (those of at least
+        `OWN_FRAME` bytes, on the CPU and contiguous): they must not change
+        until the frames are sent, which ``send_multipart(frames,
+        copy=False)`` makes the caller's concern only while it runs.
+
+        Args:
+            items (Sequence[Item]): the batch, ``(t_ns, delta, sender, port,
+                message)`` each; the four numbers are ints within int64.
+            declared (Sequence[type]): each port's declared type, by port index
+                (the receiver decodes with the same sequence). A top-level
+                NamedTuple or dataclass message crosses only to a port that
+                declares exactly its class.
+
+        Returns:
+            list[bytes | memoryview]: the frames, for ``send_multipart``.
+
+        Raises:
+            TypeError: an item is not five values, its numbers are not ints
+                within int64, or a message cannot cross or would not come back
+                as itself; the message names the item, its port and the key
+                path (``item 3 (port 7): message['pose']: ...``).
+            ValueError: a port index outside ``declared``, a message nested
+                deeper than ``snapshot.MAX_DEPTH``, or a batch whose decoding
+                would take more memory than the decoder allows (split it).
+            RuntimeError: the encoder is closed.
+        """
+        if self._closed:
+            raise RuntimeError("Encoder.encode: the encoder is closed")
+        n = len(items)
+        envelope = array("q")
+        if n:
+            try:
+                ts, ds, ss, ps, ms = zip(*items, strict=True)
+            except ValueError:
+                bad = next(i for i, item in enumerate(items) if len(item) != 5)
+                raise TypeError(f"item {bad} of the batch is not (t_ns, delta, sender, port, "
+                                f"message): {len(items[bad])} values") from None
+            try:
+                envelope.extend(ts)
+                envelope.extend(ds)
+                envelope.extend(ss)
+                envelope.extend(ps)
+            except (TypeError, OverflowError):
+                raise TypeError("the items' t_ns, delta, sender and port must be ints within "
+                                "int64") from None
+            if min(ps) < 0 or max(ps) >= len(declared):
+                bad = next(i for i, p in enumerate(ps) if not 0 <= p < len(declared))
+                raise ValueError(f"item {bad}: port {ps[bad]} is not an index of the "
+                                 f"{len(declared)} declared port types")
+        else:
+            ps = ms = ()
+        tensors: list[tuple[torch.Tensor, int]] = []
+        out, cost = self._messages(ms, ps, declared, tensors)
+        body = msgpack.packb(out)
+        if cost > _memory_budget(len(body)):
+            raise ValueError(f"a batch of {n} items whose {len(body)} bytes of messages would "
+                             f"take more than {_memory_budget(len(body))} bytes of memory to "
+                             "decode: split it")
+        frames: list[bytes | memoryview] = [b""]
+        rows = self._place(tensors, frames) if tensors else None
+        if _BIG:
+            envelope.byteswap()
+        if rows is None:
+            head = _HEAD.pack(MAGIC, n, 0, 0)
+            frames[0] = b"".join((head, envelope.tobytes(), body))
+        else:
+            assert self._pool is not None
+            name = self._pool.name.encode()
+            if _BIG:
+                rows.byteswap()
+            head = _HEAD.pack(MAGIC, n, len(rows) // 4, len(name))
+            frames[0] = b"".join((head, name, envelope.tobytes(), rows.tobytes(), body))
+        return frames
+
+    def _messages(self, ms: Sequence[Any], ps: Sequence[int], declared: Sequence[type],
+                  tensors: list[tuple[torch.Tensor, int]]) -> tuple[list[Any], int]:
+        """The messages made ready for msgpack, and what decoding them is charged.
+
+        Runs of leaves (scalars and plain tensors: most messages) go through `_leaves`;
+        each other message through `_other`. Appends the tensors to ``tensors``.
+        """
+        out: list[Any] = []
+        n = len(ms)
+        try:
+            i, cost, offset = _leaves(ms, 0, out, tensors, 0)
+            while i < n:
+                packable, offset, more = _other(ms[i], declared[ps[i]], tensors, offset)
+                out.append(packable)
+                i, most, offset = _leaves(ms, i + 1, out, tensors, offset)
+                cost += more + most
+        except (TypeError, ValueError) as e:
+            i = len(out)  # every message before the one that failed is in out
+            kind = TypeError if isinstance(e, TypeError) else ValueError
+            raise kind(f"item {i} (port {ps[i]}): {_reason(e)}") from e
+        return out, cost + _COST_LIST + _COST_SLOT * n
+
+    def _place(self, tensors: list[tuple[torch.Tensor, int]],
+               frames: list[bytes | memoryview]) -> array[int] | None:
+        """Puts each tensor's bytes into shared memory or the frames; the shared-memory rows.
+
+        Returns the rows of the shared-memory table (index, block id, offset, nbytes,
+        flat), or None when no tensor went there.
+        """
+        rows = None
+        run: list[bytes] = []  # consecutive small tensors' bytes, joined into one frame
+        threshold = self._threshold
+        for j, (t, nbytes) in enumerate(tensors):
+            data = None
+            if nbytes >= threshold and self._want_pool:
+                data = _bytes_of(t, nbytes)
+                pool = self._pool if self._pool is not None else self._make_pool()
+                block = None if pool is None else pool.put(data)
+                if block is not None:
+                    if rows is None:
+                        rows = array("q")
+                    rows.extend((j, block[0], block[1], nbytes))
+                    continue
+            if nbytes < OWN_FRAME:
+                if nbytes:
+                    run.append(_small_bytes(t, nbytes) if data is None else bytes(data))
+                continue
+            if run:
+                frames.append(b"".join(run))
+                run = []
+            frames.append(_bytes_of(t, nbytes) if data is None else data)
+        if run:
+            frames.append(b"".join(run))
+        return rows
+
+    def _make_pool(self) -> _Pool | None:
+        """The pool, made now; None (and no more tries) when the system refuses one."""
+        assert self._prefix is not None
+        try:
+            self._pool = _Pool(f"{self._prefix}{os.getpid()}-{secrets.token_hex(4)}",
+                               self._pool_bytes)
+        except OSError:
+            self._want_pool = False
+        return self._pool
+
+    def release(self, ids: Sequence[int]) -> None:
+        """Returns blocks to the pool: the ids a `Decoder` reported with `Decoder.take_freed`.
+
+        An id that names no block in use (released already, from before a
+        restart, or damaged) is ignored.
+
+        Args:
+            ids (Sequence[int]): block ids.
+        """
+        if self._pool is not None:
+            for block in ids:
+                self._pool.give(block)
+
+    def close(self) -> None:
+        """Unlinks the pool and releases its memory; idempotent. Later `encode` calls raise.
+
+        A receiver that mapped the pool keeps its mapping (and may still copy
+        blocks it was sent); one that had not yet cannot map it any more.
+        """
+        self._closed = True
+        self._want_pool = False
+        if self._pool is not None:
+            self._pool.close()
+
+
+def _leaves(values: Sequence[Any], start: int, out: list[Any],
+            tensors: list[tuple[torch.Tensor, int]], offset: int) -> tuple[int, int, int]:
+    """Packs ``values[start:]`` into ``out`` for as long as they are leaves.
+
+    A leaf is a value of exactly a scalar type or ``torch.Tensor``, which the
+    snapshot codec writes as it is (a tensor as its extension, its bytes placed
+    from ``offset`` on and appended to ``tensors``).
+
+    Returns:
+        tuple[int, int, int]: the index of the first value that is not a leaf
+        (``len(values)`` when all are), the memory decoding the leaves is
+        charged, and the tensor data's offset after them.
+
+    Raises:
+        TypeError: a leaf the codec cannot hold (an int beyond int64/uint64, a str
+            that is not Unicode, an unsupported tensor); nothing is appended for it.
+    """
+    append = out.append
+    cost = 0
+    for i in range(start, len(values)):
+        m = values[i]
+        vt = type(m)
+        if vt is _Tensor:
+            ext, nbytes = _tensor_ext(m, "message", offset)
+            tensors.append((m, nbytes))
+            offset += nbytes
+            cost += _COST_TENSOR
+            m = ext
+        elif vt is float:
+            cost += _COST_FLOAT
+        elif vt is int:
+            cost += _int_cost(_checked_int(m, "message"))
+        elif vt is str:
+            cost += _text_cost(_utf8_len(m, "message"), _COST_STR)
+        elif vt is bytes:
+            cost += _text_cost(len(m), _COST_BYTES)
+        elif vt not in _NO_COST:
+            return i, cost, offset
+        append(m)
+    return len(values), cost, offset
+
+
+def _other(m: Any, declared: type, tensors: list[tuple[torch.Tensor, int]],
+           offset: int) -> tuple[Any, int, int]:
+    """A message that is not a leaf, made ready for msgpack: (packable, offset after, cost).
+
+    A plain list, tuple or dict of leaves (with str or int keys) is packed at once;
+    anything else is converted by the snapshot codec's `_convert` (which names the key
+    path of what it cannot hold) and checked with `file_problem` against ``declared``.
+    """
+    vt = type(m)
+    if vt is tuple or vt is list or vt is dict:
+        mark = len(tensors)
+        values = list(m.values()) if vt is dict else m
+        packed: list[Any] = []
+        try:
+            stop, cost, after = _leaves(values, 0, packed, tensors, offset)
+            keys = _keys_cost(m) if vt is dict and stop == len(values) else 0
+        except (TypeError, ValueError):  # the slow path below says what and where
+            stop, keys = -1, None
+        if stop == len(values) and keys is not None:
+            size = len(values)
+            if vt is list:
+                return packed, after, cost + _COST_LIST + _COST_SLOT * size
+            if vt is tuple:
+                return (msgpack.ExtType(_EXT_TUPLE, msgpack.packb(packed)), after,
+                        cost + _COST_TUPLE + _COST_SLOT * size)
+            return (dict(zip(m, packed, strict=True)), after,
+                    cost + keys + _COST_DICT + _COST_ENTRY * size)
+        del tensors[mark:]
+    packable, offset, cost = _convert(m, tensors, offset, "message")  # what it cannot hold
+    problem = file_problem(m, declared)  # what it would not bring back as it was
+    if problem is not None:
+        raise TypeError(f"message: {problem}")
+    return packable, offset, cost
+
+
+def _keys_cost(m: dict[Any, Any]) -> int | None:
+    """What decoding a dict's keys is charged; None when one is not a plain str or int."""
+    cost = 0
+    for key in m:
+        kt = type(key)
+        if kt is str:
+            cost += _text_cost(_utf8_len(key, "message"), _COST_STR)
+        elif kt is int:
+            cost += _int_cost(_checked_int(key, "message"))
+        else:
+            return None
+    return cost
+
+
+def _small_bytes(t: torch.Tensor, nbytes: int) -> bytes:
+    """A small tensor's bytes in C order, read at once from its memory when it is plain."""
+    if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+        # A contiguous CPU tensor's ``nbytes`` bytes lie back to back from data_ptr.
+        return _string_at(t.data_ptr(), nbytes)
+    return bytes(_bytes_of(t, nbytes))
+
+
+def _bytes_of(t: torch.Tensor, nbytes: int) -> memoryview:
+    """The tensor's bytes in C order: a view of a plain CPU tensor's memory, else of a copy.
+
+    A copy is made by `_raw_bytes` (the snapshot codec's: on the CPU, conjugation and
+    negation resolved, contiguous); a plain tensor is viewed with `_view`, which, unlike
+    `_raw_bytes`, leaves its storage resizable (the message may still be read here).
+    """
+    if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+        return _view(t, nbytes)
+    data = _raw_bytes(t)
+    if data.nbytes != nbytes:
+        raise RuntimeError("a tensor was resized while it was being encoded")
+    return data
+
+
+def _view(t: torch.Tensor, nbytes: int) -> memoryview:
+    """A writable view of the ``nbytes`` bytes of a contiguous CPU tensor, keeping it alive.
+
+    Made with ctypes rather than numpy: ``Tensor.numpy()`` marks the storage as not
+    resizable for good, which a received message must not be (`messages.sole_tensor`
+    hands only resizable tensors over uncopied) nor a sent one become.
+    """
+    raw = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    raw.tensor = t  # type: ignore[attr-defined]  # the view holds raw, raw holds the tensor
+    return memoryview(raw).cast("B")
+
+
+class _Pool:
+    """An Encoder's shared-memory pool: one file in /dev/shm, mapped, cut into blocks.
+
+    Blocks are whole pages, taken first-fit from a list of free extents
+    (coalesced as they come back), each with an id that is never reused, so a
+    late or repeated release is harmless. Pages are reserved with
+    ``posix_fallocate`` before their first write.
+
+    Args:
+        name (str): the file's name in /dev/shm (created; it must not exist).
+        size (int): the pool's size, bytes (a multiple of `_ALIGN`).
+
+    Raises:
+        OSError: the file cannot be made or mapped.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.path = os.path.join(_SHM_DIR, name)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            os.unlink(self.path)
+            raise
+        self.view = memoryview(self.map)
+        self.size = size
+        self.reserved = 0  # bytes from 0 reserved with posix_fallocate
+        self.free: list[list[int]] = [[0, size]]  # [offset, size] extents, by offset
+        self.live: dict[int, tuple[int, int]] = {}  # block id -> (offset, size)
+        self.next_id = 1
+        self.in_use = 0
+
+    def put(self, data: memoryview) -> tuple[int, int] | None:
+        """Copies bytes into a new block; (block id, offset), or None without room."""
+        nbytes = data.nbytes
+        need = -(-nbytes // _ALIGN) * _ALIGN
+        free = self.free
+        k = 0
+        while k < len(free) and free[k][1] < need:  # first fit
+            k += 1
+        if k == len(free):
+            return None
+        extent = free[k]
+        offset = extent[0]
+        end = offset + need
+        if end > self.reserved:
+            try:
+                os.posix_fallocate(self.fd, self.reserved, end - self.reserved)
+            except OSError:  # /dev/shm is full: this tensor goes inline
+                return None
+            self.reserved = end
+        if extent[1] == need:
+            del free[k]
+        else:
+            extent[0] += need
+            extent[1] -= need
+        block = self.next_id
+        self.next_id += 1
+        self.live[block] = (offset, need)
+        self.in_use += need
+        self.view[offset : offset + nbytes] = data
+        return block, offset
+
+    def give(self, block: int) -> None:
+        """Frees a block (an unknown id is ignored), merging it with free neighbours."""
+        got = self.live.pop(block, None) if type(block) is int else None
+        if got is None:
+            return
+        offset, size = got
+        self.in_use -= size
+        free = self.free
+        k = bisect_left(free, [offset, 0])
+        if k < len(free) and free[k][0] == offset + size:  # merge the next extent
+            size += free[k][1]
+            del free[k]
+        if k and free[k - 1][0] + free[k - 1][1] == offset:  # into the previous one
+            free[k - 1][1] += size
+        else:
+            free.insert(k, [offset, size])
+
+    def close(self) -> None:
+        """Unmaps and unlinks the pool; idempotent."""
+        if self.fd < 0:
+            return
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
+        self.fd = -1
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:  # remove_blocks got there first
+            pass
+
+
+def remove_blocks(prefix: str) -> int:
+    """Removes every shared-memory pool whose name starts with ``prefix``.
+
+    For the end of a run: a sender killed before `Encoder.close` leaves its
+    pool behind. Mappings other processes still hold stay valid until they
+    close them.
+
+    Args:
+        prefix (str): the prefix given to the run's Encoders (``mujou-`` and
+            more: it never matches files of other programs).
+
+    Returns:
+        int: how many files were removed (0 without ``/dev/shm``).
+
+    Raises:
+        ValueError: the prefix is not of the form `Encoder` takes.
+    """
+    if type(prefix) is not str or not _NAME.match(prefix) or len(prefix) > 200:
+        raise ValueError(f"remove_blocks: not a prefix of mujou's pools: {prefix!r}")
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+            except FileNotFoundError:
+                continue
+            removed += 1
+    return removed
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+
+
+class _Parser(_Decoder):
+    """The snapshot codec's parser, with a tensor's description read by msgpack's C parser.
+
+    The description is at most `_MAX_TENSOR_META` bytes (checked before this runs)
+    and is unpacked without an extension hook, so msgpack neither recurses nor
+    allocates more than a few objects per byte; what it returns is then checked
+    by `_Decoder._tensor` like any description.
+    """
+
+    def _tensor_meta(self, data: bytes, pos: int, stop: int, at: int) -> Any:
+        """The description's value (any: checked by the caller); ValueError if none."""
+        try:
+            return msgpack.unpackb(data[pos:stop])
+        except Exception:  # noqa: BLE001 - whatever the bytes make msgpack raise
+            raise ValueError(f"the tensor at offset {at}: its payload is not "
+                             "[dtype, shape, offset, nbytes]") from None
+
+
+class Decoder:
+    """Decodes the frames of `Encoder.encode` into the batch, copying shared memory out.
+
+    Args:
+        prefix (str | None): when given, the only shared-memory pools this
+            decoder maps are those whose names start with it (the sender's
+            `Encoder` prefix); None: any pool of mujou's (``mujou-...``).
+    """
+
+    def __init__(self, prefix: str | None = None) -> None:
+        if prefix is not None and (type(prefix) is not str or not _NAME.match(prefix)):
+            raise ValueError(f"Decoder: not a prefix of mujou's pools: {prefix!r}")
+        self._prefix = prefix or "mujou-"
+        self._pool: tuple[str, mmap.mmap, memoryview] | None = None  # the one mapped
+        self._freed: list[int] = []
+        self._restores: dict[type, bool] = {}  # declared type -> from_file puts it back
+
+    def decode(self, frames: Sequence[Any], declared: Sequence[type]) -> list[Item]:
+        """The batch that ``frames`` hold, each message as its port's declared type.
+
+        Args:
+            frames (Sequence): the frames of one multipart message: ``bytes``,
+                ``memoryview``, ``zmq.Frame`` or anything with the buffer
+                protocol.
+            declared (Sequence[type]): each port's declared type, by port index
+                (the sequence the sender encoded with).
+
+        Returns:
+            list[Item]: the items, in the order they were encoded. Tensors are
+            on the CPU, contiguous, and share memory with nothing.
+
+        Raises:
+            WireError: the frames are not a batch of this format, are truncated
+                or damaged (the message says what and where), name a port
+                outside ``declared`` or a message that is not of its port's
+                type, or name a shared-memory pool that is gone.
+        """
+        if not frames:
+            raise WireError("no frames: a batch has at least its frame 0")
+        head = frames[0]
+        if type(head) is not bytes:
+            head = bytes(head)
+        if len(head) < _HEAD.size or head[:4] != MAGIC:
+            raise WireError(f"frame 0 is not a batch of port messages (it starts with "
+                            f"{head[:8]!r}; a batch starts with {MAGIC!r})")
+        _, n, k, a = _HEAD.unpack_from(head)
+        pos = _HEAD.size + a
+        start = pos + _ROW * (n + k)
+        if len(head) < start:
+            raise WireError(f"frame 0 is truncated: {len(head)} bytes, its header says at least "
+                            f"{start} ({n} items, {k} tensors in shared memory)")
+        numbers = array("q")
+        numbers.frombytes(head[pos:start])
+        if _BIG:
+            numbers.byteswap()
+        values = numbers.tolist()
+        rows = values[4 * n:]
+        data = [f if type(f) is bytes else _byte_view(f) for f in frames[1:]]
+        inline = sum(len(f) for f in data)
+        pool_view = self._rows(head[_HEAD.size:pos], rows) if k else None
+        shm_bytes = sum(rows[3::4])
+        parser = _Parser(inline + shm_bytes, device="cpu")
+        try:
+            messages = parser.unpack(head, start)
+            if parser.offset != parser.data_len:
+                raise ValueError(f"tensors of {parser.offset} bytes, where the frames hold "
+                                 f"{parser.data_len}")
+            if type(messages) is not list or len(messages) != n:
+                raise ValueError(f"the messages are not an array of {n} values")
+        except Exception as e:  # noqa: BLE001 - anything the bytes make the parser or torch raise
+            raise WireError(f"frame 0: the messages do not decode: {_reason(e)}") from None
+        if parser.tensors:
+            self._fill(parser.tensors, data, rows, pool_view)
+        return self._items(values, n, messages, declared)
+
+    def _rows(self, name: bytes, rows: list[int]) -> memoryview:
+        """Checks the shared-memory table against the pool it names; the pool's bytes.
+
+        Records the blocks as freed at once: whatever happens next, the sender's
+        blocks are not read again.
+        """
+        view = self._map(name)
+        total = 0
+        last = -1
+        for r in range(0, len(rows), 4):
+            index, block, offset, nbytes = rows[r : r + 4]
+            if index <= last or nbytes < 1 or offset < 0 or offset + nbytes > len(view):
+                raise WireError(f"frame 0: shared-memory row {r // 4} is out of place "
+                                f"(tensor {index}, offset {offset}, {nbytes} bytes, in a pool "
+                                f"of {len(view)})")
+            last = index
+            total += nbytes
+        if total > len(view):
+            raise WireError(f"frame 0: {total} bytes of tensors in shared memory, more than the "
+                            f"pool's {len(view)}")
+        self._freed.extend(rows[1::4])
+        return view
+
+    def _map(self, raw: bytes) -> memoryview:
+        """The mapped bytes of the pool named ``raw``, mapped now if it is a new one."""
+        try:
+            name = raw.decode("ascii")
+        except UnicodeDecodeError:
+            name = ""
+        if self._pool is not None and self._pool[0] == name:
+            return self._pool[2]
+        if not _NAME.match(name) or not name.startswith(self._prefix):
+            raise WireError(f"frame 0 names the shared-memory pool {raw!r}, not one of "
+                            f"{self._prefix!r}")
+        try:
+            fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDONLY)
+        except OSError as e:
+            raise WireError(f"the shared-memory pool {name} cannot be opened ({_reason(e)}): "
+                            "its sender is gone?") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+                raise WireError(f"the shared-memory pool {name} is not a pool")
+            mapped = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self._unmap()  # a new pool: its sender restarted; the old one is not used again
+        self._pool = (name, mapped, memoryview(mapped))
+        return self._pool[2]
+
+    def _fill(self, tensors: list[torch.Tensor], data: list[Any], rows: list[int],
+              pool: memoryview | None) -> None:
+        """Copies each tensor's bytes in: from its shared-memory block or the next frame."""
+        shm = {rows[r]: (rows[r + 2], rows[r + 3]) for r in range(0, len(rows), 4)}
+        if shm and max(shm) >= len(tensors):
+            raise WireError(f"frame 0: a shared-memory row names tensor {max(shm)} of "
+                            f"{len(tensors)}")
+        frame = -1
+        src: Any = b""
+        at = end = 0
+        for j, t in enumerate(tensors):
+            nbytes = t.nbytes
+            if j in shm:
+                offset, size = shm[j]
+                if size != nbytes:
+                    raise WireError(f"frame 0: tensor {j} has {nbytes} bytes, its shared-memory "
+                                    f"row says {size}")
+                assert pool is not None
+                _view(t, nbytes)[:] = pool[offset : offset + nbytes]
+                continue
+            if not nbytes:
+                continue
+            while at == end and frame + 1 < len(data):
+                frame += 1
+                src = data[frame]
+                at, end = 0, len(src)
+            if at + nbytes > end:
+                raise WireError(f"tensor {j} ({nbytes} bytes) runs past the end of frame "
+                                f"{frame + 1} ({end} bytes)")
+            if type(src) is bytes and nbytes < OWN_FRAME:
+                # A fresh contiguous tensor of exactly nbytes, from a slice of exactly nbytes.
+                _memmove(t.data_ptr(), src[at : at + nbytes], nbytes)
+            else:
+                _view(t, nbytes)[:] = memoryview(src)[at : at + nbytes]
+            at += nbytes
+        if at != end or frame + 1 != len(data):
+            raise WireError(f"the data frames hold {end - at} bytes after the last tensor in "
+                            f"frame {frame + 1}, and {len(data) - frame - 1} more frames")
+
+    def _items(self, values: list[int], n: int, messages: list[Any],
+               declared: Sequence[type]) -> list[Item]:
+        """The items, each message checked against its port's type (put back into it)."""
+        restores = self._restores
+        ports = values[3 * n : 4 * n]
+        count = len(declared)
+        for i, p in enumerate(ports):
+            if not 0 <= p < count:
+                raise WireError(f"item {i}: port {p} is not an index of the {count} declared "
+                                "port types")
+            kind = declared[p]
+            if kind is object:
+                continue
+            again = restores.get(kind)
+            if again is None:
+                again = restores[kind] = _is_named_tuple(kind) or _is_dataclass_type(kind)
+            if again:
+                messages[i] = from_file(messages[i], kind)
+            if not isinstance(messages[i], kind):
+                raise WireError(f"item {i}: a {type(messages[i]).__name__} for port {p}, which "
+                                f"declares {kind.__name__}")
+        return list(zip(values[:n], values[n : 2 * n], values[2 * n : 3 * n], ports, messages,
+                        strict=True))
+
+    def take_freed(self) -> list[int]:
+        """The ids of the blocks decoded since the last call, for the sender's `Encoder.release`.
+
+        Returns:
+            list[int]: block ids (empty when none).
+        """
+        freed, self._freed = self._freed, []
+        return freed
+
+    def _unmap(self) -> None:
+        """Closes the mapping of the pool, if any."""
+        if self._pool is not None:
+            _, mapped, view = self._pool
+            self._pool = None
+            view.release()
+            mapped.close()
+
+    def close(self) -> None:
+        """Unmaps the shared-memory pool; idempotent. The decoder can still be used."""
+        self._unmap()
+
+
+def _byte_view(frame: Any) -> Any:
+    """A data frame as something to slice bytes from: small ones as bytes, big ones viewed."""
+    view = memoryview(frame)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if len(view) < 4 * OWN_FRAME:
+        return bytes(view)  # one copy of a few KiB, so that small tensors copy out at once
+    return view
