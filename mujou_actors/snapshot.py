@@ -781,6 +781,7 @@ def _reason(exc: BaseException) -> str:
 
 
 _LIST, _MAP, _TUPLE = 0, 1, 2
+_CPU = torch.device("cpu")
 _NO_KEY = object()  # a dict frame waiting for its next key
 _MAX_TENSOR_META = 1024  # bytes of a tensor's [dtype, shape, offset, nbytes]: ~100 dims
 _SCALARS = {  # format byte -> (struct format, size) of the fixed-size values
@@ -813,7 +814,8 @@ class _Decoder:
     def __init__(self, data_len: int, device: str, budget: int | None = None) -> None:
         self.data_len = data_len
         self.device = device
-        self._device = torch.device(device)  # parsed once: torch.empty would parse the str
+        # Parsed once (torch.empty would parse the str per tensor); the CPU's made once.
+        self._device = _CPU if device == "cpu" else torch.device(device)
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
         self.budget = budget

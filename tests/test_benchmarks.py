@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -355,3 +356,19 @@ def test_the_send_benchmark_measures_every_case(tmp_path: Path) -> None:
     assert list(samples) == ["int", "held", "held-any", "temp", "tuple"]
     for case in samples.values():
         assert case[0]["ns"] > 0 and case[0]["ops"] > 0 and case[0]["calls"] >= 1, case
+
+
+@pytest.mark.timeout(180)
+def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> None:
+    out = tmp_path / "wire.json"
+    script = str(ROOT / "benchmarks" / "wire.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--repeat", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert list(results["codec"]) == ["float x1", "float x64", "tensor64 x1", "tensor64 x64",
+                                      "tuple x1", "tuple x64", "1MiB-inline", "1MiB-shm"]
+    assert all(r["enc_us"] > 0 and r["dec_us"] > 0 for r in results["codec"].values())
+    assert list(results["hop"]) == ["tensor64", "1MiB-inline", "1MiB-shm"]
+    assert results["hop"]["tensor64"]["rate"] > 0
