@@ -336,6 +336,27 @@ def test_released_blocks_merge_so_a_larger_tensor_fits_again() -> None:
         decoder.close()
 
 
+def test_the_blocks_of_a_batch_not_sent_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = prefix()
+    encoder = Encoder(name, shm_threshold=1 << 12)
+    try:
+        big = [(0, 0, 0, 0, torch.rand(1 << 12)), (0, 0, 0, 0, torch.rand(1 << 12))]
+        frames = encoder.encode(big, ANY)
+        assert encoder.shm_blocks == 2
+
+        encoder.discard(frames)
+
+        assert encoder.shm_blocks == 0
+        # A batch that fails half-way (here its third tensor) gives its blocks back itself.
+        real = wire._small_bytes
+        monkeypatch.setattr(wire, "_small_bytes", lambda t, n: 1 / 0 if n == 12 else real(t, n))
+        with pytest.raises(ZeroDivisionError):
+            encoder.encode([*big, (0, 0, 0, 0, torch.ones(3))], ANY)
+        assert encoder.shm_blocks == 0
+    finally:
+        encoder.close()
+
+
 def test_close_is_idempotent_and_ends_the_encoder() -> None:
     name = prefix()
     encoder, decoder = Encoder(name, shm_threshold=1), Decoder(name)

@@ -264,10 +264,13 @@ class Encoder:
     def encode(self, items: Sequence[Item], declared: Sequence[type]) -> list[bytes | memoryview]:
         """The frames of one batch: frame 0 as bytes, then the inline tensors' bytes.
 
-        The frames may be views of the messages' tensors (those of at least
-        `OWN_FRAME` bytes, on the CPU and contiguous): they must not change
-        until the frames are sent, which ``send_multipart(frames,
-        copy=False)`` makes the caller's concern only while it runs.
+        Frames of at least `OWN_FRAME` bytes may be views of the messages'
+        tensors (those on the CPU and contiguous, sent inline): with
+        ``send_multipart(frames, copy=False)`` zmq reads them after the call
+        returns, so those tensors must not be written until the message is
+        out, which holds for messages (readers treat them as read-only). A
+        tensor that goes through shared memory is copied here; the blocks of
+        a batch that is not sent after all come back with `discard`.
 
         Args:
             items (Sequence[Item]): the batch, ``(t_ns, delta, sender, port,
@@ -365,33 +368,35 @@ class Encoder:
         """Puts each tensor's bytes into shared memory or the frames; the shared-memory rows.
 
         Returns the rows of the shared-memory table (index, block id, offset, nbytes,
-        flat), or None when no tensor went there.
+        flat), or None when no tensor went there. A failure gives the blocks taken back.
         """
-        rows = None
+        rows = array("q")
         run: list[bytes] = []  # consecutive small tensors' bytes, joined into one frame
         threshold = self._threshold
-        for j, (t, nbytes) in enumerate(tensors):
-            data = None
-            if nbytes >= threshold and self._want_pool:
-                data = _bytes_of(t, nbytes)
-                pool = self._pool if self._pool is not None else self._make_pool()
-                block = None if pool is None else pool.put(data)
-                if block is not None:
-                    if rows is None:
-                        rows = array("q")
-                    rows.extend((j, block[0], block[1], nbytes))
+        try:
+            for j, (t, nbytes) in enumerate(tensors):
+                data = None
+                if nbytes >= threshold and self._want_pool:
+                    data = _bytes_of(t, nbytes)
+                    pool = self._pool if self._pool is not None else self._make_pool()
+                    block = None if pool is None else pool.put(data)
+                    if block is not None:
+                        rows.extend((j, block[0], block[1], nbytes))
+                        continue
+                if nbytes < OWN_FRAME:
+                    if nbytes:
+                        run.append(_small_bytes(t, nbytes) if data is None else bytes(data))
                     continue
-            if nbytes < OWN_FRAME:
-                if nbytes:
-                    run.append(_small_bytes(t, nbytes) if data is None else bytes(data))
-                continue
-            if run:
-                frames.append(b"".join(run))
-                run = []
-            frames.append(_bytes_of(t, nbytes) if data is None else data)
+                if run:
+                    frames.append(b"".join(run))
+                    run = []
+                frames.append(_bytes_of(t, nbytes) if data is None else data)
+        except BaseException:
+            self.release(rows[1::4])
+            raise
         if run:
             frames.append(b"".join(run))
-        return rows
+        return rows or None
 
     def _make_pool(self) -> _Pool | None:
         """The pool, made now; None (and no more tries) when the system refuses one."""
@@ -415,6 +420,22 @@ class Encoder:
         if self._pool is not None:
             for block in ids:
                 self._pool.give(block)
+
+    def discard(self, frames: Sequence[Any]) -> None:
+        """Returns the blocks of a batch this encoder made that will not be sent after all.
+
+        Args:
+            frames (Sequence): the batch's frames, as `encode` returned them
+                (frame 0 is enough).
+        """
+        head = bytes(frames[0])
+        _, n, k, a = _HEAD.unpack_from(head)
+        start = _HEAD.size + a + _ROW * n
+        rows = array("q")
+        rows.frombytes(head[start : start + _ROW * k])
+        if _BIG:
+            rows.byteswap()
+        self.release(rows[1::4])
 
     def close(self) -> None:
         """Unlinks the pool and releases its memory; idempotent. Later `encode` calls raise.
