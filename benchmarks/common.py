@@ -85,3 +85,33 @@ def repeat_and_only(ap: argparse.ArgumentParser, args: argparse.Namespace,
         what = f"no workload {', '.join(unknown)}" if unknown else "name at least one workload"
         ap.error(f"--only: {what}; choose from {', '.join(workloads)}")
     return repeat, only
+
+
+def show_table(title: str, first: str, results: dict[str, dict[str, float]],
+               columns: tuple[tuple[str, str, str], ...]) -> None:
+    """Print a table of figures: rich if installed, plain text otherwise.
+
+    Args:
+        title: the table's title.
+        first: the heading of the first column, which names each row.
+        results: row name -> figures by key.
+        columns: ``(key, heading, format)`` per column; a missing figure shows as a dash.
+    """
+    heads = [first] + [h for _, h, _ in columns]
+    rows = [[name] + [fmt.format(r[k]) if k in r else "—" for k, _, fmt in columns]
+            for name, r in results.items()]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title)
+        print("  ".join(f"{h:>16s}" for h in heads))
+        for row in rows:
+            print("  ".join(f"{cell:>16s}" for cell in row))
+        return
+    table = Table(title=title)
+    for h in heads:
+        table.add_column(h, justify="left" if h == first else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)

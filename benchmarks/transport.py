@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import show_table
 
 from mujou_actors import snapshot
 
@@ -499,24 +500,7 @@ COLUMNS = (("rate_1", "msg/s 1-by-1", "{:,.0f}"), ("rate_64", "msg/s batch 64", 
 
 def show(results: dict[str, dict[str, float]], header: str) -> None:
     """Print the table (rich if installed, plain text otherwise)."""
-    rows = [[name] + [fmt.format(r[k]) if k in r else "—" for k, _, fmt in COLUMNS]
-            for name, r in results.items()]
-    heads = ["transport"] + [h for _, h, _ in COLUMNS]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(header)
-        print("  ".join(f"{h:>15s}" for h in heads))
-        for row in rows:
-            print("  ".join(f"{c:>15s}" for c in row))
-        return
-    table = Table(title=header)
-    for h in heads:
-        table.add_column(h, justify="left" if h == "transport" else "right")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    show_table(header, "transport", results, COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:

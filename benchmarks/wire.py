@@ -67,11 +67,9 @@ from typing import Any
 import msgpack
 import torch
 import zmq
+from common import repeat_and_only, show_table, summary
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import repeat_and_only, summary  # noqa: E402
-
-from mujou_actors.distributed import wire  # noqa: E402
+from mujou_actors.distributed import wire
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("codec", "hop")
@@ -302,29 +300,6 @@ HOP_COLUMNS = (("rtt_p50", "RTT p50 µs", "{:.0f}"), ("rtt_p99", "RTT p99 µs", 
                ("hop_p50", "hop p50 µs", "{:.0f}"), ("rate", "msg/s (batches of 64)", "{:,.0f}"))
 
 
-def show(title: str, rows: dict[str, dict[str, float]],
-         columns: tuple[tuple[str, str, str], ...]) -> None:
-    """Print one table (rich if installed, plain text otherwise)."""
-    heads = ["case"] + [h for _, h, _ in columns]
-    cells = [[name] + [fmt.format(r[k]) if k in r else "—" for k, _, fmt in columns]
-             for name, r in rows.items()]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        print("  ".join(f"{h:>16s}" for h in heads))
-        for row in cells:
-            print("  ".join(f"{c:>16s}" for c in row))
-        return
-    table = Table(title=title)
-    for h in heads:
-        table.add_column(h, justify="left" if h == "case" else "right")
-    for row in cells:
-        table.add_row(*row)
-    Console().print(table)
-
-
 def medians(reps: list[dict[str, float]]) -> dict[str, float]:
     """The median of each figure over the repetitions."""
     return {k: summary([r[k] for r in reps])["median"] for k in reps[0]}
@@ -370,12 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         results["codec"] = {case: medians(reps) for case, reps in codec.items()}
         for r in results["codec"].values():
             r["total_us"] = r["enc_us"] + r["dec_us"]
-        show(f"Codec, one process, {when}, {machine}, median of {repeat}", results["codec"],
-             CODEC_COLUMNS)
+        show_table(f"Codec, one process, {when}, {machine}, median of {repeat}", "case",
+                   results["codec"], CODEC_COLUMNS)
     if "hop" in only:
         results["hop"] = {case: medians(reps) for case, reps in hop.items()}
-        show(f"Hop, two processes over zmq ipc://, median of {repeat}", results["hop"],
-             HOP_COLUMNS)
+        show_table(f"Hop, two processes over zmq ipc://, median of {repeat}", "case",
+                   results["hop"], HOP_COLUMNS)
     cfg.json.parent.mkdir(parents=True, exist_ok=True)
     cfg.json.write_text(json.dumps({
         "date": when, "machine": machine, "mujou_actors": wire.__file__,

@@ -735,6 +735,9 @@ class Decoder:
         prefix (str | None): when given, the only shared-memory pools this
             decoder maps are those whose names start with it (the sender's
             `Encoder` prefix); None: any pool of mujou's (``mujou-...``).
+
+    Raises:
+        ValueError: a prefix that is not of the form `Encoder` takes.
     """
 
     def __init__(self, prefix: str | None = None) -> None:
