@@ -154,6 +154,22 @@ class CallbackError(MujouError):
     """
 
 
+class GroupDied(MujouError):
+    """A group process of a placed run ended unasked (killed, crashed, ``os._exit``).
+
+    Attributes:
+        group (str): the group's name.
+        pid (int): its process id.
+        reason (str): how it ended, as far as the host could learn.
+    """
+
+    def __init__(self, group: str, pid: int, reason: str) -> None:
+        super().__init__(f"group {group!r} (pid {pid}) died: {reason}")
+        self.group = group
+        self.pid = pid
+        self.reason = reason
+
+
 class SyncModeError(MujouError, RuntimeError):
     """The CUDA scheduling flag could not be read or set.
 

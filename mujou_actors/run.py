@@ -469,6 +469,8 @@ def run(
     stats: bool = True,
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
+    placement: Mapping[str, str] | None = None,
+    net_kwargs: Mapping[str, Any] | None = None,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -530,6 +532,15 @@ def run(
             ``on_start`` hooks begin in the net's order (parents first): one
             after the other on a single worker, so an ``on_start`` must never
             wait for a later node's. Default: 60.
+        placement (Mapping[str, str], optional): run groups of nodes in
+            processes of their own (docs/processes.md): node path (its whole
+            subtree) -> group name; nodes not named stay in this process (the
+            group ``"host"``). ``net`` must then be the module-level function
+            that builds the net (or ``"module:function"``), which every process
+            calls. The returned run has the same API. Default: one process.
+        net_kwargs (Mapping[str, Any], optional): with ``placement``, the
+            keyword arguments of every call of the net function: plain data
+            (the snapshot codec's types), never pickled.
 
     Returns:
         Run: the started run.
@@ -556,6 +567,18 @@ def run(
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
             ``PermissionError``); raised before any node is claimed.
     """
+    if placement is not None:
+        from .distributed.placed import start as start_placed
+
+        args = _check_arguments(Seams(), workers=workers, timer=timer, duration=duration,
+                                seed=seed, state=state, supervisor=supervisor, trace=trace,
+                                cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
+                                start_timeout=start_timeout)
+        return start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
+                            inputs=inputs, state=state)  # type: ignore[return-value]
+    if net_kwargs is not None:
+        raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
+                        "the function that builds the net); without placement, pass the net")
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,

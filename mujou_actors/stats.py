@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
-__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "RunStats"]
+__all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
+           "RunStats"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,35 @@ class SubscriptionStats:
 
 
 @dataclass(frozen=True)
+class GroupStats:
+    """One group process of a placed run (``mujou.run(..., placement=...)``).
+
+    Attributes:
+        name (str): the group's name (``"host"``: the host's own group).
+        pid (int): its process id.
+        cpu_time (float): CPU seconds of that process so far (user + system,
+            all its threads; ``os.times``).
+        nodes (tuple[str, ...]): the paths of the nodes it runs.
+        messages_in (int): port messages it received from other groups.
+        messages_out (int): port messages it sent to other groups.
+        bytes_in (int): bytes it received on the data plane (frames, headers
+            included; tensors through shared memory count their descriptor only).
+        bytes_out (int): bytes it sent on the data plane.
+        drops (int): messages its nodes' Inputs dropped (QoS depth), summed.
+    """
+
+    name: str
+    pid: int
+    cpu_time: float
+    nodes: tuple[str, ...]
+    messages_in: int
+    messages_out: int
+    bytes_in: int
+    bytes_out: int
+    drops: int
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -136,6 +166,8 @@ class RunStats:
         subscriptions (Mapping[str, SubscriptionStats]): by port path, the
             ports that the host subscribed to or waited on in this run (none:
             empty); the host's queues' deliveries and drops.
+        groups (Mapping[str, GroupStats]): by group name, the processes of a
+            placed run (empty for a run in one process).
     """
 
     time: float
@@ -144,11 +176,13 @@ class RunStats:
     workers: Mapping[str, WorkerStats]
     snapshots: SnapshotStats = field(default_factory=SnapshotStats)
     subscriptions: Mapping[str, SubscriptionStats] = field(default_factory=dict)
+    groups: Mapping[str, GroupStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
         object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
         object.__setattr__(self, "subscriptions", MappingProxyType(dict(self.subscriptions)))
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .._checks import is_int
@@ -383,11 +383,7 @@ class Kernel:
         if not HOST_ORDER <= sender < self._n_nodes:
             raise ValueError(f"Kernel.deliver: sender must be in [{HOST_ORDER}, "
                              f"{self._n_nodes}) (a node's order in the net), got {sender}")
-        port = self.ports.get(input)
-        if not isinstance(port, Input):
-            inputs = sorted(p for p, q in self.ports.items() if isinstance(q, Input))
-            raise ValueError(f"Kernel.deliver: no input {input!r} in this kernel "
-                             f"(inputs: {inputs})")
+        port = self._input(input, "deliver")
         actor = self._actor_of[id(port.node)]
         slot = actor.slot(port)
         key = (t_ns, delta)
@@ -398,6 +394,68 @@ class Kernel:
             raise ValueError(f"Kernel.deliver: a message for {input!r} sent at {key} comes "
                              f"too late: the kernel has run past it "
                              f"(frontier {self.dispatcher.frontier})")
+
+    def write(self, input: str, message: Any) -> None:
+        """Deliver a message to one of the kernel's Inputs as the host (``run.write``).
+
+        Between steps only (the driver's thread): the message is stamped as
+        the host's writes are in one process and triggers a triggering
+        Input as such a write does; call `next_due` afterwards.
+
+        Raises:
+            RuntimeError: the kernel is stopped.
+            ValueError: no such Input in this kernel.
+            PortTypeError: the Input refuses the value.
+        """
+        if self._stopped:
+            raise RuntimeError("Kernel.write: the kernel is stopped")
+        port = self._input(input, "write")
+        self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port))
+
+    def read(self, port: str) -> Any:
+        """The newest message of one of the kernel's ports, as a copy (``run.read``).
+
+        Raises:
+            ValueError: no such port in this kernel.
+        """
+        p = self.ports.get(port)
+        if p is None:
+            raise ValueError(f"Kernel.read: no port {port!r} in this kernel "
+                             f"(ports: {sorted(self.ports)})")
+        wiring = self._wiring
+        if isinstance(p, Output):
+            return wiring.host_copy(wiring.view(p).last)
+        assert isinstance(p, Input)
+        message = p.read()
+        wiring.wait_kept(p)
+        return wiring.host_copy(message)
+
+    def listen(self, port: str, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Attach ``listener(message)`` to every later message sent on an Output of the kernel.
+
+        (An Input's messages come from its sources' Outputs, which may be in
+        other kernels: a driver listens to those.) The listener runs on the
+        sending worker, with the message as sent: it must copy what it keeps.
+
+        Returns:
+            Callable[[], None]: detaches it again.
+
+        Raises:
+            ValueError: no such Output in this kernel.
+        """
+        p = self.ports.get(port)
+        if not isinstance(p, Output):
+            raise ValueError(f"Kernel.listen: no output {port!r} in this kernel "
+                             f"(outputs: {sorted(q for q, o in self.ports.items() if isinstance(o, Output))})")
+        return self._wiring.listen(p, listener)
+
+    def _input(self, input: str, what: str) -> Input:
+        port = self.ports.get(input)
+        if not isinstance(port, Input):
+            inputs = sorted(p for p, q in self.ports.items() if isinstance(q, Input))
+            raise ValueError(f"Kernel.{what}: no input {input!r} in this kernel "
+                             f"(inputs: {inputs})")
+        return port
 
     def take_sends(self) -> list[OutsideSend]:
         """The messages its nodes sent to Inputs outside it since the last call, in order.
@@ -416,6 +474,11 @@ class Kernel:
             t, d, order = unstamp(stamped)
             out.append(OutsideSend(t, d, order, path, message))
         return out
+
+    @property
+    def timing(self) -> bool:
+        """bool: whether the timer has started (the first `next_due` or `step`)."""
+        return self._timing
 
     @property
     def time_ns(self) -> int:

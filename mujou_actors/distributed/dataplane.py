@@ -1,0 +1,188 @@
+"""The data plane of a placed run: grants to groups, their replies, over ZeroMQ.
+
+Between the host (the driver of the global delta cycles, `placed.py`) and
+each group process runs one ZeroMQ ``PAIR`` connection over ``ipc://`` in a
+private temporary folder (loopback only: nothing listens on a network). The
+host sends a `Grant` and waits for the group's `Reply`; a group never sends
+unasked. Both carry port messages as *items* ``(t_ns, delta, sender, output,
+message)``: a message sent on the Output of index ``output`` (`Routes`) by
+the node of order ``sender`` in a hook at ``(t_ns, delta)``. The receiving
+group delivers an item to each of its Inputs that read that Output, so one
+message crosses once per group, not once per reader.
+
+Frames: a small msgpack header, then the items encoded by `wire` (msgpack
+with raw tensor bytes, large tensors through shared memory; never pickle).
+No message is acknowledged on its own: the reply to a grant is the only
+answer, and it carries back the shared-memory blocks the group has freed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from ..node import Node
+from ..ports import Input, Output, Port
+from .._runtime.keys import Key
+from . import wire
+
+__all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item"]
+
+# (t_ns, delta, sender order, output index, message)
+Item = tuple[int, int, int, int, Any]
+
+
+class Routes:
+    """The net's Outputs by index, and which Inputs of this process read each.
+
+    Every process builds the same net, so the sorted Output paths give the
+    same index everywhere: an item names its Output by that index.
+
+    Args:
+        found: every node of the net with its path (`net.walk`).
+        local (Mapping[str, Port]): the ports of this process's kernel.
+    """
+
+    def __init__(self, found: list[tuple[str, Node]], local: dict[str, Port]) -> None:
+        outputs: dict[str, Output] = {}
+        for path, node in found:
+            for name, port in node._mujou_ports().items():
+                if isinstance(port, Output):
+                    outputs[f"{path}.{name}" if path else name] = port
+        self.outputs = sorted(outputs)
+        self.output_index = {p: i for i, p in enumerate(self.outputs)}
+        self.declared: list[type] = [outputs[p]._spec.type for p in self.outputs]
+        self.readers: list[list[str]] = [sorted(r.path for r in outputs[p].readers)
+                                         for p in self.outputs]
+        self._local: list[list[str]] = [[r for r in readers if isinstance(local.get(r), Input)]
+                                        for readers in self.readers]
+
+    def local_readers(self, output: int) -> list[str]:
+        """The paths of this process's Inputs that read the Output of index ``output``."""
+        return self._local[output]
+
+
+@dataclasses.dataclass
+class Grant:
+    """What the host lets a group do next.
+
+    Attributes:
+        bound (Key | None): run every delta cycle with a key up to and
+            including ``bound``, stopping early after one whose sends reach
+            another group; None: run nothing (only deliver ``messages``).
+        take (bool): with ``bound`` None, reply with the sends waiting
+            (``on_start``'s) without starting the timer.
+        messages (list[Item]): messages from other groups, to deliver first.
+    """
+
+    bound: Key | None
+    take: bool = False
+    messages: list[Item] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Reply:
+    """A group's answer to a grant.
+
+    Attributes:
+        due (Key | None): its next due key after the grant (None: no work).
+        time_ns (int): its kernel's time, ns.
+        sends (list[Item]): what its nodes sent to other groups, in stamp order.
+        failure (dict | None): a hook's (or the kernel's) failure, as plain
+            data (``path``, ``hook``, ``message``, ``traceback``, ``type``).
+        published (list[Item]): copies of the messages sent on Outputs the
+            host subscribed to (``(0, 0, 0, output, message)``), in send order.
+    """
+
+    due: Key | None
+    time_ns: int
+    sends: list[Item]
+    failure: dict[str, Any] | None = None
+    published: list[Item] = dataclasses.field(default_factory=list)
+
+
+def _key(value: Any) -> Key | None:
+    return None if value is None else (value[0], value[1])
+
+
+class _Link:
+    """One end of a ``PAIR`` connection, with its codec and traffic counts."""
+
+    def __init__(self, sock: zmq.Socket, declared: Sequence[type]) -> None:
+        self.sock = sock
+        self.declared = declared
+        self.encoder = wire.Encoder()
+        self.decoder = wire.Decoder()
+        self.messages_in = self.messages_out = 0
+        self.bytes_in = self.bytes_out = 0
+
+    def _send(self, header: list[Any], items: list[Item]) -> None:
+        header.append(self.decoder.take_freed())
+        frames: list[Any] = [msgpack.packb(header)]
+        frames += self.encoder.encode(items)
+        self.messages_out += len(items)
+        self.bytes_out += sum(len(f) for f in frames)
+        self.sock.send_multipart(frames, copy=False)
+
+    def _receive(self, timeout: float) -> tuple[list[Any], list[Item]] | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        frames = self.sock.recv_multipart(copy=False)
+        header = msgpack.unpackb(frames[0].bytes)
+        self.encoder.release(header.pop())
+        items = self.decoder.decode([f.buffer for f in frames[1:]], self.declared)
+        self.messages_in += len(items)
+        self.bytes_in += sum(len(f.buffer) for f in frames)
+        return header, items
+
+    def close(self) -> None:
+        self.encoder.close()
+        self.decoder.close()
+        self.sock.close(linger=0)
+
+
+class GroupLink(_Link):
+    """The group's end: connects to the host's endpoint, receives grants, sends replies."""
+
+    def __init__(self, address: str, routes: Routes) -> None:
+        sock = zmq.Context.instance().socket(zmq.PAIR)
+        sock.connect(address)
+        super().__init__(sock, routes.declared)
+
+    def receive(self, timeout: float) -> Grant | None:
+        """The next grant, or None after ``timeout`` seconds without one."""
+        got = self._receive(timeout)
+        if got is None:
+            return None
+        (bound, take), items = got
+        return Grant(_key(bound), take, items)
+
+    def send(self, reply: Reply) -> None:
+        """Send the reply to the grant just run."""
+        self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends)],
+                   reply.sends + reply.published)
+
+
+class HostLink(_Link):
+    """The host's end for one group: binds its endpoint, sends grants, receives replies."""
+
+    def __init__(self, address: str, routes: Routes) -> None:
+        sock = zmq.Context.instance().socket(zmq.PAIR)
+        sock.bind(address)
+        super().__init__(sock, routes.declared)
+
+    def send(self, grant: Grant) -> None:
+        """Send a grant."""
+        self._send([grant.bound, grant.take], grant.messages)
+
+    def receive(self, timeout: float) -> Reply | None:
+        """The group's reply, or None after ``timeout`` seconds without one."""
+        got = self._receive(timeout)
+        if got is None:
+            return None
+        (due, time_ns, failure, n), items = got
+        return Reply(_key(due), time_ns, items[:n], failure, items[n:])

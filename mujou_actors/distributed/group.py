@@ -1,0 +1,355 @@
+"""What runs in a group process: the group's nodes on a kernel, driven by the host.
+
+`serve` is the function the control plane calls in a new group process
+(`system.ProcessSystem.start_group`): it builds the whole net from the
+factory, makes a `Kernel` for the group's nodes and connects to the host's
+data plane. From then on
+
+* the **data plane** (a ZeroMQ ``PAIR`` socket, on a thread of its own,
+  ``mujou-group-<name>``) carries the global delta cycles: each request is a
+  *grant* (the messages from other groups, a bound), each reply the group's
+  sends to other groups and its next due key (`dataplane.py` has the frames);
+* the **control plane** (Thespian asks, `GroupServer.handle`) carries start,
+  restore, state at a cut, stats, host writes and reads, and stop.
+
+The host never asks both at once: a control request comes only while the
+group has no grant to run, so the kernel is paused for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from .. import snapshot
+from ..errors import NodeError
+from ..messages import copy_message
+from ..net import walk
+from ..ports import Input
+from .._runtime.kernel import Kernel, OutsideSend
+from . import dataplane
+from .placement import build_net, load_factory, net_signature
+
+__all__ = ["serve", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
+           "Stats", "Stop", "split_tree"]
+
+log = logging.getLogger("mujou_actors")
+
+
+# -- control requests (Thespian pickles them: plain data only) -------------------------
+
+class Describe(NamedTuple):
+    """Ask for the group's `net_signature`, pid and ports (checked against the host's)."""
+
+
+class Start(NamedTuple):
+    """Run the group's ``on_start`` hooks (`Kernel.start`).
+
+    Attributes:
+        timeout (float): wall seconds for them.
+    """
+
+    timeout: float
+
+
+class Load(NamedTuple):
+    """Load the group's part of a state tree (snapshot-encoded bytes) after `Start`."""
+
+    tree: bytes
+    timeout: float
+
+
+class TakeState(NamedTuple):
+    """Take the group's part of the state at the current cut (snapshot-encoded reply)."""
+
+    timeout: float
+
+
+class Write(NamedTuple):
+    """Deliver a message to one of the group's Inputs as the host (``run.write``, ``inputs=``)."""
+
+    input: str
+    message: bytes  # snapshot-encoded
+
+
+class Read(NamedTuple):
+    """The newest message of one of the group's ports (``run.read``), snapshot-encoded."""
+
+    port: str
+
+
+class Subscribe(NamedTuple):
+    """Send the host a copy of every later message of one of the group's Outputs."""
+
+    output: str
+
+
+class Stats(NamedTuple):
+    """The group's counts: per node and for the process (pid, CPU time, traffic)."""
+
+
+class Stop(NamedTuple):
+    """Run ``on_stop`` and end the kernel's threads.
+
+    The reply is ``(stuck, tree)``: the paths of nodes left stuck in a hook,
+    and with ``take_state`` the group's final state (snapshot-encoded bytes;
+    None when a node is stuck, or when taking it raised: then the error is
+    raised instead).
+    """
+
+    timeout: float
+    take_state: bool = False
+
+
+def split_tree(tree: Mapping[str, Any], paths: set[str]) -> dict[str, Any]:
+    """The part of a state tree that belongs to the nodes ``paths`` (and their Inputs)."""
+    def owner(port_path: str) -> str:
+        return port_path.rpartition(".")[0]
+
+    part = {k: v for k, v in tree.items() if k not in ("nodes", "seeds", "schedule",
+                                                      "inputs", "pending")}
+    for section in ("nodes", "seeds", "schedule"):
+        part[section] = {p: v for p, v in tree.get(section, {}).items() if p in paths}
+    for section in ("inputs", "pending"):
+        part[section] = {p: v for p, v in tree.get(section, {}).items() if owner(p) in paths}
+    return part
+
+
+# A step of a grant may take long (a slow hook); stop() ends it sooner (Kernel.stop).
+STEP_LIMIT = 24 * 3600.0
+
+
+class Published:
+    """Copies of the messages sent on the Outputs the host subscribed to, until the next reply."""
+
+    def __init__(self, routes: dataplane.Routes) -> None:
+        self._routes = routes
+        self.items: list[tuple[int, int, int, int, Any]] = []
+        self._detach: dict[int, Any] = {}
+
+    def listen(self, kernel: Kernel, output: str) -> None:
+        """Collect every later message of ``output`` (idempotent)."""
+        index = self._routes.output_index[output]
+        if index in self._detach:
+            return
+        items = self.items
+
+        def listener(message: Any) -> None:
+            items.append((0, 0, 0, index, copy_message(message)))  # list.append: atomic
+
+        self._detach[index] = kernel.listen(output, listener)
+
+    def take(self) -> list[tuple[int, int, int, int, Any]]:
+        """What was published since the last call, in send order."""
+        taken = self.items[:len(self.items)]
+        del self.items[:len(taken)]
+        return taken
+
+
+def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
+              published: Published | None = None) -> dataplane.Reply:
+    """Deliver a grant's messages to ``kernel``, run the delta cycles it allows, report.
+
+    The one rule of the conservative protocol on the group's side: run the
+    due delta cycles up to ``grant.bound`` one at a time and stop after the
+    first whose sends reach another group (their readers may then have work
+    before this kernel's next key). Used by group processes and by the host
+    for its own group alike.
+    """
+    for t, d, sender, output, message in grant.messages:
+        for reader in routes.local_readers(output):
+            kernel.deliver(reader, message, t, d, sender)
+    index = routes.output_index
+    sends: list[OutsideSend] = []
+    if grant.bound is None:  # carry only (the start, a cut's last messages)
+        if grant.take:  # on_start's sends, before the timer starts
+            sends = kernel.take_sends()
+            due = None
+        else:
+            due = kernel.next_due()
+    else:
+        bound = grant.bound
+        due = kernel.next_due()
+        while due is not None and due <= bound:
+            due = kernel.step(until=due, timeout=STEP_LIMIT)
+            sends = kernel.take_sends()
+            if sends:
+                break
+    items = [(s.t_ns, s.delta, s.sender, index[s.output], s.message) for s in sends]
+    return dataplane.Reply(due=due, time_ns=kernel.time_ns if kernel.timing else 0,
+                           sends=items,
+                           published=published.take() if published is not None else [])
+
+
+def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed: int | None,
+          workers: int, address: str, host_pid: int) -> GroupServer:
+    """Build the group's kernel and connect its data plane; called in the new process.
+
+    Args:
+        group (str): the group's name.
+        factory (str): the net factory's reference (`placement.FactoryRef.ref`).
+        net_kwargs (bytes): its keyword arguments, snapshot-encoded.
+        roots (list[str]): the node paths of the group, each with its subtree.
+        seed (int, optional): the run's seed.
+        workers (int): the kernel's worker threads.
+        address (str): the host's data-plane endpoint for this group.
+        host_pid (int): the host's pid (the loop ends when the host is gone).
+
+    Returns:
+        GroupServer: serving; the control plane calls its `GroupServer.handle`.
+    """
+    return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, roots=roots,
+                       seed=seed, workers=workers, address=address, host_pid=host_pid)
+
+
+class GroupServer:
+    """A group's kernel in its process, with its data-plane thread and control requests.
+
+    Args: as `serve`.
+
+    Raises:
+        NetError, ValueError, TypeError: the factory cannot be imported, raised, or
+            built a net the kernel refuses.
+    """
+
+    def __init__(self, *, group: str, factory: str, net_kwargs: bytes, roots: list[str],
+                 seed: int | None, workers: int, address: str, host_pid: int) -> None:
+        self.group = group
+        net = build_net(load_factory(factory), net_kwargs)
+        found = walk(net)
+        self.kernel = Kernel(net, roots, workers=workers, seed=seed)
+        self._signature = net_signature(found)
+        self.routes = dataplane.Routes(found, self.kernel.ports)
+        self.published = Published(self.routes)
+        self._host_pid = host_pid
+        self._closing = threading.Event()
+        self._sent_msgs = self._recv_msgs = 0
+        self._sent_bytes = self._recv_bytes = 0
+        self._link = dataplane.GroupLink(address, self.routes)
+        self._thread = threading.Thread(target=self._serve, name=f"mujou-group-{group}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the data plane -------------------------------------------------------------
+    def _serve(self) -> None:
+        """Answer grants until closed or the host is gone (its pid no longer exists)."""
+        link = self._link
+        while not self._closing.is_set():
+            grant = link.receive(timeout=0.1)
+            if grant is None:
+                if not _alive(self._host_pid):
+                    log.warning("group %r: the host (pid %d) is gone; ending", self.group,
+                                self._host_pid)
+                    self._closing.set()
+                    os._exit(3)  # no one is left to stop us cleanly
+                continue
+            try:
+                reply = run_grant(self.kernel, self.routes, grant, self.published)
+            except BaseException as exc:  # reported to the host, never swallowed
+                reply = dataplane.Reply(due=None, time_ns=self._time(), sends=[],
+                                        failure=failure_of(exc))
+            link.send(reply)
+        link.close()
+
+    def _time(self) -> int:
+        try:
+            return self.kernel.time_ns
+        except Exception:
+            return 0
+
+    # -- the control plane ------------------------------------------------------------
+    def handle(self, request: Any) -> Any:
+        """Answer one control request (the classes above); called by the group actor.
+
+        Raises:
+            NodeError: a hook raised (on_start, load_state_dict, state_dict).
+            TypeError: an unknown request.
+        """
+        kernel = self.kernel
+        if isinstance(request, Describe):
+            return {"signature": self._signature, "pid": os.getpid()}
+        if isinstance(request, Start):
+            kernel.start(timeout=request.timeout)
+            return None
+        if isinstance(request, Load):
+            kernel.load_state_dict(snapshot.loads(request.tree), timeout=request.timeout)
+            return None
+        if isinstance(request, TakeState):
+            return snapshot.dumps(kernel.state_dict(timeout=request.timeout))
+        if isinstance(request, Write):
+            kernel.write(request.input, snapshot.loads(request.message))
+            return None
+        if isinstance(request, Read):
+            return snapshot.dumps(kernel.read(request.port))
+        if isinstance(request, Subscribe):
+            self.published.listen(kernel, request.output)
+            return None
+        if isinstance(request, Stats):
+            return self._stats()
+        if isinstance(request, Stop):
+            stuck = self.close(request.timeout)
+            tree = None
+            if request.take_state and not stuck:
+                tree = snapshot.dumps(kernel.state_dict(timeout=request.timeout))
+            return stuck, tree
+        raise TypeError(f"group {self.group!r}: unknown control request {request!r}")
+
+    def _stats(self) -> dict[str, Any]:
+        """Plain counts for `Run.stats` (the host makes the frozen records)."""
+        t = os.times()
+        link = self._link
+        return {"pid": os.getpid(), "cpu": t.user + t.system,
+                "nodes": node_stats(self.kernel),
+                "messages_in": link.messages_in, "messages_out": link.messages_out,
+                "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+
+    def close(self, timeout: float = 10.0) -> list[str]:
+        """Stop the kernel (``on_stop``) and the data-plane thread; the stuck nodes' paths.
+
+        Idempotent; bounded by about twice ``timeout``.
+        """
+        self._closing.set()
+        stuck = self.kernel.stop(timeout)
+        self._thread.join(timeout)
+        return stuck
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (signal 0 tests it without signalling)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def failure_of(exc: BaseException) -> dict[str, Any]:
+    """A failure as plain data for the host: node, hook, message, the remote traceback."""
+    cause = exc.__cause__ if isinstance(exc, NodeError) and exc.__cause__ else exc
+    text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    if isinstance(exc, NodeError):
+        return {"path": exc.path, "hook": exc.hook, "message": str(exc), "traceback": text,
+                "type": type(cause).__name__}
+    return {"path": "", "hook": "kernel", "message": f"{type(exc).__name__}: {exc}",
+            "traceback": text, "type": type(exc).__name__}
+
+
+
+
+def node_stats(kernel: Kernel) -> dict[str, dict[str, Any]]:
+    """Each node's counts and timings as plain data, by path (for `Run.stats`)."""
+    nodes = {}
+    for a in kernel.actors:
+        drops = {name: p.drops for name, p in a.node._mujou_ports().items()
+                 if isinstance(p, Input)}
+        nodes[a.path] = {"updates": a.updates, "overruns": a.overruns, "dt_sum": a.dt_sum,
+                         "dt_max": a.dt_max, "hook_ns": a.hook_ns, "drops": drops,
+                         "restarts": a.restarts, "timed": a.timed,
+                         "lateness": sorted(a.lateness_samples())}
+    return nodes

@@ -1,0 +1,985 @@
+"""The host side of a placed run: the driver of the global delta cycles, and its `Run`.
+
+``mujou.run(make_net, placement=...)`` comes here (`start`). The host builds
+the net once to check it, starts one process per group on the control
+plane (`system.ProcessSystem`), checks that every group built the same net,
+runs the start phase, and hands over to the *driver*, one thread
+(``mujou-driver``) that alone talks to the groups from then on.
+
+The driver's protocol (simulated time) is conservative and centralised.
+It knows each group's next due key. In a *round* it grants each group whose
+next key is no later than every other group's next key the right to run its
+delta cycles up to that bound (inclusive): the others' messages can only
+arrive one delta cycle after a key they run, so nothing can reach the group
+below its bound. A group stops early after a delta cycle whose sends leave
+it; the driver carries those messages to their readers' groups (lowering
+their next keys to the delta cycle after the send) with the next grant. The
+groups granted in a round run at once, in their processes, so groups at the
+same key (two nodes with the same period) run in parallel, and a group
+alone ahead runs many delta cycles per round. Every message therefore
+reaches its reader's kernel before the reader's kernel runs past the
+message's key, stamped as in one process: the results are bit-identical to
+the single-process run's, for any placement and worker counts.
+
+Host calls (state_dict, write, read, subscribe, stats, stop) are queued to
+the driver and run between two rounds: a cut (`state_dict`) caps the bounds
+at the latest instant any group has reached, lets every group finish it,
+and takes each group's tree there (messages between groups are all
+delivered by then, so the merged tree holds them in their readers' Inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from .. import snapshot
+from .._runtime.kernel import LAST_DELTA, Kernel
+from .._runtime.keys import Key
+from ..errors import (
+    CallbackError,
+    GroupDied,
+    NetError,
+    NodeError,
+    NotRunningError,
+    StopTimeoutError,
+    describe,
+)
+from ..host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
+from ..messages import copy_message
+from ..net import check_fit, collect_ports, resolve_inputs, settle_seeds, walk
+from ..node import Node
+from ..ports import Input, Output, Port
+from ..stats import GroupStats, NodeStats, RunStats, percentile
+from . import dataplane, group
+from .placement import (
+    HOST_GROUP,
+    FactoryRef,
+    Placement,
+    build_net,
+    check_placement,
+    net_signature,
+    resolve_factory,
+    signature_differences,
+)
+
+__all__ = ["start", "PlacedRun"]
+
+log = logging.getLogger("mujou_actors")
+
+GROUP_TARGET = "mujou_actors.distributed.group:serve"
+POLL_S = 0.05  # how often a waiting driver looks at exits and a stop
+
+
+@dataclasses.dataclass
+class _Group:
+    """The driver's view of one group: its link, its next due key, what waits for it."""
+
+    name: str
+    link: Any  # dataplane.HostLink, or _LocalLink for the host's own group
+    nodes: list[str]
+    pid: int
+    due: Key | None = None
+    time_ns: int = 0
+    queued: list[dataplane.Item] = dataclasses.field(default_factory=list)
+    waiting: bool = False  # a grant was sent, no reply yet
+    remote: bool = True
+
+
+class _LocalLink:
+    """The host's own group: a kernel in this process, run by the driver's thread."""
+
+    def __init__(self, kernel: Kernel, routes: dataplane.Routes) -> None:
+        self.kernel = kernel
+        self.routes = routes
+        self.published = group.Published(routes)
+        self._reply: dataplane.Reply | None = None
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
+
+    def send(self, grant: dataplane.Grant) -> None:
+        try:
+            self._reply = group.run_grant(self.kernel, self.routes, grant, self.published)
+        except BaseException as exc:  # reported as a group's failure is, never swallowed
+            self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
+                                          failure=group.failure_of(exc))
+
+    def receive(self, timeout: float) -> dataplane.Reply | None:
+        reply, self._reply = self._reply, None
+        return reply
+
+    def close(self) -> None:
+        pass
+
+
+class _Driver:
+    """Everything of a placed run that lives in the host (see the module's docstring)."""
+
+    def __init__(self, *, system: Any, groups: dict[str, _Group], routes: dataplane.Routes,
+                 ports: dict[str, Port], owner: dict[str, str], found: list[tuple[str, Node]],
+                 seeds: dict[str, int], end_ns: int | None, stop_timeout: float,
+                 tmpdir: str, local: Kernel | None) -> None:
+        self.system = system
+        self.groups = groups
+        self.routes = routes
+        self.ports = ports
+        self.owner = owner  # node path -> group
+        self.found = found
+        self.seeds = seeds
+        self.end_key: Key | None = None if end_ns is None else (end_ns, LAST_DELTA)
+        self.end_ns = end_ns
+        self.stop_timeout = stop_timeout
+        self.tmpdir = tmpdir
+        self.local = local
+        self.requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.ended = threading.Event()
+        self.ending = False
+        self.stop_asked = threading.Event()
+        self.failures: list[BaseException] = []
+        self.final_tree: dict[str, Any] | None = None
+        self.final_error: BaseException | None = None
+        self.reported = False
+        self.time_ns = 0
+        self.start_wall = time.monotonic()
+        self.end_wall: float | None = None
+        self.listeners: dict[int, list[Callable[[Any], None]]] = {}
+        self.host = Host(copy_message, self._callback_failed)
+        self.rounds = 0
+        self.stuck: dict[str, str] = {}
+        self.final_stats: dict[str, dict[str, Any]] | None = None
+        self.order = [p for p, _ in found]
+        self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
+
+    # -- the rounds ---------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            while not self.stop_asked.is_set():
+                self._serve_requests()
+                if self.stop_asked.is_set() or not self._round(None):
+                    break
+        except _Failed:
+            pass  # the failure is in self.failures
+        except _GroupDied as died:
+            self.failures.append(GroupDied(died.exit.group, died.exit.pid, died.exit.reason))
+        except _Stuck as stuck:
+            self.stuck.update(stuck.busy)
+        except BaseException as exc:  # the run fails with it; never swallowed
+            self.failures.append(exc)
+            log.error("placed run: the driver failed: %s", describe(exc), exc_info=exc)
+        finally:
+            self._finish()
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                job = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            job()
+
+    def _round(self, cap: Key | None) -> bool:
+        """Grant every group that may run; wait for the replies, carry the messages.
+
+        Returns False when no group may run (the end, or the cap reached).
+        """
+        limit = self.end_key if cap is None else cap
+        granted = []
+        for g in self.groups.values():
+            if g.due is None:
+                continue
+            others = [h.due for h in self.groups.values() if h is not g and h.due is not None]
+            bound = min(others) if others else None
+            if limit is not None and (bound is None or limit < bound):
+                bound = limit
+            if bound is None:
+                bound = (1 << 62, LAST_DELTA)  # alone with no end: run until it sends
+            if g.due <= bound:
+                granted.append((g, bound))
+        if not granted:
+            return False
+        # Remote groups first, the host's own group last: they all run at once.
+        granted.sort(key=lambda gb: not gb[0].remote)
+        for g, bound in granted:
+            messages, g.queued = g.queued, []
+            g.waiting = True
+            g.link.send(dataplane.Grant(bound, False, messages))
+        self._collect([g for g, _ in granted])
+        self.rounds += 1
+        return True
+
+    def _collect(self, waiting: list[_Group]) -> None:
+        """Wait for the replies of ``waiting``, then take them in; a dead group or a stop
+        is the way out."""
+        pending = list(waiting)
+        replies: list[tuple[_Group, dataplane.Reply]] = []
+        poller = zmq.Poller()
+        for g in pending:
+            if g.remote:
+                poller.register(g.link.sock, zmq.POLLIN)
+        notices = getattr(self.system, "notices", None)
+        if notices is not None:
+            poller.register(notices, zmq.POLLIN)
+        stop_deadline: float | None = None
+        for g in list(pending):
+            if not g.remote:
+                replies.append((g, g.link.receive(0)))
+                pending.remove(g)
+        while pending:
+            ready = dict(poller.poll(int(POLL_S * 1000)))
+            for g in list(pending):
+                if g.link.sock in ready:
+                    reply = g.link.receive(0)
+                    if reply is not None:
+                        replies.append((g, reply))
+                        pending.remove(g)
+            self._check_exits()
+            if self.stop_asked.is_set() and pending:
+                if stop_deadline is None:
+                    stop_deadline = time.monotonic() + self.stop_timeout
+                elif time.monotonic() > stop_deadline:
+                    raise _Stuck({g.name: "a grant" for g in pending})
+        self._take_replies(replies)
+
+    def _take_replies(self, replies: list[tuple[_Group, dataplane.Reply]]) -> None:
+        """Take a round's replies in: every group's next key first, then the messages.
+
+        In that order because a message lowers its reader's next key: a
+        reply of the reader's own taken afterwards must not raise it again.
+        """
+        failed = None
+        for g, reply in replies:
+            g.waiting = False
+            if reply.failure is not None and failed is None:
+                failed = _node_error(g.name, reply.failure)
+            g.due = reply.due
+            if reply.time_ns > g.time_ns:
+                g.time_ns = reply.time_ns
+                if reply.time_ns > self.time_ns:
+                    self.time_ns = reply.time_ns
+        for g, reply in replies:
+            listeners = self.listeners
+            for item in reply.published:
+                for listener in listeners.get(item[3], ()):
+                    listener(item[4])
+            for item in reply.sends:
+                t, d, _, output, message = item
+                for listener in listeners.get(output, ()):
+                    listener(message)
+                key = (t, d + 1)
+                for h in self._reader_groups(output):
+                    if h is g:
+                        continue
+                    h.queued.append(item)
+                    if h.due is None or key < h.due:
+                        h.due = key
+        if failed is not None:
+            self._fail(failed)
+
+    def _reader_groups(self, output: int) -> list[_Group]:
+        cached = self._readers_cache.get(output) if hasattr(self, "_readers_cache") else None
+        if cached is None:
+            if not hasattr(self, "_readers_cache"):
+                self._readers_cache: dict[int, list[_Group]] = {}
+            names = sorted({self.owner[r.rpartition(".")[0]]
+                            for r in self.routes.readers[output]})
+            cached = self._readers_cache[output] = [self.groups[n] for n in names]
+        return cached
+
+    def _check_exits(self) -> None:
+        take = getattr(self.system, "take_exits", None)
+        if take is None:
+            return
+        for exit_ in take():
+            raise _GroupDied(exit_)
+
+    def _fail(self, err: BaseException) -> None:
+        self.failures.append(err)
+        self.stop_asked.set()
+        raise _Failed()
+
+    # -- requests from the host ---------------------------------------------------------
+    def call(self, fn: Callable[[], Any], timeout: float | None, what: str) -> Any:
+        """Run ``fn`` on the driver's thread between two rounds; its result.
+
+        Raises:
+            NotRunningError: the run has ended (or ends before ``fn`` ran).
+            TimeoutError: ``fn`` did not run within ``timeout``.
+        """
+        if threading.current_thread() is self.thread:
+            return fn()
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        if self.ended.is_set() or self.ending:
+            raise NotRunningError(f"{what}: the run has ended")
+        self.requests.put(job)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(POLL_S):
+            if self.ended.is_set():
+                self._serve_late()
+                if done.is_set():
+                    break
+                raise NotRunningError(f"{what}: the run ended first")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not done within {timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _serve_late(self) -> None:
+        """Requests queued as the run ended: refused (they would talk to no one)."""
+
+    def cut(self, timeout: float | None) -> dict[str, Any]:
+        """The state tree of every group at a consistent cut (on the driver's thread)."""
+        t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
+        cap = (t, LAST_DELTA)
+        while self._round(cap):
+            pass
+        self._flush()
+        return self._gather(t, timeout)
+
+    def _flush(self) -> None:
+        """Deliver every message waiting in the driver (no group runs)."""
+        waiting = [g for g in self.groups.values() if g.queued]
+        for g in waiting:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, False, messages))
+        if waiting:
+            self._collect(waiting)
+
+    def _gather(self, t: int, timeout: float | None) -> dict[str, Any]:
+        limit = 60.0 if timeout is None else timeout
+        trees = []
+        for g in self.groups.values():
+            if g.remote:
+                trees.append(snapshot.loads(self.system.ask(g.name, group.TakeState(limit),
+                                                            limit + 5.0)))
+            else:
+                assert self.local is not None
+                trees.append(self.local.state_dict(timeout=limit))
+        return merge_trees(trees, t, self.order)
+
+    def write(self, path: str, message: Any) -> None:
+        """Deliver a host write to the Input's group, then refresh its next key."""
+        g = self.groups[self.owner[path.rpartition(".")[0]]]
+        if g.remote:
+            self.system.ask(g.name, group.Write(path, snapshot.dumps(message)), 30.0)
+        else:
+            assert self.local is not None
+            self.local.write(path, message)
+        messages, g.queued = g.queued, []
+        g.link.send(dataplane.Grant(None, False, messages))
+        self._collect([g])
+
+    def read(self, path: str) -> Any:
+        owner = self.ports[path].node._mujou_path  # type: ignore[attr-defined]
+        g = self.groups[self.owner[owner]]
+        if g.remote:
+            return snapshot.loads(self.system.ask(g.name, group.Read(path), 30.0))
+        assert self.local is not None
+        return self.local.read(path)
+
+    def listen(self, output: str, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Make the Output's group publish it; call ``listener`` with every message."""
+        index = self.routes.output_index[output]
+        g = self.groups[self.owner[self.ports[output].node._mujou_path]]  # type: ignore[attr-defined]
+        if index not in self.listeners:
+            if g.remote:
+                self.system.ask(g.name, group.Subscribe(output), 30.0)
+            else:
+                g.link.published.listen(g.link.kernel, output)
+        self.listeners[index] = self.listeners.get(index, []) + [listener]
+
+        def detach() -> None:
+            self.listeners[index] = [x for x in self.listeners.get(index, [])
+                                     if x is not listener]
+
+        return detach
+
+    def group_stats(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for g in self.groups.values():
+            if g.remote:
+                out[g.name] = self.system.ask(g.name, group.Stats(), 30.0)
+            else:
+                t = os.times()
+                link = g.link
+                out[g.name] = {"pid": os.getpid(), "cpu": t.user + t.system,
+                               "nodes": group.node_stats(link.kernel),
+                               "messages_in": link.messages_in,
+                               "messages_out": link.messages_out,
+                               "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+        return out
+
+    # -- the end ------------------------------------------------------------------------
+    def _callback_failed(self, sub: Subscription, exc: BaseException) -> None:
+        err = CallbackError(f"subscriber of {sub.port!r} raised {describe(exc)}")
+        err.__cause__ = exc
+        self.failures.append(err)
+        self.stop_asked.set()
+
+    def _finish(self) -> None:
+        """Stop every group (on_stop), take the final state, end the processes."""
+        self.ending = True
+        try:
+            self.final_stats = self.group_stats()
+        except BaseException as exc:  # a dead group has none; the rest is still ended
+            log.warning("placed run: the final stats could not be taken: %s", describe(exc))
+        stuck = self.stuck
+        trees: list[dict[str, Any]] = []
+        try:
+            self._finish_groups(stuck, trees)
+        finally:
+            self.end_wall = time.monotonic()
+            if self.end_ns is not None and not self.failures and not self.stop_asked.is_set():
+                self.time_ns = self.end_ns
+            if trees:
+                try:
+                    self.final_tree = merge_trees(trees, self.time_ns, self.order)
+                except BaseException as exc:  # state_dict() raises it
+                    self.final_error = exc
+            self.host.close(self.stop_timeout)
+            try:
+                self.system.shutdown(self.stop_timeout)
+            except BaseException as exc:
+                log.error("placed run: shutting the processes down failed: %s", describe(exc))
+            for g in self.groups.values():
+                g.link.close()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            if stuck and not self.failures:
+                self.failures.append(StopTimeoutError(stuck, self.stop_timeout))
+            self.ended.set()
+
+    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
+        for g in self.groups.values():
+            try:
+                if g.remote:
+                    if g.waiting:
+                        stuck[g.name] = "a grant"
+                        continue
+                    left = self.system.ask(g.name, group.Stop(self.stop_timeout, True),
+                                           2 * self.stop_timeout + 5.0)
+                    paths, tree = left
+                    if tree is not None:
+                        trees.append(snapshot.loads(tree))
+                else:
+                    assert self.local is not None
+                    paths = self.local.stop(self.stop_timeout)
+                    trees.append(self.local.state_dict())
+                for p in paths:
+                    stuck[p] = "a hook"
+            except BaseException as exc:
+                log.error("placed run: stopping group %r failed: %s", g.name, describe(exc))
+                if not isinstance(exc, (NotRunningError,)):
+                    self.failures.append(exc) if not self.failures else None
+
+
+class _Failed(Exception):
+    """A group reported a failure: the rounds end (the failure is in `failures`)."""
+
+
+class _Stuck(Exception):
+    """Groups did not answer a grant within the stop's bound."""
+
+    def __init__(self, busy: dict[str, str]) -> None:
+        super().__init__(f"groups still running a grant: {sorted(busy)}")
+        self.busy = busy
+
+
+class _GroupDied(Exception):
+    """A group process ended unasked."""
+
+    def __init__(self, exit_: Any) -> None:
+        super().__init__(f"group {exit_.group!r} (pid {exit_.pid}) died: {exit_.reason}")
+        self.exit = exit_
+
+
+def _node_error(group_name: str, failure: Mapping[str, Any]) -> NodeError:
+    """The host's NodeError for a group's failure, with the remote traceback as its cause."""
+    err = NodeError(failure["path"], failure["hook"],
+                    f"{failure['message']} (in group {group_name!r})")
+    err.__cause__ = RemoteTraceback(failure["type"], failure["traceback"])
+    return err
+
+
+class RemoteTraceback(Exception):
+    """An exception raised in another process: its type's name and its traceback as text."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        super().__init__(f"{type_name} in a group process:\n{text}")
+        self.type_name = type_name
+        self.traceback = text
+
+
+def merge_trees(trees: list[dict[str, Any]], time_ns: int, order: list[str]) -> dict[str, Any]:
+    """One state tree from the groups' trees, at ``time_ns``, in the net's order.
+
+    The groups' sections are disjoint (each names its own nodes and Inputs);
+    entries come in the order of ``order`` (node paths, parents first), as a
+    single process's tree lists them.
+    """
+    rank = {p: i for i, p in enumerate(order)}
+
+    def where(path: str, node_keyed: bool) -> tuple[int, str]:
+        return rank.get(path if node_keyed else path.rpartition(".")[0], len(rank)), path
+
+    merged: dict[str, Any] = {}
+    for tree in trees:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged.setdefault(key, value)
+    for key, value in merged.items():
+        if isinstance(value, dict):
+            node_keyed = key in ("nodes", "seeds", "schedule")
+            merged[key] = dict(sorted(value.items(), key=lambda kv: where(kv[0], node_keyed)))
+    merged["time_ns"] = time_ns
+    return merged
+
+
+# ---------------------------------------------------------------------------
+# the start: check -> processes -> same net? -> on_start -> state, inputs -> timer
+
+
+def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, Any] | None,
+          args: Any, inputs: Mapping[Input | str, Any] | None, state: Any,
+          make_system: Callable[..., Any] | None = None) -> PlacedRun:
+    """Start a placed run: the part of `mujou.run` for ``placement`` (its arguments checked).
+
+    Args:
+        net: the net factory (a module-level function, or ``"module:function"``).
+        placement (Mapping[str, str]): node path -> group.
+        net_kwargs (Mapping[str, Any], optional): the factory's keyword arguments.
+        args: `mujou.run`'s other arguments, checked (run.py's ``_Arguments``).
+        inputs: ``inputs=`` of `mujou.run`; state: its ``state=`` (for the errors).
+        make_system: makes the control plane (default `system.ProcessSystem`;
+            tests put one here that runs the groups in this process).
+
+    Raises:
+        TypeError / ValueError / NetError: see `placement.check_placement`,
+            `placement.resolve_factory`; a group built another net (names the
+            group and the differences).
+        NodeError: an ``on_start`` or ``load_state_dict`` raised in a group.
+    """
+    if not args.timer.simulated:
+        raise ValueError("mujou.run: placement needs timer='simulated' in this version "
+                         "(real-time placed runs are not supported yet)")
+    if args.supervisor is not None:
+        raise ValueError("mujou.run: a supervisor with placement is not supported yet")
+    if args.tracer is not None:
+        raise ValueError("mujou.run: trace= with placement is not supported yet")
+    factory, ref = resolve_factory(net, net_kwargs)
+    built = build_net(factory, ref.kwargs)
+    found = walk(built)
+    for path, node in found:
+        node._mujou_path = path
+    ports = collect_ports(found)
+    plan = check_placement(placement, found, ports)
+    initial = resolve_inputs(ports, inputs)
+    if args.tree is not None:
+        check_fit(args.tree, found, ports, state)
+    seeds = settle_seeds(found, args.tree, args.seed)
+    if make_system is None:
+        from .system import ProcessSystem
+        make_system = ProcessSystem
+    return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system)
+
+
+def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
+            plan: Placement, ref: FactoryRef, initial: list[tuple[Input, Any]],
+            seeds: dict[str, int], args: Any, make_system: Callable[..., Any]) -> PlacedRun:
+    """Start the processes and the host's kernel, check them, run the start phase."""
+    from .._runtime.workers import default_workers
+
+    tmpdir = tempfile.mkdtemp(prefix="mujou-run-")
+    system = None
+    local: Kernel | None = None
+    groups: dict[str, _Group] = {}
+    try:
+        system = make_system(start_timeout=args.start_timeout)
+        host_nodes = plan.nodes.get(HOST_GROUP, [])
+        workers = (lambda n: args.workers if args.workers is not None
+                   else default_workers(n))
+        # The host builds its own copy of the net for its group (the one it checked).
+        for i, name in enumerate(plan.groups):
+            address = f"ipc://{tmpdir}/g{i}"
+            routes = dataplane.Routes(found, {})
+            link = dataplane.HostLink(address, routes)
+            groups[name] = _Group(name, link, plan.nodes[name], 0)
+            kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
+                      "roots": plan.roots[name], "seed": args.seed,
+                      "workers": workers(len(plan.nodes[name])), "address": address,
+                      "host_pid": os.getpid()}
+            groups[name].pid = system.start_group(name, GROUP_TARGET, kwargs,
+                                                  args.start_timeout)
+        if host_nodes:
+            local = Kernel(built, plan.roots[HOST_GROUP], workers=workers(len(host_nodes)),
+                           seed=args.seed)
+            routes = dataplane.Routes(found, local.ports)
+            groups[HOST_GROUP] = _Group(HOST_GROUP, _LocalLink(local, routes), host_nodes,
+                                        os.getpid(), remote=False)
+        expected = net_signature(found)
+        for name in plan.groups:
+            described = system.ask(name, group.Describe(), args.start_timeout)
+            diff = signature_differences(expected, described["signature"])
+            if diff:
+                raise NetError(f"mujou.run: group {name!r} built another net than the host "
+                               f"(is the factory deterministic, and the same code in every "
+                               f"process?): {'; '.join(diff)}")
+        routes = dataplane.Routes(found, {})
+        driver = _Driver(system=system, groups=groups, routes=routes, ports=ports,
+                         owner=plan.group_of, found=found, seeds=seeds,
+                         end_ns=None if args.end_s is None else round(args.end_s * 1e9)
+                         + (args.tree["time_ns"] if args.tree is not None else 0),
+                         stop_timeout=args.stop_timeout, tmpdir=tmpdir, local=local)
+    except BaseException:
+        _abandon(system, groups, local, tmpdir)
+        raise
+    run = PlacedRun(driver, ports, seeds, found)
+    try:
+        _start_phase(driver, plan, initial, args)
+    except BaseException:
+        driver.stop_asked.set()
+        driver._finish()
+        raise
+    driver.thread.start()
+    return run
+
+
+def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdir: str) -> None:
+    """Undo a start that failed before the driver existed: processes, sockets, the kernel."""
+    if local is not None:
+        local.stop(1.0)
+    if system is not None:
+        try:
+            system.shutdown(10.0)
+        except BaseException as exc:
+            log.error("placed run: shutting the processes down failed: %s", describe(exc))
+    for g in groups.values():
+        g.link.close()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _start_phase(driver: _Driver, plan: Placement, initial: list[tuple[Input, Any]],
+                 args: Any) -> None:
+    """on_start everywhere, the tree, on_start's messages, ``inputs=``, the first keys."""
+    deadline = time.monotonic() + args.start_timeout
+    left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
+    system = driver.system
+    for g in driver.groups.values():
+        if g.remote:
+            system.ask(g.name, group.Start(left()), left() + 5.0)
+        else:
+            assert driver.local is not None
+            driver.local.start(timeout=left())
+    if args.tree is None:
+        # What on_start sent crosses to its readers before any timer starts.
+        everyone = list(driver.groups.values())
+        for g in everyone:
+            g.link.send(dataplane.Grant(None, True, []))
+        driver._collect(everyone)
+    else:
+        for g in driver.groups.values():
+            part = group.split_tree(args.tree, set(g.nodes))
+            if g.remote:
+                system.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
+            else:
+                assert driver.local is not None
+                driver.local.load_state_dict(part, timeout=left())
+            g.queued = []
+    for port, value in initial:
+        driver.write(port.path, value)
+    everyone = list(driver.groups.values())
+    for g in everyone:  # the timers start: every group's first due key
+        messages, g.queued = g.queued, []
+        g.link.send(dataplane.Grant(None, False, messages))
+    driver._collect(everyone)
+    driver.time_ns = args.tree["time_ns"] if args.tree is not None else 0
+    driver.start_ns = driver.time_ns
+
+
+class PlacedRun:
+    """A started placed run: the same API as `mujou_actors.run.Run` (docs/processes.md).
+
+    Made by ``mujou.run(factory, placement=...)``. Calls other than the
+    properties are carried out by the run's driver thread between two global
+    delta cycles, so each waits at most for the round in progress.
+    """
+
+    def __init__(self, driver: _Driver, ports: dict[str, Port], seeds: dict[str, int],
+                 found: list[tuple[str, Node]]) -> None:
+        self._driver = driver
+        self._ports = ports
+        self._seeds = seeds
+        self._found = found
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def seeds(self) -> Mapping[str, int]:
+        """Mapping[str, int]: the seed of every node's generator, by path."""
+        return dict(self._seeds)
+
+    @property
+    def time(self) -> float:
+        """float: the latest time any group has reached, seconds (the end time once ended)."""
+        return self.time_ns / 1e9
+
+    @property
+    def time_ns(self) -> int:
+        """int: `time` in integer nanoseconds of the run's timer."""
+        return self._driver.time_ns
+
+    @property
+    def start_time(self) -> float:
+        """float: the time the run started at, seconds (a restored run's is > 0)."""
+        return getattr(self._driver, "start_ns", 0) / 1e9
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """Mapping[str, Node]: the host's copy of every node, by path.
+
+        Only the host's group's nodes run in this process; the others are the
+        copies the host built to check the net (their state is not the run's:
+        use `read` and `state_dict`).
+        """
+        return {p: n for p, n in self._found}
+
+    @property
+    def groups(self) -> Mapping[str, list[str]]:
+        """Mapping[str, list[str]]: each group's node paths (the host's group is ``"host"``)."""
+        return {g.name: list(g.nodes) for g in self._driver.groups.values()}
+
+    @property
+    def failure(self) -> BaseException | None:
+        """BaseException | None: what `join` raises, None for a run that did not fail."""
+        return self._outcome()
+
+    @property
+    def running(self) -> bool:
+        """bool: True until the run has ended."""
+        return not self._driver.ended.is_set()
+
+    # -- waiting and ending ---------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the end without raising its failure; True once ended."""
+        return self._driver.ended.wait(timeout)
+
+    def stop(self) -> None:
+        """End the run: every group's ``on_stop`` runs, the processes end; idempotent.
+
+        Returns once the run has ended: within about twice ``stop_timeout``
+        (a group stuck in a hook is then killed and reported by `join` as
+        `StopTimeoutError`).
+        """
+        self._driver.stop_asked.set()
+        if threading.current_thread() is self._driver.thread or self._driver.host.on_thread():
+            return
+        self._driver.ended.wait(4 * self._driver.stop_timeout + 30.0)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the end; raise what made it fail (as `Run.join`).
+
+        Raises:
+            NodeError: a hook raised in a group (the node's path and hook; the
+                remote traceback as the ``__cause__``, a `RemoteTraceback`).
+            GroupDied: a group process died.
+            CallbackError, StopTimeoutError: as `Run.join`.
+            TimeoutError: not ended within ``timeout``.
+        """
+        if self._driver.host.on_thread() or threading.current_thread() is self._driver.thread:
+            raise RuntimeError("join() from a subscriber callback would wait for itself: "
+                               "use run.stop()")
+        if not self._driver.ended.wait(timeout):
+            raise TimeoutError(f"the run has not ended within {timeout} s")
+        self._driver.reported = True
+        err = self._outcome()
+        if err is not None:
+            raise err
+
+    def _outcome(self) -> BaseException | None:
+        failures = self._driver.failures
+        if not failures:
+            return None
+        first = failures[0]
+        if isinstance(first, NodeError):
+            first.failures = [f for f in failures if isinstance(f, NodeError)]
+        return first
+
+    def __enter__(self) -> PlacedRun:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+        if exc_type is None and not self._driver.reported:
+            self._driver.reported = True
+            err = self._outcome()
+            if err is not None:
+                raise err
+
+    # -- ports ------------------------------------------------------------------------------
+    def _path(self, port: Port | str, want: type | None = None) -> str:
+        if isinstance(port, Port):
+            port = port.path
+        if not isinstance(port, str):
+            raise TypeError(f"expected a port or a dotted port path, got {type(port).__name__}")
+        found = self._ports.get(port)
+        if found is None:
+            raise ValueError(f"no port {port!r} in this run (ports: {sorted(self._ports)})")
+        if want is not None and not isinstance(found, want):
+            raise TypeError(f"port {port!r} is an {type(found).__name__}; "
+                            f"expected an {want.__name__}")
+        return port
+
+    def read(self, port: Port | str) -> Any:
+        """The newest message of a port (a copy), from whichever group runs it.
+
+        Raises:
+            ValueError: no such port; NotRunningError: the run has ended
+                (the groups are gone; read the final `state_dict` instead).
+        """
+        path = self._path(port)
+        return self._driver.call(lambda: self._driver.read(path), 60.0, f"read({path!r})")
+
+    def write(self, port: Input | str, value: Any) -> None:
+        """Deliver ``value`` to an Input as the host, in whichever group runs it.
+
+        Raises:
+            PortTypeError: the value does not match the Input's type.
+            ValueError / TypeError: no such Input.
+            NotRunningError: the run has ended.
+        """
+        path = self._path(port, Input)
+        checked = self._ports[path].check(value)  # type: ignore[attr-defined]
+        self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
+
+    def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
+                  depth: int = HOST_QUEUE_DEPTH) -> Subscription:
+        """Call ``callback(message)`` for every later message of a port (as `Run.subscribe`).
+
+        The group that runs the port sends the host a copy of each message with
+        its reply to each grant; an Input's messages are those of the Outputs
+        that feed it.
+        """
+        path = self._path(port)
+        if not callable(callback):
+            raise TypeError(f"subscribe({path!r}): callback must be callable")
+        depth = check_depth(f"subscribe({path!r})", depth)
+        sub = self._driver.host.subscribe(path, callback, depth)
+        detaches = [self._driver.call(lambda o=o: self._driver.listen(o, sub.put), 60.0,
+                                      f"subscribe({path!r})") for o in self._outputs(path)]
+        sub.detach = lambda: [d() for d in detaches]  # type: ignore[func-returns-value]
+        return sub
+
+    def _outputs(self, path: str) -> list[str]:
+        port = self._ports[path]
+        if isinstance(port, Output):
+            return [path]
+        return [s.path for s in port._sources]  # type: ignore[attr-defined]
+
+    def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
+                 timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
+        """Wait for the first later message of a port that matches (as `Run.wait_for`)."""
+        path = self._path(port)
+        what = f"wait_for({path!r})"
+        waiter = Waiter(path, what, check_depth(what, depth))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        detaches = [self._driver.call(lambda o=o: self._driver.listen(o, waiter.put), 60.0, what)
+                    for o in self._outputs(path)]
+        try:
+            self._driver.host.add_waiter(waiter)
+            while True:
+                ok, message = waiter.get(deadline)
+                if not ok or (deadline is not None and time.monotonic() > deadline):
+                    raise TimeoutError(f"{what}: no match within {timeout} s"
+                                       + waiter.drops_note())
+                if predicate is None or predicate(message):
+                    return message
+        finally:
+            for d in detaches:
+                d()
+            self._driver.host.remove_waiter(waiter)
+
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """One state tree of every group, taken at a consistent cut (as `Run.state_dict`).
+
+        Every group finishes the latest instant any group has reached, the
+        messages between groups are delivered, and each group's part is taken
+        there; the parts form one tree in the format of one process
+        (docs/state.md), which restores into any placement. After the end:
+        the final state.
+
+        Raises:
+            TimeoutError: no cut within ``timeout``.
+            NodeError: a node's ``state_dict`` raised.
+        """
+        d = self._driver
+        if not d.ended.is_set() and not d.ending:
+            try:
+                return d.call(lambda: d.cut(timeout), timeout, "state_dict()")  # type: ignore[no-any-return]
+            except NotRunningError:
+                pass
+        if not d.ended.wait(None if timeout is None else timeout):
+            raise TimeoutError(f"state_dict(): the run did not end within {timeout} s")
+        if d.final_error is not None:
+            raise d.final_error
+        if d.final_tree is None:
+            raise NodeError("", "state_dict", "state_dict(): the final state could not be taken "
+                            "(a group was stuck or had died)")
+        return d.final_tree
+
+    # -- stats ------------------------------------------------------------------------------
+    def stats(self) -> RunStats:
+        """Statistics of every node and of every group process (`RunStats.groups`)."""
+        d = self._driver
+        if d.ended.is_set() or d.ending:
+            d.ended.wait(4 * d.stop_timeout + 30.0)
+            raw = d.final_stats or {}
+        else:
+            try:
+                raw = d.call(d.group_stats, 60.0, "stats()")
+            except NotRunningError:
+                d.ended.wait(4 * d.stop_timeout + 30.0)
+                raw = d.final_stats or {}
+        nodes = {}
+        groups = {}
+        for name, g in raw.items():
+            for path, n in g["nodes"].items():
+                late = n["lateness"]
+                nodes[path] = NodeStats(
+                    path=path, updates=n["updates"], overruns=n["overruns"],
+                    dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
+                    dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
+                    lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
+                    drops=n["drops"], restarts=n["restarts"])
+            groups[name] = GroupStats(
+                name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
+                messages_in=g["messages_in"], messages_out=g["messages_out"],
+                bytes_in=g["bytes_in"], bytes_out=g["bytes_out"],
+                drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()))
+        wall = (d.end_wall or time.monotonic()) - d.start_wall
+        ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
+        return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
+                        subscriptions=d.host.stats(), groups=groups)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "ended"
+        return (f"<PlacedRun {state} t={self.time:.6f}s nodes={len(self._found)} "
+                f"groups={len(self._driver.groups)}>")

@@ -1,0 +1,370 @@
+"""A placement and the net factory of a placed run, checked before anything starts.
+
+``mujou.run(make_net, placement={"sim": "physics"}, net_kwargs={...})`` puts
+the subtree of each named node path into a *group*; every group but the
+host's runs in an OS process of its own. Nodes are never pickled: each
+process calls the same *factory* (an importable module-level function) with
+the same ``net_kwargs`` and builds the whole net itself, then runs only its
+group's nodes. What the factory must satisfy is said in `resolve_factory`;
+whether every process built the same net is checked by comparing the
+`net_signature` each one reports.
+
+Everything here runs in the host before any process starts, so a bad
+placement is reported without side effects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import snapshot
+from ..errors import NetError, SnapshotError
+from ..net import walk
+from ..node import Node
+from ..ports import Input, Output, Port
+
+__all__ = ["HOST_GROUP", "Placement", "FactoryRef", "resolve_factory", "load_factory",
+           "check_placement", "net_signature", "signature_differences"]
+
+# The group of every node that the placement does not name: it runs in the host process.
+# A placement may name it too ("ctrl": "host") to keep a subtree of a placed path there.
+HOST_GROUP = "host"
+
+NetFactory = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryRef:
+    """Where a group process finds the net factory.
+
+    Attributes:
+        ref (str): ``"package.module:function"`` (imported by name) or
+            ``"/abs/path/file.py:function"`` (a file loaded by path, as the
+            CLI's ``FILE:NAME``).
+        kwargs (bytes): ``net_kwargs`` encoded with the snapshot codec
+            (msgpack, raw tensor bytes, never pickle).
+    """
+
+    ref: str
+    kwargs: bytes
+
+
+def _ref_of(factory: Callable[..., Any]) -> str:
+    """The ``module:name`` (or ``file.py:name``) of a module-level function.
+
+    Raises:
+        TypeError: ``factory`` is not a module-level function that a new
+            process can import (a lambda, a nested function, a bound method, a
+            function whose module has no file).
+    """
+    name = getattr(factory, "__qualname__", None)
+    module_name = getattr(factory, "__module__", None)
+    if not (inspect.isfunction(factory) and isinstance(name, str) and module_name):
+        raise TypeError(f"mujou.run: with placement, the net must be given as a module-level "
+                        f"function that builds it, got {type(factory).__name__} {factory!r}")
+    if "<" in name or "." in name:
+        raise TypeError(f"mujou.run: the net factory {name!r} is not a module-level function "
+                        f"(a lambda or a nested function cannot be imported by a group "
+                        f"process): define it at the top level of a module")
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, name, None) is not factory:
+        raise TypeError(f"mujou.run: the net factory {module_name}.{name} cannot be found under "
+                        f"its name in its module (it is not what {module_name}.{name} is)")
+    if module_name in ("__main__", "__mp_main__") or module_name.startswith("_mujou_file_"):
+        path = getattr(module, "__file__", None)
+        if not path:
+            raise TypeError(f"mujou.run: the net factory {name!r} is defined in {module_name}, "
+                            f"which has no file (an interactive session?): a group process "
+                            f"cannot import it; define it in a module or a file")
+        return f"{os.path.abspath(path)}:{name}"
+    return f"{module_name}:{name}"
+
+
+def resolve_factory(net: Any, net_kwargs: Mapping[str, Any] | None) -> tuple[NetFactory, FactoryRef]:
+    """Check the net factory and ``net_kwargs`` of a placed run.
+
+    The factory must be a module-level function, importable in a new
+    process by its module's name (or from its file, for a script's or the
+    CLI's ``FILE:NAME``), that builds the same net every time it is called
+    with the same keyword arguments: the same nodes at the same paths, the
+    same ports and connections. It must not depend on state of the calling
+    process (a global set at run time, a random draw of its own); seeds come
+    from the run (``mujou.run(seed=)``) or from a node's own ``seed=``.
+
+    Args:
+        net: the factory, or a ``"module:function"`` / ``"file.py:function"`` string.
+        net_kwargs (Mapping[str, Any], optional): keyword arguments of every
+            call; plain data the snapshot codec encodes (None, bool, int,
+            float, str, bytes, tensors, and lists, tuples and str-keyed dicts
+            of them).
+
+    Returns:
+        tuple: the factory (a function of this process) and its `FactoryRef`.
+
+    Raises:
+        TypeError: a net object was given (pass the function that builds
+            it), or the factory is not a module-level function, or
+            ``net_kwargs`` is not a str-keyed mapping of plain data.
+        ValueError: a string reference that names no importable function.
+    """
+    if isinstance(net, (Node, list, tuple, dict)):
+        raise TypeError("mujou.run: with placement, pass the function that builds the net "
+                        "(mujou.run(make_net, placement=..., net_kwargs=...)), not a net "
+                        "object: every group process builds the net itself, nodes are never "
+                        "pickled")
+    if isinstance(net, str):
+        ref = net
+        factory = load_factory(ref)
+    else:
+        ref = _ref_of(net)
+        factory = net
+    if net_kwargs is None:
+        net_kwargs = {}
+    if not isinstance(net_kwargs, Mapping) or not all(isinstance(k, str) for k in net_kwargs):
+        raise TypeError(f"mujou.run: net_kwargs must be a mapping with str keys, "
+                        f"got {net_kwargs!r}")
+    try:
+        encoded = snapshot.dumps(dict(net_kwargs))
+    except (TypeError, ValueError, SnapshotError) as exc:
+        raise TypeError(f"mujou.run: net_kwargs must be plain data that a group process can "
+                        f"receive without pickle (None, bool, int, float, str, bytes, tensors, "
+                        f"lists, tuples, str-keyed dicts): {exc}") from None
+    return factory, FactoryRef(ref, encoded)
+
+
+def load_factory(ref: str) -> NetFactory:
+    """Import the function that ``ref`` names (``"module:function"`` or ``"file.py:function"``).
+
+    A file is loaded as a module named after its path (``_mujou_file_<hash>``),
+    never as ``__main__``, so its ``if __name__ == "__main__":`` block does not run.
+
+    Raises:
+        ValueError: ``ref`` is not ``X:NAME``, the module or file cannot be
+            imported (the import's error is the ``__cause__``), or NAME is not
+            a function there.
+    """
+    where, sep, name = ref.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"net factory {ref!r}: expected 'module:function' or "
+                         f"'path/file.py:function'")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            module = _load_file(where)
+        else:
+            module = importlib.import_module(where)
+    except Exception as exc:
+        raise ValueError(f"net factory {ref!r}: cannot import {where!r}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(f"net factory {ref!r}: {where!r} has no function {name!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+def _load_file(path: str) -> Any:
+    """The module of a Python file, loaded once per process under a name made from its path."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    name = "_mujou_file_" + hashlib.sha1(path.encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A checked placement: which group runs which nodes.
+
+    Attributes:
+        group_of (dict[str, str]): node path -> group, for every node of the net.
+        roots (dict[str, list[str]]): group -> the paths that place it (each
+            with its subtree, minus deeper paths placed elsewhere); the host's
+            group (`HOST_GROUP`) is listed only when it has nodes.
+        nodes (dict[str, list[str]]): group -> its node paths, in the net's order.
+        groups (list[str]): the groups other than the host's, sorted: one
+            process each.
+    """
+
+    group_of: dict[str, str]
+    roots: dict[str, list[str]]
+    nodes: dict[str, list[str]]
+    groups: list[str]
+
+
+def check_placement(placement: Any, found: list[tuple[str, Node]],
+                    ports: Mapping[str, Port]) -> Placement:
+    """Check ``placement`` against the net and say which group runs each node.
+
+    A path places its whole subtree; a deeper path placed elsewhere wins for
+    its own subtree. Nodes that no path covers stay in the host's group.
+
+    Args:
+        placement (Mapping[str, str]): node path -> group name.
+        found: the net's nodes with their paths (`mujou_actors.net.walk`).
+        ports: the net's ports by path.
+
+    Raises:
+        TypeError: ``placement`` is not a mapping, or a key or group name is
+            not a str.
+        ValueError: a path names no node (the error lists the nodes), a group
+            name is empty or has a ``:`` (placing on another machine is not
+            part of this version), or no node is placed outside the host.
+        NetError: a port that connects two groups has a message type that
+            cannot cross processes (names the port).
+    """
+    if not isinstance(placement, Mapping):
+        raise TypeError(f"mujou.run: placement must be a mapping of node paths to group names, "
+                        f"got {type(placement).__name__}")
+    paths = [p for p, _ in found]
+    known = set(paths)
+    for path, group in placement.items():
+        if not isinstance(path, str):
+            raise TypeError(f"mujou.run: placement key {path!r} must be a node path (a str)")
+        if path not in known:
+            raise ValueError(f"mujou.run: placement names {path!r}, which is no node of the net "
+                             f"(nodes: {', '.join(repr(p) for p in paths)})")
+        if not isinstance(group, str):
+            raise TypeError(f"mujou.run: placement[{path!r}] must be a group name (a str), "
+                            f"got {type(group).__name__} {group!r}")
+        if not group or group != group.strip():
+            raise ValueError(f"mujou.run: placement[{path!r}]: a group name must be a "
+                             f"non-empty str without surrounding spaces, got {group!r}")
+        if ":" in group:
+            raise ValueError(f"mujou.run: placement[{path!r}] = {group!r}: placing a group on "
+                             f"another machine ('machine:group') is not supported yet; name a "
+                             f"group of this machine")
+    group_of = {}
+    for path in paths:
+        group_of[path] = _group_of(path, placement)
+    nodes: dict[str, list[str]] = {}
+    for path in paths:
+        nodes.setdefault(group_of[path], []).append(path)
+    groups = sorted(g for g in nodes if g != HOST_GROUP)
+    if not groups:
+        raise ValueError("mujou.run: the placement puts every node in the host's group; name "
+                         "at least one other group (or run without placement)")
+    roots: dict[str, list[str]] = {}
+    for path in paths:
+        parent = path.rpartition(".")[0] if "." in path else ("" if path else None)
+        if parent is None or group_of.get(parent) != group_of[path]:
+            roots.setdefault(group_of[path], []).append(path)
+    _check_crossings(ports, group_of)
+    return Placement(group_of=group_of, roots=roots, nodes=nodes, groups=groups)
+
+
+def _group_of(path: str, placement: Mapping[str, str]) -> str:
+    """The group of the deepest placed path that ``path`` lies under (or is)."""
+    probe = path
+    while True:
+        if probe in placement:
+            return placement[probe]
+        if probe == "":
+            return HOST_GROUP
+        probe = probe.rpartition(".")[0] if "." in probe else ""
+
+
+def _check_crossings(ports: Mapping[str, Port], group_of: Mapping[str, str]) -> None:
+    """Every connection between two groups carries a type the data plane can encode."""
+    from .wire import crossing_problem  # the codec's own rule
+
+    for path, port in ports.items():
+        if not isinstance(port, Output):
+            continue
+        here = group_of[port.node._mujou_path]  # type: ignore[attr-defined]
+        for reader in port.readers:
+            if group_of[reader.node._mujou_path] != here:  # type: ignore[attr-defined]
+                for p in (port, reader):
+                    problem = crossing_problem(p._spec.type, p.path)
+                    if problem is not None:
+                        raise NetError(f"{path!r} -> {reader.path!r} connects groups "
+                                       f"{here!r} and "
+                                       f"{group_of[reader.node._mujou_path]!r}: "  # type: ignore[attr-defined]
+                                       f"{problem}")
+
+
+def net_signature(found: list[tuple[str, Node]]) -> list[list[Any]]:
+    """What must be equal in every process of a placed run: nodes, their ports, connections.
+
+    One row per node, in the net's order: ``[path, class, ports]``, and per port
+    ``[name, kind, declared type, depth, trigger, readers]``. Plain data:
+    it crosses the control plane and is compared with `signature_differences`.
+    """
+    def spec(port: Port) -> str:
+        t = port._spec
+        return (f"{t.type.__module__}.{t.type.__qualname__} shape={t.shape} "
+                f"dtype={t.dtype}")
+
+    rows: list[list[Any]] = []
+    for path, node in found:
+        cls = type(node)
+        described = []
+        for name, port in sorted(node._mujou_ports().items()):
+            if isinstance(port, Input):
+                described.append([name, "Input", spec(port), port.depth,
+                                  port.trigger, []])
+            else:
+                out: Output = port  # type: ignore[assignment]
+                described.append([name, "Output", spec(port), None, None,
+                                  sorted(r.path for r in out.readers)])
+        rows.append([path, f"{cls.__module__}.{cls.__qualname__}", described])
+    return rows
+
+
+def signature_differences(expected: list[list[Any]], got: list[list[Any]],
+                          limit: int = 5) -> list[str]:
+    """The first ``limit`` differences between two `net_signature` results, readable."""
+    out = []
+    want = {row[0]: row for row in expected}
+    have = {row[0]: row for row in got}
+    for path in want.keys() - have.keys():
+        out.append(f"node {path or '<root>'!r} is missing")
+    for path in have.keys() - want.keys():
+        out.append(f"node {path or '<root>'!r} is extra")
+    if [r[0] for r in expected] != [r[0] for r in got] and not out:
+        out.append("the nodes come in another order")
+    for path in want.keys() & have.keys():
+        a, b = want[path], have[path]
+        if a[1] != b[1]:
+            out.append(f"node {path or '<root>'!r} is a {b[1]}, expected a {a[1]}")
+        elif a[2] != b[2]:
+            out.append(f"node {path or '<root>'!r} has ports {b[2]}, expected {a[2]}")
+    return sorted(out)[:limit]
+
+
+def build_net(factory: NetFactory, kwargs: bytes) -> Any:
+    """Call the factory with the decoded ``net_kwargs``; the net it built.
+
+    Raises:
+        NetError: the factory raised (its error is the ``__cause__``), or did
+            not return a net (a Node, or a list or dict of Nodes).
+    """
+    name = getattr(factory, "__qualname__", repr(factory))
+    try:
+        net = factory(**snapshot.loads(kwargs))
+    except Exception as exc:
+        raise NetError(f"the net factory {name} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        walk(net)
+    except (TypeError, NetError) as exc:
+        raise NetError(f"the net factory {name} did not build a net: {exc}") from None
+    return net

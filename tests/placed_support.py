@@ -1,0 +1,111 @@
+"""Nets and a control plane in one process for the placed-run tests.
+
+`InProcessSystem` stands in for `mujou_actors.distributed.system.ProcessSystem`:
+it runs each group's server in this process (its data plane still goes over
+ZeroMQ ipc sockets), so the driver's protocol is tested without the cost of
+starting processes. The net factories are module-level, as placement needs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import torch
+
+import mujou_actors as mujou
+from mujou_actors.distributed.placement import load_factory
+
+
+class InProcessSystem:
+    """The control plane's interface, with every group server in this process."""
+
+    notices = None
+
+    def __init__(self, start_timeout: float = 30.0) -> None:
+        self.servers: dict[str, Any] = {}
+
+    def start_group(self, group: str, target: str, kwargs: dict[str, Any],
+                    timeout: float) -> int:
+        self.servers[group] = load_factory(target)(**pickle.loads(pickle.dumps(kwargs)))
+        return os.getpid()
+
+    def ask(self, group: str, request: Any, timeout: float) -> Any:
+        reply = self.servers[group].handle(pickle.loads(pickle.dumps(request)))
+        return pickle.loads(pickle.dumps(reply))
+
+    def take_exits(self) -> list[Any]:
+        return []
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        for server in self.servers.values():
+            server.close(timeout)
+
+
+class Sim(mujou.Node):
+    """A periodic source: a noisy random walk from its generator."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self, period: float = 0.01) -> None:
+        super().__init__(period=period)
+        self.x = torch.zeros(3)
+
+    def on_update(self, dt: float) -> None:
+        self.x = self.x + torch.randn(3, generator=self.generator) * dt
+        self.out.send(self.x)
+
+
+class Ctrl(mujou.Node):
+    """Triggered by each observation: a command from it and its own count."""
+
+    obs = mujou.Input(torch.Tensor, depth=4)
+    cmd = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        for x in self.obs.drain():
+            self.n += 1
+            self.cmd.send(torch.tanh(x) * self.n)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+class Log(mujou.Node):
+    """Records every command and observation in the order it saw them."""
+
+    cmd = mujou.Input(torch.Tensor, depth=None)
+    obs = mujou.Input(torch.Tensor, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: list[tuple[str, list[float]]] = []
+
+    def on_update(self, dt: float) -> None:
+        for x in self.obs.drain():
+            self.seen.append(("obs", x.tolist()))
+        for c in self.cmd.drain():
+            self.seen.append(("cmd", c.tolist()))
+
+    def state_dict(self) -> dict:
+        return {"seen": [[k, v] for k, v in self.seen]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = [(k, v) for k, v in state["seen"]]
+
+
+def make_net(period: float = 0.01) -> dict[str, mujou.Node]:
+    """sim -> ctrl -> log, and sim -> log."""
+    net = {"sim": Sim(period), "ctrl": Ctrl(), "log": Log()}
+    mujou.connect(net["sim"].out, net["ctrl"].obs)
+    mujou.connect(net["sim"].out, net["log"].obs)
+    mujou.connect(net["ctrl"].cmd, net["log"].cmd)
+    return net
