@@ -476,6 +476,11 @@ class Kernel:
         return out
 
     @property
+    def frontier(self) -> Key:
+        """Key: the delta cycle the kernel entered last (`CONTROL_KEY` before the timer)."""
+        return self.dispatcher.frontier
+
+    @property
     def timing(self) -> bool:
         """bool: whether the timer has started (the first `next_due` or `step`)."""
         return self._timing

@@ -96,6 +96,9 @@ class Reply:
             data (``path``, ``hook``, ``message``, ``traceback``, ``type``).
         published (list[Item]): copies of the messages sent on Outputs the
             host subscribed to (``(0, 0, 0, output, message)``), in send order.
+        frontier (Key): the delta cycle its kernel entered last (``(-1, 0)``
+            before its timer starts): a host write goes in at the latest
+            frontier of all groups.
     """
 
     due: Key | None
@@ -103,6 +106,7 @@ class Reply:
     sends: list[Item]
     failure: dict[str, Any] | None = None
     published: list[Item] = dataclasses.field(default_factory=list)
+    frontier: Key = (-1, 0)
 
 
 def _key(value: Any) -> Key | None:
@@ -163,8 +167,8 @@ class GroupLink(_Link):
 
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
-        self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends)],
-                   reply.sends + reply.published)
+        self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
+                    reply.frontier], reply.sends + reply.published)
 
 
 class HostLink(_Link):
@@ -184,5 +188,6 @@ class HostLink(_Link):
         got = self._receive(timeout)
         if got is None:
             return None
-        (due, time_ns, failure, n), items = got
-        return Reply(_key(due), time_ns, items[:n], failure, items[n:])
+        (due, time_ns, failure, n, frontier), items = got
+        return Reply(_key(due), time_ns, items[:n], failure, items[n:],
+                     (frontier[0], frontier[1]))

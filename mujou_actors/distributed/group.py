@@ -31,10 +31,11 @@ from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
 from .._runtime.kernel import Kernel, OutsideSend
+from .._runtime.keys import HOST_ORDER, Key
 from . import dataplane
 from .placement import build_net, load_factory, net_signature
 
-__all__ = ["serve", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
+__all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
            "Stats", "Stop", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
@@ -70,10 +71,19 @@ class TakeState(NamedTuple):
 
 
 class Write(NamedTuple):
-    """Deliver a message to one of the group's Inputs as the host (``run.write``, ``inputs=``)."""
+    """Deliver a message to one of the group's Inputs as the host (``run.write``, ``inputs=``).
+
+    Attributes:
+        input (str): the Input's path.
+        message (bytes): the message, snapshot-encoded.
+        key (tuple[int, int] | None): the delta cycle it comes in at (the
+            latest frontier of all groups); None before the timers start (a
+            write of ``inputs=``, as in one process).
+    """
 
     input: str
-    message: bytes  # snapshot-encoded
+    message: bytes
+    key: tuple[int, int] | None = None
 
 
 class Read(NamedTuple):
@@ -182,7 +192,17 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     items = [(s.t_ns, s.delta, s.sender, index[s.output], s.message) for s in sends]
     return dataplane.Reply(due=due, time_ns=kernel.time_ns if kernel.timing else 0,
                            sends=items,
-                           published=published.take() if published is not None else [])
+                           published=published.take() if published is not None else [],
+                           frontier=kernel.frontier)
+
+
+def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> None:
+    """A host write into ``kernel``: at ``key`` (sorted before the nodes' sends of that
+    delta cycle, triggering at the next), or as one process's host write before the timer."""
+    if key is None:
+        kernel.write(input, message)
+    else:
+        kernel.deliver(input, message, key[0], key[1], HOST_ORDER)
 
 
 def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed: int | None,
@@ -281,7 +301,7 @@ class GroupServer:
         if isinstance(request, TakeState):
             return snapshot.dumps(kernel.state_dict(timeout=request.timeout))
         if isinstance(request, Write):
-            kernel.write(request.input, snapshot.loads(request.message))
+            host_write(kernel, request.input, snapshot.loads(request.message), request.key)
             return None
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))

@@ -91,6 +91,7 @@ class _Group:
     pid: int
     due: Key | None = None
     time_ns: int = 0
+    frontier: Key = (-1, 0)
     queued: list[dataplane.Item] = dataclasses.field(default_factory=list)
     waiting: bool = False  # a grant was sent, no reply yet
     remote: bool = True
@@ -107,8 +108,10 @@ class _LocalLink:
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
 
     def send(self, grant: dataplane.Grant) -> None:
+        self.messages_in += len(grant.messages)
         try:
             self._reply = group.run_grant(self.kernel, self.routes, grant, self.published)
+            self.messages_out += len(self._reply.sends)
         except BaseException as exc:  # reported as a group's failure is, never swallowed
             self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
                                           failure=group.failure_of(exc))
@@ -261,6 +264,8 @@ class _Driver:
             if reply.failure is not None and failed is None:
                 failed = _node_error(g.name, reply.failure)
             g.due = reply.due
+            if reply.frontier > g.frontier:
+                g.frontier = reply.frontier
             if reply.time_ns > g.time_ns:
                 g.time_ns = reply.time_ns
                 if reply.time_ns > self.time_ns:
@@ -377,13 +382,22 @@ class _Driver:
         return merge_trees(trees, t, self.order)
 
     def write(self, path: str, message: Any) -> None:
-        """Deliver a host write to the Input's group, then refresh its next key."""
+        """Deliver a host write to the Input's group, then refresh its next key.
+
+        It comes in at the latest delta cycle any group has entered (as a host
+        write in one process comes in at the run's frontier): no group has
+        run past it, so the message and what it triggers sort as they would
+        in one process at that point.
+        """
         g = self.groups[self.owner[path.rpartition(".")[0]]]
+        key: Key | None = max(h.frontier for h in self.groups.values())
+        if key == (-1, 0):
+            key = None  # the timers have not started: a write of inputs=
         if g.remote:
-            self.system.ask(g.name, group.Write(path, snapshot.dumps(message)), 30.0)
+            self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
         else:
             assert self.local is not None
-            self.local.write(path, message)
+            group.host_write(self.local, path, message, key)
         messages, g.queued = g.queued, []
         g.link.send(dataplane.Grant(None, False, messages))
         self._collect([g])

@@ -1,0 +1,256 @@
+"""Placed runs: the driver's protocol, state across groups, the host API, bad input.
+
+Most tests run the groups' servers in this process (`InProcessSystem`: the
+data plane still crosses ZeroMQ sockets), so the protocol is checked fast;
+tests/test_processes.py runs real group processes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors._runtime.build import Seams
+from mujou_actors.distributed import placed
+from mujou_actors.errors import NetError, NodeError
+from mujou_actors.run import _check_arguments
+from tests import placed_support
+from tests.placed_support import InProcessSystem, make_net
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _args(duration: float | None, state: dict | None = None, workers: int = 1,
+          seed: int = 7, stop_timeout: float = 10.0) -> object:
+    return _check_arguments(Seams(), workers=workers, timer="simulated", duration=duration,
+                            seed=seed, state=state, supervisor=None, trace=None,
+                            cuda_sync="block", stats=True, stop_timeout=stop_timeout,
+                            start_timeout=60.0)
+
+
+def placed_run(placement: dict, duration: float | None, *, factory=make_net,
+               net_kwargs: dict | None = None, state: dict | None = None,
+               workers: int = 1, inputs: dict | None = None) -> placed.PlacedRun:
+    """A placed run whose groups are served in this process."""
+    return placed.start(factory, placement=placement, net_kwargs=net_kwargs,
+                        args=_args(duration, state, workers), inputs=inputs, state=state,
+                        make_system=InProcessSystem)
+
+
+def single(duration: float, *, state: dict | None = None, workers: int = 1,
+           factory=make_net, **kwargs) -> dict:
+    net = factory(**kwargs)
+    with mujou.run(net, timer="simulated", duration=duration, seed=7, workers=workers,
+                   state=state) as run:
+        run.join()
+    return run.state_dict()
+
+
+def assert_same_tree(got: dict, expected: dict) -> None:
+    """Two state trees equal in every section, tensors bit for bit, in the same order."""
+    assert list(got) == list(expected)
+    assert got["time_ns"] == expected["time_ns"]
+    assert list(got["nodes"]) == list(expected["nodes"])
+    assert got["seeds"] == expected["seeds"]
+    assert got["schedule"] == expected["schedule"]
+    for path, state in expected["nodes"].items():
+        _assert_equal(got["nodes"][path], state, path)
+    for section in ("inputs", "pending"):
+        assert list(got[section]) == list(expected[section]), section
+        for path, messages in expected[section].items():
+            _assert_equal(got[section][path], messages, f"{section}[{path}]")
+
+
+def _assert_equal(a: object, b: object, where: str) -> None:
+    if isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(b, dict):
+        assert isinstance(a, dict) and list(a) == list(b), where
+        for k in b:
+            _assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(b, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for x, y in zip(a, b):
+            _assert_equal(x, y, where)
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("placement", [
+    {"sim": "physics"},
+    {"sim": "a", "ctrl": "b"},
+    {"sim": "a", "ctrl": "b", "log": "c"},
+    {"ctrl": "b"},
+    {"sim": "a", "ctrl": "a", "log": "a"},
+], ids=["sim", "sim|ctrl|host", "three", "ctrl", "all-in-one-group"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_placed_run_matches_the_single_process_run_bit_for_bit(placement: dict,
+                                                                 workers: int) -> None:
+    expected = single(0.1)
+    run = placed_run(placement, 0.1, workers=workers)
+    run.join(30)
+    got = run.state_dict()
+    assert_same_tree(got, expected)
+    assert got["nodes"]["ctrl"] == {"n": 10}
+    assert len(got["nodes"]["log"]["seen"]) == 20
+
+
+def test_a_tree_from_one_process_restores_into_a_placed_run_and_the_reverse() -> None:
+    full = single(0.2)
+    half = single(0.1)
+    run = placed_run({"sim": "a", "log": "c"}, 0.1, state=half)
+    run.join(30)
+    assert_same_tree(run.state_dict(), full)
+    run = placed_run({"ctrl": "b"}, 0.1)
+    run.join(30)
+    placed_half = run.state_dict()
+    assert_same_tree(placed_half, half)
+    assert_same_tree(single(0.1, state=placed_half), full)
+    # and from one placement into another
+    run = placed_run({"sim": "x", "ctrl": "y", "log": "z"}, 0.1, state=placed_half)
+    run.join(30)
+    assert_same_tree(run.state_dict(), full)
+
+
+def test_a_cut_while_running_is_one_consistent_tree_that_goes_on_as_the_run_does() -> None:
+    run = placed_run({"sim": "a", "ctrl": "b"}, None)
+    try:
+        run.wait_for("ctrl.cmd", lambda c: True, timeout=20)
+        tree = run.state_dict(timeout=20)
+    finally:
+        run.stop()
+    run.join()
+    t = tree["time_ns"]
+    assert t > 0 and t % 10_000_000 == 0  # at an instant's boundary: a tick of sim
+    n = t // 10_000_000
+    assert tree["nodes"]["ctrl"] == {"n": n}
+    assert len(tree["nodes"]["log"]["seen"]) == 2 * n  # every message of the instant is in
+    # The tree goes on exactly as a single run from the start does.
+    end = (t + 50_000_000) / 1e9
+    assert_same_tree(single(0.05, state=tree), single(end))
+
+
+def test_the_host_api_reaches_every_group() -> None:
+    run = placed_run({"sim": "a", "ctrl": "b"}, None)
+    seen: list[torch.Tensor] = []
+    try:
+        sub = run.subscribe("ctrl.cmd", seen.append)
+        first = run.wait_for("sim.out", timeout=20)
+        assert isinstance(first, torch.Tensor) and first.shape == (3,)
+        assert isinstance(run.read("sim.out"), torch.Tensor)
+        run.write("log.cmd", torch.full((3,), 7.0))  # to the host's group
+        run.write("ctrl.obs", torch.zeros(3))  # to a remote one: ctrl counts it
+        run.wait_for("ctrl.cmd", timeout=20)
+        stats = run.stats()
+    finally:
+        run.stop()
+    run.join()
+    assert set(stats.groups) == {"a", "b", "host"}
+    assert stats.groups["a"].nodes == ("sim",) and stats.groups["host"].nodes == ("log",)
+    assert stats.groups["a"].messages_out == stats.nodes["sim"].updates or \
+        stats.groups["a"].messages_out >= 1
+    assert list(stats.nodes) == ["sim", "ctrl", "log"]
+    assert sub.delivered >= 1 and len(seen) == sub.delivered
+    tree = run.state_dict()
+    assert ["cmd", [7.0, 7.0, 7.0]] in tree["nodes"]["log"]["seen"]
+    # ctrl saw every observation and the host's write: one more command than sim ticks
+    assert tree["nodes"]["ctrl"]["n"] == tree["schedule"]["sim"]["last_update_ns"] // 10**7 + 1
+
+
+class Boom(mujou.Node):
+    """Raises at its third update."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            raise RuntimeError("boom at three")
+
+
+def make_boom() -> dict[str, mujou.Node]:
+    return {"boom": Boom(), **make_net()}
+
+
+def test_a_hooks_exception_in_a_group_reaches_join_with_the_remote_traceback() -> None:
+    run = placed_run({"boom": "b"}, 1.0, factory=make_boom)
+    with pytest.raises(NodeError) as info:
+        run.join(30)
+    err = info.value
+    assert err.path == "boom" and err.hook == "on_update"
+    assert "boom at three" in str(err) and "'b'" in str(err)
+    assert isinstance(err.__cause__, placed.RemoteTraceback)
+    assert "raise RuntimeError(\"boom at three\")" in err.__cause__.traceback
+    assert not run.running
+
+
+def make_sized(n: int = 3, period: float = 0.01) -> dict[str, mujou.Node]:
+    net = make_net(period)
+    for i in range(n - 3):
+        net[f"extra{i}"] = placed_support.Sim(period)
+    return net
+
+
+def test_net_kwargs_reach_every_process() -> None:
+    run = placed_run({"sim": "a", "extra0": "b"}, 0.05, factory=make_sized,
+                     net_kwargs={"n": 5, "period": 0.005})
+    run.join(30)
+    tree = run.state_dict()
+    assert set(tree["nodes"]) == {"sim", "ctrl", "log", "extra0", "extra1"}
+    assert tree["nodes"]["ctrl"] == {"n": 10}
+
+
+@pytest.mark.parametrize("placement, error, match", [
+    ({"nope": "a"}, ValueError, r"'nope', which is no node of the net \(nodes: 'sim', 'ctrl'"),
+    ({"sim": 3}, TypeError, r"placement\['sim'\] must be a group name \(a str\), got int 3"),
+    ({"sim": ""}, ValueError, "non-empty"),
+    ({"sim": "box:physics"}, ValueError, "another machine"),
+    ({"sim": "host"}, ValueError, "every node in the host's group"),
+    ([("sim", "a")], TypeError, "placement must be a mapping"),
+    ({1: "a"}, TypeError, "must be a node path"),
+])
+def test_a_bad_placement_is_refused_before_anything_starts(placement: object, error: type,
+                                                           match: str) -> None:
+    with pytest.raises(error, match=match):
+        placed_run(placement, 0.1)  # type: ignore[arg-type]
+
+
+def test_a_net_object_or_a_local_function_with_placement_is_refused() -> None:
+    with pytest.raises(TypeError, match="pass the function that builds the net"):
+        mujou.run(make_net(), placement={"sim": "a"}, timer="simulated")
+
+    def local() -> dict:
+        return make_net()
+
+    with pytest.raises(TypeError, match="not a module-level function"):
+        mujou.run(local, placement={"sim": "a"}, timer="simulated")
+    with pytest.raises(TypeError, match="not a module-level function"):
+        mujou.run(lambda: make_net(), placement={"sim": "a"}, timer="simulated")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_x'"):
+        mujou.run("no_such_module_x:make", placement={"sim": "a"}, timer="simulated")
+    with pytest.raises(TypeError, match="net_kwargs must be plain data"):
+        mujou.run(make_net, placement={"sim": "a"}, timer="simulated",
+                  net_kwargs={"period": object()})
+    with pytest.raises(TypeError, match="net_kwargs goes with placement"):
+        mujou.run(make_net(), net_kwargs={"period": 0.1}, timer="simulated")
+
+
+_calls = {"n": 0}
+
+
+def make_unstable() -> dict[str, mujou.Node]:
+    """Builds a different net on its second call: as a factory reading process state would."""
+    _calls["n"] += 1
+    net = make_net()
+    if _calls["n"] > 1:
+        net["surprise"] = placed_support.Sim()
+    return net
+
+
+def test_a_group_that_builds_another_net_is_refused_naming_the_difference() -> None:
+    _calls["n"] = 0
+    with pytest.raises(NetError, match=r"group 'a' built another net.*'surprise' is extra"):
+        placed_run({"sim": "a"}, 0.1, factory=make_unstable)
