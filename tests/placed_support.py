@@ -109,3 +109,61 @@ def make_net(period: float = 0.01) -> dict[str, mujou.Node]:
     mujou.connect(net["sim"].out, net["log"].obs)
     mujou.connect(net["ctrl"].cmd, net["log"].cmd)
     return net
+
+
+class Flaky(mujou.Node):
+    """Counts its ticks; raises once, at the tick ``fail_at``, in the whole test session
+    (the count of failures is process-wide, so a restart does not fail again)."""
+
+    failures = 0
+    out = mujou.Output(int)
+
+    def __init__(self, fail_at: int = 5) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+        self.fail_at = fail_at
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == self.fail_at and Flaky.failures == 0:
+            Flaky.failures += 1
+            raise RuntimeError(f"flaky at tick {self.n}")
+        self.out.send(self.n)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+class Count(mujou.Node):
+    """Sums what it receives."""
+
+    inp = mujou.Input(int, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.total = 0
+        self.got: list[int] = []
+
+    def on_update(self, dt: float) -> None:
+        for v in self.inp.drain():
+            self.total += v
+            self.got.append(v)
+
+    def state_dict(self) -> dict:
+        return {"total": self.total, "got": list(self.got)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = state["total"]
+        self.got = list(state["got"])
+
+
+def make_flaky(fail_at: int = 5) -> dict[str, mujou.Node]:
+    """sim -> ctrl -> log, and flaky -> count."""
+    net = make_net()
+    net["flaky"] = Flaky(fail_at)
+    net["count"] = Count()
+    mujou.connect(net["flaky"].out, net["count"].inp)
+    return net

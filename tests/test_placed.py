@@ -254,3 +254,50 @@ def test_a_group_that_builds_another_net_is_refused_naming_the_difference() -> N
     _calls["n"] = 0
     with pytest.raises(NetError, match=r"group 'a' built another net.*'surprise' is extra"):
         placed_run({"sim": "a"}, 0.1, factory=make_unstable)
+
+
+def _supervised(strategy: str, placement: dict | None, **sup: object) -> tuple[dict, object]:
+    placed_support.Flaky.failures = 0
+    supervisor = mujou.Supervisor(strategy, snapshot_every=0.03, **sup)  # type: ignore[arg-type]
+    if placement is None:
+        with mujou.run(placed_support.make_flaky(), timer="simulated", duration=0.1, seed=7,
+                       supervisor=supervisor) as run:
+            run.join()
+        return run.state_dict(), run.stats()
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=supervisor, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    prun = placed.start(placed_support.make_flaky, placement=placement, net_kwargs=None,
+                        args=args, inputs=None, state=None, make_system=InProcessSystem)
+    prun.join(30)
+    return prun.state_dict(), prun.stats()
+
+
+@pytest.mark.parametrize("strategy, total, restarted", [
+    ("one_for_all", 55, {"sim", "ctrl", "log", "flaky", "count"}),  # rewound to t=0.03
+    ("one_for_one", 40, {"flaky"}),  # tick 5 is lost, flaky goes on from its t=0.03 state
+])
+@pytest.mark.parametrize("placement", [{"flaky": "a"}, {"flaky": "a", "count": "b", "sim": "b"}],
+                         ids=["flaky-alone", "flaky|count+sim"])
+def test_a_supervised_placed_run_restarts_as_one_process_does(
+        strategy: str, total: int, restarted: set, placement: dict) -> None:
+    expected, expected_stats = _supervised(strategy, None)
+    got, stats = _supervised(strategy, placement)
+    assert_same_tree(got, expected)
+    assert got["nodes"]["count"]["total"] == total
+    assert {p for p, n in stats.nodes.items() if n.restarts == 1} == restarted  # type: ignore[attr-defined]
+    assert stats.snapshots.count == expected_stats.snapshots.count == 4  # type: ignore[attr-defined]
+
+
+def test_the_restart_intensity_escalates_across_groups() -> None:
+    placed_support.Flaky.failures = 0
+    supervisor = mujou.Supervisor("one_for_all", snapshot_every=0.03, max_restarts=0)
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=supervisor, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(placed_support.make_flaky, placement={"flaky": "a"}, net_kwargs=None,
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+    with pytest.raises(NodeError, match=r"flaky at tick 5.*the supervisor gave up") as info:
+        run.join(30)
+    assert info.value.path == "flaky"
+    assert isinstance(info.value.__cause__, placed.RemoteTraceback)

@@ -40,7 +40,7 @@ from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
 from .keys import CONTROL_KEY, CONTROL_T, HOST_ORDER, MASK, Key, stamp, unstamp
-from .mailbox import STAMP, Start, Stop
+from .mailbox import STAMP, Restore, Start, Stop
 
 __all__ = ["Kernel", "OutsideSend"]
 
@@ -448,6 +448,21 @@ class Kernel:
             raise ValueError(f"Kernel.listen: no output {port!r} in this kernel "
                              f"(outputs: {sorted(q for q, o in self.ports.items() if isinstance(o, Output))})")
         return self._wiring.listen(p, listener)
+
+    def restart_node(self, path: str, state: Any) -> None:
+        """Restart one node (a ``one_for_one`` restart): ``on_stop``, ``on_start``, ``state``.
+
+        As the run's coordinator does after a failure: the envelopes run at
+        the next step, before any timed work; the node's schedule goes on.
+
+        Raises:
+            ValueError: no such node in this kernel.
+        """
+        actor = next((a for a in self.actors if a.path == path), None)
+        if actor is None:
+            raise ValueError(f"Kernel.restart_node: no node {path!r} in this kernel")
+        actor.restarts += 1
+        self.dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
 
     def _input(self, input: str, what: str) -> Input:
         port = self.ports.get(input)

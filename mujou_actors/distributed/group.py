@@ -36,7 +36,7 @@ from . import dataplane
 from .placement import build_net, load_factory, net_signature
 
 __all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
-           "Stats", "Stop", "split_tree"]
+           "Stats", "Stop", "Reset", "RestartNode", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -98,6 +98,23 @@ class Subscribe(NamedTuple):
     output: str
 
 
+class Reset(NamedTuple):
+    """Stop the kernel and build a fresh net and kernel in this process (a restart).
+
+    The data plane and the host's subscriptions stay; `Start` and `Load`
+    follow. The reply lists the nodes left stuck in a hook by the stop.
+    """
+
+    timeout: float
+
+
+class RestartNode(NamedTuple):
+    """Restart one node of the group from a state (``one_for_one``; snapshot-encoded)."""
+
+    path: str
+    state: bytes
+
+
 class Stats(NamedTuple):
     """The group's counts: per node and for the process (pid, CPU time, traffic)."""
 
@@ -153,6 +170,14 @@ class Published:
 
         self._detach[index] = kernel.listen(output, listener)
 
+    def reattach(self, kernel: Kernel) -> None:
+        """Listen to the same Outputs of a fresh kernel (after a restart); drop the rest."""
+        outputs = [self._routes.outputs[i] for i in self._detach]
+        self._detach = {}
+        del self.items[:]
+        for output in outputs:
+            self.listen(kernel, output)
+
     def take(self) -> list[tuple[int, int, int, int, Any]]:
         """What was published since the last call, in send order."""
         taken = self.items[:len(self.items)]
@@ -175,6 +200,7 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
             kernel.deliver(reader, message, t, d, sender)
     index = routes.output_index
     sends: list[OutsideSend] = []
+    failure = None
     if grant.bound is None:  # carry only (the start, a cut's last messages)
         if grant.take:  # on_start's sends, before the timer starts
             sends = kernel.take_sends()
@@ -184,14 +210,22 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     else:
         bound = grant.bound
         due = kernel.next_due()
-        while due is not None and due <= bound:
-            due = kernel.step(until=due, timeout=STEP_LIMIT)
+        try:
+            while due is not None and due <= bound:
+                due = kernel.step(until=due, timeout=STEP_LIMIT)
+                sends = kernel.take_sends()
+                if sends:
+                    break
+        except NodeError as exc:
+            # The delta cycle ran to its end: its sends and the next key are
+            # reported with the failure, so that the driver (and a one_for_one
+            # restart) goes on from exactly here.
+            failure = failure_of(exc)
             sends = kernel.take_sends()
-            if sends:
-                break
+            due = kernel.next_due()
     items = [(s.t_ns, s.delta, s.sender, index[s.output], s.message) for s in sends]
     return dataplane.Reply(due=due, time_ns=kernel.time_ns if kernel.timing else 0,
-                           sends=items,
+                           sends=items, failure=failure,
                            published=published.take() if published is not None else [],
                            frontier=kernel.frontier)
 
@@ -239,9 +273,8 @@ class GroupServer:
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, roots: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int) -> None:
         self.group = group
-        net = build_net(load_factory(factory), net_kwargs)
-        found = walk(net)
-        self.kernel = Kernel(net, roots, workers=workers, seed=seed)
+        self._build = (load_factory(factory), net_kwargs, roots, workers, seed)
+        self.kernel, found = self._make_kernel()
         self._signature = net_signature(found)
         self.routes = dataplane.Routes(found, self.kernel.ports)
         self.published = Published(self.routes)
@@ -253,6 +286,21 @@ class GroupServer:
         self._thread = threading.Thread(target=self._serve, name=f"mujou-group-{group}",
                                         daemon=True)
         self._thread.start()
+
+    def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
+        factory, net_kwargs, roots, workers, seed = self._build
+        net = build_net(factory, net_kwargs)
+        return Kernel(net, roots, workers=workers, seed=seed), walk(net)
+
+    def reset(self, timeout: float) -> list[str]:
+        """Stop the kernel; build a fresh net and kernel (a restart from a snapshot).
+
+        Returns the nodes left stuck by the stop (their threads are left behind).
+        """
+        stuck = self.kernel.stop(timeout)
+        self.kernel, _ = self._make_kernel()
+        self.published.reattach(self.kernel)
+        return stuck
 
     # -- the data plane -------------------------------------------------------------
     def _serve(self) -> None:
@@ -305,6 +353,11 @@ class GroupServer:
             return None
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
+        if isinstance(request, Reset):
+            return self.reset(request.timeout)
+        if isinstance(request, RestartNode):
+            kernel.restart_node(request.path, snapshot.loads(request.state))
+            return None
         if isinstance(request, Subscribe):
             self.published.listen(kernel, request.output)
             return None

@@ -31,6 +31,7 @@ delivered by then, so the merged tree holds them in their readers' Inputs).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import queue
@@ -57,10 +58,12 @@ from ..errors import (
 )
 from ..host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
 from ..messages import copy_message
-from ..net import check_fit, collect_ports, resolve_inputs, settle_seeds, walk
+from .._runtime.snapshots import Snapshots
+from ..net import check_file_messages, check_fit, collect_ports, resolve_inputs, settle_seeds, walk
 from ..node import Node
 from ..ports import Input, Output, Port
-from ..stats import GroupStats, NodeStats, RunStats, percentile
+from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
+from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
 from . import dataplane, group
 from .placement import (
     HOST_GROUP,
@@ -95,6 +98,9 @@ class _Group:
     queued: list[dataplane.Item] = dataclasses.field(default_factory=list)
     waiting: bool = False  # a grant was sent, no reply yet
     remote: bool = True
+    spawn: dict[str, Any] = dataclasses.field(default_factory=dict)  # start_group's kwargs
+    launches: int = 1
+    base_address: str = ""
 
 
 class _LocalLink:
@@ -130,8 +136,30 @@ class _Driver:
     def __init__(self, *, system: Any, groups: dict[str, _Group], routes: dataplane.Routes,
                  ports: dict[str, Port], owner: dict[str, str], found: list[tuple[str, Node]],
                  seeds: dict[str, int], end_ns: int | None, stop_timeout: float,
-                 tmpdir: str, local: Kernel | None) -> None:
+                 tmpdir: str, local: Kernel | None, supervisor: Supervisor | None = None,
+                 start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
+                 signature: list[list[Any]] | None = None) -> None:
         self.system = system
+        self.stop_asked = threading.Event()
+        self.supervisor = supervisor
+        self.start_timeout = start_timeout
+        self._rebuild = rebuild
+        self._signature = signature or []
+        self.restarts: dict[str, int] = {}
+        self.next_cut: int | None = None
+        self.snapshots: Snapshots | None = None
+        self.intensity = RestartIntensity(0, 1)
+        if supervisor is not None:
+            self.intensity = RestartIntensity(supervisor.max_restarts,
+                                              round(supervisor.within * 1e9))
+            snaps = Snapshots(supervisor, [], self, stop_timeout=stop_timeout,  # type: ignore[arg-type]
+                              hold_at=self._hold_at, simulated=True, wake=lambda: None)
+            if snaps.wanted:
+                self.snapshots = snaps
+                snaps.open_writer(snapshot.save, functools.partial(check_file_messages,
+                                                                   ports=ports),
+                                  on_error=self._writer_failed,
+                                  cancelled=self.stop_asked.is_set)
         self.groups = groups
         self.routes = routes
         self.ports = ports
@@ -146,7 +174,6 @@ class _Driver:
         self.requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.ended = threading.Event()
         self.ending = False
-        self.stop_asked = threading.Event()
         self.failures: list[BaseException] = []
         self.final_tree: dict[str, Any] | None = None
         self.final_error: BaseException | None = None
@@ -165,14 +192,20 @@ class _Driver:
     # -- the rounds ---------------------------------------------------------------------
     def _main(self) -> None:
         try:
-            while not self.stop_asked.is_set():
-                self._serve_requests()
-                if self.stop_asked.is_set() or not self._round(None):
+            if self.snapshots is not None:
+                self._snapshot(self.time_ns)  # the first, right after the start
+            while True:
+                try:
+                    self._rounds()
                     break
-        except _Failed:
-            pass  # the failure is in self.failures
-        except _GroupDied as died:
-            self.failures.append(GroupDied(died.exit.group, died.exit.pid, died.exit.reason))
+                except _Failed as failed:
+                    if not self._recover(failed.error, failed.group, node=failed.node):
+                        break
+                except _GroupDied as died:
+                    e = died.exit
+                    err = GroupDied(e.group, e.pid, e.reason)
+                    if not self._recover(err, e.group, node=None):
+                        break
         except _Stuck as stuck:
             self.stuck.update(stuck.busy)
         except BaseException as exc:  # the run fails with it; never swallowed
@@ -180,6 +213,137 @@ class _Driver:
             log.error("placed run: the driver failed: %s", describe(exc), exc_info=exc)
         finally:
             self._finish()
+
+    def _rounds(self) -> None:
+        """Rounds until the end, a stop, a failure; the supervisor's snapshots on their grid."""
+        while not self.stop_asked.is_set():
+            self._serve_requests()
+            if self.stop_asked.is_set():
+                return
+            limit = self.end_key
+            snap = self.next_cut
+            if snap is not None and (limit is None or (snap, LAST_DELTA) <= limit):
+                limit = (snap, LAST_DELTA)
+            if not self._round(limit):
+                if snap is not None and limit == (snap, LAST_DELTA):
+                    self._flush()
+                    self._snapshot(snap)
+                    continue
+                return
+
+    # -- the supervisor -------------------------------------------------------------------
+    def now_ns(self) -> int:
+        """The latest time any group has reached (the snapshots' timer)."""
+        return self.time_ns
+
+    def _hold_at(self, cut_ns: int | None) -> None:
+        self.next_cut = cut_ns
+
+    def _snapshot(self, t: int) -> None:
+        """Take the supervisor's snapshot at ``t`` (every group has finished it); keep it."""
+        assert self.snapshots is not None
+        t0 = time.perf_counter()
+        tree = self._gather(t, None)
+        self.time_ns = max(self.time_ns, t)
+        self.snapshots.keep(tree, time.perf_counter() - t0)
+        self.snapshots.schedule(t)
+
+    def _writer_failed(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+        self.stop_asked.set()
+
+    def _recover(self, err: BaseException, group_name: str, node: str | None) -> bool:
+        """Carry out the supervisor's verdict on a failure; False when the run must end.
+
+        A node's failure restarts that node (``one_for_one``) or the whole net
+        (``one_for_all``); a dead group process always rewinds every group to
+        the latest snapshot (its nodes' state is gone, and in simulated time
+        the others cannot stay ahead of it), restarting its process.
+        """
+        sup = self.supervisor
+        if sup is None or self.snapshots is None or self.snapshots.latest is None \
+                or self.stop_asked.is_set():
+            self.failures.append(err)
+            return False
+        verdict = failure_verdict(sup, self.intensity, self.time_ns, restartable=True)
+        if verdict.action is Action.STOP:
+            if verdict.note:
+                noted = type(err)(*_args_of(err, verdict.note))
+                noted.__cause__ = err.__cause__
+                err = noted
+            self.failures.append(err)
+            return False
+        latest = self.snapshots.latest
+        if verdict.action is Action.RESTART_ONE and node is not None:
+            log.warning("%s; restarting node %r (one_for_one)", err, node)
+            g = self.groups[group_name]
+            state = latest["nodes"][node]
+            if g.remote:
+                self.system.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
+            else:
+                assert self.local is not None
+                self.local.restart_node(node, state)
+            self.restarts[node] = self.restarts.get(node, 0) + 1
+            self._refresh([g])
+            return True
+        log.warning("%s; restoring every group from the snapshot at t=%.6f s (one_for_all)",
+                    err, latest["time_ns"] / 1e9)
+        self._restart_all(latest, dead=group_name if node is None else None)
+        return True
+
+    def _restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
+        """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
+        for g in self.groups.values():
+            g.queued, g.due, g.frontier, g.time_ns, g.waiting = [], None, (-1, 0), 0, False
+            if g.name == dead:
+                self.relaunch(g)
+            elif g.remote:
+                self.system.ask(g.name, group.Reset(self.stop_timeout),
+                                2 * self.stop_timeout + 5.0)
+            else:
+                self.rebuild_local(g)
+        for path in self.order:
+            self.restarts[path] = self.restarts.get(path, 0) + 1
+        self.time_ns = tree["time_ns"]
+        _start_phase(self, [], tree, self.start_timeout)
+        self.next_cut = None
+        self.snapshots.schedule(tree["time_ns"])  # type: ignore[union-attr]
+
+    def relaunch(self, g: _Group) -> None:
+        """Start a dead group's process again, on a fresh data-plane endpoint."""
+        g.link.close()
+        g.launches += 1
+        address = f"{g.base_address}.{g.launches}"
+        g.spawn = {**g.spawn, "address": address}
+        g.link = dataplane.HostLink(address, self.routes)
+        g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout)
+        check_same_net(self.system, g.name, self._signature, self.start_timeout)
+        subscribed = [self.routes.outputs[i] for i in self.listeners
+                      if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]  # type: ignore[attr-defined]
+                      == g.name]
+        for output in subscribed:
+            self.system.ask(g.name, group.Subscribe(output), 30.0)
+
+    def rebuild_local(self, g: _Group) -> None:
+        """The host's own group rebuilt: a fresh net and kernel in this process."""
+        assert self.local is not None and self._rebuild is not None
+        stuck = self.local.stop(self.stop_timeout)
+        if stuck:
+            raise StopTimeoutError({p: "a hook" for p in stuck}, self.stop_timeout)
+        old: _LocalLink = g.link
+        self.local = self._rebuild()
+        link = _LocalLink(self.local, dataplane.Routes(self.found, self.local.ports))
+        for index in old.published._detach:
+            link.published.listen(self.local, self.routes.outputs[index])
+        link.messages_in, link.messages_out = old.messages_in, old.messages_out
+        g.link = link
+
+    def _refresh(self, groups: list[_Group]) -> None:
+        """Deliver what waits for ``groups`` and learn their next keys (nothing runs)."""
+        for g in groups:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, False, messages))
+        self._collect(groups)
 
     def _serve_requests(self) -> None:
         while True:
@@ -262,7 +426,7 @@ class _Driver:
         for g, reply in replies:
             g.waiting = False
             if reply.failure is not None and failed is None:
-                failed = _node_error(g.name, reply.failure)
+                failed = (_node_error(g.name, reply.failure), g.name)
             g.due = reply.due
             if reply.frontier > g.frontier:
                 g.frontier = reply.frontier
@@ -287,7 +451,7 @@ class _Driver:
                     if h.due is None or key < h.due:
                         h.due = key
         if failed is not None:
-            self._fail(failed)
+            self._fail(*failed)
 
     def _reader_groups(self, output: int) -> list[_Group]:
         cached = self._readers_cache.get(output) if hasattr(self, "_readers_cache") else None
@@ -306,10 +470,8 @@ class _Driver:
         for exit_ in take():
             raise _GroupDied(exit_)
 
-    def _fail(self, err: BaseException) -> None:
-        self.failures.append(err)
-        self.stop_asked.set()
-        raise _Failed()
+    def _fail(self, err: NodeError, group_name: str) -> None:
+        raise _Failed(err, group_name, err.path)
 
     # -- requests from the host ---------------------------------------------------------
     def call(self, fn: Callable[[], Any], timeout: float | None, what: str) -> Any:
@@ -470,6 +632,8 @@ class _Driver:
                 except BaseException as exc:  # state_dict() raises it
                     self.final_error = exc
             self.host.close(self.stop_timeout)
+            if self.snapshots is not None:
+                self.snapshots.close(self.stop_timeout)
             try:
                 self.system.shutdown(self.stop_timeout)
             except BaseException as exc:
@@ -506,7 +670,22 @@ class _Driver:
 
 
 class _Failed(Exception):
-    """A group reported a failure: the rounds end (the failure is in `failures`)."""
+    """A group reported a hook's failure: the supervisor decides (`_Driver._recover`)."""
+
+    def __init__(self, error: NodeError, group: str, node: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.group = group
+        self.node = node
+
+
+def _args_of(err: BaseException, note: str) -> tuple[Any, ...]:
+    """The constructor arguments of a copy of ``err`` with ``note`` added to its message."""
+    if isinstance(err, NodeError):
+        return (err.path, err.hook, f"{err} ({note})")
+    if isinstance(err, GroupDied):
+        return (err.group, err.pid, f"{err.reason} ({note})")
+    return (f"{err} ({note})",)
 
 
 class _Stuck(Exception):
@@ -596,8 +775,6 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     if not args.timer.simulated:
         raise ValueError("mujou.run: placement needs timer='simulated' in this version "
                          "(real-time placed runs are not supported yet)")
-    if args.supervisor is not None:
-        raise ValueError("mujou.run: a supervisor with placement is not supported yet")
     if args.tracer is not None:
         raise ValueError("mujou.run: trace= with placement is not supported yet")
     factory, ref = resolve_factory(net, net_kwargs)
@@ -637,45 +814,68 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             address = f"ipc://{tmpdir}/g{i}"
             routes = dataplane.Routes(found, {})
             link = dataplane.HostLink(address, routes)
-            groups[name] = _Group(name, link, plan.nodes[name], 0)
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
                       "roots": plan.roots[name], "seed": args.seed,
                       "workers": workers(len(plan.nodes[name])), "address": address,
                       "host_pid": os.getpid()}
+            groups[name] = _Group(name, link, plan.nodes[name], 0, spawn=kwargs,
+                                  base_address=address)
             groups[name].pid = system.start_group(name, GROUP_TARGET, kwargs,
                                                   args.start_timeout)
+        def make_local(net: Any) -> Kernel:
+            return Kernel(net, plan.roots[HOST_GROUP], workers=workers(len(host_nodes)),
+                          seed=args.seed)
+
         if host_nodes:
-            local = Kernel(built, plan.roots[HOST_GROUP], workers=workers(len(host_nodes)),
-                           seed=args.seed)
+            local = make_local(built)
             routes = dataplane.Routes(found, local.ports)
             groups[HOST_GROUP] = _Group(HOST_GROUP, _LocalLink(local, routes), host_nodes,
                                         os.getpid(), remote=False)
         expected = net_signature(found)
         for name in plan.groups:
-            described = system.ask(name, group.Describe(), args.start_timeout)
-            diff = signature_differences(expected, described["signature"])
-            if diff:
-                raise NetError(f"mujou.run: group {name!r} built another net than the host "
-                               f"(is the factory deterministic, and the same code in every "
-                               f"process?): {'; '.join(diff)}")
+            check_same_net(system, name, expected, args.start_timeout)
         routes = dataplane.Routes(found, {})
         driver = _Driver(system=system, groups=groups, routes=routes, ports=ports,
                          owner=plan.group_of, found=found, seeds=seeds,
                          end_ns=None if args.end_s is None else round(args.end_s * 1e9)
                          + (args.tree["time_ns"] if args.tree is not None else 0),
-                         stop_timeout=args.stop_timeout, tmpdir=tmpdir, local=local)
+                         stop_timeout=args.stop_timeout, tmpdir=tmpdir, local=local,
+                         supervisor=args.supervisor, start_timeout=args.start_timeout,
+                         rebuild=lambda: make_local(build_net(factory_of(ref), ref.kwargs)),
+                         signature=expected)
     except BaseException:
         _abandon(system, groups, local, tmpdir)
         raise
     run = PlacedRun(driver, ports, seeds, found)
     try:
-        _start_phase(driver, plan, initial, args)
+        _start_phase(driver, initial, args.tree, args.start_timeout)
+        driver.start_ns = driver.time_ns
     except BaseException:
         driver.stop_asked.set()
         driver._finish()
         raise
     driver.thread.start()
     return run
+
+
+def check_same_net(system: Any, name: str, expected: list[list[Any]], timeout: float) -> None:
+    """Refuse a group whose process built another net than the host's (`net_signature`).
+
+    Raises:
+        NetError: names the group and the first differences.
+    """
+    described = system.ask(name, group.Describe(), timeout)
+    diff = signature_differences(expected, described["signature"])
+    if diff:
+        raise NetError(f"mujou.run: group {name!r} built another net than the host (is the "
+                       f"factory deterministic, and the same code in every process?): "
+                       f"{'; '.join(diff)}")
+
+
+def factory_of(ref: FactoryRef) -> Callable[..., Any]:
+    """The factory function of ``ref`` in this process."""
+    from .placement import load_factory
+    return load_factory(ref.ref)
 
 
 def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdir: str) -> None:
@@ -692,10 +892,13 @@ def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdi
     shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _start_phase(driver: _Driver, plan: Placement, initial: list[tuple[Input, Any]],
-                 args: Any) -> None:
-    """on_start everywhere, the tree, on_start's messages, ``inputs=``, the first keys."""
-    deadline = time.monotonic() + args.start_timeout
+def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
+                 tree: dict[str, Any] | None, start_timeout: float) -> None:
+    """on_start everywhere, the tree, on_start's messages, ``inputs=``, the first keys.
+
+    Also a restart's second half, after every group's kernel was rebuilt.
+    """
+    deadline = time.monotonic() + start_timeout
     left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
     system = driver.system
     for g in driver.groups.values():
@@ -704,15 +907,15 @@ def _start_phase(driver: _Driver, plan: Placement, initial: list[tuple[Input, An
         else:
             assert driver.local is not None
             driver.local.start(timeout=left())
-    if args.tree is None:
+    everyone = list(driver.groups.values())
+    if tree is None:
         # What on_start sent crosses to its readers before any timer starts.
-        everyone = list(driver.groups.values())
         for g in everyone:
             g.link.send(dataplane.Grant(None, True, []))
         driver._collect(everyone)
     else:
-        for g in driver.groups.values():
-            part = group.split_tree(args.tree, set(g.nodes))
+        for g in everyone:
+            part = group.split_tree(tree, set(g.nodes))
             if g.remote:
                 system.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
             else:
@@ -721,13 +924,8 @@ def _start_phase(driver: _Driver, plan: Placement, initial: list[tuple[Input, An
             g.queued = []
     for port, value in initial:
         driver.write(port.path, value)
-    everyone = list(driver.groups.values())
-    for g in everyone:  # the timers start: every group's first due key
-        messages, g.queued = g.queued, []
-        g.link.send(dataplane.Grant(None, False, messages))
-    driver._collect(everyone)
-    driver.time_ns = args.tree["time_ns"] if args.tree is not None else 0
-    driver.start_ns = driver.time_ns
+    driver._refresh(everyone)  # the timers start: every group's first due key
+    driver.time_ns = tree["time_ns"] if tree is not None else 0
 
 
 class PlacedRun:
@@ -982,7 +1180,7 @@ class PlacedRun:
                     dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
                     dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
                     lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
-                    drops=n["drops"], restarts=n["restarts"])
+                    drops=n["drops"], restarts=d.restarts.get(path, 0))
             groups[name] = GroupStats(
                 name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
                 messages_in=g["messages_in"], messages_out=g["messages_out"],
@@ -990,8 +1188,9 @@ class PlacedRun:
                 drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()))
         wall = (d.end_wall or time.monotonic()) - d.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
+        snaps = d.snapshots.stats() if d.snapshots is not None else SnapshotStats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
-                        subscriptions=d.host.stats(), groups=groups)
+                        snapshots=snaps, subscriptions=d.host.stats(), groups=groups)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
