@@ -173,6 +173,57 @@ def load_net(target: str) -> Net:
                      "name the net with FILE:NAME")
 
 
+def factory_ref(target: str) -> str:
+    """``FILE[:NAME]`` as the net function of a placed run: ``"/abs/FILE:NAME"``.
+
+    NAME defaults to ``make_net``: every group process imports FILE and calls it.
+
+    Raises:
+        UsageError: no such file, or NAME is not an identifier.
+    """
+    path, _, name = target.partition(":") if not os.path.exists(target) else (target, "", "")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    name = name or "make_net"
+    if not name.isidentifier():
+        raise UsageError(f"{target}: NAME must be the name of a function, got {name!r}")
+    return f"{os.path.abspath(path)}:{name}"
+
+
+def parse_places(places: tuple[str, ...]) -> dict[str, str]:
+    """``--place PATH=GROUP`` options as a placement.
+
+    Raises:
+        UsageError: an option without ``=``, or a path placed twice.
+    """
+    placement: dict[str, str] = {}
+    for item in places:
+        path, eq, group = item.partition("=")
+        if not eq:
+            raise UsageError(f"--place {item!r}: expected PATH=GROUP (for example sim=physics)")
+        if path in placement:
+            raise UsageError(f"--place: {path!r} is placed twice")
+        placement[path] = group
+    return placement
+
+
+def parse_net_kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--net-kwargs JSON`` as a dict (None without it).
+
+    Raises:
+        UsageError: not JSON, or not an object.
+    """
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--net-kwargs: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--net-kwargs: expected a JSON object, got {text!r}")
+    return value
+
+
 def _import_file(path: str) -> Any:
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
@@ -480,12 +531,18 @@ def main() -> None:
               help="Write a Chrome/Perfetto trace of every hook to this file.")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
               help="Write the final run.stats() as JSON to this file.")
+@click.option("--place", "places", multiple=True, metavar="PATH=GROUP",
+              help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
+                   "for more. NAME must then be the function that builds the net.")
+@click.option("--net-kwargs", default=None, metavar="JSON",
+              help="With --place: the net function's keyword arguments, a JSON object.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def run_command(target: str, duration: float | None, timer: str, workers: int | None,
                 seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
-                quiet: bool, verbose: bool) -> None:
+                places: tuple[str, ...], net_kwargs: str | None, quiet: bool,
+                verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
@@ -498,9 +555,16 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(stats_json, "--stats-json", make_folders=False)
         if snapshot_dir is not None:
             check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
-        net = load_net(target)
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
                                   "seed": seed, "state": restore}
+        if places:
+            net: Any = factory_ref(target)
+            kwargs["placement"] = parse_places(places)
+            kwargs["net_kwargs"] = parse_net_kwargs(net_kwargs)
+        elif net_kwargs is not None:
+            raise UsageError("--net-kwargs goes with --place")
+        else:
+            net = load_net(target)
         if snapshot_every is not None or snapshot_dir is not None:
             kwargs["supervisor"] = mujou.Supervisor(snapshot_every=snapshot_every,
                                                     snapshot_dir=snapshot_dir)

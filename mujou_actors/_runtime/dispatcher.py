@@ -228,8 +228,11 @@ class Dispatcher:
         return self._cut_ns
 
     # -- a kernel driven from outside (kernel.Kernel) ------------------------------
-    def set_bound(self, bound: Key) -> None:
-        """Let no timed work after ``bound`` start (a driven kernel; see `run_until`)."""
+    def set_bound(self, bound: Key | None) -> None:
+        """Let no timed work after ``bound`` start (a driven kernel; see `run_until`).
+
+        None lifts the bound: the work runs freely (a real-time kernel).
+        """
         with self._cond:
             self._bound = bound
             self._paused = False

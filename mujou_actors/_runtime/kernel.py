@@ -34,7 +34,7 @@ from ..errors import NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
 from ..ports import Input, Output, Port
-from ..timers import SimulatedTimer
+from ..timers import RealtimeTimer, SimulatedTimer
 from .actor import Actor
 from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
@@ -68,16 +68,24 @@ class OutsideSend(NamedTuple):
 
 
 class _Outbox:
-    """What a local Output sends to Inputs outside the kernel, in send order."""
+    """What a local Output sends to Inputs outside the kernel, in send order.
 
-    __slots__ = ("path", "sends")
+    ``notify`` (a real-time kernel's) is called after each send: the driver
+    ships sends as they come rather than between steps.
+    """
 
-    def __init__(self, path: str, sends: list[tuple[int, str, Any]]) -> None:
+    __slots__ = ("path", "sends", "notify")
+
+    def __init__(self, path: str, sends: list[tuple[int, str, Any]],
+                 notify: Callable[[], None] | None) -> None:
         self.path = path
         self.sends = sends
+        self.notify = notify
 
     def __call__(self, stamped: int, message: Any) -> None:
         self.sends.append((stamped, self.path, message))  # list.append: atomic
+        if self.notify is not None:
+            self.notify()
 
 
 class _Events:
@@ -86,17 +94,21 @@ class _Events:
     def __init__(self) -> None:
         self.failures: list[NodeError] = []
         self.lock = threading.Lock()
+        self.hold_reached = threading.Event()  # a real-time kernel's hold (Kernel.hold)
+        self.notify: Callable[[], None] | None = None
 
     def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
         err = NodeError.from_hook(actor.path, hook, exc)
         with self.lock:
             self.failures.append(err)
+        if self.notify is not None:
+            self.notify()  # a real-time driver reports it at once
 
     def reached_end(self) -> None:
         pass
 
     def held(self) -> None:
-        pass
+        self.hold_reached.set()
 
     def take_failures(self) -> list[NodeError]:
         """The failures recorded since the last call, oldest first."""
@@ -134,6 +146,13 @@ class Kernel:
         workers (int): worker threads, >= 1. Results do not depend on it.
         seed (int, optional): the run's seed, as ``mujou.run(seed=)``.
         seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
+        timer (str): ``"simulated"`` (stepped by the driver: `step`) or
+            ``"realtime"`` (on this process's monotonic clock: after `start`,
+            `run_free` lets it run on its own; `hold` / `release` pause it at
+            a cut).
+        notify (Callable[[], None], optional): called, on the sending
+            thread, after each send to an Input outside the kernel (a
+            real-time driver wakes up to ship it). Must not block.
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
@@ -153,8 +172,13 @@ class Kernel:
 
     def __init__(self, net: Node | list[Node] | dict[str, Node],
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
-                 seed: int | None = None, seams: Seams | None = None) -> None:
+                 seed: int | None = None, seams: Seams | None = None,
+                 timer: str = "simulated", notify: Callable[[], None] | None = None) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
+        if timer not in ("simulated", "realtime"):
+            raise ValueError(f"Kernel: timer must be 'simulated' or 'realtime', got {timer!r}")
+        self._kind = timer
+        self._notify = notify
         if isinstance(nodes, str):
             raise TypeError(f"Kernel: nodes must be an iterable of node paths, not the "
                             f"string {nodes!r} (write [{nodes!r}])")
@@ -211,6 +235,7 @@ class Kernel:
         self.seeds = {path: seeds[path] for _, path, _ in local}
         self._sends: list[tuple[int, str, Any]] = []
         self._events = _Events()
+        self._events.notify = self._notify
         local_paths = {path for _, path, _ in local}
         self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
                                        if port.node._mujou_path in local_paths}
@@ -218,7 +243,8 @@ class Kernel:
         for actor in self.actors:
             actor.node._mujou_run = self._token
         self._actor_of = {id(a.node): a for a in self.actors}
-        self.dispatcher = Dispatcher(self.actors, SimulatedTimer(), self._workers, self._events)
+        clock = SimulatedTimer() if self._kind == "simulated" else RealtimeTimer()
+        self.dispatcher = Dispatcher(self.actors, clock, self._workers, self._events)
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)
@@ -230,7 +256,7 @@ class Kernel:
 
     def _outbox(self, output: Output) -> _Outbox:
         """The outbox of a local Output with readers outside the kernel (see `build.wire`)."""
-        return _Outbox(output.path, self._sends)
+        return _Outbox(output.path, self._sends, self._notify)
 
     # -- the phases -----------------------------------------------------------------
     def start(self, start_ns: int = 0, timeout: float = 60.0) -> None:
@@ -307,6 +333,45 @@ class Kernel:
         self._timer()
         return self.dispatcher.next_due()
 
+    @property
+    def simulated(self) -> bool:
+        """bool: the kernel runs in simulated time (stepped), else in real time."""
+        return self._kind == "simulated"
+
+    def run_free(self) -> None:
+        """A real-time kernel: start the timer and let the work run on its own.
+
+        Raises:
+            RuntimeError: not started, stopped, or a simulated kernel (step it).
+        """
+        if self.simulated or not self._started or self._stopped:
+            raise RuntimeError("Kernel.run_free: only a started real-time kernel runs freely")
+        self._timer()
+        self.dispatcher.set_bound(None)
+
+    def hold(self, timeout: float) -> bool:
+        """A real-time kernel: pause at a consistent cut (no hook in flight); True once held.
+
+        The cut comes as soon as the hooks in flight return. Until `release`,
+        no timed work starts; messages may still be delivered (they wait in
+        the Inputs' mailboxes, and a state tree holds them as pending).
+
+        Returns:
+            bool: False when the hooks in flight did not return within
+            ``timeout`` wall seconds (the hold is taken back: the work goes on).
+        """
+        dispatcher = self.dispatcher
+        self._events.hold_reached.clear()
+        dispatcher.request_hold()
+        if dispatcher.held or self._events.hold_reached.wait(timeout):
+            return True
+        dispatcher.withdraw_hold()
+        return False
+
+    def release(self) -> None:
+        """A real-time kernel: go on after `hold`."""
+        self.dispatcher.release()
+
     def step(self, until: Key | None = None, timeout: float = 10.0) -> Key | None:
         """Run the pending work with keys up to ``until``, then pause; return `next_due`.
 
@@ -329,6 +394,8 @@ class Kernel:
         """
         if not self._started or self._stopped:
             raise RuntimeError("Kernel.step: the kernel is not running (start() it first)")
+        if not self.simulated:
+            raise RuntimeError("Kernel.step: a real-time kernel runs freely (run_free)")
         if until is not None and not _is_key(until):
             # Checked here: a worker comparing keys with it would die of it.
             raise TypeError(f"Kernel.step: until must be a key (t_ns, delta) of two ints, "
@@ -526,7 +593,7 @@ class Kernel:
             NodeError: a node's ``state_dict`` raised.
             TimeoutError: an actor stayed busy for ``timeout``.
         """
-        if self._timing and not self._stopped:
+        if self._timing and not self._stopped and self.simulated:
             now = self.time_ns
             late = [k for k in self.dispatcher.trigger_keys() if k != (now, 1)]
             if late:
@@ -564,6 +631,10 @@ class Kernel:
                      self._wiring.deliver)
         self._raise_failures()
         self._start_ns = tree["time_ns"]
+
+    def take_failures(self) -> list[NodeError]:
+        """The hooks' failures since the last call, oldest first (a real-time driver's)."""
+        return self._events.take_failures()
 
     def _raise_failures(self) -> None:
         failures = self._events.take_failures()

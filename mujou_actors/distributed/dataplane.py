@@ -19,6 +19,8 @@ answer, and it carries back the shared-memory blocks the group has freed.
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from ..ports import Input, Output, Port
 from .._runtime.keys import Key
 from . import wire
 
-__all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item"]
+__all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
 
 # (t_ns, delta, sender order, output index, message)
 Item = tuple[int, int, int, int, Any]
@@ -99,6 +101,8 @@ class Reply:
         frontier (Key): the delta cycle its kernel entered last (``(-1, 0)``
             before its timer starts): a host write goes in at the latest
             frontier of all groups.
+        marker (bool): real time: the answer to a grant with ``take`` (a
+            cut's flush): everything the group sent before is on its way.
     """
 
     due: Key | None
@@ -107,6 +111,7 @@ class Reply:
     failure: dict[str, Any] | None = None
     published: list[Item] = dataclasses.field(default_factory=list)
     frontier: Key = (-1, 0)
+    marker: bool = False
 
 
 def _key(value: Any) -> Key | None:
@@ -168,7 +173,7 @@ class GroupLink(_Link):
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier], reply.sends + reply.published)
+                    reply.frontier, reply.marker], reply.sends + reply.published)
 
 
 class HostLink(_Link):
@@ -188,6 +193,56 @@ class HostLink(_Link):
         got = self._receive(timeout)
         if got is None:
             return None
-        (due, time_ns, failure, n, frontier), items = got
+        (due, time_ns, failure, n, frontier, marker), items = got
         return Reply(_key(due), time_ns, items[:n], failure, items[n:],
-                     (frontier[0], frontier[1]))
+                     (frontier[0], frontier[1]), marker)
+
+
+class Wake:
+    """A self-pipe that wakes a thread waiting in a `zmq.Poller` (real time).
+
+    `set` may be called from any thread (a worker after a send) and costs one
+    ``os.write`` only when the waiter has not been woken yet.
+    """
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._set = False
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        """int: the file descriptor to poll (readable once woken)."""
+        return self._r
+
+    def set(self) -> None:
+        """Wake the waiter (idempotent until it calls `clear`)."""
+        if self._set:
+            return
+        with self._lock:
+            if not self._set:
+                self._set = True
+                try:
+                    os.write(self._w, b"\0")
+                except BlockingIOError:
+                    pass  # the pipe is full: the waiter is woken anyway
+
+    def clear(self) -> None:
+        """Called by the waiter before it looks for work: later `set` calls wake it again."""
+        with self._lock:
+            self._set = False
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        """Close both ends; idempotent."""
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = self._w = -1

@@ -22,7 +22,9 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Mapping
+
+import zmq
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .. import snapshot
@@ -36,7 +38,7 @@ from . import dataplane
 from .placement import build_net, load_factory, net_signature
 
 __all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
-           "Stats", "Stop", "Reset", "RestartNode", "split_tree"]
+           "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -98,6 +100,20 @@ class Subscribe(NamedTuple):
     output: str
 
 
+class RunFree(NamedTuple):
+    """Real time: start the group's timer and let its nodes run (after `Start`, `Load`)."""
+
+
+class Hold(NamedTuple):
+    """Real time: pause at a consistent cut; the reply says whether it came in ``timeout``."""
+
+    timeout: float
+
+
+class Release(NamedTuple):
+    """Real time: go on after `Hold`."""
+
+
 class Reset(NamedTuple):
     """Stop the kernel and build a fresh net and kernel in this process (a restart).
 
@@ -153,8 +169,10 @@ STEP_LIMIT = 24 * 3600.0
 class Published:
     """Copies of the messages sent on the Outputs the host subscribed to, until the next reply."""
 
-    def __init__(self, routes: dataplane.Routes) -> None:
+    def __init__(self, routes: dataplane.Routes,
+                 notify: Callable[[], None] | None = None) -> None:
         self._routes = routes
+        self._notify = notify  # real time: the data-plane thread ships them at once
         self.items: list[tuple[int, int, int, int, Any]] = []
         self._detach: dict[int, Any] = {}
 
@@ -164,9 +182,12 @@ class Published:
         if index in self._detach:
             return
         items = self.items
+        notify = self._notify
 
         def listener(message: Any) -> None:
             items.append((0, 0, 0, index, copy_message(message)))  # list.append: atomic
+            if notify is not None:
+                notify()
 
         self._detach[index] = kernel.listen(output, listener)
 
@@ -240,7 +261,7 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
 
 
 def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed: int | None,
-          workers: int, address: str, host_pid: int) -> GroupServer:
+          workers: int, address: str, host_pid: int, timer: str = "simulated") -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -252,12 +273,16 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed
         workers (int): the kernel's worker threads.
         address (str): the host's data-plane endpoint for this group.
         host_pid (int): the host's pid (the loop ends when the host is gone).
+        timer (str): ``"simulated"`` (the host grants delta cycles) or
+            ``"realtime"`` (the group runs on its own clock and ships its
+            sends as they come).
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
     """
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, roots=roots,
-                       seed=seed, workers=workers, address=address, host_pid=host_pid)
+                       seed=seed, workers=workers, address=address, host_pid=host_pid,
+                       timer=timer)
 
 
 class GroupServer:
@@ -271,26 +296,33 @@ class GroupServer:
     """
 
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, roots: list[str],
-                 seed: int | None, workers: int, address: str, host_pid: int) -> None:
+                 seed: int | None, workers: int, address: str, host_pid: int,
+                 timer: str = "simulated") -> None:
         self.group = group
+        self._timer = timer
+        self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, roots, workers, seed)
         self.kernel, found = self._make_kernel()
         self._signature = net_signature(found)
         self.routes = dataplane.Routes(found, self.kernel.ports)
-        self.published = Published(self.routes)
+        self.published = Published(self.routes,
+                                   self._wake.set if timer == "realtime" else None)
         self._host_pid = host_pid
         self._closing = threading.Event()
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
         self._link = dataplane.GroupLink(address, self.routes)
-        self._thread = threading.Thread(target=self._serve, name=f"mujou-group-{group}",
+        target = self._serve if timer == "simulated" else self._serve_realtime
+        self._thread = threading.Thread(target=target, name=f"mujou-group-{group}",
                                         daemon=True)
         self._thread.start()
 
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, roots, workers, seed = self._build
         net = build_net(factory, net_kwargs)
-        return Kernel(net, roots, workers=workers, seed=seed), walk(net)
+        notify = self._wake.set if self._timer == "realtime" else None
+        return (Kernel(net, roots, workers=workers, seed=seed, timer=self._timer, notify=notify),
+                walk(net))
 
     def reset(self, timeout: float) -> list[str]:
         """Stop the kernel; build a fresh net and kernel (a restart from a snapshot).
@@ -323,6 +355,60 @@ class GroupServer:
             link.send(reply)
         link.close()
 
+    def _serve_realtime(self) -> None:
+        """Real time: ship sends as they come, deliver what arrives, until closed."""
+        link, wake = self._link, self._wake
+        poller = zmq.Poller()
+        poller.register(link.sock, zmq.POLLIN)
+        poller.register(wake.fileno(), zmq.POLLIN)
+        while not self._closing.is_set():
+            ready = dict(poller.poll(100))
+            if not ready:
+                if not _alive(self._host_pid):
+                    log.warning("group %r: the host (pid %d) is gone; ending", self.group,
+                                self._host_pid)
+                    os._exit(3)
+                continue
+            try:
+                if wake.fileno() in ready:
+                    wake.clear()
+                    self._ship()
+                if link.sock in ready:
+                    while (grant := link.receive(0)) is not None:
+                        self._take(grant)
+            except BaseException as exc:  # reported to the host, never swallowed
+                link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
+                                          failure=failure_of(exc)))
+        link.close()
+        wake.close()
+
+    def _ship(self) -> None:
+        """Real time: send the host what the nodes sent outside, published, or failed."""
+        kernel = self.kernel
+        index = self.routes.output_index
+        sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
+                 for s in kernel.take_sends()]
+        published = self.published.take()
+        failures = kernel.take_failures()
+        if sends or published or failures:
+            first = failure_of(failures[0]) if failures else None
+            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends,
+                                            failure=first, published=published))
+        for failure in failures[1:]:
+            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                            failure=failure_of(failure)))
+
+    def _take(self, grant: dataplane.Grant) -> None:
+        """Real time: deliver messages from other groups as they come (as host writes)."""
+        kernel = self.kernel
+        for _, _, _, output, message in grant.messages:
+            for reader in self.routes.local_readers(output):
+                kernel.write(reader, message)
+        if grant.take:  # a cut's flush: what was sent so far goes first, then the marker
+            self._ship()
+            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                            marker=True))
+
     def _time(self) -> int:
         try:
             return self.kernel.time_ns
@@ -353,6 +439,14 @@ class GroupServer:
             return None
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
+        if isinstance(request, RunFree):
+            kernel.run_free()
+            return None
+        if isinstance(request, Hold):
+            return kernel.hold(request.timeout)
+        if isinstance(request, Release):
+            kernel.release()
+            return None
         if isinstance(request, Reset):
             return self.reset(request.timeout)
         if isinstance(request, RestartNode):

@@ -174,6 +174,9 @@ def _load_file(path: str) -> Any:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such file: {path}")
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the file's own helpers import as in `python FILE`
     name = "_mujou_file_" + hashlib.sha1(path.encode()).hexdigest()[:16]
     module = sys.modules.get(name)
     if module is not None:
