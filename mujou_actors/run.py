@@ -567,22 +567,10 @@ def run(
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
             ``PermissionError``); raised before any node is claimed.
     """
-    if placement is not None:
-        from .distributed.placed import start as start_placed
-
-        args = _check_arguments(Seams(), workers=workers, timer=timer, duration=duration,
-                                seed=seed, state=state, supervisor=supervisor, trace=trace,
-                                cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                                start_timeout=start_timeout)
-        return start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
-                            inputs=inputs, state=state)  # type: ignore[return-value]
-    if net_kwargs is not None:
-        raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
-                        "the function that builds the net); without placement, pass the net")
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                  start_timeout=start_timeout)
+                  start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs)
 
 
 def _start(
@@ -601,6 +589,8 @@ def _start(
     stats: bool = True,
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
+    placement: Mapping[str, str] | None = None,
+    net_kwargs: Mapping[str, Any] | None = None,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -611,6 +601,14 @@ def _start(
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                             start_timeout=start_timeout)
+    if placement is not None:
+        from .distributed.placed import start as start_placed
+
+        return start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
+                            inputs=inputs, state=state)  # type: ignore[return-value]
+    if net_kwargs is not None:
+        raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
+                        "the function that builds the net); without placement, pass the net")
     plan = _check_net(net, args, inputs, state)
     coordinator, host = _build(plan, args, seams)
     return _begin(coordinator, host, plan, args)

@@ -303,3 +303,46 @@ def test_the_restart_intensity_escalates_across_groups() -> None:
         run.join(30)
     assert info.value.path == "flaky"
     assert isinstance(info.value.__cause__, placed.RemoteTraceback)
+
+
+def _realtime_run(placement: dict, duration: float | None) -> placed.PlacedRun:
+    args = _check_arguments(Seams(), workers=1, timer="realtime", duration=duration, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    return placed.start(make_net, placement=placement, net_kwargs=None, args=args, inputs=None,
+                        state=None, make_system=InProcessSystem)
+
+
+def _every_message_once(tree: dict) -> None:
+    """sim's every tick reached ctrl and log once (seen or pending); ctrl's every command too."""
+    ticks = tree["schedule"]["sim"]["last_update_ns"] and len(
+        [1 for kind, _ in tree["nodes"]["log"]["seen"] if kind == "obs"]) + len(
+        tree["pending"].get("log.obs", []))
+    n = tree["nodes"]["ctrl"]["n"]
+    assert n + len(tree["pending"].get("ctrl.obs", [])) == ticks
+    cmds = len([1 for kind, _ in tree["nodes"]["log"]["seen"] if kind == "cmd"])
+    assert cmds + len(tree["pending"].get("log.cmd", [])) == n
+
+
+@pytest.mark.parametrize("placement", [{"sim": "a", "ctrl": "b"}, {"ctrl": "b", "log": "c"}])
+def test_a_real_time_placed_run_relays_every_message_once_and_cuts_consistently(
+        placement: dict) -> None:
+    run = _realtime_run(placement, 0.3)
+    got: list[torch.Tensor] = []
+    run.subscribe("ctrl.cmd", got.append)
+    run.wait_for("ctrl.cmd", timeout=20)
+    tree = run.state_dict(timeout=10)
+    _every_message_once(tree)
+    assert 0 < tree["time_ns"] < 10**9
+    stats = run.stats()
+    run.join(20)
+    assert 0.3 <= run.time < 1.5
+    final = run.state_dict()
+    _every_message_once(final)
+    assert final["nodes"]["ctrl"]["n"] >= 20  # about 30 ticks of 10 ms
+    assert stats.nodes["ctrl"].updates >= 1 and stats.nodes["sim"].lateness_p99 >= 0
+    # every later command once, to the host too (the first may come before subscribe)
+    n = final["nodes"]["ctrl"]["n"]
+    assert n - 1 <= len(got) <= n
+    last = [v for kind, v in final["nodes"]["log"]["seen"] if kind == "cmd"][-1]
+    assert got[-1].tolist() == last

@@ -720,6 +720,10 @@ class Dispatcher:
                     left = [a for a in left if a.busy]
                     for actor in mine:
                         actor.busy = True
+                        # Its calendar entry goes stale, as a claim's does: `Calendar.top`
+                        # drops the entries of busy actors, and `_finish` queues it again
+                        # only when it is not queued (a kept queued_key would lose its tick).
+                        actor.queued_key = None
                 try:
                     for actor in mine:
                         actor.take_state(envelope)

@@ -64,7 +64,7 @@ from ..node import Node
 from ..ports import Input, Output, Port
 from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
-from . import dataplane, group
+from . import dataplane, group, realtime
 from .placement import (
     HOST_GROUP,
     FactoryRef,
@@ -106,15 +106,20 @@ class _Group:
 class _LocalLink:
     """The host's own group: a kernel in this process, run by the driver's thread."""
 
-    def __init__(self, kernel: Kernel, routes: dataplane.Routes) -> None:
+    def __init__(self, kernel: Kernel, routes: dataplane.Routes,
+                 notify: Any = None) -> None:
         self.kernel = kernel
         self.routes = routes
-        self.published = group.Published(routes)
+        self.published = group.Published(routes, notify)
         self._reply: dataplane.Reply | None = None
+        self._replies: list[dataplane.Reply] = []  # real time: markers waiting
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
 
     def send(self, grant: dataplane.Grant) -> None:
         self.messages_in += len(grant.messages)
+        if not self.kernel.simulated:
+            self._send_realtime(grant)
+            return
         try:
             self._reply = group.run_grant(self.kernel, self.routes, grant, self.published)
             self.messages_out += len(self._reply.sends)
@@ -123,8 +128,40 @@ class _LocalLink:
                                           failure=group.failure_of(exc))
 
     def receive(self, timeout: float) -> dataplane.Reply | None:
+        if not self.kernel.simulated:
+            return self._receive_realtime()
         reply, self._reply = self._reply, None
         return reply
+
+    def _send_realtime(self, grant: dataplane.Grant) -> None:
+        """Real time: deliver at once (as host writes); a flush answers with a marker."""
+        kernel = self.kernel
+        for _, _, _, output, message in grant.messages:
+            for reader in self.routes.local_readers(output):
+                kernel.write(reader, message)
+        if grant.take:
+            shipped = self._receive_realtime()
+            if shipped is not None:
+                self._replies.append(shipped)
+            self._replies.append(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                                 marker=True))
+
+    def _receive_realtime(self) -> dataplane.Reply | None:
+        """Real time: a marker waiting, or what the kernel sent, published or failed."""
+        if self._replies:
+            return self._replies.pop(0)
+        kernel = self.kernel
+        index = self.routes.output_index
+        sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
+                 for s in kernel.take_sends()]
+        published = self.published.take()
+        failures = kernel.take_failures()
+        if not (sends or published or failures):
+            return None
+        self.messages_out += len(sends)
+        return dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends,
+                               failure=group.failure_of(failures[0]) if failures else None,
+                               published=published)
 
     def close(self) -> None:
         pass
@@ -138,9 +175,15 @@ class _Driver:
                  seeds: dict[str, int], end_ns: int | None, stop_timeout: float,
                  tmpdir: str, local: Kernel | None, supervisor: Supervisor | None = None,
                  start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
-                 signature: list[list[Any]] | None = None) -> None:
+                 signature: list[list[Any]] | None = None, realtime: bool = False,
+                 wake: dataplane.Wake | None = None) -> None:
         self.system = system
         self.stop_asked = threading.Event()
+        self.realtime = realtime
+        self.wake = wake if wake is not None else dataplane.Wake()
+        self.start_ns = 0
+        self.start_mono_ns = time.monotonic_ns()
+        self.clock_started = False
         self.supervisor = supervisor
         self.start_timeout = start_timeout
         self._rebuild = rebuild
@@ -216,6 +259,9 @@ class _Driver:
 
     def _rounds(self) -> None:
         """Rounds until the end, a stop, a failure; the supervisor's snapshots on their grid."""
+        if self.realtime:
+            realtime.run_rounds(self)
+            return
         while not self.stop_asked.is_set():
             self._serve_requests()
             if self.stop_asked.is_set():
@@ -240,10 +286,22 @@ class _Driver:
         self.next_cut = cut_ns
 
     def _snapshot(self, t: int) -> None:
-        """Take the supervisor's snapshot at ``t`` (every group has finished it); keep it."""
+        """Take the supervisor's snapshot at ``t`` (every group has finished it); keep it.
+
+        In real time the cut comes now (``t`` is its grid time): the groups are
+        held and flushed first; one that cannot be held in time misses it.
+        """
         assert self.snapshots is not None
         t0 = time.perf_counter()
-        tree = self._gather(t, None)
+        if self.realtime:
+            try:
+                tree = realtime.cut(self, self.snapshots.bound())
+            except TimeoutError as exc:
+                self.snapshots.miss({}, self.snapshots.bound())
+                log.debug("snapshot missed: %s", exc)
+                return
+        else:
+            tree = self._gather(t, None)
         self.time_ns = max(self.time_ns, t)
         self.snapshots.keep(tree, time.perf_counter() - t0)
         self.snapshots.schedule(t)
@@ -332,7 +390,8 @@ class _Driver:
             raise StopTimeoutError({p: "a hook" for p in stuck}, self.stop_timeout)
         old: _LocalLink = g.link
         self.local = self._rebuild()
-        link = _LocalLink(self.local, dataplane.Routes(self.found, self.local.ports))
+        link = _LocalLink(self.local, dataplane.Routes(self.found, self.local.ports),
+                          self.wake.set if self.realtime else None)
         for index in old.published._detach:
             link.published.listen(self.local, self.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
@@ -340,6 +399,9 @@ class _Driver:
 
     def _refresh(self, groups: list[_Group]) -> None:
         """Deliver what waits for ``groups`` and learn their next keys (nothing runs)."""
+        if self.realtime:
+            realtime.push(self)
+            return
         for g in groups:
             messages, g.queued = g.queued, []
             g.link.send(dataplane.Grant(None, False, messages))
@@ -435,23 +497,37 @@ class _Driver:
                 if reply.time_ns > self.time_ns:
                     self.time_ns = reply.time_ns
         for g, reply in replies:
-            listeners = self.listeners
-            for item in reply.published:
-                for listener in listeners.get(item[3], ()):
-                    listener(item[4])
-            for item in reply.sends:
-                t, d, _, output, message = item
-                for listener in listeners.get(output, ()):
-                    listener(message)
-                key = (t, d + 1)
-                for h in self._reader_groups(output):
-                    if h is g:
-                        continue
-                    h.queued.append(item)
-                    if h.due is None or key < h.due:
-                        h.due = key
+            self._route(g, reply)
         if failed is not None:
             self._fail(*failed)
+
+    def _route(self, g: _Group, reply: dataplane.Reply) -> None:
+        """Pass a group's sends on to their readers' groups, and to the host's listeners.
+
+        Simulated time: they wait for the reader's next grant, and lower its
+        next key to the delta cycle after the send. Real time: the host's
+        group gets them at once; a failure in the reply is raised (after the
+        messages are passed on).
+        """
+        listeners = self.listeners
+        for item in reply.published:
+            for listener in listeners.get(item[3], ()):
+                listener(item[4])
+        realtime_ = self.realtime
+        for item in reply.sends:
+            t, d, _, output, _ = item
+            key = (t, d + 1)
+            for h in self._reader_groups(output):
+                if h is g:
+                    continue
+                h.queued.append(item)
+                if not realtime_ and (h.due is None or key < h.due):
+                    h.due = key
+        if realtime_:
+            if reply.time_ns > g.time_ns:
+                g.time_ns = reply.time_ns
+            if reply.failure is not None:
+                self._fail(_node_error(g.name, reply.failure), g.name)
 
     def _reader_groups(self, output: int) -> list[_Group]:
         cached = self._readers_cache.get(output) if hasattr(self, "_readers_cache") else None
@@ -515,6 +591,8 @@ class _Driver:
 
     def cut(self, timeout: float | None) -> dict[str, Any]:
         """The state tree of every group at a consistent cut (on the driver's thread)."""
+        if self.realtime:
+            return realtime.cut(self, timeout)
         t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
         cap = (t, LAST_DELTA)
         while self._round(cap):
@@ -524,6 +602,9 @@ class _Driver:
 
     def _flush(self) -> None:
         """Deliver every message waiting in the driver (no group runs)."""
+        if self.realtime:
+            realtime.flush(self, timeout=self.stop_timeout)
+            return
         waiting = [g for g in self.groups.values() if g.queued]
         for g in waiting:
             messages, g.queued = g.queued, []
@@ -553,8 +634,8 @@ class _Driver:
         """
         g = self.groups[self.owner[path.rpartition(".")[0]]]
         key: Key | None = max(h.frontier for h in self.groups.values())
-        if key == (-1, 0):
-            key = None  # the timers have not started: a write of inputs=
+        if key == (-1, 0) or self.realtime:
+            key = None  # real time, or the timers have not started (inputs=): as in one process
         if g.remote:
             self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
         else:
@@ -624,7 +705,9 @@ class _Driver:
             self._finish_groups(stuck, trees)
         finally:
             self.end_wall = time.monotonic()
-            if self.end_ns is not None and not self.failures and not self.stop_asked.is_set():
+            if self.realtime:
+                pass  # the time the rounds ended at (realtime.run_rounds keeps it)
+            elif self.end_ns is not None and not self.failures and not self.stop_asked.is_set():
                 self.time_ns = self.end_ns
             if trees:
                 try:
@@ -650,6 +733,8 @@ class _Driver:
             try:
                 # Messages on their way between groups become their readers' pending
                 # messages: the final tree holds them, as one process's does.
+                if self.realtime:
+                    realtime.hold_all(self, self.stop_timeout)
                 self._flush()
             except BaseException as exc:  # a dead group: the others still stop
                 log.warning("placed run: the last messages could not be delivered: %s",
@@ -780,9 +865,6 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             group and the differences).
         NodeError: an ``on_start`` or ``load_state_dict`` raised in a group.
     """
-    if not args.timer.simulated:
-        raise ValueError("mujou.run: placement needs timer='simulated' in this version "
-                         "(real-time placed runs are not supported yet)")
     if args.tracer is not None:
         raise ValueError("mujou.run: trace= with placement is not supported yet")
     factory, ref = resolve_factory(net, net_kwargs)
@@ -825,20 +907,26 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
                       "roots": plan.roots[name], "seed": args.seed,
                       "workers": workers(len(plan.nodes[name])), "address": address,
-                      "host_pid": os.getpid()}
+                      "host_pid": os.getpid(),
+                      "timer": "simulated" if args.timer.simulated else "realtime"}
             groups[name] = _Group(name, link, plan.nodes[name], 0, spawn=kwargs,
                                   base_address=address)
             groups[name].pid = system.start_group(name, GROUP_TARGET, kwargs,
                                                   args.start_timeout)
+        kind = "simulated" if args.timer.simulated else "realtime"
+        wake = dataplane.Wake()
+
         def make_local(net: Any) -> Kernel:
             return Kernel(net, plan.roots[HOST_GROUP], workers=workers(len(host_nodes)),
-                          seed=args.seed)
+                          seed=args.seed, timer=kind,
+                          notify=wake.set if kind == "realtime" else None)
 
         if host_nodes:
             local = make_local(built)
             routes = dataplane.Routes(found, local.ports)
-            groups[HOST_GROUP] = _Group(HOST_GROUP, _LocalLink(local, routes), host_nodes,
-                                        os.getpid(), remote=False)
+            groups[HOST_GROUP] = _Group(HOST_GROUP, _LocalLink(local, routes, wake.set if
+                                                               kind == "realtime" else None),
+                                        host_nodes, os.getpid(), remote=False)
         expected = net_signature(found)
         for name in plan.groups:
             check_same_net(system, name, expected, args.start_timeout)
@@ -850,14 +938,13 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          stop_timeout=args.stop_timeout, tmpdir=tmpdir, local=local,
                          supervisor=args.supervisor, start_timeout=args.start_timeout,
                          rebuild=lambda: make_local(build_net(factory_of(ref), ref.kwargs)),
-                         signature=expected)
+                         signature=expected, realtime=kind == "realtime", wake=wake)
     except BaseException:
         _abandon(system, groups, local, tmpdir)
         raise
     run = PlacedRun(driver, ports, seeds, found)
     try:
         _start_phase(driver, initial, args.tree, args.start_timeout)
-        driver.start_ns = driver.time_ns
     except BaseException:
         driver.stop_asked.set()
         driver._finish()
@@ -916,11 +1003,13 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
             assert driver.local is not None
             driver.local.start(timeout=left())
     everyone = list(driver.groups.values())
-    if tree is None:
+    if tree is None and not driver.realtime:
         # What on_start sent crosses to its readers before any timer starts.
         for g in everyone:
             g.link.send(dataplane.Grant(None, True, []))
         driver._collect(everyone)
+    elif tree is None:
+        realtime.flush(driver, timeout=left())
     else:
         for g in everyone:
             part = group.split_tree(tree, set(g.nodes))
@@ -932,7 +1021,11 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
             g.queued = []
     for port, value in initial:
         driver.write(port.path, value)
-    driver._refresh(everyone)  # the timers start: every group's first due key
+    if driver.realtime:
+        realtime.start(driver, tree)
+    else:
+        driver._refresh(everyone)  # the timers start: every group's first due key
+        driver.start_ns = tree["time_ns"] if tree is not None else 0
     driver.time_ns = tree["time_ns"] if tree is not None else 0
 
 

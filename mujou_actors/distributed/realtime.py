@@ -1,0 +1,184 @@
+"""A placed run in real time: each group on its own clock, messages relayed as they come.
+
+In real time no group waits for another: every group process runs its
+kernel freely on its own monotonic clock (`Kernel.run_free`) and ships what
+its nodes send to other groups as soon as it is sent (a worker's send wakes
+the group's data-plane thread). The host's driver relays each message to the
+groups that read it, which deliver it as the host's writes are delivered in
+one process: it triggers its reader at once. Lateness is measured per node,
+on the node's own clock, as in one process.
+
+A consistent cut (``state_dict``, the supervisor's snapshots, the end) holds
+every group (`Kernel.hold`: no hook in flight), then *flushes* the data
+plane twice: each group answers a flush with a marker after everything it
+sent before, so once every marker is in, every message sent before the hold
+has reached the host; the host hands those to their readers and flushes
+again, so every one of them sits in its reader's mailbox. The groups' trees,
+taken then, hold every message exactly once, kept or pending.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from . import dataplane, group
+
+if TYPE_CHECKING:
+    from .placed import _Driver, _Group
+
+__all__ = ["run_rounds", "cut", "flush", "start", "now_ns", "hold_all", "release", "relay",
+           "push"]
+
+POLL_S = 0.05
+
+
+def now_ns(driver: _Driver) -> int:
+    """The run's time in real time: the host's monotonic clock since the start, ns."""
+    return driver.start_ns + time.monotonic_ns() - driver.start_mono_ns
+
+
+def run_rounds(driver: _Driver) -> None:
+    """Relay messages until the end (``duration`` on the host's clock), a stop or a failure."""
+    end = None if driver.end_ns is None else driver.end_ns
+    while not driver.stop_asked.is_set():
+        driver._serve_requests()
+        t = now_ns(driver)
+        driver.time_ns = t
+        if end is not None and t >= end:
+            return
+        if driver.next_cut is not None and t >= driver.next_cut:
+            driver._snapshot(t)
+            continue
+        wait = POLL_S
+        if end is not None:
+            wait = min(wait, (end - t) / 1e9)
+        if driver.next_cut is not None:
+            wait = min(wait, (driver.next_cut - t) / 1e9)
+        relay(driver, max(0.0, wait))
+
+
+def _poller(driver: _Driver) -> zmq.Poller:
+    poller = zmq.Poller()
+    for g in driver.groups.values():
+        if g.remote:
+            poller.register(g.link.sock, zmq.POLLIN)
+    poller.register(driver.wake.fileno(), zmq.POLLIN)
+    notices = getattr(driver.system, "notices", None)
+    if notices is not None:
+        poller.register(notices, zmq.POLLIN)
+    return poller
+
+
+def relay(driver: _Driver, wait: float, markers: set[str] | None = None) -> None:
+    """Take in what the groups sent within ``wait`` seconds; pass it on to the readers.
+
+    With ``markers``, the names of groups whose flush marker came are added to it.
+    """
+    ready = dict(_poller(driver).poll(int(wait * 1000)))
+    if driver.wake.fileno() in ready:
+        driver.wake.clear()
+    for g in driver.groups.values():
+        if g.remote and g.link.sock not in ready:
+            continue
+        while (reply := g.link.receive(0)) is not None:
+            if reply.marker and markers is not None:
+                markers.add(g.name)
+            driver._route(g, reply)
+    push(driver)
+    driver._check_exits()
+
+
+def push(driver: _Driver) -> None:
+    """Send every group the messages waiting for it (no answer is expected)."""
+    for g in driver.groups.values():
+        if g.queued:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, False, messages))
+
+
+def flush(driver: _Driver, groups: list[_Group] | None = None, timeout: float = 10.0) -> None:
+    """Every message sent so far reaches its reader's mailbox (see the module's docstring)."""
+    targets = list(driver.groups.values()) if groups is None else groups
+    for _ in range(2):
+        markers: set[str] = set()
+        for g in targets:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, True, messages))
+        deadline = time.monotonic() + timeout
+        while len(markers) < len(targets):
+            if time.monotonic() > deadline:
+                missing = sorted({g.name for g in targets} - markers)
+                raise TimeoutError(f"groups {missing} did not answer a flush within "
+                                   f"{timeout:g} s")
+            relay(driver, POLL_S, markers)
+
+
+def hold_all(driver: _Driver, timeout: float) -> list[_Group]:
+    """Hold every group at a cut (no hook in flight); the groups held, in order.
+
+    Raises:
+        TimeoutError: a group's hooks did not return within ``timeout``; the
+            groups held so far stay held (the caller releases them or stops).
+    """
+    held = []
+    for g in driver.groups.values():
+        ok = (driver.system.ask(g.name, group.Hold(timeout), timeout + 5.0) if g.remote
+              else driver.local.hold(timeout))  # type: ignore[union-attr]
+        if not ok:
+            raise _NotHeld(g.name, timeout, held)
+        held.append(g)
+    return held
+
+
+class _NotHeld(TimeoutError):
+    def __init__(self, name: str, timeout: float, held: list[_Group]) -> None:
+        super().__init__(f"no consistent cut within {timeout:g} s: group {name!r} had "
+                         f"hooks in flight")
+        self.held = held
+
+
+def release(driver: _Driver, groups: list[_Group]) -> None:
+    """Let held groups go on."""
+    for g in groups:
+        if g.remote:
+            driver.system.ask(g.name, group.Release(), 30.0)
+        else:
+            driver.local.release()  # type: ignore[union-attr]
+
+
+def cut(driver: _Driver, timeout: float | None) -> dict[str, Any]:
+    """One state tree of every group at a consistent cut, in real time.
+
+    Raises:
+        TimeoutError: a group's hooks in flight did not return within ``timeout``
+            (the groups go on as if not asked).
+    """
+    limit = driver.stop_timeout if timeout is None else timeout
+    held: list[_Group] = []
+    try:
+        held = hold_all(driver, limit)
+        flush(driver, timeout=limit)
+        return driver._gather(now_ns(driver), limit)
+    except _NotHeld as exc:
+        held = exc.held
+        raise TimeoutError(f"state_dict(): {exc}") from None
+    finally:
+        release(driver, held)
+
+
+def start(driver: _Driver, tree: dict[str, Any] | None) -> None:
+    """The end of a real-time start: on_start's messages delivered, then every clock runs."""
+    flush(driver, timeout=driver.start_timeout)
+    for g in driver.groups.values():
+        if g.remote:
+            driver.system.ask(g.name, group.RunFree(), 30.0)
+        else:
+            driver.local.run_free()  # type: ignore[union-attr]
+    if not driver.clock_started:  # a restart does not move the run's clock
+        driver.clock_started = True
+        driver.start_mono_ns = time.monotonic_ns()
+        driver.start_ns = tree["time_ns"] if tree is not None else 0
+
