@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import threading
 from typing import Any
 
 import torch
@@ -167,3 +169,85 @@ def make_flaky(fail_at: int = 5) -> dict[str, mujou.Node]:
     net["count"] = Count()
     mujou.connect(net["flaky"].out, net["count"].inp)
     return net
+
+
+class Crasher(mujou.Node):
+    """Kills its own process (SIGKILL, or os._exit) at tick ``at``, once: a marker file
+    says it has crashed before, so the restored group goes on."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, marker: str, at: int = 5, how: str = "kill") -> None:
+        super().__init__(period=0.01)
+        self.marker = marker
+        self.at = at
+        self.how = how
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == self.at and self.marker and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(7)
+        self.out.send(self.n)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def make_crashing(marker: str = "", at: int = 5, how: str = "kill") -> dict[str, mujou.Node]:
+    """sim -> ctrl -> log, and crasher -> count (the crasher dies once at tick ``at``)."""
+    net = make_net()
+    net["crasher"] = Crasher(marker, at, how)
+    net["count"] = Count()
+    mujou.connect(net["crasher"].out, net["count"].inp)
+    return net
+
+
+class Stuck(mujou.Node):
+    """Blocks in its third update until its process ends (a hook that never returns)."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            threading.Event().wait(3600)
+
+
+def make_stuck() -> dict[str, mujou.Node]:
+    return {"stuck": Stuck(), **make_net()}
+
+
+class Spin(mujou.Node):
+    """CPU-bound Python: ``work`` iterations of arithmetic per update."""
+
+    def __init__(self, work: int = 200_000, period: float = 0.01) -> None:
+        super().__init__(period=period)
+        self.work = work
+        self.acc = 0
+
+    def on_update(self, dt: float) -> None:
+        acc = self.acc
+        for i in range(self.work):
+            acc = (acc * 31 + i) % 1_000_003
+        self.acc = acc
+
+    def state_dict(self) -> dict:
+        return {"acc": self.acc}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.acc = state["acc"]
+
+
+def make_spin(work: int = 200_000, period: float = 0.01) -> dict[str, mujou.Node]:
+    """Two CPU-bound nodes, unconnected: what processes are for."""
+    return {"a": Spin(work, period), "b": Spin(work, period)}
