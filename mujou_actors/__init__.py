@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import cuda as cuda  # the public submodule mujou.cuda
 from .errors import (
     CallbackError,
+    GroupDied,
     MujouError,
     NetError,
     NodeError,
@@ -23,12 +24,21 @@ from .node import Node
 from .ports import Input, Output, connect
 from .run import Run, run
 from .snapshot import load, save
-from .stats import NodeStats, RunStats, SnapshotStats, SubscriptionStats, WorkerStats
+from .stats import (
+    GroupStats,
+    NodeStats,
+    RunStats,
+    SnapshotStats,
+    SubscriptionStats,
+    WorkerStats,
+)
 from .supervisor import Supervisor, latest_snapshot
 from .trace import Tracer
 
 __all__ = [
     "CallbackError",
+    "GroupDied",
+    "GroupStats",
     "Input",
     "MujouError",
     "NetError",

@@ -572,7 +572,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["trace"] = trace_path
         signals.mode = "defer"
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
-        run = mujou.run(net, **kwargs)  # type: ignore[arg-type]
+        run = mujou.run(net, **kwargs)
         stopped = False  # by a signal
         try:
             signals.mode = "raise"

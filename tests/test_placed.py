@@ -71,7 +71,7 @@ def _assert_equal(a: object, b: object, where: str) -> None:
             _assert_equal(a[k], b[k], f"{where}.{k}")
     elif isinstance(b, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), where
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             _assert_equal(x, y, where)
     else:
         assert a == b, where

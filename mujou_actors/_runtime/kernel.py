@@ -91,11 +91,11 @@ class _Outbox:
 class _Events:
     """The kernel's `KernelListener`: it records failures; holds and ends need no event."""
 
-    def __init__(self) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.failures: list[NodeError] = []
         self.lock = threading.Lock()
         self.hold_reached = threading.Event()  # a real-time kernel's hold (Kernel.hold)
-        self.notify: Callable[[], None] | None = None
+        self.notify = notify
 
     def hook_failed(self, actor: Actor, hook: str, exc: BaseException) -> None:
         err = NodeError.from_hook(actor.path, hook, exc)
@@ -234,8 +234,7 @@ class Kernel:
         seeds = settle_seeds(found, None, seed)
         self.seeds = {path: seeds[path] for _, path, _ in local}
         self._sends: list[tuple[int, str, Any]] = []
-        self._events = _Events()
-        self._events.notify = self._notify
+        self._events = _Events(self._notify)
         local_paths = {path for _, path, _ in local}
         self.ports: dict[str, Port] = {p: port for p, port in self._ports.items()
                                        if port.node._mujou_path in local_paths}
@@ -512,8 +511,9 @@ class Kernel:
         """
         p = self.ports.get(port)
         if not isinstance(p, Output):
+            outputs = sorted(q for q, o in self.ports.items() if isinstance(o, Output))
             raise ValueError(f"Kernel.listen: no output {port!r} in this kernel "
-                             f"(outputs: {sorted(q for q, o in self.ports.items() if isinstance(o, Output))})")
+                             f"(outputs: {outputs})")
         return self._wiring.listen(p, listener)
 
     def restart_node(self, path: str, state: Any) -> None:

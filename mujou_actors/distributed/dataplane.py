@@ -27,9 +27,9 @@ from typing import Any
 import msgpack
 import zmq
 
+from .._runtime.keys import Key
 from ..node import Node
 from ..ports import Input, Output, Port
-from .._runtime.keys import Key
 from . import wire
 
 __all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
@@ -114,6 +114,17 @@ class Reply:
     marker: bool = False
 
 
+def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str | None]:
+    """The shared-memory pool names of a link's two ends (None: no shared memory).
+
+    ``prefix`` is unique to the run and the link (``mujou-<run>-<group>-``): a
+    run's leftover pools (a killed group's) are removed by that prefix.
+    """
+    if prefix is None:
+        return None, None
+    return prefix + mine, prefix + theirs
+
+
 def _key(value: Any) -> Key | None:
     return None if value is None else (value[0], value[1])
 
@@ -121,18 +132,21 @@ def _key(value: Any) -> Key | None:
 class _Link:
     """One end of a ``PAIR`` connection, with its codec and traffic counts."""
 
-    def __init__(self, sock: zmq.Socket, declared: Sequence[type]) -> None:
+    def __init__(self, sock: zmq.Socket[Any], declared: Sequence[type], mine: str | None,
+                 theirs: str | None) -> None:
         self.sock = sock
         self.declared = declared
-        self.encoder = wire.Encoder()
-        self.decoder = wire.Decoder()
+        # Large tensors go through this end's shared-memory pool (named ``mine``);
+        # the other end's pool is mapped only under its own name (``theirs``).
+        self.encoder = wire.Encoder(mine)
+        self.decoder = wire.Decoder(theirs)
         self.messages_in = self.messages_out = 0
         self.bytes_in = self.bytes_out = 0
 
     def _send(self, header: list[Any], items: list[Item]) -> None:
         header.append(self.decoder.take_freed())
         frames: list[Any] = [msgpack.packb(header)]
-        frames += self.encoder.encode(items)
+        frames += self.encoder.encode(items, self.declared)
         self.messages_out += len(items)
         self.bytes_out += sum(len(f) for f in frames)
         self.sock.send_multipart(frames, copy=False)
@@ -157,10 +171,10 @@ class _Link:
 class GroupLink(_Link):
     """The group's end: connects to the host's endpoint, receives grants, sends replies."""
 
-    def __init__(self, address: str, routes: Routes) -> None:
-        sock = zmq.Context.instance().socket(zmq.PAIR)
+    def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
+        sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
         sock.connect(address)
-        super().__init__(sock, routes.declared)
+        super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"))
 
     def receive(self, timeout: float) -> Grant | None:
         """The next grant, or None after ``timeout`` seconds without one."""
@@ -179,10 +193,10 @@ class GroupLink(_Link):
 class HostLink(_Link):
     """The host's end for one group: binds its endpoint, sends grants, receives replies."""
 
-    def __init__(self, address: str, routes: Routes) -> None:
-        sock = zmq.Context.instance().socket(zmq.PAIR)
+    def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
+        sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
         sock.bind(address)
-        super().__init__(sock, routes.declared)
+        super().__init__(sock, routes.declared, *_pools(prefix, "h", "g"))
 
     def send(self, grant: Grant) -> None:
         """Send a grant."""

@@ -22,22 +22,23 @@ import logging
 import os
 import threading
 import traceback
-
-import zmq
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import zmq
+
 from .. import snapshot
+from .._runtime.kernel import Kernel, OutsideSend
+from .._runtime.keys import HOST_ORDER, Key
 from ..errors import NodeError
 from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
-from .._runtime.kernel import Kernel, OutsideSend
-from .._runtime.keys import HOST_ORDER, Key
 from . import dataplane
 from .placement import build_net, load_factory, net_signature
 
-__all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
+__all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published",
+           "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
            "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
@@ -216,9 +217,9 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     before this kernel's next key). Used by group processes and by the host
     for its own group alike.
     """
-    for t, d, sender, output, message in grant.messages:
+    for t, delta, sender, output, message in grant.messages:
         for reader in routes.local_readers(output):
-            kernel.deliver(reader, message, t, d, sender)
+            kernel.deliver(reader, message, t, delta, sender)
     index = routes.output_index
     sends: list[OutsideSend] = []
     failure = None
@@ -261,7 +262,8 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
 
 
 def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed: int | None,
-          workers: int, address: str, host_pid: int, timer: str = "simulated") -> GroupServer:
+          workers: int, address: str, host_pid: int, timer: str = "simulated",
+          pools: str | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -276,13 +278,15 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed
         timer (str): ``"simulated"`` (the host grants delta cycles) or
             ``"realtime"`` (the group runs on its own clock and ships its
             sends as they come).
+        pools (str, optional): the prefix of this link's shared-memory pools
+            (None: large tensors go inline).
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
     """
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, roots=roots,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
-                       timer=timer)
+                       timer=timer, pools=pools)
 
 
 class GroupServer:
@@ -297,7 +301,7 @@ class GroupServer:
 
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, roots: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int,
-                 timer: str = "simulated") -> None:
+                 timer: str = "simulated", pools: str | None = None) -> None:
         self.group = group
         self._timer = timer
         self._wake = dataplane.Wake()
@@ -311,7 +315,7 @@ class GroupServer:
         self._closing = threading.Event()
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
-        self._link = dataplane.GroupLink(address, self.routes)
+        self._link = dataplane.GroupLink(address, self.routes, pools)
         target = self._serve if timer == "simulated" else self._serve_realtime
         self._thread = threading.Thread(target=target, name=f"mujou-group-{group}",
                                         daemon=True)

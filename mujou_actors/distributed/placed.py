@@ -35,6 +35,7 @@ import functools
 import logging
 import os
 import queue
+import secrets
 import shutil
 import tempfile
 import threading
@@ -47,6 +48,7 @@ import zmq
 from .. import snapshot
 from .._runtime.kernel import LAST_DELTA, Kernel
 from .._runtime.keys import Key
+from .._runtime.snapshots import Snapshots
 from ..errors import (
     CallbackError,
     GroupDied,
@@ -58,13 +60,12 @@ from ..errors import (
 )
 from ..host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
 from ..messages import copy_message
-from .._runtime.snapshots import Snapshots
 from ..net import check_file_messages, check_fit, collect_ports, resolve_inputs, settle_seeds, walk
 from ..node import Node
 from ..ports import Input, Output, Port
 from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
-from . import dataplane, group, realtime
+from . import dataplane, group, realtime, wire
 from .placement import (
     HOST_GROUP,
     FactoryRef,
@@ -176,8 +177,9 @@ class _Driver:
                  tmpdir: str, local: Kernel | None, supervisor: Supervisor | None = None,
                  start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
                  signature: list[list[Any]] | None = None, realtime: bool = False,
-                 wake: dataplane.Wake | None = None) -> None:
+                 wake: dataplane.Wake | None = None, run_id: str | None = None) -> None:
         self.system = system
+        self.run_id = run_id
         self.stop_asked = threading.Event()
         self.realtime = realtime
         self.wake = wake if wake is not None else dataplane.Wake()
@@ -194,7 +196,7 @@ class _Driver:
         self.intensity = RestartIntensity(0, 1)
         if supervisor is not None:
             self.intensity = RestartIntensity(supervisor.max_restarts,
-                                              round(supervisor.within * 1e9))
+                                              round((supervisor.within or 0.0) * 1e9))
             snaps = Snapshots(supervisor, [], self, stop_timeout=stop_timeout,  # type: ignore[arg-type]
                               hold_at=self._hold_at, simulated=True, wake=lambda: None)
             if snaps.wanted:
@@ -213,7 +215,7 @@ class _Driver:
         self.end_ns = end_ns
         self.stop_timeout = stop_timeout
         self.tmpdir = tmpdir
-        self.local = local
+        self.kernel = local
         self.requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.ended = threading.Event()
         self.ending = False
@@ -339,8 +341,8 @@ class _Driver:
             if g.remote:
                 self.system.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
             else:
-                assert self.local is not None
-                self.local.restart_node(node, state)
+                assert self.kernel is not None
+                self.kernel.restart_node(node, state)
             self.restarts[node] = self.restarts.get(node, 0) + 1
             self._refresh([g])
             return True
@@ -372,28 +374,29 @@ class _Driver:
         g.link.close()
         g.launches += 1
         address = f"{g.base_address}.{g.launches}"
-        g.spawn = {**g.spawn, "address": address}
-        g.link = dataplane.HostLink(address, self.routes)
+        pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
+        g.spawn = {**g.spawn, "address": address, "pools": pools}
+        g.link = dataplane.HostLink(address, self.routes, pools)
         g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout)
         check_same_net(self.system, g.name, self._signature, self.start_timeout)
         subscribed = [self.routes.outputs[i] for i in self.listeners
-                      if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]  # type: ignore[attr-defined]
+                      if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
                       == g.name]
         for output in subscribed:
             self.system.ask(g.name, group.Subscribe(output), 30.0)
 
     def rebuild_local(self, g: _Group) -> None:
         """The host's own group rebuilt: a fresh net and kernel in this process."""
-        assert self.local is not None and self._rebuild is not None
-        stuck = self.local.stop(self.stop_timeout)
+        assert self.kernel is not None and self._rebuild is not None
+        stuck = self.kernel.stop(self.stop_timeout)
         if stuck:
             raise StopTimeoutError({p: "a hook" for p in stuck}, self.stop_timeout)
         old: _LocalLink = g.link
-        self.local = self._rebuild()
-        link = _LocalLink(self.local, dataplane.Routes(self.found, self.local.ports),
+        self.kernel = self._rebuild()
+        link = _LocalLink(self.kernel, dataplane.Routes(self.found, self.kernel.ports),
                           self.wake.set if self.realtime else None)
         for index in old.published._detach:
-            link.published.listen(self.local, self.routes.outputs[index])
+            link.published.listen(self.kernel, self.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
         g.link = link
 
@@ -515,8 +518,8 @@ class _Driver:
                 listener(item[4])
         realtime_ = self.realtime
         for item in reply.sends:
-            t, d, _, output, _ = item
-            key = (t, d + 1)
+            t, delta, _, output, _ = item
+            key = (t, delta + 1)
             for h in self._reader_groups(output):
                 if h is g:
                     continue
@@ -620,8 +623,8 @@ class _Driver:
                 trees.append(snapshot.loads(self.system.ask(g.name, group.TakeState(limit),
                                                             limit + 5.0)))
             else:
-                assert self.local is not None
-                trees.append(self.local.state_dict(timeout=limit))
+                assert self.kernel is not None
+                trees.append(self.kernel.state_dict(timeout=limit))
         return merge_trees(trees, t, self.order)
 
     def write(self, path: str, message: Any) -> None:
@@ -639,24 +642,24 @@ class _Driver:
         if g.remote:
             self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
         else:
-            assert self.local is not None
-            group.host_write(self.local, path, message, key)
+            assert self.kernel is not None
+            group.host_write(self.kernel, path, message, key)
         messages, g.queued = g.queued, []
         g.link.send(dataplane.Grant(None, False, messages))
         self._collect([g])
 
     def read(self, path: str) -> Any:
-        owner = self.ports[path].node._mujou_path  # type: ignore[attr-defined]
+        owner = self.ports[path].node._mujou_path
         g = self.groups[self.owner[owner]]
         if g.remote:
             return snapshot.loads(self.system.ask(g.name, group.Read(path), 30.0))
-        assert self.local is not None
-        return self.local.read(path)
+        assert self.kernel is not None
+        return self.kernel.read(path)
 
     def listen(self, output: str, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Make the Output's group publish it; call ``listener`` with every message."""
         index = self.routes.output_index[output]
-        g = self.groups[self.owner[self.ports[output].node._mujou_path]]  # type: ignore[attr-defined]
+        g = self.groups[self.owner[self.ports[output].node._mujou_path]]
         if index not in self.listeners:
             if g.remote:
                 self.system.ask(g.name, group.Subscribe(output), 30.0)
@@ -723,6 +726,8 @@ class _Driver:
                 log.error("placed run: shutting the processes down failed: %s", describe(exc))
             for g in self.groups.values():
                 g.link.close()
+            if self.run_id is not None:
+                wire.remove_blocks(self.run_id)  # a killed group's pools too
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             if stuck and not self.failures:
                 self.failures.append(StopTimeoutError(stuck, self.stop_timeout))
@@ -751,9 +756,9 @@ class _Driver:
                     if tree is not None:
                         trees.append(snapshot.loads(tree))
                 else:
-                    assert self.local is not None
-                    paths = self.local.stop(self.stop_timeout)
-                    trees.append(self.local.state_dict())
+                    assert self.kernel is not None
+                    paths = self.kernel.stop(self.stop_timeout)
+                    trees.append(self.kernel.state_dict())
                 for p in paths:
                     stuck[p] = "a hook"
             except BaseException as exc:
@@ -879,7 +884,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         check_fit(args.tree, found, ports, state)
     seeds = settle_seeds(found, args.tree, args.seed)
     if make_system is None:
-        from .system import ProcessSystem
+        from .system import ProcessSystem  # type: ignore[import-not-found]
         make_system = ProcessSystem
     return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system)
 
@@ -891,24 +896,28 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
     from .._runtime.workers import default_workers
 
     tmpdir = tempfile.mkdtemp(prefix="mujou-run-")
+    run_id = f"mujou-{os.getpid()}-{secrets.token_hex(3)}-"  # its shared-memory pools
     system = None
     local: Kernel | None = None
     groups: dict[str, _Group] = {}
     try:
         system = make_system(start_timeout=args.start_timeout)
         host_nodes = plan.nodes.get(HOST_GROUP, [])
-        workers = (lambda n: args.workers if args.workers is not None
-                   else default_workers(n))
+        def workers(n: int) -> int:
+            return args.workers if args.workers is not None else default_workers(n)
+
         # The host builds its own copy of the net for its group (the one it checked).
         for i, name in enumerate(plan.groups):
             address = f"ipc://{tmpdir}/g{i}"
             routes = dataplane.Routes(found, {})
-            link = dataplane.HostLink(address, routes)
+            pools = f"{run_id}{i}-"
+            link = dataplane.HostLink(address, routes, pools)
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
                       "roots": plan.roots[name], "seed": args.seed,
                       "workers": workers(len(plan.nodes[name])), "address": address,
                       "host_pid": os.getpid(),
-                      "timer": "simulated" if args.timer.simulated else "realtime"}
+                      "timer": "simulated" if args.timer.simulated else "realtime",
+                      "pools": pools}
             groups[name] = _Group(name, link, plan.nodes[name], 0, spawn=kwargs,
                                   base_address=address)
             groups[name].pid = system.start_group(name, GROUP_TARGET, kwargs,
@@ -938,9 +947,10 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          stop_timeout=args.stop_timeout, tmpdir=tmpdir, local=local,
                          supervisor=args.supervisor, start_timeout=args.start_timeout,
                          rebuild=lambda: make_local(build_net(factory_of(ref), ref.kwargs)),
-                         signature=expected, realtime=kind == "realtime", wake=wake)
+                         signature=expected, realtime=kind == "realtime", wake=wake,
+                         run_id=run_id)
     except BaseException:
-        _abandon(system, groups, local, tmpdir)
+        _abandon(system, groups, local, tmpdir, run_id)
         raise
     run = PlacedRun(driver, ports, seeds, found)
     try:
@@ -973,7 +983,8 @@ def factory_of(ref: FactoryRef) -> Callable[..., Any]:
     return load_factory(ref.ref)
 
 
-def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdir: str) -> None:
+def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdir: str,
+             run_id: str) -> None:
     """Undo a start that failed before the driver existed: processes, sockets, the kernel."""
     if local is not None:
         local.stop(1.0)
@@ -984,6 +995,7 @@ def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdi
             log.error("placed run: shutting the processes down failed: %s", describe(exc))
     for g in groups.values():
         g.link.close()
+    wire.remove_blocks(run_id)
     shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -1000,8 +1012,8 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
         if g.remote:
             system.ask(g.name, group.Start(left()), left() + 5.0)
         else:
-            assert driver.local is not None
-            driver.local.start(timeout=left())
+            assert driver.kernel is not None
+            driver.kernel.start(timeout=left())
     everyone = list(driver.groups.values())
     if tree is None and not driver.realtime:
         # What on_start sent crosses to its readers before any timer starts.
@@ -1016,8 +1028,8 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
             if g.remote:
                 system.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
             else:
-                assert driver.local is not None
-                driver.local.load_state_dict(part, timeout=left())
+                assert driver.kernel is not None
+                driver.kernel.load_state_dict(part, timeout=left())
             g.queued = []
     for port, value in initial:
         driver.write(port.path, value)
@@ -1180,7 +1192,7 @@ class PlacedRun:
             NotRunningError: the run has ended.
         """
         path = self._path(port, Input)
-        checked = self._ports[path].check(value)  # type: ignore[attr-defined]
+        checked = self._ports[path].check(value)
         self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
 
     def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
@@ -1196,10 +1208,21 @@ class PlacedRun:
             raise TypeError(f"subscribe({path!r}): callback must be callable")
         depth = check_depth(f"subscribe({path!r})", depth)
         sub = self._driver.host.subscribe(path, callback, depth)
-        detaches = [self._driver.call(lambda o=o: self._driver.listen(o, sub.put), 60.0,
-                                      f"subscribe({path!r})") for o in self._outputs(path)]
-        sub.detach = lambda: [d() for d in detaches]  # type: ignore[func-returns-value]
+        detaches = [self._listen(o, sub.put, f"subscribe({path!r})")
+                    for o in self._outputs(path)]
+
+        def detach() -> None:
+            for undo in detaches:
+                undo()
+
+        sub.detach = detach
         return sub
+
+    def _listen(self, output: str, listener: Callable[[Any], None],
+                what: str) -> Callable[[], None]:
+        """Attach ``listener`` to an Output in whichever group runs it (on the driver)."""
+        driver = self._driver
+        return driver.call(lambda: driver.listen(output, listener), 60.0, what)
 
     def _outputs(self, path: str) -> list[str]:
         port = self._ports[path]
@@ -1214,8 +1237,7 @@ class PlacedRun:
         what = f"wait_for({path!r})"
         waiter = Waiter(path, what, check_depth(what, depth))
         deadline = None if timeout is None else time.monotonic() + timeout
-        detaches = [self._driver.call(lambda o=o: self._driver.listen(o, waiter.put), 60.0, what)
-                    for o in self._outputs(path)]
+        detaches = [self._listen(o, waiter.put, what) for o in self._outputs(path)]
         try:
             self._driver.host.add_waiter(waiter)
             while True:
@@ -1226,8 +1248,8 @@ class PlacedRun:
                 if predicate is None or predicate(message):
                     return message
         finally:
-            for d in detaches:
-                d()
+            for undo in detaches:
+                undo()
             self._driver.host.remove_waiter(waiter)
 
     def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
@@ -1243,34 +1265,34 @@ class PlacedRun:
             TimeoutError: no cut within ``timeout``.
             NodeError: a node's ``state_dict`` raised.
         """
-        d = self._driver
-        if not d.ended.is_set() and not d.ending:
+        drv = self._driver
+        if not drv.ended.is_set() and not drv.ending:
             try:
-                return d.call(lambda: d.cut(timeout), timeout, "state_dict()")  # type: ignore[no-any-return]
+                return drv.call(lambda: drv.cut(timeout), timeout, "state_dict()")
             except NotRunningError:
                 pass
-        if not d.ended.wait(None if timeout is None else timeout):
+        if not drv.ended.wait(None if timeout is None else timeout):
             raise TimeoutError(f"state_dict(): the run did not end within {timeout} s")
-        if d.final_error is not None:
-            raise d.final_error
-        if d.final_tree is None:
+        if drv.final_error is not None:
+            raise drv.final_error
+        if drv.final_tree is None:
             raise NodeError("", "state_dict", "state_dict(): the final state could not be taken "
                             "(a group was stuck or had died)")
-        return d.final_tree
+        return drv.final_tree
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> RunStats:
         """Statistics of every node and of every group process (`RunStats.groups`)."""
-        d = self._driver
-        if d.ended.is_set() or d.ending:
-            d.ended.wait(4 * d.stop_timeout + 30.0)
-            raw = d.final_stats or {}
+        drv = self._driver
+        if drv.ended.is_set() or drv.ending:
+            drv.ended.wait(4 * drv.stop_timeout + 30.0)
+            raw = drv.final_stats or {}
         else:
             try:
-                raw = d.call(d.group_stats, 60.0, "stats()")
+                raw = drv.call(drv.group_stats, 60.0, "stats()")
             except NotRunningError:
-                d.ended.wait(4 * d.stop_timeout + 30.0)
-                raw = d.final_stats or {}
+                drv.ended.wait(4 * drv.stop_timeout + 30.0)
+                raw = drv.final_stats or {}
         nodes = {}
         groups = {}
         for name, g in raw.items():
@@ -1281,17 +1303,17 @@ class PlacedRun:
                     dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
                     dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
                     lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
-                    drops=n["drops"], restarts=d.restarts.get(path, 0))
+                    drops=n["drops"], restarts=drv.restarts.get(path, 0))
             groups[name] = GroupStats(
                 name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
                 messages_in=g["messages_in"], messages_out=g["messages_out"],
                 bytes_in=g["bytes_in"], bytes_out=g["bytes_out"],
                 drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()))
-        wall = (d.end_wall or time.monotonic()) - d.start_wall
+        wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
-        snaps = d.snapshots.stats() if d.snapshots is not None else SnapshotStats()
+        snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
-                        snapshots=snaps, subscriptions=d.host.stats(), groups=groups)
+                        snapshots=snaps, subscriptions=drv.host.stats(), groups=groups)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"

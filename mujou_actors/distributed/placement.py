@@ -88,7 +88,8 @@ def _ref_of(factory: Callable[..., Any]) -> str:
     return f"{module_name}:{name}"
 
 
-def resolve_factory(net: Any, net_kwargs: Mapping[str, Any] | None) -> tuple[NetFactory, FactoryRef]:
+def resolve_factory(net: Any,
+                    net_kwargs: Mapping[str, Any] | None) -> tuple[NetFactory, FactoryRef]:
     """Check the net factory and ``net_kwargs`` of a placed run.
 
     The factory must be a module-level function, importable in a new
@@ -166,7 +167,7 @@ def load_factory(ref: str) -> NetFactory:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ValueError(f"net factory {ref!r}: {where!r} has no function {name!r}")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def _load_file(path: str) -> Any:
@@ -293,15 +294,15 @@ def _check_crossings(ports: Mapping[str, Port], group_of: Mapping[str, str]) -> 
     for path, port in ports.items():
         if not isinstance(port, Output):
             continue
-        here = group_of[port.node._mujou_path]  # type: ignore[attr-defined]
+        here = group_of[port.node._mujou_path]
         for reader in port.readers:
-            if group_of[reader.node._mujou_path] != here:  # type: ignore[attr-defined]
+            if group_of[reader.node._mujou_path] != here:
                 for p in (port, reader):
                     problem = crossing_problem(p._spec.type, p.path)
                     if problem is not None:
                         raise NetError(f"{path!r} -> {reader.path!r} connects groups "
                                        f"{here!r} and "
-                                       f"{group_of[reader.node._mujou_path]!r}: "  # type: ignore[attr-defined]
+                                       f"{group_of[reader.node._mujou_path]!r}: "
                                        f"{problem}")
 
 
@@ -320,7 +321,7 @@ def net_signature(found: list[tuple[str, Node]]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for path, node in found:
         cls = type(node)
-        described = []
+        described: list[list[Any]] = []
         for name, port in sorted(node._mujou_ports().items()):
             if isinstance(port, Input):
                 described.append([name, "Input", spec(port), port.depth,

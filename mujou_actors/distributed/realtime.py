@@ -20,14 +20,16 @@ taken then, hold every message exactly once, kept or pending.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
 from . import dataplane, group
 
-if TYPE_CHECKING:
-    from .placed import _Driver, _Group
+# The placed run's driver and its groups (placed._Driver, placed._Group): placed.py
+# imports this module, so they are named here, not imported.
+_Driver = Any
+_Group = Any
 
 __all__ = ["run_rounds", "cut", "flush", "start", "now_ns", "hold_all", "release", "relay",
            "push"]
@@ -123,10 +125,10 @@ def hold_all(driver: _Driver, timeout: float) -> list[_Group]:
         TimeoutError: a group's hooks did not return within ``timeout``; the
             groups held so far stay held (the caller releases them or stops).
     """
-    held = []
+    held: list[_Group] = []
     for g in driver.groups.values():
         ok = (driver.system.ask(g.name, group.Hold(timeout), timeout + 5.0) if g.remote
-              else driver.local.hold(timeout))  # type: ignore[union-attr]
+              else driver.kernel.hold(timeout))
         if not ok:
             raise _NotHeld(g.name, timeout, held)
         held.append(g)
@@ -146,7 +148,7 @@ def release(driver: _Driver, groups: list[_Group]) -> None:
         if g.remote:
             driver.system.ask(g.name, group.Release(), 30.0)
         else:
-            driver.local.release()  # type: ignore[union-attr]
+            driver.kernel.release()
 
 
 def cut(driver: _Driver, timeout: float | None) -> dict[str, Any]:
@@ -176,7 +178,7 @@ def start(driver: _Driver, tree: dict[str, Any] | None) -> None:
         if g.remote:
             driver.system.ask(g.name, group.RunFree(), 30.0)
         else:
-            driver.local.run_free()  # type: ignore[union-attr]
+            driver.kernel.run_free()
     if not driver.clock_started:  # a restart does not move the run's clock
         driver.clock_started = True
         driver.start_mono_ns = time.monotonic_ns()
