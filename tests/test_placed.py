@@ -7,6 +7,8 @@ tests/test_processes.py runs real group processes.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -346,3 +348,50 @@ def test_a_real_time_placed_run_relays_every_message_once_and_cuts_consistently(
     assert n - 1 <= len(got) <= n
     last = [v for kind, v in final["nodes"]["log"]["seen"] if kind == "cmd"][-1]
     assert got[-1].tolist() == last
+
+
+def test_stop_with_a_hook_stuck_in_the_hosts_group_is_bounded_and_names_it() -> None:
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=None, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=0.5, start_timeout=60.0)
+    run = placed.start(placed_support.make_stuck, placement={"sim": "a"}, net_kwargs=None,
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+    stuck = next(a for a in run._driver.kernel.actors if a.path == "stuck")
+    deadline = time.monotonic() + 20
+    while not (stuck.busy and stuck.updates >= 2) and time.monotonic() < deadline:
+        time.sleep(0.01)  # wall time until the hook is entered: the run has no end
+    assert stuck.busy
+    t0 = time.monotonic()
+    run.stop()
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(mujou.StopTimeoutError) as info:
+        run.join(1)
+    assert "stuck" in info.value.stuck
+
+
+class StopsTheRun(mujou.Node):
+    """Calls run.stop() from its own hook at its third tick (the run is in its args)."""
+
+    run: object = None
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            StopsTheRun.run.stop()  # type: ignore[attr-defined]
+
+
+def make_stopper() -> dict[str, mujou.Node]:
+    return {"stopper": StopsTheRun(), **make_net()}
+
+
+def test_a_hook_of_the_hosts_group_may_stop_the_run() -> None:
+    holder: dict = {}
+    StopsTheRun.run = type("Later", (), {"stop": lambda self: holder["run"].stop()})()
+    run = placed_run({"sim": "a"}, None, factory=make_stopper)
+    holder["run"] = run
+    run.join(20)
+    assert run.stats().nodes["stopper"].updates >= 3  # its third update asked for the stop

@@ -207,8 +207,24 @@ class Published:
         return taken
 
 
+POLL_S = 0.05
+
+
+def _step(kernel: Kernel, due: Key, keep_waiting: Callable[[], bool] | None) -> Key | None:
+    """One delta cycle of ``kernel``, waited for as `run_grant` says."""
+    if keep_waiting is None:
+        return kernel.step(until=due, timeout=STEP_LIMIT)
+    while True:
+        try:
+            return kernel.step(until=due, timeout=POLL_S)
+        except TimeoutError:  # the cycle goes on: wait again, unless told not to
+            if not keep_waiting():
+                raise
+
+
 def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
-              published: Published | None = None) -> dataplane.Reply:
+              published: Published | None = None,
+              keep_waiting: Callable[[], bool] | None = None) -> dataplane.Reply:
     """Deliver a grant's messages to ``kernel``, run the delta cycles it allows, report.
 
     The one rule of the conservative protocol on the group's side: run the
@@ -216,6 +232,12 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     first whose sends reach another group (their readers may then have work
     before this kernel's next key). Used by group processes and by the host
     for its own group alike.
+
+    ``keep_waiting`` (the host's own group): a delta cycle is waited for in
+    slices of `POLL_S`, and once it returns False the wait ends with
+    TimeoutError (the host's way out of a stuck hook: a stop). Without it, a
+    group process waits up to `STEP_LIMIT`; its way out is `Kernel.stop`
+    from the control plane's thread.
     """
     for t, delta, sender, output, message in grant.messages:
         for reader in routes.local_readers(output):
@@ -234,7 +256,7 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
         due = kernel.next_due()
         try:
             while due is not None and due <= bound:
-                due = kernel.step(until=due, timeout=STEP_LIMIT)
+                due = _step(kernel, due, keep_waiting)
                 sends = kernel.take_sends()
                 if sends:
                     break

@@ -108,8 +108,9 @@ class _LocalLink:
     """The host's own group: a kernel in this process, run by the driver's thread."""
 
     def __init__(self, kernel: Kernel, routes: dataplane.Routes,
-                 notify: Any = None) -> None:
+                 notify: Any = None, keep_waiting: Callable[[], bool] | None = None) -> None:
         self.kernel = kernel
+        self.keep_waiting = keep_waiting
         self.routes = routes
         self.published = group.Published(routes, notify)
         self._reply: dataplane.Reply | None = None
@@ -122,8 +123,13 @@ class _LocalLink:
             self._send_realtime(grant)
             return
         try:
-            self._reply = group.run_grant(self.kernel, self.routes, grant, self.published)
+            self._reply = group.run_grant(self.kernel, self.routes, grant, self.published,
+                                          self.keep_waiting)
             self.messages_out += len(self._reply.sends)
+        except TimeoutError:
+            # A stop gave up on a hook of the host's group: the driver reports it stuck.
+            raise _Stuck({a.path: self.kernel.dispatcher.hook_of(a)
+                          for a in self.kernel.actors if a.busy}) from None
         except BaseException as exc:  # reported as a group's failure is, never swallowed
             self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
                                           failure=group.failure_of(exc))
@@ -186,6 +192,10 @@ class _Driver:
         self.start_ns = 0
         self.start_mono_ns = time.monotonic_ns()
         self.clock_started = False
+        self._stop_deadline: float | None = None
+        for g in groups.values():
+            if not g.remote:
+                g.link.keep_waiting = self.keep_waiting
         self.supervisor = supervisor
         self.start_timeout = start_timeout
         self._rebuild = rebuild
@@ -283,6 +293,18 @@ class _Driver:
     def now_ns(self) -> int:
         """The latest time any group has reached (the snapshots' timer)."""
         return self.time_ns
+
+    def keep_waiting(self) -> bool:
+        """Whether the host's own group may keep waiting for a delta cycle (no stop due).
+
+        After a stop, hooks in flight get ``stop_timeout`` seconds; then the
+        wait ends (a stuck hook in the host's group is reported as stuck).
+        """
+        if not self.stop_asked.is_set():
+            return True
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.stop_timeout
+        return time.monotonic() < self._stop_deadline
 
     def _hold_at(self, cut_ns: int | None) -> None:
         self.next_cut = cut_ns
@@ -394,7 +416,7 @@ class _Driver:
         old: _LocalLink = g.link
         self.kernel = self._rebuild()
         link = _LocalLink(self.kernel, dataplane.Routes(self.found, self.kernel.ports),
-                          self.wake.set if self.realtime else None)
+                          self.wake.set if self.realtime else None, self.keep_waiting)
         for index in old.published._detach:
             link.published.listen(self.kernel, self.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
@@ -747,18 +769,18 @@ class _Driver:
         for g in self.groups.values():
             try:
                 if g.remote:
-                    if g.waiting:
-                        stuck[g.name] = "a grant"
-                        continue
-                    left = self.system.ask(g.name, group.Stop(self.stop_timeout, True),
-                                           2 * self.stop_timeout + 5.0)
-                    paths, tree = left
+                    # A group still in a grant is stopped too: its control thread is
+                    # free, and the stop ends the grant (or names the stuck hook).
+                    paths, tree = self.system.ask(
+                        g.name, group.Stop(self.stop_timeout, not g.waiting),
+                        2 * self.stop_timeout + 5.0)
                     if tree is not None:
                         trees.append(snapshot.loads(tree))
                 else:
                     assert self.kernel is not None
                     paths = self.kernel.stop(self.stop_timeout)
-                    trees.append(self.kernel.state_dict())
+                    if not paths:  # a node left in a hook has no state to take
+                        trees.append(self.kernel.state_dict())
                 for p in paths:
                     stuck[p] = "a hook"
             except BaseException as exc:
@@ -1104,7 +1126,12 @@ class PlacedRun:
 
     # -- waiting and ending ---------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the end without raising its failure; True once ended."""
+        """Wait for the end without raising its failure; True once ended.
+
+        Raises:
+            RuntimeError: called from inside a hook or a subscriber callback.
+        """
+        self._check_caller("wait()")
         return self._driver.ended.wait(timeout)
 
     def stop(self) -> None:
@@ -1115,9 +1142,23 @@ class PlacedRun:
         `StopTimeoutError`).
         """
         self._driver.stop_asked.set()
-        if threading.current_thread() is self._driver.thread or self._driver.host.on_thread():
-            return
+        if self._inside():
+            return  # only asked: the end waits for this very thread
         self._driver.ended.wait(4 * self._driver.stop_timeout + 30.0)
+
+    def _inside(self) -> bool:
+        """On a thread the end waits for: a hook of the host's group, a callback, the driver."""
+        drv = self._driver
+        kernel = drv.kernel
+        return (threading.current_thread() is drv.thread or drv.host.on_thread()
+                or (kernel is not None and kernel.dispatcher.is_own_thread()))
+
+    def _check_caller(self, call: str) -> None:
+        """Refuse a call that would wait for the end from a thread the end waits for."""
+        if self._inside():
+            raise RuntimeError(f"{call} from inside a hook or a subscriber callback would "
+                               f"wait for itself: use run.stop() to end the run, "
+                               f"run.running to check")
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the end; raise what made it fail (as `Run.join`).
@@ -1129,9 +1170,7 @@ class PlacedRun:
             CallbackError, StopTimeoutError: as `Run.join`.
             TimeoutError: not ended within ``timeout``.
         """
-        if self._driver.host.on_thread() or threading.current_thread() is self._driver.thread:
-            raise RuntimeError("join() from a subscriber callback would wait for itself: "
-                               "use run.stop()")
+        self._check_caller("join()")
         if not self._driver.ended.wait(timeout):
             raise TimeoutError(f"the run has not ended within {timeout} s")
         self._driver.reported = True
@@ -1180,6 +1219,7 @@ class PlacedRun:
             ValueError: no such port; NotRunningError: the run has ended
                 (the groups are gone; read the final `state_dict` instead).
         """
+        self._check_caller("read()")
         path = self._path(port)
         return self._driver.call(lambda: self._driver.read(path), 60.0, f"read({path!r})")
 
@@ -1191,6 +1231,7 @@ class PlacedRun:
             ValueError / TypeError: no such Input.
             NotRunningError: the run has ended.
         """
+        self._check_caller("write()")
         path = self._path(port, Input)
         checked = self._ports[path].check(value)
         self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
@@ -1203,6 +1244,7 @@ class PlacedRun:
         its reply to each grant; an Input's messages are those of the Outputs
         that feed it.
         """
+        self._check_caller("subscribe()")
         path = self._path(port)
         if not callable(callback):
             raise TypeError(f"subscribe({path!r}): callback must be callable")
@@ -1233,6 +1275,7 @@ class PlacedRun:
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
                  timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
         """Wait for the first later message of a port that matches (as `Run.wait_for`)."""
+        self._check_caller("wait_for()")
         path = self._path(port)
         what = f"wait_for({path!r})"
         waiter = Waiter(path, what, check_depth(what, depth))
@@ -1265,6 +1308,7 @@ class PlacedRun:
             TimeoutError: no cut within ``timeout``.
             NodeError: a node's ``state_dict`` raised.
         """
+        self._check_caller("state_dict()")
         drv = self._driver
         if not drv.ended.is_set() and not drv.ending:
             try:
