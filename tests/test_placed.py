@@ -395,3 +395,62 @@ def test_a_hook_of_the_hosts_group_may_stop_the_run() -> None:
     holder["run"] = run
     run.join(20)
     assert run.stats().nodes["stopper"].updates >= 3  # its third update asked for the stop
+
+
+_SCRIPT = '''
+import mujou_actors as mujou
+
+
+class Pulse(mujou.Node):
+    out = mujou.Output(int)
+
+    def __init__(self):
+        super().__init__(period=0.01)
+
+
+class Sink(mujou.Node):
+    inp = mujou.Input(int)
+
+    def __init__(self):
+        super().__init__(period=None)
+
+
+def make_net():
+    net = {"pulse": Pulse(), "sink": Sink()}
+    mujou.connect(net["pulse"].out, net["sink"].inp)
+    return net
+
+
+if __name__ == "__main__":
+    raise SystemExit("the main block ran")
+'''
+
+
+def test_a_scripts_factory_builds_the_same_net_as_its_file_loaded_elsewhere(
+        tmp_path, monkeypatch) -> None:
+    """A script's classes are __main__.X in the host, __mp_main__.X where spawn imports it
+    again and _mujou_file_<hash>.X where a group loads the factory's file: one net."""
+    import importlib.util
+    import sys
+
+    from mujou_actors.distributed.placement import load_factory, net_signature
+    from mujou_actors.net import walk
+
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT)
+    spec = importlib.util.spec_from_file_location("__mp_main__", script)
+    assert spec is not None and spec.loader is not None
+    main = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "__mp_main__", main)
+    spec.loader.exec_module(main)
+
+    def signature(net: object) -> list:
+        found = walk(net)
+        for path, node in found:
+            node._mujou_path = path
+        return net_signature(found)
+
+    here = signature(main.make_net())
+    there = signature(load_factory(f"{script}:make_net")())
+    assert here == there
+    assert here[0][1] == f"{script.resolve()}.Pulse"

@@ -315,8 +315,7 @@ def net_signature(found: list[tuple[str, Node]]) -> list[list[Any]]:
     """
     def spec(port: Port) -> str:
         t = port._spec
-        return (f"{t.type.__module__}.{t.type.__qualname__} shape={t.shape} "
-                f"dtype={t.dtype}")
+        return f"{_class_name(t.type)} shape={t.shape} dtype={t.dtype}"
 
     rows: list[list[Any]] = []
     for path, node in found:
@@ -330,8 +329,24 @@ def net_signature(found: list[tuple[str, Node]]) -> list[list[Any]]:
                 out: Output = port  # type: ignore[assignment]
                 described.append([name, "Output", spec(port), None, None,
                                   sorted(r.path for r in out.readers)])
-        rows.append([path, f"{cls.__module__}.{cls.__qualname__}", described])
+        rows.append([path, _class_name(cls), described])
     return rows
+
+
+def _class_name(cls: type) -> str:
+    """A class's name as every process of a placed run spells it: ``module.qualname``.
+
+    A class defined in a script is ``__main__.X`` in the host, ``__mp_main__.X``
+    where spawn imports the script again, and ``_mujou_file_<hash>.X`` where
+    `load_factory` loads it from its file: all three are named after the
+    script's file instead, so the same class compares equal in every process.
+    """
+    module = cls.__module__
+    if module in ("__main__", "__mp_main__") or module.startswith("_mujou_file_"):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if path:
+            module = os.path.realpath(path)
+    return f"{module}.{cls.__qualname__}"
 
 
 def signature_differences(expected: list[list[Any]], got: list[list[Any]],
