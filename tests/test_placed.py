@@ -454,3 +454,37 @@ def test_a_scripts_factory_builds_the_same_net_as_its_file_loaded_elsewhere(
     there = signature(load_factory(f"{script}:make_net")())
     assert here == there
     assert here[0][1] == f"{script.resolve()}.Pulse"
+
+
+class Rig(mujou.Node):
+    """A root that holds the net of `make_net` as its children (no period of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.sim = placed_support.Sim()
+        self.ctrl = placed_support.Ctrl()
+        self.log = placed_support.Log()
+        mujou.connect(self.sim.out, self.ctrl.obs)
+        mujou.connect(self.sim.out, self.log.obs)
+        mujou.connect(self.ctrl.cmd, self.log.cmd)
+
+
+def make_rig() -> Rig:
+    return Rig()
+
+
+@pytest.mark.parametrize("placement", [
+    {"sim": "a"},  # the root stays in the host, a child of it goes
+    {"": "a", "ctrl": "b", "log": "host"},  # deeper paths win, "host" included
+])
+def test_a_node_placed_elsewhere_runs_only_there_not_in_its_parents_group(
+        placement: dict) -> None:
+    expected = single(0.1, factory=make_rig)
+    run = placed_run(placement, 0.1, factory=make_rig)
+    run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    stats = run.stats()
+    ran = {name: set(g.nodes) for name, g in stats.groups.items()}
+    assert {path for nodes in ran.values() for path in nodes} == {"", "sim", "ctrl", "log"}
+    assert sum(len(nodes) for nodes in ran.values()) == 4  # each node in one group only
+    assert "sim" in ran["a"] and stats.nodes["sim"].updates == 10

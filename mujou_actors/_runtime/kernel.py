@@ -143,6 +143,9 @@ class Kernel:
             names and the nodes' order come from all of it.
         nodes (Iterable[str], optional): paths of the nodes this kernel runs,
             each with its subtree (``""``: the root, so all). Default: all.
+        subtrees (bool): False: exactly the nodes that ``nodes`` names, without
+            their children (a placed group's nodes, whose subtrees may hold
+            nodes of other groups). Default: True.
         workers (int): worker threads, >= 1. Results do not depend on it.
         seed (int, optional): the run's seed, as ``mujou.run(seed=)``.
         seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
@@ -173,7 +176,8 @@ class Kernel:
     def __init__(self, net: Node | list[Node] | dict[str, Node],
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None,
-                 timer: str = "simulated", notify: Callable[[], None] | None = None) -> None:
+                 timer: str = "simulated", notify: Callable[[], None] | None = None,
+                 subtrees: bool = True) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
         if timer not in ("simulated", "realtime"):
             raise ValueError(f"Kernel: timer must be 'simulated' or 'realtime', got {timer!r}")
@@ -193,8 +197,9 @@ class Kernel:
             if root not in paths and not (nodes is None and root == ""):
                 raise ValueError(f"Kernel: no node {root!r} in the net "
                                  f"(nodes: {sorted(paths)})")
+        named = set(roots)
         local = [(order, path, node) for order, (path, node) in enumerate(found)
-                 if _in(path, roots)]
+                 if (_in(path, roots) if subtrees else path in named)]
         for _, path, node in local:
             if node._mujou_run is not None:
                 raise NetError(f"Kernel: node {path or '<root>'!r} is already part of a "

@@ -283,7 +283,7 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
         kernel.deliver(input, message, key[0], key[1], HOST_ORDER)
 
 
-def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed: int | None,
+def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed: int | None,
           workers: int, address: str, host_pid: int, timer: str = "simulated",
           pools: str | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
@@ -292,7 +292,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed
         group (str): the group's name.
         factory (str): the net factory's reference (`placement.FactoryRef.ref`).
         net_kwargs (bytes): its keyword arguments, snapshot-encoded.
-        roots (list[str]): the node paths of the group, each with its subtree.
+        nodes (list[str]): the paths of the group's nodes (exactly these: a
+            child of one of them may run in another group).
         seed (int, optional): the run's seed.
         workers (int): the kernel's worker threads.
         address (str): the host's data-plane endpoint for this group.
@@ -306,7 +307,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, roots: list[str], seed
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
     """
-    return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, roots=roots,
+    return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
                        timer=timer, pools=pools)
 
@@ -321,13 +322,13 @@ class GroupServer:
             built a net the kernel refuses.
     """
 
-    def __init__(self, *, group: str, factory: str, net_kwargs: bytes, roots: list[str],
+    def __init__(self, *, group: str, factory: str, net_kwargs: bytes, nodes: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int,
                  timer: str = "simulated", pools: str | None = None) -> None:
         self.group = group
         self._timer = timer
         self._wake = dataplane.Wake()
-        self._build = (load_factory(factory), net_kwargs, roots, workers, seed)
+        self._build = (load_factory(factory), net_kwargs, nodes, workers, seed)
         self.kernel, found = self._make_kernel()
         self._signature = net_signature(found)
         self.routes = dataplane.Routes(found, self.kernel.ports)
@@ -344,10 +345,11 @@ class GroupServer:
         self._thread.start()
 
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
-        factory, net_kwargs, roots, workers, seed = self._build
+        factory, net_kwargs, nodes, workers, seed = self._build
         net = build_net(factory, net_kwargs)
         notify = self._wake.set if self._timer == "realtime" else None
-        return (Kernel(net, roots, workers=workers, seed=seed, timer=self._timer, notify=notify),
+        return (Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
+                       subtrees=False),
                 walk(net))
 
     def reset(self, timeout: float) -> list[str]:

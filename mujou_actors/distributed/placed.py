@@ -935,7 +935,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             pools = f"{run_id}{i}-"
             link = dataplane.HostLink(address, routes, pools)
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
-                      "roots": plan.roots[name], "seed": args.seed,
+                      "nodes": plan.nodes[name], "seed": args.seed,
                       "workers": workers(len(plan.nodes[name])), "address": address,
                       "host_pid": os.getpid(),
                       "timer": "simulated" if args.timer.simulated else "realtime",
@@ -948,9 +948,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         wake = dataplane.Wake()
 
         def make_local(net: Any) -> Kernel:
-            return Kernel(net, plan.roots[HOST_GROUP], workers=workers(len(host_nodes)),
+            return Kernel(net, host_nodes, workers=workers(len(host_nodes)),
                           seed=args.seed, timer=kind,
-                          notify=wake.set if kind == "realtime" else None)
+                          notify=wake.set if kind == "realtime" else None, subtrees=False)
 
         if host_nodes:
             local = make_local(built)
