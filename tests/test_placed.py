@@ -488,3 +488,39 @@ def test_a_node_placed_elsewhere_runs_only_there_not_in_its_parents_group(
     assert {path for nodes in ran.values() for path in nodes} == {"", "sim", "ctrl", "log"}
     assert sum(len(nodes) for nodes in ran.values()) == 4  # each node in one group only
     assert "sim" in ran["a"] and stats.nodes["sim"].updates == 10
+
+
+class Odd(mujou.Node):
+    """Sends ints on an Output(object), and a complex (which cannot cross) at tick 3."""
+
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send(complex(1, 2) if self.n == 3 else self.n)
+
+
+class Anything(mujou.Node):
+    inp = mujou.Input(object, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+
+
+def make_odd() -> dict[str, mujou.Node]:
+    net = {"odd": Odd(), "sink": Anything()}
+    mujou.connect(net["odd"].out, net["sink"].inp)
+    return net
+
+
+def test_a_message_that_cannot_cross_fails_the_run_naming_its_port() -> None:
+    run = placed_run({"odd": "a"}, 1.0, factory=make_odd)
+    with pytest.raises(NodeError, match=r"'odd.out' cannot cross to another group process: "
+                                        r".*unsupported type complex") as info:
+        run.join(30)
+    assert info.value.path == "odd"
+    assert isinstance(info.value.__cause__, placed.RemoteTraceback)

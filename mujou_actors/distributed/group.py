@@ -380,7 +380,14 @@ class GroupServer:
             except BaseException as exc:  # reported to the host, never swallowed
                 reply = dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                         failure=failure_of(exc))
-            link.send(reply)
+            try:
+                link.send(reply)
+            except (TypeError, ValueError) as exc:
+                # A message of an Input(object) port that the codec cannot carry: the
+                # host hears of it (the run fails naming the port) instead of waiting.
+                link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
+                                          failure=failure_of(_not_crossing(exc, reply,
+                                                                           self.routes))))
         link.close()
 
     def _serve_realtime(self) -> None:
@@ -522,6 +529,17 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _not_crossing(exc: BaseException, reply: dataplane.Reply,
+                  routes: dataplane.Routes) -> NodeError:
+    """The failure of a reply whose messages could not be encoded: names the ports."""
+    ports = sorted({routes.outputs[item[3]] for item in reply.sends + reply.published})
+    path = ports[0].rpartition(".")[0] if len(ports) == 1 else ""
+    err = NodeError(path, "send", f"a message sent on {', '.join(map(repr, ports))} cannot "
+                    f"cross to another group process: {exc}")
+    err.__cause__ = exc
+    return err
 
 
 def failure_of(exc: BaseException) -> dict[str, Any]:
