@@ -117,3 +117,35 @@ def test_the_gpu_pipeline_draws_its_own_images_when_asked_and_says_so() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "images       synthetic (--images synthetic)" in result.stdout
     assert "over 10 commands" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pendulum_in_processes_prints_the_single_process_fingerprint() -> None:
+    placed = _run("pendulum_processes.py", "--duration", "1", "--workers", "1")
+    alone = _run("inverted_pendulum.py", "--duration", "1", "--no-plot")
+
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "bit-identical yes" in placed.stdout
+    assert _fingerprint(placed.stdout) == _fingerprint(alone.stdout)
+    assert re.search(r"^  physics\s+\d+\s+[\d.]+.*\bphysics$", placed.stdout, re.M), placed.stdout
+    assert re.search(r"^  control\s+\d+\s+[\d.]+.*\bcontroller$", placed.stdout, re.M)
+    assert placed.stderr == ""  # the library prints nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_crash_example_restores_a_killed_process_and_ends_equal() -> None:
+    result = _run("crash_processes.py", "--duration", "1", "--crash-at", "0.6",
+                  "--snapshot-every", "0.25")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert re.search(r"killed\s+group 'control' \(pid \d+\) by SIGKILL at t = 0\.600 s", out), out
+    assert "from the snapshot at t = 0.500 s" in out
+    assert re.search(r"restarts\s+physics 1, sensor 1, controller 1, monitor 1$", out, re.M)
+    fingerprints = re.findall(r"fingerprint\s+([0-9a-f]+)", out)
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    assert "same final state yes" in out
+    assert "restoring every group from the snapshot at t=0.500000 s" in result.stderr
