@@ -20,10 +20,16 @@ each send to one Input and each message read into a ``bytes`` record
 appended to a bounded ``collections.deque``; the JSON is formatted only once
 the run has ended. A run without a trace checks one attribute per hook and
 per send.
+
+A placed run (``mujou.run(factory, placement=..., trace=...)``) records in
+every process that runs nodes, each into a buffer of its own; the host
+writes one file with a process per group (`format_processes`), and arrows
+for the messages between processes (distributed/tracing.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -32,10 +38,10 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._checks import is_int
 from ._runtime.keys import unstamp
@@ -54,7 +60,9 @@ PID = 1  # one process per file
 
 # Kinds of record. A record unpacks to (kind, perf_counter_ns, thread number, ...);
 # sorted by (time, kind), a hook's slice comes before the flow ends bound to its start.
-SLICE, SEND, RECV, FAIL = range(4)
+# OUT and IN are a kernel's (a placed run's group): a send to an Input of another
+# process, and a delivery from one (an IN is no event: it names its delivery's flow).
+SLICE, SEND, RECV, FAIL, OUT, IN = range(6)
 
 _FORMATS = {
     # t0, thread, node (actor order), hook, took, dt (NaN: none), t_ns (-1: none), delta,
@@ -64,11 +72,21 @@ _FORMATS = {
     SEND: "<BqHiqQQ",
     # t0 (+ 1 ns) of the reading hook, thread, sender's order, sender's send count, Input's id
     RECV: "<BqHiqQ",
+    # ts, thread, sender's order, sender's send count, the outside Input's id, Output's id,
+    # the sending hook's t_ns and delta cycle
+    OUT: "<BqHiqQQqI",
+    # ts, 0, the sender's order in the delivery's stamp (HOST_ORDER for a real-time
+    # delivery, made as a host write), the delivery's number, Input's id, and the send's
+    # sender order, t_ns and delta cycle (in its own process)
+    IN: "<BqHiqQiqI",
 }
 _SLICE = struct.Struct(_FORMATS[SLICE]).pack
 _SEND = struct.Struct(_FORMATS[SEND]).pack
 _RECV = struct.Struct(_FORMATS[RECV]).pack
+_OUT = struct.Struct(_FORMATS[OUT]).pack
+_IN = struct.Struct(_FORMATS[IN]).pack
 _UNPACK = {kind: struct.Struct(fmt).unpack for kind, fmt in _FORMATS.items()}
+_SIZES = {kind: struct.Struct(fmt).size for kind, fmt in _FORMATS.items()}
 _NAN = math.nan
 _by_time = itemgetter(1, 0)
 
@@ -96,6 +114,12 @@ class Tracer:
     One object may serve several runs, one after the other or at once:
     each run records into a buffer of its own and writes the file when it
     ends.
+
+    A placed run (``placement=``) writes one file too, with a process per
+    group (named ``group NAME``, with its pid; ``host`` for the host's
+    group), each with its workers' tracks, and arrows from a send in one
+    process to the hook that read it in another. Every process that runs
+    nodes records ``capacity`` divided by their number, its newest kept.
 
     Args:
         path (str | os.PathLike): the JSON file to write (replaced
@@ -163,18 +187,63 @@ class Tracer:
             other: extra facts for ``otherData`` (JSON values).
         """
         records = recorder.records()
-        full = len(records) >= self._capacity
+        count = [0, 0]  # events, metadata events
+        lines = format_events(records, recorder, threads, self._capacity, count)
+        self._write_events(lines, count, other, full=len(records) >= self._capacity,
+                           clock="time.perf_counter_ns, microseconds since the run started",
+                           start_unix=recorder.start_unix, tag=f"{id(recorder):x}")
+
+    def _write_processes(self, processes: list[ProcessTrace], budget: int,
+                         other: dict[str, Any]) -> None:
+        """Write a placed run's file, atomically: a process per group (`format_processes`).
+
+        Args:
+            processes: every process of the run with the parts it recorded.
+            budget: the most events of one process (its share of the capacity).
+            other: extra facts for ``otherData`` (JSON values).
+
+        Raises:
+            OSError: the file could not be written.
+        """
+        count = [0, 0]
+        lines, dropped = format_processes(processes, budget, count)
+        starts = [part["start_unix"] for p in processes for part in p.parts]
+        self._write_events(lines, count, other, full=dropped,
+                           clock="time.perf_counter_ns of each process (CLOCK_MONOTONIC, "
+                                 "which the processes of one machine share), microseconds "
+                                 "since the run started",
+                           start_unix=min(starts, default=time.time()),
+                           tag=f"placed-{id(processes):x}")
+
+    def _write_events(self, lines: Iterable[str], count: list[int], other: dict[str, Any], *,
+                      full: bool, clock: str, start_unix: float, tag: str) -> None:
+        """Write the file from its events' JSON lines, atomically (a temporary file, renamed).
+
+        Args:
+            lines: the events (metadata included), formatted; consumed here.
+            count: ``count[0]`` is the number of events once ``lines`` is
+                consumed (`format_events` and `format_processes` count them).
+            other: facts for ``otherData`` (JSON values); the capacity, the
+                number of events, whether older ones were dropped, the clock
+                and the start's Unix time are added.
+            full: a buffer was full (older events were dropped).
+            clock: what the timestamps are, for ``otherData``.
+            start_unix: the Unix time the run started at.
+            tag: makes the temporary file's name unique among runs that share the Tracer.
+
+        Raises:
+            OSError: the file could not be written (no temporary file is left).
+        """
         path = self._path
         path.parent.mkdir(parents=True, exist_ok=True)
         # A name of its own: two runs may share a Tracer, and so the file's path.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{id(recorder):x}.tmp")
-        count = [0, 0]  # events, metadata events
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{tag}.tmp")
         try:
             with open(tmp, "x", encoding="utf-8") as f:
                 f.write('{"traceEvents":[\n')
                 sep = ""
                 chunk: list[str] = []
-                for line in format_events(records, recorder, threads, self._capacity, count):
+                for line in lines:
                     chunk.append(line)
                     if len(chunk) >= 10_000:
                         f.write(sep + ",\n".join(chunk))
@@ -184,8 +253,7 @@ class Tracer:
                     f.write(sep + ",\n".join(chunk))
                 other = {**other, "capacity": self._capacity, "events": count[0],
                          "oldest_dropped": full or count[0] >= self._capacity,
-                         "clock": "time.perf_counter_ns, microseconds since the run started",
-                         "start_time_unix": recorder.start_unix}
+                         "clock": clock, "start_time_unix": start_unix}
                 f.write('\n],\n"displayTimeUnit":"ms",\n"otherData":')
                 f.write(json.dumps(other))
                 f.write("}\n")
@@ -292,7 +360,7 @@ class Recorder:
     """
 
     __slots__ = ("events", "paths", "ports", "threads", "hooks", "start_ns", "start_unix",
-                 "_append", "_lock")
+                 "outside", "_append", "_lock")
 
     def __init__(self, capacity: int, paths: list[str], ports: dict[str, Port]) -> None:
         self.events: deque[Any] = deque(maxlen=capacity)
@@ -304,6 +372,9 @@ class Recorder:
         self._lock = threading.Lock()
         self.start_ns = time.perf_counter_ns()
         self.start_unix = time.time()
+        # A kernel's Outputs read outside it (a placed run's other processes): the id
+        # of each such Output -> the ids of those Inputs (`add_outside`).
+        self.outside: dict[int, list[int]] = {}
 
     def _code(self, table: dict[str, int], name: str) -> int:
         with self._lock:  # a name seen for the first time
@@ -354,6 +425,37 @@ class Recorder:
         out = id(output)
         for port, _, _ in routes:
             append(_SEND(SEND, ts, thread, order, seq, id(port), out))
+        far = self.outside.get(out)
+        if far is not None:  # a kernel's send to other processes: each end is named there
+            t_ns, delta = sender.stamp
+            for reader in far:
+                append(_OUT(OUT, ts, thread, order, seq, reader, out, t_ns, delta))
+
+    def add_outside(self, output: Output, readers: Iterable[Input]) -> None:
+        """``output`` (of a kernel's node) is read by ``readers``, Inputs outside the kernel.
+
+        Each later send on it then records a flow start per such reader,
+        named by the send's ``(t_ns, delta, sender)`` and the reader: the
+        process that delivers it records the other end (`arrival`), and the
+        placed run's host pairs them (distributed/tracing.py).
+        """
+        self.outside[id(output)] = [id(r) for r in readers]
+
+    def arrival(self, stamped_by: int, seq: int, port: Input, sender: int, t_ns: int,
+                delta: int) -> None:
+        """A kernel delivered a message sent in another process to ``port``.
+
+        Args:
+            stamped_by (int): the sender order in the delivery's stamp (the
+                sender's, or HOST_ORDER for a delivery made as a host write).
+            seq (int): the delivery's number (its ``seq``, which the reading
+                hook's flow end carries).
+            port (Input): the Input delivered to.
+            sender (int), t_ns (int), delta (int): the send's sender order and
+                key, in the process that sent it.
+        """
+        self._append(_IN(IN, time.perf_counter_ns(), 0, stamped_by, seq, id(port), sender,
+                         t_ns, delta))
 
     def failure(self, actor: Actor, hook: str, exc: BaseException) -> None:
         """A hook of ``actor`` raised ``exc`` (rare: kept as a tuple)."""
@@ -366,16 +468,55 @@ class Recorder:
         with self._lock:
             return sorted(table, key=table.__getitem__)
 
-    def records(self) -> list[tuple[Any, ...]]:
-        """The kept records, unpacked (a hook stuck past the end may still append)."""
+    def _raw(self) -> list[Any]:
+        """A copy of the kept records as they are (a hook stuck past the end may append)."""
         while True:
             try:
-                raw = list(self.events)
-                break
+                return list(self.events)
             except RuntimeError:  # mutated during the copy: try again
                 continue
+
+    def records(self) -> list[tuple[Any, ...]]:
+        """The kept records, unpacked (a hook stuck past the end may still append)."""
         unpack = _UNPACK
-        return [unpack[r[0]](r) if type(r) is bytes else r for r in raw]
+        return [unpack[r[0]](r) if type(r) is bytes else r for r in self._raw()]
+
+    def export(self, tracks: list[str]) -> dict[str, Any]:
+        """The kept records and their names as plain data (a placed run's group sends it).
+
+        Only bytes, ints, floats, strings, lists and dicts: it crosses the
+        control plane's pickling. `unpack_records` reads ``records`` back.
+
+        Args:
+            tracks: the thread names that get a track even without events.
+
+        Returns:
+            dict: ``records`` (the packed records, one bytes object), ``fails``
+            (the failure records), ``threads`` and ``hooks`` (names by
+            number), ``paths`` (node paths by order), ``ports`` (port paths by
+            id), ``tracks``, ``start_ns``, ``start_unix``, ``full`` (the
+            buffer dropped older records) and ``pid``.
+        """
+        raw = self._raw()
+        return {"records": b"".join(r for r in raw if type(r) is bytes),
+                "fails": [list(r) for r in raw if type(r) is not bytes],
+                "threads": self.names(self.threads), "hooks": self.names(self.hooks),
+                "paths": list(self.paths), "ports": dict(self.ports), "tracks": list(tracks),
+                "start_ns": self.start_ns, "start_unix": self.start_unix,
+                "full": len(raw) >= (self.events.maxlen or 0), "pid": os.getpid()}
+
+
+def unpack_records(packed: bytes) -> list[tuple[Any, ...]]:
+    """The records of `Recorder.export`'s ``records``, unpacked (as `Recorder.records`)."""
+    out = []
+    sizes, unpack = _SIZES, _UNPACK
+    at, end = 0, len(packed)
+    while at < end:
+        kind = packed[at]
+        size = sizes[kind]
+        out.append(unpack[kind](packed[at:at + size]))
+        at += size
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -395,7 +536,8 @@ def _newest(records: list[tuple[Any, ...]], budget: int) -> list[tuple[Any, ...]
 
     ``records`` are sorted by time. A slice makes two events (with its
     counter sample). A send or read earlier than the first kept slice of its
-    thread lost its slice: it is dropped too.
+    thread lost its slice: it is dropped too. (An IN record makes no event of
+    its own; it is counted as one all the same, which only keeps fewer.)
     """
     total = sum(2 if r[0] == SLICE else 1 for r in records)
     start = 0
@@ -408,24 +550,45 @@ def _newest(records: list[tuple[Any, ...]], budget: int) -> list[tuple[Any, ...]
         if r[0] == SLICE and r[2] not in first:
             first[r[2]] = r[1]
     return [r for r in kept
-            if not ((r[0] == SEND or r[0] == RECV) and r[1] < first.get(r[2], math.inf))]
+            if not ((r[0] == SEND or r[0] == RECV or r[0] == OUT)
+                    and r[1] < first.get(r[2], math.inf))]
 
 
-def _flows(records: list[tuple[Any, ...]],
-           ports: dict[int, str]) -> dict[tuple[Any, ...], tuple[int, str]]:
-    """Flow id and name (the Output's path) for every delivery whose send and read are kept."""
+def _flows(records: list[tuple[Any, ...]], ports: Mapping[Any, str],
+           ids: Iterator[int]) -> dict[tuple[Any, ...], tuple[int, str]]:
+    """Flow id and name (the Output's path) for every delivery whose send and read are kept.
+
+    Keyed by ``(sender, seq, Input)``, as the SEND and RECV records name a
+    delivery; ids are taken from ``ids``.
+    """
     read = {(r[3], r[4], r[5]) for r in records if r[0] == RECV}
     flows: dict[tuple[Any, ...], tuple[int, str]] = {}
     for r in records:
         if r[0] == SEND:
             key = (r[3], r[4], r[5])
             if key in read:
-                flows[key] = (len(flows) + 1, json.dumps(ports[r[6]]))
+                flows[key] = (next(ids), json.dumps(ports[r[6]]))
     return flows
 
 
-def _node(paths: list[str], order: int) -> str:
+def _node(paths: Sequence[str], order: int) -> str:
     return paths[order] or "<root>"
+
+
+class Names(NamedTuple):
+    """What the numbers in one process's records stand for (see `process_events`).
+
+    Attributes:
+        threads (Sequence[str]): thread names, by the records' thread number.
+        hooks (Sequence[str]): hook names, by the slices' hook number.
+        paths (Sequence[str]): node paths, by order in the net.
+        ports (Mapping): port paths, by the records' port field.
+    """
+
+    threads: Sequence[str]
+    hooks: Sequence[str]
+    paths: Sequence[str]
+    ports: Mapping[Any, str]
 
 
 def format_events(records: list[tuple[Any, ...]], recorder: Recorder, threads: list[str],
@@ -437,35 +600,66 @@ def format_events(records: list[tuple[Any, ...]], recorder: Recorder, threads: l
         recorder: names the threads, nodes, hooks and ports of the records.
         threads: the run's threads, each given a track even without events.
         budget: the most events (metadata aside); the newest are kept.
-        count: when given, ``count[0]`` is set to the number of events and
-            ``count[1]`` to that of metadata events.
+        count: when given, the number of events is added to ``count[0]`` and
+            that of metadata events to ``count[1]``.
     """
     records.sort(key=_by_time)
     records = _newest(records, budget)
-    names = recorder.names(recorder.threads)
+    names = Names(recorder.names(recorder.threads), recorder.names(recorder.hooks),
+                  recorder.paths, recorder.ports)
+    flows = _flows(records, recorder.ports, itertools.count(1))
+    yield from process_events(records, names, threads, flows, pid=PID, process="mujou",
+                              start_ns=recorder.start_ns, count=count)
+
+
+def process_events(records: list[tuple[Any, ...]], names: Names, threads: Iterable[str],
+                   flows: Mapping[tuple[Any, ...], tuple[int, str]], *, pid: int, process: str,
+                   start_ns: int, count: list[int] | None = None,
+                   meta: Iterable[tuple[str, dict[str, Any]]] = ()) -> Iterator[str]:
+    """The events of one process of the file as JSON strings: its metadata, then by time.
+
+    Args:
+        records: the records to show, sorted by time, trimmed to the budget.
+        names: what their numbers stand for.
+        threads: thread names that get a track even without events, in order.
+        flows: ``(sender, seq, Input)`` -> ``(flow id, JSON name)`` of the
+            arrows whose both ends are shown (`_flows`, and a placed run's
+            arrows across processes); a send or read without one is left out.
+        pid (int): the process's ``pid`` in the file.
+        process (str): its name.
+        start_ns (int): ``perf_counter_ns`` at the file's time 0.
+        count: when given, the number of events is added to ``count[0]`` and
+            that of metadata events to ``count[1]``.
+        meta: further process metadata events, ``(name, args)``.
+    """
+    thread_names = names.threads
     order = list(threads)
     for r in records:
-        if names[r[2]] not in order:
-            order.append(names[r[2]])
+        if r[0] != IN and thread_names[r[2]] not in order:
+            order.append(thread_names[r[2]])
     tid_of = {name: tid for tid, name in enumerate(order, 1)}
-    tids = {code: tid_of.get(name, 0) for code, name in enumerate(names)}
-    hooks = recorder.names(recorder.hooks)
-    paths, ports = recorder.paths, recorder.ports
-    flows = _flows(records, ports)
-    start_ns = recorder.start_ns
+    tids = {code: tid_of.get(name, 0) for code, name in enumerate(thread_names)}
+    hooks, paths, ports = names.hooks, names.paths, names.ports
     events = 0
+    n_meta = 1
 
-    yield f'{{"ph":"M","pid":{PID},"tid":0,"ts":0,"name":"process_name","args":{{"name":"mujou"}}}}'
+    yield (f'{{"ph":"M","pid":{pid},"tid":0,"ts":0,"name":"process_name",'
+           f'"args":{{"name":{json.dumps(process)}}}}}')
+    for name, args in meta:
+        yield f'{{"ph":"M","pid":{pid},"tid":0,"ts":0,"name":"{name}","args":{json.dumps(args)}}}'
+        n_meta += 1
     for tid, name in enumerate(order, 1):
         quoted = json.dumps(name)
-        yield (f'{{"ph":"M","pid":{PID},"tid":{tid},"ts":0,"name":"thread_name",'
+        yield (f'{{"ph":"M","pid":{pid},"tid":{tid},"ts":0,"name":"thread_name",'
                f'"args":{{"name":{quoted}}}}}')
-        yield (f'{{"ph":"M","pid":{PID},"tid":{tid},"ts":0,"name":"thread_sort_index",'
+        yield (f'{{"ph":"M","pid":{pid},"tid":{tid},"ts":0,"name":"thread_sort_index",'
                f'"args":{{"sort_index":{tid}}}}}')
     slice_names: dict[tuple[int, int], str] = {}
     for rec in records:
         kind = rec[0]
-        head = f'"pid":{PID},"tid":{tids[rec[2]]},"ts":{_us(rec[1] - start_ns)}'
+        if kind == IN:  # no event: it names the flow of the read that follows
+            continue
+        head = f'"pid":{pid},"tid":{tids[rec[2]]},"ts":{_us(rec[1] - start_ns)}'
         if kind == SLICE:
             _, _, _, node, hook, took, dt, t_ns, delta, ready, inflight = rec
             key = (node, hook)
@@ -482,12 +676,12 @@ def format_events(records: list[tuple[Any, ...]], recorder: Recorder, threads: l
             yield (f'{{"ph":"C",{head},"name":"dispatcher",'
                    f'"args":{{"ready":{ready},"in_flight":{inflight}}}}}')
             events += 2
-        elif kind == SEND or kind == RECV:
+        elif kind == SEND or kind == RECV or kind == OUT:
             flow = flows.get((rec[3], rec[4], rec[5]))
             if flow is None:  # its other end is not kept (or a write from the host)
                 continue
             fid, name = flow
-            if kind == SEND:
+            if kind != RECV:
                 to = json.dumps(ports[rec[5]])
                 yield (f'{{"ph":"s",{head},"id":{fid},"name":{name},"cat":"message",'
                        f'"args":{{"to":{to}}}}}')
@@ -501,5 +695,174 @@ def format_events(records: list[tuple[Any, ...]], recorder: Recorder, threads: l
                    f'"args":{{"error":{json.dumps(message)}}}}}')
             events += 1
     if count is not None:
-        count[0] = events
-        count[1] = 1 + 2 * len(order)
+        count[0] += events
+        count[1] += n_meta + 2 * len(order)
+
+
+# ---------------------------------------------------------------------------
+# A placed run's file: one process per group, arrows across processes
+
+
+class ProcessTrace(NamedTuple):
+    """One process of a placed run, as its trace file shows it.
+
+    Attributes:
+        name (str): the process's name in the file (``"group physics"``, ``"host"``).
+        pid (int): its pid (the file gives another, unused one to a second
+            process of the same pid: groups served in one process, as in tests).
+        parts (list[dict]): `Recorder.export` of each kernel it ran, oldest
+            first (a group rebuilt for a restart runs a new kernel).
+    """
+
+    name: str
+    pid: int
+    parts: list[dict[str, Any]]
+
+
+class _Decoded(NamedTuple):
+    """A process's records, numbered for `process_events` (see `_decode`)."""
+
+    records: list[tuple[Any, ...]]
+    names: Names
+    tracks: list[str]
+    start_ns: int
+    full: bool
+
+
+def _decode(parts: list[dict[str, Any]], port_code: dict[str, int]) -> _Decoded:
+    """One process's parts as one list of records, in numbers shared by all its parts.
+
+    Threads and hooks get the process's numbers; ports the file's
+    (``port_code``: path -> number, extended here); a send's or delivery's
+    ``seq`` becomes ``(part, seq)``, since each kernel counts from 0.
+    """
+    threads: dict[str, int] = {}
+    hooks: dict[str, int] = {}
+    records: list[tuple[Any, ...]] = []
+    tracks: list[str] = []
+    for epoch, part in enumerate(parts):
+        tmap = [threads.setdefault(n, len(threads)) for n in part["threads"]]
+        hmap = [hooks.setdefault(n, len(hooks)) for n in part["hooks"]]
+        pmap = {key: port_code.setdefault(path, len(port_code))
+                for key, path in part["ports"].items()}
+        tracks += [t for t in part["tracks"] if t not in tracks]
+        add = records.append
+        for r in unpack_records(part["records"]):
+            kind = r[0]
+            if kind == SLICE:
+                add((kind, r[1], tmap[r[2]], r[3], hmap[r[4]], *r[5:]))
+            elif kind == SEND:
+                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]]))
+            elif kind == RECV:
+                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]]))
+            elif kind == OUT:
+                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]],
+                     r[7], r[8]))
+            else:  # IN
+                add((kind, r[1], -1, r[3], (epoch, r[4]), pmap[r[5]], r[6], r[7], r[8]))
+        for f in part["fails"]:
+            add((FAIL, f[1], tmap[f[2]], *f[3:]))
+    names = Names(sorted(threads, key=threads.__getitem__), sorted(hooks, key=hooks.__getitem__),
+                  parts[0]["paths"] if parts else [], {})
+    return _Decoded(records, names, tracks, min((p["start_ns"] for p in parts), default=0),
+                    any(p["full"] for p in parts))
+
+
+def _cross_flows(decoded: list[_Decoded], flows: list[dict[tuple[Any, ...], tuple[int, str]]],
+                 ports: Mapping[int, str], ids: Iterator[int]) -> None:
+    """Add the arrows of messages between processes to ``flows`` (one dict per process).
+
+    Both ends name a message by what every process knows alike: the send's
+    ``(sender, t_ns, delta)`` and the reading Input. The k-th such send of
+    one name is the k-th delivery of it (one sender's sends of one hook go in
+    order); counted from the newest, since a ring buffer keeps the newest of
+    each. An arrow is drawn only when the delivery was read (its flow end
+    kept): one that a QoS depth dropped, or that came too late to be read
+    before the end, has none.
+    """
+    sends: dict[tuple[int, int, int, int], list[tuple[int, tuple[Any, ...], int]]] = {}
+    reads: dict[tuple[int, int, int, int], list[tuple[int, tuple[Any, ...], bool]]] = {}
+    for i, proc in enumerate(decoded):
+        read = {(r[3], r[4], r[5]) for r in proc.records if r[0] == RECV}
+        for r in proc.records:
+            if r[0] == OUT:
+                sends.setdefault((r[3], r[7], r[8], r[5]), []).append((i, r[3:6], r[6]))
+            elif r[0] == IN:
+                key = r[3:6]
+                reads.setdefault((r[6], r[7], r[8], r[5]), []).append((i, key, key in read))
+    for name, ends in reads.items():
+        starts = sends.get(name)
+        if not starts:
+            continue
+        for (si, skey, out), (ri, rkey, was_read) in zip(reversed(starts), reversed(ends),
+                                                         strict=False):
+            if was_read:
+                flow = (next(ids), json.dumps(ports[out]))
+                flows[si][skey] = flow
+                flows[ri][rkey] = flow
+
+
+def _unique_pids(pids: list[int]) -> list[int]:
+    """``pids``, a repeated one replaced by an unused number above every real pid."""
+    spare = max([*pids, 1 << 22]) + 1  # Linux pids stay below 2**22
+    seen: set[int] = set()
+    out = []
+    for pid in pids:
+        if pid in seen:
+            pid, spare = spare, spare + 1
+        seen.add(pid)
+        out.append(pid)
+    return out
+
+
+def format_processes(processes: list[ProcessTrace], budget: int,
+                     count: list[int]) -> tuple[Iterator[str], bool]:
+    """The events of a placed run's file: one process per group, arrows across them.
+
+    Each process keeps its newest records that make at most ``budget``
+    events. Timestamps are microseconds since the earliest part started:
+    every process read ``time.perf_counter_ns``, a clock that the processes
+    of one machine share (CLOCK_MONOTONIC on Linux), so they line up. Flow
+    ids are unique in the file, and both ends of an arrow across processes
+    carry the same id, category and name, which binds them in Perfetto and
+    ``chrome://tracing`` whatever their pids.
+
+    Args:
+        processes: every process of the run, in the order the file lists them.
+        budget: the most events of one process.
+        count: ``[events, metadata events]``, added to as the lines are made.
+
+    Returns:
+        tuple: the JSON lines (made as they are consumed) and whether older
+        events were dropped (a buffer full, or trimmed to ``budget``).
+    """
+    port_code: dict[str, int] = {}
+    decoded = [_decode(p.parts, port_code) for p in processes]
+    ports = {code: path for path, code in port_code.items()}
+    dropped = any(proc.full for proc in decoded)
+    ids = itertools.count(1)
+    kept = []
+    flows = []
+    for proc in decoded:
+        proc.records.sort(key=_by_time)
+        newest = _newest(proc.records, budget)
+        dropped = dropped or len(newest) < len(proc.records)
+        kept.append(newest)
+        flows.append(_flows(newest, ports, ids))
+    decoded = [proc._replace(records=r, names=proc.names._replace(ports=ports))
+               for proc, r in zip(decoded, kept, strict=True)]
+    _cross_flows(decoded, flows, ports, ids)
+    start_ns = min((proc.start_ns for proc, p in zip(decoded, processes, strict=True) if p.parts),
+                   default=0)
+    pids = _unique_pids([p.pid for p in processes])
+
+    def lines() -> Iterator[str]:
+        for i, (p, proc) in enumerate(zip(processes, decoded, strict=True)):
+            meta: list[tuple[str, dict[str, Any]]] = [
+                ("process_sort_index", {"sort_index": i}),
+                ("process_labels", {"labels": f"pid {p.pid}"})]
+            yield from process_events(proc.records, proc.names, proc.tracks, flows[i], pid=pids[i],
+                                      process=p.name, start_ns=start_ns, count=count,
+                                      meta=meta)
+
+    return lines(), dropped

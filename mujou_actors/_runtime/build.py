@@ -136,14 +136,19 @@ class Wiring:
         """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
         return write_copy(value, self.actor_of[id(port.node)], self.rt)
 
-    def deliver(self, port: Input, message: Any) -> None:
-        """Deliver ``message`` to ``port`` as the host (its listeners see it too)."""
+    def deliver(self, port: Input, message: Any) -> int:
+        """Deliver ``message`` to ``port`` as the host (its listeners see it too).
+
+        Returns:
+            int: the delivery's number (`Dispatcher.host_deliver`).
+        """
         actor = self.actor_of[id(port.node)]
         slot = actor.slot(port)
-        self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
+        seq = self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
         view = self.input_views.get(id(port))
         if view is not None and view.listeners:
             view.publish(message)
+        return seq
 
     def wait_kept(self, port: Input) -> None:
         """Wait until the values kept by a CUDA node's Input are on its device.

@@ -111,7 +111,7 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
 
 def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, Port],
                  tree: Mapping[str, Any], deadline: float, limit: float,
-                 deliver: Callable[[Input, Any], None]) -> None:
+                 deliver: Callable[[Input, Any], object]) -> None:
     """Load a checked tree into the held (or not started) kernel: Restore envelopes, messages.
 
     Args:

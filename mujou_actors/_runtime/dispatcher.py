@@ -1354,7 +1354,7 @@ class Dispatcher:
             self._cond.notify()
 
     def deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
-                trigger: Key | None, not_before: Key) -> bool:
+                trigger: Key | None, not_before: Key) -> int:
         """Deliver a message from outside the kernel to ``actor.inputs[slot]``.
 
         For messages from another group of nodes (`kernel.Kernel.deliver`);
@@ -1371,23 +1371,28 @@ class Dispatcher:
                 already entered a later delta cycle (it would have missed it).
 
         Returns:
-            bool: False (and nothing delivered) when it came too late.
+            int: the delivery's number (>= 1: the ``seq`` a trace's flow end
+            carries); 0, and nothing delivered, when it came too late.
         """
         actor.bound_mailbox()
         with self._cond:
             if self._frontier > not_before:
-                return False
+                return 0
             lost = self._deliver(actor, slot, message, stamp, trigger)
+            seq = self._host_seq  # this delivery's: numbered under the same lock
         for port, _ in lost:
             port._log_first_drop()
-        return True
+        return seq
 
-    def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> None:
+    def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> int:
         """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``.
 
         It sorts before every node's send of the same instant, and triggers
         (if ``triggers``) at the next delta cycle (simulated time; before the
         start: right after it), or now (real time).
+
+        Returns:
+            int: the delivery's number (the ``seq`` a trace's flow end carries).
         """
         actor.bound_mailbox()
         with self._cond:
@@ -1395,8 +1400,10 @@ class Dispatcher:
             key = self.policy.host_trigger(self._frontier, self.timer.now_ns()) if triggers \
                 else None
             lost = self._deliver(actor, slot, message, HOST_STAMP, key)
+            seq = self._host_seq
         for port, _ in lost:
             port._log_first_drop()
+        return seq
 
     def _deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
                  trigger: Key | None) -> list[tuple[Input, int]]:

@@ -14,7 +14,10 @@ its own, driven by the run's coordinator across processes (docs/architecture.md,
   cycle, or up to a key, at a time (`Kernel.step`): nothing later starts until
   the driver grants it;
 * takes and loads its part of the state at a cut (`Kernel.state_dict`,
-  `Kernel.load_state_dict`).
+  `Kernel.load_state_dict`);
+* records a trace of its hooks, sends and reads when asked to
+  (``Kernel(trace=capacity)``, `Kernel.trace_part`): a placed run's host
+  writes the parts of every process into one file (distributed/tracing.py).
 
 Run with the same inputs, a net split over several kernels, each stepped
 through the same global sequence of delta cycles, sends every message and
@@ -35,6 +38,7 @@ from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
+from ..trace import Recorder
 from .actor import Actor
 from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
@@ -156,15 +160,22 @@ class Kernel:
         notify (Callable[[], None], optional): called, on the sending
             thread, after each send to an Input outside the kernel (a
             real-time driver wakes up to ship it). Must not block.
+        trace (int, optional): record the kernel's hooks, sends and reads
+            as `mujou.run(trace=)` does, into a buffer that keeps the newest
+            ``trace`` records (`trace_part` takes them); sends to Inputs
+            outside the kernel and deliveries from outside are recorded too,
+            so that the arrows across processes can be drawn. Default None:
+            nothing recorded, at no cost.
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
             already part of a running net or kernel; TypeError:
-            ``nodes`` is a string (a list of paths is meant), or ``seed`` is
-            not an int.
+            ``nodes`` is a string (a list of paths is meant), or ``seed`` or
+            ``trace`` is not an int.
         ValueError: a path of ``nodes`` names no node of the net; ``workers``
-            or ``seed`` out of range; a node of the kernel is in a running net
-            already, or a node of the net is in another running net.
+            or ``seed`` out of range, or ``trace`` < 1; a node of the kernel
+            is in a running net already, or a node of the net is in another
+            running net.
 
     A refused kernel leaves the nodes as they were (unclaimed, unwired, with
     their paths).
@@ -177,8 +188,12 @@ class Kernel:
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None,
                  timer: str = "simulated", notify: Callable[[], None] | None = None,
-                 subtrees: bool = True) -> None:
+                 subtrees: bool = True, trace: int | None = None) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
+        if trace is not None and (not is_int(trace) or trace < 1):
+            raise (TypeError if not is_int(trace) else ValueError)(
+                f"Kernel: trace must be None or an int >= 1 (a capacity), got {trace!r}")
+        self._trace_capacity = trace
         if timer not in ("simulated", "realtime"):
             raise ValueError(f"Kernel: timer must be 'simulated' or 'realtime', got {timer!r}")
         self._kind = timer
@@ -247,8 +262,15 @@ class Kernel:
         for actor in self.actors:
             actor.node._mujou_run = self._token
         self._actor_of = {id(a.node): a for a in self.actors}
+        # As a traced run's coordinator does: before the sends are made, which keep it.
+        self.recorder: Recorder | None = None
+        if self._trace_capacity is not None:
+            self.recorder = Recorder(self._trace_capacity, [p for p, _ in found], self._ports)
+            for actor in self.actors:
+                actor.trace = self.recorder
         clock = SimulatedTimer() if self._kind == "simulated" else RealtimeTimer()
-        self.dispatcher = Dispatcher(self.actors, clock, self._workers, self._events)
+        self.dispatcher = Dispatcher(self.actors, clock, self._workers, self._events,
+                                     self.recorder)
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)
@@ -260,6 +282,9 @@ class Kernel:
 
     def _outbox(self, output: Output) -> _Outbox:
         """The outbox of a local Output with readers outside the kernel (see `build.wire`)."""
+        if self.recorder is not None:
+            self.recorder.add_outside(output, [r for r in output.readers
+                                               if self.ports.get(r.path) is not r])
         return _Outbox(output.path, self._sends, self._notify)
 
     # -- the phases -----------------------------------------------------------------
@@ -460,18 +485,30 @@ class Kernel:
         key = (t_ns, delta)
         trigger = (t_ns, delta + 1) if slot in actor.triggers else None
         value = self._wiring.write_copy(port.check(message), port)
-        if not self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
-                                       not_before=key):
+        seq = self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
+                                      not_before=key)
+        if not seq:
             raise ValueError(f"Kernel.deliver: a message for {input!r} sent at {key} comes "
                              f"too late: the kernel has run past it "
                              f"(frontier {self.dispatcher.frontier})")
+        if self.recorder is not None and sender != HOST_ORDER:  # the end of its arrow
+            self.recorder.arrival(sender, seq, port, sender, t_ns, delta)
 
-    def write(self, input: str, message: Any) -> None:
+    def write(self, input: str, message: Any,
+              origin: tuple[int, int, int] | None = None) -> None:
         """Deliver a message to one of the kernel's Inputs as the host (``run.write``).
 
         Between steps only (the driver's thread): the message is stamped as
         the host's writes are in one process and triggers a triggering
         Input as such a write does; call `next_due` afterwards.
+
+        Args:
+            input (str): the Input's dotted path.
+            message: the message (checked against the Input's type, then copied).
+            origin (tuple[int, int, int], optional): ``(t_ns, delta, sender)``
+                of the send in another kernel that this write delivers (a
+                real-time placed run's messages between groups): a traced
+                kernel records it as the end of that send's arrow.
 
         Raises:
             RuntimeError: the kernel is stopped.
@@ -481,7 +518,10 @@ class Kernel:
         if self._stopped:
             raise RuntimeError("Kernel.write: the kernel is stopped")
         port = self._input(input, "write")
-        self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port))
+        seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port))
+        if origin is not None and self.recorder is not None:
+            t_ns, delta, sender = origin
+            self.recorder.arrival(HOST_ORDER, seq, port, sender, t_ns, delta)
 
     def read(self, port: str) -> Any:
         """The newest message of one of the kernel's ports, as a copy (``run.read``).
@@ -636,6 +676,16 @@ class Kernel:
                      self._wiring.deliver)
         self._raise_failures()
         self._start_ns = tree["time_ns"]
+
+    def trace_part(self) -> dict[str, Any] | None:
+        """What the kernel's trace kept, as plain data (`trace.Recorder.export`); None untraced.
+
+        Take it after `stop` for the ``on_stop`` hooks too; before, it holds
+        what was recorded so far.
+        """
+        if self.recorder is None:
+            return None
+        return self.recorder.export(self.dispatcher.thread_names())
 
     def take_failures(self) -> list[NodeError]:
         """The hooks' failures since the last call, oldest first (a real-time driver's)."""

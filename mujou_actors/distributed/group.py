@@ -36,10 +36,12 @@ from ..net import walk
 from ..ports import Input
 from . import dataplane
 from .placement import build_net, load_factory, net_signature
+from .tracing import KernelTraces
 
 __all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published",
            "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
-           "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "split_tree"]
+           "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "TakeTrace",
+           "split_tree"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -134,6 +136,14 @@ class RestartNode(NamedTuple):
 
 class Stats(NamedTuple):
     """The group's counts: per node and for the process (pid, CPU time, traffic)."""
+
+
+class TakeTrace(NamedTuple):
+    """The group's trace records (a traced run's; `tracing.KernelTraces.take`), after `Stop`.
+
+    The reply is a list of plain-data parts (`Kernel.trace_part`), one per
+    kernel the group ran (a restart makes a new one); empty when untraced.
+    """
 
 
 class Stop(NamedTuple):
@@ -285,7 +295,7 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
 
 def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed: int | None,
           workers: int, address: str, host_pid: int, timer: str = "simulated",
-          pools: str | None = None) -> GroupServer:
+          pools: str | None = None, trace: int | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -303,13 +313,16 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             sends as they come).
         pools (str, optional): the prefix of this link's shared-memory pools
             (None: large tensors go inline).
+        trace (int, optional): record a trace into a buffer of this many
+            records (the group's share of the Tracer's capacity); the host
+            takes it with `TakeTrace`. None: untraced.
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
     """
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
-                       timer=timer, pools=pools)
+                       timer=timer, pools=pools, trace=trace)
 
 
 class GroupServer:
@@ -324,9 +337,11 @@ class GroupServer:
 
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, nodes: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int,
-                 timer: str = "simulated", pools: str | None = None) -> None:
+                 timer: str = "simulated", pools: str | None = None,
+                 trace: int | None = None) -> None:
         self.group = group
         self._timer = timer
+        self._traces = KernelTraces(trace)
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed)
         self.kernel, found = self._make_kernel()
@@ -348,9 +363,9 @@ class GroupServer:
         factory, net_kwargs, nodes, workers, seed = self._build
         net = build_net(factory, net_kwargs)
         notify = self._wake.set if self._timer == "realtime" else None
-        return (Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
-                       subtrees=False),
-                walk(net))
+        kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
+                        subtrees=False, trace=self._traces.capacity)
+        return self._traces.track(kernel), walk(net)
 
     def reset(self, timeout: float) -> list[str]:
         """Stop the kernel; build a fresh net and kernel (a restart from a snapshot).
@@ -436,9 +451,9 @@ class GroupServer:
     def _take(self, grant: dataplane.Grant) -> None:
         """Real time: deliver messages from other groups as they come (as host writes)."""
         kernel = self.kernel
-        for _, _, _, output, message in grant.messages:
+        for t, delta, sender, output, message in grant.messages:
             for reader in self.routes.local_readers(output):
-                kernel.write(reader, message)
+                kernel.write(reader, message, (t, delta, sender))
         if grant.take:  # a cut's flush: what was sent so far goes first, then the marker
             self._ship()
             self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
@@ -492,6 +507,8 @@ class GroupServer:
             return None
         if isinstance(request, Stats):
             return self._stats()
+        if isinstance(request, TakeTrace):
+            return self._traces.take()
         if isinstance(request, Stop):
             stuck = self.close(request.timeout)
             tree = None

@@ -65,7 +65,7 @@ from ..node import Node
 from ..ports import Input, Output, Port
 from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
-from . import dataplane, group, realtime, wire
+from . import dataplane, group, realtime, tracing, wire
 from .placement import (
     HOST_GROUP,
     FactoryRef,
@@ -143,9 +143,9 @@ class _LocalLink:
     def _send_realtime(self, grant: dataplane.Grant) -> None:
         """Real time: deliver at once (as host writes); a flush answers with a marker."""
         kernel = self.kernel
-        for _, _, _, output, message in grant.messages:
+        for t, delta, sender, output, message in grant.messages:
             for reader in self.routes.local_readers(output):
-                kernel.write(reader, message)
+                kernel.write(reader, message, (t, delta, sender))
         if grant.take:
             shipped = self._receive_realtime()
             if shipped is not None:
@@ -183,8 +183,10 @@ class _Driver:
                  tmpdir: str, local: Kernel | None, supervisor: Supervisor | None = None,
                  start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
                  signature: list[list[Any]] | None = None, realtime: bool = False,
-                 wake: dataplane.Wake | None = None, run_id: str | None = None) -> None:
+                 wake: dataplane.Wake | None = None, run_id: str | None = None,
+                 trace: tracing.PlacedTrace | None = None) -> None:
         self.system = system
+        self.trace = trace  # a traced run's (written at the end: _write_trace)
         self.run_id = run_id
         self.stop_asked = threading.Event()
         self.realtime = realtime
@@ -739,6 +741,7 @@ class _Driver:
                     self.final_tree = merge_trees(trees, self.time_ns, self.order)
                 except BaseException as exc:  # state_dict() raises it
                     self.final_error = exc
+            self._write_trace()  # the groups are stopped, their processes still there
             self.host.close(self.stop_timeout)
             if self.snapshots is not None:
                 self.snapshots.close(self.stop_timeout)
@@ -754,6 +757,28 @@ class _Driver:
             if stuck and not self.failures:
                 self.failures.append(StopTimeoutError(stuck, self.stop_timeout))
             self.ended.set()
+
+    def _write_trace(self) -> None:
+        """Write a traced run's file from every group's records (distributed/tracing.py).
+
+        A file that cannot be written fails the run with the OSError, as in
+        one process; a group whose records cannot be taken is left out.
+        """
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        limit = self.stop_timeout + 5.0
+        other = {"timer": "realtime" if self.realtime else "simulated",
+                 "nodes": len(self.order),
+                 "groups": {g.name: {"pid": g.pid, "nodes": list(g.nodes)}
+                            for g in self.groups.values()}}
+        try:
+            tracing.write_placed(trace, self.groups.values(),
+                                 lambda g: self.system.ask(g.name, group.TakeTrace(), limit),
+                                 other)
+        except Exception as exc:  # noqa: BLE001 - join() raises it
+            log.error("could not write the trace file %s: %s", trace.tracer.path, exc)
+            self.failures.append(exc)
 
     def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
         if not self.stuck and not any(g.waiting for g in self.groups.values()):
@@ -892,8 +917,6 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             group and the differences).
         NodeError: an ``on_start`` or ``load_state_dict`` raised in a group.
     """
-    if args.tracer is not None:
-        raise ValueError("mujou.run: trace= with placement is not supported yet")
     factory, ref = resolve_factory(net, net_kwargs)
     built = build_net(factory, ref.kwargs)
     found = walk(built)
@@ -922,9 +945,12 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
     system = None
     local: Kernel | None = None
     groups: dict[str, _Group] = {}
+    host_nodes = plan.nodes.get(HOST_GROUP, [])
+    trace = None  # each process that runs nodes records its share (distributed/tracing.py)
+    if args.tracer is not None:
+        trace = tracing.PlacedTrace(args.tracer, len(plan.groups) + bool(host_nodes))
     try:
         system = make_system(start_timeout=args.start_timeout)
-        host_nodes = plan.nodes.get(HOST_GROUP, [])
         def workers(n: int) -> int:
             return args.workers if args.workers is not None else default_workers(n)
 
@@ -940,6 +966,8 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "host_pid": os.getpid(),
                       "timer": "simulated" if args.timer.simulated else "realtime",
                       "pools": pools}
+            if trace is not None:
+                kwargs["trace"] = trace.share
             groups[name] = _Group(name, link, plan.nodes[name], 0, spawn=kwargs,
                                   base_address=address)
             groups[name].pid = system.start_group(name, GROUP_TARGET, kwargs,
@@ -948,9 +976,11 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         wake = dataplane.Wake()
 
         def make_local(net: Any) -> Kernel:
-            return Kernel(net, host_nodes, workers=workers(len(host_nodes)),
-                          seed=args.seed, timer=kind,
-                          notify=wake.set if kind == "realtime" else None, subtrees=False)
+            kernel = Kernel(net, host_nodes, workers=workers(len(host_nodes)),
+                            seed=args.seed, timer=kind,
+                            notify=wake.set if kind == "realtime" else None, subtrees=False,
+                            trace=None if trace is None else trace.share)
+            return kernel if trace is None else trace.local.track(kernel)
 
         if host_nodes:
             local = make_local(built)
@@ -970,7 +1000,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          supervisor=args.supervisor, start_timeout=args.start_timeout,
                          rebuild=lambda: make_local(build_net(factory_of(ref), ref.kwargs)),
                          signature=expected, realtime=kind == "realtime", wake=wake,
-                         run_id=run_id)
+                         run_id=run_id, trace=trace)
     except BaseException:
         _abandon(system, groups, local, tmpdir, run_id)
         raise
