@@ -125,3 +125,31 @@ def test_a_real_time_placed_run_in_processes() -> None:
     assert final["nodes"]["ctrl"]["n"] >= 20
 
 
+
+
+def test_every_host_api_call_reaches_group_processes() -> None:
+    run = mujou.run(placed_support.make_net, placement={"sim": "a", "ctrl": "b"},
+                    timer="simulated", seed=7)
+    seen: list[torch.Tensor] = []
+    try:
+        sub = run.subscribe("ctrl.cmd", seen.append)
+        assert isinstance(run.wait_for("sim.out", timeout=30), torch.Tensor)
+        assert isinstance(run.read("sim.out"), torch.Tensor)
+        run.write("ctrl.obs", torch.zeros(3))  # into a group process
+        run.write("log.cmd", torch.full((3,), 7.0))  # into the host's group
+        run.wait_for("ctrl.cmd", timeout=30)
+        mid = run.state_dict(timeout=30)
+        stats = run.stats()
+        assert run.running
+    finally:
+        run.stop()
+    run.join(30)
+    assert set(stats.groups) == {"a", "b", "host"}
+    assert stats.groups["a"].messages_out > 0 and stats.groups["b"].messages_in > 0
+    assert stats.groups["b"].bytes_in > 0 and stats.groups["a"].cpu_time > 0
+    assert stats.nodes["sim"].updates > 0 and list(stats.nodes) == ["sim", "ctrl", "log"]
+    assert sub.delivered == len(seen) >= 1
+    n = mid["nodes"]["ctrl"]["n"]
+    assert n + len(mid["pending"].get("ctrl.obs", [])) == mid["time_ns"] // 10**7 + 1
+    final = run.state_dict()
+    assert ["cmd", [7.0, 7.0, 7.0]] in final["nodes"]["log"]["seen"]

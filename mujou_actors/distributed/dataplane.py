@@ -60,6 +60,12 @@ class Routes:
         self.declared: list[type] = [outputs[p]._spec.type for p in self.outputs]
         self.readers: list[list[str]] = [sorted(r.path for r in outputs[p].readers)
                                          for p in self.outputs]
+        # The readers that a message triggers (the rule of `build.wire`: an
+        # Input's own trigger setting, else whether its node has no period).
+        self.triggering: list[set[str]] = [
+            {r.path for r in outputs[p].readers
+             if (r.node._mujou_period_ns is None if r.trigger is None else r.trigger)}
+            for p in self.outputs]
         self._local: list[list[str]] = [[r for r in readers if isinstance(local.get(r), Input)]
                                         for readers in self.readers]
 

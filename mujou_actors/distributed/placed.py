@@ -242,6 +242,7 @@ class _Driver:
         self.host = Host(copy_message, self._callback_failed)
         self.rounds = 0
         self.stuck: dict[str, str] = {}
+        self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
         self.final_stats: dict[str, dict[str, Any]] | None = None
         self.order = [p for p, _ in found]
         self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
@@ -544,11 +545,13 @@ class _Driver:
         for item in reply.sends:
             t, delta, _, output, _ = item
             key = (t, delta + 1)
-            for h in self._reader_groups(output):
+            for h, triggers in self._reader_groups(output):
                 if h is g:
                     continue
                 h.queued.append(item)
-                if not realtime_ and (h.due is None or key < h.due):
+                # Only a triggering reader has work at the next delta cycle; the
+                # others take the message in with their next grant, before any key.
+                if triggers and not realtime_ and (h.due is None or key < h.due):
                     h.due = key
         if realtime_:
             if reply.time_ns > g.time_ns:
@@ -556,14 +559,17 @@ class _Driver:
             if reply.failure is not None:
                 self._fail(_node_error(g.name, reply.failure), g.name)
 
-    def _reader_groups(self, output: int) -> list[_Group]:
-        cached = self._readers_cache.get(output) if hasattr(self, "_readers_cache") else None
+    def _reader_groups(self, output: int) -> list[tuple[_Group, bool]]:
+        """The groups that read an Output, each with whether a reader there is triggered."""
+        cached = self._readers_cache.get(output)
         if cached is None:
-            if not hasattr(self, "_readers_cache"):
-                self._readers_cache: dict[int, list[_Group]] = {}
-            names = sorted({self.owner[r.rpartition(".")[0]]
-                            for r in self.routes.readers[output]})
-            cached = self._readers_cache[output] = [self.groups[n] for n in names]
+            by_group: dict[str, bool] = {}
+            triggering = self.routes.triggering[output]
+            for reader in self.routes.readers[output]:
+                name = self.owner[reader.rpartition(".")[0]]
+                by_group[name] = by_group.get(name, False) or reader in triggering
+            cached = self._readers_cache[output] = [(self.groups[n], by_group[n])
+                                                    for n in sorted(by_group)]
         return cached
 
     def _check_exits(self) -> None:

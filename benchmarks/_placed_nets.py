@@ -1,0 +1,209 @@
+"""The nets of benchmarks/processes.py: module-level factories a group process can import.
+
+Every group process imports this module by name (``_placed_nets``): the
+benchmark runs as ``python benchmarks/processes.py``, so this folder is on
+``sys.path``, and a spawned group process gets the host's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+import mujou_actors as mujou
+
+
+def payload(kind: str) -> Any:
+    """The message of a ping-pong: ``"int"`` (a Python int) or ``"1MB"`` (a 1 MiB tensor)."""
+    if kind == "int":
+        return 7
+    return torch.ones(256 * 1024)  # 256 Ki float32: 1 MiB
+
+
+class Ping(mujou.Node):
+    """Sends a message, times the echo, sends the next: ``n`` round trips (wall clock)."""
+
+    echo = mujou.Input(object, depth=None)
+    out = mujou.Output(object)
+    done = mujou.Output(int)
+
+    def __init__(self, n: int, kind: str) -> None:
+        super().__init__(period=None)
+        self.n = n
+        self.kind = kind
+        self.rtts: list[int] = []
+        self.t0 = 0
+
+    def on_start(self) -> None:
+        self.message = payload(self.kind)
+
+    def on_update(self, dt: float) -> None:
+        got = self.echo.drain()
+        now = time.perf_counter_ns()
+        if got and self.t0:
+            self.rtts.append(now - self.t0)
+        if len(self.rtts) >= self.n:
+            self.done.send(len(self.rtts))
+            return
+        self.t0 = time.perf_counter_ns()
+        self.out.send(self.message)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rtts": list(self.rtts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rtts = list(state["rtts"])
+
+
+class Kick(mujou.Node):
+    """Starts the ping-pong: one message at its first tick (after every timer runs)."""
+
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.001)
+        self.sent = False
+
+    def on_update(self, dt: float) -> None:
+        if not self.sent:
+            self.sent = True
+            self.out.send(0)
+
+
+class Pong(mujou.Node):
+    """Echoes every message."""
+
+    inp = mujou.Input(object, depth=None)
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+
+    def on_update(self, dt: float) -> None:
+        for m in self.inp.drain():
+            self.out.send(m)
+
+
+def make_pingpong(n: int = 1000, kind: str = "int") -> dict[str, mujou.Node]:
+    """kick -> ping <-> pong: ``n`` timed round trips of ``kind`` messages."""
+    net = {"kick": Kick(), "ping": Ping(n, kind), "pong": Pong()}
+    mujou.connect(net["kick"].out, net["ping"].echo)
+    mujou.connect(net["ping"].out, net["pong"].inp)
+    mujou.connect(net["pong"].out, net["ping"].echo)
+    return net
+
+
+class Burst(mujou.Node):
+    """Sends ``per_tick`` small messages at every tick of 1 ms, ``ticks`` times."""
+
+    out = mujou.Output(float)
+
+    def __init__(self, per_tick: int, ticks: int) -> None:
+        super().__init__(period=0.001)
+        self.per_tick = per_tick
+        self.ticks = ticks
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        if self.n >= self.ticks:
+            return
+        self.n += 1
+        send = self.out.send
+        for i in range(self.per_tick):
+            send(float(i))
+
+
+class Sink(mujou.Node):
+    """Counts what arrives; says when ``expect`` messages have come."""
+
+    inp = mujou.Input(float, depth=None)
+    done = mujou.Output(int)
+
+    def __init__(self, expect: int) -> None:
+        super().__init__(period=None)
+        self.expect = expect
+        self.count = 0
+        self.first = 0
+        self.last = 0
+
+    def on_update(self, dt: float) -> None:
+        n = len(self.inp.drain())
+        if n and not self.first:
+            self.first = time.perf_counter_ns()
+        self.count += n
+        if self.count >= self.expect and not self.last:
+            self.last = time.perf_counter_ns()
+            self.done.send(self.count)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "first": self.first, "last": self.last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.first, self.last = state["count"], state["first"], state["last"]
+
+
+def make_stream(per_tick: int = 1000, ticks: int = 100) -> dict[str, mujou.Node]:
+    """burst -> sink: ``per_tick * ticks`` small messages, as fast as they go."""
+    net = {"burst": Burst(per_tick, ticks), "sink": Sink(per_tick * ticks)}
+    mujou.connect(net["burst"].out, net["sink"].inp)
+    return net
+
+
+class Peer(mujou.Node):
+    """A periodic node that sends its tick count to its peer and keeps what it got."""
+
+    inp = mujou.Input(int, depth=4)
+    out = mujou.Output(int)
+
+    def __init__(self, period: float) -> None:
+        super().__init__(period=period)
+        self.n = 0
+        self.got = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        for v in self.inp.drain():
+            self.got += v
+        self.out.send(self.n)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "got": self.got}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n, self.got = state["n"], state["got"]
+
+
+def make_exchange(period: float = 0.001) -> dict[str, mujou.Node]:
+    """a <-> b: two periodic nodes that message each other at every tick (simulated steps)."""
+    net = {"a": Peer(period), "b": Peer(period)}
+    mujou.connect(net["a"].out, net["b"].inp)
+    mujou.connect(net["b"].out, net["a"].inp)
+    return net
+
+
+class Spin(mujou.Node):
+    """CPU-bound Python: ``work`` iterations of integer arithmetic per update."""
+
+    def __init__(self, work: int, period: float) -> None:
+        super().__init__(period=period)
+        self.work = work
+        self.acc = 0
+
+    def on_update(self, dt: float) -> None:
+        acc = self.acc
+        for i in range(self.work):
+            acc = (acc * 31 + i) % 1_000_003
+        self.acc = acc
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"acc": self.acc}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.acc = state["acc"]
+
+
+def make_spin(work: int = 100_000, period: float = 0.01) -> dict[str, mujou.Node]:
+    """Two CPU-bound nodes, unconnected, at the same period: what processes are for."""
+    return {"a": Spin(work, period), "b": Spin(work, period)}

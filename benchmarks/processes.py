@@ -1,0 +1,302 @@
+"""Placed runs (groups of nodes in processes of their own), measured against the alternatives.
+
+What is measured
+----------------
+Every figure comes from a real placed run, ``mujou.run(factory, placement=...)``:
+group processes started by the Thespian control plane, port messages on the
+ZeroMQ data plane through the host's driver. The nets are in
+``benchmarks/_placed_nets.py``. Start-up (spawning the processes, about a
+second each) is never timed.
+
+* **hop** (real time): ``ping`` in group ``a`` sends a message to ``pong`` in
+  group ``b``, which echoes it; ``ping`` times each round trip with
+  ``time.perf_counter_ns`` in its hook (``--rtt`` round trips) and sends the
+  next. A hop is half a round trip: the message crosses the sender's group,
+  the host's driver and the reader's group once. Messages: a Python ``int``
+  (``int``) and a 1 MiB float32 tensor (``1MB``, through shared memory).
+  Rows, same nets and measurement: ``in one process`` (no placement),
+  ``placed`` (two group processes), and for scale the same ping-pong on
+  ``multiprocessing`` queues between two processes (pickled) and between two
+  Thespian actors of a private ``multiprocTCPBase`` system (``tell``;
+  benchmarks/transport.py's measurement).
+* **stream** (real time): ``burst`` in group ``a`` sends ``--per-tick``
+  floats every millisecond to ``sink`` in group ``b``; figure = messages per
+  second from the first to the last arrival (target >= 100,000 a group pair).
+* **steps** (simulated): two periodic nodes at 1 kHz in two groups message
+  each other at every tick for ``--sim-seconds``; figure = global delta
+  cycles per wall second (two per tick: the ticks, then the deliveries they
+  trigger), the driver's rounds per second, and the same net in one process
+  (target >= 5,000 global steps/s with 2 groups).
+* **cpu** (simulated): two CPU-bound Python nodes (``Spin``: integer
+  arithmetic in a loop, no GIL release) at the same period, in two groups
+  against one process (``workers=2``: one GIL); figure = speed-up of the wall
+  time (target >= 1.7x on 2 cores).
+
+Every figure is the median of ``--repeat`` repetitions; p99 is the median of
+the repetitions' p99. Results: a table, and JSON in
+``benchmarks/results/processes.json`` unless ``--json`` says otherwise.
+Wall-clock figures on a shared 2-core machine vary by 10-40 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _placed_nets as nets  # noqa: E402
+import torch  # noqa: E402
+
+import mujou_actors as mujou  # noqa: E402
+
+TIMEOUT_S = 120.0
+WORKLOADS = ("hop", "stream", "steps", "cpu")
+TARGETS = {"hop int": ("hop p50 µs", 50.0, "<="), "hop 1MB": ("hop p50 µs", 150.0, "<="),
+           "stream": ("msg/s", 100_000.0, ">="), "steps": ("steps/s", 5_000.0, ">="),
+           "cpu": ("speed-up", 1.7, ">=")}
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``values``; 0 for none."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
+
+
+# --------------------------------------------------------------------------- hop
+
+def hop_mujou(kind: str, n: int, placed: bool) -> dict[str, float]:
+    """Round trips of ``ping`` <-> ``pong`` in real time, placed in two groups or not."""
+    kwargs: dict[str, Any] = {"timer": "realtime", "seed": 0}
+    if placed:
+        run = mujou.run(nets.make_pingpong, placement={"ping": "a", "pong": "b"},
+                        net_kwargs={"n": n, "kind": kind}, **kwargs)
+    else:
+        run = mujou.run(nets.make_pingpong(n, kind), **kwargs)
+    try:
+        run.wait_for("ping.done", timeout=TIMEOUT_S)
+        rtts = run.state_dict(timeout=30)["nodes"]["ping"]["rtts"]
+    finally:
+        run.stop()
+    run.join(TIMEOUT_S)
+    us = [r / 1e3 for r in rtts[min(50, len(rtts) // 10):]]  # the first ones warm up
+    return {"rtt_p50": pct(us, 50), "rtt_p99": pct(us, 99), "hop_p50": pct(us, 50) / 2}
+
+
+def _queue_echo(inbox: Any, outbox: Any) -> None:
+    """The child of the multiprocessing ping-pong: echo until None."""
+    while True:
+        m = inbox.get(timeout=TIMEOUT_S)
+        if m is None:
+            return
+        outbox.put(m)
+
+
+def hop_queues(kind: str, n: int) -> dict[str, float]:
+    """The same ping-pong on two ``multiprocessing`` queues between two processes."""
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_queue_echo, args=(inbox, outbox), daemon=True)
+    child.start()
+    message = nets.payload(kind)
+    us = []
+    try:
+        for i in range(n + 50):
+            t0 = time.perf_counter_ns()
+            inbox.put(message)
+            outbox.get(timeout=TIMEOUT_S)
+            if i >= 50:
+                us.append((time.perf_counter_ns() - t0) / 1e3)
+        inbox.put(None)
+        child.join(10)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+    return {"rtt_p50": pct(us, 50), "rtt_p99": pct(us, 99), "hop_p50": pct(us, 50) / 2}
+
+
+def hop_thespian(n: int) -> dict[str, float] | None:
+    """Thespian's own actor-to-actor ``tell`` round trip: benchmarks/transport.py's figure.
+
+    Run as a process of its own (its actors' module must be its main module,
+    and its admin starts faster without this script's imports); None when it fails.
+    """
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "t.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("transport.py")), "--only",
+               "thespian", "--rtt", str(n), "--thespian-small", "200", "--repeat", "1",
+               "--json", str(out)]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=TIMEOUT_S)
+            got = json.loads(out.read_text())["results"]["thespian"]
+        except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
+            print(f"thespian: not measured ({type(exc).__name__})", file=sys.stderr)
+            return None
+    p50 = got["rtt_p50"]["median"] if isinstance(got["rtt_p50"], dict) else got["rtt_p50"]
+    p99 = got["rtt_p99"]["median"] if isinstance(got["rtt_p99"], dict) else got["rtt_p99"]
+    return {"rtt_p50": p50, "rtt_p99": p99, "hop_p50": p50 / 2}
+
+
+# --------------------------------------------------------------------------- stream, steps, cpu
+
+def stream(per_tick: int, ticks: int) -> dict[str, float]:
+    """Small messages from group ``a`` to group ``b`` as fast as they go (real time)."""
+    run = mujou.run(nets.make_stream, placement={"burst": "a", "sink": "b"},
+                    net_kwargs={"per_tick": per_tick, "ticks": ticks}, timer="realtime")
+    try:
+        run.wait_for("sink.done", timeout=TIMEOUT_S)
+        state = run.state_dict(timeout=30)["nodes"]["sink"]
+    finally:
+        run.stop()
+    run.join(TIMEOUT_S)
+    span = (state["last"] - state["first"]) / 1e9
+    return {"rate": state["count"] / span if span > 0 else 0.0}
+
+
+def steps(seconds: float, placed: bool) -> dict[str, float]:
+    """Global delta cycles per wall second of two 1 kHz peers, in two groups or one process."""
+    if placed:
+        run = mujou.run(nets.make_exchange, placement={"a": "a", "b": "b"},
+                        timer="simulated", duration=seconds, seed=0)
+    else:
+        run = mujou.run(nets.make_exchange(), timer="simulated", duration=seconds, seed=0)
+    t0 = time.perf_counter()
+    run.join(TIMEOUT_S)
+    wall = time.perf_counter() - t0
+    ticks = round(seconds * 1000)
+    out = {"steps_s": 2 * ticks / wall, "wall": wall}
+    driver = getattr(run, "_driver", None)
+    if driver is not None:
+        out["rounds_s"] = driver.rounds / wall
+    return out
+
+
+def cpu(work: int, seconds: float) -> dict[str, float]:
+    """Two CPU-bound nodes in two groups against one process: the wall-time speed-up."""
+    walls = {}
+    for placed in (False, True):
+        if placed:
+            run = mujou.run(nets.make_spin, placement={"a": "a", "b": "b"},
+                            net_kwargs={"work": work}, timer="simulated", duration=seconds)
+        else:
+            run = mujou.run(nets.make_spin(work), timer="simulated", duration=seconds,
+                            workers=2)
+        t0 = time.perf_counter()
+        run.join(TIMEOUT_S)
+        walls[placed] = time.perf_counter() - t0
+    return {"one": walls[False], "placed": walls[True], "speedup": walls[False] / walls[True]}
+
+
+# --------------------------------------------------------------------------- main
+
+def _median(samples: list[dict[str, float]]) -> dict[str, float]:
+    keys = samples[0].keys()
+    return {k: statistics.median(s[k] for s in samples) for k in keys}
+
+
+def measure(cfg: argparse.Namespace, only: list[str]) -> dict[str, dict[str, float]]:
+    """Every row of the table: the medians over ``cfg.repeat`` repetitions."""
+    rows: dict[str, list[dict[str, float]]] = {}
+
+    def add(name: str, value: dict[str, float] | None) -> None:
+        if value is not None:
+            rows.setdefault(name, []).append(value)
+
+    for _ in range(cfg.repeat):
+        if "hop" in only:
+            # First: Thespian's stock transport, before the placed runs' loopback-only one.
+            add("hop int thespian tell", hop_thespian(cfg.rtt))
+            for kind in ("int", "1MB"):
+                n = cfg.rtt if kind == "int" else cfg.rtt_big
+                add(f"hop {kind}", hop_mujou(kind, n, placed=True))
+                add(f"hop {kind} in one process", hop_mujou(kind, n, placed=False))
+                add(f"hop {kind} multiprocessing queues", hop_queues(kind, n))
+        if "stream" in only:
+            add("stream", stream(cfg.per_tick, cfg.ticks))
+        if "steps" in only:
+            add("steps", steps(cfg.sim_seconds, placed=True))
+            add("steps in one process", steps(cfg.sim_seconds, placed=False))
+        if "cpu" in only:
+            add("cpu", cpu(cfg.work, cfg.cpu_seconds))
+    return {name: _median(samples) for name, samples in rows.items()}
+
+
+COLUMNS = (("hop_p50", "hop p50 µs", "{:,.0f}"), ("rtt_p50", "RTT p50 µs", "{:,.0f}"),
+           ("rtt_p99", "RTT p99 µs", "{:,.0f}"), ("rate", "msg/s", "{:,.0f}"),
+           ("steps_s", "steps/s", "{:,.0f}"), ("rounds_s", "rounds/s", "{:,.0f}"),
+           ("speedup", "speed-up", "{:.2f}x"))
+
+
+def show(results: dict[str, dict[str, float]]) -> None:
+    """Print the table with each target and whether it was met."""
+    head = ["case"] + [c[1] for c in COLUMNS] + ["target"]
+    lines = [head]
+    for name, row in results.items():
+        cells = [name] + [fmt.format(row[key]) if key in row else "" for key, _, fmt in COLUMNS]
+        target = TARGETS.get(name)
+        if target is None:
+            cells.append("")
+        else:
+            column, value, how = target
+            key = next(k for k, label, _ in COLUMNS if label == column)
+            got = row.get(key, float("nan"))
+            met = got <= value if how == "<=" else got >= value
+            cells.append(f"{how} {value:,g} {'met' if met else 'MISSED'}")
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    for r in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the measurements; print the table; write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rtt", type=int, default=2000, help="round trips of an int")
+    ap.add_argument("--rtt-big", type=int, default=300, help="round trips of a 1 MiB tensor")
+    ap.add_argument("--per-tick", type=int, default=2000, help="stream: messages per 1 ms tick")
+    ap.add_argument("--ticks", type=int, default=100, help="stream: ticks")
+    ap.add_argument("--sim-seconds", type=float, default=2.0, help="steps: simulated seconds")
+    ap.add_argument("--work", type=int, default=100_000, help="cpu: iterations per update")
+    ap.add_argument("--cpu-seconds", type=float, default=0.5, help="cpu: simulated seconds")
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions (3; --quick: 1)")
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--quick", action="store_true", help="small counts, one repetition")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/processes.json")
+    cfg = ap.parse_args(argv)
+    only = [w.strip() for w in cfg.only.split(",") if w.strip()]
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown or not only:
+        ap.error(f"--only: unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    if cfg.quick:
+        cfg.rtt, cfg.rtt_big, cfg.per_tick, cfg.ticks = 200, 30, 500, 20
+        cfg.sim_seconds, cfg.work, cfg.cpu_seconds = 0.2, 20_000, 0.1
+    cfg.repeat = cfg.repeat if cfg.repeat is not None else (1 if cfg.quick else 3)
+    if cfg.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    torch.set_num_threads(1)
+    results = measure(cfg, only)
+    print(f"placed runs, {os.cpu_count()} CPUs, median of {cfg.repeat}")
+    show(results)
+    cfg.json.parent.mkdir(parents=True, exist_ok=True)
+    cfg.json.write_text(json.dumps({"config": {k: (str(v) if isinstance(v, Path) else v)
+                                               for k, v in vars(cfg).items()},
+                                    "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
