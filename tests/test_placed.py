@@ -524,3 +524,27 @@ def test_a_message_that_cannot_cross_fails_the_run_naming_its_port() -> None:
         run.join(30)
     assert info.value.path == "odd"
     assert isinstance(info.value.__cause__, placed.RemoteTraceback)
+
+
+@pytest.mark.parametrize("strategy", ["one_for_one", "one_for_all"])
+def test_a_real_time_placed_run_restarts_a_failed_node_and_keeps_its_snapshots(
+        strategy: str) -> None:
+    placed_support.Flaky.failures = 0
+    supervisor = mujou.Supervisor(strategy, snapshot_every=0.05)
+    args = _check_arguments(Seams(), workers=1, timer="realtime", duration=0.4, seed=7,
+                            state=None, supervisor=supervisor, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(placed_support.make_flaky, placement={"flaky": "a", "sim": "b"},
+                       net_kwargs=None, args=args, inputs=None, state=None,
+                       make_system=InProcessSystem)
+    run.join(30)
+    stats = run.stats()
+    tree = run.state_dict()
+    assert placed_support.Flaky.failures == 1
+    assert stats.nodes["flaky"].restarts == 1
+    restarted = {p for p, n in stats.nodes.items() if n.restarts}
+    assert restarted == ({"flaky"} if strategy == "one_for_one" else set(stats.nodes))
+    assert stats.snapshots.count >= 3  # the first, then about every 50 ms
+    got = tree["nodes"]["count"]["got"]
+    assert got and got == sorted(got)  # flaky's counts, in order (a rewind repeats none)
+    _every_message_once(tree)

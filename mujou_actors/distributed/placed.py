@@ -241,6 +241,7 @@ class _Driver:
         self.listeners: dict[int, list[Callable[[Any], None]]] = {}
         self.host = Host(copy_message, self._callback_failed)
         self.rounds = 0
+        self.rounds_started = self.rounds_ended = 0.0
         self.stuck: dict[str, str] = {}
         self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
         self.final_stats: dict[str, dict[str, Any]] | None = None
@@ -249,6 +250,7 @@ class _Driver:
 
     # -- the rounds ---------------------------------------------------------------------
     def _main(self) -> None:
+        self.rounds_started = time.perf_counter()
         try:
             if self.snapshots is not None:
                 self._snapshot(self.time_ns)  # the first, right after the start
@@ -727,6 +729,7 @@ class _Driver:
 
     def _finish(self) -> None:
         """Stop every group (on_stop), take the final state, end the processes."""
+        self.rounds_ended = time.perf_counter()  # the benchmarks' wall time of the rounds
         self.ending = True
         try:
             self.final_stats = self.group_stats()
