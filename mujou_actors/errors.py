@@ -4,8 +4,10 @@ The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
 (``NodeError``), bad data (``SnapshotError``; ``WireError`` on the data plane
 between processes), time (``StartTimeoutError``,
-``StopTimeoutError``) and the CUDA driver (``SyncModeError``, also
-``mujou.cuda.SyncModeError``). `describe` formats any exception for a message.
+``StopTimeoutError``), the CUDA driver (``SyncModeError``, also
+``mujou.cuda.SyncModeError``) and the processes of a placed run (``GroupDied``;
+``RemoteError``, the control plane's). `describe` formats any exception for a
+message.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = [
     "CallbackError",
     "SyncModeError",
 ]
+# RemoteError (below) is not in __all__: the control plane's, not public API
+# (tests/test_public_api.py: a public module's __all__ lists public names).
 
 
 class MujouError(Exception):
@@ -157,14 +161,20 @@ class CallbackError(MujouError):
 class GroupDied(MujouError):
     """A group process of a placed run ended unasked (killed, crashed, ``os._exit``).
 
+    Also what the control plane (`mujou_actors.distributed.system.ProcessSystem`)
+    raises for a request to a group whose process is gone, or goes while the
+    request waits, and from ``start_group`` when the process ended before its
+    server was built.
+
     Attributes:
         group (str): the group's name.
-        pid (int): its process id.
+        pid (int | None): its process id (``None`` if it ended before it was known).
         reason (str): how it ended, as far as the host could learn.
     """
 
-    def __init__(self, group: str, pid: int, reason: str) -> None:
-        super().__init__(f"group {group!r} (pid {pid}) died: {reason}")
+    def __init__(self, group: str, pid: int | None, reason: str) -> None:
+        where = f" (pid {pid})" if pid is not None else ""
+        super().__init__(f"group {group!r}{where} died: {reason}")
         self.group = group
         self.pid = pid
         self.reason = reason
@@ -193,6 +203,38 @@ class SyncModeError(MujouError, RuntimeError):
         super().__init__(message)
         self.device = device
         self.current = current
+
+
+class RemoteError(MujouError):
+    """Code in a group process of a placed run raised; the process goes on.
+
+    Raised in the host by `mujou_actors.distributed.system.ProcessSystem`:
+    by ``start_group`` when the group's target cannot be imported or raised,
+    by ``ask`` when the server's ``handle`` raised, by ``stop_group`` when its
+    ``close`` raised (the process has ended then). The message names the group
+    and what raised; the remote traceback, as text, is added as a note (so a
+    printed traceback shows it) and kept in ``remote_traceback``. When the
+    original exception pickles and unpickles, it is ``exception`` and the
+    ``__cause__``.
+
+    Attributes:
+        group (str): the group whose process raised.
+        type_name (str): qualified class name of the remote exception.
+        remote_traceback (str): the formatted traceback, in the group's process.
+        exception (BaseException | None): the remote exception, if it crossed.
+    """
+
+    def __init__(self, message: str, *, group: str, type_name: str, remote_traceback: str,
+                 exception: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+        self.exception = exception
+        if remote_traceback:
+            self.add_note(f"Remote traceback (group {group!r}):\n{remote_traceback.rstrip()}")
+        if exception is not None:
+            self.__cause__ = exception
 
 
 def describe(exc: BaseException) -> str:

@@ -938,7 +938,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         check_fit(args.tree, found, ports, state)
     seeds = settle_seeds(found, args.tree, args.seed)
     if make_system is None:
-        from .system import ProcessSystem  # type: ignore[import-not-found]
+        from .system import ProcessSystem
         make_system = ProcessSystem
     return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system)
 

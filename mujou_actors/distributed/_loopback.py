@@ -1,0 +1,318 @@
+"""The Thespian transport of a placed run: TCP on 127.0.0.1 only, and a watchdog.
+
+Thespian's ``TCPTransport`` listens on every interface (it binds ``('', port)``)
+and advertises the machine's outward address, and it unpickles whatever reaches
+its sockets. `LoopbackTCPTransport` is the same transport with every address it
+makes (the socket it listens on, the address it tells others, the admin's) on
+127.0.0.1. It is the transport of every process of a placed run: Thespian hands
+each new process (the admin, its logger, every actor) its parent's transport
+class, so one class set in the host reaches them all.
+
+This file is also run on its own, by path, in each of those processes
+(`runpy.run_path`: the class pickles as "run this file, take the class"), so
+that the admin and the logger get it without importing the package (which
+imports torch: about 1.4 s and 220 MB a process). It therefore imports only the
+standard library and Thespian, never the package.
+
+The watchdog: in every process of a run but the host, a daemon thread checks
+every `WATCH_PERIOD` seconds that the host process, and the process's own
+parent (but in the admin, whose parent exited at its start), are alive. When
+one is gone, it sends SIGTERM to its own process (Thespian's graceful end: an
+actor gets ``ActorExitRequest``; the admin and the logger just end) and ends
+the process with ``os._exit`` `EXIT_GRACE` seconds later if it is still there.
+So a run whose host is killed leaves no process behind. The watchdog thread
+blocks every signal (`signals_blocked`), so that SIGCHLD and SIGTERM reach
+Thespian's main thread.
+
+Nothing of this module is a public API.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copyreg
+import gc
+import multiprocessing
+import operator
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from thespian.system.transport.IPBase import IPActorAddress
+from thespian.system.transport.TCPTransport import ExternalTransportCopy, TCPTransport
+
+LOOPBACK = "127.0.0.1"
+WATCH_PERIOD = 0.25  # seconds between two checks of the host and the parent
+EXIT_GRACE = 3.0  # seconds from the SIGTERM to os._exit, for close() on the way out
+
+# Set by runpy.run_path's init_globals when this file runs in a process of a run:
+# (pid, start time) of the host. Absent where the module is imported normally (the host).
+_RUN_HOST: tuple[int, int | None] | None = globals().get("_RUN_HOST")
+
+# Serializes the windows in which Thespian's addresses default to the loopback
+# (held for a socket's creation and bind, never across a wait).
+_WINDOW = threading.RLock()
+_plain_address_init = IPActorAddress.__init__
+_watchdog_started = False
+
+
+def _loopback_address_init(self: Any, af: Any, socktype: Any, proto: Any, baseaddr: Any,
+                           port: Any, external: Any = False) -> None:
+    """``IPActorAddress.__init__`` with 127.0.0.1 in place of "any" or "find out".
+
+    Thespian turns a missing address into the machine's outward address and
+    binds "external" addresses to ``''`` (every interface); here both become
+    127.0.0.1.
+    """
+    if baseaddr in (None, "", "0.0.0.0"):
+        baseaddr = LOOPBACK
+    _plain_address_init(self, af, socktype, proto, baseaddr, port, external)
+    if self.bindname[0] in ("", "0.0.0.0"):
+        self.bindname = (LOOPBACK, *self.bindname[1:])
+
+
+@contextlib.contextmanager
+def loopback_addresses() -> Iterator[None]:
+    """A window in which every Thespian IP address made in this process is 127.0.0.1.
+
+    Thespian builds its addresses inside ``TCPTransport.__init__`` and
+    ``getAdminAddr`` with no way to pass a host, so their class's ``__init__``
+    is swapped for the length of the call, under a lock (a few microseconds:
+    a socket is created, bound and set listening).
+    """
+    with _WINDOW:
+        IPActorAddress.__init__ = _loopback_address_init
+        try:
+            yield
+        finally:
+            IPActorAddress.__init__ = _plain_address_init
+
+
+class _PickledByPath(type):
+    """Metaclass of `LoopbackTCPTransport`: the class pickles by this file's path.
+
+    ``copyreg`` (which multiprocessing's pickler consults before pickling a
+    class by its module's name) reduces it to "run this file with runpy, take
+    the attribute", so the process that unpickles it needs no import of the
+    package.
+    """
+
+
+class _RunThisFile:
+    """Pickles as ``runpy.run_path(<this file>, {"_RUN_HOST": ...})``: the file's globals."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """The call that runs this file in the unpickling process."""
+        return (runpy.run_path, (os.path.abspath(__file__), {"_RUN_HOST": run_host()},
+                                 "mujou_actors.distributed._loopback"))
+
+
+def _reduce_class(cls: type) -> tuple[Any, tuple[Any, ...]]:
+    """Reduce a class of this file to "take ``cls.__name__`` from this file, run anew"."""
+    return (operator.getitem, (_RunThisFile(), cls.__name__))
+
+
+copyreg.pickle(_PickledByPath, _reduce_class)
+
+
+def run_host() -> tuple[int, int | None]:
+    """The host of the run this process belongs to: (pid, start time), this process in the host.
+
+    Returns:
+        tuple[int, int | None]: the pid and the start time in clock ticks
+        since boot (``/proc/PID/stat``; ``None`` where there is no /proc).
+    """
+    if _RUN_HOST is not None:
+        return _RUN_HOST
+    return os.getpid(), start_time(os.getpid())
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), which tells a reused pid apart.
+
+    Args:
+        pid (int): the process.
+
+    Returns:
+        int | None: the 22nd field of ``/proc/PID/stat``, ``None`` if unreadable.
+    """
+    stat = stat_fields(pid)
+    return int(stat[19]) if stat is not None else None
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name, ``None`` if unreadable.
+
+    Args:
+        pid (int): the process.
+
+    Returns:
+        list[str] | None: ``[state, ppid, pgrp, ...]`` (the start time at index
+        19); ``None`` when there is no such process or no /proc.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2:].split()  # the name may hold spaces and parentheses
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether a process runs: it exists, is no zombie, and (if given) started then.
+
+    Args:
+        pid (int): the process.
+        started (int | None): its start time as `start_time` gave it, to tell a
+            pid reused by another process apart; ``None`` not to check.
+
+    Returns:
+        bool: ``True`` while it runs. Without /proc: whether ``os.kill(pid, 0)``
+        finds it.
+    """
+    stat = stat_fields(pid)
+    if stat is not None:
+        return stat[0] not in ("Z", "X") and (started is None or int(stat[19]) == started)
+    if os.path.isdir("/proc/self"):
+        return False  # /proc works, so the process is gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start_watchdog() -> None:
+    """Start this process's watchdog thread (once): see the module's docstring."""
+    global _watchdog_started
+    with _WINDOW:
+        if _watchdog_started or _RUN_HOST is None or os.getpid() == _RUN_HOST[0]:
+            return
+        _watchdog_started = True
+    watched = [_RUN_HOST]
+    # The admin's parent is a starter process that exits as soon as it has forked it.
+    if multiprocessing.current_process().name != "ThespianAdmin":
+        parent = os.getppid()
+        watched.append((parent, start_time(parent)))
+    with signals_blocked():
+        threading.Thread(target=_watch, args=(watched,), name="mujou-run-watchdog",
+                         daemon=True).start()
+
+
+@contextlib.contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Threads started inside this block get no signals; the main thread gets them all.
+
+    Thespian's actors learn of a dead child from SIGCHLD, and of a shutdown
+    from SIGTERM, only if the signal wakes their main thread, blocked in
+    ``select``: Linux gives a process's signal to any thread that does not
+    block it, and one given to another Python thread just waits until the
+    main thread wakes for some other reason (seconds, or never). A new thread
+    inherits the signal mask of the thread that starts it, so the mask is set
+    around the start and put back.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _watch(watched: list[tuple[int, int | None]]) -> None:
+    """The watchdog's loop: end this process once one of ``watched`` is gone."""
+    while all(alive(pid, started) for pid, started in watched):
+        time.sleep(WATCH_PERIOD)
+    try:
+        # to the main thread, which Thespian's loop runs on (a signal to the
+        # process may go to any thread that does not block it)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+        time.sleep(EXIT_GRACE)
+    finally:
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def _quiet_teardown() -> None:
+    """At the exit of a process of a run: print no error of a finalizer during teardown.
+
+    Objects freed while the interpreter clears its modules (more of them after
+    ``gc.freeze``) run finalizers that find their module's names gone
+    (Thespian's ``TCPTransport.__del__``, torch's library finalizers) and
+    raise ``TypeError: 'NoneType' object is not callable``, which Python would
+    print as "Exception ignored in ...". Nothing can act on them then; other
+    unraisable errors, before the teardown, are printed as usual.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not sys.is_finalizing():
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
+    """Thespian's TCP transport with every socket and address on 127.0.0.1.
+
+    Args:
+        initType (Any): Thespian's init object (which process and role).
+        *args (Any): Thespian's further arguments for that init type.
+    """
+
+    def __init__(self, initType: Any, *args: Any) -> None:  # noqa: N803 (Thespian's name)
+        with loopback_addresses():
+            super().__init__(initType, *args)
+        _start_watchdog()
+
+    @staticmethod
+    def getAdminAddr(capabilities: dict[str, Any]) -> Any:  # noqa: N802 (Thespian's name)
+        """The admin's address, on 127.0.0.1.
+
+        Args:
+            capabilities (dict[str, Any]): the system's capabilities (its admin port).
+
+        Returns:
+            Any: a Thespian ``ActorAddress``.
+        """
+        with loopback_addresses():
+            return TCPTransport.getAdminAddr(capabilities)
+
+    def abort_run(self, drain: bool = False) -> Any:
+        """End the transport's run loop; in a process of a run, also make its end quick.
+
+        Thespian calls it only when the process's actor (or the admin) is
+        ending. With torch loaded, the interpreter's last garbage collections
+        take about 0.4 s; objects frozen by ``gc.freeze`` are skipped by them
+        (they are still finalized as their references go, and the streams
+        flushed; only reference cycles are left to the operating system).
+        Not in the host, whose transport Thespian also aborts after a failed send.
+
+        Args:
+            drain (bool): let the pending sends go out first (Thespian's meaning).
+
+        Returns:
+            Any: what Thespian's ``abort_run`` returns.
+        """
+        if _RUN_HOST is not None and os.getpid() != _RUN_HOST[0]:
+            gc.freeze()
+            atexit.register(_quiet_teardown)
+        return super().abort_run(drain)
+
+    def external_transport_clone(self) -> Any:
+        """The transport a host thread uses to create an actor, on 127.0.0.1 too.
+
+        Returns:
+            Any: a new `LoopbackTCPTransport` sharing this one's admin.
+        """
+        return LoopbackTCPTransport(ExternalTransportCopy(), self._adminAddr, self.txOnly, False)

@@ -1,0 +1,849 @@
+"""The control plane of a placed run: a private Thespian actor system and its processes.
+
+`ProcessSystem` starts, for one run, a private Thespian ``multiprocTCPBase``
+actor system (its own admin on a free port, ``transientUnique``, processes
+started with ``spawn``), a `~mujou_actors.distributed.actors.Coordinator`
+actor, and one group process per `ProcessSystem.start_group`; it carries
+control requests to a group's server (`ProcessSystem.ask`), tells the host
+when a group process dies (`ProcessSystem.notices`, `ProcessSystem.take_exits`)
+and ends it all (`ProcessSystem.shutdown`), with a bound on every wait.
+
+Processes of one run (each a process of its own)::
+
+    host (the caller) ── Thespian admin ── Thespian logger
+                                        └─ coordinator ── group "a", group "b", ...
+
+The admin and the logger are Thespian's: they import Thespian, the standard
+library and the host's main module (as ``spawn`` does: see below), not the
+package; the coordinator and the group processes import the package, and so
+torch (about 1.4 s of CPU each). All but the host are in one process group
+(the admin's). Every one of them runs a watchdog thread that ends its process
+when the host, or its own parent, is gone: within ``WATCH_PERIOD`` (0.25 s) it
+sends SIGTERM to its main thread (Thespian's graceful end: a group's server's
+``close()`` runs), and ``EXIT_GRACE`` (3 s) later it ends the process if it
+is still there; so a killed host leaves nothing behind.
+
+What listens where (for the security note; Thespian unpickles what reaches its
+sockets, so none of them may be reachable from another machine):
+
+* every Thespian socket of the run, TCP on 127.0.0.1 only: the admin on its
+  admin port (a free port picked at start, never Thespian's shared default
+  1900), the logger, the coordinator, each group actor and the host's own
+  reply socket, each on an ephemeral port; the addresses they tell each other
+  are 127.0.0.1 too (Thespian's stock transport listens on every interface
+  and advertises the machine's outward address; see
+  `mujou_actors.distributed._loopback`);
+* the host's notices socket (zmq PULL): ``ipc://`` in a private temporary
+  folder (mode 0700), or ``tcp://127.0.0.1`` on an ephemeral port where zmq
+  has no ipc transport; the coordinator connects to it, nothing listens in the
+  coordinator;
+* nothing else: the group's own data-plane sockets are the group server's
+  business.
+
+The processes run as the host's user; anyone who can connect to 127.0.0.1
+as another local user could reach the Thespian ports (as with Thespian
+itself); the ipc folder is private to the user.
+
+Threads: a `ProcessSystem` is driven from one thread (the run's driver
+thread); only `notices` may be polled from it too. Thespian's ActorSystem
+is not thread-safe, so every Thespian call here is made under a lock, held for
+that one call (at most `POLL_S`) and never across another wait. In a group
+process, Thespian's actor runs on the main thread and learns of SIGTERM (and
+of its children's deaths, SIGCHLD) only if the signal wakes that thread: a
+thread the group's server starts should be started inside
+`mujou_actors.distributed._loopback.signals_blocked()`, or it may take the
+signal and leave the main thread asleep.
+
+How a group process finds the target: it is spawned with the host's
+``sys.path`` (as it was when the `ProcessSystem` was made) and working folder,
+plus the folders given in ``start_group(sys_path=...)``, put first. The host's
+main module is imported again in every process of the run, as ``spawn`` does
+(as ``__mp_main__``, which is also ``sys.modules["__main__"]`` there, so a
+target ``"__main__:make"`` names the host script's function), unless it is a
+``-m`` package's ``__main__`` (the ``mujou`` command, pytest) or interactive.
+A script must therefore keep its work under ``if __name__ == "__main__":``;
+and its top-level imports are paid in every process (torch: about 1.4 s each
+for the admin and its logger, one after the other, at the start of each run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import zmq
+from thespian.actors import ActorExitRequest, ActorSystem, InvalidActorAddress, PoisonMessage
+from thespian.system.multiprocTCPBase import ActorSystemBase
+
+from ..errors import GroupDied, RemoteError, describe
+from . import actors
+from ._loopback import (
+    LOOPBACK,
+    LoopbackTCPTransport,
+    alive,
+    signals_blocked,
+    start_time,
+    stat_fields,
+)
+
+__all__ = ["GroupExit", "ProcessSystem", "POLL_S"]
+
+log = logging.getLogger("mujou_actors")
+
+POLL_S = 0.05  # the longest one Thespian call waits; a request's wait is made of these
+REAP_S = 2.0  # how long a group that was asked to end may take before it is killed
+KILL_WAIT_S = 1.0  # how long a killed process may take to be gone
+
+
+class GroupExit(NamedTuple):
+    """A group process that ended without being asked to (`ProcessSystem.take_exits`).
+
+    Attributes:
+        group (str): the group's name.
+        pid (int): its process id.
+        reason (str): how it ended, e.g. ``"killed by SIGKILL (ChildActorExited)"``,
+            ``"exited with code 3 (ChildActorExited)"``, or that the coordinator died.
+    """
+
+    group: str
+    pid: int
+    reason: str
+
+
+class _LoopbackTCPBase(ActorSystemBase):
+    """Thespian's ``multiprocTCPBase`` with the loopback transport (see the module)."""
+
+    transportType = LoopbackTCPTransport
+
+
+class _Group:
+    """The host's record of one started group."""
+
+    def __init__(self, name: str, pid: int, address: Any) -> None:
+        self.name = name
+        self.pid = pid
+        self.started = start_time(pid)
+        self.address = address
+        self.exit: GroupExit | None = None  # set once a notice said it ended
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound, read, released).
+
+    Returns:
+        int: the port.
+    """
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _children() -> set[int]:
+    """The pids of this process's children (from /proc; empty without it)."""
+    found = set()
+    me = str(os.getpid())
+    if os.path.isdir("/proc/self"):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                fields = stat_fields(int(name))
+                if fields is not None and fields[1] == me:
+                    found.add(int(name))
+    return found
+
+
+def _starters(before: set[int]) -> set[int]:
+    """The children that started a Thespian admin: new since ``before``, group leaders.
+
+    Thespian starts its admin from a short-lived child that calls ``setsid``
+    and forks the admin, so that child's pid is the process group of every
+    process of the run.
+    """
+    found = set()
+    for pid in _children() - before:
+        fields = stat_fields(pid)
+        if fields is not None and fields[2] == str(pid):
+            found.add(pid)
+    return found
+
+
+class ProcessSystem:
+    """One run's private Thespian actor system: group processes, requests, crash notices.
+
+    Made and used by the host's driver thread, and only by it (see the
+    module's docstring on threads). Every method waits at most its timeout
+    (plus `KILL_WAIT_S` where it had to kill a process). Use it as a context
+    manager, or call `shutdown`.
+
+    Args:
+        start_timeout (float): seconds for the actor system and the coordinator
+            to be up (the coordinator's process imports the package: about
+            1.5 s). Thespian's own bounds also apply: its admin must answer
+            within 5 s, and it waits up to 50 s for a new actor's process.
+
+    Raises:
+        TimeoutError: the admin or the coordinator did not answer in time
+            (everything started is ended first).
+    """
+
+    def __init__(self, *, start_timeout: float = 30.0) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._groups: dict[str, _Group] = {}
+        self._exits: list[GroupExit] = []
+        self._closed = False
+        self._asys: Any = None
+        self._coordinator: Any = None
+        self._coordinator_pid: int | None = None
+        self._coordinator_started: int | None = None
+        self._coordinator_gone = False
+        self._admin_pid: int | None = None
+        self._pgids: set[int] = set()  # the run's process group (more after a retried start)
+        self._starters: set[int] = set()  # our children that started an admin: to reap
+        self._monitor: threading.Thread | None = None
+        self._monitor_stop = threading.Event()
+        self._folder = tempfile.mkdtemp(prefix="mujou-run-")
+        self._context: zmq.Context[Any] = zmq.Context()
+        self._pull: zmq.Socket[Any] = self._context.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        if zmq.has("ipc"):
+            self._notices_address = f"ipc://{self._folder}/notices"
+            self._pull.bind(self._notices_address)
+        else:
+            port = self._pull.bind_to_random_port(f"tcp://{LOOPBACK}")
+            self._notices_address = f"tcp://{LOOPBACK}:{port}"
+        self.admin_port = free_port()
+        try:
+            self._start(start_timeout)
+        except BaseException:
+            self.shutdown(timeout=5.0)
+            raise
+
+    def _start(self, timeout: float) -> None:
+        """Start the admin (and its logger) and the coordinator; learn their pids."""
+        capabilities = {"Admin Port": self.admin_port, "Process Startup Method": "spawn"}
+        deadline = time.monotonic() + timeout
+        before = _children()
+        while True:
+            try:
+                base = _LoopbackTCPBase(types.SimpleNamespace(capabilities=capabilities))
+                break
+            except InvalidActorAddress as exc:
+                # Thespian waits 5 s for its admin and its logger to be up; each imports
+                # the host's main module (spawn does), which may import torch: on a loaded
+                # machine that takes longer. The admin started is ours (our port): once
+                # up, the next try finds it there and joins it.
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"the run's Thespian admin (port {self.admin_port}) "
+                                       f"did not answer within {timeout} s") from exc
+            finally:
+                self._starters = _starters(before)
+                self._pgids = set(self._starters)
+        # A system base object of our own: Thespian's documented alternative to a name.
+        self._asys = ActorSystem(base, capabilities, transientUnique=True)
+        with self._lock:
+            self._coordinator = self._asys.createActor(actors.Coordinator)
+        seq = self._next()
+        reply = self._request(self._coordinator, actors.Configure(seq, self._notices_address),
+                              seq, max(deadline - time.monotonic(), 1.0),
+                              "the coordinator's start")
+        self._coordinator_pid, self._admin_pid = reply.pid, reply.admin_pid
+        self._pgids.add(reply.pgid)
+        self._coordinator_started = start_time(reply.pid)
+        self._reap_starters()
+        self._monitor = threading.Thread(target=self._watch_coordinator,
+                                         name="mujou-coordinator-monitor", daemon=True)
+        with signals_blocked():  # the host's signals are for its main thread
+            self._monitor.start()
+
+    # ----------------------------------------------------------------- the API
+
+    @property
+    def notices(self) -> zmq.Socket[Any]:
+        """The socket that becomes readable when a group process ended unasked.
+
+        A zmq PULL socket, for the driver's ``zmq.Poller`` (with its other
+        sockets); read it with `take_exits`, not directly. A notice arrives
+        a few milliseconds after the process died (see
+        ``benchmarks/control.py``).
+        """
+        return self._pull
+
+    def take_exits(self) -> list[GroupExit]:
+        """The group processes found ended since the last call, oldest first; never waits.
+
+        A group ended by `stop_group`, or whose `start_group` raised, is not
+        among them. When the coordinator itself died, every group still
+        running is reported (its process ends with the coordinator).
+
+        Returns:
+            list[GroupExit]: the exits; an empty list when there are none.
+        """
+        while True:
+            try:
+                raw = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            notice = json.loads(raw)
+            if "coordinator" in notice:
+                self._coordinator_gone = True
+                reason = f"the coordinator (pid {notice['coordinator']}) died"
+                for group in self._groups.values():
+                    self._exited(group, reason)
+                continue
+            entry = self._groups.get(notice["group"])
+            if entry is not None and entry.pid == notice["pid"]:
+                self._exited(entry, notice["reason"])
+        exits, self._exits = self._exits, []
+        return exits
+
+    def pid(self, group: str) -> int:
+        """The process id of a group (its latest process, if it was started again).
+
+        Args:
+            group (str): the group's name.
+
+        Returns:
+            int: its pid.
+
+        Raises:
+            KeyError: no such group was started (or it was stopped).
+        """
+        return self._group(group).pid
+
+    def run_pids(self) -> list[int]:
+        """The processes of the run still running (admin, logger, coordinator, groups).
+
+        The members of the run's process group (from /proc), and the pids known.
+
+        Returns:
+            list[int]: the pids, in increasing order.
+        """
+        known = [p for p in (self._admin_pid, self._coordinator_pid) if p is not None]
+        known += [g.pid for g in self._groups.values()]
+        found = set(known)
+        groups = {str(g) for g in self._pgids}
+        if groups and os.path.isdir("/proc/self"):
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    fields = stat_fields(int(name))
+                    if fields is not None and fields[2] in groups:
+                        found.add(int(name))
+        return sorted(p for p in found if p != os.getpid() and alive(p))
+
+    def start_group(self, group: str, target: str, kwargs: dict[str, Any], timeout: float,
+                    sys_path: Sequence[str] = ()) -> int:
+        """Start a group process and build its server: ``server = target(**kwargs)`` there.
+
+        The coordinator creates the group's actor (a new process, which
+        imports the package); the actor imports ``target``'s module and calls
+        it. A group whose process ended (see `take_exits`) may be started
+        again under the same name. `start_groups` starts several at once.
+
+        Args:
+            group (str): the group's name.
+            target (str): ``"package.module:function"``, importable in the new
+                process; the function returns the server (``handle(request)``,
+                ``close()``).
+            kwargs (dict[str, Any]): its keyword arguments: plain picklable data.
+            timeout (float): seconds for all of it (spawn, imports, the call).
+            sys_path (Sequence[str]): folders to put first on the new process's
+                ``sys.path`` before the import.
+
+        Returns:
+            int: the group process's pid.
+
+        Raises:
+            TypeError: ``group`` or ``target`` is not a str.
+            ValueError: a group of that name runs already.
+            RemoteError: the target could not be imported, or raised (its
+                traceback is in the error); the process has been ended.
+            GroupDied: the process died before the server was built.
+            TimeoutError: not done within ``timeout``; the process has been ended.
+        """
+        return self.start_groups({group: (target, kwargs)}, timeout, sys_path)[group]
+
+    def start_groups(self, groups: Mapping[str, tuple[str, Mapping[str, Any]]], timeout: float,
+                     sys_path: Sequence[str] = ()) -> dict[str, int]:
+        """Start several group processes at once (their imports overlap); see `start_group`.
+
+        All or nothing: if one fails, those that started are stopped, and the
+        first failure, in the mapping's order, is raised (the others are named
+        in a note).
+
+        Args:
+            groups (Mapping[str, tuple[str, Mapping[str, Any]]]): group name ->
+                ``(target, kwargs)``.
+            timeout (float): seconds for all of them.
+            sys_path (Sequence[str]): folders to put first on every new
+                process's ``sys.path``.
+
+        Returns:
+            dict[str, int]: group name -> pid.
+
+        Raises:
+            TypeError: a name or target is not a str.
+            ValueError: a group of one of those names runs already.
+            RemoteError: a target could not be imported, or raised.
+            GroupDied: a process died before its server was built.
+            TimeoutError: not all done within ``timeout``.
+        """
+        self._check_open()
+        for name, (target, _) in groups.items():
+            if not isinstance(name, str) or not isinstance(target, str):
+                raise TypeError(f"a group name and its target are str, not "
+                                f"{type(name).__name__} and {type(target).__name__}")
+            old = self._groups.get(name)
+            if old is not None and old.exit is None and alive(old.pid, old.started):
+                raise ValueError(f"group {name!r} is running already (pid {old.pid})")
+        for name in groups:
+            self._groups.pop(name, None)
+        seqs = {name: self._next() for name in groups}
+        booted: dict[str, int] = {}
+
+        def booting(reply: Any) -> bool:
+            if isinstance(reply, actors.Booting):
+                booted[reply.group] = reply.pid
+                return True
+            return False
+
+        deadline = time.monotonic() + timeout
+        sends = [(self._coordinator, actors.StartGroup(seqs[name], name, target, dict(kwargs),
+                                                       tuple(sys_path)))
+                 for name, (target, kwargs) in groups.items()]
+        replies = self._request_many(sends, set(seqs.values()), timeout,
+                                     check=self._check_coordinator, interim=booting)
+        started: dict[str, _Group] = {}
+        failures: list[tuple[str, BaseException]] = []
+        for name, (target, _) in groups.items():
+            reply = replies.get(seqs[name])
+            what = f"the start of group {name!r} ({target})"
+            if isinstance(reply, actors.GroupStarted):
+                started[name] = _Group(name, reply.pid, reply.address)
+            elif reply is None:
+                self._abandon(name, booted.get(name))
+                failures.append((name, TimeoutError(f"{what}: not done within {timeout} s; "
+                                                    "its process was ended")))
+            else:  # GroupStartFailed: its process is ending (the coordinator asked it to)
+                pid = booted.get(name)
+                if pid is not None:
+                    self._end_process(pid, max(deadline - time.monotonic(), REAP_S))
+                if reply.failure is None:
+                    failures.append((name, GroupDied(
+                        name, pid, f"its process ended while building its server "
+                                   f"({target}): {reply.reason}")))
+                else:
+                    failures.append((name, self._remote_error(
+                        name, f"could not start {target!r}", reply.failure)))
+        self._groups.update(started)
+        if failures:
+            for name in started:
+                try:
+                    self.stop_group(name, max(deadline - time.monotonic(), REAP_S))
+                except Exception:  # noqa: BLE001 - the start's failure is what is raised
+                    pass
+            error = failures[0][1]
+            if len(failures) > 1:
+                error.add_note("Other groups failed too: " + ", ".join(
+                    f"{n!r} ({describe(e)})" for n, e in failures[1:]))
+            raise error
+        return {name: entry.pid for name, entry in started.items()}
+
+    def ask(self, group: str, request: Any, timeout: float) -> Any:
+        """A control request to a group's server: ``server.handle(request)`` there.
+
+        The request and the value travel pickled (Thespian's transport).
+
+        Args:
+            group (str): the group's name.
+            request (Any): any picklable object.
+            timeout (float): seconds to wait for the answer.
+
+        Returns:
+            Any: what ``handle`` returned.
+
+        Raises:
+            KeyError: no such group was started.
+            RemoteError: ``handle`` raised (its traceback is in the error).
+            TypeError: the request does not pickle, or the answer does not
+                unpickle in this process.
+            GroupDied: the group's process is gone, or went while this waited
+                (found within `POLL_S`).
+            TimeoutError: no answer within ``timeout`` (a late answer is dropped).
+        """
+        self._check_open()
+        entry = self._group(group)
+        self._check_group(entry)
+        name = type(request).__name__
+        try:
+            payload = pickle.dumps(request)
+        except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
+            raise TypeError(f"the {name} request to group {group!r} does not pickle: "
+                            f"{describe(exc)}") from exc
+        seq = self._next()
+        reply = self._request(entry.address, actors.Call(seq, group, payload), seq, timeout,
+                              f"the {name} request to group {group!r}",
+                              check=lambda: self._check_group(entry))
+        if reply.failure is not None:
+            raise self._remote_error(group, f"handle({name}) raised", reply.failure)
+        try:
+            return pickle.loads(reply.value)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises several kinds
+            raise TypeError(f"the answer of group {group!r} to the {name} request does not "
+                            f"unpickle here: {describe(exc)}") from exc
+
+    def stop_group(self, group: str, timeout: float) -> None:
+        """Stop a group: ``server.close()`` in its process, then the process ends.
+
+        Args:
+            group (str): the group's name (a group already gone is just forgotten).
+            timeout (float): seconds for ``close()`` and the end of the process;
+                past it, the process is killed.
+
+        Raises:
+            KeyError: no such group was started.
+            RemoteError: ``close()`` raised (the process has ended all the same).
+            TimeoutError: ``close()`` did not return in time; the process was killed.
+        """
+        self._check_open()
+        entry = self._group(group)
+        deadline = time.monotonic() + timeout
+        seq = self._next()
+        try:
+            reply = self._request(self._coordinator, actors.StopGroup(seq, group), seq,
+                                  timeout, f"the stop of group {group!r}",
+                                  check=self._check_coordinator)
+        except TimeoutError:
+            self._kill([entry.pid])
+            del self._groups[group]
+            raise TimeoutError(f"group {group!r}: close() and the end of its process took "
+                               f"more than {timeout} s; the process was killed") from None
+        except GroupDied:  # the coordinator is gone: end the process here
+            self._kill([entry.pid])
+            del self._groups[group]
+            raise
+        self._end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
+        del self._groups[group]
+        if reply.failure is not None:
+            raise self._remote_error(group, "close() raised", reply.failure)
+
+    def shutdown(self, timeout: float = 10.0) -> dict[str, RemoteError]:
+        """End the run: every server's ``close()``, every process, the sockets; idempotent.
+
+        Every group's ``close()`` gets half of ``timeout``; a group still there
+        after that is killed. Then the coordinator is asked to end (killed past
+        three quarters of ``timeout``) and Thespian's own shutdown ends the
+        admin and its logger; any process of the run still there when
+        ``timeout`` is spent is killed. Afterwards no process of the run is
+        left and nothing listens on the admin port.
+
+        Args:
+            timeout (float): seconds for the graceful part (plus `KILL_WAIT_S`
+                if something had to be killed; and Thespian's own 10 s bound
+                on its shutdown, should its admin stop answering).
+
+        Returns:
+            dict[str, RemoteError]: the groups whose ``close()`` raised, and
+            what (also logged, on the ``mujou_actors`` logger); empty when none
+            did, and on a second call.
+        """
+        if self._closed:
+            return {}
+        self._closed = True
+        self._monitor_stop.set()  # the coordinator is about to end, as asked
+        deadline = time.monotonic() + timeout
+        failures: dict[str, RemoteError] = {}
+        try:
+            if self._asys is not None:
+                failures = self._stop_all(deadline - timeout / 2)
+                self._end_coordinator(deadline - timeout / 4)
+                with self._lock:
+                    self._asys.shutdown()  # Thespian's: the admin and the logger
+        finally:
+            self._asys = None
+            self._end_run(deadline)
+            if self._monitor is not None:
+                self._monitor.join(timeout=KILL_WAIT_S)
+            self._pull.close(linger=0)
+            self._context.term()
+            shutil.rmtree(self._folder, ignore_errors=True)
+        for error in failures.values():
+            log.error("%s\n%s", error, error.remote_traceback)
+        return failures
+
+    def __enter__(self) -> ProcessSystem:
+        """The system itself (``with ProcessSystem() as system: ...``)."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`shutdown`, with its default timeout."""
+        self.shutdown()
+
+    # ----------------------------------------------------------------- requests
+
+    def _next(self) -> int:
+        """A new request number (answers carry it; stale answers are dropped)."""
+        self._seq += 1
+        return self._seq
+
+    def _request(self, to: Any, msg: Any, seq: int, timeout: float, what: str,
+                 check: Callable[[], None] | None = None) -> Any:
+        """Send ``msg`` to an actor and wait for the answer numbered ``seq``.
+
+        Returns:
+            Any: the answer.
+
+        Raises:
+            TimeoutError: none within ``timeout``, naming ``what``.
+        """
+        replies = self._request_many([(to, msg)], {seq}, timeout, check)
+        if seq not in replies:
+            raise TimeoutError(f"{what}: no answer within {timeout} s")
+        return replies[seq]
+
+    def _request_many(self, sends: list[tuple[Any, Any]], seqs: set[int], timeout: float,
+                      check: Callable[[], None] | None = None,
+                      interim: Callable[[Any], bool] | None = None) -> dict[int, Any]:
+        """Send messages to actors and wait for the answers numbered ``seqs``.
+
+        The wait is made of Thespian calls of at most `POLL_S` each, under the
+        lock; between them ``check`` may raise (a dead process), and answers
+        of other numbers (late ones) are dropped. ``interim(answer)`` returning
+        ``True`` marks an answer as progress, not the end.
+
+        Args:
+            sends (list[tuple[Any, Any]]): (actor address, message) to send, in order.
+            seqs (set[int]): the numbers of the answers awaited.
+            timeout (float): seconds for all of them.
+            check (Callable[[], None] | None): called between waits; raises to give up.
+            interim (Callable[[Any], bool] | None): see above.
+
+        Returns:
+            dict[int, Any]: number -> answer; those missing at the deadline are absent.
+
+        Raises:
+            RuntimeError: the system is shut down, or an actor failed on a message
+                (Thespian's ``PoisonMessage``).
+        """
+        deadline = time.monotonic() + timeout
+        replies: dict[int, Any] = {}
+        pending = list(sends)
+        while len(replies) < len(seqs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with self._lock:
+                if self._asys is None:
+                    raise RuntimeError("the process system is shut down")
+                if pending:  # the others' sends go on in the next calls' transport runs
+                    to, msg = pending.pop(0)
+                    reply = self._asys.ask(to, msg, min(left, 0.005 if pending else POLL_S))
+                else:
+                    reply = self._asys.listen(min(left, POLL_S))
+            seq = getattr(reply, "seq", None)
+            if isinstance(reply, PoisonMessage):
+                failed = getattr(reply.poisonMessage, "seq", None)
+                if failed in seqs:
+                    raise RuntimeError(f"an actor failed on {type(reply.poisonMessage).__name__}"
+                                       f":\n{reply.details}")
+            elif seq in seqs and seq not in replies and not (interim and interim(reply)):
+                replies[seq] = reply
+            if check is not None:
+                check()
+        return replies
+
+    def _group(self, group: str) -> _Group:
+        """The record of a started group."""
+        entry = self._groups.get(group)
+        if entry is None:
+            raise KeyError(f"no group {group!r} in this run")
+        return entry
+
+    def _check_open(self) -> None:
+        """Refuse calls after `shutdown`."""
+        if self._closed:
+            raise RuntimeError("the process system is shut down")
+
+    def _check_group(self, entry: _Group) -> None:
+        """Raise `GroupDied` if the group's process is gone."""
+        if entry.exit is not None:
+            raise GroupDied(entry.name, entry.pid, entry.exit.reason)
+        if not alive(entry.pid, entry.started):
+            raise GroupDied(entry.name, entry.pid, "its process is gone")
+        self._check_coordinator()
+
+    def _check_coordinator(self) -> None:
+        """Raise `GroupDied` (for every group) if the coordinator is gone."""
+        pid = self._coordinator_pid
+        if self._coordinator_gone or (pid is not None
+                                      and not alive(pid, self._coordinator_started)):
+            raise GroupDied("<coordinator>", pid, "the run's coordinator process is gone; "
+                            "every group went with it")
+
+    def _exited(self, group: _Group, reason: str) -> None:
+        """Record a group's unasked end (once)."""
+        if group.exit is None:
+            group.exit = GroupExit(group.name, group.pid, reason)
+            self._exits.append(group.exit)
+
+    @staticmethod
+    def _remote_error(group: str, what: str, failure: actors.Failure) -> RemoteError:
+        """The host's error for a failure in a group process."""
+        exception = None
+        if failure.pickled is not None:
+            try:
+                exception = pickle.loads(failure.pickled)
+            except Exception:  # noqa: BLE001 - its class may not exist here; the text stays
+                exception = None
+        if not isinstance(exception, BaseException):
+            exception = None
+        return RemoteError(f"group {group!r}: {what}: {failure.message}", group=group,
+                           type_name=failure.type_name, remote_traceback=failure.traceback,
+                           exception=exception)
+
+    # ----------------------------------------------------------------- ending processes
+
+    def _abandon(self, group: str, booted: int | None) -> None:
+        """After a start timed out: tell the coordinator, kill the process if known."""
+        seq = self._next()
+        try:
+            self._request(self._coordinator, actors.StopGroup(seq, group), seq, POLL_S * 4,
+                          f"the abandon of group {group!r}")
+        except (TimeoutError, RuntimeError):
+            pass  # the process is killed below, or by shutdown's sweep of the process group
+        if booted is not None:
+            self._kill([booted])
+
+    def _stop_all(self, until: float) -> dict[str, RemoteError]:
+        """`StopAll` through the coordinator until ``until``; then kill the groups left.
+
+        Returns:
+            dict[str, RemoteError]: what the groups' ``close()`` raised.
+        """
+        failures: dict[str, RemoteError] = {}
+        if self._groups and self._coordinator is not None:
+            seq = self._next()
+            try:
+                reply = self._request(self._coordinator, actors.StopAll(seq), seq,
+                                      max(until - time.monotonic(), POLL_S),
+                                      "the stop of every group", check=self._check_coordinator)
+            except (TimeoutError, GroupDied, RuntimeError):
+                pass  # the groups left are killed below
+            else:
+                failures = {group: self._remote_error(group, "close() raised", failure)
+                            for group, failure in reply.failures.items()}
+        pids = [g.pid for g in self._groups.values()]
+        self._groups.clear()
+        self._wait_gone(pids, max(until - time.monotonic(), 0.0))
+        self._kill(pids)
+        return failures
+
+    def _end_coordinator(self, until: float) -> None:
+        """Ask the coordinator to end, wait for its process until ``until``, then kill it.
+
+        Done before Thespian's own shutdown, so that the admin has no child
+        left to wait for (Thespian waits up to 10 s for one that does not answer).
+        """
+        pid = self._coordinator_pid
+        if pid is None or not alive(pid, self._coordinator_started):
+            return
+        with self._lock:
+            if self._asys is not None:  # no answer comes: a short wait sends it
+                self._asys.ask(self._coordinator, ActorExitRequest(), 0.01)
+        if not self._wait_gone([pid], max(until - time.monotonic(), 0.0)):
+            self._kill([pid])
+
+    def _end_run(self, deadline: float) -> None:
+        """Wait until ``deadline`` for every process of the run to be gone; kill the rest."""
+        if not self._wait_gone(self.run_pids, max(deadline - time.monotonic(), 0.0)):
+            self._kill_group()
+            self._kill(self.run_pids())
+            self._wait_gone(self.run_pids, KILL_WAIT_S)
+        self._reap_starters()
+
+    def _wait_gone(self, pids: list[int] | Callable[[], list[int]], timeout: float) -> bool:
+        """Whether the processes are gone within ``timeout`` (polled every 10 ms)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = pids() if callable(pids) else [p for p in pids if alive(p)]
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def _end_process(self, pid: int, timeout: float, started: int | None = None) -> None:
+        """Wait for a process asked to end; kill it if it is still there after ``timeout``."""
+        if not self._wait_gone([pid] if alive(pid, started) else [], timeout):
+            self._kill([pid])
+
+    def _kill(self, pids: list[int]) -> None:
+        """SIGKILL the processes still there; wait up to `KILL_WAIT_S` for them to go."""
+        for pid in pids:
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self._wait_gone(pids, KILL_WAIT_S)
+
+    def _kill_group(self) -> None:
+        """SIGKILL the run's process group, if one of its members still runs (so it is ours).
+
+        (A process group's id is not reused while a member lives, so then the
+        group is still the run's.)
+        """
+        for pid in self.run_pids():
+            fields = stat_fields(pid)
+            if fields is not None and int(fields[2]) in self._pgids:
+                try:
+                    os.killpg(int(fields[2]), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def _reap_starters(self) -> None:
+        """Reap the processes that started an admin (our children; they exit at once).
+
+        Nobody else waits for them (Thespian forgets them), so they would stay zombies.
+        """
+        deadline = time.monotonic() + KILL_WAIT_S
+        for pid in sorted(self._starters):
+            while True:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid  # not our child, or reaped already
+                if done or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+            if done:
+                self._starters.discard(pid)
+
+    def _watch_coordinator(self) -> None:
+        """The monitor thread: push a notice if the coordinator process dies."""
+        pid, started = self._coordinator_pid, self._coordinator_started
+        if pid is None:
+            return
+        while not self._monitor_stop.wait(0.1):
+            if not alive(pid, started):
+                push = self._context.socket(zmq.PUSH)
+                try:
+                    push.setsockopt(zmq.LINGER, 0)
+                    push.connect(self._notices_address)
+                    push.send(json.dumps({"coordinator": pid}).encode(), zmq.NOBLOCK)
+                    self._monitor_stop.wait(0.2)  # let it go out before the close
+                except zmq.ZMQError:
+                    pass  # the run is being shut down
+                finally:
+                    push.close(linger=0)
+                return
