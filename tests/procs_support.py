@@ -108,13 +108,14 @@ def host(pid_file: str) -> None:
     """Be the host of a run with one group; write its pids; sleep until killed.
 
     Args:
-        pid_file (str): where to write ``{"host", "run", "admin_port"}`` as JSON.
+        pid_file (str): where to write ``{"host", "run", "admin_port", "folder"}`` as JSON.
     """
     from mujou_actors.distributed.system import ProcessSystem
 
     system = ProcessSystem(start_timeout=60)
     system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60, sys_path=[ROOT])
-    doc = {"host": os.getpid(), "run": system.run_pids(), "admin_port": system.admin_port}
+    doc = {"host": os.getpid(), "run": system.run_pids(), "admin_port": system.admin_port,
+           "folder": system._folder}
     tmp = pid_file + ".tmp"
     pathlib.Path(tmp).write_text(json.dumps(doc))
     os.replace(tmp, pid_file)

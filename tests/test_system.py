@@ -307,6 +307,7 @@ def test_a_killed_host_leaves_no_process_of_its_run(tmp_path: pathlib.Path) -> N
         left = wait_gone(run, 10)
         print(f"host killed -> its run gone: {time.perf_counter() - t0:.2f} s")
         assert left == [], f"processes of the dead host's run still running: {left}"
+        assert not os.path.exists(doc["folder"])  # the host's own temporary folder too
         assert not set(listeners(doc["admin_port"])) & set(run), listeners(doc["admin_port"])
     finally:
         if host.poll() is None:

@@ -29,7 +29,6 @@ Nothing of this module is a public API.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copyreg
 import gc
@@ -191,12 +190,16 @@ def alive(pid: int, started: int | None = None) -> bool:
 
 
 def _start_watchdog() -> None:
-    """Start this process's watchdog thread (once): see the module's docstring."""
+    """Start this process's watchdog thread (once): see the module's docstring.
+
+    Also silences the finalizers' errors of its teardown (`_quiet_teardown`).
+    """
     global _watchdog_started
     with _WINDOW:
         if _watchdog_started or _RUN_HOST is None or os.getpid() == _RUN_HOST[0]:
             return
         _watchdog_started = True
+    _quiet_teardown()
     watched = [_RUN_HOST]
     # The admin's parent is a starter process that exits as soon as it has forked it.
     if multiprocessing.current_process().name != "ThespianAdmin":
@@ -244,7 +247,7 @@ def _watch(watched: list[tuple[int, int | None]]) -> None:
 
 
 def _quiet_teardown() -> None:
-    """At the exit of a process of a run: print no error of a finalizer during teardown.
+    """In a process of a run: print no error of a finalizer during the interpreter's teardown.
 
     Objects freed while the interpreter clears its modules (more of them after
     ``gc.freeze``) run finalizers that find their module's names gone
@@ -306,7 +309,6 @@ class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
         """
         if _RUN_HOST is not None and os.getpid() != _RUN_HOST[0]:
             gc.freeze()
-            atexit.register(_quiet_teardown)
         return super().abort_run(drain)
 
     def external_transport_clone(self) -> Any:

@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ from thespian.actors import (
 )
 
 from ..errors import describe
+from ._loopback import alive
 
 NOTICE_LINGER_MS = 500  # how long a closing coordinator may spend flushing notices
 TICK = timedelta(milliseconds=40)  # the coordinator's check of its groups' processes
@@ -97,10 +99,16 @@ class Failure(NamedTuple):
 
 
 class Configure(NamedTuple):
-    """Host -> coordinator, first: where notices go, and whom to answer."""
+    """Host -> coordinator, first: where notices go, and whom to answer.
+
+    ``folder`` (the host's private temporary folder, which holds the notices
+    socket) is removed by the coordinator when it ends after the host died.
+    """
 
     seq: int
     notices: str  # the host's PULL socket, e.g. "ipc:///tmp/mujou-run-x/notices"
+    host: tuple[int, int | None]  # the host's pid and start time
+    folder: str
 
 
 class Configured(NamedTuple):
@@ -387,6 +395,8 @@ class Coordinator(Actor):
         self._stop_all: tuple[int, Any] | None = None
         self._close_failures: dict[str, Failure] = {}
         self._exiting = False
+        self._host: tuple[int, int | None] | None = None
+        self._folder = ""
         _record_exit_codes()
 
     def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802 (Thespian's name)
@@ -423,12 +433,15 @@ class Coordinator(Actor):
         elif isinstance(msg, ActorExitRequest):
             self._exiting = True
             self._close_push()
+            if self._host is not None and self._folder and not alive(*self._host):
+                shutil.rmtree(self._folder, ignore_errors=True)  # nobody else will now
         elif isinstance(msg, PoisonMessage):
             print(f"mujou coordinator: a message failed: {msg.details}", file=sys.stderr)
 
     def _configure(self, msg: Configure, sender: Any) -> None:
         """Connect the notices socket; answer with the pids of the run."""
         self._close_push()
+        self._host, self._folder = msg.host, msg.folder
         self._context = zmq.Context()
         self._push = self._context.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, NOTICE_LINGER_MS)

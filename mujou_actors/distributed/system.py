@@ -254,7 +254,9 @@ class ProcessSystem:
         with self._lock:
             self._coordinator = self._asys.createActor(actors.Coordinator)
         seq = self._next()
-        reply = self._request(self._coordinator, actors.Configure(seq, self._notices_address),
+        configure = actors.Configure(seq, self._notices_address,
+                                     (os.getpid(), start_time(os.getpid())), self._folder)
+        reply = self._request(self._coordinator, configure,
                               seq, max(deadline - time.monotonic(), 1.0),
                               "the coordinator's start")
         self._coordinator_pid, self._admin_pid = reply.pid, reply.admin_pid
