@@ -122,7 +122,6 @@ def test_the_gpu_pipeline_draws_its_own_images_when_asked_and_says_so() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pendulum_in_processes_prints_the_single_process_fingerprint() -> None:
-    pytest.importorskip("mujou_actors.distributed.system")  # the control plane lands apart
     placed = _run("pendulum_processes.py", "--duration", "1", "--workers", "1")
     alone = _run("inverted_pendulum.py", "--duration", "1", "--no-plot")
 
@@ -138,7 +137,6 @@ def test_the_pendulum_in_processes_prints_the_single_process_fingerprint() -> No
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_crash_example_restores_a_killed_process_and_ends_equal() -> None:
-    pytest.importorskip("mujou_actors.distributed.system")  # the control plane lands apart
     result = _run("crash_processes.py", "--duration", "1", "--crash-at", "0.6",
                   "--snapshot-every", "0.25")
 
