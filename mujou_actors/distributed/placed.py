@@ -880,12 +880,13 @@ def merge_trees(trees: list[dict[str, Any]], time_ns: int, order: list[str]) -> 
 
     The groups' sections are disjoint (each names its own nodes and Inputs);
     entries come in the order of ``order`` (node paths, parents first), as a
-    single process's tree lists them.
+    single process's tree lists them; the Inputs of one node (all from one
+    group's tree) stay in that tree's order, which is one process's too.
     """
     rank = {p: i for i, p in enumerate(order)}
 
-    def where(path: str, node_keyed: bool) -> tuple[int, str]:
-        return rank.get(path if node_keyed else path.rpartition(".")[0], len(rank)), path
+    def where(path: str, node_keyed: bool) -> int:
+        return rank.get(path if node_keyed else path.rpartition(".")[0], len(rank))
 
     merged: dict[str, Any] = {}
     for tree in trees:
