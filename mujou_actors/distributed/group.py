@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -175,6 +176,9 @@ def split_tree(tree: Mapping[str, Any], paths: set[str]) -> dict[str, Any]:
 
 # A step of a grant may take long (a slow hook); stop() ends it sooner (Kernel.stop).
 STEP_LIMIT = 24 * 3600.0
+# A grant gives the driver its turn back after this many wall seconds of delta cycles
+# (see run_grant), so that host calls and a stop wait at most about this long.
+SLICE_S = 0.05
 
 
 class Published:
@@ -243,6 +247,13 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     before this kernel's next key). Used by group processes and by the host
     for its own group alike.
 
+    It also stops after the delta cycle in progress once `SLICE_S` wall
+    seconds have passed, and reports its next key as always: a group whose
+    sends never leave it (alone with no end, or far ahead of the others)
+    would otherwise keep the driver from host calls and a stop for good.
+    Where a grant pauses changes no result: the driver grants again from
+    the same key.
+
     ``keep_waiting`` (the host's own group): a delta cycle is waited for in
     slices of `POLL_S`, and once it returns False the wait ends with
     TimeoutError (the host's way out of a stuck hook: a stop). Without it, a
@@ -264,11 +275,12 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     else:
         bound = grant.bound
         due = kernel.next_due()
+        give_back = time.monotonic() + SLICE_S
         try:
             while due is not None and due <= bound:
                 due = _step(kernel, due, keep_waiting)
                 sends = kernel.take_sends()
-                if sends:
+                if sends or time.monotonic() > give_back:
                     break
         except NodeError as exc:
             # The delta cycle ran to its end: its sends and the next key are
