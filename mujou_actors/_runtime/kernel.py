@@ -561,20 +561,40 @@ class Kernel:
                              f"(outputs: {outputs})")
         return self._wiring.listen(p, listener)
 
-    def restart_node(self, path: str, state: Any) -> None:
+    def restart_node(self, path: str, state: Any, timeout: float = 60.0) -> None:
         """Restart one node (a ``one_for_one`` restart): ``on_stop``, ``on_start``, ``state``.
 
         As the run's coordinator does after a failure: the envelopes run at
-        the next step, before any timed work; the node's schedule goes on.
+        once, before any timed work, stamped at the delta cycle the kernel
+        entered last (what ``on_start`` sends goes out as sent there); the
+        node's schedule goes on. A simulated kernel returns once they have
+        run, so that `next_due` and `take_sends` afterwards see the restarted
+        node (a failure of its hooks is raised by the next `step`).
+
+        Args:
+            path (str): the node's path.
+            state: its state (a node's entry of a state tree).
+            timeout (float): wall seconds for the envelopes (simulated time).
 
         Raises:
             ValueError: no such node in this kernel.
+            TimeoutError: the envelopes did not run within ``timeout``.
         """
         actor = next((a for a in self.actors if a.path == path), None)
         if actor is None:
             raise ValueError(f"Kernel.restart_node: no node {path!r} in this kernel")
         actor.restarts += 1
         self.dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
+        if not self.simulated:
+            return
+        # A worker takes them at once (control comes before any bound). The actor is
+        # busy from before it takes an envelope until after it finished the last.
+        deadline = time.monotonic() + timeout
+        while actor.control or actor.busy:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Kernel.restart_node: node {path!r} did not restart "
+                                   f"within {timeout:g} s (in {self.dispatcher.hook_of(actor)})")
+            time.sleep(0.0005)
 
     def _input(self, input: str, what: str) -> Input:
         port = self.ports.get(input)

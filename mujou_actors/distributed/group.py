@@ -267,9 +267,9 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     sends: list[OutsideSend] = []
     failure = None
     if grant.bound is None:  # carry only (the start, a cut's last messages)
-        if grant.take:  # on_start's sends, before the timer starts
+        if grant.take:  # on_start's sends (before the timer starts, or of a restart)
             sends = kernel.take_sends()
-            due = None
+            due = kernel.next_due() if kernel.timing else None
         else:
             due = kernel.next_due()
     else:
@@ -357,6 +357,7 @@ class GroupServer:
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed)
         self.kernel, found = self._make_kernel()
+        self._counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels (reset)
         self._signature = net_signature(found)
         self.routes = dataplane.Routes(found, self.kernel.ports)
         self.published = Published(self.routes,
@@ -385,6 +386,7 @@ class GroupServer:
         Returns the nodes left stuck by the stop (their threads are left behind).
         """
         stuck = self.kernel.stop(timeout)
+        self._counted = node_stats(self.kernel, self._counted)
         self.kernel, _ = self._make_kernel()
         self.published.reattach(self.kernel)
         return stuck
@@ -534,7 +536,7 @@ class GroupServer:
         t = os.times()
         link = self._link
         return {"pid": os.getpid(), "cpu": t.user + t.system,
-                "nodes": node_stats(self.kernel),
+                "nodes": node_stats(self.kernel, self._counted),
                 "messages_in": link.messages_in, "messages_out": link.messages_out,
                 "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
 
@@ -584,14 +586,30 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
 
 
 
-def node_stats(kernel: Kernel) -> dict[str, dict[str, Any]]:
-    """Each node's counts and timings as plain data, by path (for `Run.stats`)."""
+def node_stats(kernel: Kernel,
+               before: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Each node's counts and timings as plain data, by path (for `Run.stats`).
+
+    Args:
+        kernel: the group's kernel.
+        before: the counts of the kernels that restarts replaced (a
+            ``one_for_all`` restart builds a fresh net and kernel), added in:
+            one process's counts go on across a restart, and so do these.
+    """
     nodes = {}
     for a in kernel.actors:
         drops = {name: p.drops for name, p in a.node._mujou_ports().items()
                  if isinstance(p, Input)}
-        nodes[a.path] = {"updates": a.updates, "overruns": a.overruns, "dt_sum": a.dt_sum,
-                         "dt_max": a.dt_max, "hook_ns": a.hook_ns, "drops": drops,
-                         "restarts": a.restarts, "timed": a.timed,
-                         "lateness": sorted(a.lateness_samples())}
+        now = {"updates": a.updates, "overruns": a.overruns, "dt_sum": a.dt_sum,
+               "dt_max": a.dt_max, "hook_ns": a.hook_ns, "drops": drops,
+               "restarts": a.restarts, "timed": a.timed,
+               "lateness": sorted(a.lateness_samples())}
+        old = before.get(a.path) if before is not None else None
+        if old is not None:
+            for key in ("updates", "overruns", "dt_sum", "hook_ns", "restarts"):
+                now[key] += old[key]
+            now["dt_max"] = max(now["dt_max"], old["dt_max"])
+            now["drops"] = {name: n + old["drops"].get(name, 0) for name, n in drops.items()}
+            now["lateness"] = sorted(now["lateness"] + old["lateness"])
+        nodes[a.path] = now
     return nodes

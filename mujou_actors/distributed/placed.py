@@ -116,6 +116,7 @@ class _LocalLink:
         self._reply: dataplane.Reply | None = None
         self._replies: list[dataplane.Reply] = []  # real time: markers waiting
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
+        self.counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels
 
     def send(self, grant: dataplane.Grant) -> None:
         self.messages_in += len(grant.messages)
@@ -349,7 +350,9 @@ class _Driver:
         """
         sup = self.supervisor
         if sup is None or self.snapshots is None or self.snapshots.latest is None \
-                or self.stop_asked.is_set():
+                or self.stop_asked.is_set() or \
+                (isinstance(err, NodeError) and err.hook == "kernel"):
+            # (A group's own failure, not a hook's, is no node's to restart.)
             self.failures.append(err)
             return False
         verdict = failure_verdict(sup, self.intensity, self.time_ns, restartable=True)
@@ -371,12 +374,43 @@ class _Driver:
                 assert self.kernel is not None
                 self.kernel.restart_node(node, state)
             self.restarts[node] = self.restarts.get(node, 0) + 1
-            self._refresh([g])
+            if self.realtime:
+                self._refresh([g])
+            else:
+                # What the restart's on_start sent (stamped at the failed delta cycle)
+                # crosses now: its readers may not run past that cycle without it.
+                messages, g.queued = g.queued, []
+                g.link.send(dataplane.Grant(None, True, messages))
+                self._collect([g])
             return True
+        if node is not None and not self.realtime and not self._finish_instant(
+                self.groups[group_name].frontier[0]):
+            return False
         log.warning("%s; restoring every group from the snapshot at t=%.6f s (one_for_all)",
                     err, latest["time_ns"] / 1e9)
         self._restart_all(latest, dead=group_name if node is None else None)
         return True
+
+    def _finish_instant(self, t: int) -> bool:
+        """Run every group to the end of instant ``t`` before a ``one_for_all`` restore.
+
+        One process restores at the failed instant's end (its hold comes at an
+        instant's boundary), so the other nodes run the rest of the instant
+        first: their counts and what subscribers get are the same here. A
+        hook failing meanwhile is counted as one process counts it; False
+        when the supervisor then gives up (the failure is recorded).
+        """
+        assert self.supervisor is not None
+        while True:
+            try:
+                if not self._round((t, LAST_DELTA)):
+                    return True
+            except _Failed as again:
+                verdict = failure_verdict(self.supervisor, self.intensity, self.time_ns,
+                                          restartable=True)
+                if verdict.action is Action.STOP:
+                    self.failures.append(again.error)
+                    return False
 
     def _restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
         """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
@@ -425,6 +459,7 @@ class _Driver:
         for index in old.published._detach:
             link.published.listen(self.kernel, self.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
+        link.counted = group.node_stats(old.kernel, old.counted)
         g.link = link
 
     def _refresh(self, groups: list[_Group]) -> None:
@@ -714,7 +749,7 @@ class _Driver:
                 t = os.times()
                 link = g.link
                 out[g.name] = {"pid": os.getpid(), "cpu": t.user + t.system,
-                               "nodes": group.node_stats(link.kernel),
+                               "nodes": group.node_stats(link.kernel, link.counted),
                                "messages_in": link.messages_in,
                                "messages_out": link.messages_out,
                                "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
