@@ -466,8 +466,14 @@ class Coordinator:
             actor.restarts += 1
         self._restore_tree(tree, deadline, self._start_timeout)
         at = tree["time_ns"] if dispatcher.simulated else self.timer.now_ns()
-        if not dispatcher.simulated:
-            for actor in self.actors:
+        schedule = tree["schedule"]
+        for actor in self.actors:
+            # Real time: dt counts from the restart. Simulated: from the tree's last
+            # update, which its Restore set; a tree taken before the timer started (the
+            # first snapshot) has none, and dt counts from its time, the start, as the
+            # first time (not from the update that failed after it).
+            if not dispatcher.simulated or \
+                    schedule.get(actor.path, {}).get("last_update_ns") is None:
                 actor.set_last_update(at)
         self._snapshots.schedule(at)
         dispatcher.release(restart_at_ns=at)
