@@ -58,7 +58,9 @@ class Routes:
         self.outputs = sorted(outputs)
         self.output_index = {p: i for i, p in enumerate(self.outputs)}
         self.declared: list[type] = [outputs[p]._spec.type for p in self.outputs]
-        self.readers: list[list[str]] = [sorted(r.path for r in outputs[p].readers)
+        # In connection order: one process delivers a send to its readers so, and the
+        # Inputs of one reader list their pending messages in that order.
+        self.readers: list[list[str]] = [[r.path for r in outputs[p].readers]
                                          for p in self.outputs]
         # The readers that a message triggers (the rule of `build.wire`: an
         # Input's own trigger setting, else whether its node has no period).
