@@ -831,6 +831,16 @@ class _Driver:
                 # messages: the final tree holds them, as one process's does.
                 if self.realtime:
                     realtime.hold_all(self, self.stop_timeout)
+                elif not any(isinstance(f, GroupDied) for f in self.failures):
+                    # One process ends (a stop, a failure) at the end of the instant it is
+                    # in: every group finishes the latest instant any group has reached,
+                    # so that the final tree is a consistent cut (at the end: nothing runs).
+                    t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
+                    try:
+                        while self._round((t, LAST_DELTA)):
+                            pass
+                    except _Failed as failed:  # a hook of that instant: the run fails too
+                        self.failures.append(failed.error)
                 self._flush()
             except BaseException as exc:  # a dead group: the others still stop
                 log.warning("placed run: the last messages could not be delivered: %s",
