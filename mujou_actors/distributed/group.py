@@ -36,6 +36,7 @@ from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
 from . import dataplane
+from ._loopback import signals_blocked
 from .placement import build_net, load_factory, net_signature
 from .tracing import KernelTraces
 
@@ -370,7 +371,8 @@ class GroupServer:
         target = self._serve if timer == "simulated" else self._serve_realtime
         self._thread = threading.Thread(target=target, name=f"mujou-group-{group}",
                                         daemon=True)
-        self._thread.start()
+        with signals_blocked():  # SIGCHLD and SIGTERM must reach Thespian's main thread
+            self._thread.start()
 
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, nodes, workers, seed = self._build
@@ -491,7 +493,8 @@ class GroupServer:
         if isinstance(request, Describe):
             return {"signature": self._signature, "pid": os.getpid()}
         if isinstance(request, Start):
-            kernel.start(timeout=request.timeout)
+            with signals_blocked():  # the kernel's workers start here: no signals for them
+                kernel.start(timeout=request.timeout)
             return None
         if isinstance(request, Load):
             kernel.load_state_dict(snapshot.loads(request.tree), timeout=request.timeout)

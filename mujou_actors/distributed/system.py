@@ -83,7 +83,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import zmq
-from thespian.actors import ActorExitRequest, ActorSystem, InvalidActorAddress, PoisonMessage
+from thespian.actors import (
+    ActorExitRequest,
+    ActorSystem,
+    ActorSystemFailure,
+    InvalidActorAddress,
+    PoisonMessage,
+)
 from thespian.system.multiprocTCPBase import ActorSystemBase
 
 from ..errors import GroupDied, RemoteError, describe
@@ -269,6 +275,15 @@ class ProcessSystem:
             self._monitor.start()
 
     # ----------------------------------------------------------------- the API
+
+    @property
+    def folder(self) -> str:
+        """str: the run's private temporary folder (mode 0700), removed at the end.
+
+        Also by the coordinator when the host is killed: a placed run puts its
+        own socket files here, so that nothing of it is left behind.
+        """
+        return self._folder
 
     @property
     def notices(self) -> zmq.Socket[Any]:
@@ -649,7 +664,14 @@ class ProcessSystem:
                     raise RuntimeError("the process system is shut down")
                 if pending:  # the others' sends go on in the next calls' transport runs
                     to, msg = pending.pop(0)
-                    reply = self._asys.ask(to, msg, min(left, 0.005 if pending else POLL_S))
+                    try:
+                        reply = self._asys.ask(to, msg, min(left, 0.005 if pending else POLL_S))
+                    except ActorSystemFailure:
+                        # The transmit itself failed (seen under load: BadPacketError
+                        # while the peer's socket was not accepting yet): nothing was
+                        # delivered, so it is sent again, within the same deadline.
+                        pending.insert(0, (to, msg))
+                        reply = None
                 else:
                     reply = self._asys.listen(min(left, POLL_S))
             seq = getattr(reply, "seq", None)
