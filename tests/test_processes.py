@@ -19,7 +19,6 @@ from tests import placed_support
 from tests.test_placed import assert_same_tree, single
 
 pytestmark = pytest.mark.timeout(180)
-pytest.importorskip("mujou_actors.distributed.system")  # the control plane lands separately
 
 
 def _gone(pids: list[int], within: float = 10.0) -> bool:
