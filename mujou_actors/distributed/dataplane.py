@@ -1,6 +1,6 @@
 """The data plane of a placed run: grants to groups, their replies, over ZeroMQ.
 
-Between the host (the driver of the global delta cycles, `placed.py`) and
+Between the host (the driver of the global delta cycles, `driver.py`) and
 each group process runs one ZeroMQ ``PAIR`` connection over ``ipc://`` in a
 private temporary folder (loopback only: nothing listens on a network). The
 host sends a `Grant` and waits for the group's `Reply`; a group never sends

@@ -26,7 +26,7 @@ import zmq
 
 from . import dataplane, group
 
-# The placed run's driver and its groups (placed._Driver, placed._Group): placed.py
+# The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
 _Driver = Any
 _Group = Any

@@ -1,0 +1,998 @@
+"""The driver of a placed run: the host's one thread that talks to every group.
+
+`_Driver` runs the global delta cycles of a simulated placed run (the
+conservative protocol below), or relays messages in real time
+(`realtime.py`); it carries out the host's calls between two rounds, the
+supervisor's snapshots and restarts across groups, and the end (every
+group's ``on_stop``, the final state, the processes shut down). `placed.py`
+builds it; `placed_run.PlacedRun` is the host's API over it.
+
+The protocol (simulated time) is conservative and centralised. The driver
+knows each group's next due key. In a *round* it grants each group whose
+next key is no later than every other group's next key the right to run its
+delta cycles up to that bound (inclusive): the others' messages can only
+arrive one delta cycle after a key they run, so nothing can reach the group
+below its bound. A group stops early after a delta cycle whose sends leave
+it; the driver carries those messages to their readers' groups (lowering
+the next key of a group whose reader they trigger to the delta cycle after
+the send) with the next grant. The groups granted in a round run at once, in
+their processes, so groups at the same key (two nodes with the same period)
+run in parallel, and a group alone ahead runs many delta cycles per round.
+Every message therefore reaches its reader's kernel before the reader's
+kernel runs past the message's key, stamped as in one process: the results
+are bit-identical to the single-process run's, for any placement and worker
+counts.
+
+Host calls (state_dict, write, read, subscribe, stats, stop) are queued to
+the driver and run between two rounds: a cut (`state_dict`) caps the bounds
+at the latest instant any group has reached, lets every group finish it,
+and takes each group's tree there (messages between groups are all
+delivered by then, so the merged tree holds them in their readers' Inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from .. import snapshot
+from .._runtime.kernel import LAST_DELTA, Kernel
+from .._runtime.keys import Key
+from .._runtime.snapshots import Snapshots
+from ..errors import (
+    CallbackError,
+    GroupDied,
+    NetError,
+    NodeError,
+    NotRunningError,
+    StopTimeoutError,
+    describe,
+)
+from ..host import Host, Subscription
+from ..messages import copy_message
+from ..net import check_file_messages
+from ..node import Node
+from ..ports import Input, Port
+from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
+from . import dataplane, group, realtime, tracing, wire
+from .placement import (
+    signature_differences,
+)
+
+log = logging.getLogger("mujou_actors")
+
+
+__all__ = ["RemoteTraceback", "merge_trees", "check_same_net"]
+
+log = logging.getLogger("mujou_actors")
+
+GROUP_TARGET = "mujou_actors.distributed.group:serve"
+POLL_S = 0.05  # how often a waiting driver looks at exits and a stop
+
+@dataclasses.dataclass
+class _Group:
+    """The driver's view of one group: its link, its next due key, what waits for it."""
+
+    name: str
+    link: Any  # dataplane.HostLink, or _LocalLink for the host's own group
+    nodes: list[str]
+    pid: int
+    due: Key | None = None
+    time_ns: int = 0
+    frontier: Key = (-1, 0)
+    queued: list[dataplane.Item] = dataclasses.field(default_factory=list)
+    waiting: bool = False  # a grant was sent, no reply yet
+    remote: bool = True
+    spawn: dict[str, Any] = dataclasses.field(default_factory=dict)  # start_group's kwargs
+    launches: int = 1
+    base_address: str = ""
+
+
+class _LocalLink:
+    """The host's own group: a kernel in this process, run by the driver's thread."""
+
+    def __init__(self, kernel: Kernel, routes: dataplane.Routes,
+                 notify: Any = None, keep_waiting: Callable[[], bool] | None = None) -> None:
+        self.kernel = kernel
+        self.keep_waiting = keep_waiting
+        self.routes = routes
+        self.published = group.Published(routes, notify)
+        self._reply: dataplane.Reply | None = None
+        self._replies: list[dataplane.Reply] = []  # real time: markers waiting
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
+        self.counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels
+
+    def send(self, grant: dataplane.Grant) -> None:
+        self.messages_in += len(grant.messages)
+        if not self.kernel.simulated:
+            self._send_realtime(grant)
+            return
+        try:
+            self._reply = group.run_grant(self.kernel, self.routes, grant, self.published,
+                                          self.keep_waiting)
+            self.messages_out += len(self._reply.sends)
+        except TimeoutError:
+            # A stop gave up on a hook of the host's group: the driver reports it stuck.
+            raise _Stuck({a.path: self.kernel.dispatcher.hook_of(a)
+                          for a in self.kernel.actors if a.busy}) from None
+        except BaseException as exc:  # reported as a group's failure is, never swallowed
+            self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
+                                          failure=group.failure_of(exc))
+
+    def receive(self, timeout: float) -> dataplane.Reply | None:
+        if not self.kernel.simulated:
+            return self._receive_realtime()
+        reply, self._reply = self._reply, None
+        return reply
+
+    def _send_realtime(self, grant: dataplane.Grant) -> None:
+        """Real time: deliver at once (as host writes); a flush answers with a marker."""
+        kernel = self.kernel
+        for t, delta, sender, output, message in grant.messages:
+            for reader in self.routes.local_readers(output):
+                kernel.write(reader, message, (t, delta, sender))
+        if grant.take:
+            shipped = self._receive_realtime()
+            if shipped is not None:
+                self._replies.append(shipped)
+            self._replies.append(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                                 marker=True))
+
+    def _receive_realtime(self) -> dataplane.Reply | None:
+        """Real time: a marker waiting, or what the kernel sent, published or failed."""
+        if self._replies:
+            return self._replies.pop(0)
+        kernel = self.kernel
+        index = self.routes.output_index
+        sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
+                 for s in kernel.take_sends()]
+        published = self.published.take()
+        failures = kernel.take_failures()
+        if not (sends or published or failures):
+            return None
+        self.messages_out += len(sends)
+        return dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends,
+                               failure=group.failure_of(failures[0]) if failures else None,
+                               published=published)
+
+    def close(self) -> None:
+        pass
+
+
+class _Driver:
+    """Everything of a placed run that lives in the host (see the module's docstring)."""
+
+    def __init__(self, *, system: Any, groups: dict[str, _Group], routes: dataplane.Routes,
+                 ports: dict[str, Port], owner: dict[str, str], found: list[tuple[str, Node]],
+                 seeds: dict[str, int], end_ns: int | None, stop_timeout: float,
+                 tmpdir: str, local: Kernel | None, supervisor: Supervisor | None = None,
+                 start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
+                 signature: list[list[Any]] | None = None, realtime: bool = False,
+                 wake: dataplane.Wake | None = None, run_id: str | None = None,
+                 trace: tracing.PlacedTrace | None = None) -> None:
+        self.system = system
+        self.trace = trace  # a traced run's (written at the end: _write_trace)
+        self.run_id = run_id
+        self.stop_asked = threading.Event()
+        self.realtime = realtime
+        self.wake = wake if wake is not None else dataplane.Wake()
+        self.start_ns = 0
+        self.start_mono_ns = time.monotonic_ns()
+        self.clock_started = False
+        self._stop_deadline: float | None = None
+        for g in groups.values():
+            if not g.remote:
+                g.link.keep_waiting = self.keep_waiting
+        self.supervisor = supervisor
+        self.start_timeout = start_timeout
+        self._rebuild = rebuild
+        self._signature = signature or []
+        self.restarts: dict[str, int] = {}
+        self.next_cut: int | None = None
+        self.snapshots: Snapshots | None = None
+        self.intensity = RestartIntensity(0, 1)
+        if supervisor is not None:
+            self.intensity = RestartIntensity(supervisor.max_restarts,
+                                              round((supervisor.within or 0.0) * 1e9))
+            snaps = Snapshots(supervisor, [], self, stop_timeout=stop_timeout,  # type: ignore[arg-type]
+                              hold_at=self._hold_at, simulated=True, wake=lambda: None)
+            if snaps.wanted:
+                self.snapshots = snaps
+                snaps.open_writer(snapshot.save, functools.partial(check_file_messages,
+                                                                   ports=ports),
+                                  on_error=self._writer_failed,
+                                  cancelled=self.stop_asked.is_set)
+        self.groups = groups
+        self.routes = routes
+        self.ports = ports
+        self.owner = owner  # node path -> group
+        self.found = found
+        self.seeds = seeds
+        self.end_key: Key | None = None if end_ns is None else (end_ns, LAST_DELTA)
+        self.end_ns = end_ns
+        self.stop_timeout = stop_timeout
+        self.tmpdir = tmpdir
+        self.kernel = local
+        self.requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.ended = threading.Event()
+        self.ending = False
+        self.failures: list[BaseException] = []
+        self.final_tree: dict[str, Any] | None = None
+        self.final_error: BaseException | None = None
+        self.reported = False
+        self.time_ns = 0
+        self.start_wall = time.monotonic()
+        self.end_wall: float | None = None
+        self.listeners: dict[int, list[Callable[[Any], None]]] = {}
+        self.host = Host(copy_message, self._callback_failed)
+        self.rounds = 0
+        self.rounds_started = self.rounds_ended = 0.0
+        self.stuck: dict[str, str] = {}
+        self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
+        self.final_stats: dict[str, dict[str, Any]] | None = None
+        self.order = [p for p, _ in found]
+        self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
+
+    # -- the rounds ---------------------------------------------------------------------
+    def _main(self) -> None:
+        self.rounds_started = time.perf_counter()
+        try:
+            if self.snapshots is not None:
+                self._snapshot(self.time_ns)  # the first, right after the start
+            while True:
+                try:
+                    self._rounds()
+                    break
+                except _Failed as failed:
+                    if not self._recover(failed.error, failed.group, node=failed.node):
+                        break
+                except _GroupDied as died:
+                    e = died.exit
+                    err = GroupDied(e.group, e.pid, e.reason)
+                    if not self._recover(err, e.group, node=None):
+                        break
+        except _Stuck as stuck:
+            self.stuck.update(stuck.busy)
+        except BaseException as exc:  # the run fails with it; never swallowed
+            self.failures.append(exc)
+            log.error("placed run: the driver failed: %s", describe(exc), exc_info=exc)
+        finally:
+            self._finish()
+
+    def _rounds(self) -> None:
+        """Rounds until the end, a stop, a failure; the supervisor's snapshots on their grid."""
+        if self.realtime:
+            realtime.run_rounds(self)
+            return
+        while not self.stop_asked.is_set():
+            self._serve_requests()
+            if self.stop_asked.is_set():
+                return
+            limit = self.end_key
+            snap = self.next_cut
+            if snap is not None and (limit is None or (snap, LAST_DELTA) <= limit):
+                limit = (snap, LAST_DELTA)
+            if not self._round(limit):
+                if snap is not None and limit == (snap, LAST_DELTA):
+                    self._flush()
+                    self._snapshot(snap)
+                    continue
+                return
+
+    # -- the supervisor -------------------------------------------------------------------
+    def now_ns(self) -> int:
+        """The latest time any group has reached (the snapshots' timer)."""
+        return self.time_ns
+
+    def keep_waiting(self) -> bool:
+        """Whether the host's own group may keep waiting for a delta cycle (no stop due).
+
+        After a stop, hooks in flight get ``stop_timeout`` seconds; then the
+        wait ends (a stuck hook in the host's group is reported as stuck).
+        """
+        if not self.stop_asked.is_set():
+            return True
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.stop_timeout
+        return time.monotonic() < self._stop_deadline
+
+    def _hold_at(self, cut_ns: int | None) -> None:
+        self.next_cut = cut_ns
+
+    def _snapshot(self, t: int) -> None:
+        """Take the supervisor's snapshot at ``t`` (every group has finished it); keep it.
+
+        In real time the cut comes now (``t`` is its grid time): the groups are
+        held and flushed first; one that cannot be held in time misses it.
+        """
+        assert self.snapshots is not None
+        t0 = time.perf_counter()
+        if self.realtime:
+            try:
+                tree = realtime.cut(self, self.snapshots.bound())
+            except TimeoutError as exc:
+                self.snapshots.miss({}, self.snapshots.bound())
+                log.debug("snapshot missed: %s", exc)
+                return
+        else:
+            tree = self._gather(t, None)
+        self.time_ns = max(self.time_ns, t)
+        self.snapshots.keep(tree, time.perf_counter() - t0)
+        self.snapshots.schedule(t)
+
+    def _writer_failed(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+        self.stop_asked.set()
+
+    def _recover(self, err: BaseException, group_name: str, node: str | None) -> bool:
+        """Carry out the supervisor's verdict on a failure; False when the run must end.
+
+        A node's failure restarts that node (``one_for_one``) or the whole net
+        (``one_for_all``); a dead group process always rewinds every group to
+        the latest snapshot (its nodes' state is gone, and in simulated time
+        the others cannot stay ahead of it), restarting its process.
+        """
+        sup = self.supervisor
+        if sup is None or self.snapshots is None or self.snapshots.latest is None \
+                or self.stop_asked.is_set() or \
+                (isinstance(err, NodeError) and err.hook == "kernel"):
+            # (A group's own failure, not a hook's, is no node's to restart.)
+            self.failures.append(err)
+            return False
+        verdict = failure_verdict(sup, self.intensity, self.time_ns, restartable=True)
+        if verdict.action is Action.STOP:
+            if verdict.note:
+                noted = type(err)(*_args_of(err, verdict.note))
+                noted.__cause__ = err.__cause__
+                err = noted
+            self.failures.append(err)
+            return False
+        latest = self.snapshots.latest
+        if verdict.action is Action.RESTART_ONE and node is not None:
+            log.warning("%s; restarting node %r (one_for_one)", err, node)
+            g = self.groups[group_name]
+            state = latest["nodes"][node]
+            if g.remote:
+                self.system.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
+            else:
+                assert self.kernel is not None
+                self.kernel.restart_node(node, state)
+            self.restarts[node] = self.restarts.get(node, 0) + 1
+            if self.realtime:
+                self._refresh([g])
+            else:
+                # What the restart's on_start sent (stamped at the failed delta cycle)
+                # crosses now: its readers may not run past that cycle without it.
+                messages, g.queued = g.queued, []
+                g.link.send(dataplane.Grant(None, True, messages))
+                self._collect([g])
+            return True
+        if node is not None and not self.realtime and not self._finish_instant(
+                self.groups[group_name].frontier[0]):
+            return False
+        log.warning("%s; restoring every group from the snapshot at t=%.6f s (one_for_all)",
+                    err, latest["time_ns"] / 1e9)
+        self._restart_all(latest, dead=group_name if node is None else None)
+        return True
+
+    def _finish_instant(self, t: int) -> bool:
+        """Run every group to the end of instant ``t`` before a ``one_for_all`` restore.
+
+        One process restores at the failed instant's end (its hold comes at an
+        instant's boundary), so the other nodes run the rest of the instant
+        first: their counts and what subscribers get are the same here. A
+        hook failing meanwhile is counted as one process counts it; False
+        when the supervisor then gives up (the failure is recorded).
+        """
+        assert self.supervisor is not None
+        while True:
+            try:
+                if not self._round((t, LAST_DELTA)):
+                    return True
+            except _Failed as again:
+                verdict = failure_verdict(self.supervisor, self.intensity, self.time_ns,
+                                          restartable=True)
+                if verdict.action is Action.STOP:
+                    self.failures.append(again.error)
+                    return False
+
+    def _restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
+        """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
+        for g in self.groups.values():
+            g.queued, g.due, g.frontier, g.time_ns, g.waiting = [], None, (-1, 0), 0, False
+            if g.name == dead:
+                self.relaunch(g)
+            elif g.remote:
+                self.system.ask(g.name, group.Reset(self.stop_timeout),
+                                2 * self.stop_timeout + 5.0)
+            else:
+                self.rebuild_local(g)
+        for path in self.order:
+            self.restarts[path] = self.restarts.get(path, 0) + 1
+        self.time_ns = tree["time_ns"]
+        _start_phase(self, [], tree, self.start_timeout)
+        self.next_cut = None
+        self.snapshots.schedule(tree["time_ns"])  # type: ignore[union-attr]
+
+    def relaunch(self, g: _Group) -> None:
+        """Start a dead group's process again, on a fresh data-plane endpoint."""
+        g.link.close()
+        g.launches += 1
+        address = f"{g.base_address}.{g.launches}"
+        pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
+        g.spawn = {**g.spawn, "address": address, "pools": pools}
+        g.link = dataplane.HostLink(address, self.routes, pools)
+        g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout)
+        check_same_net(self.system, g.name, self._signature, self.start_timeout)
+        subscribed = [self.routes.outputs[i] for i in self.listeners
+                      if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
+                      == g.name]
+        for output in subscribed:
+            self.system.ask(g.name, group.Subscribe(output), 30.0)
+
+    def rebuild_local(self, g: _Group) -> None:
+        """The host's own group rebuilt: a fresh net and kernel in this process."""
+        assert self.kernel is not None and self._rebuild is not None
+        stuck = self.kernel.stop(self.stop_timeout)
+        if stuck:
+            raise StopTimeoutError({p: "a hook" for p in stuck}, self.stop_timeout)
+        old: _LocalLink = g.link
+        self.kernel = self._rebuild()
+        link = _LocalLink(self.kernel, dataplane.Routes(self.found, self.kernel.ports),
+                          self.wake.set if self.realtime else None, self.keep_waiting)
+        for index in old.published._detach:
+            link.published.listen(self.kernel, self.routes.outputs[index])
+        link.messages_in, link.messages_out = old.messages_in, old.messages_out
+        link.counted = group.node_stats(old.kernel, old.counted)
+        g.link = link
+
+    def _refresh(self, groups: list[_Group]) -> None:
+        """Deliver what waits for ``groups`` and learn their next keys (nothing runs)."""
+        if self.realtime:
+            realtime.push(self)
+            return
+        for g in groups:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, False, messages))
+        self._collect(groups)
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                job = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            job()
+
+    def _round(self, cap: Key | None) -> bool:
+        """Grant every group that may run; wait for the replies, carry the messages.
+
+        Returns False when no group may run (the end, or the cap reached).
+        """
+        limit = self.end_key if cap is None else cap
+        granted = []
+        for g in self.groups.values():
+            if g.due is None:
+                continue
+            others = [h.due for h in self.groups.values() if h is not g and h.due is not None]
+            bound = min(others) if others else None
+            if limit is not None and (bound is None or limit < bound):
+                bound = limit
+            if bound is None:
+                bound = (1 << 62, LAST_DELTA)  # alone with no end: run until it sends
+            if g.due <= bound:
+                granted.append((g, bound))
+        if not granted:
+            return False
+        # Remote groups first, the host's own group last: they all run at once.
+        granted.sort(key=lambda gb: not gb[0].remote)
+        for g, bound in granted:
+            messages, g.queued = g.queued, []
+            g.waiting = True
+            g.link.send(dataplane.Grant(bound, False, messages))
+        self._collect([g for g, _ in granted])
+        self.rounds += 1
+        return True
+
+    def _collect(self, waiting: list[_Group]) -> None:
+        """Wait for the replies of ``waiting``, then take them in; a dead group or a stop
+        is the way out."""
+        pending = list(waiting)
+        replies: list[tuple[_Group, dataplane.Reply]] = []
+        poller = zmq.Poller()
+        for g in pending:
+            if g.remote:
+                poller.register(g.link.sock, zmq.POLLIN)
+        notices = getattr(self.system, "notices", None)
+        if notices is not None:
+            poller.register(notices, zmq.POLLIN)
+        stop_deadline: float | None = None
+        for g in list(pending):
+            if not g.remote:
+                replies.append((g, g.link.receive(0)))
+                pending.remove(g)
+        while pending:
+            ready = dict(poller.poll(int(POLL_S * 1000)))
+            for g in list(pending):
+                if g.link.sock in ready:
+                    reply = g.link.receive(0)
+                    if reply is not None:
+                        replies.append((g, reply))
+                        pending.remove(g)
+            self._check_exits()
+            if self.stop_asked.is_set() and pending:
+                if stop_deadline is None:
+                    stop_deadline = time.monotonic() + self.stop_timeout
+                elif time.monotonic() > stop_deadline:
+                    raise _Stuck({g.name: "a grant" for g in pending})
+        self._take_replies(replies)
+
+    def _take_replies(self, replies: list[tuple[_Group, dataplane.Reply]]) -> None:
+        """Take a round's replies in: every group's next key first, then the messages.
+
+        In that order because a message lowers its reader's next key: a
+        reply of the reader's own taken afterwards must not raise it again.
+        """
+        failed = None
+        for g, reply in replies:
+            g.waiting = False
+            if reply.failure is not None and failed is None:
+                failed = (_node_error(g.name, reply.failure), g.name)
+            g.due = reply.due
+            if reply.frontier > g.frontier:
+                g.frontier = reply.frontier
+            if reply.time_ns > g.time_ns:
+                g.time_ns = reply.time_ns
+                if reply.time_ns > self.time_ns:
+                    self.time_ns = reply.time_ns
+        for g, reply in replies:
+            self._route(g, reply)
+        if failed is not None:
+            self._fail(*failed)
+
+    def _route(self, g: _Group, reply: dataplane.Reply) -> None:
+        """Pass a group's sends on to their readers' groups, and to the host's listeners.
+
+        Simulated time: they wait for the reader's next grant, and lower its
+        next key to the delta cycle after the send. Real time: the host's
+        group gets them at once; a failure in the reply is raised (after the
+        messages are passed on).
+        """
+        listeners = self.listeners
+        for item in reply.published:
+            for listener in listeners.get(item[3], ()):
+                listener(item[4])
+        realtime_ = self.realtime
+        for item in reply.sends:
+            t, delta, _, output, _ = item
+            key = (t, delta + 1)
+            for h, triggers in self._reader_groups(output):
+                if h is g:
+                    continue
+                h.queued.append(item)
+                # Only a triggering reader has work at the next delta cycle; the
+                # others take the message in with their next grant, before any key.
+                if triggers and not realtime_ and (h.due is None or key < h.due):
+                    h.due = key
+        if realtime_:
+            if reply.time_ns > g.time_ns:
+                g.time_ns = reply.time_ns
+            if reply.failure is not None:
+                self._fail(_node_error(g.name, reply.failure), g.name)
+
+    def _reader_groups(self, output: int) -> list[tuple[_Group, bool]]:
+        """The groups that read an Output, each with whether a reader there is triggered."""
+        cached = self._readers_cache.get(output)
+        if cached is None:
+            by_group: dict[str, bool] = {}
+            triggering = self.routes.triggering[output]
+            for reader in self.routes.readers[output]:
+                name = self.owner[reader.rpartition(".")[0]]
+                by_group[name] = by_group.get(name, False) or reader in triggering
+            cached = self._readers_cache[output] = [(self.groups[n], by_group[n])
+                                                    for n in sorted(by_group)]
+        return cached
+
+    def _check_exits(self) -> None:
+        take = getattr(self.system, "take_exits", None)
+        if take is None:
+            return
+        for exit_ in take():
+            raise _GroupDied(exit_)
+
+    def _fail(self, err: NodeError, group_name: str) -> None:
+        raise _Failed(err, group_name, err.path)
+
+    # -- requests from the host ---------------------------------------------------------
+    def call(self, fn: Callable[[], Any], timeout: float | None, what: str) -> Any:
+        """Run ``fn`` on the driver's thread between two rounds; its result.
+
+        Raises:
+            NotRunningError: the run has ended (or ends before ``fn`` ran).
+            TimeoutError: ``fn`` did not run within ``timeout``.
+        """
+        if threading.current_thread() is self.thread:
+            return fn()
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        if self.ended.is_set() or self.ending:
+            raise NotRunningError(f"{what}: the run has ended")
+        self.requests.put(job)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(POLL_S):
+            if self.ended.is_set():
+                self._serve_late()
+                if done.is_set():
+                    break
+                raise NotRunningError(f"{what}: the run ended first")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not done within {timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _serve_late(self) -> None:
+        """Requests queued as the run ended: refused (they would talk to no one)."""
+
+    def cut(self, timeout: float | None) -> dict[str, Any]:
+        """The state tree of every group at a consistent cut (on the driver's thread)."""
+        if self.realtime:
+            return realtime.cut(self, timeout)
+        t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
+        cap = (t, LAST_DELTA)
+        while self._round(cap):
+            pass
+        self._flush()
+        return self._gather(t, timeout)
+
+    def _flush(self) -> None:
+        """Deliver every message waiting in the driver (no group runs)."""
+        if self.realtime:
+            realtime.flush(self, timeout=self.stop_timeout)
+            return
+        waiting = [g for g in self.groups.values() if g.queued]
+        for g in waiting:
+            messages, g.queued = g.queued, []
+            g.link.send(dataplane.Grant(None, False, messages))
+        if waiting:
+            self._collect(waiting)
+
+    def _gather(self, t: int, timeout: float | None) -> dict[str, Any]:
+        limit = 60.0 if timeout is None else timeout
+        trees = []
+        for g in self.groups.values():
+            if g.remote:
+                trees.append(snapshot.loads(self.system.ask(g.name, group.TakeState(limit),
+                                                            limit + 5.0)))
+            else:
+                assert self.kernel is not None
+                trees.append(self.kernel.state_dict(timeout=limit))
+        return merge_trees(trees, t, self.order)
+
+    def write(self, path: str, message: Any) -> None:
+        """Deliver a host write to the Input's group, then refresh its next key.
+
+        It comes in at the latest delta cycle any group has entered (as a host
+        write in one process comes in at the run's frontier): no group has
+        run past it, so the message and what it triggers sort as they would
+        in one process at that point.
+        """
+        g = self.groups[self.owner[path.rpartition(".")[0]]]
+        key: Key | None = max(h.frontier for h in self.groups.values())
+        if key == (-1, 0) or self.realtime:
+            key = None  # real time, or the timers have not started (inputs=): as in one process
+        if g.remote:
+            self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
+        else:
+            assert self.kernel is not None
+            group.host_write(self.kernel, path, message, key)
+        messages, g.queued = g.queued, []
+        g.link.send(dataplane.Grant(None, False, messages))
+        self._collect([g])
+
+    def read(self, path: str) -> Any:
+        owner = self.ports[path].node._mujou_path
+        g = self.groups[self.owner[owner]]
+        if g.remote:
+            return snapshot.loads(self.system.ask(g.name, group.Read(path), 30.0))
+        assert self.kernel is not None
+        return self.kernel.read(path)
+
+    def listen(self, output: str, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Make the Output's group publish it; call ``listener`` with every message."""
+        index = self.routes.output_index[output]
+        g = self.groups[self.owner[self.ports[output].node._mujou_path]]
+        if index not in self.listeners:
+            if g.remote:
+                self.system.ask(g.name, group.Subscribe(output), 30.0)
+            else:
+                g.link.published.listen(g.link.kernel, output)
+        self.listeners[index] = self.listeners.get(index, []) + [listener]
+
+        def detach() -> None:
+            self.listeners[index] = [x for x in self.listeners.get(index, [])
+                                     if x is not listener]
+
+        return detach
+
+    def group_stats(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for g in self.groups.values():
+            if g.remote:
+                out[g.name] = self.system.ask(g.name, group.Stats(), 30.0)
+            else:
+                t = os.times()
+                link = g.link
+                out[g.name] = {"pid": os.getpid(), "cpu": t.user + t.system,
+                               "nodes": group.node_stats(link.kernel, link.counted),
+                               "messages_in": link.messages_in,
+                               "messages_out": link.messages_out,
+                               "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+        return out
+
+    # -- the end ------------------------------------------------------------------------
+    def _callback_failed(self, sub: Subscription, exc: BaseException) -> None:
+        err = CallbackError(f"subscriber of {sub.port!r} raised {describe(exc)}")
+        err.__cause__ = exc
+        self.failures.append(err)
+        self.stop_asked.set()
+
+    def _finish(self) -> None:
+        """Stop every group (on_stop), take the final state, end the processes."""
+        self.rounds_ended = time.perf_counter()  # the benchmarks' wall time of the rounds
+        self.ending = True
+        try:
+            self.final_stats = self.group_stats()
+        except BaseException as exc:  # a dead group has none; the rest is still ended
+            log.warning("placed run: the final stats could not be taken: %s", describe(exc))
+        stuck = self.stuck
+        trees: list[dict[str, Any]] = []
+        try:
+            self._finish_groups(stuck, trees)
+        finally:
+            self.end_wall = time.monotonic()
+            if self.realtime:
+                pass  # the time the rounds ended at (realtime.run_rounds keeps it)
+            elif self.end_ns is not None and not self.failures and not self.stop_asked.is_set():
+                self.time_ns = self.end_ns
+            if trees:
+                try:
+                    self.final_tree = merge_trees(trees, self.time_ns, self.order)
+                except BaseException as exc:  # state_dict() raises it
+                    self.final_error = exc
+            self._write_trace()  # the groups are stopped, their processes still there
+            self.host.close(self.stop_timeout)
+            if self.snapshots is not None:
+                self.snapshots.close(self.stop_timeout)
+            try:
+                self.system.shutdown(self.stop_timeout)
+            except BaseException as exc:
+                log.error("placed run: shutting the processes down failed: %s", describe(exc))
+            for g in self.groups.values():
+                g.link.close()
+            if self.run_id is not None:
+                wire.remove_blocks(self.run_id)  # a killed group's pools too
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            if stuck and not self.failures:
+                self.failures.append(StopTimeoutError(stuck, self.stop_timeout))
+            self.ended.set()
+
+    def _write_trace(self) -> None:
+        """Write a traced run's file from every group's records (distributed/tracing.py).
+
+        A file that cannot be written fails the run with the OSError, as in
+        one process; a group whose records cannot be taken is left out.
+        """
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        limit = self.stop_timeout + 5.0
+        other = {"timer": "realtime" if self.realtime else "simulated",
+                 "nodes": len(self.order),
+                 "groups": {g.name: {"pid": g.pid, "nodes": list(g.nodes)}
+                            for g in self.groups.values()}}
+        try:
+            tracing.write_placed(trace, self.groups.values(),
+                                 lambda g: self.system.ask(g.name, group.TakeTrace(), limit),
+                                 other)
+        except Exception as exc:  # noqa: BLE001 - join() raises it
+            log.error("could not write the trace file %s: %s", trace.tracer.path, exc)
+            self.failures.append(exc)
+
+    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
+        if not self.stuck and not any(g.waiting for g in self.groups.values()):
+            try:
+                # Messages on their way between groups become their readers' pending
+                # messages: the final tree holds them, as one process's does.
+                if self.realtime:
+                    realtime.hold_all(self, self.stop_timeout)
+                elif not any(isinstance(f, GroupDied) for f in self.failures):
+                    # One process ends (a stop, a failure) at the end of the instant it is
+                    # in: every group finishes the latest instant any group has reached,
+                    # so that the final tree is a consistent cut (at the end: nothing runs).
+                    t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
+                    try:
+                        while self._round((t, LAST_DELTA)):
+                            pass
+                    except _Failed as failed:  # a hook of that instant: the run fails too
+                        self.failures.append(failed.error)
+                self._flush()
+            except BaseException as exc:  # a dead group: the others still stop
+                log.warning("placed run: the last messages could not be delivered: %s",
+                            describe(exc))
+        for g in self.groups.values():
+            try:
+                if g.remote:
+                    # A group still in a grant is stopped too: its control thread is
+                    # free, and the stop ends the grant (or names the stuck hook).
+                    paths, tree = self.system.ask(
+                        g.name, group.Stop(self.stop_timeout, not g.waiting),
+                        2 * self.stop_timeout + 5.0)
+                    if tree is not None:
+                        trees.append(snapshot.loads(tree))
+                else:
+                    assert self.kernel is not None
+                    paths = self.kernel.stop(self.stop_timeout)
+                    if not paths:  # a node left in a hook has no state to take
+                        trees.append(self.kernel.state_dict())
+                for p in paths:
+                    stuck[p] = "a hook"
+            except BaseException as exc:
+                log.error("placed run: stopping group %r failed: %s", g.name, describe(exc))
+                if not isinstance(exc, (NotRunningError,)):
+                    self.failures.append(exc) if not self.failures else None
+
+
+class _Failed(Exception):
+    """A group reported a hook's failure: the supervisor decides (`_Driver._recover`)."""
+
+    def __init__(self, error: NodeError, group: str, node: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.group = group
+        self.node = node
+
+
+def _args_of(err: BaseException, note: str) -> tuple[Any, ...]:
+    """The constructor arguments of a copy of ``err`` with ``note`` added to its message."""
+    if isinstance(err, NodeError):
+        return (err.path, err.hook, f"{err} ({note})")
+    if isinstance(err, GroupDied):
+        return (err.group, err.pid, f"{err.reason} ({note})")
+    return (f"{err} ({note})",)
+
+
+class _Stuck(Exception):
+    """Groups did not answer a grant within the stop's bound."""
+
+    def __init__(self, busy: dict[str, str]) -> None:
+        super().__init__(f"groups still running a grant: {sorted(busy)}")
+        self.busy = busy
+
+
+class _GroupDied(Exception):
+    """A group process ended unasked."""
+
+    def __init__(self, exit_: Any) -> None:
+        super().__init__(f"group {exit_.group!r} (pid {exit_.pid}) died: {exit_.reason}")
+        self.exit = exit_
+
+
+def _node_error(group_name: str, failure: Mapping[str, Any]) -> NodeError:
+    """The host's NodeError for a group's failure, with the remote traceback as its cause."""
+    err = NodeError(failure["path"], failure["hook"],
+                    f"{failure['message']} (in group {group_name!r})")
+    err.__cause__ = RemoteTraceback(failure["type"], failure["traceback"])
+    return err
+
+
+class RemoteTraceback(Exception):
+    """An exception raised in another process: its type's name and its traceback as text."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        super().__init__(f"{type_name} in a group process:\n{text}")
+        self.type_name = type_name
+        self.traceback = text
+
+
+def merge_trees(trees: list[dict[str, Any]], time_ns: int, order: list[str]) -> dict[str, Any]:
+    """One state tree from the groups' trees, at ``time_ns``, in the net's order.
+
+    The groups' sections are disjoint (each names its own nodes and Inputs);
+    entries come in the order of ``order`` (node paths, parents first), as a
+    single process's tree lists them; the Inputs of one node (all from one
+    group's tree) stay in that tree's order, which is one process's too.
+    """
+    rank = {p: i for i, p in enumerate(order)}
+
+    def where(path: str, node_keyed: bool) -> int:
+        return rank.get(path if node_keyed else path.rpartition(".")[0], len(rank))
+
+    merged: dict[str, Any] = {}
+    for tree in trees:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged.setdefault(key, value)
+    for key, value in merged.items():
+        if isinstance(value, dict):
+            node_keyed = key in ("nodes", "seeds", "schedule")
+            merged[key] = dict(sorted(value.items(), key=lambda kv: where(kv[0], node_keyed)))
+    merged["time_ns"] = time_ns
+    return merged
+
+
+def check_same_net(system: Any, name: str, expected: list[list[Any]], timeout: float) -> None:
+    """Refuse a group whose process built another net than the host's (`net_signature`).
+
+    Raises:
+        NetError: names the group and the first differences.
+    """
+    described = system.ask(name, group.Describe(), timeout)
+    diff = signature_differences(expected, described["signature"])
+    if diff:
+        raise NetError(f"mujou.run: group {name!r} built another net than the host (is the "
+                       f"factory deterministic, and the same code in every process?): "
+                       f"{'; '.join(diff)}")
+
+
+def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
+                 tree: dict[str, Any] | None, start_timeout: float) -> None:
+    """on_start everywhere, the tree, on_start's messages, ``inputs=``, the first keys.
+
+    Also a restart's second half, after every group's kernel was rebuilt.
+    """
+    deadline = time.monotonic() + start_timeout
+    left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
+    system = driver.system
+    for g in driver.groups.values():
+        if g.remote:
+            system.ask(g.name, group.Start(left()), left() + 5.0)
+        else:
+            assert driver.kernel is not None
+            driver.kernel.start(timeout=left())
+    everyone = list(driver.groups.values())
+    if tree is None and not driver.realtime:
+        # What on_start sent crosses to its readers before any timer starts.
+        for g in everyone:
+            g.link.send(dataplane.Grant(None, True, []))
+        driver._collect(everyone)
+    elif tree is None:
+        realtime.flush(driver, timeout=left())
+    else:
+        for g in everyone:
+            part = group.split_tree(tree, set(g.nodes))
+            if g.remote:
+                system.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
+            else:
+                assert driver.kernel is not None
+                driver.kernel.load_state_dict(part, timeout=left())
+            g.queued = []
+    for port, value in initial:
+        driver.write(port.path, value)
+    if driver.realtime:
+        realtime.start(driver, tree)
+    else:
+        driver._refresh(everyone)  # the timers start: every group's first due key
+        driver.start_ns = tree["time_ns"] if tree is not None else 0
+    driver.time_ns = tree["time_ns"] if tree is not None else 0

@@ -1,0 +1,336 @@
+"""`PlacedRun`: the host's API of a placed run, the same as `mujou_actors.run.Run`'s.
+
+Every call but the properties is carried out by the run's driver thread
+(`driver._Driver`) between two global delta cycles, so each waits at most
+for the round in progress; calls that would wait for the end from a thread
+the end waits for (a hook of the host's group, a subscriber callback) are
+refused, as in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import (
+    NodeError,
+    NotRunningError,
+)
+from ..host import HOST_QUEUE_DEPTH, Subscription, Waiter, check_depth
+from ..node import Node
+from ..ports import Input, Output, Port
+from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
+
+log = logging.getLogger("mujou_actors")
+
+
+__all__ = ["PlacedRun"]
+
+# The run's driver (driver._Driver): driver.py's start builds it, so it is named here,
+# not imported (placed.py imports both).
+_Driver = Any
+
+class PlacedRun:
+    """A started placed run: the same API as `mujou_actors.run.Run` (docs/processes.md).
+
+    Made by ``mujou.run(factory, placement=...)``. Calls other than the
+    properties are carried out by the run's driver thread between two global
+    delta cycles, so each waits at most for the round in progress.
+    """
+
+    def __init__(self, driver: _Driver, ports: dict[str, Port], seeds: dict[str, int],
+                 found: list[tuple[str, Node]]) -> None:
+        self._driver = driver
+        self._ports = ports
+        self._seeds = seeds
+        self._found = found
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def seeds(self) -> Mapping[str, int]:
+        """Mapping[str, int]: the seed of every node's generator, by path."""
+        return dict(self._seeds)
+
+    @property
+    def time(self) -> float:
+        """float: the latest time any group has reached, seconds (the end time once ended)."""
+        return self.time_ns / 1e9
+
+    @property
+    def time_ns(self) -> int:
+        """int: `time` in integer nanoseconds of the run's timer."""
+        return self._driver.time_ns
+
+    @property
+    def start_time(self) -> float:
+        """float: the time the run started at, seconds (a restored run's is > 0)."""
+        return getattr(self._driver, "start_ns", 0) / 1e9
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """Mapping[str, Node]: the host's copy of every node, by path.
+
+        Only the host's group's nodes run in this process; the others are the
+        copies the host built to check the net (their state is not the run's:
+        use `read` and `state_dict`).
+        """
+        return {p: n for p, n in self._found}
+
+    @property
+    def groups(self) -> Mapping[str, list[str]]:
+        """Mapping[str, list[str]]: each group's node paths (the host's group is ``"host"``)."""
+        return {g.name: list(g.nodes) for g in self._driver.groups.values()}
+
+    @property
+    def failure(self) -> BaseException | None:
+        """BaseException | None: what `join` raises, None for a run that did not fail."""
+        return self._outcome()
+
+    @property
+    def running(self) -> bool:
+        """bool: True until the run has ended."""
+        return not self._driver.ended.is_set()
+
+    # -- waiting and ending ---------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the end without raising its failure; True once ended.
+
+        Raises:
+            RuntimeError: called from inside a hook or a subscriber callback.
+        """
+        self._check_caller("wait()")
+        return self._driver.ended.wait(timeout)
+
+    def stop(self) -> None:
+        """End the run: every group's ``on_stop`` runs, the processes end; idempotent.
+
+        Returns once the run has ended: within about twice ``stop_timeout``
+        (a group stuck in a hook is then killed and reported by `join` as
+        `StopTimeoutError`).
+        """
+        self._driver.stop_asked.set()
+        if self._inside():
+            return  # only asked: the end waits for this very thread
+        self._driver.ended.wait(4 * self._driver.stop_timeout + 30.0)
+
+    def _inside(self) -> bool:
+        """On a thread the end waits for: a hook of the host's group, a callback, the driver."""
+        drv = self._driver
+        kernel = drv.kernel
+        return (threading.current_thread() is drv.thread or drv.host.on_thread()
+                or (kernel is not None and kernel.dispatcher.is_own_thread()))
+
+    def _check_caller(self, call: str) -> None:
+        """Refuse a call that would wait for the end from a thread the end waits for."""
+        if self._inside():
+            raise RuntimeError(f"{call} from inside a hook or a subscriber callback would "
+                               f"wait for itself: use run.stop() to end the run, "
+                               f"run.running to check")
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the end; raise what made it fail (as `Run.join`).
+
+        Raises:
+            NodeError: a hook raised in a group (the node's path and hook; the
+                remote traceback as the ``__cause__``, a `RemoteTraceback`).
+            GroupDied: a group process died.
+            CallbackError, StopTimeoutError: as `Run.join`.
+            TimeoutError: not ended within ``timeout``.
+        """
+        self._check_caller("join()")
+        if not self._driver.ended.wait(timeout):
+            raise TimeoutError(f"the run has not ended within {timeout} s")
+        self._driver.reported = True
+        err = self._outcome()
+        if err is not None:
+            raise err
+
+    def _outcome(self) -> BaseException | None:
+        failures = self._driver.failures
+        if not failures:
+            return None
+        first = failures[0]
+        if isinstance(first, NodeError):
+            first.failures = [f for f in failures if isinstance(f, NodeError)]
+        return first
+
+    def __enter__(self) -> PlacedRun:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+        if exc_type is None and not self._driver.reported:
+            self._driver.reported = True
+            err = self._outcome()
+            if err is not None:
+                raise err
+
+    # -- ports ------------------------------------------------------------------------------
+    def _path(self, port: Port | str, want: type | None = None) -> str:
+        if isinstance(port, Port):
+            port = port.path
+        if not isinstance(port, str):
+            raise TypeError(f"expected a port or a dotted port path, got {type(port).__name__}")
+        found = self._ports.get(port)
+        if found is None:
+            raise ValueError(f"no port {port!r} in this run (ports: {sorted(self._ports)})")
+        if want is not None and not isinstance(found, want):
+            raise TypeError(f"port {port!r} is an {type(found).__name__}; "
+                            f"expected an {want.__name__}")
+        return port
+
+    def read(self, port: Port | str) -> Any:
+        """The newest message of a port (a copy), from whichever group runs it.
+
+        Raises:
+            ValueError: no such port; NotRunningError: the run has ended
+                (the groups are gone; read the final `state_dict` instead).
+        """
+        self._check_caller("read()")
+        path = self._path(port)
+        return self._driver.call(lambda: self._driver.read(path), 60.0, f"read({path!r})")
+
+    def write(self, port: Input | str, value: Any) -> None:
+        """Deliver ``value`` to an Input as the host, in whichever group runs it.
+
+        Raises:
+            PortTypeError: the value does not match the Input's type.
+            ValueError / TypeError: no such Input.
+            NotRunningError: the run has ended.
+        """
+        self._check_caller("write()")
+        path = self._path(port, Input)
+        checked = self._ports[path].check(value)
+        self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
+
+    def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
+                  depth: int = HOST_QUEUE_DEPTH) -> Subscription:
+        """Call ``callback(message)`` for every later message of a port (as `Run.subscribe`).
+
+        The group that runs the port sends the host a copy of each message with
+        its reply to each grant; an Input's messages are those of the Outputs
+        that feed it.
+        """
+        self._check_caller("subscribe()")
+        path = self._path(port)
+        if not callable(callback):
+            raise TypeError(f"subscribe({path!r}): callback must be callable")
+        depth = check_depth(f"subscribe({path!r})", depth)
+        sub = self._driver.host.subscribe(path, callback, depth)
+        detaches = [self._listen(o, sub.put, f"subscribe({path!r})")
+                    for o in self._outputs(path)]
+
+        def detach() -> None:
+            for undo in detaches:
+                undo()
+
+        sub.detach = detach
+        return sub
+
+    def _listen(self, output: str, listener: Callable[[Any], None],
+                what: str) -> Callable[[], None]:
+        """Attach ``listener`` to an Output in whichever group runs it (on the driver)."""
+        driver = self._driver
+        return driver.call(lambda: driver.listen(output, listener), 60.0, what)
+
+    def _outputs(self, path: str) -> list[str]:
+        port = self._ports[path]
+        if isinstance(port, Output):
+            return [path]
+        return [s.path for s in port._sources]  # type: ignore[attr-defined]
+
+    def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
+                 timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
+        """Wait for the first later message of a port that matches (as `Run.wait_for`)."""
+        self._check_caller("wait_for()")
+        path = self._path(port)
+        what = f"wait_for({path!r})"
+        waiter = Waiter(path, what, check_depth(what, depth))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        detaches = [self._listen(o, waiter.put, what) for o in self._outputs(path)]
+        try:
+            self._driver.host.add_waiter(waiter)
+            while True:
+                ok, message = waiter.get(deadline)
+                if not ok or (deadline is not None and time.monotonic() > deadline):
+                    raise TimeoutError(f"{what}: no match within {timeout} s"
+                                       + waiter.drops_note())
+                if predicate is None or predicate(message):
+                    return message
+        finally:
+            for undo in detaches:
+                undo()
+            self._driver.host.remove_waiter(waiter)
+
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """One state tree of every group, taken at a consistent cut (as `Run.state_dict`).
+
+        Every group finishes the latest instant any group has reached, the
+        messages between groups are delivered, and each group's part is taken
+        there; the parts form one tree in the format of one process
+        (docs/state.md), which restores into any placement. After the end:
+        the final state.
+
+        Raises:
+            TimeoutError: no cut within ``timeout``.
+            NodeError: a node's ``state_dict`` raised.
+        """
+        self._check_caller("state_dict()")
+        drv = self._driver
+        if not drv.ended.is_set() and not drv.ending:
+            try:
+                return drv.call(lambda: drv.cut(timeout), timeout, "state_dict()")
+            except NotRunningError:
+                pass
+        if not drv.ended.wait(None if timeout is None else timeout):
+            raise TimeoutError(f"state_dict(): the run did not end within {timeout} s")
+        if drv.final_error is not None:
+            raise drv.final_error
+        if drv.final_tree is None:
+            raise NodeError("", "state_dict", "state_dict(): the final state could not be taken "
+                            "(a group was stuck or had died)")
+        return drv.final_tree
+
+    # -- stats ------------------------------------------------------------------------------
+    def stats(self) -> RunStats:
+        """Statistics of every node and of every group process (`RunStats.groups`)."""
+        drv = self._driver
+        if drv.ended.is_set() or drv.ending:
+            drv.ended.wait(4 * drv.stop_timeout + 30.0)
+            raw = drv.final_stats or {}
+        else:
+            try:
+                raw = drv.call(drv.group_stats, 60.0, "stats()")
+            except NotRunningError:
+                drv.ended.wait(4 * drv.stop_timeout + 30.0)
+                raw = drv.final_stats or {}
+        nodes = {}
+        groups = {}
+        for name, g in raw.items():
+            for path, n in g["nodes"].items():
+                late = n["lateness"]
+                nodes[path] = NodeStats(
+                    path=path, updates=n["updates"], overruns=n["overruns"],
+                    dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
+                    dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
+                    lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
+                    drops=n["drops"], restarts=drv.restarts.get(path, 0))
+            groups[name] = GroupStats(
+                name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
+                messages_in=g["messages_in"], messages_out=g["messages_out"],
+                bytes_in=g["bytes_in"], bytes_out=g["bytes_out"],
+                drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()))
+        wall = (drv.end_wall or time.monotonic()) - drv.start_wall
+        ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
+        snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
+        return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
+                        snapshots=snaps, subscriptions=drv.host.stats(), groups=groups)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "ended"
+        return (f"<PlacedRun {state} t={self.time:.6f}s nodes={len(self._found)} "
+                f"groups={len(self._driver.groups)}>")
+
