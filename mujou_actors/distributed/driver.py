@@ -688,23 +688,31 @@ class _Driver:
                 trees.append(self.kernel.state_dict(timeout=limit))
         return merge_trees(trees, t, self.order)
 
-    def write(self, path: str, message: Any) -> None:
+    def write(self, path: str, message: Any, initial: bool = False) -> None:
         """Deliver a host write to the Input's group, then refresh its next key.
 
         It comes in at the latest delta cycle any group has entered (as a host
         write in one process comes in at the run's frontier): no group has
         run past it, so the message and what it triggers sort as they would
         in one process at that point.
+
+        ``initial``: a write of ``inputs=``, before the timers start, as in
+        one process; the group is not refreshed (that would start its timer,
+        and its next write would come in at the timer's first delta cycle,
+        after what ``on_start`` sent): the start phase refreshes every group
+        once all are written.
         """
         g = self.groups[self.owner[path.rpartition(".")[0]]]
         key: Key | None = max(h.frontier for h in self.groups.values())
-        if key == (-1, 0) or self.realtime:
+        if initial or key == (-1, 0) or self.realtime:
             key = None  # real time, or the timers have not started (inputs=): as in one process
         if g.remote:
             self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
         else:
             assert self.kernel is not None
             group.host_write(self.kernel, path, message, key)
+        if initial and not self.realtime:
+            return
         messages, g.queued = g.queued, []
         g.link.send(dataplane.Grant(None, False, messages))
         self._collect([g])
@@ -989,7 +997,7 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
                 driver.kernel.load_state_dict(part, timeout=left())
             g.queued = []
     for port, value in initial:
-        driver.write(port.path, value)
+        driver.write(port.path, value, initial=True)
     if driver.realtime:
         realtime.start(driver, tree)
     else:
