@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,32 +58,42 @@ def _args(duration: float | None, *, workers: int, seed: int, state: dict | None
 
 
 def _single(desc: dict, duration: float, *, seed: int, workers: int = 1,
-            state: dict | None = None,
-            supervisor: mujou.Supervisor | None = None) -> tuple[dict, Any]:
+            state: dict | None = None, supervisor: mujou.Supervisor | None = None,
+            inputs: dict | None = None) -> tuple[dict, Any]:
     """The single-process run of ``desc``: its final tree and stats."""
     with mujou.run(make_random_net(**desc), timer="simulated", duration=duration, seed=seed,
-                   workers=workers, state=state, supervisor=supervisor) as run:
+                   workers=workers, state=state, supervisor=supervisor,
+                   inputs=_values(inputs)) as run:
         run.join(60)
     return run.state_dict(), run.stats()
 
 
 def _placed(desc: dict, placement: dict, duration: float | None, *, seed: int, workers: int,
-            state: dict | None = None,
-            supervisor: mujou.Supervisor | None = None) -> placed.PlacedRun:
+            state: dict | None = None, supervisor: mujou.Supervisor | None = None,
+            inputs: dict | None = None) -> placed.PlacedRun:
     """A placed run of ``desc``, its groups served in this process."""
     return placed.start(make_random_net, placement=placement, net_kwargs=desc,
                         args=_args(duration, workers=workers, seed=seed, state=state,
                                    supervisor=supervisor),
-                        inputs=None, state=state, make_system=InProcessSystem)
+                        inputs=_values(inputs), state=state, make_system=InProcessSystem)
+
+
+def _values(inputs: dict | None) -> dict | None:
+    """``inputs=`` from Input paths and their types' names: a value of each (fresh)."""
+    if inputs is None:
+        return None
+    make = {"int": lambda: 5, "float": lambda: 2.5, "tensor": lambda: torch.arange(2.0),
+            "object": lambda: (3, torch.ones(2, dtype=torch.float64))}
+    return {path: make[kind]() for path, kind in inputs.items()}
 
 
 def _placed_end(desc: dict, placement: dict, duration: float, *, seed: int, workers: int,
-                state: dict | None = None,
-                supervisor: mujou.Supervisor | None = None) -> tuple[dict, Any]:
+                state: dict | None = None, supervisor: mujou.Supervisor | None = None,
+                inputs: dict | None = None) -> tuple[dict, Any]:
     """A placed run of ``desc`` to its end: its final tree and stats (stopped whatever
     happens, so that a failed example leaves no run behind)."""
     run = _placed(desc, placement, duration, seed=seed, workers=workers, state=state,
-                  supervisor=supervisor)
+                  supervisor=supervisor, inputs=inputs)
     try:
         run.join(60)
     finally:
@@ -155,10 +166,14 @@ def _assert_same_counts(got: Any, expected: Any, apart: dict[str, int] | None = 
 
 
 @st.composite
-def _placed_nets(draw: st.DrawFn, nested: bool = True) -> tuple[dict, dict]:
-    """A random net and a placement of it."""
+def _placed_nets(draw: st.DrawFn, nested: bool = True) -> tuple[dict, dict, dict]:
+    """A random net, a placement of it, and ``inputs=`` for some of its Inputs (path ->
+    the Input's type)."""
     desc = draw(nets(nested=nested))
-    return desc, draw(placements(desc))
+    ins = {f"{n['path']}.i{k}": spec[0] for n in desc["nodes"] for k, spec in enumerate(n["ins"])}
+    chosen = draw(st.lists(st.sampled_from(sorted(ins)), unique=True, max_size=3)
+                  if ins else st.just([]))
+    return desc, draw(placements(desc)), {p: ins[p] for p in chosen}
 
 
 @pytest.mark.timeout(120 * max(1.0, SCALE))
@@ -166,14 +181,16 @@ def _placed_nets(draw: st.DrawFn, nested: bool = True) -> tuple[dict, dict]:
 @given(net=_placed_nets(), workers=st.integers(1, 3), single_workers=st.integers(1, 3),
        duration_ms=st.integers(1, 20), seed=st.integers(0, 2**32))
 def test_a_placed_random_net_ends_bit_identical_to_one_process(
-        net: tuple[dict, dict], workers: int, single_workers: int, duration_ms: int,
+        net: tuple[dict, dict, dict], workers: int, single_workers: int, duration_ms: int,
         seed: int) -> None:
-    """Any placement, any worker counts (here and in one process): the same final tree,
-    and the same updates and drops of every node."""
-    desc, placement = net
+    """Any placement, any worker counts (here and in one process), ``inputs=`` written
+    before the start: the same final tree, and the same updates and drops of every node."""
+    desc, placement, inputs = net
     duration = duration_ms / 1000
-    expected, expected_stats = _single(desc, duration, seed=seed, workers=single_workers)
-    got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers)
+    expected, expected_stats = _single(desc, duration, seed=seed, workers=single_workers,
+                                       inputs=inputs)
+    got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers,
+                             inputs=inputs)
     apart = _assert_equivalent(got, expected, desc)
     _assert_same_counts(stats, expected_stats, apart)
 
@@ -443,3 +460,21 @@ def test_a_placed_run_that_fails_or_is_stopped_ends_at_a_consistent_cut() -> Non
         tree = run.state_dict()
         expected, _ = _single(desc, tree["time_ns"] / 1e9, seed=0)
         assert_same_tree(tree, expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["host", "a"])
+def test_every_write_of_inputs_comes_in_before_the_timers_start(where: str) -> None:
+    """``inputs=`` are host writes before the start, sorted before what on_start sent. The
+    first write to a group refreshed it, which started its timer: its next write came in
+    at the timer's first delta cycle, after ``c``'s own on_start message."""
+    desc = {"nodes": [_spec("n0", ins=[("float", None, None, "drain")]),
+                      _spec("c", outs=["float"], ins=[("float", None, None, "drain")],
+                            start=True), _spec("x")],
+            "edges": [[1, 0, 1, 0]]}
+    inputs = {"n0.i0": "float", "c.i0": "float"}
+    expected, _ = _single(desc, 0.001, seed=0, inputs=inputs)
+    assert [m[2][1] for m in expected["nodes"]["c"]["log"]][0] == 2.5
+    placement = {"x": "a"} if where == "host" else {"n0": "a", "c": "a"}
+    got, _ = _placed_end(desc, placement, 0.001, seed=0, workers=1, inputs=inputs)
+    assert_same_tree(got, expected)
