@@ -13,7 +13,7 @@ where each node is::
 
     {"path": "n1.c0",           # dotted: a child of the node "n1"
      "period_us": 2000 | None,  # None: triggered only
-     "outs": ["int" | "float" | "tensor" | "object", ...],
+     "outs": ["int" | "float" | "tensor" | "big" | "object", ...],
      "ins": [[type, depth | None, trigger (None | True | False),
               "drain" | "read" | "skip"], ...],
      "sends": 1..3,             # messages per Output per hook
@@ -35,6 +35,7 @@ one instant), so that cycles through triggered nodes end.
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import torch
@@ -44,16 +45,23 @@ import mujou_actors as mujou
 
 __all__ = ["RandomNode", "make_random_net", "nets", "placements", "ACCEPTS", "TYPES"]
 
-TYPES: dict[str, Any] = {"int": int, "float": float, "tensor": torch.Tensor, "object": object}
+# "big": a tensor of BIG elements (64 KiB of float64: the data plane's shared memory).
+TYPES: dict[str, Any] = {"int": int, "float": float, "tensor": torch.Tensor,
+                         "big": torch.Tensor, "object": object}
+IN_TYPES = ["float", "int", "object", "tensor"]
 # What an Input of each type may be connected to (the Output types it accepts all of).
-ACCEPTS = {"int": {"int"}, "float": {"int", "float"}, "tensor": {"tensor"},
-           "object": {"int", "float", "tensor", "object"}}
+ACCEPTS = {"int": {"int"}, "float": {"int", "float"}, "tensor": {"tensor", "big"},
+           "object": {"int", "float", "tensor", "big", "object"}}
 MASK61 = (1 << 61) - 1
+BIG = 8192
 
 
 def _summary(message: Any) -> Any:
     """The message as exact plain data (a tensor's dtype and values), for the node's log."""
     if isinstance(message, torch.Tensor):
+        if message.numel() > 64:  # its digest: every bit of it, in a short entry
+            data = message.contiguous().numpy().tobytes()
+            return [str(message.dtype), list(message.shape), hashlib.sha256(data).hexdigest()]
         return [str(message.dtype), message.tolist()]
     if isinstance(message, tuple):
         return ["tuple", [_summary(m) for m in message]]
@@ -96,6 +104,8 @@ class RandomNode(mujou.Node):
         self.burst = 0
         self.log: list[Any] = []
         self.x = torch.zeros(2, dtype=torch.float64)
+        if "big" in spec["outs"]:
+            self.buf = torch.zeros(BIG, dtype=torch.float64)
 
     def on_start(self) -> None:
         if self._start_sends:
@@ -139,6 +149,11 @@ class RandomNode(mujou.Node):
             if k == 0:
                 return self.x  # an attribute: the send must copy it
             return (self.x * (k + 1)).float()  # a temporary, float32: handed over
+        if kind == "big":
+            if k == 0:
+                self.buf.add_(self.x[0])  # in place: what it sent before must not change
+                return self.buf
+            return torch.full((BIG,), float(base)) + torch.arange(BIG) * k  # handed over
         if k % 2 == 0:
             return (base, self.x + k)
         return {"n": self.n, "v": [base / 3.0, k]}
@@ -182,7 +197,7 @@ def _node(draw: st.DrawFn, path: str) -> dict[str, Any]:
     period = draw(st.one_of(st.none(), st.sampled_from(PERIODS_US)))
     outs = draw(st.lists(st.sampled_from(sorted(TYPES)), max_size=3))
     ins = draw(st.lists(st.tuples(
-        st.sampled_from(sorted(TYPES)),
+        st.sampled_from(IN_TYPES),
         st.one_of(st.none(), st.integers(1, 3)),
         st.sampled_from([None, None, True, False]),
         st.sampled_from(["drain", "drain", "read", "skip"])), max_size=3))
