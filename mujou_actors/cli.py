@@ -482,13 +482,16 @@ def _setup_logging(live: bool, verbose: bool) -> logging.Handler:
 
 
 def _stats_json(stats: RunStats) -> dict[str, Any]:
-    return {
+    out = {
         "time": stats.time,
         "wall": stats.wall,
         "nodes": {p: dataclasses.asdict(n) for p, n in stats.nodes.items()},
         "workers": {p: dataclasses.asdict(w) for p, w in stats.workers.items()},
         "snapshots": dataclasses.asdict(stats.snapshots),
     }
+    if stats.groups:  # a placed run (--place): its processes
+        out["groups"] = {name: dataclasses.asdict(g) for name, g in stats.groups.items()}
+    return out
 
 
 def _final_snapshot(run: mujou.Run, folder: str) -> str:

@@ -15,6 +15,7 @@ import torch
 import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
 from mujou_actors.distributed import placed
+from mujou_actors.distributed.placement import load_factory
 from mujou_actors.errors import NetError, NodeError
 from mujou_actors.run import _check_arguments
 from tests import placed_support
@@ -154,6 +155,8 @@ def test_the_host_api_reaches_every_group() -> None:
         stats.groups["a"].messages_out >= 1
     assert list(stats.nodes) == ["sim", "ctrl", "log"]
     assert sub.delivered >= 1 and len(seen) == sub.delivered
+    # ctrl's every command crosses to log (host); the host's copies for subscribe() do not count
+    assert stats.groups["b"].messages_out == stats.nodes["ctrl"].updates
     tree = run.state_dict()
     assert ["cmd", [7.0, 7.0, 7.0]] in tree["nodes"]["log"]["seen"]
     # ctrl saw (or has pending) every observation and the host's write: one more than sim ticks
@@ -558,3 +561,19 @@ def test_a_real_time_placed_run_restarts_a_failed_node_and_keeps_its_snapshots(
         assert all(got[i] <= got[i - 1] for i in jumps)
     assert got[-1] == n or got[-1] == n - 1  # the last may still be on its way
     _every_message_once(tree)
+
+
+def test_a_factory_under_the_main_guard_of_a_script_is_refused_at_once(tmp_path) -> None:
+    from mujou_actors.distributed.placement import _defined_at_top
+
+    script = tmp_path / "rig.py"
+    script.write_text("import mujou_actors as mujou\nfrom os import path as helper\n"
+                      "def make_net():\n    return {}\nOTHER = 1\n"
+                      "if __name__ == '__main__':\n    def nested():\n        return {}\n")
+    assert _defined_at_top(str(script), "make_net") and _defined_at_top(str(script), "OTHER")
+    assert _defined_at_top(str(script), "helper")
+    assert not _defined_at_top(str(script), "nested")
+    with pytest.raises(ValueError, match=r"no function 'nested' at its top level"):
+        load_factory(f"{script}:nested")
+    with pytest.raises(ValueError, match=r"'OTHER' is a int, not a function"):
+        load_factory(f"{script}:OTHER")

@@ -85,6 +85,11 @@ def test_a_dead_group_without_a_supervisor_ends_the_run_with_group_died(tmp_path
         run.join(60)
     assert time.monotonic() - t0 < 10
     assert info.value.pid == int(open(marker).read())
+    stats = run.stats()  # the survivors' figures are kept, and the dead group's last ones
+    assert "host" in stats.groups and stats.groups["host"].pid == os.getpid()
+    assert stats.nodes["sim"].updates > 0
+    with pytest.raises(GroupDied, match="no final state"):
+        run.state_dict()  # its nodes' state died with it: no partial tree
 
 
 def test_a_hooks_exception_crosses_processes_with_its_traceback() -> None:

@@ -151,11 +151,12 @@ class _Link:
         self.messages_in = self.messages_out = 0
         self.bytes_in = self.bytes_out = 0
 
-    def _send(self, header: list[Any], items: list[Item]) -> None:
+    def _send(self, header: list[Any], items: list[Item], messages: int | None = None) -> None:
+        """Send a header and items; ``messages`` of them count as port messages (all)."""
         header.append(self.decoder.take_freed())
         frames: list[Any] = [msgpack.packb(header)]
         frames += self.encoder.encode(items, self.declared)
-        self.messages_out += len(items)
+        self.messages_out += len(items) if messages is None else messages
         self.bytes_out += sum(len(f) for f in frames)
         self.sock.send_multipart(frames, copy=False)
 
@@ -194,8 +195,10 @@ class GroupLink(_Link):
 
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
+        # The host's copies of subscribed messages are not port messages between groups.
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier, reply.marker], reply.sends + reply.published)
+                    reply.frontier, reply.marker], reply.sends + reply.published,
+                   len(reply.sends))
 
 
 class HostLink(_Link):

@@ -238,6 +238,8 @@ class _Driver:
         self.rounds = 0
         self.rounds_started = self.rounds_ended = 0.0
         self.stuck: dict[str, str] = {}
+        self.dead: set[str] = set()  # groups whose process died, not restarted
+        self._last_stats: dict[str, dict[str, Any]] = {}
         self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
         self.final_stats: dict[str, dict[str, Any]] | None = None
         self.order = [p for p, _ in found]
@@ -260,6 +262,7 @@ class _Driver:
                     e = died.exit
                     err = GroupDied(e.group, e.pid, e.reason)
                     if not self._recover(err, e.group, node=None):
+                        self.dead.add(e.group)
                         break
         except _Stuck as stuck:
             self.stuck.update(stuck.busy)
@@ -380,8 +383,10 @@ class _Driver:
         if node is not None and not self.realtime and not self._finish_instant(
                 self.groups[group_name].frontier[0]):
             return False
-        log.warning("%s; restoring every group from the snapshot at t=%.6f s (one_for_all)",
-                    err, latest["time_ns"] / 1e9)
+        log.warning("%s; restoring every group from the snapshot at t=%.6f s (%s)", err,
+                    latest["time_ns"] / 1e9,
+                    "one_for_all" if node is not None else
+                    f"a dead group rewinds every group, whatever the strategy ({sup.restart})")
         self._restart_all(latest, dead=group_name if node is None else None)
         return True
 
@@ -743,10 +748,21 @@ class _Driver:
         return detach
 
     def group_stats(self) -> dict[str, dict[str, Any]]:
+        """Every group's figures, as plain data; a dead group's are its last ones known."""
         out = {}
         for g in self.groups.values():
             if g.remote:
-                out[g.name] = self.system.ask(g.name, group.Stats(), 30.0)
+                if g.name in self.dead:
+                    if g.name in self._last_stats:
+                        out[g.name] = self._last_stats[g.name]
+                    continue
+                try:
+                    out[g.name] = self._last_stats[g.name] = self.system.ask(
+                        g.name, group.Stats(), 30.0)
+                except GroupDied:
+                    self.dead.add(g.name)
+                    if g.name in self._last_stats:
+                        out[g.name] = self._last_stats[g.name]
             else:
                 t = os.times()
                 link = g.link
@@ -782,7 +798,13 @@ class _Driver:
                 pass  # the time the rounds ended at (realtime.run_rounds keeps it)
             elif self.end_ns is not None and not self.failures and not self.stop_asked.is_set():
                 self.time_ns = self.end_ns
-            if trees:
+            if self.dead:
+                # A tree without a dead group's nodes would restore a different net.
+                self.final_error = GroupDied(
+                    sorted(self.dead)[0], self.groups[sorted(self.dead)[0]].pid,
+                    "its nodes' state died with its process: the run has no final state "
+                    "(restore the supervisor's latest snapshot instead)")
+            elif trees:
                 try:
                     self.final_tree = merge_trees(trees, self.time_ns, self.order)
                 except BaseException as exc:  # state_dict() raises it
@@ -827,7 +849,7 @@ class _Driver:
             self.failures.append(exc)
 
     def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
-        if not self.stuck and not any(g.waiting for g in self.groups.values()):
+        if not self.stuck and not self.dead and not any(g.waiting for g in self.groups.values()):
             try:
                 # Messages on their way between groups become their readers' pending
                 # messages: the final tree holds them, as one process's does.
@@ -848,6 +870,8 @@ class _Driver:
                 log.warning("placed run: the last messages could not be delivered: %s",
                             describe(exc))
         for g in self.groups.values():
+            if g.name in self.dead:
+                continue  # nothing to stop; its death is the run's failure already
             try:
                 if g.remote:
                     # A group still in a grant is stopped too: its control thread is
@@ -864,10 +888,14 @@ class _Driver:
                         trees.append(self.kernel.state_dict())
                 for p in paths:
                     stuck[p] = "a hook"
+            except GroupDied as exc:  # it died as the run ended
+                self.dead.add(g.name)
+                if not self.failures:
+                    self.failures.append(exc)
             except BaseException as exc:
                 log.error("placed run: stopping group %r failed: %s", g.name, describe(exc))
-                if not isinstance(exc, (NotRunningError,)):
-                    self.failures.append(exc) if not self.failures else None
+                if not isinstance(exc, NotRunningError) and not self.failures:
+                    self.failures.append(exc)
 
 
 class _Failed(Exception):

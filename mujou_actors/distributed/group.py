@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import traceback
@@ -570,8 +571,10 @@ def _not_crossing(exc: BaseException, reply: dataplane.Reply,
     """The failure of a reply whose messages could not be encoded: names the ports."""
     ports = sorted({routes.outputs[item[3]] for item in reply.sends + reply.published})
     path = ports[0].rpartition(".")[0] if len(ports) == 1 else ""
+    # The codec names the batch's item and port index; the ports are named here already.
+    why = re.sub(r"^item \d+ \(port \d+\): ", "", str(exc))
     err = NodeError(path, "send", f"a message sent on {', '.join(map(repr, ports))} cannot "
-                    f"cross to another group process: {exc}")
+                    f"cross to another group process: {why}")
     err.__cause__ = exc
     return err
 

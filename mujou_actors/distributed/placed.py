@@ -78,6 +78,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             group and the differences).
         NodeError: an ``on_start`` or ``load_state_dict`` raised in a group.
     """
+    _check_not_bootstrapping()
     factory, ref = resolve_factory(net, net_kwargs)
     built = build_net(factory, ref.kwargs)
     found = walk(built)
@@ -93,6 +94,26 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         from .system import ProcessSystem
         make_system = ProcessSystem
     return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system)
+
+
+def _check_not_bootstrapping() -> None:
+    """Refuse a placed run started while a process of a run imports the main script.
+
+    The ``spawn`` start method imports the host's main script again in every
+    process it starts; a script that calls ``mujou.run`` at its top level
+    would start a run from each of them.
+
+    Raises:
+        RuntimeError: this is such an import (says to use the main guard).
+    """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "mujou.run(placement=...) was called while a new process of a placed run was "
+            "importing the main script: put the code that starts the run under "
+            "`if __name__ == \"__main__\":` (the group processes import the script again, "
+            "as multiprocessing's spawn does)")
 
 
 def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],

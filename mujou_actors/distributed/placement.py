@@ -84,8 +84,37 @@ def _ref_of(factory: Callable[..., Any]) -> str:
             raise TypeError(f"mujou.run: the net factory {name!r} is defined in {module_name}, "
                             f"which has no file (an interactive session?): a group process "
                             f"cannot import it; define it in a module or a file")
+        if not _defined_at_top(path, name):
+            raise TypeError(f"mujou.run: the net factory {name!r} is not defined at the top "
+                            f"level of {path} (under `if __name__ == \"__main__\":`, say): a "
+                            f"group process loads the file as a module, where that block "
+                            f"does not run; move the function to the top level")
         return f"{os.path.abspath(path)}:{name}"
     return f"{module_name}:{name}"
+
+
+def _defined_at_top(path: str, name: str) -> bool:
+    """Whether the file at ``path`` binds ``name`` at its top level (a def, an assignment,
+    an import), read without running it. An unreadable file says yes: its load will tell."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return True
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return True
+    return False
 
 
 def resolve_factory(net: Any,
@@ -165,8 +194,13 @@ def load_factory(ref: str) -> NetFactory:
         raise ValueError(f"net factory {ref!r}: cannot import {where!r}: "
                          f"{type(exc).__name__}: {exc}") from exc
     factory = getattr(module, name, None)
-    if not callable(factory):
-        raise ValueError(f"net factory {ref!r}: {where!r} has no function {name!r}")
+    if factory is None:
+        raise ValueError(f"net factory {ref!r}: {where!r} has no function {name!r} at its top "
+                         f"level (one defined under `if __name__ == \"__main__\":` is not "
+                         f"there when a group process loads the file)")
+    if not callable(factory) or isinstance(factory, Node):
+        raise ValueError(f"net factory {ref!r}: {name!r} is a {type(factory).__name__}, not a "
+                         f"function that builds the net")
     return factory
 
 

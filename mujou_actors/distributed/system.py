@@ -236,7 +236,24 @@ class ProcessSystem:
             raise
 
     def _start(self, timeout: float) -> None:
-        """Start the admin (and its logger) and the coordinator; learn their pids."""
+        """Start the admin (and its logger) and the coordinator; learn their pids.
+
+        Thespian's own log file (``thesplog``: ``$TMPDIR/thespian.log`` unless
+        ``THESPLOG_FILE`` says otherwise) goes into the run's private folder,
+        removed at the end: the run's processes inherit the setting from the
+        environment while they start. A ``THESPLOG_FILE`` of the user's wins.
+        """
+        if "THESPLOG_FILE" in os.environ:
+            self._start_system(timeout)
+            return
+        os.environ["THESPLOG_FILE"] = os.path.join(self._folder, "thespian.log")
+        try:
+            self._start_system(timeout)
+        finally:
+            os.environ.pop("THESPLOG_FILE", None)
+
+    def _start_system(self, timeout: float) -> None:
+        """`_start`'s work."""
         capabilities = {"Admin Port": self.admin_port, "Process Startup Method": "spawn"}
         deadline = time.monotonic() + timeout
         before = _children()
