@@ -372,3 +372,21 @@ def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> No
     assert all(r["enc_us"] > 0 and r["dec_us"] > 0 for r in results["codec"].values())
     assert list(results["hop"]) == ["tensor64", "1MiB-inline", "1MiB-shm"]
     assert results["hop"]["tensor64"]["rate"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_processes_benchmark_measures_placed_runs(tmp_path: Path) -> None:
+    out = tmp_path / "processes.json"
+    script = str(ROOT / "benchmarks" / "processes.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--only", "steps,stream",
+                           "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == ["stream", "steps", "steps in one process"]
+    assert results["stream"]["rate"] > 0 and results["steps"]["rounds_s"] > 0
+    assert results["steps in one process"]["steps_s"] > results["steps"]["steps_s"] > 0
+    bad = subprocess.run([sys.executable, script, "--only", "nope"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "unknown workloads ['nope']" in bad.stderr
