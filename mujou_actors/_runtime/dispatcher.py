@@ -1378,7 +1378,16 @@ class Dispatcher:
         with self._cond:
             if self._frontier > not_before:
                 return 0
-            lost = self._deliver(actor, slot, message, stamp, trigger)
+            # A driven kernel may idle for long (no work of its own): what its next hook
+            # takes is known from its next key and the message's instant, not only from
+            # its frontier, so a crowded mailbox stays bounded while it waits (messages
+            # come in key order: none can come later from before this instant).
+            reach = (not_before[0], 0)
+            earliest = self._calendar.earliest()
+            if earliest is not None and earliest < reach:
+                reach = earliest
+            lost = self._deliver(actor, slot, message, stamp, trigger,
+                                 max(reach, self._frontier))
             seq = self._host_seq  # this delivery's: numbered under the same lock
         for port, _ in lost:
             port._log_first_drop()
@@ -1406,8 +1415,12 @@ class Dispatcher:
         return seq
 
     def _deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
-                 trigger: Key | None) -> list[tuple[Input, int]]:
-        """Append a delivery, keep the mailbox bounded, trigger; return the drops to log."""
+                 trigger: Key | None, reach: Key | None = None) -> list[tuple[Input, int]]:
+        """Append a delivery, keep the mailbox bounded, trigger; return the drops to log.
+
+        ``reach`` (a driven kernel's deliveries): the key before which the
+        reader's next hook takes every delivery (default: the frontier).
+        """
         self._host_seq += 1
         mailbox = actor.mailbox
         mailbox.put((stamp, slot, message, self._host_seq))
@@ -1425,7 +1438,8 @@ class Dispatcher:
                 # delivery stamped before this instant (this one too), so
                 # those can be pruned now. (An idle net may never reach the
                 # next instant.)
-                lost = actor.prune(True, pack(self._frontier) << ORDER_BITS)
+                lost = actor.prune(True, pack(self._frontier if reach is None else reach)
+                                   << ORDER_BITS)
         if trigger is not None:
             self._lower_trigger(actor, trigger)
             if not actor.busy:

@@ -784,10 +784,6 @@ class _Driver:
         """Stop every group (on_stop), take the final state, end the processes."""
         self.rounds_ended = time.perf_counter()  # the benchmarks' wall time of the rounds
         self.ending = True
-        try:
-            self.final_stats = self.group_stats()
-        except BaseException as exc:  # a dead group has none; the rest is still ended
-            log.warning("placed run: the final stats could not be taken: %s", describe(exc))
         stuck = self.stuck
         trees: list[dict[str, Any]] = []
         try:
@@ -869,6 +865,10 @@ class _Driver:
             except BaseException as exc:  # a dead group: the others still stop
                 log.warning("placed run: the last messages could not be delivered: %s",
                             describe(exc))
+        try:  # after the last messages are in (their drops count), before the stop
+            self.final_stats = self.group_stats()
+        except BaseException as exc:  # a dead group has none; the rest is still ended
+            log.warning("placed run: the final stats could not be taken: %s", describe(exc))
         for g in self.groups.values():
             if g.name in self.dead:
                 continue  # nothing to stop; its death is the run's failure already
