@@ -18,6 +18,7 @@ import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
 from mujou_actors._runtime.kernel import LAST_DELTA, Kernel, OutsideSend
 from mujou_actors.errors import NodeError
+from tests import placed_support
 from tests.conftest import Tick
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,73 +26,9 @@ pytestmark = pytest.mark.timeout(60)
 MS = 1_000_000
 
 
-class Sim(mujou.Node):
-    """A periodic source: a noisy random walk from its generator."""
-
-    out = mujou.Output(torch.Tensor)
-
-    def __init__(self) -> None:
-        super().__init__(period=0.01)
-        self.x = torch.zeros(3)
-
-    def on_update(self, dt: float) -> None:
-        self.x = self.x + torch.randn(3, generator=self.generator) * dt
-        self.out.send(self.x)
-
-    # The default state dict: x and the generator's state.
-
-
-class Ctrl(mujou.Node):
-    """Triggered by each observation: a command from it and its own count."""
-
-    obs = mujou.Input(torch.Tensor, depth=4)
-    cmd = mujou.Output(torch.Tensor)
-
-    def __init__(self) -> None:
-        super().__init__(period=None)
-        self.n = 0
-
-    def on_update(self, dt: float) -> None:
-        for x in self.obs.drain():
-            self.n += 1
-            self.cmd.send(torch.tanh(x) * self.n)
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
-
-
-class Log(mujou.Node):
-    """Records every command with the time it saw it (two Inputs: order matters)."""
-
-    cmd = mujou.Input(torch.Tensor, depth=None)
-    obs = mujou.Input(torch.Tensor, depth=None)
-
-    def __init__(self) -> None:
-        super().__init__(period=None)
-        self.seen: list[tuple[str, list[float]]] = []
-
-    def on_update(self, dt: float) -> None:
-        for x in self.obs.drain():
-            self.seen.append(("obs", x.tolist()))
-        for c in self.cmd.drain():
-            self.seen.append(("cmd", c.tolist()))
-
-    def state_dict(self) -> dict:
-        return {"seen": [[k, v] for k, v in self.seen]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.seen = [(k, v) for k, v in state["seen"]]
-
-
-def make_net() -> dict[str, mujou.Node]:
-    net = {"sim": Sim(), "ctrl": Ctrl(), "log": Log()}
-    mujou.connect(net["sim"].out, net["ctrl"].obs)
-    mujou.connect(net["sim"].out, net["log"].obs)
-    mujou.connect(net["ctrl"].cmd, net["log"].cmd)
-    return net
+# The net of these tests (sim -> ctrl -> log, sim -> log) is the placed runs' too.
+Sim, Ctrl, Log, make_net = placed_support.Sim, placed_support.Ctrl, placed_support.Log, \
+    placed_support.make_net
 
 
 def _readers(net: dict[str, mujou.Node]) -> dict[str, list[str]]:

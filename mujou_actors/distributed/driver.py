@@ -141,29 +141,19 @@ class _LocalLink:
         for t, delta, sender, output, message in grant.messages:
             for reader in self.routes.local_readers(output):
                 kernel.write(reader, message, (t, delta, sender))
-        if grant.take:
-            shipped = self._receive_realtime()
-            if shipped is not None:
-                self._replies.append(shipped)
+        if grant.take:  # what was sent so far goes first, then the marker
+            shipped = group.shipped(self.kernel, self.routes, self.published)
+            self.messages_out += sum(len(r.sends) for r in shipped)
+            self._replies += shipped
             self._replies.append(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
                                                  marker=True))
 
     def _receive_realtime(self) -> dataplane.Reply | None:
         """Real time: a marker waiting, or what the kernel sent, published or failed."""
-        if self._replies:
-            return self._replies.pop(0)
-        kernel = self.kernel
-        index = self.routes.output_index
-        sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
-                 for s in kernel.take_sends()]
-        published = self.published.take()
-        failures = kernel.take_failures()
-        if not (sends or published or failures):
-            return None
-        self.messages_out += len(sends)
-        return dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends,
-                               failure=group.failure_of(failures[0]) if failures else None,
-                               published=published)
+        if not self._replies:
+            self._replies = group.shipped(self.kernel, self.routes, self.published)
+            self.messages_out += sum(len(r.sends) for r in self._replies)
+        return self._replies.pop(0) if self._replies else None
 
     def close(self) -> None:
         pass

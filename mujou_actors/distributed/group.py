@@ -37,11 +37,11 @@ from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
 from . import dataplane
-from ._loopback import signals_blocked
+from ._loopback import alive, signals_blocked
 from .placement import build_net, load_factory, net_signature
 from .tracing import KernelTraces
 
-__all__ = ["serve", "host_write", "run_grant", "node_stats", "failure_of", "Published",
+__all__ = ["serve", "shipped", "host_write", "run_grant", "node_stats", "failure_of", "Published",
            "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
            "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "TakeTrace",
            "split_tree"]
@@ -401,7 +401,7 @@ class GroupServer:
         while not self._closing.is_set():
             grant = link.receive(timeout=0.1)
             if grant is None:
-                if not _alive(self._host_pid):
+                if not alive(self._host_pid):
                     log.warning("group %r: the host (pid %d) is gone; ending", self.group,
                                 self._host_pid)
                     self._closing.set()
@@ -431,7 +431,7 @@ class GroupServer:
         while not self._closing.is_set():
             ready = dict(poller.poll(100))
             if not ready:
-                if not _alive(self._host_pid):
+                if not alive(self._host_pid):
                     log.warning("group %r: the host (pid %d) is gone; ending", self.group,
                                 self._host_pid)
                     os._exit(3)
@@ -451,19 +451,8 @@ class GroupServer:
 
     def _ship(self) -> None:
         """Real time: send the host what the nodes sent outside, published, or failed."""
-        kernel = self.kernel
-        index = self.routes.output_index
-        sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
-                 for s in kernel.take_sends()]
-        published = self.published.take()
-        failures = kernel.take_failures()
-        if sends or published or failures:
-            first = failure_of(failures[0]) if failures else None
-            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends,
-                                            failure=first, published=published))
-        for failure in failures[1:]:
-            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
-                                            failure=failure_of(failure)))
+        for reply in shipped(self.kernel, self.routes, self.published):
+            self._link.send(reply)
 
     def _take(self, grant: dataplane.Grant) -> None:
         """Real time: deliver messages from other groups as they come (as host writes)."""
@@ -555,15 +544,23 @@ class GroupServer:
         return stuck
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (signal 0 tests it without signalling)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def shipped(kernel: Kernel, routes: dataplane.Routes,
+            published: Published) -> list[dataplane.Reply]:
+    """Real time: the replies that carry what ``kernel``'s nodes sent outside, published
+    or failed since the last call (none when nothing happened); one reply per failure."""
+    index = routes.output_index
+    sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
+             for s in kernel.take_sends()]
+    items = published.take()
+    failures = kernel.take_failures()
+    if not (sends or items or failures):
+        return []
+    first = failure_of(failures[0]) if failures else None
+    replies = [dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=sends, failure=first,
+                               published=items)]
+    replies += [dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                failure=failure_of(f)) for f in failures[1:]]
+    return replies
 
 
 def _not_crossing(exc: BaseException, reply: dataplane.Reply,
