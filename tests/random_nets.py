@@ -19,6 +19,8 @@ where each node is::
      "sends": 1..3,             # messages per Output per hook
      "burst": 1..3,             # sends stop after this many updates of one instant
      "start": bool,             # sends once on every Output in on_start
+     "seed": 7,                 # optional: the node's own seed (else the run's)
+     "dedicated": True,         # optional: hooks on a thread of its own
      "fail_at": 3}              # optional: raises in this update, once per process
 
 and an edge connects node ``src``'s Output ``out`` to node ``dst``'s Input
@@ -84,7 +86,8 @@ class RandomNode(mujou.Node):
 
     def __init__(self, spec: dict[str, Any]) -> None:
         period = spec["period_us"]
-        super().__init__(period=None if period is None else period / 1e6)
+        super().__init__(period=None if period is None else period / 1e6, seed=spec.get("seed"),
+                         dedicated_thread=spec.get("dedicated", False))
         self._ins: list[tuple[mujou.Input, str]] = []
         self._outs: list[tuple[mujou.Output, str]] = []
         for k, (kind, depth, trigger, mode) in enumerate(spec["ins"]):
@@ -201,20 +204,28 @@ def _node(draw: st.DrawFn, path: str) -> dict[str, Any]:
         st.one_of(st.none(), st.integers(1, 3)),
         st.sampled_from([None, None, True, False]),
         st.sampled_from(["drain", "drain", "read", "skip"])), max_size=3))
-    return {"path": path, "period_us": period, "outs": outs,
+    spec = {"path": path, "period_us": period, "outs": outs,
             "ins": [list(i) for i in ins], "sends": draw(st.integers(1, 3)),
             "burst": draw(st.integers(1, 3)), "start": draw(st.booleans())}
+    if draw(st.integers(0, 5)) == 0:
+        spec["seed"] = draw(st.integers(0, 2**64 - 1))
+    if draw(st.integers(0, 5)) == 0:
+        spec["dedicated"] = True
+    return spec
 
 
 @st.composite
 def nets(draw: st.DrawFn, max_top: int = 5, nested: bool = True) -> dict[str, Any]:
-    """A random net description: 2..max_top top-level nodes, some with children; edges."""
+    """A random net description: 2..max_top top-level nodes, some with children and
+    grandchildren; edges."""
     nodes: list[dict[str, Any]] = []
     for i in range(draw(st.integers(2, max_top))):
         nodes.append(draw(_node(f"n{i}")))
         if nested:
             for c in range(draw(st.integers(0, 2) if i % 2 else st.just(0))):
                 nodes.append(draw(_node(f"n{i}.c{c}")))
+                for g in range(draw(st.integers(0, 1))):
+                    nodes.append(draw(_node(f"n{i}.c{c}.g{g}")))
     raw = draw(st.lists(st.tuples(*[st.integers(0, 63)] * 4), max_size=12))
     edges: list[list[int]] = []
     for a, b, c, d in raw:
