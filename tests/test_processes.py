@@ -8,6 +8,8 @@ restored, a stuck group stopped, and nothing left behind.
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 
 import pytest
@@ -41,15 +43,25 @@ def _gone(pids: list[int], within: float = 10.0) -> bool:
 
 def test_groups_in_processes_match_one_process_and_leave_nothing_behind() -> None:
     expected = single(0.2)
+    threads = set(threading.enumerate())
     run = mujou.run(placed_support.make_net, placement={"sim": "physics", "ctrl": "control"},
                     timer="simulated", duration=0.2, seed=7, workers=2)
     stats = run.stats()
+    port = run._driver.system.admin_port
+    pids = run._driver.system.run_pids()
     run.join(60)
     assert_same_tree(run.state_dict(), expected)
-    pids = [g.pid for name, g in stats.groups.items() if name != "host"]
-    assert len(set(pids)) == 2 and os.getpid() not in pids
+    groups = [g.pid for name, g in stats.groups.items() if name != "host"]
+    assert len(set(groups)) == 2 and os.getpid() not in groups and set(groups) <= set(pids)
     assert stats.groups["host"].pid == os.getpid()
+    assert len(pids) >= 5  # Thespian's admin and logger, the coordinator, the two groups
     assert _gone(pids)
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - threads and time.monotonic() < deadline:
+        time.sleep(0.05)  # the driver's and the host group's threads end as join returns
+    assert set(threading.enumerate()) <= threads
+    with socket.socket() as s:  # the admin port is free again
+        s.bind(("127.0.0.1", port))
 
 
 def test_three_groups_and_a_tree_that_crosses_placements() -> None:
