@@ -178,47 +178,61 @@ class _Link:
 
 
 class GroupLink(_Link):
-    """The group's end: connects to the host's endpoint, receives grants, sends replies."""
+    """The group's end: connects to the host's endpoint, receives grants, sends replies.
+
+    Every reply carries the *epoch* of the last grant received (see `HostLink`).
+    """
 
     def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
         sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
         sock.connect(address)
         super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"))
+        self.epoch = 0
 
     def receive(self, timeout: float) -> Grant | None:
         """The next grant, or None after ``timeout`` seconds without one."""
         got = self._receive(timeout)
         if got is None:
             return None
-        (bound, take), items = got
+        (bound, take, epoch), items = got
+        self.epoch = epoch
         return Grant(_key(bound), take, items)
 
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
         # The host's copies of subscribed messages are not port messages between groups.
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier, reply.marker], reply.sends + reply.published,
+                    reply.frontier, reply.marker, self.epoch], reply.sends + reply.published,
                    len(reply.sends))
 
 
 class HostLink(_Link):
-    """The host's end for one group: binds its endpoint, sends grants, receives replies."""
+    """The host's end for one group: binds its endpoint, sends grants, receives replies.
+
+    The driver raises ``epoch`` when it restores every group from a snapshot
+    (a restart); a reply of an earlier epoch (to a grant that the restart
+    interrupted, from the kernel before it) is dropped unread, so nothing of
+    the abandoned timeline reaches the restored kernels.
+    """
 
     def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
         sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
         sock.bind(address)
         super().__init__(sock, routes.declared, *_pools(prefix, "h", "g"))
+        self.epoch = 0
 
     def send(self, grant: Grant) -> None:
         """Send a grant."""
-        self._send([grant.bound, grant.take], grant.messages)
+        self._send([grant.bound, grant.take, self.epoch], grant.messages)
 
     def receive(self, timeout: float) -> Reply | None:
-        """The group's reply, or None after ``timeout`` seconds without one."""
+        """The group's reply, or None after ``timeout`` seconds without one (or a stale one)."""
         got = self._receive(timeout)
         if got is None:
             return None
-        (due, time_ns, failure, n, frontier, marker), items = got
+        (due, time_ns, failure, n, frontier, marker, epoch), items = got
+        if epoch != self.epoch:
+            return None  # its shared-memory blocks are freed all the same (decoded)
         return Reply(_key(due), time_ns, items[:n], failure, items[n:],
                      (frontier[0], frontier[1]), marker)
 

@@ -229,6 +229,7 @@ class _Driver:
         self.rounds_started = self.rounds_ended = 0.0
         self.stuck: dict[str, str] = {}
         self.dead: set[str] = set()  # groups whose process died, not restarted
+        self.epoch = 0  # raised by every restore of all groups (HostLink.epoch)
         self._last_stats: dict[str, dict[str, Any]] = {}
         self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
         self.final_stats: dict[str, dict[str, Any]] | None = None
@@ -403,7 +404,10 @@ class _Driver:
 
     def _restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
         """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
+        self.epoch += 1  # replies to grants of the abandoned timeline are dropped from now on
         for g in self.groups.values():
+            if g.remote:
+                g.link.epoch = self.epoch
             g.queued, g.due, g.frontier, g.time_ns, g.waiting = [], None, (-1, 0), 0, False
             if g.name == dead:
                 self.relaunch(g)
@@ -427,6 +431,7 @@ class _Driver:
         pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
         g.spawn = {**g.spawn, "address": address, "pools": pools}
         g.link = dataplane.HostLink(address, self.routes, pools)
+        g.link.epoch = self.epoch
         g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout)
         check_same_net(self.system, g.name, self._signature, self.start_timeout)
         subscribed = [self.routes.outputs[i] for i in self.listeners
