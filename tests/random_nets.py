@@ -45,7 +45,8 @@ from hypothesis import strategies as st
 
 import mujou_actors as mujou
 
-__all__ = ["RandomNode", "make_random_net", "nets", "placements", "ACCEPTS", "TYPES"]
+__all__ = ["RandomNode", "make_random_net", "reset_failures", "nets", "placements", "ACCEPTS",
+           "TYPES"]
 
 # "big": a tensor of BIG elements (64 KiB of float64: the data plane's shared memory).
 TYPES: dict[str, Any] = {"int": int, "float": float, "tensor": torch.Tensor,
@@ -77,12 +78,12 @@ def _summary(message: Any) -> Any:
 class RandomNode(mujou.Node):
     """A node of a random net: its ports, what it sends and how it reads come from ``spec``.
 
-    A node with ``fail_at`` raises in that update (after its sends) while
-    `failures` is 0: once in the whole process, so a restart does not fail
-    again (reset `failures` before each run).
+    A node with ``fail_at`` raises in that update (after its sends) once in
+    the whole process (`failed` holds the paths of those that did), so a
+    restart does not fail again; `reset_failures` before each run.
     """
 
-    failures = 0
+    failed: set[str] = set()
 
     def __init__(self, spec: dict[str, Any]) -> None:
         period = spec["period_us"]
@@ -137,8 +138,8 @@ class RandomNode(mujou.Node):
             for k in range(self._sends):
                 for j, (out, kind) in enumerate(self._outs):
                     out.send(self._value(kind, k, j))
-        if self.n == self._fail_at and RandomNode.failures == 0:
-            RandomNode.failures += 1
+        if self.n == self._fail_at and self.path not in RandomNode.failed:
+            RandomNode.failed.add(self.path)  # type: ignore[arg-type]
             raise RuntimeError(f"{self.path} fails at its update {self.n}")
 
     def _value(self, kind: str, k: int, j: int) -> Any:
@@ -168,6 +169,11 @@ class RandomNode(mujou.Node):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict({**state, "log": copy.deepcopy(state["log"])})
+
+
+def reset_failures() -> None:
+    """Let every node with ``fail_at`` fail once more (before a run)."""
+    RandomNode.failed.clear()
 
 
 def make_random_net(nodes: list[dict[str, Any]],
