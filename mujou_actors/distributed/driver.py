@@ -246,14 +246,8 @@ class _Driver:
                 try:
                     self._rounds()
                     break
-                except _Failed as failed:
-                    if not self._recover(failed.error, failed.group, node=failed.node):
-                        break
-                except _GroupDied as died:
-                    e = died.exit
-                    err = GroupDied(e.group, e.pid, e.reason)
-                    if not self._recover(err, e.group, node=None):
-                        self.dead.add(e.group)
+                except (_Failed, _GroupDied) as failed:
+                    if not self._supervise(failed):
                         break
         except _Stuck as stuck:
             self.stuck.update(stuck.busy)
@@ -262,6 +256,17 @@ class _Driver:
             log.error("placed run: the driver failed: %s", describe(exc), exc_info=exc)
         finally:
             self._finish()
+
+    def _supervise(self, failed: _Failed | _GroupDied) -> bool:
+        """Hand a hook's failure or a dead group to the supervisor (`_recover`); False when
+        the run must end (the failure is recorded)."""
+        if isinstance(failed, _Failed):
+            return self._recover(failed.error, failed.group, node=failed.node)
+        e = failed.exit
+        if self._recover(GroupDied(e.group, e.pid, e.reason), e.group, node=None):
+            return True
+        self.dead.add(e.group)
+        return False
 
     def _rounds(self) -> None:
         """Rounds until the end, a stop, a failure; the supervisor's snapshots on their grid."""
@@ -657,10 +662,19 @@ class _Driver:
         """The state tree of every group at a consistent cut (on the driver's thread)."""
         if self.realtime:
             return realtime.cut(self, timeout)
-        t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
-        cap = (t, LAST_DELTA)
-        while self._round(cap):
-            pass
+        while True:
+            t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
+            try:
+                while self._round((t, LAST_DELTA)):
+                    pass
+                break
+            except (_Failed, _GroupDied) as failed:
+                # A hook fails (or a group dies) on the way to the cut: the supervisor
+                # decides, as between rounds; after a restart the cut is taken anew.
+                if not self._supervise(failed):
+                    self.stop_asked.set()  # the run ends with it, as between rounds
+                    raise NotRunningError("state_dict(): the run failed before the cut "
+                                          "(join() raises why)") from None
         self._flush()
         return self._gather(t, timeout)
 
