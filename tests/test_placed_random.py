@@ -18,6 +18,7 @@ default small; a hunt for defects runs thousands).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -311,6 +312,46 @@ def test_a_placed_random_net_with_a_node_that_fails_once_restarts_as_one_process
     assert stats.snapshots.count == expected_stats.snapshots.count
 
 
+@st.composite
+def _failing_clocked_nets(draw: st.DrawFn) -> tuple[dict, dict]:
+    """A random net with a ``clock`` (`_clocked_nets`), up to two of its nodes failing once."""
+    desc, placement, _ = draw(_clocked_nets())
+    nodes = [dict(n) for n in desc["nodes"]]
+    for i in draw(st.lists(st.sampled_from(range(len(nodes))), max_size=2, unique=True)):
+        nodes[i]["fail_at"] = draw(st.integers(1, 6))
+    return {"nodes": nodes, "edges": desc["edges"]}, placement
+
+
+@pytest.mark.timeout(120 * max(1.0, SCALE))
+@settings(max_examples=_examples(12), **SETTINGS)
+@given(net=_failing_clocked_nets(), every_us=st.sampled_from([1000, 2000, 2500]),
+       ticks=st.integers(1, 12), workers=st.integers(1, 3), seed=st.integers(0, 2**32))
+def test_a_cut_of_a_supervised_placed_random_net_is_one_processs_state(
+        net: tuple[dict, dict], every_us: int, ticks: int, workers: int, seed: int) -> None:
+    """A cut of a running placed run whose nodes fail and restart (one_for_all: the net
+    rewinds) is one process's state at the cut's time (which never saw a failure before
+    it, or ends as if it had not), also when a hook fails on the way to the cut (the
+    supervisor restarts it, then the cut is taken: the driver's private failure reached
+    state_dict() and the node was never restarted)."""
+    desc, placement = net
+
+    def supervisor() -> mujou.Supervisor:
+        return mujou.Supervisor("one_for_all", snapshot_every=every_us / 1e6)
+
+    random_nets.reset_failures()
+    run = _placed(desc, placement, None, seed=seed, workers=workers, supervisor=supervisor())
+    try:
+        count = iter(range(ticks))
+        run.wait_for("clock.o0", lambda v: next(count, None) is None, timeout=30)
+        tree = run.state_dict(timeout=30)
+    finally:
+        run.stop()
+    with contextlib.suppress(mujou.NodeError):  # a failure in the stop's last instant
+        run.join(30)
+    expected, _ = _supervised_single(desc, tree["time_ns"] / 1e9, seed, supervisor())
+    _assert_equivalent(tree, expected, desc)
+
+
 # -- the defects the properties found, each minimised ------------------------------------
 
 def _spec(path: str, period_us: int | None = None, outs: tuple = (), ins: tuple = (),
@@ -528,3 +569,25 @@ def test_a_rich_net_in_group_processes_ends_bit_identical_to_one_process() -> No
     apart = _assert_equivalent(run.state_dict(), expected, RICH)
     _assert_same_counts(run.stats(), expected_stats, apart)
     assert expected_stats.nodes["log"].updates > 0 and expected_stats.nodes["box"].updates
+
+
+@pytest.mark.timeout(60)
+def test_a_hook_failing_on_the_way_to_a_cut_goes_to_the_supervisor() -> None:
+    """A state_dict() asked for at once is served before the first round: its cut runs
+    instant 0, where ``n1`` (triggered by inputs=) fails. The failure reached state_dict()
+    as the driver's private _Failed, and n1 was never restarted; now the supervisor
+    restarts the net (one_for_all), then the cut is taken."""
+    desc = {"nodes": [_spec("n0", 1000), _spec("n1", ins=[("float", None, None, "drain")],
+                                               fail_at=1)], "edges": []}
+    for _ in range(3):
+        random_nets.reset_failures()
+        run = _placed(desc, {"n0": "a"}, None, seed=0, workers=1, inputs={"n1.i0": "float"},
+                      supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.001))
+        try:
+            tree = run.state_dict(timeout=30)
+        finally:
+            run.stop()
+        run.join(30)
+        assert tree["nodes"]["n1"]["n"] == 1 and tree["nodes"]["n1"]["log"][0][2] == [
+            "float", 2.5]
+        assert run.stats().nodes["n1"].restarts == 1
