@@ -468,9 +468,16 @@ def measure_thespian(cfg: argparse.Namespace) -> dict[str, Any]:
     """Round trips and unbatched rate between two actors of a private multiprocTCPBase."""
     import transport as importable  # the actors' module by its import name, not __main__
 
-    system = ActorSystem("multiprocTCPBase", {"Admin Port": free_port(),
-                                              "Process Startup Method": "spawn"},
-                         transientUnique=True)
+    try:
+        system = ActorSystem("multiprocTCPBase", {"Admin Port": free_port(),
+                                                  "Process Startup Method": "spawn"},
+                             transientUnique=True)
+    except BaseException:
+        # Its admin (and logger) were started and did not answer in time (a loaded
+        # machine): they are this process's children, and must not outlive it.
+        for proc in mp.active_children():
+            reap(proc)
+        raise
     try:
         ponger = system.createActor(importable.Ponger)
         pinger = system.createActor(importable.Pinger)
