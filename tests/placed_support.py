@@ -225,29 +225,3 @@ class Stuck(mujou.Node):
 
 def make_stuck() -> dict[str, mujou.Node]:
     return {"stuck": Stuck(), **make_net()}
-
-
-class Spin(mujou.Node):
-    """CPU-bound Python: ``work`` iterations of arithmetic per update."""
-
-    def __init__(self, work: int = 200_000, period: float = 0.01) -> None:
-        super().__init__(period=period)
-        self.work = work
-        self.acc = 0
-
-    def on_update(self, dt: float) -> None:
-        acc = self.acc
-        for i in range(self.work):
-            acc = (acc * 31 + i) % 1_000_003
-        self.acc = acc
-
-    def state_dict(self) -> dict:
-        return {"acc": self.acc}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.acc = state["acc"]
-
-
-def make_spin(work: int = 200_000, period: float = 0.01) -> dict[str, mujou.Node]:
-    """Two CPU-bound nodes, unconnected: what processes are for."""
-    return {"a": Spin(work, period), "b": Spin(work, period)}
