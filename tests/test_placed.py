@@ -156,7 +156,9 @@ def test_the_host_api_reaches_every_group() -> None:
     assert list(stats.nodes) == ["sim", "ctrl", "log"]
     assert sub.delivered >= 1 and len(seen) == sub.delivered
     # ctrl's every command crosses to log (host); the host's copies for subscribe() do not count
-    assert stats.groups["b"].messages_out == stats.nodes["ctrl"].updates
+    # (one update sends a command per observation drained: the host's write adds one)
+    assert stats.nodes["ctrl"].updates <= stats.groups["b"].messages_out \
+        <= stats.nodes["ctrl"].updates + 1
     tree = run.state_dict()
     assert ["cmd", [7.0, 7.0, 7.0]] in tree["nodes"]["log"]["seen"]
     # ctrl saw (or has pending) every observation and the host's write: one more than sim ticks
