@@ -66,6 +66,8 @@ def drive(kernels: list[Kernel], readers: dict[str, list[str]], end_ns: int,
             return steps
         key = min(dues)
         for kernel in kernels:
+            kernel.settle(key)  # the cycles before it are over everywhere
+        for kernel in kernels:
             kernel.step(until=key)
         steps += 1
 
@@ -506,9 +508,13 @@ def test_deliver_checks_the_stamp_it_is_given_and_refuses_after_stop() -> None:
     assert k.next_due() == (0, 1)  # that one only: the refused ones left no trace
     k.step()
     assert k.state_dict()["nodes"]["log"]["seen"] == [["obs", [1.0]]]
+    with pytest.raises(TypeError, match=r"Kernel.settle: until must be a key"):
+        k.settle([10 * MS, 0])  # type: ignore[arg-type]
     k.stop()
     with pytest.raises(RuntimeError, match="the kernel is stopped"):
         k.deliver("log.obs", obs, 10 * MS, 0, 0)
+    with pytest.raises(RuntimeError, match="Kernel.settle: the kernel is stopped"):
+        k.settle(None)
 
 
 def test_a_step_bound_that_is_not_a_key_is_refused_and_the_kernel_goes_on() -> None:

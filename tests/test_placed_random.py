@@ -7,10 +7,8 @@ placements into groups and random worker counts, the placed run (its groups
 served in this process, the data plane over ZeroMQ: `InProcessSystem`) ends
 with the state tree, drops and update counts of one process; a cut taken
 while it runs goes on as one process does; a node that fails once restarts
-as in one process under both strategies. (Bit for bit but for one known
-divergence of mailbox pruning, compared up to it: see
-`test_an_idle_readers_crowded_mailbox_is_pruned_as_in_one_process`.) The
-defects these properties found are each kept below as a minimal test.
+as in one process under both strategies. The defects these properties found
+are each kept below as a minimal test.
 
 ``MUJOU_RANDOM_EXAMPLES`` scales the number of examples (CI keeps the
 default small; a hunt for defects runs thousands).
@@ -102,67 +100,13 @@ def _placed_end(desc: dict, placement: dict, duration: float, *, seed: int, work
     return run.state_dict(), run.stats()
 
 
-def _depths(desc: dict) -> dict[str, int]:
-    """The depth of every bounded Input of the net, by path."""
-    return {f"{n['path']}.i{k}": spec[1] for n in desc["nodes"]
-            for k, spec in enumerate(n["ins"]) if spec[1] is not None}
-
-
-def _pruned_apart(got: dict, expected: dict, desc: dict) -> dict[str, int]:
-    """Per bounded Input, how many more undelivered messages ``got`` holds than ``expected``.
-
-    A mailbox of a reader whose group did not pass the instants' boundaries
-    one process passed is pruned later (see
-    `test_an_idle_readers_crowded_mailbox_is_pruned_as_in_one_process`): it
-    holds older messages that its next update would push out unseen (one
-    process has counted them as drops already). Nothing else may differ.
-    """
-    apart = {}
-    for path, depth in _depths(desc).items():
-        a, b = got["pending"].get(path, []), expected["pending"].get(path, [])
-        if len(a) != len(b):
-            apart[path] = len(a) - len(b)
-            assert a and b, path  # pruning never takes the newest messages
-            _same_messages(a[-depth:], b[-depth:], path)
-    return apart
-
-
-def _same_messages(a: list, b: list, where: str) -> None:
-    """Two lists of messages equal, tensors bit for bit."""
-    got = {"time_ns": 0, "nodes": {}, "seeds": {}, "schedule": {}, "inputs": {},
-           "pending": {where: a}}
-    expected = {**got, "pending": {where: b}}
-    assert_same_tree(got, expected)
-
-
-def _assert_equivalent(got: dict, expected: dict, desc: dict) -> dict[str, int]:
-    """The trees equal bit for bit, but for older undelivered messages of bounded Inputs
-    that one process has pruned already (`_pruned_apart`); returns those counts."""
-    apart = _pruned_apart(got, expected, desc)
-    if not apart:
-        assert_same_tree(got, expected)
-        return apart
-    depths = _depths(desc)
-
-    def newest(tree: dict) -> dict:
-        """The tree with only the newest messages (a depth's worth) of those Inputs pending,
-        in the order of their paths (which Input's oldest message comes first may differ)."""
-        pending = {p: m[-depths[p]:] if p in apart else m for p, m in tree["pending"].items()}
-        return {**tree, "pending": dict(sorted(pending.items()))}
-
-    assert_same_tree(newest(got), newest(expected))
-    return apart
-
-
-def _assert_same_counts(got: Any, expected: Any, apart: dict[str, int] | None = None) -> None:
-    """Every node's updates and drops (per Input) equal; ``apart``: messages one process
-    counted as drops when it pruned them and the placed run still holds (`_pruned_apart`)."""
+def _assert_same_counts(got: Any, expected: Any) -> None:
+    """Every node's updates, drops (per Input) and restarts equal."""
     assert list(got.nodes) == list(expected.nodes)
     for path, want in expected.nodes.items():
         have = got.nodes[path]
         assert have.updates == want.updates, path
-        drops = {k: n + (apart or {}).get(f"{path}.{k}", 0) for k, n in have.drops.items()}
-        assert drops == want.drops, path
+        assert have.drops == want.drops, path
         assert have.restarts == want.restarts, path
 
 
@@ -192,8 +136,8 @@ def test_a_placed_random_net_ends_bit_identical_to_one_process(
                                        inputs=inputs)
     got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers,
                              inputs=inputs)
-    apart = _assert_equivalent(got, expected, desc)
-    _assert_same_counts(stats, expected_stats, apart)
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
 
 
 @st.composite
@@ -250,20 +194,20 @@ def test_a_cut_of_a_running_placed_random_net_goes_on_as_one_process(
     t = tree["time_ns"]
     assert t >= ticks * 1_000_000 and second["time_ns"] >= t
     at_cut, _ = _single(desc, t / 1e9, seed=seed)
-    _assert_equivalent(tree, at_cut, desc)
+    assert_same_tree(tree, at_cut)
     if second["time_ns"] != t:
         at_second, _ = _single(desc, second["time_ns"] / 1e9, seed=seed)
-        _assert_equivalent(second, at_second, desc)
+        assert_same_tree(second, at_second)
     final = run.state_dict()
     assert duration is None or final["time_ns"] == round(duration * 1e9)
     at_end, _ = _single(desc, final["time_ns"] / 1e9, seed=seed)
-    _assert_equivalent(final, at_end, desc)
+    assert_same_tree(final, at_end)
     more = more_ms / 1000
     expected, expected_stats = _single(desc, (t + more_ms * 1_000_000) / 1e9, seed=seed)
     restored, _ = _single(desc, more, seed=seed, state=tree)
-    _assert_equivalent(restored, expected, desc)
+    assert_same_tree(restored, expected)
     again, _ = _placed_end(desc, other, more, seed=seed, workers=workers, state=tree)
-    _assert_equivalent(again, expected, desc)
+    assert_same_tree(again, expected)
 
 
 @st.composite
@@ -307,8 +251,8 @@ def test_a_placed_random_net_with_a_node_that_fails_once_restarts_as_one_process
     random_nets.reset_failures()
     got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers,
                              supervisor=supervisor())
-    apart = _assert_equivalent(got, expected, desc)
-    _assert_same_counts(stats, expected_stats, apart)
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
     assert stats.snapshots.count == expected_stats.snapshots.count
 
 
@@ -349,7 +293,7 @@ def test_a_cut_of_a_supervised_placed_random_net_is_one_processs_state(
     with contextlib.suppress(mujou.NodeError):  # a failure in the stop's last instant
         run.join(30)
     expected, _ = _supervised_single(desc, tree["time_ns"] / 1e9, seed, supervisor())
-    _assert_equivalent(tree, expected, desc)
+    assert_same_tree(tree, expected)
 
 
 # -- the defects the properties found, each minimised ------------------------------------
@@ -456,35 +400,46 @@ def test_a_one_for_one_restart_in_a_group_is_done_before_the_driver_goes_on(wher
 
 
 @pytest.mark.timeout(60)
-def test_an_idle_readers_crowded_mailbox_stays_bounded_and_loses_nothing_else() -> None:
-    """An idle reader kernel's mailbox is pruned as its messages come (memory bounded).
+@pytest.mark.parametrize("placement", [{"a": "g"}, {"b": "g"}, {"a": "g", "b": "h"}])
+def test_an_idle_readers_crowded_mailbox_is_pruned_as_in_one_process(placement: dict) -> None:
+    """An idle reader's mailbox is pruned at the end of the same delta cycles as in one process.
 
-    ``a`` (group ``g``) sends 3 floats per 1 ms tick to ``b.i0`` (depth 2, not
-    triggering) of ``b`` (host, triggered only: it never updates). One process
-    prunes b's crowded mailbox at the next instant's boundary
-    (`Dispatcher._prune_crowded`): at 9 ms it holds 8, 19 dropped. The host's
-    kernel, with no work of its own, passes no instant boundary; its deliveries
-    (`Dispatcher.deliver`) prune what b's next hook would push out unseen below
-    the message's instant, so the mailbox stays bounded as in one process; only
-    the moment of the pruning differs, so the tree's ``pending`` at a cut and
-    the drops counted by then may differ (pending + drops, and the nodes'
-    states, do not).
+    ``a`` sends 3 floats per 1 ms tick to ``b.i0`` (depth 2, not triggering)
+    of ``b`` (triggered only: it never updates). One process prunes b's
+    crowded mailbox at the end of the cycle that took it over its bound
+    (`Dispatcher._prune_crowded`): at 9 ms it holds 8, 19 dropped. b's
+    group, with no work of its own, runs no cycle: it was pruned as the
+    messages came, below their instant, and held 11 (and had dropped 16).
+    Now the driver tells every group which cycles are over everywhere
+    (`Kernel.settle`), and each prunes as one process did at each of them.
     """
     desc = {"nodes": [_spec("b", ins=[("float", 2, False, "drain")]),
                       _spec("a", 1000, outs=["float"], sends=3)],
             "edges": [[1, 0, 0, 0]]}
     expected, expected_stats = _single(desc, 0.009, seed=1)
     assert len(expected["pending"]["b.i0"]) == 8 and expected_stats.nodes["b"].drops["i0"] == 19
-    got, stats = _placed_end(desc, {"a": "g"}, 0.009, seed=1, workers=1)
-    for path in ("nodes", "schedule", "inputs"):
-        assert list(got[path]) == list(expected[path])
-    assert got["schedule"] == expected["schedule"] and got["inputs"] == expected["inputs"]
-    from tests.test_placed import _assert_equal
-    _assert_equal(got["nodes"], expected["nodes"], "nodes")
-    pending = got["pending"]["b.i0"]
-    assert len(pending) <= 2 * 2 + 16  # the mailbox's bound: 2 x depth + slack
-    assert pending[-2:] == expected["pending"]["b.i0"][-2:]  # the newest are kept
-    assert len(pending) + stats.nodes["b"].drops["i0"] == 27  # every message sent, once
+    got, stats = _placed_end(desc, placement, 0.009, seed=1, workers=1)
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
+
+
+@pytest.mark.timeout(60)
+def test_a_cut_of_an_idle_readers_crowded_mailbox_is_one_processs() -> None:
+    """Cuts while it runs (every 1 ms: the supervisor's snapshots) hold what one process's do.
+
+    Two writers in two groups send to one idle reader in a third at the same
+    instants, so a cycle's messages come from two replies; the reader's
+    mailbox is looked at only once both are in."""
+    desc = {"nodes": [_spec("b", ins=[("float", 2, False, "drain"), ("int", 1, False, "drain")]),
+                      _spec("a", 1000, outs=["float"], sends=3),
+                      _spec("c", 1000, outs=["int"], sends=2)],
+            "edges": [[1, 0, 0, 0], [2, 0, 0, 1]]}
+    sup = lambda: mujou.Supervisor("one_for_all", snapshot_every=0.001)  # noqa: E731
+    expected, expected_stats = _supervised_single(desc, 0.012, 1, sup())
+    got, stats = _placed_end(desc, {"a": "g", "c": "h", "b": "k"}, 0.012, seed=1, workers=2,
+                             supervisor=sup())
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
 
 
 @pytest.mark.timeout(60)
@@ -566,8 +521,8 @@ def test_a_rich_net_in_group_processes_ends_bit_identical_to_one_process() -> No
         run.join(120)
     finally:
         run.stop()
-    apart = _assert_equivalent(run.state_dict(), expected, RICH)
-    _assert_same_counts(run.stats(), expected_stats, apart)
+    assert_same_tree(run.state_dict(), expected)
+    _assert_same_counts(run.stats(), expected_stats)
     assert expected_stats.nodes["log"].updates > 0 and expected_stats.nodes["box"].updates
 
 

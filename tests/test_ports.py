@@ -896,3 +896,58 @@ def test_pruning_the_mailbox_changes_no_result_for_any_worker_count(senders, rea
         path = f"rx.{name}"
         assert (drops[name] + pending.get(path, 0)
                 == unpruned[1][name] + unpruned[2].get(path, 0))
+
+
+@st.composite
+def _cycles_of_deliveries(draw: st.DrawFn) -> tuple[tuple[int | None, ...], list[list[tuple]]]:
+    """Depths of a node's Inputs, and per delta cycle the deliveries sent to it then."""
+    from mujou_actors._runtime.keys import stamp
+    depths = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 3)), min_size=1,
+                                 max_size=3)))
+    if all(d is None for d in depths):
+        depths = (1,) + depths[1:]
+    cycles = []
+    for c in range(draw(st.integers(1, 12))):
+        t, delta = divmod(c, 3)  # three delta cycles per instant
+        sends = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, len(depths) - 1)),
+                              max_size=14))
+        cycles.append([(stamp((t, delta), sender), slot, (c, i))
+                       for i, (sender, slot) in enumerate(sorted(sends))])
+    return depths, cycles
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=_cycles_of_deliveries(), data=st.data())
+def test_pruning_cycle_by_cycle_later_is_pruning_at_each_cycles_end(case, data) -> None:
+    """A driven kernel gets several cycles' deliveries at once, in any order of arrival,
+    and settles them at any points (`Mailbox.prune_cycles`): it holds, drops and bounds
+    exactly what one process does that prunes at the end of every cycle (`Mailbox.prune`
+    when over the bound)."""
+    from mujou_actors._runtime.keys import ORDER_BITS, pack
+    from mujou_actors._runtime.mailbox import Mailbox, prune_limit
+    depths, cycles = case
+    one, bound, dropped = Mailbox(), prune_limit(depths), [0] * len(depths)
+    for sends in cycles:
+        one.deliveries.extend(sends)
+        if len(one.deliveries) > bound:
+            dropped = [a + b for a, b in zip(dropped, one.prune(depths, True), strict=True)]
+            bound = prune_limit(depths, len(one.deliveries))
+    driven, dbound, ddropped = Mailbox(), prune_limit(depths), [0] * len(depths)
+    settled = 0
+    while settled < len(cycles):
+        upto = data.draw(st.integers(settled + 1, len(cycles)))
+        # Each sender's sends of a cycle come in send order, the senders' in any order.
+        batches: dict[int, list[tuple]] = {}
+        for sends in cycles[settled:upto]:
+            for delivery in sends:
+                batches.setdefault(delivery[0], []).append(delivery)
+        for batch in data.draw(st.permutations(list(batches.values()))):
+            driven.deliveries.extend(batch)
+        t, delta = divmod(upto, 3)
+        removed, dbound = driven.prune_cycles(depths, dbound, pack((t, delta)) << ORDER_BITS)
+        ddropped = [a + b for a, b in zip(ddropped, removed, strict=True)]
+        settled = upto
+    removed, dbound = driven.prune_cycles(depths, dbound, None)
+    ddropped = [a + b for a, b in zip(ddropped, removed, strict=True)]
+    assert sorted(driven.deliveries) == sorted(one.deliveries)
+    assert ddropped == dropped and dbound == bound

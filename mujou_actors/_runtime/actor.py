@@ -236,6 +236,21 @@ class Actor:
         depths = self.input_depths
         removed = self.mailbox.prune(depths, by_stamp, below)  # type: ignore[arg-type]
         self.prune_at = self.bound = prune_limit(depths, len(self.deliveries))  # type: ignore[arg-type]
+        return self._count_lost(removed)
+
+    def prune_cycles(self, below: int | None) -> list[tuple[Input, int]]:
+        """Prune a driven kernel's mailbox as one process did, cycle by cycle, below a stamp.
+
+        See `Mailbox.prune_cycles` (the caller holds the dispatcher's lock,
+        no hook in flight). Sets the bound; ``prune_at`` is the caller's.
+        Returns the drops as `prune` does.
+        """
+        removed, self.bound = self.mailbox.prune_cycles(
+            self.input_depths, self.bound, below)  # type: ignore[arg-type]
+        return self._count_lost(removed)
+
+    def _count_lost(self, removed: list[int]) -> list[tuple[Input, int]]:
+        """Count the drops ``removed`` (per slot) into the Inputs; ``(input, drops)`` of each."""
         lost = []
         for slot, n in enumerate(removed):
             if n:

@@ -429,7 +429,10 @@ class Dispatcher:
 
     def _enter_hold(self, scheduled: bool = False) -> None:
         if self._crowded:  # a cut between instants: what it holds is bounded too
-            self._prune_crowded()
+            if self._bound is None:
+                self._prune_crowded()
+            else:  # a driven kernel's hold: every delta cycle so far is settled
+                self._settle(None)
         self._set_mode(CONTROL)
         self.held = True
         self._cond.notify_all()
@@ -836,7 +839,13 @@ class Dispatcher:
         may start now; otherwise the run holds at a cut, stops, ends or waits.
         """
         if self._crowded:
-            self._prune_crowded()
+            if self._bound is None:
+                self._prune_crowded()
+            else:
+                # Driven: the cycles before the next one to run here are settled; and
+                # those before its bound, since no other group runs one of them meanwhile.
+                bound = self._bound
+                self._settle(key if key is not None and key < bound else bound)
         if key is not None and key[0] == self._frontier[0] and self._bound is None:
             self._frontier = key  # SimulatedTime.advance's NEXT_DELTA, inlined: per delta cycle
             return True
@@ -931,6 +940,39 @@ class Dispatcher:
             if len(actor.deliveries) > actor.bound:
                 for port, _ in actor.prune(True):
                     port._log_first_drop()
+
+    def settle(self, below: Key | None) -> None:
+        """A driven kernel: every delta cycle before ``below`` is over, everywhere.
+
+        The driver says so with each grant (`distributed.driver`): every
+        group has finished the cycles before ``below`` and their messages
+        have come. The crowded mailboxes are pruned as one process pruned
+        them at the end of each of those cycles (`_settle`), so what they
+        hold stays bounded, even in a kernel with no work of its own, and is
+        what one process holds. Call it with no step in flight.
+
+        Args:
+            below (Key | None): ``(t_ns, delta)``; None: every cycle so far.
+        """
+        with self._cond:
+            if self._crowded:
+                self._settle(below)
+
+    def _settle(self, below: Key | None) -> None:
+        """Prune the crowded mailboxes cycle by cycle below ``below`` (`Actor.prune_cycles`).
+
+        A mailbox that still holds more than its bound (deliveries of cycles
+        not settled yet) stays noted, to be settled again.
+        """
+        limit = None if below is None else pack(below) << ORDER_BITS
+        lost: list[tuple[Input, int]] = []
+        for actor in list(self._crowded):
+            lost += actor.prune_cycles(limit)
+            if len(actor.deliveries) <= actor.bound:
+                del self._crowded[actor]
+                actor.prune_at = actor.bound  # sends check it again
+        for port, _ in lost:
+            port._log_first_drop()
 
     def _prune_now(self, actor: Actor) -> None:
         """Prune ``actor``'s mailbox now (real time), holding its lock; NOT the dispatcher's."""
@@ -1378,20 +1420,11 @@ class Dispatcher:
         with self._cond:
             if self._frontier > not_before:
                 return 0
-            # A driven kernel may idle for long (no work of its own): what its next hook
-            # takes is known from its next key and the message's instant, not only from
-            # its frontier, so a crowded mailbox stays bounded while it waits (messages
-            # come in key order: none can come later from before this instant).
-            reach = (not_before[0], 0)
-            earliest = self._calendar.earliest()
-            if earliest is not None and earliest < reach:
-                reach = earliest
-            lost = self._deliver(actor, slot, message, stamp, trigger,
-                                 max(reach, self._frontier))
-            seq = self._host_seq  # this delivery's: numbered under the same lock
-        for port, _ in lost:
-            port._log_first_drop()
-        return seq
+            # A crowded mailbox is only noted here (never pruned: what one process
+            # drops is decided at the end of each delta cycle, and the driver says
+            # when those are over everywhere: `settle`).
+            self._deliver(actor, slot, message, stamp, trigger, driven=True)
+            return self._host_seq  # this delivery's: numbered under the same lock
 
     def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> int:
         """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``.
@@ -1415,11 +1448,11 @@ class Dispatcher:
         return seq
 
     def _deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
-                 trigger: Key | None, reach: Key | None = None) -> list[tuple[Input, int]]:
+                 trigger: Key | None, driven: bool = False) -> list[tuple[Input, int]]:
         """Append a delivery, keep the mailbox bounded, trigger; return the drops to log.
 
-        ``reach`` (a driven kernel's deliveries): the key before which the
-        reader's next hook takes every delivery (default: the frontier).
+        ``driven`` (a driven kernel's deliveries): a crowded mailbox is noted,
+        to be settled (`settle`), as if its node were busy.
         """
         self._host_seq += 1
         mailbox = actor.mailbox
@@ -1429,7 +1462,7 @@ class Dispatcher:
         if len(box) > actor.prune_at:
             if not self.simulated:
                 self._prune_now(actor)  # the mailbox's lock inside ours, never the reverse
-            elif actor.busy:  # its hook may be taking deliveries: between instants
+            elif actor.busy or driven:  # its hook may be taking deliveries: between instants
                 self._crowded[actor] = None
                 actor.prune_at = NEVER
             else:
@@ -1438,8 +1471,7 @@ class Dispatcher:
                 # delivery stamped before this instant (this one too), so
                 # those can be pruned now. (An idle net may never reach the
                 # next instant.)
-                lost = actor.prune(True, pack(self._frontier if reach is None else reach)
-                                   << ORDER_BITS)
+                lost = actor.prune(True, pack(self._frontier) << ORDER_BITS)
         if trigger is not None:
             self._lower_trigger(actor, trigger)
             if not actor.busy:

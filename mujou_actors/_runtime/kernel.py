@@ -9,6 +9,10 @@ its own, driven by the run's coordinator across processes (docs/architecture.md,
 * feeds it messages sent by nodes outside the kernel (`Kernel.deliver`, with
   the sender's time, delta cycle and order in the net, so they sort exactly
   as they would in one process);
+* tells it when the delta cycles before a key are over in every kernel, their
+  messages delivered (`Kernel.settle`): its mailboxes are then pruned as one
+  process prunes them at the end of each cycle, so they stay bounded (and hold
+  what one process holds) even while it has no work of its own;
 * collects what its nodes send to Inputs outside it (`Kernel.take_sends`);
 * asks when its next work is due (`Kernel.next_due`) and lets it run one delta
   cycle, or up to a key, at a time (`Kernel.step`): nothing later starts until
@@ -494,6 +498,34 @@ class Kernel:
         if self.recorder is not None and sender != HOST_ORDER:  # the end of its arrow
             self.recorder.arrival(sender, seq, port, sender, t_ns, delta)
 
+    def settle(self, until: Key | None) -> None:
+        """Say that every delta cycle before ``until`` is over, in every kernel of the net.
+
+        Between steps only (the driver's thread), once every message sent in
+        those cycles has been delivered (`deliver`). A mailbox that holds
+        more than its bound is pruned as one process prunes it at the end of
+        each of those cycles (`Dispatcher.settle`): what is dropped, and what
+        a state dict holds, are the same. Without it, a kernel prunes at its
+        own steps (the cycles before the next it runs) and its holds
+        (`state_dict`); a kernel with no work of its own would hold every
+        message it is given until then.
+
+        Args:
+            until (Key | None): ``(t_ns, delta)``: the least key of a cycle not
+                over everywhere (the least next key of every kernel); None:
+                every cycle so far.
+
+        Raises:
+            RuntimeError: the kernel is stopped.
+            TypeError: ``until`` is not None nor a key of two ints.
+        """
+        if self._stopped:
+            raise RuntimeError("Kernel.settle: the kernel is stopped")
+        if until is not None and not _is_key(until):
+            raise TypeError(f"Kernel.settle: until must be a key (t_ns, delta) of two ints, "
+                            f"or None; got {until!r}")
+        self.dispatcher.settle(until)
+
     def write(self, input: str, message: Any,
               origin: tuple[int, int, int] | None = None) -> None:
         """Deliver a message to one of the kernel's Inputs as the host (``run.write``).
@@ -644,7 +676,9 @@ class Kernel:
         The layout of `mujou.Run.state_dict` (docs/state.md), for this kernel's
         nodes and Inputs only; ``time_ns`` is the kernel's time.
 
-        Take it at an instant's boundary, as a run takes its cuts: when no
+        Take it at an instant's boundary, as a run takes its cuts, once the
+        messages the other kernels sent up to it are delivered (the mailboxes
+        are settled first: `settle`, as one process prunes them): when no
         delivery that has come waits to trigger its reader at a key other
         than ``(time_ns, 1)`` (so after ``step(until=(t, LAST_DELTA))``, or
         after any step that leaves no triggered update due). A tree holds
@@ -666,6 +700,7 @@ class Kernel:
                     f"Kernel.state_dict: a triggered update is due at {late[0]}, within an "
                     f"instant (the kernel's time is {now}): take the state at an instant's "
                     f"boundary, after step(until=(t, LAST_DELTA))")
+            self.dispatcher.settle(None)  # a cut: every cycle so far is over everywhere
         return take_tree(self.dispatcher, self.actors, self.ports, time_ns=self.time_ns,
                          seeds=self.seeds, host_copy=self._wiring.host_copy,
                          wait_kept=self._wiring.wait_kept, timeout=timeout,

@@ -145,6 +145,26 @@ def prune_limit(depths: tuple[int | None, ...], left: int = 0) -> int:
     return max(base, 2 * left)
 
 
+def _newest(deliveries: list[tuple[Any, ...]], depths: tuple[int | None, ...],
+            removed: list[int]) -> list[tuple[Any, ...]]:
+    """The deliveries a hook would keep of ``deliveries`` (in order): of each Input's,
+    its depth's newest; counts the others into ``removed`` (per slot)."""
+    room = list(depths)  # how many more of each slot survive, from the newest
+    kept = []
+    for delivery in reversed(deliveries):
+        slot = delivery[1]
+        left = room[slot]
+        if left is None:
+            kept.append(delivery)
+        elif left:
+            room[slot] = left - 1
+            kept.append(delivery)
+        else:
+            removed[slot] += 1
+    kept.reverse()
+    return kept
+
+
 class Mailbox:
     """One node's mailbox: control envelopes and stamped deliveries.
 
@@ -221,21 +241,59 @@ class Mailbox:
             depth = depths[0]
             queue.extendleft(reversed(taken[-depth:]))
             return [max(0, len(taken) - depth)]
-        room = list(depths)  # how many more of each slot survive, from the newest
         removed = [0] * len(depths)
-        kept = []
-        for delivery in reversed(taken):
-            slot = delivery[1]
-            left = room[slot]
-            if left is None:
-                kept.append(delivery)
-            elif left:
-                room[slot] = left - 1
-                kept.append(delivery)
-            else:
-                removed[slot] += 1
-        queue.extendleft(kept)  # kept is newest first: extendleft restores the order
+        queue.extendleft(reversed(_newest(taken, depths, removed)))
         return removed
+
+    def prune_cycles(self, depths: tuple[int | None, ...], bound: int,
+                     below: int | None) -> tuple[list[int], int]:
+        """Prune as one process would have at the end of each delta cycle (a driven kernel).
+
+        One process looks at a mailbox at the end of every delta cycle
+        (`Dispatcher._prune_crowded`): over ``bound``, it is pruned (`prune`)
+        and the bound recomputed (`prune_limit`). A kernel driven from
+        outside (another process's messages come in batches, after the
+        cycles that sent them) may hold the deliveries of several cycles
+        that it has not looked at in that way yet, and some of cycles still
+        open. This walks the deliveries stamped below ``below`` cycle by
+        cycle, in stamp order, and at the end of each does what one process
+        did there, so what is left, what is dropped and the bound are the
+        same as in one process. Deliveries stamped from ``below`` on stay as
+        they are, after the others. (Cycles already looked at are walked
+        again: their checks pass again, since a mailbox only shrinks between
+        them.)
+
+        The caller makes sure that no hook is in flight and that every
+        delivery of a cycle below ``below`` has come (the conservative
+        protocol's settled key: `distributed.driver`).
+
+        Args:
+            depths: the depth of each of the node's Inputs, by slot (None: unbounded).
+            bound: the mailbox's bound now (``Actor.bound``).
+            below: the least stamp of the first cycle not to look at (None: all).
+
+        Returns:
+            ``(removed, bound)``: the deliveries removed, per slot, and the new bound.
+        """
+        queue = self.deliveries
+        taken = list(starmap(queue.popleft, repeat((), len(queue))))
+        taken.sort(key=STAMP)
+        end = len(taken) if below is None else bisect_left(taken, below, key=STAMP)
+        removed = [0] * len(depths)
+        held: list[tuple[Any, ...]] = []
+        i = 0
+        while i < end:
+            # A delta cycle's stamps share their high bits: pack(t, delta) << ORDER_BITS.
+            cycle_end = ((taken[i][0] >> ORDER_BITS) + 1) << ORDER_BITS
+            j = bisect_left(taken, cycle_end, i, end, key=STAMP)
+            held += taken[i:j]
+            i = j
+            if len(held) > bound:
+                held = _newest(held, depths, removed)
+                bound = prune_limit(depths, len(held))
+        held += taken[end:]
+        queue.extendleft(reversed(held))  # before any appended meanwhile, as `prune` does
+        return removed, bound
 
     def take_messages(self) -> list[Any]:
         """Remove every delivery and return the messages alone, in arrival order.

@@ -87,11 +87,15 @@ class Grant:
         take (bool): with ``bound`` None, reply with the sends waiting
             (``on_start``'s) without starting the timer.
         messages (list[Item]): messages from other groups, to deliver first.
+        settled (Key | None): every delta cycle before this key is over in
+            every group and its messages are in this grant or an earlier one
+            (`Kernel.settle`); None: say nothing.
     """
 
     bound: Key | None
     take: bool = False
     messages: list[Item] = dataclasses.field(default_factory=list)
+    settled: Key | None = None
 
 
 @dataclasses.dataclass
@@ -194,9 +198,9 @@ class GroupLink(_Link):
         got = self._receive(timeout)
         if got is None:
             return None
-        (bound, take, epoch), items = got
+        (bound, take, epoch, settled), items = got
         self.epoch = epoch
-        return Grant(_key(bound), take, items)
+        return Grant(_key(bound), take, items, _key(settled))
 
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
@@ -223,7 +227,7 @@ class HostLink(_Link):
 
     def send(self, grant: Grant) -> None:
         """Send a grant."""
-        self._send([grant.bound, grant.take, self.epoch], grant.messages)
+        self._send([grant.bound, grant.take, self.epoch, grant.settled], grant.messages)
 
     def receive(self, timeout: float) -> Reply | None:
         """The group's reply, or None after ``timeout`` seconds without one (or a stale one)."""

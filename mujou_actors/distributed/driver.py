@@ -468,7 +468,7 @@ class _Driver:
             return
         for g in groups:
             messages, g.queued = g.queued, []
-            g.link.send(dataplane.Grant(None, False, messages))
+            g.link.send(dataplane.Grant(None, False, messages, self._settled()))
         self._collect(groups)
 
     def _serve_requests(self) -> None:
@@ -485,7 +485,8 @@ class _Driver:
         Returns False when no group may run (the end, or the cap reached).
         """
         limit = self.end_key if cap is None else cap
-        granted = []
+        granted: list[tuple[_Group, Key | None]] = []
+        settled = self._settled()
         for g in self.groups.values():
             if g.due is None:
                 continue
@@ -499,15 +500,25 @@ class _Driver:
                 granted.append((g, bound))
         if not granted:
             return False
+        # A group that may not run takes its messages all the same (bound None): what
+        # waits in the driver, and in its mailboxes once settled, stays bounded.
+        running = {id(g) for g, _ in granted}
+        granted += [(g, None) for g in self.groups.values() if g.queued and id(g) not in running]
         # Remote groups first, the host's own group last: they all run at once.
         granted.sort(key=lambda gb: not gb[0].remote)
         for g, bound in granted:
             messages, g.queued = g.queued, []
             g.waiting = True
-            g.link.send(dataplane.Grant(bound, False, messages))
+            g.link.send(dataplane.Grant(bound, False, messages, settled))
         self._collect([g for g, _ in granted])
         self.rounds += 1
         return True
+
+    def _settled(self) -> Key | None:
+        """The least next key of every group: every delta cycle before it is over
+        everywhere and its messages were routed (`Kernel.settle`); None: no work left."""
+        dues = [g.due for g in self.groups.values() if g.due is not None]
+        return min(dues) if dues else None
 
     def _collect(self, waiting: list[_Group]) -> None:
         """Wait for the replies of ``waiting``, then take them in; a dead group or a stop
@@ -686,7 +697,7 @@ class _Driver:
         waiting = [g for g in self.groups.values() if g.queued]
         for g in waiting:
             messages, g.queued = g.queued, []
-            g.link.send(dataplane.Grant(None, False, messages))
+            g.link.send(dataplane.Grant(None, False, messages, self._settled()))
         if waiting:
             self._collect(waiting)
 
@@ -728,7 +739,7 @@ class _Driver:
         if initial and not self.realtime:
             return
         messages, g.queued = g.queued, []
-        g.link.send(dataplane.Grant(None, False, messages))
+        g.link.send(dataplane.Grant(None, False, messages, self._settled()))
         self._collect([g])
 
     def read(self, path: str) -> Any:

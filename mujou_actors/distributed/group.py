@@ -265,6 +265,8 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     for t, delta, sender, output, message in grant.messages:
         for reader in routes.local_readers(output):
             kernel.deliver(reader, message, t, delta, sender)
+    if grant.settled is not None:
+        kernel.settle(grant.settled)
     index = routes.output_index
     sends: list[OutsideSend] = []
     failure = None
