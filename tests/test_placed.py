@@ -216,7 +216,7 @@ def test_net_kwargs_reach_every_process() -> None:
     ({"nope": "a"}, ValueError, r"'nope', which is no node of the net \(nodes: 'sim', 'ctrl'"),
     ({"sim": 3}, TypeError, r"placement\['sim'\] must be a group name \(a str\), got int 3"),
     ({"sim": ""}, ValueError, "non-empty"),
-    ({"sim": "box:physics"}, ValueError, "another machine"),
+    ({"sim": "box:physics"}, ValueError, "group 'physics' on machine 'box'"),
     ({"sim": "host"}, ValueError, "every node in the host's group"),
     ([("sim", "a")], TypeError, "placement must be a mapping"),
     ({1: "a"}, TypeError, "must be a node path"),
@@ -225,6 +225,42 @@ def test_a_bad_placement_is_refused_before_anything_starts(placement: object, er
                                                            match: str) -> None:
     with pytest.raises(error, match=match):
         placed_run(placement, 0.1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("placement, machines", [
+    ({"sim": "robot:physics"}, {"physics": ("robot",)}),
+    ({"sim": "robot,spare:physics", "log": "physics"}, {"physics": ("robot", "spare")}),
+    ({"sim": "robot:a", "ctrl": "gpu-box:b", "log": "c"}, {"a": ("robot",), "b": ("gpu-box",)}),
+    ({"sim": "robot:a", "log": "robot:a"}, {"a": ("robot",)}),
+])
+def test_a_placement_names_the_machines_of_groups(placement: dict, machines: dict) -> None:
+    from mujou_actors.distributed.placement import check_placement
+    from mujou_actors.net import collect_ports, walk
+    found = walk(make_net())
+    for path, node in found:
+        node._mujou_path = path
+    plan = check_placement(placement, found, collect_ports(found))
+    assert plan.machines == machines
+    assert set(plan.groups) == {g.rpartition(":")[2] for g in placement.values()}
+
+
+@pytest.mark.parametrize("placement, match", [
+    ({"sim": ":physics"}, "a machine name must be a non-empty str"),
+    ({"sim": "robot:"}, "a group name must be a non-empty str"),
+    ({"sim": "robot,,spare:a"}, "a machine name must be a non-empty str"),
+    ({"sim": "robot, spare:a"}, "without spaces around it"),
+    ({"sim": "robot,robot:a"}, "a machine is named twice"),
+    ({"sim": "robot:a", "log": "spare:a"}, "group 'a' is placed on 'robot' elsewhere"),
+    ({"sim": "robot:host"}, r"the host's group \('host'\) runs in the host's process"),
+])
+def test_a_bad_machine_in_a_placement_is_refused(placement: dict, match: str) -> None:
+    from mujou_actors.distributed.placement import check_placement
+    from mujou_actors.net import collect_ports, walk
+    found = walk(make_net())
+    for path, node in found:
+        node._mujou_path = path
+    with pytest.raises(ValueError, match=match):
+        check_placement(placement, found, collect_ports(found))
 
 
 def test_a_net_object_or_a_local_function_with_placement_is_refused() -> None:

@@ -86,6 +86,11 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         node._mujou_path = path
     ports = collect_ports(found)
     plan = check_placement(placement, found, ports)
+    if plan.machines:  # parsed and checked; the runs across machines come with issue 17
+        group, on = next(iter(plan.machines.items()))
+        raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
+                         f"placing a group on another machine is not supported yet; name a "
+                         f"group of this machine")
     initial = resolve_inputs(ports, inputs)
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)

@@ -241,12 +241,17 @@ class Placement:
         nodes (dict[str, list[str]]): group -> its node paths, in the net's order.
         groups (list[str]): the groups other than the host's, sorted: one
             process each.
+        machines (dict[str, tuple[str, ...]]): group -> the names of the
+            convention members (machines) it may run on, in order: the first,
+            then the fallbacks (``"robot,spare:control"``); a group not listed
+            runs on the host's machine.
     """
 
     group_of: dict[str, str]
     roots: dict[str, list[str]]
     nodes: dict[str, list[str]]
     groups: list[str]
+    machines: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def check_placement(placement: Any, found: list[tuple[str, Node]],
@@ -256,8 +261,15 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
     A path places its whole subtree; a deeper path placed elsewhere wins for
     its own subtree. Nodes that no path covers stay in the host's group.
 
+    A group name may say which machine runs the group: ``"robot:control"``
+    puts group ``control`` on the convention member named ``robot``, and
+    ``"robot,spare:control"`` names ``spare`` as its fallback (where it
+    restarts when ``robot`` is lost). Every path placing a group must name
+    the same machines (or name them once and the bare group elsewhere).
+
     Args:
-        placement (Mapping[str, str]): node path -> group name.
+        placement (Mapping[str, str]): node path -> group name, or
+            ``"machine[,fallback...]:group"``.
         found: the net's nodes with their paths (`mujou_actors.net.walk`).
         ports: the net's ports by path.
 
@@ -265,8 +277,9 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
         TypeError: ``placement`` is not a mapping, or a key or group name is
             not a str.
         ValueError: a path names no node (the error lists the nodes), a group
-            name is empty or has a ``:`` (placing on another machine is not
-            part of this version), or no node is placed outside the host.
+            or machine name is empty, has spaces around it or a second ``:``;
+            a group placed on two different machine lists; the host's group
+            placed on a machine; or no node is placed outside the host.
         NetError: a port that connects two groups has a message type that
             cannot cross processes (names the port).
     """
@@ -284,16 +297,23 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
         if not isinstance(group, str):
             raise TypeError(f"mujou.run: placement[{path!r}] must be a group name (a str), "
                             f"got {type(group).__name__} {group!r}")
-        if not group or group != group.strip():
-            raise ValueError(f"mujou.run: placement[{path!r}]: a group name must be a "
-                             f"non-empty str without surrounding spaces, got {group!r}")
-        if ":" in group:
-            raise ValueError(f"mujou.run: placement[{path!r}] = {group!r}: placing a group on "
-                             f"another machine ('machine:group') is not supported yet; name a "
-                             f"group of this machine")
+    groups_of: dict[str, str] = {}
+    machines: dict[str, tuple[str, ...]] = {}
+    for path, value in placement.items():
+        group, on = _split_group(path, value)
+        groups_of[path] = group
+        if on:
+            if group == HOST_GROUP:
+                raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: the host's group "
+                                 f"({HOST_GROUP!r}) runs in the host's process; name another "
+                                 f"group to run on {on[0]!r}")
+            if machines.setdefault(group, on) != on:
+                raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: group {group!r} "
+                                 f"is placed on {','.join(machines[group])!r} elsewhere; a "
+                                 f"group runs in one process, on one machine list")
     group_of = {}
     for path in paths:
-        group_of[path] = _group_of(path, placement)
+        group_of[path] = _group_of(path, groups_of)
     nodes: dict[str, list[str]] = {}
     for path in paths:
         nodes.setdefault(group_of[path], []).append(path)
@@ -307,7 +327,23 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
         if parent is None or group_of.get(parent) != group_of[path]:
             roots.setdefault(group_of[path], []).append(path)
     _check_crossings(ports, group_of)
-    return Placement(group_of=group_of, roots=roots, nodes=nodes, groups=groups)
+    return Placement(group_of=group_of, roots=roots, nodes=nodes, groups=groups,
+                     machines={g: machines[g] for g in groups if g in machines})
+
+
+def _split_group(path: str, value: str) -> tuple[str, tuple[str, ...]]:
+    """``"group"`` or ``"machine[,fallback...]:group"`` -> the group and its machines."""
+    on, colon, group = value.rpartition(":")
+    names = on.split(",") if colon else []
+    for what, name in [("group", group)] + [("machine", m) for m in names]:
+        if not name or name != name.strip() or ":" in name:
+            raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: a {what} name must "
+                             f"be a non-empty str without spaces around it or a ':' (the form "
+                             f"is 'group' or 'machine[,fallback...]:group'), got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: a machine is named "
+                         f"twice")
+    return group, tuple(names)
 
 
 def _group_of(path: str, placement: Mapping[str, str]) -> str:
