@@ -137,6 +137,10 @@ def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str 
     return prefix + mine, prefix + theirs
 
 
+# From this many bytes a frame is sent without a copy (pyzmq's own copy threshold).
+ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
+
+
 def _key(value: Any) -> Key | None:
     return None if value is None else (value[0], value[1])
 
@@ -162,7 +166,9 @@ class _Link:
         frames += self.encoder.encode(items, self.declared)
         self.messages_out += len(items) if messages is None else messages
         self.bytes_out += sum(len(f) for f in frames)
-        self.sock.send_multipart(frames, copy=False)
+        # Small frames are copied (half the cost of zmq's zero-copy frames for them);
+        # a large one (a tensor inline) goes as a view of its memory.
+        self.sock.send_multipart(frames, copy=max(map(len, frames)) < ZERO_COPY_BYTES)
 
     def _receive(self, timeout: float) -> tuple[list[Any], list[Item]] | None:
         if not self.sock.poll(int(timeout * 1000)):

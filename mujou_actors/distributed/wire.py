@@ -37,8 +37,9 @@ Frames (all integers little-endian)::
 
 A tensor's bytes are copied once on each side: the encoder copies small ones
 into a joined frame, or a large one into a shared-memory block, and hands a
-large inline one over as a view of its memory (send with ``copy=False``: pyzmq
-copies frames under its ``COPY_THRESHOLD`` itself); the decoder copies each
+large inline one over as a view of its memory (`dataplane` sends a batch with
+``copy=False`` when one of its frames reaches pyzmq's ``COPY_THRESHOLD``, and
+copies the small ones, which costs less than zero-copy frames); the decoder copies each
 into a tensor of its own (``torch.empty``: contiguous, writable, resizable,
 sharing memory with nothing). A tensor on a CUDA device is copied to the CPU
 by the encoder; the receiving kernel puts it on its own device. A
