@@ -390,3 +390,19 @@ def test_the_processes_benchmark_measures_placed_runs(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, script, "--only", "nope"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "unknown workloads ['nope']" in bad.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_heartbeat_benchmark_measures_rtt_detection_and_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "heartbeat.json"
+    script = str(ROOT / "benchmarks" / "heartbeat.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--trials", "1", "--timeout", "0.3",
+                           "--period", "0.05", "--members", "0,2", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert results["rtt"]["rtt_p50_us"] > 0 and results["rtt"]["within"] == 1.0
+    assert 0 < results["detect"]["max_ms"] <= 350 and results["detect"]["trials"] == 1
+    assert list(results["cpu"]) == ["0", "2"] and results["cpu"]["2"]["monitor_us"] != 0
+    assert results["cpu"]["2"]["lost"] == 0
