@@ -325,7 +325,7 @@ class ProcessSystem:
         """
         # Asked after every poll of a round: look before receiving, since an empty
         # socket's recv raises zmq.Again, which costs tens of microseconds to make.
-        while self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(self._pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 raw = self._pull.recv(zmq.NOBLOCK)
             except zmq.Again:
