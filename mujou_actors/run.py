@@ -471,6 +471,9 @@ def run(
     start_timeout: float = 60.0,
     placement: Mapping[str, str] | None = None,
     net_kwargs: Mapping[str, Any] | None = None,
+    listen: str | None = None,
+    join_timeout: float = 30.0,
+    allow_remote: bool = False,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -541,6 +544,17 @@ def run(
         net_kwargs (Mapping[str, Any], optional): with ``placement``, the
             keyword arguments of every call of the net function: plain data
             (the snapshot codec's types), never pickled.
+        listen (str, optional): with a placement that puts groups on other
+            machines (``"robot:control"``: docs/machines.md), the
+            ``"HOST:PORT"`` this process listens on as the leader of the
+            machines' convention: what each member's ``mujou worker --join``
+            names. Default: none (one machine).
+        join_timeout (float): wall seconds to wait for the machines the
+            placement names to join, before any node starts. Default: 30.
+        allow_remote (bool): let ``listen`` be an address other machines can
+            reach. Thespian's control plane unpickles what reaches it, so this
+            says the network is trusted (docs/machines.md, "Security").
+            Default: False (loopback only).
 
     Returns:
         Run: the started run.
@@ -570,7 +584,8 @@ def run(
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                  start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs)
+                  start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
+                  listen=listen, join_timeout=join_timeout, allow_remote=allow_remote)
 
 
 def _start(
@@ -591,6 +606,9 @@ def _start(
     start_timeout: float = 60.0,
     placement: Mapping[str, str] | None = None,
     net_kwargs: Mapping[str, Any] | None = None,
+    listen: str | None = None,
+    join_timeout: float = 30.0,
+    allow_remote: bool = False,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -601,14 +619,25 @@ def _start(
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                             start_timeout=start_timeout)
+    join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
+    check_flag("allow_remote", allow_remote)
+    if listen is not None and not isinstance(listen, str):
+        raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
+                        f"{type(listen).__name__}")
     if placement is not None:
+        from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
 
-        return start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
-                            inputs=inputs, state=state)  # type: ignore[return-value]
+        machines = Machines(listen, join_limit, allow_remote)
+        return start_placed(net, placement=placement,  # type: ignore[return-value]
+                            net_kwargs=net_kwargs, args=args, inputs=inputs, state=state,
+                            machines=machines)
     if net_kwargs is not None:
         raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
                         "the function that builds the net); without placement, pass the net")
+    if listen is not None:
+        raise TypeError("mujou.run: listen goes with a placement that puts groups on other "
+                        "machines ('machine:group'); without placement, nothing listens")
     plan = _check_net(net, args, inputs, state)
     coordinator, host = _build(plan, args, seams)
     return _begin(coordinator, host, plan, args)

@@ -615,3 +615,20 @@ def test_a_factory_under_the_main_guard_of_a_script_is_refused_at_once(tmp_path)
         load_factory(f"{script}:nested")
     with pytest.raises(ValueError, match=r"'OTHER' is a int, not a function"):
         load_factory(f"{script}:OTHER")
+
+
+def test_listen_and_machines_go_together() -> None:
+    with pytest.raises(ValueError, match=r"group 'physics' on machine 'robot': pass "
+                                         r"listen='HOST:PORT'"):
+        mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated")
+    with pytest.raises(ValueError, match=r"listen='127.0.0.1:7000' goes with a placement that "
+                                         r"puts groups on other machines"):
+        mujou.run(make_net, placement={"sim": "a"}, timer="simulated", listen="127.0.0.1:7000")
+    with pytest.raises(TypeError, match="listen goes with a placement"):
+        mujou.run(make_net(), timer="simulated", listen="127.0.0.1:7000")
+    with pytest.raises(TypeError, match="listen must be a 'HOST:PORT' str, got int"):
+        mujou.run(make_net, placement={"sim": "a"}, listen=7000)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="join_timeout"):
+        mujou.run(make_net, placement={"sim": "a"}, join_timeout=0)
+    with pytest.raises(TypeError, match="allow_remote"):
+        mujou.run(make_net, placement={"sim": "a"}, allow_remote="yes")  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from then on. The run it returns is a `placed_run.PlacedRun`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -49,7 +50,7 @@ from .placement import (
 log = logging.getLogger("mujou_actors")
 
 
-__all__ = ["start", "PlacedRun", "RemoteTraceback"]
+__all__ = ["start", "Machines", "PlacedRun", "RemoteTraceback"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -58,9 +59,26 @@ log = logging.getLogger("mujou_actors")
 # the start: check -> processes -> same net? -> on_start -> state, inputs -> timer
 
 
+@dataclasses.dataclass(frozen=True)
+class Machines:
+    """`mujou.run`'s arguments for a run across machines (checked there).
+
+    Attributes:
+        listen (str | None): ``"HOST:PORT"`` of the convention's leader (this
+            process), or None (one machine).
+        join_timeout (float): wall seconds to wait for the members named.
+        allow_remote (bool): ``listen`` may be off loopback.
+    """
+
+    listen: str | None = None
+    join_timeout: float = 30.0
+    allow_remote: bool = False
+
+
 def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, Any] | None,
           args: Any, inputs: Mapping[Input | str, Any] | None, state: Any,
-          make_system: Callable[..., Any] | None = None) -> PlacedRun:
+          make_system: Callable[..., Any] | None = None,
+          machines: Machines = Machines()) -> PlacedRun:
     """Start a placed run: the part of `mujou.run` for ``placement`` (its arguments checked).
 
     Args:
@@ -71,6 +89,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         inputs: ``inputs=`` of `mujou.run`; state: its ``state=`` (for the errors).
         make_system: makes the control plane (default `system.ProcessSystem`;
             tests put one here that runs the groups in this process).
+        machines (Machines): where the convention of machines listens, if any.
 
     Raises:
         TypeError / ValueError / NetError: see `placement.check_placement`,
@@ -86,11 +105,19 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         node._mujou_path = path
     ports = collect_ports(found)
     plan = check_placement(placement, found, ports)
-    if plan.machines:  # parsed and checked; the runs across machines come with issue 17
+    if plan.machines:
         group, on = next(iter(plan.machines.items()))
+        if machines.listen is None:
+            raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
+                             f"pass listen='HOST:PORT', where this process leads the "
+                             f"machines' convention (what `mujou worker --join` names)")
         raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
                          f"placing a group on another machine is not supported yet; name a "
                          f"group of this machine")
+    elif machines.listen is not None:
+        raise ValueError(f"mujou.run: listen={machines.listen!r} goes with a placement that "
+                         f"puts groups on other machines ('machine:group'); this one names "
+                         f"none")
     initial = resolve_inputs(ports, inputs)
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)
