@@ -3,7 +3,8 @@
 The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
 (``NodeError``), bad data (``SnapshotError``; ``WireError`` on the data plane
-between processes), time (``StartTimeoutError``,
+between processes), the data plane between machines (``SecretError``,
+``HandshakeError``), time (``StartTimeoutError``,
 ``StopTimeoutError``), the CUDA driver (``SyncModeError``, also
 ``mujou.cuda.SyncModeError``) and the processes of a placed run (``GroupDied``;
 ``RemoteError``, the control plane's). `describe` formats any exception for a
@@ -93,6 +94,39 @@ class WireError(MujouError, ValueError):
     memory that is gone; the message says which, and where. Not in
     ``__all__``: the data plane's own, not raised by the public API.
     """
+
+
+class SecretError(MujouError, ValueError):
+    """The shared secret of the data plane between machines is missing or unfit.
+
+    Raised by ``mujou_actors.distributed.secret.load_secret``: no secret set
+    (the message says how to set one), both ``MUJOU_SECRET`` and
+    ``MUJOU_SECRET_FILE`` set, a secret file missing, unreadable or open to
+    its group or others, a secret too short. The message names the variable
+    or the file and what was expected. Not in ``__all__``: the data plane's own.
+    """
+
+
+class HandshakeError(MujouError, ConnectionError):
+    """An authenticated data-plane connection between machines was refused or never made.
+
+    Raised by ``mujou_actors.distributed.secret.Handshake.wait`` (and the data
+    plane's links over TCP): the peer's CURVE handshake failed (another secret,
+    or no CURVE at all) or did not complete within the bound. Not in
+    ``__all__``: the data plane's own.
+
+    Attributes:
+        address (str): the endpoint concerned (``tcp://HOST:PORT``).
+        reason (str): what happened, in words (``... the secrets differ``).
+        server (bool): whether this side was the CURVE server (it bound).
+    """
+
+    def __init__(self, address: str, reason: str, *, server: bool) -> None:
+        side = "accepting on" if server else "connecting to"
+        super().__init__(f"data plane {side} {address}: {reason}")
+        self.address = address
+        self.reason = reason
+        self.server = server
 
 
 class StartTimeoutError(MujouError, TimeoutError):

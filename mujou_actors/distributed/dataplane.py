@@ -14,11 +14,21 @@ Frames: a small msgpack header, then the items encoded by `wire` (msgpack
 with raw tensor bytes, large tensors through shared memory; never pickle).
 No message is acknowledged on its own: the reply to a grant is the only
 answer, and it carries back the shared-memory blocks the group has freed.
+
+Between machines the same links run over ``tcp://HOST:PORT`` (the host binds,
+the group connects), without shared memory (every tensor inline: a large one
+as a frame that views its memory, sent with ``copy=False``), and with the
+run's shared secret (`secret`): CURVE encryption and authentication of both
+ends on every connection. Call `HostLink.handshake` / `GroupLink.handshake`
+before the first grant: a peer with another secret is then an
+`errors.HandshakeError` within the bound, not a grant that never arrives.
+Plain TCP (no secret) is allowed on loopback addresses only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import threading
 from collections.abc import Sequence
@@ -30,6 +40,7 @@ import zmq
 from .._runtime.keys import Key
 from ..node import Node
 from ..ports import Input, Output, Port
+from . import secret as secure
 from . import wire
 
 __all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
@@ -141,6 +152,39 @@ def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str 
 ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 
 
+def _secure(sock: zmq.Socket[Any], address: str, prefix: str | None, secret: bytes | None,
+            server: bool) -> secure.Handshake | None:
+    """Sets a link's socket up for its address: CURVE with a secret, checks for TCP.
+
+    Raises:
+        ValueError: a shared-memory ``prefix`` with a ``tcp://`` address (it
+            does not cross machines), or no secret for a TCP address off
+            loopback.
+    """
+    if address.startswith("tcp://"):
+        if prefix is not None:
+            raise ValueError(f"{address}: no shared memory over tcp:// (it does not cross "
+                             f"machines): prefix must be None, got {prefix!r}")
+        if secret is None and not _loopback(address):
+            raise ValueError(f"{address} is not a loopback address: the data plane between "
+                             "machines needs the run's secret (secret.load_secret)")
+    if secret is None:
+        return None
+    return secure.configure_server(sock, secret) if server else secure.configure_client(
+        sock, secret)
+
+
+def _loopback(address: str) -> bool:
+    """Whether a ``tcp://HOST:PORT`` address is on loopback (127.0.0.0/8, ::1, localhost)."""
+    host = address[len("tcp://"):].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name, "*", a host name: maybe not loopback
+        return False
+
+
 def _key(value: Any) -> Key | None:
     return None if value is None else (value[0], value[1])
 
@@ -149,8 +193,9 @@ class _Link:
     """One end of a ``PAIR`` connection, with its codec and traffic counts."""
 
     def __init__(self, sock: zmq.Socket[Any], declared: Sequence[type], mine: str | None,
-                 theirs: str | None) -> None:
+                 theirs: str | None, watch: secure.Handshake | None = None) -> None:
         self.sock = sock
+        self._watch = watch  # CURVE's handshakes (a link with a secret), until closed
         self.declared = declared
         # Large tensors go through this end's shared-memory pool (named ``mine``);
         # the other end's pool is mapped only under its own name (``theirs``).
@@ -181,22 +226,64 @@ class _Link:
         self.bytes_in += sum(len(f.buffer) for f in frames)
         return header, items
 
+    @property
+    def endpoint(self) -> str:
+        """str: the socket's endpoint (the port chosen for a ``tcp://HOST:0`` bind)."""
+        return secure.endpoint(self.sock)
+
+    def handshake(self, timeout: float) -> None:
+        """Wait until the peer is in (CURVE); at once without a secret.
+
+        Args:
+            timeout (float): seconds to wait at most.
+
+        Raises:
+            HandshakeError: the peer's handshake failed (another secret, or no
+                CURVE), or none completed within ``timeout``; the message names
+                the address.
+        """
+        if self._watch is not None:
+            self._watch.wait(timeout)
+
     def close(self) -> None:
         self.encoder.close()
         self.decoder.close()
+        if self._watch is not None:
+            self._watch.close()  # before the socket: it stops the socket's monitor
         self.sock.close(linger=0)
+
+
+def _open(address: str, prefix: str | None, secret: bytes | None,
+          server: bool) -> tuple[zmq.Socket[Any], secure.Handshake | None]:
+    """A link's ``PAIR`` socket, bound (server) or connected, with its handshake watch."""
+    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
+    watch = None
+    try:
+        watch = _secure(sock, address, prefix, secret, server)
+        if server:
+            sock.bind(address)
+        else:
+            sock.connect(address)
+    except BaseException:
+        if watch is not None:
+            watch.close()
+        sock.close(linger=0)
+        raise
+    return sock, watch
 
 
 class GroupLink(_Link):
     """The group's end: connects to the host's endpoint, receives grants, sends replies.
 
     Every reply carries the *epoch* of the last grant received (see `HostLink`).
+
+    Args: as `HostLink` (``address`` is the host's endpoint to connect to).
     """
 
-    def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
-        sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
-        sock.connect(address)
-        super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"))
+    def __init__(self, address: str, routes: Routes, prefix: str | None = None,
+                 secret: bytes | None = None) -> None:
+        sock, watch = _open(address, prefix, secret, server=False)
+        super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"), watch)
         self.epoch = 0
 
     def receive(self, timeout: float) -> Grant | None:
@@ -223,12 +310,26 @@ class HostLink(_Link):
     (a restart); a reply of an earlier epoch (to a grant that the restart
     interrupted, from the kernel before it) is dropped unread, so nothing of
     the abandoned timeline reaches the restored kernels.
+
+    Args:
+        address (str): ``ipc://PATH``, or ``tcp://HOST:PORT`` between machines
+            (port 0: one the system picks, then read `endpoint`).
+        routes (Routes): the net's Outputs and their readers.
+        prefix (str | None): the run's and the link's shared-memory prefix;
+            None: no shared memory (always so over TCP). Default None.
+        secret (bytes | None): the run's shared secret: CURVE on the socket
+            (this end is the server); None: none, which TCP allows on loopback
+            only. Default None.
+
+    Raises:
+        ValueError: a ``prefix`` over TCP, or TCP off loopback without a secret.
+        zmq.ZMQError: the address cannot be bound (the socket is closed).
     """
 
-    def __init__(self, address: str, routes: Routes, prefix: str | None = None) -> None:
-        sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
-        sock.bind(address)
-        super().__init__(sock, routes.declared, *_pools(prefix, "h", "g"))
+    def __init__(self, address: str, routes: Routes, prefix: str | None = None,
+                 secret: bytes | None = None) -> None:
+        sock, watch = _open(address, prefix, secret, server=True)
+        super().__init__(sock, routes.declared, *_pools(prefix, "h", "g"), watch)
         self.epoch = 0
 
     def send(self, grant: Grant) -> None:

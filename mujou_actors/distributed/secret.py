@@ -1,0 +1,528 @@
+"""The shared secret of the data plane between machines, and ZeroMQ CURVE from it.
+
+Between processes of one machine the data plane runs over ``ipc://`` sockets
+in a folder only the user can open. Between machines it runs over TCP, and
+every connection is authenticated and encrypted with ZeroMQ's CURVE
+mechanism (CurveZMQ: Curve25519 keys, each message boxed with
+XSalsa20-Poly1305). Its keys come from one *shared secret* that every machine
+of a run holds:
+
+- `load_secret` reads it from ``MUJOU_SECRET`` (the secret itself) or from
+  the file ``MUJOU_SECRET_FILE`` names (or a path given), refusing a file that
+  its group or others may open (as ssh does for keys) and a secret shorter
+  than `MIN_SECRET_BYTES`.
+- `derive_keypair` turns it into a CURVE key pair per *label*: BLAKE2b of the
+  secret, personalised with the label, is the 32-byte secret key
+  (``zmq.curve_public`` gives its public key). Both ends derive the same
+  server pair (`SERVER_LABEL`) and client pair (`CLIENT_LABEL`): nothing but
+  the secret needs to be handed out, and a peer with another secret derives
+  other keys and fails the handshake.
+- `configure_server` and `configure_client` set a socket up (before it binds
+  or connects). A CURVE server on its own accepts any client that knows its
+  public key; the server here also checks the client's: a ZAP handler (the
+  ZeroMQ Authentication Protocol, RFC 27) allows exactly the client key the
+  secret derives, under a ZAP domain named after that key.
+- Each returns a `Handshake`, which watches the socket's events
+  (``zmq_socket_monitor``) so that a wrong secret is a clear error
+  (`errors.HandshakeError`) within a bound instead of a silent wait:
+  `Handshake.wait`.
+
+What a failed handshake looks like (libzmq 4.3, ZMTP 3.1, measured by
+``tests/test_secure_dataplane.py``)::
+
+    the client has                    server sees                       client sees
+    another secret (both keys other)  HANDSHAKE_FAILED_PROTOCOL         HANDSHAKE_FAILED_NO_DETAIL
+                                      (ZMTP_CRYPTOGRAPHIC: the HELLO    (the server closed the
+                                      box does not open)                connection), then retries
+    the server's public key, another  HANDSHAKE_FAILED_AUTH (400,       HANDSHAKE_FAILED_AUTH (400,
+    client key                        the ZAP handler's refusal)        the server's ERROR command)
+    no CURVE at all (NULL)            HANDSHAKE_FAILED_PROTOCOL         HANDSHAKE_FAILED_PROTOCOL
+                                      (ZMTP_MECHANISM_MISMATCH)         (ZMTP_MECHANISM_MISMATCH)
+
+and ``HANDSHAKE_SUCCEEDED`` on both sides when the secrets agree. A client
+whose server has another secret never learns more than that the server hung
+up: the server does not answer a HELLO it cannot open.
+
+The ZAP handler is one thread per ZeroMQ context (libzmq asks ZAP requests of
+whatever is bound at ``inproc://zeromq.zap.01`` in the socket's context, so
+there can be only one): started by the first `configure_server` of a context,
+ended (joined, bounded) when the last `Handshake` of a server of that context
+is closed. Each secret has its own domain, so two runs of one process with
+different secrets do not accept each other's clients.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+from ..errors import HandshakeError, SecretError
+
+__all__ = ["load_secret", "derive_keypair", "configure_server", "configure_client",
+           "Handshake", "endpoint", "ENV_SECRET", "ENV_SECRET_FILE", "MIN_SECRET_BYTES",
+           "SERVER_LABEL", "CLIENT_LABEL"]
+
+ENV_SECRET = "MUJOU_SECRET"
+"""The environment variable holding the secret itself."""
+
+ENV_SECRET_FILE = "MUJOU_SECRET_FILE"
+"""The environment variable naming a file that holds the secret."""
+
+MIN_SECRET_BYTES = 16
+"""The shortest secret accepted, bytes (after surrounding whitespace is removed)."""
+
+SERVER_LABEL = "server"
+"""The label of the server's key pair (the side that binds)."""
+
+CLIENT_LABEL = "client"
+"""The label of the client's key pair (the side that connects)."""
+
+_HOW = (f"set {ENV_SECRET} to a random string of at least {MIN_SECRET_BYTES} bytes, the same on "
+        f"every machine of the run (for example `export {ENV_SECRET}=$(python -c \"import "
+        f"secrets; print(secrets.token_hex(32))\")`), or put it in a file that only you can "
+        f"read (chmod 600) and set {ENV_SECRET_FILE} to its path")
+_PERSON = b"mujou."  # BLAKE2b's personalisation (16 bytes at most, the label's included)
+_ZAP = "inproc://zeromq.zap.01"  # where libzmq sends ZAP requests (RFC 27)
+_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+_PROTOCOL_REASONS: dict[int, str] = {
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "its handshake does not decrypt",
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "the peer does not use CURVE",
+}
+
+
+# ---------------------------------------------------------------------------
+# The secret
+
+
+def load_secret(path: str | os.PathLike[str] | None = None, *,
+                environ: Mapping[str, str] | None = None,
+                required: bool = True) -> bytes | None:
+    """The shared secret: from ``path``, else ``MUJOU_SECRET``, else ``MUJOU_SECRET_FILE``.
+
+    A file's content, or the variable's value (UTF-8), is the secret, with
+    surrounding whitespace (a final newline) removed. A file must be a regular
+    file that neither its group nor others may read, write or run (mode 0600
+    or 0400, as ssh asks of a private key).
+
+    Args:
+        path (str | PathLike | None): a file holding the secret; None: look in
+            the environment. Default None.
+        environ (Mapping[str, str] | None): the environment to read; None:
+            ``os.environ``. Default None.
+        required (bool): without any secret, raise (True) or return None
+            (False: the caller decides, e.g. a run on loopback only).
+            Default True.
+
+    Returns:
+        bytes | None: the secret, at least `MIN_SECRET_BYTES` long; None only
+        when ``required`` is False and no secret is set.
+
+    Raises:
+        SecretError: both variables are set; the file is missing, unreadable,
+            not a regular file, or open to its group or others (the message
+            says which and gives the ``chmod``); the secret is shorter than
+            `MIN_SECRET_BYTES` or not UTF-8 text in the variable; no secret is
+            set and ``required`` (the message says how to set one).
+    """
+    env = os.environ if environ is None else environ
+    if path is not None:
+        return _checked(_read_file(os.fspath(path), "the secret file"), f"the file {path}")
+    value = env.get(ENV_SECRET)
+    named = env.get(ENV_SECRET_FILE)
+    if value is not None and named is not None:
+        raise SecretError(f"both {ENV_SECRET} and {ENV_SECRET_FILE} are set: set only one "
+                          "(which one holds the secret would be a guess)")
+    if value is not None:
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SecretError(f"{ENV_SECRET} is not UTF-8 text") from None
+        return _checked(raw, ENV_SECRET)
+    if named is not None:
+        if not named.strip():
+            raise SecretError(f"{ENV_SECRET_FILE} is set but empty: it names the file holding "
+                              "the secret")
+        return _checked(_read_file(named, f"the file {ENV_SECRET_FILE} names"),
+                        f"the file {named} ({ENV_SECRET_FILE})")
+    if required:
+        raise SecretError(f"no secret for the data plane between machines: {_HOW}")
+    return None
+
+
+def _read_file(path: str, what: str) -> bytes:
+    """The bytes of a secret file, after checking that only its owner may open it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise SecretError(f"{what}, {path}, does not exist") from None
+    except OSError as e:
+        raise SecretError(f"{what}, {path}, cannot be opened: {e.strerror}") from None
+    try:
+        info = os.fstat(fd)  # the file opened, not one swapped in after a check by name
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretError(f"{what}, {path}, is not a regular file")
+        if os.name == "posix" and info.st_mode & 0o077:
+            raise SecretError(f"{what}, {path}, has permissions {stat.S_IMODE(info.st_mode):04o}:"
+                              f" its group or others may open it; a secret must be readable by "
+                              f"its owner only (chmod 600 {path})")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > 1 << 20:
+                raise SecretError(f"{what}, {path}, is over 1 MiB: not a secret")
+        return b"".join(chunks)
+    except OSError as e:
+        raise SecretError(f"{what}, {path}, cannot be read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _checked(raw: bytes, where: str) -> bytes:
+    """The secret without surrounding whitespace, if long enough."""
+    secret = raw.strip()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise SecretError(f"the secret in {where} is {len(secret)} bytes long: at least "
+                          f"{MIN_SECRET_BYTES} are needed (for example the 64 hex digits of "
+                          "`python -c \"import secrets; print(secrets.token_hex(32))\"`)")
+    return secret
+
+
+# ---------------------------------------------------------------------------
+# Keys
+
+
+def derive_keypair(secret: bytes, label: str) -> tuple[bytes, bytes]:
+    """The CURVE key pair that ``secret`` gives for ``label``, the same on every machine.
+
+    The secret key is BLAKE2b-256 of the secret, personalised with
+    ``b"mujou." + label`` (so each label gives an unrelated pair); the
+    public key is its Curve25519 public key (``zmq.curve_public``).
+
+    Args:
+        secret (bytes): the shared secret (`load_secret`'s).
+        label (str): which pair: `SERVER_LABEL` or `CLIENT_LABEL` (any 1 to
+            10 ASCII characters).
+
+    Returns:
+        tuple[bytes, bytes]: (public key, secret key), Z85-encoded (40 bytes
+        each), as ZeroMQ's ``curve_*key`` socket options take them.
+
+    Raises:
+        TypeError: ``secret`` is not bytes.
+        ValueError: ``label`` is not 1 to 10 ASCII characters.
+    """
+    if not isinstance(secret, bytes):
+        raise TypeError(f"derive_keypair: secret must be bytes, got {type(secret).__name__}")
+    person = _PERSON + label.encode("ascii", "replace")
+    if not label or len(person) > hashlib.blake2b.PERSON_SIZE or not label.isascii():
+        raise ValueError(f"derive_keypair: label must be 1 to "
+                         f"{hashlib.blake2b.PERSON_SIZE - len(_PERSON)} ASCII characters, "
+                         f"got {label!r}")
+    private = z85.encode(hashlib.blake2b(secret, digest_size=32, person=person).digest())
+    return zmq.curve_public(private), private
+
+
+def _domain(client_public: bytes) -> bytes:
+    """The ZAP domain of one secret: named after its client key (so secrets do not mix)."""
+    return b"mujou." + binascii.hexlify(hashlib.blake2b(client_public, digest_size=8).digest())
+
+
+# ---------------------------------------------------------------------------
+# Sockets
+
+
+def configure_server(sock: zmq.Socket[Any], secret: bytes) -> Handshake:
+    """Make ``sock`` a CURVE server that accepts only clients holding ``secret``.
+
+    Call it before ``sock`` binds (or connects: the server is the side that
+    holds the server key, whichever way the connection goes). It sets the
+    server key pair, registers the client's public key with the context's ZAP
+    handler (started if it is the context's first), and watches the socket's
+    handshakes.
+
+    Args:
+        sock (zmq.Socket): a socket not bound nor connected yet.
+        secret (bytes): the shared secret.
+
+    Returns:
+        Handshake: its `Handshake.wait` says whether a client got in; close
+        it before the socket (it ends the ZAP registration).
+
+    Raises:
+        TypeError: ``secret`` is not bytes.
+    """
+    public, private = derive_keypair(secret, SERVER_LABEL)
+    client_public, _ = derive_keypair(secret, CLIENT_LABEL)
+    domain = _domain(client_public)
+    zap = _Zap.acquire(sock.context, domain, z85.decode(client_public))
+    try:
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = private
+        sock.zap_domain = domain
+        return Handshake(sock, server=True, release=lambda: zap.release(domain))
+    except BaseException:
+        zap.release(domain)
+        raise
+
+
+def configure_client(sock: zmq.Socket[Any], secret: bytes) -> Handshake:
+    """Make ``sock`` a CURVE client of a server holding ``secret``.
+
+    Call it before ``sock`` connects (or binds).
+
+    Args:
+        sock (zmq.Socket): a socket not bound nor connected yet.
+        secret (bytes): the shared secret.
+
+    Returns:
+        Handshake: its `Handshake.wait` says whether the server let it in;
+        close it before the socket.
+
+    Raises:
+        TypeError: ``secret`` is not bytes.
+    """
+    server_public, _ = derive_keypair(secret, SERVER_LABEL)
+    public, private = derive_keypair(secret, CLIENT_LABEL)
+    sock.curve_serverkey = server_public
+    sock.curve_publickey = public
+    sock.curve_secretkey = private
+    return Handshake(sock, server=False, release=None)
+
+
+def endpoint(sock: zmq.Socket[Any]) -> str:
+    """The endpoint ``sock`` bound or connected last (with the port a ``:0`` bind got).
+
+    Args:
+        sock (zmq.Socket): a socket.
+
+    Returns:
+        str: e.g. ``"tcp://127.0.0.1:40125"``; empty before any bind or connect.
+    """
+    value = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class Handshake:
+    """The handshakes of one socket, watched through a ZeroMQ socket monitor.
+
+    Made by `configure_server` and `configure_client` (before the socket
+    binds or connects, so no event is missed). Costs nothing per message:
+    the monitor reports connections only, and stops with `wait`'s success.
+
+    Args:
+        sock (zmq.Socket): the socket watched.
+        server (bool): whether it is the CURVE server.
+        release (Callable[[], None] | None): called once by `close` (the ZAP
+            registration's end).
+    """
+
+    def __init__(self, sock: zmq.Socket[Any], *, server: bool,
+                 release: Callable[[], None] | None = None) -> None:
+        self._sock = sock
+        self.server = server
+        self._release = release
+        self._monitor: zmq.Socket[Any] | None = sock.get_monitor_socket(_WATCHED)
+        self.succeeded = False
+
+    def wait(self, timeout: float, address: str | None = None) -> None:
+        """Return once a peer completed the CURVE handshake; raise if one failed it.
+
+        The first failed handshake raises at once (a PAIR socket has one
+        peer: a failure is that peer's; a socket serving many peers, a
+        ROUTER, may rather wait again after the error). Returns at once
+        after an earlier success.
+
+        Args:
+            timeout (float): seconds to wait at most.
+            address (str | None): the endpoint to name in the error; None: the
+                socket's last bound or connected endpoint.
+
+        Raises:
+            HandshakeError: a handshake failed (``reason`` says how: the
+                secrets differ, or the peer does not use CURVE), or none
+                completed within ``timeout`` (the message says whether a peer
+                connected at all).
+        """
+        if self.succeeded:
+            return
+        if self._monitor is None:
+            raise RuntimeError("Handshake.wait: closed")
+        where = address or endpoint(self._sock)
+        deadline = time.monotonic() + timeout
+        connected = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._monitor.poll(max(1, int(left * 1000))):
+                break
+            event = parse_monitor_message(self._monitor.recv_multipart())
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.succeeded = True
+                self._stop_monitor()
+                return
+            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+                connected = True
+                continue
+            raise HandshakeError(where, self._failure(kind, value), server=self.server)
+        side = "no client connected" if self.server else (
+            "connected but the handshake did not finish" if connected else
+            "nothing accepted the connection")
+        raise HandshakeError(where, f"no CURVE handshake within {timeout:g} s ({side})",
+                             server=self.server)
+
+    def _failure(self, kind: int, value: int) -> str:
+        """The reason, in words, of a failed handshake event."""
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the peer's key was refused (ZAP status {value}): the secrets differ"
+                    if self.server else
+                    f"the server refused this client's key (ZAP status {value}): the secrets "
+                    "differ")
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            why = _PROTOCOL_REASONS.get(value, f"ZMTP protocol error {value:#x}")
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                return f"{why} (it is not a mujou data plane with a secret)"
+            return f"{why}: the secrets differ"
+        return ("the server closed the connection during the handshake: the secrets differ "
+                "(or the address is not a mujou data plane)")
+
+    def _stop_monitor(self) -> None:
+        """Stop and close the monitor (idempotent; the socket may be closed already)."""
+        mon, self._monitor = self._monitor, None
+        if mon is None:
+            return
+        if not self._sock.closed:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass  # the socket's context is gone: the monitor is too
+        mon.close(linger=0)
+
+    def close(self) -> None:
+        """Stop watching, end the ZAP registration; idempotent. Call before closing the socket."""
+        self._stop_monitor()
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
+class _Zap:
+    """A context's ZAP handler: one thread answering ZAP requests for registered domains.
+
+    A request is allowed when its mechanism is CURVE, its domain registered
+    and its client key the one registered for that domain; anything else gets
+    status 400. Shared by every server socket of the context (refcounted per
+    domain); ended when the last registration is released.
+    """
+
+    _lock = threading.Lock()
+    _by_context: dict[int, _Zap] = {}
+
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
+        self._ctx = ctx
+        self._allowed: dict[bytes, tuple[bytes, int]] = {}  # domain -> (client key, users)
+        self._rep = ctx.socket(zmq.REP)
+        self._rep.linger = 0
+        self._stop_r = ctx.socket(zmq.PAIR)
+        self._stop_w = ctx.socket(zmq.PAIR)
+        stop = f"inproc://mujou-zap-stop-{id(self)}"
+        try:
+            self._rep.bind(_ZAP)  # bound here: a server socket made after this is checked
+            self._stop_r.bind(stop)
+            self._stop_w.connect(stop)
+        except zmq.ZMQError:
+            for s in (self._rep, self._stop_r, self._stop_w):
+                s.close(linger=0)
+            raise
+        self._thread = threading.Thread(target=self._serve, name="mujou-zap", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def acquire(cls, ctx: zmq.Context[Any], domain: bytes, client_key: bytes) -> _Zap:
+        """The context's handler (started if none), with ``domain`` allowing ``client_key``.
+
+        Raises:
+            zmq.ZMQError: the ZAP endpoint stays taken for 10 s (another ZAP
+                handler than ours is bound in this context).
+        """
+        deadline = time.monotonic() + 10.0
+        while True:
+            with cls._lock:
+                zap = cls._by_context.get(id(ctx))
+                if zap is None:
+                    try:
+                        zap = cls(ctx)
+                    except zmq.ZMQError as e:
+                        # The last handler's socket is closed but not yet reaped (libzmq
+                        # unbinds an inproc endpoint on its reaper thread): try again.
+                        if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                            raise
+                    else:
+                        cls._by_context[id(ctx)] = zap
+                if zap is not None:
+                    key, users = zap._allowed.get(domain, (client_key, 0))
+                    zap._allowed[domain] = (key, users + 1)
+                    return zap
+            time.sleep(0.005)  # outside the lock
+
+    def release(self, domain: bytes) -> None:
+        """One registration of ``domain`` ended; the last of the context ends the thread."""
+        with self._lock:
+            key, users = self._allowed[domain]
+            if users > 1:
+                self._allowed[domain] = (key, users - 1)
+                return
+            del self._allowed[domain]
+            if self._allowed:
+                return
+            del self._by_context[id(self._ctx)]
+        self._stop_w.send(b"")
+        self._thread.join(10.0)
+        if self._thread.is_alive():  # it never blocks but in poll (1 s): not seen
+            raise RuntimeError("the ZAP handler thread did not end within 10 s")
+        self._stop_w.close(linger=0)
+
+    def _serve(self) -> None:
+        """Answer ZAP requests until told to stop (the thread's loop)."""
+        poller = zmq.Poller()
+        poller.register(self._rep, zmq.POLLIN)
+        poller.register(self._stop_r, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll(1000))
+                if self._stop_r in ready:
+                    return
+                if self._rep in ready:
+                    self._rep.send_multipart(self._answer(self._rep.recv_multipart()))
+        finally:
+            self._rep.close(linger=0)
+            self._stop_r.close(linger=0)
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply to one request (RFC 27: version, id, status, text, user, metadata)."""
+        if len(request) < 6:
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"400", b"bad request",
+                    b"", b""]
+        version, rid, domain, _address, _identity, mechanism = request[:6]
+        with self._lock:
+            allowed = self._allowed.get(domain)
+        ok = (version == b"1.0" and mechanism == b"CURVE" and allowed is not None
+              and request[6:] == [allowed[0]])
+        if ok:
+            return [b"1.0", rid, b"200", b"OK", b"mujou", b""]
+        return [b"1.0", rid, b"400", b"key not allowed", b"", b""]

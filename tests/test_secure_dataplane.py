@@ -1,0 +1,255 @@
+"""The data plane between machines: links over TCP, authenticated with the shared secret.
+
+Both ends run in this process (a host's and a group's link over TCP loopback
+stand in for two machines: CURVE and its handshake are the same). Every wait
+is bounded; a refused handshake is seen on its monitor events, not guessed
+from a silence.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from mujou_actors.distributed import dataplane, secret
+from mujou_actors.errors import HandshakeError, SecretError
+
+A = b"the secret of run A, 32 bytes.."
+B = b"the secret of run B, 32 bytes.."
+BOUND = 5.0  # seconds: the bound on a handshake's outcome (a healthy one takes a millisecond)
+ROUTES: Any = SimpleNamespace(declared=[object, torch.Tensor])  # what a link needs of Routes
+
+
+def _zap_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "mujou-zap"]
+
+
+@pytest.fixture
+def links() -> Iterator[list[Any]]:
+    """Links made by a test, closed at its end whatever happens (no socket, no thread left)."""
+    made: list[Any] = []
+    yield made
+    for link in reversed(made):
+        link.close()
+    assert _zap_threads() == []
+
+
+def _host(made: list[Any], key: bytes | None) -> dataplane.HostLink:
+    made.append(dataplane.HostLink("tcp://127.0.0.1:0", ROUTES, secret=key))
+    return made[-1]  # type: ignore[no-any-return]
+
+
+def _group(made: list[Any], host: dataplane.HostLink, key: bytes | None) -> dataplane.GroupLink:
+    made.append(dataplane.GroupLink(host.endpoint, ROUTES, secret=key))
+    return made[-1]  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------
+# Carrying grants and replies
+
+
+@pytest.mark.timeout(30)
+def test_the_same_secret_carries_a_grant_and_a_reply_with_tensors_bit_for_bit(links: list[Any]
+                                                                              ) -> None:
+    host = _host(links, A)
+    group = _group(links, host, A)
+    big = torch.randn(1 << 18)  # 1 MiB: a frame of its own, a view of its memory
+    small = torch.arange(16, dtype=torch.int64)
+
+    host.handshake(BOUND)
+    group.handshake(BOUND)
+    host.send(dataplane.Grant((5, 1), False, [(5, 0, 2, 1, big), (5, 0, 2, 0, {"n": 3})]))
+    grant = group.receive(BOUND)
+    assert grant is not None
+    group.send(dataplane.Reply((7, 0), 5, [(6, 0, 1, 1, grant.messages[0][4] * 2),
+                                           (6, 0, 1, 0, (small, "x"))]))
+    reply = host.receive(BOUND)
+
+    assert host.endpoint.startswith("tcp://127.0.0.1:") and not host.endpoint.endswith(":0")
+    assert grant.bound == (5, 1) and grant.messages[1] == (5, 0, 2, 0, {"n": 3})
+    assert torch.equal(grant.messages[0][4], big)
+    assert reply is not None and reply.due == (7, 0) and reply.time_ns == 5
+    assert torch.equal(reply.sends[0][4], big * 2)
+    assert torch.equal(reply.sends[1][4][0], small) and reply.sends[1][4][1] == "x"
+    assert host.encoder.pool_name is None and group.encoder.pool_name is None  # no shm
+
+
+@pytest.mark.timeout(30)
+def test_plain_tcp_on_loopback_carries_a_grant(links: list[Any]) -> None:
+    host = _host(links, None)
+    group = _group(links, host, None)
+
+    host.handshake(BOUND)  # nothing to wait for without a secret
+    host.send(dataplane.Grant(None, True, [(1, 0, 0, 0, b"bytes")]))
+    grant = group.receive(BOUND)
+
+    assert grant is not None and grant.take and grant.messages == [(1, 0, 0, 0, b"bytes")]
+
+
+# ---------------------------------------------------------------------------
+# Refusals
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("host_key", "group_key"), [(A, B), (B, A)])
+def test_another_secret_is_refused_on_both_sides_with_a_clear_error(
+        links: list[Any], host_key: bytes, group_key: bytes) -> None:
+    host = _host(links, host_key)
+    group = _group(links, host, group_key)
+    group.send(dataplane.Reply(None, 0, [(1, 0, 0, 0, "leaked?")]))  # queued on the group
+
+    started = time.monotonic()
+    with pytest.raises(HandshakeError) as at_host:
+        host.handshake(BOUND)
+    with pytest.raises(HandshakeError) as at_group:
+        group.handshake(BOUND)
+    took = time.monotonic() - started
+
+    assert took < BOUND
+    assert at_host.value.server and not at_group.value.server
+    for err in (at_host.value, at_group.value):
+        assert err.address == host.endpoint
+        assert "the secrets differ" in str(err) and host.endpoint in str(err)
+    # The server never let the client in: nothing it sent can have arrived.
+    assert host.receive(0.0) is None
+
+
+@pytest.mark.timeout(30)
+def test_a_client_without_curve_is_refused(links: list[Any]) -> None:
+    host = _host(links, A)
+    group = _group(links, host, None)  # plain TCP, on loopback: the group accepts to try
+    group.send(dataplane.Reply(None, 0, [(1, 0, 0, 0, "leaked?")]))
+
+    with pytest.raises(HandshakeError, match="does not use CURVE") as refused:
+        host.handshake(BOUND)
+
+    assert refused.value.address == host.endpoint
+    assert host.receive(0.0) is None
+
+
+@pytest.mark.timeout(30)
+def test_a_curve_client_of_a_plain_server_is_refused(links: list[Any]) -> None:
+    host = _host(links, None)
+    group = _group(links, host, A)
+
+    with pytest.raises(HandshakeError, match="does not use CURVE"):
+        group.handshake(BOUND)
+
+
+@pytest.mark.timeout(30)
+def test_a_client_with_the_servers_key_but_another_client_key_is_refused_by_zap(
+        links: list[Any]) -> None:
+    # Only someone who learnt the server's public key gets this far; ZAP still says no.
+    host = _host(links, A)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.PAIR)
+    sock.curve_serverkey = secret.derive_keypair(A, secret.SERVER_LABEL)[0]
+    sock.curve_publickey, sock.curve_secretkey = secret.derive_keypair(B, secret.CLIENT_LABEL)
+    watch = secret.Handshake(sock, server=False)
+    sock.connect(host.endpoint)
+    try:
+        with pytest.raises(HandshakeError, match="ZAP status 400"):
+            host.handshake(BOUND)
+        with pytest.raises(HandshakeError, match="refused this client's key"):
+            watch.wait(BOUND)
+    finally:
+        watch.close()
+        sock.close(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_no_peer_within_the_bound_is_an_error_naming_the_address(links: list[Any]) -> None:
+    host = _host(links, A)
+
+    with pytest.raises(HandshakeError, match="no client connected") as alone:
+        host.handshake(0.05)
+
+    assert alone.value.address == host.endpoint
+
+
+def test_tcp_takes_no_shared_memory_and_off_loopback_a_secret() -> None:
+    with pytest.raises(ValueError, match="no shared memory over tcp"):
+        dataplane.HostLink("tcp://127.0.0.1:0", ROUTES, "mujou-test-")
+    with pytest.raises(ValueError, match="needs the run's secret"):
+        dataplane.HostLink("tcp://0.0.0.0:0", ROUTES)
+    with pytest.raises(ValueError, match="needs the run's secret"):
+        dataplane.GroupLink("tcp://192.0.2.1:5555", ROUTES)
+    assert _zap_threads() == []
+
+
+# ---------------------------------------------------------------------------
+# The secret and its keys
+
+
+def test_keys_are_deterministic_and_distinct_per_label_and_secret() -> None:
+    server = secret.derive_keypair(A, secret.SERVER_LABEL)
+    client = secret.derive_keypair(A, secret.CLIENT_LABEL)
+
+    assert server == secret.derive_keypair(A, secret.SERVER_LABEL)
+    assert len({server, client, secret.derive_keypair(B, secret.SERVER_LABEL)}) == 3
+    assert zmq.curve_public(server[1]) == server[0] and len(server[0]) == 40
+    with pytest.raises(ValueError, match="label"):
+        secret.derive_keypair(A, "a label too long")
+
+
+def _file(tmp_path: Path, content: bytes, mode: int) -> Path:
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    path.chmod(mode)
+    return path
+
+
+def test_load_secret_reads_the_variable_or_the_file_without_surrounding_whitespace(
+        tmp_path: Path) -> None:
+    path = _file(tmp_path, A + b"\n", 0o600)
+
+    assert secret.load_secret(environ={"MUJOU_SECRET": f" {A.decode()}\n"}) == A
+    assert secret.load_secret(environ={"MUJOU_SECRET_FILE": str(path)}) == A
+    assert secret.load_secret(path, environ={"MUJOU_SECRET": B.decode()}) == A
+    assert secret.load_secret(environ={}, required=False) is None
+
+
+def test_load_secret_without_one_says_how_to_set_one() -> None:
+    with pytest.raises(SecretError, match="MUJOU_SECRET.*MUJOU_SECRET_FILE"):
+        secret.load_secret(environ={})
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_load_secret_refuses_a_file_its_group_or_others_may_open(tmp_path: Path,
+                                                                 mode: int) -> None:
+    path = _file(tmp_path, A, mode)
+
+    with pytest.raises(SecretError, match=rf"{mode:04o}.*chmod 600") as refused:
+        secret.load_secret(environ={"MUJOU_SECRET_FILE": str(path)})
+
+    assert str(path) in str(refused.value) and "MUJOU_SECRET_FILE" in str(refused.value)
+    assert stat.S_IMODE(path.stat().st_mode) == mode  # not "fixed" behind the user's back
+
+
+def test_load_secret_refuses_a_short_secret_naming_where_it_came_from(tmp_path: Path) -> None:
+    path = _file(tmp_path, b"short\n", 0o600)
+
+    with pytest.raises(SecretError, match=r"MUJOU_SECRET is 5 bytes long: at least 16"):
+        secret.load_secret(environ={"MUJOU_SECRET": "short"})
+    with pytest.raises(SecretError, match=rf"{path}.* 5 bytes long"):
+        secret.load_secret(path)
+
+
+def test_load_secret_refuses_a_missing_file_a_folder_and_both_variables(tmp_path: Path) -> None:
+    with pytest.raises(SecretError, match="does not exist"):
+        secret.load_secret(environ={"MUJOU_SECRET_FILE": str(tmp_path / "nothing")})
+    with pytest.raises(SecretError, match="not a regular file"):
+        secret.load_secret(tmp_path)
+    with pytest.raises(SecretError, match="set only one"):
+        secret.load_secret(environ={"MUJOU_SECRET": A.decode(), "MUJOU_SECRET_FILE": "x"})
