@@ -374,6 +374,22 @@ def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> No
     assert results["hop"]["tensor64"]["rate"] > 0
 
 
+@pytest.mark.timeout(180)
+def test_the_tcp_benchmark_measures_each_transport_and_checks_every_message(
+        tmp_path: Path) -> None:
+    out = tmp_path / "tcp.json"
+    script = str(ROOT / "benchmarks" / "tcp.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--repeat", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == ["ipc+shm", "tcp", "tcp+curve"]
+    for figures in results.values():
+        assert 0 < figures["int_hop_p50"] <= figures["int_hop_p99"]
+        assert 0 < figures["1MiB_hop_p50"] <= figures["1MiB_hop_p99"] and figures["rate"] > 0
+
+
 @pytest.mark.timeout(300)
 def test_the_processes_benchmark_measures_placed_runs(tmp_path: Path) -> None:
     out = tmp_path / "processes.json"
