@@ -14,6 +14,13 @@ before anything runs.
 ``mujou inspect SNAPSHOT`` checks a snapshot file whole (as ``mujou.load``
 does), then prints its summary; the tensor data is checksummed, not kept.
 
+``mujou worker --join LEADER_HOST:PORT --name NAME`` starts a member actor
+system of a leader's convention on this machine (`mujou_actors.distributed.
+convention.Member`), prints one line saying where it listens, and serves until
+Ctrl-C or SIGTERM, which end it cleanly (exit code 0). ``mujou workers
+--leader HOST:PORT`` lists the members that leader knows (``--json`` for
+programs).
+
 Errors (a bad file, a missing NAME, a node failure) are one line on stderr and
 a non-zero exit code; ``--verbose`` adds the traceback. Built on click, with
 rich for the terminal.
@@ -604,6 +611,145 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             raise
         if signals.code:
             sys.exit(signals.code)
+
+
+class _Address(click.ParamType):
+    """A ``HOST:PORT`` option (``HOST`` alone too, with ``free``): ``(host, port)``.
+
+    Args:
+        free (bool): the port may be left out or 0 (a free one is taken).
+    """
+
+    name = "HOST:PORT"
+
+    def __init__(self, free: bool = False) -> None:
+        self.free = free
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, int]:
+        """The address as ``(host, port)``; a click error naming the option if malformed."""
+        from .distributed.convention import parse_address
+
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_address(value, default_port=0 if self.free else None, free=self.free)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@main.command("worker")
+@click.option("--join", "leader", required=True, type=_Address(), metavar="LEADER_HOST:PORT",
+              help="The address of the convention's leader (the host that runs the net).")
+@click.option("--name", required=True,
+              help="This member's name (the machine's), as placements name it.")
+@click.option("--listen", type=_Address(free=True), default="127.0.0.1", show_default=True,
+              metavar="ADDR[:PORT]",
+              help="Where this member listens; a free port unless one is given. Beyond the "
+                   "loopback only with --allow-remote.")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow a --listen address that is not a loopback one: only on a trusted "
+                   "network (Thespian unpickles whatever reaches its ports).")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def worker_command(leader: tuple[str, int], name: str, listen: tuple[str, int],
+                   allow_remote: bool, verbose: bool) -> None:
+    """Serve as a member of a leader's convention until Ctrl-C or SIGTERM."""
+    import threading
+
+    from .distributed.convention import REGISTER_PERIOD, Member, check_listen, check_name
+
+    with _errors(verbose):
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--name'") from None
+        try:
+            check_listen(listen[0], allow_remote, f"worker {name!r}")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--listen'") from None
+        _spawn_skips_main()
+        stop = threading.Event()
+        previous = {signum: signal.signal(signum, lambda *_: stop.set())
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        joining = f"{leader[0]}:{leader[1]}"
+        try:
+            with Member(name, leader, listen=f"{listen[0]}:{listen[1]}",
+                                   allow_remote=allow_remote) as member:
+                host, port = member.address
+                click.echo(f"worker {name} listening on {host}:{port} (leader {joining})")
+
+                def changed(joined: bool) -> None:
+                    click.echo(f"worker {name}: joined the leader at {joining}" if joined else
+                               f"worker {name}: lost the leader at {joining}; trying again "
+                               f"every {REGISTER_PERIOD:g} s", err=True)
+
+                member.serve(stop, on_change=changed)
+            click.echo(f"worker {name}: stopped", err=True)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _spawn_skips_main() -> None:
+    """Processes spawned from here on do not import this process's main script.
+
+    ``spawn`` runs the parent's main module again in each new process (as
+    ``__mp_main__``) unless it is a package's ``__main__``: for the ``mujou``
+    console script that imports the package, torch included, in the member's
+    admin and logger (about 2 s and 200 MB each), which need none of it. A
+    spec naming ``mujou_actors.__main__`` makes ``spawn`` skip it, as for
+    ``python -m mujou_actors``.
+    """
+    import importlib.machinery
+
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and getattr(main_module, "__spec__", None) is None:
+        main_module.__spec__ = importlib.machinery.ModuleSpec("mujou_actors.__main__", None)
+
+
+@main.command("workers")
+@click.option("--leader", required=True, type=_Address(), metavar="HOST:PORT",
+              help="The address of the convention's leader.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout, for programs.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=2.0,
+              show_default=True, help="Seconds for the leader and its members to answer.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def workers_command(leader: tuple[str, int], as_json: bool, timeout: float,
+                    verbose: bool) -> None:
+    """List the members the leader knows, with their capabilities."""
+    from .distributed.convention import known_members
+
+    with _errors(verbose):
+        try:
+            found = known_members(leader, timeout)
+        except ConnectionError as exc:
+            raise click.ClickException(str(exc)) from None
+        if as_json:
+            click.echo(json.dumps([{"name": m.name, "address": m.address,
+                                    "capabilities": m.capabilities} for m in found],
+                                  indent=2, sort_keys=True, default=str))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"members of the convention at {leader[0]}:{leader[1]}")
+        for column in ("name", "address", "host", "pid", "capabilities"):
+            table.add_column(column)
+        for m in found:
+            rest = {k: v for k, v in m.capabilities.items() if k not in _THESPIAN_CAPABILITIES}
+            table.add_row(m.name, m.address, str(rest.pop("mujou.host", "")),
+                          str(rest.pop("mujou.pid", "")),
+                          ", ".join(f"{k}={v!r}" for k, v in sorted(rest.items())))
+        Console().print(table)
+        if not found:
+            click.echo("no members", err=True)
+
+
+# The capabilities `mujou workers` leaves out of its table: Thespian's own, and the name.
+_THESPIAN_CAPABILITIES = frozenset({
+    "Admin Port", "Convention Address.IPv4", "Process Startup Method", "Python Version",
+    "Thespian ActorSystem Name", "Thespian ActorSystem Version", "Thespian Generation",
+    "Thespian Version", "Thespian Watch Supported", "mujou.member"})
 
 
 def _write_json(path: str, data: Any) -> None:

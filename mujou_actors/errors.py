@@ -5,13 +5,16 @@ plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
 (``NodeError``), bad data (``SnapshotError``; ``WireError`` on the data plane
 between processes), the data plane between machines (``SecretError``,
 ``HandshakeError``), time (``StartTimeoutError``,
-``StopTimeoutError``), the CUDA driver (``SyncModeError``, also
+``StopTimeoutError``; ``JoinTimeoutError``, members of a convention that did
+not join), the CUDA driver (``SyncModeError``, also
 ``mujou.cuda.SyncModeError``) and the processes of a placed run (``GroupDied``;
 ``RemoteError``, the control plane's). `describe` formats any exception for a
 message.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "MujouError",
@@ -25,8 +28,8 @@ __all__ = [
     "CallbackError",
     "SyncModeError",
 ]
-# RemoteError (below) is not in __all__: the control plane's, not public API
-# (tests/test_public_api.py: a public module's __all__ lists public names).
+# RemoteError and JoinTimeoutError (below) are not in __all__: the control plane's, not
+# public API (tests/test_public_api.py: a public module's __all__ lists public names).
 
 
 class MujouError(Exception):
@@ -269,6 +272,35 @@ class RemoteError(MujouError):
             self.add_note(f"Remote traceback (group {group!r}):\n{remote_traceback.rstrip()}")
         if exception is not None:
             self.__cause__ = exception
+
+
+class JoinTimeoutError(MujouError, TimeoutError):
+    """Members a convention's leader waited for had not joined it within the join timeout.
+
+    Raised by `mujou_actors.distributed.convention.wait_for_members` (and so
+    before any node of a run placed on them starts). The message names the
+    names missing and the members the leader knows. It is a ``TimeoutError``:
+    a member may only be late (started later, or slow to start), or may never
+    come (a misspelt name).
+
+    Attributes:
+        missing (tuple[str, ...]): the names no member had, sorted.
+        known (dict[str, dict[str, Any]]): the members the leader knew at the
+            end, name -> capabilities.
+        leader (str): the leader's address, ``"host:port"``.
+        timeout (float): the join timeout, in seconds.
+    """
+
+    def __init__(self, missing: tuple[str, ...], known: dict[str, dict[str, Any]],
+                 leader: str, timeout: float) -> None:
+        names = ", ".join(repr(name) for name in missing)
+        members = ", ".join(repr(name) for name in sorted(known)) or "none"
+        super().__init__(f"no member named {names} joined the convention of the leader at "
+                         f"{leader} within {timeout:g} s (the members it knows: {members})")
+        self.missing = missing
+        self.known = known
+        self.leader = leader
+        self.timeout = timeout
 
 
 def describe(exc: BaseException) -> str:

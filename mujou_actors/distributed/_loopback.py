@@ -8,6 +8,13 @@ makes (the socket it listens on, the address it tells others, the admin's) on
 each new process (the admin, its logger, every actor) its parent's transport
 class, so one class set in the host reaches them all.
 
+`transport_for` gives the same transport bound to another address instead (a
+convention member or leader that listens beyond the loopback, see
+`mujou_actors.distributed.convention`): one given IPv4 address, or `ANY`
+(every interface, the outward address advertised: Thespian's own way). The
+address travels with the class when it is pickled, so every process of that
+actor system binds to it.
+
 This file is also run on its own, by path, in each of those processes
 (`runpy.run_path`: the class pickles as "run this file, take the class"), so
 that the admin and the logger get it without importing the package (which
@@ -41,56 +48,75 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from thespian.system.transport.IPBase import IPActorAddress
 from thespian.system.transport.TCPTransport import ExternalTransportCopy, TCPTransport
 
 LOOPBACK = "127.0.0.1"
+ANY = "0.0.0.0"  # every interface (transport_for): Thespian's stock binding
 WATCH_PERIOD = 0.25  # seconds between two checks of the host and the parent
 EXIT_GRACE = 3.0  # seconds from the SIGTERM to os._exit, for close() on the way out
 
 # Set by runpy.run_path's init_globals when this file runs in a process of a run:
 # (pid, start time) of the host. Absent where the module is imported normally (the host).
 _RUN_HOST: tuple[int, int | None] | None = globals().get("_RUN_HOST")
+# Likewise the address the sockets of this process's actor system are bound to
+# (`transport_for`); 127.0.0.1 where the module is imported normally.
+_BIND: str = globals().get("_BIND", LOOPBACK)
 
-# Serializes the windows in which Thespian's addresses default to the loopback
+# Serializes the windows in which Thespian's addresses default to one host
 # (held for a socket's creation and bind, never across a wait).
 _WINDOW = threading.RLock()
 _plain_address_init = IPActorAddress.__init__
+_window_host = LOOPBACK  # the host of the window open now (under _WINDOW)
 _watchdog_started = False
 
 
-def _loopback_address_init(self: Any, af: Any, socktype: Any, proto: Any, baseaddr: Any,
-                           port: Any, external: Any = False) -> None:
-    """``IPActorAddress.__init__`` with 127.0.0.1 in place of "any" or "find out".
+def _bound_address_init(self: Any, af: Any, socktype: Any, proto: Any, baseaddr: Any,
+                        port: Any, external: Any = False) -> None:
+    """``IPActorAddress.__init__`` with the window's host in place of "any" or "find out".
 
     Thespian turns a missing address into the machine's outward address and
     binds "external" addresses to ``''`` (every interface); here both become
-    127.0.0.1.
+    the window's host (127.0.0.1 unless `transport_for` says otherwise), but
+    for `ANY`, which keeps Thespian's own way.
     """
+    host = _window_host
+    if host == ANY:
+        _plain_address_init(self, af, socktype, proto, baseaddr, port, external)
+        return
     if baseaddr in (None, "", "0.0.0.0"):
-        baseaddr = LOOPBACK
+        baseaddr = host
     _plain_address_init(self, af, socktype, proto, baseaddr, port, external)
     if self.bindname[0] in ("", "0.0.0.0"):
-        self.bindname = (LOOPBACK, *self.bindname[1:])
+        self.bindname = (host, *self.bindname[1:])
 
 
 @contextlib.contextmanager
-def loopback_addresses() -> Iterator[None]:
-    """A window in which every Thespian IP address made in this process is 127.0.0.1.
+def loopback_addresses(host: str = LOOPBACK) -> Iterator[None]:
+    """A window in which every Thespian IP address made in this process is on ``host``.
 
     Thespian builds its addresses inside ``TCPTransport.__init__`` and
     ``getAdminAddr`` with no way to pass a host, so their class's ``__init__``
     is swapped for the length of the call, under a lock (a few microseconds:
     a socket is created, bound and set listening).
+
+    Args:
+        host (str): an IPv4 address of this machine (127.0.0.1 by default), or
+            `ANY` for Thespian's own choice (every interface, the outward
+            address advertised).
     """
+    global _window_host
     with _WINDOW:
-        IPActorAddress.__init__ = _loopback_address_init
+        previous_host, previous_init = _window_host, IPActorAddress.__init__
+        _window_host = host
+        IPActorAddress.__init__ = _bound_address_init
         try:
             yield
         finally:
-            IPActorAddress.__init__ = _plain_address_init
+            _window_host = previous_host
+            IPActorAddress.__init__ = previous_init
 
 
 class _PickledByPath(type):
@@ -104,17 +130,33 @@ class _PickledByPath(type):
 
 
 class _RunThisFile:
-    """Pickles as ``runpy.run_path(<this file>, {"_RUN_HOST": ...})``: the file's globals."""
+    """Pickles as ``runpy.run_path(<this file>, {"_RUN_HOST": ..., "_BIND": ...})``.
+
+    Unpickled, it is the file's globals, run anew with the run's host and the
+    address to bind to.
+
+    Args:
+        bind (str): the address the sockets of the unpickling process are bound to.
+    """
+
+    def __init__(self, bind: str = LOOPBACK) -> None:
+        self.bind = bind
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """The call that runs this file in the unpickling process."""
-        return (runpy.run_path, (os.path.abspath(__file__), {"_RUN_HOST": run_host()},
+        return (runpy.run_path, (os.path.abspath(__file__),
+                                 {"_RUN_HOST": run_host(), "_BIND": self.bind},
                                  "mujou_actors.distributed._loopback"))
 
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[Any, ...]]:
-    """Reduce a class of this file to "take ``cls.__name__`` from this file, run anew"."""
-    return (operator.getitem, (_RunThisFile(), cls.__name__))
+    """Reduce a transport class of this file to "this file run anew for its address, the class".
+
+    A class of `transport_for` comes back as the file's `LoopbackTCPTransport`
+    of a run whose ``_BIND`` is its address.
+    """
+    return (operator.getitem, (_RunThisFile(getattr(cls, "host", LOOPBACK)),
+                               "LoopbackTCPTransport"))
 
 
 copyreg.pickle(_PickledByPath, _reduce_class)
@@ -166,6 +208,10 @@ def stat_fields(pid: int) -> list[str] | None:
 def alive(pid: int, started: int | None = None) -> bool:
     """Whether a process runs: it exists, is no zombie, and (if given) started then.
 
+    A process whose main thread has ended while other threads of it are still
+    ending (``/proc/PID/stat`` says "Z" then, for some milliseconds on a busy
+    machine) still runs: it still holds its files and sockets.
+
     Args:
         pid (int): the process.
         started (int | None): its start time as `start_time` gave it, to tell a
@@ -177,7 +223,14 @@ def alive(pid: int, started: int | None = None) -> bool:
     """
     stat = stat_fields(pid)
     if stat is not None:
-        return stat[0] not in ("Z", "X") and (started is None or int(stat[19]) == started)
+        if stat[0] == "X" or (started is not None and int(stat[19]) != started):
+            return False
+        if stat[0] == "Z":
+            try:
+                return len(os.listdir(f"/proc/{pid}/task")) > 1  # threads still ending
+            except OSError:
+                return False
+        return True
     if os.path.isdir("/proc/self"):
         return False  # /proc works, so the process is gone
     try:
@@ -268,19 +321,24 @@ def _quiet_teardown() -> None:
 class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
     """Thespian's TCP transport with every socket and address on 127.0.0.1.
 
+    (Or on another address: `transport_for`, whose classes set ``host``; in
+    a process of such an actor system, this class itself has that ``host``.)
+
     Args:
         initType (Any): Thespian's init object (which process and role).
         *args (Any): Thespian's further arguments for that init type.
     """
 
+    host: str = _BIND  # the address every socket of it is bound to (or ANY)
+
     def __init__(self, initType: Any, *args: Any) -> None:  # noqa: N803 (Thespian's name)
-        with loopback_addresses():
+        with loopback_addresses(self.host):
             super().__init__(initType, *args)
         _start_watchdog()
 
-    @staticmethod
-    def getAdminAddr(capabilities: dict[str, Any]) -> Any:  # noqa: N802 (Thespian's name)
-        """The admin's address, on 127.0.0.1.
+    @classmethod
+    def getAdminAddr(cls, capabilities: dict[str, Any]) -> Any:  # noqa: N802 (Thespian's name)
+        """The admin's address, on the transport's host (127.0.0.1).
 
         Args:
             capabilities (dict[str, Any]): the system's capabilities (its admin port).
@@ -288,7 +346,7 @@ class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
         Returns:
             Any: a Thespian ``ActorAddress``.
         """
-        with loopback_addresses():
+        with loopback_addresses(cls.host):
             return TCPTransport.getAdminAddr(capabilities)
 
     def abort_run(self, drain: bool = False) -> Any:
@@ -317,4 +375,33 @@ class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
         Returns:
             Any: a new `LoopbackTCPTransport` sharing this one's admin.
         """
-        return LoopbackTCPTransport(ExternalTransportCopy(), self._adminAddr, self.txOnly, False)
+        return type(self)(ExternalTransportCopy(), self._adminAddr, self.txOnly, False)
+
+
+_BOUND: dict[str, type[LoopbackTCPTransport]] = {}  # transport_for's classes (under _WINDOW)
+
+
+def transport_for(host: str) -> type[LoopbackTCPTransport]:
+    """The transport whose sockets are bound to ``host``: `LoopbackTCPTransport` for 127.0.0.1.
+
+    Args:
+        host (str): an IPv4 address of this machine, or `ANY` (every interface,
+            the machine's outward address advertised, as Thespian's own
+            transport does). Nothing is checked here (see
+            `mujou_actors.distributed.convention` for who may listen where).
+
+    Returns:
+        type[LoopbackTCPTransport]: the class, one per address (so that the
+        same address gives the same class).
+    """
+    if host == LoopbackTCPTransport.host:
+        return LoopbackTCPTransport
+    with _WINDOW:
+        cls = _BOUND.get(host)
+        if cls is None:
+            cls = cast(type[LoopbackTCPTransport], _PickledByPath(
+                "BoundTCPTransport", (LoopbackTCPTransport,),
+                {"host": host, "__module__": __name__,
+                 "__doc__": f"`LoopbackTCPTransport` bound to {host}."}))
+            _BOUND[host] = cls
+    return cls

@@ -52,6 +52,9 @@ from ..errors import describe
 from ._loopback import alive
 
 NOTICE_LINGER_MS = 500  # how long a closing coordinator may spend flushing notices
+# The capability naming a convention's member machine; a group actor created with the
+# requirement {MEMBER: name} lands on that member (GroupActor.actorSystemCapabilityCheck).
+MEMBER = "mujou.member"
 TICK = timedelta(milliseconds=40)  # the coordinator's check of its groups' processes
 
 
@@ -568,6 +571,26 @@ class GroupActor(Actor):
     asked to exit (the system's shutdown; SIGTERM from the watchdog when the
     host or the coordinator died).
     """
+
+    @staticmethod
+    def actorSystemCapabilityCheck(capabilities: dict[str, Any],  # noqa: N802 (Thespian's)
+                                   requirements: dict[str, Any]) -> bool:
+        """Whether an actor system may hold the actor: the member it requires, if any.
+
+        Thespian asks it where the actor is to be created; where it answers
+        ``False`` (the leader, for a group placed on a member), Thespian's
+        admins forward the creation to a convention member that answers ``True``.
+
+        Args:
+            capabilities (dict[str, Any]): the actor system's capabilities.
+            requirements (dict[str, Any]): ``createActor``'s
+                ``targetActorRequirements`` (``{MEMBER: name}`` or none).
+
+        Returns:
+            bool: ``True`` when no member is required or the system is that member.
+        """
+        wanted = (requirements or {}).get(MEMBER)
+        return wanted is None or capabilities.get(MEMBER) == wanted
 
     def __init__(self) -> None:
         super().__init__()

@@ -101,9 +101,10 @@ from ._loopback import (
     signals_blocked,
     start_time,
     stat_fields,
+    transport_for,
 )
 
-__all__ = ["GroupExit", "ProcessSystem", "POLL_S"]
+__all__ = ["AdminSettings", "GroupExit", "ProcessSystem", "POLL_S"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -127,10 +128,49 @@ class GroupExit(NamedTuple):
     reason: str
 
 
+class AdminSettings(NamedTuple):
+    """How a `ProcessSystem`'s Thespian admin is set up, where not as by default.
+
+    The default is a private admin on a free port of 127.0.0.1;
+    `mujou_actors.distributed.convention.leader_admin` makes the settings of
+    a convention's leader.
+
+    Attributes:
+        port (int): the admin's TCP port.
+        host (str): the address every socket of the run is bound to (see
+            `mujou_actors.distributed._loopback.transport_for`).
+        capabilities (Mapping[str, Any]): added to the admin's capabilities.
+        environment (Mapping[str, str]): variables set in this process while
+            the admin starts (its processes inherit them); one the user set
+            already is left as it is.
+    """
+
+    port: int
+    host: str = LOOPBACK
+    capabilities: Mapping[str, Any] = {}
+    environment: Mapping[str, str] = {}
+
+
 class _LoopbackTCPBase(ActorSystemBase):
     """Thespian's ``multiprocTCPBase`` with the loopback transport (see the module)."""
 
     transportType = LoopbackTCPTransport
+
+
+def system_base(host: str) -> type[ActorSystemBase]:
+    """Thespian's ``multiprocTCPBase`` whose sockets are bound to ``host``.
+
+    Args:
+        host (str): 127.0.0.1, another IPv4 address of this machine, or
+            ``"0.0.0.0"`` (see `mujou_actors.distributed._loopback.transport_for`).
+
+    Returns:
+        type[ActorSystemBase]: the system base class (made anew for another host:
+        Thespian never pickles it, only its transport class).
+    """
+    if host == LOOPBACK:
+        return _LoopbackTCPBase
+    return type("_BoundTCPBase", (ActorSystemBase,), {"transportType": transport_for(host)})
 
 
 class _Group:
@@ -196,13 +236,17 @@ class ProcessSystem:
             to be up (the coordinator's process imports the package: about
             1.5 s). Thespian's own bounds also apply: its admin must answer
             within 5 s, and it waits up to 50 s for a new actor's process.
+        admin (AdminSettings | None): the admin's port, address, further
+            capabilities and environment (a convention's leader); ``None``
+            for a private admin on a free port of 127.0.0.1.
 
     Raises:
         TimeoutError: the admin or the coordinator did not answer in time
             (everything started is ended first).
     """
 
-    def __init__(self, *, start_timeout: float = 30.0) -> None:
+    def __init__(self, *, start_timeout: float = 30.0,
+                 admin: AdminSettings | None = None) -> None:
         self._lock = threading.Lock()
         self._seq = 0
         self._groups: dict[str, _Group] = {}
@@ -228,7 +272,8 @@ class ProcessSystem:
         else:
             port = self._pull.bind_to_random_port(f"tcp://{LOOPBACK}")
             self._notices_address = f"tcp://{LOOPBACK}:{port}"
-        self.admin_port = free_port()
+        self._admin_settings = admin if admin is not None else AdminSettings(free_port())
+        self.admin_port = self._admin_settings.port
         try:
             self._start(start_timeout)
         except BaseException:
@@ -241,25 +286,30 @@ class ProcessSystem:
         Thespian's own log file (``thesplog``: ``$TMPDIR/thespian.log`` unless
         ``THESPLOG_FILE`` says otherwise) goes into the run's private folder,
         removed at the end: the run's processes inherit the setting from the
-        environment while they start. A ``THESPLOG_FILE`` of the user's wins.
+        environment while they start. A ``THESPLOG_FILE`` of the user's wins;
+        so do the user's values of the variables of `AdminSettings.environment`.
         """
-        if "THESPLOG_FILE" in os.environ:
-            self._start_system(timeout)
-            return
-        os.environ["THESPLOG_FILE"] = os.path.join(self._folder, "thespian.log")
+        variables = {"THESPLOG_FILE": os.path.join(self._folder, "thespian.log"),
+                     **self._admin_settings.environment}
+        ours = [name for name in variables if name not in os.environ]
+        for name in ours:
+            os.environ[name] = variables[name]
         try:
             self._start_system(timeout)
         finally:
-            os.environ.pop("THESPLOG_FILE", None)
+            for name in ours:
+                os.environ.pop(name, None)
 
     def _start_system(self, timeout: float) -> None:
         """`_start`'s work."""
-        capabilities = {"Admin Port": self.admin_port, "Process Startup Method": "spawn"}
+        capabilities = {"Admin Port": self.admin_port, "Process Startup Method": "spawn",
+                        **self._admin_settings.capabilities}
+        base_class = system_base(self._admin_settings.host)
         deadline = time.monotonic() + timeout
         before = _children()
         while True:
             try:
-                base = _LoopbackTCPBase(types.SimpleNamespace(capabilities=capabilities))
+                base = base_class(types.SimpleNamespace(capabilities=capabilities))
                 break
             except InvalidActorAddress as exc:
                 # Thespian waits 5 s for its admin and its logger to be up; each imports
