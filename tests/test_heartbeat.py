@@ -1,8 +1,10 @@
 """The heartbeat between machines (distributed/heartbeat.py): the clock filter, losses, returns.
 
 The clock filter is pure and tested with made-up timestamps. The sockets are
-tested on loopback, with short periods (a 0.3 s timeout, a 0.05 s period);
-every wait is on a condition, with a bound.
+tested on loopback, with short periods (a 0.3 s timeout, a 0.05 s period),
+plain and authenticated by the run's shared secret (CURVE, as the data
+plane: a refusal is seen on the handshake monitors' counts, not guessed from
+a silence); every wait is on a condition, with a bound.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mujou_actors.distributed import secret
 from mujou_actors.distributed.heartbeat import (
     MAGIC,
     VERSION,
@@ -34,6 +37,7 @@ from mujou_actors.distributed.heartbeat import (
     Responder,
     Sample,
 )
+from mujou_actors.errors import HandshakeError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -460,3 +464,171 @@ def test_close_frees_the_port_and_the_threads() -> None:
     assert set(threading.enumerate()) <= before
     again = Monitor(monitor.address)  # the same port binds again: nothing holds it
     again.close()
+
+
+# --- authenticated by the run's shared secret ---
+
+A = b"the secret of run A, 32 bytes.."
+B = b"the secret of run B, 32 bytes.."
+
+
+def _secured(secret: bytes | None, **kwargs: Any) -> Monitor:
+    """A Monitor with the tests' short period and timeout, and ``secret``."""
+    return Monitor(period=PERIOD, timeout=TIMEOUT, secret=secret, **kwargs)
+
+
+def refused(monitor: Monitor, responder: Responder, count: int = 1) -> Callable[[], bool]:
+    """Whether both sides counted ``count`` refused handshakes.
+
+    zmq tries again every 0.1 s after a server that hung up (another secret),
+    but not after a protocol error of its own (a secret on one side only).
+    """
+    return lambda: (monitor.stats().refused >= count
+                    and responder.stats().refused >= count)
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_the_same_secret_answers_with_a_round_trip_and_an_offset_as_plain() -> None:
+    before = set(threading.enumerate())
+    with _secured(A) as monitor:
+        monitor.watch("robot")
+        with Responder(monitor.address, "robot", secret=A) as responder:
+            wait_until(answered(monitor, "robot", 5))
+            status = monitor.members()["robot"]
+            assert responder.refusal is None and responder.stats().refused == 0
+
+        assert status.rtt_ns is not None and 0 < status.rtt_ns < 10**9 and not status.lost
+        offset = status.offset
+        assert offset is not None and abs(offset.offset_ns) <= offset.uncertainty_ns
+        stats = monitor.stats()
+        assert stats.answers >= 5 and (stats.garbage, stats.stale, stats.unknown,
+                                       stats.refused) == (0, 0, 0, 0)
+        [lost] = next_changes(monitor)
+        with Responder(monitor.address, "robot", secret=A):  # let in again: ZAP still checks
+            [back] = next_changes(monitor)
+
+        assert lost.lost and not back.lost and back.restarted and monitor.stats().refused == 0
+    assert set(threading.enumerate()) <= before  # the ZAP handler's thread too
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_another_secret_is_never_heard_and_counted_on_both_sides() -> None:
+    with _secured(A, on_change=None) as monitor:
+        monitor.watch("robot")
+        monitor.watch("intruder")
+        with Responder(monitor.address, "robot", secret=A), \
+                Responder(monitor.address, "intruder", secret=B) as intruder, \
+                Responder(monitor.address, "robot", secret=B) as impostor:
+            wait_until(refused(monitor, intruder, 2))  # it tries again, and is refused again
+            wait_until(lambda: impostor.stats().refused >= 2)
+            [lost] = next_changes(monitor)  # within the timeout of its watch
+            before = monitor.members()["robot"].answers
+            wait_until(answered(monitor, "robot", before + 3))  # the impostor took no name
+
+            assert lost.name == "intruder" and lost.lost
+            assert monitor.members()["intruder"].answers == 0
+            assert intruder.stats().pings == impostor.stats().pings == 0
+            assert intruder.refusal is not None and "the secrets differ" in intruder.refusal
+            assert monitor.take_changes() == []  # robot was neither lost nor restarted
+            assert monitor.stats().refused >= 4
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_the_zap_check_lasts_as_long_as_the_monitors_socket() -> None:
+    # Only someone who learnt the server's public key gets this far; ZAP still says no,
+    # after a member got in and long after the Monitor's first handshake.
+    with _secured(A) as monitor:
+        monitor.watch("robot")
+        with Responder(monitor.address, "robot", secret=A):
+            wait_until(answered(monitor, "robot"))
+        sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, b"robot")
+        sock.curve_serverkey = secret.derive_keypair(A, secret.SERVER_LABEL)[0]
+        sock.curve_publickey, sock.curve_secretkey = secret.derive_keypair(
+            B, secret.CLIENT_LABEL)
+        watch = secret.Handshake(sock, server=False)
+        sock.connect(monitor.address)
+        try:
+            with pytest.raises(HandshakeError, match="ZAP status 400"):
+                watch.wait(BOUND)
+            wait_until(lambda: monitor.stats().refused >= 1)
+            assert not sock.poll(int(3 * PERIOD * 1000))  # no ping reaches it
+        finally:
+            watch.close()
+            sock.close(linger=0)
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+@pytest.mark.parametrize(("monitor_key", "responder_key"), [(A, None), (None, A)])
+def test_a_secret_on_one_side_only_is_refused_on_both(monitor_key: bytes | None,
+                                                      responder_key: bytes | None) -> None:
+    with _secured(monitor_key) as monitor:
+        monitor.watch("robot")
+        with Responder(monitor.address, "robot", secret=responder_key) as responder:
+            wait_until(refused(monitor, responder))
+            [lost] = next_changes(monitor)
+
+            assert lost.name == "robot" and lost.lost and responder.stats().pings == 0
+            assert responder.refusal is not None
+            if responder_key is None:  # it is told the leader wants a secret
+                assert "CURVE" in responder.refusal
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_two_monitors_with_different_secrets_do_not_take_each_others_responders() -> None:
+    with _secured(A) as first, _secured(B) as second:
+        for monitor in (first, second):
+            monitor.watch("a")
+            monitor.watch("b")
+        with Responder(first.address, "a", secret=A), Responder(first.address, "b", secret=B), \
+                Responder(second.address, "a", secret=A), \
+                Responder(second.address, "b", secret=B):
+            wait_until(answered(first, "a"))
+            wait_until(answered(second, "b"))
+            [lost_first] = next_changes(first)
+            [lost_second] = next_changes(second)
+
+            assert (lost_first.name, lost_second.name) == ("b", "a")
+            assert first.members()["b"].answers == second.members()["a"].answers == 0
+            wait_until(lambda: first.stats().refused >= 1 and second.stats().refused >= 1)
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_close_with_a_secret_frees_the_port_and_the_threads_at_once() -> None:
+    before = set(threading.enumerate())
+    monitor = _secured(A)
+    monitor.watch("robot")
+    responder = Responder(monitor.address, "robot", secret=A)
+    wrong = Responder(monitor.address, "robot", secret=B)
+    wait_until(answered(monitor, "robot"))
+    wait_until(refused(monitor, wrong))
+
+    started = time.monotonic()
+    wrong.close()
+    responder.close()
+    monitor.close()
+
+    assert time.monotonic() - started < BOUND
+    assert set(threading.enumerate()) <= before  # no heartbeat thread, no ZAP handler
+    again = Monitor(monitor.address, secret=B)  # the same port binds again: nothing holds it
+    again.close()
+    assert set(threading.enumerate()) <= before
+
+
+def test_without_a_secret_only_loopback_or_ipc_and_refused_before_binding(
+        tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    for address in ["tcp://0.0.0.0:*", "tcp://*:*", "tcp://192.0.2.1:5555", "tcp://lo:5555",
+                    "tcp://example.com:5555", "udp://127.0.0.1:5555"]:
+        with pytest.raises(ValueError, match="needs the run's secret"):
+            Monitor(address)
+        with pytest.raises(ValueError, match="needs the run's secret"):
+            Responder(address, "robot")
+    with pytest.raises(TypeError, match="secret must be bytes"):
+        Monitor(secret="a str")  # type: ignore[arg-type]
+    assert set(threading.enumerate()) <= before
+    with Monitor(f"ipc://{tmp_path}/hb", period=PERIOD, timeout=TIMEOUT) as monitor:
+        monitor.watch("robot")
+        with Responder(monitor.address, "robot"), Responder("tcp://localhost:1", "x"), \
+                Responder("tcp://127.0.0.2:1", "y"), Responder("tcp://[::1]:1", "z"):
+            wait_until(answered(monitor, "robot"))

@@ -28,7 +28,6 @@ Plain TCP (no secret) is allowed on loopback addresses only.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import threading
 from collections.abc import Sequence
@@ -165,24 +164,13 @@ def _secure(sock: zmq.Socket[Any], address: str, prefix: str | None, secret: byt
         if prefix is not None:
             raise ValueError(f"{address}: no shared memory over tcp:// (it does not cross "
                              f"machines): prefix must be None, got {prefix!r}")
-        if secret is None and not _loopback(address):
+        if secret is None and not secure.is_loopback(address):
             raise ValueError(f"{address} is not a loopback address: the data plane between "
                              "machines needs the run's secret (secret.load_secret)")
     if secret is None:
         return None
     return secure.configure_server(sock, secret) if server else secure.configure_client(
         sock, secret)
-
-
-def _loopback(address: str) -> bool:
-    """Whether a ``tcp://HOST:PORT`` address is on loopback (127.0.0.0/8, ::1, localhost)."""
-    host = address[len("tcp://"):].rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # an interface name, "*", a host name: maybe not loopback
-        return False
 
 
 def _key(value: Any) -> Key | None:

@@ -40,14 +40,36 @@ ping sent after it was declared lost (or answers as a new incarnation, which
 is reported as a loss and a return at once), so the supervisor can restart its
 groups there.
 
-Sockets: every option is set, then the caller's ``configure(socket, server)``
-(``server`` True for the Monitor's ROUTER, False for a Responder's DEALER),
-then the bind or the connect: CURVE authentication is applied there. Each has
-a zmq context of its own; the thread that uses it closes it with linger 0 and
-terminates the context, so its port is free once ``close`` has returned. Every wait is bounded: a
-thread polls its socket and a stop pipe, and ``close`` joins it within its
-timeout. Threads are started inside `_loopback.signals_blocked` (a group
-process's signals must reach its main thread: see ``system.py``).
+Authentication: given the run's shared secret (``secret=``, `secret.load_secret`),
+the Monitor's ROUTER is a CURVE server and each Responder's DEALER a CURVE
+client, with the data plane's keys and ZAP check (`secret.configure_server`,
+`secret.configure_client`): every connection and reconnection proves both
+ends hold the secret, and every ping and answer is encrypted and
+authenticated. A peer with another secret, or without CURVE, fails the
+handshake: it is never heard (a watched member is lost after ``timeout``),
+and both sides count the refusal (`MonitorStats.refused`,
+`ResponderStats.refused`; `Responder.refusal` says why, in words). Without a
+secret the heartbeat is plain ZMTP, allowed on a loopback ``tcp://`` address,
+``ipc://`` or ``inproc://`` only (`secret.is_loopback`, as the data plane):
+anything else is a ValueError before the bind or the connect. Each socket's
+handshakes are watched, with a secret or without (a CURVE peer of a plain
+socket is refused too), through a `secret.Handshake` whose monitor socket the
+thread polls with its own.
+
+Sockets: every option is set, then CURVE's (with a secret), then the
+caller's ``configure(socket, server)`` (``server`` True for the Monitor's
+ROUTER, False for a Responder's DEALER), then the bind or the connect. Each
+has a zmq context of its own; the thread that uses it closes it with linger
+0, then closes its `secret.Handshake` (the monitor, and the Monitor's ZAP
+registration: its handler's thread ends and closes its sockets, which are on
+that context), then terminates the context, which so has no socket left to
+wait for; the port is free once ``close`` has returned. The ZAP registration
+lives as long as the Monitor's socket (members reconnect after a restart of
+theirs), and only the Monitor's: each Monitor has its own handler, in its own
+context. Every wait is bounded: a thread polls its socket, its handshake
+monitor and a stop pipe, and ``close`` joins it within its timeout. Threads
+are started inside `_loopback.signals_blocked` (a group process's signals
+must reach its main thread: see ``system.py``), the ZAP handler's too.
 
 Nothing of this module is a public API.
 """
@@ -69,6 +91,7 @@ import msgpack
 import zmq
 
 from .._checks import is_int, is_number
+from . import secret as secure
 from ._loopback import signals_blocked
 
 __all__ = ["Change", "ClockOffset", "Estimate", "MemberStatus", "Monitor", "MonitorStats",
@@ -349,6 +372,10 @@ class MonitorStats:
         stale (int): answers to another Monitor's ping or to a ping already
             answered or forgotten, ignored.
         unknown (int): answers from a peer that is not watched, ignored.
+        refused (int): handshakes that failed: a peer with another secret,
+            without CURVE where the Monitor has a secret, or with CURVE where
+            it has none (each try of such a peer is one more: see
+            `ResponderStats.refused`).
     """
 
     pings: int
@@ -356,6 +383,7 @@ class MonitorStats:
     garbage: int
     stale: int
     unknown: int
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -366,11 +394,17 @@ class ResponderStats:
         pings (int): pings received (each answered, or its answer dropped).
         garbage (int): frames that were no ping of this protocol, ignored.
         dropped (int): answers zmq could not queue (no connection), dropped.
+        refused (int): handshakes with the Monitor that failed (another secret,
+            or a secret on one side only; `Responder.refusal` says why). zmq
+            tries again every 0.1 s after a Monitor that hung up (another
+            secret), each try one more; not after a protocol error of its own
+            (a secret on one side only): one or two, then silence.
     """
 
     pings: int
     garbage: int
     dropped: int
+    refused: int = 0
 
 
 class _Pipe:
@@ -410,16 +444,35 @@ class _Pipe:
         self._r = self._w = -1
 
 
-def _socket(kind: int, options: dict[int, int | bytes], configure: Configure | None,
-            server: bool) -> zmq.Socket[Any]:
-    """A zmq socket, in a context of its own, with the heartbeat's options, then ``configure``'s.
+def _check_plain(address: object, secret: bytes | None) -> None:
+    """Refuse an address that may leave the machine for a socket without the secret.
 
-    Its own context: terminating it once the socket is closed returns when zmq
-    has closed the socket's file descriptors too, so the port is free when
-    ``close`` returns (`_end`). The socket and the context are ended if an
-    option or ``configure`` raises, and the exception goes on to the caller.
+    Plain ZMTP is allowed on a loopback ``tcp://`` address (`secret.is_loopback`),
+    ``ipc://`` and ``inproc://`` (both on this machine): as the data plane.
+    """
+    if not isinstance(address, str):
+        raise ValueError(f"address must be a zmq endpoint str, not {address!r}")
+    if secret is None and not (address.startswith(("ipc://", "inproc://"))
+                               or secure.is_loopback(address)):
+        raise ValueError(f"{address} is not a loopback address: a heartbeat between machines "
+                         "needs the run's secret (secret=, secret.load_secret)")
+
+
+def _socket(kind: int, options: dict[int, int | bytes], configure: Configure | None,
+            server: bool, secret: bytes | None
+            ) -> tuple[zmq.Socket[Any], secure.Handshake]:
+    """A zmq socket in a context of its own, with its options, CURVE's and ``configure``'s.
+
+    Returns the socket and the `secret.Handshake` that watches it: CURVE's
+    (`secret.configure_server` / `configure_client`) with a ``secret``, else
+    a plain watch. Its own context: terminating it once the socket is closed
+    returns when zmq has closed the socket's file descriptors too, so the
+    port is free when ``close`` returns (`_end`). The socket, the watch and
+    the context are ended if an option or ``configure`` raises, and the
+    exception goes on to the caller.
     """
     sock: zmq.Socket[Any] = zmq.Context().socket(kind)
+    watch = None
     try:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_WIRE)  # zmq drops a peer that sends more
@@ -427,21 +480,34 @@ def _socket(kind: int, options: dict[int, int | bytes], configure: Configure | N
         sock.setsockopt(zmq.RCVHWM, _HWM)
         for option, value in options.items():
             sock.setsockopt(option, value)
+        if secret is None:
+            watch = secure.Handshake(sock, server=server)
+        elif server:
+            watch = secure.configure_server(sock, secret)
+        else:
+            watch = secure.configure_client(sock, secret)
         if configure is not None:
             configure(sock, server)
     except BaseException:
-        _end(sock)
+        _end(sock, watch)
         raise
-    return sock
+    return sock, watch
 
 
-def _end(sock: zmq.Socket[Any]) -> None:
-    """Close a socket of `_socket` (linger 0) and terminate its context.
+def _end(sock: zmq.Socket[Any], watch: secure.Handshake | None) -> None:
+    """Close a socket of `_socket` (linger 0), then its watch, and terminate its context.
 
-    Prompt: with linger 0 and the context's only socket closed, nothing is
-    left for ``term`` to wait for.
+    In this order: once the socket is closed no handshake can reach a
+    context whose ZAP handler is gone (libzmq lets one through unchecked
+    then); the watch's close ends the handler's thread, which closes the
+    handler's sockets, and closes the monitor's; ``term`` then has no socket
+    to wait for, and returns at once. If the watch's close raises (a ZAP
+    thread that did not end), the context is left, not terminated: ``term``
+    would wait for that thread's sockets for ever.
     """
     sock.close(linger=0)
+    if watch is not None:
+        watch.close()
     sock.context.term()
 
 
@@ -554,8 +620,12 @@ class Monitor:
         window (int, optional): samples of each member's clock filter.
             Default: `WINDOW` (8).
         configure (Callable[[zmq.Socket, bool], None] | None, optional): called
-            with the socket and ``True`` (the server side) before the bind:
-            CURVE's options go there. Default: None.
+            with the socket and ``True`` (the server side) before the bind,
+            after the options ``secret`` sets. Default: None.
+        secret (bytes | None, optional): the run's shared secret
+            (`secret.load_secret`): the socket is a CURVE server that lets in
+            only Responders holding it. None: plain, on loopback (or
+            ``ipc://``) only. Default: None.
         on_change (Callable[[Change], None] | None, optional): called with each
             `Change` on the Monitor's thread, with no lock held; it should be
             quick (no ping leaves while it runs) and not call `close`. If it
@@ -565,14 +635,16 @@ class Monitor:
         precision_ns (int, optional): see `ClockOffset`. Default: 1,000.
 
     Raises:
-        ValueError: a bad setting, named.
+        ValueError: a bad setting, named; an address off loopback without a
+            ``secret`` (before the bind).
+        TypeError: ``secret`` is not bytes.
         zmq.ZMQError: the bind failed (the address is taken or not valid).
         Exception: whatever ``configure`` raises (the socket is closed).
     """
 
     def __init__(self, address: str = "tcp://127.0.0.1:*", *, period: float = PERIOD_S,
                  timeout: float = TIMEOUT_S, window: int = WINDOW,
-                 configure: Configure | None = None,
+                 configure: Configure | None = None, secret: bytes | None = None,
                  on_change: Callable[[Change], None] | None = None,
                  drift_ppm: float = DRIFT_PPM, precision_ns: int = PRECISION_NS) -> None:
         if not is_number(period) or not 0 < period < math.inf:
@@ -581,6 +653,7 @@ class Monitor:
             raise ValueError(f"timeout must be a number of seconds > period ({period}), "
                              f"not {timeout!r}")
         ClockOffset(window, drift_ppm=drift_ppm, precision_ns=precision_ns)  # checks them
+        _check_plain(address, secret)
         self._period = round(period * 1e9)
         self._timeout = round(timeout * 1e9)
         self._filter = (window, drift_ppm, precision_ns,
@@ -591,16 +664,20 @@ class Monitor:
         self._lock = threading.Lock()
         self._members: dict[str, _Member] = {}
         self._changes: list[Change] = []
-        self._counts = {"pings": 0, "answers": 0, "garbage": 0, "stale": 0, "unknown": 0}
+        self._counts = {"pings": 0, "answers": 0, "garbage": 0, "stale": 0, "unknown": 0,
+                        "refused": 0}
         self._failure: BaseException | None = None
         self._closed = False
-        # ROUTER_HANDOVER: a restarted member takes its name from a connection not yet dropped
-        self._sock = _socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1}, configure, True)
+        # ROUTER_HANDOVER: a restarted member takes its name from a connection not yet
+        # dropped (only one that passed the handshake: a wrong secret takes no name).
+        with signals_blocked():  # a secret's ZAP handler starts a thread
+            self._sock, self._watch = _socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1}, configure,
+                                              True, secret)
         try:
             self._sock.bind(address)
             self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException:
-            _end(self._sock)
+            _end(self._sock, self._watch)
             raise
         self._notice, self._stop = _Pipe(), _Pipe()
         self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat", daemon=True)
@@ -647,7 +724,7 @@ class Monitor:
             return {name: m.status(now) for name, m in self._members.items()}
 
     def stats(self) -> MonitorStats:
-        """The counters of pings, answers and what was ignored.
+        """The counters of pings, answers, what was ignored and the refused handshakes.
 
         Returns:
             MonitorStats: a frozen copy.
@@ -716,10 +793,13 @@ class Monitor:
 
     def _loop(self) -> None:
         """The thread: ping on time, read answers, declare losses; close the socket at the end."""
-        sock = self._sock
+        sock, watch = self._sock, self._watch
+        events = watch.events
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._stop.fileno(), zmq.POLLIN)
+        if events is not None:
+            poller.register(events, zmq.POLLIN)
         next_ping = next_loss = time.monotonic_ns()
         try:
             while True:
@@ -738,12 +818,25 @@ class Monitor:
                     return
                 if sock in ready:
                     self._read(sock)
+                if events in ready:
+                    refused = sum(outcome is not None for outcome in watch.take(_BATCH))
+                    if refused:
+                        with self._lock:
+                            self._counts["refused"] += refused
         except BaseException as exc:  # noqa: BLE001 - kept and raised by take_changes/close
-            with self._lock:
-                self._failure = exc
-            self._notice.set()
+            self._fail(exc)
         finally:
-            _end(sock)
+            try:
+                _end(sock, watch)
+            except BaseException as exc:  # noqa: BLE001 - kept and raised by take_changes/close
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Keep the thread's first failure for `take_changes` or `close`, and wake the poller."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
+        self._notice.set()
 
     def _ping_all(self) -> None:
         """Send one ping to every watched member (a vanished one's is dropped by zmq)."""
@@ -856,35 +949,51 @@ class Responder:
     either side may start first. Start it on a group process's main thread
     or anywhere: its thread is started with every signal blocked.
 
+    With a ``secret``, its socket is a CURVE client of a Monitor holding the
+    same one. A Monitor that refuses the handshake (another secret, or a
+    secret on one side only) never gets an answer; the Responder counts each
+    refused try (`ResponderStats.refused`) and `refusal` says why, so that a
+    member can report that the leader refused its secret.
+
     Args:
         address (str): the Monitor's endpoint (`Monitor.address`).
         name (str): the member's name, as the Monitor watches it.
         configure (Callable[[zmq.Socket, bool], None] | None, optional):
             called with the socket and ``False`` (the client side) before the
-            connect. Default: None.
+            connect, after the options ``secret`` sets. Default: None.
+        secret (bytes | None, optional): the run's shared secret: CURVE, as
+            the Monitor's. None: plain, on loopback (or ``ipc://``) only.
+            Default: None.
 
     Raises:
-        ValueError: ``name`` is empty, over 255 bytes of UTF-8 or begins with NUL.
+        ValueError: ``name`` is empty, over 255 bytes of UTF-8 or begins with
+            NUL; an address off loopback without a ``secret`` (before the
+            connect).
+        TypeError: ``secret`` is not bytes.
         zmq.ZMQError: the address is not valid.
         Exception: whatever ``configure`` raises (the socket is closed).
     """
 
-    def __init__(self, address: str, name: str, *, configure: Configure | None = None) -> None:
+    def __init__(self, address: str, name: str, *, configure: Configure | None = None,
+                 secret: bytes | None = None) -> None:
         routing_id = _check_name(name)
+        _check_plain(address, secret)
         self.name = name
         self.address = address
         self.incarnation = secrets.randbits(63)
-        self._counts = {"pings": 0, "garbage": 0, "dropped": 0}
+        self._counts = {"pings": 0, "garbage": 0, "dropped": 0, "refused": 0}
+        self._refusal: str | None = None
         self._last_ping: int | None = None
         self._failure: BaseException | None = None
         self._closed = False
         # IMMEDIATE: no answer is queued for a Monitor not connected
-        self._sock = _socket(zmq.DEALER, {zmq.ROUTING_ID: routing_id, zmq.IMMEDIATE: 1},
-                             configure, False)
+        self._sock, self._watch = _socket(
+            zmq.DEALER, {zmq.ROUTING_ID: routing_id, zmq.IMMEDIATE: 1}, configure, False,
+            secret)
         try:
             self._sock.connect(address)
         except BaseException:
-            _end(self._sock)
+            _end(self._sock, self._watch)
             raise
         self._stop = _Pipe()
         self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat-responder",
@@ -897,8 +1006,14 @@ class Responder:
         """int | None: this machine's ``time.monotonic_ns()`` at the last ping; None before one."""
         return self._last_ping
 
+    @property
+    def refusal(self) -> str | None:
+        """str | None: why the Monitor refused the last handshake, in words (``... the
+        secrets differ``); None before one ended, or when the last one succeeded."""
+        return self._refusal
+
     def stats(self) -> ResponderStats:
-        """The counters of pings and what was ignored.
+        """The counters of pings, what was ignored and the refused handshakes.
 
         Returns:
             ResponderStats: a copy.
@@ -935,11 +1050,14 @@ class Responder:
         self.close()
 
     def _loop(self) -> None:
-        """The thread: answer each ping; close the socket at the end."""
-        sock = self._sock
+        """The thread: answer each ping, note each handshake; close the socket at the end."""
+        sock, watch = self._sock, self._watch
+        events = watch.events
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._stop.fileno(), zmq.POLLIN)
+        if events is not None:
+            poller.register(events, zmq.POLLIN)
         try:
             while True:
                 ready = dict(poller.poll(1000))  # the stop pipe wakes it at once
@@ -947,10 +1065,19 @@ class Responder:
                     return
                 if sock in ready:
                     self._answer_all(sock)
+                if events in ready:
+                    outcomes = watch.take(_BATCH)
+                    if outcomes:
+                        self._counts["refused"] += sum(o is not None for o in outcomes)
+                        self._refusal = outcomes[-1]
         except BaseException as exc:  # noqa: BLE001 - raised by close()
             self._failure = exc
         finally:
-            _end(sock)
+            try:
+                _end(sock, watch)
+            except BaseException as exc:  # noqa: BLE001 - raised by close()
+                if self._failure is None:  # the first failure is the one raised
+                    self._failure = exc
 
     def _answer_all(self, sock: zmq.Socket[Any]) -> None:
         """Answer up to `_BATCH` waiting pings; count the rest of what came."""

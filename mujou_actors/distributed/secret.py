@@ -25,7 +25,11 @@ of a run holds:
 - Each returns a `Handshake`, which watches the socket's events
   (``zmq_socket_monitor``) so that a wrong secret is a clear error
   (`errors.HandshakeError`) within a bound instead of a silent wait:
-  `Handshake.wait`.
+  `Handshake.wait`; or, for a socket that serves or reaches peers for its
+  whole life (the heartbeat's), `Handshake.take` reports each handshake's
+  outcome without waiting and goes on watching.
+- `is_loopback` tells a loopback ``tcp://`` address, the only kind on which
+  a socket may go without the secret.
 
 What a failed handshake looks like (libzmq 4.3, ZMTP 3.1, measured by
 ``tests/test_secure_dataplane.py``)::
@@ -48,13 +52,16 @@ whatever is bound at ``inproc://zeromq.zap.01`` in the socket's context, so
 there can be only one): started by the first `configure_server` of a context,
 ended (joined, bounded) when the last `Handshake` of a server of that context
 is closed. Each secret has its own domain, so two runs of one process with
-different secrets do not accept each other's clients.
+different secrets do not accept each other's clients. The handler's sockets
+belong to the context: a context is terminated only after its last
+`Handshake` is closed (``term`` waits for every socket of the context).
 """
 
 from __future__ import annotations
 
 import binascii
 import hashlib
+import ipaddress
 import os
 import stat
 import threading
@@ -69,8 +76,8 @@ from zmq.utils.monitor import parse_monitor_message
 from ..errors import HandshakeError, SecretError
 
 __all__ = ["load_secret", "derive_keypair", "configure_server", "configure_client",
-           "Handshake", "endpoint", "ENV_SECRET", "ENV_SECRET_FILE", "MIN_SECRET_BYTES",
-           "SERVER_LABEL", "CLIENT_LABEL"]
+           "Handshake", "endpoint", "is_loopback", "ENV_SECRET", "ENV_SECRET_FILE",
+           "MIN_SECRET_BYTES", "SERVER_LABEL", "CLIENT_LABEL"]
 
 ENV_SECRET = "MUJOU_SECRET"
 """The environment variable holding the secret itself."""
@@ -93,6 +100,8 @@ _HOW = (f"set {ENV_SECRET} to a random string of at least {MIN_SECRET_BYTES} byt
         f"read (chmod 600) and set {ENV_SECRET_FILE} to its path")
 _PERSON = b"mujou."  # BLAKE2b's personalisation (16 bytes at most, the label's included)
 _ZAP = "inproc://zeromq.zap.01"  # where libzmq sends ZAP requests (RFC 27)
+_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+           zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
@@ -305,6 +314,30 @@ def configure_client(sock: zmq.Socket[Any], secret: bytes) -> Handshake:
     return Handshake(sock, server=False, release=None)
 
 
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a ``tcp://HOST:PORT`` address on loopback.
+
+    Loopback: 127.0.0.0/8, ``::1`` (``[::1]``) and ``localhost``. Anything
+    else is not: another transport, an interface name, ``*``, a host name
+    (it might resolve off the machine).
+
+    Args:
+        address (str): a zmq endpoint.
+
+    Returns:
+        bool: True only for a ``tcp://`` address whose host is on loopback.
+    """
+    if not address.startswith("tcp://"):
+        return False
+    host = address[len("tcp://"):].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name, "*", a host name: maybe not loopback
+        return False
+
+
 def endpoint(sock: zmq.Socket[Any]) -> str:
     """The endpoint ``sock`` bound or connected last (with the port a ``:0`` bind got).
 
@@ -322,12 +355,14 @@ class Handshake:
     """The handshakes of one socket, watched through a ZeroMQ socket monitor.
 
     Made by `configure_server` and `configure_client` (before the socket
-    binds or connects, so no event is missed). Costs nothing per message:
-    the monitor reports connections only, and stops with `wait`'s success.
+    binds or connects, so no event is missed), or directly for a socket
+    without CURVE (to see a CURVE peer refused). Costs nothing per message:
+    the monitor reports connections only, and stops with `wait`'s success
+    (`take` leaves it running).
 
     Args:
         sock (zmq.Socket): the socket watched.
-        server (bool): whether it is the CURVE server.
+        server (bool): whether it is the server side (the CURVE server, if CURVE).
         release (Callable[[], None] | None): called once by `close` (the ZAP
             registration's end).
     """
@@ -337,8 +372,51 @@ class Handshake:
         self._sock = sock
         self.server = server
         self._release = release
+        self._curve = False
+        self._uses_curve()  # read again while open: CURVE may be set after this
         self._monitor: zmq.Socket[Any] | None = sock.get_monitor_socket(_WATCHED)
         self.succeeded = False
+
+    @property
+    def events(self) -> zmq.Socket[Any] | None:
+        """zmq.Socket | None: the monitor's socket, readable while events wait (for a
+        ``zmq.Poller``, read by `take`); None once stopped (`wait`'s success, `close`)."""
+        return self._monitor
+
+    def take(self, limit: int = 64) -> list[str | None]:
+        """The outcomes of the handshakes that ended since the last call, without waiting.
+
+        Unlike `wait`, a success does not stop the monitor: for a socket that
+        serves or reaches peers for its whole life (a ROUTER and its DEALERs),
+        whose every connection and reconnection has a handshake.
+
+        Args:
+            limit (int, optional): events read at most; the rest wait for the
+                next call (`events` stays readable). Default: 64.
+
+        Returns:
+            list[str | None]: oldest first, one an ended handshake: None if it
+            succeeded, else why it failed, in words (as a `HandshakeError`'s
+            ``reason``). Empty once stopped.
+        """
+        outcomes: list[str | None] = []
+        mon = self._monitor
+        if mon is None:
+            return outcomes
+        for _ in range(limit):
+            if not int(mon.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                break  # looked first: an empty read's zmq.Again costs more
+            try:
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.succeeded = True
+                outcomes.append(None)
+            elif kind in _FAILED:
+                outcomes.append(self._failure(kind, event["value"]))
+        return outcomes
 
     def wait(self, timeout: float, address: str | None = None) -> None:
         """Return once a peer completed the CURVE handshake; raise if one failed it.
@@ -386,8 +464,15 @@ class Handshake:
         raise HandshakeError(where, f"no CURVE handshake within {timeout:g} s ({side})",
                              server=self.server)
 
+    def _uses_curve(self) -> bool:
+        """Whether the socket uses CURVE (as last seen, once it is closed)."""
+        if not self._sock.closed:
+            self._curve = self._sock.getsockopt(zmq.MECHANISM) == zmq.CURVE
+        return self._curve
+
     def _failure(self, kind: int, value: int) -> str:
         """The reason, in words, of a failed handshake event."""
+        curve = self._uses_curve()
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return (f"the peer's key was refused (ZAP status {value}): the secrets differ"
                     if self.server else
@@ -396,10 +481,15 @@ class Handshake:
         if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             why = _PROTOCOL_REASONS.get(value, f"ZMTP protocol error {value:#x}")
             if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                return f"{why} (it is not a mujou data plane with a secret)"
+                if not curve:
+                    return "the peer uses CURVE (it has a secret) and this end does not"
+                return f"{why} (it is not a mujou socket with a secret)"
             return f"{why}: the secrets differ"
+        if not curve:
+            return ("the peer closed the connection during the handshake (it may use CURVE: "
+                    "a secret this end has not)")
         return ("the server closed the connection during the handshake: the secrets differ "
-                "(or the address is not a mujou data plane)")
+                "(or the address is not a mujou socket with a secret)")
 
     def _stop_monitor(self) -> None:
         """Stop and close the monitor (idempotent; the socket may be closed already)."""
@@ -414,7 +504,13 @@ class Handshake:
         mon.close(linger=0)
 
     def close(self) -> None:
-        """Stop watching, end the ZAP registration; idempotent. Call before closing the socket."""
+        """Stop watching, end the ZAP registration; idempotent.
+
+        Call it before or after closing the socket (after: no handshake of
+        the still open socket meets a context whose ZAP handler is gone,
+        which libzmq would let through unchecked), and before terminating
+        the socket's context (the handler's sockets are on it).
+        """
         self._stop_monitor()
         release, self._release = self._release, None
         if release is not None:
