@@ -546,13 +546,24 @@ def main() -> None:
                    "for more. NAME must then be the function that builds the net.")
 @click.option("--net-kwargs", default=None, metavar="JSON",
               help="With --place: the net function's keyword arguments, a JSON object.")
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="With --place PATH=MACHINE:GROUP: lead the machines' convention here "
+                   "(what `mujou worker --join` names).")
+@click.option("--join-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Seconds to wait for the machines named to join.")
+@click.option("--allow-remote", is_flag=True,
+              help="Let --listen be an address other machines reach (a trusted network "
+                   "only: the control plane unpickles what reaches it).")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Seconds without a heartbeat before a machine is lost.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def run_command(target: str, duration: float | None, timer: str, workers: int | None,
                 seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
-                places: tuple[str, ...], net_kwargs: str | None, quiet: bool,
-                verbose: bool) -> None:
+                places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
+                join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
+                quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
@@ -571,8 +582,13 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             net: Any = factory_ref(target)
             kwargs["placement"] = parse_places(places)
             kwargs["net_kwargs"] = parse_net_kwargs(net_kwargs)
+            if listen is not None:
+                kwargs.update(listen=listen, join_timeout=join_timeout,
+                              allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
         elif net_kwargs is not None:
             raise UsageError("--net-kwargs goes with --place")
+        elif listen is not None:
+            raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
             net = load_net(target)
         if snapshot_every is not None or snapshot_dir is not None:

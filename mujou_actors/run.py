@@ -474,6 +474,7 @@ def run(
     listen: str | None = None,
     join_timeout: float = 30.0,
     allow_remote: bool = False,
+    heartbeat_timeout: float = 1.0,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -555,6 +556,10 @@ def run(
             reach. Thespian's control plane unpickles what reaches it, so this
             says the network is trusted (docs/machines.md, "Security").
             Default: False (loopback only).
+        heartbeat_timeout (float): wall seconds without an answer to the run's
+            heartbeat after which a group on another machine counts as lost
+            (and the supervisor restarts it, or the run fails with
+            `GroupDied`). Default: 1.
 
     Returns:
         Run: the started run.
@@ -585,7 +590,8 @@ def run(
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                   start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
-                  listen=listen, join_timeout=join_timeout, allow_remote=allow_remote)
+                  listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
+                  heartbeat_timeout=heartbeat_timeout)
 
 
 def _start(
@@ -609,6 +615,7 @@ def _start(
     listen: str | None = None,
     join_timeout: float = 30.0,
     allow_remote: bool = False,
+    heartbeat_timeout: float = 1.0,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -620,6 +627,7 @@ def _start(
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                             start_timeout=start_timeout)
     join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
+    heartbeat_limit = check_seconds("heartbeat_timeout", heartbeat_timeout, allow_zero=False)
     check_flag("allow_remote", allow_remote)
     if listen is not None and not isinstance(listen, str):
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
@@ -628,7 +636,7 @@ def _start(
         from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
 
-        machines = Machines(listen, join_limit, allow_remote)
+        machines = Machines(listen, join_limit, allow_remote, heartbeat_limit)
         return start_placed(net, placement=placement,  # type: ignore[return-value]
                             net_kwargs=net_kwargs, args=args, inputs=inputs, state=state,
                             machines=machines)

@@ -140,6 +140,15 @@ class GroupStats:
             included; tensors through shared memory count their descriptor only).
         bytes_out (int): bytes it sent on the data plane.
         drops (int): messages its nodes' Inputs dropped (QoS depth), summed.
+        machine (str): the convention member (machine) it runs on; ``""``:
+            the host's machine (docs/machines.md).
+        clock_offset_ns (int | None): on another machine, its clock's offset
+            from the host's (its ``time.monotonic_ns()`` minus the host's, the
+            heartbeat's NTP estimate, ns); None on the host's machine or
+            before the first heartbeat answer.
+        clock_uncertainty_ns (int | None): the bound on that estimate's
+            error, ns (half the round trip and the clocks' drift since).
+        rtt_ns (int | None): the last heartbeat round trip to it, ns.
     """
 
     name: str
@@ -151,6 +160,10 @@ class GroupStats:
     bytes_in: int
     bytes_out: int
     drops: int
+    machine: str = ""
+    clock_offset_ns: int | None = None
+    clock_uncertainty_ns: int | None = None
+    rtt_ns: int | None = None
 
 
 @dataclass(frozen=True)

@@ -225,3 +225,12 @@ class Stuck(mujou.Node):
 
 def make_stuck() -> dict[str, mujou.Node]:
     return {"stuck": Stuck(), **make_net()}
+
+
+def make_net_by_machine() -> dict[str, mujou.Node]:
+    """`make_net`, with one node more where ``MUJOU_TEST_EXTRA_NODE`` is set: a machine
+    whose copy of the code builds another net (tests/test_machines.py)."""
+    net = make_net()
+    if os.environ.get("MUJOU_TEST_EXTRA_NODE"):
+        net["extra"] = Sim()
+    return net

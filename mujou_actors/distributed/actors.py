@@ -131,6 +131,7 @@ class StartGroup(NamedTuple):
     target: str  # "package.module:function"
     kwargs: dict[str, Any]
     sys_path: tuple[str, ...]  # folders put first on the group's sys.path
+    member: str | None = None  # the convention member (machine) to run on; None: here
 
 
 class Init(NamedTuple):
@@ -217,6 +218,16 @@ class Answer(NamedTuple):
 
 class StopGroup(NamedTuple):
     """Host -> coordinator: close a group's server and end its process."""
+
+    seq: int
+    group: str
+
+
+class Forget(NamedTuple):
+    """Host -> coordinator: a group on another machine is lost (the run's heartbeat
+    says so; Thespian would tell only after minutes): forget it, so that it may start
+    again, and ask its actor to exit should it still be there; answered with
+    `GroupStopped`."""
 
     seq: int
     group: str
@@ -361,11 +372,13 @@ class _Entry:
     States: ``"starting"`` (its server is being built; ``start`` is the host's
     request), ``"running"``, ``"failed"`` (the target raised; its exit is
     expected), ``"stopping"`` (asked to stop; ``stop`` is the host's request, or
-    ``None`` under `StopAll`).
+    ``None`` under `StopAll`). ``member``: the convention member (machine) its
+    process runs on, ``None`` for this machine.
     """
 
-    def __init__(self, address: Any, start: tuple[int, Any]) -> None:
+    def __init__(self, address: Any, start: tuple[int, Any], member: str | None = None) -> None:
         self.address = address
+        self.member = member
         self.pid: int | None = None
         self.state = "starting"
         self.start: tuple[int, Any] | None = start
@@ -387,7 +400,9 @@ class Coordinator(Actor):
     coordinator also wakes every `TICK` seconds: any signal that another
     thread took is handled then, and a group whose process is gone but not
     reported is reported from here (and SIGCHLD is sent to the main thread,
-    so that Thespian forgets the child too).
+    so that Thespian forgets the child too). A group on a convention member is
+    no child of this process: only Thespian's ``ChildActorExited`` (from the
+    member's admin) tells of its end, and the run's heartbeat of a lost member.
     """
 
     def __init__(self) -> None:
@@ -424,6 +439,11 @@ class Coordinator(Actor):
             self._start(msg, sender)
         elif isinstance(msg, StopGroup):
             self._stop(msg.group, (msg.seq, sender))
+        elif isinstance(msg, Forget):
+            entry = self._groups.pop(msg.group, None)
+            if entry is not None:
+                self.send(entry.address, ActorExitRequest())  # lost: it may still be there
+            self.send(sender, GroupStopped(msg.seq, msg.group, None))
         elif isinstance(msg, StopAll):
             self._stop_all = (msg.seq, sender)
             for group in list(self._groups):
@@ -456,8 +476,12 @@ class Coordinator(Actor):
         """Report the groups whose process is gone unreported; handle stolen signals."""
         if self._exiting:
             return
+        # Only this machine's groups: a group on a member is no child of this process
+        # (its pid is the member's), and waitid would call it ended at once. Its end is
+        # told by its member's admin (ChildActorExited, forwarded here) or, the member
+        # lost, by the run's heartbeat.
         gone = {g: reason for g, e in self._groups.items() if e.pid is not None
-                and (reason := ended_child(e.pid)) is not None}
+                and e.member is None and (reason := ended_child(e.pid)) is not None}
         if gone:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGCHLD)
         for name, reason in gone.items():
@@ -480,8 +504,11 @@ class Coordinator(Actor):
                               "", None)
             self.send(sender, GroupStartFailed(msg.seq, msg.group, failure, ""))
             return
-        address = self.createActor(GroupActor)
-        self._groups[msg.group] = _Entry(address, (msg.seq, sender))
+        # On a member: the leader's admin finds no fit (actorSystemCapabilityCheck)
+        # and hands the creation to the member whose capability names it.
+        address = self.createActor(GroupActor, targetActorRequirements=None
+                                   if msg.member is None else {MEMBER: msg.member})
+        self._groups[msg.group] = _Entry(address, (msg.seq, sender), msg.member)
         self.send(address, Init(msg.seq, msg.group, msg.target, msg.kwargs, msg.sys_path))
 
     def _start_progress(self, msg: Booting | Started | StartFailed) -> None:
@@ -529,7 +556,10 @@ class Coordinator(Actor):
     def _ended(self, name: str, reason: str | None = None) -> None:
         """A group's process ended (or is ending: its goodbye): answer, or tell the host."""
         entry = self._groups.pop(name)
-        reason = f"{reason or exit_reason(entry.pid)} (ChildActorExited)"
+        if reason is None:  # how it ended is known only of a child of this process
+            reason = (exit_reason(entry.pid) if entry.member is None
+                      else f"ended on member {entry.member!r}")
+        reason = f"{reason} (ChildActorExited)"
         if entry.start is not None:  # died while building its server
             seq, host = entry.start
             self.send(host, GroupStartFailed(seq, name, None, reason))

@@ -41,7 +41,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -96,6 +96,9 @@ class _Group:
     spawn: dict[str, Any] = dataclasses.field(default_factory=dict)  # start_group's kwargs
     launches: int = 1
     base_address: str = ""
+    member: str | None = None  # the convention member (machine) it runs on; None: here
+    key: bytes | None = None  # the data plane's secret, for a group on a member
+    watched_ns: int = 0  # when the heartbeat began to watch its latest process (monotonic)
 
 
 class _LocalLink:
@@ -169,7 +172,8 @@ class _Driver:
                  start_timeout: float = 60.0, rebuild: Callable[[], Kernel] | None = None,
                  signature: list[list[Any]] | None = None, realtime: bool = False,
                  wake: dataplane.Wake | None = None, run_id: str | None = None,
-                 trace: tracing.PlacedTrace | None = None) -> None:
+                 trace: tracing.PlacedTrace | None = None, monitor: Any = None,
+                 choose_member: Callable[[str], str] | None = None) -> None:
         self.system = system
         self.trace = trace  # a traced run's (written at the end: _write_trace)
         self.run_id = run_id
@@ -203,6 +207,10 @@ class _Driver:
                                   on_error=self._writer_failed,
                                   cancelled=self.stop_asked.is_set)
         self.groups = groups
+        # The heartbeat of the groups on other machines (`heartbeat.Monitor`), or None;
+        # and where a group on another machine restarts (placed._Convention.choose).
+        self.monitor = monitor
+        self._choose_member = choose_member
         self.routes = routes
         self.ports = ports
         self.owner = owner  # node path -> group
@@ -244,8 +252,14 @@ class _Driver:
                 self._snapshot(self.time_ns)  # the first, right after the start
             while True:
                 try:
-                    self._rounds()
-                    break
+                    try:
+                        self._rounds()
+                        break
+                    except GroupDied as died:  # a control request found it dead, or lost
+                        if died.group not in self.groups:
+                            raise
+                        raise _GroupDied(_Lost(died.group, died.pid or 0, died.reason)) \
+                            from died
                 except (_Failed, _GroupDied) as failed:
                     if not self._supervise(failed):
                         break
@@ -432,12 +446,30 @@ class _Driver:
         """Start a dead group's process again, on a fresh data-plane endpoint."""
         g.link.close()
         g.launches += 1
-        address = f"{g.base_address}.{g.launches}"
-        pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
-        g.spawn = {**g.spawn, "address": address, "pools": pools}
-        g.link = dataplane.HostLink(address, self.routes, pools)
+        if g.member is None:
+            address = f"{g.base_address}.{g.launches}"
+            pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
+            g.link = dataplane.HostLink(address, self.routes, pools)
+            reach = address
+        else:  # a fresh port: the dead peer's TCP connection may linger on the old one
+            pools = None
+            self.system.lost(g.name, "restarting")  # if not known lost yet (it may be)
+            if self._choose_member is not None:
+                g.member = self._choose_member(g.name)  # its machine, back, or a fallback
+                log.warning("placed run: group %r starts again on machine %r", g.name, g.member)
+            g.link = dataplane.HostLink(g.base_address, self.routes, None, g.key)
+            old = g.spawn["address"]
+            reach = f"{old.rpartition(':')[0]}:{g.link.endpoint.rpartition(':')[2]}"
+        g.spawn = {**g.spawn, "address": reach, "pools": pools}
         g.link.epoch = self.epoch
-        g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout)
+        on = {} if g.member is None else {"member": g.member}
+        g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout, **on)
+        g.link.handshake(self.start_timeout)
+        if self.monitor is not None and g.member is not None:
+            if g.name in self.monitor.members():
+                self.monitor.unwatch(g.name)
+            g.watched_ns = time.monotonic_ns()
+            self.monitor.watch(g.name)  # afresh: the new process answers now
         check_same_net(self.system, g.name, self._signature, self.start_timeout)
         subscribed = [self.routes.outputs[i] for i in self.listeners
                       if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
@@ -532,6 +564,8 @@ class _Driver:
         notices = getattr(self.system, "notices", None)
         if notices is not None:
             poller.register(notices, zmq.POLLIN)
+        if self.monitor is not None:  # a lost machine wakes the wait as a crash notice does
+            poller.register(self.monitor.fileno(), zmq.POLLIN)
         stop_deadline: float | None = None
         for g in list(pending):
             if not g.remote:
@@ -620,6 +654,18 @@ class _Driver:
         return cached
 
     def _check_exits(self) -> None:
+        """Raise `_GroupDied` for a group process found ended, or on another machine lost."""
+        if self.monitor is not None:
+            for change in self.monitor.take_changes():
+                g = self.groups.get(change.name)
+                # (A loss whose silence began before the group's latest process was
+                # watched is its former process's, found while it was replaced.)
+                if change.lost and g is not None \
+                        and change.at_ns - change.silent_ns >= g.watched_ns:
+                    reason = (f"lost: machine {g.member!r} did not answer the heartbeat for "
+                              f"{change.silent_ns / 1e9:.2f} s")
+                    self.system.lost(g.name, reason)
+                    raise _GroupDied(_Lost(g.name, g.pid, reason))
         take = getattr(self.system, "take_exits", None)
         if take is None:
             return
@@ -791,6 +837,18 @@ class _Driver:
                                "messages_in": link.messages_in,
                                "messages_out": link.messages_out,
                                "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+        if self.monitor is not None:
+            members = self.monitor.members()
+            for name, figures in out.items():
+                g = self.groups[name]
+                if g.member is None:
+                    continue
+                figures = out[name] = {**figures, "machine": g.member}
+                status = members.get(name)
+                if status is not None and status.offset is not None:
+                    figures["clock"] = {"offset_ns": status.offset.offset_ns,
+                                        "uncertainty_ns": status.offset.uncertainty_ns,
+                                        "rtt_ns": status.rtt_ns}
         return out
 
     # -- the end ------------------------------------------------------------------------
@@ -835,6 +893,8 @@ class _Driver:
                 log.error("placed run: shutting the processes down failed: %s", describe(exc))
             for g in self.groups.values():
                 g.link.close()
+            if self.monitor is not None:
+                self.monitor.close()
             if self.run_id is not None:
                 wire.remove_blocks(self.run_id)  # a killed group's pools too
             shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -945,6 +1005,14 @@ class _Stuck(Exception):
         self.busy = busy
 
 
+class _Lost(NamedTuple):
+    """A group on another machine that the heartbeat lost (as `system.GroupExit` reads)."""
+
+    group: str
+    pid: int
+    reason: str
+
+
 class _GroupDied(Exception):
     """A group process ended unasked."""
 
@@ -1002,10 +1070,16 @@ def check_same_net(system: Any, name: str, expected: list[list[Any]], timeout: f
     """Refuse a group whose process built another net than the host's (`net_signature`).
 
     Raises:
-        NetError: names the group and the first differences.
+        NetError: names the group and the first differences (the nodes' paths,
+            classes and ports; the versions of mujou_actors, torch, msgpack and
+            Python, which a group on another machine may not share).
     """
     described = system.ask(name, group.Describe(), timeout)
     diff = signature_differences(expected, described["signature"])
+    here = group.versions()
+    there = described.get("versions", here)
+    diff += [f"{what} {there.get(what)} there, {version} here" for what, version in here.items()
+             if there.get(what) != version]
     if diff:
         raise NetError(f"mujou.run: group {name!r} built another net than the host (is the "
                        f"factory deterministic, and the same code in every process?): "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import traceback
@@ -38,13 +39,15 @@ from ..net import walk
 from ..ports import Input
 from . import dataplane
 from ._loopback import alive, signals_blocked
+from .heartbeat import Responder
 from .placement import build_net, load_factory, net_signature
+from .secret import load_secret
 from .tracing import KernelTraces
 
-__all__ = ["serve", "shipped", "host_write", "run_grant", "node_stats", "failure_of", "Published",
-           "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState", "Write", "Read",
-           "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold", "Release", "TakeTrace",
-           "split_tree"]
+__all__ = ["serve", "versions", "shipped", "host_write", "run_grant", "node_stats", "failure_of",
+           "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState",
+           "Write", "Read", "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold",
+           "Release", "TakeTrace", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -182,6 +185,15 @@ STEP_LIMIT = 24 * 3600.0
 # (see run_grant), so that host calls and a stop wait at most about this long.
 SLICE_S = 0.05
 
+# Wall seconds a group on another machine waits for its data plane's handshake
+# with the host (CURVE, the run's secret) while it starts.
+HANDSHAKE_S = 10.0
+
+# A group on another machine ends itself once the host's heartbeat has not
+# pinged it for this long (the host or the network is gone: nobody would
+# stop it, and nobody reads what it does).
+ORPHAN_S = 30.0
+
 
 class Published:
     """Copies of the messages sent on the Outputs the host subscribed to, until the next reply."""
@@ -236,6 +248,19 @@ def _step(kernel: Kernel, due: Key, keep_waiting: Callable[[], bool] | None) -> 
         except TimeoutError:  # the cycle goes on: wait again, unless told not to
             if not keep_waiting():
                 raise
+
+
+def versions() -> dict[str, str]:
+    """The versions that must agree across the processes of a run (on other machines too)."""
+    import msgpack
+    import torch
+
+    # The package is imported before any of its modules; importing it here would
+    # make this module depend on all of it (docs/architecture.md, "Imports").
+    package = sys.modules[__name__.partition(".")[0]]
+    return {"mujou_actors": str(package.__version__), "torch": str(torch.__version__),
+            "msgpack": ".".join(map(str, msgpack.version)), "python": ".".join(
+                map(str, sys.version_info[:2]))}
 
 
 def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
@@ -311,7 +336,8 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
 
 def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed: int | None,
           workers: int, address: str, host_pid: int, timer: str = "simulated",
-          pools: str | None = None, trace: int | None = None) -> GroupServer:
+          pools: str | None = None, trace: int | None = None,
+          secure: bool = False, heartbeat: str | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -323,7 +349,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
         seed (int, optional): the run's seed.
         workers (int): the kernel's worker threads.
         address (str): the host's data-plane endpoint for this group.
-        host_pid (int): the host's pid (the loop ends when the host is gone).
+        host_pid (int): the host's pid (the loop ends when the host is gone);
+            0: the host is on another machine (its heartbeat tells).
         timer (str): ``"simulated"`` (the host grants delta cycles) or
             ``"realtime"`` (the group runs on its own clock and ships its
             sends as they come).
@@ -332,13 +359,27 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
         trace (int, optional): record a trace into a buffer of this many
             records (the group's share of the Tracer's capacity); the host
             takes it with `TakeTrace`. None: untraced.
+        secure (bool): the data plane runs over ``tcp://`` between machines,
+            authenticated by the run's shared secret, which this process reads
+            from its own environment (`secret.load_secret`: it never travels).
+        heartbeat (str, optional): the host's heartbeat endpoint
+            (`heartbeat.Monitor`): this process answers its pings, named
+            ``group``, so the host finds it lost within the run's heartbeat
+            timeout; and it ends itself once the host has not pinged it for
+            `ORPHAN_S` (the host, or its machine, is gone).
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
+
+    Raises:
+        SecretError: ``secure`` and this machine has no valid secret.
+        HandshakeError: the host refused this machine's secret (or did not
+            answer within `HANDSHAKE_S`).
     """
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
-                       timer=timer, pools=pools, trace=trace)
+                       timer=timer, pools=pools, trace=trace, secure=secure,
+                       heartbeat=heartbeat)
 
 
 class GroupServer:
@@ -354,7 +395,8 @@ class GroupServer:
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, nodes: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int,
                  timer: str = "simulated", pools: str | None = None,
-                 trace: int | None = None) -> None:
+                 trace: int | None = None, secure: bool = False,
+                 heartbeat: str | None = None) -> None:
         self.group = group
         self._timer = timer
         self._traces = KernelTraces(trace)
@@ -367,10 +409,21 @@ class GroupServer:
         self.published = Published(self.routes,
                                    self._wake.set if timer == "realtime" else None)
         self._host_pid = host_pid
+        self._started_ns = time.monotonic_ns()
         self._closing = threading.Event()
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
-        self._link = dataplane.GroupLink(address, self.routes, pools)
+        key = load_secret() if secure else None
+        self._link = dataplane.GroupLink(address, self.routes, pools, key)
+        self._responder: Responder | None = None
+        try:
+            self._link.handshake(HANDSHAKE_S)  # another secret: a clear error, not a hang
+            if heartbeat is not None:
+                with signals_blocked():  # its thread, like ours, leaves signals to Thespian's
+                    self._responder = Responder(heartbeat, group, secret=key)
+        except BaseException:
+            self._link.close()
+            raise
         target = self._serve if timer == "simulated" else self._serve_realtime
         self._thread = threading.Thread(target=target, name=f"mujou-group-{group}",
                                         daemon=True)
@@ -397,18 +450,31 @@ class GroupServer:
         return stuck
 
     # -- the data plane -------------------------------------------------------------
+    def _host_gone(self) -> bool:
+        """Whether the host is gone: its pid (same machine), or its pings stopped."""
+        if self._host_pid:
+            return not alive(self._host_pid)
+        responder = self._responder
+        if responder is None:
+            return False
+        last = responder.last_ping_ns
+        since = time.monotonic_ns() - (self._started_ns if last is None else last)
+        return since > ORPHAN_S * 1e9
+
     def _serve(self) -> None:
         """Answer grants until closed or the host is gone (its pid no longer exists)."""
         link = self._link
         while not self._closing.is_set():
             grant = link.receive(timeout=0.1)
             if grant is None:
-                if not alive(self._host_pid):
+                if self._host_gone():
                     log.warning("group %r: the host (pid %d) is gone; ending", self.group,
                                 self._host_pid)
                     self._closing.set()
                     os._exit(3)  # no one is left to stop us cleanly
                 continue
+            if self._closing.is_set():
+                break  # closing (told to, or its host is gone): a stopped kernel runs nothing
             try:
                 reply = run_grant(self.kernel, self.routes, grant, self.published)
             except BaseException as exc:  # reported to the host, never swallowed
@@ -433,7 +499,7 @@ class GroupServer:
         while not self._closing.is_set():
             ready = dict(poller.poll(100))
             if not ready:
-                if not alive(self._host_pid):
+                if self._host_gone():
                     log.warning("group %r: the host (pid %d) is gone; ending", self.group,
                                 self._host_pid)
                     os._exit(3)
@@ -483,7 +549,8 @@ class GroupServer:
         """
         kernel = self.kernel
         if isinstance(request, Describe):
-            return {"signature": self._signature, "pid": os.getpid()}
+            return {"signature": self._signature, "pid": os.getpid(),
+                    "versions": versions()}
         if isinstance(request, Start):
             with signals_blocked():  # the kernel's workers start here: no signals for them
                 kernel.start(timeout=request.timeout)
@@ -543,6 +610,8 @@ class GroupServer:
         self._closing.set()
         stuck = self.kernel.stop(timeout)
         self._thread.join(timeout)
+        if self._responder is not None:
+            self._responder.close(timeout)
         return stuck
 
 

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..net import check_fit, collect_ports, resolve_inputs, settle_seeds, walk
 from ..node import Node
 from ..ports import Input, Port
 from . import dataplane, tracing, wire
+from ._loopback import ANY, LOOPBACK
 from .driver import (
     GROUP_TARGET,
     RemoteTraceback,
@@ -68,11 +70,14 @@ class Machines:
             process), or None (one machine).
         join_timeout (float): wall seconds to wait for the members named.
         allow_remote (bool): ``listen`` may be off loopback.
+        heartbeat_timeout (float): wall seconds without an answer to the
+            heartbeat after which a group on another machine counts as lost.
     """
 
     listen: str | None = None
     join_timeout: float = 30.0
     allow_remote: bool = False
+    heartbeat_timeout: float = 1.0
 
 
 def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, Any] | None,
@@ -111,9 +116,6 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
                              f"pass listen='HOST:PORT', where this process leads the "
                              f"machines' convention (what `mujou worker --join` names)")
-        raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
-                         f"placing a group on another machine is not supported yet; name a "
-                         f"group of this machine")
     elif machines.listen is not None:
         raise ValueError(f"mujou.run: listen={machines.listen!r} goes with a placement that "
                          f"puts groups on other machines ('machine:group'); this one names "
@@ -125,7 +127,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     if make_system is None:
         from .system import ProcessSystem
         make_system = ProcessSystem
-    return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system)
+    return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, machines)
 
 
 def _check_not_bootstrapping() -> None:
@@ -148,9 +150,92 @@ def _check_not_bootstrapping() -> None:
             "as multiprocessing's spawn does)")
 
 
+class _Convention:
+    """The run's side of a convention of machines: its leader's settings, secret, members."""
+
+    def __init__(self, plan: Placement, machines: Machines, timeout: float) -> None:
+        from . import convention
+        from .secret import load_secret
+
+        self.key = load_secret()  # the data plane's; a clear error says how to set one
+        assert machines.listen is not None
+        self.admin = convention.leader_admin(machines.listen,
+                                             allow_remote=machines.allow_remote)
+        self.member_of = {g: on[0] for g, on in plan.machines.items()}
+        self.machines = dict(plan.machines)
+        self._join_timeout = machines.join_timeout
+        self.addresses: dict[str, str] = {}
+        self._heartbeat_timeout = machines.heartbeat_timeout
+        self.monitor: Any = None
+
+    def start_monitor(self) -> None:
+        """The heartbeat's `heartbeat.Monitor`, on the leader's address (a free port)."""
+        from .heartbeat import PERIOD_S, Monitor
+
+        period = min(PERIOD_S, self._heartbeat_timeout / 4)
+        self.monitor = Monitor(f"tcp://{self.admin.host}:*", period=period,
+                               timeout=self._heartbeat_timeout, secret=self.key)
+
+    def wait_for_members(self) -> None:
+        """Wait for every member the placement names (`convention.wait_for_members`)."""
+        from . import convention
+
+        leader = (self.admin.host if self.admin.host != ANY else LOOPBACK, self.admin.port)
+        convention.wait_for_members(leader, self.member_of.values(), self._join_timeout)
+        for info in convention.known_members(leader, 5.0) or []:
+            self.addresses[info.name] = info.address.rpartition(":")[0]
+
+    def lost(self, group: str) -> bool:
+        """Whether the heartbeat has lost ``group`` (and it has not answered since)."""
+        status = self.monitor.members().get(group)
+        return status is not None and status.lost
+
+    def choose(self, group: str) -> str:
+        """The member to restart ``group`` on: the first of its machines that answers
+        (the one it ran on, once back, or a fallback), waited for up to ``join_timeout``.
+
+        Raises:
+            JoinTimeoutError: none of them answered in time (names them).
+        """
+        from ..errors import JoinTimeoutError
+        from . import convention
+
+        leader = (self.admin.host if self.admin.host != ANY else LOOPBACK, self.admin.port)
+        names = self.machines[group]
+        deadline = time.monotonic() + self._join_timeout
+        known: dict[str, Any] = {}
+        while True:
+            try:
+                known = convention.members(leader, timeout=2.0)
+            except ConnectionError:
+                known = {}
+            for name in names:
+                if name in known:
+                    return name
+            if time.monotonic() >= deadline:
+                raise JoinTimeoutError(tuple(names), known, f"{leader[0]}:{leader[1]}",
+                                       self._join_timeout)
+            time.sleep(0.2)
+
+    def endpoint(self) -> str:
+        """Where the host binds a group's data plane on another machine (any free port)."""
+        return f"tcp://{self.admin.host}:0"
+
+    def advertised(self, endpoint: str, member: str) -> str:
+        """``endpoint`` as the member reaches it (a wildcard bind: this machine's address
+        toward the member's)."""
+        if self.admin.host != ANY:
+            return endpoint
+        from .convention import _outward_address
+
+        port = endpoint.rpartition(":")[2]
+        return f"tcp://{_outward_address(self.addresses.get(member, LOOPBACK))}:{port}"
+
+
 def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             plan: Placement, ref: FactoryRef, initial: list[tuple[Input, Any]],
-            seeds: dict[str, int], args: Any, make_system: Callable[..., Any]) -> PlacedRun:
+            seeds: dict[str, int], args: Any, make_system: Callable[..., Any],
+            machines: Machines) -> PlacedRun:
     """Start the processes and the host's kernel, check them, run the start phase."""
     from .._runtime.workers import default_workers
 
@@ -163,8 +248,15 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
     if args.tracer is not None:
         trace = tracing.PlacedTrace(args.tracer, len(plan.groups) + bool(host_nodes))
     tmpdir = ""
+    conv = _Convention(plan, machines, args.start_timeout) if plan.machines else None
     try:
-        system = make_system(start_timeout=args.start_timeout)
+        if conv is None:
+            system = make_system(start_timeout=args.start_timeout)
+        else:
+            system = make_system(start_timeout=args.start_timeout, admin=conv.admin)
+            conv.wait_for_members()
+            conv.start_monitor()
+            system.lost_check = conv.lost
         # The data plane's socket files go in the control plane's private folder when it
         # has one (its coordinator removes it even when the host is killed).
         folder = getattr(system, "folder", None)
@@ -174,21 +266,38 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
 
         # The host builds its own copy of the net for its group (the one it checked).
         for i, name in enumerate(plan.groups):
-            address = f"ipc://{tmpdir}/g{i}"
+            member = None if conv is None else conv.member_of.get(name)
             routes = dataplane.Routes(found, {})
-            pools = f"{run_id}{i}-"
-            link = dataplane.HostLink(address, routes, pools)
+            if member is None:
+                address: str = f"ipc://{tmpdir}/g{i}"
+                pools: str | None = f"{run_id}{i}-"
+                link = dataplane.HostLink(address, routes, pools)
+                reach = address
+            else:  # on another machine: TCP with the secret's CURVE, no shared memory
+                assert conv is not None
+                address, pools = conv.endpoint(), None
+                link = dataplane.HostLink(address, routes, None, conv.key)
+                reach = conv.advertised(link.endpoint, member)
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
                       "nodes": plan.nodes[name], "seed": args.seed,
-                      "workers": workers(len(plan.nodes[name])), "address": address,
-                      "host_pid": os.getpid(),
+                      "workers": workers(len(plan.nodes[name])), "address": reach,
+                      "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
-                      "pools": pools}
+                      "pools": pools, "secure": member is not None}
+            if member is not None:
+                assert conv is not None
+                kwargs["heartbeat"] = conv.advertised(conv.monitor.address, member)
             if trace is not None:
                 kwargs["trace"] = trace.share
             groups[name] = _Group(name, link, plan.nodes[name], 0, spawn=kwargs,
-                                  base_address=address)
+                                  base_address=address, member=member,
+                                  key=None if conv is None else conv.key)
         _start_groups(system, groups, plan.groups, args.start_timeout)
+        for g in groups.values():  # in once the group connected (another secret: refused)
+            g.link.handshake(args.start_timeout)
+            if conv is not None and g.member is not None:
+                g.watched_ns = time.monotonic_ns()
+                conv.monitor.watch(g.name)  # answering already: it started
         kind = "simulated" if args.timer.simulated else "realtime"
         wake = dataplane.Wake()
 
@@ -217,9 +326,13 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          supervisor=args.supervisor, start_timeout=args.start_timeout,
                          rebuild=lambda: make_local(build_net(factory_of(ref), ref.kwargs)),
                          signature=expected, realtime=kind == "realtime", wake=wake,
-                         run_id=run_id, trace=trace)
+                         run_id=run_id, trace=trace,
+                         monitor=None if conv is None else conv.monitor,
+                         choose_member=None if conv is None else conv.choose)
     except BaseException:
         _abandon(system, groups, local, tmpdir, run_id)
+        if conv is not None and conv.monitor is not None:
+            conv.monitor.close()
         raise
     run = PlacedRun(driver, ports, seeds, found)
     try:
@@ -235,14 +348,17 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
 def _start_groups(system: Any, groups: dict[str, _Group], names: list[str],
                   timeout: float) -> None:
     """Start the group processes, at once where the control plane can (their imports overlap)."""
+    members = {n: groups[n].member for n in names if groups[n].member is not None}
     many = getattr(system, "start_groups", None)
     if many is not None and len(names) > 1:
-        pids = many({n: (GROUP_TARGET, groups[n].spawn) for n in names}, timeout)
+        pids = many({n: (GROUP_TARGET, groups[n].spawn) for n in names}, timeout,
+                    **({"members": members} if members else {}))
         for n in names:
             groups[n].pid = pids[n]
         return
     for n in names:
-        groups[n].pid = system.start_group(n, GROUP_TARGET, groups[n].spawn, timeout)
+        on = {"member": members[n]} if n in members else {}
+        groups[n].pid = system.start_group(n, GROUP_TARGET, groups[n].spawn, timeout, **on)
 
 
 def factory_of(ref: FactoryRef) -> Callable[..., Any]:

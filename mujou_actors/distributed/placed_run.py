@@ -318,11 +318,14 @@ class PlacedRun:
                     dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
                     lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
                     drops=n["drops"], restarts=drv.restarts.get(path, 0))
+            clock = g.get("clock") or {}
             groups[name] = GroupStats(
                 name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
                 messages_in=g["messages_in"], messages_out=g["messages_out"],
                 bytes_in=g["bytes_in"], bytes_out=g["bytes_out"],
-                drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()))
+                drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()),
+                machine=g.get("machine", ""), clock_offset_ns=clock.get("offset_ns"),
+                clock_uncertainty_ns=clock.get("uncertainty_ns"), rtt_ns=clock.get("rtt_ns"))
         wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
         snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()

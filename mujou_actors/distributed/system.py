@@ -176,12 +176,20 @@ def system_base(host: str) -> type[ActorSystemBase]:
 class _Group:
     """The host's record of one started group."""
 
-    def __init__(self, name: str, pid: int, address: Any) -> None:
+    def __init__(self, name: str, pid: int, address: Any, member: str | None = None) -> None:
         self.name = name
         self.pid = pid
-        self.started = start_time(pid)
+        # On a member (another machine, as far as the run knows), its pid is that
+        # machine's: nothing here looks it up, waits for it or kills it.
+        self.member = member
+        self.started = start_time(pid) if member is None else None
         self.address = address
         self.exit: GroupExit | None = None  # set once a notice said it ended
+
+    @property
+    def local_pid(self) -> list[int]:
+        """Its pid in a list, if it runs on this machine; else an empty list."""
+        return [] if self.member is not None else [self.pid]
 
 
 def free_port() -> int:
@@ -248,6 +256,9 @@ class ProcessSystem:
     def __init__(self, *, start_timeout: float = 30.0,
                  admin: AdminSettings | None = None) -> None:
         self._lock = threading.Lock()
+        # Whether a group on another machine is lost (the run's heartbeat: set by the
+        # placed run), so that a request to it fails at once instead of timing out.
+        self.lost_check: Callable[[str], bool] | None = None
         self._seq = 0
         self._groups: dict[str, _Group] = {}
         self._exits: list[GroupExit] = []
@@ -393,6 +404,31 @@ class ProcessSystem:
         exits, self._exits = self._exits, []
         return exits
 
+    def lost(self, group: str, reason: str) -> None:
+        """Record that a group on a member is gone (its heartbeat stopped): it may start again.
+
+        Thespian tells of a lost machine only after minutes; the run's own
+        heartbeat (`heartbeat.Monitor`) tells sooner. The exit is not one of
+        `take_exits`'s (the caller knows of it already). The coordinator
+        forgets the group (within 5 s), so that it may be started again.
+
+        Raises:
+            GroupDied: the coordinator is gone.
+
+        Args:
+            group (str): the group's name (unknown names are ignored).
+            reason (str): why, for the errors that name it.
+        """
+        entry = self._groups.get(group)
+        if entry is not None and entry.exit is None:
+            entry.exit = GroupExit(entry.name, entry.pid, reason)
+        seq = self._next()
+        try:  # the coordinator forgets it too (it would refuse to start it again)
+            self._request(self._coordinator, actors.Forget(seq, group), seq, 5.0,
+                          f"forgetting group {group!r}", check=self._check_coordinator)
+        except TimeoutError:
+            log.warning("group %r: the coordinator did not answer the loss in time", group)
+
     def pid(self, group: str) -> int:
         """The process id of a group (its latest process, if it was started again).
 
@@ -416,7 +452,7 @@ class ProcessSystem:
             list[int]: the pids, in increasing order.
         """
         known = [p for p in (self._admin_pid, self._coordinator_pid) if p is not None]
-        known += [g.pid for g in self._groups.values()]
+        known += [p for g in self._groups.values() for p in g.local_pid]
         found = set(known)
         groups = {str(g) for g in self._pgids}
         if groups and os.path.isdir("/proc/self"):
@@ -428,7 +464,7 @@ class ProcessSystem:
         return sorted(p for p in found if p != os.getpid() and alive(p))
 
     def start_group(self, group: str, target: str, kwargs: dict[str, Any], timeout: float,
-                    sys_path: Sequence[str] = ()) -> int:
+                    sys_path: Sequence[str] = (), member: str | None = None) -> int:
         """Start a group process and build its server: ``server = target(**kwargs)`` there.
 
         The coordinator creates the group's actor (a new process, which
@@ -445,9 +481,12 @@ class ProcessSystem:
             timeout (float): seconds for all of it (spawn, imports, the call).
             sys_path (Sequence[str]): folders to put first on the new process's
                 ``sys.path`` before the import.
+            member (str, optional): the convention member (machine) to start it
+                on (this system must lead a convention: `AdminSettings`);
+                None: this machine.
 
         Returns:
-            int: the group process's pid.
+            int: the group process's pid (on its machine).
 
         Raises:
             TypeError: ``group`` or ``target`` is not a str.
@@ -457,10 +496,12 @@ class ProcessSystem:
             GroupDied: the process died before the server was built.
             TimeoutError: not done within ``timeout``; the process has been ended.
         """
-        return self.start_groups({group: (target, kwargs)}, timeout, sys_path)[group]
+        return self.start_groups({group: (target, kwargs)}, timeout, sys_path,
+                                 {} if member is None else {group: member})[group]
 
     def start_groups(self, groups: Mapping[str, tuple[str, Mapping[str, Any]]], timeout: float,
-                     sys_path: Sequence[str] = ()) -> dict[str, int]:
+                     sys_path: Sequence[str] = (),
+                     members: Mapping[str, str] | None = None) -> dict[str, int]:
         """Start several group processes at once (their imports overlap); see `start_group`.
 
         All or nothing: if one fails, those that started are stopped, and the
@@ -473,6 +514,8 @@ class ProcessSystem:
             timeout (float): seconds for all of them.
             sys_path (Sequence[str]): folders to put first on every new
                 process's ``sys.path``.
+            members (Mapping[str, str], optional): group name -> the convention
+                member to start it on (see `start_group`); the others here.
 
         Returns:
             dict[str, int]: group name -> pid.
@@ -490,7 +533,8 @@ class ProcessSystem:
                 raise TypeError(f"a group name and its target are str, not "
                                 f"{type(name).__name__} and {type(target).__name__}")
             old = self._groups.get(name)
-            if old is not None and old.exit is None and alive(old.pid, old.started):
+            if old is not None and old.exit is None and (old.member is not None
+                                                          or alive(old.pid, old.started)):
                 raise ValueError(f"group {name!r} is running already (pid {old.pid})")
         for name in groups:
             self._groups.pop(name, None)
@@ -504,8 +548,9 @@ class ProcessSystem:
             return False
 
         deadline = time.monotonic() + timeout
+        on = dict(members or {})
         sends = [(self._coordinator, actors.StartGroup(seqs[name], name, target, dict(kwargs),
-                                                       tuple(sys_path)))
+                                                       tuple(sys_path), on.get(name)))
                  for name, (target, kwargs) in groups.items()]
         replies = self._request_many(sends, set(seqs.values()), timeout,
                                      check=self._check_coordinator, interim=booting)
@@ -515,14 +560,14 @@ class ProcessSystem:
             reply = replies.get(seqs[name])
             what = f"the start of group {name!r} ({target})"
             if isinstance(reply, actors.GroupStarted):
-                started[name] = _Group(name, reply.pid, reply.address)
+                started[name] = _Group(name, reply.pid, reply.address, on.get(name))
             elif reply is None:
-                self._abandon(name, booted.get(name))
+                self._abandon(name, None if name in on else booted.get(name))
                 failures.append((name, TimeoutError(f"{what}: not done within {timeout} s; "
                                                     "its process was ended")))
             else:  # GroupStartFailed: its process is ending (the coordinator asked it to)
                 pid = booted.get(name)
-                if pid is not None:
+                if pid is not None and name not in on:
                     self._end_process(pid, max(deadline - time.monotonic(), REAP_S))
                 if reply.failure is None:
                     failures.append((name, GroupDied(
@@ -610,15 +655,16 @@ class ProcessSystem:
                                   timeout, f"the stop of group {group!r}",
                                   check=self._check_coordinator)
         except TimeoutError:
-            self._kill([entry.pid])
+            self._kill(entry.local_pid)
             del self._groups[group]
             raise TimeoutError(f"group {group!r}: close() and the end of its process took "
                                f"more than {timeout} s; the process was killed") from None
         except GroupDied:  # the coordinator is gone: end the process here
-            self._kill([entry.pid])
+            self._kill(entry.local_pid)
             del self._groups[group]
             raise
-        self._end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
+        if entry.member is None:
+            self._end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
         del self._groups[group]
         if reply.failure is not None:
             raise self._remote_error(group, "close() raised", reply.failure)
@@ -771,8 +817,12 @@ class ProcessSystem:
         """Raise `GroupDied` if the group's process is gone."""
         if entry.exit is not None:
             raise GroupDied(entry.name, entry.pid, entry.exit.reason)
-        if not alive(entry.pid, entry.started):
+        if entry.member is None and not alive(entry.pid, entry.started):
             raise GroupDied(entry.name, entry.pid, "its process is gone")
+        if entry.member is not None and self.lost_check is not None \
+                and self.lost_check(entry.name):
+            raise GroupDied(entry.name, entry.pid, f"lost: machine {entry.member!r} stopped "
+                                                   f"answering the run's heartbeat")
         self._check_coordinator()
 
     def _check_coordinator(self) -> None:
@@ -835,7 +885,7 @@ class ProcessSystem:
             else:
                 failures = {group: self._remote_error(group, "close() raised", failure)
                             for group, failure in reply.failures.items()}
-        pids = [g.pid for g in self._groups.values()]
+        pids = [p for g in self._groups.values() for p in g.local_pid]
         self._groups.clear()
         self._wait_gone(pids, max(until - time.monotonic(), 0.0))
         self._kill(pids)

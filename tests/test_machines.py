@@ -1,0 +1,173 @@
+"""Placed runs across machines: convention members on loopback ports of this host.
+
+Each member is a Thespian actor system of its own (`convention.Member`, as
+`mujou worker` starts one) that joins the run's leader; the placement puts
+groups on members by name. The data plane to them runs over TCP with the
+run's secret (CURVE). Each test starts member systems and group processes
+(spawn; each imports torch), so they are few and each checks much.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import mujou_actors as mujou
+from mujou_actors.distributed.convention import Member
+from tests import placed_support
+from tests.test_placed import assert_same_tree, single
+
+pytestmark = pytest.mark.timeout(240)
+
+SECRET = "a test secret of the run, long enough"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def _pids_seen(*members: Member) -> Iterator[list[set[int]]]:
+    """Every pid of each member's processes seen while inside (polled every 10 ms).
+
+    A group's process ends with the run, which may be before the test looks:
+    so its member's processes are watched all along.
+    """
+    seen: list[set[int]] = [set() for _ in members]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while True:
+            for pids, member in zip(seen, members, strict=True):
+                pids.update(member.pids())
+            if stop.wait(0.01):
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join(10)
+
+
+def test_groups_on_two_members_match_one_process_and_leave_nothing_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    expected = single(0.2)
+    port = _free_port()
+    leader = f"127.0.0.1:{port}"
+    with (Member("robot", leader) as robot, Member("gpu-box", leader) as gpu,
+          _pids_seen(robot, gpu) as (on_robot, on_gpu)):
+        run = mujou.run(placed_support.make_net,
+                        placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
+                        timer="simulated", duration=0.2, seed=7, workers=2, listen=leader,
+                        join_timeout=30)
+        stats = run.stats()
+        run.join(60)
+        assert_same_tree(run.state_dict(), expected)
+        # Each group ran in a process of its member's (a child of its admin's).
+        assert stats.groups["physics"].pid in on_robot
+        assert stats.groups["control"].pid in on_gpu
+    deadline = time.monotonic() + 10
+    while _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _listening(port)
+
+
+def test_a_member_nobody_started_is_named_before_any_node_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader):
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="gpu-box") as info:
+            mujou.run(placed_support.make_net,
+                      placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
+                      timer="simulated", duration=0.2, listen=leader, join_timeout=3)
+        assert "robot" in str(info.value)  # the members known
+        assert time.monotonic() - t0 < 30
+
+
+def _worker(name: str, leader: str, secret: str, **env_vars: str) -> subprocess.Popen:
+    """``mujou worker`` in a session of its own, with ``env_vars`` in its environment."""
+    env = {**os.environ, "MUJOU_SECRET": secret, **env_vars}
+    cmd = [sys.executable, "-m", "mujou_actors", "worker", "--join", leader, "--name", name]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    line = proc.stdout.readline() if proc.stdout is not None else ""
+    assert "listening on" in line, (line, proc.stderr.read() if proc.stderr else "")
+    return proc
+
+
+def _session(sid: int) -> list[int]:
+    """Every process of session ``sid`` (from /proc). The worker starts one of its own;
+    Thespian's admin is reparented when its starter exits and leads a process group of
+    its own, but it stays in the session, and so do the processes it starts."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if len(fields) > 3 and fields[3] == str(sid):  # state, ppid, pgrp, session
+                found.append(int(name))
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker and every process of its session at once: its machine is gone."""
+    for pid in [proc.pid, *_session(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(10)
+
+
+def test_a_machine_with_another_secret_is_refused_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    leader = f"127.0.0.1:{_free_port()}"
+    robot = _worker("robot", leader, "another secret, long enough too")
+    try:
+        with pytest.raises(Exception, match="secret") as info:
+            mujou.run(placed_support.make_net, placement={"sim": "robot:physics"},
+                      timer="simulated", duration=0.2, seed=7, listen=leader,
+                      start_timeout=60)
+        assert "robot" in str(info.value) or "physics" in str(info.value)
+    finally:
+        _kill_tree(robot)
+
+
+def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    leader = f"127.0.0.1:{_free_port()}"
+    robot = _worker("robot", leader, SECRET, MUJOU_TEST_EXTRA_NODE="1")
+    try:
+        with pytest.raises(mujou.NetError, match=r"group 'physics' built another net than "
+                                                 r"the host.*'extra'"):
+            mujou.run(placed_support.make_net_by_machine, placement={"sim": "robot:physics"},
+                      timer="simulated", duration=0.2, seed=7, listen=leader)
+    finally:
+        _kill_tree(robot)
