@@ -617,6 +617,19 @@ def test_a_factory_under_the_main_guard_of_a_script_is_refused_at_once(tmp_path)
         load_factory(f"{script}:OTHER")
 
 
+def test_a_machines_run_listens_on_a_port_its_workers_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOU_SECRET", "a secret long enough for the test")
+    with pytest.raises(ValueError, match=r"listen='127.0.0.1': .*port.*`mujou worker --join`"):
+        mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated",
+                  listen="127.0.0.1")
+    monkeypatch.delenv("MUJOU_SECRET")
+    monkeypatch.delenv("MUJOU_SECRET_FILE", raising=False)
+    with pytest.raises(ValueError, match="MUJOU_SECRET"):
+        mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated",
+                  listen="127.0.0.1:7000")
+
+
 def test_listen_and_machines_go_together() -> None:
     with pytest.raises(ValueError, match=r"group 'physics' on machine 'robot': pass "
                                          r"listen='HOST:PORT'"):

@@ -159,6 +159,12 @@ class _Convention:
 
         self.key = load_secret()  # the data plane's; a clear error says how to set one
         assert machines.listen is not None
+        try:  # the members join this port: it must be the one they name, not any free one
+            convention.parse_address(machines.listen)
+        except ValueError as exc:
+            raise ValueError(f"mujou.run: listen={machines.listen!r}: {exc} (the "
+                             f"'HOST:PORT' that each machine's `mujou worker --join` "
+                             f"names)") from None
         self.admin = convention.leader_admin(machines.listen,
                                              allow_remote=machines.allow_remote)
         self.member_of = {g: on[0] for g, on in plan.machines.items()}
@@ -348,7 +354,21 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
 def _start_groups(system: Any, groups: dict[str, _Group], names: list[str],
                   timeout: float) -> None:
     """Start the group processes, at once where the control plane can (their imports overlap)."""
-    members = {n: groups[n].member for n in names if groups[n].member is not None}
+    members = {n: m for n in names if (m := groups[n].member) is not None}
+    try:
+        _start_each(system, groups, names, timeout, members)
+    except Exception as exc:
+        if members:  # say where, and what a machine must have, when one of them failed
+            exc.add_note("Groups on other machines: " + ", ".join(
+                f"{n!r} on {m!r}" for n, m in members.items()) + ". Each machine must import "
+                "the net factory by the same name (an installed package, or PYTHONPATH "
+                "there) and hold the host's MUJOU_SECRET (docs/machines.md).")
+        raise
+
+
+def _start_each(system: Any, groups: dict[str, _Group], names: list[str], timeout: float,
+                members: dict[str, str]) -> None:
+    """`_start_groups`' work: every group at once if the control plane can, else in turn."""
     many = getattr(system, "start_groups", None)
     if many is not None and len(names) > 1:
         pids = many({n: (GROUP_TARGET, groups[n].spawn) for n in names}, timeout,
