@@ -134,6 +134,16 @@ def _session(sid: int) -> list[int]:
     return found
 
 
+def _stop_worker(proc: subprocess.Popen) -> None:
+    """End a worker as Ctrl-C does (SIGTERM: it removes its folder); killed past 20 s."""
+    proc.terminate()
+    try:
+        assert proc.wait(20) == 0
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        raise
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the worker and every process of its session at once: its machine is gone."""
     for pid in [proc.pid, *_session(proc.pid)]:
@@ -156,7 +166,7 @@ def test_a_machine_with_another_secret_is_refused_naming_it(
                       start_timeout=60)
         assert "robot" in str(info.value) or "physics" in str(info.value)
     finally:
-        _kill_tree(robot)
+        _stop_worker(robot)
 
 
 def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
@@ -170,4 +180,4 @@ def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
             mujou.run(placed_support.make_net_by_machine, placement={"sim": "robot:physics"},
                       timer="simulated", duration=0.2, seed=7, listen=leader)
     finally:
-        _kill_tree(robot)
+        _stop_worker(robot)
