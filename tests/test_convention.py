@@ -44,7 +44,7 @@ from mujou_actors.distributed.convention import (
     wait_for_members,
 )
 from mujou_actors.distributed.system import ProcessSystem, free_port
-from mujou_actors.errors import JoinTimeoutError
+from mujou_actors.errors import GroupDied, JoinTimeoutError
 from tests.procs_support import ROOT
 from tests.test_system import children, listeners, listening, wait_gone
 
@@ -298,3 +298,43 @@ def test_mujou_worker_says_where_it_listens_is_listed_and_ends_cleanly_on_sigter
         assert wait_gone(pids, 5) == []
         assert listeners(admin_port) == {}
         assert leader.members() == {}  # it deregistered on its way out
+
+
+@pytest.mark.timeout(120)
+def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_again() -> None:
+    """The coordinator hands the creation to the member the start names; if that machine
+    stops answering (`ProcessSystem.member_check`; here its processes are frozen with
+    SIGSTOP after it joined), the start fails within a check period and its ask, naming
+    the machine, not at its timeout; the group is forgotten, so that a start of it on
+    another machine goes on."""
+    port = free_port()
+    leader = ("127.0.0.1", port)
+    with ProcessSystem(admin=leader_admin(f"127.0.0.1:{port}")) as system, \
+            Member("frozen", leader) as frozen, Member("spare", leader):
+        wait_for_members(leader, ["frozen", "spare"], join_timeout=30)
+        asked: list[tuple[str, bool]] = []
+
+        def answers(member: str) -> bool:
+            up = member in members(leader, timeout=2.0)
+            asked.append((member, up))
+            return up
+
+        system.member_check = answers
+        pids = frozen.pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(GroupDied, match="machine 'frozen' stopped answering") as info:
+                system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60.0,
+                                   member="frozen")
+            took = time.monotonic() - started
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        assert info.value.group == "g"
+        assert asked == [("frozen", False)]
+        assert took < 10  # a check period (1 s) and its ask (2 s), not the 60 s timeout
+        pid = system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60.0,
+                                 member="spare")
+        assert system.ask("g", ("pid", None), 30.0) == pid

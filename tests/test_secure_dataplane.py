@@ -96,6 +96,41 @@ def test_plain_tcp_on_loopback_carries_a_grant(links: list[Any]) -> None:
     assert grant is not None and grant.take and grant.messages == [(1, 0, 0, 0, b"bytes")]
 
 
+@pytest.mark.timeout(30)
+def test_a_send_to_a_gone_peer_asks_blocked_until_it_gives_up(links: list[Any]) -> None:
+    """A PAIR send with no peer connected cannot go: it waits in slices, asking the link's
+    ``blocked`` between them (the driver looks for the group's death there), and gives
+    up when ``blocked`` raises; a peer that connects meanwhile gets the message."""
+    host = _host(links, None)
+    group = _group(links, host, None)
+    host.send(dataplane.Grant(None, True, [(1, 0, 0, 0, "first")]))
+    assert group.receive(BOUND) is not None
+    links.remove(group)
+    group.close()  # the peer is gone: its connection went with it
+    asked: list[float] = []
+
+    def blocked() -> None:
+        asked.append(time.monotonic())
+        if len(asked) == 3:
+            raise RuntimeError("the group is dead")
+
+    host.blocked = blocked
+    deadline = time.monotonic() + BOUND
+    while host.sock.poll(0, zmq.POLLOUT) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the host's socket has seen the disconnection
+    with pytest.raises(RuntimeError, match="dead"):
+        host.send(dataplane.Grant(None, True, [(2, 0, 0, 0, "lost")]))
+    assert len(asked) == 3
+    assert asked[2] - asked[0] >= 2 * dataplane.SEND_SLICE_S * 0.9  # in slices, not a spin
+
+    again = _group(links, host, None)  # a peer that comes back gets what is sent then
+    asked.clear()
+    host.blocked = lambda: asked.append(time.monotonic())
+    host.send(dataplane.Grant(None, True, [(3, 0, 0, 0, "back")]))
+    got = again.receive(BOUND)
+    assert got is not None and got.messages == [(3, 0, 0, 0, "back")]
+
+
 # ---------------------------------------------------------------------------
 # Refusals
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -149,6 +149,8 @@ def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str 
 
 # From this many bytes a frame is sent without a copy (pyzmq's own copy threshold).
 ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
+# How long a send that cannot go (no peer connected) waits between asking `blocked`.
+SEND_SLICE_S = 0.05
 
 
 def _secure(sock: zmq.Socket[Any], address: str, prefix: str | None, secret: bytes | None,
@@ -191,6 +193,8 @@ class _Link:
         self.decoder = wire.Decoder(theirs)
         self.messages_in = self.messages_out = 0
         self.bytes_in = self.bytes_out = 0
+        # Called while a send cannot go; raises (or ends the process) to give up.
+        self.blocked: Callable[[], None] | None = None
 
     def _send(self, header: list[Any], items: list[Item], messages: int | None = None) -> None:
         """Send a header and items; ``messages`` of them count as port messages (all)."""
@@ -201,7 +205,30 @@ class _Link:
         self.bytes_out += sum(len(f) for f in frames)
         # Small frames are copied (half the cost of zmq's zero-copy frames for them);
         # a large one (a tensor inline) goes as a view of its memory.
-        self.sock.send_multipart(frames, copy=max(map(len, frames)) < ZERO_COPY_BYTES)
+        copy = max(map(len, frames)) < ZERO_COPY_BYTES
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            self._send_blocked(frames, copy)
+
+    def _send_blocked(self, frames: list[Any], copy: bool) -> None:
+        """Send once the peer takes it; `blocked` is asked every `SEND_SLICE_S` meanwhile.
+
+        A ``PAIR`` socket blocks a send while no peer is connected: the peer
+        died (its TCP or ipc connection went with it) or is reconnecting. A
+        plain blocking send would never return for a dead peer, and the one
+        waiting could not see the death it waits on; `blocked` looks for it
+        (and a link without one waits, as before, for the peer to connect).
+        """
+        while True:
+            if self.sock.poll(int(SEND_SLICE_S * 1000), zmq.POLLOUT):
+                try:
+                    self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                    return
+                except zmq.Again:  # the room went again meanwhile: wait on
+                    pass
+            if self.blocked is not None:
+                self.blocked()
 
     def _receive(self, timeout: float) -> tuple[list[Any], list[Item]] | None:
         if not self.sock.poll(int(timeout * 1000)):

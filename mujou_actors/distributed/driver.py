@@ -187,6 +187,8 @@ class _Driver:
         for g in groups.values():
             if not g.remote:
                 g.link.keep_waiting = self.keep_waiting
+            else:  # a grant to a dead group cannot go: the send looks for the death
+                g.link.blocked = self._check_exits
         self.supervisor = supervisor
         self.start_timeout = start_timeout
         self._rebuild = rebuild
@@ -252,14 +254,8 @@ class _Driver:
                 self._snapshot(self.time_ns)  # the first, right after the start
             while True:
                 try:
-                    try:
-                        self._rounds()
-                        break
-                    except GroupDied as died:  # a control request found it dead, or lost
-                        if died.group not in self.groups:
-                            raise
-                        raise _GroupDied(_Lost(died.group, died.pid or 0, died.reason)) \
-                            from died
+                    self._died_as_exit(self._rounds)
+                    break
                 except (_Failed, _GroupDied) as failed:
                     if not self._supervise(failed):
                         break
@@ -271,9 +267,33 @@ class _Driver:
         finally:
             self._finish()
 
+    def _died_as_exit(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, with a `GroupDied` of one of the run's groups (a control request
+        found it dead, or lost) raised as the `_GroupDied` that the supervisor takes."""
+        try:
+            return fn()
+        except GroupDied as died:
+            if died.group not in self.groups:
+                raise
+            raise _GroupDied(_Lost(died.group, died.pid or 0, died.reason)) from died
+
     def _supervise(self, failed: _Failed | _GroupDied) -> bool:
         """Hand a hook's failure or a dead group to the supervisor (`_recover`); False when
-        the run must end (the failure is recorded)."""
+        the run must end (the failure is recorded).
+
+        A group that dies while the supervisor restores the net (its new
+        machine went too: the start on it fails once it stops answering) is a
+        failure of its own, handed over in turn; the restart intensity bounds
+        how often.
+        """
+        while True:
+            try:
+                return bool(self._died_as_exit(functools.partial(self._supervise_one, failed)))
+            except _GroupDied as again:
+                failed = again
+
+    def _supervise_one(self, failed: _Failed | _GroupDied) -> bool:
+        """`_supervise` for one failure."""
         if isinstance(failed, _Failed):
             return self._recover(failed.error, failed.group, node=failed.node)
         e = failed.exit
@@ -462,6 +482,7 @@ class _Driver:
             reach = f"{old.rpartition(':')[0]}:{g.link.endpoint.rpartition(':')[2]}"
         g.spawn = {**g.spawn, "address": reach, "pools": pools}
         g.link.epoch = self.epoch
+        g.link.blocked = self._check_exits
         on = {} if g.member is None else {"member": g.member}
         g.pid = self.system.start_group(g.name, GROUP_TARGET, g.spawn, self.start_timeout, **on)
         g.link.handshake(self.start_timeout)

@@ -33,7 +33,7 @@ import zmq
 from .. import snapshot
 from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
-from ..errors import NodeError
+from ..errors import NodeError, describe
 from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
@@ -415,6 +415,7 @@ class GroupServer:
         self._sent_bytes = self._recv_bytes = 0
         key = load_secret() if secure else None
         self._link = dataplane.GroupLink(address, self.routes, pools, key)
+        self._link.blocked = self._end_if_host_gone
         self._responder: Responder | None = None
         try:
             self._link.handshake(HANDSHAKE_S)  # another secret: a clear error, not a hang
@@ -461,23 +462,35 @@ class GroupServer:
         since = time.monotonic_ns() - (self._started_ns if last is None else last)
         return since > ORPHAN_S * 1e9
 
+    def _end_if_host_gone(self) -> None:
+        """End this process if the host is gone (`_host_gone`): no one is left to stop
+        it cleanly. Also asked while a reply cannot go (`dataplane.HostLink.blocked`)."""
+        if self._host_gone():
+            log.warning("group %r: the host (pid %d) is gone; ending", self.group,
+                        self._host_pid)
+            self._closing.set()
+            os._exit(3)
+
     def _serve(self) -> None:
         """Answer grants until closed or the host is gone (its pid no longer exists)."""
         link = self._link
         while not self._closing.is_set():
             grant = link.receive(timeout=0.1)
             if grant is None:
-                if self._host_gone():
-                    log.warning("group %r: the host (pid %d) is gone; ending", self.group,
-                                self._host_pid)
-                    self._closing.set()
-                    os._exit(3)  # no one is left to stop us cleanly
+                self._end_if_host_gone()
                 continue
             if self._closing.is_set():
                 break  # closing (told to, or its host is gone): a stopped kernel runs nothing
             try:
                 reply = run_grant(self.kernel, self.routes, grant, self.published)
             except BaseException as exc:  # reported to the host, never swallowed
+                if self._closing.is_set():
+                    # The kernel was stopped under the grant (the process is ending:
+                    # its machine's admin, or its watchdog, closes it). No node failed;
+                    # the host learns of the end as of any group's.
+                    log.info("group %r: closing; the grant in flight ended with %s",
+                             self.group, describe(exc))
+                    break
                 reply = dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                         failure=failure_of(exc))
             try:
@@ -499,10 +512,7 @@ class GroupServer:
         while not self._closing.is_set():
             ready = dict(poller.poll(100))
             if not ready:
-                if self._host_gone():
-                    log.warning("group %r: the host (pid %d) is gone; ending", self.group,
-                                self._host_pid)
-                    os._exit(3)
+                self._end_if_host_gone()
                 continue
             try:
                 if wake.fileno() in ready:
@@ -512,6 +522,10 @@ class GroupServer:
                     while (grant := link.receive(0)) is not None:
                         self._take(grant)
             except BaseException as exc:  # reported to the host, never swallowed
+                if self._closing.is_set():
+                    log.info("group %r: closing; the messages in flight ended with %s",
+                             self.group, describe(exc))
+                    break  # stopped under it, the process ending (see `_serve`)
                 link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                           failure=failure_of(exc)))
         link.close()

@@ -150,6 +150,12 @@ def _check_not_bootstrapping() -> None:
             "as multiprocessing's spawn does)")
 
 
+# How long a member's admin may take to answer: it is single-threaded, and the
+# first actor of the package it creates makes it import the package (torch
+# included, ~1.4 s here) for the capability check.
+MEMBER_ANSWER_S = 5.0
+
+
 class _Convention:
     """The run's side of a convention of machines: its leader's settings, secret, members."""
 
@@ -182,14 +188,33 @@ class _Convention:
         self.monitor = Monitor(f"tcp://{self.admin.host}:*", period=period,
                                timeout=self._heartbeat_timeout, secret=self.key)
 
+    @property
+    def _leader(self) -> tuple[str, int]:
+        """Where this machine reaches the leader's admin (loopback for a wildcard bind)."""
+        return (self.admin.host if self.admin.host != ANY else LOOPBACK, self.admin.port)
+
     def wait_for_members(self) -> None:
         """Wait for every member the placement names (`convention.wait_for_members`)."""
         from . import convention
 
-        leader = (self.admin.host if self.admin.host != ANY else LOOPBACK, self.admin.port)
-        convention.wait_for_members(leader, self.member_of.values(), self._join_timeout)
-        for info in convention.known_members(leader, 5.0) or []:
+        convention.wait_for_members(self._leader, self.member_of.values(), self._join_timeout)
+        for info in convention.known_members(self._leader, MEMBER_ANSWER_S) or []:
             self.addresses[info.name] = info.address.rpartition(":")[0]
+
+    def answers(self, member: str) -> bool:
+        """Whether ``member``'s admin answers now (within `MEMBER_ANSWER_S`).
+
+        The start of a group on a machine asks this every second
+        (`system.ProcessSystem.member_check`): a machine that died after it
+        was chosen fails the start then. No verdict (True) when the leader's
+        own admin does not answer the listing.
+        """
+        from . import convention
+
+        try:
+            return member in convention.members(self._leader, timeout=MEMBER_ANSWER_S)
+        except (ConnectionError, ValueError):  # no listing (or a name held twice)
+            return True
 
     def lost(self, group: str) -> bool:
         """Whether the heartbeat has lost ``group`` (and it has not answered since)."""
@@ -206,13 +231,13 @@ class _Convention:
         from ..errors import JoinTimeoutError
         from . import convention
 
-        leader = (self.admin.host if self.admin.host != ANY else LOOPBACK, self.admin.port)
+        leader = self._leader
         names = self.machines[group]
         deadline = time.monotonic() + self._join_timeout
         known: dict[str, Any] = {}
         while True:
             try:
-                known = convention.members(leader, timeout=2.0)
+                known = convention.members(leader, timeout=MEMBER_ANSWER_S)
             except ConnectionError:
                 known = {}
             for name in names:
@@ -263,6 +288,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             conv.wait_for_members()
             conv.start_monitor()
             system.lost_check = conv.lost
+            system.member_check = conv.answers
         # The data plane's socket files go in the control plane's private folder when it
         # has one (its coordinator removes it even when the host is killed).
         folder = getattr(system, "folder", None)

@@ -111,6 +111,7 @@ log = logging.getLogger("mujou_actors")
 POLL_S = 0.05  # the longest one Thespian call waits; a request's wait is made of these
 REAP_S = 2.0  # how long a group that was asked to end may take before it is killed
 KILL_WAIT_S = 1.0  # how long a killed process may take to be gone
+MEMBER_CHECK_S = 1.0  # how often a start on another machine asks whether that machine answers
 
 
 class GroupExit(NamedTuple):
@@ -259,6 +260,9 @@ class ProcessSystem:
         # Whether a group on another machine is lost (the run's heartbeat: set by the
         # placed run), so that a request to it fails at once instead of timing out.
         self.lost_check: Callable[[str], bool] | None = None
+        # Whether a convention member (a machine) answers now (set by the placed run):
+        # a start on a machine that stops answering fails then, not at its timeout.
+        self.member_check: Callable[[str], bool] | None = None
         self._seq = 0
         self._groups: dict[str, _Group] = {}
         self._exits: list[GroupExit] = []
@@ -493,7 +497,8 @@ class ProcessSystem:
             ValueError: a group of that name runs already.
             RemoteError: the target could not be imported, or raised (its
                 traceback is in the error); the process has been ended.
-            GroupDied: the process died before the server was built.
+            GroupDied: the process died before the server was built, or the
+                machine it starts on stopped answering (`member_check`).
             TimeoutError: not done within ``timeout``; the process has been ended.
         """
         return self.start_groups({group: (target, kwargs)}, timeout, sys_path,
@@ -524,7 +529,8 @@ class ProcessSystem:
             TypeError: a name or target is not a str.
             ValueError: a group of one of those names runs already.
             RemoteError: a target could not be imported, or raised.
-            GroupDied: a process died before its server was built.
+            GroupDied: a process died before its server was built, or a machine
+                stopped answering.
             TimeoutError: not all done within ``timeout``.
         """
         self._check_open()
@@ -552,8 +558,10 @@ class ProcessSystem:
         sends = [(self._coordinator, actors.StartGroup(seqs[name], name, target, dict(kwargs),
                                                        tuple(sys_path), on.get(name)))
                  for name, (target, kwargs) in groups.items()]
+        gone: list[str] = []  # machines of ``on`` found not answering during the wait
         replies = self._request_many(sends, set(seqs.values()), timeout,
-                                     check=self._check_coordinator, interim=booting)
+                                     check=self._check_coordinator, interim=booting,
+                                     give_up=self._members_gone(set(on.values()), gone))
         started: dict[str, _Group] = {}
         failures: list[tuple[str, BaseException]] = []
         for name, (target, _) in groups.items():
@@ -562,9 +570,18 @@ class ProcessSystem:
             if isinstance(reply, actors.GroupStarted):
                 started[name] = _Group(name, reply.pid, reply.address, on.get(name))
             elif reply is None:
-                self._abandon(name, None if name in on else booted.get(name))
-                failures.append((name, TimeoutError(f"{what}: not done within {timeout} s; "
-                                                    "its process was ended")))
+                self._abandon(name, None if name in on else booted.get(name), name in on)
+                if on.get(name) in gone:  # first: it is why the others were given up
+                    failures.insert(0, (name, GroupDied(
+                        name, booted.get(name), f"machine {on[name]!r} stopped answering "
+                                                f"while the group started")))
+                elif gone:
+                    failures.append((name, TimeoutError(
+                        f"{what}: given up when machine {gone[0]!r} stopped answering; "
+                        f"its process was ended")))
+                else:
+                    failures.append((name, TimeoutError(
+                        f"{what}: not done within {timeout} s; its process was ended")))
             else:  # GroupStartFailed: its process is ending (the coordinator asked it to)
                 pid = booted.get(name)
                 if pid is not None and name not in on:
@@ -745,11 +762,13 @@ class ProcessSystem:
 
     def _request_many(self, sends: list[tuple[Any, Any]], seqs: set[int], timeout: float,
                       check: Callable[[], None] | None = None,
-                      interim: Callable[[Any], bool] | None = None) -> dict[int, Any]:
+                      interim: Callable[[Any], bool] | None = None,
+                      give_up: Callable[[], bool] | None = None) -> dict[int, Any]:
         """Send messages to actors and wait for the answers numbered ``seqs``.
 
         The wait is made of Thespian calls of at most `POLL_S` each, under the
-        lock; between them ``check`` may raise (a dead process), and answers
+        lock; between them ``check`` may raise (a dead process), ``give_up()``
+        returning ``True`` ends the wait with the answers so far, and answers
         of other numbers (late ones) are dropped. ``interim(answer)`` returning
         ``True`` marks an answer as progress, not the end.
 
@@ -759,6 +778,7 @@ class ProcessSystem:
             timeout (float): seconds for all of them.
             check (Callable[[], None] | None): called between waits; raises to give up.
             interim (Callable[[Any], bool] | None): see above.
+            give_up (Callable[[], bool] | None): called between waits (see above).
 
         Returns:
             dict[int, Any]: number -> answer; those missing at the deadline are absent.
@@ -799,7 +819,30 @@ class ProcessSystem:
                 replies[seq] = reply
             if check is not None:
                 check()
+            if give_up is not None and len(replies) < len(seqs) and give_up():
+                break
         return replies
+
+    def _members_gone(self, machines: set[str], gone: list[str]) -> Callable[[], bool] | None:
+        """A ``give_up`` for a start on ``machines``: every `MEMBER_CHECK_S`, whether one
+        of them stopped answering (`member_check`); those found are put in ``gone``.
+
+        Without it, a start on a machine that died after it was chosen (its
+        admin took the creation, then went) would wait for its whole timeout.
+        """
+        check = self.member_check
+        if check is None or not machines:
+            return None
+        next_at = time.monotonic() + MEMBER_CHECK_S
+
+        def give_up() -> bool:
+            nonlocal next_at
+            if time.monotonic() < next_at:
+                return False
+            gone.extend(m for m in sorted(machines) if not check(m))
+            next_at = time.monotonic() + MEMBER_CHECK_S
+            return bool(gone)
+        return give_up
 
     def _group(self, group: str) -> _Group:
         """The record of a started group."""
@@ -856,11 +899,17 @@ class ProcessSystem:
 
     # ----------------------------------------------------------------- ending processes
 
-    def _abandon(self, group: str, booted: int | None) -> None:
-        """After a start timed out: tell the coordinator, kill the process if known."""
+    def _abandon(self, group: str, booted: int | None, on_member: bool = False) -> None:
+        """After a start was given up: tell the coordinator, kill the process if known.
+
+        A group on another machine is forgotten (`actors.Forget`): its end may
+        never be told (its machine may be gone), and a stop would wait for it,
+        so the group could not be started again.
+        """
         seq = self._next()
+        msg = actors.Forget(seq, group) if on_member else actors.StopGroup(seq, group)
         try:
-            self._request(self._coordinator, actors.StopGroup(seq, group), seq, POLL_S * 4,
+            self._request(self._coordinator, msg, seq, POLL_S * 4,
                           f"the abandon of group {group!r}")
         except (TimeoutError, RuntimeError):
             pass  # the process is killed below, or by shutdown's sweep of the process group
