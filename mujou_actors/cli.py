@@ -583,6 +583,10 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["placement"] = parse_places(places)
             kwargs["net_kwargs"] = parse_net_kwargs(net_kwargs)
             if listen is not None:
+                if not any(":" in group for group in kwargs["placement"].values()):
+                    raise UsageError("--listen is where other machines join: it goes with a "
+                                     "--place that names one (PATH=MACHINE:GROUP); every "
+                                     "--place here keeps its group on this machine")
                 kwargs.update(listen=listen, join_timeout=join_timeout,
                               allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
         elif net_kwargs is not None:
@@ -695,9 +699,11 @@ def worker_command(leader: tuple[str, int], name: str, listen: tuple[str, int],
                 click.echo(f"worker {name} listening on {host}:{port} (leader {joining})")
 
                 def changed(joined: bool) -> None:
+                    # A leader lives as long as its run: its end is no error here.
                     click.echo(f"worker {name}: joined the leader at {joining}" if joined else
-                               f"worker {name}: lost the leader at {joining}; trying again "
-                               f"every {REGISTER_PERIOD:g} s", err=True)
+                               f"worker {name}: the leader at {joining} is gone (its run "
+                               f"ended, or it is unreachable); waiting for the next one "
+                               f"(asking every {REGISTER_PERIOD:g} s)", err=True)
 
                 member.serve(stop, on_change=changed)
             click.echo(f"worker {name}: stopped", err=True)
@@ -739,7 +745,9 @@ def workers_command(leader: tuple[str, int], as_json: bool, timeout: float,
         try:
             found = known_members(leader, timeout)
         except ConnectionError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(
+                f"{exc}. A run's leader listens only while that run goes (`mujou run ... "
+                f"--listen {leader[0]}:{leader[1]}`, or `mujou.run(..., listen=...)`)") from None
         if as_json:
             click.echo(json.dumps([{"name": m.name, "address": m.address,
                                     "capabilities": m.capabilities} for m in found],

@@ -234,6 +234,13 @@ def test_a_bad_option_of_mujou_worker_or_workers_is_an_error_naming_it() -> None
     result = runner.invoke(main, ["workers", "--leader", f"127.0.0.1:{closed}"])
     assert result.exit_code == 1
     assert f"no Thespian admin answers at 127.0.0.1:{closed}" in result.output
+    assert "leader listens only while that run goes" in result.output  # the hint
+    assert f"--listen 127.0.0.1:{closed}" in " ".join(result.output.split())
+    # --listen is for other machines: a --place that names none is told so, in CLI terms
+    result = runner.invoke(main, ["run", "tests/placed_support.py:make_net", "--place",
+                                  "sim=physics", "--listen", f"127.0.0.1:{closed}"])
+    assert result.exit_code == 2, result.output
+    assert "PATH=MACHINE:GROUP" in result.output and "mujou.run" not in result.output
 
 
 # What pip writes as the `mujou` console script (a file run as __main__, not `-m`).

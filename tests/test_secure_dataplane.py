@@ -160,6 +160,28 @@ def test_another_secret_is_refused_on_both_sides_with_a_clear_error(
 
 
 @pytest.mark.timeout(30)
+def test_handshake_failed_never_waits_and_raises_once_the_server_sees_another_secret(
+        links: list[Any]) -> None:
+    """The host's watch while a group starts: each call takes the events so far."""
+    host = _host(links, A)
+    assert host.handshake_failed() is None  # nobody connected yet: nothing to say
+    _group(links, host, B)
+    calls, deadline = 0, time.monotonic() + BOUND
+    with pytest.raises(HandshakeError, match="the secrets differ"):
+        while time.monotonic() < deadline:
+            calls += 1
+            started = time.monotonic()
+            host.handshake_failed()
+            assert time.monotonic() - started < 0.5  # it never waits
+            time.sleep(0.01)
+    assert calls >= 1
+    good = _host(links, A)
+    _group(links, good, A)
+    good.handshake(BOUND)
+    assert good.handshake_failed() is None  # a success stays one
+
+
+@pytest.mark.timeout(30)
 def test_a_client_without_curve_is_refused(links: list[Any]) -> None:
     host = _host(links, A)
     group = _group(links, host, None)  # plain TCP, on loopback: the group accepts to try

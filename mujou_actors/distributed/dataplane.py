@@ -260,6 +260,15 @@ class _Link:
         if self._watch is not None:
             self._watch.wait(timeout)
 
+    def handshake_failed(self) -> None:
+        """Raise if a handshake failed so far (`secret.Handshake.check`); never waits.
+
+        Raises:
+            HandshakeError: the peer's handshake failed (see `handshake`).
+        """
+        if self._watch is not None:
+            self._watch.check()
+
     def close(self) -> None:
         self.encoder.close()
         self.decoder.close()

@@ -11,6 +11,7 @@ from then on. The run it returns is a `placed_run.PlacedRun`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -395,16 +396,34 @@ def _start_groups(system: Any, groups: dict[str, _Group], names: list[str],
 def _start_each(system: Any, groups: dict[str, _Group], names: list[str], timeout: float,
                 members: dict[str, str]) -> None:
     """`_start_groups`' work: every group at once if the control plane can, else in turn."""
+    # On other machines: another secret fails the start as soon as the host's end of
+    # the link sees it (the group's end would only time out).
+    watch = {"check": functools.partial(_handshakes, groups, members)} if members else {}
     many = getattr(system, "start_groups", None)
     if many is not None and len(names) > 1:
         pids = many({n: (GROUP_TARGET, groups[n].spawn) for n in names}, timeout,
-                    **({"members": members} if members else {}))
+                    **({"members": members} if members else {}), **watch)
         for n in names:
             groups[n].pid = pids[n]
         return
     for n in names:
         on = {"member": members[n]} if n in members else {}
-        groups[n].pid = system.start_group(n, GROUP_TARGET, groups[n].spawn, timeout, **on)
+        groups[n].pid = system.start_group(n, GROUP_TARGET, groups[n].spawn, timeout,
+                                           **on, **watch)
+
+
+def _handshakes(groups: dict[str, _Group], members: dict[str, str]) -> None:
+    """Raise the first failed data-plane handshake of a group on another machine, naming
+    the group and the machine (`dataplane.HostLink.handshake_failed`)."""
+    from ..errors import HandshakeError
+
+    for name, member in members.items():
+        try:
+            groups[name].link.handshake_failed()
+        except HandshakeError as exc:
+            raise HandshakeError(exc.address, f"{exc.reason} (group {name!r} on machine "
+                                 f"{member!r}, which must hold the host's MUJOU_SECRET)",
+                                 server=exc.server) from exc
 
 
 def factory_of(ref: FactoryRef) -> Callable[..., Any]:

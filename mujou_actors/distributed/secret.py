@@ -376,6 +376,7 @@ class Handshake:
         self._uses_curve()  # read again while open: CURVE may be set after this
         self._monitor: zmq.Socket[Any] | None = sock.get_monitor_socket(_WATCHED)
         self.succeeded = False
+        self._connected = False  # a peer connected (or was accepted) at least once
 
     @property
     def events(self) -> zmq.Socket[Any] | None:
@@ -443,26 +444,60 @@ class Handshake:
             raise RuntimeError("Handshake.wait: closed")
         where = address or endpoint(self._sock)
         deadline = time.monotonic() + timeout
-        connected = False
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._monitor.poll(max(1, int(left * 1000))):
                 break
-            event = parse_monitor_message(self._monitor.recv_multipart())
-            kind, value = event["event"], event["value"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.succeeded = True
-                self._stop_monitor()
+            if self._on_event(where):
                 return
-            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
-                connected = True
-                continue
-            raise HandshakeError(where, self._failure(kind, value), server=self.server)
         side = "no client connected" if self.server else (
-            "connected but the handshake did not finish" if connected else
+            "connected but the handshake did not finish" if self._connected else
             "nothing accepted the connection")
         raise HandshakeError(where, f"no CURVE handshake within {timeout:g} s ({side})",
                              server=self.server)
+
+    def check(self, address: str | None = None) -> bool:
+        """`wait` without waiting: the handshakes that ended so far, taken now.
+
+        For a caller that waits on something else meanwhile (the start of the
+        group at the other end): another secret is then an error as soon as
+        the server side sees it, not at the end of that wait.
+
+        Args:
+            address (str | None): the endpoint to name in the error; None: the
+                socket's last bound or connected endpoint.
+
+        Returns:
+            bool: True once a peer completed the handshake; False while none
+            has ended.
+
+        Raises:
+            HandshakeError: a handshake failed (see `wait`).
+        """
+        if self.succeeded:
+            return True
+        if self._monitor is None:
+            raise RuntimeError("Handshake.check: closed")
+        where = address or endpoint(self._sock)
+        while self._monitor is not None and self._monitor.poll(0):
+            if self._on_event(where):
+                return True
+        return False
+
+    def _on_event(self, where: str) -> bool:
+        """Read one monitor event: True for a success (the monitor stops); raise for a
+        failed handshake; False for another event (a connection noted)."""
+        assert self._monitor is not None
+        event = parse_monitor_message(self._monitor.recv_multipart())
+        kind, value = event["event"], event["value"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.succeeded = True
+            self._stop_monitor()
+            return True
+        if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            self._connected = True
+            return False
+        raise HandshakeError(where, self._failure(kind, value), server=self.server)
 
     def _uses_curve(self) -> bool:
         """Whether the socket uses CURVE (as last seen, once it is closed)."""

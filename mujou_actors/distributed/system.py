@@ -468,7 +468,8 @@ class ProcessSystem:
         return sorted(p for p in found if p != os.getpid() and alive(p))
 
     def start_group(self, group: str, target: str, kwargs: dict[str, Any], timeout: float,
-                    sys_path: Sequence[str] = (), member: str | None = None) -> int:
+                    sys_path: Sequence[str] = (), member: str | None = None,
+                    check: Callable[[], None] | None = None) -> int:
         """Start a group process and build its server: ``server = target(**kwargs)`` there.
 
         The coordinator creates the group's actor (a new process, which
@@ -488,6 +489,9 @@ class ProcessSystem:
             member (str, optional): the convention member (machine) to start it
                 on (this system must lead a convention: `AdminSettings`);
                 None: this machine.
+            check (Callable[[], None], optional): called every `POLL_S` or so
+                while it starts; what it raises ends the start and is raised
+                (the caller's own watch: the data plane's handshake).
 
         Returns:
             int: the group process's pid (on its machine).
@@ -502,11 +506,12 @@ class ProcessSystem:
             TimeoutError: not done within ``timeout``; the process has been ended.
         """
         return self.start_groups({group: (target, kwargs)}, timeout, sys_path,
-                                 {} if member is None else {group: member})[group]
+                                 {} if member is None else {group: member}, check)[group]
 
     def start_groups(self, groups: Mapping[str, tuple[str, Mapping[str, Any]]], timeout: float,
                      sys_path: Sequence[str] = (),
-                     members: Mapping[str, str] | None = None) -> dict[str, int]:
+                     members: Mapping[str, str] | None = None,
+                     check: Callable[[], None] | None = None) -> dict[str, int]:
         """Start several group processes at once (their imports overlap); see `start_group`.
 
         All or nothing: if one fails, those that started are stopped, and the
@@ -521,6 +526,7 @@ class ProcessSystem:
                 process's ``sys.path``.
             members (Mapping[str, str], optional): group name -> the convention
                 member to start it on (see `start_group`); the others here.
+            check (Callable[[], None], optional): see `start_group`.
 
         Returns:
             dict[str, int]: group name -> pid.
@@ -559,8 +565,13 @@ class ProcessSystem:
                                                        tuple(sys_path), on.get(name)))
                  for name, (target, kwargs) in groups.items()]
         gone: list[str] = []  # machines of ``on`` found not answering during the wait
+        def checks() -> None:
+            self._check_coordinator()
+            if check is not None:
+                check()
+
         replies = self._request_many(sends, set(seqs.values()), timeout,
-                                     check=self._check_coordinator, interim=booting,
+                                     check=checks, interim=booting,
                                      give_up=self._members_gone(set(on.values()), gone))
         started: dict[str, _Group] = {}
         failures: list[tuple[str, BaseException]] = []
