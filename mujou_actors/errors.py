@@ -2,8 +2,8 @@
 
 The family is split by meaning, as in Trio: misuse of the API (``PortTypeError``,
 plus plain ``ValueError``/``TypeError`` for bad settings), a node's failure
-(``NodeError``), bad data (``SnapshotError``; ``WireError`` on the data plane
-between processes), the data plane between machines (``SecretError``,
+(``NodeError``), bad data (``SnapshotError``, ``RecordingError``; ``WireError``
+on the data plane between processes), the data plane between machines (``SecretError``,
 ``HandshakeError``), time (``StartTimeoutError``,
 ``StopTimeoutError``; ``JoinTimeoutError``, members of a convention that did
 not join), the CUDA driver (``SyncModeError``, also
@@ -21,6 +21,7 @@ __all__ = [
     "PortTypeError",
     "NodeError",
     "SnapshotError",
+    "RecordingError",
     "StartTimeoutError",
     "StopTimeoutError",
     "NotRunningError",
@@ -87,6 +88,34 @@ class NodeError(MujouError):
 
 class SnapshotError(MujouError):
     """A snapshot file or state tree is truncated, corrupted, foreign or too new."""
+
+
+class RecordingError(MujouError):
+    """A recording (an MCAP file) that is not MCAP, not mujou's, or damaged.
+
+    Raised by the readers of ``mujou_actors.mcapfile`` (and so by ``mujou
+    inspect FILE.mcap``). A file cut short by a crash is not an error: it reads
+    up to its last complete record. The message names the file, what is wrong
+    and, where known, the offset of the record where it broke; the MCAP
+    reader's own error, if any, is the ``__cause__``.
+
+    Attributes:
+        path (str): the file.
+        reason (str): what is wrong, in words.
+        offset (int | None): the offset (bytes) of the record that does not
+            read, None when not known.
+    """
+
+    def __init__(self, path: str, reason: str, offset: int | None = None) -> None:
+        where = "" if offset is None else f" (the record at byte {offset})"
+        super().__init__(f"{path}: {reason}{where}")
+        self.path = path
+        self.reason = reason
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (across processes) with the arguments it is made from, not its message.
+        return (type(self), (self.path, self.reason, self.offset))
 
 
 class WireError(MujouError, ValueError):

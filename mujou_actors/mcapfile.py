@@ -1,0 +1,842 @@
+"""Recordings on disk: the mujou profile of MCAP, written and read record by record.
+
+A recording is an `MCAP <https://mcap.dev>`_ file (written and read with the
+``mcap`` package, never by hand) whose records follow these rules, format
+version 1 (`FORMAT`):
+
+* **Header**: profile ``"mujou"`` (`PROFILE`), library ``"mujou_actors <version>"``.
+  The file is chunked (about 1 MiB a chunk, `CHUNK_SIZE`; compression none by
+  default, ``"lz4"`` or ``"zstd"`` on request). Each chunk is handed to the
+  operating system as soon as it is closed, so a file cut by a crash is
+  readable up to its last complete chunk.
+* **One channel per recorded Output**: topic the Output's path (``"sim.state"``),
+  message encoding ``"mujou.snapshot"`` (`MESSAGE_ENCODING`); channel metadata
+  (all str) ``node`` (the node's path), ``port`` (the port's name),
+  ``sender_order`` (the node's order in the net, decimal), ``type`` (the
+  declared message type as ``module:qualname``: ``builtins:float``,
+  ``torch:Tensor``) and, for a tensor port that declares them, ``shape`` (JSON
+  list, ``null`` for a free dimension) and ``dtype`` (``"float32"``).
+* **A schema per channel** (shared by channels that declare the same): name the
+  declared type's ``module:qualname``, encoding ``"mujou.port"``
+  (`SCHEMA_ENCODING`), data the UTF-8 JSON ``{"type", "shape", "dtype",
+  "fields"}``; ``fields`` lists ``[name, type]`` pairs for a NamedTuple or a
+  dataclass, else ``null``.
+* **A message record per recorded send**: ``log_time`` = ``publish_time`` = the
+  send's time on the run's timer (ns), ``sequence`` the channel's count from 0
+  (modulo 2**32, the field's width), ``data`` = ``snapshot.dumps([delta,
+  message])`` (`encode_message`: msgpack with raw tensor bytes and a CRC, never
+  pickle), ``delta`` the send's delta cycle. A send made before the timer
+  started (by ``on_start``, at the control key ``(-1, 0)``) is stored with
+  ``log_time`` 0 and ``delta`` -1 (`CONTROL_DELTA`); the reader gives its key
+  back as ``t_ns=-1, delta=0``.
+* **Metadata** ``"mujou.run"`` (`RUN_METADATA`, written first) and
+  ``"mujou.end"`` (`END_METADATA`, written at a clean close): str values, JSON
+  where structured (see ``docs/recording.md`` for the keys).
+* **Attachments**: the supervisor's snapshots, named ``snapshot-<t_ns>.mujou``,
+  media type ``application/x-mujou-snapshot`` (`SNAPSHOT_MEDIA_TYPE`),
+  ``log_time`` the snapshot's time, data the snapshot file's bytes.
+
+Decoding never runs code from the file: messages come back through the
+snapshot codec's own decoder, and a NamedTuple or dataclass message is put back
+into the type its port declares only when the reader is told that type
+(``types=``); otherwise it comes back as a tuple or a dict, as from a snapshot
+file. This module starts no thread and knows nothing of runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import sys
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any, NamedTuple
+
+from mcap.exceptions import EndOfFile, InvalidMagic, McapError
+from mcap.records import (
+    Attachment,
+    Channel,
+    Chunk,
+    DataEnd,
+    Footer,
+    Header,
+    McapRecord,
+    Message,
+    Metadata,
+    Schema,
+)
+from mcap.stream_reader import CRCValidationError, StreamReader, breakup_chunk
+from mcap.writer import MCAP0_MAGIC, CompressionType
+from mcap.writer import Writer as _McapWriter
+
+from .errors import RecordingError, SnapshotError
+from .snapshot import _reason, dumps, from_file, loads
+
+# The module's own names; none is in the package's top-level namespace (docs/reference.md
+# lists them under the module).
+__all__ = [
+    "ChannelSpec", "Writer", "Record", "ChannelInfo", "AttachmentInfo", "RecordingInfo",
+    "Reader", "read", "info", "encode_message", "decode_message", "type_name",
+]
+
+FORMAT = "1"
+"""The version of the mujou profile this module writes (metadata ``mujou.run``, ``format``)."""
+
+PROFILE = "mujou"
+MESSAGE_ENCODING = "mujou.snapshot"
+SCHEMA_ENCODING = "mujou.port"
+SNAPSHOT_MEDIA_TYPE = "application/x-mujou-snapshot"
+RUN_METADATA = "mujou.run"
+END_METADATA = "mujou.end"
+CHUNK_SIZE = 1 << 20
+"""Bytes of messages per chunk: a crash loses at most the chunk being filled."""
+
+CONTROL_DELTA = -1
+"""The delta stored for a send at the control key ``(-1, 0)`` (``log_time`` 0)."""
+
+_COMPRESSIONS = {"none": CompressionType.NONE, "lz4": CompressionType.LZ4,
+                 "zstd": CompressionType.ZSTD}
+_SEQ_MASK = (1 << 32) - 1  # MCAP's sequence field is a uint32
+
+
+def type_name(cls: Any) -> str:
+    """A type as a recording names it: ``module:qualname`` (``builtins:float``).
+
+    Args:
+        cls (Any): a class; anything else (an annotation written as a string)
+            is named by its ``str``.
+
+    Returns:
+        str: the name.
+    """
+    if isinstance(cls, type):
+        return f"{cls.__module__}:{cls.__qualname__}"
+    return str(cls)
+
+
+def _fields(cls: type) -> list[list[str]] | None:
+    """``[name, type]`` of a NamedTuple's or a dataclass's fields; None for other types.
+
+    Annotations written as strings (``from __future__ import annotations``) are
+    resolved as `typing.get_type_hints` does (in the class's module, which is
+    already imported: this runs when a run is recorded, never on reading); one
+    that does not resolve is named as written.
+    """
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        names = list(cls._fields)
+    elif dataclasses.is_dataclass(cls):
+        names = [f.name for f in dataclasses.fields(cls)]
+    else:
+        return None
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a name the annotation uses is missing: as written
+        hints = dict(getattr(cls, "__annotations__", {}))
+    return [[name, type_name(hints.get(name, "typing:Any"))] for name in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelSpec:
+    """What a recording says of one recorded Output (its channel and schema).
+
+    Args:
+        topic (str): the Output's path, ``"sim.state"``.
+        node (str): the node's path, ``"sim"`` (``""`` for the root node).
+        port (str): the port's name, ``"state"``.
+        sender_order (int): the node's order in the net (what orders the sends
+            of one instant).
+        type (type): the declared message type.
+        shape (tuple[int | None, ...] | None): a tensor port's declared shape.
+        dtype (str | None): a tensor port's declared dtype (``"float32"``).
+    """
+
+    topic: str
+    node: str
+    port: str
+    sender_order: int
+    type: type
+    shape: tuple[int | None, ...] | None = None
+    dtype: str | None = None
+
+    @classmethod
+    def of(cls, output: Any, node_path: str, order: int) -> ChannelSpec:
+        """The spec of a bound Output (a `mujou_actors.Output` of a running net).
+
+        Args:
+            output (Output): the Output.
+            node_path (str): its node's path.
+            order (int): its node's order in the net.
+
+        Returns:
+            ChannelSpec: its channel.
+        """
+        dtype = None if output.dtype is None else str(output.dtype).removeprefix("torch.")
+        return cls(output.path, node_path, output.name, order, output.type,
+                   output.shape, dtype)
+
+    def schema(self) -> dict[str, Any]:
+        """The schema's JSON object: ``type``, ``shape``, ``dtype``, ``fields``."""
+        return {"type": type_name(self.type),
+                "shape": None if self.shape is None else list(self.shape),
+                "dtype": self.dtype, "fields": _fields(self.type)}
+
+    def metadata(self) -> dict[str, str]:
+        """The channel's metadata (str to str), as the format defines it."""
+        meta = {"node": self.node, "port": self.port, "sender_order": str(self.sender_order),
+                "type": type_name(self.type)}
+        if self.shape is not None:
+            meta["shape"] = json.dumps(list(self.shape))
+        if self.dtype is not None:
+            meta["dtype"] = self.dtype
+        return meta
+
+
+def encode_message(delta: int, message: Any) -> bytes:
+    """The data of a message record: ``snapshot.dumps([delta, message])``.
+
+    Args:
+        delta (int): the send's delta cycle (`CONTROL_DELTA` for the control key).
+        message (Any): the message, as its readers got it (tensors on any device:
+            a CPU copy is written).
+
+    Returns:
+        bytes: the record's data.
+
+    Raises:
+        TypeError: the message holds something a snapshot file cannot (its key
+            path is named).
+        ValueError: the message is beyond a snapshot file's limits.
+    """
+    return dumps([delta, message])
+
+
+def decode_message(data: bytes, declared: type | None = None) -> tuple[int, Any]:
+    """A message record's delta cycle and message (`encode_message` undone).
+
+    Args:
+        data (bytes): the record's data.
+        declared (type | None): the port's declared type: a NamedTuple or a
+            dataclass message is put back into it (as ``snapshot.from_file``
+            does); None leaves it a tuple or a dict.
+
+    Returns:
+        tuple[int, Any]: ``(delta, message)``, bit-identical to what was sent.
+
+    Raises:
+        SnapshotError: the data is not a message record's (damaged, or another
+            encoding).
+    """
+    value = loads(data)
+    if type(value) is not list or len(value) != 2 or type(value[0]) is not int:
+        raise SnapshotError("not a mujou message record (expected [delta, message])")
+    delta, message = value
+    return delta, (message if declared is None else from_file(message, declared))
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+class _Stream:
+    """The file behind a `Writer`, unbuffered: every write goes to the OS at once.
+
+    The MCAP writer keeps the chunk being filled in memory and writes each
+    record (a closed chunk, a metadata record, an attachment) in one call, so
+    writing through without a buffer costs a system call per record and leaves
+    nothing of a closed chunk in the process when it dies. (A plain object, not
+    an `io.RawIOBase`, which the MCAP writer would wrap in a buffer.)
+    """
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._pos = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write all of ``data`` at the end of the file; returns its length."""
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            self._pos += n
+            view = view[n:]
+        return len(data)
+
+    def tell(self) -> int:
+        """Bytes written so far (the file's size)."""
+        return self._pos
+
+    def flush(self) -> None:
+        """Nothing to do: every write is already the OS's."""
+
+    def close(self) -> None:
+        """Close the file (once)."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+class Writer:
+    """Writes one recording (see the module docstring for the format).
+
+    Not thread-safe: one thread (a recorder's writer thread) calls it. Each
+    closed chunk is written to the file at once; `flush` closes the chunk in
+    progress early (a writer that sees few messages calls it now and then, so
+    that a crash loses little).
+
+    Args:
+        path (str | os.PathLike): the file to write; replaced if it exists.
+        chunk_size (int): bytes of messages per chunk. Default: `CHUNK_SIZE`.
+        compression (str): ``"none"``, ``"lz4"`` or ``"zstd"``. Default: none.
+        library (str | None): the header's library string. Default:
+            ``"mujou_actors <version>"``.
+
+    Raises:
+        ValueError: an unknown compression.
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
+                 compression: str = "none", library: str | None = None) -> None:
+        if compression not in _COMPRESSIONS:
+            raise ValueError(f"compression must be one of {sorted(_COMPRESSIONS)}, "
+                             f"got {compression!r}")
+        self.path = os.fspath(path)
+        self._stream = _Stream(self.path)
+        self._mcap = _McapWriter(self._stream, chunk_size=chunk_size,  # type: ignore[arg-type]
+                                 compression=_COMPRESSIONS[compression])
+        self._schemas: dict[str, int] = {}
+        self._closed = False
+        self._mcap.start(PROFILE, library or f"mujou_actors {_version()}")
+
+    def write_run(self, metadata: Mapping[str, str]) -> None:
+        """Write the ``mujou.run`` metadata record (once, before the messages).
+
+        Args:
+            metadata (Mapping[str, str]): its keys and values (see docs/recording.md).
+        """
+        self._mcap.add_metadata(RUN_METADATA, dict(metadata))
+
+    def add_channel(self, spec: ChannelSpec) -> int:
+        """Register the channel (and its schema) of one recorded Output.
+
+        Args:
+            spec (ChannelSpec): the Output.
+
+        Returns:
+            int: the channel's id, for `write`.
+        """
+        schema = json.dumps(spec.schema(), sort_keys=True)
+        schema_id = self._schemas.get(schema)
+        if schema_id is None:
+            schema_id = self._schemas[schema] = self._mcap.register_schema(
+                type_name(spec.type), SCHEMA_ENCODING, schema.encode())
+        return self._mcap.register_channel(spec.topic, MESSAGE_ENCODING, schema_id,
+                                           spec.metadata())
+
+    def write(self, channel_id: int, seq: int, t_ns: int, data: bytes) -> None:
+        """Write one message record.
+
+        Args:
+            channel_id (int): from `add_channel`.
+            seq (int): the channel's count of this message, from 0.
+            t_ns (int): the send's time (ns, >= 0; the control key is written
+                as 0 with `CONTROL_DELTA` in ``data``).
+            data (bytes): `encode_message`'s bytes.
+        """
+        self._mcap.add_message(channel_id, t_ns, data, t_ns, seq & _SEQ_MASK)
+
+    def write_message(self, channel_id: int, seq: int, t_ns: int, delta: int,
+                      message: Any) -> int:
+        """Encode and write one message sent at ``(t_ns, delta)`` (the control key too).
+
+        Args:
+            channel_id (int): from `add_channel`.
+            seq (int): the channel's count of this message, from 0.
+            t_ns (int): the send's time, ns; -1 for the control key.
+            delta (int): the send's delta cycle.
+            message (Any): the message.
+
+        Returns:
+            int: the bytes of the record's data.
+
+        Raises:
+            TypeError, ValueError: as `encode_message`; nothing is written.
+        """
+        if t_ns < 0:
+            t_ns, delta = 0, CONTROL_DELTA
+        data = encode_message(delta, message)
+        self._mcap.add_message(channel_id, t_ns, data, t_ns, seq & _SEQ_MASK)
+        return len(data)
+
+    def attach(self, name: str, t_ns: int, data: bytes,
+               media_type: str = SNAPSHOT_MEDIA_TYPE) -> None:
+        """Write an attachment (a supervisor snapshot by default).
+
+        Args:
+            name (str): its name (``snapshot-<t_ns>.mujou`` for a snapshot).
+            t_ns (int): its time on the run's timer, ns (>= 0).
+            data (bytes): its bytes (for a snapshot: ``snapshot.dumps(tree)``).
+            media_type (str): its media type. Default: `SNAPSHOT_MEDIA_TYPE`.
+        """
+        self._mcap.add_attachment(0, max(t_ns, 0), name, media_type, data)
+
+    def attach_snapshot(self, t_ns: int, tree: Any) -> None:
+        """Attach a supervisor snapshot's tree, named ``snapshot-<t_ns>.mujou``.
+
+        Args:
+            t_ns (int): the snapshot's time, ns.
+            tree (Any): the state tree (``snapshot.dumps`` encodes it).
+        """
+        self.attach(f"snapshot-{t_ns}.mujou", t_ns, dumps(tree))
+
+    def flush(self) -> None:
+        """Close the chunk in progress, so that its messages are in the file now."""
+        self._mcap.flush()
+
+    def close(self, end: Mapping[str, str] | None = None) -> None:
+        """Write the ``mujou.end`` metadata (if given), the summary and the footer; close.
+
+        Args:
+            end (Mapping[str, str] | None): the ``mujou.end`` record's keys and
+                values; None writes none (a run that did not end cleanly).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if end is not None:
+                self._mcap.add_metadata(END_METADATA, dict(end))
+            self._mcap.finish()
+        finally:
+            self._stream.close()
+
+    def abandon(self) -> None:
+        """Close the file as it is, without a summary (what a crash leaves; for tests)."""
+        self._closed = True
+        self._stream.close()
+
+
+def _version() -> str:
+    """The package's version (read when a file is written: the package is imported by then)."""
+    package = sys.modules.get(__package__ or "mujou_actors")
+    return str(getattr(package, "__version__", "unknown"))
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+class Record(NamedTuple):
+    """One recorded message, decoded.
+
+    Attributes:
+        topic (str): the Output's path.
+        sequence (int): the channel's count of it, from 0.
+        t_ns (int): the send's time on the run's timer, ns (-1: the control key,
+            a send of ``on_start`` before the timer started).
+        delta (int): the send's delta cycle.
+        message (Any): the message, bit-identical to what was sent.
+    """
+
+    topic: str
+    sequence: int
+    t_ns: int
+    delta: int
+    message: Any
+
+
+@dataclasses.dataclass
+class ChannelInfo:
+    """One channel of a recording and what the file holds of it.
+
+    Attributes:
+        id (int): the channel's id in the file.
+        topic (str): the Output's path.
+        node (str): the node's path.
+        port (str): the port's name.
+        sender_order (int): the node's order in the net.
+        type (str): the declared type, ``module:qualname``.
+        shape (list[int | None] | None): a tensor port's declared shape.
+        dtype (str | None): a tensor port's declared dtype.
+        schema (dict): the schema's JSON object (``type``, ``shape``,
+            ``dtype``, ``fields``).
+        count (int): messages in the file.
+        bytes (int): their data's total size, bytes.
+        first_ns (int | None): the first message's log time, ns (None: none).
+        last_ns (int | None): the last message's log time, ns.
+    """
+
+    id: int
+    topic: str
+    node: str
+    port: str
+    sender_order: int
+    type: str
+    shape: list[int | None] | None
+    dtype: str | None
+    schema: dict[str, Any]
+    count: int = 0
+    bytes: int = 0
+    first_ns: int | None = None
+    last_ns: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AttachmentInfo:
+    """An attachment of a recording (without its data).
+
+    Attributes:
+        name (str): its name (``snapshot-<t_ns>.mujou``).
+        media_type (str): its media type.
+        t_ns (int): its log time, ns.
+        size (int): its data's size, bytes.
+    """
+
+    name: str
+    media_type: str
+    t_ns: int
+    size: int
+
+
+@dataclasses.dataclass
+class RecordingInfo:
+    """What `info` finds in a recording (``mujou inspect`` shows it).
+
+    Attributes:
+        path (str): the file.
+        size (int): its size, bytes.
+        library (str): the header's library string.
+        complete (bool): the file ends with its footer (the recording was closed).
+        cut_at (int | None): for a file that is not complete, the offset (bytes)
+            after its last complete record: what is read of it ends there.
+        channels (list[ChannelInfo]): in the order of their ids.
+        messages (int): messages in the file.
+        start_ns (int | None): the earliest message's log time, ns.
+        end_ns (int | None): the latest message's log time, ns.
+        run (dict[str, str]): the ``mujou.run`` metadata ({} if missing).
+        end (dict[str, str] | None): the ``mujou.end`` metadata (None: the run
+            did not end cleanly, or the file was cut).
+        drops (dict[str, int]): messages dropped per channel (from ``mujou.end``).
+        seeds (dict[str, int]): each node's seed (from ``mujou.run``).
+        attachments (list[AttachmentInfo]): in file order.
+    """
+
+    path: str
+    size: int
+    library: str
+    complete: bool = False
+    cut_at: int | None = None
+    channels: list[ChannelInfo] = dataclasses.field(default_factory=list)
+    messages: int = 0
+    start_ns: int | None = None
+    end_ns: int | None = None
+    run: dict[str, str] = dataclasses.field(default_factory=dict)
+    end: dict[str, str] | None = None
+    drops: dict[str, int] = dataclasses.field(default_factory=dict)
+    seeds: dict[str, int] = dataclasses.field(default_factory=dict)
+    attachments: list[AttachmentInfo] = dataclasses.field(default_factory=list)
+
+
+def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
+    """The `ChannelInfo` of a channel record (counts zero); RecordingError if not mujou's."""
+    meta = channel.metadata
+    if channel.message_encoding != MESSAGE_ENCODING:
+        raise RecordingError(path, f"channel {channel.topic!r} has message encoding "
+                             f"{channel.message_encoding!r}, not {MESSAGE_ENCODING!r}")
+    try:
+        schema = json.loads(schemas[channel.schema_id].data) if channel.schema_id else {}
+        shape = json.loads(meta["shape"]) if "shape" in meta else None
+        order = int(meta["sender_order"])
+    except (KeyError, ValueError) as e:
+        raise RecordingError(path, f"channel {channel.topic!r}: bad schema or metadata "
+                             f"({_reason(e)})") from e
+    return ChannelInfo(channel.id, channel.topic, meta.get("node", ""), meta.get("port", ""),
+                       order, meta.get("type", ""), shape, meta.get("dtype"), schema)
+
+
+class _Scan:
+    """One pass over a recording's records, in file order, telling a cut from damage.
+
+    Iterating yields the MCAP records (chunks broken up into their messages,
+    schemas and channels; the summary's repeated records left out). A file that
+    ends inside a record, or without its footer, is a *cut*: the pass stops
+    cleanly and `cut_at` says where the last complete record ended. Anything
+    else that does not read (foreign bytes, a checksum mismatch) raises
+    `RecordingError` naming the file and the offset.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.size = 0
+        self.header: Header | None = None
+        self.complete = False
+        self.cut_at: int | None = None
+
+    def __iter__(self) -> Iterator[McapRecord]:
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed by the finally below
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise RecordingError(self.path, f"cannot be read: {_reason(e)}") from e
+        try:
+            yield from self._records(f)
+        finally:
+            f.close()
+
+    def _records(self, f: IO[bytes]) -> Iterator[McapRecord]:
+        self.size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        f.seek(0)
+        reader = StreamReader(f, emit_chunks=True, validate_crcs=False)
+        records = reader.records
+        good = 0  # the offset after the last complete record
+        summary = False  # past the data section: the summary repeats what was read
+        while True:
+            try:
+                record = next(records)
+            except StopIteration:
+                self.complete = True
+                return
+            except InvalidMagic:
+                if good == 0:
+                    raise RecordingError(self.path, f"not an MCAP file (starts with {head!r})",
+                                         offset=0) from None
+                raise RecordingError(self.path, "damaged: the file does not end with the "
+                                     "MCAP magic after its footer", offset=good) from None
+            except (EndOfFile, struct.error) as e:
+                if good == 0 and not (head and MCAP0_MAGIC.startswith(head)):
+                    raise RecordingError(self.path, f"not an MCAP file (starts with {head!r}, "
+                                         f"{self.size} bytes)", offset=0) from e
+                self.cut_at = good  # the file ends inside a record, or before the footer
+                return
+            except (McapError, ValueError, UnicodeDecodeError) as e:
+                raise RecordingError(self.path, f"damaged: {_reason(e)}", offset=good) from e
+            at, good = good, reader._stream.count
+            if isinstance(record, Header):
+                if record.profile != PROFILE:
+                    raise RecordingError(self.path, f"an MCAP file of profile "
+                                         f"{record.profile!r}, not a mujou recording "
+                                         f"(profile {PROFILE!r})", offset=at)
+                self.header = record
+                continue
+            if isinstance(record, DataEnd):
+                summary = True
+                continue
+            if isinstance(record, Footer):
+                continue
+            if summary:
+                continue
+            if isinstance(record, Chunk):
+                try:
+                    inner = breakup_chunk(record, validate_crc=True)
+                except (CRCValidationError, McapError, EndOfFile, struct.error, ValueError,
+                        UnicodeDecodeError) as e:
+                    raise RecordingError(self.path, f"damaged chunk: {_reason(e)}",
+                                         offset=at) from e
+                yield from inner
+                continue
+            yield record
+
+
+class Reader:
+    """Reads one recording: its channels and metadata, its messages, its attachments.
+
+    Each method makes its own pass over the file (nothing is kept open between
+    calls). A file cut by a crash reads up to its last complete record; `info`
+    says where it was cut.
+
+    Args:
+        path (str | os.PathLike): the recording.
+        types (Mapping[str, type] | None): the declared type of some topics
+            (Output paths): their NamedTuple and dataclass messages are put back
+            into it. Default: none (such messages come back as tuples and dicts).
+
+    Example:
+        ```python
+        for record in Reader("run.mcap").messages():
+            print(record.topic, record.t_ns, record.message)
+        ```
+    """
+
+    def __init__(self, path: str | os.PathLike[str],
+                 types: Mapping[str, type] | None = None) -> None:
+        self.path = os.fspath(path)
+        self.types = dict(types or {})
+
+    def info(self) -> RecordingInfo:
+        """Channels, counts, time span, metadata and attachments, without decoding messages.
+
+        Returns:
+            RecordingInfo: what the file holds.
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            RecordingError: the file is not a mujou recording, or is damaged.
+        """
+        scan = _Scan(self.path)
+        schemas: dict[int, Schema] = {}
+        channels: dict[int, ChannelInfo] = {}
+        result = RecordingInfo(self.path, 0, "")
+        for record in scan:
+            if isinstance(record, Message):
+                channel = channels.get(record.channel_id)
+                if channel is None:
+                    raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
+                                         "which no channel record defines")
+                channel.count += 1
+                channel.bytes += len(record.data)
+                t = record.log_time
+                channel.first_ns = t if channel.first_ns is None else min(channel.first_ns, t)
+                channel.last_ns = t if channel.last_ns is None else max(channel.last_ns, t)
+            elif isinstance(record, Schema):
+                schemas[record.id] = record
+            elif isinstance(record, Channel):
+                channels[record.id] = _channel_info(record, schemas, self.path)
+            elif isinstance(record, Metadata):
+                if record.name == RUN_METADATA:
+                    result.run = dict(record.metadata)
+                elif record.name == END_METADATA:
+                    result.end = dict(record.metadata)
+            elif isinstance(record, Attachment):
+                result.attachments.append(AttachmentInfo(
+                    record.name, record.media_type, record.log_time, len(record.data)))
+        result.size, result.complete, result.cut_at = scan.size, scan.complete, scan.cut_at
+        result.library = scan.header.library if scan.header else ""
+        result.channels = [channels[i] for i in sorted(channels)]
+        result.messages = sum(c.count for c in result.channels)
+        firsts = [c.first_ns for c in result.channels if c.first_ns is not None]
+        lasts = [c.last_ns for c in result.channels if c.last_ns is not None]
+        result.start_ns = min(firsts) if firsts else None
+        result.end_ns = max(lasts) if lasts else None
+        result.drops = _json_counts(result.end, "drops", self.path)
+        result.seeds = _json_counts(result.run, "seeds", self.path)
+        return result
+
+    def messages(self, topics: Callable[[str], bool] | None = None) -> Iterator[Record]:
+        """The recorded messages, decoded, in the order the run sent them.
+
+        Messages of one instant's delta cycle (one key ``(t_ns, delta)``) come in
+        the order of their senders' order in the net, each sender's in the order
+        it sent them, so a simulated-time recording comes in ``(t_ns, delta,
+        sender order)`` order: the order its readers took them in, whatever the
+        worker count. Between keys, the file's order is kept (a simulated run's
+        keys only grow, unless a restart took the net back in time; a real-time
+        run's threads interleave as they sent).
+
+        Args:
+            topics (Callable[[str], bool] | None): which topics to decode (a
+                predicate on the Output path); None: all.
+
+        Yields:
+            Record: each message.
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            RecordingError: the file is not a mujou recording, is damaged, or a
+                message does not decode (the message names its topic and index).
+        """
+        schemas: dict[int, Schema] = {}
+        channels: dict[int, ChannelInfo] = {}
+        group: list[tuple[int, Record]] = []
+        key: tuple[int, int] | None = None
+        for record in _Scan(self.path):
+            if isinstance(record, Schema):
+                schemas[record.id] = record
+            elif isinstance(record, Channel):
+                channels[record.id] = _channel_info(record, schemas, self.path)
+            elif isinstance(record, Message):
+                channel = channels.get(record.channel_id)
+                if channel is None:
+                    raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
+                                         "which no channel record defines")
+                if topics is not None and not topics(channel.topic):
+                    continue
+                decoded = self._decode(record, channel)
+                here = (decoded.t_ns, decoded.delta)
+                if here != key:
+                    yield from _in_order(group)
+                    group, key = [], here
+                group.append((channel.sender_order, decoded))
+        yield from _in_order(group)
+
+    def _decode(self, record: Message, channel: ChannelInfo) -> Record:
+        """The `Record` of a message record of ``channel``; RecordingError if it does not decode."""
+        try:
+            delta, message = decode_message(record.data, self.types.get(channel.topic))
+        except SnapshotError as e:
+            raise RecordingError(self.path, f"message {record.sequence} of {channel.topic!r} "
+                                 f"(t={record.log_time} ns) does not decode: "
+                                 f"{str(e).removeprefix('<bytes>: ')}") from e
+        t = record.log_time
+        if delta == CONTROL_DELTA:
+            t, delta = -1, 0
+        return Record(channel.topic, record.sequence, t, delta, message)
+
+    def attachments(self) -> Iterator[tuple[AttachmentInfo, bytes]]:
+        """The attachments, with their data, in file order.
+
+        Yields:
+            tuple[AttachmentInfo, bytes]: each attachment and its bytes (for a
+            snapshot: ``mujou_actors.snapshot.loads`` gives its tree).
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            RecordingError: the file is not a mujou recording, or is damaged.
+        """
+        for record in _Scan(self.path):
+            if isinstance(record, Attachment):
+                yield (AttachmentInfo(record.name, record.media_type, record.log_time,
+                                      len(record.data)), record.data)
+
+
+def _in_order(group: list[tuple[int, Record]]) -> Iterator[Record]:
+    """One key's records by their senders' order (stable: each sender's as it sent them)."""
+    if len(group) > 1:
+        group.sort(key=lambda item: item[0])
+    return (record for _, record in group)
+
+
+def _json_counts(meta: Mapping[str, str] | None, key: str, path: str) -> dict[str, int]:
+    """A JSON object of ints in a metadata record ({} if absent); RecordingError if bad."""
+    if not meta or not meta.get(key):
+        return {}
+    try:
+        value = json.loads(meta[key])
+        if not isinstance(value, dict) or not all(type(v) is int for v in value.values()):
+            raise ValueError("not an object of ints")
+    except ValueError as e:
+        raise RecordingError(path, f"bad {key!r} in its metadata ({_reason(e)})") from e
+    return value
+
+
+def read(path: str | os.PathLike[str],
+         types: Mapping[str, type] | None = None) -> Iterator[Record]:
+    """The messages of a recording, decoded (``Reader(path, types).messages()``).
+
+    Args:
+        path (str | os.PathLike): the recording.
+        types (Mapping[str, type] | None): declared types by topic (see `Reader`).
+
+    Returns:
+        Iterator[Record]: the messages, in the order `Reader.messages` gives.
+
+    Raises:
+        FileNotFoundError, RecordingError: as `Reader.messages` (when iterated).
+    """
+    return Reader(path, types).messages()
+
+
+def info(path: str | os.PathLike[str]) -> RecordingInfo:
+    """What a recording holds (``Reader(path).info()``).
+
+    Args:
+        path (str | os.PathLike): the recording.
+
+    Returns:
+        RecordingInfo: channels, counts, time span, metadata, attachments.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        RecordingError: the file is not a mujou recording, or is damaged.
+    """
+    return Reader(path).info()

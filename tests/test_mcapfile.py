@@ -1,0 +1,333 @@
+"""The mujou profile of MCAP: every message type round-trips; cut and damaged files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors import mcapfile
+from mujou_actors.snapshot import _DTYPES
+
+pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+
+
+class Pose(NamedTuple):
+    x: float
+    y: float
+
+
+@dataclasses.dataclass
+class Command:
+    force: float
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: int
+
+
+def _tensors() -> list[torch.Tensor]:
+    out = []
+    for name, dtype in sorted(_DTYPES.items()):
+        if name == "complex32":
+            t = torch.arange(12, dtype=torch.int16).view(torch.float16).view(dtype)
+        elif name.startswith(("float8", "float4")):
+            # No arithmetic on these: made as raw bytes.
+            t = torch.arange(12, dtype=torch.uint8).view(dtype)
+        elif name == "bool":
+            t = torch.tensor([True, False, True])
+        elif dtype.is_complex:
+            t = torch.randn(3, 2, dtype=dtype)
+        elif dtype.is_floating_point:
+            t = torch.randn(2, 3).to(dtype)
+        else:
+            t = torch.arange(6).to(dtype).reshape(2, 3)
+        out.append(t)
+    return out
+
+
+MESSAGES: list[tuple[str, type, Any]] = [
+    ("none", object, None),
+    ("bool", bool, True),
+    ("int", int, -(2**63)),
+    ("uint", int, 2**64 - 1),
+    ("float", float, -0.0),
+    ("nan", float, float("nan")),
+    ("str", str, "héllo \u2603"),
+    ("bytes", bytes, b"\x00\xff"),
+    ("list", list, [1, 2.5, "x", None]),
+    ("tuple", tuple, (1, (2, 3), []),),
+    ("dict", dict, {"a": 1, 2: [3.0], "t": torch.ones(2)}),
+    ("pose", Pose, Pose(1.5, -2.0)),
+    ("command", Command, Command(3.0, "push")),
+    ("frozen", Frozen, Frozen(7)),
+    ("empty", torch.Tensor, torch.empty(0, 3)),
+    ("scalar", torch.Tensor, torch.tensor(3.25, dtype=torch.float64)),
+    ("strided", torch.Tensor, torch.arange(12.0).reshape(3, 4).t()),
+] + [(f"tensor_{t.dtype}".replace("torch.", ""), torch.Tensor, t) for t in _tensors()]
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape
+                and _raw(a) == _raw(b))
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name))
+                   for f in dataclasses.fields(a))
+    if isinstance(a, float):
+        return a.hex() == b.hex()  # -0.0 too
+    return bool(a == b)
+
+
+def _spec(name: str, type_: type, order: int = 0, **kw: Any) -> mcapfile.ChannelSpec:
+    return mcapfile.ChannelSpec(f"node{order}.{name}", f"node{order}", name, order, type_, **kw)
+
+
+def _write(path: pathlib.Path, messages: list[tuple[str, type, Any]], **kw: Any) -> None:
+    w = mcapfile.Writer(path, **kw)
+    w.write_run({"format": mcapfile.FORMAT, "seeds": json.dumps({"node0": 5})})
+    ids = {name: w.add_channel(_spec(name, t)) for name, t, _ in messages}
+    for i, (name, _, message) in enumerate(messages):
+        w.write_message(ids[name], 0, 1000 * i, i % 3, message)
+    w.close({"time_ns": "99", "recorded": "{}", "drops": json.dumps({"node0.int": 2}),
+             "failure": ""})
+
+
+def test_every_message_type_round_trips_bit_identical(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "all.mcap"
+    _write(path, MESSAGES)
+    types = {f"node0.{name}": t for name, t, _ in MESSAGES}
+
+    records = list(mcapfile.read(path, types=types))
+
+    assert [r.topic for r in records] == [f"node0.{name}" for name, _, _ in MESSAGES]
+    for (name, _, sent), record in zip(MESSAGES, records, strict=True):
+        assert _same(sent, record.message), name
+    assert [(r.t_ns, r.delta, r.sequence) for r in records] == [
+        (1000 * i, i % 3, 0) for i in range(len(MESSAGES))]
+
+
+def test_without_types_named_tuples_and_dataclasses_come_back_plain(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "plain.mcap"
+    _write(path, [("pose", Pose, Pose(1.0, 2.0)), ("command", Command, Command(1.0, "a"))])
+
+    records = list(mcapfile.read(path))
+
+    assert [type(r.message) for r in records] == [tuple, dict]
+    assert records[1].message == {"force": 1.0, "name": "a"}
+
+
+def test_a_send_at_the_control_key_reads_back_at_the_control_key(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "control.mcap"
+    w = mcapfile.Writer(path)
+    channel = w.add_channel(_spec("x", float))
+    w.write_message(channel, 0, -1, 0, 1.0)
+    w.write_message(channel, 1, 0, 0, 2.0)
+    w.close({})
+
+    records = list(mcapfile.read(path))
+
+    assert [(r.t_ns, r.delta, r.message) for r in records] == [(-1, 0, 1.0), (0, 0, 2.0)]
+
+
+def test_one_instants_messages_come_in_sender_order(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "order.mcap"
+    w = mcapfile.Writer(path)
+    late = w.add_channel(_spec("a", int, order=2))
+    early = w.add_channel(_spec("b", int, order=1))
+    w.write_message(late, 0, 5, 0, 1)
+    w.write_message(early, 0, 5, 0, 2)
+    w.write_message(late, 1, 5, 0, 3)
+    w.write_message(late, 2, 5, 1, 4)  # the next delta cycle: after
+    w.write_message(early, 1, 5, 1, 5)
+    w.close({})
+
+    records = list(mcapfile.read(path))
+
+    assert [r.message for r in records] == [2, 1, 3, 5, 4]
+
+
+def test_info_gives_channels_counts_span_metadata_and_attachments(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "info.mcap"
+    w = mcapfile.Writer(path)
+    w.write_run({"format": "1", "seeds": json.dumps({"sim": 3, "ctrl": 4})})
+    state = w.add_channel(mcapfile.ChannelSpec("sim.state", "sim", "state", 1, torch.Tensor,
+                                               shape=(None, 4), dtype="float64"))
+    cmd = w.add_channel(mcapfile.ChannelSpec("ctrl.command", "ctrl", "command", 2, Command))
+    for i in range(10):
+        w.write_message(state, i, 10 * i, 0, torch.zeros(1, 4, dtype=torch.float64))
+    w.write_message(cmd, 0, 50, 1, Command(1.0, "x"))
+    w.attach_snapshot(40, {"nodes": {"sim": {"x": torch.ones(3)}}})
+    w.close({"time_ns": "90", "recorded": "{}", "drops": json.dumps({"sim.state": 3}),
+             "failure": ""})
+
+    got = mcapfile.info(path)
+
+    assert got.complete and got.cut_at is None
+    assert got.library.startswith("mujou_actors ")
+    assert [(c.topic, c.count, c.first_ns, c.last_ns) for c in got.channels] == [
+        ("sim.state", 10, 0, 90), ("ctrl.command", 1, 50, 50)]
+    state_info = got.channels[0]
+    assert (state_info.node, state_info.port, state_info.sender_order) == ("sim", "state", 1)
+    assert state_info.type == "torch:Tensor"
+    assert state_info.shape == [None, 4] and state_info.dtype == "float64"
+    assert state_info.schema == {"type": "torch:Tensor", "shape": [None, 4],
+                                 "dtype": "float64", "fields": None}
+    assert got.channels[1].schema["fields"] == [["force", "builtins:float"],
+                                                ["name", "builtins:str"]]
+    assert (got.messages, got.start_ns, got.end_ns) == (11, 0, 90)
+    assert got.seeds == {"sim": 3, "ctrl": 4} and got.drops == {"sim.state": 3}
+    assert got.end is not None and got.end["time_ns"] == "90"
+    assert [(a.name, a.media_type, a.t_ns) for a in got.attachments] == [
+        ("snapshot-40.mujou", mcapfile.SNAPSHOT_MEDIA_TYPE, 40)]
+    (_, data), = mcapfile.Reader(path).attachments()
+    assert torch.equal(mujou.snapshot.loads(data)["nodes"]["sim"]["x"], torch.ones(3))
+
+
+def test_compressed_files_read_the_same(tmp_path: pathlib.Path) -> None:
+    for compression in ("lz4", "zstd"):
+        path = tmp_path / f"{compression}.mcap"
+        _write(path, MESSAGES[:12], compression=compression)
+
+        records = list(mcapfile.read(path))
+
+        assert len(records) == 12
+
+
+def _many(path: pathlib.Path, n: int = 400, close: bool = True) -> list[bytes]:
+    """A file of n float messages in chunks of about 2 KiB; returns the sizes after chunks."""
+    w = mcapfile.Writer(path, chunk_size=2048)
+    w.write_run({"format": "1"})
+    channel = w.add_channel(_spec("x", float))
+    for i in range(n):
+        w.write_message(channel, i, i, 0, float(i))
+    if close:
+        w.close({"time_ns": str(n), "recorded": "{}", "drops": "{}", "failure": ""})
+    else:
+        w.abandon()
+    return []
+
+
+def test_a_file_cut_anywhere_reads_up_to_its_last_complete_chunk(
+        tmp_path: pathlib.Path) -> None:
+    full = tmp_path / "full.mcap"
+    _many(full, close=False)  # a crash: no summary, no footer
+    data = full.read_bytes()
+    complete = list(mcapfile.read(full))
+    assert [r.message for r in complete] == [float(i) for i in range(len(complete))]
+    assert 300 < len(complete) < 400  # the chunk being filled is lost
+
+    counts = []
+    for cut in range(8, len(data), 97):
+        path = tmp_path / "cut.mcap"
+        path.write_bytes(data[:cut])
+
+        records = list(mcapfile.read(path))
+        got = mcapfile.info(path)
+
+        assert [r.message for r in records] == [float(i) for i in range(len(records))]
+        assert not got.complete and got.cut_at is not None and got.cut_at <= cut
+        assert got.messages == len(records)
+        counts.append(len(records))
+    assert counts == sorted(counts) and counts[-1] == len(complete)
+
+
+def test_a_closed_file_reads_whole(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "closed.mcap"
+    _many(path)
+
+    got = mcapfile.info(path)
+
+    assert got.complete and got.messages == 400
+    assert [r.message for r in mcapfile.read(path)] == [float(i) for i in range(400)]
+
+
+@pytest.mark.parametrize("content", [b"", b"hello world, not mcap at all",
+                                     b"MUJOUSNP" + bytes(40)])
+def test_a_file_that_is_not_mcap_is_a_recording_error_naming_it(
+        tmp_path: pathlib.Path, content: bytes) -> None:
+    path = tmp_path / "foreign.mcap"
+    path.write_bytes(content)
+
+    with pytest.raises(mujou.RecordingError, match="not an MCAP file") as info:
+        mcapfile.info(path)
+
+    assert str(path) in str(info.value) and info.value.path == str(path)
+    with pytest.raises(mujou.RecordingError, match=str(path)):
+        list(mcapfile.read(path))
+
+
+def test_a_damaged_chunk_is_a_recording_error_naming_the_file_and_offset(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "damaged.mcap"
+    _many(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(mujou.RecordingError, match="damaged") as info:
+        list(mcapfile.read(path))
+
+    assert str(path) in str(info.value) and info.value.offset is not None
+    assert f"byte {info.value.offset}" in str(info.value)
+
+
+def test_another_profile_is_not_a_mujou_recording(tmp_path: pathlib.Path) -> None:
+    from mcap.writer import Writer
+
+    path = tmp_path / "ros.mcap"
+    with open(path, "wb") as f:
+        w = Writer(f)
+        w.start("ros2", "test")
+        w.finish()
+
+    with pytest.raises(mujou.RecordingError, match="profile 'ros2'"):
+        mcapfile.info(path)
+
+
+def test_a_missing_file_is_file_not_found(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        mcapfile.info(tmp_path / "nope.mcap")
+
+
+def test_a_message_a_file_cannot_hold_is_refused_before_anything_is_written(
+        tmp_path: pathlib.Path) -> None:
+    w = mcapfile.Writer(tmp_path / "x.mcap")
+    channel = w.add_channel(_spec("x", object))
+
+    with pytest.raises(TypeError, match="unsupported type"):
+        w.write_message(channel, 0, 0, 0, object())
+    w.close({})
+
+    assert list(mcapfile.read(tmp_path / "x.mcap")) == []
+
+
+def test_recording_error_pickles_with_its_fields() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(mujou.RecordingError("f.mcap", "damaged", 12)))
+
+    assert (err.path, err.reason, err.offset) == ("f.mcap", "damaged", 12)
+    assert str(err) == "f.mcap: damaged (the record at byte 12)"
