@@ -27,6 +27,7 @@ from .run import Run, run
 from .snapshot import load, save
 from .stats import (
     GroupStats,
+    MachineStats,
     NodeStats,
     RunStats,
     SnapshotStats,
@@ -41,6 +42,7 @@ __all__ = [
     "GroupDied",
     "GroupStats",
     "Input",
+    "MachineStats",
     "MujouError",
     "NetError",
     "Node",

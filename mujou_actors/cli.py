@@ -317,6 +317,67 @@ DROPS, RESTARTS = 7, 8  # their index in NODE_COLUMNS
 LATENESS_NOTE = f"late p99: of each node's newest {LATENESS_SAMPLES} updates"
 
 
+MACHINE_COLUMNS = ["machine", "host", "groups", "pids", "cpu s", "net in", "net out",
+                   "offset ms", "uncert ms", "rtt ms", "age p50 ms", "age p99 ms"]
+NET_IN, NET_OUT = 5, 6  # their index in MACHINE_COLUMNS
+# The live view's columns of them (80 terminal columns: no host name, rtt or median age),
+# each heading over two lines.
+LIVE_MACHINES = {0: "machine", 2: "groups", 3: "pids", 4: "cpu\ns", 5: "net in\nbytes",
+                 6: "net out\nbytes", 7: "offset\nms", 8: "\u00b1\nms", 11: "age p99\nms"}
+
+
+def _has_members(stats: RunStats) -> bool:
+    """Whether the run has groups on other machines (its machines are then shown)."""
+    return any(name for name in stats.machines)
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def _machine_rows(stats: RunStats) -> Iterator[list[str]]:
+    """One row per machine of a run across machines (exact figures: the plain output's)."""
+    for m in stats.machines.values():
+        yield [
+            m.name or "<host>",
+            m.hostname or "-",
+            ",".join(m.groups) or "-",
+            ",".join(map(str, m.pids)) or "-",
+            f"{m.cpu_time:.1f}",
+            str(m.bytes_in),
+            str(m.bytes_out),
+            "-" if m.clock_offset_ns is None else f"{m.clock_offset_ns / 1e6:+.3f}",
+            _ms(m.clock_uncertainty_ns),
+            _ms(m.rtt_ns),
+            "-" if m.message_age_p50 is None else f"{m.message_age_p50 * 1e3:.3f}",
+            "-" if m.message_age_p99 is None else f"{m.message_age_p99 * 1e3:.3f}",
+        ]
+
+
+def _machines_table(stats: RunStats) -> Table:
+    """The live view's table of the machines (below the nodes'), bytes abbreviated.
+
+    The groups and pids wrap onto further lines (between two of them) when
+    the width is short; the figures are never cut (``no_wrap``), as in the
+    nodes' table.
+    """
+    from rich import box
+    from rich.table import Table
+
+    table = Table(expand=False, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    for i, heading in LIVE_MACHINES.items():
+        table.add_column(heading, justify="left" if i < 4 else "right", no_wrap=i >= 4,
+                         overflow="fold")
+    for row in _machine_rows(stats):
+        row[NET_IN] = _count(int(row[NET_IN]))
+        row[NET_OUT] = _count(int(row[NET_OUT]))
+        row[2], row[3] = row[2].replace(",", ", "), row[3].replace(",", ", ")
+        table.add_row(*(row[i] for i in LIVE_MACHINES))
+    table.caption = ("offset \u00b1: clock minus the host's; age p99: its groups' messages "
+                     "on reaching the host")
+    return table
+
+
 def _count(n: int) -> str:
     """A count in at most 5 characters for the live view: ``14999``, ``150k``, ``2.9M``."""
     if n < 100_000:
@@ -434,6 +495,8 @@ def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool
             rates = _rates(prev, stats)
             prev = stats
             parts: list[RenderableType] = [_live_table(stats, rates, periods)]
+            if _has_members(stats):
+                parts.append(_machines_table(stats))
             if progress is not None and task is not None:
                 simulated_s = stats.time - run.start_time
                 speed = simulated_s / stats.wall if stats.wall > 0 else 0.0
@@ -444,6 +507,8 @@ def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool
             run.wait(REFRESH_S)
         stats = run.stats()
         parts = [_live_table(stats, _rates(None, stats), periods)]
+        if _has_members(stats):
+            parts.append(_machines_table(stats))
         if progress is not None and task is not None:
             simulated_s = stats.time - run.start_time
             progress.update(task, completed=duration,
@@ -462,6 +527,10 @@ def _watch_plain(run: mujou.Run, periods: dict[str, float | None]) -> None:
     click.echo("\t".join(NODE_COLUMNS))
     for row in _node_rows(stats, _rates(None, stats), periods):
         click.echo("\t".join(row))
+    if _has_members(stats):
+        click.echo("\t".join(MACHINE_COLUMNS))
+        for row in _machine_rows(stats):
+            click.echo("\t".join(row))
 
 
 class _NotReported(logging.Filter):
@@ -496,8 +565,9 @@ def _stats_json(stats: RunStats) -> dict[str, Any]:
         "workers": {p: dataclasses.asdict(w) for p, w in stats.workers.items()},
         "snapshots": dataclasses.asdict(stats.snapshots),
     }
-    if stats.groups:  # a placed run (--place): its processes
+    if stats.groups:  # a placed run (--place): its processes, and its machines
         out["groups"] = {name: dataclasses.asdict(g) for name, g in stats.groups.items()}
+        out["machines"] = {name: dataclasses.asdict(m) for name, m in stats.machines.items()}
     return out
 
 

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
-           "RunStats"]
+           "MachineStats", "RunStats"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,78 @@ class GroupStats:
 
 
 @dataclass(frozen=True)
+class MachineStats:
+    """One machine of a placed run: the host's, or a convention member that runs groups.
+
+    Every message between groups passes the host's driver, so every byte
+    that a member's groups send or receive on the data plane crosses the
+    network between that member and the host's machine.
+
+    Attributes:
+        name (str): the machine's name, as placements name it (the member's
+            ``mujou worker --name``: ``"robot"`` of ``"robot:control"``);
+            ``""``: the host's machine, the one that called ``mujou.run``
+            (as `GroupStats.machine` names it, so that
+            ``stats.machines[group.machine]`` is a group's machine).
+        hostname (str): its host name, as its group processes report it
+            (``socket.gethostname()``); the host's own for ``""``; ``""``
+            for a member none of whose groups has answered.
+        groups (tuple[str, ...]): the names of the groups it runs (the
+            host's machine: ``"host"`` among them when the host's process
+            runs nodes), in the order of `RunStats.groups`.
+        pids (tuple[int, ...]): their process ids, in the same order.
+        cpu_time (float): CPU seconds of those processes so far, summed
+            (user + system, all their threads; `GroupStats.cpu_time`).
+        bytes_in (int): data-plane bytes that came into this machine from
+            other machines (frames and their headers, as `GroupStats.bytes_in`
+            counts them; not TCP's or CURVE's own): for a member, the sum of
+            its groups' ``bytes_in``; for the host's machine, the sum of
+            every member's ``bytes_out``. The heartbeat's bytes are not in it.
+        bytes_out (int): the same, to other machines: a member's groups'
+            ``bytes_out``; for the host's machine, every member's ``bytes_in``.
+        heartbeat_bytes_in (int): the heartbeat's frames that came into
+            this machine (a member: the pings to its groups; the host's
+            machine: every member's answers), bytes.
+        heartbeat_bytes_out (int): the heartbeat's frames it sent, bytes.
+        clock_offset_ns (int | None): a member's monotonic clock minus the
+            host's (``time.monotonic_ns()``), ns: the heartbeat's NTP
+            estimate of its group with the tightest bound (the processes of
+            one machine share one clock). None for the host's machine (the
+            reference) and before the first heartbeat answer.
+        clock_uncertainty_ns (int | None): the bound on that estimate's
+            error, ns: the true offset lies within
+            ``clock_offset_ns ± clock_uncertainty_ns``.
+        rtt_ns (int | None): that group's last heartbeat round trip, ns.
+        message_age_p50 (float | None): real time only: the median age, in
+            seconds, of the messages this member's groups sent to other
+            groups, when they reached the host (from the start of the hook
+            that sent one, on the member's clock, to its arrival at the
+            host's driver, on the host's clock: the member's time put on the
+            host's clock by ``clock_offset_ns``), of the newest 256 messages
+            of each of its groups. Each age is within ± ``clock_uncertainty_ns``
+            of the true one. None in simulated time, for the host's machine
+            (its processes share the host's clock: lateness is measured
+            there), before the first heartbeat answer, and before any message.
+        message_age_p99 (float | None): the 99th percentile of the same, seconds.
+    """
+
+    name: str
+    hostname: str
+    groups: tuple[str, ...]
+    pids: tuple[int, ...]
+    cpu_time: float
+    bytes_in: int
+    bytes_out: int
+    heartbeat_bytes_in: int = 0
+    heartbeat_bytes_out: int = 0
+    clock_offset_ns: int | None = None
+    clock_uncertainty_ns: int | None = None
+    rtt_ns: int | None = None
+    message_age_p50: float | None = None
+    message_age_p99: float | None = None
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -181,6 +253,9 @@ class RunStats:
             empty); the host's queues' deliveries and drops.
         groups (Mapping[str, GroupStats]): by group name, the processes of a
             placed run (empty for a run in one process).
+        machines (Mapping[str, MachineStats]): by machine name, the
+            machines of a placed run: the host's (``""``) first, then each
+            member that runs groups (empty for a run in one process).
     """
 
     time: float
@@ -190,12 +265,14 @@ class RunStats:
     snapshots: SnapshotStats = field(default_factory=SnapshotStats)
     subscriptions: Mapping[str, SubscriptionStats] = field(default_factory=dict)
     groups: Mapping[str, GroupStats] = field(default_factory=dict)
+    machines: Mapping[str, MachineStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
         object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
         object.__setattr__(self, "subscriptions", MappingProxyType(dict(self.subscriptions)))
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "machines", MappingProxyType(dict(self.machines)))
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

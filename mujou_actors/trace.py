@@ -210,8 +210,9 @@ class Tracer:
         starts = [part["start_unix"] for p in processes for part in p.parts]
         self._write_events(lines, count, other, full=dropped,
                            clock="time.perf_counter_ns of each process (CLOCK_MONOTONIC, "
-                                 "which the processes of one machine share), microseconds "
-                                 "since the run started",
+                                 "which the processes of one machine share; another "
+                                 "machine's shifted onto the host's by the offset its "
+                                 "label gives), microseconds since the run started",
                            start_unix=min(starts, default=time.time()),
                            tag=f"placed-{id(processes):x}")
 
@@ -712,11 +713,22 @@ class ProcessTrace(NamedTuple):
             process of the same pid: groups served in one process, as in tests).
         parts (list[dict]): `Recorder.export` of each kernel it ran, oldest
             first (a group rebuilt for a restart runs a new kernel).
+        machine (str): the machine it ran on, for its label (``""``: the
+            file's own, the host's).
+        offset_ns (int | None): on another machine, its monotonic clock minus
+            the host's, ns (the heartbeat's estimate): subtracted from each of
+            its stamps, so its timeline lines up with the host's. None: not
+            known (no heartbeat answer yet), or 0 on the host's machine.
+        uncertainty_ns (int | None): the bound on that estimate, ns: each of
+            its events is within ± this of where the file shows it.
     """
 
     name: str
     pid: int
     parts: list[dict[str, Any]]
+    machine: str = ""
+    offset_ns: int | None = None
+    uncertainty_ns: int | None = None
 
 
 class _Decoded(NamedTuple):
@@ -729,12 +741,15 @@ class _Decoded(NamedTuple):
     full: bool
 
 
-def _decode(parts: list[dict[str, Any]], port_code: dict[str, int]) -> _Decoded:
+def _decode(parts: list[dict[str, Any]], port_code: dict[str, int],
+            offset_ns: int = 0) -> _Decoded:
     """One process's parts as one list of records, in numbers shared by all its parts.
 
     Threads and hooks get the process's numbers; ports the file's
     (``port_code``: path -> number, extended here); a send's or delivery's
-    ``seq`` becomes ``(part, seq)``, since each kernel counts from 0.
+    ``seq`` becomes ``(part, seq)``, since each kernel counts from 0. Every
+    stamp has ``offset_ns`` taken off (another machine's clock put on the
+    host's).
     """
     threads: dict[str, int] = {}
     hooks: dict[str, int] = {}
@@ -749,22 +764,24 @@ def _decode(parts: list[dict[str, Any]], port_code: dict[str, int]) -> _Decoded:
         add = records.append
         for r in unpack_records(part["records"]):
             kind = r[0]
+            ts = r[1] - offset_ns
             if kind == SLICE:
-                add((kind, r[1], tmap[r[2]], r[3], hmap[r[4]], *r[5:]))
+                add((kind, ts, tmap[r[2]], r[3], hmap[r[4]], *r[5:]))
             elif kind == SEND:
-                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]]))
+                add((kind, ts, tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]]))
             elif kind == RECV:
-                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]]))
+                add((kind, ts, tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]]))
             elif kind == OUT:
-                add((kind, r[1], tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]],
+                add((kind, ts, tmap[r[2]], r[3], (epoch, r[4]), pmap[r[5]], pmap[r[6]],
                      r[7], r[8]))
             else:  # IN
-                add((kind, r[1], -1, r[3], (epoch, r[4]), pmap[r[5]], r[6], r[7], r[8]))
+                add((kind, ts, -1, r[3], (epoch, r[4]), pmap[r[5]], r[6], r[7], r[8]))
         for f in part["fails"]:
-            add((FAIL, f[1], tmap[f[2]], *f[3:]))
+            add((FAIL, f[1] - offset_ns, tmap[f[2]], *f[3:]))
     names = Names(sorted(threads, key=threads.__getitem__), sorted(hooks, key=hooks.__getitem__),
                   parts[0]["paths"] if parts else [], {})
-    return _Decoded(records, names, tracks, min((p["start_ns"] for p in parts), default=0),
+    return _Decoded(records, names, tracks,
+                    min((p["start_ns"] - offset_ns for p in parts), default=0),
                     any(p["full"] for p in parts))
 
 
@@ -815,6 +832,17 @@ def _unique_pids(pids: list[int]) -> list[int]:
     return out
 
 
+def _label(p: ProcessTrace) -> str:
+    """A process's label in the file: its pid, and its machine and clock's shift if any."""
+    if not p.machine:
+        return f"pid {p.pid}"
+    if p.offset_ns is None:
+        return f"pid {p.pid}, machine {p.machine}, clock offset unknown (not shifted)"
+    unc = p.uncertainty_ns or 0
+    return (f"pid {p.pid}, machine {p.machine}, clock shifted by {-p.offset_ns / 1e3:+.1f} "
+            f"\u00b1 {unc / 1e3:.1f} us onto the host's")
+
+
 def format_processes(processes: list[ProcessTrace], budget: int,
                      count: list[int]) -> tuple[Iterator[str], bool]:
     """The events of a placed run's file: one process per group, arrows across them.
@@ -822,7 +850,10 @@ def format_processes(processes: list[ProcessTrace], budget: int,
     Each process keeps its newest records that make at most ``budget``
     events. Timestamps are microseconds since the earliest part started:
     every process read ``time.perf_counter_ns``, a clock that the processes
-    of one machine share (CLOCK_MONOTONIC on Linux), so they line up. Flow
+    of one machine share (CLOCK_MONOTONIC on Linux), so they line up; a
+    process on another machine has its clock's offset from the host's
+    (`ProcessTrace.offset_ns`) taken off each stamp, and its label says by
+    how much and within what bound. Flow
     ids are unique in the file, and both ends of an arrow across processes
     carry the same id, category and name, which binds them in Perfetto and
     ``chrome://tracing`` whatever their pids.
@@ -837,7 +868,7 @@ def format_processes(processes: list[ProcessTrace], budget: int,
         events were dropped (a buffer full, or trimmed to ``budget``).
     """
     port_code: dict[str, int] = {}
-    decoded = [_decode(p.parts, port_code) for p in processes]
+    decoded = [_decode(p.parts, port_code, p.offset_ns or 0) for p in processes]
     ports = {code: path for path, code in port_code.items()}
     dropped = any(proc.full for proc in decoded)
     ids = itertools.count(1)
@@ -860,7 +891,7 @@ def format_processes(processes: list[ProcessTrace], budget: int,
         for i, (p, proc) in enumerate(zip(processes, decoded, strict=True)):
             meta: list[tuple[str, dict[str, Any]]] = [
                 ("process_sort_index", {"sort_index": i}),
-                ("process_labels", {"labels": f"pid {p.pid}"})]
+                ("process_labels", {"labels": _label(p)})]
             yield from process_events(proc.records, proc.names, proc.tracks, flows[i], pid=pids[i],
                                       process=p.name, start_ns=start_ns, count=count,
                                       meta=meta)

@@ -403,6 +403,80 @@ def test_the_live_view_says_that_its_lateness_is_of_the_newest_256_updates() -> 
     assert lines[-1].strip() == "busy: mujou-worker-0 70%"
 
 
+def _machines_stats():
+    """A run across two machines' stats: the host's, and members robot and gpu-box."""
+    from mujou_actors.stats import MachineStats, RunStats
+
+    machines = {
+        "": MachineStats("", "workstation", ("host",), (4101,), 12.25, 2_500_000, 40_000,
+                         1_472, 608),
+        "robot": MachineStats("robot", "robot-pc", ("physics", "sensors"), (5210, 5211), 3.5,
+                              21_000, 1_250_000, 608, 1_472, 15_000, 187_000, 271_000,
+                              0.0012, 0.0087),
+        "gpu-box": MachineStats("gpu-box", "gpu-box", ("vision",), (900,), 40.0, 19_000,
+                                1_250_000, 304, 736),  # no answer yet
+    }
+    return RunStats(30.0, 2.5, {}, {}, machines=machines)
+
+
+def test_the_machines_of_a_run_across_machines_are_rows_of_exact_figures() -> None:
+    from mujou_actors import cli
+
+    rows = list(cli._machine_rows(_machines_stats()))
+
+    assert [dict(zip(cli.MACHINE_COLUMNS, row, strict=True)) for row in rows] == [
+        {"machine": "<host>", "host": "workstation", "groups": "host", "pids": "4101",
+         "cpu s": "12.2", "net in": "2500000", "net out": "40000", "offset ms": "-",
+         "uncert ms": "-", "rtt ms": "-", "age p50 ms": "-", "age p99 ms": "-"},
+        {"machine": "robot", "host": "robot-pc", "groups": "physics,sensors",
+         "pids": "5210,5211", "cpu s": "3.5", "net in": "21000", "net out": "1250000",
+         "offset ms": "+0.015", "uncert ms": "0.187", "rtt ms": "0.271", "age p50 ms": "1.200",
+         "age p99 ms": "8.700"},
+        {"machine": "gpu-box", "host": "gpu-box", "groups": "vision", "pids": "900",
+         "cpu s": "40.0", "net in": "19000", "net out": "1250000", "offset ms": "-",
+         "uncert ms": "-", "rtt ms": "-", "age p50 ms": "-", "age p99 ms": "-"}]
+    assert cli._has_members(_machines_stats())
+    assert not cli._has_members(mujou.RunStats(1.0, 1.0, {}, {}))
+
+
+def test_the_live_views_machines_table_fits_80_columns_with_every_figure() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mujou_actors import cli
+
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(cli._machines_table(_machines_stats()))
+
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert max(len(line) for line in lines) <= 80
+    rows = {line.split()[0]: line.split() for line in lines
+            if line.split()[:1] in (["<host>"], ["robot"], ["gpu-box"])}
+    assert rows["robot"][-6:] == ["3.5", "21000", "1.2M", "+0.015", "0.187", "8.700"]
+    assert rows["<host>"][3:] == ["12.2", "2.5M", "40000", "-", "-", "-"]
+    robot = lines.index(next(line for line in lines if line.startswith("robot")))
+    words = " ".join(lines[robot:robot + 2]).split()  # its groups and pids may wrap
+    assert {"physics,", "sensors", "5210,", "5211"} <= set(words)
+
+
+def test_stats_json_of_a_placed_run_has_its_groups_and_machines() -> None:
+    from mujou_actors import cli
+
+    stats = _machines_stats()
+    group = mujou.GroupStats("physics", 5210, 1.0, ("sim",), 1, 2, 3, 4, 0, "robot")
+    stats = mujou.RunStats(1.0, 1.0, {}, {}, groups={"physics": group},
+                           machines=stats.machines)
+
+    data = json.loads(json.dumps(cli._stats_json(stats)))
+
+    assert data["groups"]["physics"]["machine"] == "robot"
+    assert list(data["machines"]) == ["", "robot", "gpu-box"]
+    assert data["machines"]["robot"]["pids"] == [5210, 5211]
+    assert data["machines"]["robot"]["clock_uncertainty_ns"] == 187_000
+    assert data["machines"]["gpu-box"]["message_age_p99"] is None
+
+
 def test_counts_in_the_live_view_take_at_most_five_characters() -> None:
     from mujou_actors.cli import _count
 

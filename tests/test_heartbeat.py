@@ -196,6 +196,10 @@ def test_a_responder_answers_with_a_round_trip_and_no_offset_on_one_machine(
     assert stats.answers >= 5 and stats.pings >= stats.answers
     assert (stats.garbage, stats.stale, stats.unknown) == (0, 0, 0)
     assert responder.stats().pings >= 5 and responder.last_ping_ns is not None
+    # Its frames' bytes, each way: a ping (5 msgpack fields) is about 19 bytes, an answer
+    # (8) about 46; it answered each ping it was sent but the last few, maybe.
+    assert 15 * status.answers <= status.bytes_sent <= 30 * (status.answers + 10)
+    assert 40 * status.answers <= status.bytes_received <= 60 * status.answers
 
 
 def test_a_stopped_responder_is_lost_within_the_timeout_and_back_once_restarted(

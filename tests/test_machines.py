@@ -9,6 +9,7 @@ run's secret (CURVE). Each test starts member systems and group processes
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ import pytest
 
 import mujou_actors as mujou
 from mujou_actors.distributed.convention import Member
+from mujou_actors.distributed.placed_run import machine_stats
+from mujou_actors.distributed.realtime import AGE_SAMPLES, MessageAges
 from mujou_actors.errors import HandshakeError
 from tests import placed_support
 from tests.test_placed import assert_same_tree, single
@@ -88,10 +91,147 @@ def test_groups_on_two_members_match_one_process_and_leave_nothing_behind(
         # Each group ran in a process of its member's (a child of its admin's).
         assert stats.groups["physics"].pid in on_robot
         assert stats.groups["control"].pid in on_gpu
+        # Each machine's figures are its groups': the host's machine's bytes, the mirror
+        # of the members' (every message between groups passes the host).
+        final = run.stats()
+        machines = final.machines
+        assert list(machines)[0] == "" and set(machines) == {"", "robot", "gpu-box"}
+        for name, group in [("robot", "physics"), ("gpu-box", "control")]:
+            m, g = machines[name], final.groups[group]
+            assert (m.name, m.groups, m.pids, m.cpu_time) == (name, (group,), (g.pid,),
+                                                              g.cpu_time)
+            assert m.bytes_in == g.bytes_in > 0 and m.bytes_out == g.bytes_out > 0
+            assert m.hostname == socket.gethostname()  # loopback members: this host
+            assert final.groups[group].machine == name
+        host = machines[""]
+        assert host.groups == ("host",) and host.pids == (os.getpid(),)
+        assert host.bytes_in == sum(machines[n].bytes_out for n in ("robot", "gpu-box"))
+        assert host.bytes_out == sum(machines[n].bytes_in for n in ("robot", "gpu-box"))
+        assert host.clock_offset_ns is None and host.message_age_p50 is None
+        assert machines["robot"].message_age_p50 is None  # simulated time: no ages
     deadline = time.monotonic() + 10
     while _listening(port) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _listening(port)
+
+
+@pytest.mark.timeout(120)
+def test_stats_and_the_trace_of_a_real_time_run_carry_each_machines_clock_offset(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Real time on two members: each machine's clock offset (0 on one host, within its
+    uncertainty), its heartbeat bytes, the age of its groups' messages at the host; and
+    the trace's processes on members shifted onto the host's clock by it, their arrows
+    from a send to its read in order within the bounds, the offsets in its metadata."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    path = tmp_path / "t.json"
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader), Member("gpu-box", leader):
+        run = mujou.run(placed_support.make_net,
+                        placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
+                        timer="realtime", duration=1.5, seed=7, workers=1, listen=leader,
+                        trace=path)
+        run.join(60)
+    stats = run.stats()
+    for name, group in [("robot", "physics"), ("gpu-box", "control")]:
+        m, g = stats.machines[name], stats.groups[group]
+        assert m.clock_offset_ns == g.clock_offset_ns is not None  # its one group's
+        assert m.clock_uncertainty_ns == g.clock_uncertainty_ns is not None
+        assert abs(m.clock_offset_ns) <= m.clock_uncertainty_ns < 50_000_000  # one clock
+        assert m.rtt_ns is not None and m.rtt_ns > 0
+        assert m.heartbeat_bytes_in > 0 and m.heartbeat_bytes_out > m.heartbeat_bytes_in
+        # The ages of its messages (100 ticks of sim, as many commands) at the host.
+        assert m.message_age_p50 is not None and m.message_age_p99 is not None
+        slack = m.clock_uncertainty_ns / 1e9
+        assert -slack <= m.message_age_p50 <= m.message_age_p99 < 1.0
+    host = stats.machines[""]
+    assert host.heartbeat_bytes_in == sum(stats.machines[n].heartbeat_bytes_out
+                                          for n in ("robot", "gpu-box"))
+
+    doc = json.loads(path.read_text())
+    groups = doc["otherData"]["groups"]
+    labels = {e["pid"]: e["args"]["labels"] for e in doc["traceEvents"]
+              if e["ph"] == "M" and e["name"] == "process_labels"}
+    uncertainty = {os.getpid(): 0}
+    for name, group in [("robot", "physics"), ("gpu-box", "control")]:
+        facts = groups[group]
+        assert facts["machine"] == name and facts["clock_uncertainty_ns"] > 0
+        assert abs(facts["clock_offset_ns"]) <= facts["clock_uncertainty_ns"]
+        assert f"machine {name}, clock shifted by" in labels[facts["pid"]]
+        uncertainty[facts["pid"]] = facts["clock_uncertainty_ns"]
+    assert labels[os.getpid()] == f"pid {os.getpid()}"
+    assert "shifted onto the host's" in doc["otherData"]["clock"]
+    starts = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "s"}
+    crossing = [(starts[e["id"]], e) for e in doc["traceEvents"]
+                if e["ph"] == "f" and starts[e["id"]]["pid"] != e["pid"]]
+    assert len(crossing) > 50  # sim -> ctrl, sim -> log, ctrl -> log, on three machines
+    for s, f in crossing:  # read after sent, to within both clocks' bounds
+        assert f["ts"] >= s["ts"] - (uncertainty[s["pid"]] + uncertainty[f["pid"]]) / 1e3
+
+
+def test_message_ages_are_the_raw_ages_of_the_newest_messages_with_the_offset_added(
+        ) -> None:
+    ages = MessageAges(origin_ns=1_000)
+    # A reply of two messages stamped 10 and 20 (run time), taken in at monotonic 5_000:
+    # sent at the member's monotonic 1_010 and 1_020.
+    ages.add(5_000, [(10, 0, 1, 0, "a"), (20, 0, 1, 0, "b")])
+    assert ages.raw() == [3_990, 3_980]
+    for i in range(AGE_SAMPLES):
+        ages.add(10_000 + i, [(0, 0, 1, 0, None)])
+    raw = ages.raw()
+    assert len(raw) == AGE_SAMPLES and raw[0] == 9_000 and raw[-1] == 9_000 + AGE_SAMPLES - 1
+
+
+def _group(name: str, machine: str, pid: int, **kw) -> mujou.GroupStats:
+    figures = {"cpu_time": 1.5, "nodes": (), "messages_in": 3, "messages_out": 4,
+               "bytes_in": 100, "bytes_out": 200, "drops": 0, **kw}
+    return mujou.GroupStats(name=name, pid=pid, machine=machine, **figures)
+
+
+def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
+    groups = {
+        "a": _group("a", "robot", 11, clock_offset_ns=5_000_000, clock_uncertainty_ns=300_000,
+                    rtt_ns=600_000),
+        "b": _group("b", "robot", 12, bytes_in=1_000, clock_offset_ns=5_100_000,
+                    clock_uncertainty_ns=100_000, rtt_ns=200_000),
+        "c": _group("c", "gpu", 13),  # no heartbeat answer yet
+        "host": _group("host", "", os.getpid(), bytes_in=0, bytes_out=0),
+    }
+    # Raw ages (the offset not added): the member's clock is 5.1 ms ahead of the host's, so
+    # a message 1 ms old looks 5.1 ms younger than it is on the member's clock.
+    raw = {"a": {"host": "robot-pc", "ages": [-4_100_000, -3_100_000],
+                 "heartbeat_in": 19, "heartbeat_out": 46},
+           "b": {"host": "robot-pc", "ages": [-2_100_000], "heartbeat_in": 38,
+                 "heartbeat_out": 92},
+           "c": {"host": "gpu-pc", "ages": [123], "heartbeat_in": 19}, "host": {}}
+
+    machines = machine_stats(groups, raw)
+
+    assert list(machines) == ["", "robot", "gpu"]
+    robot = machines["robot"]
+    assert (robot.name, robot.hostname, robot.groups, robot.pids) == (
+        "robot", "robot-pc", ("a", "b"), (11, 12))
+    assert (robot.cpu_time, robot.bytes_in, robot.bytes_out) == (3.0, 1_100, 400)
+    assert (robot.heartbeat_bytes_in, robot.heartbeat_bytes_out) == (57, 138)
+    # b's estimate is the tighter: it is the machine's, for every group's ages.
+    assert (robot.clock_offset_ns, robot.clock_uncertainty_ns, robot.rtt_ns) == (
+        5_100_000, 100_000, 200_000)
+    assert robot.message_age_p50 == pytest.approx(0.002)  # 1, 2 and 3 ms
+    assert robot.message_age_p99 == pytest.approx(0.003)
+    gpu = machines["gpu"]  # no offset known: no ages either
+    assert gpu.clock_offset_ns is gpu.message_age_p50 is gpu.message_age_p99 is None
+    host = machines[""]
+    assert (host.groups, host.pids, host.cpu_time) == (("host",), (os.getpid(),), 1.5)
+    assert host.hostname == socket.gethostname()
+    assert (host.bytes_in, host.bytes_out) == (600, 1_200)  # the members' out, in
+    assert (host.heartbeat_bytes_in, host.heartbeat_bytes_out) == (138, 76)
+    assert host.clock_offset_ns is None and host.message_age_p50 is None
+
+
+def test_a_placed_run_on_one_machine_has_the_hosts_machine_only() -> None:
+    machines = machine_stats({"a": _group("a", "", 11)}, {"a": {}})
+    assert list(machines) == [""]
+    assert machines[""].groups == ("a",) and (machines[""].bytes_in,
+                                              machines[""].bytes_out) == (0, 0)
 
 
 def test_a_member_nobody_started_is_named_before_any_node_starts(

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ import pytest
 import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
 from mujou_actors._runtime.kernel import Kernel
-from mujou_actors.distributed import placed
+from mujou_actors.distributed import placed, tracing
 from mujou_actors.run import _check_arguments
 from mujou_actors.trace import IN, OUT, SLICE, unpack_records
 from tests import placed_support
@@ -295,6 +296,50 @@ def test_a_restarted_group_keeps_what_its_first_kernel_recorded(tmp_path) -> Non
     # every tick of flaky that reached count has its arrow, before and after the rewind
     flaky = [(s, f) for s, f in arrows(doc) if s["name"] == "flaky.out"]
     assert len(flaky) == 4 + 7 and all(f["pid"] == pids["host"] for _, f in flaky)
+
+
+def test_a_group_on_another_machine_is_shifted_onto_the_hosts_clock_by_its_offset(
+        tmp_path) -> None:
+    """The same records written twice: as on one machine, and with group control on a
+    machine whose clock is 5 ms behind the host's (a fake offset, ± 0.25 ms): each of its
+    events moves 5 ms later against the others', and its label and the file say so."""
+    run = traced({"sim": "physics", "ctrl": "control"}, tmp_path / "t.json")
+    run.join(30)
+    servers = run._driver.system.servers
+    parts = {name: servers[name]._traces.take() for name in ("physics", "control")}
+    groups = [SimpleNamespace(name="physics", pid=70001, remote=True),
+              SimpleNamespace(name="control", pid=70002, remote=True)]
+
+    def write(name: str, clocks: dict[str, tracing.Clock]) -> dict[str, Any]:
+        trace = tracing.PlacedTrace(mujou.Tracer(tmp_path / name), 2)
+        other = {"groups": {g.name: {"pid": g.pid} for g in groups}}
+        tracing.write_placed(trace, groups, lambda g: parts[g.name], other, clocks)
+        return load(tmp_path / name)
+
+    plain = write("plain.json", {})
+    shifted = write("shifted.json", {"control": tracing.Clock("gpu-box", -5_000_000, 250_000)})
+    unknown = write("unknown.json", {"control": tracing.Clock("gpu-box", None, None)})
+
+    def moves(pid: int, doc: dict[str, Any]) -> set[float]:
+        before = [e["ts"] for e in timed(plain) if e["pid"] == pid]
+        after = [e["ts"] for e in timed(doc) if e["pid"] == pid]
+        assert len(before) == len(after) > 10
+        return {round(b - a, 3) for a, b in zip(before, after, strict=True)}
+
+    physics, control = moves(70001, shifted), moves(70002, shifted)
+    assert len(physics) == len(control) == 1  # each process moves as a whole
+    assert control.pop() - physics.pop() == pytest.approx(5_000.0)  # µs
+    assert moves(70001, unknown) == moves(70002, unknown) == {0.0}  # not known: as recorded
+    labels = {e["pid"]: e["args"]["labels"] for e in shifted["traceEvents"]
+              if e["ph"] == "M" and e["name"] == "process_labels"}
+    assert labels == {70001: "pid 70001", 70002: "pid 70002, machine gpu-box, clock shifted "
+                                                 "by +5000.0 \u00b1 250.0 us onto the host's"}
+    assert shifted["otherData"]["groups"]["control"] == {
+        "pid": 70002, "machine": "gpu-box", "clock_offset_ns": -5_000_000,
+        "clock_uncertainty_ns": 250_000}
+    assert shifted["otherData"]["groups"]["physics"] == {"pid": 70001}
+    assert "offset unknown" in [e["args"]["labels"] for e in unknown["traceEvents"]
+                                if e.get("name") == "process_labels" and e["pid"] == 70002][0]
 
 
 def test_a_placed_run_whose_on_start_fails_still_writes_its_trace(tmp_path) -> None:

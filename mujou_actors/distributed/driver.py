@@ -38,6 +38,7 @@ import logging
 import os
 import queue
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -99,6 +100,9 @@ class _Group:
     member: str | None = None  # the convention member (machine) it runs on; None: here
     key: bytes | None = None  # the data plane's secret, for a group on a member
     watched_ns: int = 0  # when the heartbeat began to watch its latest process (monotonic)
+    # Real time, on another machine: its messages' raw ages (realtime.MessageAges), from
+    # its process's timer origin; None until that process runs free.
+    ages: realtime.MessageAges | None = None
 
 
 class _LocalLink:
@@ -835,7 +839,14 @@ class _Driver:
         return detach
 
     def group_stats(self) -> dict[str, dict[str, Any]]:
-        """Every group's figures, as plain data; a dead group's are its last ones known."""
+        """Every group's figures, as plain data; a dead group's are its last ones known.
+
+        A group on another machine's have its ``"machine"``, its heartbeat's
+        frame bytes (``"heartbeat_in"``: the pings to it, ``"heartbeat_out"``:
+        its answers), its clock (``"clock"``, once it answered) and, in real
+        time, the raw ages of its newest messages (``"ages"``, ns, the clock
+        offset not added: `realtime.MessageAges`).
+        """
         out = {}
         for g in self.groups.values():
             if g.remote:
@@ -854,6 +865,7 @@ class _Driver:
                 t = os.times()
                 link = g.link
                 out[g.name] = {"pid": os.getpid(), "cpu": t.user + t.system,
+                               "host": socket.gethostname(),
                                "nodes": group.node_stats(link.kernel, link.counted),
                                "messages_in": link.messages_in,
                                "messages_out": link.messages_out,
@@ -865,7 +877,12 @@ class _Driver:
                 if g.member is None:
                     continue
                 figures = out[name] = {**figures, "machine": g.member}
+                if g.ages is not None:
+                    figures["ages"] = g.ages.raw()
                 status = members.get(name)
+                if status is not None:
+                    figures["heartbeat_in"] = status.bytes_sent
+                    figures["heartbeat_out"] = status.bytes_received
                 if status is not None and status.offset is not None:
                     figures["clock"] = {"offset_ns": status.offset.offset_ns,
                                         "uncertainty_ns": status.offset.uncertainty_ns,
@@ -940,10 +957,22 @@ class _Driver:
         try:
             tracing.write_placed(trace, self.groups.values(),
                                  lambda g: self.system.ask(g.name, group.TakeTrace(), limit),
-                                 other)
+                                 other, self._clocks())
         except Exception as exc:  # noqa: BLE001 - join() raises it
             log.error("could not write the trace file %s: %s", trace.tracer.path, exc)
             self.failures.append(exc)
+
+    def _clocks(self) -> dict[str, tracing.Clock]:
+        """Each group on another machine's clock offset now (the heartbeat's estimate)."""
+        statuses = self.monitor.members() if self.monitor is not None else {}
+        clocks = {}
+        for g in self.groups.values():
+            if g.member is not None:
+                status = statuses.get(g.name)
+                est = None if status is None else status.offset
+                clocks[g.name] = tracing.Clock(g.member, None if est is None else est.offset_ns,
+                                               None if est is None else est.uncertainty_ns)
+        return clocks
 
     def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
         if not self.stuck and not self.dead and not any(g.waiting for g in self.groups.values()):
@@ -1116,6 +1145,8 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
     deadline = time.monotonic() + start_timeout
     left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
     system = driver.system
+    for g in driver.groups.values():
+        g.ages = None  # a restart's processes stamp on timers of their own (realtime.start)
     for g in driver.groups.values():
         if g.remote:
             system.ask(g.name, group.Start(left()), left() + 5.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -44,10 +45,10 @@ from .placement import build_net, load_factory, net_signature
 from .secret import load_secret
 from .tracing import KernelTraces
 
-__all__ = ["serve", "versions", "shipped", "host_write", "run_grant", "node_stats", "failure_of",
-           "Published", "GroupServer", "Subscribe", "Describe", "Start", "Load", "TakeState",
-           "Write", "Read", "Stats", "Stop", "Reset", "RestartNode", "RunFree", "Hold",
-           "Release", "TakeTrace", "split_tree"]
+__all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
+           "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
+           "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
+           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -110,7 +111,13 @@ class Subscribe(NamedTuple):
 
 
 class RunFree(NamedTuple):
-    """Real time: start the group's timer and let its nodes run (after `Start`, `Load`)."""
+    """Real time: start the group's timer and let its nodes run (after `Start`, `Load`).
+
+    The answer is the timer's origin on this machine's ``time.monotonic_ns()``
+    (run time ``t_ns`` is monotonic ``t_ns + origin``, to within a
+    microsecond), int: the host puts its messages' stamps on its own clock
+    with it (`realtime.MessageAges`).
+    """
 
 
 class Hold(NamedTuple):
@@ -581,7 +588,7 @@ class GroupServer:
             return snapshot.dumps(kernel.read(request.port))
         if isinstance(request, RunFree):
             kernel.run_free()
-            return None
+            return clock_origin(kernel)
         if isinstance(request, Hold):
             return kernel.hold(request.timeout)
         if isinstance(request, Release):
@@ -611,7 +618,7 @@ class GroupServer:
         """Plain counts for `Run.stats` (the host makes the frozen records)."""
         t = os.times()
         link = self._link
-        return {"pid": os.getpid(), "cpu": t.user + t.system,
+        return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
                 "nodes": node_stats(self.kernel, self._counted),
                 "messages_in": link.messages_in, "messages_out": link.messages_out,
                 "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
@@ -627,6 +634,19 @@ class GroupServer:
         if self._responder is not None:
             self._responder.close(timeout)
         return stuck
+
+
+def clock_origin(kernel: Kernel) -> int:
+    """A running real-time kernel's timer origin on ``time.monotonic_ns()``, ns.
+
+    The kernel's time ``t`` is monotonic ``t + origin``; read between two
+    readings of the monotonic clock, so within half their gap (about a
+    microsecond).
+    """
+    before = time.monotonic_ns()
+    now = kernel.time_ns
+    after = time.monotonic_ns()
+    return (before + after) // 2 - now
 
 
 def shipped(kernel: Kernel, routes: dataplane.Routes,

@@ -350,6 +350,9 @@ class MemberStatus:
         rtt_ns (int | None): the last answer's round trip, ns; None before one.
         offset (Estimate | None): its clock offset now; None before an answer.
         samples (tuple[Sample, ...]): the clock filter's samples, oldest first.
+        bytes_sent (int): the frames of the pings sent to it since it was
+            watched, bytes (msgpack; not ZeroMQ's or CURVE's own bytes).
+        bytes_received (int): the frames of the answers taken from it, bytes.
     """
 
     name: str
@@ -359,6 +362,8 @@ class MemberStatus:
     rtt_ns: int | None
     offset: Estimate | None
     samples: tuple[Sample, ...]
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -579,22 +584,26 @@ class _Member:
         self.heard = now
         self.answers = 0
         self.rtt: int | None = None
+        self.bytes_sent = self.bytes_received = 0  # its frames' bytes (MemberStatus)
         self.incarnation: int | None = None
         self.restarted = False  # a new incarnation answered since it was found lost
         self.clock = ClockOffset(window, drift_ppm=drift_ppm, precision_ns=precision_ns)
         self.pending: dict[int, int] = {}  # seq -> t0 of the pings not yet answered
         self.pending_max = pending_max
 
-    def sent(self, seq: int, t0: int) -> None:
-        """Note a ping sent; forget the oldest beyond `pending_max` (a silent member)."""
+    def sent(self, seq: int, t0: int, size: int) -> None:
+        """Note a ping of ``size`` bytes sent; forget the oldest beyond `pending_max`
+        (a silent member)."""
         self.pending[seq] = t0
+        self.bytes_sent += size
         if len(self.pending) > self.pending_max:
             del self.pending[next(iter(self.pending))]
 
     def status(self, at_ns: int) -> MemberStatus:
         """The frozen record of this member, its offset aged to ``at_ns``."""
         return MemberStatus(self.name, self.lost, self.answers, self.heard, self.rtt,
-                            self.clock.estimate(at_ns), self.clock.samples)
+                            self.clock.estimate(at_ns), self.clock.samples, self.bytes_sent,
+                            self.bytes_received)
 
 
 class Monitor:
@@ -847,16 +856,17 @@ class Monitor:
             self._seq += 1
             frame = msgpack.packb([MAGIC, VERSION, PING, self._nonce, self._seq])
             t0 = time.monotonic_ns()
+            size = len(frame)
             try:
                 self._sock.send_multipart([name.encode(), frame], zmq.NOBLOCK)
             except zmq.Again:
-                pass  # its queue is full: a silent member, found by its silence
-            sent.append((name, self._seq, t0))
+                size = 0  # its queue is full: a silent member, found by its silence
+            sent.append((name, self._seq, t0, size))
         with self._lock:  # the answers are read on this thread: none is read before this
-            for name, seq, t0 in sent:
+            for name, seq, t0, size in sent:
                 member = self._members.get(name)
                 if member is not None:
-                    member.sent(seq, t0)
+                    member.sent(seq, t0, size)
                     self._counts["pings"] += 1
 
     def _read(self, sock: zmq.Socket[Any]) -> None:
@@ -876,12 +886,13 @@ class Monitor:
                 if values is None or frames is None:
                     self._counts["garbage"] += 1
                 else:
-                    self._answer(frames[0], values, t3, changes)
+                    self._answer(frames[0], values, t3, changes, len(frames[1]))
         self._report(changes)
 
     def _answer(self, routing_id: bytes, values: tuple[int, ...], t3: int,
-                changes: list[Change]) -> None:
-        """Take one answer (under the lock): the sample, the evidence, a return."""
+                changes: list[Change], size: int = 0) -> None:
+        """Take one answer of ``size`` bytes (under the lock): the sample, the evidence,
+        a return."""
         nonce, seq, t1, t2, incarnation = values
         member = self._members.get(routing_id.decode(errors="replace"))
         if member is None:
@@ -906,6 +917,7 @@ class Monitor:
         member.incarnation = incarnation
         member.clock.add(t0, t1, t2, t3)
         member.answers += 1
+        member.bytes_received += size
         member.rtt = t3 - t0
         member.heard = max(member.heard, t0)
         if member.lost and t0 >= member.lost_at:  # a ping sent since it was found lost

@@ -10,6 +10,7 @@ refused, as in one process.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,12 +23,12 @@ from ..errors import (
 from ..host import HOST_QUEUE_DEPTH, Subscription, Waiter, check_depth
 from ..node import Node
 from ..ports import Input, Output, Port
-from ..stats import GroupStats, NodeStats, RunStats, SnapshotStats, percentile
+from ..stats import GroupStats, MachineStats, NodeStats, RunStats, SnapshotStats, percentile
 
 log = logging.getLogger("mujou_actors")
 
 
-__all__ = ["PlacedRun"]
+__all__ = ["PlacedRun", "machine_stats"]
 
 # The run's driver (driver._Driver): driver.py's start builds it, so it is named here,
 # not imported (placed.py imports both).
@@ -296,7 +297,8 @@ class PlacedRun:
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> RunStats:
-        """Statistics of every node and of every group process (`RunStats.groups`)."""
+        """Statistics of every node, group process and machine (`RunStats.groups`,
+        `RunStats.machines`)."""
         drv = self._driver
         if drv.ended.is_set() or drv.ending:
             drv.ended.wait(4 * drv.stop_timeout + 30.0)
@@ -330,10 +332,70 @@ class PlacedRun:
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
         snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
-                        snapshots=snaps, subscriptions=drv.host.stats(), groups=groups)
+                        snapshots=snaps, subscriptions=drv.host.stats(), groups=groups,
+                        machines=machine_stats(groups, raw))
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
         return (f"<PlacedRun {state} t={self.time:.6f}s nodes={len(self._found)} "
                 f"groups={len(self._driver.groups)}>")
 
+
+def machine_stats(groups: Mapping[str, GroupStats],
+                  raw: Mapping[str, Mapping[str, Any]]) -> dict[str, MachineStats]:
+    """Each machine's figures from its groups' (`MachineStats`): the host's ``""`` first.
+
+    A member's bytes are its groups' sums (every message between groups
+    passes the host, so each of those bytes crossed the network); the host's
+    machine's are the mirror of all the members' (what they sent came in
+    here). A member's clock is the estimate of its group with the tightest
+    bound (its processes share one clock), and its message ages are the raw
+    ages of all its groups with that offset added.
+
+    Args:
+        groups (Mapping[str, GroupStats]): the run's groups, by name.
+        raw (Mapping[str, Mapping]): the driver's plain figures of the same
+            groups (`driver._Driver.group_stats`): ``"host"``, and for a group
+            on another machine ``"heartbeat_in"``, ``"heartbeat_out"`` (bytes)
+            and, in real time, ``"ages"`` (raw ages, ns, `realtime.MessageAges`).
+
+    Returns:
+        dict[str, MachineStats]: by machine name.
+    """
+    on: dict[str, list[GroupStats]] = {"": []}
+    for g in groups.values():
+        on.setdefault(g.machine, []).append(g)
+    members = {}
+    for machine, gs in on.items():
+        if not machine:
+            continue
+        clocked = [g for g in gs if g.clock_uncertainty_ns is not None]
+        best = min(clocked, key=lambda g: g.clock_uncertainty_ns or 0, default=None)
+        offset = None if best is None else best.clock_offset_ns
+        ages: list[float] = []
+        if offset is not None:
+            for g in gs:
+                ages += [a + offset for a in raw.get(g.name, {}).get("ages", ())]
+        ages.sort()
+        figures = [raw.get(g.name, {}) for g in gs]
+        members[machine] = MachineStats(
+            name=machine, hostname=next((f["host"] for f in figures if f.get("host")), ""),
+            groups=tuple(g.name for g in gs), pids=tuple(g.pid for g in gs),
+            cpu_time=sum(g.cpu_time for g in gs), bytes_in=sum(g.bytes_in for g in gs),
+            bytes_out=sum(g.bytes_out for g in gs),
+            heartbeat_bytes_in=sum(f.get("heartbeat_in", 0) for f in figures),
+            heartbeat_bytes_out=sum(f.get("heartbeat_out", 0) for f in figures),
+            clock_offset_ns=offset,
+            clock_uncertainty_ns=None if best is None else best.clock_uncertainty_ns,
+            rtt_ns=None if best is None else best.rtt_ns,
+            message_age_p50=percentile(ages, 50) / 1e9 if ages else None,
+            message_age_p99=percentile(ages, 99) / 1e9 if ages else None)
+    here = on[""]
+    them = members.values()
+    host = MachineStats(
+        name="", hostname=socket.gethostname(), groups=tuple(g.name for g in here),
+        pids=tuple(g.pid for g in here), cpu_time=sum(g.cpu_time for g in here),
+        bytes_in=sum(m.bytes_out for m in them), bytes_out=sum(m.bytes_in for m in them),
+        heartbeat_bytes_in=sum(m.heartbeat_bytes_out for m in them),
+        heartbeat_bytes_out=sum(m.heartbeat_bytes_in for m in them))
+    return {"": host, **members}

@@ -15,11 +15,22 @@ sent before, so once every marker is in, every message sent before the hold
 has reached the host; the host hands those to their readers and flushes
 again, so every one of them sits in its reader's mailbox. The groups' trees,
 taken then, hold every message exactly once, kept or pending.
+
+Message ages across machines: each group on another machine runs its timer
+on that machine's monotonic clock, whose offset from the host's the
+heartbeat measures. `start` keeps each such group's timer origin (the answer
+to `group.RunFree`), and `relay` notes, for every message it takes from
+one, the host's clock at its arrival minus the send's stamp on the
+member's clock (`MessageAges`): the message's age less the clock offset,
+which `Run.stats` adds back with the estimate of the moment
+(`MachineStats.message_age_p50`).
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -32,9 +43,52 @@ _Driver = Any
 _Group = Any
 
 __all__ = ["run_rounds", "cut", "flush", "start", "now_ns", "hold_all", "release", "relay",
-           "push"]
+           "push", "MessageAges", "AGE_SAMPLES"]
 
 POLL_S = 0.05
+AGE_SAMPLES = 256  # the newest messages of a group whose ages `MessageAges` keeps (a power of 2)
+
+
+class MessageAges:
+    """The raw ages of the newest messages from one group on another machine (real time).
+
+    A raw age is the host's ``time.monotonic_ns()`` when the message reached
+    the driver minus the send's stamp on the member's monotonic clock: the
+    true age less the member's clock offset (its clock minus the host's).
+    Adding the offset's estimate gives the age (`ages`); the offset is
+    applied when the figures are asked for, not per message.
+
+    Args:
+        origin_ns (int): the group's timer origin on its machine's monotonic
+            clock (`group.RunFree`'s answer): a send stamped ``t_ns`` was
+            made at the member's monotonic ``t_ns + origin_ns``.
+    """
+
+    __slots__ = ("origin_ns", "_ring", "_count")
+
+    def __init__(self, origin_ns: int) -> None:
+        self.origin_ns = origin_ns
+        self._ring = array("q", bytes(8 * AGE_SAMPLES))
+        self._count = 0
+
+    def add(self, now_ns: int, sends: Sequence[tuple[Any, ...]]) -> None:
+        """Note the messages of one reply (items, stamped ``t_ns`` first) that came at
+        ``now_ns`` (the host's monotonic clock)."""
+        base = now_ns - self.origin_ns
+        ring, n = self._ring, self._count
+        for item in sends:
+            ring[n & (AGE_SAMPLES - 1)] = base - item[0]
+            n += 1
+        self._count = n
+
+    def raw(self) -> list[int]:
+        """The raw ages kept (ns, the offset not added), oldest first: the newest
+        `AGE_SAMPLES` at most."""
+        n = self._count
+        if n <= AGE_SAMPLES:
+            return list(self._ring[:n])
+        start = n & (AGE_SAMPLES - 1)
+        return list(self._ring[start:]) + list(self._ring[:start])
 
 
 def now_ns(driver: _Driver) -> int:
@@ -88,6 +142,9 @@ def relay(driver: _Driver, wait: float, markers: set[str] | None = None) -> None
         while (reply := g.link.receive(0)) is not None:
             if reply.marker and markers is not None:
                 markers.add(g.name)
+            ages = g.ages  # a group on another machine's (None: this machine's)
+            if ages is not None and reply.sends:
+                ages.add(time.monotonic_ns(), reply.sends)
             driver._route(g, reply)
     push(driver)
     driver._check_exits()
@@ -176,7 +233,10 @@ def start(driver: _Driver, tree: dict[str, Any] | None) -> None:
     flush(driver, timeout=driver.start_timeout)
     for g in driver.groups.values():
         if g.remote:
-            driver.system.ask(g.name, group.RunFree(), 30.0)
+            origin = driver.system.ask(g.name, group.RunFree(), 30.0)
+            # A new process (a restart) has a timer, and maybe a machine, of its own.
+            g.ages = (MessageAges(origin) if g.member is not None and isinstance(origin, int)
+                      else None)
         else:
             driver.kernel.run_free()
     if not driver.clock_started:  # a restart does not move the run's clock

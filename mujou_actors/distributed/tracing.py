@@ -20,19 +20,23 @@ reading Input, so the host pairs the two ends without any number crossing
 with the message itself. Every process stamps its records with
 ``time.perf_counter_ns``, which on Linux reads CLOCK_MONOTONIC, one clock
 for all the processes of a machine: their timelines line up as they are.
+A group on another machine stamps on that machine's clock: its stamps are
+shifted onto the host's by the heartbeat's estimate of the offset between
+the two clocks (``clocks``), and the file says by how much and within what
+bound (each process's label; ``otherData.groups``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 from .._runtime.kernel import Kernel
 from ..errors import describe
 from ..trace import ProcessTrace, Tracer
 
-__all__ = ["KernelTraces", "PlacedTrace", "write_placed"]
+__all__ = ["KernelTraces", "PlacedTrace", "write_placed", "Clock"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -77,6 +81,21 @@ class KernelTraces:
         return parts
 
 
+class Clock(NamedTuple):
+    """Where a group on another machine ran, and its clock's offset from the host's.
+
+    Attributes:
+        machine (str): the convention member (machine).
+        offset_ns (int | None): its monotonic clock minus the host's, ns (the
+            heartbeat's estimate); None: not known (no answer yet).
+        uncertainty_ns (int | None): the bound on that estimate, ns.
+    """
+
+    machine: str
+    offset_ns: int | None
+    uncertainty_ns: int | None
+
+
 class PlacedTrace:
     """The host's side of a traced placed run: the Tracer, each process's share, its own parts.
 
@@ -93,12 +112,17 @@ class PlacedTrace:
 
 
 def write_placed(trace: PlacedTrace, groups: Iterable[Any],
-                 take: Callable[[Any], list[dict[str, Any]]], other: dict[str, Any]) -> None:
+                 take: Callable[[Any], list[dict[str, Any]]], other: dict[str, Any],
+                 clocks: Mapping[str, Clock] | None = None) -> None:
     """Take every group's trace parts and write the run's one file.
 
     A group whose parts cannot be taken (its process died, its control
     plane does not answer) is left out of the file and named in
-    ``otherData["missing"]``; the others are written all the same.
+    ``otherData["missing"]``; the others are written all the same. A
+    group on another machine (in ``clocks``) has its stamps shifted onto
+    the host's clock by its offset, when known; ``otherData["groups"]``
+    (when ``other`` has it) gets its ``machine``, ``clock_offset_ns`` and
+    ``clock_uncertainty_ns``.
 
     Args:
         trace (PlacedTrace): the run's.
@@ -107,12 +131,21 @@ def write_placed(trace: PlacedTrace, groups: Iterable[Any],
         take: a group's parts (a remote group's `group.TakeTrace`; the host's
             own are ``trace.local``'s).
         other (dict): facts for ``otherData`` (JSON values).
+        clocks (Mapping[str, Clock], optional): by group name, the groups
+            on other machines.
 
     Raises:
         OSError: the file could not be written.
     """
     processes = []
     missing = []
+    clocks = clocks or {}
+    facts = other.get("groups", {})
+    for name, clock in clocks.items():
+        if name in facts:
+            facts[name] = {**facts[name], "machine": clock.machine,
+                           "clock_offset_ns": clock.offset_ns,
+                           "clock_uncertainty_ns": clock.uncertainty_ns}
     for g in sorted(groups, key=lambda g: g.remote):  # the host first
         try:
             parts = take(g) if g.remote else trace.local.take()
@@ -121,6 +154,8 @@ def write_placed(trace: PlacedTrace, groups: Iterable[Any],
                         describe(exc))
             missing.append(g.name)
             continue
-        processes.append(ProcessTrace(f"group {g.name}" if g.remote else "host", g.pid, parts))
+        clock = clocks.get(g.name, Clock("", None, None))
+        processes.append(ProcessTrace(f"group {g.name}" if g.remote else "host", g.pid, parts,
+                                      clock.machine, clock.offset_ns, clock.uncertainty_ns))
     trace.tracer._write_processes(processes, trace.share,
                                   {**other, "share": trace.share, "missing": missing})
