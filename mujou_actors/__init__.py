@@ -23,12 +23,15 @@ from .errors import (
 from .host import Subscription
 from .node import Node
 from .ports import Input, Output, connect
+from .recording import Recording
 from .run import Run, run
 from .snapshot import load, save
 from .stats import (
     GroupStats,
     MachineStats,
     NodeStats,
+    RecordingChannelStats,
+    RecordingStats,
     RunStats,
     SnapshotStats,
     SubscriptionStats,
@@ -51,7 +54,10 @@ __all__ = [
     "NotRunningError",
     "Output",
     "PortTypeError",
+    "Recording",
+    "RecordingChannelStats",
     "RecordingError",
+    "RecordingStats",
     "Run",
     "RunStats",
     "SnapshotError",

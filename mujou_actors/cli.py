@@ -8,8 +8,9 @@ seconds. Not on a terminal (CI, pipes) it prints plain status lines instead.
 Ctrl-C (or SIGTERM) stops the run cleanly (every ``on_stop`` runs; with
 ``--snapshot-dir`` the final state is written there too) and exits with 130
 (143 for SIGTERM); signals that follow while it stops are only noted. The
-paths of ``--trace``, ``--stats-json`` and ``--snapshot-dir`` are checked
-before anything runs.
+paths of ``--trace``, ``--stats-json``, ``--record`` and ``--snapshot-dir``
+are checked before anything runs. ``--record FILE [--record-port PATTERN ...]``
+records the Outputs' messages to an MCAP file (``mujou.run(record=...)``).
 
 ``mujou inspect SNAPSHOT`` checks a snapshot file whole (as ``mujou.load``
 does), then prints its summary; the tensor data is checksummed, not kept.
@@ -568,6 +569,12 @@ def _stats_json(stats: RunStats) -> dict[str, Any]:
     if stats.groups:  # a placed run (--place): its processes, and its machines
         out["groups"] = {name: dataclasses.asdict(g) for name, g in stats.groups.items()}
         out["machines"] = {name: dataclasses.asdict(m) for name, m in stats.machines.items()}
+    if stats.recording is not None:  # --record
+        rec = stats.recording
+        out["recording"] = {**{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
+                               if f.name != "channels"},
+                            "channels": {p: dataclasses.asdict(c)
+                                         for p, c in rec.channels.items()}}
     return out
 
 
@@ -611,6 +618,13 @@ def main() -> None:
               help="Write a Chrome/Perfetto trace of every hook to this file.")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
               help="Write the final run.stats() as JSON to this file.")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
+              help="Record the Outputs' messages to this MCAP file (docs/recording.md).")
+@click.option("--record-port", "record_ports", multiple=True, metavar="PATTERN",
+              help="With --record: record the Outputs whose path matches this glob "
+                   "(\"sim.*\"); repeat it for more. Default: every Output.")
+@click.option("--record-snapshots", is_flag=True,
+              help="With --record and --snapshot-every: attach the snapshots to the file.")
 @click.option("--place", "places", multiple=True, metavar="PATH=GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
                    "for more. NAME must then be the function that builds the net.")
@@ -631,7 +645,9 @@ def main() -> None:
 def run_command(target: str, duration: float | None, timer: str, workers: int | None,
                 seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
-                places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
+                record_path: str | None, record_ports: tuple[str, ...],
+                record_snapshots: bool, places: tuple[str, ...], net_kwargs: str | None,
+                listen: str | None,
                 join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
                 quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
@@ -646,6 +662,10 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(stats_json, "--stats-json", make_folders=False)
         if snapshot_dir is not None:
             check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
+        if record_path is not None:
+            check_writable(record_path, "--record", make_folders=True)
+        elif record_ports or record_snapshots:
+            raise UsageError("--record-port and --record-snapshots go with --record FILE")
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
                                   "seed": seed, "state": restore}
         if places:
@@ -670,6 +690,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                                                     snapshot_dir=snapshot_dir)
         if trace_path is not None:
             kwargs["trace"] = trace_path
+        if record_path is not None:
+            kwargs.update(record=record_path, record_ports=list(record_ports) or None,
+                          record_snapshots=record_snapshots)
         signals.mode = "defer"
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
         run = mujou.run(net, **kwargs)
@@ -699,6 +722,12 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             if exc is run.failure:  # the run failed, whatever the exception's class
                 raise _RunFailed(exc) from exc
             raise
+        finally:
+            recording = run.stats().recording
+            if recording is not None and not quiet and not run.running:
+                click.echo(f"recorded {recording.recorded:,} messages to {recording.file}"
+                           + (f" ({recording.dropped:,} dropped)" if recording.dropped else ""),
+                           err=True)
         if signals.code:
             sys.exit(signals.code)
 

@@ -306,7 +306,7 @@ class Writer:
                                  compression=_COMPRESSIONS[compression])
         self._schemas: dict[str, int] = {}
         self._closed = False
-        self._mcap.start(PROFILE, library or f"mujou_actors {_version()}")
+        self._mcap.start(PROFILE, library or f"mujou_actors {package_version()}")
 
     def write_run(self, metadata: Mapping[str, str]) -> None:
         """Write the ``mujou.run`` metadata record (once, before the messages).
@@ -416,8 +416,16 @@ class Writer:
         self._stream.close()
 
 
-def _version() -> str:
-    """The package's version (read when a file is written: the package is imported by then)."""
+def package_version() -> str:
+    """The package's version, ``mujou_actors.__version__``.
+
+    Read when a file is written, once the package is imported: this module is
+    imported by the package's ``__init__`` (through the run), before the
+    version is set.
+
+    Returns:
+        str: the version (``"unknown"`` if the package is not imported).
+    """
     package = sys.modules.get(__package__ or "mujou_actors")
     return str(getattr(package, "__version__", "unknown"))
 

@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._checks import is_number
@@ -41,6 +41,14 @@ from .net import (
 )
 from .node import Node, check_seed
 from .ports import Input, Output, Port
+from .recording import (
+    Recorder,
+    Recording,
+    as_recording,
+    check_patterns,
+    run_metadata,
+    select_outputs,
+)
 from .stats import NodeStats, RunStats, WorkerStats, percentile
 from .supervisor import Supervisor
 from .timers import Timer
@@ -72,6 +80,7 @@ class Run:
         self._ports = ports
         self._port_ids = {id(p) for p in ports.values()}
         self._seeds = seeds
+        self._recorder = coordinator.recorder  # kept: the coordinator lets it go at the end
         # After the end each state_dict() takes the state on its own thread,
         # inside each node's context: one call at a time, as during the run
         # (a Context is entered by one thread at a time, and a node's
@@ -442,8 +451,10 @@ class Run:
         workers = {name: WorkerStats(name, busy)
                    for name, busy in self._dispatcher.busy_fractions().items()}
         c = self._coordinator
+        recording = None if self._recorder is None else self._recorder.stats()
         return RunStats(time=self.time, wall=c.wall_seconds(), nodes=nodes, workers=workers,
-                        snapshots=c.snapshot_stats(), subscriptions=self._host.stats())
+                        snapshots=c.snapshot_stats(), subscriptions=self._host.stats(),
+                        recording=recording)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
@@ -475,6 +486,9 @@ def run(
     join_timeout: float = 30.0,
     allow_remote: bool = False,
     heartbeat_timeout: float = 1.0,
+    record: str | os.PathLike[str] | Recording | None = None,
+    record_ports: Sequence[str] | None = None,
+    record_snapshots: bool = False,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -560,6 +574,20 @@ def run(
             heartbeat after which a group on another machine counts as lost
             (and the supervisor restarts it, or the run fails with
             `GroupDied`). Default: 1.
+        record (str | os.PathLike | Recording, optional): record the messages
+            of the Outputs to this MCAP file (docs/recording.md): one channel
+            per Output, each message with its send time and delta cycle,
+            lossless; the run's metadata (seeds, versions, the net). A
+            `Recording` sets the writer's queue bounds and what a full queue
+            does. Whether the file can be written is checked before anything
+            starts. The file is complete when `Run.join` returns; a crash
+            leaves it readable up to its last chunk. Default: None (nothing
+            recorded, and nothing of recording costs anything).
+        record_ports (Sequence[str], optional): which Outputs to record: glob
+            patterns (fnmatch) over their paths, ``["sim.*", "ctrl.command"]``.
+            Default: every Output.
+        record_snapshots (bool): attach the supervisor's snapshots to the
+            recording (needs a ``Supervisor(snapshot_every=...)``). Default: False.
 
     Returns:
         Run: the started run.
@@ -580,7 +608,7 @@ def run(
             ``stop_timeout``) and the nodes are released.
         SnapshotError: ``state`` is not a valid tree or file, or does not fit
             the net (names the missing and unexpected nodes and inputs).
-        OSError: the ``trace`` file, or files in the supervisor's
+        OSError: the ``trace`` or ``record`` file, or files in the supervisor's
             ``snapshot_dir``, could not be written: the path is a folder (a
             file for ``snapshot_dir``), lies under a file, or its folder takes
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
@@ -591,7 +619,8 @@ def run(
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                   start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
                   listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
-                  heartbeat_timeout=heartbeat_timeout)
+                  heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
+                  record_snapshots=record_snapshots)
 
 
 def _start(
@@ -616,6 +645,9 @@ def _start(
     join_timeout: float = 30.0,
     allow_remote: bool = False,
     heartbeat_timeout: float = 1.0,
+    record: str | os.PathLike[str] | Recording | None = None,
+    record_ports: Sequence[str] | None = None,
+    record_snapshots: bool = False,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -625,13 +657,17 @@ def _start(
     args = _check_arguments(seams, workers=workers, timer=timer, duration=duration,
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                            start_timeout=start_timeout)
+                            start_timeout=start_timeout, record=record,
+                            record_ports=record_ports, record_snapshots=record_snapshots)
     join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
     heartbeat_limit = check_seconds("heartbeat_timeout", heartbeat_timeout, allow_zero=False)
     check_flag("allow_remote", allow_remote)
     if listen is not None and not isinstance(listen, str):
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
                         f"{type(listen).__name__}")
+    if placement is not None and args.recording is not None:
+        raise ValueError("mujou.run: record= does not record a placed run yet (placement=); "
+                         "record the net in one process (docs/recording.md)")
     if placement is not None:
         from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
@@ -666,6 +702,9 @@ class _Arguments:
     tree: dict[str, Any] | None  # the state to restore, loaded and checked as a tree
     cuda_sync: str
     tracer: Tracer | None
+    recording: Recording | None = None  # record=, checked (its file can be written)
+    record_ports: tuple[str, ...] | None = None  # the glob patterns; None: every Output
+    record_snapshots: bool = False
 
 
 def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
@@ -673,7 +712,10 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
                      state: Mapping[str, Any] | str | os.PathLike[str] | None,
                      supervisor: Supervisor | None,
                      trace: str | os.PathLike[str] | Tracer | None, cuda_sync: str,
-                     stats: bool, stop_timeout: float, start_timeout: float) -> _Arguments:
+                     stats: bool, stop_timeout: float, start_timeout: float,
+                     record: str | os.PathLike[str] | Recording | None = None,
+                     record_ports: Sequence[str] | None = None,
+                     record_snapshots: bool = False) -> _Arguments:
     """Check every argument that does not need the net; nothing is claimed yet."""
     t = seams.make_timer(timer)
     check_workers(workers)
@@ -691,9 +733,20 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
     tree = load_state(state)
     check_cuda_sync(cuda_sync)
     tracer = as_tracer(trace)
+    patterns = check_patterns(record_ports)
+    check_flag("record_snapshots", record_snapshots)
+    if record is None and (patterns is not None or record_snapshots):
+        raise TypeError("mujou.run: record_ports and record_snapshots go with record= "
+                        "(the MCAP file to record to)")
+    if record_snapshots and (supervisor is None or supervisor.snapshot_every is None):
+        raise ValueError("mujou.run: record_snapshots=True attaches the supervisor's "
+                         "snapshots, and this run takes none: pass "
+                         "supervisor=mujou.Supervisor(snapshot_every=...)")
+    recording = as_recording(record)
     return _Arguments(timer=t, workers=workers, end_s=end_s, stop_timeout=timeout,
                       start_timeout=start_limit, seed=seed, stats=stats, supervisor=supervisor,
-                      tree=tree, cuda_sync=cuda_sync, tracer=tracer)
+                      tree=tree, cuda_sync=cuda_sync, tracer=tracer, recording=recording,
+                      record_ports=patterns, record_snapshots=record_snapshots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -709,6 +762,7 @@ class _Plan:
     initial: list[tuple[Input, Any]]
     seeds: dict[str, int]
     previous: list[tuple[Node, str | None]]
+    recorded: list[str] = dataclasses.field(default_factory=list)  # Output paths
 
     def give_back_paths(self) -> None:
         """A refused run leaves the nodes named as they were."""
@@ -741,11 +795,14 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
         if args.tree is not None:
             check_fit(args.tree, found, ports, state)
         seeds = settle_seeds(found, args.tree, args.seed)
+        recorded = ([] if args.recording is None
+                    else select_outputs(ports, args.record_ports))
     except BaseException:
         for node, old in previous:  # a refused run leaves the nodes as they were
             node._mujou_path = old
         raise
-    return _Plan(found=found, ports=ports, initial=initial, seeds=seeds, previous=previous)
+    return _Plan(found=found, ports=ports, initial=initial, seeds=seeds, previous=previous,
+                 recorded=recorded)
 
 
 def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Host]:
@@ -770,6 +827,8 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
                                   rt=rt, tracer=args.tracer, seams=seams)
         host = Host(coordinator.wiring.host_copy, coordinator.callback_failed)
         coordinator.attach_host(host)
+        if args.recording is not None:
+            _record(coordinator, plan, args, n_workers)
         coordinator.start_threads()
     except BaseException:
         if coordinator is not None:  # no hook has run: the threads exit at once
@@ -777,6 +836,28 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         _unclaim(plan, token)
         raise
     return coordinator, host
+
+
+def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: int) -> None:
+    """Make the run's recorder: the file, its hooks on the recorded Outputs, its thread.
+
+    Before the threads start, so that what ``on_start`` sends is recorded too.
+    """
+    assert args.recording is not None
+    wiring = coordinator.wiring
+    actor_of = wiring.actor_of
+    outputs = [(port, actor_of[id(port.node)]) for port in
+               (plan.ports[path] for path in plan.recorded) if isinstance(port, Output)]
+    metadata = run_metadata(plan.found, plan.ports, seeds=plan.seeds, seed=args.seed,
+                            timer="simulated" if args.timer.simulated else "realtime",
+                            workers=workers, placement=None, patterns=args.record_ports)
+    recorder = Recorder(args.recording, outputs, metadata, simulated=args.timer.simulated,
+                        host_copy=None if wiring.rt is None else wiring.host_copy,
+                        snapshots=args.record_snapshots)
+    coordinator.attach_recorder(recorder)
+    for output, hook in recorder.hooks():
+        wiring.listen(output, hook)
+    recorder.start()
 
 
 def _unclaim(plan: _Plan, token: object) -> None:

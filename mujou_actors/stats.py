@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
-           "MachineStats", "RunStats"]
+           "MachineStats", "RecordingStats", "RecordingChannelStats", "RunStats"]
 
 
 @dataclass(frozen=True)
@@ -239,6 +239,65 @@ class MachineStats:
 
 
 @dataclass(frozen=True)
+class RecordingChannelStats:
+    """What the recording did with one recorded Output's messages (``mujou.run(record=...)``).
+
+    ``sent`` is ``recorded + dropped + unrecordable`` plus what is still
+    queued for the writer.
+
+    Attributes:
+        port (str): the Output's dotted path (the channel's topic).
+        sent (int): messages sent on it since the run started.
+        recorded (int): messages written to the file.
+        dropped (int): messages not recorded because the writer's queue was
+            full (``when_full="drop"``), or still queued when the end's bound
+            (``stop_timeout``) ran out.
+        unrecordable (int): messages the file cannot hold (a type the
+            snapshot codec does not store, on a port typed ``object``);
+            the first is logged.
+        bytes (int): bytes of message data written (the records' data).
+    """
+
+    port: str
+    sent: int = 0
+    recorded: int = 0
+    dropped: int = 0
+    unrecordable: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RecordingStats:
+    """The recording of a run to an MCAP file (docs/recording.md).
+
+    Attributes:
+        file (str): the file's path.
+        recorded (int): messages written, all channels.
+        dropped (int): messages dropped (see `RecordingChannelStats.dropped`).
+        unrecordable (int): messages the file cannot hold.
+        bytes (int): bytes of message data written.
+        queued (int): messages waiting for the writer now.
+        when_full (str): the policy of a full queue: ``"drop"`` or ``"wait"``.
+        error (str | None): what made the writer stop (it records nothing more
+            then; `Run.join` raises it at the end), None while it works.
+        channels (Mapping[str, RecordingChannelStats]): by Output path.
+    """
+
+    file: str
+    recorded: int = 0
+    dropped: int = 0
+    unrecordable: int = 0
+    bytes: int = 0
+    queued: int = 0
+    when_full: str = "drop"
+    error: str | None = None
+    channels: Mapping[str, RecordingChannelStats] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "channels", MappingProxyType(dict(self.channels)))
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -256,6 +315,8 @@ class RunStats:
         machines (Mapping[str, MachineStats]): by machine name, the
             machines of a placed run: the host's (``""``) first, then each
             member that runs groups (empty for a run in one process).
+        recording (RecordingStats | None): the run's recording
+            (``mujou.run(record=...)``); None when it records nothing.
     """
 
     time: float
@@ -266,6 +327,7 @@ class RunStats:
     subscriptions: Mapping[str, SubscriptionStats] = field(default_factory=dict)
     groups: Mapping[str, GroupStats] = field(default_factory=dict)
     machines: Mapping[str, MachineStats] = field(default_factory=dict)
+    recording: RecordingStats | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))

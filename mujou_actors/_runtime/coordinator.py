@@ -52,7 +52,7 @@ from .build import Seams, Wiring, unwire
 from .cuts import NoCut, restore_tree, take_tree, why_no_cut
 from .dispatcher import Dispatcher
 from .mailbox import Restore, Start, Stop
-from .protocols import HostSide, Subscribed
+from .protocols import HostSide, RecorderSide, Subscribed
 from .requests import StateRequest, StateRequests
 from .snapshots import Snapshots
 
@@ -150,6 +150,7 @@ class Coordinator:
         # Subscriptions, waiters and the mujou-host thread: the run's host side,
         # attached by the run (attach_host) before the threads start.
         self._host: HostSide | None = None
+        self.recorder: RecorderSide | None = None  # the run's recording (attach_recorder)
         self.lock = threading.Lock()  # the failures
         self._failures: list[BaseException] = []
         self._stuck: StopTimeoutError | None = None
@@ -193,6 +194,14 @@ class Coordinator:
         """
         self._host = host
 
+    def attach_recorder(self, recorder: RecorderSide) -> None:
+        """Give the coordinator the run's recording, which it closes at the end.
+
+        Called once, before `start_threads`; the recorder gets the supervisor's
+        snapshots as they are taken.
+        """
+        self.recorder = recorder
+
     def start_threads(self) -> None:
         """Start the dispatcher's threads and ``mujou-run``; the nodes' hooks may run."""
         self.dispatcher.start_threads()
@@ -204,6 +213,8 @@ class Coordinator:
         self.dispatcher.shutdown()
         self.dispatcher.join_threads(timeout=self._stop_timeout)
         _unended.discard(self)
+        if self.recorder is not None:
+            self.recorder.close(None, "the run did not start", self._stop_timeout)
 
     def on_thread(self) -> bool:
         """True on the ``mujou-run`` thread (a node's state_dict or load_state_dict)."""
@@ -606,6 +617,8 @@ class Coordinator:
         t0 = time.perf_counter()
         tree = self.take_tree(time_ns, timeout)
         self._snapshots.keep(tree, time.perf_counter() - t0)
+        if self.recorder is not None:
+            self.recorder.snapshot(tree)
 
     # -- state trees ---------------------------------------------------------------------
     def take_tree(self, time_ns: int | None = None,
@@ -665,6 +678,8 @@ class Coordinator:
             # once _finish closed the host's side).
             if self._host is not None:
                 self._host.close(0.0)
+            if self.recorder is not None:  # _finish stopped short of closing it
+                self._close_recording(0.0)
             self._ended.set()
 
     def _finish(self) -> None:
@@ -697,6 +712,7 @@ class Coordinator:
         dispatcher.join_threads(timeout=max(0.0, deadline - time.monotonic()),
                                 skip=stuck_threads)
         self._write_trace()
+        self._close_recording(self._stop_timeout)
         self._release()
         self._snapshots.close(self._stop_timeout)  # each file is complete or absent
         # Queued callbacks get at most stop_timeout more; waiters are woken.
@@ -717,6 +733,18 @@ class Coordinator:
             log.error("could not write the trace file %s: %s", tracer.path, exc)
             with self.lock:
                 self._failures.append(exc)
+
+    def _close_recording(self, timeout: float) -> None:
+        """Close the run's recording (no hook runs any more); its failure is the run's."""
+        recorder, self.recorder = self.recorder, None
+        if recorder is None:
+            return
+        failure = self.failure
+        error = recorder.close(self._end_ns, "" if failure is None else describe(failure),
+                               timeout)
+        if error is not None:  # join() raises it, as a trace that cannot be written
+            with self.lock:
+                self._failures.append(error)
 
     def _release(self) -> None:
         """Release the nodes: they may run in another net, their sends need one again."""

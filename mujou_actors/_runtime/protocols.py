@@ -8,12 +8,13 @@ back to the dispatcher only through the dispatcher's methods.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..stats import RecordingStats
     from .actor import Actor
 
-__all__ = ["KernelListener", "HostSide", "Subscribed"]
+__all__ = ["KernelListener", "HostSide", "Subscribed", "RecorderSide"]
 
 
 class KernelListener(Protocol):
@@ -79,3 +80,30 @@ class HostSide(Protocol):
         Args:
             timeout (float): wall seconds; 0 delivers nothing more.
         """
+
+
+class RecorderSide(Protocol):
+    """What the coordinator asks of a run's recording (`recording.Recorder`).
+
+    The kernel does not import recording.py: the run attaches its recorder to
+    the coordinator (`Coordinator.attach_recorder`), which hands it the
+    supervisor's snapshots and closes it at the end.
+    """
+
+    def snapshot(self, tree: dict[str, Any]) -> None:
+        """A supervisor snapshot was taken (its tree): attach it if asked to; never blocks."""
+
+    def close(self, end_ns: int | None, failure: str, timeout: float) -> BaseException | None:
+        """Write what is queued within ``timeout`` wall seconds, then the file's end.
+
+        Args:
+            end_ns (int | None): the run's end time, ns (None: unknown).
+            failure (str): what made the run fail, ``""`` if nothing.
+            timeout (float): wall seconds.
+
+        Returns:
+            BaseException | None: what made the writer fail, None if nothing did.
+        """
+
+    def stats(self) -> RecordingStats:
+        """The recording's counts so far."""

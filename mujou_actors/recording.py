@@ -1,0 +1,534 @@
+"""Recording a run to an MCAP file: the senders' hook, the bounded queue, the writer thread.
+
+``mujou.run(net, record="run.mcap", record_ports=[...])`` makes a `Recorder`
+for the run. Each recorded Output gets a listener on its host view (the same
+mechanism as ``Run.subscribe``): on the sending thread, after the readers got
+the message, it only appends ``(channel, sequence, key, message)`` to one
+bounded queue, the sender's key being the sending hook's ``(t_ns, delta)``.
+The ``mujou-recorder`` thread takes the messages in batches, encodes them
+(`mcapfile.encode_message`: the snapshot codec) and writes them
+(`mcapfile.Writer`). Messages are never copied for the recording: a message
+is read-only once sent, as its readers and subscribers see it.
+
+The queue holds at most ``max_messages`` messages and ``max_bytes`` bytes
+(tensor bytes, plus a fixed 64 per message; a container's tensors are
+counted). When it is full, the *newest* message (the one being sent) is not
+queued and is counted as dropped for its channel (``run.stats().recording``);
+the sender never waits (``when_full="drop"``, the default in real time). In
+simulated time the default is ``when_full="wait"``: the sender waits, in
+slices, until the writer has made room. A simulated run has no deadline to
+miss, and a recording that dropped messages cannot be replayed; waiting only
+slows the run down to the writer's pace.
+
+Nothing of this exists on a run that does not record: no listener, no thread,
+no queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fnmatch
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import torch
+
+from . import mcapfile
+from .errors import describe
+from .stats import RecordingChannelStats, RecordingStats
+from .trace import check_writable
+
+if TYPE_CHECKING:
+    from ._runtime.actor import Actor
+    from .node import Node
+    from .ports import Output, Port
+
+# What users import (mujou.Recording); the rest is the run's.
+__all__ = ["Recording"]
+
+log = logging.getLogger("mujou_actors")
+
+DEFAULT_MAX_MESSAGES = 65536
+"""The most messages waiting for the writer (a `Recording`'s ``max_messages``)."""
+
+DEFAULT_MAX_BYTES = 256 << 20
+"""The most bytes of messages waiting for the writer (a `Recording`'s ``max_bytes``)."""
+
+FLUSH_EVERY = 1.0
+"""Wall seconds after which the writer closes a chunk that is not full (what a crash loses)."""
+
+_WHEN_FULL = ("drop", "wait")
+_BASE = 64  # bytes charged per queued message besides its tensors and text
+_POLL = 0.005  # wall seconds the writer sleeps when the queue is empty
+_WAIT_SLICE = 0.05  # wall seconds a waiting sender sleeps before it looks again
+_BATCH = 1024  # messages the writer takes per turn
+
+
+class Recording:
+    """Where and how a run records (``mujou.run(record=Recording(...))``).
+
+    A path given as ``record=`` is ``Recording(path)``.
+
+    Args:
+        path (str | os.PathLike): the MCAP file; replaced if it exists, its
+            folders made if missing.
+        max_messages (int): the most messages waiting for the writer, >= 1.
+            Default: `DEFAULT_MAX_MESSAGES` (65536).
+        max_bytes (int): the most bytes waiting for the writer (tensor and
+            text bytes plus 64 per message), >= 1. Default:
+            `DEFAULT_MAX_BYTES` (256 MiB).
+        when_full (str | None): what a send does when the queue is full:
+            ``"drop"`` (the message is not recorded and counted as dropped;
+            the sender never waits) or ``"wait"`` (the sender waits until
+            the writer has made room). Default: None, which is ``"wait"`` with
+            the simulated timer and ``"drop"`` in real time.
+        compression (str): ``"none"``, ``"lz4"`` or ``"zstd"`` (per chunk).
+            Default: ``"none"``.
+        chunk_size (int): bytes of messages per chunk. Default: 1 MiB.
+
+    Raises:
+        TypeError / ValueError: a bad argument, naming it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 max_messages: int = DEFAULT_MAX_MESSAGES,
+                 max_bytes: int = DEFAULT_MAX_BYTES, when_full: str | None = None,
+                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE) -> None:
+        if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+            raise TypeError(f"Recording: path must be a non-empty str or os.PathLike, "
+                            f"got {path!r}")
+        for name, value in (("max_messages", max_messages), ("max_bytes", max_bytes),
+                            ("chunk_size", chunk_size)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"Recording: {name} must be an int >= 1, got {value!r}")
+        if when_full is not None and when_full not in _WHEN_FULL:
+            raise ValueError(f"Recording: when_full must be None, 'drop' or 'wait', "
+                             f"got {when_full!r}")
+        if compression not in ("none", "lz4", "zstd"):
+            raise ValueError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
+                             f"got {compression!r}")
+        self.path = os.fspath(path)
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.when_full = when_full
+        self.compression = compression
+        self.chunk_size = chunk_size
+
+    def __repr__(self) -> str:
+        return (f"Recording({self.path!r}, max_messages={self.max_messages}, "
+                f"max_bytes={self.max_bytes}, when_full={self.when_full!r})")
+
+
+def as_recording(record: Any) -> Recording | None:
+    """The `Recording` for ``mujou.run(record=...)``: None, a path, or a Recording.
+
+    Args:
+        record (None | str | os.PathLike | Recording): ``mujou.run``'s argument.
+
+    Returns:
+        Recording | None: None for no recording.
+
+    Raises:
+        TypeError: another type; ValueError: an empty path.
+        OSError: the file could not be written (``trace.check_writable``).
+    """
+    if record is None:
+        return None
+    if isinstance(record, (str, os.PathLike)):
+        if os.fspath(record) == "":
+            raise ValueError("mujou.run: record must not be an empty path")
+        record = Recording(record)
+    if not isinstance(record, Recording):
+        raise TypeError("mujou.run: record must be None, a path (str or os.PathLike) or a "
+                        f"mujou.Recording, got {type(record).__name__}")
+    check_writable(record.path, "mujou.run: record file", make_folders=True)
+    return record
+
+
+def check_patterns(record_ports: Any) -> tuple[str, ...] | None:
+    """``record_ports`` as a tuple of glob patterns (None: every Output).
+
+    Raises:
+        TypeError: not None, nor an iterable of str (a lone str is refused:
+            ``["sim.*"]``, not ``"sim.*"``).
+        ValueError: an empty pattern.
+    """
+    if record_ports is None:
+        return None
+    if isinstance(record_ports, str) or not isinstance(record_ports, Iterable):
+        raise TypeError(f"mujou.run: record_ports must be a list of glob patterns such as "
+                        f"['sim.*'], got {record_ports!r}")
+    patterns = tuple(record_ports)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"mujou.run: record_ports holds {p!r}, not a str pattern")
+        if not p:
+            raise ValueError("mujou.run: record_ports holds an empty pattern")
+    return patterns
+
+
+def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) -> list[str]:
+    """The paths of the Outputs that ``patterns`` (fnmatch globs) match, in the net's order.
+
+    Args:
+        ports: every port of the net, by path.
+        patterns: the globs; None matches every Output.
+
+    Returns:
+        list[str]: the recorded Outputs' paths.
+
+    Raises:
+        ValueError: a pattern matches no Output; names it and lists the Outputs.
+    """
+    from .ports import Output
+
+    outputs = [path for path, port in ports.items() if isinstance(port, Output)]
+    if patterns is None:
+        return outputs
+    unmatched = [p for p in patterns if not fnmatch.filter(outputs, p)]
+    if unmatched:
+        which = ", ".join(repr(p) for p in unmatched)
+        raise ValueError(f"mujou.run: record_ports pattern{'s' if len(unmatched) > 1 else ''} "
+                         f"{which} match{'' if len(unmatched) > 1 else 'es'} no Output "
+                         f"(Outputs: {', '.join(outputs) or 'none'})")
+    return [path for path in outputs if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
+
+
+def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
+                 seeds: Mapping[str, int], seed: int | None, timer: str, workers: int,
+                 placement: Mapping[str, str] | None,
+                 patterns: tuple[str, ...] | None) -> dict[str, str]:
+    """The ``mujou.run`` metadata of a recording (see docs/recording.md for the keys)."""
+    from .ports import Input, Output
+
+    nodes = []
+    connections: list[list[str]] = []
+    for order, (path, node) in enumerate(found):
+        own = [(name, port) for name, port in node._mujou_ports().items()]
+        nodes.append({"path": path, "class": mcapfile.type_name(type(node)), "order": order,
+                      "ports": [{"name": name,
+                                 "kind": "output" if isinstance(port, Output) else "input",
+                                 "type": mcapfile.type_name(port.type)}
+                                for name, port in own]})
+    for path, port in ports.items():
+        if isinstance(port, Output):
+            connections.extend([path, reader.path] for reader in port._readers
+                               if isinstance(reader, Input))
+    return {
+        "format": mcapfile.FORMAT,
+        "mujou_actors": mcapfile.package_version(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "msgpack": ".".join(map(str, msgpack.version)),
+        "timer": timer,
+        "seed": "" if seed is None else str(seed),
+        "seeds": json.dumps(dict(seeds)),
+        "workers": str(workers),
+        "placement": "" if placement is None else json.dumps(dict(placement)),
+        "net": json.dumps({"nodes": nodes, "connections": connections}),
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
+    }
+
+
+def message_size(message: Any) -> int:
+    """The bytes a queued message is charged: 64, plus its tensors' and texts' bytes.
+
+    Containers (lists, tuples, dicts, dataclasses) are looked into without
+    recursion; what is neither counts 64.
+    """
+    mt = type(message)
+    if mt is torch.Tensor:
+        return _BASE + message.nbytes
+    if mt is float or mt is int or mt is bool or message is None:
+        return _BASE
+    if mt is str or mt is bytes:
+        return _BASE + len(message)
+    total = _BASE
+    stack = [message]
+    while stack:
+        value = stack.pop()
+        vt = type(value)
+        if vt is torch.Tensor:
+            total += value.nbytes
+        elif vt is str or vt is bytes:
+            total += len(value)
+        elif vt is dict:
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+    return total
+
+
+class Recorder:
+    """The recording of one run: the channels' hooks, the queue and the writer thread.
+
+    Made by ``mujou.run`` before the threads start (the file is created, its
+    header, ``mujou.run`` metadata and channels written); `hooks` gives the
+    listener of each recorded Output (the run attaches them to their views),
+    `start` starts ``mujou-recorder``, `close` (the run's end) drains the queue
+    within a bound, writes ``mujou.end`` and the summary.
+
+    Args:
+        settings (Recording): the file and the queue's bounds.
+        outputs (list[tuple[Output, Actor]]): the recorded Outputs and their
+            senders' actors, in the net's order.
+        metadata (dict[str, str]): the ``mujou.run`` record.
+        simulated (bool): the run's timer is simulated (``when_full``'s default).
+        host_copy (Callable | None): makes a CPU copy of a message holding CUDA
+            tensors once its GPU work is done (None without CUDA nodes).
+        snapshots (bool): attach the supervisor's snapshots.
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, settings: Recording, outputs: list[tuple[Output, Actor]],
+                 metadata: dict[str, str], *, simulated: bool,
+                 host_copy: Callable[[Any], Any] | None, snapshots: bool) -> None:
+        self.settings = settings
+        self.path = settings.path
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        self._writer = mcapfile.Writer(self.path, chunk_size=settings.chunk_size,
+                                       compression=settings.compression)
+        self._writer.write_run(metadata)
+        self._topics = [output.path for output, _ in outputs]
+        self._ids = [self._writer.add_channel(mcapfile.ChannelSpec.of(output, actor.path,
+                                                                     actor.order))
+                     for output, actor in outputs]
+        self._outputs = outputs
+        self._host_copy = host_copy
+        self._snapshots = snapshots
+        self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
+        n = len(outputs)
+        # Written by each channel's sender only (one node's hooks never overlap).
+        self._sent = [0] * n
+        self._dropped = [0] * n
+        # Written by the writer thread only.
+        self._recorded = [0] * n
+        self._bytes = [0] * n
+        self._unrecordable = [0] * n
+        self._skipped = 0  # queued messages left unwritten when the end's bound ran out
+        self._queue: deque[tuple[int, int, tuple[int, int], Any, int]] = deque()
+        # The queued bytes, and a sender's wait for room: a few statements under the lock.
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._pending = [0]  # bytes queued
+        self._waiting = 0  # senders waiting for room
+        self._trees: deque[dict[str, Any]] = deque()  # snapshots to attach, never dropped
+        self._wake = threading.Event()  # close() and snapshots wake the writer
+        self._closing = False
+        self._deadline: float | None = None  # monotonic: the end's drain stops here
+        self._end: dict[str, str] | None = None
+        self._error: BaseException | None = None
+        self._done = False  # the writer has stopped (closed, failed, or given up)
+        self._thread = threading.Thread(target=self._serve, name="mujou-recorder", daemon=True)
+        self._warned: set[int] = set()
+
+    # -- the senders' side ------------------------------------------------------------------
+    def hooks(self) -> list[tuple[Output, Callable[[Any], None]]]:
+        """Each recorded Output with its listener (to attach to its host view)."""
+        return [(output, self._hook(ch, actor))
+                for ch, (output, actor) in enumerate(self._outputs)]
+
+    def _hook(self, ch: int, actor: Actor) -> Callable[[Any], None]:
+        """The listener of channel ``ch``: on the sending thread, queue or drop the message."""
+        sent, dropped = self._sent, self._dropped
+        queue, lock, pending = self._queue, self._lock, self._pending
+        append = queue.append
+        max_n, max_b = self.settings.max_messages, self.settings.max_bytes
+        size_of = message_size
+        wait = self._wait_for_room if self._wait else None
+
+        def hook(message: Any) -> None:
+            seq = sent[ch]
+            sent[ch] = seq + 1
+            size = size_of(message)
+            with lock:
+                if len(queue) < max_n and pending[0] + size <= max_b:
+                    pending[0] += size
+                    append((ch, seq, actor.stamp, message, size))
+                    return
+            if wait is None or not wait(ch, seq, actor.stamp, message, size):
+                dropped[ch] += 1
+
+        return hook
+
+    def _wait_for_room(self, ch: int, seq: int, key: tuple[int, int], message: Any,
+                       size: int) -> bool:
+        """``when_full="wait"``: queue the message once the writer made room; False if it stopped.
+
+        Waits in slices of `_WAIT_SLICE`, looking each time whether the writer
+        still runs: a writer that failed or was closed takes nothing more.
+        """
+        max_n, max_b = self.settings.max_messages, self.settings.max_bytes
+        queue, pending = self._queue, self._pending
+        with self._room:
+            self._waiting += 1
+            try:
+                while not self._done and not self._closing:
+                    # A message bigger than max_bytes waits for an empty queue only.
+                    if len(queue) < max_n and (pending[0] + size <= max_b or not queue):
+                        pending[0] += size
+                        queue.append((ch, seq, key, message, size))
+                        return True
+                    self._room.wait(_WAIT_SLICE)
+            finally:
+                self._waiting -= 1
+        return False
+
+    def snapshot(self, tree: dict[str, Any]) -> None:
+        """Attach a supervisor snapshot (its tree, taken at a cut), if the run asked for it."""
+        if self._snapshots and not self._done:
+            self._trees.append(tree)
+            self._wake.set()
+
+    # -- the writer thread ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the ``mujou-recorder`` thread."""
+        self._thread.start()
+
+    def _serve(self) -> None:
+        """The writer thread: write what is queued until `close`, then the end of the file."""
+        try:
+            flushed = time.monotonic()
+            dirty = False
+            while True:
+                wrote = self._write_batch()
+                dirty = dirty or wrote
+                now = time.monotonic()
+                if self._closing and (not self._queue or (self._deadline is not None
+                                                          and now >= self._deadline)):
+                    break
+                if not wrote:
+                    if dirty and now - flushed >= FLUSH_EVERY:
+                        self._writer.flush()  # what a crash would lose: at most a second
+                        flushed, dirty = now, False
+                    self._wake.wait(_POLL)
+                    self._wake.clear()
+            self._finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by close(); the run goes on
+            self._error = exc
+            log.error("recording %s failed: %s; later messages are not recorded",
+                      self.path, describe(exc))
+            self._writer.abandon()
+        finally:
+            with self._room:
+                self._done = True
+                self._room.notify_all()
+
+    def _write_batch(self) -> bool:
+        """Write up to `_BATCH` queued messages and the snapshots waiting; True if any."""
+        queue, writer, ids = self._queue, self._writer, self._ids
+        trees = self._trees
+        while trees:
+            tree = trees.popleft()
+            writer.attach_snapshot(tree["time_ns"], tree)
+        if not queue:
+            return False
+        freed = 0
+        host_copy = self._host_copy
+        for _ in range(min(len(queue), _BATCH)):
+            ch, seq, (t_ns, delta), message, size = queue.popleft()
+            freed += size
+            if host_copy is not None:
+                message = host_copy(message)
+            try:
+                n = writer.write_message(ids[ch], seq, t_ns, delta, message)
+            except (TypeError, ValueError) as exc:
+                self._unrecordable[ch] += 1
+                if ch not in self._warned:
+                    self._warned.add(ch)
+                    log.warning("recording %s: a message of %s cannot be recorded (%s); such "
+                                "messages are counted in stats().recording", self.path,
+                                self._topics[ch], exc)
+                continue
+            self._recorded[ch] += 1
+            self._bytes[ch] += n
+        with self._room:
+            self._pending[0] -= freed
+            if self._waiting:
+                self._room.notify_all()
+        return True
+
+    def _finish(self) -> None:
+        """The end of the file: what is left unwritten counted, ``mujou.end``, the summary."""
+        with self._room:
+            left = list(self._queue)
+            self._queue.clear()
+        for ch, *_ in left:
+            self._dropped[ch] += 1
+        self._skipped += len(left)
+        while self._trees:
+            tree = self._trees.popleft()
+            self._writer.attach_snapshot(tree["time_ns"], tree)
+        end = self._end or {}
+        self._writer.close({
+            "time_ns": end.get("time_ns", ""),
+            "recorded": json.dumps(dict(zip(self._topics, self._recorded, strict=True))),
+            "drops": json.dumps({t: n for t, n in zip(self._topics, self._dropped, strict=True)
+                                 if n}),
+            "unrecordable": json.dumps({t: n for t, n in zip(self._topics, self._unrecordable,
+                                                             strict=True) if n}),
+            "failure": end.get("failure", ""),
+        })
+
+    # -- the end ------------------------------------------------------------------------------
+    def close(self, end_ns: int | None, failure: str, timeout: float) -> BaseException | None:
+        """Write what is queued (for at most ``timeout`` wall seconds), ``mujou.end``; close.
+
+        Called once no hook runs any more. What is still queued when the bound
+        runs out is counted as dropped. Idempotent.
+
+        Args:
+            end_ns (int | None): the run's end time, ns of its timer (None: unknown).
+            failure (str): what made the run fail (``""`` if nothing).
+            timeout (float): wall seconds for the writer to finish.
+
+        Returns:
+            BaseException | None: what made the writer fail (an ``OSError``
+            writing the file), None if the file is complete.
+        """
+        if not self._closing:
+            self._end = {"time_ns": "" if end_ns is None else str(end_ns), "failure": failure}
+            self._deadline = time.monotonic() + timeout
+            with self._room:
+                self._closing = True
+                self._room.notify_all()  # a sender waiting for room records nothing more
+            self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout + 1.0)  # the drain's bound, then the summary
+        elif not self._thread.ident:  # never started (a run refused while built)
+            self._done = True
+            try:
+                self._finish()
+            except Exception as exc:  # noqa: BLE001 - returned, as the thread's would be
+                self._error = exc
+        if self._thread.is_alive() and self._error is None:
+            return OSError(f"recording {self.path}: the writer did not finish within "
+                           f"{timeout + 1.0:g} s (the file may lack its end)")
+        return self._error
+
+    def stats(self) -> RecordingStats:
+        """The recording's counts so far (`RecordingStats`)."""
+        channels = {topic: RecordingChannelStats(
+            port=topic, sent=self._sent[ch], recorded=self._recorded[ch],
+            dropped=self._dropped[ch], unrecordable=self._unrecordable[ch],
+            bytes=self._bytes[ch]) for ch, topic in enumerate(self._topics)}
+        return RecordingStats(
+            file=self.path, recorded=sum(self._recorded), dropped=sum(self._dropped),
+            unrecordable=sum(self._unrecordable), bytes=sum(self._bytes),
+            queued=len(self._queue), when_full="wait" if self._wait else "drop",
+            error=None if self._error is None else describe(self._error), channels=channels)

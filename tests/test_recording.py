@@ -1,0 +1,389 @@
+"""Recording a run to MCAP: what the file holds is what the readers saw, bounded, crash-safe."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from mujou_actors import mcapfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class Command(NamedTuple):
+    force: float
+    step: int
+
+
+class Sim(mujou.Node):
+    """A pendulum-ish plant: integrates the command, sends its state as a tensor."""
+
+    command = mujou.Input(Command)
+    state = mujou.Output(torch.Tensor, shape=(2,), dtype=torch.float64)
+    energy = mujou.Output(float)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.x = torch.tensor([0.3, 0.0], dtype=torch.float64)
+
+    def on_start(self) -> None:
+        self.state.send(self.x.clone())  # at the control key: before the timer starts
+
+    def on_update(self, dt: float) -> None:
+        cmd = self.command.read()
+        force = 0.0 if cmd is None else cmd.force
+        theta, omega = self.x.tolist()
+        omega += dt * (-9.81 * torch.sin(torch.tensor(theta)).item() + force)
+        theta += dt * omega
+        self.x = torch.tensor([theta, omega], dtype=torch.float64)
+        self.state.send(self.x)
+        self.energy.send(0.5 * omega * omega)
+
+
+class Ctrl(mujou.Node):
+    state = mujou.Input(torch.Tensor, trigger=True)
+    command = mujou.Output(Command)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        x = self.state.read()
+        self.n += 1
+        self.command.send(Command(float(-2.0 * x[0] - 0.5 * x[1]), self.n))
+
+
+class Pendulum(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.sim = Sim()
+        self.ctrl = Ctrl()
+        mujou.connect(self.sim.state, self.ctrl.state)
+        mujou.connect(self.ctrl.command, self.sim.command)
+
+
+def _watch(run: mujou.Run, ports: list[str]) -> dict[str, list[Any]]:
+    seen: dict[str, list[Any]] = {p: [] for p in ports}
+    for p in ports:
+        run.subscribe(p, seen[p].append, depth=100_000)
+    return seen
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_simulated_run_records_every_message_bit_for_bit(tmp_path: pathlib.Path,
+                                                           workers: int) -> None:
+    path = tmp_path / "run.mcap"
+    net = Pendulum()
+
+    with mujou.run(net, timer="simulated", duration=1.0, workers=workers, seed=7,
+                   record=path) as run:
+        seen = _watch(run, ["sim.state", "sim.energy", "ctrl.command"])
+        run.join(timeout=60)
+    stats = run.stats().recording
+
+    types = {"ctrl.command": Command}
+    records = list(mcapfile.read(path, types=types))
+    by_topic: dict[str, list[mcapfile.Record]] = {}
+    for r in records:
+        by_topic.setdefault(r.topic, []).append(r)
+    # The file starts with on_start's state, at the control key.
+    first = by_topic["sim.state"][0]
+    assert (first.t_ns, first.delta, first.sequence) == (-1, 0, 0)
+    assert torch.equal(first.message, torch.tensor([0.3, 0.0], dtype=torch.float64))
+    # The subscriptions start once the run has started: they saw the file's last messages.
+    for topic, messages in seen.items():
+        got = [r.message for r in by_topic[topic]][-len(messages):]
+        assert len(messages) > 50, topic
+        assert all(_same(a, b) for a, b in zip(messages, got, strict=True)), topic
+        assert [r.sequence for r in by_topic[topic]] == list(range(len(by_topic[topic])))
+    # Times: the states at every 10 ms tick, delta 0; the commands one delta cycle later.
+    states = by_topic["sim.state"][1:]
+    assert [r.t_ns for r in states] == [10_000_000 * (i + 1) for i in range(len(states))]
+    assert len(states) == 100
+    assert {r.delta for r in states} == {0}
+    assert {r.delta for r in by_topic["ctrl.command"]} == {1}
+    assert isinstance(by_topic["ctrl.command"][0].message, Command)
+    assert stats is not None and stats.dropped == 0 and stats.queued == 0
+    assert stats.recorded == len(records) and stats.file == str(path)
+    assert {t: c.recorded for t, c in stats.channels.items()} == {
+        t: len(rs) for t, rs in by_topic.items()}
+    assert stats.when_full == "wait" and stats.error is None
+
+
+def test_the_file_carries_the_runs_metadata_and_end(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "run.mcap"
+
+    run = mujou.run(Pendulum(), timer="simulated", duration=0.2, workers=1, seed=11,
+                    record=path, record_ports=["sim.*"])
+    run.join(timeout=60)
+
+    info = mcapfile.info(path)
+    assert info.complete
+    assert [c.topic for c in info.channels] == ["sim.state", "sim.energy"]
+    state = info.channels[0]
+    assert (state.node, state.port, state.sender_order) == ("sim", "state", 1)
+    assert (state.type, state.shape, state.dtype) == ("torch:Tensor", [2], "float64")
+    meta = info.run
+    assert meta["format"] == "1" and meta["timer"] == "simulated" and meta["seed"] == "11"
+    assert meta["mujou_actors"] == mujou.__version__ and meta["torch"] == torch.__version__
+    assert info.seeds == dict(run.seeds) and meta["workers"] == "1"
+    assert meta["placement"] == "" and json.loads(meta["record_ports"]) == ["sim.*"]
+    net = json.loads(meta["net"])
+    assert [(n["path"], n["order"]) for n in net["nodes"]] == [("", 0), ("sim", 1), ("ctrl", 2)]
+    sim_ports = {p["name"]: p for p in net["nodes"][1]["ports"]}
+    assert sim_ports["state"] == {"name": "state", "kind": "output", "type": "torch:Tensor"}
+    assert sorted(map(tuple, net["connections"])) == [("ctrl.command", "sim.command"),
+                                                      ("sim.state", "ctrl.state")]
+    assert "T" in meta["started_at"]
+    assert info.end is not None and info.end["failure"] == ""
+    assert int(info.end["time_ns"]) == 200_000_000
+    assert json.loads(info.end["recorded"]) == {c.topic: c.count for c in info.channels}
+    assert info.drops == {}
+
+
+def test_a_pattern_that_matches_nothing_names_it_and_lists_the_outputs(
+        tmp_path: pathlib.Path) -> None:
+    net = Pendulum()
+
+    with pytest.raises(ValueError, match=r"'cam\.\*' matches no Output.*sim\.state.*ctrl"):
+        mujou.run(net, timer="simulated", duration=0.1, record=tmp_path / "x.mcap",
+                  record_ports=["sim.*", "cam.*"])
+
+    run = mujou.run(net, timer="simulated", duration=0.01)  # the nodes were left free
+    run.join(timeout=30)
+
+
+def test_record_arguments_are_checked_before_anything_starts(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(TypeError, match="record_ports"):
+        mujou.run(Pendulum(), timer="simulated", record=tmp_path / "x.mcap",
+                  record_ports="sim.*")
+    with pytest.raises(TypeError, match="go with record="):
+        mujou.run(Pendulum(), timer="simulated", record_ports=["sim.*"])
+    with pytest.raises(ValueError, match="snapshot_every"):
+        mujou.run(Pendulum(), timer="simulated", record=tmp_path / "x.mcap",
+                  record_snapshots=True)
+    with pytest.raises(IsADirectoryError):
+        mujou.run(Pendulum(), timer="simulated", record=tmp_path)
+    with pytest.raises(ValueError, match="max_messages"):
+        mujou.Recording(tmp_path / "x.mcap", max_messages=0)
+
+
+class Burst(mujou.Node):
+    """Sends many messages per update, as fast as the sender can."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self, n: int) -> None:
+        super().__init__(period=0.001)
+        self.n = n
+        self.sends_s = 0.0
+        self.sends = 0
+
+    def on_update(self, dt: float) -> None:
+        t = torch.zeros(256)
+        t0 = time.perf_counter()
+        for _ in range(self.n):
+            self.out.send(t)
+        self.sends_s += time.perf_counter() - t0
+        self.sends += self.n
+
+
+def test_a_full_queue_drops_the_newest_and_counts_it_never_blocking(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "drops.mcap"
+    node = Burst(500)
+
+    run = mujou.run(node, timer="simulated", duration=0.02, workers=1,
+                    record=mujou.Recording(path, max_messages=8, when_full="drop"))
+    run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None and stats.when_full == "drop"
+    channel = stats.channels["out"]
+    assert channel.sent == node.sends == 20 * 500
+    assert channel.dropped > 0 and channel.recorded + channel.dropped == channel.sent
+    assert stats.queued == 0
+    # Never blocking: a send with a full queue costs what a send costs.
+    assert node.sends_s / node.sends < 50e-6
+    info = mcapfile.info(path)
+    assert info.drops == {"out": channel.dropped}
+    assert info.channels[0].count == channel.recorded
+    seqs = [r.sequence for r in mcapfile.read(path)]
+    assert seqs == sorted(seqs) and len(seqs) == channel.recorded  # gaps mark the drops
+
+
+def test_a_byte_bound_drops_big_messages(tmp_path: pathlib.Path) -> None:
+    node = Burst(50)
+
+    run = mujou.run(node, timer="simulated", duration=0.005, workers=1,
+                    record=mujou.Recording(tmp_path / "b.mcap", max_bytes=4096,
+                                           when_full="drop"))
+    run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None and stats.dropped > 0
+    assert stats.recorded + stats.dropped == node.sends
+
+
+def test_when_full_wait_records_everything_in_simulated_time(tmp_path: pathlib.Path) -> None:
+    node = Burst(200)
+
+    run = mujou.run(node, timer="simulated", duration=0.02, workers=1,
+                    record=mujou.Recording(tmp_path / "w.mcap", max_messages=4))
+    run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None and stats.when_full == "wait"
+    assert stats.dropped == 0 and stats.recorded == node.sends == 20 * 200
+
+
+def test_real_time_drops_by_default(tmp_path: pathlib.Path) -> None:
+    run = mujou.run(Pendulum(), duration=0.05, record=tmp_path / "rt.mcap")
+    run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None and stats.when_full == "drop"
+    assert mcapfile.info(tmp_path / "rt.mcap").run["timer"] == "realtime"
+    assert stats.recorded > 0
+
+
+class Anything(mujou.Node):
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send({1, 2} if self.n % 2 else 1.5)  # a set: no snapshot holds one
+
+
+def test_a_message_the_file_cannot_hold_is_counted_not_fatal(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "obj.mcap"
+
+    run = mujou.run(Anything(), timer="simulated", duration=0.05, record=path)
+    run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None
+    assert stats.unrecordable == 3 and stats.recorded == 2
+    assert [r.message for r in mcapfile.read(path)] == [1.5, 1.5]
+    assert json.loads(mcapfile.info(path).end["unrecordable"]) == {"out": 3}  # type: ignore
+
+
+class Failing(mujou.Node):
+    out = mujou.Output(int)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 5:
+            raise RuntimeError("boom")
+        self.out.send(self.n)
+
+
+def test_a_failed_run_closes_its_recording_saying_why(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "fail.mcap"
+
+    run = mujou.run(Failing(), timer="simulated", duration=1.0, record=path)
+    with pytest.raises(mujou.NodeError):
+        run.join(timeout=60)
+
+    info = mcapfile.info(path)
+    assert info.complete and info.end is not None
+    assert "boom" in info.end["failure"]
+    assert [r.message for r in mcapfile.read(path)] == [1, 2, 3, 4]
+
+
+def test_supervisor_snapshots_are_attached(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "snap.mcap"
+
+    run = mujou.run(Pendulum(), timer="simulated", duration=0.3, record=path,
+                    record_snapshots=True,
+                    supervisor=mujou.Supervisor(snapshot_every=0.1))
+    run.join(timeout=60)
+
+    got = [(a.name, a.t_ns) for a in mcapfile.info(path).attachments]
+    assert got == [(f"snapshot-{t}.mujou", t) for t in (0, 100_000_000, 200_000_000,
+                                                        300_000_000)]
+    (_, data), *_ = mcapfile.Reader(path).attachments()
+    tree = mujou.snapshot.loads(data)
+    assert tree["time_ns"] == 0 and "sim" in tree["nodes"]
+
+
+CRASH = textwrap.dedent('''
+    import os, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    import mujou_actors as mujou
+    from test_recording import Burst
+
+    node = Burst(20)
+    run = mujou.run(node, duration=None, record=mujou.Recording({path!r}, chunk_size=4096))
+    time.sleep(1.5)  # FLUSH_EVERY: the writer closes its chunk within a second
+    os._exit(3)      # a crash: no stop, no summary, no footer
+''')
+
+
+def test_a_crash_mid_run_leaves_a_readable_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "crash.mcap"
+    script = CRASH.format(tests=str(ROOT / "tests"), path=str(path))
+
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+    assert done.returncode == 3
+    info = mcapfile.info(path)
+    assert not info.complete and info.end is None
+    assert info.messages > 0
+    seqs = [r.sequence for r in mcapfile.read(path)]
+    assert seqs[:10] == list(range(10))
+
+
+def test_a_run_that_records_nothing_has_no_recording_stats() -> None:
+    run = mujou.run(Pendulum(), timer="simulated", duration=0.05)
+    run.join(timeout=30)
+
+    assert run.stats().recording is None
+    assert not any(t.name == "mujou-recorder" for t in threading.enumerate())
+
+
+def test_mujou_run_records_with_record_and_record_port(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "cli.mcap"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+
+    done = subprocess.run([sys.executable, "-m", "mujou_actors", "run",
+                           str(ROOT / "tests" / "nets" / "cli_nets.py"), "--timer", "simulated",
+                           "--duration", "0.2", "--record", str(path), "--record-port",
+                           "ticker.*"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    refused = subprocess.run([sys.executable, "-m", "mujou_actors", "run",
+                              str(ROOT / "tests" / "nets" / "cli_nets.py"), "--record-port",
+                              "x.*"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert f"recorded 20 messages to {path}" in done.stderr
+    info = mcapfile.info(path)
+    assert [(c.topic, c.count) for c in info.channels] == [("ticker.out", 20)]
+    assert refused.returncode == 2 and "--record-port" in refused.stderr
