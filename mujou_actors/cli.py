@@ -12,8 +12,11 @@ paths of ``--trace``, ``--stats-json``, ``--record`` and ``--snapshot-dir``
 are checked before anything runs. ``--record FILE [--record-port PATTERN ...]``
 records the Outputs' messages to an MCAP file (``mujou.run(record=...)``).
 
-``mujou inspect SNAPSHOT`` checks a snapshot file whole (as ``mujou.load``
+``mujou inspect FILE`` checks a snapshot file whole (as ``mujou.load``
 does), then prints its summary; the tensor data is checksummed, not kept.
+Given a recording (an MCAP file, told by its magic), it prints its channels
+(message counts, rates, bytes, time span, drops), the run's metadata (timer,
+seeds, versions) and its attachments; ``--json`` prints either as JSON.
 
 ``mujou worker --join LEADER_HOST:PORT --name NAME`` starts a member actor
 system of a leader's convention on this machine (`mujou_actors.distributed.
@@ -46,7 +49,7 @@ import click
 import mujou_actors as mujou
 
 from ._runtime.actor import LATENESS_SAMPLES
-from .errors import MujouError, SnapshotError, describe
+from .errors import MujouError, RecordingError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
 from .trace import check_writable
@@ -893,18 +896,116 @@ def _write_json(path: str, data: Any) -> None:
 
 
 @main.command("inspect")
-@click.argument("snapshot", type=click.Path(dir_okay=False))
+@click.argument("file", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout, for programs.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
-def inspect_command(snapshot: str, verbose: bool) -> None:
-    """Check a snapshot file whole, then print its summary (tensor data is not kept)."""
-    from .snapshot import inspect_file
-
+def inspect_command(file: str, as_json: bool, verbose: bool) -> None:
+    """Summarize a snapshot file (checked whole) or a recording (an MCAP file)."""
     with _errors(verbose):
-        if not os.path.isfile(snapshot):
-            raise UsageError(f"{snapshot}: no such file")
-        info = inspect_file(snapshot)
+        if not os.path.isfile(file):
+            raise UsageError(f"{file}: no such file")
+        with open(file, "rb") as f:
+            head = f.read(8)
+        if head == b"\x89MCAP0\r\n":  # MCAP's magic: a recording (docs/recording.md)
+            from .mcapfile import info as recording_info
+
+            found = recording_info(file)
+            if as_json:
+                click.echo(json.dumps(recording_json(found), indent=2))
+            else:
+                _print_recording(found)
+            return
+        from .snapshot import inspect_file
+
+        info = inspect_file(file)
+        if as_json:
+            tree = info["tree"]
+            click.echo(json.dumps({
+                "kind": "snapshot", "path": file, "version": info["version"],
+                "size": info["size"], "tensors": info["tensors"],
+                "tensor_bytes": info["tensor_bytes"],
+                "time_ns": tree.get("time_ns") if isinstance(tree, dict) else None,
+                "seeds": tree.get("seeds") if isinstance(tree, dict) else None}, indent=2))
+            return
         for line in summarize(info):
             click.echo(line)
+
+
+def _rate(count: int, first_ns: int | None, last_ns: int | None) -> float | None:
+    """Messages per second of the run's timer between a channel's first and last; None if one."""
+    if first_ns is None or last_ns is None or last_ns <= first_ns or count < 2:
+        return None
+    return (count - 1) / ((last_ns - first_ns) / 1e9)
+
+
+def recording_json(info: Any) -> dict[str, Any]:
+    """A recording's summary for ``mujou inspect --json`` (``mcapfile.info`` and rates)."""
+    out: dict[str, Any] = {"kind": "recording", **dataclasses.asdict(info)}
+    for channel in out["channels"]:
+        channel["rate"] = _rate(channel["count"], channel["first_ns"], channel["last_ns"])
+        channel["dropped"] = info.drops.get(channel["topic"], 0)
+    span = (None if info.start_ns is None or info.end_ns is None
+            else (info.end_ns - info.start_ns) / 1e9)
+    out["span_s"] = span
+    return out
+
+
+def _seconds(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e9:.3f}"
+
+
+def _print_recording(info: Any) -> None:
+    """``mujou inspect FILE.mcap``: the header lines, the channels' table, seeds, attachments."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    # Not on a terminal (a pipe, a file): wide enough that no row wraps.
+    console = Console(highlight=False, soft_wrap=True,
+                      width=None if sys.stdout.isatty() else 200)
+    run, end = info.run, info.end
+    state = "complete" if info.complete else (
+        f"cut at byte {info.cut_at:,} (no summary: the run did not close it; read up to there)")
+    console.print(f"mujou recording {info.path}: {info.size:,} bytes, format "
+                  f"{run.get('format', '?')}, {info.library or 'unknown library'}, {state}")
+    if run:
+        console.print(f"timer {run.get('timer', '?')}, workers {run.get('workers', '?')}, "
+                      f"seed {run.get('seed') or '-'}, started {run.get('started_at', '?')}, "
+                      f"torch {run.get('torch', '?')}, python {run.get('python', '?')}")
+    dropped = sum(info.drops.values())
+    span = ("-" if info.start_ns is None or info.end_ns is None
+            else f"{info.start_ns / 1e9:.3f} .. {info.end_ns / 1e9:.3f} s "
+                 f"({(info.end_ns - info.start_ns) / 1e9:.3f} s)")
+    ended = "" if end is None else f", run ended at {_seconds(_int(end.get('time_ns')))} s"
+    console.print(f"time {span}, {info.messages:,} messages, {dropped:,} dropped{ended}")
+    if end is not None and end.get("failure"):
+        console.print(f"failure: {end['failure']}")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    for name in ("channel", "type", "messages", "rate/s", "bytes", "first s", "last s",
+                 "dropped"):
+        table.add_column(name, justify="left" if name in ("channel", "type") else "right",
+                         no_wrap=True)
+    for c in info.channels:
+        kind = c.type
+        if c.dtype is not None or c.shape is not None:
+            kind += f" {c.dtype or ''}{'' if c.shape is None else list(c.shape)}"
+        rate = _rate(c.count, c.first_ns, c.last_ns)
+        table.add_row(c.topic, kind, f"{c.count:,}", "-" if rate is None else f"{rate:,.1f}",
+                      f"{c.bytes:,}", _seconds(c.first_ns), _seconds(c.last_ns),
+                      f"{info.drops.get(c.topic, 0):,}")
+    console.print(table)
+    if info.seeds:
+        console.print("seeds: " + ", ".join(f"{p or '<root>'}={s}" for p, s in info.seeds.items()))
+    console.print(f"attachments: {len(info.attachments)}")
+    for a in info.attachments:
+        console.print(f"  {a.name}  {a.media_type}  t={a.t_ns / 1e9:.3f} s  {a.size:,} bytes")
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return None if text is None or text == "" else int(text)
+    except ValueError:
+        return None
 
 
 def summarize(info: dict[str, Any]) -> Iterator[str]:
@@ -984,8 +1085,8 @@ class _errors:
             click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         code = EXIT_FAILURE if isinstance(exc, MujouError) else EXIT_USAGE
-        if isinstance(exc, SnapshotError):
-            code = EXIT_USAGE  # a file given on the command line that is not a fit snapshot
+        if isinstance(exc, (SnapshotError, RecordingError)):
+            code = EXIT_USAGE  # a file given on the command line that is not a fit one
         if isinstance(exc, (TimeoutError, RuntimeError)) and not isinstance(exc, MujouError):
             code = EXIT_FAILURE
         click.echo(f"error: {describe(exc)}", err=True)  # a user's exception, maybe

@@ -387,3 +387,61 @@ def test_mujou_run_records_with_record_and_record_port(tmp_path: pathlib.Path) -
     info = mcapfile.info(path)
     assert [(c.topic, c.count) for c in info.channels] == [("ticker.out", 20)]
     assert refused.returncode == 2 and "--record-port" in refused.stderr
+
+
+def _inspect(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    return CliRunner().invoke(main, ["inspect", *args])
+
+
+def test_mujou_inspect_shows_channels_counts_rates_span_seeds_attachments(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "run.mcap"
+    run = mujou.run(Pendulum(), timer="simulated", duration=1.0, seed=3, record=path,
+                    record_snapshots=True, supervisor=mujou.Supervisor(snapshot_every=0.5))
+    run.join(timeout=60)
+
+    text = _inspect(str(path))
+    data = _inspect(str(path), "--json")
+
+    assert text.exit_code == 0, text.output
+    out = text.output
+    assert "complete" in out and "timer simulated" in out and "seed 3" in out
+    assert "0.000 .. 1.000 s" in out and "302 messages, 0 dropped" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.startswith(("sim.", "ctrl."))}
+    assert rows["sim.energy"][1:5] == ["builtins:float", "100", "100.0", "4,700"]
+    assert rows["sim.state"][1:3] == ["torch:Tensor", "float64[2]"]
+    assert f"sim={run.seeds['sim']}" in out
+    assert "attachments: 3" in out and "snapshot-500000000.mujou" in out
+    assert data.exit_code == 0
+    got = json.loads(data.output)
+    assert got["kind"] == "recording" and got["complete"] and got["messages"] == 302
+    energy = next(c for c in got["channels"] if c["topic"] == "sim.energy")
+    assert (energy["count"], energy["rate"], energy["dropped"]) == (100, 100.0, 0)
+    assert got["seeds"] == dict(run.seeds) and len(got["attachments"]) == 3
+    assert got["span_s"] == 1.0
+
+
+def test_mujou_inspect_of_a_cut_or_damaged_recording(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "run.mcap"
+    run = mujou.run(Burst(20), timer="simulated", duration=0.2, record=mujou.Recording(
+        path, chunk_size=4096))
+    run.join(timeout=60)
+    data = path.read_bytes()
+    cut, bad = tmp_path / "cut.mcap", tmp_path / "bad.mcap"
+    cut.write_bytes(data[: len(data) // 2])
+    damaged = bytearray(data)
+    damaged[len(data) // 3] ^= 0x01
+    bad.write_bytes(bytes(damaged))
+
+    cut_result = _inspect(str(cut))
+    bad_result = _inspect(str(bad))
+
+    assert cut_result.exit_code == 0 and "cut at byte" in cut_result.output
+    assert bad_result.exit_code == 2
+    assert str(bad) in bad_result.output and "damaged" in bad_result.output
+    assert len(bad_result.output.strip().splitlines()) == 1
