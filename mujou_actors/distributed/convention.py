@@ -69,11 +69,10 @@ import socket
 import tempfile
 import threading
 import time
-import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Self
 
-from thespian.actors import ActorSystem, ActorSystemConventionUpdate, InvalidActorAddress
+from thespian.actors import ActorSystemConventionUpdate
 from thespian.system.messages.admin import QueryAck, QueryExists
 from thespian.system.messages.convention import NotifyOnSystemRegistration
 from thespian.system.transport import (
@@ -89,7 +88,7 @@ from thespian.system.transport.TCPTransport import TCPTransport
 from ..errors import JoinTimeoutError
 from ._loopback import ANY, LOOPBACK, alive, stat_fields, transport_for
 from .actors import MEMBER
-from .system import KILL_WAIT_S, AdminSettings, _children, _starters, free_port, system_base
+from .system import KILL_WAIT_S, AdminSettings, free_port, reap_starters, start_admin
 
 __all__ = [
     "LEADER_MISSES",
@@ -121,7 +120,6 @@ MEMBER_ENVIRONMENT = {"CONVENTION_REREGISTRATION_PERIOD": _PERIOD,
                       "CONVENTION_RESTART_PERIOD": _PERIOD}
 LEADER_ENVIRONMENT = {"CONVENTION_REREGISTRATION_PERIOD": _PERIOD,
                       "CONVENTION_REGISTRATION_MISS_MAX": str(LEADER_MISSES)}
-_ENVIRONMENT = threading.Lock()  # one admin start at a time sets the environment
 _RESERVED = frozenset({"Admin Port", CONVENTION_ADDRESS, "Process Startup Method", MEMBER})
 
 
@@ -653,34 +651,9 @@ class _System:
 
     def _start(self, capabilities: dict[str, Any], environment: Mapping[str, str],
                timeout: float) -> None:
-        """Start the admin (Thespian's log in the private folder, unless the user set one)."""
-        variables = {"THESPLOG_FILE": os.path.join(self._folder, "thespian.log"),
-                     **environment}
-        base_class = system_base(self._host)
-        deadline = time.monotonic() + timeout
-        with _ENVIRONMENT:
-            ours = [name for name in variables if name not in os.environ]
-            for name in ours:
-                os.environ[name] = variables[name]
-            before = _children()
-            try:
-                while True:
-                    try:
-                        base = base_class(types.SimpleNamespace(capabilities=capabilities))
-                        break
-                    except InvalidActorAddress as exc:
-                        # Thespian waits 5 s for its admin; on a loaded machine it may
-                        # take longer. The admin started is ours (a port found free): once
-                        # up, the next try finds it there and joins it.
-                        if time.monotonic() >= deadline:
-                            raise TimeoutError(f"the admin of {self._what} (port {self.port}) "
-                                               f"did not answer within {timeout} s") from exc
-                    finally:
-                        self._starters |= _starters(before)
-            finally:
-                for name in ours:
-                    os.environ.pop(name, None)
-        self._asys = ActorSystem(base, capabilities, transientUnique=True)
+        """Start the admin (`system.start_admin`: Thespian's log in the private folder)."""
+        self._asys = start_admin(self._host, capabilities, environment, self._folder, timeout,
+                                 self._starters, f"the admin of {self._what} (port {self.port})")
         self._reap_starters()
 
     @property
@@ -775,17 +748,11 @@ class _System:
                     pass
 
     def _reap_starters(self) -> None:
-        """Reap the processes that started the admin (our children; they exit at once)."""
-        deadline = time.monotonic() + KILL_WAIT_S
-        for pid in sorted(self._starters):
-            while True:
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    done = pid  # not our child, or reaped already
-                if done or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.01)
+        """Reap the processes that started the admin (`system.reap_starters`).
+
+        Their pids stay: each is the process group of the system's processes (`pids`).
+        """
+        reap_starters(self._starters)
 
     def __enter__(self) -> Self:
         """The system itself."""

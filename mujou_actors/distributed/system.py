@@ -112,6 +112,9 @@ POLL_S = 0.05  # the longest one Thespian call waits; a request's wait is made o
 REAP_S = 2.0  # how long a group that was asked to end may take before it is killed
 KILL_WAIT_S = 1.0  # how long a killed process may take to be gone
 MEMBER_CHECK_S = 1.0  # how often a start on another machine asks whether that machine answers
+# One admin start at a time sets this process's environment (`start_admin`): another
+# start's variables would otherwise reach that admin, or be taken away under it.
+_ENVIRONMENT = threading.Lock()
 
 
 class GroupExit(NamedTuple):
@@ -232,6 +235,103 @@ def _starters(before: set[int]) -> set[int]:
     return found
 
 
+def start_admin(host: str, capabilities: dict[str, Any], environment: Mapping[str, str],
+                folder: str, timeout: float, starters: set[int], what: str) -> Any:
+    """Start a Thespian admin (and its logger) of this process's own, and open it.
+
+    The admin is started on the port of ``capabilities`` (``"Admin Port"``),
+    bound to ``host``. Thespian waits 5 s for a new admin to answer; this
+    tries again until ``timeout`` (the admin started is ours, on a port found
+    free: once up, the next try finds it there and joins it). Thespian's own
+    log file (``thesplog``: ``$TMPDIR/thespian.log`` unless ``THESPLOG_FILE``
+    says otherwise) goes into ``folder``: the admin's processes inherit the
+    setting from the environment while it starts. A ``THESPLOG_FILE`` of the
+    user's wins; so do the user's values of the variables of ``environment``.
+    The environment is set and taken back under a lock, so concurrent starts
+    in one process wait for each other (the wait counts against ``timeout``).
+
+    Args:
+        host (str): the address every socket of the actor system is bound to
+            (`system_base`).
+        capabilities (dict[str, Any]): the admin's capabilities.
+        environment (Mapping[str, str]): variables set in this process while
+            the admin starts (those the user has not set already).
+        folder (str): where Thespian's log file goes (``thespian.log``).
+        timeout (float): seconds for the admin to answer.
+        starters (set[int]): gets the pids of this process's children that
+            started an admin (`_starters`), also when the start fails: to reap
+            (`reap_starters`); each is the process group of the admin's processes.
+        what (str): how the error names the admin (``"the run's Thespian admin
+            (port 1234)"``).
+
+    Returns:
+        Any: the Thespian ``ActorSystem`` on that admin (``transientUnique``:
+        a system base object of our own, not the process-wide one; not
+        thread-safe).
+
+    Raises:
+        TimeoutError: the admin did not answer within ``timeout`` seconds
+            (``"{what} did not answer within {timeout} s"``); what the caller
+            started goes on running: it ends it (``starters`` says what).
+    """
+    variables = {"THESPLOG_FILE": os.path.join(folder, "thespian.log"), **environment}
+    base_class = system_base(host)
+    deadline = time.monotonic() + timeout
+    with _ENVIRONMENT:
+        ours = [name for name in variables if name not in os.environ]
+        for name in ours:
+            os.environ[name] = variables[name]
+        before = _children()
+        try:
+            while True:
+                try:
+                    base = base_class(types.SimpleNamespace(capabilities=capabilities))
+                    break
+                except InvalidActorAddress as exc:
+                    # Thespian waits 5 s for its admin and its logger to be up; each
+                    # imports the host's main module (spawn does), which may import
+                    # torch: on a loaded machine that takes longer.
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"{what} did not answer within {timeout} s"
+                                           ) from exc
+                finally:
+                    starters |= _starters(before)
+        finally:
+            for name in ours:
+                os.environ.pop(name, None)
+    # A system base object of our own: Thespian's documented alternative to a name.
+    return ActorSystem(base, capabilities, transientUnique=True)
+
+
+def reap_starters(starters: set[int]) -> set[int]:
+    """Reap the processes that started an admin (our children; they exit at once).
+
+    Nobody else waits for them (Thespian forgets them), so they would stay
+    zombies. Waits up to `KILL_WAIT_S` in all, polling every 10 ms.
+
+    Args:
+        starters (set[int]): their pids (`start_admin`); not changed.
+
+    Returns:
+        set[int]: those reaped now, or not (any more) children of this process;
+        the others still run after the wait.
+    """
+    reaped = set()
+    deadline = time.monotonic() + KILL_WAIT_S
+    for pid in sorted(starters):
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # not our child, or reaped already
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        if done:
+            reaped.add(pid)
+    return reaped
+
+
 class ProcessSystem:
     """One run's private Thespian actor system: group processes, requests, crash notices.
 
@@ -298,47 +398,21 @@ class ProcessSystem:
     def _start(self, timeout: float) -> None:
         """Start the admin (and its logger) and the coordinator; learn their pids.
 
-        Thespian's own log file (``thesplog``: ``$TMPDIR/thespian.log`` unless
-        ``THESPLOG_FILE`` says otherwise) goes into the run's private folder,
-        removed at the end: the run's processes inherit the setting from the
-        environment while they start. A ``THESPLOG_FILE`` of the user's wins;
-        so do the user's values of the variables of `AdminSettings.environment`.
+        The admin as `start_admin` starts it (Thespian's own log file in the
+        run's private folder, removed at the end; the variables of
+        `AdminSettings.environment` set while it starts, the user's values
+        winning).
         """
-        variables = {"THESPLOG_FILE": os.path.join(self._folder, "thespian.log"),
-                     **self._admin_settings.environment}
-        ours = [name for name in variables if name not in os.environ]
-        for name in ours:
-            os.environ[name] = variables[name]
-        try:
-            self._start_system(timeout)
-        finally:
-            for name in ours:
-                os.environ.pop(name, None)
-
-    def _start_system(self, timeout: float) -> None:
-        """`_start`'s work."""
+        settings = self._admin_settings
         capabilities = {"Admin Port": self.admin_port, "Process Startup Method": "spawn",
-                        **self._admin_settings.capabilities}
-        base_class = system_base(self._admin_settings.host)
+                        **settings.capabilities}
         deadline = time.monotonic() + timeout
-        before = _children()
-        while True:
-            try:
-                base = base_class(types.SimpleNamespace(capabilities=capabilities))
-                break
-            except InvalidActorAddress as exc:
-                # Thespian waits 5 s for its admin and its logger to be up; each imports
-                # the host's main module (spawn does), which may import torch: on a loaded
-                # machine that takes longer. The admin started is ours (our port): once
-                # up, the next try finds it there and joins it.
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"the run's Thespian admin (port {self.admin_port}) "
-                                       f"did not answer within {timeout} s") from exc
-            finally:
-                self._starters = _starters(before)
-                self._pgids = set(self._starters)
-        # A system base object of our own: Thespian's documented alternative to a name.
-        self._asys = ActorSystem(base, capabilities, transientUnique=True)
+        try:
+            self._asys = start_admin(settings.host, capabilities, settings.environment,
+                                     self._folder, timeout, self._starters,
+                                     f"the run's Thespian admin (port {self.admin_port})")
+        finally:
+            self._pgids |= self._starters  # the run's process group (the admin's)
         with self._lock:
             self._coordinator = self._asys.createActor(actors.Coordinator)
         seq = self._next()
@@ -1015,22 +1089,8 @@ class ProcessSystem:
                     pass
 
     def _reap_starters(self) -> None:
-        """Reap the processes that started an admin (our children; they exit at once).
-
-        Nobody else waits for them (Thespian forgets them), so they would stay zombies.
-        """
-        deadline = time.monotonic() + KILL_WAIT_S
-        for pid in sorted(self._starters):
-            while True:
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    done = pid  # not our child, or reaped already
-                if done or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.01)
-            if done:
-                self._starters.discard(pid)
+        """Reap the processes that started an admin (`reap_starters`); forget those reaped."""
+        self._starters -= reap_starters(self._starters)
 
     def _watch_coordinator(self) -> None:
         """The monitor thread: push a notice if the coordinator process dies."""
