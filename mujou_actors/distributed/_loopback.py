@@ -1,4 +1,4 @@
-"""The Thespian transport of a placed run: TCP on 127.0.0.1 only, and a watchdog.
+"""The Thespian transport of a placed run: TCP on 127.0.0.1 only; a watchdog; `Wake`.
 
 Thespian's ``TCPTransport`` listens on every interface (it binds ``('', port)``)
 and advertises the machine's outward address, and it unpickles whatever reaches
@@ -30,6 +30,10 @@ the process with ``os._exit`` `EXIT_GRACE` seconds later if it is still there.
 So a run whose host is killed leaves no process behind. The watchdog thread
 blocks every signal (`signals_blocked`), so that SIGCHLD and SIGTERM reach
 Thespian's main thread.
+
+`Wake`, a self-pipe that wakes a thread waiting in a `zmq.Poller`, is here
+(the lowest module of the package's distributed part) so that the data plane
+and the heartbeat share one.
 
 Nothing of this module is a public API.
 """
@@ -405,3 +409,58 @@ def transport_for(host: str) -> type[LoopbackTCPTransport]:
                  "__doc__": f"`LoopbackTCPTransport` bound to {host}."}))
             _BOUND[host] = cls
     return cls
+
+
+class Wake:
+    """A self-pipe that wakes a thread waiting in a `zmq.Poller` or ``select``.
+
+    Readable once `set`, until `clear`. The data plane's waiter in real time
+    (`mujou_actors.distributed.dataplane`, the driver and each group) and the
+    heartbeat's threads (their stop, the Monitor's notice of changes) poll
+    one. `set` may be called from any thread (a worker after a send) and costs
+    one ``os.write`` only when the waiter has not been woken since its last
+    `clear`. Once closed, `set` and `clear` do nothing.
+    """
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._set = False
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        """int: the file descriptor to poll, the read end (readable once woken)."""
+        return self._r
+
+    def set(self) -> None:
+        """Wake the waiter: make the read end readable (idempotent until `clear`)."""
+        if self._set:
+            return
+        with self._lock:
+            if not self._set:
+                self._set = True
+                try:
+                    os.write(self._w, b"\0")
+                except OSError:
+                    pass  # full: readable anyway; closed: nobody polls it any more
+
+    def clear(self) -> None:
+        """Read everything written so far; called by the waiter before it looks for work,
+        so that later `set` calls wake it again."""
+        with self._lock:
+            self._set = False
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except OSError:
+                pass  # empty now (BlockingIOError), or closed
+
+    def close(self) -> None:
+        """Close both ends; idempotent."""
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = self._w = -1

@@ -79,7 +79,6 @@ from __future__ import annotations
 import collections
 import fractions
 import math
-import os
 import secrets
 import threading
 import time
@@ -92,7 +91,7 @@ import zmq
 
 from .._checks import is_int, is_number
 from . import secret as secure
-from ._loopback import signals_blocked
+from ._loopback import Wake, signals_blocked
 
 __all__ = ["Change", "ClockOffset", "Estimate", "MemberStatus", "Monitor", "MonitorStats",
            "Responder", "ResponderStats", "Sample"]
@@ -412,43 +411,6 @@ class ResponderStats:
     refused: int = 0
 
 
-class _Pipe:
-    """A self-pipe: readable once `set`, until `clear`; pollable by zmq and ``select``."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-
-    def fileno(self) -> int:
-        """int: the read end."""
-        return self._r
-
-    def set(self) -> None:
-        """Make the read end readable (from any thread)."""
-        try:
-            os.write(self._w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # full: readable anyway; closed: nobody polls it any more
-
-    def clear(self) -> None:
-        """Read everything written so far."""
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self) -> None:
-        """Close both ends; idempotent."""
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._r = self._w = -1
-
-
 def _check_plain(address: object, secret: bytes | None) -> None:
     """Refuse an address that may leave the machine for a socket without the secret.
 
@@ -514,6 +476,44 @@ def _end(sock: zmq.Socket[Any], watch: secure.Handshake | None) -> None:
     if watch is not None:
         watch.close()
     sock.context.term()
+
+
+def _poller(sock: zmq.Socket[Any], stop: Wake, events: zmq.Socket[Any] | None) -> zmq.Poller:
+    """The poller of a heartbeat thread: its socket, its stop pipe, its handshake events.
+
+    Args:
+        sock (zmq.Socket): the Monitor's or Responder's socket (`_socket`).
+        stop (Wake): the pipe that `close` sets.
+        events (zmq.Socket | None): the socket's `secret.Handshake.events`;
+            None: not polled (the watch has stopped).
+
+    Returns:
+        zmq.Poller: each registered for ``zmq.POLLIN``.
+    """
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(stop.fileno(), zmq.POLLIN)
+    if events is not None:
+        poller.register(events, zmq.POLLIN)
+    return poller
+
+
+def _end_thread(stop: Wake, thread: threading.Thread, timeout: float, what: str) -> None:
+    """Ask a heartbeat thread to end (its stop pipe) and wait for it.
+
+    Args:
+        stop (Wake): the thread's stop pipe (`_poller`), set here.
+        thread (threading.Thread): the thread.
+        timeout (float): seconds to wait for it.
+        what (str): how the error names it (``"the heartbeat monitor's thread"``).
+
+    Raises:
+        TimeoutError: it did not end in time (``"{what} did not end in {timeout} s"``).
+    """
+    stop.set()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not end in {timeout} s")
 
 
 def _waiting(sock: zmq.Socket[Any]) -> bool:
@@ -688,7 +688,7 @@ class Monitor:
         except BaseException:
             _end(self._sock, self._watch)
             raise
-        self._notice, self._stop = _Pipe(), _Pipe()
+        self._notice, self._stop = Wake(), Wake()
         self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat", daemon=True)
         with signals_blocked():
             self._thread.start()
@@ -780,10 +780,7 @@ class Monitor:
             BaseException: what ``on_change`` raised, if not raised yet.
         """
         if not self._closed:
-            self._stop.set()
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"the heartbeat monitor's thread did not end in {timeout} s")
+            _end_thread(self._stop, self._thread, timeout, "the heartbeat monitor's thread")
             self._closed = True
             self._stop.close()
             self._notice.close()
@@ -804,11 +801,7 @@ class Monitor:
         """The thread: ping on time, read answers, declare losses; close the socket at the end."""
         sock, watch = self._sock, self._watch
         events = watch.events
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._stop.fileno(), zmq.POLLIN)
-        if events is not None:
-            poller.register(events, zmq.POLLIN)
+        poller = _poller(sock, self._stop, events)
         next_ping = next_loss = time.monotonic_ns()
         try:
             while True:
@@ -1007,7 +1000,7 @@ class Responder:
         except BaseException:
             _end(self._sock, self._watch)
             raise
-        self._stop = _Pipe()
+        self._stop = Wake()
         self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat-responder",
                                         daemon=True)
         with signals_blocked():
@@ -1043,10 +1036,7 @@ class Responder:
             BaseException: what the thread failed with, if it did.
         """
         if not self._closed:
-            self._stop.set()
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"the heartbeat responder's thread did not end in {timeout} s")
+            _end_thread(self._stop, self._thread, timeout, "the heartbeat responder's thread")
             self._closed = True
             self._stop.close()
         failure, self._failure = self._failure, None
@@ -1065,11 +1055,7 @@ class Responder:
         """The thread: answer each ping, note each handshake; close the socket at the end."""
         sock, watch = self._sock, self._watch
         events = watch.events
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._stop.fileno(), zmq.POLLIN)
-        if events is not None:
-            poller.register(events, zmq.POLLIN)
+        poller = _poller(sock, self._stop, events)
         try:
             while True:
                 ready = dict(poller.poll(1000))  # the stop pipe wakes it at once
