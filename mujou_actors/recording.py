@@ -68,6 +68,7 @@ FLUSH_EVERY = 1.0
 
 _WHEN_FULL = ("drop", "wait")
 _BASE = 64  # bytes charged per queued message besides its tensors and text
+_SMALL = frozenset((float, int, bool, type(None)))  # charged _BASE alone
 _POLL = 0.005  # wall seconds the writer sleeps when the queue is empty
 _WAIT_SLICE = 0.05  # wall seconds a waiting sender sleeps before it looks again
 _BATCH = 1024  # messages the writer takes per turn
@@ -351,11 +352,18 @@ class Recorder:
         max_n, max_b = self.settings.max_messages, self.settings.max_bytes
         size_of = message_size
         wait = self._wait_for_room if self._wait else None
+        tensor, small = torch.Tensor, _SMALL
 
         def hook(message: Any) -> None:
             seq = sent[ch]
             sent[ch] = seq + 1
-            size = size_of(message)
+            mt = type(message)  # message_size, inlined for the common types
+            if mt is tensor:
+                size = _BASE + message.nbytes
+            elif mt in small:
+                size = _BASE
+            else:
+                size = size_of(message)
             with lock:
                 if len(queue) < max_n and pending[0] + size <= max_b:
                     pending[0] += size

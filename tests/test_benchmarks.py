@@ -422,3 +422,21 @@ def test_the_heartbeat_benchmark_measures_rtt_detection_and_cpu(tmp_path: Path) 
     assert 0 < results["detect"]["max_ms"] <= 350 and results["detect"]["trials"] == 1
     assert list(results["cpu"]) == ["0", "2"] and results["cpu"]["2"]["monitor_us"] != 0
     assert results["cpu"]["2"]["lost"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_the_recording_benchmark_measures_the_hook_and_the_writer(tmp_path: Path) -> None:
+    out = tmp_path / "recording.json"
+    script = str(ROOT / "benchmarks" / "recording.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--dir", str(tmp_path),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=170, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert list(result["hook"]) == ["float", "tensor"]
+    for case in result["hook"].values():
+        assert case["send_ns"] > 0 and case["hook_calls"] == 2, case
+    assert result["writer_small"]["rate"] > 0 and result["writer_tensors"]["gb_per_s"] > 0
+    assert result["recorded_run"]["messages"] >= 20_000
+    assert "msg/s" in proc.stdout and "GB/s" in proc.stdout

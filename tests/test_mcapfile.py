@@ -331,3 +331,25 @@ def test_recording_error_pickles_with_its_fields() -> None:
 
     assert (err.path, err.reason, err.offset) == ("f.mcap", "damaged", 12)
     assert str(err) == "f.mcap: damaged (the record at byte 12)"
+
+
+def test_encode_message_makes_the_bytes_of_snapshot_dumps() -> None:
+    extra = [torch.ones(3, 4).t(), torch.tensor(2.5), torch.ones(5, dtype=torch.bfloat16),
+             torch.randn(2, 3, dtype=torch.complex64).conj(), torch.ones(2, requires_grad=True),
+             torch.zeros(0), torch.arange(10)[::3], 2**64 - 1, -(2**63), "",
+             [torch.ones(2), (1, torch.zeros(3))], {"t": torch.ones(1), "n": None}]
+    for message in [m for _, _, m in MESSAGES] + extra:
+        for delta in (0, 3, mcapfile.CONTROL_DELTA):
+
+            got = mcapfile.encode_message(delta, message)
+
+            assert got == mujou.snapshot.dumps([delta, message]), message
+
+
+@pytest.mark.parametrize("bad", [2**64, "\ud800", {1, 2}, torch.ones(2).to_sparse()])
+def test_encode_message_refuses_what_a_snapshot_refuses(bad: Any) -> None:
+    with pytest.raises((TypeError, ValueError)) as expected:
+        mujou.snapshot.dumps([0, bad])
+
+    with pytest.raises(type(expected.value)):
+        mcapfile.encode_message(0, bad)
