@@ -43,6 +43,7 @@ from mujou_actors.distributed.convention import (
     requirement,
     wait_for_members,
 )
+from mujou_actors.distributed.placed import MEMBER_ANSWER_S
 from mujou_actors.distributed.system import ProcessSystem, free_port
 from mujou_actors.errors import GroupDied, JoinTimeoutError
 from tests.procs_support import ROOT
@@ -322,7 +323,7 @@ def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_a
         asked: list[tuple[str, bool]] = []
 
         def answers(member: str) -> bool:
-            up = member in members(leader, timeout=2.0)
+            up = member in members(leader, timeout=MEMBER_ANSWER_S)
             asked.append((member, up))
             return up
 
@@ -340,8 +341,11 @@ def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_a
             for pid in pids:
                 os.kill(pid, signal.SIGCONT)
         assert info.value.group == "g"
-        assert asked == [("frozen", False)]
-        assert took < 10  # a check period (1 s) and its ask (2 s), not the 60 s timeout
+        assert asked == [("frozen", False)] * 2  # two misses in a row
+        assert took < 30  # two check periods (1 s) and asks (<= 5 s), not the 60 s timeout
+        # Tried again elsewhere (the coordinator forgot it); no check, so that a loaded
+        # machine's slow answer cannot fail this start.
+        system.member_check = None
         pid = system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60.0,
                                  member="spare")
         assert system.ask("g", ("pid", None), 30.0) == pid

@@ -112,6 +112,7 @@ POLL_S = 0.05  # the longest one Thespian call waits; a request's wait is made o
 REAP_S = 2.0  # how long a group that was asked to end may take before it is killed
 KILL_WAIT_S = 1.0  # how long a killed process may take to be gone
 MEMBER_CHECK_S = 1.0  # how often a start on another machine asks whether that machine answers
+MEMBER_MISSES = 2  # unanswered asks in a row before a start gives that machine up
 # One admin start at a time sets this process's environment (`start_admin`): another
 # start's variables would otherwise reach that admin, or be taken away under it.
 _ENVIRONMENT = threading.Lock()
@@ -910,7 +911,8 @@ class ProcessSystem:
 
     def _members_gone(self, machines: set[str], gone: list[str]) -> Callable[[], bool] | None:
         """A ``give_up`` for a start on ``machines``: every `MEMBER_CHECK_S`, whether one
-        of them stopped answering (`member_check`); those found are put in ``gone``.
+        of them stopped answering (`member_check`), `MEMBER_MISSES` times in a row (one
+        slow answer of a loaded machine is not its end); those found go in ``gone``.
 
         Without it, a start on a machine that died after it was chosen (its
         admin took the creation, then went) would wait for its whole timeout.
@@ -919,12 +921,15 @@ class ProcessSystem:
         if check is None or not machines:
             return None
         next_at = time.monotonic() + MEMBER_CHECK_S
+        misses = dict.fromkeys(machines, 0)
 
         def give_up() -> bool:
             nonlocal next_at
             if time.monotonic() < next_at:
                 return False
-            gone.extend(m for m in sorted(machines) if not check(m))
+            for m in sorted(machines):
+                misses[m] = 0 if check(m) else misses[m] + 1
+            gone.extend(m for m in sorted(machines) if misses[m] >= MEMBER_MISSES)
             next_at = time.monotonic() + MEMBER_CHECK_S
             return bool(gone)
         return give_up
