@@ -50,7 +50,7 @@ from .trace import check_writable
 if TYPE_CHECKING:
     from ._runtime.actor import Actor
     from .node import Node
-    from .ports import Output, Port
+    from .ports import Port
 
 # What users import (mujou.Recording); the rest is the run's.
 __all__ = ["Recording"]
@@ -205,7 +205,7 @@ def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) 
 
 
 def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
-                 seeds: Mapping[str, int], seed: int | None, timer: str, workers: int,
+                 seeds: Mapping[str, int], seed: int | None, timer: str, workers: int | None,
                  placement: Mapping[str, str] | None,
                  patterns: tuple[str, ...] | None) -> dict[str, str]:
     """The ``mujou.run`` metadata of a recording (see docs/recording.md for the keys)."""
@@ -233,7 +233,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "timer": timer,
         "seed": "" if seed is None else str(seed),
         "seeds": json.dumps(dict(seeds)),
-        "workers": str(workers),
+        "workers": "" if workers is None else str(workers),  # "": a placed run's defaults
         "placement": "" if placement is None else json.dumps(dict(placement)),
         "net": json.dumps({"nodes": nodes, "connections": connections}),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -276,15 +276,18 @@ class Recorder:
     """The recording of one run: the channels' hooks, the queue and the writer thread.
 
     Made by ``mujou.run`` before the threads start (the file is created, its
-    header, ``mujou.run`` metadata and channels written); `hooks` gives the
-    listener of each recorded Output (the run attaches them to their views),
-    `start` starts ``mujou-recorder``, `close` (the run's end) drains the queue
-    within a bound, writes ``mujou.end`` and the summary.
+    header, ``mujou.run`` metadata and channels written); `hook` makes the
+    listener of a recorded Output that reads the key from its sender's actor
+    (a run in one process attaches it to the Output's host view), `item_hook`
+    the one that takes a placed run's published items ``(t_ns, delta, order,
+    index, message)`` (the driver calls it); `start` starts ``mujou-recorder``;
+    `close` (the run's end) drains the queue within a bound, writes
+    ``mujou.end`` and the summary.
 
     Args:
         settings (Recording): the file and the queue's bounds.
-        outputs (list[tuple[Output, Actor]]): the recorded Outputs and their
-            senders' actors, in the net's order.
+        channels (list[mcapfile.ChannelSpec]): the recorded Outputs, in the
+            net's order (a channel's number is its index here).
         metadata (dict[str, str]): the ``mujou.run`` record.
         simulated (bool): the run's timer is simulated (``when_full``'s default).
         host_copy (Callable | None): makes a CPU copy of a message holding CUDA
@@ -295,7 +298,7 @@ class Recorder:
         OSError: the file cannot be created.
     """
 
-    def __init__(self, settings: Recording, outputs: list[tuple[Output, Actor]],
+    def __init__(self, settings: Recording, channels: list[mcapfile.ChannelSpec],
                  metadata: dict[str, str], *, simulated: bool,
                  host_copy: Callable[[Any], Any] | None, snapshots: bool) -> None:
         self.settings = settings
@@ -305,15 +308,12 @@ class Recorder:
         self._writer = mcapfile.Writer(self.path, chunk_size=settings.chunk_size,
                                        compression=settings.compression)
         self._writer.write_run(metadata)
-        self._topics = [output.path for output, _ in outputs]
-        self._ids = [self._writer.add_channel(mcapfile.ChannelSpec.of(output, actor.path,
-                                                                     actor.order))
-                     for output, actor in outputs]
-        self._outputs = outputs
+        self._topics = [spec.topic for spec in channels]
+        self._ids = [self._writer.add_channel(spec) for spec in channels]
         self._host_copy = host_copy
         self._snapshots = snapshots
         self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
-        n = len(outputs)
+        n = len(channels)
         # Written by each channel's sender only (one node's hooks never overlap).
         self._sent = [0] * n
         self._dropped = [0] * n
@@ -339,13 +339,12 @@ class Recorder:
         self._warned: set[int] = set()
 
     # -- the senders' side ------------------------------------------------------------------
-    def hooks(self) -> list[tuple[Output, Callable[[Any], None]]]:
-        """Each recorded Output with its listener (to attach to its host view)."""
-        return [(output, self._hook(ch, actor))
-                for ch, (output, actor) in enumerate(self._outputs)]
+    def hook(self, ch: int, actor: Actor) -> Callable[[Any], None]:
+        """The listener of channel ``ch``, sent by ``actor``: on the sending thread, queue or drop.
 
-    def _hook(self, ch: int, actor: Actor) -> Callable[[Any], None]:
-        """The listener of channel ``ch``: on the sending thread, queue or drop the message."""
+        The message is queued with ``actor.stamp``, the key of the hook that
+        sends it.
+        """
         sent, dropped = self._sent, self._dropped
         queue, lock, pending = self._queue, self._lock, self._pending
         append = queue.append
@@ -370,6 +369,32 @@ class Recorder:
                     append((ch, seq, actor.stamp, message, size))
                     return
             if wait is None or not wait(ch, seq, actor.stamp, message, size):
+                dropped[ch] += 1
+
+        return hook
+
+    def item_hook(self, ch: int) -> Callable[[tuple[int, int, int, int, Any]], None]:
+        """The listener of channel ``ch`` for a placed run's published items (the driver's).
+
+        An item is ``(t_ns, delta, sender order, output index, message)``, the
+        message a copy made in the sender's process.
+        """
+        sent, dropped = self._sent, self._dropped
+        queue, lock, pending = self._queue, self._lock, self._pending
+        max_n, max_b = self.settings.max_messages, self.settings.max_bytes
+        wait = self._wait_for_room if self._wait else None
+
+        def hook(item: tuple[int, int, int, int, Any]) -> None:
+            seq = sent[ch]
+            sent[ch] = seq + 1
+            t, delta, _, _, message = item
+            size = message_size(message)
+            with lock:
+                if len(queue) < max_n and pending[0] + size <= max_b:
+                    pending[0] += size
+                    queue.append((ch, seq, (t, delta), message, size))
+                    return
+            if wait is None or not wait(ch, seq, (t, delta), message, size):
                 dropped[ch] += 1
 
         return hook

@@ -27,6 +27,7 @@ from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
 from .errors import NetError, NotRunningError
 from .host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
+from .mcapfile import ChannelSpec
 from .net import (
     check_fit,
     check_flag,
@@ -665,9 +666,6 @@ def _start(
     if listen is not None and not isinstance(listen, str):
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
                         f"{type(listen).__name__}")
-    if placement is not None and args.recording is not None:
-        raise ValueError("mujou.run: record= does not record a placed run yet (placement=); "
-                         "record the net in one process (docs/recording.md)")
     if placement is not None:
         from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
@@ -851,12 +849,13 @@ def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: in
     metadata = run_metadata(plan.found, plan.ports, seeds=plan.seeds, seed=args.seed,
                             timer="simulated" if args.timer.simulated else "realtime",
                             workers=workers, placement=None, patterns=args.record_ports)
-    recorder = Recorder(args.recording, outputs, metadata, simulated=args.timer.simulated,
+    channels = [ChannelSpec.of(output, actor.path, actor.order) for output, actor in outputs]
+    recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
                         host_copy=None if wiring.rt is None else wiring.host_copy,
                         snapshots=args.record_snapshots)
     coordinator.attach_recorder(recorder)
-    for output, hook in recorder.hooks():
-        wiring.listen(output, hook)
+    for ch, (output, actor) in enumerate(outputs):
+        wiring.listen(output, recorder.hook(ch, actor))
     recorder.start()
 
 

@@ -64,13 +64,36 @@ class Ctrl(mujou.Node):
         self.command.send(Command(float(-2.0 * x[0] - 0.5 * x[1]), self.n))
 
 
-class Pendulum(mujou.Node):
+class Probe(mujou.Node):
+    """Keeps every message its readers take, in order: what a reader saw."""
+
+    state = mujou.Input(torch.Tensor, depth=None, trigger=True)
+    energy = mujou.Input(float, depth=None, trigger=True)
+    command = mujou.Input(Command, depth=None, trigger=True)
+
     def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen: dict[str, list[Any]] = {"sim.state": [], "sim.energy": [],
+                                           "ctrl.command": []}
+
+    def on_update(self, dt: float) -> None:
+        for name, port in (("sim.state", self.state), ("sim.energy", self.energy),
+                           ("ctrl.command", self.command)):
+            self.seen[name].extend(port.drain())
+
+
+class Pendulum(mujou.Node):
+    def __init__(self, probe: bool = False) -> None:
         super().__init__(period=None)
         self.sim = Sim()
         self.ctrl = Ctrl()
         mujou.connect(self.sim.state, self.ctrl.state)
         mujou.connect(self.ctrl.command, self.sim.command)
+        if probe:
+            self.probe = Probe()
+            mujou.connect(self.sim.state, self.probe.state)
+            mujou.connect(self.sim.energy, self.probe.energy)
+            mujou.connect(self.ctrl.command, self.probe.command)
 
 
 def _watch(run: mujou.Run, ports: list[str]) -> dict[str, list[Any]]:
@@ -90,10 +113,10 @@ def _same(a: Any, b: Any) -> bool:
 def test_a_simulated_run_records_every_message_bit_for_bit(tmp_path: pathlib.Path,
                                                            workers: int) -> None:
     path = tmp_path / "run.mcap"
-    net = Pendulum()
+    net = Pendulum(probe=True)
 
     with mujou.run(net, timer="simulated", duration=1.0, workers=workers, seed=7,
-                   record=path) as run:
+                   record=path, record_ports=["sim.*", "ctrl.*"]) as run:
         seen = _watch(run, ["sim.state", "sim.energy", "ctrl.command"])
         run.join(timeout=60)
     stats = run.stats().recording
@@ -107,12 +130,17 @@ def test_a_simulated_run_records_every_message_bit_for_bit(tmp_path: pathlib.Pat
     first = by_topic["sim.state"][0]
     assert (first.t_ns, first.delta, first.sequence) == (-1, 0, 0)
     assert torch.equal(first.message, torch.tensor([0.3, 0.0], dtype=torch.float64))
-    # The subscriptions start once the run has started: they saw the file's last messages.
-    for topic, messages in seen.items():
-        got = [r.message for r in by_topic[topic]][-len(messages):]
-        assert len(messages) > 50, topic
-        assert all(_same(a, b) for a, b in zip(messages, got, strict=True)), topic
-        assert [r.sequence for r in by_topic[topic]] == list(range(len(by_topic[topic])))
+    for topic, got in by_topic.items():
+        messages = [r.message for r in got]
+        # What a reader in the net took, every message, bit for bit.
+        read = net.probe.seen[topic]
+        assert len(read) == len(messages) > 90, topic
+        assert all(_same(a, b) for a, b in zip(read, messages, strict=True)), topic
+        # The subscriptions start once the run has started: they saw the file's last ones.
+        watched = seen[topic]
+        assert watched and all(_same(a, b) for a, b in zip(
+            watched, messages[-len(watched):], strict=True)), topic
+        assert [r.sequence for r in got] == list(range(len(got)))
     # Times: the states at every 10 ms tick, delta 0; the commands one delta cycle later.
     states = by_topic["sim.state"][1:]
     assert [r.t_ns for r in states] == [10_000_000 * (i + 1) for i in range(len(states))]
@@ -445,3 +473,90 @@ def test_mujou_inspect_of_a_cut_or_damaged_recording(tmp_path: pathlib.Path) -> 
     assert bad_result.exit_code == 2
     assert str(bad) in bad_result.output and "damaged" in bad_result.output
     assert len(bad_result.output.strip().splitlines()) == 1
+
+
+def _records(path: pathlib.Path) -> list[tuple[str, int, int, int, Any]]:
+    return [(r.topic, r.sequence, r.t_ns, r.delta, r.message) for r in mcapfile.read(path)]
+
+
+def _same_records(a: list[tuple[str, int, int, int, Any]],
+                  b: list[tuple[str, int, int, int, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        x[:4] == y[:4] and _same(x[4], y[4]) for x, y in zip(a, b, strict=True))
+
+
+def test_a_placed_run_records_on_the_host_what_one_process_records(
+        tmp_path: pathlib.Path) -> None:
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem, make_net
+
+    one, many = tmp_path / "one.mcap", tmp_path / "placed.mcap"
+    with mujou.run(make_net(), timer="simulated", duration=0.3, seed=7, workers=1,
+                   record=one) as run:
+        run.join(timeout=60)
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.3, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0, record=many)
+
+    prun = placed.start(make_net, placement={"sim": "a", "ctrl": "b"}, net_kwargs=None,
+                        args=args, inputs=None, state=None, make_system=InProcessSystem)
+    prun.join(timeout=60)
+    stats = prun.stats().recording
+
+    expected = _records(one)
+    got = _records(many)
+    assert len(expected) > 50
+    assert _same_records(got, expected)
+    assert stats is not None and stats.recorded == len(got) and stats.dropped == 0
+    info = mcapfile.info(many)
+    assert info.complete and json.loads(info.run["placement"]) == {"sim": "a", "ctrl": "b"}
+    assert [c.topic for c in info.channels] == [c.topic for c in mcapfile.info(one).channels]
+    assert info.end is not None and info.end["failure"] == ""
+
+
+def test_a_placed_run_in_processes_records_with_mujou_run(tmp_path: pathlib.Path) -> None:
+    from tests.placed_support import make_net
+
+    path = tmp_path / "procs.mcap"
+    one = tmp_path / "one.mcap"
+    with mujou.run(make_net(), timer="simulated", duration=0.2, seed=3, record=one) as run:
+        run.join(timeout=60)
+
+    run = mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
+                    timer="simulated", duration=0.2, seed=3, record=path,
+                    record_ports=["ctrl.*", "sim.*"])
+    run.join(timeout=120)
+
+    assert _same_records(_records(path), _records(one))
+    assert run.stats().recording.recorded == len(_records(one))  # type: ignore[union-attr]
+
+
+def test_a_placed_run_refuses_a_pattern_that_matches_nothing(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="'cam.*' matches no Output"):
+        mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
+                  timer="simulated", duration=0.2, record=tmp_path / "x.mcap",
+                  record_ports=["cam.*"])
+
+
+def test_a_placed_run_attaches_the_supervisors_snapshots(tmp_path: pathlib.Path) -> None:
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem, make_net
+
+    path = tmp_path / "snap.mcap"
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.2, seed=7,
+                            state=None, supervisor=mujou.Supervisor(snapshot_every=0.1),
+                            trace=None, cuda_sync="block", stats=True, stop_timeout=10.0,
+                            start_timeout=60.0, record=path, record_snapshots=True)
+
+    prun = placed.start(make_net, placement={"sim": "a"}, net_kwargs=None, args=args,
+                        inputs=None, state=None, make_system=InProcessSystem)
+    prun.join(timeout=60)
+
+    got = [a.t_ns for a in mcapfile.info(path).attachments]
+    assert got == [0, 100_000_000, 200_000_000]
+    trees = [mujou.snapshot.loads(data) for _, data in mcapfile.Reader(path).attachments()]
+    assert [sorted(t["nodes"]) for t in trees] == [["ctrl", "log", "sim"]] * 3

@@ -593,6 +593,17 @@ class Kernel:
                              f"(outputs: {outputs})")
         return self._wiring.listen(p, listener)
 
+    def sender_of(self, port: str) -> Actor:
+        """The actor of the node that owns the Output ``port`` (whose ``stamp`` a send carries).
+
+        A listener reads the sending hook's key there: ``actor.stamp``, on the
+        sending thread, while the send is in flight.
+
+        Raises:
+            KeyError: no such port in this kernel.
+        """
+        return self._wiring.actor_of[id(self.ports[port].node)]
+
     def restart_node(self, path: str, state: Any, timeout: float = 60.0) -> None:
         """Restart one node (a ``one_for_one`` restart): ``on_stop``, ``on_start``, ``state``.
 

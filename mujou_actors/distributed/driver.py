@@ -49,6 +49,7 @@ import zmq
 from .. import snapshot
 from .._runtime.kernel import LAST_DELTA, Kernel
 from .._runtime.keys import Key
+from .._runtime.protocols import RecorderSide
 from .._runtime.snapshots import Snapshots
 from ..errors import (
     CallbackError,
@@ -66,6 +67,7 @@ from ..node import Node
 from ..ports import Input, Port
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
 from . import dataplane, group, realtime, tracing, wire
+from .dataplane import Item
 from .placement import (
     signature_differences,
 )
@@ -238,6 +240,10 @@ class _Driver:
         self.start_wall = time.monotonic()
         self.end_wall: float | None = None
         self.listeners: dict[int, list[Callable[[Any], None]]] = {}
+        # A recording's listeners, called with the whole published item (its key too), and
+        # the recording (placed.py attaches it; the end closes it).
+        self.item_listeners: dict[int, list[Callable[[Item], None]]] = {}
+        self.recorder: RecorderSide | None = None
         self.host = Host(copy_message, self._callback_failed)
         self.rounds = 0
         self.rounds_started = self.rounds_ended = 0.0
@@ -365,6 +371,8 @@ class _Driver:
             tree = self._gather(t, None)
         self.time_ns = max(self.time_ns, t)
         self.snapshots.keep(tree, time.perf_counter() - t0)
+        if self.recorder is not None:
+            self.recorder.snapshot(tree)
         self.snapshots.schedule(t)
 
     def _writer_failed(self, exc: BaseException) -> None:
@@ -496,7 +504,7 @@ class _Driver:
             g.watched_ns = time.monotonic_ns()
             self.monitor.watch(g.name)  # afresh: the new process answers now
         check_same_net(self.system, g.name, self._signature, self.start_timeout)
-        subscribed = [self.routes.outputs[i] for i in self.listeners
+        subscribed = [self.routes.outputs[i] for i in {**self.listeners, **self.item_listeners}
                       if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
                       == g.name]
         for output in subscribed:
@@ -643,10 +651,12 @@ class _Driver:
         group gets them at once; a failure in the reply is raised (after the
         messages are passed on).
         """
-        listeners = self.listeners
+        listeners, item_listeners = self.listeners, self.item_listeners
         for item in reply.published:
             for listener in listeners.get(item[3], ()):
                 listener(item[4])
+            for item_listener in item_listeners.get(item[3], ()):
+                item_listener(item)
         realtime_ = self.realtime
         for item in reply.sends:
             t, delta, _, output, _ = item
@@ -838,6 +848,22 @@ class _Driver:
 
         return detach
 
+    def listen_items(self, output: str, listener: Callable[[Item], None]) -> None:
+        """Make the Output's group publish it; call ``listener`` with every published item.
+
+        An item is ``(t_ns, delta, sender order, output index, message)`` (a
+        recording's listener: `recording.Recorder.item_hook`); it is called on
+        the driver's thread as the item is routed. For the whole run.
+        """
+        index = self.routes.output_index[output]
+        g = self.groups[self.owner[self.ports[output].node._mujou_path]]
+        if index not in self.listeners and index not in self.item_listeners:
+            if g.remote:
+                self.system.ask(g.name, group.Subscribe(output), 30.0)
+            else:
+                g.link.published.listen(g.link.kernel, output)
+        self.item_listeners[index] = self.item_listeners.get(index, []) + [listener]
+
     def group_stats(self) -> dict[str, dict[str, Any]]:
         """Every group's figures, as plain data; a dead group's are its last ones known.
 
@@ -922,6 +948,7 @@ class _Driver:
                 except BaseException as exc:  # state_dict() raises it
                     self.final_error = exc
             self._write_trace()  # the groups are stopped, their processes still there
+            self._close_recording()  # every published item is routed
             self.host.close(self.stop_timeout)
             if self.snapshots is not None:
                 self.snapshots.close(self.stop_timeout)
@@ -939,6 +966,16 @@ class _Driver:
             if stuck and not self.failures:
                 self.failures.append(StopTimeoutError(stuck, self.stop_timeout))
             self.ended.set()
+
+    def _close_recording(self) -> None:
+        """Close the run's recording (its end: the time, the failure); its error is the run's."""
+        if self.recorder is None:
+            return
+        failure = self.failures[0] if self.failures else None
+        error = self.recorder.close(self.time_ns, "" if failure is None else describe(failure),
+                                    self.stop_timeout)
+        if error is not None:  # join() raises it, as a trace that cannot be written
+            self.failures.append(error)
 
     def _write_trace(self) -> None:
         """Write a traced run's file from every group's records (distributed/tracing.py).

@@ -203,7 +203,12 @@ ORPHAN_S = 30.0
 
 
 class Published:
-    """Copies of the messages sent on the Outputs the host subscribed to, until the next reply."""
+    """Copies of the messages sent on the Outputs the host subscribed to, until the next reply.
+
+    Each item is ``(t_ns, delta, sender order, output index, message)``, the
+    key of the hook that sent it (what a recording keeps; subscribers read the
+    message only).
+    """
 
     def __init__(self, routes: dataplane.Routes,
                  notify: Callable[[], None] | None = None) -> None:
@@ -219,9 +224,12 @@ class Published:
             return
         items = self.items
         notify = self._notify
+        sender = kernel.sender_of(output)  # the item carries the send's key (a recording's)
+        order = sender.order
 
         def listener(message: Any) -> None:
-            items.append((0, 0, 0, index, copy_message(message)))  # list.append: atomic
+            t, delta = sender.stamp
+            items.append((t, delta, order, index, copy_message(message)))  # list.append: atomic
             if notify is not None:
                 notify()
 

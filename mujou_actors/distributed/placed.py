@@ -125,10 +125,17 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)
     seeds = settle_seeds(found, args.tree, args.seed)
+    recorded = None
+    if args.recording is not None:
+        from ..recording import select_outputs
+
+        recorded = select_outputs(ports, args.record_ports)
     if make_system is None:
         from .system import ProcessSystem
         make_system = ProcessSystem
-    return _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, machines)
+    run = _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, machines,
+                  record=None if recorded is None else (recorded, dict(placement)))
+    return run
 
 
 def _check_not_bootstrapping() -> None:
@@ -267,8 +274,12 @@ class _Convention:
 def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             plan: Placement, ref: FactoryRef, initial: list[tuple[Input, Any]],
             seeds: dict[str, int], args: Any, make_system: Callable[..., Any],
-            machines: Machines) -> PlacedRun:
-    """Start the processes and the host's kernel, check them, run the start phase."""
+            machines: Machines,
+            record: tuple[list[str], dict[str, str]] | None = None) -> PlacedRun:
+    """Start the processes and the host's kernel, check them, run the start phase.
+
+    ``record``: the Outputs to record (``record=``) and the placement, or None.
+    """
     from .._runtime.workers import default_workers
 
     run_id = f"mujou-{os.getpid()}-{secrets.token_hex(3)}-"  # its shared-memory pools
@@ -280,6 +291,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
     if args.tracer is not None:
         trace = tracing.PlacedTrace(args.tracer, len(plan.groups) + bool(host_nodes))
     tmpdir = ""
+    driver: _Driver | None = None
     conv = _Convention(plan, machines, args.start_timeout) if plan.machines else None
     try:
         if conv is None:
@@ -362,7 +374,11 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          run_id=run_id, trace=trace,
                          monitor=None if conv is None else conv.monitor,
                          choose_member=None if conv is None else conv.choose)
+        if record is not None:  # before the start phase: on_start's messages are recorded
+            _record(driver, found, ports, seeds, args, *record)
     except BaseException:
+        if record is not None and driver is not None and driver.recorder is not None:
+            driver.recorder.close(None, "the run did not start", 1.0)
         _abandon(system, groups, local, tmpdir, run_id)
         if conv is not None and conv.monitor is not None:
             conv.monitor.close()
@@ -376,6 +392,36 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         raise
     driver.thread.start()
     return run
+
+
+def _record(driver: _Driver, found: list[tuple[str, Node]], ports: dict[str, Port],
+            seeds: dict[str, int], args: Any, recorded: list[str],
+            placement: dict[str, str]) -> None:
+    """Record a placed run on the host: every recorded Output's group publishes its messages.
+
+    Each group sends the host a copy of every message of its recorded Outputs
+    with its key (`group.Published`), the host's own group's included; the
+    driver hands them to the recorder as it routes them (`_Driver.listen_items`),
+    so the file holds what one process would record.
+    """
+    from ..mcapfile import ChannelSpec
+    from ..recording import Recorder, run_metadata
+
+    order = {path: i for i, (path, _) in enumerate(found)}
+    channels = []
+    for path in recorded:
+        node_path = ports[path].node._mujou_path
+        channels.append(ChannelSpec.of(ports[path], node_path, order[node_path]))
+    metadata = run_metadata(found, ports, seeds=seeds, seed=args.seed,
+                            timer="simulated" if args.timer.simulated else "realtime",
+                            workers=args.workers, placement=placement,
+                            patterns=args.record_ports)
+    recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
+                        host_copy=None, snapshots=args.record_snapshots)
+    driver.recorder = recorder
+    for ch, path in enumerate(recorded):
+        driver.listen_items(path, recorder.item_hook(ch))
+    recorder.start()
 
 
 def _start_groups(system: Any, groups: dict[str, _Group], names: list[str],

@@ -331,9 +331,10 @@ class PlacedRun:
         wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
         snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
+        recording = None if drv.recorder is None else drv.recorder.stats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
                         snapshots=snaps, subscriptions=drv.host.stats(), groups=groups,
-                        machines=machine_stats(groups, raw))
+                        machines=machine_stats(groups, raw), recording=recording)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
