@@ -1,4 +1,4 @@
-"""The nets of benchmarks/processes.py: module-level factories a group process can import.
+"""The nets of benchmarks/processes.py and machines.py: module-level factories a group imports.
 
 Every group process imports this module by name (``_placed_nets``): the
 benchmark runs as ``python benchmarks/processes.py``, so this folder is on
@@ -207,3 +207,163 @@ class Spin(mujou.Node):
 def make_spin(work: int = 100_000, period: float = 0.01) -> dict[str, mujou.Node]:
     """Two CPU-bound nodes, unconnected, at the same period: what processes are for."""
     return {"a": Spin(work, period), "b": Spin(work, period)}
+
+
+# --------------------------------------------------------------------------- benchmarks/machines.py
+
+MiB = 1 << 20
+
+
+def numbered(kind: str, seq: int) -> Any:
+    """Message ``seq`` of a stream: the int itself (``"int"``), or a 1 MiB float32 tensor
+    filled with it (``"1MiB"``), so that the reader can check the order of either."""
+    if kind == "int":
+        return seq
+    return torch.full((MiB // 4,), float(seq))
+
+
+class Pinger(mujou.Node):
+    """Round trips started by the host: a write of ``(kind, n)`` to ``go`` starts ``n``
+    timed round trips of ``kind`` messages (``"int"`` or ``"1MiB"``, as `payload` makes
+    them), one at a time; ``done`` then says ``(kind, n)``. Each round trip is timed
+    with ``time.perf_counter_ns`` in this node's hooks, on its own machine's clock; the
+    round trips of each kind are kept apart (``state_dict()["rtts"][kind]``, ns)."""
+
+    go = mujou.Input(object, depth=None)
+    echo = mujou.Input(object, depth=None)
+    out = mujou.Output(object)
+    done = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.by_kind: dict[str, list[int]] = {}
+        self.kind = "int"
+        self.left = 0
+        self.t0 = 0  # when the message now out was sent; 0: none is out
+        self.message: Any = None
+
+    def on_update(self, dt: float) -> None:
+        now = time.perf_counter_ns()
+        if self.echo.drain() and self.t0:
+            self.by_kind[self.kind].append(now - self.t0)
+            self.t0 = 0
+            self.left -= 1
+            if not self.left:
+                self.done.send((self.kind, len(self.by_kind[self.kind])))
+        for kind, n in self.go.drain():
+            self.kind, self.left = kind, n
+            self.message = payload("int" if kind == "int" else "1MB")
+            self.by_kind.setdefault(kind, [])
+        if self.left and not self.t0:
+            self.t0 = time.perf_counter_ns()
+            self.out.send(self.message)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rtts": {k: list(v) for k, v in self.by_kind.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.by_kind = {k: list(v) for k, v in state["rtts"].items()}
+
+
+class Source(mujou.Node):
+    """Streams numbered messages (`numbered`) when the host writes ``(kind, n, per_tick)``
+    to ``go``: ``per_tick`` of them every 1 ms tick until ``n`` are out, numbered from 0.
+    Its state holds when each kind's first message was sent (``time.monotonic_ns``)."""
+
+    go = mujou.Input(object, depth=None)
+    out = mujou.Output(object)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.001)
+        self.kind, self.left, self.per_tick, self.seq = "int", 0, 0, 0
+        self.started: dict[str, int] = {}
+
+    def on_update(self, dt: float) -> None:
+        for kind, n, per_tick in self.go.drain():
+            self.kind, self.left, self.per_tick, self.seq = kind, n, per_tick, 0
+            self.started[kind] = time.monotonic_ns()
+        send, kind = self.out.send, self.kind
+        for _ in range(min(self.left, self.per_tick)):
+            send(numbered(kind, self.seq))
+            self.seq += 1
+            self.left -= 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"started": dict(self.started)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.started = dict(state["started"])
+
+
+class Checker(mujou.Node):
+    """Counts a `Source`'s stream of each kind and checks that every message comes, in
+    order: message ``i`` of a kind must be the ``i``-th to arrive (`numbered`). Says
+    ``(kind, count)`` on ``done`` once ``expect[kind]`` have come. The state holds, per
+    kind, the count, the first message out of place (None: none), and when the last
+    arrived (``time.monotonic_ns``).
+    """
+
+    inp = mujou.Input(object, depth=None)
+    done = mujou.Output(object)
+
+    def __init__(self, expect: dict[str, int]) -> None:
+        super().__init__(period=None)
+        self.expect = dict(expect)
+        self.streams: dict[str, dict[str, Any]] = {}
+
+    def on_update(self, dt: float) -> None:
+        got = self.inp.drain()
+        now = time.monotonic_ns()
+        for m in got:
+            kind = "int" if isinstance(m, int) else "1MiB"
+            s = self.streams.setdefault(kind, {"count": 0, "wrong": None, "last": now})
+            if kind == "int":
+                ok = m == s["count"]
+            else:
+                ok = m.numel() == MiB // 4 and m[0].item() == s["count"] == m[-1].item()
+            if not ok and s["wrong"] is None:  # the first message out of place
+                s["wrong"] = f"message {s['count']} was {m if kind == 'int' else m[0].item()}"
+            s["count"] += 1
+            s["last"] = now
+            if s["count"] == self.expect.get(kind):
+                self.done.send((kind, s["count"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"streams": {k: dict(v) for k, v in self.streams.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.streams = {k: dict(v) for k, v in state["streams"].items()}
+
+
+class Beacon(mujou.Node):
+    """Sends its tick count every ``period``: what shows that its group serves."""
+
+    out = mujou.Output(int)
+
+    def __init__(self, period: float) -> None:
+        super().__init__(period=period)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send(self.n)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+
+
+def make_machines(ints: int = 64_000, tensors: int = 128,
+                  beacon: float = 0.005) -> dict[str, mujou.Node]:
+    """benchmarks/machines.py's net: ``ping <-> pong`` (round trips, started by writes to
+    ``ping.go``), ``source -> checker`` (streams of ``ints`` ints and ``tensors`` 1 MiB
+    tensors, started by writes to ``source.go``) and a `Beacon` every ``beacon`` seconds
+    (that its group serves: the host subscribes to it)."""
+    net = {"ping": Pinger(), "pong": Pong(), "source": Source(),
+           "checker": Checker({"int": ints, "1MiB": tensors}), "beacon": Beacon(beacon)}
+    mujou.connect(net["ping"].out, net["pong"].inp)
+    mujou.connect(net["pong"].out, net["ping"].echo)
+    mujou.connect(net["source"].out, net["checker"].inp)
+    return net

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -67,6 +69,23 @@ def summary(values: list[float]) -> dict:
     """Median, min, max and the samples of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "samples": values}
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (nearest rank).
+
+    Raises:
+        ValueError: no values.
+    """
+    if not values:
+        raise ValueError("pct: no values")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
+
+
+def machine() -> str:
+    """The machine in words: its architecture, CPUs and Python."""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def repeat_and_only(ap: argparse.ArgumentParser, args: argparse.Namespace,

@@ -1,0 +1,584 @@
+"""Placed runs across machines (convention members), against the same net on one machine.
+
+What is measured
+----------------
+Every figure comes from a real placed run, ``mujou.run(factory, placement=...,
+listen=...)``, in real time: groups started by the leader (this process) on
+member actor systems, port messages on the data plane between machines (TCP
+with the run's secret, CURVE: every message encrypted and authenticated)
+through the host's driver. Two or three ``mujou worker`` processes, each a
+member of its own on a loopback port of this host (``robot``, ``gpu-box``,
+``spare``), stand in for machines; each is in a session of its own, and every
+process it starts carries a marker in its environment, so that a machine's
+death is every one of them killed at once. The same net placed on one machine
+(groups in processes of their own, no members: ``ipc://`` and shared memory)
+is the row each figure is compared with. The nets are in
+``benchmarks/_placed_nets.py``; start-up (spawning the processes, a second or
+two each) is never timed.
+
+* **hop** (``hop``): ``ping`` in group ``g1`` (on ``robot``) sends a message to
+  ``pong`` in group ``g2`` (on ``gpu-box``), which echoes it; ``ping`` times
+  each round trip with ``time.perf_counter_ns`` in its own hooks (one clock,
+  on ``robot``) and sends the next once the echo is in. A hop is half a round
+  trip: the message crosses from its sender's group to the host's driver and
+  on to its reader's group, over two links (on one machine: the same, over
+  ``ipc://``). Messages: a Python ``int`` (``--rtt`` round trips) and a 1 MiB
+  float32 tensor (``--rtt-big``), after 50 (5) unmeasured ones. p50 and p99 in
+  µs, of all the round trips of all the repetitions, halved.
+* **stream** (``stream``): ``source`` in ``g1`` sends numbered messages as fast
+  as the run takes them (``--per-tick`` ints, or 4 tensors, every 1 ms tick),
+  ``checker`` in ``g2`` checks that message ``i`` is the ``i``-th to arrive
+  (the int itself; each tensor filled with its number), so a lost, repeated or
+  reordered message is counted; figures: ints a second (``--ints`` of them)
+  and MB/s (10^6 bytes) of 1 MiB tensors (``--tensors``), from the first
+  arrival to the last, on ``gpu-box``'s clock. Any message missing or out of
+  place fails the benchmark.
+* **recover** (``recover``): group ``g1`` with one node, ``beacon``, that sends
+  its tick count every 5 ms, placed ``robot,spare:g1`` (``spare`` its fallback),
+  with a ``Supervisor("one_for_all", snapshot_every=0.5)``; the host subscribes
+  to the beacon. Once snapshots are taken, every process of ``robot`` is
+  stopped and killed at once (SIGSTOP of each until none is new, then SIGKILL:
+  the machine is gone; no Thespian admin is left to tell of it). Split, on the
+  host's ``time.monotonic_ns``: **detection** (the kill to the driver acting
+  on the loss: the heartbeat's silence of ``heartbeat_timeout``, 1 s, and the
+  driver's wake; the heartbeat's own decision is ``detect_hb``), **restart**
+  (from there until every group is restored: the member chosen, the new
+  process started on ``spare``, connected, its net checked, restored from the
+  latest snapshot; the start itself is ``spawn``), **first message** (from
+  there to the first beacon reaching the host), and the **total**. One
+  machine: the group's process is SIGKILLed (its exit is reported by the
+  control plane within milliseconds) and starts again in a new process.
+  ``--trials`` trials (5; ``--quick``: 1), each with a new ``robot``; p50 and
+  max. ``spare`` lives across the trials: in the first, its admin imports the
+  package on the way (about 1.5 s, once per member; see docs/machines.md).
+
+The run's secret: ``MUJOU_SECRET`` or ``MUJOU_SECRET_FILE`` as set; if neither
+is, a fixed benchmark secret (said so in the output: fine on loopback, never
+elsewhere). The script imports ``mujou_actors`` from ``sys.path``: set
+``PYTHONPATH`` to the tree to measure; the workers get the same tree.
+Results: a table, and JSON in ``benchmarks/results/machines.json`` unless
+``--json`` says otherwise. Every wait has a bound; every worker is ended (then
+killed) and every run stopped, whatever happens.
+
+Usage::
+
+    python benchmarks/machines.py [--quick] [--repeat 3] [--trials 5]
+        [--only hop,stream,recover] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import queue
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _placed_nets as nets  # noqa: E402
+import torch  # noqa: E402
+import zmq  # noqa: E402
+from common import machine, pct, repeat_and_only, show_table  # noqa: E402
+
+import mujou_actors as mujou  # noqa: E402
+from mujou_actors.distributed import secret  # noqa: E402
+from mujou_actors.distributed.system import free_port  # noqa: E402
+
+ROOT = HERE.parent
+TREE = Path(mujou.__file__).resolve().parent.parent  # the tree measured
+WORKLOADS = ("hop", "stream", "recover")
+BOUND_S = 120.0  # the bound on any single wait; a healthy run never comes close
+BENCH_SECRET = "benchmarks/machines.py: a fixed secret of this benchmark, for loopback only"
+MARKER = "MUJOU_BENCH_MACHINE"  # in the environment of every process of a worker
+WARM = {"int": 50, "1MiB": 5}  # round trips not measured (the first ones warm up)
+PER_TICK_TENSORS = 4  # 1 MiB tensors a 1 ms tick offers: more than any link here takes
+BEACON_PERIOD_S = 0.005
+MB = 1e6
+
+
+# --------------------------------------------------------------------------- machines
+
+
+class Worker:
+    """A ``mujou worker`` subprocess: a member of the convention at ``leader``, a "machine".
+
+    It runs in a session of its own; every process it starts (its Thespian
+    admin and logger, which leave its session, and the groups placed on it)
+    inherits ``MUJOU_BENCH_MACHINE`` with a value of this worker's own, so that
+    `pids` finds them all. Its stderr and its temporary files go in ``folder``.
+
+    Args:
+        name (str): the member's name, as placements name it.
+        leader (str): ``"127.0.0.1:PORT"`` of the leader.
+        folder (str): where its log and temporary files go.
+
+    Started, it may not listen yet: `wait_ready` waits until it does.
+    """
+
+    def __init__(self, name: str, leader: str, folder: str) -> None:
+        self.name = name
+        self.marker = f"{name}-{uuid.uuid4().hex}"
+        # The tree measured, and this folder: the net factory's module imports by the same
+        # name on every machine (docs/machines.md). Its temporary files go in ``folder``:
+        # a machine that vanishes leaves its own behind, and they go with the folder.
+        path = [str(TREE), str(HERE), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, MARKER: self.marker, "TMPDIR": folder,
+               "PYTHONPATH": os.pathsep.join(filter(None, path))}
+        self.log = Path(folder) / f"{self.marker}.log"
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mujou_actors", "worker", "--join", leader, "--name",
+                 name], env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                start_new_session=True)
+
+    def wait_ready(self) -> None:
+        """Wait until the worker says where it listens (its member is up).
+
+        Raises:
+            RuntimeError: it did not within `BOUND_S`, or it ended (its log says why).
+        """
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], BOUND_S)
+        line = self.proc.stdout.readline() if ready else ""
+        if "listening on" not in line:
+            raise RuntimeError(f"worker {self.name} did not start: {line!r} "
+                               f"{self.log.read_text()[-2000:]}")
+
+    def pids(self) -> set[int]:
+        """Every live process of this machine, the worker included (by their environment)."""
+        entry = f"{MARKER}={self.marker}".encode()
+        found = set()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/environ", "rb") as f:
+                        if entry in f.read().split(b"\0"):
+                            found.add(int(name))
+                except OSError:
+                    continue
+        return found
+
+    def vanish(self) -> int:
+        """The machine is gone: every process of it stopped (SIGSTOP, until no new one is
+        found, so that none acts on another's end), then SIGKILLed; waited for (bounded).
+
+        Returns:
+            int: ``time.monotonic_ns()`` just before the first signal (the machine's death).
+        """
+        died = time.monotonic_ns()
+        stopped: set[int] = set()
+        while fresh := self.pids() - stopped:
+            _signal_all(fresh, signal.SIGSTOP)
+            stopped |= fresh
+        _signal_all(stopped | {self.proc.pid}, signal.SIGKILL)
+        self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.02)  # (the others are reaped by their parents)
+        return died
+
+    def stop(self) -> None:
+        """End the worker as Ctrl-C does (SIGTERM), within 20 s; else its machine vanishes."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.vanish()  # whatever is left of it (nothing, after a clean end)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` (those already gone skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class Machines:
+    """The workers of a benchmark, members of one leader's convention (``leader``, the
+    address every run of the benchmark listens on): started on demand, every one
+    ended by `close`, whatever happened.
+
+    Args:
+        folder (str): where their logs and temporary files go.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.leader = f"127.0.0.1:{free_port()}"
+        self.workers: dict[str, Worker] = {}
+
+    def start(self, *names: str) -> None:
+        """Start a worker for each name that has none alive, all at once; wait until they
+        listen (a worker that does not is killed, with its machine: see `Worker.wait_ready`)."""
+        fresh = []
+        for name in names:
+            w = self.workers.get(name)
+            if w is None or w.proc.poll() is not None:
+                if w is not None:
+                    w.stop()  # (reaped already: its machine vanished)
+                fresh.append(w := Worker(name, self.leader, self.folder))
+                self.workers[name] = w
+        for w in fresh:
+            w.wait_ready()
+
+    def close(self) -> None:
+        """End every worker (bounded; killed if it lingers)."""
+        for w in self.workers.values():
+            w.stop()
+
+
+def use_secret() -> str:
+    """Set ``MUJOU_SECRET`` to the benchmark's fixed secret where no secret is set; say which."""
+    if os.environ.get(secret.ENV_SECRET) or os.environ.get(secret.ENV_SECRET_FILE):
+        return "the run's secret from the environment"
+    os.environ[secret.ENV_SECRET] = BENCH_SECRET
+    return (f"no secret was set: {secret.ENV_SECRET} is the benchmark's fixed one "
+            f"(loopback only)")
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | None,
+          **kwargs: Any) -> Any:
+    """A real-time placed run of ``factory``; across machines when ``leader`` is given."""
+    if leader is not None:
+        kwargs.update(listen=leader, join_timeout=60)
+    return mujou.run(factory, placement=placement, timer="realtime", seed=0,
+                     start_timeout=BOUND_S, **kwargs)
+
+
+PLACED = {  # where each group goes: across machines, and on one machine
+    "machines": {"ping": "robot,spare:g1", "source": "robot,spare:g1",
+                 "beacon": "robot,spare:g1", "pong": "gpu-box:g2", "checker": "gpu-box:g2"},
+    "one machine": {"ping": "g1", "source": "g1", "beacon": "g1", "pong": "g2",
+                    "checker": "g2"},
+}
+PLACEMENTS = (("machines", "2 machines (TCP+CURVE)"), ("one machine", "1 machine (ipc+shm)"))
+
+
+def command(run: Any, go: str, value: Any, done: str) -> tuple[Any, int]:
+    """Write ``value`` to the Input ``go``; wait for the next message of the Output ``done``.
+
+    Returns:
+        tuple: the message, and the ns from the write to its arrival on the host.
+
+    Raises:
+        TimeoutError: no message within `BOUND_S`.
+    """
+    answers: queue.Queue[tuple[int, Any]] = queue.Queue()
+    sub = run.subscribe(done, lambda m: answers.put((time.monotonic_ns(), m)))
+    try:
+        t0 = time.monotonic_ns()
+        run.write(go, value)
+        t1, message = answers.get(timeout=BOUND_S)
+        return message, t1 - t0
+    except queue.Empty:
+        raise TimeoutError(f"{done}: no answer within {BOUND_S} s to {go} <- {value!r}") from None
+    finally:
+        sub.cancel()
+
+
+class Timeline:
+    """When the driver of a run acted on a failure, restarted a group and restored them.
+
+    It wraps, on that one driver object, the calls that mark each phase (the
+    benchmark's instrument, not the package's API): the driver's ``_recover``
+    (it acts on the failure: ``acted``), ``_choose_member`` (the machine
+    chosen: ``chosen``), ``relaunch`` (the group's new process started,
+    connected and its net checked: ``spawned``), ``_restart_all`` (every group
+    restored: ``restored``), and its heartbeat monitor's ``take_changes`` (the
+    loss decided: ``lost``, the Monitor's own time). Each is
+    ``time.monotonic_ns()`` of the first such call, or of its return.
+
+    Args:
+        run: the placed run (`mujou.run`'s).
+    """
+
+    def __init__(self, run: Any) -> None:
+        self.at: dict[str, int] = {}
+        driver = run._driver
+        self._wrap(driver, "_recover", "acted", after=False)
+        self._wrap(driver, "relaunch", "spawned", after=True)
+        self._wrap(driver, "_restart_all", "restored", after=True)
+        if driver._choose_member is not None:
+            self._wrap(driver, "_choose_member", "chosen", after=True)
+        monitor = driver.monitor
+        if monitor is not None:
+            take = monitor.take_changes
+
+            def take_changes() -> Any:
+                changes = take()
+                for c in changes:
+                    if c.lost:
+                        self.at.setdefault("lost", c.at_ns)
+                return changes
+
+            monitor.take_changes = take_changes
+
+    def _wrap(self, obj: Any, name: str, mark: str, *, after: bool) -> None:
+        """Time ``obj.name``'s first call (``after``: its return) as ``mark``."""
+        inner = getattr(obj, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                self.at.setdefault(mark, time.monotonic_ns())
+            result = inner(*args, **kwargs)
+            if after:
+                self.at.setdefault(mark, time.monotonic_ns())
+            return result
+
+        setattr(obj, name, timed)
+
+
+def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
+            only: list[str]) -> dict[str, Any]:
+    """One run of the net placed ``where``: round trips, streams, then a death and recovery.
+
+    Returns:
+        dict: ``rtt_<kind>`` (µs, each measured round trip), ``stream_<kind>``
+        (its ``count`` and the ``seconds`` from the first send to the last
+        arrival), ``recover`` (phase -> ms), as `only` asks.
+
+    Raises:
+        AssertionError: a stream lost, repeated or reordered a message, or the
+            group restarted elsewhere than on the fallback.
+        TimeoutError: a step did not end within `BOUND_S`.
+    """
+    leader = None
+    if where == "machines":
+        warm = "spare" in machines.workers
+        machines.start("robot", "gpu-box", *(["spare"] if "recover" in only else []))
+        leader = machines.leader
+    run = start(PLACED[where], nets.make_machines, leader,
+                net_kwargs={"ints": cfg.ints, "tensors": cfg.tensors,
+                            "beacon": BEACON_PERIOD_S},
+                supervisor=mujou.Supervisor("one_for_all"))  # one snapshot: the start's
+    out: dict[str, Any] = {}
+    try:
+        if "hop" in only:
+            for kind, n in (("int", cfg.rtt), ("1MiB", cfg.rtt_big)):
+                command(run, "ping.go", (kind, n + WARM[kind]), "ping.done")
+            rtts = run.state_dict(timeout=BOUND_S)["nodes"]["ping"]["rtts"]
+            for kind in ("int", "1MiB"):
+                out[f"rtt_{kind}"] = [r / 1e3 for r in rtts[kind][WARM[kind]:]]
+        if "stream" in only:
+            for kind, n, per_tick in (("int", cfg.ints, cfg.per_tick),
+                                      ("1MiB", cfg.tensors, PER_TICK_TENSORS)):
+                command(run, "source.go", (kind, n, per_tick), "checker.done")
+            nodes = run.state_dict(timeout=BOUND_S)["nodes"]
+            for kind, n in (("int", cfg.ints), ("1MiB", cfg.tensors)):
+                s = nodes["checker"]["streams"][kind]
+                assert s["count"] == n and s["wrong"] is None, (where, kind, s)
+                out[f"stream_{kind}"] = {
+                    "count": n, "seconds": (s["last"] - nodes["source"]["started"][kind]) / 1e9}
+        if "recover" in only:
+            out["recover"] = recover(run, machines if where == "machines" else None)
+            if where == "machines":
+                out["recover"]["spare_warm"] = float(warm)
+    finally:
+        run.stop()
+        run.join(BOUND_S)
+    return out
+
+
+def recover(run: Any, machines: Machines | None) -> dict[str, float]:
+    """The death of ``g1``'s machine (``machines`` None: of its process) and its recovery.
+
+    Returns:
+        dict: phase -> ms (see the top; ``detect_hb`` and ``choose`` across machines).
+    """
+    arrivals: list[int] = []
+    run.subscribe("beacon.out", lambda _: arrivals.append(time.monotonic_ns()))
+    timeline = Timeline(run)
+    at = timeline.at
+    deadline = time.monotonic() + BOUND_S
+    while not arrivals:  # the beacon reaches the host: the group serves
+        if time.monotonic() > deadline or not run.running:
+            raise TimeoutError(f"no beacon in {BOUND_S} s ({run.failure})")
+        time.sleep(0.01)
+    if machines is not None:
+        died = machines.workers["robot"].vanish()
+    else:
+        pid = run.stats().groups["g1"].pid
+        died = time.monotonic_ns()
+        os.kill(pid, signal.SIGKILL)
+    while "restored" not in at or not arrivals or arrivals[-1] < at["restored"]:
+        if time.monotonic() > deadline or not run.running:
+            raise TimeoutError(f"the group did not serve again in {BOUND_S} s "
+                               f"({run.failure}; {at})")
+        time.sleep(0.002)
+    first = next(t for t in arrivals if t >= at["restored"])
+    if machines is not None:
+        on = run.stats().groups["g1"].machine
+        assert on == "spare", f"g1 restarted on {on!r}"
+    ms = {k: (t - died) / 1e6 for k, t in at.items()}  # each mark, from the death
+    out = {"detect": ms["acted"], "restart": ms["restored"] - ms["acted"],
+           "spawn": ms["spawned"] - ms.get("chosen", ms["acted"]),
+           "restore": ms["restored"] - ms["spawned"],
+           "first": (first - died) / 1e6 - ms["restored"], "total": (first - died) / 1e6}
+    if "lost" in ms:
+        out["detect_hb"] = ms["lost"]
+    if "chosen" in ms:
+        out["choose"] = ms["chosen"] - ms["acted"]
+    return out
+
+
+# --------------------------------------------------------------------------- figures
+
+
+HOP_ROWS = (("int_hop_p50", "int hop p50 µs"), ("int_hop_p99", "int hop p99 µs"),
+            ("1MiB_hop_p50", "1 MiB hop p50 µs"), ("1MiB_hop_p99", "1 MiB hop p99 µs"),
+            ("int_rate", "ints/s, one way"), ("1MiB_MBs", "1 MiB tensors, MB/s"),
+            ("lost", "messages lost or out of order"))
+RECOVER_ROWS = (("detect", "detection"), ("detect_hb", "  of it the heartbeat's decision"),
+                ("restart", "restart"), ("choose", "  of it choosing the machine"),
+                ("spawn", "  of it the new process"), ("restore", "  of it the restore"),
+                ("first", "first message after"), ("total", "total"))
+
+
+def rate(stream: dict[str, float]) -> float:
+    """Messages a second of a stream: its count over the time from the source's first
+    send to the checker's last arrival (one clock: every member is on this host)."""
+    return stream["count"] / stream["seconds"]
+
+
+def figures(samples: list[dict[str, Any]], cfg: argparse.Namespace) -> dict[str, float]:
+    """One placement's figures over its runs (see the top)."""
+    out: dict[str, float] = {}
+    for kind in ("int", "1MiB"):
+        rtts = [r for s in samples for r in s.get(f"rtt_{kind}", [])]
+        if rtts:
+            out[f"{kind}_hop_p50"] = pct(rtts, 50) / 2
+            out[f"{kind}_hop_p99"] = pct(rtts, 99) / 2
+    streams = [s for s in samples if "stream_int" in s]
+    if streams:
+        out["int_rate"] = statistics.median(rate(s["stream_int"]) for s in streams)
+        out["1MiB_MBs"] = statistics.median(rate(s["stream_1MiB"]) * nets.MiB / MB
+                                            for s in streams)
+        out["lost"] = 0  # every stream was checked in full (else the run failed)
+    trials = [s["recover"] for s in samples if "recover" in s]
+    if trials:
+        out["trials"] = len(trials)
+        for key, _ in RECOVER_ROWS:
+            values = [t[key] for t in trials if key in t]
+            if values:
+                out[f"{key}_p50"] = statistics.median(values)
+                out[f"{key}_max"] = max(values)
+    return out
+
+
+def hop_table(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The hop and stream figures as rows, a column per placement and their ratio."""
+    rows: dict[str, dict[str, float]] = {}
+    for key, label in HOP_ROWS:
+        row = {w: results[w][key] for w, _ in PLACEMENTS if key in results[w]}
+        if len(row) == 2 and row["one machine"]:
+            row["ratio"] = row["machines"] / row["one machine"]
+        if row:
+            rows[label] = row
+    return rows
+
+
+def recover_table(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The recovery's phases as rows, p50 and max per placement."""
+    rows: dict[str, dict[str, float]] = {}
+    for key, label in RECOVER_ROWS:
+        row = {f"{w} {m}": results[w][f"{key}_{m}"] for w, _ in PLACEMENTS
+               for m in ("p50", "max") if f"{key}_{m}" in results[w]}
+        if row:
+            rows[label] = row
+    return rows
+
+
+HOP_COLUMNS = (("machines", PLACEMENTS[0][1], "{:,.0f}"),
+               ("one machine", PLACEMENTS[1][1], "{:,.0f}"), ("ratio", "ratio", "{:.2f}x"))
+RECOVER_COLUMNS = (("machines p50", "machine lost: p50", "{:,.1f}"),
+                   ("machines max", "max", "{:,.1f}"),
+                   ("one machine p50", "process killed: p50", "{:,.1f}"),
+                   ("one machine max", "max", "{:,.1f}"))
+
+
+# --------------------------------------------------------------------------- main
+
+
+FULL = {"rtt": 2000, "rtt_big": 200, "ints": 64_000, "tensors": 128, "repeat": 5}
+QUICK = {"rtt": 300, "rtt_big": 30, "ints": 6_400, "tensors": 16, "repeat": 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the measurements; print the tables; write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rtt", type=int, default=None, help="round trips of the int (2000)")
+    ap.add_argument("--rtt-big", type=int, default=None,
+                    help="round trips of the 1 MiB tensor (200)")
+    ap.add_argument("--ints", type=int, default=None, help="ints of the stream (64,000)")
+    ap.add_argument("--per-tick", type=int, default=2000, help="ints sent per 1 ms tick")
+    ap.add_argument("--tensors", type=int, default=None, help="1 MiB tensors of the stream (128)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per placement, each with one death (5; --quick: 1)")
+    ap.add_argument("--only", type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
+                    default=None, help=f"workloads, from {', '.join(WORKLOADS)}")
+    ap.add_argument("--quick", action="store_true",
+                    help="300 + 30 round trips, 6,400 ints and 16 tensors, 1 run each")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/machines.json")
+    cfg = ap.parse_args(argv)
+    for key, value in (QUICK if cfg.quick else FULL).items():  # what the command line left
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
+    repeat, only = repeat_and_only(ap, cfg, WORKLOADS)
+    torch.set_num_threads(1)
+    said = use_secret()
+    print(f"secret: {said}", flush=True)
+    samples: dict[str, list[dict[str, Any]]] = {w: [] for w, _ in PLACEMENTS}
+    with tempfile.TemporaryDirectory(prefix="mujou-machines-") as folder, \
+            contextlib.closing(Machines(folder)) as machines:
+        for rep in range(repeat):  # the placements interleaved, run by run
+            for where, _ in PLACEMENTS:
+                print(f"run {rep + 1}/{repeat}: {where}", flush=True)
+                samples[where].append(one_run(cfg, where, machines, only))
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    results = {w: figures(samples[w], cfg) for w, _ in PLACEMENTS}
+    if {"hop", "stream"} & set(only):
+        show_table(f"A placed run across 2 machines (members on loopback) and on 1 machine, "
+                   f"real time, {when}, {machine()}, {repeat} runs each", "figure",
+                   hop_table(results), HOP_COLUMNS)
+    if "recover" in only:
+        show_table(f"From a death to the group serving again, ms ({repeat} trials each; "
+                   f"heartbeat_timeout 1 s)", "phase", recover_table(results),
+                   RECOVER_COLUMNS)
+    print(f"secret: {said}")
+    cfg.json.parent.mkdir(parents=True, exist_ok=True)
+    cfg.json.write_text(json.dumps({
+        "benchmark": "machines", "date": when, "machine": machine(), "secret": said,
+        "mujou_actors": str(TREE), "versions": {"torch": torch.__version__,
+                                                "pyzmq": zmq.pyzmq_version(),
+                                                "libzmq": zmq.zmq_version()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()},
+        "results": results, "samples": samples}, indent=1))
+    print(f"wrote {cfg.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
