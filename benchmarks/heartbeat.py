@@ -51,7 +51,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import select
 import signal
@@ -63,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from common import repeat_and_only, show_table
+from common import machine, pct, repeat_and_only, show_table
 
 import mujou_actors
 from mujou_actors.distributed.heartbeat import Change, Monitor
@@ -148,12 +147,6 @@ def next_change(monitor: Monitor) -> Change:
         if left <= 0:
             raise TimeoutError("no change")
         select.select([monitor.fileno()], [], [], left)
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def measure_rtt(period: float, seconds: float) -> dict[str, float]:
@@ -305,12 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     if "detect" in only:  # trials, not repetitions: each is one sample
         detect = measure_detect(cfg.trials, cfg.timeout, cfg.period)
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     results: dict[str, Any] = {}
     if "rtt" in only:
         results["rtt"] = median_of(rtt)
         show_table(f"Heartbeat RTT, two processes over tcp://127.0.0.1, period "
-                   f"{cfg.rtt_period} s, {when}, {machine}, median of {repeat}", "case",
+                   f"{cfg.rtt_period} s, {when}, {machine()}, median of {repeat}", "case",
                    {"loopback": results["rtt"]}, RTT_COLUMNS)
     if "detect" in only:
         results["detect"] = detect
@@ -324,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                    results["cpu"], CPU_COLUMNS)
     cfg.json.parent.mkdir(parents=True, exist_ok=True)
     cfg.json.write_text(json.dumps({
-        "benchmark": "heartbeat", "date": when, "machine": machine,
+        "benchmark": "heartbeat", "date": when, "machine": machine(),
         "mujou_actors": str(TREE), "versions": {"pyzmq": zmq.pyzmq_version(),
                                                 "libzmq": zmq.zmq_version()},
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()},

@@ -2,68 +2,75 @@
 
 What is measured
 ----------------
-Every figure comes from a real placed run, ``mujou.run(factory, placement=...,
-listen=...)``, in real time: groups started by the leader (this process) on
-member actor systems, port messages on the data plane between machines (TCP
-with the run's secret, CURVE: every message encrypted and authenticated)
-through the host's driver. Two or three ``mujou worker`` processes, each a
-member of its own on a loopback port of this host (``robot``, ``gpu-box``,
-``spare``), stand in for machines; each is in a session of its own, and every
-process it starts carries a marker in its environment, so that a machine's
-death is every one of them killed at once. The same net placed on one machine
-(groups in processes of their own, no members: ``ipc://`` and shared memory)
-is the row each figure is compared with. The nets are in
-``benchmarks/_placed_nets.py``; start-up (spawning the processes, a second or
-two each) is never timed.
+Every figure comes from real placed runs, ``mujou.run(make_machines,
+placement=..., listen=..., timer="realtime")``: groups started by the leader
+(this process) on member actor systems, port messages on the data plane between
+machines (TCP with the run's secret: CURVE, every message encrypted and
+authenticated) through the host's driver. Three ``mujou worker`` processes,
+each a member on a loopback port of this host, stand in for machines:
+``robot`` and ``gpu-box`` (group ``g1`` on ``robot``, with ``spare`` as its
+fallback: ``robot,spare:g1``; group ``g2`` on ``gpu-box``). Each worker is in
+a session of its own, and every process it starts carries a marker in its
+environment, so that a machine's death is every one of them stopped and killed
+at once. The other row is the same net placed on one machine (``g1`` and
+``g2`` in processes of their own, no members: ``ipc://`` and shared memory);
+the ratio column is machines over one machine. The net is
+``benchmarks/_placed_nets.py:make_machines``; the start of a run (processes
+spawned, a few seconds each on a loaded 2-core machine) is never timed. Each
+run does the three workloads in turn, ``--repeat`` runs per placement (5;
+``--quick``: 1), the placements interleaved:
 
-* **hop** (``hop``): ``ping`` in group ``g1`` (on ``robot``) sends a message to
-  ``pong`` in group ``g2`` (on ``gpu-box``), which echoes it; ``ping`` times
-  each round trip with ``time.perf_counter_ns`` in its own hooks (one clock,
-  on ``robot``) and sends the next once the echo is in. A hop is half a round
-  trip: the message crosses from its sender's group to the host's driver and
-  on to its reader's group, over two links (on one machine: the same, over
-  ``ipc://``). Messages: a Python ``int`` (``--rtt`` round trips) and a 1 MiB
-  float32 tensor (``--rtt-big``), after 50 (5) unmeasured ones. p50 and p99 in
-  µs, of all the round trips of all the repetitions, halved.
-* **stream** (``stream``): ``source`` in ``g1`` sends numbered messages as fast
-  as the run takes them (``--per-tick`` ints, or 4 tensors, every 1 ms tick),
-  ``checker`` in ``g2`` checks that message ``i`` is the ``i``-th to arrive
-  (the int itself; each tensor filled with its number), so a lost, repeated or
-  reordered message is counted; figures: ints a second (``--ints`` of them)
-  and MB/s (10^6 bytes) of 1 MiB tensors (``--tensors``), from the first
-  arrival to the last, on ``gpu-box``'s clock. Any message missing or out of
-  place fails the benchmark.
-* **recover** (``recover``): group ``g1`` with one node, ``beacon``, that sends
-  its tick count every 5 ms, placed ``robot,spare:g1`` (``spare`` its fallback),
-  with a ``Supervisor("one_for_all", snapshot_every=0.5)``; the host subscribes
-  to the beacon. Once snapshots are taken, every process of ``robot`` is
-  stopped and killed at once (SIGSTOP of each until none is new, then SIGKILL:
-  the machine is gone; no Thespian admin is left to tell of it). Split, on the
-  host's ``time.monotonic_ns``: **detection** (the kill to the driver acting
-  on the loss: the heartbeat's silence of ``heartbeat_timeout``, 1 s, and the
-  driver's wake; the heartbeat's own decision is ``detect_hb``), **restart**
-  (from there until every group is restored: the member chosen, the new
-  process started on ``spare``, connected, its net checked, restored from the
-  latest snapshot; the start itself is ``spawn``), **first message** (from
-  there to the first beacon reaching the host), and the **total**. One
-  machine: the group's process is SIGKILLed (its exit is reported by the
-  control plane within milliseconds) and starts again in a new process.
-  ``--trials`` trials (5; ``--quick``: 1), each with a new ``robot``; p50 and
-  max. ``spare`` lives across the trials: in the first, its admin imports the
-  package on the way (about 1.5 s, once per member; see docs/machines.md).
+* **hop**: ``ping`` in ``g1`` sends a message to ``pong`` in ``g2``, which
+  echoes it; ``ping`` times each round trip with ``time.perf_counter_ns`` in its
+  own hooks (one clock, on ``robot``) and sends the next once the echo is in.
+  A hop is half a round trip: the message crosses from its sender's group to
+  the host's driver and on to its reader's group, over two links (TCP+CURVE
+  across machines, ``ipc://`` on one). Messages: a Python ``int`` (``--rtt``
+  round trips) and a 1 MiB float32 tensor (``--rtt-big``), after 50 (5)
+  unmeasured ones; p50 and p99 of every measured round trip of every run,
+  halved, in µs.
+* **stream**: ``source`` in ``g1`` sends numbered messages as fast as the run
+  takes them (``--per-tick`` ints, or 4 tensors, every 1 ms tick), ``checker``
+  in ``g2`` checks that message ``i`` is the ``i``-th to arrive (the int itself;
+  each tensor is filled with its number), so a message lost, repeated or out of
+  order fails the benchmark. Figures: ints a second (``--ints`` of them) and
+  MB/s (10^6 bytes) of 1 MiB tensors (``--tensors``): the count over the time
+  from the source's first send to the checker's last arrival (both read
+  ``time.monotonic_ns``: every member is on this host, one clock); median of
+  the runs.
+* **recover**: group ``g1`` also holds ``beacon``, which sends its tick count
+  every 5 ms; the host subscribes to it. The run has a
+  ``Supervisor("one_for_all")`` (its one snapshot: the start's). Every process
+  of ``robot`` is stopped and killed at once (SIGSTOP of each until none is
+  new, then SIGKILL: no Thespian admin is left to tell of the group's end, only
+  the heartbeat finds it). Phases, on the host's ``time.monotonic_ns``, marked
+  by wrapping the driver's own calls (`Timeline`): **detection**, the kill to
+  the driver acting on the loss (the heartbeat's silence of
+  ``heartbeat_timeout``, 1 s, then its decision, ``detect_hb``, and the
+  driver's wake); **restart**, from there until every group is restored: the
+  machine chosen (``choose``: the members listed), the new process on ``spare``
+  started, connected and its net checked (``spawn``), every group restored
+  from the snapshot (``restore``); **first message**, from there to the first
+  beacon reaching the host; and the **total**. On one machine the group's
+  process is SIGKILLed (its exit is reported by the control plane) and starts
+  again in a new process. p50 (median) and max over the runs. ``spare`` lives
+  across the runs, and the first group placed on a member makes its admin import
+  the package (about 1.5 s, once; see docs/machines.md), so the first trial's
+  spawn is the longest (``spare_warm`` 0 in the samples).
 
 The run's secret: ``MUJOU_SECRET`` or ``MUJOU_SECRET_FILE`` as set; if neither
 is, a fixed benchmark secret (said so in the output: fine on loopback, never
 elsewhere). The script imports ``mujou_actors`` from ``sys.path``: set
-``PYTHONPATH`` to the tree to measure; the workers get the same tree.
-Results: a table, and JSON in ``benchmarks/results/machines.json`` unless
-``--json`` says otherwise. Every wait has a bound; every worker is ended (then
-killed) and every run stopped, whatever happens.
+``PYTHONPATH`` to the tree to measure; the workers get the same tree, and this
+folder (the net's module imports by the same name on every machine). Results:
+two tables, and JSON in ``benchmarks/results/machines.json`` unless ``--json``
+says otherwise. Every wait has a bound; every worker is ended (then killed) and
+every run stopped, whatever happens.
 
 Usage::
 
-    python benchmarks/machines.py [--quick] [--repeat 3] [--trials 5]
-        [--only hop,stream,recover] [--json PATH]
+    python benchmarks/machines.py [--quick] [--repeat 5] [--only hop,stream,recover]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -261,11 +268,26 @@ def use_secret() -> str:
 
 def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | None,
           **kwargs: Any) -> Any:
-    """A real-time placed run of ``factory``; across machines when ``leader`` is given."""
+    """A real-time placed run of ``factory``; across machines when ``leader`` is given.
+
+    A start across machines that fails is tried once more, and said so: the
+    first group placed on a member makes its admin import the package, and on a
+    loaded machine that admin may not answer the leader's check in time (5 s),
+    which fails the start ("stopped answering while the group started"). The
+    start is never timed.
+    """
     if leader is not None:
         kwargs.update(listen=leader, join_timeout=60)
-    return mujou.run(factory, placement=placement, timer="realtime", seed=0,
-                     start_timeout=BOUND_S, **kwargs)
+    for attempt in (1, 2):
+        try:
+            return mujou.run(factory, placement=placement, timer="realtime", seed=0,
+                             start_timeout=BOUND_S, **kwargs)
+        except Exception as exc:
+            if leader is None or attempt == 2:
+                raise
+            print(f"the run's start failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                  f"trying once more", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 PLACED = {  # where each group goes: across machines, and on one machine

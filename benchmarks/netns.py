@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import show_table
-from tcp import COLUMNS, ROOT, Peer, add_common, machine, measure, medians, write_json
+from common import machine, show_table
+from tcp import COLUMNS, ROOT, Peer, add_common, measure, medians, write_json
 
 NS = f"mujou-bench-{os.getpid()}"
 VETH = ("mujou-v0", "mujou-v1")

@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _placed_nets as nets  # noqa: E402
 import torch  # noqa: E402
+from common import pct  # noqa: E402
 
 import mujou_actors as mujou  # noqa: E402
 
@@ -63,14 +64,6 @@ WORKLOADS = ("hop", "stream", "steps", "cpu")
 TARGETS = {"hop int": ("hop p50 µs", 50.0, "<="), "hop 1MB": ("hop p50 µs", 150.0, "<="),
            "stream": ("msg/s", 100_000.0, ">="), "steps": ("steps/s", 5_000.0, ">="),
            "cpu": ("speed-up", 1.7, ">=")}
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank) of ``values``; 0 for none."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
 
 
 # --------------------------------------------------------------------------- hop

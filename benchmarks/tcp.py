@@ -44,7 +44,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import secrets
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from typing import Any
 
 import torch
 import zmq
-from common import repeat_and_only, show_table, summary
+from common import machine, repeat_and_only, show_table, summary
 
 from mujou_actors.distributed import dataplane, secret, wire
 
@@ -257,11 +256,6 @@ def write_json(path: Path, cfg: argparse.Namespace, results: dict[str, Any],
         "results": results, "samples": samples}, indent=1))
     print(f"wrote {path}")
     return when
-
-
-def machine() -> str:
-    """The machine in words."""
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def add_common(ap: argparse.ArgumentParser) -> None:

@@ -440,3 +440,40 @@ def test_the_recording_benchmark_measures_the_hook_and_the_writer(tmp_path: Path
     assert result["writer_small"]["rate"] > 0 and result["writer_tensors"]["gb_per_s"] > 0
     assert result["recorded_run"]["messages"] >= 20_000
     assert "msg/s" in proc.stdout and "GB/s" in proc.stdout
+
+
+# About 40 s on the 2-core reference machine (three workers, two placed runs, two restarts;
+# each process imports torch), and up to twice that while other work loads it.
+@pytest.mark.timeout(240)
+def test_the_machines_benchmark_measures_hops_streams_and_a_recovery(tmp_path: Path) -> None:
+    out = tmp_path / "machines.json"
+    script = str(ROOT / "benchmarks" / "machines.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOU_SECRET", "MUJOU_SECRET_FILE")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, script, "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MUJOU_SECRET is the benchmark's fixed one" in proc.stdout  # none was set
+    doc = json.loads(out.read_text())
+    results = doc["results"]
+    assert list(results) == ["machines", "one machine"]
+    for where, r in results.items():
+        assert 0 < r["int_hop_p50"] <= r["int_hop_p99"] < 1e6, (where, r)  # µs
+        assert 0 < r["1MiB_hop_p50"] <= r["1MiB_hop_p99"] < 1e7, (where, r)
+        assert r["int_rate"] > 100 and r["1MiB_MBs"] > 1 and r["lost"] == 0, (where, r)
+        assert r["trials"] == 1
+        for phase in ("detect", "restart", "spawn", "restore", "total"):  # ms
+            assert 0 < r[f"{phase}_p50"] == r[f"{phase}_max"] < 120_000, (where, phase, r)
+        assert 0 <= r["first_p50"] < 1000, (where, r)  # a beacon every 5 ms
+        parts = r["detect_p50"] + r["restart_p50"] + r["first_p50"]
+        assert abs(parts - r["total_p50"]) < 1e-6 * r["total_p50"], (where, r)
+        assert r["spawn_p50"] + r["restore_p50"] <= r["restart_p50"] + 1e-6, (where, r)
+    lost = results["machines"]
+    # Only the heartbeat finds a machine gone: its timeout (1 s) less a period, at least.
+    assert 800 < lost["detect_hb_p50"] <= lost["detect_p50"], lost
+    assert 0 <= lost["choose_p50"] < lost["restart_p50"], lost
+    assert results["one machine"]["detect_p50"] < 800  # the control plane tells of an exit
+    assert "detect_hb_p50" not in results["one machine"]
+    for where, runs in doc["samples"].items():  # every message of each stream arrived
+        assert [r["stream_int"]["count"] for r in runs] == [doc["config"]["ints"]], where
+        assert [r["stream_1MiB"]["count"] for r in runs] == [doc["config"]["tensors"]], where
