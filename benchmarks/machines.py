@@ -278,16 +278,18 @@ def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | 
     """
     if leader is not None:
         kwargs.update(listen=leader, join_timeout=60)
-    for attempt in (1, 2):
-        try:
-            return mujou.run(factory, placement=placement, timer="realtime", seed=0,
-                             start_timeout=BOUND_S, **kwargs)
-        except Exception as exc:
-            if leader is None or attempt == 2:
-                raise
-            print(f"the run's start failed ({type(exc).__name__}: {str(exc)[:300]}); "
-                  f"trying once more", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")
+    def run() -> Any:
+        return mujou.run(factory, placement=placement, timer="realtime", seed=0,
+                         start_timeout=BOUND_S, **kwargs)
+
+    try:
+        return run()
+    except Exception as exc:
+        if leader is None:
+            raise
+        print(f"the run's start failed ({type(exc).__name__}: {str(exc)[:300]}); trying "
+              f"once more", file=sys.stderr, flush=True)
+    return run()
 
 
 PLACED = {  # where each group goes: across machines, and on one machine
