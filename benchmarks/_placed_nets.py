@@ -2,7 +2,9 @@
 
 Every group process imports this module by name (``_placed_nets``): the
 benchmark runs as ``python benchmarks/processes.py``, so this folder is on
-``sys.path``, and a spawned group process gets the host's ``sys.path``.
+``sys.path``, and a spawned group process gets the host's ``sys.path``. A
+group on another machine (a ``mujou worker``) gets that machine's: machines.py
+starts its workers with this folder on ``PYTHONPATH``.
 """
 
 from __future__ import annotations

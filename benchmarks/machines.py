@@ -278,6 +278,7 @@ def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | 
     """
     if leader is not None:
         kwargs.update(listen=leader, join_timeout=60)
+
     def run() -> Any:
         return mujou.run(factory, placement=placement, timer="realtime", seed=0,
                          start_timeout=BOUND_S, **kwargs)
