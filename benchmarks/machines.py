@@ -249,9 +249,19 @@ class Machines:
             w.wait_ready()
 
     def close(self) -> None:
-        """End every worker (bounded; killed if it lingers)."""
+        """End every worker (bounded; killed if it lingers), each whatever the others did.
+
+        Raises:
+            Exception: the first failure to end one, once every one was tried.
+        """
+        failures = []
         for w in self.workers.values():
-            w.stop()
+            try:
+                w.stop()
+            except Exception as exc:  # the others are ended all the same
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def use_secret() -> str:
