@@ -282,9 +282,9 @@ def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | 
 
     A start across machines that fails is tried once more, and said so: the
     first group placed on a member makes its admin import the package, and on a
-    loaded machine that admin may not answer the leader's check in time (5 s),
-    which fails the start ("stopped answering while the group started"). The
-    start is never timed.
+    loaded machine that admin may answer the leader's checks too late, which
+    fails the start ("stopped answering while the group started"). The start
+    is never timed.
     """
     if leader is not None:
         kwargs.update(listen=leader, join_timeout=60)
