@@ -38,6 +38,7 @@ from mujou_actors.distributed.convention import (
     check_name,
     known_members,
     leader_admin,
+    member_state,
     members,
     parse_address,
     requirement,
@@ -332,6 +333,9 @@ def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_a
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
+            assert member_state(leader, "frozen", 1.0) is None  # silent, not gone
+            assert member_state(leader, "spare", 5.0) is True
+            assert member_state(leader, "nobody", 5.0) is False  # no member of that name
             started = time.monotonic()
             with pytest.raises(GroupDied, match="machine 'frozen' stopped answering") as info:
                 system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60.0,

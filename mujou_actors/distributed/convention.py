@@ -101,6 +101,7 @@ __all__ = [
     "check_name",
     "known_members",
     "leader_admin",
+    "member_state",
     "members",
     "parse_address",
     "requirement",
@@ -423,6 +424,11 @@ class _Client:
                 log.debug("convention member %s does not answer; left out", address)
         return sorted(found, key=lambda m: (m.name, m.address))
 
+    @property
+    def failed(self) -> list[Any]:
+        """The admins whose sends failed in the last request (a refused connection)."""
+        return list(self._failed)
+
     def _address(self, address: Any) -> Any:
         """A Thespian address from ``(host, port)`` (or the address itself)."""
         if isinstance(address, tuple):
@@ -532,6 +538,42 @@ def members(leader: str | tuple[str, int],
         ConnectionError: no convention leader answers at that address.
     """
     return _by_name(known_members(leader, timeout), None)
+
+
+def member_state(leader: str | tuple[str, int], name: str,
+                 timeout: float = LIST_TIMEOUT_S) -> bool | None:
+    """Whether the member ``name`` answers now, telling a gone one from a silent one.
+
+    Args:
+        leader (str | tuple[str, int]): the leader's admin address.
+        name (str): the member's name.
+        timeout (float): seconds for the requests (one to the leader, one to
+            each member of that name).
+
+    Returns:
+        bool | None: True: it answered. False: it is gone (the leader does not
+        list it, or its admin refused the connection: nothing listens on its
+        port, so its process is dead). None: no answer within ``timeout`` (a
+        busy admin, e.g. importing the package for a capability check, or a
+        machine that cannot be reached).
+
+    Raises:
+        ConnectionError: the leader did not answer.
+    """
+    host, port = _leader_address(leader)
+    deadline = time.monotonic() + timeout
+    with _Client(host) as client:
+        known = client.convention((host, port), timeout)
+        if known is None:
+            raise ConnectionError(f"no Thespian admin answers at {host}:{port} "
+                                  f"(within {timeout:g} s)")
+        admins = [address for address, caps in known if caps.get(MEMBER) == name]
+        if not admins:
+            return False
+        up = client.answering(admins, max(deadline - time.monotonic(), 0.0))
+        if up:
+            return True
+        return False if all(a in client.failed for a in admins) else None
 
 
 def _by_name(found: list[MemberInfo], names: Iterable[str] | None) -> dict[str, dict[str, Any]]:

@@ -162,6 +162,9 @@ def _check_not_bootstrapping() -> None:
 # first actor of the package it creates makes it import the package (torch
 # included, ~1.4 s here) for the capability check.
 MEMBER_ANSWER_S = 5.0
+# How long a member may stay silent (no answer, no refusal) before a start on it gives
+# it up: a loaded machine's admin may be busy for seconds (the import, the creation).
+MEMBER_SILENT_S = 15.0
 
 
 class _Convention:
@@ -186,6 +189,7 @@ class _Convention:
         self._join_timeout = machines.join_timeout
         self.addresses: dict[str, str] = {}
         self._heartbeat_timeout = machines.heartbeat_timeout
+        self._silent_since: dict[str, float] = {}  # members found silent (answers)
         self.monitor: Any = None
 
     def start_monitor(self) -> None:
@@ -210,19 +214,27 @@ class _Convention:
             self.addresses[info.name] = info.address.rpartition(":")[0]
 
     def answers(self, member: str) -> bool:
-        """Whether ``member``'s admin answers now (within `MEMBER_ANSWER_S`).
+        """Whether ``member`` may still be up (`convention.member_state`).
 
         The start of a group on a machine asks this every second
         (`system.ProcessSystem.member_check`): a machine that died after it
-        was chosen fails the start then. No verdict (True) when the leader's
-        own admin does not answer the listing.
+        was chosen fails the start then. False when it is gone (not listed,
+        or its admin's port refuses), or silent for `MEMBER_SILENT_S` (a busy
+        admin answers late, not never); True otherwise, and when the leader's
+        own admin does not answer (no verdict).
         """
         from . import convention
 
+        now = time.monotonic()
         try:
-            return member in convention.members(self._leader, timeout=MEMBER_ANSWER_S)
-        except (ConnectionError, ValueError):  # no listing (or a name held twice)
+            state = convention.member_state(self._leader, member, MEMBER_ANSWER_S)
+        except (ConnectionError, ValueError):
             return True
+        if state is not None:
+            self._silent_since.pop(member, None)
+            return state
+        since = self._silent_since.setdefault(member, now)
+        return time.monotonic() - since < MEMBER_SILENT_S
 
     def lost(self, group: str) -> bool:
         """Whether the heartbeat has lost ``group`` (and it has not answered since)."""
