@@ -637,7 +637,8 @@ class _Scan:
     """One pass over a recording's records, in file order, telling a cut from damage.
 
     Iterating yields the MCAP records (chunks broken up into their messages,
-    schemas and channels; the summary's repeated records left out). A file that
+    schemas and channels; of the summary only the schemas and channels, which hold those
+    of channels that got no message, whose chunk the writer leaves out). A file that
     ends inside a record, or without its footer, is a *cut*: the pass stops
     cleanly and `cut_at` says where the last complete record ended. Anything
     else that does not read (foreign bytes, a checksum mismatch) raises
@@ -705,6 +706,8 @@ class _Scan:
             if isinstance(record, Footer):
                 continue
             if summary:
+                if isinstance(record, (Schema, Channel)):
+                    yield record  # a channel without messages is only here
                 continue
             if isinstance(record, Chunk):
                 try:
@@ -769,9 +772,10 @@ class Reader:
                 channel.first_ns = t if channel.first_ns is None else min(channel.first_ns, t)
                 channel.last_ns = t if channel.last_ns is None else max(channel.last_ns, t)
             elif isinstance(record, Schema):
-                schemas[record.id] = record
+                schemas.setdefault(record.id, record)
             elif isinstance(record, Channel):
-                channels[record.id] = _channel_info(record, schemas, self.path)
+                if record.id not in channels:  # the summary repeats those of the data
+                    channels[record.id] = _channel_info(record, schemas, self.path)
             elif isinstance(record, Metadata):
                 if record.name == RUN_METADATA:
                     result.run = dict(record.metadata)
@@ -821,9 +825,10 @@ class Reader:
         key: tuple[int, int] | None = None
         for record in _Scan(self.path):
             if isinstance(record, Schema):
-                schemas[record.id] = record
+                schemas.setdefault(record.id, record)
             elif isinstance(record, Channel):
-                channels[record.id] = _channel_info(record, schemas, self.path)
+                if record.id not in channels:  # the summary repeats those of the data
+                    channels[record.id] = _channel_info(record, schemas, self.path)
             elif isinstance(record, Message):
                 channel = channels.get(record.channel_id)
                 if channel is None:
