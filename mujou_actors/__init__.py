@@ -7,6 +7,7 @@ Import it as ``import mujou_actors as mujou``.
 from __future__ import annotations
 
 from . import cuda as cuda  # the public submodule mujou.cuda
+from . import testing as testing  # the public submodule mujou.testing
 from .errors import (
     CallbackError,
     GroupDied,

@@ -735,6 +735,96 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             sys.exit(signals.code)
 
 
+def parse_replace(items: tuple[str, ...]) -> list[str]:
+    """``--replace PATH[,PATH...]`` options (repeatable) as a list of node paths.
+
+    Raises:
+        UsageError: none given, or an empty path.
+    """
+    paths = [p.strip() for item in items for p in item.split(",")]
+    if not items:
+        raise UsageError("replay: name the nodes the recording stands in for with "
+                         "--replace PATH[,PATH...] (for example --replace sim)")
+    if any(not p for p in paths):
+        raise UsageError(f"--replace {','.join(items)!r}: an empty node path")
+    return paths
+
+
+@main.command("replay")
+@click.argument("recording", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.argument("target", metavar="FILE[:NAME]")
+@click.option("--replace", "replace", multiple=True, metavar="PATH[,PATH...]",
+              help="The nodes (each with its subtree) that the recording stands in for: "
+                   "their code does not run, their recorded messages are sent instead. "
+                   "Required; repeat it or separate paths by commas.")
+@click.option("--speed", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="0: as fast as possible, on the simulated timer (every message at its "
+                   "recorded time and delta cycle, exactly); 1: real time; N: N times "
+                   "faster than recorded.")
+@click.option("--loop", is_flag=True,
+              help="Start the recording again at its end (until Ctrl-C or --duration).")
+@click.option("--duration", type=float, default=None,
+              help="Seconds of the run's timer; default: the recording's length (at "
+                   "--speed N, divided by N), or until Ctrl-C with --loop.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker threads; default: mujou's choice.")
+@click.option("--seed", type=int, default=None,
+              help="Seed of the run; default: the recorded run's seeds.")
+@click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
+              help="Write the final run.stats() as JSON to this file.")
+@click.option("--quiet", is_flag=True, help="No live view and no status lines.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def replay_command(recording: str, target: str, replace: tuple[str, ...], speed: float,
+                   loop: bool, duration: float | None, workers: int | None, seed: int | None,
+                   stats_json: str | None, quiet: bool, verbose: bool) -> None:
+    """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
+    live = sys.stdout.isatty() and not quiet
+    _setup_logging(live, verbose)
+    with _errors(verbose), _Signals() as signals:
+        if stats_json is not None:
+            check_writable(stats_json, "--stats-json", make_folders=False)
+        paths = parse_replace(replace)
+        if not os.path.isfile(recording):
+            raise UsageError(f"{recording}: no such file")
+        simulated = speed == 0
+        if duration is None and not loop:
+            from .mcapfile import info
+            from .replay import recording_length
+
+            duration = recording_length(info(recording)) / 1e9 / (1.0 if simulated else speed)
+        net: Any = load_net(target)  # a tuple of nodes too (see run_command)
+        signals.mode = "defer"
+        run = mujou.run(net, timer="simulated" if simulated else "realtime",
+                        duration=duration, workers=workers, seed=seed, replay=recording,
+                        replace=paths, replay_speed=1.0 if simulated else speed,
+                        replay_loop=loop)
+        try:
+            signals.mode = "raise"
+            if signals.code:
+                raise _Interrupted(signals.code)  # it came while the net was starting
+            watch(run, duration=duration, simulated=simulated, live=live, quiet=quiet)
+            signals.mode = "finish"
+        except KeyboardInterrupt:
+            signals.mode = "finish"
+            click.echo("interrupted: stopping the run", err=True)
+            run.stop()
+        stats = run.stats()
+        if stats_json is not None:
+            _write_json(stats_json, _stats_json(stats))
+        if not quiet:
+            rate = f", {stats.time / stats.wall:,.1f}x real time" if stats.wall > 0 else ""
+            click.echo(f"replayed {recording} for {', '.join(paths)}: {stats.time:.3f} s of "
+                       f"the run's timer in {stats.wall:.2f} s wall{rate}", err=True)
+        try:
+            run.join()
+        except Exception as exc:
+            if exc is run.failure:
+                raise _RunFailed(exc) from exc
+            raise
+        if signals.code:
+            sys.exit(signals.code)
+
+
 class _Address(click.ParamType):
     """A ``HOST:PORT`` option (``HOST`` alone too, with ``free``): ``(host, port)``.
 

@@ -15,13 +15,14 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._checks import is_number
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
+from ._runtime.replay import Feed
 from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
@@ -490,6 +491,10 @@ def run(
     record: str | os.PathLike[str] | Recording | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool = False,
+    replay: str | os.PathLike[str] | None = None,
+    replace: Iterable[str] | None = None,
+    replay_speed: float = 1.0,
+    replay_loop: bool = False,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -589,6 +594,26 @@ def run(
             Default: every Output.
         record_snapshots (bool): attach the supervisor's snapshots to the
             recording (needs a ``Supervisor(snapshot_every=...)``). Default: False.
+        replay (str | os.PathLike, optional): a recording (``record=``, an
+            MCAP file) to replay the nodes of ``replace`` from
+            (docs/recording.md, "Replay"). Their code does not run: a
+            stand-in with the node's path, Outputs and order sends each
+            recorded message at its recorded time and delta cycle, so with the
+            simulated timer every reader gets exactly what it got in the
+            recorded run. Their Inputs still take what their upstream sends,
+            which never wakes them. Nodes without a seed of their own (and
+            without ``seed=``) get the seeds of the recorded run. One process
+            only (no ``placement``). Default: None.
+        replace (Iterable[str], optional): with ``replay``, the paths of the
+            nodes to replace, each with its subtree (``[]``: none; the net
+            reruns with the recording's seeds).
+        replay_speed (float): with ``replay`` and the real-time timer, how many
+            times faster than recorded the messages come (``2``: twice as
+            fast); the simulated timer replays the recorded times exactly (as
+            fast as the net runs) and takes only 1. Default: 1.
+        replay_loop (bool): with ``replay``, start the recording again at its
+            end, each pass one recording's length later (what ``on_start``
+            sent comes once). Default: False.
 
     Returns:
         Run: the started run.
@@ -614,6 +639,11 @@ def run(
             file for ``snapshot_dir``), lies under a file, or its folder takes
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
             ``PermissionError``); raised before any node is claimed.
+        RecordingError: ``replay`` is not an MCAP file, not a mujou
+            recording, or damaged (``FileNotFoundError``: there is no such file).
+        ValueError: a path of ``replace`` is no node (the nodes are listed), or
+            an Output of a replaced node that a node which runs reads is not in
+            the recording (the missing channels are named).
     """
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
@@ -621,7 +651,8 @@ def run(
                   start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
                   listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
                   heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
-                  record_snapshots=record_snapshots)
+                  record_snapshots=record_snapshots, replay=replay, replace=replace,
+                  replay_speed=replay_speed, replay_loop=replay_loop)
 
 
 def _start(
@@ -649,6 +680,10 @@ def _start(
     record: str | os.PathLike[str] | Recording | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool = False,
+    replay: str | os.PathLike[str] | None = None,
+    replace: Iterable[str] | None = None,
+    replay_speed: float = 1.0,
+    replay_loop: bool = False,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -666,6 +701,7 @@ def _start(
     if listen is not None and not isinstance(listen, str):
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
                         f"{type(listen).__name__}")
+    replaying = _check_replay(args, replay, replace, replay_speed, replay_loop, placement)
     if placement is not None:
         from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
@@ -681,6 +717,8 @@ def _start(
         raise TypeError("mujou.run: listen goes with a placement that puts groups on other "
                         "machines ('machine:group'); without placement, nothing listens")
     plan = _check_net(net, args, inputs, state)
+    if replaying is not None:
+        plan = _plan_replay(plan, args, *replaying)
     coordinator, host = _build(plan, args, seams)
     return _begin(coordinator, host, plan, args)
 
@@ -761,6 +799,7 @@ class _Plan:
     seeds: dict[str, int]
     previous: list[tuple[Node, str | None]]
     recorded: list[str] = dataclasses.field(default_factory=list)  # Output paths
+    replaced: Mapping[str, Feed] | None = None  # a replay's stand-ins' feeds, by node path
 
     def give_back_paths(self) -> None:
         """A refused run leaves the nodes named as they were."""
@@ -803,6 +842,55 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
                  recorded=recorded)
 
 
+def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | None,
+                  replace: Iterable[str] | None, speed: float, loop: bool,
+                  placement: Mapping[str, str] | None,
+                  ) -> tuple[str | os.PathLike[str], list[str], float, bool] | None:
+    """Check the replay's arguments that do not need the net; None without ``replay``."""
+    if replay is None:
+        if replace is not None:
+            raise TypeError("mujou.run: replace goes with replay (the recording the replaced "
+                            "nodes' messages come from)")
+        if speed != 1.0 or loop is not False:
+            raise TypeError("mujou.run: replay_speed and replay_loop go with replay")
+        return None
+    if placement is not None:
+        raise ValueError("mujou.run: replay runs in one process; placement is not supported "
+                         "with it")
+    from .replay import check_replace, check_speed  # it imports mcap: only for a replay
+
+    if replace is None:
+        raise TypeError("mujou.run: replay needs replace: the paths of the nodes whose "
+                        "recorded messages stand in for them (replace=['sim']; [] for none)")
+    return (replay, check_replace(replace), check_speed(speed, args.timer.simulated),
+            check_flag("replay_loop", loop))
+
+
+def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
+                 replace: list[str], speed: float, loop: bool) -> _Plan:
+    """Check the replay against the net and the file; the plan with the stand-ins' feeds.
+
+    Nodes that the run seeds (no seed of their own, no tree's, no ``seed=``)
+    get the recorded run's seeds. A refused replay leaves the nodes named as
+    they were.
+    """
+    from .replay import plan as plan_replay
+
+    try:
+        replay = plan_replay(path, replace, plan.found, plan.ports,
+                             simulated=args.timer.simulated, speed=speed, loop=loop)
+    except BaseException:
+        plan.give_back_paths()
+        raise
+    seeds = dict(plan.seeds)
+    if args.seed is None:
+        tree_seeds = {} if args.tree is None else args.tree["seeds"]
+        for path_, node in plan.found:
+            if node._mujou_seed is None and path_ not in tree_seeds and path_ in replay.seeds:
+                seeds[path_] = replay.seeds[path_]
+    return dataclasses.replace(plan, seeds=seeds, replaced=replay.feeds)
+
+
 def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Host]:
     """Claim the nodes, build the kernel and start its threads (no hook has run yet).
 
@@ -815,7 +903,8 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         node._mujou_run = token
     coordinator: Coordinator | None = None
     try:
-        actors = make_actors(plan.found, plan.seeds, args.tree, args.stats, plan.ports)
+        actors = make_actors(plan.found, plan.seeds, args.tree, args.stats, plan.ports,
+                             replaced=plan.replaced)
         pool = sum(1 for a in actors if not a.dedicated)
         n_workers = args.workers if args.workers is not None else default_workers(pool)
         rt = setup_cuda(actors, args.cuda_sync, seams)

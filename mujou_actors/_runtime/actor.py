@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import time
 from array import array
+from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
@@ -519,11 +520,19 @@ class Actor:
             if self.trace is not None:
                 self.trace.hook(self, hook, t0, took, args)
 
+    def control_hook(self, hook: str) -> Callable[[], None]:
+        """The function that runs the control hook ``hook`` (``on_start``, ``on_stop``).
+
+        The node's own method; a replay's stand-in (`replay.StandIn`) has its own.
+        """
+        fn: Callable[[], None] = getattr(self.node, hook)
+        return fn
+
     def _invoke(self, hook: str, args: tuple[Any, ...]) -> None:
         if hook == "on_update":  # the one found as the run started, as without tracing
             fn, args = self.update, (self.node, *args)
         else:
-            fn = getattr(self.node, hook)
+            fn = self.control_hook(hook)
         if self.rt is None:
             self.context.run(fn, *args)
         else:

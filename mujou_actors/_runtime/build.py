@@ -11,7 +11,7 @@ wiring or a slow disk there.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..cuda import StreamWaiter, make_waiter
@@ -31,6 +31,7 @@ from ..ports import Input, Output, Port
 from ..snapshot import save
 from ..timers import Timer, make_timer
 from .actor import Actor
+from .replay import Feed, StandIn
 from .sends import Outbox, Wire, make_send
 from .views import HostView
 
@@ -43,7 +44,8 @@ __all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire"]
 
 def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
                 tree: dict[str, Any] | None, stats: bool,
-                ports: dict[str, Port], only: Collection[str] | None = None) -> list[Actor]:
+                ports: dict[str, Port], only: Collection[str] | None = None,
+                replaced: Mapping[str, Feed] | None = None) -> list[Actor]:
     """One actor per node, in the net's order; seeds each node's generator.
 
     Args:
@@ -57,13 +59,17 @@ def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
             are reset).
         only: the paths of the nodes that get actors (a kernel for some of
             the net's nodes); None: every node.
+        replaced: the nodes of a replay that do not run, by path, with the
+            feed of each one's recorded messages: they get a `replay.StandIn`.
     """
-    actors = []
+    actors: list[Actor] = []
     periods: dict[int, int] = {}
     for order, (path, node) in enumerate(found):
         if only is not None and path not in only:
             continue
-        actors.append(Actor(node, path, order, periods))
+        feed = None if replaced is None else replaced.get(path)
+        actors.append(Actor(node, path, order, periods) if feed is None
+                      else StandIn(node, path, order, periods, feed))
         if node._mujou_seed is None and (tree is None or path not in tree["seeds"]):
             node._mujou_reseed(seeds[path])  # a tree's generator state comes with the node's
         node._mujou_gen_seed = seeds[path]  # what Node.seed and Run.seeds show
@@ -212,6 +218,12 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
         period_none = actor.period_ns is None
         actor.inputs = tuple(
             p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
+        if isinstance(actor, StandIn):
+            # A replaced node's Inputs take messages in, but never wake its stand-in:
+            # its wakeups are the recording's keys, which it asks the dispatcher for.
+            actor.triggers = _NO_TRIGGERS
+            actor.target = dispatcher
+            continue
         actor.triggers = frozenset(
             i for i, p in enumerate(actor.inputs)
             if (period_none if p.trigger is None else p.trigger)

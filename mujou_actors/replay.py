@@ -1,0 +1,307 @@
+"""Replaying a recording: which nodes it replaces, checked against the net, and their feeds.
+
+``mujou.run(net, replay="run.mcap", replace=["sim"])`` runs ``net`` with the
+nodes named in ``replace`` (each with its subtree) *replaced*: their code does
+not run, and each one's recorded Output messages are sent, by a stand-in with
+the node's path, Outputs and order (`_runtime.replay.StandIn`), at the keys
+``(t_ns, delta)`` they were recorded at. This module does everything before
+the run is built: it checks ``replace`` against the net and the file (a path
+that is no node; an Output that a node which runs reads and that the file did
+not record), and makes each stand-in's `Feed` (`FileFeed`), which reads the
+node's channels from the file (`mcapfile.Reader`) as the stand-in goes.
+
+How the recorded keys become the replay's:
+
+* the simulated timer: exactly the recorded keys, so every reader gets the
+  same stamps ``(t, delta, sender order)`` in its mailbox as in the recorded
+  run, and everything downstream is bit for bit the same (for any number of
+  workers) when the rest of the net is;
+* the real-time timer: ``t_ns / speed`` on the run's clock, delta 0 (real time
+  has no delta cycles; the messages of one recorded instant go out together,
+  in their recorded order);
+* ``loop``: after the recording's end, again from its start, each pass
+  ``length`` later than the one before (`Replay.length_ns`: the recorded run's
+  end time, else its last message's); what ``on_start`` sent is sent once.
+
+Nothing here is for users to import: ``mujou.run`` and
+``mujou_actors.testing`` call it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._checks import is_number
+from ._runtime.keys import CONTROL_KEY, Key
+from ._runtime.replay import Feed, Group
+from .mcapfile import Reader, RecordingInfo, info, type_name
+from .node import Node
+from .ports import Input, Output, Port
+
+__all__: list[str] = []
+
+log = logging.getLogger("mujou_actors")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A checked replay: the stand-ins' feeds and what the file says of its run.
+
+    Attributes:
+        path (str): the recording.
+        feeds (dict[str, FileFeed]): by path, every replaced node's feed.
+        seeds (dict[str, int]): each node's seed in the recorded run.
+        length_ns (int): the recording's length, ns (its run's end time, or its
+            last message's time for a run that did not end cleanly).
+        info (RecordingInfo): what the file holds.
+    """
+
+    path: str
+    feeds: dict[str, FileFeed]
+    seeds: dict[str, int]
+    length_ns: int
+    info: RecordingInfo
+
+
+def recording_length(found: RecordingInfo) -> int:
+    """The length of a recording, ns: its run's end time, else its last message's time.
+
+    Args:
+        found (RecordingInfo): the file's `mcapfile.info`.
+
+    Returns:
+        int: ``time_ns`` of its ``mujou.end`` metadata when that is later than
+        every message, else the last message's time (0 for a file without one).
+    """
+    last = found.end_ns or 0
+    end = (found.end or {}).get("time_ns")
+    try:
+        return max(last, int(end)) if end else last
+    except ValueError:
+        return last
+
+
+def check_replace(replace: Any) -> list[str]:
+    """``replace=`` as a list of node paths.
+
+    Raises:
+        TypeError: not an iterable of str (a str alone: a list of paths is meant).
+    """
+    if isinstance(replace, str):
+        raise TypeError(f"mujou.run: replace must be a list of node paths, not the string "
+                        f"{replace!r} (write [{replace!r}])")
+    if not isinstance(replace, Iterable):
+        raise TypeError(f"mujou.run: replace must be a list of node paths, got {replace!r}")
+    paths = list(replace)
+    for path in paths:
+        if not isinstance(path, str):
+            raise TypeError(f"mujou.run: replace must hold node paths (str), got {path!r}")
+    return paths
+
+
+def check_speed(speed: Any, simulated: bool) -> float:
+    """``replay_speed=``: a finite number > 0, and 1 with the simulated timer.
+
+    Raises:
+        TypeError: not a number. ValueError: not finite or <= 0, or not 1 with
+            the simulated timer (which replays at the recorded times exactly).
+    """
+    if not is_number(speed):
+        raise TypeError(f"mujou.run: replay_speed must be a number, got {speed!r}")
+    if not math.isfinite(speed) or speed <= 0:
+        raise ValueError(f"mujou.run: replay_speed must be a finite number > 0 (1: real "
+                         f"time, N: N times faster), got {speed!r}; as fast as possible is "
+                         "the simulated timer (timer='simulated')")
+    if simulated and speed != 1:
+        raise ValueError(f"mujou.run: replay_speed={speed!r} applies to the real-time timer; "
+                         "the simulated timer replays at the recorded times exactly, as fast "
+                         "as the net runs")
+    return float(speed)
+
+
+def _subtree(path: str, roots: Iterable[str]) -> bool:
+    """Whether the node at ``path`` is one of ``roots`` or lies in one's subtree."""
+    return any(r == "" or path == r or path.startswith(r + ".") for r in roots)
+
+
+def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str, Node]],
+         ports: Mapping[str, Port], *, simulated: bool, speed: float, loop: bool) -> Replay:
+    """Check a replay against the net and the file; make the stand-ins' feeds.
+
+    Args:
+        path (str | os.PathLike): the recording.
+        replace (list[str]): the paths of the replaced nodes (each with its
+            subtree; ``""``: the root, so every node).
+        found (list[tuple[str, Node]]): the net's nodes by path, in its order
+            (`net.walk`), already named by their paths.
+        ports (Mapping[str, Port]): the net's ports by path.
+        simulated (bool): the run's timer is simulated (exact keys), else real time.
+        speed (float): real time: how many times faster than recorded (checked).
+        loop (bool): start again at the end of the recording.
+
+    Returns:
+        Replay: the feeds and the file's seeds.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        ValueError: a path of ``replace`` names no node (the nodes are listed);
+            an Output of a replaced node that a node which runs reads is not
+            in the file (the missing channels are named), or is recorded with
+            another type; ``loop`` with a recording of length 0.
+        FileNotFoundError: there is no such file.
+        RecordingError: the file is not MCAP, not a mujou recording, or damaged.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"mujou.run: replay must be the path of a recording (str or "
+                        f"os.PathLike), got {path!r}")
+    file = os.fspath(path)
+    paths = [p for p, _ in found]
+    for root in replace:
+        if root not in paths:
+            raise ValueError(f"mujou.run: replace names {root!r}, which is no node of the net "
+                             f"(nodes: {', '.join(repr(p) for p in paths)})")
+    found_info = info(file)
+    channels = {c.topic: c for c in found_info.channels}
+    replaced = [(p, n) for p, n in found if _subtree(p, replace)]
+    names = {p for p, _ in replaced}
+    missing: list[str] = []
+    for _, node in replaced:
+        for output in _outputs(node):
+            readers = [r.path for r in output._readers if r.node._mujou_path not in names]
+            channel = channels.get(output.path)
+            if channel is None:
+                if readers:
+                    missing.append(f"{output.path} (read by {', '.join(readers)})")
+                continue
+            if channel.type != type_name(output.type):
+                raise ValueError(f"mujou.run: {file} recorded {output.path!r} as "
+                                 f"{channel.type}, but the net declares it "
+                                 f"{type_name(output.type)}: is it the same net?")
+    if missing:
+        listed = ", ".join(sorted(channels)) or "none"
+        raise ValueError(f"mujou.run: replace={replace!r} needs what {file} did not record: "
+                         f"{'; '.join(missing)} (its channels: {listed}); record them "
+                         "(record_ports=)")
+    length = recording_length(found_info)
+    if loop and length <= 0:
+        raise ValueError(f"mujou.run: replay_loop needs a recording that lasts, but {file} "
+                         "holds nothing after t = 0")
+    timer = found_info.run.get("timer", "simulated")
+    feeds = {}
+    for node_path, node in replaced:
+        outputs = {o.path: o for o in _outputs(node) if o.path in channels}
+        feeds[node_path] = FileFeed(file, node_path, outputs, scale=None if simulated else speed,
+                                    loop_ns=length if loop else None,
+                                    exact=timer == "simulated")
+    return Replay(file, feeds, dict(found_info.seeds), length, found_info)
+
+
+def _outputs(node: Node) -> list[Output]:
+    """The node's own Outputs (not its children's), in the order it declares them."""
+    return [p for p in node._mujou_ports().values() if isinstance(p, Output)]
+
+
+def replaced_inputs(found: list[tuple[str, Node]], replace: list[str]) -> list[Input]:
+    """The Inputs of the replaced nodes (they take messages in; nothing of them runs)."""
+    return [p for path, node in found if _subtree(path, replace)
+            for p in node._mujou_ports().values() if isinstance(p, Input)]
+
+
+class FileFeed(Feed):
+    """The recorded messages of one replaced node, read from the file as they are sent.
+
+    Each `open` makes a new pass over the file (`mcapfile.Reader.messages`,
+    decoding only this node's channels), grouping the messages by their
+    replay key; nothing but the group being read is held.
+
+    Args:
+        path (str): the recording.
+        node (str): the replaced node's path (for the log).
+        outputs (dict[str, Output]): its recorded Outputs, by path (topic).
+        scale (float | None): None: the recorded keys as they are (the
+            simulated timer); a speed: real time, ``(round(t_ns / speed), 0)``.
+        loop_ns (int | None): start again after this many ns of recording
+            (``loop``); None: once.
+        exact (bool): the recording's timer was simulated: its keys only grow,
+            unless a restart took its net back in time, and such groups are
+            left out (logged once). A real-time recording's keys may step back
+            where its threads interleaved; those groups go out at once.
+    """
+
+    def __init__(self, path: str, node: str, outputs: dict[str, Output], *,
+                 scale: float | None, loop_ns: int | None, exact: bool) -> None:
+        self.path = path
+        self.node = node
+        self.outputs = outputs
+        self.scale = scale
+        self.loop_ns = loop_ns
+        self.exact = exact
+        self.types = {topic: output.type for topic, output in outputs.items()}
+
+    def open(self, after: Key | None) -> Iterator[Group]:
+        """The groups in key order (see `Feed.open`); reading starts at the first ``next``."""
+        return self._groups(after)
+
+    def _groups(self, after: Key | None) -> Iterator[Group]:
+        if not self.outputs:
+            return
+        loop = self.loop_ns
+        n = 0
+        if loop is not None and after is not None and after[0] > 0:
+            n = max(0, after[0] // loop - 1)  # the passes wholly before ``after`` are skipped
+        last: Key | None = None
+        warned = False
+        while True:
+            timed = False
+            for group in self._pass(n):
+                key = group[0]
+                timed = timed or key != CONTROL_KEY
+                if after is not None and (key <= after or key == CONTROL_KEY):
+                    continue
+                if last is not None and key <= last and self.exact:
+                    if not warned:
+                        warned = True
+                        log.warning("replay of %r from %s: the recording goes back in time "
+                                    "at t = %d ns (a restart of its run); what follows up to "
+                                    "t = %d ns is not replayed", self.node, self.path, key[0],
+                                    last[0])
+                    continue
+                last = key if last is None or key > last else last
+                yield group
+            n += 1
+            if loop is None or not timed:  # once; or nothing to loop over
+                return
+
+    def _pass(self, n: int) -> Iterator[Group]:
+        """One pass over the file, the ``n``-th: its times ``n * loop_ns`` later.
+
+        What ``on_start`` sent (the control key) comes in the first pass only.
+        """
+        offset = 0 if self.loop_ns is None else n * self.loop_ns
+        scale = self.scale
+        outputs = self.outputs
+        key: Key | None = None
+        outs: list[Output] = []
+        messages: list[Any] = []
+        reader = Reader(self.path, self.types)
+        for record in reader.messages(topics=outputs.__contains__):
+            if record.t_ns < 0:
+                if n:
+                    continue
+                here: Key = CONTROL_KEY
+            else:
+                t = record.t_ns + offset
+                here = (t, record.delta) if scale is None else (round(t / scale), 0)
+            if here != key:
+                if key is not None:
+                    yield key, outs, messages
+                key, outs, messages = here, [], []
+            outs.append(outputs[record.topic])
+            messages.append(record.message)
+        if key is not None:
+            yield key, outs, messages

@@ -1,0 +1,412 @@
+"""Regression tests against a recording: rerun a net, compare every recorded channel.
+
+`assert_replay_matches` reruns a net in simulated time, with the seeds of a
+recorded run (a *golden* file, ``mujou.run(record=...)``) and, if asked, some
+of its nodes replaced by their recorded messages (``replace=``, see
+docs/recording.md, "Replay"). It compares every channel of the file with what
+the rerun sends on that Output, message by message: the key ``(t_ns, delta)``
+of the hook that sent it and the message, bit for bit. On a difference it
+raises `AssertionError` with the first divergence (the port, the time, the
+message's index, a readable diff) and the count of differences per channel::
+
+    from mujou_actors.testing import assert_replay_matches
+
+    def test_the_pendulum_still_balances_as_recorded():
+        assert_replay_matches("tests/golden/pendulum.mcap", make_net())
+
+The rerun's messages are taken as they are sent (lossless, held by reference:
+messages are read-only once sent), not through a recorder's bounded queue.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._checks import is_number
+from .errors import NodeError
+from .node import Node
+from .ports import Output
+
+if TYPE_CHECKING:
+    from ._runtime.actor import Actor
+    from ._runtime.build import Wiring
+    from .devices import CudaRuntime
+    from .mcapfile import Record, RecordingInfo
+    from .ports import Port
+
+__all__ = ["assert_replay_matches"]
+
+# How many differing channels the report lists, at most.
+_LISTED = 10
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """One message of a channel: its key, its message."""
+
+    t_ns: int
+    delta: int
+    message: Any
+
+
+def assert_replay_matches(golden: str | os.PathLike[str],
+                          net: Node | list[Node] | dict[str, Node], *,
+                          replace: Iterable[str] = (), seed: int | None = None,
+                          workers: int | None = None, duration: float | None = None,
+                          channels: Iterable[str] | None = None, timeout: float = 300.0,
+                          **run_kwargs: Any) -> int:
+    """Rerun ``net`` in simulated time and check that it sends what ``golden`` recorded.
+
+    Every channel of the file (an Output of the recorded run) is compared with
+    the same Output of the rerun: the same number of messages, each sent at
+    the same ``(t_ns, delta)``, each bit-identical (tensors: dtype, shape and
+    every byte; floats: every bit, so ``-0.0`` is not ``0.0`` and a NaN
+    matches only the same NaN).
+
+    Args:
+        golden (str | os.PathLike): a recording of the net (``record=``), made
+            with the simulated timer.
+        net (Node | list[Node] | dict[str, Node]): a fresh net to rerun, as
+            `mujou.run` takes it.
+        replace (Iterable[str]): paths of nodes replaced by their recorded
+            messages (a sensor, a simulator), as ``mujou.run(replace=)``.
+            Default: none (the whole net runs).
+        seed (int, optional): the run's seed; default None: the recorded run's
+            seeds (each node's, from the file).
+        workers (int, optional): worker threads (the result does not depend on
+            them). Default: mujou's choice.
+        duration (float, optional): seconds to rerun; default: the recording's
+            length (its run's end time).
+        channels (Iterable[str], optional): the Output paths to compare; default:
+            every channel of the file.
+        timeout (float): wall seconds the rerun may take; past them it is
+            stopped and the assertion fails. Default: 300.
+        **run_kwargs: more arguments of `mujou.run` (``inputs=``,
+            ``supervisor=``, ``state=``...); not ``timer`` (always simulated).
+
+    Returns:
+        int: the number of messages compared.
+
+    Raises:
+        AssertionError: the rerun differs: its message names the first
+            divergence (port, time in s and ns, delta cycle, index, a diff of
+            the two messages) and counts the differences of every channel
+            (messages that differ, are missing or extra). A rerun that fails
+            (a node raises) or does not end within ``timeout`` is reported so
+            too, with its error as the cause.
+        ValueError: ``golden`` is not a usable golden file: recorded in real
+            time, cut short, with messages dropped, or empty; a channel of
+            ``channels`` is not in it; ``timer`` among ``run_kwargs``.
+        RecordingError: ``golden`` is not a mujou recording, or is damaged.
+        FileNotFoundError: there is no such file.
+    """
+    from .mcapfile import info as read_info
+
+    if "timer" in run_kwargs:
+        raise ValueError("assert_replay_matches: the rerun is always in simulated time; "
+                         "leave out timer=")
+    path = os.fspath(golden)
+    found = read_info(path)
+    _check_golden(path, found)
+    topics = [c.topic for c in found.channels]
+    if channels is not None:
+        wanted = list(channels)
+        unknown = [c for c in wanted if c not in topics]
+        if unknown:
+            raise ValueError(f"assert_replay_matches: {path} has no channel "
+                             f"{', '.join(map(repr, unknown))} (its channels: "
+                             f"{', '.join(topics)})")
+        topics = wanted
+    if duration is None:
+        from .replay import recording_length
+
+        duration = recording_length(found) / 1e9
+    sent, ports, failure = _rerun(path, net, list(replace), topics, seed=seed,
+                                  workers=workers, duration=duration, timeout=timeout,
+                                  run_kwargs=run_kwargs)
+    golden_failure = (found.end or {}).get("failure", "")
+    types = {t: p.type for t, p in ports.items() if isinstance(p, Output)}
+    report = _compare(path, topics, sent, types, ports)
+    if failure is not None and not (golden_failure and golden_failure == str(failure)):
+        lines = [f"the rerun of {path} failed: {failure}"]
+        if report.problem:
+            lines.append("before that it differed: " + report.problem)
+        raise AssertionError("\n".join(lines)) from failure
+    if report.problem:
+        raise AssertionError(report.problem)
+    return report.compared
+
+
+def _check_golden(path: str, found: RecordingInfo) -> None:
+    """Refuse a file that cannot serve as a golden file (see `assert_replay_matches`)."""
+    timer = found.run.get("timer", "simulated")
+    if timer != "simulated":
+        raise ValueError(f"assert_replay_matches: {path} was recorded with the {timer} timer; "
+                         "a golden file is recorded in simulated time (timer='simulated'), "
+                         "whose runs repeat bit for bit")
+    if not found.complete:
+        raise ValueError(f"assert_replay_matches: {path} was cut short (it ends at byte "
+                         f"{found.cut_at}): a golden file is a recording that was closed")
+    dropped = {c: n for c, n in found.drops.items() if n}
+    if dropped:
+        listed = ", ".join(f"{c} {n}" for c, n in sorted(dropped.items()))
+        raise ValueError(f"assert_replay_matches: {path} dropped messages while it was "
+                         f"recorded ({listed}): record it again with a larger queue")
+    if not found.messages:
+        raise ValueError(f"assert_replay_matches: {path} holds no message: nothing to compare")
+
+
+def _rerun(path: str, net: Node | list[Node] | dict[str, Node], replace: list[str],
+           topics: list[str], *, seed: int | None, workers: int | None, duration: float,
+           timeout: float, run_kwargs: Mapping[str, Any],
+           ) -> tuple[dict[str, list[_Sent]], dict[str, Port], BaseException | None]:
+    """Run the net once in simulated time; every message of ``topics`` with its key.
+
+    Returns:
+        The messages by Output path, the net's ports by path, and the run's
+        failure (None if it did not fail).
+    """
+    from ._runtime.build import Seams, wire
+    from .run import _start  # run.py imports nothing of this module (it is above it)
+    wanted = set(topics)
+    sent: dict[str, list[_Sent]] = {t: [] for t in topics}
+    seen_ports: dict[str, Port] = {}
+
+    def capture(actors: list[Actor], ports: dict[str, Port], dispatcher: Any,
+                rt: CudaRuntime | None) -> Wiring:
+        wiring = wire(actors, ports, dispatcher, rt)
+        seen_ports.update(ports)
+        for topic, port in ports.items():
+            if topic in wanted and isinstance(port, Output):
+                actor = wiring.actor_of[id(port.node)]
+                out = sent[topic]
+
+                # On the sending thread, inside the hook: its key is the sender's stamp.
+                # The message is kept as sent (read-only once sent).
+                def listener(message: Any, actor: Actor = actor, out: list[_Sent] = out) -> None:
+                    t_ns, delta = actor.stamp
+                    out.append(_Sent(t_ns, delta, message))
+
+                wiring.listen(port, listener)
+        return wiring
+
+    run = _start(net, seams=Seams(wire=capture), timer="simulated",
+                            duration=duration, seed=seed, workers=workers, replay=path,
+                            replace=replace, **run_kwargs)
+    failure: BaseException | None = None
+    try:
+        run.join(timeout)
+    except NodeError as exc:
+        failure = exc
+    except TimeoutError as exc:
+        run.stop()
+        failure = exc
+    return sent, seen_ports, failure
+
+
+@dataclass
+class _Report:
+    """What `_compare` found: the message to raise (None: no difference), the count compared."""
+
+    problem: str | None
+    compared: int
+
+
+def _compare(path: str, topics: list[str], sent: Mapping[str, list[_Sent]],
+             types: Mapping[str, type], ports: Mapping[str, Port]) -> _Report:
+    """Compare the golden file's channels with the rerun's messages."""
+    from .mcapfile import Reader
+
+    recorded: dict[str, list[Record]] = {t: [] for t in topics}
+    for record in Reader(path, types).messages(topics=recorded.__contains__):
+        recorded[record.topic].append(record)
+    first: tuple[tuple[int, int], str] | None = None  # ((t, delta), the divergence's text)
+    counts: dict[str, str] = {}
+    compared = 0
+    for topic in topics:
+        old, new = recorded[topic], sent.get(topic, [])
+        if topic not in ports or not isinstance(ports[topic], Output):
+            counts[topic] = f"the net has no Output {topic!r} ({len(old)} message(s) missing)"
+            key = (old[0].t_ns, old[0].delta) if old else (0, 0)
+            text = f"{topic}: the net has no such Output; {path} recorded {len(old)} message(s)"
+            first = min(first, (key, text)) if first is not None else (key, text)
+            continue
+        differ = 0
+        mine: tuple[tuple[int, int], str] | None = None
+        for i, (a, b) in enumerate(zip(old, new, strict=False)):
+            compared += 1
+            diff = _diff_sent(a, b)
+            if diff is None:
+                continue
+            differ += 1
+            if mine is None:
+                key = min((a.t_ns, a.delta), (b.t_ns, b.delta))
+                mine = (key, f"{topic}, message {i} {_when(a.t_ns, a.delta)}:\n  {diff}")
+        extra = len(new) - len(old)
+        if extra and mine is None:
+            i = min(len(old), len(new))
+            if extra > 0:
+                b = new[i]
+                mine = ((b.t_ns, b.delta), f"{topic}, message {i} {_when(b.t_ns, b.delta)}: "
+                        f"the rerun sent it, {path} has no such message (it recorded {len(old)})")
+            else:
+                a = old[i]
+                mine = ((a.t_ns, a.delta), f"{topic}, message {i} {_when(a.t_ns, a.delta)}: "
+                        f"{path} recorded it, the rerun did not send it (it sent {len(new)})")
+        if differ or extra:
+            parts = [f"{differ} message(s) differ"] if differ else []
+            if extra > 0:
+                parts.append(f"{extra} extra (the rerun sent {len(new)}, {len(old)} recorded)")
+            elif extra < 0:
+                parts.append(f"{-extra} missing (the rerun sent {len(new)}, "
+                             f"{len(old)} recorded)")
+            counts[topic] = ", ".join(parts)
+        if mine is not None and (first is None or mine[0] < first[0]):
+            first = mine
+    if first is None:
+        return _Report(None, compared)
+    listed = [f"  {topic}: {text}" for topic, text in list(counts.items())[:_LISTED]]
+    if len(counts) > _LISTED:
+        listed.append(f"  ... and {len(counts) - _LISTED} more channel(s)")
+    return _Report(f"the rerun differs from {path}; the first divergence is at "
+                   f"{first[1]}\ndifferences by channel:\n" + "\n".join(listed), compared)
+
+
+def _when(t_ns: int, delta: int) -> str:
+    """A send's key in words: ``(t = 0.012000000 s = 12000000 ns, delta 0)``."""
+    if t_ns < 0:
+        return "(on_start, before the timer started)"
+    return f"(t = {t_ns / 1e9:.9f} s = {t_ns} ns, delta {delta})"
+
+
+def _diff_sent(a: Record, b: _Sent) -> str | None:
+    """How the recorded send ``a`` and the rerun's ``b`` differ, in words; None if they do not."""
+    problems = []
+    if (a.t_ns, a.delta) != (b.t_ns, b.delta):
+        problems.append(f"sent {_when(a.t_ns, a.delta)} in the recording, "
+                        f"{_when(b.t_ns, b.delta)} in the rerun")
+    diff = _diff_values(a.message, b.message)
+    if diff is not None:
+        problems.append(diff)
+    return "; ".join(problems) if problems else None
+
+
+def _diff_values(recorded: Any, rerun: Any, where: str = "") -> str | None:
+    """How two messages differ, bit for bit, in words; None when they are identical.
+
+    Tensors: dtype, shape, then the bytes; a difference says the largest
+    absolute difference and the first differing element, with its index.
+    Containers are walked (the first differing item is named by its path,
+    ``[1]['v']``); other values compare by type and value (floats by their
+    bits), and a difference shows the repr of both.
+
+    Args:
+        recorded (Any): the golden file's message.
+        rerun (Any): the rerun's.
+        where (str): the path of these values inside the message.
+
+    Returns:
+        str | None: the first difference, or None.
+    """
+    at = f" at {where}" if where else ""
+    if isinstance(recorded, torch.Tensor) or isinstance(rerun, torch.Tensor):
+        if not (isinstance(recorded, torch.Tensor) and isinstance(rerun, torch.Tensor)):
+            return (f"a {type(recorded).__name__} in the recording, a "
+                    f"{type(rerun).__name__} in the rerun{at}: {_short(recorded)} vs "
+                    f"{_short(rerun)}")
+        return _diff_tensors(recorded, rerun, at)
+    if type(recorded) is not type(rerun):
+        return (f"a {type(recorded).__name__} in the recording, a {type(rerun).__name__} "
+                f"in the rerun{at}: {_short(recorded)} vs {_short(rerun)}")
+    if isinstance(recorded, (list, tuple)):
+        if len(recorded) != len(rerun):
+            return (f"{len(recorded)} items in the recording, {len(rerun)} in the rerun{at}: "
+                    f"{_short(recorded)} vs {_short(rerun)}")
+        for i, (x, y) in enumerate(zip(recorded, rerun, strict=True)):
+            diff = _diff_values(x, y, f"{where}[{i}]")
+            if diff is not None:
+                return diff
+        return None
+    if isinstance(recorded, dict):
+        if list(recorded) != list(rerun):
+            return (f"keys {list(recorded)!r} in the recording, {list(rerun)!r} in the "
+                    f"rerun{at}")
+        for k in recorded:
+            diff = _diff_values(recorded[k], rerun[k], f"{where}[{k!r}]")
+            if diff is not None:
+                return diff
+        return None
+    if isinstance(recorded, float):
+        same = struct.pack("<d", recorded) == struct.pack("<d", rerun)
+    else:
+        try:
+            same = bool(recorded == rerun)
+        except Exception:  # noqa: BLE001 - a value that cannot say: compare its repr
+            same = repr(recorded) == repr(rerun)
+    if same:
+        return None
+    extra = ""
+    if is_number(recorded) and math.isfinite(recorded) and math.isfinite(rerun):
+        extra = f" (difference {rerun - recorded!r})"
+    return f"{recorded!r} in the recording, {rerun!r} in the rerun{at}{extra}"
+
+
+def _diff_tensors(a: torch.Tensor, b: torch.Tensor, at: str) -> str | None:
+    """`_diff_values` for two tensors: dtype, shape, then the bits of every element."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return (f"a tensor of shape {tuple(a.shape)} {_dtype(a)} in the recording, "
+                f"{tuple(b.shape)} {_dtype(b)} in the rerun{at}")
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.numel() == 0:
+        return None
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        # Bit for bit: the same bytes (NaNs and signed zeros included).
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64,
+                16: torch.int64}[a.element_size()]
+        va, vb = a.contiguous().view(bits), b.contiguous().view(bits)
+        if a.element_size() == 16:  # complex128: two int64 per element
+            va, vb = va.reshape(*a.shape, 2), vb.reshape(*b.shape, 2)
+            differs = (va != vb).any(-1)
+        else:
+            differs = va != vb
+    else:
+        differs = a != b
+    if not bool(differs.any()):
+        return None
+    flat = int(differs.reshape(-1).nonzero()[0])
+    index = tuple(int(i) for i in _unravel(flat, tuple(a.shape)))
+    n = int(differs.sum())
+    x, y = a.reshape(-1)[flat].item(), b.reshape(-1)[flat].item()
+    text = (f"a tensor of shape {tuple(a.shape)} {_dtype(a)}{at}: {n} of {a.numel()} "
+            f"element(s) differ")
+    if a.dtype != torch.bool and not a.dtype.is_complex:
+        delta = (b.double() - a.double()).abs()
+        delta = delta[differs]
+        text += f", max abs difference {float(delta.max())!r}"
+    return text + f"; the first at index {list(index)}: {x!r} in the recording, {y!r} in the rerun"
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """The index of element ``flat`` of a C-ordered tensor of ``shape``."""
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return list(reversed(index))
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A repr of at most ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
