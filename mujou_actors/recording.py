@@ -254,6 +254,14 @@ def message_size(message: Any) -> int:
         return _BASE
     if mt is str or mt is bytes:
         return _BASE + len(message)
+    try:
+        return _walk_size(message)
+    except Exception:  # noqa: BLE001 - a container of the user's that cannot be walked
+        return _BASE  # a recording must never fail a send: charged as a scalar
+
+
+def _walk_size(message: Any) -> int:
+    """`message_size` of a container: its tensors' and texts' bytes, without recursion."""
     total = _BASE
     stack = [message]
     while stack:
@@ -552,6 +560,12 @@ class Recorder:
         if self._thread.is_alive() and self._error is None:
             return OSError(f"recording {self.path}: the writer did not finish within "
                            f"{timeout + 1.0:g} s (the file may lack its end)")
+        if self._error is not None:  # the writer stopped early: what it left is lost
+            with self._room:
+                left = list(self._queue)
+                self._queue.clear()
+            for ch, *_ in left:
+                self._dropped[ch] += 1
         return self._error
 
     def stats(self) -> RecordingStats:

@@ -560,3 +560,21 @@ def test_a_placed_run_attaches_the_supervisors_snapshots(tmp_path: pathlib.Path)
     assert got == [0, 100_000_000, 200_000_000]
     trees = [mujou.snapshot.loads(data) for _, data in mcapfile.Reader(path).attachments()]
     assert [sorted(t["nodes"]) for t in trees] == [["ctrl", "log", "sim"]] * 3
+
+
+def test_a_writer_that_fails_stops_recording_and_join_raises_it(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mcapfile.Writer, "write_message", full)
+    node = Burst(10)
+
+    run = mujou.run(node, timer="simulated", duration=0.05, record=tmp_path / "full.mcap")
+    with pytest.raises(OSError, match="No space left"):
+        run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert stats is not None and "No space left" in (stats.error or "")
+    assert stats.recorded == 0 and stats.dropped + stats.queued > 0
+    assert node.sends == 500  # the run went on to its end
