@@ -772,17 +772,27 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
               help="Seed of the run; default: the recorded run's seeds.")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
               help="Write the final run.stats() as JSON to this file.")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
+              help="Record the replay's Outputs to this MCAP file (the replayed ones too).")
+@click.option("--record-port", "record_ports", multiple=True, metavar="PATTERN",
+              help="With --record: record the Outputs whose path matches this glob; "
+                   "repeat it for more. Default: every Output.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def replay_command(recording: str, target: str, replace: tuple[str, ...], speed: float,
                    loop: bool, duration: float | None, workers: int | None, seed: int | None,
-                   stats_json: str | None, quiet: bool, verbose: bool) -> None:
+                   stats_json: str | None, record_path: str | None,
+                   record_ports: tuple[str, ...], quiet: bool, verbose: bool) -> None:
     """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
     with _errors(verbose), _Signals() as signals:
         if stats_json is not None:
             check_writable(stats_json, "--stats-json", make_folders=False)
+        if record_path is not None:
+            check_writable(record_path, "--record", make_folders=True)
+        elif record_ports:
+            raise UsageError("--record-port goes with --record FILE")
         paths = parse_replace(replace)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
@@ -797,7 +807,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         run = mujou.run(net, timer="simulated" if simulated else "realtime",
                         duration=duration, workers=workers, seed=seed, replay=recording,
                         replace=paths, replay_speed=1.0 if simulated else speed,
-                        replay_loop=loop)
+                        replay_loop=loop, record=record_path,
+                        record_ports=list(record_ports) or None)
         try:
             signals.mode = "raise"
             if signals.code:

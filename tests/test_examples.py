@@ -149,3 +149,26 @@ def test_the_crash_example_restores_a_killed_process_and_ends_equal() -> None:
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     assert "same final state yes" in out
     assert "restoring every group from the snapshot at t=0.500000 s" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_replay_example_replays_bit_for_bit_and_finds_the_changed_controller() -> None:
+    result = _run("replay_pendulum.py", "--duration", "2")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"fingerprints (\w+) recorded, \1 replayed: identical", result.stdout)
+    assert ("the first divergence is at controller.command, message 0 "
+            "(t = 0.010000000 s = 10000000 ns, delta 0)") in result.stdout
+    assert "controller.command: 200 message(s) differ" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_golden_file_test_of_the_pendulum_passes() -> None:
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly",
+                             str(EXAMPLES / "test_pendulum_golden.py")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=240)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
+from mujou_actors import mcapfile
 from mujou_actors.testing import _diff_values, assert_replay_matches
 from tests.nets.replay_nets import Pendulum, loop_net
 from tests.random_nets import make_random_net, nets
@@ -170,8 +171,6 @@ def test_a_random_net_with_a_node_replayed_runs_as_recorded(tmp_path: Any, desc:
 
 def recorded_messages(path: str) -> int:
     """How many messages a recording holds."""
-    from mujou_actors import mcapfile
-
     return mcapfile.info(path).messages
 
 
@@ -275,8 +274,6 @@ def test_outputs_missing_from_the_recording_are_named(tmp_path: Any) -> None:
 
 
 def test_an_output_that_sent_nothing_is_a_recorded_channel_all_the_same(tmp_path: Any) -> None:
-    from mujou_actors import mcapfile
-
     path = str(tmp_path / "quiet.mcap")
     record(Pendulum(stop_after=0), path, timer="simulated", duration=0.05, seed=1)
     net = Pendulum()
@@ -348,12 +345,17 @@ def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
     (tmp_path / "net.py").write_text(NET_FILE.format(root=ROOT))
 
     done = _mujou("replay", path, "net.py", "--replace", "plant", "--speed", "0",
-                  cwd=str(tmp_path))
+                  "--record", "again.mcap", cwd=str(tmp_path))
 
     assert done.returncode == 0, done.stderr
     assert f"replayed {path} for plant: 0.500 s of the run's timer" in done.stderr
     rows = {line.split("\t")[0]: line.split("\t") for line in done.stdout.splitlines()}
     assert rows["plant"][0] == "plant" and rows["log"][0] == "log"
+    # The replay, recorded: the recording's messages again, at the same keys, bit for bit.
+    again = [tuple(r)[:1] + tuple(r)[2:] for r in mcapfile.read(tmp_path / "again.mcap")]
+    first = [tuple(r)[:1] + tuple(r)[2:] for r in mcapfile.read(path)]
+    assert len(again) == len(first) == 426
+    assert _diff_values(again, first) is None
 
 
 @pytest.mark.parametrize(("args", "text"), [

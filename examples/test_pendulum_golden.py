@@ -1,0 +1,38 @@
+"""A golden-file regression test of the inverted pendulum, as a user writes one.
+
+``golden/pendulum.mcap`` is a recording of the pendulum (1 s, simulated timer,
+seed 0), made once with::
+
+    python examples/replay_pendulum.py --duration 1 --golden examples/golden/pendulum.mcap
+
+and kept with the tests. Each test reruns the net and compares every message
+of every recorded Output with the file, bit for bit; a change to the physics,
+the sensor or the controller fails with the first message that differs. When
+a change is meant to change the results, record the file again.
+
+Run it with pytest::
+
+    pytest examples/test_pendulum_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mujou_actors.testing import assert_replay_matches
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import inverted_pendulum as ip  # noqa: E402
+
+GOLDEN = os.path.join(HERE, "golden", "pendulum.mcap")
+
+
+def test_the_pendulum_runs_as_recorded() -> None:
+    assert_replay_matches(GOLDEN, ip.make_net(seed=0))
+
+
+def test_the_sensor_and_controller_on_the_recorded_physics_for_any_worker_count() -> None:
+    for workers in (1, 2):
+        assert_replay_matches(GOLDEN, ip.make_net(seed=0), replace=["physics"], workers=workers)
