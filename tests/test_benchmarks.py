@@ -442,6 +442,23 @@ def test_the_recording_benchmark_measures_the_hook_and_the_writer(tmp_path: Path
     assert "msg/s" in proc.stdout and "GB/s" in proc.stdout
 
 
+@pytest.mark.timeout(240)
+def test_the_replay_benchmark_replays_the_pendulum_bit_for_bit(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replay.py"), "--quick",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["identical"] is True
+    for kind in ("plain", "replay"):
+        assert result["results"][kind]["x_real_time"]["median"] > 0, kind
+    assert result["target"]["met"] in (True, False)
+    assert result["realtime"]["physics_updates"] > 0
+    assert "x real time" in proc.stdout
+
+
 # About 40 s on the 2-core reference machine (three workers, two placed runs, two restarts;
 # each process imports torch), and up to twice that while other work loads it.
 @pytest.mark.timeout(240)
