@@ -381,3 +381,60 @@ def test_mujou_replay_of_a_file_that_is_not_mcap_exits_2(tmp_path: Any) -> None:
 
     assert done.returncode == 2
     assert "not an MCAP file" in done.stderr
+
+
+
+class _Shapes(mujou.Node):
+    """Sends a float tensor every 10 ms: of 2 elements, but of 3 at its 3rd update."""
+
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send(torch.full((3 if self.n == 3 else 2,), float(self.n)))
+
+
+class _Strict(_Shapes):
+    """The same node, its Output declared of 2 elements: the 3rd recorded message fails it."""
+
+    out = mujou.Output(torch.Tensor, shape=(2,))
+
+
+class _Taker(mujou.Node):
+    """Keeps the first element of every tensor it gets (triggered)."""
+
+    inp = mujou.Input(torch.Tensor, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.got: list[float] = []
+
+    def on_update(self, dt: float) -> None:
+        self.got += [float(m[0]) for m in self.inp.drain()]
+
+
+def _shapes_net(sender: mujou.Node) -> dict[str, mujou.Node]:
+    net = {"src": sender, "sink": _Taker()}
+    mujou.connect(net["src"].out, net["sink"].inp)
+    return net
+
+
+def test_a_stand_in_restarted_alone_goes_on_after_the_restart(tmp_path: Any) -> None:
+    path = str(tmp_path / "shapes.mcap")
+    record(_shapes_net(_Shapes()), path, timer="simulated", duration=0.06, seed=1)
+    net = _shapes_net(_Strict())
+
+    run, sent = capture(net, ["src.out"], timer="simulated", duration=0.06, replay=path,
+                        replace=["src"], supervisor=mujou.Supervisor(restart="one_for_one"))
+
+    # The 3rd message does not fit the Output: the stand-in's hook raises at 30 ms and
+    # is restarted alone; it goes on with the 4th at 40 ms (none sent twice or early).
+    assert [(t, float(m[0])) for t, _, m in sent["src.out"]] == [
+        (10_000_000, 1.0), (20_000_000, 2.0), (40_000_000, 4.0), (50_000_000, 5.0),
+        (60_000_000, 6.0)]
+    assert net["sink"].got == [1.0, 2.0, 4.0, 5.0, 6.0]
+    assert run.stats().nodes["src"].restarts == 1

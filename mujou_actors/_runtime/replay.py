@@ -121,7 +121,19 @@ class StandIn(Actor):
         return self._start if hook == "on_start" else _nothing
 
     def _start(self) -> None:
-        """``on_start``: send what the node's ``on_start`` sent; ask for the first wakeup."""
+        """``on_start``: send what the node's ``on_start`` sent; ask for the first wakeup.
+
+        A restart of the stand-in alone (``one_for_one``, after its hook
+        raised) comes while the run goes on, stamped at the run's current
+        key: the recording goes on after that key, and what ``on_start``
+        sent at the start is not sent again.
+        """
+        key = self.stamp
+        if key != CONTROL_KEY:
+            self._seek = key
+            self._next = None
+            self._ask((key[0], key[1] + 1))  # the next delta cycle: the restart's is running
+            return
         self._seek = None
         self._groups = self.feed.open(None)
         self._next = next(self._groups, None)
