@@ -391,6 +391,29 @@ def test_a_real_time_placed_run_relays_every_message_once_and_cuts_consistently(
     assert got[-1].tolist() == last
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("placement", [{"sim": "a"}, {"ctrl": "b"}])
+def test_a_real_time_write_is_delivered_at_once_on_the_host_or_in_a_group(
+        placement: dict) -> None:
+    """In real time a host write is delivered as in one process: to the host's own group
+    (it used to fail waiting for a grant's reply no real-time group owes) or to another."""
+    run = _realtime_run(placement, None)
+    try:
+        run.wait_for("ctrl.cmd", timeout=20)
+        before = run.state_dict(timeout=10)["nodes"]["ctrl"]["n"]
+        for _ in range(3):
+            run.write("ctrl.obs", torch.zeros(3))
+        deadline = time.monotonic() + 10
+        while run.state_dict(timeout=10)["nodes"]["ctrl"]["n"] < before + 3 and (
+                time.monotonic() < deadline):
+            time.sleep(0.01)  # (its ticks come on too: at least the three writes)
+        assert run.state_dict(timeout=10)["nodes"]["ctrl"]["n"] >= before + 3
+    finally:
+        run.stop()
+    run.join(20)
+    assert run.failure is None
+
+
 def test_stop_with_a_hook_stuck_in_the_hosts_group_is_bounded_and_names_it() -> None:
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=None, seed=7,
                             state=None, supervisor=None, trace=None, cuda_sync="block",

@@ -734,6 +734,8 @@ class _Driver:
         if self.ended.is_set() or self.ending:
             raise NotRunningError(f"{what}: the run has ended")
         self.requests.put(job)
+        if self.realtime:  # the relay's wait wakes for it (else it would wait out its poll)
+            self.wake.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done.wait(POLL_S):
             if self.ended.is_set():
@@ -817,7 +819,9 @@ class _Driver:
         else:
             assert self.kernel is not None
             group.host_write(self.kernel, path, message, key)
-        if initial and not self.realtime:
+        if initial or self.realtime:
+            # Real time: delivered now, as in one process (the relay carries what it
+            # causes); a grant here would wait for a reply a real-time group never owes.
             return
         messages, g.queued = g.queued, []
         g.link.send(dataplane.Grant(None, False, messages, self._settled()))
