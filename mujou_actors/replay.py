@@ -152,7 +152,8 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         ValueError: a path of ``replace`` names no node (the nodes are listed);
             an Output of a replaced node that a node which runs reads is not
             in the file (the missing channels are named), or is recorded with
-            another type; ``loop`` with a recording of length 0.
+            another type (or another declared tensor shape or dtype); ``loop``
+            with a recording of length 0.
         FileNotFoundError: there is no such file.
         RecordingError: the file is not MCAP, not a mujou recording, or damaged.
     """
@@ -182,6 +183,7 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
                 raise ValueError(f"mujou.run: {file} recorded {output.path!r} as "
                                  f"{channel.type}, but the net declares it "
                                  f"{type_name(output.type)}: is it the same net?")
+            _check_spec(file, output, channel.shape, channel.dtype)
     if missing:
         listed = ", ".join(sorted(channels)) or "none"
         raise ValueError(f"mujou.run: replace={replace!r} needs what {file} did not record: "
@@ -199,6 +201,22 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
                                     loop_ns=length if loop else None,
                                     exact=timer == "simulated")
     return Replay(file, feeds, dict(found_info.seeds), length, found_info)
+
+
+def _check_spec(file: str, output: Output, shape: list[int | None] | None,
+                dtype: str | None) -> None:
+    """Refuse a tensor Output whose declared shape or dtype is not the recorded one.
+
+    Only where both the file and the net declare it: a recorded message of
+    another shape or dtype would fail the stand-in's send.
+    """
+    mine = None if output.shape is None else list(output.shape)
+    my_dtype = None if output.dtype is None else str(output.dtype).removeprefix("torch.")
+    for what, recorded, declared in (("shape", shape, mine), ("dtype", dtype, my_dtype)):
+        if recorded is not None and declared is not None and recorded != declared:
+            raise ValueError(f"mujou.run: {file} recorded {output.path!r} with {what} "
+                             f"{recorded}, but the net declares {declared}: is it the same "
+                             "net?")
 
 
 def _outputs(node: Node) -> list[Output]:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import mujou_actors as mujou
 from mujou_actors import mcapfile
 from mujou_actors.testing import _diff_values, assert_replay_matches
-from tests.nets.replay_nets import Pendulum, loop_net
+from tests.nets.replay_nets import Pendulum, Plant, loop_net
 from tests.random_nets import make_random_net, nets
 from tests.replay_support import capture, record
 
@@ -438,3 +438,20 @@ def test_a_stand_in_restarted_alone_goes_on_after_the_restart(tmp_path: Any) -> 
         (60_000_000, 6.0)]
     assert net["sink"].got == [1.0, 2.0, 4.0, 5.0, 6.0]
     assert run.stats().nodes["src"].restarts == 1
+
+
+class _Wide(Plant):
+    """The plant with its state declared of 3 elements."""
+
+    state = mujou.Output(torch.Tensor, shape=(3,), dtype=torch.float64)
+
+
+def test_an_output_recorded_with_another_declared_shape_is_refused(
+        golden: tuple[str, Pendulum]) -> None:
+    path, _ = golden
+    net = {"plant": _Wide(), "log": _Taker()}
+    mujou.connect(net["plant"].state, net["log"].inp)
+
+    with pytest.raises(ValueError, match=r"recorded 'plant.state' with shape \[2\], but the "
+                                         r"net declares \[3\]"):
+        mujou.run(net, timer="simulated", replay=path, replace=["plant"])
