@@ -24,7 +24,9 @@ Run it from the repository root::
     python examples/camera.py --duration 10 --workers 1
 
 The exit status is 0 when frames flowed and the heartbeat achieved its rate
-within 5 %.
+within 5 %. ``--no-rate-check`` leaves the rate out of the exit status (it is
+still printed): the test suite runs the example that way, because a shared CI
+machine cannot promise real-time rates; ``benchmarks/`` measure them.
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of real time (default: 3)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker threads (default: mujou's choice)")
+    parser.add_argument("--no-rate-check", action="store_true",
+                        help="exit 0 when frames flowed, whatever rate the heartbeat achieved")
     args = parser.parse_args(argv)
 
     rig = CameraRig()
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'held (within 5 %)' if held else 'NOT held'}")
     print(f"  frames flowed: {'yes' if flowed else 'NO'} "
           f"({frames.frames} of ~{CAMERA_FPS * args.duration:.0f} expected)")
-    return 0 if held and flowed else 1
+    return 0 if flowed and (held or args.no_rate_check) else 1
 
 
 if __name__ == "__main__":
