@@ -179,3 +179,19 @@ def test_the_golden_file_test_of_the_pendulum_passes() -> None:
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_plot_of_a_recording_draws_its_numeric_channels(tmp_path) -> None:
+    golden = EXAMPLES / "golden" / "pendulum.mcap"
+
+    result = _run("plot_recording.py", str(golden), "-o", str(tmp_path / "r.png"),
+                  "--channel", "physics.state", "--channel", "controller.command")
+    wrong = _run("plot_recording.py", str(golden), "--channel", "nope.out")
+
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and "2 channel(s)" in result.stdout
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert wrong.returncode == 2
+    assert "has no channel nope.out" in wrong.stderr and "physics.state" in wrong.stderr
