@@ -239,7 +239,7 @@ def encode_message(delta: int, message: Any) -> bytes:
     mt = type(message)
     try:
         if mt in _SCALAR_TYPES and (mt is not int or _INT_MIN <= message < _INT_END):
-            return _assemble(_packb([delta, message]), ())
+            return _assemble_plain(_packb([delta, message]))
         if mt is torch.Tensor and message.layout == torch.strided and not message.is_meta:
             key = (message.dtype, message.shape)
             known = _TENSOR_EXTS.get(key)
@@ -262,6 +262,13 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
         except (TypeError, RuntimeError):  # CUDA, a dtype numpy lacks, a conjugate view
             pass
     return _raw_bytes(tensor)
+
+
+def _assemble_plain(structure: bytes) -> bytes:
+    """`_assemble` of a structure without tensors, by fewer steps (the writer's hot path)."""
+    head = _HEAD.pack(_MAGIC, _VERSION, len(structure), 0)
+    body = head + _CRC.pack(zlib.crc32(head)) + structure
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> bytes:
