@@ -23,7 +23,9 @@ Run it from the repository root::
     python examples/replay_pendulum.py --duration 2 --gain-scale 0.9 --keep run.mcap
 
 ``--golden PATH`` only records (a golden file for ``test_pendulum_golden.py``,
-the regression test as users write it) and exits.
+the regression test as users write it) and exits. It records with
+``MKL_CBWR=COMPATIBLE``, as that test reruns, so that the file compares bit
+for bit on any x86 machine.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.golden:
+        # Before the net's first matrix product, as test_pendulum_golden.py does.
+        os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
         record(args.golden, args.duration, args.workers)
         return 0
     with tempfile.TemporaryDirectory() as folder:

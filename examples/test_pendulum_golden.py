@@ -20,7 +20,15 @@ from __future__ import annotations
 import os
 import sys
 
-from mujou_actors.testing import assert_replay_matches
+# MKL picks its matrix kernels by the processor (AVX-512, AVX2, another vendor's
+# generic path), and they round differently: a golden file recorded on one machine
+# would differ in the last bit on another. COMPATIBLE is MKL's one code path for
+# every x86 processor (Intel's "conditional numerical reproducibility"); it must
+# be set before the first matrix product of the process, so set it here, at the
+# top of the test module, and record the golden file with it too.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+from mujou_actors.testing import assert_replay_matches  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -238,6 +238,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "net": json.dumps({"nodes": nodes, "connections": connections}),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
+        "numerics": json.dumps(mcapfile.numerics()),
     }
 
 

@@ -20,6 +20,7 @@ messages are read-only once sent), not through a recorder's bounded queue.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -140,8 +141,34 @@ def assert_replay_matches(golden: str | os.PathLike[str],
             lines.append("before that it differed: " + report.problem)
         raise AssertionError("\n".join(lines)) from failure
     if report.problem:
-        raise AssertionError(report.problem)
+        raise AssertionError(report.problem + _numerics_hint(found))
     return report.compared
+
+
+def _numerics_hint(found: RecordingInfo) -> str:
+    """Why a golden file may differ here in the last bits: other kernels than recorded ('')."""
+    from .mcapfile import numerics
+
+    try:
+        recorded = json.loads(found.run.get("numerics", ""))
+    except ValueError:  # a file of an older version: nothing to compare
+        return ""
+    here = numerics()
+    keys = ("cpu", "cpu_capability", "mkl_cbwr", "aten_cpu_capability")
+    if not isinstance(recorded, dict) or all(recorded.get(k, "") == here[k] for k in keys):
+        return ""
+
+    def said(facts: Mapping[str, Any]) -> str:
+        return (f"{facts.get('cpu') or 'an unnamed processor'} (torch's kernels "
+                f"{facts.get('cpu_capability', '?')}, MKL_CBWR={facts.get('mkl_cbwr') or 'unset'}"
+                f", ATEN_CPU_CAPABILITY={facts.get('aten_cpu_capability') or 'unset'})")
+
+    return (f"\nnote: {found.path} was recorded on {said(recorded)} and rerun on {said(here)}. "
+            "torch and MKL choose their CPU kernels by the processor, and kernels of another "
+            "width round in the last bit: to compare across machines, record and rerun with "
+            "MKL_CBWR=COMPATIBLE (and ATEN_CPU_CAPABILITY=default) set before the first "
+            "tensor operation, or record the golden file on this machine "
+            "(docs/recording.md, 'Golden files across machines').")
 
 
 def _check_golden(path: str, found: RecordingInfo) -> None:

@@ -11,6 +11,7 @@ loops) and the errors.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def test_a_changed_controller_without_a_replaced_plant_diverges_everywhere_downs
     assert "controller.command, message 0" in lines[0]
     assert [line.split(":")[0].strip() for line in lines[3:]] == [
         "plant.state", "sensor.measurement", "controller.command"]
+
+
+def test_a_divergence_on_other_cpu_kernels_than_recorded_says_how_to_compare_across_machines(
+        golden: tuple[str, Pendulum], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = golden
+    recorded = json.loads(mcapfile.info(path).run["numerics"])
+    other = {**recorded, "cpu": "Another CPU", "cpu_capability": "AVX2"}
+
+    with pytest.raises(AssertionError) as same:
+        assert_replay_matches(path, Pendulum(gain=(44.0, 8.0)), replace=["plant"])
+    monkeypatch.setattr(mcapfile, "numerics", lambda: other)
+    with pytest.raises(AssertionError) as elsewhere:
+        assert_replay_matches(path, Pendulum(gain=(44.0, 8.0)), replace=["plant"])
+
+    assert "note:" not in str(same.value)  # the same kernels: a real difference
+    note = str(elsewhere.value).splitlines()[-1]
+    assert note.startswith(f"note: {path} was recorded on {recorded['cpu'] or 'an unnamed'}")
+    assert "rerun on Another CPU (torch's kernels AVX2, MKL_CBWR=" in note
+    assert "MKL_CBWR=COMPATIBLE (and ATEN_CPU_CAPABILITY=default)" in note
 
 
 def test_messages_missing_from_the_rerun_are_counted(golden: tuple[str, Pendulum]) -> None:
