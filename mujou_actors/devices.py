@@ -33,6 +33,8 @@ The rules (see docs/devices.md):
 from __future__ import annotations
 
 import enum
+import os
+import platform
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -528,3 +530,35 @@ def receive(message: Any, reader_device: torch.device, reader_stream: Any,
         return rt.to_device(t, reader_device)  # a CPU tensor, on the reader's stream: no wait
 
     return map_tensors(moved, settle)
+
+
+def numerics() -> dict[str, str]:
+    """What, beside the code and the seeds, decides this process's floating-point results.
+
+    torch's CPU kernels are chosen by the processor's vector width
+    (``torch.backends.cpu.get_cpu_capability()``, or ``ATEN_CPU_CAPABILITY``),
+    and MKL's matrix kernels by the processor and its vendor unless
+    ``MKL_CBWR`` pins one code path (Intel's "conditional numerical
+    reproducibility"); kernels of another width round sums differently, in the
+    last bit. A recording keeps these facts (``numerics`` in ``mujou.run``) so
+    that a golden file that differs on another machine can say why.
+
+    Returns:
+        dict[str, str]: ``machine`` (``platform.machine()``), ``cpu`` (the
+        processor's model name, ``""`` if the system does not say),
+        ``cpu_capability`` (torch's), ``mkl_cbwr`` and ``aten_cpu_capability``
+        (the environment's, ``""`` when unset).
+    """
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.partition(":")[2].strip()
+                    break
+    except OSError:  # not Linux: the platform's own word, if any
+        cpu = platform.processor()
+    return {"machine": platform.machine(), "cpu": cpu,
+            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+            "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "")}

@@ -43,6 +43,7 @@ import msgpack
 import torch
 
 from . import mcapfile
+from .devices import numerics
 from .errors import describe
 from .stats import RecordingChannelStats, RecordingStats
 from .trace import check_writable
@@ -238,7 +239,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "net": json.dumps({"nodes": nodes, "connections": connections}),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
-        "numerics": json.dumps(mcapfile.numerics()),
+        "numerics": json.dumps(numerics()),
     }
 
 

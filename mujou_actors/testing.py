@@ -147,13 +147,13 @@ def assert_replay_matches(golden: str | os.PathLike[str],
 
 def _numerics_hint(found: RecordingInfo) -> str:
     """Why a golden file may differ here in the last bits: other kernels than recorded ('')."""
-    from .mcapfile import numerics
+    from . import devices
 
     try:
         recorded = json.loads(found.run.get("numerics", ""))
     except ValueError:  # a file of an older version: nothing to compare
         return ""
-    here = numerics()
+    here = devices.numerics()
     keys = ("cpu", "cpu_capability", "mkl_cbwr", "aten_cpu_capability")
     if not isinstance(recorded, dict) or all(recorded.get(k, "") == here[k] for k in keys):
         return ""

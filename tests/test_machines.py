@@ -10,6 +10,7 @@ run's secret (CURVE). Each test starts member systems and group processes
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -225,6 +226,25 @@ def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
     assert (host.bytes_in, host.bytes_out) == (600, 1_200)  # the members' out, in
     assert (host.heartbeat_bytes_in, host.heartbeat_bytes_out) == (138, 76)
     assert host.clock_offset_ns is None and host.message_age_p50 is None
+
+
+def test_a_group_on_other_cpu_kernels_than_the_host_is_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from mujou_actors.devices import numerics
+    from mujou_actors.distributed.driver import _warn_other_kernels
+
+    here = numerics()
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        _warn_other_kernels("g1", dict(here))
+        _warn_other_kernels("g2", None)               # a member of an older version
+        _warn_other_kernels("g3", {**here, "cpu_capability": "OTHER", "mkl_cbwr": "AVX2"})
+
+    assert len(caplog.records) == 1
+    text = caplog.records[0].getMessage()
+    assert text.startswith("group 'g3' computes with other CPU kernels than the host "
+                           f"(cpu_capability OTHER there, {here['cpu_capability']} here, "
+                           f"mkl_cbwr AVX2 there, {here['mkl_cbwr'] or 'unset'} here)")
+    assert "MKL_CBWR=COMPATIBLE" in text
 
 
 def test_a_placed_run_on_one_machine_has_the_hosts_machine_only() -> None:

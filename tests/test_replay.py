@@ -109,7 +109,7 @@ def test_a_divergence_on_other_cpu_kernels_than_recorded_says_how_to_compare_acr
 
     with pytest.raises(AssertionError) as same:
         assert_replay_matches(path, Pendulum(gain=(44.0, 8.0)), replace=["plant"])
-    monkeypatch.setattr(mcapfile, "numerics", lambda: other)
+    monkeypatch.setattr(mujou.devices, "numerics", lambda: other)
     with pytest.raises(AssertionError) as elsewhere:
         assert_replay_matches(path, Pendulum(gain=(44.0, 8.0)), replace=["plant"])
 

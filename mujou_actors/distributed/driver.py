@@ -51,6 +51,7 @@ from .._runtime.kernel import LAST_DELTA, Kernel
 from .._runtime.keys import Key
 from .._runtime.protocols import RecorderSide
 from .._runtime.snapshots import Snapshots
+from ..devices import numerics
 from ..errors import (
     CallbackError,
     GroupDied,
@@ -1175,6 +1176,25 @@ def check_same_net(system: Any, name: str, expected: list[list[Any]], timeout: f
         raise NetError(f"mujou.run: group {name!r} built another net than the host (is the "
                        f"factory deterministic, and the same code in every process?): "
                        f"{'; '.join(diff)}")
+    _warn_other_kernels(name, described.get("numerics"))
+
+
+def _warn_other_kernels(name: str, there: dict[str, str] | None) -> None:
+    """Log a warning when a group's process computes with other CPU kernels than the host's.
+
+    Not an error: the run is correct, but its floats may differ in the last bit
+    from the same run in one process (docs/machines.md, "Determinism").
+    """
+    here = numerics()
+    keys = ("cpu_capability", "mkl_cbwr", "aten_cpu_capability", "cpu")
+    if there is None or all(there.get(k) == here[k] for k in keys):
+        return
+    differ = ", ".join(f"{k} {there.get(k) or 'unset'!s} there, {here[k] or 'unset'} here"
+                       for k in keys if there.get(k) != here[k])
+    log.warning("group %r computes with other CPU kernels than the host (%s): in simulated "
+                "time its floats may differ in the last bit from the run in one process; set "
+                "MKL_CBWR=COMPATIBLE (and ATEN_CPU_CAPABILITY=default) on every machine for "
+                "bit-for-bit results across machines", name, differ)
 
 
 def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],

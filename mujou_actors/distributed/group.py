@@ -34,6 +34,7 @@ import zmq
 from .. import snapshot
 from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
+from ..devices import numerics
 from ..errors import NodeError, describe
 from ..messages import copy_message
 from ..net import walk
@@ -579,7 +580,7 @@ class GroupServer:
         kernel = self.kernel
         if isinstance(request, Describe):
             return {"signature": self._signature, "pid": os.getpid(),
-                    "versions": versions()}
+                    "versions": versions(), "numerics": numerics()}
         if isinstance(request, Start):
             with signals_blocked():  # the kernel's workers start here: no signals for them
                 kernel.start(timeout=request.timeout)
