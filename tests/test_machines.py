@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -276,11 +278,16 @@ def _worker(name: str, leader: str, secret: str, **env_vars: str) -> subprocess.
     leaves the worker's session (Thespian's daemonizing ``setsid``).
     """
     marker = f"{name}-{uuid.uuid4().hex}"
-    env = {**os.environ, "MUJOU_SECRET": secret, "MUJOU_TEST_MACHINE": marker, **env_vars}
+    # Its own TMPDIR: what a SIGKILLed machine cannot clean up (its admin's
+    # folder) is removed with it (`_forget`).
+    folder = tempfile.mkdtemp(prefix="mujou-test-machine-")
+    env = {**os.environ, "MUJOU_SECRET": secret, "MUJOU_TEST_MACHINE": marker,
+           "TMPDIR": folder, **env_vars}
     cmd = [sys.executable, "-m", "mujou_actors", "worker", "--join", leader, "--name", name]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     proc.marker = marker  # type: ignore[attr-defined]
+    proc.folder = folder  # type: ignore[attr-defined]
     line = proc.stdout.readline() if proc.stdout is not None else ""
     assert "listening on" in line, (line, proc.stderr.read() if proc.stderr else "")
     return proc
@@ -309,6 +316,13 @@ def _stop_worker(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         raise
+    finally:
+        _forget(proc)
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    """Remove the worker's TMPDIR (empty after a clean end; a killed machine's leftovers)."""
+    shutil.rmtree(proc.folder, ignore_errors=True)  # type: ignore[attr-defined]
 
 
 def _signal_all(pids: set[int], sig: int) -> None:
@@ -332,6 +346,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     while _machine(proc) and time.monotonic() < deadline:
         time.sleep(0.02)  # (the others are reaped by their parents)
     assert not _machine(proc)
+    _forget(proc)
 
 
 def test_a_machine_with_another_secret_is_refused_naming_it(
