@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import cuda as cuda  # the public submodule mujou.cuda
 from . import testing as testing  # the public submodule mujou.testing
+from .capsule import Capsule
 from .errors import (
     CallbackError,
     GroupDied,
@@ -28,6 +29,7 @@ from .recording import Recording
 from .run import Run, run
 from .snapshot import load, save
 from .stats import (
+    CapsuleStats,
     GroupStats,
     MachineStats,
     NodeStats,
@@ -43,6 +45,8 @@ from .trace import Tracer
 
 __all__ = [
     "CallbackError",
+    "Capsule",
+    "CapsuleStats",
     "GroupDied",
     "GroupStats",
     "Input",

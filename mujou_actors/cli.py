@@ -49,6 +49,7 @@ import click
 import mujou_actors as mujou
 
 from ._runtime.actor import LATENESS_SAMPLES
+from .capsule import capsule_facts
 from .errors import MujouError, RecordingError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
@@ -628,6 +629,12 @@ def main() -> None:
                    "(\"sim.*\"); repeat it for more. Default: every Output.")
 @click.option("--record-snapshots", is_flag=True,
               help="With --record and --snapshot-every: attach the snapshots to the file.")
+@click.option("--capsule", "capsule_path", type=click.Path(dir_okay=False), default=None,
+              help="Keep a crash capsule: when a node fails, write the last seconds of every "
+                   "Output and a snapshot to this MCAP file (docs/recording.md).")
+@click.option("--capsule-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --capsule: seconds of the run's timer between its snapshots "
+                   "(default: --snapshot-every, else 5).")
 @click.option("--place", "places", multiple=True, metavar="PATH=GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
                    "for more. NAME must then be the function that builds the net.")
@@ -649,7 +656,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
-                record_snapshots: bool, places: tuple[str, ...], net_kwargs: str | None,
+                record_snapshots: bool, capsule_path: str | None,
+                capsule_seconds: float | None, places: tuple[str, ...], net_kwargs: str | None,
                 listen: str | None,
                 join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
                 quiet: bool, verbose: bool) -> None:
@@ -669,8 +677,18 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(record_path, "--record", make_folders=True)
         elif record_ports or record_snapshots:
             raise UsageError("--record-port and --record-snapshots go with --record FILE")
+        if capsule_path is not None:
+            check_writable(capsule_path, "--capsule", make_folders=True)
+            if places:
+                raise UsageError("--capsule keeps a crash capsule in one process; it does not "
+                                 "go with --place")
+        elif capsule_seconds is not None:
+            raise UsageError("--capsule-seconds goes with --capsule FILE")
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
                                   "seed": seed, "state": restore}
+        if capsule_path is not None:
+            kwargs["record_on_failure"] = mujou.Capsule(
+                capsule_path, seconds=capsule_seconds or snapshot_every or 5.0)
         if places:
             net: Any = factory_ref(target)
             kwargs["placement"] = parse_places(places)
@@ -726,10 +744,15 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 raise _RunFailed(exc) from exc
             raise
         finally:
-            recording = run.stats().recording
+            final = run.stats()
+            recording = final.recording
             if recording is not None and not quiet and not run.running:
                 click.echo(f"recorded {recording.recorded:,} messages to {recording.file}"
                            + (f" ({recording.dropped:,} dropped)" if recording.dropped else ""),
+                           err=True)
+            if final.capsule is not None and final.capsule.written and not run.running:
+                click.echo(f"crash capsule written to {final.capsule.file}: reproduce the "
+                           f"failure with `mujou replay {final.capsule.file} {target}`",
                            err=True)
         if signals.code:
             sys.exit(signals.code)
@@ -756,7 +779,7 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
 @click.option("--replace", "replace", multiple=True, metavar="PATH[,PATH...]",
               help="The nodes (each with its subtree) that the recording stands in for: "
                    "their code does not run, their recorded messages are sent instead. "
-                   "Required; repeat it or separate paths by commas.")
+                   "Required (but for a crash capsule); repeat it or separate paths by commas.")
 @click.option("--speed", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="0: as fast as possible, on the simulated timer (every message at its "
                    "recorded time and delta cycle, exactly); 1: real time; N: N times "
@@ -793,9 +816,19 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             check_writable(record_path, "--record", make_folders=True)
         elif record_ports:
             raise UsageError("--record-port goes with --record FILE")
-        paths = parse_replace(replace)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
+        from .mcapfile import info as read_info
+
+        if capsule_facts(read_info(recording).end) is not None:
+            if loop or duration is not None or seed is not None or record_path is not None:
+                raise UsageError("a crash capsule is replayed from its snapshot to its failure "
+                                 "on the simulated timer: --loop, --duration, --seed and "
+                                 "--record do not go with it")
+            paths = [p.strip() for item in replace for p in item.split(",")]
+            _reproduce(recording, target, paths, workers, quiet)
+            return
+        paths = parse_replace(replace)
         simulated = speed == 0
         if duration is None and not loop:
             from .mcapfile import info
@@ -834,6 +867,23 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             raise
         if signals.code:
             sys.exit(signals.code)
+
+
+def _reproduce(capsule: str, target: str, replace: list[str], workers: int | None,
+               quiet: bool) -> None:
+    """``mujou replay CAPSULE``: rerun the net from its snapshot; fail as it did, or say why not.
+
+    Raises:
+        _RunFailed: the rerun failed (the capsule's failure reproduced, or another).
+    """
+    from .testing import reproduce_failure
+
+    net: Any = load_net(target)
+    result = reproduce_failure(capsule, net, replace=replace, workers=workers)
+    if not quiet or result.error is None:
+        click.echo(result.summary)
+    if result.error is not None:
+        raise _RunFailed(result.error) from result.error
 
 
 class _Address(click.ParamType):
@@ -1081,6 +1131,13 @@ def _print_recording(info: Any) -> None:
     console.print(f"time {span}, {info.messages:,} messages, {dropped:,} dropped{ended}")
     if end is not None and end.get("failure"):
         console.print(f"failure: {end['failure']}")
+    facts = capsule_facts(end)
+    if facts is not None:
+        start = int(facts["snapshot_ns"])
+        since = "the start" if start < 0 else f"the snapshot at {start / 1e9:.3f} s"
+        failed_at = max(int(facts["t_ns"]), 0) / 1e9
+        console.print(f"crash capsule: from {since} to the failure at {failed_at:.9f} s, delta "
+                      f"{facts['delta']} (reproduce it: mujou replay {info.path} FILE[:NAME])")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for name in ("channel", "type", "messages", "rate/s", "bytes", "first s", "last s",
                  "dropped"):

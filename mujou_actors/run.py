@@ -10,6 +10,7 @@ whose thread (``mujou-run``) ends the run whatever ends it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -25,6 +26,7 @@ from ._runtime.cuts import why_no_cut
 from ._runtime.replay import Feed
 from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
+from .capsule import Capsule, CapsuleKeeper, as_capsule
 from .cuda import check_cuda_sync
 from .errors import NetError, NotRunningError
 from .host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
@@ -83,6 +85,7 @@ class Run:
         self._port_ids = {id(p) for p in ports.values()}
         self._seeds = seeds
         self._recorder = coordinator.recorder  # kept: the coordinator lets it go at the end
+        self._capsule = coordinator.capsule  # so is the crash capsule
         # After the end each state_dict() takes the state on its own thread,
         # inside each node's context: one call at a time, as during the run
         # (a Context is entered by one thread at a time, and a node's
@@ -454,9 +457,10 @@ class Run:
                    for name, busy in self._dispatcher.busy_fractions().items()}
         c = self._coordinator
         recording = None if self._recorder is None else self._recorder.stats()
+        capsule = None if self._capsule is None else self._capsule.stats()
         return RunStats(time=self.time, wall=c.wall_seconds(), nodes=nodes, workers=workers,
                         snapshots=c.snapshot_stats(), subscriptions=self._host.stats(),
-                        recording=recording)
+                        recording=recording, capsule=capsule)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
@@ -495,6 +499,7 @@ def run(
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
     replay_loop: bool = False,
+    record_on_failure: str | os.PathLike[str] | Capsule | None = None,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -614,6 +619,16 @@ def run(
         replay_loop (bool): with ``replay``, start the recording again at its
             end, each pass one recording's length later (what ``on_start``
             sent comes once). Default: False.
+        record_on_failure (str | os.PathLike | Capsule, optional): keep a
+            crash capsule (docs/recording.md, "Crash capsules"): every
+            message of every Output since the older of the last two
+            snapshots, in memory (bounded by the `Capsule`'s ``max_bytes``
+            and ``max_messages``), written to this MCAP file with the
+            snapshot when a node first fails. The snapshots are the
+            supervisor's; without its ``snapshot_every`` the run takes one
+            every ``Capsule.seconds`` (5 s of its timer). Replay it with
+            `mujou.testing.reproduce_failure` or ``mujou replay``. One
+            process only (no ``placement``). Default: None.
 
     Returns:
         Run: the started run.
@@ -652,7 +667,8 @@ def run(
                   listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
                   heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
                   record_snapshots=record_snapshots, replay=replay, replace=replace,
-                  replay_speed=replay_speed, replay_loop=replay_loop)
+                  replay_speed=replay_speed, replay_loop=replay_loop,
+                  record_on_failure=record_on_failure)
 
 
 def _start(
@@ -684,6 +700,7 @@ def _start(
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
     replay_loop: bool = False,
+    record_on_failure: str | os.PathLike[str] | Capsule | None = None,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -702,6 +719,13 @@ def _start(
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
                         f"{type(listen).__name__}")
     replaying = _check_replay(args, replay, replace, replay_speed, replay_loop, placement)
+    capsule = as_capsule(record_on_failure)
+    if capsule is not None:
+        if placement is not None:
+            raise ValueError("mujou.run: record_on_failure keeps a crash capsule in one "
+                             "process; placement is not supported with it")
+        args = dataclasses.replace(args, capsule=capsule,
+                                   supervisor=_capsule_supervisor(args.supervisor, capsule))
     if placement is not None:
         from .distributed.placed import Machines
         from .distributed.placed import start as start_placed
@@ -741,6 +765,18 @@ class _Arguments:
     recording: Recording | None = None  # record=, checked (its file can be written)
     record_ports: tuple[str, ...] | None = None  # the glob patterns; None: every Output
     record_snapshots: bool = False
+    capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
+
+
+def _capsule_supervisor(supervisor: Supervisor | None, capsule: Capsule) -> Supervisor:
+    """The run's supervisor, with snapshots every ``capsule.seconds`` if it takes none."""
+    if supervisor is not None and supervisor.snapshot_every is not None:
+        return supervisor
+    if supervisor is None:
+        return Supervisor(snapshot_every=capsule.seconds)
+    own = copy.copy(supervisor)  # the user's object stays as it was given
+    own.snapshot_every = capsule.seconds
+    return own
 
 
 def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
@@ -916,6 +952,8 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         coordinator.attach_host(host)
         if args.recording is not None:
             _record(coordinator, plan, args, n_workers)
+        if args.capsule is not None:
+            _keep_capsule(coordinator, plan, args, n_workers)
         coordinator.start_threads()
     except BaseException:
         if coordinator is not None:  # no hook has run: the threads exit at once
@@ -946,6 +984,25 @@ def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: in
     for ch, (output, actor) in enumerate(outputs):
         wiring.listen(output, recorder.hook(ch, actor))
     recorder.start()
+
+
+def _keep_capsule(coordinator: Coordinator, plan: _Plan, args: _Arguments,
+                  workers: int) -> None:
+    """Make the run's crash capsule: its hooks on every Output (before the threads start)."""
+    assert args.capsule is not None
+    wiring = coordinator.wiring
+    actor_of = wiring.actor_of
+    outputs = [(port, actor_of[id(port.node)]) for port in plan.ports.values()
+               if isinstance(port, Output)]
+    metadata = run_metadata(plan.found, plan.ports, seeds=plan.seeds, seed=args.seed,
+                            timer="simulated" if args.timer.simulated else "realtime",
+                            workers=workers, placement=None, patterns=None)
+    channels = [ChannelSpec.of(output, actor.path, actor.order) for output, actor in outputs]
+    keeper = CapsuleKeeper(args.capsule, channels, metadata,
+                           host_copy=None if wiring.rt is None else wiring.host_copy)
+    coordinator.attach_capsule(keeper)
+    for ch, (output, actor) in enumerate(outputs):
+        wiring.listen(output, keeper.hook(ch, actor))
 
 
 def _unclaim(plan: _Plan, token: object) -> None:

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
-           "MachineStats", "RecordingStats", "RecordingChannelStats", "RunStats"]
+           "MachineStats", "RecordingStats", "RecordingChannelStats", "CapsuleStats", "RunStats"]
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,33 @@ class RecordingStats:
 
 
 @dataclass(frozen=True)
+class CapsuleStats:
+    """A run's crash capsule (``mujou.run(record_on_failure=...)``, docs/recording.md).
+
+    Attributes:
+        file (str): the capsule's path (written only when a node fails).
+        kept (int): messages kept now (the window since the older snapshot).
+        kept_bytes (int): their bytes (tensor and text bytes plus 64 each).
+        evicted (int): messages let go for ``max_messages``/``max_bytes``
+            before the window's end, all channels.
+        snapshots (int): snapshots kept now (at most 2).
+        failure (str | None): the first failure (``node.hook at T ns:
+            exception``), None while no node failed.
+        written (bool): the capsule file is written.
+        error (str | None): what made writing it fail, None if nothing did.
+    """
+
+    file: str
+    kept: int = 0
+    kept_bytes: int = 0
+    evicted: int = 0
+    snapshots: int = 0
+    failure: str | None = None
+    written: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class RunStats:
     """A snapshot of a run's statistics.
 
@@ -317,6 +344,8 @@ class RunStats:
             member that runs groups (empty for a run in one process).
         recording (RecordingStats | None): the run's recording
             (``mujou.run(record=...)``); None when it records nothing.
+        capsule (CapsuleStats | None): the run's crash capsule
+            (``mujou.run(record_on_failure=...)``); None without one.
     """
 
     time: float
@@ -328,6 +357,7 @@ class RunStats:
     groups: Mapping[str, GroupStats] = field(default_factory=dict)
     machines: Mapping[str, MachineStats] = field(default_factory=dict)
     recording: RecordingStats | None = None
+    capsule: CapsuleStats | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .mcapfile import Record, RecordingInfo
     from .ports import Port
 
-__all__ = ["assert_replay_matches"]
+__all__ = ["assert_replay_matches", "reproduce_failure", "Reproduction"]
 
 # How many differing channels the report lists, at most.
 _LISTED = 10
@@ -437,3 +437,156 @@ def _short(value: Any, limit: int = 80) -> str:
     """A repr of at most ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# -- crash capsules ----------------------------------------------------------------------
+
+_MARGIN_NS = 1_000_000  # the rerun goes 1 ms past the failure's time: room to see it or not
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What a rerun of a crash capsule did (`reproduce_failure`).
+
+    Attributes:
+        capsule (str): the capsule's path.
+        reproduced (bool): the rerun failed as the capsule says: the same
+            node, hook, time and delta cycle, exception class and message.
+        recorded (dict[str, Any]): the capsule's failure: ``node``, ``hook``,
+            ``t_ns``, ``delta``, ``exception`` (module and qualified name),
+            ``message``, ``snapshot_ns`` (the time the rerun starts from; -1:
+            the run's start).
+        rerun (dict[str, Any] | None): the rerun's first failure, with the
+            same keys; None if it ran past the failure's time without one.
+        error (BaseException | None): what the rerun raised (a `NodeError`,
+            or another error of the run), None if it did not fail.
+        summary (str): one line: ``reproduced: ...`` or ``not reproduced: ...``.
+    """
+
+    capsule: str
+    reproduced: bool
+    recorded: dict[str, Any]
+    rerun: dict[str, Any] | None
+    error: BaseException | None
+    summary: str
+
+
+def reproduce_failure(capsule: str | os.PathLike[str],
+                      net: Node | list[Node] | dict[str, Node], *,
+                      replace: Iterable[str] = (), workers: int | None = None,
+                      timeout: float = 300.0, **run_kwargs: Any) -> Reproduction:
+    """Rerun ``net`` from a crash capsule's snapshot and check that the same failure happens.
+
+    The capsule (``mujou.run(record_on_failure=...)``) holds the state of the
+    net at a snapshot, every message sent since, and the run's first failure.
+    The rerun restores that state (``state=``, the recorded seeds in it) and
+    runs in simulated time to 1 ms past the failure's time. In simulated time
+    a deterministic net fails again at the same node, hook, time and delta
+    cycle, with the same exception, whatever ``workers``. Nodes named in
+    ``replace`` do not run: their messages come from the capsule, as a replay
+    (docs/recording.md, "Replay"), for nodes that cannot run here (a camera,
+    a robot).
+
+    A capsule of a real-time run is rerun in simulated time too: it then
+    starts from the same state, but the timing of the real run is not
+    repeated, and the failure may not come back.
+
+    Args:
+        capsule (str | os.PathLike): the capsule file.
+        net (Node | list[Node] | dict[str, Node]): a fresh net, built as the
+            failing run's was.
+        replace (Iterable[str]): paths of nodes whose messages come from the
+            capsule. Default: none.
+        workers (int, optional): the rerun's worker threads. Default: mujou's choice.
+        timeout (float): wall seconds for the rerun. Default: 300.
+        **run_kwargs: other arguments of `mujou.run` (``supervisor=``, ...).
+
+    Returns:
+        Reproduction: whether the failure came back, with both failures.
+
+    Raises:
+        ValueError: the file is a recording but no crash capsule; ``timer``,
+            ``state`` or ``duration`` among ``run_kwargs``.
+        RecordingError: the file is not a mujou recording, or is damaged.
+        FileNotFoundError: there is no such file.
+        TimeoutError: the rerun did not end within ``timeout``.
+    """
+    import tempfile
+
+    from . import snapshot
+    from .capsule import Capsule, capsule_facts
+    from .mcapfile import Reader
+    from .mcapfile import info as read_info
+    from .run import run
+
+    for name in ("timer", "state", "duration", "record_on_failure"):
+        if name in run_kwargs:
+            raise ValueError(f"reproduce_failure: the capsule sets {name}=; leave it out")
+    path = os.fspath(capsule)
+    found = read_info(path)
+    recorded = capsule_facts(found.end)
+    if recorded is None:
+        raise ValueError(f"reproduce_failure: {path} is a recording, not a crash capsule "
+                         "(mujou.run(record_on_failure=...) writes those)")
+    start_ns = int(recorded["snapshot_ns"])
+    tree = None
+    if start_ns >= 0:
+        for attachment, data in Reader(path).attachments():
+            if attachment.name == f"snapshot-{start_ns}.mujou":
+                tree = snapshot.loads(data)
+        if tree is None:
+            raise ValueError(f"reproduce_failure: {path} lacks its snapshot "
+                             f"snapshot-{start_ns}.mujou (a damaged capsule)")
+    t_fail = int(recorded["t_ns"])
+    duration = 0.0 if t_fail < 0 else (t_fail - max(start_ns, 0) + _MARGIN_NS) / 1e9
+    replaced = list(replace)
+    seed_arg = found.run.get("seed", "")
+    with tempfile.TemporaryDirectory(prefix="mujou-reproduce-") as folder:
+        again = os.path.join(folder, "rerun.mcap")
+        error: BaseException | None = None
+        try:
+            live = run(net, timer="simulated", duration=duration, workers=workers, state=tree,
+                       seed=int(seed_arg) if tree is None and seed_arg else None,
+                       record_on_failure=Capsule(again),
+                       replay=path if replaced else None,
+                       replace=replaced if replaced else None, **run_kwargs)
+        except Exception as exc:  # noqa: BLE001 - an on_start failing: the answer
+            error = exc
+        else:
+            try:
+                live.join(timeout)
+            except TimeoutError as exc:
+                if live.running:  # not ended: stopped, and said so
+                    live.stop()
+                    raise
+                error = exc  # a StopTimeoutError: the run ended with a stuck hook
+            except Exception as exc:  # noqa: BLE001 - the rerun's failure is the answer
+                error = exc
+        rerun = capsule_facts(read_info(again).end) if os.path.exists(again) else None
+    return _reproduction(path, found.run.get("timer", ""), recorded, rerun, error)
+
+
+def _reproduction(path: str, timer: str, recorded: dict[str, Any],
+                  rerun: dict[str, Any] | None, error: BaseException | None) -> Reproduction:
+    """Compare the recorded failure with the rerun's; the summary line."""
+    keys = ("node", "hook", "t_ns", "delta", "exception", "message")
+
+    def said(f: Mapping[str, Any]) -> str:
+        t = int(f["t_ns"])
+        when = "before the timer started" if t < 0 else \
+            f"at t = {t / 1e9:.9f} s ({t} ns), delta {f['delta']}"
+        return (f"{f['exception'].rpartition('.')[2]}({f['message']!r}) in "
+                f"{f['node'] or '<root>'}.{f['hook']} {when}")
+
+    if rerun is not None and all(rerun.get(k) == recorded.get(k) for k in keys):
+        return Reproduction(path, True, recorded, rerun, error, f"reproduced: {said(rerun)}")
+    if rerun is None:
+        why = ("the rerun ran past the failure's time without a failure" if error is None
+               else f"the rerun failed otherwise: {error}")
+    else:
+        differ = ", ".join(k for k in keys if rerun.get(k) != recorded.get(k))
+        why = f"the rerun failed with {said(rerun)} ({differ} differ)"
+    if timer == "realtime":
+        why += " (the capsule is of a real-time run: its timing is not repeated)"
+    return Reproduction(path, False, recorded, rerun, error,
+                        f"not reproduced: {said(recorded)} in the capsule; {why}")

@@ -52,7 +52,7 @@ from .build import Seams, Wiring, unwire
 from .cuts import NoCut, restore_tree, take_tree, why_no_cut
 from .dispatcher import Dispatcher
 from .mailbox import Restore, Start, Stop
-from .protocols import HostSide, RecorderSide, Subscribed
+from .protocols import CapsuleSide, HostSide, RecorderSide, Subscribed
 from .requests import StateRequest, StateRequests
 from .snapshots import Snapshots
 
@@ -151,6 +151,7 @@ class Coordinator:
         # attached by the run (attach_host) before the threads start.
         self._host: HostSide | None = None
         self.recorder: RecorderSide | None = None  # the run's recording (attach_recorder)
+        self.capsule: CapsuleSide | None = None  # its crash capsule (attach_capsule)
         self.lock = threading.Lock()  # the failures
         self._failures: list[BaseException] = []
         self._stuck: StopTimeoutError | None = None
@@ -202,6 +203,15 @@ class Coordinator:
         """
         self.recorder = recorder
 
+    def attach_capsule(self, capsule: CapsuleSide) -> None:
+        """Give the coordinator the run's crash capsule, which it closes at the end.
+
+        Called once, before `start_threads`; the capsule gets the supervisor's
+        snapshots as they are taken, a one_for_all restart's rewind and the
+        failures.
+        """
+        self.capsule = capsule
+
     def start_threads(self) -> None:
         """Start the dispatcher's threads and ``mujou-run``; the nodes' hooks may run."""
         self.dispatcher.start_threads()
@@ -215,6 +225,8 @@ class Coordinator:
         _unended.discard(self)
         if self.recorder is not None:
             self.recorder.close(None, "the run did not start", self._stop_timeout)
+        if self.capsule is not None:
+            self.capsule.close(self._stop_timeout)
 
     def on_thread(self) -> bool:
         """True on the ``mujou-run`` thread (a node's state_dict or load_state_dict)."""
@@ -407,6 +419,10 @@ class Coordinator:
         """A hook raised (on its thread, no lock held): do what the supervisor decides."""
         path = actor.path or "<root>"
         err = NodeError.from_hook(actor.path, hook, exc)  # whatever exc's own __str__ does
+        if self.capsule is not None:
+            # The hook's key: before the timer started (on_start) there is none.
+            key = actor.stamp if self._timer_started else (-1, 0)
+            self.capsule.failed(actor.path, hook, exc, key)
         verdict = failure_verdict(
             self._supervisor, self._intensity, self.timer.now_ns(),
             restartable=self._timer_started and not self._end_requested.is_set())
@@ -476,6 +492,8 @@ class Coordinator:
         for actor in self.actors:
             actor.restarts += 1
         self._restore_tree(tree, deadline, self._start_timeout)
+        if self.capsule is not None:
+            self.capsule.restored(tree)
         at = tree["time_ns"] if dispatcher.simulated else self.timer.now_ns()
         schedule = tree["schedule"]
         for actor in self.actors:
@@ -619,6 +637,8 @@ class Coordinator:
         self._snapshots.keep(tree, time.perf_counter() - t0)
         if self.recorder is not None:
             self.recorder.snapshot(tree)
+        if self.capsule is not None:
+            self.capsule.snapshot(tree)
 
     # -- state trees ---------------------------------------------------------------------
     def take_tree(self, time_ns: int | None = None,
@@ -678,7 +698,7 @@ class Coordinator:
             # once _finish closed the host's side).
             if self._host is not None:
                 self._host.close(0.0)
-            if self.recorder is not None:  # _finish stopped short of closing it
+            if self.recorder is not None or self.capsule is not None:  # _finish stopped short
                 self._close_recording(0.0)
             self._ended.set()
 
@@ -735,16 +755,21 @@ class Coordinator:
                 self._failures.append(exc)
 
     def _close_recording(self, timeout: float) -> None:
-        """Close the run's recording (no hook runs any more); its failure is the run's."""
+        """Close the run's recording and capsule (no hook runs any more); their failures
+        are the run's."""
         recorder, self.recorder = self.recorder, None
-        if recorder is None:
-            return
-        failure = self.failure
-        error = recorder.close(self._end_ns, "" if failure is None else describe(failure),
-                               timeout)
-        if error is not None:  # join() raises it, as a trace that cannot be written
-            with self.lock:
-                self._failures.append(error)
+        capsule, self.capsule = self.capsule, None
+        errors = []
+        if recorder is not None:
+            failure = self.failure
+            errors.append(recorder.close(self._end_ns,
+                                         "" if failure is None else describe(failure), timeout))
+        if capsule is not None:
+            errors.append(capsule.close(timeout))
+        for error in errors:
+            if error is not None:  # join() raises it, as a trace that cannot be written
+                with self.lock:
+                    self._failures.append(error)
 
     def _release(self) -> None:
         """Release the nodes: they may run in another net, their sends need one again."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..stats import RecordingStats
+    from ..stats import CapsuleStats, RecordingStats
     from .actor import Actor
 
 __all__ = ["KernelListener", "HostSide", "Subscribed", "RecorderSide"]
@@ -80,6 +80,31 @@ class HostSide(Protocol):
         Args:
             timeout (float): wall seconds; 0 delivers nothing more.
         """
+
+
+class CapsuleSide(Protocol):
+    """What the coordinator asks of a run's crash capsule (`capsule.CapsuleKeeper`).
+
+    The kernel does not import capsule.py: the run attaches it to the
+    coordinator (`Coordinator.attach_capsule`), which hands it the
+    supervisor's snapshots, a one_for_all restart's rewind and the first
+    failure, and closes it at the end.
+    """
+
+    def snapshot(self, tree: dict[str, Any]) -> None:
+        """A supervisor snapshot was taken (its tree); never blocks."""
+
+    def restored(self, tree: dict[str, Any]) -> None:
+        """A one_for_all restart took the net back to ``tree``."""
+
+    def failed(self, path: str, hook: str, exc: BaseException, key: tuple[int, int]) -> None:
+        """A hook raised (on its thread): write the capsule of the first failure."""
+
+    def close(self, timeout: float) -> BaseException | None:
+        """Wait for the capsule being written; what made it fail, None if nothing did."""
+
+    def stats(self) -> CapsuleStats:
+        """The capsule's counts so far."""
 
 
 class RecorderSide(Protocol):
