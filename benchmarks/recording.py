@@ -14,6 +14,10 @@ What is measured
   (``sys.setprofile``, one update of each run: exact whatever the load).
 * **drop ns/message**: the same with a queue of 8 messages
   (``when_full="drop"``): what a send costs when its message is dropped.
+* **capsule ns/message**: the same with a crash capsule instead of a
+  recording (``record_on_failure=``, bounds that keep every message; no node
+  fails, so no file is written): what keeping a message in the capsule's
+  window costs the sender.
 * **writer msg/s** (small: a float per message) and **writer GB/s** (tensors of
   ``--tensor-mib`` MiB): what the ``mujou-recorder`` thread does per message
   (`mcapfile.Writer.write_message`: encode with the snapshot codec, add to the
@@ -122,13 +126,14 @@ class Reader(mujou.Node):
         self.inp.read()
 
 
-def hook_run(case: str, n: int, ticks: int, record: mujou.Recording | None) -> dict[str, Any]:
+def hook_run(case: str, n: int, ticks: int, record: mujou.Recording | None,
+             capsule: mujou.Capsule | None = None) -> dict[str, Any]:
     """One run of the sender: median CPU ns per send, calls per send, the recording's stats."""
     sender, reader = Sender(case, n, ticks), Reader(case)
     mujou.connect(sender.out, reader.inp)
     gc.collect()
     run = mujou.run([sender, reader], timer="simulated", workers=1,
-                    duration=(ticks + 2) * 0.001, record=record)
+                    duration=(ticks + 2) * 0.001, record=record, record_on_failure=capsule)
     run.join()
     rec = run.stats().recording
     return {"ns": statistics.median(sender.ns[1:] or sender.ns), "calls": sender.calls / n,
@@ -142,23 +147,28 @@ def hook_cost(case: str, n: int, ticks: int, repeat: int, folder: str) -> dict[s
     big = mujou.Recording(path, max_messages=4 * n * ticks, max_bytes=1 << 30,
                           when_full="drop")
     tiny = mujou.Recording(path, max_messages=8, when_full="drop")
-    plain, recorded, dropped = [], [], []
+    # A crash capsule that keeps every message of the run (no node fails: no file).
+    kept = mujou.Capsule(path + ".capsule", max_messages=4 * n * ticks, max_bytes=1 << 30)
+    plain, recorded, dropped, capsule = [], [], [], []
     calls = {}
     try:
         for _ in range(repeat):
             a = hook_run(case, n, ticks, None)
             b = hook_run(case, n, ticks, big)
             c = hook_run(case, n, ticks, tiny)
+            d = hook_run(case, n, ticks, None, kept)
             assert b["dropped"] == 0, "the big queue dropped: raise max_messages"
             plain.append(a["ns"])
             recorded.append(b["ns"] - a["ns"])
             dropped.append(c["ns"] - a["ns"])
+            capsule.append(d["ns"] - a["ns"])
             calls = {"plain": a["calls"], "recorded": b["calls"], "dropped": c["calls"]}
     finally:
         if os.path.exists(path):
             os.unlink(path)
     return {"send_ns": statistics.median(plain), "hook_ns": statistics.median(recorded),
             "hook_ns_samples": recorded, "drop_ns": statistics.median(dropped),
+            "capsule_ns": statistics.median(capsule),
             "hook_calls": calls["recorded"] - calls["plain"],
             "drop_calls": calls["dropped"] - calls["plain"]}
 
@@ -310,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         "recorded_run": flood,
         "targets": {"hook_ns": 2000, "writer_small_rate": 300_000, "writer_gb_per_s": 1.0},
     }
-    print(f"{'case':<8} {'send ns':>9} {'hook ns':>9} {'drop ns':>9} {'hook calls':>11}")
+    print(f"{'case':<8} {'send ns':>9} {'hook ns':>9} {'drop ns':>9} {'hook calls':>11} "
+          f"{'capsule ns':>11}")
     for case, h in hooks.items():
         print(f"{case:<8} {h['send_ns']:>9.0f} {h['hook_ns']:>9.0f} {h['drop_ns']:>9.0f} "
-              f"{h['hook_calls']:>11.2f}")
+              f"{h['hook_calls']:>11.2f} {h['capsule_ns']:>11.0f}")
     ws, wt = result["writer_small"], result["writer_tensors"]
     print(f"writer, small messages: {ws['rate']:,.0f} msg/s (encode {ws['encode_us']:.2f} us "
           f"+ mcap add_message {ws['mcap_us']:.2f} us per message; target 300,000)")

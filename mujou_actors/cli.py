@@ -579,6 +579,8 @@ def _stats_json(stats: RunStats) -> dict[str, Any]:
                                if f.name != "channels"},
                             "channels": {p: dataclasses.asdict(c)
                                          for p, c in rec.channels.items()}}
+    if stats.capsule is not None:  # --capsule
+        out["capsule"] = dataclasses.asdict(stats.capsule)
     return out
 
 
