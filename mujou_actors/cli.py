@@ -212,7 +212,12 @@ def parse_places(places: tuple[str, ...]) -> dict[str, str]:
     for item in places:
         path, eq, group = item.partition("=")
         if not eq:
-            raise UsageError(f"--place {item!r}: expected PATH=GROUP (for example sim=physics)")
+            raise UsageError(f"--place {item!r}: expected PATH=GROUP (for example sim=physics, "
+                             f"or sim=robot:physics for a group on machine robot)")
+        if not path.strip() or not group.strip():
+            raise UsageError(f"--place {item!r}: {'PATH' if not path.strip() else 'GROUP'} is "
+                             f"empty (expected PATH=GROUP or PATH=MACHINE:GROUP, for example "
+                             f"sim=physics)")
         if path in placement:
             raise UsageError(f"--place: {path!r} is placed twice")
         placement[path] = group
@@ -616,6 +621,14 @@ def main() -> None:
 @click.option("--seed", type=int, default=None, help="Seed of the run.")
 @click.option("--snapshot-every", type=float, default=None,
               help="Seconds of the run's timer between snapshots.")
+@click.option("--restart", type=click.Choice(["none", "one_for_one", "one_for_all"]),
+              default="none", show_default=True,
+              help="What a node that raises does (mujou.Supervisor(restart=...)): none ends "
+                   "the run; one_for_one restarts the node, one_for_all the net, from the "
+                   "latest snapshot (with --place, a lost machine's groups restart too, on "
+                   "a fallback machine if it is gone).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
+              help="With --restart: restarts allowed within 60 s of the run's timer.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), default=None,
               help="Folder for snapshot files (the final state is written there too).")
 @click.option("--restore", type=click.Path(dir_okay=False), default=None,
@@ -637,9 +650,10 @@ def main() -> None:
 @click.option("--capsule-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --capsule: seconds of the run's timer between its snapshots "
                    "(default: --snapshot-every, else 5).")
-@click.option("--place", "places", multiple=True, metavar="PATH=GROUP",
+@click.option("--place", "places", multiple=True, metavar="PATH=[MACHINE:]GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
-                   "for more. NAME must then be the function that builds the net.")
+                   "for more. MACHINE[,FALLBACK...]: GROUP runs on that member (see "
+                   "--listen). NAME must then be the function that builds the net.")
 @click.option("--net-kwargs", default=None, metavar="JSON",
               help="With --place: the net function's keyword arguments, a JSON object.")
 @click.option("--listen", default=None, metavar="HOST:PORT",
@@ -655,7 +669,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def run_command(target: str, duration: float | None, timer: str, workers: int | None,
-                seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
+                seed: int | None, snapshot_every: float | None, restart: str,
+                max_restarts: int, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
                 record_snapshots: bool, capsule_path: str | None,
@@ -708,8 +723,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
             net = load_net(target)
-        if snapshot_every is not None or snapshot_dir is not None:
-            kwargs["supervisor"] = mujou.Supervisor(snapshot_every=snapshot_every,
+        if snapshot_every is not None or snapshot_dir is not None or restart != "none":
+            kwargs["supervisor"] = mujou.Supervisor(restart, max_restarts=max_restarts,
+                                                    snapshot_every=snapshot_every,
                                                     snapshot_dir=snapshot_dir)
         if trace_path is not None:
             kwargs["trace"] = trace_path
@@ -942,6 +958,12 @@ def worker_command(leader: tuple[str, int], name: str, listen: tuple[str, int],
             check_listen(listen[0], allow_remote, f"worker {name!r}")
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--listen'") from None
+        from .distributed.secret import SecretError, load_secret
+
+        try:  # its groups' links need it: a missing or weak one is found now, not at a run
+            load_secret()
+        except SecretError as exc:
+            raise UsageError(f"worker {name!r}: {exc}") from None
         _spawn_skips_main()
         stop = threading.Event()
         previous = {signum: signal.signal(signum, lambda *_: stop.set())

@@ -12,6 +12,7 @@ check the actor class's capabilities, the group process runs it).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import pickle
@@ -28,6 +29,7 @@ import pytest
 from click.testing import CliRunner
 from thespian.actors import NoCompatibleSystemForActor
 
+import mujou_actors as mujou
 from mujou_actors.cli import main
 from mujou_actors.distributed import actors
 from mujou_actors.distributed._loopback import ANY, stat_fields
@@ -216,6 +218,30 @@ def test_listening_beyond_the_loopback_needs_allow_remote_and_addresses_are_chec
     assert children() == before  # nothing was started
 
 
+def test_mujou_worker_without_a_usable_secret_is_refused_as_it_starts(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    monkeypatch.delenv("MUJOU_SECRET", raising=False)
+    monkeypatch.delenv("MUJOU_SECRET_FILE", raising=False)
+    args = ["worker", "--join", "127.0.0.1:1900", "--name", "robot"]
+    open_file = tmp_path / "secret"
+    open_file.write_text("a secret of twenty bytes\n")
+    open_file.chmod(0o644)
+    before = children()
+
+    missing = runner.invoke(main, args)
+    short = runner.invoke(main, args, env={"MUJOU_SECRET": "abc"})
+    readable = runner.invoke(main, args, env={"MUJOU_SECRET_FILE": str(open_file)})
+
+    for result in (missing, short, readable):
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: worker 'robot': ")
+    assert "no secret for the data plane between machines" in missing.output
+    assert "MUJOU_SECRET" in short.output and "3 bytes" in short.output
+    assert "chmod 600" in readable.output
+    assert children() == before  # refused before anything started
+
+
 def test_a_bad_option_of_mujou_worker_or_workers_is_an_error_naming_it() -> None:
     runner = CliRunner()
     closed = free_port()  # nothing listens there
@@ -247,6 +273,7 @@ def test_a_bad_option_of_mujou_worker_or_workers_is_an_error_naming_it() -> None
 
 # What pip writes as the `mujou` console script (a file run as __main__, not `-m`).
 CONSOLE_SCRIPT = """import sys
+import mujou_actors as mujou
 from mujou_actors.cli import main
 if __name__ == "__main__":
     sys.exit(main())
@@ -263,7 +290,7 @@ def test_mujou_worker_says_where_it_listens_is_listed_and_ends_cleanly_on_sigter
         worker = subprocess.Popen(
             [sys.executable, str(script), "worker", "--join", f"{host}:{port}",
              "--name", "robot"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT})
+            env={**os.environ, "PYTHONPATH": ROOT, "MUJOU_SECRET": "a secret of twenty bytes"})
         try:
             line = read_line(worker.stdout, 60)
             found = re.fullmatch(
@@ -353,3 +380,45 @@ def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_a
         pid = system.start_group("g", "tests.procs_support:make", {"name": "g"}, 60.0,
                                  member="spare")
         assert system.ask("g", ("pid", None), 30.0) == pid
+
+
+def test_a_place_with_an_empty_path_or_group_is_a_usage_error_naming_it() -> None:
+    runner = CliRunner()
+
+    results = {item: runner.invoke(main, ["run", "tests/placed_support.py:make_net", "--place",
+                                          item, "--listen", "127.0.0.1:1900"])
+               for item in ("arm=", "=control", "arm")}
+
+    assert all(r.exit_code == 2 for r in results.values()), results
+    assert "--place 'arm=': GROUP is empty" in results["arm="].output
+    assert "--place '=control': PATH is empty" in results["=control"].output
+    assert "expected PATH=GROUP" in results["arm"].output
+
+
+def test_fallback_machines_without_a_restarting_supervisor_are_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from mujou_actors.distributed.placed import _warn_unused_fallbacks
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        _warn_unused_fallbacks({"control": ("robot", "spare")}, None)
+        _warn_unused_fallbacks({"control": ("robot", "spare")}, mujou.Supervisor())
+        _warn_unused_fallbacks({"control": ("robot", "spare")}, mujou.Supervisor("one_for_all"))
+        _warn_unused_fallbacks({"control": ("robot",)}, None)  # no fallback named
+
+    assert [r.getMessage()[:88] for r in caplog.records] == [
+        "placement names 'spare' as fallback machine(s) of group 'control', but the run's "
+        "supervi"] * 2
+    assert "--restart one_for_all" in caplog.records[0].getMessage()
+
+
+def test_mujou_run_restart_gives_the_run_a_restarting_supervisor(tmp_path: pathlib.Path) -> None:
+    stats = tmp_path / "stats.json"
+
+    result = CliRunner().invoke(main, [
+        "run", "tests/nets/capsule_nets.py:make_net", "--timer", "simulated", "--duration",
+        "4", "--restart", "one_for_one", "--max-restarts", "100", "--quiet",
+        "--stats-json", str(stats)])
+
+    assert result.exit_code == 0, result.output
+    # From the first snapshot (the start, zero) it does not wind up again within 4 s.
+    assert json.loads(stats.read_text())["nodes"]["integ"]["restarts"] == 1

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._runtime.kernel import Kernel
@@ -55,7 +55,6 @@ log = logging.getLogger("mujou_actors")
 
 __all__ = ["start", "Machines", "PlacedRun", "RemoteTraceback"]
 
-log = logging.getLogger("mujou_actors")
 
 
 # ---------------------------------------------------------------------------
@@ -79,6 +78,19 @@ class Machines:
     join_timeout: float = 30.0
     allow_remote: bool = False
     heartbeat_timeout: float = 1.0
+
+
+def _warn_unused_fallbacks(machines: Mapping[str, Sequence[str]], supervisor: Any) -> None:
+    """Say at the start that a fallback machine can serve only a supervisor that restarts."""
+    if supervisor is not None and supervisor.restart != "none":
+        return
+    for group, on in machines.items():
+        if len(on) > 1:
+            log.warning("placement names %s as fallback machine(s) of group %r, but the run's "
+                        "supervisor does not restart: a lost machine %r ends the run (pass "
+                        "supervisor=mujou.Supervisor('one_for_all', snapshot_every=...), or "
+                        "mujou run --restart one_for_all --snapshot-every S)",
+                        ", ".join(repr(m) for m in on[1:]), group, on[0])
 
 
 def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, Any] | None,
@@ -121,6 +133,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         raise ValueError(f"mujou.run: listen={machines.listen!r} goes with a placement that "
                          f"puts groups on other machines ('machine:group'); this one names "
                          f"none")
+    _warn_unused_fallbacks(plan.machines, args.supervisor)
     initial = resolve_inputs(ports, inputs)
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)
