@@ -22,6 +22,7 @@ from .errors import (
     StopTimeoutError,
 )
 from .host import Subscription
+from .liveview import FoxgloveServer, serve_foxglove
 from .node import Node
 from .ports import Input, Output, connect
 from .recording import Recording
@@ -43,6 +44,7 @@ from .trace import Tracer
 
 __all__ = [
     "CallbackError",
+    "FoxgloveServer",
     "GroupDied",
     "GroupStats",
     "Input",
@@ -75,6 +77,7 @@ __all__ = [
     "load",
     "run",
     "save",
+    "serve_foxglove",
 ]
 
 __version__ = "0.1.0"

@@ -592,6 +592,8 @@ def _final_snapshot(run: mujou.Run, folder: str) -> str:
     return os.path.join(folder, name)
 
 
+DEFAULT_FOXGLOVE_PORT = 8765  # liveview.DEFAULT_PORT, without importing it here
+
 # ---------------------------------------------------------------------------
 # Commands
 
@@ -628,6 +630,14 @@ def main() -> None:
                    "(\"sim.*\"); repeat it for more. Default: every Output.")
 @click.option("--record-snapshots", is_flag=True,
               help="With --record and --snapshot-every: attach the snapshots to the file.")
+@click.option("--record-view", is_flag=True,
+              help="With --record: also write each Output's JSON view (/view/<path>) for "
+                   "Foxglove beside its lossless channel.")
+@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
+              default=None, metavar="[HOST]:PORT",
+              help="Serve a live Foxglove WebSocket view of the run (every port a channel, "
+                   "the graph, the time, publishing to Inputs); default port 8765 on "
+                   "127.0.0.1. Write it after FILE, or as --foxglove=:PORT.")
 @click.option("--place", "places", multiple=True, metavar="PATH=GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
                    "for more. NAME must then be the function that builds the net.")
@@ -639,8 +649,9 @@ def main() -> None:
 @click.option("--join-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds to wait for the machines named to join.")
 @click.option("--allow-remote", is_flag=True,
-              help="Let --listen be an address other machines reach (a trusted network "
-                   "only: the control plane unpickles what reaches it).")
+              help="Let --listen or --foxglove be an address other machines reach (a "
+                   "trusted network only: the control plane unpickles what reaches it; the "
+                   "view shows every port and writes to every Input).")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="Seconds without a heartbeat before a machine is lost.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
@@ -649,8 +660,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 seed: int | None, snapshot_every: float | None, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
-                record_snapshots: bool, places: tuple[str, ...], net_kwargs: str | None,
-                listen: str | None,
+                record_snapshots: bool, record_view: bool, foxglove: str | None,
+                places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
                 join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
                 quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
@@ -667,8 +678,19 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
         if record_path is not None:
             check_writable(record_path, "--record", make_folders=True)
-        elif record_ports or record_snapshots:
-            raise UsageError("--record-port and --record-snapshots go with --record FILE")
+        elif record_ports or record_snapshots or record_view:
+            raise UsageError("--record-port, --record-snapshots and --record-view go with "
+                             "--record FILE")
+        if foxglove is not None:
+            if places:
+                raise UsageError("--foxglove serves a run in one process; it does not go "
+                                 "with --place")
+            from .liveview import parse_listen
+
+            try:
+                parse_listen(foxglove, allow_remote)
+            except ValueError as exc:
+                raise UsageError(f"--foxglove: {exc}") from exc
         kwargs: dict[str, Any] = {"timer": timer, "duration": duration, "workers": workers,
                                   "seed": seed, "state": restore}
         if places:
@@ -695,15 +717,22 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["trace"] = trace_path
         if record_path is not None:
             kwargs.update(record=record_path, record_ports=list(record_ports) or None,
-                          record_snapshots=record_snapshots)
+                          record_snapshots=record_snapshots, record_view=record_view)
         signals.mode = "defer"
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
         run = mujou.run(net, **kwargs)
         stopped = False  # by a signal
+        server = None
         try:
             signals.mode = "raise"
             if signals.code:
                 raise _Interrupted(signals.code)  # it came while the net was starting
+            if foxglove is not None:
+                try:
+                    server = _serve(run, foxglove, allow_remote, quiet)
+                except BaseException:
+                    run.stop()  # the server could not start (a taken port): nor does the run
+                    raise
             watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
             signals.mode = "finish"
         except KeyboardInterrupt:
@@ -711,6 +740,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             stopped = True
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
+        finally:
+            if server is not None:
+                server.close()
         # From here on a signal is only noted (signals.code): the final state and
         # the stats are written whatever arrives.
         if snapshot_dir is not None and (stopped or run.failure is None):
@@ -733,6 +765,19 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                            err=True)
         if signals.code:
             sys.exit(signals.code)
+
+
+def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool) -> Any:
+    """``--foxglove``: the live view's server (`mujou.serve_foxglove`); says where it listens."""
+    try:
+        server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote)
+    except RuntimeError as exc:  # the SDK's: the port is taken
+        raise UsageError(f"--foxglove {listen}: the server cannot listen ({exc})") from exc
+    if not quiet:
+        host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        click.echo(f"foxglove: live view at ws://{host}:{server.port} (open it in Foxglove: "
+                   "Open connection, Foxglove WebSocket)", err=True)
+    return server
 
 
 def parse_replace(items: tuple[str, ...]) -> list[str]:
