@@ -217,7 +217,10 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
             out["numel"] = n
         return out
     if n <= MAX_ELEMENTS:
-        out["data"] = _nonfinite_to_null(t.tolist())
+        values = t.tolist()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            values = _nonfinite_to_null(values)  # a walk in Python: only when needed
+        out["data"] = values
         return out
     out["numel"] = n
     values = t.to(torch.float64).flatten()
