@@ -349,14 +349,13 @@ class FoxgloveServer:
         for sub in subs:
             sub.cancel()
         self._server.stop()
-        try:
-            from foxglove import channel as sdk_channel
-        except ImportError:  # pragma: no cover - the SDK is imported already
-            sdk_channel = None
+        from foxglove import channel as sdk_channel  # imported already, with the server
+
+        # The SDK keeps every channel in a module dict: forget this run's, closed.
+        known = getattr(sdk_channel, "_channels_by_id", {})
         for channel in [*self._channels.values(), self._graph]:
             channel.close()
-            if sdk_channel is not None:  # the SDK keeps every channel in a module dict
-                getattr(sdk_channel, "_channels_by_id", {}).pop(channel.id(), None)
+            known.pop(channel.id(), None)
 
     def close(self) -> None:
         """Stop the server: no port left open, no thread left (bounded waits); idempotent."""

@@ -24,9 +24,9 @@ beside the lossless channel (``record_view=True``) and the live server
   a complex tensor).
 * **Images**: a port that declares ``dtype=torch.uint8`` and a shape ``(H, W)``,
   ``(H, W, C)`` or ``(C, H, W)`` with C 1, 3 or 4 (given by the declaration:
-  its last dimension if that is 1, 3 or 4, else its first) is an *image port*: its view is Foxglove's
-  well-known ``foxglove.RawImage`` (``timestamp``, ``frame_id`` (the port's
-  path), ``width``, ``height``, ``encoding`` ``"mono8"``, ``"rgb8"`` or
+  its last dimension if that is 1, 3 or 4, else its first) is an *image
+  port*: its view is Foxglove's well-known ``foxglove.RawImage``
+  (``timestamp``, ``frame_id`` (the port's path), ``width``, ``height``, ``encoding`` ``"mono8"``, ``"rgb8"`` or
   ``"rgba8"``, ``step``, ``data`` base64), which the Image panel shows. A port
   that does not declare both is never an image port: the schema of a channel
   is fixed, and Foxglove picks a panel by it.
@@ -217,15 +217,14 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
             out["numel"] = n
         return out
     if n <= MAX_ELEMENTS:
-        values = t.tolist()
+        data = t.tolist()
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            values = _nonfinite_to_null(values)  # a walk in Python: only when needed
-        out["data"] = values
+            data = _nonfinite_to_null(data)  # a walk in Python: only when needed
+        out["data"] = data
         return out
     out["numel"] = n
     values = t.to(torch.float64).flatten()
-    if values.is_floating_point():
-        values = values[torch.isfinite(values)]
+    values = values[torch.isfinite(values)]
     if values.numel() == 0:
         out.update(min=None, max=None, mean=None)
     else:
