@@ -27,9 +27,10 @@ beside the lossless channel (``record_view=True``) and the live server
   its last dimension if that is 1, 3 or 4, else its first) is an *image
   port*: its view is Foxglove's well-known ``foxglove.RawImage``
   (``timestamp``, ``frame_id`` (the port's path), ``width``, ``height``,
-  ``encoding`` ``"mono8"``, ``"rgb8"`` or ``"rgba8"``, ``step``, ``data`` base64), which the Image panel shows. A port
-  that does not declare both is never an image port: the schema of a channel
-  is fixed, and Foxglove picks a panel by it.
+  ``encoding`` ``"mono8"``, ``"rgb8"`` or ``"rgba8"``, ``step``, ``data``
+  base64), which the Image panel shows. A port that does not declare both
+  is never an image port: the schema of a channel is fixed, and Foxglove
+  picks a panel by it.
 * **Anything else** (an object of a port typed ``object``): its ``repr``,
   at most 256 characters.
 
