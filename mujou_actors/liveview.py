@@ -34,6 +34,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ._checks import is_int
 from .errors import describe
 from .ports import Input, Output
 from .view import Projection, from_json
@@ -96,11 +97,11 @@ def parse_listen(listen: int | str, allow_remote: bool) -> tuple[str, int]:
         ValueError: a bad address, or a host off loopback without ``allow_remote``.
         TypeError: ``listen`` is neither an int nor a str.
     """
-    if isinstance(listen, bool) or not isinstance(listen, (int, str)):
+    if is_int(listen):
+        host, port_text = "127.0.0.1", str(listen)
+    elif not isinstance(listen, str):
         raise TypeError(f"serve_foxglove: listen must be a port (int) or 'HOST:PORT', "
                         f"got {listen!r}")
-    if isinstance(listen, int):
-        host, port_text = "127.0.0.1", str(listen)
     else:
         host, colon, port_text = listen.strip().rpartition(":")
         if not colon:

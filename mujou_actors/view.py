@@ -260,7 +260,7 @@ def _project(value: Any, depth: int) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, float):  # a float subclass (numpy's float64)
         return _finite(float(value))
-    if isinstance(value, (bool, int, str)):
+    if isinstance(value, (int, str)):  # subclasses (an IntEnum); a bool was taken above
         return value
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return {name: _project(v, depth + 1) for name, v in zip(value._fields, value,
