@@ -199,11 +199,16 @@ class FoxgloveServer:
             GRAPH_TOPIC, schema=foxglove.Schema(name="mujou.Graph", encoding="jsonschema",
                                                 data=json.dumps(_GRAPH_SCHEMA).encode()),
             message_encoding="json", context=self._context)
-        self._server = foxglove.start_server(
-            name=name, host=host, port=port, context=self._context,
-            capabilities=[Capability.ClientPublish, Capability.ConnectionGraph,
-                          Capability.Time],
-            supported_encodings=["json"], server_listener=_Listener(self))
+        try:
+            self._server = foxglove.start_server(
+                name=name, host=host, port=port, context=self._context,
+                capabilities=[Capability.ClientPublish, Capability.ConnectionGraph,
+                              Capability.Time],
+                supported_encodings=["json"], server_listener=_Listener(self))
+        except Exception as exc:
+            self._close_channels()
+            raise RuntimeError(f"serve_foxglove: cannot listen on {host}:{port} "
+                               f"({describe(exc)})") from exc
         self._publish_connection_graph(foxglove)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
@@ -350,6 +355,10 @@ class FoxgloveServer:
         for sub in subs:
             sub.cancel()
         self._server.stop()
+        self._close_channels()
+
+    def _close_channels(self) -> None:
+        """Close this server's channels, and make the SDK forget them."""
         from foxglove import channel as sdk_channel  # imported already, with the server
 
         # The SDK keeps every channel in a module dict: forget this run's, closed.

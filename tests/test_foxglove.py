@@ -223,7 +223,12 @@ def test_the_server_stops_with_the_run_and_leaves_no_thread_nor_port() -> None:
 
 def test_a_host_off_loopback_needs_allow_remote_and_a_placed_run_is_refused() -> None:
     run = mujou.run({"echo": Echo()}, timer="simulated")
+    taken = socket.socket()
     try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="cannot listen on 127.0.0.1"):
+            mujou.serve_foxglove(run, taken.getsockname()[1])
         with pytest.raises(ValueError, match="allow_remote"):
             mujou.serve_foxglove(run, "0.0.0.0:0")
         with pytest.raises(ValueError, match="no port"):
@@ -231,6 +236,7 @@ def test_a_host_off_loopback_needs_allow_remote_and_a_placed_run_is_refused() ->
         with pytest.raises(TypeError, match="placed run"):
             mujou.serve_foxglove(object(), 0)  # type: ignore[arg-type]
     finally:
+        taken.close()
         run.stop()
         run.join(timeout=20)
     with pytest.raises(mujou.NotRunningError):
