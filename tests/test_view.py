@@ -242,3 +242,24 @@ def test_the_lossless_channels_are_unchanged_by_record_view_and_replay_bit_for_b
 def test_record_view_without_record_is_refused() -> None:
     with pytest.raises(TypeError, match="record_view go with"):
         mujou.run({"plant": Plant()}, timer="simulated", duration=0.01, record_view=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_placed_run_writes_the_same_views_as_one_process(tmp_path: pathlib.Path) -> None:
+    from tests.placed_support import make_net
+
+    one, placed = tmp_path / "one.mcap", tmp_path / "placed.mcap"
+    mujou.run(make_net(), timer="simulated", duration=0.2, seed=3, record=one,
+              record_view=True).join(timeout=60)
+
+    run = mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
+                    timer="simulated", duration=0.2, seed=3, record=placed, record_view=True)
+    run.join(timeout=120)
+
+    def views(path: pathlib.Path) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for topic, seq, t, value in mcapfile.Reader(path).views():
+            out.setdefault(topic, []).append((seq, t, value))
+        return out
+
+    assert views(placed) == views(one) and sum(map(len, views(one).values())) > 20
