@@ -23,6 +23,7 @@ from .errors import (
     StopTimeoutError,
 )
 from .host import Subscription
+from .liveview import FoxgloveServer, serve_foxglove
 from .node import Node
 from .ports import Input, Output, connect
 from .recording import Recording
@@ -47,6 +48,7 @@ __all__ = [
     "CallbackError",
     "Capsule",
     "CapsuleStats",
+    "FoxgloveServer",
     "GroupDied",
     "GroupStats",
     "Input",
@@ -79,6 +81,7 @@ __all__ = [
     "load",
     "run",
     "save",
+    "serve_foxglove",
 ]
 
 __version__ = "0.1.0"

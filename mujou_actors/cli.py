@@ -600,6 +600,8 @@ def _final_snapshot(run: mujou.Run, folder: str) -> str:
     return os.path.join(folder, name)
 
 
+DEFAULT_FOXGLOVE_PORT = 8765  # liveview.DEFAULT_PORT, without importing it here
+
 # ---------------------------------------------------------------------------
 # Commands
 
@@ -644,6 +646,14 @@ def main() -> None:
                    "(\"sim.*\"); repeat it for more. Default: every Output.")
 @click.option("--record-snapshots", is_flag=True,
               help="With --record and --snapshot-every: attach the snapshots to the file.")
+@click.option("--record-view", is_flag=True,
+              help="With --record: also write each Output's JSON view (/view/<path>) for "
+                   "Foxglove beside its lossless channel.")
+@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
+              default=None, metavar="[HOST]:PORT",
+              help="Serve a live Foxglove WebSocket view of the run (every port a channel, "
+                   "the graph, the time, publishing to Inputs); default port 8765 on "
+                   "127.0.0.1. Write it after FILE, or as --foxglove=:PORT.")
 @click.option("--capsule", "capsule_path", type=click.Path(dir_okay=False), default=None,
               help="Keep a crash capsule: when a node fails, write the last seconds of every "
                    "Output and a snapshot to this MCAP file (docs/recording.md).")
@@ -662,8 +672,9 @@ def main() -> None:
 @click.option("--join-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds to wait for the machines named to join.")
 @click.option("--allow-remote", is_flag=True,
-              help="Let --listen be an address other machines reach (a trusted network "
-                   "only: the control plane unpickles what reaches it).")
+              help="Let --listen or --foxglove be an address other machines reach (a "
+                   "trusted network only: the control plane unpickles what reaches it; the "
+                   "view shows every port and writes to every Input).")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="Seconds without a heartbeat before a machine is lost.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
@@ -673,9 +684,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 max_restarts: int, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
-                record_snapshots: bool, capsule_path: str | None,
-                capsule_seconds: float | None, places: tuple[str, ...], net_kwargs: str | None,
-                listen: str | None,
+                record_snapshots: bool, record_view: bool, foxglove: str | None,
+                capsule_path: str | None, capsule_seconds: float | None,
+                places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
                 join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
                 quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
@@ -692,8 +703,19 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
         if record_path is not None:
             check_writable(record_path, "--record", make_folders=True)
-        elif record_ports or record_snapshots:
-            raise UsageError("--record-port and --record-snapshots go with --record FILE")
+        elif record_ports or record_snapshots or record_view:
+            raise UsageError("--record-port, --record-snapshots and --record-view go with "
+                             "--record FILE")
+        if foxglove is not None:
+            if places:
+                raise UsageError("--foxglove serves a run in one process; it does not go "
+                                 "with --place")
+            from .liveview import parse_listen
+
+            try:
+                parse_listen(foxglove, allow_remote)
+            except ValueError as exc:
+                raise UsageError(f"--foxglove: {exc}") from exc
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
             if places:
@@ -731,15 +753,22 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["trace"] = trace_path
         if record_path is not None:
             kwargs.update(record=record_path, record_ports=list(record_ports) or None,
-                          record_snapshots=record_snapshots)
+                          record_snapshots=record_snapshots, record_view=record_view)
         signals.mode = "defer"
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
         run = mujou.run(net, **kwargs)
         stopped = False  # by a signal
+        server = None
         try:
             signals.mode = "raise"
             if signals.code:
                 raise _Interrupted(signals.code)  # it came while the net was starting
+            if foxglove is not None:
+                try:
+                    server = _serve(run, foxglove, allow_remote, quiet)
+                except BaseException:
+                    run.stop()  # the server could not start (a taken port): nor does the run
+                    raise
             watch(run, duration=duration, simulated=timer == "simulated", live=live, quiet=quiet)
             signals.mode = "finish"
         except KeyboardInterrupt:
@@ -747,6 +776,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             stopped = True
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
+        finally:
+            if server is not None:
+                server.close()
         # From here on a signal is only noted (signals.code): the final state and
         # the stats are written whatever arrives.
         if snapshot_dir is not None and (stopped or run.failure is None):
@@ -774,6 +806,19 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                            err=True)
         if signals.code:
             sys.exit(signals.code)
+
+
+def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool) -> Any:
+    """``--foxglove``: the live view's server (`mujou.serve_foxglove`); says where it listens."""
+    try:
+        server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote)
+    except RuntimeError as exc:  # the SDK's: the port is taken
+        raise UsageError(f"--foxglove {listen}: the server cannot listen ({exc})") from exc
+    if not quiet:
+        host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        click.echo(f"foxglove: live view at ws://{host}:{server.port} (open it in Foxglove: "
+                   "Open connection, Foxglove WebSocket)", err=True)
+    return server
 
 
 def parse_replace(items: tuple[str, ...]) -> list[str]:
@@ -1176,6 +1221,10 @@ def _print_recording(info: Any) -> None:
                       f"{c.bytes:,}", _seconds(c.first_ns), _seconds(c.last_ns),
                       f"{info.drops.get(c.topic, 0):,}")
     console.print(table)
+    if info.views:  # record_view: JSON channels for Foxglove, beside the lossless ones
+        console.print(f"view channels: {len(info.views)} (JSON, for Foxglove; not replayed)")
+        for c in info.views:
+            console.print(f"  {c.topic}  {c.type}  {c.count:,} messages  {c.bytes:,} bytes")
     if info.seeds:
         console.print("seeds: " + ", ".join(f"{p or '<root>'}={s}" for p, s in info.seeds.items()))
     console.print(f"attachments: {len(info.attachments)}")

@@ -29,6 +29,13 @@ version 1 (`FORMAT`):
   started (by ``on_start``, at the control key ``(-1, 0)``) is stored with
   ``log_time`` 0 and ``delta`` -1 (`CONTROL_DELTA`); the reader gives its key
   back as ``t_ns=-1, delta=0``.
+* **View channels** (``record_view=True``): beside a recorded Output's
+  channel, topic ``/view/<path>`` (`VIEW_PREFIX`), message encoding ``"json"``,
+  schema encoding ``"jsonschema"`` (or Foxglove's ``foxglove.RawImage``),
+  metadata ``mujou.view_of`` (`VIEW_OF`: the Output's path); each message the
+  JSON view (`mujou_actors.view`) of the lossless message of the same time
+  and sequence. Readers list them apart (`RecordingInfo.views`) and never
+  decode them: they are for Foxglove, not for replay.
 * **Metadata** ``"mujou.run"`` (`RUN_METADATA`, written first) and
   ``"mujou.end"`` (`END_METADATA`, written at a clean close): str values, JSON
   where structured (see ``docs/recording.md`` for the keys).
@@ -103,6 +110,12 @@ PROFILE = "mujou"
 MESSAGE_ENCODING = "mujou.snapshot"
 SCHEMA_ENCODING = "mujou.port"
 SNAPSHOT_MEDIA_TYPE = "application/x-mujou-snapshot"
+VIEW_ENCODING = "json"
+VIEW_SCHEMA_ENCODING = "jsonschema"
+VIEW_PREFIX = "/view/"
+"""A view channel's topic is this and the Output's path (``/view/sim.state``)."""
+VIEW_OF = "mujou.view_of"
+"""The metadata key of a view channel: the path of the Output it is a view of."""
 RUN_METADATA = "mujou.run"
 END_METADATA = "mujou.end"
 CHUNK_SIZE = 1 << 20
@@ -412,6 +425,26 @@ class Writer:
         return self._mcap.register_channel(spec.topic, MESSAGE_ENCODING, schema_id,
                                            spec.metadata())
 
+    def add_view_channel(self, of: str, schema_name: str, schema: Mapping[str, Any]) -> int:
+        """Register the view channel of a recorded Output (``/view/<path>``, JSON).
+
+        Args:
+            of (str): the Output's path.
+            schema_name (str): the schema's name (``foxglove.RawImage`` for an image).
+            schema (Mapping[str, Any]): its JSON Schema.
+
+        Returns:
+            int: the channel's id, for `write`.
+        """
+        data = json.dumps(schema, sort_keys=True)
+        key = f"{VIEW_SCHEMA_ENCODING}:{schema_name}:{data}"
+        schema_id = self._schemas.get(key)
+        if schema_id is None:
+            schema_id = self._schemas[key] = self._mcap.register_schema(
+                schema_name, VIEW_SCHEMA_ENCODING, data.encode())
+        return self._mcap.register_channel(VIEW_PREFIX + of, VIEW_ENCODING, schema_id,
+                                           {VIEW_OF: of})
+
     def write(self, channel_id: int, seq: int, t_ns: int, data: bytes) -> None:
         """Write one message record.
 
@@ -550,6 +583,8 @@ class ChannelInfo:
         bytes (int): their data's total size, bytes.
         first_ns (int | None): the first message's log time, ns (None: none).
         last_ns (int | None): the last message's log time, ns.
+        view_of (str | None): for a view channel (`RecordingInfo.views`), the
+            path of the Output it is a view of; None for a recorded Output's.
     """
 
     id: int
@@ -565,6 +600,7 @@ class ChannelInfo:
     bytes: int = 0
     first_ns: int | None = None
     last_ns: int | None = None
+    view_of: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,6 +641,10 @@ class RecordingInfo:
         drops (dict[str, int]): messages dropped per channel (from ``mujou.end``).
         seeds (dict[str, int]): each node's seed (from ``mujou.run``).
         attachments (list[AttachmentInfo]): in file order.
+        views (list[ChannelInfo]): the view channels (``record_view=True``), in
+            the order of their ids; their messages are not in ``messages``,
+            ``start_ns`` or ``end_ns`` (``sender_order`` -1, ``type`` the
+            schema's name).
     """
 
     path: str
@@ -621,6 +661,25 @@ class RecordingInfo:
     drops: dict[str, int] = dataclasses.field(default_factory=dict)
     seeds: dict[str, int] = dataclasses.field(default_factory=dict)
     attachments: list[AttachmentInfo] = dataclasses.field(default_factory=list)
+    views: list[ChannelInfo] = dataclasses.field(default_factory=list)
+
+
+def _is_view(channel: Channel) -> bool:
+    """Whether a channel record is a view channel (JSON, named by its ``mujou.view_of``)."""
+    return channel.message_encoding == VIEW_ENCODING and VIEW_OF in channel.metadata
+
+
+def _view_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
+    """The `ChannelInfo` of a view channel record (counts zero)."""
+    schema = schemas.get(channel.schema_id)
+    try:
+        data = json.loads(schema.data) if schema is not None else {}
+    except ValueError as e:
+        raise RecordingError(path, f"view channel {channel.topic!r}: bad schema "
+                             f"({_reason(e)})") from e
+    return ChannelInfo(channel.id, channel.topic, "", "", -1,
+                       schema.name if schema is not None else "", None, None, data,
+                       view_of=channel.metadata[VIEW_OF])
 
 
 def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
@@ -766,10 +825,11 @@ class Reader:
         scan = _Scan(self.path)
         schemas: dict[int, Schema] = {}
         channels: dict[int, ChannelInfo] = {}
+        views: dict[int, ChannelInfo] = {}
         result = RecordingInfo(self.path, 0, "")
         for record in scan:
             if isinstance(record, Message):
-                channel = channels.get(record.channel_id)
+                channel = channels.get(record.channel_id) or views.get(record.channel_id)
                 if channel is None:
                     raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
                                          "which no channel record defines")
@@ -781,7 +841,11 @@ class Reader:
             elif isinstance(record, Schema):
                 schemas.setdefault(record.id, record)
             elif isinstance(record, Channel):
-                if record.id not in channels:  # the summary repeats those of the data
+                if record.id in channels or record.id in views:
+                    continue  # the summary repeats those of the data
+                if _is_view(record):
+                    views[record.id] = _view_info(record, schemas, self.path)
+                else:
                     channels[record.id] = _channel_info(record, schemas, self.path)
             elif isinstance(record, Metadata):
                 if record.name == RUN_METADATA:
@@ -794,6 +858,7 @@ class Reader:
         result.size, result.complete, result.cut_at = scan.size, scan.complete, scan.cut_at
         result.library = scan.header.library if scan.header else ""
         result.channels = [channels[i] for i in sorted(channels)]
+        result.views = [views[i] for i in sorted(views)]
         result.messages = sum(c.count for c in result.channels)
         firsts = [c.first_ns for c in result.channels if c.first_ns is not None]
         lasts = [c.last_ns for c in result.channels if c.last_ns is not None]
@@ -828,15 +893,20 @@ class Reader:
         """
         schemas: dict[int, Schema] = {}
         channels: dict[int, ChannelInfo] = {}
+        views: set[int] = set()  # view channels: for Foxglove, never decoded here
         group: list[tuple[int, Record]] = []
         key: tuple[int, int] | None = None
         for record in _Scan(self.path):
             if isinstance(record, Schema):
                 schemas.setdefault(record.id, record)
             elif isinstance(record, Channel):
-                if record.id not in channels:  # the summary repeats those of the data
+                if _is_view(record):
+                    views.add(record.id)
+                elif record.id not in channels:  # the summary repeats those of the data
                     channels[record.id] = _channel_info(record, schemas, self.path)
             elif isinstance(record, Message):
+                if record.channel_id in views:
+                    continue
                 channel = channels.get(record.channel_id)
                 if channel is None:
                     raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
@@ -863,6 +933,32 @@ class Reader:
         if delta == CONTROL_DELTA:
             t, delta = -1, 0
         return Record(channel.topic, record.sequence, t, delta, message)
+
+    def views(self) -> Iterator[tuple[str, int, int, Any]]:
+        """The messages of the view channels (``record_view=True``), parsed, in file order.
+
+        Yields:
+            tuple[str, int, int, Any]: ``(view_of, sequence, t_ns, value)``: the
+            Output's path, the lossless message's sequence, its log time (ns;
+            0 for a send of ``on_start``) and the JSON value.
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            RecordingError: the file is not a mujou recording, is damaged, or a
+                view message is not JSON.
+        """
+        views: dict[int, str] = {}
+        for record in _Scan(self.path):
+            if isinstance(record, Channel) and _is_view(record):
+                views[record.id] = record.metadata[VIEW_OF]
+            elif isinstance(record, Message) and record.channel_id in views:
+                try:
+                    value = json.loads(record.data)
+                except ValueError as e:
+                    raise RecordingError(self.path, f"view message {record.sequence} of "
+                                         f"{views[record.channel_id]!r} is not JSON "
+                                         f"({_reason(e)})") from e
+                yield views[record.channel_id], record.sequence, record.log_time, value
 
     def attachments(self) -> Iterator[tuple[AttachmentInfo, bytes]]:
         """The attachments, with their data, in file order.

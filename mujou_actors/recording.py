@@ -47,6 +47,7 @@ from .devices import numerics
 from .errors import describe
 from .stats import RecordingChannelStats, RecordingStats
 from .trace import check_writable
+from .view import Projection
 
 if TYPE_CHECKING:
     from ._runtime.actor import Actor
@@ -96,6 +97,11 @@ class Recording:
         compression (str): ``"none"``, ``"lz4"`` or ``"zstd"`` (per chunk).
             Default: ``"none"``.
         chunk_size (int): bytes of messages per chunk. Default: 1 MiB.
+        view (bool): also write each recorded Output's JSON view (the
+            projection of docs/recording.md, "Viewing a run in Foxglove") to a
+            channel ``/view/<path>`` beside its lossless one, so that Foxglove
+            plots the file. Made by the writer thread, never the sender's.
+            ``mujou.run(record_view=True)`` sets it. Default: False.
 
     Raises:
         TypeError / ValueError: a bad argument, naming it.
@@ -104,7 +110,8 @@ class Recording:
     def __init__(self, path: str | os.PathLike[str], *,
                  max_messages: int = DEFAULT_MAX_MESSAGES,
                  max_bytes: int = DEFAULT_MAX_BYTES, when_full: str | None = None,
-                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE) -> None:
+                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE,
+                 view: bool = False) -> None:
         if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
             raise TypeError(f"Recording: path must be a non-empty str or os.PathLike, "
                             f"got {path!r}")
@@ -115,6 +122,8 @@ class Recording:
         if when_full is not None and when_full not in _WHEN_FULL:
             raise ValueError(f"Recording: when_full must be None, 'drop' or 'wait', "
                              f"got {when_full!r}")
+        if type(view) is not bool:
+            raise TypeError(f"Recording: view must be a bool, got {view!r}")
         if compression not in ("none", "lz4", "zstd"):
             raise ValueError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
                              f"got {compression!r}")
@@ -124,10 +133,12 @@ class Recording:
         self.when_full = when_full
         self.compression = compression
         self.chunk_size = chunk_size
+        self.view = view
 
     def __repr__(self) -> str:
         return (f"Recording({self.path!r}, max_messages={self.max_messages}, "
-                f"max_bytes={self.max_bytes}, when_full={self.when_full!r})")
+                f"max_bytes={self.max_bytes}, when_full={self.when_full!r}"
+                + (", view=True)" if self.view else ")"))
 
 
 def as_recording(record: Any) -> Recording | None:
@@ -320,6 +331,16 @@ class Recorder:
         self._writer.write_run(metadata)
         self._topics = [spec.topic for spec in channels]
         self._ids = [self._writer.add_channel(spec) for spec in channels]
+        # record_view: each channel's projection and view channel (written beside it).
+        self._views: list[tuple[Projection, int]] | None = None
+        if settings.view:
+            self._views = []
+            for spec in channels:
+                projection = Projection(spec.topic, spec.type, spec.shape,
+                                        None if spec.dtype is None
+                                        else getattr(torch, spec.dtype))
+                self._views.append((projection, self._writer.add_view_channel(
+                    spec.topic, projection.schema_name, projection.schema)))
         self._host_copy = host_copy
         self._snapshots = snapshots
         self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
@@ -500,11 +521,29 @@ class Recorder:
                 continue
             self._recorded[ch] += 1
             self._bytes[ch] += n
+            if self._views is not None:
+                self._write_view(ch, seq, t_ns, message)
         with self._room:
             self._pending[0] -= freed
             if self._waiting:
                 self._room.notify_all()
         return True
+
+    def _write_view(self, ch: int, seq: int, t_ns: int, message: Any) -> None:
+        """Write the view of a message just written (same time and sequence); never fails it."""
+        assert self._views is not None
+        projection, view_id = self._views[ch]
+        t = max(t_ns, 0)
+        try:
+            data = projection.encode(message, t)
+        except Exception as exc:  # noqa: BLE001 - a view never costs the lossless message
+            if -1 - ch not in self._warned:
+                self._warned.add(-1 - ch)
+                log.warning("recording %s: the view of a message of %s cannot be made (%s); "
+                            "its lossless message is recorded", self.path, self._topics[ch],
+                            describe(exc))
+            return
+        self._writer.write(view_id, seq, t, data)
 
     def _finish(self) -> None:
         """The end of the file: what is left unwritten counted, ``mujou.end``, the summary."""

@@ -495,6 +495,7 @@ def run(
     record: str | os.PathLike[str] | Recording | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool = False,
+    record_view: bool = False,
     replay: str | os.PathLike[str] | None = None,
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
@@ -599,6 +600,12 @@ def run(
             Default: every Output.
         record_snapshots (bool): attach the supervisor's snapshots to the
             recording (needs a ``Supervisor(snapshot_every=...)``). Default: False.
+        record_view (bool): also write each recorded Output's JSON view
+            (channel ``/view/<path>``, JSON with a JSON Schema, or
+            ``foxglove.RawImage`` for an image port) beside its lossless
+            channel, so that Foxglove plots the file (docs/recording.md,
+            "Viewing a run in Foxglove"); made on the recorder's thread.
+            ``Recording(view=True)`` says the same. Default: False.
         replay (str | os.PathLike, optional): a recording (``record=``, an
             MCAP file) to replay the nodes of ``replace`` from
             (docs/recording.md, "Replay"). Their code does not run: a
@@ -666,7 +673,8 @@ def run(
                   start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
                   listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
                   heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
-                  record_snapshots=record_snapshots, replay=replay, replace=replace,
+                  record_snapshots=record_snapshots, record_view=record_view,
+                  replay=replay, replace=replace,
                   replay_speed=replay_speed, replay_loop=replay_loop,
                   record_on_failure=record_on_failure)
 
@@ -696,6 +704,7 @@ def _start(
     record: str | os.PathLike[str] | Recording | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool = False,
+    record_view: bool = False,
     replay: str | os.PathLike[str] | None = None,
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
@@ -711,7 +720,8 @@ def _start(
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                             start_timeout=start_timeout, record=record,
-                            record_ports=record_ports, record_snapshots=record_snapshots)
+                            record_ports=record_ports, record_snapshots=record_snapshots,
+                            record_view=record_view)
     join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
     heartbeat_limit = check_seconds("heartbeat_timeout", heartbeat_timeout, allow_zero=False)
     check_flag("allow_remote", allow_remote)
@@ -787,7 +797,8 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
                      stats: bool, stop_timeout: float, start_timeout: float,
                      record: str | os.PathLike[str] | Recording | None = None,
                      record_ports: Sequence[str] | None = None,
-                     record_snapshots: bool = False) -> _Arguments:
+                     record_snapshots: bool = False,
+                     record_view: bool = False) -> _Arguments:
     """Check every argument that does not need the net; nothing is claimed yet."""
     t = seams.make_timer(timer)
     check_workers(workers)
@@ -807,14 +818,18 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
     tracer = as_tracer(trace)
     patterns = check_patterns(record_ports)
     check_flag("record_snapshots", record_snapshots)
-    if record is None and (patterns is not None or record_snapshots):
-        raise TypeError("mujou.run: record_ports and record_snapshots go with record= "
-                        "(the MCAP file to record to)")
+    check_flag("record_view", record_view)
+    if record is None and (patterns is not None or record_snapshots or record_view):
+        raise TypeError("mujou.run: record_ports, record_snapshots and record_view go with "
+                        "record= (the MCAP file to record to)")
     if record_snapshots and (supervisor is None or supervisor.snapshot_every is None):
         raise ValueError("mujou.run: record_snapshots=True attaches the supervisor's "
                          "snapshots, and this run takes none: pass "
                          "supervisor=mujou.Supervisor(snapshot_every=...)")
     recording = as_recording(record)
+    if record_view and recording is not None and not recording.view:
+        recording = copy.copy(recording)
+        recording.view = True
     return _Arguments(timer=t, workers=workers, end_s=end_s, stop_timeout=timeout,
                       start_timeout=start_limit, seed=seed, stats=stats, supervisor=supervisor,
                       tree=tree, cuda_sync=cuda_sync, tracer=tracer, recording=recording,

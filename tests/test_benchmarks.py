@@ -494,3 +494,24 @@ def test_the_machines_benchmark_measures_hops_streams_and_a_recovery(tmp_path: P
     for where, runs in doc["samples"].items():  # every message of each stream arrived
         assert [r["stream_int"]["count"] for r in runs] == [doc["config"]["ints"]], where
         assert [r["stream_1MiB"]["count"] for r in runs] == [doc["config"]["tensors"]], where
+
+
+@pytest.mark.timeout(240)
+def test_the_view_benchmark_measures_the_sender_with_and_without_a_client(
+        tmp_path: Path) -> None:
+    pytest.importorskip("foxglove")
+    pytest.importorskip("websockets")
+    out = tmp_path / "view.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "view.py"), "--quick",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert list(result["sends"]) == ["float", "tensor"]
+    for case in result["sends"].values():
+        assert case["send_ns"] > 0 and set(case["samples"]) == {"none", "server", "client"}
+        # every message reached the client, or the subscription counted what it dropped
+        assert case["received"][0] + case["dropped"][0] >= 1
+    assert result["projection_us"]["float"] > 0
+    assert "+server ns" in proc.stdout and "projection" in proc.stdout

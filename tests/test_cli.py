@@ -485,3 +485,39 @@ def test_counts_in_the_live_view_take_at_most_five_characters() -> None:
 
     assert [_count(n) for n in counts] == ["0", "99999", "100k", "150k", "999k", "1.0M",
                                            "2.9M", "10M", "100M", "1.0T", "9.2E"]
+
+
+def test_record_view_writes_view_channels_that_inspect_lists(tmp_path) -> None:
+    path = tmp_path / "run.mcap"
+
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.5", "--quiet",
+                       "--record", str(path), "--record-view")
+    shown = mujou_cmd("inspect", str(path))
+
+    assert result.returncode == 0, result.stderr
+    from mujou_actors import mcapfile
+
+    info = mcapfile.info(path)
+    assert [v.view_of for v in info.views] == [c.topic for c in info.channels]
+    assert shown.returncode == 0 and "view channels:" in shown.stdout
+
+
+def test_foxglove_serves_the_run_and_says_where(tmp_path) -> None:
+    pytest.importorskip("foxglove")
+
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.5",
+                       "--foxglove=:0")
+
+    assert result.returncode == 0, result.stderr
+    assert "foxglove: live view at ws://127.0.0.1:" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["--foxglove=0.0.0.0:8765"], "allow_remote"),
+    (["--foxglove=:http"], "no port"),
+    (["--record-view"], "go with --record FILE"),
+])
+def test_bad_view_options_are_one_line_and_exit_2(args: list[str], text: str) -> None:
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.1", *args)
+
+    assert result.returncode == 2 and text in result.stderr, result.stderr
