@@ -195,7 +195,7 @@ class CapsuleKeeper:
         ch, _, key, _, size = self._ring.popleft()
         self._bytes[0] -= size
         self._evicted[ch] += 1
-        if not self._trees or key[0] >= self._trees[-1]["time_ns"]:
+        if not self._trees or key[0] > self._trees[-1]["time_ns"]:
             self._evicted_since[ch] += 1
         self._lost_ns = max(self._lost_ns, key[0])
 
@@ -214,7 +214,7 @@ class CapsuleKeeper:
             self._evicted_since = [0] * len(self._evicted_since)
             start = self._trees[0]["time_ns"]
             ring = self._ring
-            while ring and ring[0][2][0] < start:
+            while ring and ring[0][2][0] <= start:  # held by the snapshot (see _take)
                 self._bytes[0] -= ring.popleft()[4]
 
     def restored(self, tree: dict[str, Any]) -> None:
@@ -269,7 +269,10 @@ class CapsuleKeeper:
         tree = self._start_tree()
         start = -1 if tree is None else tree["time_ns"]
         failure["snapshot_ns"] = start
-        entries = [e for e in self._ring if e[2][0] >= start]
+        # A snapshot at t holds everything of the instant t (every delta cycle ran
+        # before the cut): the capsule's messages are those sent after it.
+        entries = [e for e in self._ring if e[2][0] > start] if tree is not None \
+            else list(self._ring)
         self._ring.clear()
         self._bytes[0] = 0
         # Messages the capsule lacks: none when it starts at a snapshot whose
@@ -349,6 +352,7 @@ class CapsuleKeeper:
         with self._lock:  # no hook runs any more: let the window go
             self._ring.clear()
             self._trees.clear()
+            self._bytes[0] = 0
         return self._error
 
     def stats(self) -> CapsuleStats:

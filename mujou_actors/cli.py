@@ -1126,7 +1126,9 @@ def inspect_command(file: str, as_json: bool, verbose: bool) -> None:
             raise UsageError(f"{file}: no such file")
         with open(file, "rb") as f:
             head = f.read(8)
-        if head == b"\x89MCAP0\r\n":  # MCAP's magic: a recording (docs/recording.md)
+        # MCAP's magic, or a name that says MCAP: a recording (docs/recording.md), whose
+        # reader names what is wrong with a file that is none.
+        if head == b"\x89MCAP0\r\n" or file.lower().endswith(".mcap"):
             from .mcapfile import info as recording_info
 
             found = recording_info(file)

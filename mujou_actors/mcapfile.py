@@ -517,6 +517,9 @@ class Writer:
         self._closed = True
         try:
             if end is not None:
+                # The last chunk first: a file cut before its end record must not
+                # read as a run that ended cleanly with messages missing.
+                self._mcap.flush()
                 self._mcap.add_metadata(END_METADATA, dict(end))
             self._mcap.finish()
         finally:

@@ -186,9 +186,11 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
             _check_spec(file, output, channel.shape, channel.dtype)
     if missing:
         listed = ", ".join(sorted(channels)) or "none"
+        why = ("record them (record_ports=)" if found_info.complete else
+               f"the file was cut at byte {found_info.cut_at} (a crash left it short): a "
+               "channel whose messages were all after that point is not in it")
         raise ValueError(f"mujou.run: replace={replace!r} needs what {file} did not record: "
-                         f"{'; '.join(missing)} (its channels: {listed}); record them "
-                         "(record_ports=)")
+                         f"{'; '.join(missing)} (its channels: {listed}); {why}")
     length = recording_length(found_info)
     if loop and length <= 0:
         raise ValueError(f"mujou.run: replay_loop needs a recording that lasts, but {file} "

@@ -173,6 +173,12 @@ def _numerics_hint(found: RecordingInfo) -> str:
 
 def _check_golden(path: str, found: RecordingInfo) -> None:
     """Refuse a file that cannot serve as a golden file (see `assert_replay_matches`)."""
+    from .capsule import capsule_facts
+
+    if capsule_facts(found.end) is not None:
+        raise ValueError(f"assert_replay_matches: {path} is a crash capsule (a window of a "
+                         "run that failed, from a snapshot), not a golden file: check it "
+                         "with mujou.testing.reproduce_failure")
     timer = found.run.get("timer", "simulated")
     if timer != "simulated":
         raise ValueError(f"assert_replay_matches: {path} was recorded with the {timer} timer; "
@@ -460,6 +466,10 @@ class Reproduction:
             same keys; None if it ran past the failure's time without one.
         error (BaseException | None): what the rerun raised (a `NodeError`,
             or another error of the run), None if it did not fail.
+        diverged (str | None): the first message of the capsule that the
+            rerun sent otherwise (or not at all) before the failure, in words;
+            None when every one compared is the same. Messages are compared
+            for a capsule of a simulated run, on its channels that lost none.
         summary (str): one line: ``reproduced: ...`` or ``not reproduced: ...``.
     """
 
@@ -468,6 +478,7 @@ class Reproduction:
     recorded: dict[str, Any]
     rerun: dict[str, Any] | None
     error: BaseException | None
+    diverged: str | None
     summary: str
 
 
@@ -519,7 +530,7 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     from .mcapfile import info as read_info
     from .run import run
 
-    for name in ("timer", "state", "duration", "record_on_failure"):
+    for name in ("timer", "state", "duration", "record_on_failure", "record", "replay"):
         if name in run_kwargs:
             raise ValueError(f"reproduce_failure: the capsule sets {name}=; leave it out")
     path = os.fspath(capsule)
@@ -543,11 +554,12 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     seed_arg = found.run.get("seed", "")
     with tempfile.TemporaryDirectory(prefix="mujou-reproduce-") as folder:
         again = os.path.join(folder, "rerun.mcap")
+        sent = os.path.join(folder, "sent.mcap")  # every message of the rerun, to compare
         error: BaseException | None = None
         try:
             live = run(net, timer="simulated", duration=duration, workers=workers, state=tree,
                        seed=int(seed_arg) if tree is None and seed_arg else None,
-                       record_on_failure=Capsule(again),
+                       record_on_failure=Capsule(again), record=sent,
                        replay=path if replaced else None,
                        replace=replaced if replaced else None, **run_kwargs)
         except Exception as exc:  # noqa: BLE001 - an on_start failing: the answer
@@ -563,12 +575,50 @@ def reproduce_failure(capsule: str | os.PathLike[str],
             except Exception as exc:  # noqa: BLE001 - the rerun's failure is the answer
                 error = exc
         rerun = capsule_facts(read_info(again).end) if os.path.exists(again) else None
-    return _reproduction(path, found.run.get("timer", ""), recorded, rerun, error)
+        timer = found.run.get("timer", "")
+        diverged = None
+        if timer == "simulated" and os.path.exists(sent):
+            until = t_fail if rerun is None else min(t_fail, int(rerun["t_ns"]))
+            diverged = _first_divergence(path, sent, set(found.drops), until)
+    return _reproduction(path, timer, recorded, rerun, error, diverged)
+
+
+def _first_divergence(capsule: str, sent: str, lossy: set[str], until: int) -> str | None:
+    """The capsule's first message (by key) that the rerun sent otherwise, up to ``until``."""
+    from .mcapfile import read
+
+    def by_topic(file: str) -> dict[str, list[Record]]:
+        out: dict[str, list[Record]] = {}
+        for r in read(file):
+            if r.topic not in lossy and r.t_ns <= until:
+                out.setdefault(r.topic, []).append(r)
+        return out
+
+    kept, again = by_topic(capsule), by_topic(sent)
+    first: tuple[tuple[int, int], str] | None = None
+    for topic, records in kept.items():
+        theirs = again.get(topic, [])
+        for i, r in enumerate(records):
+            if i >= len(theirs):
+                why = f"{topic}, message {i} of the capsule: the rerun did not send it"
+            elif (theirs[i].t_ns, theirs[i].delta) != (r.t_ns, r.delta):
+                why = (f"{topic}, message {i} of the capsule: sent {_when(r.t_ns, r.delta)} "
+                       f"in the run, {_when(theirs[i].t_ns, theirs[i].delta)} in the rerun")
+            else:
+                diff = _diff_values(r.message, theirs[i].message)
+                if diff is None:
+                    continue
+                why = f"{topic}, message {i} of the capsule {_when(r.t_ns, r.delta)}: {diff}"
+            if first is None or (r.t_ns, r.delta) < first[0]:
+                first = ((r.t_ns, r.delta), why)
+            break
+    return None if first is None else first[1]
 
 
 def _reproduction(path: str, timer: str, recorded: dict[str, Any],
-                  rerun: dict[str, Any] | None, error: BaseException | None) -> Reproduction:
-    """Compare the recorded failure with the rerun's; the summary line."""
+                  rerun: dict[str, Any] | None, error: BaseException | None,
+                  diverged: str | None) -> Reproduction:
+    """Compare the recorded failure (and the messages before it) with the rerun's; the summary."""
     keys = ("node", "hook", "t_ns", "delta", "exception", "message")
 
     def said(f: Mapping[str, Any]) -> str:
@@ -578,9 +628,17 @@ def _reproduction(path: str, timer: str, recorded: dict[str, Any],
         return (f"{f['exception'].rpartition('.')[2]}({f['message']!r}) in "
                 f"{f['node'] or '<root>'}.{f['hook']} {when}")
 
+    hint = "" if diverged is None else (
+        f"; before it, the rerun first differs from the capsule at {diverged} (if the net "
+        "is the one that failed: does every node's state_dict hold all of its state, its "
+        "generator included? call super().state_dict())")
+    if rerun is not None and all(rerun.get(k) == recorded.get(k) for k in keys) \
+            and diverged is None:
+        return Reproduction(path, True, recorded, rerun, error, None,
+                            f"reproduced: {said(rerun)}")
     if rerun is not None and all(rerun.get(k) == recorded.get(k) for k in keys):
-        return Reproduction(path, True, recorded, rerun, error, f"reproduced: {said(rerun)}")
-    if rerun is None:
+        why = "the same failure, but the messages before it differ"
+    elif rerun is None:
         why = ("the rerun ran past the failure's time without a failure" if error is None
                else f"the rerun failed otherwise: {error}")
     else:
@@ -588,5 +646,5 @@ def _reproduction(path: str, timer: str, recorded: dict[str, Any],
         why = f"the rerun failed with {said(rerun)} ({differ} differ)"
     if timer == "realtime":
         why += " (the capsule is of a real-time run: its timing is not repeated)"
-    return Reproduction(path, False, recorded, rerun, error,
-                        f"not reproduced: {said(recorded)} in the capsule; {why}")
+    return Reproduction(path, False, recorded, rerun, error, diverged,
+                        f"not reproduced: {said(recorded)} in the capsule; {why}{hint}")

@@ -62,7 +62,8 @@ def test_a_failure_writes_the_failure_and_the_window_since_the_older_snapshot(
                      "message": "integrator wound up: 40.336533",
                      "snapshot_ns": 2_500_000_000}  # 3.0 s is the newer snapshot
     assert [a.name for a in found.attachments] == ["snapshot-2500000000.mujou"]
-    assert {c.topic: c.count for c in found.channels} == {"src.out": 85, "integ.total": 43}
+    # What was sent after the snapshot (the instant 2.5 s is in it): 2.51 .. 3.34 s.
+    assert {c.topic: c.count for c in found.channels} == {"src.out": 84, "integ.total": 42}
     assert found.end is not None and found.end["failure"] == \
         "node 'integ' failed in on_update: integrator wound up: 40.336533"
     assert found.complete and found.drops == {}
@@ -74,9 +75,9 @@ def test_the_capsule_holds_exactly_what_a_recording_of_the_same_window_holds(
     whole = os.path.join(os.path.dirname(capsule), "whole.mcap")
 
     kept = list(mcapfile.read(capsule))
-    recorded = [r for r in mcapfile.read(whole) if 2_500_000_000 <= r.t_ns <= FAIL_NS]
+    recorded = [r for r in mcapfile.read(whole) if 2_500_000_000 < r.t_ns <= FAIL_NS]
 
-    assert len(kept) == len(recorded) == 85 + 43
+    assert len(kept) == len(recorded) == 84 + 42
     for a, b in zip(kept, recorded, strict=True):
         assert (a.topic, a.sequence, a.t_ns, a.delta) == (b.topic, b.sequence, b.t_ns, b.delta)
         if isinstance(a.message, torch.Tensor):
@@ -113,10 +114,36 @@ def test_a_net_that_no_longer_fails_or_fails_otherwise_is_not_a_reproduction(
     earlier = reproduce_failure(capsule, Net(limit=30.0))
 
     assert not fixed.reproduced and fixed.rerun is None and fixed.error is None
+    assert fixed.diverged is None  # the same messages up to the failure's time
     assert fixed.summary.endswith("the rerun ran past the failure's time without a failure")
     assert not earlier.reproduced
     assert earlier.rerun is not None and earlier.rerun["t_ns"] < FAIL_NS
     assert "(t_ns, message differ)" in earlier.summary
+
+
+class _Forgetful(Net):
+    """The net with a source whose state_dict leaves out its generator (no super())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.src.state_dict = lambda: {}  # type: ignore[method-assign]
+        self.src.load_state_dict = lambda state: None  # type: ignore[method-assign]
+
+
+@pytest.mark.timeout(120)
+def test_a_state_the_snapshot_did_not_restore_is_named_by_the_first_message_that_differs(
+        tmp_path) -> None:
+    path = str(tmp_path / "forgetful.mcap")
+    _fail(_Forgetful(), path)
+
+    result = reproduce_failure(path, _Forgetful())
+
+    assert not result.reproduced
+    assert result.diverged is not None and result.diverged.startswith(
+        "src.out, message 0 of the capsule (t = 2.510000000 s = 2510000000 ns, delta 0): "
+        "a tensor of shape (3,) float64")
+    assert "before it, the rerun first differs from the capsule at src.out" in result.summary
+    assert "call super().state_dict()" in result.summary
 
 
 @pytest.mark.timeout(120)
@@ -136,11 +163,11 @@ def test_the_window_is_bounded_and_what_was_evicted_is_counted(tmp_path) -> None
     assert max(seen) <= 40
     assert stats is not None and stats.written and stats.evicted > 0
     # 0.5 s is 75 messages: the older snapshot's window lost some, so the capsule
-    # starts at the newer one, whose 3.00 .. 3.34 s (35 + 18 messages, the failure's
+    # starts at the newer one, whose 3.01 .. 3.34 s (34 + 17 messages, the failure's
     # instant included) do not fit either.
     assert facts["snapshot_ns"] == 3_000_000_000
     assert found.messages == 40
-    assert found.drops == {"src.out": 8, "integ.total": 5}  # the 13 oldest of the 53
+    assert sum(found.drops.values()) == 51 - 40  # the oldest let go
 
 
 @pytest.mark.timeout(120)
@@ -272,3 +299,11 @@ def test_the_command_line_writes_inspects_and_reproduces_a_capsule(tmp_path) -> 
     assert fixed.returncode == 0, fixed.stderr
     assert fixed.stdout.startswith("not reproduced:")
     assert refused.returncode == 2 and "--loop, --duration, --seed and --record" in refused.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_capsule_is_no_golden_file(capsule: str) -> None:
+    from mujou_actors.testing import assert_replay_matches
+
+    with pytest.raises(ValueError, match="is a crash capsule .*reproduce_failure"):
+        assert_replay_matches(capsule, make_net())

@@ -521,3 +521,18 @@ def test_bad_view_options_are_one_line_and_exit_2(args: list[str], text: str) ->
     result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.1", *args)
 
     assert result.returncode == 2 and text in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_inspect_of_a_mcap_named_file_that_is_none_says_so(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    bad = tmp_path / "bad.mcap"
+    bad.write_text("hello\n")
+
+    result = CliRunner().invoke(main, ["inspect", str(bad)])
+
+    assert result.exit_code == 2
+    assert f"{bad}: not an MCAP file" in result.output and "snapshot" not in result.output

@@ -353,3 +353,28 @@ def test_encode_message_refuses_what_a_snapshot_refuses(bad: Any) -> None:
 
     with pytest.raises(type(expected.value)):
         mcapfile.encode_message(0, bad)
+
+
+@pytest.mark.timeout(60)
+def test_a_file_cut_in_its_last_chunk_does_not_read_as_a_clean_end(tmp_path) -> None:
+    import mujou_actors as mujou
+
+    class Beat(mujou.Node):
+        out = mujou.Output(float)
+
+        def __init__(self) -> None:
+            super().__init__(period=0.01)
+
+        def on_update(self, dt: float) -> None:
+            self.out.send(dt)
+
+    path = tmp_path / "run.mcap"
+    mujou.run(Beat(), timer="simulated", duration=1.0, record=str(path)).join(30)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(data[: len(data) // 2])  # inside its one chunk: 100 messages lost
+
+    whole, short = mcapfile.info(str(path)), mcapfile.info(str(cut))
+
+    assert whole.complete and whole.end is not None and whole.messages == 100
+    assert not short.complete and short.end is None  # the end record follows the last chunk
