@@ -883,10 +883,14 @@ class Member(_System):
             leader deregisters, or three registrations in a row fail);
             ``False`` before, or if the admin did not answer.
         """
+        return self._membership(timeout) is True
+
+    def _membership(self, timeout: float) -> bool | None:
+        """`joined`, with None when the admin did not answer within ``timeout`` (busy)."""
         leader = TCPTransport.getAddressFromString(self.leader)
         with _Client(self._own_address()[0]) as client:
             known = client.convention(self._own_address(), timeout)
-        return known is not None and any(address == leader for address, _ in known)
+        return None if known is None else any(address == leader for address, _ in known)
 
     def serve(self, stop: threading.Event, *, poll: float = 0.5,
               on_change: Callable[[bool], None] | None = None) -> None:
@@ -907,15 +911,26 @@ class Member(_System):
             RuntimeError: the admin ended without being asked (killed).
         """
         was = False
+        misses = 0  # answers in a row that the leader is not known
         while not stop.wait(poll):
             if not self.running():
                 raise RuntimeError(f"the actor system of {self._what} ended unasked "
                                    f"(its admin on port {self.port} is gone)")
-            if on_change is not None:
-                now = self.joined(min(poll, LIST_TIMEOUT_S))
-                if now != was:
-                    was = now
-                    on_change(now)
+            if on_change is None:
+                continue
+            now = self._membership(min(poll, LIST_TIMEOUT_S))
+            if now is None:
+                continue  # the admin is busy (a run's processes start): no news
+            # Joining is news at once; a leader gone only once its absence lasts
+            # (a registration in flight, a loaded leader, misses a round or two).
+            misses = 0 if now else misses + 1
+            if now != was and (now or misses >= GONE_AFTER):
+                was = now
+                on_change(now)
+
+
+GONE_AFTER = 3
+"""Checks in a row (`Member.serve`'s polls) without the leader before it is said to be gone."""
 
 
 def _free_port_on(host: str) -> int:
