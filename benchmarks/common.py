@@ -134,3 +134,20 @@ def show_table(title: str, first: str, results: dict[str, dict[str, float]],
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+def send_loop(out: mujou.Output, case: str, n: int, tensor: object) -> Callable[[], None]:
+    """``n`` sends on ``out`` in one call: floats (``case == "float"``) or ``tensor``.
+
+    The loop a sender node times in its update (benchmarks/recording.py, view.py): a
+    function made once per update, so that the timed part is the sends alone.
+    """
+    if case == "float":
+        def sends() -> None:
+            for k in range(n):
+                out.send(k * 0.5)
+    else:
+        def sends() -> None:
+            for _ in range(n):
+                out.send(tensor)
+    return sends

@@ -59,6 +59,9 @@ import torch
 import mujou_actors as mujou
 from mujou_actors import mcapfile
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import send_loop  # noqa: E402
+
 CASES = ("float", "tensor")
 
 
@@ -75,16 +78,7 @@ class Sender(mujou.Node):
         self.done = 0
 
     def _loop(self) -> Callable[[], None]:
-        out, n, t = self.out, self.n, self.t
-        if self.case == "float":
-            def sends() -> None:
-                for k in range(n):
-                    out.send(k * 0.5)
-        else:
-            def sends() -> None:
-                for _ in range(n):
-                    out.send(t)
-        return sends
+        return send_loop(self.out, self.case, self.n, self.t)
 
     def on_update(self, dt: float) -> None:
         if self.done >= self.ticks:

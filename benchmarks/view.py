@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,9 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors.view import Projection
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import send_loop  # noqa: E402
 
 CASES = ("float", "tensor")
 MODES = ("none", "server", "client")
@@ -67,16 +71,7 @@ class Sender(mujou.Node):
         self.done = threading.Event()
 
     def _loop(self) -> Callable[[], None]:
-        out, n, t = self.out, self.n, self.t
-        if self.case == "float":
-            def sends() -> None:
-                for k in range(n):
-                    out.send(k * 0.5)
-        else:
-            def sends() -> None:
-                for _ in range(n):
-                    out.send(t)
-        return sends
+        return send_loop(self.out, self.case, self.n, self.t)
 
     def on_update(self, dt: float) -> None:
         if not self.go.is_set() or len(self.ns) >= self.ticks:
