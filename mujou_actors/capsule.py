@@ -176,17 +176,18 @@ class CapsuleKeeper:
             sent[ch] = seq + 1
             size = message_size(message)
             key = actor.stamp
+            writer = None
             with lock:
-                if self._failure is not None:
-                    if self._taken:
-                        return  # the capsule is taken: what follows it is not in it
-                    if key[0] > self._failure["t_ns"]:
-                        self._take()  # the failure's instant is over
-                        return
-                ring.append((ch, seq, key, message, size))
-                total[0] += size
-                while ring and (len(ring) > max_n or total[0] > max_b):
-                    self._evict()  # a message bigger than max_bytes is not kept either
+                if self._failure is None or not self._taken and key[0] <= self._failure["t_ns"]:
+                    ring.append((ch, seq, key, message, size))
+                    total[0] += size
+                    while ring and (len(ring) > max_n or total[0] > max_b):
+                        self._evict()  # a message bigger than max_bytes is not kept either
+                elif not self._taken:
+                    writer = self._take()  # the failure's instant is over
+                # else: the capsule is taken; what follows it is not in it
+            if writer is not None:
+                writer.start()  # outside the lock: no wait for a thread under it
 
         return hook
 
@@ -204,18 +205,25 @@ class CapsuleKeeper:
         """A supervisor snapshot was taken: keep it; let go what precedes the older one kept."""
         with self._lock:
             if self._failure is not None:
-                if not self._taken and tree["time_ns"] > self._failure["t_ns"]:
-                    self._take()
-                return
-            if self._trees and tree["time_ns"] < self._trees[-1]["time_ns"]:
-                self._restart_window(tree)  # time went back: a rewind we were not told of
-                return
-            self._trees.append(tree)
-            self._evicted_since = [0] * len(self._evicted_since)
-            start = self._trees[0]["time_ns"]
-            ring = self._ring
-            while ring and ring[0][2][0] <= start:  # held by the snapshot (see _take)
-                self._bytes[0] -= ring.popleft()[4]
+                writer = (self._take() if not self._taken
+                          and tree["time_ns"] > self._failure["t_ns"] else None)
+            else:
+                writer = None
+                self._keep_tree(tree)
+        if writer is not None:
+            writer.start()
+
+    def _keep_tree(self, tree: dict[str, Any]) -> None:
+        """Keep a snapshot, letting go what precedes the older one kept (the lock is held)."""
+        if self._trees and tree["time_ns"] < self._trees[-1]["time_ns"]:
+            self._restart_window(tree)  # time went back: a rewind we were not told of
+            return
+        self._trees.append(tree)
+        self._evicted_since = [0] * len(self._evicted_since)
+        start = self._trees[0]["time_ns"]
+        ring = self._ring
+        while ring and ring[0][2][0] <= start:  # held by the snapshot (see _take)
+            self._bytes[0] -= ring.popleft()[4]
 
     def restored(self, tree: dict[str, Any]) -> None:
         """A one_for_all restart took the net back to ``tree``: the window starts there again."""
@@ -261,8 +269,11 @@ class CapsuleKeeper:
                 "message": _text(exc), "snapshot_ns": -1,
             }
 
-    def _take(self) -> None:
-        """Take the window and start the writer (the lock is held; once)."""
+    def _take(self) -> threading.Thread:
+        """Take the window; the writer thread, for the caller to start once the lock is let go.
+
+        The lock is held; called once.
+        """
         failure = self._failure
         assert failure is not None
         self._taken = True
@@ -283,7 +294,7 @@ class CapsuleKeeper:
         evicted = [0] * len(self._evicted) if complete else list(self._evicted_since)
         self._thread = threading.Thread(target=self._write, args=(tree, entries, evicted),
                                         name="mujou-capsule", daemon=True)
-        self._thread.start()
+        return self._thread
 
     def _start_tree(self) -> dict[str, Any] | None:
         """The snapshot the capsule starts from: the oldest whose messages are all kept."""
@@ -341,9 +352,10 @@ class CapsuleKeeper:
             a message the file cannot hold), None if it was written or no node
             failed.
         """
-        with self._lock:
-            if self._failure is not None and not self._taken:
-                self._take()  # the run ended in the failure's instant
+        with self._lock:  # the run ended in the failure's instant: take it now
+            writer = self._take() if self._failure is not None and not self._taken else None
+        if writer is not None:
+            writer.start()
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
