@@ -795,11 +795,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             raise
         finally:
             final = run.stats()
-            recording = final.recording
-            if recording is not None and not quiet and not run.running:
-                click.echo(f"recorded {recording.recorded:,} messages to {recording.file}"
-                           + (f" ({recording.dropped:,} dropped)" if recording.dropped else ""),
-                           err=True)
+            if not quiet and not run.running:
+                _say_recorded(final)
             if final.capsule is not None and final.capsule.written and not run.running:
                 click.echo(f"crash capsule written to {final.capsule.file}: reproduce the "
                            f"failure with `mujou replay {final.capsule.file} {target}`",
@@ -884,10 +881,13 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         from .mcapfile import info as read_info
 
         if capsule_facts(read_info(recording).end) is not None:
-            if loop or duration is not None or seed is not None or record_path is not None:
+            explicit_speed = click.get_current_context().get_parameter_source("speed") \
+                is not click.core.ParameterSource.DEFAULT
+            if loop or duration is not None or seed is not None or record_path is not None \
+                    or explicit_speed:
                 raise UsageError("a crash capsule is replayed from its snapshot to its failure "
-                                 "on the simulated timer: --loop, --duration, --seed and "
-                                 "--record do not go with it")
+                                 "on the simulated timer: --speed, --loop, --duration, --seed "
+                                 "and --record do not go with it")
             paths = [p.strip() for item in replace for p in item.split(",")]
             _reproduce(recording, target, paths, workers, quiet)
             return
@@ -928,8 +928,20 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             if exc is run.failure:
                 raise _RunFailed(exc) from exc
             raise
+        finally:
+            if not quiet and not run.running:
+                _say_recorded(run.stats())
         if signals.code:
             sys.exit(signals.code)
+
+
+def _say_recorded(stats: RunStats) -> None:
+    """The line on stderr after a run that recorded (``--record``): how many messages, where."""
+    recording = stats.recording
+    if recording is not None:
+        click.echo(f"recorded {recording.recorded:,} messages to {recording.file}"
+                   + (f" ({recording.dropped:,} dropped)" if recording.dropped else ""),
+                   err=True)
 
 
 def _reproduce(capsule: str, target: str, replace: list[str], workers: int | None,

@@ -298,7 +298,10 @@ def test_the_command_line_writes_inspects_and_reproduces_a_capsule(tmp_path) -> 
     assert "integrator wound up" in replayed.stderr  # the failure, as `mujou run` says it
     assert fixed.returncode == 0, fixed.stderr
     assert fixed.stdout.startswith("not reproduced:")
-    assert refused.returncode == 2 and "--loop, --duration, --seed and --record" in refused.stderr
+    assert refused.returncode == 2 and "--speed, --loop, --duration, --seed and --record" \
+        in refused.stderr
+    sped = _mujou("replay", path, f"{NETS}:make_net", "--speed", "3")
+    assert sped.returncode == 2 and "--speed, --loop" in sped.stderr
 
 
 @pytest.mark.timeout(60)

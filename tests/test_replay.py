@@ -369,6 +369,7 @@ def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
 
     assert done.returncode == 0, done.stderr
     assert f"replayed {path} for plant: 0.500 s of the run's timer" in done.stderr
+    assert "recorded 426 messages to again.mcap" in done.stderr  # as mujou run says it
     rows = {line.split("\t")[0]: line.split("\t") for line in done.stdout.splitlines()}
     assert rows["plant"][0] == "plant" and rows["log"][0] == "log"
     # The replay, recorded: the recording's messages again, at the same keys, bit for bit.
