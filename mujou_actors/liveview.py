@@ -245,10 +245,20 @@ class FoxgloveServer:
             self._watchers[topic] = n
             if n > 1 or self._closed:
                 return
-            try:
-                self._subs[topic] = self._run.subscribe(topic, self._sender(topic))
-            except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
-                log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
+        # Outside the lock: subscribing may start the mujou-host thread (a wait for it).
+        try:
+            sub = self._run.subscribe(topic, self._sender(topic))
+        except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
+            log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
+            return
+        with self._lock:
+            # Still watched, and no subscription made meanwhile by a later first watcher.
+            keep = self._watchers.get(topic, 0) > 0 and not self._closed \
+                and topic not in self._subs
+            if keep:
+                self._subs[topic] = sub
+        if not keep:
+            sub.cancel()
 
     def _unsubscribed(self, topic: str) -> None:
         with self._lock:
