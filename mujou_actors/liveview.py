@@ -1,8 +1,8 @@
 """A live Foxglove view of a running net: a WebSocket server (foxglove-sdk) beside the run.
 
 ``mujou.serve_foxglove(run)`` (``mujou run --foxglove``) starts Foxglove's
-WebSocket server (the ``foxglove-sdk`` package, an extra: ``pip install
-'mujou_actors[view]'``) and advertises:
+WebSocket server (the ``foxglove-sdk`` package, a dependency: its MCAP
+writer writes the recordings) and advertises:
 
 * a channel per port, topic its path (``"sim.state"``), JSON encoding, the
   JSON view of its messages (`mujou_actors.view`: a JSON Schema, or
@@ -432,8 +432,8 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
     its messages); ``/mujou/graph`` is the net; the run's time goes out a
     few times a second; a client that publishes JSON to an Input's topic
     writes to it (``Run.write``). A port costs its senders something only
-    while a client watches it. Needs the ``foxglove-sdk`` package
-    (``pip install 'mujou_actors[view]'``).
+    while a client watches it. Runs on the ``foxglove-sdk`` package (a
+    dependency of mujou_actors).
 
     The server stops when the run ends, or at `FoxgloveServer.close`
     (leaving a ``with`` block).

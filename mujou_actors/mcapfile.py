@@ -1,47 +1,66 @@
 """Recordings on disk: the mujou profile of MCAP, written and read record by record.
 
-A recording is an `MCAP <https://mcap.dev>`_ file (written and read with the
-``mcap`` package, never by hand) whose records follow these rules, format
-version 1 (`FORMAT`):
+A recording is an `MCAP <https://mcap.dev>`_ file, never written or parsed by
+hand: foxglove-sdk's MCAP writer (Rust) writes it, the ``mcap`` package reads
+it. Its records follow these rules, format version 2 (`FORMAT`; the reader
+also reads format 1, see below):
 
-* **Header**: profile ``"mujou"`` (`PROFILE`), library ``"mujou_actors <version>"``.
-  The file is chunked (about 1 MiB a chunk, `CHUNK_SIZE`; compression none by
-  default, ``"lz4"`` or ``"zstd"`` on request). Each chunk is handed to the
-  operating system as soon as it is closed, so a file cut by a crash is
-  readable up to its last complete chunk.
+* **Header**: profile ``"mujou"`` (`PROFILE`); library the SDK's own string
+  (``"foxglove-sdk-python/<v> mcap-rust/<v>"``; the package's version is in
+  ``mujou.run``). The file is chunked (about 1 MiB a chunk, `CHUNK_SIZE`;
+  compression none by default, ``"lz4"`` or ``"zstd"`` on request). Each chunk
+  is handed to the operating system as soon as it is closed, so a file cut by
+  a crash is readable up to its last complete chunk.
 * **One channel per recorded Output**: topic the Output's path (``"sim.state"``),
   message encoding ``"mujou.snapshot"`` (`MESSAGE_ENCODING`); channel metadata
   (all str) ``node`` (the node's path), ``port`` (the port's name),
   ``sender_order`` (the node's order in the net, decimal), ``type`` (the
   declared message type as ``module:qualname``: ``builtins:float``,
   ``torch:Tensor``) and, for a tensor port that declares them, ``shape`` (JSON
-  list, ``null`` for a free dimension) and ``dtype`` (``"float32"``).
+  list, ``null`` for a free dimension) and ``dtype`` (``"float32"``). The
+  channel record is written with the channel's first message (the SDK's way).
 * **A schema per channel** (shared by channels that declare the same): name the
   declared type's ``module:qualname``, encoding ``"mujou.port"``
   (`SCHEMA_ENCODING`), data the UTF-8 JSON ``{"type", "shape", "dtype",
   "fields"}``; ``fields`` lists ``[name, type]`` pairs for a NamedTuple or a
   dataclass, else ``null``.
+* **A** ``"mujou.channel"`` **metadata record per channel** (`CHANNEL_METADATA`),
+  in the net's order, before any message: the channel's metadata plus
+  ``mujou.topic``, ``mujou.message_encoding``, ``mujou.schema_name``,
+  ``mujou.schema_encoding`` and ``mujou.schema`` (the schema's data as text).
+  It declares the channels that got no message too, which have no channel
+  record.
 * **A message record per recorded send**: ``log_time`` = ``publish_time`` = the
-  send's time on the run's timer (ns), ``sequence`` the channel's count from 0
-  (modulo 2**32, the field's width), ``data`` = ``snapshot.dumps([delta,
-  message])`` (`encode_message`: msgpack with raw tensor bytes and a CRC, never
-  pickle), ``delta`` the send's delta cycle. A send made before the timer
-  started (by ``on_start``, at the control key ``(-1, 0)``) is stored with
-  ``log_time`` 0 and ``delta`` -1 (`CONTROL_DELTA`); the reader gives its key
-  back as ``t_ns=-1, delta=0``.
+  send's time on the run's timer (ns), ``sequence`` the writer's count of the
+  channel's messages in the file from 1, ``data`` = ``snapshot.dumps([delta,
+  sequence, message])`` (`encode_message`: msgpack with raw tensor bytes and a
+  CRC, never pickle), ``delta`` the send's delta cycle and ``sequence`` the
+  sender's count of its messages on the Output from 0 (a dropped message leaves
+  a gap). A send made before the timer started (by ``on_start``, at the
+  control key ``(-1, 0)``) is stored with ``log_time`` 0 and ``delta`` -1
+  (`CONTROL_DELTA`); the reader gives its key back as ``t_ns=-1, delta=0``.
 * **View channels** (``record_view=True``): beside a recorded Output's
   channel, topic ``/view/<path>`` (`VIEW_PREFIX`), message encoding ``"json"``,
   schema encoding ``"jsonschema"`` (or Foxglove's ``foxglove.RawImage``),
   metadata ``mujou.view_of`` (`VIEW_OF`: the Output's path); each message the
-  JSON view (`mujou_actors.view`) of the lossless message of the same time
-  and sequence. Readers list them apart (`RecordingInfo.views`) and never
-  decode them: they are for Foxglove, not for replay.
+  JSON view (`mujou_actors.view`) of the lossless message written just before
+  it, at the same time. Readers list them apart (`RecordingInfo.views`) and
+  never decode them: they are for Foxglove, not for replay.
 * **Metadata** ``"mujou.run"`` (`RUN_METADATA`, written first) and
-  ``"mujou.end"`` (`END_METADATA`, written at a clean close): str values, JSON
-  where structured (see ``docs/recording.md`` for the keys).
+  ``"mujou.end"`` (`END_METADATA`, written at a clean close, after the last
+  chunk): str values, JSON where structured (see ``docs/recording.md`` for the
+  keys).
 * **Attachments**: the supervisor's snapshots, named ``snapshot-<t_ns>.mujou``,
   media type ``application/x-mujou-snapshot`` (`SNAPSHOT_MEDIA_TYPE`),
-  ``log_time`` the snapshot's time, data the snapshot file's bytes.
+  ``log_time`` and ``create_time`` the snapshot's time, data the snapshot
+  file's bytes.
+
+Format 1 (the first recordings, written with the ``mcap`` package's writer)
+differs in three points: the header's library is ``"mujou_actors <version>"``,
+a message's data is ``snapshot.dumps([delta, message])`` with the sender's
+sequence (modulo 2**32) in the record's ``sequence``, and there are no
+``mujou.channel`` records (every channel has a channel record, in the summary
+at least).
 
 Decoding never runs code from the file: messages come back through the
 snapshot codec's own decoder, and a NamedTuple or dataclass message is put back
@@ -53,6 +72,7 @@ file. This module starts no thread and knows nothing of runs.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import struct
@@ -78,8 +98,7 @@ from mcap.records import (
     Schema,
 )
 from mcap.stream_reader import CRCValidationError, StreamReader, breakup_chunk
-from mcap.writer import MCAP0_MAGIC, CompressionType
-from mcap.writer import Writer as _McapWriter
+from mcap.writer import MCAP0_MAGIC
 
 from .errors import RecordingError, SnapshotError
 from .snapshot import (
@@ -103,8 +122,12 @@ __all__ = [
     "Reader", "read", "info", "encode_message", "decode_message", "type_name",
 ]
 
-FORMAT = "1"
-"""The version of the mujou profile this module writes (metadata ``mujou.run``, ``format``)."""
+FORMAT = "2"
+"""The version of the mujou profile this module writes (metadata ``mujou.run``, ``format``).
+
+The reader reads format 1 as well (the first recordings, written with the ``mcap``
+package's writer: the sender's sequence in the MCAP record's ``sequence``, a message's data
+``[delta, message]``, no ``mujou.channel`` records) and format 2."""
 
 PROFILE = "mujou"
 MESSAGE_ENCODING = "mujou.snapshot"
@@ -118,15 +141,20 @@ VIEW_OF = "mujou.view_of"
 """The metadata key of a view channel: the path of the Output it is a view of."""
 RUN_METADATA = "mujou.run"
 END_METADATA = "mujou.end"
+CHANNEL_METADATA = "mujou.channel"
+"""The name of the metadata record that declares a channel (format 2: one per channel)."""
 CHUNK_SIZE = 1 << 20
 """Bytes of messages per chunk: a crash loses at most the chunk being filled."""
 
 CONTROL_DELTA = -1
 """The delta stored for a send at the control key ``(-1, 0)`` (``log_time`` 0)."""
 
-_COMPRESSIONS = {"none": CompressionType.NONE, "lz4": CompressionType.LZ4,
-                 "zstd": CompressionType.ZSTD}
-_SEQ_MASK = (1 << 32) - 1  # MCAP's sequence field is a uint32
+# The SDK's MCAPCompression member of each compression (None: chunks left as they are).
+_COMPRESSIONS = {"none": None, "lz4": "Lz4", "zstd": "Zstd"}
+# The keys of a ``mujou.channel`` record besides the channel's own metadata.
+_TOPIC, _ENCODING = "mujou.topic", "mujou.message_encoding"
+_SCHEMA_NAME, _SCHEMA_ENCODING, _SCHEMA = "mujou.schema_name", "mujou.schema_encoding", \
+    "mujou.schema"
 # encode_message's short way: the scalars a snapshot stores as msgpack stores them.
 _SCALAR_TYPES = frozenset((type(None), bool, int, float, str, bytes))
 _INT_MIN, _INT_END = -(2**63), 2**64
@@ -228,8 +256,8 @@ class ChannelSpec:
         return meta
 
 
-def encode_message(delta: int, message: Any) -> bytes:
-    """The data of a message record: the bytes of ``snapshot.dumps([delta, message])``.
+def encode_message(delta: int, sequence: int, message: Any) -> bytes:
+    """The data of a message record: the bytes of ``snapshot.dumps([delta, sequence, message])``.
 
     Made without `snapshot.dumps`'s file-like buffer: the header, the
     structure, each tensor's bytes (straight from its memory) and the checksum
@@ -238,6 +266,7 @@ def encode_message(delta: int, message: Any) -> bytes:
 
     Args:
         delta (int): the send's delta cycle (`CONTROL_DELTA` for the control key).
+        sequence (int): the sender's count of the message on its Output, from 0.
         message (Any): the message, as its readers got it (tensors on any device:
             a CPU copy is written).
 
@@ -252,26 +281,30 @@ def encode_message(delta: int, message: Any) -> bytes:
     mt = type(message)
     try:
         if mt in _SCALAR_TYPES and (mt is not int or _INT_MIN <= message < _INT_END):
-            return _assemble_plain(_packb([delta, message]))
+            return _assemble_plain(_packb([delta, sequence, message]))
         if mt is torch.Tensor and message.layout == torch.strided and not message.is_meta:
             key = (message.dtype, message.shape)
             known = _TENSOR_EXTS.get(key)
             if known is None:
                 if len(_TENSOR_EXTS) >= 256:
                     _TENSOR_EXTS.clear()
-                known = _TENSOR_EXTS[key] = _tensor_ext(message, "[1]", 0)
-            return _assemble(_packb([delta, known[0]]), ((message, known[1]),))
+                known = _TENSOR_EXTS[key] = _tensor_ext(message, "[2]", 0)
+            return _assemble(_packb([delta, sequence, known[0]]), ((message, known[1]),))
     except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
         pass  # the general way below raises what dumps raises, naming the key path
-    structure, tensors = _encode([delta, message])
+    structure, tensors = _encode([delta, sequence, message])
     return _assemble(structure, tensors)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A tensor's bytes in C order: a view of a plain CPU tensor's memory, else a copy's."""
-    if tensor.is_contiguous():
+    if tensor.is_contiguous() and not tensor.requires_grad:
         try:  # numpy's view: a few calls fewer than snapshot._raw_bytes
-            return tensor.detach().numpy().data
+            # Not tensor.detach(): an ATen op, which lets the GIL go and hands it to a
+            # sender waiting for it, then waits for it back. The recorder's thread would
+            # trade the GIL with a sender once per tensor (2.5 us of the sender's CPU a
+            # message, measured: benchmarks/recording.py); numpy() keeps it.
+            return tensor.numpy().data
         except (TypeError, RuntimeError):  # CUDA, a dtype numpy lacks, a conjugate view
             pass
     return _raw_bytes(tensor)
@@ -304,27 +337,36 @@ def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> 
     return b"".join(parts)
 
 
-def decode_message(data: bytes, declared: type | None = None) -> tuple[int, Any]:
-    """A message record's delta cycle and message (`encode_message` undone).
+def decode_message(data: bytes, declared: type | None = None
+                   ) -> tuple[int, int | None, Any]:
+    """A message record's delta cycle, sequence and message (`encode_message` undone).
 
     Args:
-        data (bytes): the record's data.
+        data (bytes): the record's data (format 2's ``[delta, sequence,
+            message]`` or format 1's ``[delta, message]``).
         declared (type | None): the port's declared type: a NamedTuple or a
             dataclass message is put back into it (as ``snapshot.from_file``
             does); None leaves it a tuple or a dict.
 
     Returns:
-        tuple[int, Any]: ``(delta, message)``, bit-identical to what was sent.
+        tuple[int, int | None, Any]: ``(delta, sequence, message)``, the
+        message bit-identical to what was sent; sequence None for format 1
+        (its MCAP record holds it).
 
     Raises:
         SnapshotError: the data is not a message record's (damaged, or another
             encoding).
     """
     value = loads(data)
-    if type(value) is not list or len(value) != 2 or type(value[0]) is not int:
-        raise SnapshotError("not a mujou message record (expected [delta, message])")
-    delta, message = value
-    return delta, (message if declared is None else from_file(message, declared))
+    if (type(value) is not list or len(value) not in (2, 3) or type(value[0]) is not int
+            or (len(value) == 3 and type(value[1]) is not int)):
+        raise SnapshotError("not a mujou message record (expected [delta, sequence, message])")
+    if len(value) == 2:
+        delta, message = value
+        sequence = None
+    else:
+        delta, sequence, message = value
+    return delta, sequence, (message if declared is None else from_file(message, declared))
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -333,25 +375,55 @@ def decode_message(data: bytes, declared: type | None = None) -> tuple[int, Any]
 class _Stream:
     """The file behind a `Writer`, unbuffered: every write goes to the OS at once.
 
-    The MCAP writer keeps the chunk being filled in memory and writes each
-    record (a closed chunk, a metadata record, an attachment) in one call, so
-    writing through without a buffer costs a system call per record and leaves
-    nothing of a closed chunk in the process when it dies. (A plain object, not
-    an `io.RawIOBase`, which the MCAP writer would wrap in a buffer.)
+    The MCAP writer (foxglove-sdk's, in Rust) is given this object rather than
+    the path for three reasons. It keeps the chunk being filled in memory and
+    hands each record (a closed chunk, a metadata record, an attachment) over
+    in a few calls, so writing through without a buffer costs a few system
+    calls a chunk and leaves nothing of a closed chunk in the process when it
+    dies. A failed write is kept in `error`: the SDK only logs a failure of
+    a message's write, so the `Writer` raises it from here. And `abandon`
+    makes the rest of the file vanish, as a crash would.
+
+    The SDK is told not to seek (``disable_seeking``): it asks only where it is.
     """
 
     def __init__(self, path: str) -> None:
+        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._pos = 0
+        self._gone = False  # abandoned: later writes are discarded
+        self.error: OSError | None = None  # the first failed write
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Write all of ``data`` at the end of the file; returns its length."""
+        """Write all of ``data`` at the end of the file; returns its length.
+
+        Raises:
+            OSError: the write failed (also kept in `error`).
+        """
+        if self._gone:
+            return len(data)
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            self._pos += n
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                self._pos += n
+                view = view[n:]
+        except OSError as e:
+            if self.error is None:
+                self.error = e
+            raise
         return len(data)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Where the file ends; the only seeks a writer that does not seek makes.
+
+        Raises:
+            io.UnsupportedOperation: any other seek.
+        """
+        if offset == (0 if whence == os.SEEK_CUR else self._pos) and whence in (
+                os.SEEK_CUR, os.SEEK_SET):
+            return self._pos
+        raise io.UnsupportedOperation(f"{self.path}: a recording is written without seeking")
 
     def tell(self) -> int:
         """Bytes written so far (the file's size)."""
@@ -360,6 +432,10 @@ class _Stream:
     def flush(self) -> None:
         """Nothing to do: every write is already the OS's."""
 
+    def abandon(self) -> None:
+        """Discard every later write: the file stays as a crash now would leave it."""
+        self._gone = True
+
     def close(self) -> None:
         """Close the file (once)."""
         if self._fd >= 0:
@@ -367,63 +443,92 @@ class _Stream:
             os.close(fd)
 
 
+def _sdk() -> Any:
+    """foxglove-sdk's module, imported on the first recording (37 ms; nothing else needs it)."""
+    import foxglove
+    import foxglove.mcap
+
+    return foxglove
+
+
 class Writer:
     """Writes one recording (see the module docstring for the format).
 
-    Not thread-safe: one thread (a recorder's writer thread) calls it. Each
-    closed chunk is written to the file at once; `flush` closes the chunk in
-    progress early (a writer that sees few messages calls it now and then, so
-    that a crash loses little).
+    The MCAP records are written by foxglove-sdk's MCAP writer (Rust): about
+    0.3 us a message here, against 3 us for the ``mcap`` package's
+    pure-Python one, which the reader still uses. Not thread-safe: one thread
+    (a recorder's writer thread) calls it. Each closed chunk is written to the
+    file at once; `flush` closes the chunk in progress early (a writer that
+    sees few messages calls it now and then, so that a crash loses little).
 
     Args:
         path (str | os.PathLike): the file to write; replaced if it exists.
-        chunk_size (int): bytes of messages per chunk. Default: `CHUNK_SIZE`.
+        chunk_size (int): bytes of messages per chunk, >= 1. Default: `CHUNK_SIZE`.
         compression (str): ``"none"``, ``"lz4"`` or ``"zstd"``. Default: none.
-        library (str | None): the header's library string. Default:
-            ``"mujou_actors <version>"``.
 
     Raises:
-        ValueError: an unknown compression.
+        ValueError: an unknown compression, or a chunk size below 1.
         OSError: the file cannot be created.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
-                 compression: str = "none", library: str | None = None) -> None:
+                 compression: str = "none") -> None:
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSIONS)}, "
                              f"got {compression!r}")
+        if type(chunk_size) is not int or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        fox = _sdk()
         self.path = os.fspath(path)
         self._stream = _Stream(self.path)
-        self._mcap = _McapWriter(self._stream, chunk_size=chunk_size,  # type: ignore[arg-type]
-                                 compression=_COMPRESSIONS[compression])
-        self._schemas: dict[str, int] = {}
+        kind = _COMPRESSIONS[compression]
+        options = fox.mcap.MCAPWriteOptions(
+            compression=None if kind is None else getattr(fox.mcap.MCAPCompression, kind),
+            profile=PROFILE, chunk_size=chunk_size, disable_seeking=True,
+            compression_threads=0)  # zstd on the writer's thread: no pool of its own
+        # A context of the file's own: its channels reach this file and nothing else
+        # (the live view's server has another).
+        self._context = fox.Context()
+        self._schema = fox.Schema
+        self._channels: list[Any] = []  # foxglove.Channel, by our channel id
+        self._logs: list[Callable[[bytes, int, None], None]] = []  # their BaseChannel.log
         self._closed = False
-        self._mcap.start(PROFILE, library or f"mujou_actors {package_version()}")
+        try:
+            self._mcap = fox.open_mcap(self._stream, context=self._context,
+                                       writer_options=options)
+        except BaseException:
+            self._stream.close()
+            raise
 
     def write_run(self, metadata: Mapping[str, str]) -> None:
         """Write the ``mujou.run`` metadata record (once, before the messages).
 
         Args:
             metadata (Mapping[str, str]): its keys and values (see docs/recording.md).
+
+        Raises:
+            OSError: the file cannot be written.
         """
-        self._mcap.add_metadata(RUN_METADATA, dict(metadata))
+        self._call(self._mcap.write_metadata, RUN_METADATA, dict(metadata))
 
     def add_channel(self, spec: ChannelSpec) -> int:
         """Register the channel (and its schema) of one recorded Output.
+
+        Writes its ``mujou.channel`` metadata record at once: the channel
+        record itself is written with the channel's first message.
 
         Args:
             spec (ChannelSpec): the Output.
 
         Returns:
-            int: the channel's id, for `write`.
+            int: the channel's id, for `write_message`.
+
+        Raises:
+            OSError: the file cannot be written.
         """
-        schema = json.dumps(spec.schema(), sort_keys=True)
-        schema_id = self._schemas.get(schema)
-        if schema_id is None:
-            schema_id = self._schemas[schema] = self._mcap.register_schema(
-                type_name(spec.type), SCHEMA_ENCODING, schema.encode())
-        return self._mcap.register_channel(spec.topic, MESSAGE_ENCODING, schema_id,
-                                           spec.metadata())
+        return self._channel(spec.topic, MESSAGE_ENCODING, type_name(spec.type),
+                             SCHEMA_ENCODING, json.dumps(spec.schema(), sort_keys=True),
+                             spec.metadata())
 
     def add_view_channel(self, of: str, schema_name: str, schema: Mapping[str, Any]) -> int:
         """Register the view channel of a recorded Output (``/view/<path>``, JSON).
@@ -435,27 +540,43 @@ class Writer:
 
         Returns:
             int: the channel's id, for `write`.
-        """
-        data = json.dumps(schema, sort_keys=True)
-        key = f"{VIEW_SCHEMA_ENCODING}:{schema_name}:{data}"
-        schema_id = self._schemas.get(key)
-        if schema_id is None:
-            schema_id = self._schemas[key] = self._mcap.register_schema(
-                schema_name, VIEW_SCHEMA_ENCODING, data.encode())
-        return self._mcap.register_channel(VIEW_PREFIX + of, VIEW_ENCODING, schema_id,
-                                           {VIEW_OF: of})
 
-    def write(self, channel_id: int, seq: int, t_ns: int, data: bytes) -> None:
-        """Write one message record.
+        Raises:
+            OSError: the file cannot be written.
+        """
+        return self._channel(VIEW_PREFIX + of, VIEW_ENCODING, schema_name,
+                             VIEW_SCHEMA_ENCODING, json.dumps(schema, sort_keys=True),
+                             {VIEW_OF: of})
+
+    def _channel(self, topic: str, encoding: str, schema_name: str, schema_encoding: str,
+                 schema: str, metadata: dict[str, str]) -> int:
+        """Declare a channel (its ``mujou.channel`` record) and make it; returns its id."""
+        self._call(self._mcap.write_metadata, CHANNEL_METADATA, {
+            **metadata, _TOPIC: topic, _ENCODING: encoding, _SCHEMA_NAME: schema_name,
+            _SCHEMA_ENCODING: schema_encoding, _SCHEMA: schema})
+        fox = sys.modules["foxglove"]
+        channel = fox.Channel(topic, message_encoding=encoding, metadata=metadata,
+                              context=self._context,
+                              schema=self._schema(name=schema_name, encoding=schema_encoding,
+                                                  data=schema.encode()))
+        self._channels.append(channel)
+        self._logs.append(channel.base.log)  # Channel.log's checks cost 0.2 us a message
+        return len(self._logs) - 1
+
+    def write(self, channel_id: int, t_ns: int, data: bytes) -> None:
+        """Write one message record of already encoded data (a view's JSON).
 
         Args:
-            channel_id (int): from `add_channel`.
-            seq (int): the channel's count of this message, from 0.
-            t_ns (int): the send's time (ns, >= 0; the control key is written
-                as 0 with `CONTROL_DELTA` in ``data``).
-            data (bytes): `encode_message`'s bytes.
+            channel_id (int): from `add_channel` or `add_view_channel`.
+            t_ns (int): its time, ns (>= 0).
+            data (bytes): its data.
+
+        Raises:
+            OSError: the file cannot be written.
         """
-        self._mcap.add_message(channel_id, t_ns, data, t_ns, seq & _SEQ_MASK)
+        self._logs[channel_id](data, t_ns, None)
+        if self._stream.error is not None:
+            raise self._stream.error
 
     def write_message(self, channel_id: int, seq: int, t_ns: int, delta: int,
                       message: Any) -> int:
@@ -463,7 +584,7 @@ class Writer:
 
         Args:
             channel_id (int): from `add_channel`.
-            seq (int): the channel's count of this message, from 0.
+            seq (int): the sender's count of this message on its Output, from 0.
             t_ns (int): the send's time, ns; -1 for the control key.
             delta (int): the send's delta cycle.
             message (Any): the message.
@@ -473,11 +594,14 @@ class Writer:
 
         Raises:
             TypeError, ValueError: as `encode_message`; nothing is written.
+            OSError: the file cannot be written.
         """
         if t_ns < 0:
             t_ns, delta = 0, CONTROL_DELTA
-        data = encode_message(delta, message)
-        self._mcap.add_message(channel_id, t_ns, data, t_ns, seq & _SEQ_MASK)
+        data = encode_message(delta, seq, message)
+        self._logs[channel_id](data, t_ns, None)
+        if self._stream.error is not None:
+            raise self._stream.error
         return len(data)
 
     def attach(self, name: str, t_ns: int, data: bytes,
@@ -489,8 +613,13 @@ class Writer:
             t_ns (int): its time on the run's timer, ns (>= 0).
             data (bytes): its bytes (for a snapshot: ``snapshot.dumps(tree)``).
             media_type (str): its media type. Default: `SNAPSHOT_MEDIA_TYPE`.
+
+        Raises:
+            OSError: the file cannot be written.
         """
-        self._mcap.add_attachment(0, max(t_ns, 0), name, media_type, data)
+        t = max(t_ns, 0)
+        self._call(self._mcap.attach, log_time=t, create_time=t, name=name,
+                   media_type=media_type, data=data)
 
     def attach_snapshot(self, t_ns: int, tree: Any) -> None:
         """Attach a supervisor snapshot's tree, named ``snapshot-<t_ns>.mujou``.
@@ -498,12 +627,19 @@ class Writer:
         Args:
             t_ns (int): the snapshot's time, ns.
             tree (Any): the state tree (``snapshot.dumps`` encodes it).
+
+        Raises:
+            OSError: the file cannot be written.
         """
         self.attach(f"snapshot-{t_ns}.mujou", t_ns, dumps(tree))
 
     def flush(self) -> None:
-        """Close the chunk in progress, so that its messages are in the file now."""
-        self._mcap.flush()
+        """Close the chunk in progress, so that its messages are in the file now.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        self._call(self._mcap.flush)
 
     def close(self, end: Mapping[str, str] | None = None) -> None:
         """Write the ``mujou.end`` metadata (if given), the summary and the footer; close.
@@ -511,6 +647,9 @@ class Writer:
         Args:
             end (Mapping[str, str] | None): the ``mujou.end`` record's keys and
                 values; None writes none (a run that did not end cleanly).
+
+        Raises:
+            OSError: the file cannot be written (it is closed all the same).
         """
         if self._closed:
             return
@@ -519,16 +658,47 @@ class Writer:
             if end is not None:
                 # The last chunk first: a file cut before its end record must not
                 # read as a run that ended cleanly with messages missing.
-                self._mcap.flush()
-                self._mcap.add_metadata(END_METADATA, dict(end))
-            self._mcap.finish()
+                self._call(self._mcap.flush)
+                self._call(self._mcap.write_metadata, END_METADATA, dict(end))
+            self._call(self._mcap.close)
         finally:
-            self._stream.close()
+            self._release()
 
     def abandon(self) -> None:
-        """Close the file as it is, without a summary (what a crash leaves; for tests)."""
+        """Close the file as it is, without a summary: what a crash leaves.
+
+        The recorder calls it when writing failed; the tests, to make a crash's file.
+        """
+        if self._closed:
+            return
         self._closed = True
+        self._stream.abandon()
+        try:
+            self._mcap.close()  # writes only to the abandoned stream
+        except RuntimeError:
+            pass  # the SDK's writer had failed already: nothing more to close
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the channels (the SDK keeps closed ones out of its sinks) and the file."""
+        for channel in self._channels:
+            channel.close()
         self._stream.close()
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call one of the SDK writer's methods; a failed write comes out as its OSError.
+
+        The SDK reports a write that failed as a RuntimeError without its cause,
+        and every later write as "attempted another write after a write
+        method failed": the stream kept the OSError (naming what went wrong).
+        """
+        try:
+            return method(*args, **kwargs)
+        except RuntimeError as e:
+            if self._stream.error is not None:
+                raise self._stream.error from e
+            raise
 
 
 def package_version() -> str:
@@ -572,7 +742,8 @@ class ChannelInfo:
     """One channel of a recording and what the file holds of it.
 
     Attributes:
-        id (int): the channel's id in the file.
+        id (int): the channel's id in the file; -1 for a channel of format 2
+            that got no message (its channel record comes with its first).
         topic (str): the Output's path.
         node (str): the node's path.
         port (str): the port's name.
@@ -702,6 +873,82 @@ def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Ch
                        order, meta.get("type", ""), shape, meta.get("dtype"), schema)
 
 
+def _declaration(record: Metadata, path: str) -> tuple[Channel, Schema]:
+    """The channel and schema records a ``mujou.channel`` record declares (ids -1: no record)."""
+    meta = dict(record.metadata)
+    try:
+        topic, encoding = meta.pop(_TOPIC), meta.pop(_ENCODING)
+        schema = Schema(id=-1, name=meta.pop(_SCHEMA_NAME),
+                        encoding=meta.pop(_SCHEMA_ENCODING), data=meta.pop(_SCHEMA).encode())
+    except KeyError as e:
+        raise RecordingError(path, f"a {CHANNEL_METADATA!r} record without {e}") from None
+    return Channel(id=-1, schema_id=-1, topic=topic, message_encoding=encoding,
+                   metadata=meta), schema
+
+
+class _Channels:
+    """A recording's channels as its records declare them, by topic and by id in the file.
+
+    Format 2 declares every channel in a ``mujou.channel`` record before any
+    message (the channel record itself comes with its first message, so a
+    channel without messages has none); format 1 has channel records only.
+    Records are fed in file order (`take`); a channel keeps the first
+    description met of it.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.schemas: dict[int, Schema] = {}
+        self.by_topic: dict[str, ChannelInfo] = {}  # in the order met
+        self.by_id: dict[int, ChannelInfo] = {}
+        self.declared = False  # a mujou.channel record was met: format 2
+        self.first = 0  # the MCAP sequence of a channel's first message (the SDK's is 1)
+
+    def take(self, record: McapRecord) -> bool:
+        """Take a schema, channel or ``mujou.channel`` record; False for any other record."""
+        if isinstance(record, Schema):
+            self.schemas.setdefault(record.id, record)
+        elif isinstance(record, Channel):
+            if record.id not in self.by_id:  # the summary repeats those of the data
+                known = self.by_topic.get(record.topic)
+                if known is None:
+                    known = self.by_topic[record.topic] = self._info(record, self.schemas)
+                known.id = record.id
+                self.by_id[record.id] = known
+        elif isinstance(record, Metadata) and record.name == CHANNEL_METADATA:
+            channel, schema = _declaration(record, self.path)
+            self.declared, self.first = True, 1
+            if channel.topic not in self.by_topic:
+                self.by_topic[channel.topic] = self._info(channel, {-1: schema})
+        else:
+            return False
+        return True
+
+    def _info(self, channel: Channel, schemas: dict[int, Schema]) -> ChannelInfo:
+        if _is_view(channel):
+            return _view_info(channel, schemas, self.path)
+        return _channel_info(channel, schemas, self.path)
+
+    def of(self, channel_id: int) -> ChannelInfo:
+        """The channel of a message record; RecordingError if no channel record defines it."""
+        channel = self.by_id.get(channel_id)
+        if channel is None:
+            raise RecordingError(self.path, f"a message on channel {channel_id}, which no "
+                                 "channel record defines")
+        return channel
+
+    def ordered(self) -> tuple[list[ChannelInfo], list[ChannelInfo]]:
+        """The recorded Outputs' channels and the view channels, in the net's order.
+
+        Format 2: the order of the declarations (the net's); format 1: of the
+        channel ids (given in the net's order).
+        """
+        infos = list(self.by_topic.values())
+        if not self.declared:
+            infos.sort(key=lambda c: c.id)
+        return ([c for c in infos if c.view_of is None], [c for c in infos if c.view_of])
+
+
 class _Scan:
     """One pass over a recording's records, in file order, telling a cut from damage.
 
@@ -826,30 +1073,18 @@ class Reader:
             RecordingError: the file is not a mujou recording, or is damaged.
         """
         scan = _Scan(self.path)
-        schemas: dict[int, Schema] = {}
-        channels: dict[int, ChannelInfo] = {}
-        views: dict[int, ChannelInfo] = {}
+        table = _Channels(self.path)
         result = RecordingInfo(self.path, 0, "")
         for record in scan:
             if isinstance(record, Message):
-                channel = channels.get(record.channel_id) or views.get(record.channel_id)
-                if channel is None:
-                    raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
-                                         "which no channel record defines")
+                channel = table.of(record.channel_id)
                 channel.count += 1
                 channel.bytes += len(record.data)
                 t = record.log_time
                 channel.first_ns = t if channel.first_ns is None else min(channel.first_ns, t)
                 channel.last_ns = t if channel.last_ns is None else max(channel.last_ns, t)
-            elif isinstance(record, Schema):
-                schemas.setdefault(record.id, record)
-            elif isinstance(record, Channel):
-                if record.id in channels or record.id in views:
-                    continue  # the summary repeats those of the data
-                if _is_view(record):
-                    views[record.id] = _view_info(record, schemas, self.path)
-                else:
-                    channels[record.id] = _channel_info(record, schemas, self.path)
+            elif table.take(record):
+                pass
             elif isinstance(record, Metadata):
                 if record.name == RUN_METADATA:
                     result.run = dict(record.metadata)
@@ -860,8 +1095,7 @@ class Reader:
                     record.name, record.media_type, record.log_time, len(record.data)))
         result.size, result.complete, result.cut_at = scan.size, scan.complete, scan.cut_at
         result.library = scan.header.library if scan.header else ""
-        result.channels = [channels[i] for i in sorted(channels)]
-        result.views = [views[i] for i in sorted(views)]
+        result.channels, result.views = table.ordered()
         result.messages = sum(c.count for c in result.channels)
         firsts = [c.first_ns for c in result.channels if c.first_ns is not None]
         lasts = [c.last_ns for c in result.channels if c.last_ns is not None]
@@ -894,74 +1128,76 @@ class Reader:
             RecordingError: the file is not a mujou recording, is damaged, or a
                 message does not decode (the message names its topic and index).
         """
-        schemas: dict[int, Schema] = {}
-        channels: dict[int, ChannelInfo] = {}
-        views: set[int] = set()  # view channels: for Foxglove, never decoded here
+        table = _Channels(self.path)
         group: list[tuple[int, Record]] = []
         key: tuple[int, int] | None = None
         for record in _Scan(self.path):
-            if isinstance(record, Schema):
-                schemas.setdefault(record.id, record)
-            elif isinstance(record, Channel):
-                if _is_view(record):
-                    views.add(record.id)
-                elif record.id not in channels:  # the summary repeats those of the data
-                    channels[record.id] = _channel_info(record, schemas, self.path)
-            elif isinstance(record, Message):
-                if record.channel_id in views:
-                    continue
-                channel = channels.get(record.channel_id)
-                if channel is None:
-                    raise RecordingError(self.path, f"a message on channel {record.channel_id}, "
-                                         "which no channel record defines")
+            if isinstance(record, Message):
+                channel = table.of(record.channel_id)
+                if channel.view_of is not None:
+                    continue  # for Foxglove, never decoded here
                 if topics is not None and not topics(channel.topic):
                     continue
-                decoded = self._decode(record, channel)
+                decoded = self._decode(record, channel, table.first)
                 here = (decoded.t_ns, decoded.delta)
                 if here != key:
                     yield from _in_order(group)
                     group, key = [], here
                 group.append((channel.sender_order, decoded))
+            else:
+                table.take(record)
         yield from _in_order(group)
 
-    def _decode(self, record: Message, channel: ChannelInfo) -> Record:
-        """The `Record` of a message record of ``channel``; RecordingError if it does not decode."""
+    def _decode(self, record: Message, channel: ChannelInfo, first: int) -> Record:
+        """The `Record` of a message record of ``channel``; RecordingError if it does not decode.
+
+        ``first`` is the MCAP sequence of a channel's first message (0 or 1):
+        what tells a message's index in the file, named by the error.
+        """
         try:
-            delta, message = decode_message(record.data, self.types.get(channel.topic))
+            delta, sequence, message = decode_message(record.data,
+                                                       self.types.get(channel.topic))
         except SnapshotError as e:
-            raise RecordingError(self.path, f"message {record.sequence} of {channel.topic!r} "
-                                 f"(t={record.log_time} ns) does not decode: "
+            raise RecordingError(self.path, f"message {record.sequence - first} of "
+                                 f"{channel.topic!r} (t={record.log_time} ns) does not decode: "
                                  f"{str(e).removeprefix('<bytes>: ')}") from e
         t = record.log_time
         if delta == CONTROL_DELTA:
             t, delta = -1, 0
-        return Record(channel.topic, record.sequence, t, delta, message)
+        return Record(channel.topic, record.sequence if sequence is None else sequence, t,
+                      delta, message)
 
     def views(self) -> Iterator[tuple[str, int, int, Any]]:
         """The messages of the view channels (``record_view=True``), parsed, in file order.
 
         Yields:
-            tuple[str, int, int, Any]: ``(view_of, sequence, t_ns, value)``: the
-            Output's path, the lossless message's sequence, its log time (ns;
-            0 for a send of ``on_start``) and the JSON value.
+            tuple[str, int, int, Any]: ``(view_of, index, t_ns, value)``: the
+            Output's path, the view message's count on its channel from 0 (the
+            sequence of the lossless message it shows, unless some of the
+            Output's messages were dropped or could not be viewed: pair by time
+            then), its log time (ns; 0 for a send of ``on_start``) and the JSON
+            value.
 
         Raises:
             FileNotFoundError: there is no such file.
             RecordingError: the file is not a mujou recording, is damaged, or a
                 view message is not JSON.
         """
-        views: dict[int, str] = {}
+        table = _Channels(self.path)
         for record in _Scan(self.path):
-            if isinstance(record, Channel) and _is_view(record):
-                views[record.id] = record.metadata[VIEW_OF]
-            elif isinstance(record, Message) and record.channel_id in views:
-                try:
-                    value = json.loads(record.data)
-                except ValueError as e:
-                    raise RecordingError(self.path, f"view message {record.sequence} of "
-                                         f"{views[record.channel_id]!r} is not JSON "
-                                         f"({_reason(e)})") from e
-                yield views[record.channel_id], record.sequence, record.log_time, value
+            if not isinstance(record, Message):
+                table.take(record)
+                continue
+            of = table.of(record.channel_id).view_of
+            if of is None:
+                continue
+            index = record.sequence - table.first
+            try:
+                value = json.loads(record.data)
+            except ValueError as e:
+                raise RecordingError(self.path, f"view message {index} of {of!r} is not JSON "
+                                     f"({_reason(e)})") from e
+            yield of, index, record.log_time, value
 
     def attachments(self) -> Iterator[tuple[AttachmentInfo, bytes]]:
         """The attachments, with their data, in file order.

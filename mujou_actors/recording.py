@@ -522,15 +522,15 @@ class Recorder:
             self._recorded[ch] += 1
             self._bytes[ch] += n
             if self._views is not None:
-                self._write_view(ch, seq, t_ns, message)
+                self._write_view(ch, t_ns, message)
         with self._room:
             self._pending[0] -= freed
             if self._waiting:
                 self._room.notify_all()
         return True
 
-    def _write_view(self, ch: int, seq: int, t_ns: int, message: Any) -> None:
-        """Write the view of a message just written (same time and sequence); never fails it."""
+    def _write_view(self, ch: int, t_ns: int, message: Any) -> None:
+        """Write the view of a message just written (same time); never fails it."""
         assert self._views is not None
         projection, view_id = self._views[ch]
         t = max(t_ns, 0)
@@ -543,7 +543,7 @@ class Recorder:
                             "its lossless message is recorded", self.path, self._topics[ch],
                             describe(exc))
             return
-        self._writer.write(view_id, seq, t, data)
+        self._writer.write(view_id, t, data)
 
     def _finish(self) -> None:
         """The end of the file: what is left unwritten counted, ``mujou.end``, the summary."""

@@ -107,7 +107,7 @@ def _write(path: pathlib.Path, messages: list[tuple[str, type, Any]], **kw: Any)
     w.write_run({"format": mcapfile.FORMAT, "seeds": json.dumps({"node0": 5})})
     ids = {name: w.add_channel(_spec(name, t)) for name, t, _ in messages}
     for i, (name, _, message) in enumerate(messages):
-        w.write_message(ids[name], 0, 1000 * i, i % 3, message)
+        w.write_message(ids[name], 7 * i, 1000 * i, i % 3, message)
     w.close({"time_ns": "99", "recorded": "{}", "drops": json.dumps({"node0.int": 2}),
              "failure": ""})
 
@@ -123,7 +123,7 @@ def test_every_message_type_round_trips_bit_identical(tmp_path: pathlib.Path) ->
     for (name, _, sent), record in zip(MESSAGES, records, strict=True):
         assert _same(sent, record.message), name
     assert [(r.t_ns, r.delta, r.sequence) for r in records] == [
-        (1000 * i, i % 3, 0) for i in range(len(MESSAGES))]
+        (1000 * i, i % 3, 7 * i) for i in range(len(MESSAGES))]  # the sender's sequence
 
 
 def test_without_types_named_tuples_and_dataclasses_come_back_plain(
@@ -172,7 +172,7 @@ def test_info_gives_channels_counts_span_metadata_and_attachments(
         tmp_path: pathlib.Path) -> None:
     path = tmp_path / "info.mcap"
     w = mcapfile.Writer(path)
-    w.write_run({"format": "1", "seeds": json.dumps({"sim": 3, "ctrl": 4})})
+    w.write_run({"format": mcapfile.FORMAT, "seeds": json.dumps({"sim": 3, "ctrl": 4})})
     state = w.add_channel(mcapfile.ChannelSpec("sim.state", "sim", "state", 1, torch.Tensor,
                                                shape=(None, 4), dtype="float64"))
     cmd = w.add_channel(mcapfile.ChannelSpec("ctrl.command", "ctrl", "command", 2, Command))
@@ -186,7 +186,7 @@ def test_info_gives_channels_counts_span_metadata_and_attachments(
     got = mcapfile.info(path)
 
     assert got.complete and got.cut_at is None
-    assert got.library.startswith("mujou_actors ")
+    assert got.library.startswith("foxglove-sdk-python/")
     assert [(c.topic, c.count, c.first_ns, c.last_ns) for c in got.channels] == [
         ("sim.state", 10, 0, 90), ("ctrl.command", 1, 50, 50)]
     state_info = got.channels[0]
@@ -219,7 +219,7 @@ def test_compressed_files_read_the_same(tmp_path: pathlib.Path) -> None:
 def _many(path: pathlib.Path, n: int = 400, close: bool = True) -> list[bytes]:
     """A file of n float messages in chunks of about 2 KiB; returns the sizes after chunks."""
     w = mcapfile.Writer(path, chunk_size=2048)
-    w.write_run({"format": "1"})
+    w.write_run({"format": mcapfile.FORMAT})
     channel = w.add_channel(_spec("x", float))
     for i in range(n):
         w.write_message(channel, i, i, 0, float(i))
@@ -341,9 +341,9 @@ def test_encode_message_makes_the_bytes_of_snapshot_dumps() -> None:
     for message in [m for _, _, m in MESSAGES] + extra:
         for delta in (0, 3, mcapfile.CONTROL_DELTA):
 
-            got = mcapfile.encode_message(delta, message)
+            got = mcapfile.encode_message(delta, 2**40 + delta, message)
 
-            assert got == mujou.snapshot.dumps([delta, message]), message
+            assert got == mujou.snapshot.dumps([delta, 2**40 + delta, message]), message
 
 
 @pytest.mark.parametrize("bad", [2**64, "\ud800", {1, 2}, torch.ones(2).to_sparse()])
@@ -352,7 +352,7 @@ def test_encode_message_refuses_what_a_snapshot_refuses(bad: Any) -> None:
         mujou.snapshot.dumps([0, bad])
 
     with pytest.raises(type(expected.value)):
-        mcapfile.encode_message(0, bad)
+        mcapfile.encode_message(0, 0, bad)
 
 
 @pytest.mark.timeout(60)
@@ -378,3 +378,85 @@ def test_a_file_cut_in_its_last_chunk_does_not_read_as_a_clean_end(tmp_path) -> 
 
     assert whole.complete and whole.end is not None and whole.messages == 100
     assert not short.complete and short.end is None  # the end record follows the last chunk
+
+
+def test_a_channel_without_messages_is_declared_in_the_nets_order(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "empty.mcap"
+    w = mcapfile.Writer(path)
+    quiet = w.add_channel(_spec("quiet", float, order=0))
+    loud = w.add_channel(_spec("loud", int, order=1))
+    view = w.add_view_channel("node1.loud", "mujou.view.int", {"type": "object"})
+    w.write_message(loud, 0, 5, 0, 3)
+    w.write(view, 5, b'{"value": 3}')
+    del quiet
+    w.close({})
+
+    got = mcapfile.info(path)
+
+    # The SDK writes a channel record with its first message only: node0.quiet has none,
+    # and is known by its mujou.channel record.
+    assert [(c.topic, c.count, c.type, c.sender_order) for c in got.channels] == [
+        ("node0.quiet", 0, "builtins:float", 0), ("node1.loud", 1, "builtins:int", 1)]
+    assert got.channels[0].id == -1 and got.channels[1].id >= 0
+    assert got.channels[0].schema == {"type": "builtins:float", "shape": None, "dtype": None,
+                                      "fields": None}
+    assert [(v.topic, v.view_of, v.count) for v in got.views] == [
+        ("/view/node1.loud", "node1.loud", 1)]
+    assert list(mcapfile.Reader(path).views()) == [("node1.loud", 0, 5, {"value": 3})]
+
+
+def _write_format_1(path: pathlib.Path) -> None:
+    """A recording as format 1 wrote it: the mcap package's writer, the sequence in the record."""
+    from mcap.writer import Writer
+
+    with open(path, "wb") as f:
+        w = Writer(f, chunk_size=1024)
+        w.start(mcapfile.PROFILE, "mujou_actors 0.1.0")
+        w.add_metadata(mcapfile.RUN_METADATA, {"format": "1", "seeds": '{"node0": 2}'})
+        ids = []
+        for spec in (_spec("a", float, order=0), _spec("b", int, order=1)):
+            schema = w.register_schema(mcapfile.type_name(spec.type), mcapfile.SCHEMA_ENCODING,
+                                       json.dumps(spec.schema()).encode())
+            ids.append(w.register_channel(spec.topic, mcapfile.MESSAGE_ENCODING, schema,
+                                          spec.metadata()))
+        for i in range(50):
+            data = mujou.snapshot.dumps([0, float(i)])
+            w.add_message(ids[0], 10 * i, data, 10 * i, (2**32 + i) & (2**32 - 1))
+        w.add_metadata(mcapfile.END_METADATA, {"drops": "{}"})
+        w.finish()
+
+
+def test_a_format_1_recording_still_reads(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "v1.mcap"
+    _write_format_1(path)
+
+    got = mcapfile.info(path)
+    records = list(mcapfile.read(path))
+
+    assert got.library == "mujou_actors 0.1.0" and got.run["format"] == "1"
+    assert [(c.topic, c.count) for c in got.channels] == [("node0.a", 50), ("node1.b", 0)]
+    assert [(r.sequence, r.t_ns, r.message) for r in records] == [
+        (i, 10 * i, float(i)) for i in range(50)]
+
+
+def test_a_write_that_fails_is_raised_as_its_os_error(tmp_path: pathlib.Path) -> None:
+    import os
+
+    path = tmp_path / "full.mcap"
+    w = mcapfile.Writer(path, chunk_size=512)
+    channel = w.add_channel(_spec("x", float))
+    full = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
+    try:
+        os.dup2(full, w._stream._fd)
+    finally:
+        os.close(full)
+
+    with pytest.raises(OSError, match="No space left") as info:
+        for i in range(1000):  # a closed chunk's write fails
+            w.write_message(channel, i, i, 0, float(i))
+    with pytest.raises(OSError, match="No space left"):
+        w.flush()
+    w.abandon()
+
+    assert info.value.errno == 28 and i < 100

@@ -169,7 +169,7 @@ def test_the_file_carries_the_runs_metadata_and_end(tmp_path: pathlib.Path) -> N
     assert (state.node, state.port, state.sender_order) == ("sim", "state", 1)
     assert (state.type, state.shape, state.dtype) == ("torch:Tensor", [2], "float64")
     meta = info.run
-    assert meta["format"] == "1" and meta["timer"] == "simulated" and meta["seed"] == "11"
+    assert meta["format"] == "2" and meta["timer"] == "simulated" and meta["seed"] == "11"
     assert meta["mujou_actors"] == mujou.__version__ and meta["torch"] == torch.__version__
     assert info.seeds == dict(run.seeds) and meta["workers"] == "1"
     assert meta["placement"] == "" and json.loads(meta["record_ports"]) == ["sim.*"]
@@ -441,7 +441,7 @@ def test_mujou_inspect_shows_channels_counts_rates_span_seeds_attachments(
     assert "0.000 .. 1.000 s" in out and "302 messages, 0 dropped" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines()
             if line.startswith(("sim.", "ctrl."))}
-    assert rows["sim.energy"][1:5] == ["builtins:float", "100", "100.0", "4,700"]
+    assert rows["sim.energy"][1:5] == ["builtins:float", "100", "100.0", "4,800"]
     assert rows["sim.state"][1:3] == ["torch:Tensor", "float64[2]"]
     assert f"sim={run.seeds['sim']}" in out
     assert "attachments: 3" in out and "snapshot-500000000.mujou" in out
