@@ -71,6 +71,7 @@ file. This module starts no thread and knows nothing of runs.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
 import json
@@ -80,7 +81,7 @@ import sys
 import typing
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, TypeAlias
 
 import msgpack
 import torch
@@ -114,6 +115,8 @@ from .snapshot import (
 )
 from .snapshot import MAGIC as _MAGIC
 from .snapshot import VERSION as _VERSION
+
+Buffer: TypeAlias = "bytes | memoryview | ctypes.Array[ctypes.c_char]"
 
 # The module's own names; none is in the package's top-level namespace (docs/reference.md
 # lists them under the module).
@@ -162,6 +165,13 @@ _packb = msgpack.packb
 # A lone tensor's extension in the structure (meta, nbytes) by (dtype, shape): a channel's
 # tensors mostly share both. At most 256 kept; mutated by one thread at a time (a writer).
 _TENSOR_EXTS: dict[tuple[torch.dtype, torch.Size], tuple[msgpack.ExtType, int]] = {}
+# A tensor whose memory does not hold its values (a lazy conjugate or negation): the bits
+# of those dispatch keys, tested on the tensor's key set without a torch op.
+_dispatch_keys = torch._C._dispatch_keys
+_LAZY_BITS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)
+              | torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate)).raw_repr()
+# ctypes array types by size (the views _tensor_bytes makes); at most 256 kept.
+_ARRAYS: dict[int, Any] = {}
 
 
 def type_name(cls: Any) -> str:
@@ -289,24 +299,32 @@ def encode_message(delta: int, sequence: int, message: Any) -> bytes:
                 if len(_TENSOR_EXTS) >= 256:
                     _TENSOR_EXTS.clear()
                 known = _TENSOR_EXTS[key] = _tensor_ext(message, "[2]", 0)
-            return _assemble(_packb([delta, sequence, known[0]]), ((message, known[1]),))
+            return _assemble_tensor(_packb([delta, sequence, known[0]]), message, known[1])
     except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
         pass  # the general way below raises what dumps raises, naming the key path
     structure, tensors = _encode([delta, sequence, message])
     return _assemble(structure, tensors)
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """A tensor's bytes in C order: a view of a plain CPU tensor's memory, else a copy's."""
-    if tensor.is_contiguous() and not tensor.requires_grad:
-        try:  # numpy's view: a few calls fewer than snapshot._raw_bytes
-            # Not tensor.detach(): an ATen op, which lets the GIL go and hands it to a
-            # sender waiting for it, then waits for it back. The recorder's thread would
-            # trade the GIL with a sender once per tensor (2.5 us of the sender's CPU a
-            # message, measured: benchmarks/recording.py); numpy() keeps it.
-            return tensor.numpy().data
-        except (TypeError, RuntimeError):  # CUDA, a dtype numpy lacks, a conjugate view
-            pass
+def _tensor_bytes(tensor: torch.Tensor) -> Buffer:
+    """A tensor's bytes in C order: a view of a plain CPU tensor's memory, else a copy's.
+
+    The view is only valid while ``tensor`` lives (the caller holds it).
+    """
+    # Every call here keeps the GIL. torch's own ways (detach(), numpy(), is_conj(),
+    # is_neg()) let it go and take it back, and each time a sender waiting for it gets it,
+    # then waits for it back: on the recorder's thread that was a GIL hand-off per tensor,
+    # 1.5 us of each sender's CPU per message (benchmarks/recording.py). The dispatch keys
+    # say whether the memory holds the values (no lazy conjugate or negative bit).
+    if tensor.is_cpu and tensor.is_contiguous() and not (
+            _dispatch_keys(tensor).raw_repr() & _LAZY_BITS):
+        n = tensor.nbytes
+        array = _ARRAYS.get(n)
+        if array is None:
+            if len(_ARRAYS) >= 256:
+                _ARRAYS.clear()
+            array = _ARRAYS[n] = ctypes.c_char * n
+        return array.from_address(tensor.data_ptr()) if n else b""
     return _raw_bytes(tensor)
 
 
@@ -319,11 +337,11 @@ def _assemble_plain(structure: bytes) -> bytes:
 
 def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> bytes:
     """A snapshot's bytes from its structure and tensors (what `snapshot._write` writes)."""
-    parts: list[bytes | memoryview] = [b"", structure]
+    parts: list[Buffer] = [b"", structure]
     data_len = 0
     for tensor, nbytes in tensors:
         raw = _tensor_bytes(tensor)
-        if raw.nbytes != nbytes:
+        if memoryview(raw).nbytes != nbytes:
             raise RuntimeError("a tensor was resized while it was being recorded")
         parts.append(raw)
         data_len += nbytes
@@ -335,6 +353,17 @@ def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> 
         crc = zlib.crc32(part, crc)
     parts.append(_CRC.pack(crc))
     return b"".join(parts)
+
+
+def _assemble_tensor(structure: bytes, tensor: torch.Tensor, nbytes: int) -> bytes:
+    """`_assemble` of one tensor, by fewer steps (the writer's hot path for a tensor)."""
+    raw = _tensor_bytes(tensor)
+    if tensor.nbytes != nbytes:
+        raise RuntimeError("a tensor was resized while it was being recorded")
+    head = _HEAD.pack(_MAGIC, _VERSION, len(structure), nbytes)
+    head += _CRC.pack(zlib.crc32(head))
+    crc = zlib.crc32(raw, zlib.crc32(structure, zlib.crc32(head)))
+    return b"".join((head, structure, raw, _CRC.pack(crc)))
 
 
 def decode_message(data: bytes, declared: type | None = None

@@ -336,6 +336,7 @@ def test_recording_error_pickles_with_its_fields() -> None:
 def test_encode_message_makes_the_bytes_of_snapshot_dumps() -> None:
     extra = [torch.ones(3, 4).t(), torch.tensor(2.5), torch.ones(5, dtype=torch.bfloat16),
              torch.randn(2, 3, dtype=torch.complex64).conj(), torch.ones(2, requires_grad=True),
+             torch.randn(3, dtype=torch.complex64).conj().imag,  # a lazy negation: neg bit
              torch.zeros(0), torch.arange(10)[::3], 2**64 - 1, -(2**63), "",
              [torch.ones(2), (1, torch.zeros(3))], {"t": torch.ones(1), "n": None}]
     for message in [m for _, _, m in MESSAGES] + extra:
