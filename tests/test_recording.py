@@ -578,3 +578,38 @@ def test_a_writer_that_fails_stops_recording_and_join_raises_it(
     assert stats is not None and "No space left" in (stats.error or "")
     assert stats.recorded == 0 and stats.dropped + stats.queued > 0
     assert node.sends == 500  # the run went on to its end
+
+
+def test_written_messages_are_freed_by_the_senders_within_a_bound(
+        tmp_path: pathlib.Path) -> None:
+    import types
+    import weakref
+
+    from mujou_actors import recording
+
+    spec = mcapfile.ChannelSpec("src.out", "src", "out", 0, object)
+    recorder = recording.Recorder(mujou.Recording(tmp_path / "r.mcap"), [spec], {},
+                                  simulated=True, host_copy=None, snapshots=False)
+    hook = recorder.hook(0, types.SimpleNamespace(stamp=(0, 0)))  # type: ignore[arg-type]
+    small = [torch.full((256,), float(i)) for i in range(300)]  # 1 KiB each
+    big = torch.zeros(8192)  # 32 KiB: over _RETURN_MAX
+    alive = [weakref.ref(t) for t in small]
+    big_alive = weakref.ref(big)
+    for t in small:
+        hook(t)
+    hook(big)
+    hook(2.5)  # a float is never kept
+    del small, big, t
+
+    # The writer's turn, on this thread: every message written, 256 kept for the senders.
+    assert recorder._write_batch() is True
+    kept = [i for i, ref in enumerate(alive) if ref() is not None]
+    assert kept == list(range(recording._RETURNED)) and big_alive() is None
+    assert len(recorder._dead) == recording._RETURNED
+
+    hook(torch.ones(3))  # a sender frees the two oldest as it sends
+    assert [ref() is None for ref in alive[:3]] == [True, True, False]
+
+    assert recorder.close(10, "", timeout=5) is None
+    assert not recorder._dead and all(ref() is None for ref in alive)
+    assert [r.message for r in mcapfile.read(tmp_path / "r.mcap")][301] == 2.5
