@@ -33,7 +33,6 @@ rich for the terminal.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -242,18 +241,17 @@ def parse_net_kwargs(text: str | None) -> dict[str, Any] | None:
 
 
 def _import_file(path: str) -> Any:
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the file's own helpers import as in `python FILE`
-    spec = importlib.util.spec_from_file_location("__mujou_net__", path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
+    # As a placed run's groups load it: named as `import <stem>` names it (see load_file).
+    from .distributed.placement import load_file
+
     try:
-        spec.loader.exec_module(module)
+        return load_file(path, fresh=True)
+    except ImportError as exc:
+        if str(exc).endswith("is not a Python file"):
+            raise UsageError(f"{path}: not a Python file") from None
+        raise UsageError(f"{path}: importing it raised {describe(exc)}") from exc
     except Exception as exc:
         raise UsageError(f"{path}: importing it raised {describe(exc)}") from exc
-    return module
 
 
 def _is_net(value: Any) -> bool:
@@ -1221,7 +1219,7 @@ def _print_recording(info: Any) -> None:
         failed_at = max(int(facts["t_ns"]), 0) / 1e9
         console.print(f"crash capsule: from {since} to the failure at {failed_at:.9f} s, delta "
                       f"{facts['delta']} (reproduce it: mujou replay {info.path} FILE[:NAME])")
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for name in ("channel", "type", "messages", "rate/s", "bytes", "first s", "last s",
                  "dropped"):
         table.add_column(name, justify="left" if name in ("channel", "type") else "right",

@@ -6,10 +6,10 @@ writer writes the recordings) and advertises:
 
 * a channel per port, topic its path (``"sim.state"``), JSON encoding, the
   JSON view of its messages (`mujou_actors.view`: a JSON Schema, or
-  ``foxglove.RawImage`` for an image port). A port's subscription
-  (``Run.subscribe``) exists only while a client subscribes to its channel,
-  and is cancelled when the last one leaves: a port nobody watches costs the
-  senders nothing;
+  ``foxglove.RawImage`` for an image port), each message at its send's time
+  on the run's timer. A port's subscription (``Run.subscribe``, with time)
+  exists only while a client subscribes to its channel, and is cancelled
+  when the last one leaves: a port nobody watches costs the senders nothing;
 * ``/mujou/graph``: the net (nodes, their ports with type, shape and dtype,
   the connections) as JSON, sent to each new subscriber; and Foxglove's
   connection graph (each Output published by its node, read by its readers'
@@ -247,7 +247,7 @@ class FoxgloveServer:
                 return
         # Outside the lock: subscribing may start the mujou-host thread (a wait for it).
         try:
-            sub = self._run.subscribe(topic, self._sender(topic))
+            sub = self._run.subscribe(topic, self._sender(topic), with_time=True)
         except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
             log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
             return
@@ -272,13 +272,16 @@ class FoxgloveServer:
             sub.cancel()
 
     def _sender(self, topic: str) -> Any:
-        """The callback of a watched port (on ``mujou-host``): its view to the channel."""
+        """The callback of a watched port (on ``mujou-host``): its view to the channel.
+
+        Each message is logged at its send's time (ns of the run's timer; 0 for
+        ``on_start``'s), as a recording's: not the time the host passed it on.
+        """
         channel = self._channels[topic]
         encode = self._projections[topic].encode
-        run = self._run
 
-        def send(message: Any) -> None:
-            t = max(run.time_ns, 0)
+        def send(t_ns: int, message: Any) -> None:
+            t = max(t_ns, 0)
             try:
                 data = encode(message, t)
             except Exception as exc:  # noqa: BLE001 - a view never fails the run

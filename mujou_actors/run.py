@@ -223,8 +223,8 @@ class Run:
             raise NotRunningError(f"write to {p.path!r}: the run has ended")
         self._wiring.deliver(p, message)  # type: ignore[arg-type]
 
-    def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
-                  depth: int = HOST_QUEUE_DEPTH) -> Subscription:
+    def subscribe(self, port: Port | str, callback: Callable[..., None], *,
+                  depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
         """Call ``callback(message)`` for every later message of a port.
 
         Callbacks run in send order on the thread ``mujou-host`` (never on a
@@ -243,6 +243,12 @@ class Run:
             callback: called with one argument.
             depth (int): the most messages waiting for this callback, >= 1.
                 Default: `HOST_QUEUE_DEPTH` (1024).
+            with_time (bool): call ``callback(t_ns, message)`` instead, ``t_ns``
+                the send's time on the run's timer (ns: the time of the hook
+                that sent it, -1 for a send of ``on_start`` before the timer
+                started; for a host's write to an Input, the run's time when
+                it was written): what a recording stores as the message's log
+                time. Default: False.
 
         Returns:
             Subscription: call it (or its ``cancel()``) to cancel the
@@ -257,8 +263,16 @@ class Run:
         if not callable(callback):
             raise TypeError(f"subscribe({p.path!r}): callback must be callable")
         depth = check_depth(f"subscribe({p.path!r})", depth)
-        sub = self._host.subscribe(p.path, callback, depth)
-        sub.detach = self._wiring.listen(p, sub.put)
+        if not with_time:
+            sub = self._host.subscribe(p.path, callback, depth)
+            sub.detach = self._wiring.listen(p, sub.put)
+            return sub
+
+        def timed(item: tuple[int, Any]) -> None:
+            callback(*item)
+
+        sub = self._host.subscribe(p.path, timed, depth)
+        sub.detach = self._wiring.listen(p, sub.put, now=lambda: self.time_ns)
         return sub
 
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,

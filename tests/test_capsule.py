@@ -302,6 +302,15 @@ def test_the_command_line_writes_inspects_and_reproduces_a_capsule(tmp_path) -> 
         in refused.stderr
     sped = _mujou("replay", path, f"{NETS}:make_net", "--speed", "3")
     assert sped.returncode == 2 and "--speed, --loop" in sped.stderr
+    # The CLI names the file's module by its stem, as `import capsule_nets` does: the
+    # capsule's exception is the one a script importing the file raises, and reproduces.
+    assert _facts(path)["exception"] == "capsule_nets.WindUp"
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from capsule_nets import make_net; "
+              "from mujou_actors.testing import reproduce_failure; "
+              "print(reproduce_failure(sys.argv[2], make_net()).summary)")
+    python = subprocess.run([sys.executable, "-c", script, os.path.dirname(NETS), path],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert python.stdout.startswith("reproduced: WindUp("), python.stdout + python.stderr
 
 
 @pytest.mark.timeout(60)

@@ -241,3 +241,27 @@ def test_a_host_off_loopback_needs_allow_remote_and_a_placed_run_is_refused() ->
         run.join(timeout=20)
     with pytest.raises(mujou.NotRunningError):
         mujou.serve_foxglove(run, 0)
+
+
+def test_each_message_is_stamped_with_its_sends_time() -> None:
+    from tests.conftest import Source
+
+    run = mujou.run({"src": Source(period=0.01)}, timer="simulated")  # runs ahead freely
+    server = mujou.serve_foxglove(run, 0)
+    try:
+        client = Client(server.port)
+        client.recv_until(lambda: "src.out" in client.channels, "the advertise")
+        client.send({"op": "subscribe", "subscriptions": [
+            {"id": 4, "channelId": client.channels["src.out"]["id"]}]})
+        client.recv_until(lambda: len(client.of(4)) >= 5, "five messages")
+        client.ws.close()
+    finally:
+        server.close()
+        run.stop()
+        run.join(timeout=20)
+
+    # Source sends its n-th count at n * 10 ms of the run's timer: the message's
+    # timestamp is that, not the time the host thread passed it on.
+    stamped = [(t, payload["value"]) for s, t, payload in client.data if s == 4]
+    assert len(stamped) >= 5
+    assert all(t == n * 10_000_000 for t, n in stamped), stamped[:5]

@@ -8,6 +8,7 @@ tests/test_processes.py runs real group processes.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -137,8 +138,10 @@ def test_a_cut_while_running_is_one_consistent_tree_that_goes_on_as_the_run_does
 def test_the_host_api_reaches_every_group() -> None:
     run = placed_run({"sim": "a", "ctrl": "b"}, None)
     seen: list[torch.Tensor] = []
+    timed: list[tuple[int, Any]] = []
     try:
         sub = run.subscribe("ctrl.cmd", seen.append)
+        run.subscribe("sim.out", lambda t, m: timed.append((t, m)), with_time=True)
         first = run.wait_for("sim.out", timeout=20)
         assert isinstance(first, torch.Tensor) and first.shape == (3,)
         assert isinstance(run.read("sim.out"), torch.Tensor)
@@ -155,6 +158,10 @@ def test_the_host_api_reaches_every_group() -> None:
         stats.groups["a"].messages_out >= 1
     assert list(stats.nodes) == ["sim", "ctrl", "log"]
     assert sub.delivered >= 1 and len(seen) == sub.delivered
+    # with_time: each of sim's messages at its send's time, a tick of its 10 ms period
+    times = [t for t, _ in timed]
+    assert times and times == sorted(set(times)) and all(t % 10_000_000 == 0 for t in times)
+    assert all(isinstance(m, torch.Tensor) for _, m in timed)
     # ctrl's every command crosses to log (host); the host's copies for subscribe() do not count
     # (one update sends a command per observation drained: the host's write adds one)
     assert stats.nodes["ctrl"].updates <= stats.groups["b"].messages_out \

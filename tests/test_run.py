@@ -248,6 +248,55 @@ def test_subscribe_gets_every_message_in_order_off_the_workers() -> None:
     assert {name for _, name in seen} <= {"mujou-host"}
 
 
+def test_subscribe_with_time_gives_each_message_its_sends_time(tmp_path) -> None:
+    from mujou_actors import mcapfile
+
+    net = Pipe()
+    outs: list[tuple[int, int]] = []
+    ins: list[tuple[int, int]] = []
+    enough = threading.Event()
+
+    def on_out(t: int, m: int) -> None:
+        outs.append((t, m))
+        if len(outs) >= 20:
+            enough.set()
+
+    run = mujou.run(net, timer="simulated", record=tmp_path / "r.mcap")
+    run.subscribe(net.sink.inp, lambda t, m: ins.append((t, m)), with_time=True)
+    run.subscribe(net.src.out, on_out, with_time=True)
+    assert enough.wait(30)
+    run.stop()
+    run.join(timeout=30)
+
+    # The recording stores each message at its send's time: the subscriptions, which
+    # began after the start, see a stretch of the same pairs.
+    recorded = [(r.t_ns, r.message) for r in mcapfile.read(tmp_path / "r.mcap")
+                if r.topic == "src.out"]
+    assert len(outs) >= 20 and ins[-len(outs):] == outs  # the Input's began first
+    start = recorded.index(outs[0])
+    assert recorded[start:start + len(outs)] == outs
+    assert outs[1][0] - outs[0][0] == 10_000_000
+
+
+def test_subscribe_with_time_gives_a_host_write_the_runs_time() -> None:
+    sink = Collector()
+    got: list[tuple[int, object]] = []
+    run = mujou.run(sink, timer="simulated")
+    done = threading.Event()
+
+    def on_message(t: int, m: object) -> None:
+        got.append((t, m))
+        done.set()
+
+    run.subscribe(sink.inp, on_message, with_time=True)
+    run.write(sink.inp, 7)
+    assert done.wait(10)
+    run.stop()
+    run.join(timeout=10)
+
+    assert got == [(0, 7)]  # the simulated timer waits at 0 for the write
+
+
 def test_subscribe_and_wait_for_in_real_time() -> None:
     net = Pipe()
     seen: list[int] = []

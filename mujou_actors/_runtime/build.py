@@ -169,27 +169,52 @@ class Wiring:
         if event is not None:
             self.rt.wait_ready(event)  # type: ignore[union-attr]
 
-    def listen(self, port: Port, listener: Callable[[Any], None]) -> Callable[[], None]:
+    def listen(self, port: Port, listener: Callable[[Any], None],
+               now: Callable[[], int] | None = None) -> Callable[[], None]:
         """Attach ``listener`` to every message sent on or delivered to ``port``.
+
+        Args:
+            port (Port): an Output or an Input of the run.
+            listener (Callable): called with each message, on the sending thread.
+            now (Callable[[], int] | None): if given, ``listener`` is called with
+                ``(t_ns, message)`` instead: the sending hook's time (ns of the
+                run's timer, -1 before the timer started), or ``now()`` for a
+                host's write to an Input (no hook sends it).
 
         Returns:
             Callable[[], None]: detaches it again.
         """
         if isinstance(port, Output):
-            views = [self.view(port)]
+            pairs: list[tuple[HostView, Actor | None]] = [
+                (self.view(port), self.actor_of[id(port.node)])]
         else:
             sources = port._sources  # type: ignore[attr-defined]
-            views = [self.view(s) for s in sources]
-            views.append(self.input_views.setdefault(id(port), HostView()))
-        for view in views:
+            pairs = [(self.view(s), self.actor_of[id(s.node)]) for s in sources]
+            pairs.append((self.input_views.setdefault(id(port), HostView()), None))
+        attached = [(view, listener if now is None else _timed(listener, sender, now))
+                    for view, sender in pairs]
+        for view, fn in attached:
             # Copy-on-write: senders iterate the list without a lock.
-            view.listeners = view.listeners + [listener]
+            view.listeners = view.listeners + [fn]
 
         def detach() -> None:
-            for view in views:
-                view.listeners = [x for x in view.listeners if x is not listener]
+            for view, fn in attached:
+                view.listeners = [x for x in view.listeners if x is not fn]
 
         return detach
+
+
+def _timed(listener: Callable[[Any], None], sender: Actor | None,
+           now: Callable[[], int]) -> Callable[[Any], None]:
+    """``listener`` called with ``(t_ns, message)``: the sender's hook's time, else ``now()``."""
+    if sender is None:
+        def host_write(message: Any) -> None:
+            listener((now(), message))
+        return host_write
+
+    def sent(message: Any) -> None:
+        listener((sender.stamp[0], message))
+    return sent
 
 
 _NO_TRIGGERS: frozenset[Any] = frozenset()  # shared by the many nodes without one

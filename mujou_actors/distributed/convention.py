@@ -515,8 +515,8 @@ def known_members(leader: str | tuple[str, int],
     with _Client(host) as client:
         found = client.members((host, port), timeout)
     if found is None:
-        raise ConnectionError(f"no Thespian admin answers at {host}:{port} "
-                              f"(within {timeout:g} s)")
+        raise ConnectionError(f"no Thespian admin answers at {host}:{port} (refused, or "
+                              f"no answer within {timeout:g} s)")
     return found
 
 
@@ -565,8 +565,8 @@ def member_state(leader: str | tuple[str, int], name: str,
     with _Client(host) as client:
         known = client.convention((host, port), timeout)
         if known is None:
-            raise ConnectionError(f"no Thespian admin answers at {host}:{port} "
-                                  f"(within {timeout:g} s)")
+            raise ConnectionError(f"no Thespian admin answers at {host}:{port} (refused, "
+                                  f"or no answer within {timeout:g} s)")
         admins = [address for address, caps in known if caps.get(MEMBER) == name]
         if not admins:
             return False

@@ -853,12 +853,14 @@ class _Driver:
 
         return detach
 
-    def listen_items(self, output: str, listener: Callable[[Item], None]) -> None:
+    def listen_items(self, output: str,
+                     listener: Callable[[Item], None]) -> Callable[[], None]:
         """Make the Output's group publish it; call ``listener`` with every published item.
 
         An item is ``(t_ns, delta, sender order, output index, message)`` (a
-        recording's listener: `recording.Recorder.item_hook`); it is called on
-        the driver's thread as the item is routed. For the whole run.
+        recording's listener: `recording.Recorder.item_hook`; a subscription
+        ``with_time``); it is called on the driver's thread as the item is
+        routed. Returns the function that detaches it.
         """
         index = self.routes.output_index[output]
         g = self.groups[self.owner[self.ports[output].node._mujou_path]]
@@ -868,6 +870,12 @@ class _Driver:
             else:
                 g.link.published.listen(g.link.kernel, output)
         self.item_listeners[index] = self.item_listeners.get(index, []) + [listener]
+
+        def detach() -> None:
+            self.item_listeners[index] = [x for x in self.item_listeners.get(index, [])
+                                          if x is not listener]
+
+        return detach
 
     def group_stats(self) -> dict[str, dict[str, Any]]:
         """Every group's figures, as plain data; a dead group's are its last ones known.
@@ -1109,7 +1117,8 @@ class _GroupDied(Exception):
     """A group process ended unasked."""
 
     def __init__(self, exit_: Any) -> None:
-        super().__init__(f"group {exit_.group!r} (pid {exit_.pid}) died: {exit_.reason}")
+        pid = f" (pid {exit_.pid})" if exit_.pid else ""  # 0: it never reported one
+        super().__init__(f"group {exit_.group!r}{pid} died: {exit_.reason}")
         self.exit = exit_
 
 

@@ -207,22 +207,34 @@ class PlacedRun:
         checked = self._ports[path].check(value)
         self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
 
-    def subscribe(self, port: Port | str, callback: Callable[[Any], None], *,
-                  depth: int = HOST_QUEUE_DEPTH) -> Subscription:
+    def subscribe(self, port: Port | str, callback: Callable[..., None], *,
+                  depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
         """Call ``callback(message)`` for every later message of a port (as `Run.subscribe`).
 
         The group that runs the port sends the host a copy of each message with
         its reply to each grant; an Input's messages are those of the Outputs
-        that feed it.
+        that feed it. With ``with_time``, ``callback(t_ns, message)``: the
+        send's time, which the group sends with each message.
         """
         self._check_caller("subscribe()")
         path = self._path(port)
         if not callable(callback):
             raise TypeError(f"subscribe({path!r}): callback must be callable")
         depth = check_depth(f"subscribe({path!r})", depth)
-        sub = self._driver.host.subscribe(path, callback, depth)
-        detaches = [self._listen(o, sub.put, f"subscribe({path!r})")
-                    for o in self._outputs(path)]
+        what = f"subscribe({path!r})"
+        if with_time:
+            sub = self._driver.host.subscribe(path, lambda item: callback(*item), depth)
+            put = sub.put
+            driver = self._driver
+
+            def timed(item: tuple[int, int, int, int, Any]) -> None:
+                put((item[0], item[4]))
+
+            detaches = [driver.call(lambda o=o: driver.listen_items(o, timed), 60.0, what)
+                        for o in self._outputs(path)]
+        else:
+            sub = self._driver.host.subscribe(path, callback, depth)
+            detaches = [self._listen(o, sub.put, what) for o in self._outputs(path)]
 
         def detach() -> None:
             for undo in detaches:

@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import keyword
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -78,7 +79,7 @@ def _ref_of(factory: Callable[..., Any]) -> str:
     if module is None or getattr(module, name, None) is not factory:
         raise TypeError(f"mujou.run: the net factory {module_name}.{name} cannot be found under "
                         f"its name in its module (it is not what {module_name}.{name} is)")
-    if module_name in ("__main__", "__mp_main__") or module_name.startswith("_mujou_file_"):
+    if _from_a_file(module_name):
         path = getattr(module, "__file__", None)
         if not path:
             raise TypeError(f"mujou.run: the net factory {name!r} is defined in {module_name}, "
@@ -173,7 +174,7 @@ def resolve_factory(net: Any,
 def load_factory(ref: str) -> NetFactory:
     """Import the function that ``ref`` names (``"module:function"`` or ``"file.py:function"``).
 
-    A file is loaded as a module named after its path (``_mujou_file_<hash>``),
+    A file is loaded by `load_file` (named by its stem, or ``_mujou_file_<hash>``),
     never as ``__main__``, so its ``if __name__ == "__main__":`` block does not run.
 
     Raises:
@@ -187,7 +188,7 @@ def load_factory(ref: str) -> NetFactory:
                          f"'path/file.py:function'")
     try:
         if where.endswith(".py") or os.sep in where:
-            module = _load_file(where)
+            module = load_file(where)
         else:
             module = importlib.import_module(where)
     except Exception as exc:
@@ -204,22 +205,48 @@ def load_factory(ref: str) -> NetFactory:
     return factory
 
 
-def _load_file(path: str) -> Any:
-    """The module of a Python file, loaded once per process under a name made from its path."""
+def load_file(path: str, *, fresh: bool = False) -> Any:
+    """The module of a Python file (a net's ``FILE``), loaded once per process.
+
+    The file's folder goes first on ``sys.path``, as with ``python FILE``, and
+    the module is named by the file's stem when that is the module ``import
+    <stem>`` would give (``pendulum_net`` for ``pendulum_net.py``): its classes
+    are then named in recordings, capsules and views as a script that imports
+    the file names them, so a capsule written by ``mujou run FILE`` reproduces
+    from Python and back. A stem that names another module (one imported
+    already, a built-in) or no module gives ``_mujou_file_<hash of the path>``.
+
+    Args:
+        path (str): the file.
+        fresh (bool): run the file again even if it was loaded (the CLI's
+            ``mujou run FILE``: a module-level net is made anew, as by a new
+            process). Default: False.
+
+    Returns:
+        module: the module, registered in ``sys.modules`` (dataclasses and
+        pickling look a class's module up by name).
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ImportError: it is not a Python file.
+        Exception: whatever importing the file raises.
+    """
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such file: {path}")
     folder = os.path.dirname(path)
     if folder not in sys.path:
         sys.path.insert(0, folder)  # the file's own helpers import as in `python FILE`
-    name = "_mujou_file_" + hashlib.sha1(path.encode()).hexdigest()[:16]
+    name = _module_name(path)
     module = sys.modules.get(name)
-    if module is not None:
+    if module is not None and not fresh:
+        module.__mujou_file__ = path  # type: ignore[attr-defined]  # found by path from now
         return module
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
+    module.__mujou_file__ = path  # type: ignore[attr-defined]  # see _from_a_file
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
@@ -227,6 +254,32 @@ def _load_file(path: str) -> Any:
         del sys.modules[name]
         raise
     return module
+
+
+def _from_a_file(module_name: str) -> bool:
+    """Whether a module is a script's (``__main__``) or a file `load_file` loaded: one a
+    group process finds by its file's path, not by its name."""
+    if module_name in ("__main__", "__mp_main__") or module_name.startswith("_mujou_file_"):
+        return True
+    return getattr(sys.modules.get(module_name), "__mujou_file__", None) is not None
+
+
+def _module_name(path: str) -> str:
+    """The name `load_file` gives the module of ``path`` (absolute, its folder on sys.path)."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if stem.isidentifier() and not keyword.iskeyword(stem):
+        known = sys.modules.get(stem)
+        try:
+            if known is not None:
+                origin = getattr(known, "__file__", None)
+            else:
+                spec = importlib.util.find_spec(stem)
+                origin = None if spec is None else spec.origin
+            if origin and os.path.exists(origin) and os.path.samefile(origin, path):
+                return stem
+        except (ImportError, ValueError, OSError):
+            pass  # a stem that names something else, or nothing importable
+    return "_mujou_file_" + hashlib.sha1(path.encode()).hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,12 +460,13 @@ def _class_name(cls: type) -> str:
     """A class's name as every process of a placed run spells it: ``module.qualname``.
 
     A class defined in a script is ``__main__.X`` in the host, ``__mp_main__.X``
-    where spawn imports the script again, and ``_mujou_file_<hash>.X`` where
-    `load_factory` loads it from its file: all three are named after the
-    script's file instead, so the same class compares equal in every process.
+    where spawn imports the script again, and ``<stem>.X`` or
+    ``_mujou_file_<hash>.X`` where `load_file` loads it from its file: all are
+    named after the script's file instead, so the same class compares equal
+    in every process.
     """
     module = cls.__module__
-    if module in ("__main__", "__mp_main__") or module.startswith("_mujou_file_"):
+    if _from_a_file(module):
         path = getattr(sys.modules.get(module), "__file__", None)
         if path:
             module = os.path.realpath(path)
