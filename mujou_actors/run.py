@@ -228,8 +228,10 @@ class Run:
         """Call ``callback(message)`` for every later message of a port.
 
         Callbacks run in send order on the thread ``mujou-host`` (never on a
-        worker), each with a copy of the message. Each subscription queues at
-        most ``depth`` messages for its callback; when the callback falls
+        worker), each with a copy of the message, up to 1 ms after the send
+        when that thread was idle (it lets messages gather: `host.LINGER`).
+        Each subscription queues at most ``depth`` messages for its callback;
+        when the callback falls
         further behind, the oldest is dropped and counted
         (`Subscription.dropped` and ``stats().subscriptions``, logged once). A callback that raises
         (whatever it raises) stops the run; `join` raises `CallbackError`. The

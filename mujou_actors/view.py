@@ -206,12 +206,17 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
         dict: ``{"shape", "dtype", "data"}`` or ``{"shape", "dtype", "numel",
         "min", "max", "mean"}``.
     """
-    t = t.detach()
+    # A view of up to MAX_ELEMENTS values is made without torch operations but tolist():
+    # most let the GIL go and take it back, and the sender of a watched port waits for
+    # it each time (5.6 us a 16-value tensor with torch.isfinite and friends; see
+    # benchmarks/view.py). The dtype's and the shape's attributes are plain reads.
     if t.device.type != "cpu":
-        t = t.cpu()
-    out: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-    n = t.numel()
-    if t.is_complex():
+        t = t.detach().cpu()
+    dtype = t.dtype
+    shape = list(t.shape)
+    out: dict[str, Any] = {"shape": shape, "dtype": str(dtype).removeprefix("torch.")}
+    n = math.prod(shape)
+    if dtype.is_complex:
         if n <= MAX_ELEMENTS:
             out["data"] = _nonfinite_to_null(torch.view_as_real(t.resolve_conj()).tolist())
         else:
@@ -219,12 +224,12 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
         return out
     if n <= MAX_ELEMENTS:
         data = t.tolist()
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if dtype.is_floating_point and not _all_finite(data, len(shape)):
             data = _nonfinite_to_null(data)  # a walk in Python: only when needed
         out["data"] = data
         return out
     out["numel"] = n
-    values = t.to(torch.float64).flatten()
+    values = t.detach().to(torch.float64).flatten()
     values = values[torch.isfinite(values)]
     if values.numel() == 0:
         out.update(min=None, max=None, mean=None)
@@ -232,6 +237,15 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
         out.update(min=_finite(values.min().item()), max=_finite(values.max().item()),
                    mean=_finite(values.mean().item()))
     return out
+
+
+def _all_finite(values: Any, rank: int) -> bool:
+    """Whether a float tensor's ``tolist()`` (``rank`` deep) holds no NaN and no infinity."""
+    if rank == 0:
+        return math.isfinite(values)
+    if rank == 1:
+        return all(map(math.isfinite, values))
+    return all(_all_finite(v, rank - 1) for v in values)
 
 
 def project(message: Any) -> Any:
