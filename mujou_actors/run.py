@@ -231,10 +231,10 @@ class Run:
         worker), each with a copy of the message, up to 1 ms after the send
         when that thread was idle (it lets messages gather: `host.LINGER`).
         Each subscription queues at most ``depth`` messages for its callback;
-        when the callback falls
-        further behind, the oldest is dropped and counted
-        (`Subscription.dropped` and ``stats().subscriptions``, logged once). A callback that raises
-        (whatever it raises) stops the run; `join` raises `CallbackError`. The
+        when the callback falls further behind, the oldest is dropped and
+        counted (`Subscription.dropped` and ``stats().subscriptions``, logged
+        once). A callback that raises (whatever it raises) stops the run;
+        `join` raises `CallbackError`. The
         other subscriptions are served until the end. When the run ends, what
         is queued is delivered for at most ``stop_timeout`` seconds, the rest
         counted in `Subscription.undelivered`.
