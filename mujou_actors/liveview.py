@@ -191,14 +191,16 @@ class FoxgloveServer:
                 meta["shape"] = json.dumps(list(p.shape))
             if p.dtype is not None:
                 meta["dtype"] = str(p.dtype).removeprefix("torch.")
-            self._channels[path] = foxglove.Channel(
+            # The context's own constructor (as mcapfile.Writer): a foxglove.Channel
+            # would stay in the SDK's module-level table for the process's life.
+            self._channels[path] = self._context._create_channel(
                 path, schema=foxglove.Schema(name=projection.schema_name, encoding="jsonschema",
                                              data=json.dumps(projection.schema).encode()),
-                message_encoding="json", context=self._context, metadata=meta)
-        self._graph = foxglove.Channel(
+                message_encoding="json", metadata=meta)
+        self._graph = self._context._create_channel(
             GRAPH_TOPIC, schema=foxglove.Schema(name="mujou.Graph", encoding="jsonschema",
                                                 data=json.dumps(_GRAPH_SCHEMA).encode()),
-            message_encoding="json", context=self._context)
+            message_encoding="json")
         try:
             self._server = foxglove.start_server(
                 name=name, host=host, port=port, context=self._context,
@@ -288,7 +290,7 @@ class FoxgloveServer:
                 self._warn(topic, f"foxglove: the view of a message of {topic} cannot be "
                                   f"made ({describe(exc)})")
                 return
-            channel.base.log(data, t)
+            channel.log(data, t, None)
 
         return send
 
@@ -325,7 +327,7 @@ class FoxgloveServer:
     # -- the graph and the time ---------------------------------------------------------
     def _send_graph(self) -> None:
         data = json.dumps(graph_of(self._run), allow_nan=False).encode()
-        self._graph.base.log(data, max(self._run.time_ns, 0))
+        self._graph.log(data, max(self._run.time_ns, 0), None)
 
     def _publish_connection_graph(self, foxglove: Any) -> None:
         graph = foxglove.ConnectionGraph()
@@ -371,14 +373,9 @@ class FoxgloveServer:
         self._close_channels()
 
     def _close_channels(self) -> None:
-        """Close this server's channels, and make the SDK forget them."""
-        from foxglove import channel as sdk_channel  # imported already, with the server
-
-        # The SDK keeps every channel in a module dict: forget this run's, closed.
-        known = getattr(sdk_channel, "_channels_by_id", {})
+        """Close this server's channels (made by its context: nothing else keeps them)."""
         for channel in [*self._channels.values(), self._graph]:
             channel.close()
-            known.pop(channel.id(), None)
 
     def close(self) -> None:
         """Stop the server: no port left open, no thread left (bounded waits); idempotent."""
