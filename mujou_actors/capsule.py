@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -382,9 +383,15 @@ class CapsuleKeeper:
 
 
 def _remove(path: str) -> None:
-    """Remove a half-written capsule (a missing one is fine)."""
+    """Remove a half-written capsule: a regular file only (a missing one is fine).
+
+    A capsule written to a device, a pipe or through a link was not made by the
+    writer: it is left where it is (``record_on_failure="/dev/full"`` must not
+    delete the device).
+    """
     try:
-        os.unlink(path)
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
     except OSError:
         pass
 

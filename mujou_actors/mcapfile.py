@@ -302,7 +302,14 @@ def encode_message(delta: int, sequence: int, message: Any) -> bytes:
             return _assemble_tensor(_packb([delta, sequence, known[0]]), message, known[1])
     except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
         pass  # the general way below raises what dumps raises, naming the key path
-    structure, tensors = _encode([delta, sequence, message])
+    try:
+        structure, tensors = _encode([delta, sequence, message])
+    except (TypeError, ValueError) as e:
+        # The codec names the key path in [delta, sequence, message]: say it of the message.
+        text = str(e)
+        if text.startswith("[2]"):
+            raise type(e)("the message" + text[3:]) from None
+        raise
     return _assemble(structure, tensors)
 
 
@@ -421,13 +428,14 @@ class _Stream:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._pos = 0
         self._gone = False  # abandoned: later writes are discarded
-        self.error: OSError | None = None  # the first failed write
+        self.error: OSError | None = None  # the first failed write, naming the file
+        self.writes = 0  # the writes done whole (a Writer's sign that a chunk is in the file)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write all of ``data`` at the end of the file; returns its length.
 
         Raises:
-            OSError: the write failed (also kept in `error`).
+            OSError: the write failed, naming the file (also kept in `error`).
         """
         if self._gone:
             return len(data)
@@ -438,9 +446,11 @@ class _Stream:
                 self._pos += n
                 view = view[n:]
         except OSError as e:
-            if self.error is None:
-                self.error = e
-            raise
+            if self.error is None:  # os.write's error names no file: this one does
+                self.error = OSError(e.errno, e.strerror, self.path)
+                self.error.__cause__ = e
+            raise self.error from e
+        self.writes += 1
         return len(data)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
@@ -513,7 +523,9 @@ class Writer:
         kind = _COMPRESSIONS[compression]
         options = fox.mcap.MCAPWriteOptions(
             compression=None if kind is None else getattr(fox.mcap.MCAPCompression, kind),
-            profile=PROFILE, chunk_size=chunk_size, disable_seeking=True,
+            # No size of the SDK's: this writer closes each chunk itself (`_filled`), so
+            # that it knows which messages a closed chunk holds (`durable`).
+            profile=PROFILE, chunk_size=None, disable_seeking=True,
             compression_threads=0)  # zstd on the writer's thread: no pool of its own
         # A context of the file's own: its channels reach this file and nothing else
         # (the live view's server has another).
@@ -521,6 +533,12 @@ class Writer:
         self._schema = fox.Schema
         self._channels: list[Any] = []  # the SDK's BaseChannel, by our channel id
         self._logs: list[Callable[[bytes, int, None], None]] = []  # their log
+        self._chunk_size = chunk_size
+        self._filled = 0  # bytes of message data in the chunk in progress
+        # Per channel id: the messages written and their data's bytes, and the same at the
+        # last chunk closed: what is surely in the file (`durable`).
+        self._logged: list[list[int]] = []
+        self._durable: list[tuple[int, int]] = []
         self._closed = False
         try:
             self._mcap = fox.open_mcap(self._stream, context=self._context,
@@ -592,6 +610,8 @@ class Writer:
                                 data=schema.encode()))
         self._channels.append(channel)
         self._logs.append(channel.log)
+        self._logged.append([0, 0])
+        self._durable.append((0, 0))
         return len(self._logs) - 1
 
     def write(self, channel_id: int, t_ns: int, data: bytes) -> None:
@@ -608,6 +628,9 @@ class Writer:
         self._logs[channel_id](data, t_ns, None)
         if self._stream.error is not None:
             raise self._stream.error
+        self._filled += len(data)
+        if self._filled >= self._chunk_size:
+            self.flush()
 
     def write_message(self, channel_id: int, seq: int, t_ns: int, delta: int,
                       message: Any) -> int:
@@ -633,7 +656,14 @@ class Writer:
         self._logs[channel_id](data, t_ns, None)
         if self._stream.error is not None:
             raise self._stream.error
-        return len(data)
+        n = len(data)
+        counts = self._logged[channel_id]
+        counts[0] += 1
+        counts[1] += n
+        self._filled += n
+        if self._filled >= self._chunk_size:
+            self.flush()
+        return n
 
     def attach(self, name: str, t_ns: int, data: bytes,
                media_type: str = SNAPSHOT_MEDIA_TYPE) -> None:
@@ -667,10 +697,29 @@ class Writer:
     def flush(self) -> None:
         """Close the chunk in progress, so that its messages are in the file now.
 
+        Called by the writer itself once a chunk holds ``chunk_size`` bytes.
+
         Raises:
             OSError: the file cannot be written.
         """
         self._call(self._mcap.flush)
+        self._filled = 0
+        self._durable = [(n, b) for n, b in self._logged]
+
+    def durable(self, channel_id: int) -> tuple[int, int]:
+        """The messages of a channel surely in the file, and their data's bytes.
+
+        Those of the chunks closed so far (`write_message` counts the rest):
+        after a failed write, what the file kept; the rest was lost with the
+        chunk in progress.
+
+        Args:
+            channel_id (int): from `add_channel`.
+
+        Returns:
+            tuple[int, int]: ``(messages, bytes)``.
+        """
+        return self._durable[channel_id]
 
     def close(self, end: Mapping[str, str] | None = None) -> None:
         """Write the ``mujou.end`` metadata (if given), the summary and the footer; close.
@@ -686,10 +735,10 @@ class Writer:
             return
         self._closed = True
         try:
+            # The last chunk first: a file cut before its end record must not read as
+            # a run that ended cleanly with messages missing.
+            self.flush()
             if end is not None:
-                # The last chunk first: a file cut before its end record must not
-                # read as a run that ended cleanly with messages missing.
-                self._call(self._mcap.flush)
                 self._call(self._mcap.write_metadata, END_METADATA, dict(end))
             self._call(self._mcap.close)
         finally:

@@ -355,6 +355,7 @@ class Recorder:
         # Written by the writer thread only.
         self._recorded = [0] * n
         self._bytes = [0] * n
+        self._lost = [0] * n  # written, then lost with the chunk a failed write left open
         self._unrecordable = [0] * n
         self._skipped = 0  # queued messages left unwritten when the end's bound ran out
         self._queue: deque[tuple[int, int, tuple[int, int], Any, int]] = deque()
@@ -507,6 +508,7 @@ class Recorder:
             log.error("recording %s failed: %s; later messages are not recorded",
                       self.path, describe(exc))
             self._writer.abandon()
+            self._failed()
         finally:
             self._dead.clear()
             with self._room:
@@ -532,6 +534,9 @@ class Recorder:
                 message = host_copy(message)
             try:
                 n = writer.write_message(ids[ch], seq, t_ns, delta, message)
+            except OSError:
+                self._lost[ch] += 1  # not in the file: counted as dropped (see _failed)
+                raise
             except (TypeError, ValueError) as exc:
                 self._unrecordable[ch] += 1
                 if ch not in self._warned:
@@ -567,6 +572,18 @@ class Recorder:
                             describe(exc))
             return
         self._writer.write(view_id, t, data)
+
+    def _failed(self) -> None:
+        """After a failed write: what was written but not in a closed chunk is lost, dropped.
+
+        The file keeps what its closed chunks hold (`mcapfile.Writer.durable`);
+        the counts say so, so that sent = recorded + dropped (+ unrecordable).
+        """
+        for ch, channel_id in enumerate(self._ids):
+            kept, kept_bytes = self._writer.durable(channel_id)
+            if self._recorded[ch] > kept:
+                self._lost[ch] += self._recorded[ch] - kept
+                self._recorded[ch], self._bytes[ch] = kept, kept_bytes
 
     def _finish(self) -> None:
         """The end of the file: what is left unwritten counted, ``mujou.end``, the summary."""
@@ -622,6 +639,7 @@ class Recorder:
                 self._finish()
             except Exception as exc:  # noqa: BLE001 - returned, as the thread's would be
                 self._error = exc
+                self._failed()
         if self._thread.is_alive() and self._error is None:
             return OSError(f"recording {self.path}: the writer did not finish within "
                            f"{timeout + 1.0:g} s (the file may lack its end)")
@@ -637,10 +655,11 @@ class Recorder:
         """The recording's counts so far (`RecordingStats`)."""
         channels = {topic: RecordingChannelStats(
             port=topic, sent=self._sent[ch], recorded=self._recorded[ch],
-            dropped=self._dropped[ch], unrecordable=self._unrecordable[ch],
+            dropped=self._dropped[ch] + self._lost[ch], unrecordable=self._unrecordable[ch],
             bytes=self._bytes[ch]) for ch, topic in enumerate(self._topics)}
         return RecordingStats(
-            file=self.path, recorded=sum(self._recorded), dropped=sum(self._dropped),
+            file=self.path, recorded=sum(self._recorded),
+            dropped=sum(self._dropped) + sum(self._lost),
             unrecordable=sum(self._unrecordable), bytes=sum(self._bytes),
             queued=len(self._queue), when_full="wait" if self._wait else "drop",
             error=None if self._error is None else describe(self._error), channels=channels)

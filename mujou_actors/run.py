@@ -258,13 +258,15 @@ class Run:
 
         Raises:
             ValueError / TypeError: no such port in this run, a callback that
-                is not callable, a bad ``depth``.
+                is not callable, a bad ``depth``, a ``with_time`` not a bool.
             NotRunningError: the run has ended.
         """
         p = self._port(port)
         if not callable(callback):
             raise TypeError(f"subscribe({p.path!r}): callback must be callable")
         depth = check_depth(f"subscribe({p.path!r})", depth)
+        if type(with_time) is not bool:
+            raise TypeError(f"subscribe({p.path!r}): with_time must be a bool, got {with_time!r}")
         if not with_time:
             sub = self._host.subscribe(p.path, callback, depth)
             sub.detach = self._wiring.listen(p, sub.put)

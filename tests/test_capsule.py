@@ -319,3 +319,22 @@ def test_a_capsule_is_no_golden_file(capsule: str) -> None:
 
     with pytest.raises(ValueError, match="is a crash capsule .*reproduce_failure"):
         assert_replay_matches(capsule, make_net())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_capsule_that_cannot_be_written_leaves_what_its_path_names(tmp_path) -> None:
+    import stat
+
+    link = tmp_path / "capsule.mcap"
+    os.symlink("/dev/full", link)  # every write: no space left
+
+    run = mujou.run(make_net(), timer="simulated", duration=10.0,
+                    record_on_failure=mujou.Capsule(str(link), seconds=0.5))
+    with pytest.raises((mujou.NodeError, OSError)):
+        run.join(60)
+
+    # Not a half-written capsule of the writer's making: left as it was.
+    assert os.path.islink(link) and os.readlink(link) == "/dev/full"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert run.stats().capsule is not None and run.stats().capsule.error is not None

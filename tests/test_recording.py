@@ -613,3 +613,38 @@ def test_written_messages_are_freed_by_the_senders_within_a_bound(
     assert recorder.close(10, "", timeout=5) is None
     assert not recorder._dead and all(ref() is None for ref in alive)
     assert [r.message for r in mcapfile.read(tmp_path / "r.mcap")][301] == 2.5
+
+
+def test_a_disk_that_fills_mid_run_names_the_file_and_counts_what_it_lost(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The file system is full once the file holds 40 KB: the chunk in progress is lost.
+    real_write = mcapfile._Stream.write
+
+    def write(self: Any, data: Any) -> int:
+        if self.tell() + len(data) > 40_000:
+            try:
+                raise OSError(28, "No space left on device")
+            except OSError as e:
+                if self.error is None:
+                    self.error = OSError(e.errno, e.strerror, self.path)
+                raise self.error from e
+        return real_write(self, data)
+
+    monkeypatch.setattr(mcapfile._Stream, "write", write)
+    path = tmp_path / "full.mcap"
+    node = Burst(10)
+
+    run = mujou.run(node, timer="simulated", duration=0.05,
+                    record=mujou.Recording(path, chunk_size=4096))
+    with pytest.raises(OSError, match="No space left") as info:
+        run.join(timeout=60)
+    stats = run.stats().recording
+
+    assert info.value.filename == str(path)  # the error names the file
+    assert stats is not None and stats.error is not None and str(path) in stats.error
+    found = mcapfile.info(path)
+    assert not found.complete and 0 < found.messages < node.sends
+    # What the counts say is what the file holds; the rest is dropped, nothing unaccounted.
+    assert stats.recorded == found.messages
+    assert stats.recorded + stats.dropped + stats.unrecordable + stats.queued == node.sends
+    assert [r.sequence for r in mcapfile.read(path)] == list(range(found.messages))

@@ -221,6 +221,8 @@ class PlacedRun:
         if not callable(callback):
             raise TypeError(f"subscribe({path!r}): callback must be callable")
         depth = check_depth(f"subscribe({path!r})", depth)
+        if type(with_time) is not bool:
+            raise TypeError(f"subscribe({path!r}): with_time must be a bool, got {with_time!r}")
         what = f"subscribe({path!r})"
         if with_time:
             sub = self._driver.host.subscribe(path, lambda item: callback(*item), depth)
