@@ -1128,7 +1128,10 @@ class Reader:
         path (str | os.PathLike): the recording.
         types (Mapping[str, type] | None): the declared type of some topics
             (Output paths): their NamedTuple and dataclass messages are put back
-            into it. Default: none (such messages come back as tuples and dicts).
+            into it. `messages` raises ValueError for a type whose fields are
+            not the recorded ones (by name, in order), and, at its end, for a
+            topic the file has no channel of. Default: none (such messages
+            come back as tuples and dicts).
 
     Example:
         ```python
@@ -1207,8 +1210,10 @@ class Reader:
             FileNotFoundError: there is no such file.
             RecordingError: the file is not a mujou recording, is damaged, or a
                 message does not decode (the message names its topic and index).
+            ValueError: ``types`` does not fit the file (see `Reader`).
         """
         table = _Channels(self.path)
+        checked: set[str] = set()  # the topics of types= checked against their schema
         group: list[tuple[int, Record]] = []
         key: tuple[int, int] | None = None
         for record in _Scan(self.path):
@@ -1218,6 +1223,9 @@ class Reader:
                     continue  # for Foxglove, never decoded here
                 if topics is not None and not topics(channel.topic):
                     continue
+                if channel.topic in self.types and channel.topic not in checked:
+                    _check_declared(channel, self.types[channel.topic])
+                    checked.add(channel.topic)
                 decoded = self._decode(record, channel, table.first)
                 here = (decoded.t_ns, decoded.delta)
                 if here != key:
@@ -1227,6 +1235,11 @@ class Reader:
             else:
                 table.take(record)
         yield from _in_order(group)
+        unknown = sorted(set(self.types) - set(table.by_topic))
+        if unknown:
+            raise ValueError(f"{self.path}: types= names {', '.join(map(repr, unknown))}, "
+                             f"which the file has no channel of (it has: "
+                             f"{', '.join(table.by_topic) or 'none'})")
 
     def _decode(self, record: Message, channel: ChannelInfo, first: int) -> Record:
         """The `Record` of a message record of ``channel``; RecordingError if it does not decode.
@@ -1294,6 +1307,26 @@ class Reader:
             if isinstance(record, Attachment):
                 yield (AttachmentInfo(record.name, record.media_type, record.log_time,
                                       len(record.data)), record.data)
+
+
+def _check_declared(channel: ChannelInfo, declared: type) -> None:
+    """ValueError unless ``declared`` fits the recorded messages of ``channel`` (types=).
+
+    A NamedTuple or dataclass given for a channel must have the fields its schema
+    records, by name and in order: its messages are rebuilt from their values.
+    Another type is not used to rebuild anything, and passes.
+    """
+    recorded = channel.schema.get("fields")
+    own = _fields(declared) if isinstance(declared, type) else None
+    if own is None:
+        return  # another type (float, torch.Tensor): nothing is rebuilt into it
+    if recorded is None:
+        raise ValueError(f"types=: {channel.topic!r} holds {channel.type} messages, not a "
+                         f"NamedTuple's or a dataclass's: {type_name(declared)} does not apply")
+    names, had = [name for name, _ in own], [name for name, _ in recorded]
+    if names != had:
+        raise ValueError(f"types=: {type_name(declared)} has the fields {names}, but "
+                         f"{channel.topic!r} recorded {channel.type} with {had}")
 
 
 def _in_order(group: list[tuple[int, Record]]) -> Iterator[Record]:

@@ -461,3 +461,24 @@ def test_a_write_that_fails_is_raised_as_its_os_error(tmp_path: pathlib.Path) ->
     w.abandon()
 
     assert info.value.errno == 28 and i < 100
+
+
+def test_types_that_do_not_fit_the_file_are_refused_naming_them(tmp_path: pathlib.Path) -> None:
+    @dataclasses.dataclass
+    class Other:
+        speed: float
+        name: str
+
+    path = tmp_path / "types.mcap"
+    _write(path, [("pose", Pose, Pose(1.0, 2.0)), ("x", float, 1.5)])
+
+    with pytest.raises(ValueError, match=r"has the fields \['speed', 'name'\], but "
+                                         r"'node0.pose' recorded .*Pose with \['x', 'y'\]"):
+        list(mcapfile.read(path, types={"node0.pose": Other}))
+    with pytest.raises(ValueError, match="'node0.x' holds builtins:float messages"):
+        list(mcapfile.read(path, types={"node0.x": Pose}))
+    with pytest.raises(ValueError, match=r"names 'node0.nope', which the file has no channel "
+                                         r"of \(it has: node0.pose, node0.x\)"):
+        list(mcapfile.read(path, types={"node0.nope": Pose}))
+    assert [r.message for r in mcapfile.read(path, types={"node0.pose": Pose})] == [
+        Pose(1.0, 2.0), 1.5]
