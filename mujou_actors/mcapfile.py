@@ -165,11 +165,24 @@ _packb = msgpack.packb
 # A lone tensor's extension in the structure (meta, nbytes) by (dtype, shape): a channel's
 # tensors mostly share both. At most 256 kept; mutated by one thread at a time (a writer).
 _TENSOR_EXTS: dict[tuple[torch.dtype, torch.Size], tuple[msgpack.ExtType, int]] = {}
-# A tensor whose memory does not hold its values (a lazy conjugate or negation): the bits
-# of those dispatch keys, tested on the tensor's key set without a torch op.
-_dispatch_keys = torch._C._dispatch_keys
-_LAZY_BITS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)
-              | torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate)).raw_repr()
+
+
+def _lazy_checks() -> Callable[[torch.Tensor], bool]:
+    """Whether a tensor's memory does not hold its values (a lazy conjugate or negation).
+
+    Read from the bits of those dispatch keys in the tensor's key set, which keeps the
+    GIL; a torch without that API (private: torch._C) gets its own checks, which let it go.
+    """
+    try:
+        keys = torch._C._dispatch_keys
+        bits = (torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)
+                | torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate)).raw_repr()
+    except AttributeError:
+        return lambda t: t.is_conj() or t.is_neg()
+    return lambda t: bool(keys(t).raw_repr() & bits)
+
+
+_is_lazy = _lazy_checks()
 # ctypes array types by size (the views _tensor_bytes makes); at most 256 kept.
 _ARRAYS: dict[int, Any] = {}
 
@@ -323,8 +336,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> Buffer:
     # then waits for it back: on the recorder's thread that was a GIL hand-off per tensor,
     # 1.5 us of each sender's CPU per message (benchmarks/recording.py). The dispatch keys
     # say whether the memory holds the values (no lazy conjugate or negative bit).
-    if tensor.is_cpu and tensor.is_contiguous() and not (
-            _dispatch_keys(tensor).raw_repr() & _LAZY_BITS):
+    if tensor.is_cpu and tensor.is_contiguous() and not _is_lazy(tensor):
         n = tensor.nbytes
         array = _ARRAYS.get(n)
         if array is None:

@@ -482,3 +482,14 @@ def test_types_that_do_not_fit_the_file_are_refused_naming_them(tmp_path: pathli
         list(mcapfile.read(path, types={"node0.nope": Pose}))
     assert [r.message for r in mcapfile.read(path, types={"node0.pose": Pose})] == [
         Pose(1.0, 2.0), 1.5]
+
+
+def test_lazy_tensors_are_told_with_or_without_torchs_dispatch_keys(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(3, dtype=torch.complex64)
+    cases = [(x.conj(), True), (x.conj().imag, True), (x, False), (torch.ones(2), False)]
+    fast = mcapfile._lazy_checks()
+    monkeypatch.delattr(torch._C, "_dispatch_keys")  # a torch without that private API
+    slow = mcapfile._lazy_checks()
+
+    assert [fast(t) for t, _ in cases] == [slow(t) for t, _ in cases] == [w for _, w in cases]
