@@ -15,6 +15,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 import mujou_actors as mujou
 
 
@@ -134,6 +136,42 @@ def show_table(title: str, first: str, results: dict[str, dict[str, float]],
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+class TimedSender(mujou.Node):
+    """A sender that times its sends: ``n`` per update, each update's CPU ns per send in ``ns``.
+
+    The sender of benchmarks/recording.py and view.py: ``case`` ``"float"`` sends
+    floats on an ``Output(float)``, ``"tensor"`` a 1 KiB tensor on an
+    ``Output(torch.Tensor)``; a subclass decides when an update sends
+    (`timed_sends`).
+    """
+
+    def __init__(self, case: str, n: int, ticks: int) -> None:
+        super().__init__(period=0.001)
+        self.case, self.n, self.ticks = case, n, ticks
+        self.out = mujou.Output(float) if case == "float" else mujou.Output(torch.Tensor)
+        self.t = torch.rand(256)
+        self.ns: list[float] = []
+
+    def timed_sends(self) -> Callable[[], None]:
+        """Make this update's ``n`` sends, timed (thread CPU ns); returns the send loop."""
+        sends = send_loop(self.out, self.case, self.n, self.t)
+        t0 = time.thread_time_ns()
+        sends()
+        self.ns.append((time.thread_time_ns() - t0) / self.n)
+        return sends
+
+
+class PeriodicReader(mujou.Node):
+    """The one reader of a `TimedSender`: periodic, so that no send triggers it."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__(period=0.001)
+        self.inp = mujou.Input(float) if case == "float" else mujou.Input(torch.Tensor)
+
+    def on_update(self, dt: float) -> None:
+        self.inp.read()
 
 
 def send_loop(out: mujou.Output, case: str, n: int, tensor: object) -> Callable[[], None]:

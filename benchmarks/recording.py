@@ -61,34 +61,24 @@ import mujou_actors as mujou
 from mujou_actors import mcapfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import send_loop  # noqa: E402
+from common import PeriodicReader, TimedSender  # noqa: E402
 
 CASES = ("float", "tensor")
 
 
-class Sender(mujou.Node):
-    """Makes ``n`` sends per update; keeps each update's CPU ns per send and one call count."""
+class Sender(TimedSender):
+    """Makes ``n`` sends per update for ``ticks`` updates; keeps one update's call count."""
 
     def __init__(self, case: str, n: int, ticks: int) -> None:
-        super().__init__(period=0.001)
-        self.case, self.n, self.ticks = case, n, ticks
-        self.out = mujou.Output(float) if case == "float" else mujou.Output(torch.Tensor)
-        self.t = torch.rand(256)
-        self.ns: list[float] = []
+        super().__init__(case, n, ticks)
         self.calls = 0
         self.done = 0
-
-    def _loop(self) -> Callable[[], None]:
-        return send_loop(self.out, self.case, self.n, self.t)
 
     def on_update(self, dt: float) -> None:
         if self.done >= self.ticks:
             return
         self.done += 1
-        sends = self._loop()
-        t0 = time.thread_time_ns()
-        sends()
-        self.ns.append((time.thread_time_ns() - t0) / self.n)
+        sends = self.timed_sends()
         if self.done == self.ticks:
             self.calls = _calls(sends)
 
@@ -110,21 +100,10 @@ def _calls(fn: Callable[[], None]) -> int:
     return count
 
 
-class Reader(mujou.Node):
-    """The one reader: periodic, so that no send triggers it."""
-
-    def __init__(self, case: str) -> None:
-        super().__init__(period=0.001)
-        self.inp = mujou.Input(float) if case == "float" else mujou.Input(torch.Tensor)
-
-    def on_update(self, dt: float) -> None:
-        self.inp.read()
-
-
 def hook_run(case: str, n: int, ticks: int, record: mujou.Recording | None,
              capsule: mujou.Capsule | None = None) -> dict[str, Any]:
     """One run of the sender: median CPU ns per send, calls per send, the recording's stats."""
-    sender, reader = Sender(case, n, ticks), Reader(case)
+    sender, reader = Sender(case, n, ticks), PeriodicReader(case)
     mujou.connect(sender.out, reader.inp)
     gc.collect()
     run = mujou.run([sender, reader], timer="simulated", workers=1,

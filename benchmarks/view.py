@@ -41,7 +41,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,48 +50,27 @@ import mujou_actors as mujou
 from mujou_actors.view import Projection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import send_loop  # noqa: E402
+from common import PeriodicReader, TimedSender  # noqa: E402
 
 CASES = ("float", "tensor")
 MODES = ("none", "server", "client")
 _WAIT = 60.0  # wall seconds for any one step (a start, a subscription, the measured updates)
 
 
-class Sender(mujou.Node):
-    """Makes ``n`` sends per update once ``go`` is set; keeps each update's CPU ns per send."""
+class Sender(TimedSender):
+    """Makes ``n`` sends per update once ``go`` is set, for ``ticks`` updates."""
 
     def __init__(self, case: str, n: int, ticks: int) -> None:
-        super().__init__(period=0.001)
-        self.case, self.n, self.ticks = case, n, ticks
-        self.out = mujou.Output(float) if case == "float" else mujou.Output(torch.Tensor)
-        self.t = torch.rand(256)
-        self.ns: list[float] = []
+        super().__init__(case, n, ticks)
         self.go = threading.Event()
         self.done = threading.Event()
-
-    def _loop(self) -> Callable[[], None]:
-        return send_loop(self.out, self.case, self.n, self.t)
 
     def on_update(self, dt: float) -> None:
         if not self.go.is_set() or len(self.ns) >= self.ticks:
             return
-        sends = self._loop()
-        t0 = time.thread_time_ns()
-        sends()
-        self.ns.append((time.thread_time_ns() - t0) / self.n)
+        self.timed_sends()
         if len(self.ns) >= self.ticks:
             self.done.set()
-
-
-class Reader(mujou.Node):
-    """The one reader: periodic, so that no send triggers it."""
-
-    def __init__(self, case: str) -> None:
-        super().__init__(period=0.001)
-        self.inp = mujou.Input(float) if case == "float" else mujou.Input(torch.Tensor)
-
-    def on_update(self, dt: float) -> None:
-        self.inp.read()
 
 
 class Client(threading.Thread):
@@ -140,7 +118,7 @@ def _wait(event: threading.Event, what: str) -> None:
 
 def send_run(case: str, n: int, ticks: int, mode: str) -> dict[str, Any]:
     """One run of the sender in ``mode``: median CPU ns per send, what the client received."""
-    sender, reader = Sender(case, n, ticks), Reader(case)
+    sender, reader = Sender(case, n, ticks), PeriodicReader(case)
     mujou.connect(sender.out, reader.inp)
     gc.collect()
     run = mujou.run([sender, reader], timer="simulated", workers=1)
