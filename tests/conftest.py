@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,17 @@ import mujou_actors as mujou
 def workers(request: pytest.FixtureRequest) -> int:
     """Run a test under each worker count."""
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _convention_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``MUJOU_SECRET`` for every test that does not set or remove one itself.
+
+    Conventions (a leader, ``mujou worker`` members, the clients that list
+    them) authenticate their control plane with it, even on one machine.
+    """
+    if "MUJOU_SECRET" not in os.environ and "MUJOU_SECRET_FILE" not in os.environ:
+        monkeypatch.setenv("MUJOU_SECRET", "the tests' shared secret, 32+ bytes long")
 
 
 @pytest.fixture

@@ -1,25 +1,27 @@
-"""The Thespian transport of a placed run: TCP on 127.0.0.1 only; a watchdog; `Wake`.
+"""The Thespian transport of a placed run: TCP on 127.0.0.1, frames authenticated; a watchdog.
 
-Thespian's ``TCPTransport`` listens on every interface (it binds ``('', port)``)
-and advertises the machine's outward address, and it unpickles whatever reaches
-its sockets. `LoopbackTCPTransport` is the same transport with every address it
-makes (the socket it listens on, the address it tells others, the admin's) on
-127.0.0.1. It is the transport of every process of a placed run: Thespian hands
-each new process (the admin, its logger, every actor) its parent's transport
-class, so one class set in the host reaches them all.
-
-`transport_for` gives the same transport bound to another address instead (a
-convention member or leader that listens beyond the loopback, see
-`mujou_actors.distributed.convention`): one given IPv4 address, or `ANY`
-(every interface, the outward address advertised: Thespian's own way). The
-address travels with the class when it is pickled, so every process of that
-actor system binds to it.
+Thespian's ``TCPTransport`` listens on every interface (it binds ``('', port)``),
+advertises the machine's outward address, and unpickles whatever reaches its
+sockets. `transport_for` makes the transport of a run: the same transport with
+every address it makes (the socket it listens on, the address it tells
+others, the admin's) on 127.0.0.1 or another address the user chose, and every
+frame it sends or reads authenticated with the run's control-plane key
+(`mujou_actors.distributed._frames`: an HMAC checked before a byte of the
+pickle is decoded, a restricted unpickler after). It is the transport of
+every process of a placed run: Thespian hands each new process (the admin,
+its logger, every actor) its parent's transport class, so one class made in
+the host reaches them all, and the key travels with it, in the spawn pipe
+between the two processes (`_RunThisFile`), never in a frame. Thespian has no
+hook for its serializer: the functions of its module that frame or read are
+copied with a namespace of their own (`_rebound`), so its module, and a stock
+Thespian system in the same process, are left as they are.
 
 This file is also run on its own, by path, in each of those processes
 (`runpy.run_path`: the class pickles as "run this file, take the class"), so
 that the admin and the logger get it without importing the package (which
 imports torch: about 1.4 s and 220 MB a process). It therefore imports only the
-standard library and Thespian, never the package.
+standard library, Thespian and its sibling ``_frames`` (loaded by path too),
+never the package.
 
 The watchdog: in every process of a run but the host, a daemon thread checks
 every `WATCH_PERIOD` seconds that the host process, and the process's own
@@ -43,19 +45,48 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import gc
+import importlib.util
 import multiprocessing
 import operator
 import os
+import pickle
 import runpy
 import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any, cast
 
+import thespian.system.transport.TCPTransport as _tcp
+from thespian.system.timing import ExpirationTimer
 from thespian.system.transport.IPBase import IPActorAddress
 from thespian.system.transport.TCPTransport import ExternalTransportCopy, TCPTransport
+
+
+def _sibling(name: str) -> Any:
+    """This package's module ``name`` of this folder, imported without the package.
+
+    In Thespian's admin and logger this file runs by path, without the
+    package (whose import would import torch); a module it needs is loaded
+    the same way, under its own name, so that a later import of the package
+    in the same process finds that one.
+    """
+    full = f"mujou_actors.distributed.{name}"
+    module = sys.modules.get(full)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            full, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        assert spec is not None and spec.loader is not None  # a file of this folder
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[full] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+_frames = _sibling("_frames")
 
 LOOPBACK = "127.0.0.1"
 ANY = "0.0.0.0"  # every interface (transport_for): Thespian's stock binding
@@ -68,6 +99,8 @@ _RUN_HOST: tuple[int, int | None] | None = globals().get("_RUN_HOST")
 # Likewise the address the sockets of this process's actor system are bound to
 # (`transport_for`); 127.0.0.1 where the module is imported normally.
 _BIND: str = globals().get("_BIND", LOOPBACK)
+# And the run's control-plane key (`_frames`), handed over in the spawn pipe.
+_KEY: bytes | None = globals().get("_KEY")
 
 # Serializes the windows in which Thespian's addresses default to one host
 # (held for a socket's creation and bind, never across a wait).
@@ -124,7 +157,7 @@ def loopback_addresses(host: str = LOOPBACK) -> Iterator[None]:
 
 
 class _PickledByPath(type):
-    """Metaclass of `LoopbackTCPTransport`: the class pickles by this file's path.
+    """Metaclass of the run's transport classes: a class pickles by this file's path.
 
     ``copyreg`` (which multiprocessing's pickler consults before pickling a
     class by its module's name) reduces it to "run this file with runpy, take
@@ -134,33 +167,40 @@ class _PickledByPath(type):
 
 
 class _RunThisFile:
-    """Pickles as ``runpy.run_path(<this file>, {"_RUN_HOST": ..., "_BIND": ...})``.
+    """Pickles as ``runpy.run_path(<this file>, {"_RUN_HOST": ..., "_BIND": ..., "_KEY": ...})``.
 
-    Unpickled, it is the file's globals, run anew with the run's host and the
-    address to bind to.
+    Unpickled, it is the file's globals, run anew with the run's host, the
+    address to bind to and the control plane's key. It is pickled only into
+    the spawn pipe of a process the run starts (multiprocessing's, private to
+    the two processes): never into a frame (`_frames.on_the_wire`).
 
     Args:
         bind (str): the address the sockets of the unpickling process are bound to.
+        key (bytes): the run's control-plane key.
     """
 
-    def __init__(self, bind: str = LOOPBACK) -> None:
+    def __init__(self, bind: str, key: bytes) -> None:
         self.bind = bind
+        self.key = key
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """The call that runs this file in the unpickling process."""
+        """The call that runs this file in the unpickling process.
+
+        Raises:
+            pickle.PicklingError: asked while a control-plane frame is pickled
+                (the key would go on the wire).
+        """
+        if _frames.on_the_wire():
+            raise pickle.PicklingError("a run's transport class never travels in a frame")
         return (runpy.run_path, (os.path.abspath(__file__),
-                                 {"_RUN_HOST": run_host(), "_BIND": self.bind},
+                                 {"_RUN_HOST": run_host(), "_BIND": self.bind, "_KEY": self.key},
                                  "mujou_actors.distributed._loopback"))
 
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[Any, ...]]:
-    """Reduce a transport class of this file to "this file run anew for its address, the class".
-
-    A class of `transport_for` comes back as the file's `LoopbackTCPTransport`
-    of a run whose ``_BIND`` is its address.
-    """
-    return (operator.getitem, (_RunThisFile(getattr(cls, "host", LOOPBACK)),
-                               "LoopbackTCPTransport"))
+    """Reduce a transport class of this file to "this file run anew for its address and key"."""
+    return (operator.getitem, (_RunThisFile(getattr(cls, "host", LOOPBACK),
+                                            getattr(cls, "key", b"")), "_RUN_TRANSPORT"))
 
 
 copyreg.pickle(_PickledByPath, _reduce_class)
@@ -322,22 +362,72 @@ def _quiet_teardown() -> None:
     sys.unraisablehook = hook
 
 
-class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
-    """Thespian's TCP transport with every socket and address on 127.0.0.1.
+UNTRUSTED_PERIOD = timedelta(seconds=10)  # for a connection to send a frame's valid header
+MAX_UNTRUSTED = 32  # connections at once that have not sent one yet (the oldest closed first)
 
-    (Or on another address: `transport_for`, whose classes set ``host``; in
-    a process of such an actor system, this class itself has that ``host``.)
 
-    Args:
-        initType (Any): Thespian's init object (which process and role).
-        *args (Any): Thespian's further arguments for that init type.
+def _rebound(fn: Any, namespace: dict[str, Any]) -> Any:
+    """A copy of Thespian's function ``fn`` that looks its global names up in ``namespace``."""
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__doc__ = fn.__doc__
+    return copy
+
+
+def _rebound_members(cls: type, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Every function, static and class method of ``cls`` itself, `_rebound` to ``namespace``."""
+    members: dict[str, Any] = {}
+    for name, value in vars(cls).items():
+        if isinstance(value, types.FunctionType):
+            members[name] = _rebound(value, namespace)
+        elif isinstance(value, (staticmethod, classmethod)):
+            members[name] = type(value)(_rebound(value.__func__, namespace))
+    return members
+
+
+def _incoming_class(base: type, namespace: dict[str, Any]) -> type:
+    """Thespian's incoming connection ``base``, with authenticated frames and a short leash.
+
+    Until a frame's header passes its check (`_frames.AuthReceiveBuffer`), a
+    connection may live `UNTRUSTED_PERIOD` (Thespian's own bound is 7 minutes);
+    after that, Thespian's bound.
+    """
+    init = _rebound(_tcp.TCPIncoming_Common.__init__, namespace)
+
+    def __init__(self: Any, rmtAddr: Any, baseSock: Any, rcvBuf: Any = None) -> None:  # noqa: N803
+        init(self, rmtAddr, baseSock, rcvBuf)
+        self.opened = time.monotonic()
+        self.trusted = bool(getattr(self._rData, "trusted", False))
+        if not self.trusted:
+            self._expires = ExpirationTimer(UNTRUSTED_PERIOD)
+
+    def addData(self: Any, newData: Any) -> None:  # noqa: N802, N803 (Thespian's names)
+        self._rData.addMore(newData)
+        if not self.trusted and self._rData.trusted:
+            self.trusted = True
+            self._expires = ExpirationTimer(_tcp.MAX_INCOMING_SOCKET_PERIOD)
+
+    return type(base.__name__, (base,), {"__init__": __init__, "addData": addData,
+                                         "__module__": __name__})
+
+
+class _RunTransport:
+    """What the transport of a run adds to Thespian's: addresses, a watchdog, a cap, a quick end.
+
+    Mixed into the classes `transport_for` makes, before Thespian's own
+    ``TCPTransport`` (whose functions those classes hold rebound to the
+    run's frames).
     """
 
-    host: str = _BIND  # the address every socket of it is bound to (or ANY)
+    host: str = LOOPBACK  # the address every socket of it is bound to (or ANY)
+    key: bytes = b""  # the control plane's key (`_frames`)
+    auth: Any = None  # the `_frames.FrameAuth` of that key
 
     def __init__(self, initType: Any, *args: Any) -> None:  # noqa: N803 (Thespian's name)
         with loopback_addresses(self.host):
-            super().__init__(initType, *args)
+            super().__init__(initType, *args)  # type: ignore[call-arg]
         _start_watchdog()
 
     @classmethod
@@ -352,6 +442,37 @@ class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
         """
         with loopback_addresses(cls.host):
             return TCPTransport.getAdminAddr(capabilities)
+
+    def _acceptNewIncoming(self) -> None:  # noqa: N802 (Thespian's name)
+        """Accept a connection (Thespian's), then close the oldest beyond `MAX_UNTRUSTED`.
+
+        A connection that has not sent a valid frame header is untrusted;
+        more than `MAX_UNTRUSTED` at once (a flood, slow clients) close the
+        oldest, counted as refusals.
+        """
+        super()._acceptNewIncoming()  # type: ignore[misc]
+        sockets = self._incomingSockets  # type: ignore[attr-defined]
+        untrusted = sorted((inc.opened, fd) for fd, inc in sockets.items()
+                           if not getattr(inc, "trusted", True))
+        for _, fd in untrusted[:max(len(untrusted) - MAX_UNTRUSTED, 0)]:
+            sockets.pop(fd).close()
+            self.auth.refuse("too many connections that have not authenticated")
+
+    def _handlePossibleIncoming(self, incomingSocket: Any, fileno: int,  # noqa: N802, N803
+                                *args: Any, **kwargs: Any) -> Any:
+        """Thespian's handling of an incoming connection, but an untrusted one past its time.
+
+        Thespian keeps a connection whose time is up while reads of it only
+        say "nothing yet" (up to 20 tries, backing off); one that has not
+        proved the key in `UNTRUSTED_PERIOD` is closed at once.
+        """
+        if (not getattr(incomingSocket, "trusted", True) and incomingSocket.socket is not None
+                and time.monotonic() - incomingSocket.opened > UNTRUSTED_PERIOD.total_seconds()):
+            incomingSocket.close()
+            self.auth.refuse(f"no valid frame within {UNTRUSTED_PERIOD.total_seconds():g} s")
+            return None
+        return super()._handlePossibleIncoming(  # type: ignore[misc]
+            incomingSocket, fileno, *args, **kwargs)
 
     def abort_run(self, drain: bool = False) -> Any:
         """End the transport's run loop; in a process of a run, also make its end quick.
@@ -371,44 +492,57 @@ class LoopbackTCPTransport(TCPTransport, metaclass=_PickledByPath):
         """
         if _RUN_HOST is not None and os.getpid() != _RUN_HOST[0]:
             gc.freeze()
-        return super().abort_run(drain)
+        return super().abort_run(drain)  # type: ignore[misc]
 
     def external_transport_clone(self) -> Any:
         """The transport a host thread uses to create an actor, on 127.0.0.1 too.
 
         Returns:
-            Any: a new `LoopbackTCPTransport` sharing this one's admin.
+            Any: a new transport of this class sharing this one's admin.
         """
-        return type(self)(ExternalTransportCopy(), self._adminAddr, self.txOnly, False)
+        return type(self)(ExternalTransportCopy(), self._adminAddr,  # type: ignore[attr-defined]
+                          self.txOnly, False)  # type: ignore[attr-defined]
 
 
-_BOUND: dict[str, type[LoopbackTCPTransport]] = {}  # transport_for's classes (under _WINDOW)
+def transport_for(host: str, key: bytes) -> type[TCPTransport]:
+    """A transport class of a run: its sockets bound to ``host``, its frames under ``key``.
 
-
-def transport_for(host: str) -> type[LoopbackTCPTransport]:
-    """The transport whose sockets are bound to ``host``: `LoopbackTCPTransport` for 127.0.0.1.
+    Thespian's ``TCPTransport`` with every function of its module's that
+    makes or reads a frame (its ``serializer``, its receive buffers and
+    incoming connections) looking up the run's `_frames.FrameAuth` instead
+    of ``pickle``: its functions are copied with a namespace of their own
+    (Thespian has no hook for a serializer), so Thespian's module, and any
+    stock Thespian system of the same process, are left as they are.
 
     Args:
         host (str): an IPv4 address of this machine, or `ANY` (every interface,
             the machine's outward address advertised, as Thespian's own
             transport does). Nothing is checked here (see
             `mujou_actors.distributed.convention` for who may listen where).
+        key (bytes): the control plane's key (`_frames.new_key` for a run on
+            one machine, `_frames.control_key` of ``MUJOU_SECRET`` across machines).
 
     Returns:
-        type[LoopbackTCPTransport]: the class, one per address (so that the
-        same address gives the same class).
+        type[TCPTransport]: a new class (it pickles, for a process the run
+        starts, as this file run anew with ``host`` and ``key``).
     """
-    if host == LoopbackTCPTransport.host:
-        return LoopbackTCPTransport
-    with _WINDOW:
-        cls = _BOUND.get(host)
-        if cls is None:
-            cls = cast(type[LoopbackTCPTransport], _PickledByPath(
-                "BoundTCPTransport", (LoopbackTCPTransport,),
-                {"host": host, "__module__": __name__,
-                 "__doc__": f"`LoopbackTCPTransport` bound to {host}."}))
-            _BOUND[host] = cls
-    return cls
+    auth = _frames.FrameAuth(key)
+    namespace = dict(vars(_tcp))
+    namespace["serializer"] = auth
+    namespace["ReceiveBuffer"] = lambda _deserialize: _frames.AuthReceiveBuffer(auth)
+    namespace["TCPIncoming"] = _incoming_class(_tcp.TCPIncoming, namespace)
+    namespace["TCPIncomingPersistent"] = _incoming_class(_tcp.TCPIncomingPersistent, namespace)
+    thespian = type("_ThespianTCP", (TCPTransport,), {**_rebound_members(TCPTransport, namespace),
+                                                      "__module__": __name__})
+    name = "LoopbackTCPTransport" if host == LOOPBACK else "BoundTCPTransport"
+    return cast(type[TCPTransport], _PickledByPath(
+        name, (_RunTransport, thespian),
+        {"host": host, "key": key, "auth": auth, "__module__": __name__,
+         "__doc__": f"Thespian's TCP transport of a run, bound to {host}, frames authenticated."}))
+
+
+# In a process of a run (this file run by `_RunThisFile`): the run's transport class.
+_RUN_TRANSPORT = transport_for(_BIND, _KEY) if _KEY is not None else None
 
 
 class Wake:

@@ -42,11 +42,14 @@ that does not answer within the bound (gone, unreachable) is left out. The
 requests go from a socket of the caller's own (`_Client`), so no actor
 system is started or joined for them.
 
-Security (see docs/machines.md): Thespian unpickles whatever reaches its
-ports, so an actor system may listen only where every peer is trusted. Every
-socket here is on 127.0.0.1 by default (`~mujou_actors.distributed._loopback`);
-a member or leader listens on another address only when asked with
-``allow_remote=True``, else `ValueError`.
+Security (see docs/security.md): every frame between the admins, actors and
+clients of a convention carries an HMAC of the control plane's key, derived
+from the ``MUJOU_SECRET`` every machine holds (`convention_key`), and is
+checked before anything of it is unpickled (`~mujou_actors.distributed._frames`);
+a peer without the secret is refused. Frames are authenticated, not
+encrypted. Every socket here is on 127.0.0.1 by default
+(`~mujou_actors.distributed._loopback`); a member or leader listens on another
+address only when asked with ``allow_remote=True``, else `ValueError`.
 
 Processes: a `Member` or `Leader` is an admin and a logger (Thespian's), in
 a process group of their own (the admin's ``setsid``), plus the actors created
@@ -78,6 +81,7 @@ from thespian.system.messages.convention import NotifyOnSystemRegistration
 from thespian.system.transport import (
     ExternalInterfaceTransportInit,
     ReceiveEnvelope,
+    SendStatus,
     Thespian__Run_Terminated,
     Thespian__UpdateWork,
     TransmitIntent,
@@ -86,7 +90,7 @@ from thespian.system.transport import (
 from thespian.system.transport.TCPTransport import TCPTransport
 
 from ..errors import JoinTimeoutError
-from ._loopback import ANY, LOOPBACK, alive, stat_fields, transport_for
+from ._loopback import ANY, LOOPBACK, _frames, alive, stat_fields, transport_for
 from .actors import MEMBER
 from .system import KILL_WAIT_S, AdminSettings, free_port, reap_starters, start_admin
 
@@ -238,9 +242,9 @@ def check_listen(host: str, allow_remote: bool, what: str) -> str:
     if not _is_loopback(ip) and not allow_remote:
         raise ValueError(
             f"{what} would listen on {host} ({ip}), which is not a loopback address: "
-            "refused without allow_remote=True (--allow-remote). Thespian unpickles "
-            "whatever reaches its port, so a convention may listen beyond this machine "
-            "only on a network where every host is trusted")
+            "refused without allow_remote=True (--allow-remote). The control plane's "
+            "frames are authenticated with MUJOU_SECRET but not encrypted, so listen "
+            "beyond this machine only on a network you choose to")
     if ip == ANY:
         return ANY
     if not _is_local(ip):
@@ -306,6 +310,26 @@ def _leader_address(leader: str | tuple[str, int]) -> tuple[str, int]:
     return _resolve(host), port
 
 
+def convention_key() -> bytes:
+    """The control plane's key of a convention: `_frames.control_key` of ``MUJOU_SECRET``.
+
+    Every admin, actor and client of a convention (its leader, its members,
+    a run's processes on them) authenticates its frames with it, so every
+    machine must hold the same secret.
+
+    Returns:
+        bytes: the key (32 bytes).
+
+    Raises:
+        SecretError: no usable secret is set (the message says how to set one).
+    """
+    from .secret import load_secret
+
+    secret = load_secret()
+    assert secret is not None  # required=True: raised otherwise
+    return bytes(_frames.control_key(secret))
+
+
 # --------------------------------------------------------------------------- requests
 
 class _Client:
@@ -318,14 +342,16 @@ class _Client:
 
     Args:
         toward (str): the IPv4 address of the admins asked (the leader's).
+        key (bytes | None): the control plane's key; ``None`` for `convention_key`.
     """
 
-    def __init__(self, toward: str) -> None:
+    def __init__(self, toward: str, key: bytes | None = None) -> None:
         host = LOOPBACK if _is_loopback(toward) else _outward_address(toward)
         capabilities = {"Admin Port": 1}  # unused here: every request names its admin
-        self._transport = transport_for(host)(ExternalInterfaceTransportInit(), capabilities,
-                                              None, None)
+        self._transport = transport_for(host, key if key is not None else convention_key())(
+            ExternalInterfaceTransportInit(), capabilities, None, None)
         self._failed: list[Any] = []  # the targets of sends that failed, in order
+        self._refused: list[Any] = []  # those whose admin answered "bad frame" (ACK+DATAERR)
 
     def convention(self, admin: Any, timeout: float) -> list[tuple[Any, dict[str, Any]]] | None:
         """The convention members an admin knows, with their capabilities, as it registered them.
@@ -435,10 +461,37 @@ class _Client:
             return TCPTransport.getAddressFromString(address)
         return address
 
+    def refuses(self, admin: Any, timeout: float) -> bool:
+        """Whether ``admin`` refuses this client's frames (another ``MUJOU_SECRET``).
+
+        An admin that cannot check a frame's HMAC answers Thespian's
+        ``ACK+DATAERR``; one that is not there refuses the connection (not
+        this). Asks with a ``QueryExists``.
+
+        Args:
+            admin (Any): the admin's Thespian address, or ``(host, port)``.
+            timeout (float): seconds.
+
+        Returns:
+            bool: ``True`` when it answered that the frame was bad.
+        """
+        admin = self._address(admin)
+        deadline = time.monotonic() + timeout
+        self._failed.clear()
+        self._refused.clear()
+        self._send(admin, QueryExists())
+        while True:
+            envelope = self._receive(deadline, lambda: admin in self._failed)
+            if envelope is None or (isinstance(envelope.message, QueryAck)
+                                    and envelope.sender == admin):
+                return admin in self._refused
+
     def _send(self, to: Any, msg: Any) -> None:
         """Queue a message to an admin (sent while the transport runs)."""
         def failed(result: Any, intent: Any) -> None:
             self._failed.append(intent.targetAddr)
+            if result == SendStatus.BadPacket:
+                self._refused.append(intent.targetAddr)
             self._transport.abort_run()  # wake the wait: that answer will not come
 
         self._transport.scheduleTransmit(None, TransmitIntent(to, msg, onError=failed))
@@ -636,7 +689,10 @@ def wait_for_members(leader: str | tuple[str, int], names: Iterable[str],
             time.sleep(min(POLL_S, left))
     error = JoinTimeoutError(tuple(n for n in wanted if n not in known), known,
                              f"{host}:{port}", join_timeout)
-    if not answered:
+    if answered:
+        error.add_note("A machine whose MUJOU_SECRET is not this one's cannot join: the "
+                       "leader refuses its frames (its `mujou worker` says so).")
+    else:
         error.add_note(f"No Thespian admin answered at {host}:{port}: is the leader up, "
                        "and is this its address?")
     raise error
@@ -671,11 +727,13 @@ class _System:
         start_timeout (float): seconds for the admin to answer.
 
     Raises:
+        SecretError: no usable ``MUJOU_SECRET`` (`convention_key`).
         TimeoutError: the admin did not answer in time (all of it is ended first).
     """
 
     def __init__(self, what: str, host: str, port: int, capabilities: dict[str, Any],
                  environment: Mapping[str, str], start_timeout: float) -> None:
+        self._key = convention_key()  # before anything starts: no secret, nothing to end
         self._what = what
         self._host = host
         self.port = port
@@ -694,8 +752,9 @@ class _System:
     def _start(self, capabilities: dict[str, Any], environment: Mapping[str, str],
                timeout: float) -> None:
         """Start the admin (`system.start_admin`: Thespian's log in the private folder)."""
-        self._asys = start_admin(self._host, capabilities, environment, self._folder, timeout,
-                                 self._starters, f"the admin of {self._what} (port {self.port})")
+        self._asys = start_admin(self._host, self._key, capabilities, environment,
+                                 self._folder, timeout, self._starters,
+                                 f"the admin of {self._what} (port {self.port})")
         self._reap_starters()
 
     @property
@@ -826,7 +885,8 @@ class Member(_System):
             socket of it (its logger, each actor) is on the same address, on an
             ephemeral port.
         allow_remote (bool): allow a non-loopback ``listen`` (for a trusted
-            network only: Thespian unpickles whatever reaches its ports).
+            network of your choice: frames are authenticated with ``MUJOU_SECRET``,
+            not encrypted).
         capabilities (Mapping[str, Any] | None): more capabilities (plain data),
             e.g. ``{"gpu": True}``; Thespian's and ``MEMBER`` may not be set.
         start_timeout (float): seconds for the admin to answer.
@@ -836,6 +896,7 @@ class Member(_System):
             ``allow_remote``, a port taken, a leader on another machine while
             this member listens on the loopback (it could not reach it), or a
             reserved capability.
+        SecretError: no usable ``MUJOU_SECRET`` (`convention_key`).
         TimeoutError: the admin did not answer in time (all of it is ended first).
     """
 
@@ -888,12 +949,26 @@ class Member(_System):
     def _membership(self, timeout: float) -> bool | None:
         """`joined`, with None when the admin did not answer within ``timeout`` (busy)."""
         leader = TCPTransport.getAddressFromString(self.leader)
-        with _Client(self._own_address()[0]) as client:
+        with _Client(self._own_address()[0], self._key) as client:
             known = client.convention(self._own_address(), timeout)
         return None if known is None else any(address == leader for address, _ in known)
 
+    def refused(self, timeout: float = LIST_TIMEOUT_S) -> bool:
+        """Whether the leader refuses this member's frames: its ``MUJOU_SECRET`` is another.
+
+        Args:
+            timeout (float): seconds for the leader's answer.
+
+        Returns:
+            bool: ``True`` when the leader answered that this member's frame
+            did not check; ``False`` when it answered, or did not (gone).
+        """
+        with _Client(self.leader[0], self._key) as client:
+            return client.refuses(self.leader, timeout)
+
     def serve(self, stop: threading.Event, *, poll: float = 0.5,
-              on_change: Callable[[bool], None] | None = None) -> None:
+              on_change: Callable[[bool], None] | None = None,
+              on_refused: Callable[[], None] | None = None) -> None:
         """Serve until ``stop`` is set (a signal handler, another thread); then return.
 
         Checks every ``poll`` seconds that the admin still runs and, with
@@ -906,16 +981,26 @@ class Member(_System):
             on_change (Callable[[bool], None] | None): called with `joined`'s
                 value when it changes (first when the member joins); what it
                 raises propagates.
+            on_refused (Callable[[], None] | None): called once, while the
+                member has not joined, when the leader refuses its frames
+                (`refused`: the machines' secrets differ); what it raises
+                propagates.
 
         Raises:
             RuntimeError: the admin ended without being asked (killed).
         """
         was = False
         misses = 0  # answers in a row that the leader is not known
+        polls = 0
         while not stop.wait(poll):
             if not self.running():
                 raise RuntimeError(f"the actor system of {self._what} ended unasked "
                                    f"(its admin on port {self.port} is gone)")
+            polls += 1
+            if (on_refused is not None and not was and polls % REFUSED_EVERY == 1
+                    and self.refused(min(poll, LIST_TIMEOUT_S))):
+                on_refused()
+                on_refused = None
             if on_change is None:
                 continue
             now = self._membership(min(poll, LIST_TIMEOUT_S))
@@ -931,6 +1016,9 @@ class Member(_System):
 
 GONE_AFTER = 3
 """Checks in a row (`Member.serve`'s polls) without the leader before it is said to be gone."""
+
+REFUSED_EVERY = 4
+"""`Member.serve` asks whether the leader refuses its frames every this many polls."""
 
 
 def _free_port_on(host: str) -> int:
@@ -953,7 +1041,8 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
             a free one. Members join ``HOST:PORT`` (for ``0.0.0.0``: one of
             this machine's addresses).
         allow_remote (bool): allow a non-loopback ``listen`` (for a trusted
-            network only: Thespian unpickles whatever reaches its ports).
+            network of your choice: frames are authenticated with ``MUJOU_SECRET``,
+            not encrypted).
         name (str | None): a member name for the leader's own system too (an
             actor required on that member is then created on the leader).
 
@@ -963,6 +1052,7 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
     Raises:
         ValueError: a bad address or name, a non-loopback ``listen`` without
             ``allow_remote``, or a port taken.
+        SecretError: no usable ``MUJOU_SECRET`` (`convention_key`).
     """
     host_text, port = parse_address(listen, default_port=0, free=True)
     host = check_listen(host_text, allow_remote, "the convention's leader")
@@ -975,7 +1065,7 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
     if name is not None:
         check_name(name)
         capabilities[MEMBER] = name
-    return AdminSettings(port, host, capabilities, LEADER_ENVIRONMENT)
+    return AdminSettings(port, host, capabilities, LEADER_ENVIRONMENT, convention_key())
 
 
 class Leader(_System):

@@ -23,8 +23,7 @@ sends SIGTERM to its main thread (Thespian's graceful end: a group's server's
 ``close()`` runs), and ``EXIT_GRACE`` (3 s) later it ends the process if it
 is still there; so a killed host leaves nothing behind.
 
-What listens where (for the security note; Thespian unpickles what reaches its
-sockets, so none of them may be reachable from another machine):
+What listens where (docs/security.md):
 
 * every Thespian socket of the run, TCP on 127.0.0.1 only: the admin on its
   admin port (a free port picked at start, never Thespian's shared default
@@ -32,17 +31,18 @@ sockets, so none of them may be reachable from another machine):
   reply socket, each on an ephemeral port; the addresses they tell each other
   are 127.0.0.1 too (Thespian's stock transport listens on every interface
   and advertises the machine's outward address; see
-  `mujou_actors.distributed._loopback`);
+  `mujou_actors.distributed._loopback`). Every frame between them carries an
+  HMAC of the run's control-plane key, checked before anything of it is
+  unpickled (`mujou_actors.distributed._frames`): a fresh random key per run
+  (`AdminSettings.key` ``None``), handed to each process in its spawn pipe, or
+  a convention's, derived from ``MUJOU_SECRET``. A connection that does not
+  prove the key is closed after a few hundred bytes, or after 10 s;
 * the host's notices socket (zmq PULL): ``ipc://`` in a private temporary
   folder (mode 0700), or ``tcp://127.0.0.1`` on an ephemeral port where zmq
   has no ipc transport; the coordinator connects to it, nothing listens in the
-  coordinator;
+  coordinator; its notices are JSON, never pickles;
 * nothing else: the group's own data-plane sockets are the group server's
   business.
-
-The processes run as the host's user; anyone who can connect to 127.0.0.1
-as another local user could reach the Thespian ports (as with Thespian
-itself); the ipc folder is private to the user.
 
 Threads: a `ProcessSystem` is driven from one thread (the run's driver
 thread); only `notices` may be polled from it too. Thespian's ActorSystem
@@ -96,7 +96,7 @@ from ..errors import GroupDied, RemoteError, describe
 from . import actors
 from ._loopback import (
     LOOPBACK,
-    LoopbackTCPTransport,
+    _frames,
     alive,
     signals_blocked,
     start_time,
@@ -148,34 +148,31 @@ class AdminSettings(NamedTuple):
         environment (Mapping[str, str]): variables set in this process while
             the admin starts (its processes inherit them); one the user set
             already is left as it is.
+        key (bytes | None): the control plane's key (`_frames.control_key` of
+            ``MUJOU_SECRET`` for a convention's leader); ``None`` for a fresh
+            random key of this run's own (`_frames.new_key`).
     """
 
     port: int
     host: str = LOOPBACK
     capabilities: Mapping[str, Any] = {}
     environment: Mapping[str, str] = {}
+    key: bytes | None = None
 
 
-class _LoopbackTCPBase(ActorSystemBase):
-    """Thespian's ``multiprocTCPBase`` with the loopback transport (see the module)."""
-
-    transportType = LoopbackTCPTransport
-
-
-def system_base(host: str) -> type[ActorSystemBase]:
-    """Thespian's ``multiprocTCPBase`` whose sockets are bound to ``host``.
+def system_base(host: str, key: bytes) -> type[ActorSystemBase]:
+    """Thespian's ``multiprocTCPBase`` whose sockets are bound to ``host``, frames under ``key``.
 
     Args:
         host (str): 127.0.0.1, another IPv4 address of this machine, or
             ``"0.0.0.0"`` (see `mujou_actors.distributed._loopback.transport_for`).
+        key (bytes): the control plane's key.
 
     Returns:
-        type[ActorSystemBase]: the system base class (made anew for another host:
-        Thespian never pickles it, only its transport class).
+        type[ActorSystemBase]: the system base class, made anew (Thespian never
+        pickles it, only its transport class).
     """
-    if host == LOOPBACK:
-        return _LoopbackTCPBase
-    return type("_BoundTCPBase", (ActorSystemBase,), {"transportType": transport_for(host)})
+    return type("_RunTCPBase", (ActorSystemBase,), {"transportType": transport_for(host, key)})
 
 
 class _Group:
@@ -236,8 +233,9 @@ def _starters(before: set[int]) -> set[int]:
     return found
 
 
-def start_admin(host: str, capabilities: dict[str, Any], environment: Mapping[str, str],
-                folder: str, timeout: float, starters: set[int], what: str) -> Any:
+def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
+                environment: Mapping[str, str], folder: str, timeout: float,
+                starters: set[int], what: str) -> Any:
     """Start a Thespian admin (and its logger) of this process's own, and open it.
 
     The admin is started on the port of ``capabilities`` (``"Admin Port"``),
@@ -254,6 +252,8 @@ def start_admin(host: str, capabilities: dict[str, Any], environment: Mapping[st
     Args:
         host (str): the address every socket of the actor system is bound to
             (`system_base`).
+        key (bytes): the control plane's key: every frame between the
+            processes of the actor system carries its HMAC (`system_base`).
         capabilities (dict[str, Any]): the admin's capabilities.
         environment (Mapping[str, str]): variables set in this process while
             the admin starts (those the user has not set already).
@@ -276,7 +276,7 @@ def start_admin(host: str, capabilities: dict[str, Any], environment: Mapping[st
             started goes on running: it ends it (``starters`` says what).
     """
     variables = {"THESPLOG_FILE": os.path.join(folder, "thespian.log"), **environment}
-    base_class = system_base(host)
+    base_class = system_base(host, key)
     deadline = time.monotonic() + timeout
     with _ENVIRONMENT:
         ours = [name for name in variables if name not in os.environ]
@@ -409,7 +409,8 @@ class ProcessSystem:
                         **settings.capabilities}
         deadline = time.monotonic() + timeout
         try:
-            self._asys = start_admin(settings.host, capabilities, settings.environment,
+            key = settings.key if settings.key is not None else _frames.new_key()
+            self._asys = start_admin(settings.host, key, capabilities, settings.environment,
                                      self._folder, timeout, self._starters,
                                      f"the run's Thespian admin (port {self.admin_port})")
         finally:
