@@ -23,7 +23,7 @@ from .errors import (
     StopTimeoutError,
 )
 from .host import Subscription
-from .liveview import FoxgloveServer, serve_foxglove
+from .liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
 from .node import Node
 from .ports import Input, Output, connect
 from .recording import Recording
@@ -49,6 +49,7 @@ __all__ = [
     "Capsule",
     "CapsuleStats",
     "FoxgloveServer",
+    "FoxgloveStats",
     "GroupDied",
     "GroupStats",
     "Input",

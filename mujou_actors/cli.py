@@ -650,8 +650,15 @@ def main() -> None:
 @click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
               default=None, metavar="[HOST]:PORT",
               help="Serve a live Foxglove WebSocket view of the run (every port a channel, "
-                   "the graph, the time, publishing to Inputs); default port 8765 on "
-                   "127.0.0.1. Write it after FILE, or as --foxglove=:PORT.")
+                   "the graph, the time); default port 8765 on 127.0.0.1. Write it after "
+                   "FILE, or as --foxglove=:PORT.")
+@click.option("--foxglove-publish", is_flag=True,
+              help="With --foxglove: let clients publish to the Inputs (each message a "
+                   "run.write). Off by default.")
+@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
+              help="With --foxglove: also accept connections from web pages of this origin "
+                   "(SCHEME://HOST[:PORT], or null); repeat it for more. Without it: native "
+                   "clients, https://app.foxglove.dev and file:// only.")
 @click.option("--capsule", "capsule_path", type=click.Path(dir_okay=False), default=None,
               help="Keep a crash capsule: when a node fails, write the last seconds of every "
                    "Output and a snapshot to this MCAP file (docs/recording.md).")
@@ -672,7 +679,8 @@ def main() -> None:
 @click.option("--allow-remote", is_flag=True,
               help="Let --listen or --foxglove be an address other machines reach (a "
                    "trusted network only: the control plane unpickles what reaches it; the "
-                   "view shows every port and writes to every Input).")
+                   "view shows every port, and with --foxglove-publish writes to every "
+                   "Input).")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="Seconds without a heartbeat before a machine is lost.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
@@ -683,6 +691,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
                 record_snapshots: bool, record_view: bool, foxglove: str | None,
+                foxglove_publish: bool, foxglove_origins: tuple[str, ...],
                 capsule_path: str | None, capsule_seconds: float | None,
                 places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
                 join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
@@ -708,12 +717,18 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             if places:
                 raise UsageError("--foxglove serves a run in one process; it does not go "
                                  "with --place")
-            from .liveview import parse_listen
+            from .liveview import parse_listen, parse_origins
 
             try:
                 parse_listen(foxglove, allow_remote)
             except ValueError as exc:
                 raise UsageError(f"--foxglove: {exc}") from exc
+            try:
+                parse_origins(foxglove_origins)
+            except ValueError as exc:
+                raise UsageError(f"--foxglove-origin: {exc}") from exc
+        elif foxglove_publish or foxglove_origins:
+            raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
             if places:
@@ -763,7 +778,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 raise _Interrupted(signals.code)  # it came while the net was starting
             if foxglove is not None:
                 try:
-                    server = _serve(run, foxglove, allow_remote, quiet)
+                    server = _serve(run, foxglove, allow_remote, quiet,
+                                    publish=foxglove_publish, origins=foxglove_origins)
                 except BaseException:
                     run.stop()  # the server could not start (a taken port): nor does the run
                     raise
@@ -803,16 +819,20 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             sys.exit(signals.code)
 
 
-def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool) -> Any:
+def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool, *, publish: bool,
+           origins: tuple[str, ...]) -> Any:
     """``--foxglove``: the live view's server (`mujou.serve_foxglove`); says where it listens."""
     try:
-        server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote)
-    except RuntimeError as exc:  # the SDK's: the port is taken
+        server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote,
+                                      allow_publish=publish, origins=origins)
+    except RuntimeError as exc:  # the port is taken
         raise UsageError(f"--foxglove {listen}: the server cannot listen ({exc})") from exc
     if not quiet:
         host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        publishing = "on" if publish else "off (--foxglove-publish)"
         click.echo(f"foxglove: live view at ws://{host}:{server.port} (open it in Foxglove: "
-                   "Open connection, Foxglove WebSocket)", err=True)
+                   f"Open connection, Foxglove WebSocket; publishing to Inputs {publishing})",
+                   err=True)
     return server
 
 

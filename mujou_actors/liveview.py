@@ -1,8 +1,8 @@
-"""A live Foxglove view of a running net: a WebSocket server (foxglove-sdk) beside the run.
+"""A live Foxglove view of a running net: a WebSocket server of Foxglove's protocol beside it.
 
-``mujou.serve_foxglove(run)`` (``mujou run --foxglove``) starts Foxglove's
-WebSocket server (the ``foxglove-sdk`` package, a dependency: its MCAP
-writer writes the recordings) and advertises:
+``mujou.serve_foxglove(run)`` (``mujou run --foxglove``) serves Foxglove's
+WebSocket protocol (``foxglove.sdk.v1``, and the older ``foxglove.websocket.v1``
+that other clients offer) and advertises:
 
 * a channel per port, topic its path (``"sim.state"``), JSON encoding, the
   JSON view of its messages (`mujou_actors.view`: a JSON Schema, or
@@ -16,22 +16,70 @@ writer writes the recordings) and advertises:
   nodes);
 * the run's time (``Run.time_ns``, its timer's nanoseconds) every
   `TIME_EVERY` seconds;
-* client publishing (JSON) to an Input's topic: each message becomes
-  ``run.write(input, value)``, the JSON made the Input's declared type
-  (`view.from_json`); what the Input refuses is logged as a warning naming
-  the port and counted (`FoxgloveServer.refused`), never raised.
+* with ``allow_publish=True`` only, client publishing (JSON) to an Input's
+  topic: each message becomes ``run.write(input, value)``, the JSON made the
+  Input's declared type (`view.from_json`); what the Input refuses is logged
+  and counted (`FoxgloveStats.refused`), never raised.
 
-The callbacks that send the views run on the run's ``mujou-host`` thread; the
-time goes out from the ``mujou-foxglove`` thread, which also stops the server
-when the run ends.
+Who may connect
+---------------
+A browser lets any web page open ``ws://127.0.0.1:PORT``, and sends the
+page's origin in the handshake's ``Origin`` header; a native client (a Python
+program) sends none, an app whose pages are local files (Electron's, as
+Foxglove's desktop app) ``file://`` or ``null``. The server answers a handshake whose ``Origin`` is
+not allowed (`DEFAULT_ORIGINS`, plus ``origins=``) with HTTP 403, counts it
+and logs it (one line per `REFUSAL_LOG_EVERY` seconds at most). ``null``, the
+origin of a sandboxed frame of *any* page (and of a local file in Firefox), is
+not allowed unless named. Client publishing is off by default: the
+``clientPublish`` capability is not offered, and a client's advertisements and
+messages are refused and counted. Each client keeps at most
+`MAX_CLIENT_CHANNELS` advertised channels, `BACKLOG` queued messages and
+`BACKLOG_BYTES` bytes, logs at most `WARNINGS_PER_CLIENT` warnings (then one
+line with how many more), and what it kept goes when it disconnects; at most
+`MAX_CLIENTS` are connected at once (HTTP 503 beyond). The server listens on
+loopback unless ``allow_remote=True``.
+
+Why a server of our own (on the ``websockets`` package) and not foxglove-sdk's
+(Rust): the SDK's server has no hook on the HTTP upgrade (nothing can see the
+``Origin``), no way to refuse or forget a client's advertisements, and no
+disconnect event. A front door that checks the ``Origin`` and relays to an SDK
+server on an internal port would leave that port to any page that scans
+localhost, unless the internal link were TLS with a fresh certificate (key
+generation, a relay thread pair per client, a frame parser to bound the
+advertisements): more parts than the protocol subset a view needs (server
+info, advertise, subscribe, message data, time, connection graph, client
+advertise and publish, status). ``websockets`` does the HTTP handshake, the
+``Origin`` header, the reading, pings and closing; the data messages that
+gathered in up to `_LINGER` are written as whole binary frames in one write
+to the connection's transport (``websockets``' ``send`` would make a system
+call and take some 18 us of the GIL per message), so that the loop thread
+takes little of the GIL from the net. That write is below ``websockets``' API
+(its ``transport``, ``state``; no compression negotiated, so a frame needs no
+extension bits): hence the version range in setup.cfg.
+
+Threads: the views are made and queued on the run's ``mujou-host`` thread
+(the subscriptions' callbacks); the ``mujou-foxglove`` thread runs the
+server's asyncio loop (the handshakes, each client's requests and writes, the
+time), and ends the server when the run ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import ipaddress
+import itertools
 import json
 import logging
+import re
+import socket
+import struct
 import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ._checks import is_int
@@ -43,12 +91,21 @@ if TYPE_CHECKING:
     from .host import Subscription
     from .run import Run
 
-__all__ = ["FoxgloveServer", "serve_foxglove"]
+__all__ = ["FoxgloveServer", "FoxgloveStats", "serve_foxglove"]
 
 log = logging.getLogger("mujou_actors")
 
 DEFAULT_PORT = 8765
 """The port ``mujou run --foxglove`` listens on without one (Foxglove's default)."""
+
+DEFAULT_ORIGINS: tuple[str | None, ...] = (None, "https://app.foxglove.dev", "file://")
+"""The ``Origin`` headers allowed without ``origins=``: none (a native client),
+Foxglove's web app, and a local file as Chromium before 92 (and the Electron apps
+made with it) names one. Not ``null``: newer browsers name a local file so, but
+also a sandboxed frame of any page."""
+
+SUBPROTOCOLS = ("foxglove.sdk.v1", "foxglove.websocket.v1")
+"""The WebSocket subprotocols served (Foxglove's protocol, its two names)."""
 
 TIME_EVERY = 0.2
 """Wall seconds between two broadcasts of the run's time."""
@@ -56,7 +113,39 @@ TIME_EVERY = 0.2
 GRAPH_TOPIC = "/mujou/graph"
 """The topic of the net's graph (nodes, ports, connections)."""
 
-_JOIN = 2.0  # wall seconds close() waits for the mujou-foxglove thread
+MAX_CLIENTS = 16
+"""The most clients connected at once; a further handshake gets HTTP 503."""
+
+MAX_CLIENT_CHANNELS = 64
+"""The most channels one client may advertise (to publish on) at once."""
+
+WARNINGS_PER_CLIENT = 10
+"""The warnings logged about one client; the rest are counted, one line at its end."""
+
+BACKLOG = 1024
+"""The most messages queued for one client; beyond, the oldest are dropped (counted)."""
+
+BACKLOG_BYTES = 16 << 20
+"""The most bytes queued for one client; beyond, the oldest messages are dropped."""
+
+MAX_MESSAGE = 4 << 20
+"""The largest message a client may send (bytes); a larger one closes its connection."""
+
+REFUSAL_LOG_EVERY = 10.0
+"""Wall seconds between two log lines about refused handshakes (the rest counted)."""
+
+_JOIN = 3.0  # wall seconds close() waits for the mujou-foxglove thread
+_CLOSE_TIMEOUT = 1.0  # wall seconds a client has to answer the closing handshake
+_WRITE_LIMIT = 1 << 20  # bytes in a socket's buffer beyond which a client's messages wait
+_FLOW_WAIT = 0.01  # wall seconds between two looks at a full socket buffer
+# Wall seconds a client's writer, woken by a message, lets more gather before it writes: at
+# most 1/_LINGER wake-ups a second take the GIL from the net, whatever the rate (a view
+# refreshes at 60 Hz at most).
+_LINGER = 0.005
+_MESSAGE = struct.Struct("<BIQ")  # message data: opcode 1, subscription id, time (ns)
+_TIME = struct.Struct("<BQ")  # time: opcode 2, time (ns)
+_CLIENT_DATA = struct.Struct("<BI")  # a client's message data: opcode 1, channel id
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 _GRAPH_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "mujou.Graph",
@@ -72,14 +161,14 @@ _GRAPH_SCHEMA = {
 }
 
 
-def _sdk() -> Any:
-    """The ``foxglove`` package, or an ImportError that says what to install."""
+def _websockets() -> Any:
+    """The ``websockets`` package's asyncio server, or an ImportError that says what to install."""
     try:
-        import foxglove
+        import websockets.asyncio.server as server
     except ImportError as exc:
-        raise ImportError("the live Foxglove view needs the foxglove-sdk package: "
-                          "pip install 'mujou_actors[view]' (or foxglove-sdk>=0.30.3)") from exc
-    return foxglove
+        raise ImportError("the live Foxglove view needs the websockets package (>=14): "
+                          "pip install 'mujou_actors[view]'") from exc
+    return server
 
 
 def parse_listen(listen: int | str, allow_remote: bool) -> tuple[str, int]:
@@ -112,9 +201,9 @@ def parse_listen(listen: int | str, allow_remote: bool) -> tuple[str, int]:
                          "(a port 0 to 65535)")
     if not allow_remote and not _is_loopback(host):
         raise ValueError(f"serve_foxglove: {host!r} is not a loopback address; the view "
-                         "exposes every port's messages and lets a client write to every "
-                         "Input: pass allow_remote=True (--allow-remote) on a trusted "
-                         "network only")
+                         "exposes every port's messages (and, with allow_publish, lets a "
+                         "client write to every Input): pass allow_remote=True "
+                         "(--allow-remote) on a trusted network only")
     return host, int(port_text)
 
 
@@ -125,6 +214,40 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name or "0.0.0.0"'s like: maybe not loopback
         return False
+
+
+def parse_origins(origins: Iterable[str]) -> frozenset[str | None]:
+    """The ``Origin`` headers allowed: `DEFAULT_ORIGINS` and ``origins``.
+
+    Args:
+        origins (Iterable[str]): more origins, each ``"SCHEME://HOST[:PORT]"``
+            (``"http://localhost:8080"``), ``"file://"`` or ``"null"``.
+
+    Returns:
+        frozenset: the allowed values, lower case (``None``: no header).
+
+    Raises:
+        TypeError: ``origins`` is a str, or holds something else than str.
+        ValueError: an origin with a path, or without a scheme.
+    """
+    if isinstance(origins, str | bytes):
+        raise TypeError(f"serve_foxglove: origins must be a list of origins, got {origins!r}")
+    allowed: set[str | None] = set(DEFAULT_ORIGINS)
+    for origin in origins:
+        if not isinstance(origin, str):
+            raise TypeError(f"serve_foxglove: origins must hold str, got {origin!r}")
+        text = _normal(origin)
+        if text not in ("null", "file://") and not _ORIGIN.fullmatch(text):
+            raise ValueError(f"serve_foxglove: {origin!r} is no origin: write "
+                             "SCHEME://HOST[:PORT] (as 'https://app.foxglove.dev'), "
+                             "'file://' or 'null'")
+        allowed.add(text)
+    return frozenset(allowed)
+
+
+def _normal(origin: str) -> str:
+    text = origin.strip().lower()
+    return text[:-1] if text.endswith("/") and not text.endswith("://") else text
 
 
 def graph_of(run: Run) -> dict[str, Any]:
@@ -159,6 +282,113 @@ def _type_name(cls: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}" if isinstance(cls, type) else str(cls)
 
 
+def _frame_header(n: int) -> bytes:
+    """The header of an unfragmented, unmasked binary WebSocket frame of ``n`` bytes."""
+    if n < 126:
+        return bytes((0x82, n))
+    if n < 1 << 16:
+        return struct.pack("!BBH", 0x82, 126, n)
+    return struct.pack("!BBQ", 0x82, 127, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoxgloveStats:
+    """What a live view has done so far (`FoxgloveServer.stats`).
+
+    Attributes:
+        clients (int): clients connected now.
+        client_channels (int): channels the clients connected now advertise
+            (at most `MAX_CLIENT_CHANNELS` each).
+        published (int): client messages written to an Input.
+        refused (int): client messages an Input refused (another type or
+            shape, not JSON).
+        publishes_dropped (int): client messages that reached no Input:
+            publishing is off, or their channel was never advertised.
+        advertisements_refused (int): client channels refused: publishing is
+            off, the topic is no Input, the encoding is not JSON, the client
+            has `MAX_CLIENT_CHANNELS` already.
+        handshakes_refused (int): connections refused: an ``Origin`` not
+            allowed (HTTP 403), `MAX_CLIENTS` connected (HTTP 503).
+        dropped (int): messages not sent to a client that fell behind
+            (its `BACKLOG`).
+    """
+
+    clients: int
+    client_channels: int
+    published: int
+    refused: int
+    publishes_dropped: int
+    advertisements_refused: int
+    handshakes_refused: int
+    dropped: int
+
+
+class _Client:
+    """One connection: what it subscribed and advertised, its queue, its warnings."""
+
+    def __init__(self, number: int, ws: Any, origin: str | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.number, self.ws, self.origin, self.loop = number, ws, origin, loop
+        self.subs: dict[int, str] = {}  # subscription id -> topic
+        self.topics: dict[str, int] = {}  # topic -> subscription id
+        self.channels: dict[int, Input] = {}  # advertised channel id -> Input
+        self.warnings = 0  # logged
+        self.unlogged = 0  # not logged: beyond WARNINGS_PER_CLIENT
+        self.dropped = 0
+        self.wake = asyncio.Event()
+        self._lock = threading.Lock()  # the queue: filled on mujou-host, emptied on the loop
+        self._queue: deque[tuple[bytes, bytes]] = deque()
+        self._bytes = 0
+        self._woken = False
+
+    def push(self, head: bytes, data: bytes) -> None:
+        """Queue a binary message (any thread); wake the writer if it sleeps.
+
+        Raises:
+            RuntimeError: the server's loop has ended.
+        """
+        with self._lock:
+            self._queue.append((head, data))
+            self._bytes += len(head) + len(data)
+            while len(self._queue) > BACKLOG or (self._bytes > BACKLOG_BYTES
+                                                 and len(self._queue) > 1):
+                old_head, old_data = self._queue.popleft()
+                self._bytes -= len(old_head) + len(old_data)
+                self.dropped += 1
+            if self._woken:
+                return
+            self._woken = True
+        self.loop.call_soon_threadsafe(self.wake.set)
+
+    def take(self) -> deque[tuple[bytes, bytes]]:
+        """Everything queued (on the loop), the queue left empty."""
+        with self._lock:
+            queue, self._queue = self._queue, deque()
+            self._bytes, self._woken = 0, False
+        return queue
+
+    def warn(self, text: str) -> bool:
+        """Log a warning about this client, unless it had its share; True if logged."""
+        if self.warnings >= WARNINGS_PER_CLIENT:
+            self.unlogged += 1
+            return False
+        self.warnings += 1
+        log.warning("foxglove: client %d (origin %s): %s", self.number,
+                    self.origin or "none", text)
+        return True
+
+
+class _WarningsOnly(logging.LoggerAdapter):
+    """The ``websockets`` package's log, its warnings and errors only, on mujou_actors's.
+
+    It says "connection open" and "rejected" at INFO for every handshake; the
+    server counts those itself.
+    """
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+        return level >= logging.WARNING and self.logger.isEnabledFor(level)
+
+
 class FoxgloveServer:
     """A live Foxglove WebSocket view of one run; made by `serve_foxglove`.
 
@@ -166,65 +396,79 @@ class FoxgloveServer:
     the run ends. What it serves is in the docs ("Viewing a run in Foxglove").
     """
 
-    def __init__(self, run: Run, host: str, port: int, name: str) -> None:
-        foxglove = _sdk()
-        from foxglove.websocket import Capability
+    def __init__(self, run: Run, host: str, port: int, name: str, *, allow_publish: bool,
+                 origins: frozenset[str | None]) -> None:
+        self._ws_server = _websockets()
+        from websockets.exceptions import ConnectionClosed
+        from websockets.protocol import State
 
+        self._open, self._connection_closed = State.OPEN, ConnectionClosed
         self._run = run
-        self._lock = threading.Lock()  # the watchers and client channels below
+        self._allow_publish = allow_publish
+        self._origins = origins
+        self._lock = threading.Lock()  # the watchers and subscriptions (close() is any thread's)
         self._ports = dict(run._ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
         self._watchers: dict[str, int] = {}  # topic -> clients subscribed
         self._subs: dict[str, Subscription] = {}
-        self._client_topics: dict[tuple[int, int], str] = {}  # (client, channel) -> topic
+        # topic -> (client, subscription id) of each subscriber: replaced, never changed
+        # in place, so that mujou-host reads it without a lock.
+        self._targets: dict[str, tuple[tuple[_Client, int], ...]] = {}
+        self._clients: dict[int, _Client] = {}
+        self._numbers = itertools.count(1)
         self._warned: set[str] = set()
+        self._closing = False
         self._closed = False
-        self.published = 0
-        self.refused = 0
-        self._context = foxglove.Context()
-        self._channels: dict[str, Any] = {}
-        for path, projection in self._projections.items():
-            p = self._ports[path]
-            meta = {"kind": "output" if isinstance(p, Output) else "input",
-                    "type": _type_name(p.type)}
-            if p.shape is not None:
-                meta["shape"] = json.dumps(list(p.shape))
-            if p.dtype is not None:
-                meta["dtype"] = str(p.dtype).removeprefix("torch.")
-            # The context's own constructor (as mcapfile.Writer): a foxglove.Channel
-            # would stay in the SDK's module-level table for the process's life.
-            self._channels[path] = self._context._create_channel(
-                path, schema=foxglove.Schema(name=projection.schema_name, encoding="jsonschema",
-                                             data=json.dumps(projection.schema).encode()),
-                message_encoding="json", metadata=meta)
-        self._graph = self._context._create_channel(
-            GRAPH_TOPIC, schema=foxglove.Schema(name="mujou.Graph", encoding="jsonschema",
-                                                data=json.dumps(_GRAPH_SCHEMA).encode()),
-            message_encoding="json")
+        self._counts = dict.fromkeys(["published", "refused", "publishes_dropped",
+                                      "advertisements_refused", "handshakes_refused",
+                                      "dropped"], 0)
+        self._refusals_logged = 0
+        self._next_refusal_log = 0.0
+        self._channel_ids = {path: i for i, path in enumerate([*self._ports, GRAPH_TOPIC], 1)}
+        self._topic_of = {i: path for path, i in self._channel_ids.items()}
+        self._server_info = self._make_server_info(name)
+        self._advertise = self._make_advertise()
+        self._connection_graph = self._make_connection_graph()
+        self._ops = {"subscribe": self._subscribe, "unsubscribe": self._unsubscribe,
+                     "advertise": self._advertised, "unadvertise": self._unadvertised,
+                     "subscribeConnectionGraph": self._graph_subscribe,
+                     "unsubscribeConnectionGraph": self._graph_unsubscribe}
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._server = foxglove.start_server(
-                name=name, host=host, port=port, context=self._context,
-                capabilities=[Capability.ClientPublish, Capability.ConnectionGraph,
-                              Capability.Time],
-                supported_encodings=["json"], server_listener=_Listener(self))
-        except Exception as exc:
-            self._close_channels()
+            self._sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
             raise RuntimeError(f"serve_foxglove: cannot listen on {host}:{port} "
                                f"({describe(exc)})") from exc
-        self._publish_connection_graph(foxglove)
-        self._stop = threading.Event()
+        self._address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
         self._thread.start()
 
     @property
     def port(self) -> int:
         """int: the port the server listens on (the one taken, for port 0)."""
-        return int(self._server.port)
+        return self._address[1]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """tuple[str, int]: the address the server listens on, ``(host, port)``."""
+        return self._address
 
     @property
     def closed(self) -> bool:
         """bool: True once the server is stopped."""
         return self._closed
+
+    @property
+    def published(self) -> int:
+        """int: client messages written to an Input (`FoxgloveStats.published`)."""
+        return self._counts["published"]
+
+    @property
+    def refused(self) -> int:
+        """int: client messages an Input refused (`FoxgloveStats.refused`)."""
+        return self._counts["refused"]
 
     def watched(self) -> list[str]:
         """The ports that a client watches now (each has a subscription).
@@ -235,17 +479,319 @@ class FoxgloveServer:
         with self._lock:
             return [p for p in self._ports if p in self._subs]
 
-    # -- the server's callbacks (its own threads) ---------------------------------------
-    def _subscribed(self, topic: str) -> None:
-        if topic == GRAPH_TOPIC:
-            self._send_graph()
+    def stats(self) -> FoxgloveStats:
+        """What the view has done so far: clients, publishing, refusals, drops.
+
+        Returns:
+            FoxgloveStats: a frozen record.
+        """
+        clients = list(self._clients.values())
+        counts = dict(self._counts)
+        counts["dropped"] += sum(c.dropped for c in clients)
+        return FoxgloveStats(clients=len(clients),
+                             client_channels=sum(len(c.channels) for c in clients), **counts)
+
+    # -- what every client is told ------------------------------------------------------
+    def _make_server_info(self, name: str) -> str:
+        capabilities = ["connectionGraph", "time"]
+        info: dict[str, Any] = {"op": "serverInfo", "name": name,
+                                "capabilities": capabilities,
+                                "metadata": {"library": "mujou_actors"},
+                                "sessionId": str(time.time_ns())}
+        if self._allow_publish:
+            capabilities.insert(0, "clientPublish")
+            info["supportedEncodings"] = ["json"]
+        return json.dumps(info)
+
+    def _make_advertise(self) -> str:
+        channels = []
+        for path, projection in self._projections.items():
+            p = self._ports[path]
+            meta = {"kind": "output" if isinstance(p, Output) else "input",
+                    "type": _type_name(p.type)}
+            if p.shape is not None:
+                meta["shape"] = json.dumps(list(p.shape))
+            if p.dtype is not None:
+                meta["dtype"] = str(p.dtype).removeprefix("torch.")
+            channels.append({"id": self._channel_ids[path], "topic": path, "encoding": "json",
+                             "schemaName": projection.schema_name,
+                             "schemaEncoding": "jsonschema",
+                             "schema": json.dumps(projection.schema), "metadata": meta})
+        channels.append({"id": self._channel_ids[GRAPH_TOPIC], "topic": GRAPH_TOPIC,
+                         "encoding": "json", "schemaName": "mujou.Graph",
+                         "schemaEncoding": "jsonschema", "schema": json.dumps(_GRAPH_SCHEMA)})
+        return json.dumps({"op": "advertise", "channels": channels})
+
+    def _make_connection_graph(self) -> str:
+        published, subscribed = [], []
+        for path, port in self._ports.items():
+            owner = port.node._mujou_path or "<root>"
+            if isinstance(port, Output):
+                published.append({"name": path, "publisherIds": [owner]})
+                readers = sorted({r.node._mujou_path or "<root>" for r in port._readers
+                                  if isinstance(r, Input)})
+                if readers:
+                    subscribed.append({"name": path, "subscriberIds": readers})
+            else:
+                subscribed.append({"name": path, "subscriberIds": [owner]})
+        return json.dumps({"op": "connectionGraphUpdate", "publishedTopics": published,
+                           "subscribedTopics": subscribed, "advertisedServices": [],
+                           "removedTopics": [], "removedServices": []})
+
+    # -- the loop (mujou-foxglove) --------------------------------------------------------
+    def _serve(self) -> None:
+        """``mujou-foxglove``: the server's loop, until the run ends or `close`."""
+        try:
+            self._loop.run_until_complete(self._main())
+        except Exception as exc:  # noqa: BLE001 - logged: the run goes on without its view
+            log.warning("foxglove: the live view stopped: %s", describe(exc))
+        finally:
+            self._cancel_subscriptions()
+            self._sock.close()
+            self._loop.close()
+            self._closed = True
+
+    async def _main(self) -> None:
+        server = self._ws_server.serve(
+            self._handle, sock=self._sock, subprotocols=list(SUBPROTOCOLS),
+            process_request=self._check_handshake, compression=None, max_size=MAX_MESSAGE,
+            close_timeout=_CLOSE_TIMEOUT, server_header="mujou_actors",
+            logger=_WarningsOnly(log, {}))
+        async with server:
+            ticker = asyncio.ensure_future(self._tick())
+            await self._stop.wait()
+            ticker.cancel()
+
+    async def _tick(self) -> None:
+        """The run's time to every client every `TIME_EVERY` s; the end when the run ends."""
+        run = self._run
+        while True:
+            await asyncio.sleep(TIME_EVERY)
+            frame = _TIME.pack(2, max(run.time_ns, 0))
+            for client in list(self._clients.values()):
+                client.push(frame, b"")
+            if not run.running:
+                self._stop.set()
+                return
+
+    def _check_handshake(self, connection: Any, request: Any) -> Any:
+        """Refuse an ``Origin`` not allowed (403) and a client too many (503)."""
+        origins = request.headers.get_all("Origin")
+        origin = _normal(origins[0]) if len(origins) == 1 else None
+        if len(origins) > 1 or origin not in self._origins:
+            self._refused_handshake(", ".join(origins)[:128])
+            return connection.respond(HTTPStatus.FORBIDDEN, "This Origin may not connect "
+                                      "(serve_foxglove(origins=...), --foxglove-origin).\n")
+        if len(self._clients) >= MAX_CLIENTS:
+            self._refused_handshake(None)
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"At most {MAX_CLIENTS} clients at once.\n")
+        return None
+
+    def _refused_handshake(self, origin: str | None) -> None:
+        """Count a refused handshake; log it unless a line was logged recently."""
+        self._counts["handshakes_refused"] += 1
+        now = time.monotonic()
+        if now < self._next_refusal_log:
             return
-        if topic not in self._ports:
+        more = self._counts["handshakes_refused"] - self._refusals_logged - 1
+        self._refusals_logged = self._counts["handshakes_refused"]
+        self._next_refusal_log = now + REFUSAL_LOG_EVERY
+        if origin is None:
+            why = f"{MAX_CLIENTS} clients are connected"
+        elif origin.strip().lower() == "null":
+            why = ("the Origin 'null' is not allowed: a local file (the Foxglove desktop app, "
+                   "a local page), but also a sandboxed frame of any web page; allow it "
+                   "(serve_foxglove(origins=['null']), --foxglove-origin null) only if that "
+                   "risk is acceptable")
+        else:
+            why = (f"a web page's Origin {origin!r} is not allowed (serve_foxglove(origins=...), "
+                   "--foxglove-origin)")
+        log.warning("foxglove: refused a connection: %s%s", why,
+                    f"; {more} more refused since the last such line" if more else "")
+
+    async def _handle(self, ws: Any) -> None:
+        """One client, from its handshake to its end."""
+        origin = ws.request.headers.get("Origin")
+        client = _Client(next(self._numbers), ws, origin, self._loop)
+        writer = None
+        try:
+            await ws.send(self._server_info)  # first, as the protocol says
+            await ws.send(self._advertise)
+            self._clients[client.number] = client  # from here on, the time goes to it
+            writer = asyncio.ensure_future(self._write(client))
+            async for message in ws:
+                if isinstance(message, str):
+                    await self._on_text(client, message)
+                else:
+                    await self._on_binary(client, message)
+        except self._connection_closed:
+            pass
+        finally:
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+            self._forget(client)
+
+    async def _write(self, client: _Client) -> None:
+        """Write what is queued for a client, many whole frames per socket write."""
+        ws = client.ws
+        transport = ws.transport
+        while True:
+            await client.wake.wait()
+            await asyncio.sleep(_LINGER)
+            client.wake.clear()
+            # A client that reads slower than its messages come: let them gather
+            # (the oldest dropped beyond BACKLOG) rather than fill the socket's buffer.
+            while transport.get_write_buffer_size() > _WRITE_LIMIT and ws.state is self._open:
+                await asyncio.sleep(_FLOW_WAIT)
+            queue = client.take()
+            if ws.state is not self._open:
+                return
+            parts: list[bytes] = []
+            for head, data in queue:
+                parts += (_frame_header(len(head) + len(data)), head, data)
+            transport.writelines(parts)
+
+    def _forget(self, client: _Client) -> None:
+        """A client's end: its subscriptions, channels and queue go; its unlogged warnings said."""
+        self._clients.pop(client.number, None)
+        self._counts["dropped"] += client.dropped
+        for topic in list(client.topics):
+            self._leave(client, topic)
+        client.channels.clear()
+        client.take()
+        if client.unlogged:
+            log.warning("foxglove: client %d (origin %s): %d more warnings not logged",
+                        client.number, client.origin or "none", client.unlogged)
+
+    # -- a client's requests --------------------------------------------------------------
+    async def _on_text(self, client: _Client, text: str) -> None:
+        try:
+            op = json.loads(text)
+        except ValueError:
+            op = None
+        kind = op.get("op") if isinstance(op, dict) else None
+        if not isinstance(kind, str):
+            await self._error(client, "a text message that is no JSON object with an op")
             return
+        handler = self._ops.get(kind)
+        if handler is None:
+            await self._error(client, f"an unsupported op {kind[:64]!r}")
+            return
+        try:
+            await handler(client, op)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            await self._error(client, f"a bad {kind}: {describe(exc)}"[:512])
+
+    async def _error(self, client: _Client, text: str) -> None:
+        """Tell a client (a status message) and the log, within the client's share."""
+        if client.warn(text):
+            await client.ws.send(json.dumps({"op": "status", "level": 2, "message": text}))
+
+    async def _subscribe(self, client: _Client, op: dict[str, Any]) -> None:
+        bad = []
+        for item in op["subscriptions"]:
+            sub, channel = _uint(item, "id"), _uint(item, "channelId")
+            topic = self._topic_of.get(channel)
+            if topic is None or sub in client.subs or topic in client.topics:
+                bad.append(channel)
+                continue
+            client.subs[sub], client.topics[topic] = topic, sub
+            if topic == GRAPH_TOPIC:
+                data = json.dumps(graph_of(self._run), allow_nan=False).encode()
+                client.push(_MESSAGE.pack(1, sub, max(self._run.time_ns, 0)), data)
+            else:
+                self._targets[topic] = (*self._targets.get(topic, ()), (client, sub))
+                self._watch(topic)
+        if bad:
+            await self._error(client, f"subscriptions refused (an unknown channel, or a "
+                                      f"subscription id or channel taken): channels {bad[:8]}")
+
+    async def _unsubscribe(self, client: _Client, op: dict[str, Any]) -> None:
+        for sub in op["subscriptionIds"]:
+            topic = client.subs.get(sub)
+            if topic is not None:
+                self._leave(client, topic)
+
+    async def _graph_subscribe(self, client: _Client, op: dict[str, Any]) -> None:
+        await client.ws.send(self._connection_graph)  # the graph never changes
+
+    async def _graph_unsubscribe(self, client: _Client, op: dict[str, Any]) -> None:
+        """Nothing to do: no update follows the first."""
+
+    async def _advertised(self, client: _Client, op: dict[str, Any]) -> None:
+        channels = op["channels"]
+        if not isinstance(channels, list):
+            raise TypeError("channels must be a list")
+        if not self._allow_publish:
+            self._counts["advertisements_refused"] += len(channels)
+            await self._error(client, f"{len(channels)} channel(s) advertised to publish on, "
+                                      "refused: publishing to Inputs is off "
+                                      "(serve_foxglove(allow_publish=True), --foxglove-publish)")
+            return
+        refused = []
+        for item in channels:
+            channel, topic = _uint(item, "id"), item.get("topic")
+            port = self._ports.get(topic) if isinstance(topic, str) else None
+            if channel in client.channels:
+                refused.append(f"{channel}: advertised already")
+            elif not isinstance(port, Input):
+                refused.append(f"{channel}: {str(topic)[:64]!r} is no Input of this run")
+            elif item.get("encoding") != "json":
+                refused.append(f"{channel}: the encoding must be 'json'")
+            elif len(client.channels) >= MAX_CLIENT_CHANNELS:
+                refused.append(f"{channel}: at most {MAX_CLIENT_CHANNELS} channels a client")
+            else:
+                client.channels[channel] = port
+        if refused:
+            self._counts["advertisements_refused"] += len(refused)
+            inputs = [p for p, port in self._ports.items() if isinstance(port, Input)]
+            await self._error(client, f"{len(refused)} channel(s) refused ({'; '.join(refused[:3])}"
+                                      f"{'; ...' if len(refused) > 3 else ''}); the Inputs: "
+                                      f"{', '.join(inputs[:16]) or 'none'}")
+
+    async def _unadvertised(self, client: _Client, op: dict[str, Any]) -> None:
+        for channel in op["channelIds"]:
+            client.channels.pop(channel, None)
+
+    async def _on_binary(self, client: _Client, data: bytes) -> None:
+        """A client's message data: ``run.write`` to its Input, or refused and counted."""
+        if len(data) < _CLIENT_DATA.size or data[0] != 1:
+            await self._error(client, "an unsupported binary message")
+            return
+        if not self._allow_publish:
+            self._counts["publishes_dropped"] += 1
+            await self._error(client, "a message published, dropped: publishing to Inputs is "
+                                      "off (serve_foxglove(allow_publish=True), "
+                                      "--foxglove-publish)")
+            return
+        channel = _CLIENT_DATA.unpack_from(data)[1]
+        port = client.channels.get(channel)
+        if port is None:
+            self._counts["publishes_dropped"] += 1
+            await self._error(client, f"a message on channel {channel}, which it did not "
+                                      "advertise: dropped")
+            return
+        try:
+            value = from_json(json.loads(data[_CLIENT_DATA.size:]), port.type, port.shape,
+                              port.dtype)
+            self._run.write(port, value)
+        except Exception as exc:  # noqa: BLE001 - a client's bad message never stops anything
+            self._counts["refused"] += 1
+            await self._error(client, f"a message published to {port.path} was refused: "
+                                      f"{describe(exc)}"[:512])
+            return
+        self._counts["published"] += 1
+
+    # -- the ports' subscriptions -----------------------------------------------------------
+    def _watch(self, topic: str) -> None:
+        """One more client watches a port: subscribe to it if it is the first."""
         with self._lock:
             n = self._watchers.get(topic, 0) + 1
             self._watchers[topic] = n
-            if n > 1 or self._closed:
+            if n > 1 or self._closing:
                 return
         # Outside the lock: subscribing may start the mujou-host thread (a wait for it).
         try:
@@ -254,15 +800,20 @@ class FoxgloveServer:
             log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
             return
         with self._lock:
-            # Still watched, and no subscription made meanwhile by a later first watcher.
-            keep = self._watchers.get(topic, 0) > 0 and not self._closed \
+            keep = self._watchers.get(topic, 0) > 0 and not self._closing \
                 and topic not in self._subs
             if keep:
                 self._subs[topic] = sub
         if not keep:
             sub.cancel()
 
-    def _unsubscribed(self, topic: str) -> None:
+    def _leave(self, client: _Client, topic: str) -> None:
+        """A client stops watching a port: cancel its subscription if it was the last."""
+        sub_id = client.topics.pop(topic)
+        client.subs.pop(sub_id, None)
+        if topic == GRAPH_TOPIC:
+            return
+        self._targets[topic] = tuple(t for t in self._targets.get(topic, ()) if t[0] is not client)
         with self._lock:
             n = self._watchers.get(topic, 0) - 1
             if n > 0:
@@ -274,15 +825,18 @@ class FoxgloveServer:
             sub.cancel()
 
     def _sender(self, topic: str) -> Any:
-        """The callback of a watched port (on ``mujou-host``): its view to the channel.
+        """The callback of a watched port (on ``mujou-host``): its view to each watcher.
 
-        Each message is logged at its send's time (ns of the run's timer; 0 for
+        Each message is stamped with its send's time (ns of the run's timer; 0 for
         ``on_start``'s), as a recording's: not the time the host passed it on.
         """
-        channel = self._channels[topic]
+        targets = self._targets
         encode = self._projections[topic].encode
 
         def send(t_ns: int, message: Any) -> None:
+            watchers = targets.get(topic)
+            if not watchers:
+                return
             t = max(t_ns, 0)
             try:
                 data = encode(message, t)
@@ -290,67 +844,13 @@ class FoxgloveServer:
                 self._warn(topic, f"foxglove: the view of a message of {topic} cannot be "
                                   f"made ({describe(exc)})")
                 return
-            channel.log(data, t, None)
+            try:
+                for client, sub in watchers:
+                    client.push(_MESSAGE.pack(1, sub, t), data)
+            except RuntimeError:  # the server's loop has ended: nobody to send to
+                return
 
         return send
-
-    def _advertised(self, client: int, channel: int, topic: str) -> None:
-        if not isinstance(self._ports.get(topic), Input):
-            inputs = [p for p, port in self._ports.items() if isinstance(port, Input)]
-            self._warn(topic, f"foxglove: a client publishes to {topic!r}, which is no Input "
-                              f"of this run (Inputs: {', '.join(inputs) or 'none'}); its "
-                              "messages are ignored")
-        with self._lock:
-            self._client_topics[(client, channel)] = topic
-
-    def _unadvertised(self, client: int, channel: int) -> None:
-        with self._lock:
-            self._client_topics.pop((client, channel), None)
-
-    def _message(self, client: int, channel: int, data: bytes) -> None:
-        """A client's message: ``run.write`` to its Input, or a warning naming the port."""
-        with self._lock:
-            topic = self._client_topics.get((client, channel))
-        port = self._ports.get(topic or "")
-        if not isinstance(port, Input):
-            return  # warned at its advertise
-        try:
-            value = from_json(json.loads(data), port.type, port.shape, port.dtype)
-            self._run.write(port, value)
-        except Exception as exc:  # noqa: BLE001 - a client's bad message never stops anything
-            self.refused += 1
-            log.warning("foxglove: a message published to %s was refused: %s", topic,
-                        describe(exc))
-            return
-        self.published += 1
-
-    # -- the graph and the time ---------------------------------------------------------
-    def _send_graph(self) -> None:
-        data = json.dumps(graph_of(self._run), allow_nan=False).encode()
-        self._graph.log(data, max(self._run.time_ns, 0), None)
-
-    def _publish_connection_graph(self, foxglove: Any) -> None:
-        graph = foxglove.ConnectionGraph()
-        for path, port in self._ports.items():
-            owner = port.node._mujou_path or "<root>"
-            if isinstance(port, Output):
-                graph.set_published_topic(path, [owner])
-                readers = sorted({r.node._mujou_path or "<root>" for r in port._readers
-                                  if isinstance(r, Input)})
-                if readers:
-                    graph.set_subscribed_topic(path, readers)
-            else:
-                graph.set_subscribed_topic(path, [owner])
-        self._server.publish_connection_graph(graph)
-
-    def _serve(self) -> None:
-        """``mujou-foxglove``: the time every `TIME_EVERY` s; the end when the run ends."""
-        run = self._run
-        while not self._stop.wait(TIME_EVERY):
-            self._server.broadcast_time(max(run.time_ns, 0))
-            if not run.running:
-                break
-        self._shutdown()
 
     def _warn(self, key: str, text: str) -> None:
         if key not in self._warned:
@@ -358,31 +858,25 @@ class FoxgloveServer:
             log.warning(text)
 
     # -- the end --------------------------------------------------------------------------
-    def _shutdown(self) -> None:
-        """Cancel the subscriptions, stop the server, close the channels (once)."""
+    def _cancel_subscriptions(self) -> None:
+        """Cancel the ports' subscriptions (once): the host stops making views."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            self._closing = True
             subs = list(self._subs.values())
             self._subs.clear()
             self._watchers.clear()
         for sub in subs:
             sub.cancel()
-        self._server.stop()
-        self._close_channels()
-
-    def _close_channels(self) -> None:
-        """Close this server's channels (made by its context: nothing else keeps them)."""
-        for channel in [*self._channels.values(), self._graph]:
-            channel.close()
 
     def close(self) -> None:
         """Stop the server: no port left open, no thread left (bounded waits); idempotent."""
-        self._stop.set()
+        self._cancel_subscriptions()
+        try:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        except RuntimeError:  # the loop has ended already
+            pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(_JOIN)
-        self._shutdown()
 
     def __enter__(self) -> FoxgloveServer:
         return self
@@ -395,45 +889,30 @@ class FoxgloveServer:
         return f"<FoxgloveServer {state} {len(self._ports)} ports>"
 
 
-class _Listener:
-    """The foxglove-sdk server's listener: hands each event to the `FoxgloveServer`."""
-
-    def __init__(self, view: FoxgloveServer) -> None:
-        self._view = view
-
-    def on_subscribe(self, client: Any, channel: Any) -> None:
-        self._view._subscribed(channel.topic)
-
-    def on_unsubscribe(self, client: Any, channel: Any) -> None:
-        self._view._unsubscribed(channel.topic)
-
-    def on_client_advertise(self, client: Any, channel: Any) -> None:
-        self._view._advertised(client.id, channel.id, channel.topic)
-
-    def on_client_unadvertise(self, client: Any, client_channel_id: int) -> None:
-        self._view._unadvertised(client.id, client_channel_id)
-
-    def on_message_data(self, client: Any, client_channel_id: int, data: bytes) -> None:
-        self._view._message(client.id, client_channel_id, data)
-
-    def on_connection_graph_subscribe(self) -> None:
-        """Nothing to do: the SDK sends the graph published at the start."""
-
-    def on_connection_graph_unsubscribe(self) -> None:
-        """Nothing to do."""
+def _uint(item: Any, key: str) -> int:
+    """A protocol's uint32 field of a JSON object."""
+    value = item[key]
+    if not is_int(value) or not 0 <= value < 1 << 32:
+        raise ValueError(f"{key} must be an integer 0 to 2**32-1, got {str(value)[:32]!r}")
+    return int(value)
 
 
 def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: bool = False,
+                   allow_publish: bool = False, origins: Iterable[str] = (),
                    name: str = "mujou") -> FoxgloveServer:
     """Serve a live Foxglove view of a running net over WebSocket.
 
     Open ``ws://127.0.0.1:8765`` in Foxglove (Open connection, Foxglove
     WebSocket). Every port is a channel (topic its path, the JSON view of
     its messages); ``/mujou/graph`` is the net; the run's time goes out a
-    few times a second; a client that publishes JSON to an Input's topic
-    writes to it (``Run.write``). A port costs its senders something only
-    while a client watches it. Runs on the ``foxglove-sdk`` package (a
-    dependency of mujou_actors).
+    few times a second; with ``allow_publish=True``, a client that publishes
+    JSON to an Input's topic writes to it (``Run.write``). A port costs its
+    senders something only while a client watches it.
+
+    A web page in a browser may open a WebSocket to any port of this machine:
+    the server refuses (HTTP 403) a handshake whose ``Origin`` is not allowed:
+    by default none (a native client), ``https://app.foxglove.dev`` and
+    ``file://`` (`DEFAULT_ORIGINS`).
 
     The server stops when the run ends, or at `FoxgloveServer.close`
     (leaving a ``with`` block).
@@ -445,17 +924,26 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
             ``"HOST:PORT"``; 0 takes a free port (`FoxgloveServer.port`).
             Default: 8765.
         allow_remote (bool): let ``listen`` be an address off loopback. Anyone
-            who reaches it reads every port and writes to every Input: a
-            trusted network only. Default: False.
+            who reaches it reads every port (and, with ``allow_publish``,
+            writes to every Input): a trusted network only. Default: False.
+        allow_publish (bool): let clients publish to the Inputs (Foxglove's
+            ``clientPublish``): each message a ``Run.write``. Default: False.
+        origins (Iterable[str]): ``Origin`` headers allowed besides the
+            defaults: ``"SCHEME://HOST[:PORT]"`` of a web app that may
+            connect (a self-hosted Foxglove: ``"http://localhost:8080"``), or
+            ``"null"`` (a local page in Firefox; but also a sandboxed frame of
+            any page). Default: none.
         name (str): the server's name, as Foxglove shows it. Default: ``"mujou"``.
 
     Returns:
         FoxgloveServer: the server (a context manager).
 
     Raises:
-        ImportError: foxglove-sdk is not installed (the message says what to install).
-        TypeError: ``run`` is not a `Run` of this process (a placed run).
-        ValueError: a bad ``listen``, or one off loopback without ``allow_remote``.
+        ImportError: websockets is not installed (the message says what to install).
+        TypeError: ``run`` is not a `Run` of this process (a placed run), or a
+            bad ``allow_remote``, ``allow_publish`` or ``origins``.
+        ValueError: a bad ``listen``, or one off loopback without
+            ``allow_remote``; an origin that is none.
         NotRunningError: the run has ended.
         RuntimeError: the server could not listen (the port is taken).
     """
@@ -466,9 +954,12 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
         raise TypeError(f"serve_foxglove: run must be a mujou.Run of this process, got "
                         f"{type(run).__name__} (a placed run, placement=, is not supported: "
                         "docs/recording.md, 'Viewing a run in Foxglove')")
-    if type(allow_remote) is not bool:
-        raise TypeError(f"serve_foxglove: allow_remote must be a bool, got {allow_remote!r}")
+    for flag, value in (("allow_remote", allow_remote), ("allow_publish", allow_publish)):
+        if type(value) is not bool:
+            raise TypeError(f"serve_foxglove: {flag} must be a bool, got {value!r}")
     host, port = parse_listen(listen, allow_remote)
+    allowed = parse_origins(origins)
     if not run.running:
         raise NotRunningError("serve_foxglove: the run has ended")
-    return FoxgloveServer(run, host, port, str(name))
+    return FoxgloveServer(run, host, port, str(name), allow_publish=allow_publish,
+                          origins=allowed)

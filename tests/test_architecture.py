@@ -61,6 +61,9 @@ UNBOUNDED_WAITS = {
     ("_runtime/actor.py", "copier.wait()"),
     # locks held only for a few statements by their holders, never across a wait
     ("_runtime/actor.py", "lock.acquire()"), ("_runtime/dispatcher.py", "self._cond.acquire()"),
+    # the live view's asyncio tasks: a client's writer waits for messages (cancelled at
+    # the client's end); the loop waits for its end (the run's end or close() sets it)
+    ("liveview.py", "client.wake.wait()"), ("liveview.py", "self._stop.wait()"),
 }
 
 

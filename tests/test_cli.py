@@ -503,18 +503,33 @@ def test_record_view_writes_view_channels_that_inspect_lists(tmp_path) -> None:
 
 
 def test_foxglove_serves_the_run_and_says_where(tmp_path) -> None:
-    pytest.importorskip("foxglove")
+    pytest.importorskip("websockets")
 
     result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.5",
                        "--foxglove=:0")
 
     assert result.returncode == 0, result.stderr
     assert "foxglove: live view at ws://127.0.0.1:" in result.stderr
+    assert "publishing to Inputs off (--foxglove-publish)" in result.stderr
+
+
+def test_foxglove_publish_and_origins_reach_the_server() -> None:
+    pytest.importorskip("websockets")
+
+    result = mujou_cmd("run", NETS, "--timer", "simulated", "--duration", "0.5",
+                       "--foxglove=:0", "--foxglove-publish", "--foxglove-origin",
+                       "http://localhost:8080", "--foxglove-origin", "null")
+
+    assert result.returncode == 0, result.stderr
+    assert "publishing to Inputs on)" in result.stderr
 
 
 @pytest.mark.parametrize(("args", "text"), [
     (["--foxglove=0.0.0.0:8765"], "allow_remote"),
     (["--foxglove=:http"], "no port"),
+    (["--foxglove-publish"], "go with --foxglove"),
+    (["--foxglove-origin", "https://app.example"], "go with --foxglove"),
+    (["--foxglove=:0", "--foxglove-origin", "app.example"], "is no origin"),
     (["--record-view"], "go with --record FILE"),
 ])
 def test_bad_view_options_are_one_line_and_exit_2(args: list[str], text: str) -> None:

@@ -22,7 +22,6 @@ import torch
 import mujou_actors as mujou
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
-pytest.importorskip("foxglove")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,11 +63,12 @@ def _until(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> An
 class Client:
     """A Foxglove WebSocket client: the JSON ops and binary frames of the protocol."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, **connect: Any) -> None:
         self.ws = websockets_sync.connect(f"ws://127.0.0.1:{port}", subprotocols=SUBPROTOCOLS,
-                                          open_timeout=10).__enter__()
+                                          open_timeout=10, **connect).__enter__()
         self.channels: dict[str, dict[str, Any]] = {}
         self.info: dict[str, Any] = {}
+        self.statuses: list[str] = []
         self.data: list[tuple[int, int, Any]] = []  # (subscription id, timestamp, JSON)
         self.times: list[int] = []
         self.graph_updates: list[dict[str, Any]] = []
@@ -83,6 +83,8 @@ class Client:
                 self.channels.update({c["topic"]: c for c in op["channels"]})
             elif op["op"] == "connectionGraphUpdate":
                 self.graph_updates.append(op)
+            elif op["op"] == "status":
+                self.statuses.append(op["message"])
         elif frame[0] == 0x01:  # message data: sub id u32, timestamp u64, payload
             sub, ts = struct.unpack_from("<IQ", frame, 1)
             self.data.append((sub, ts, json.loads(frame[13:])))
@@ -112,7 +114,7 @@ class Client:
 def served() -> Any:
     echo = Echo()
     run = mujou.run({"echo": echo}, timer="simulated")
-    server = mujou.serve_foxglove(run, 0)
+    server = mujou.serve_foxglove(run, 0, allow_publish=True)
     try:
         yield run, server, echo
     finally:
@@ -265,3 +267,218 @@ def test_each_message_is_stamped_with_its_sends_time() -> None:
     stamped = [(t, payload["value"]) for s, t, payload in client.data if s == 4]
     assert len(stamped) >= 5
     assert all(t == n * 10_000_000 for t, n in stamped), stamped[:5]
+
+
+# -- who may connect, and what a client may do -------------------------------------------
+
+
+def _refusal(port: int, **connect: Any) -> int:
+    """The HTTP status of a refused handshake."""
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        Client(port, **connect)
+    return refused.value.response.status_code
+
+
+def _foxglove_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("foxglove:")]
+
+
+def test_a_web_page_of_another_origin_is_refused_with_403_and_writes_nothing(
+        served: Any, caplog: pytest.LogCaptureFixture) -> None:
+    run, server, echo = served  # publishing on: only the Origin keeps the page out
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        statuses = [_refusal(server.port, origin="https://evil.example") for _ in range(3)]
+        second = [_refusal(server.port, additional_headers=[
+            ("Origin", "https://app.foxglove.dev"), ("Origin", "https://evil.example")])]
+
+    assert statuses + second == [403, 403, 403, 403]
+    stats = server.stats()
+    assert (stats.handshakes_refused, stats.clients, stats.published) == (4, 0, 0)
+    assert echo.got == [] and run.running
+    lines = _foxglove_lines(caplog)  # one line, however many came within REFUSAL_LOG_EVERY
+    assert len(lines) == 1 and "'https://evil.example' is not allowed" in lines[0]
+
+
+def test_native_clients_foxglove_and_local_files_connect_and_other_origins_when_named() -> None:
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            allowed = {}
+            for origin in [None, "https://app.foxglove.dev", "file://"]:
+                client = Client(server.port, origin=origin)
+                client.recv_until(lambda c=client: c.info, "the server info")
+                allowed[origin] = client.info["capabilities"]
+                client.ws.close()
+            refused = [_refusal(server.port, origin=o)
+                       for o in ["null", "http://localhost:8080", "https://app.foxglove.dev.evil.example"]]
+        with mujou.serve_foxglove(run, 0, origins=["null", "http://LOCALHOST:8080/"]) as server:
+            for origin in ["null", "http://localhost:8080"]:
+                Client(server.port, origin=origin).ws.close()
+            assert _refusal(server.port, origin="http://localhost:8081") == 403
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+    assert list(allowed.values()) == [["connectionGraph", "time"]] * 3  # no clientPublish
+    assert refused == [403, 403, 403]
+
+
+def test_publishing_is_refused_unless_allowed() -> None:
+    echo = Echo()
+    run = mujou.run({"echo": echo}, timer="simulated")
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            client = Client(server.port)
+            client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+            client.send({"op": "advertise", "channels": [
+                {"id": 3, "topic": "echo.cmd", "encoding": "json", "schemaName": "cmd"}]})
+            client.publish(3, {"value": 4.5})
+            client.recv_until(lambda: len(client.statuses) == 2, "two refusals")
+            stats = server.stats()
+            client.ws.close()
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+    assert "clientPublish" not in client.info["capabilities"]
+    assert all("publishing to Inputs is off" in text for text in client.statuses)
+    assert (stats.advertisements_refused, stats.publishes_dropped, stats.published) == (1, 1, 0)
+    assert stats.client_channels == 0
+    assert echo.got == [] and run.read("echo.out") is None
+
+
+def test_ten_thousand_bogus_advertisements_keep_a_bounded_state_and_log(
+        served: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from mujou_actors import liveview
+
+    run, server, echo = served
+    client = Client(server.port)
+    client.recv_until(lambda: "/mujou/graph" in client.channels, "the advertise")
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        for first in range(0, 10_000, 100):  # half of them on an Input, half on no port
+            client.send({"op": "advertise", "channels": [
+                {"id": i, "topic": "echo.cmd" if i % 2 == 0 else f"bogus/{i}",
+                 "encoding": "json", "schemaName": "x"} for i in range(first, first + 100)]})
+        client.publish(126, {"value": 1.5})  # the 64th channel on echo.cmd: kept
+        client.publish(128, {"value": 2.5})  # the 65th: refused, so dropped
+        # The requests are handled in order: once the graph comes, all the above were.
+        client.send({"op": "subscribe", "subscriptions": [
+            {"id": 1, "channelId": client.channels["/mujou/graph"]["id"]}]})
+        client.recv_until(lambda: client.of(1), "the graph")
+        during = server.stats()
+        lines_during = len(_foxglove_lines(caplog))
+        client.ws.close()
+        _until(lambda: server.stats().clients == 0, "the client's end")
+        after = server.stats()
+
+    assert during.client_channels == liveview.MAX_CLIENT_CHANNELS == 64
+    assert during.advertisements_refused == 10_000 - 64
+    assert (during.published, during.publishes_dropped) == (1, 1)
+    assert lines_during == liveview.WARNINGS_PER_CLIENT
+    lines = _foxglove_lines(caplog)
+    assert len(lines) == liveview.WARNINGS_PER_CLIENT + 1  # and one line at the client's end
+    assert lines[-1].endswith(f"{100 + 1 - liveview.WARNINGS_PER_CLIENT} more warnings not logged")
+    assert (after.clients, after.client_channels) == (0, 0)
+    _until(lambda: echo.got == [1.5], "the one kept channel's message")
+
+
+def test_a_clients_end_cancels_its_subscriptions() -> None:
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            client = Client(server.port)
+            client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+            client.send({"op": "subscribe", "subscriptions": [
+                {"id": 1, "channelId": client.channels["echo.out"]["id"]}]})
+            _until(lambda: server.watched() == ["echo.out"], "the subscription")
+
+            client.ws.close()
+
+            _until(lambda: server.watched() == [] and server.stats().clients == 0,
+                   "the subscription's end")
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+
+def test_clients_beyond_max_clients_get_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mujou_actors import liveview
+
+    monkeypatch.setattr(liveview, "MAX_CLIENTS", 1)
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            first = Client(server.port)
+            first.recv_until(lambda: first.info, "the server info")
+            status = _refusal(server.port)
+            stats = server.stats()
+            first.ws.close()
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+    assert status == 503
+    assert (stats.clients, stats.handshakes_refused) == (1, 1)
+
+
+def test_the_server_binds_loopback_unless_allow_remote() -> None:
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            default = server.address
+        with mujou.serve_foxglove(run, "localhost:0") as server:
+            named = server.address
+        with mujou.serve_foxglove(run, "0.0.0.0:0", allow_remote=True) as server:
+            everywhere = server.address
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+    assert default[0] == "127.0.0.1" and default[1] > 0
+    assert named[0] == "127.0.0.1"
+    assert everywhere[0] == "0.0.0.0"
+
+
+@pytest.mark.parametrize(("kwargs", "error", "text"), [
+    ({"origins": "https://app.example"}, TypeError, "list of origins"),
+    ({"origins": ["app.example"]}, ValueError, "is no origin"),
+    ({"origins": ["https://app.example/page"]}, ValueError, "is no origin"),
+    ({"origins": [None]}, TypeError, "must hold str"),
+    ({"allow_publish": 1}, TypeError, "allow_publish must be a bool"),
+])
+def test_bad_settings_are_refused_naming_them(kwargs: dict[str, Any], error: type,
+                                               text: str) -> None:
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        with pytest.raises(error, match=text):
+            mujou.serve_foxglove(run, 0, **kwargs)
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+
+def test_a_clients_queue_keeps_the_newest_within_its_backlog_and_bytes() -> None:
+    import asyncio
+
+    from mujou_actors import liveview
+
+    loop = asyncio.new_event_loop()  # not running: a wake-up waits in its queue
+    try:
+        client = liveview._Client(1, None, None, loop)
+        for i in range(liveview.BACKLOG + 6):
+            client.push(b"h", str(i).encode())
+        kept = client.take()
+        big = b"x" * (liveview.BACKLOG_BYTES * 5 // 16)  # three fit, not four
+        for _ in range(4):
+            client.push(b"h", big)
+        kept_big = client.take()
+    finally:
+        loop.close()
+
+    assert client.dropped == 6 + 1
+    assert len(kept) == liveview.BACKLOG and kept[0] == (b"h", b"6")
+    assert len(kept_big) == 3
