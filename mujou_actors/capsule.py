@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import mcapfile
 from ._checks import is_int, is_number
-from .errors import describe
+from .errors import RecordingError, describe
 from .recording import message_size
 from .stats import CapsuleStats
 from .trace import check_writable
@@ -404,12 +404,53 @@ def _text(exc: BaseException) -> str:
         return f"<{type(exc).__name__}: its str() raised>"
 
 
-def capsule_facts(end: Mapping[str, str] | None) -> dict[str, Any] | None:
-    """The failure a capsule's ``mujou.end`` record holds; None for a recording that is none."""
+# The keys of a capsule's facts (its mujou.end record's ``capsule``) and their types.
+_FACTS: dict[str, type] = {"node": str, "hook": str, "t_ns": int, "delta": int,
+                           "exception": str, "message": str, "snapshot_ns": int}
+
+
+def capsule_facts(end: Mapping[str, str] | None, path: str = "<recording>"
+                  ) -> dict[str, Any] | None:
+    """The failure a capsule's ``mujou.end`` record holds; None for a recording that is none.
+
+    The facts come from a file: each key is checked (``node``, ``hook``,
+    ``exception`` and ``message`` str; ``t_ns`` and ``snapshot_ns`` ints in
+    ``[-1, 2**63)``, the snapshot not after the failure; ``delta`` an int in
+    ``[0, 2**63)``), so that what reads them never meets a missing key or
+    another type.
+
+    Args:
+        end (Mapping[str, str] | None): the recording's ``mujou.end`` metadata.
+        path (str): the file, for errors.
+
+    Returns:
+        dict[str, Any] | None: the facts; None when ``end`` has no ``capsule``.
+
+    Raises:
+        RecordingError: ``capsule`` is not such a JSON object (names the key).
+    """
     if not end or "capsule" not in end:
         return None
     try:
-        facts = json.loads(end["capsule"])
-    except ValueError:
-        return None
-    return facts if isinstance(facts, dict) else None
+        facts: dict[str, Any] = mcapfile.parse_json(end["capsule"])
+    except ValueError as e:
+        raise RecordingError(path, f"bad 'capsule' in its mujou.end metadata ({e})") from None
+    if not isinstance(facts, dict):
+        raise RecordingError(path, "bad 'capsule' in its mujou.end metadata (a JSON "
+                             f"{type(facts).__name__}, not an object)")
+    for key, kind in _FACTS.items():
+        value = facts.get(key)
+        fits = type(value) is kind  # not a bool for an int
+        if not fits:
+            got = "missing" if key not in facts else f"a {type(value).__name__}"
+            raise RecordingError(path, f"bad 'capsule' in its mujou.end metadata: {key!r} "
+                                 f"is {got}, not {'an int' if kind is int else 'a str'}")
+        low = 0 if key == "delta" else -1
+        if isinstance(value, int) and not low <= value < mcapfile.TIME_END:
+            raise RecordingError(path, f"bad 'capsule' in its mujou.end metadata: {key!r} "
+                                 f"is {value}, not in [{low}, 2**63)")
+    if facts["snapshot_ns"] > facts["t_ns"]:
+        raise RecordingError(path, f"bad 'capsule' in its mujou.end metadata: its snapshot "
+                             f"(t = {facts['snapshot_ns']} ns) is after its failure "
+                             f"(t = {facts['t_ns']} ns)")
+    return facts

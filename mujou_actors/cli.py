@@ -878,12 +878,16 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
 @click.option("--record-port", "record_ports", multiple=True, metavar="PATTERN",
               help="With --record: record the Outputs whose path matches this glob; "
                    "repeat it for more. Default: every Output.")
+@click.option("--allow-damaged", is_flag=True,
+              help="Replay a damaged recording up to its first damaged record (as if a crash "
+                   "had cut it there); without it such a file is refused.")
 @click.option("--quiet", is_flag=True, help="No live view and no status lines.")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def replay_command(recording: str, target: str, replace: tuple[str, ...], speed: float,
                    loop: bool, duration: float | None, workers: int | None, seed: int | None,
                    stats_json: str | None, record_path: str | None,
-                   record_ports: tuple[str, ...], quiet: bool, verbose: bool) -> None:
+                   record_ports: tuple[str, ...], allow_damaged: bool, quiet: bool,
+                   verbose: bool) -> None:
     """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
@@ -898,7 +902,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             raise UsageError(f"{recording}: no such file")
         from .mcapfile import info as read_info
 
-        if capsule_facts(read_info(recording).end) is not None:
+        found = read_info(recording, allow_damaged=allow_damaged)
+        if capsule_facts(found.end, recording) is not None:
             explicit_speed = click.get_current_context().get_parameter_source("speed") \
                 is not click.core.ParameterSource.DEFAULT
             if loop or duration is not None or seed is not None or record_path is not None \
@@ -906,22 +911,24 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
                 raise UsageError("a crash capsule is replayed from its snapshot to its failure "
                                  "on the simulated timer: --speed, --loop, --duration, --seed "
                                  "and --record do not go with it")
+            if allow_damaged:
+                raise UsageError("a crash capsule is reproduced from a whole file: "
+                                 "--allow-damaged does not go with it")
             paths = [p.strip() for item in replace for p in item.split(",")]
             _reproduce(recording, target, paths, workers, quiet)
             return
         paths = parse_replace(replace)
         simulated = speed == 0
         if duration is None and not loop:
-            from .mcapfile import info
             from .replay import recording_length
 
-            duration = recording_length(info(recording)) / 1e9 / (1.0 if simulated else speed)
+            duration = recording_length(found) / 1e9 / (1.0 if simulated else speed)
         net: Any = load_net(target)  # a tuple of nodes too (see run_command)
         signals.mode = "defer"
         run = mujou.run(net, timer="simulated" if simulated else "realtime",
                         duration=duration, workers=workers, seed=seed, replay=recording,
                         replace=paths, replay_speed=1.0 if simulated else speed,
-                        replay_loop=loop, record=record_path,
+                        replay_loop=loop, replay_allow_damaged=allow_damaged, record=record_path,
                         record_ports=list(record_ports) or None)
         try:
             signals.mode = "raise"
@@ -1148,8 +1155,11 @@ def _write_json(path: str, data: Any) -> None:
 @main.command("inspect")
 @click.argument("file", metavar="FILE", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout, for programs.")
+@click.option("--allow-damaged", is_flag=True,
+              help="A recording: show what a damaged one holds up to its first damaged "
+                   "record, and what the damage is (without it, the damage is the error).")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
-def inspect_command(file: str, as_json: bool, verbose: bool) -> None:
+def inspect_command(file: str, as_json: bool, allow_damaged: bool, verbose: bool) -> None:
     """Summarize a snapshot file (checked whole) or a recording (an MCAP file)."""
     with _errors(verbose):
         if not os.path.isfile(file):
@@ -1161,7 +1171,8 @@ def inspect_command(file: str, as_json: bool, verbose: bool) -> None:
         if head == b"\x89MCAP0\r\n" or file.lower().endswith(".mcap"):
             from .mcapfile import info as recording_info
 
-            found = recording_info(file)
+            found = recording_info(file, allow_damaged=allow_damaged)
+            capsule_facts(found.end, file)  # a capsule's facts checked before a line is out
             if as_json:
                 click.echo(json.dumps(recording_json(found), indent=2))
             else:
@@ -1216,8 +1227,12 @@ def _print_recording(info: Any) -> None:
     console = Console(highlight=False, soft_wrap=True,
                       width=None if sys.stdout.isatty() else 200)
     run, end = info.run, info.end
-    state = "complete" if info.complete else (
-        f"cut at byte {info.cut_at:,} (no summary: the run did not close it; read up to there)")
+    if info.damage is not None:  # --allow-damaged
+        state = f"DAMAGED: {info.damage}" + (
+            "" if info.cut_at is None else f"; read up to byte {info.cut_at:,}")
+    else:
+        state = "complete" if info.complete else (f"cut at byte {info.cut_at:,} (no summary: "
+                                                  "the run did not close it; read up to there)")
     console.print(f"mujou recording {info.path}: {info.size:,} bytes, format "
                   f"{run.get('format', '?')}, {info.library or 'unknown library'}, {state}")
     if run:
@@ -1232,7 +1247,7 @@ def _print_recording(info: Any) -> None:
     console.print(f"time {span}, {info.messages:,} messages, {dropped:,} dropped{ended}")
     if end is not None and end.get("failure"):
         console.print(f"failure: {end['failure']}")
-    facts = capsule_facts(end)
+    facts = capsule_facts(end, info.path)
     if facts is not None:
         start = int(facts["snapshot_ns"])
         since = "the start" if start < 0 else f"the snapshot at {start / 1e9:.3f} s"

@@ -93,11 +93,15 @@ class SnapshotError(MujouError):
 class RecordingError(MujouError):
     """A recording (an MCAP file) that is not MCAP, not mujou's, or damaged.
 
-    Raised by the readers of ``mujou_actors.mcapfile`` (and so by ``mujou
-    inspect FILE.mcap``). A file cut short by a crash is not an error: it reads
+    Raised by the readers of ``mujou_actors.mcapfile``, and so by every public
+    way of reading a recording or a crash capsule (``mujou.run(replay=)``,
+    ``reproduce_failure``, ``assert_replay_matches``, ``mujou inspect
+    FILE.mcap``, ``mujou replay``), for every file that does not read: a
+    checksum that does not match, a record past its bounds or the reader's
+    limits, a capsule's facts of the wrong shape (docs/recording.md,
+    "Untrusted files"). A file cut short by a crash is not an error: it reads
     up to its last complete record. The message names the file, what is wrong
-    and, where known, the offset of the record where it broke; the MCAP
-    reader's own error, if any, is the ``__cause__``.
+    and, where known, the offset of the record where it broke.
 
     Attributes:
         path (str): the file.

@@ -1,9 +1,9 @@
 """Recordings on disk: the mujou profile of MCAP, written and read record by record.
 
-A recording is an `MCAP <https://mcap.dev>`_ file, never written or parsed by
-hand: foxglove-sdk's MCAP writer (Rust) writes it, the ``mcap`` package reads
-it. Its records follow these rules, format version 2 (`FORMAT`; the reader
-also reads format 1, see below):
+A recording is an `MCAP <https://mcap.dev>`_ file: foxglove-sdk's MCAP writer
+(Rust) writes it, and this module's reader parses it record by record within
+bounds (below). Its records follow these rules, format version 2 (`FORMAT`;
+the reader also reads format 1, see below):
 
 * **Header**: profile ``"mujou"`` (`PROFILE`); library the SDK's own string
   (``"foxglove-sdk-python/<v> mcap-rust/<v>"``; the package's version is in
@@ -67,6 +67,23 @@ snapshot codec's own decoder, and a NamedTuple or dataclass message is put back
 into the type its port declares only when the reader is told that type
 (``types=``); otherwise it comes back as a tuple or a dict, as from a snapshot
 file. This module starts no thread and knows nothing of runs.
+
+A file is untrusted (docs/recording.md, "Untrusted files"), and whatever it
+holds, a reader raises `RecordingError` and nothing else for one that does
+not read. Every length (a record's, a field's, a chunk's records') is checked
+against the bytes that hold it before anything is read or allocated; every
+CRC the file carries is checked (a chunk's uncompressed records, an
+attachment, the data section and the summary; 0: not computed), a closed
+file's data section and summary before its first record is given out. A
+file that ends with its footer and the MCAP magic is closed, and a record
+past its section is damage; one that does not was cut by a crash and reads
+up to its last complete record, unless the record the end cuts short
+contradicts its own length. One pass decompresses at most `MAX_EXPANSION`
+(1000) bytes per byte of the file plus `EXPANSION_SLACK` (64 MiB), each frame
+into a buffer of exactly its chunk's declared size; JSON nests at most
+`MAX_JSON_DEPTH` (100) levels, found before it is parsed; times, deltas and
+sequences are below `TIME_END` (2**63). ``allow_damaged=True`` reads a
+damaged file up to its first damaged record instead, as a cut one.
 """
 
 from __future__ import annotations
@@ -76,6 +93,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import struct
 import sys
 import typing
@@ -85,21 +103,7 @@ from typing import IO, Any, NamedTuple, TypeAlias
 
 import msgpack
 import torch
-from mcap.exceptions import EndOfFile, InvalidMagic, McapError
-from mcap.records import (
-    Attachment,
-    Channel,
-    Chunk,
-    DataEnd,
-    Footer,
-    Header,
-    McapRecord,
-    Message,
-    Metadata,
-    Schema,
-)
-from mcap.stream_reader import CRCValidationError, StreamReader, breakup_chunk
-from mcap.writer import MCAP0_MAGIC
+from mcap.records import Attachment, Channel, Header, Metadata, Schema
 
 from .errors import RecordingError, SnapshotError
 from .snapshot import (
@@ -151,6 +155,20 @@ CHUNK_SIZE = 1 << 20
 
 CONTROL_DELTA = -1
 """The delta stored for a send at the control key ``(-1, 0)`` (``log_time`` 0)."""
+
+# -- limits on what a file may make a reader do (docs/recording.md, "Untrusted files") ------
+
+MAX_EXPANSION = 1000
+"""Bytes of decompressed chunk data one pass over a file may make per byte of the file."""
+
+EXPANSION_SLACK = 64 << 20
+"""Bytes of decompressed chunk data a pass may make on top of `MAX_EXPANSION` per byte (64 MiB)."""
+
+MAX_JSON_DEPTH = 100
+"""How deep a JSON value of a file (metadata, schema, view, capsule facts) may nest."""
+
+TIME_END = 2**63
+"""Times (ns), deltas and sequences of a file are below this (the run's int64 keys)."""
 
 # The SDK's MCAPCompression member of each compression (None: chunks left as they are).
 _COMPRESSIONS = {"none": None, "lz4": "Lz4", "zstd": "Zstd"}
@@ -403,12 +421,16 @@ def decode_message(data: bytes, declared: type | None = None
 
     Raises:
         SnapshotError: the data is not a message record's (damaged, or another
-            encoding).
+            encoding), or its delta or sequence is out of range.
     """
     value = loads(data)
     if (type(value) is not list or len(value) not in (2, 3) or type(value[0]) is not int
             or (len(value) == 3 and type(value[1]) is not int)):
         raise SnapshotError("not a mujou message record (expected [delta, sequence, message])")
+    if not CONTROL_DELTA <= value[0] < TIME_END:
+        raise SnapshotError(f"delta {value[0]} is not in [-1, 2**63)")
+    if len(value) == 3 and not 0 <= value[1] < TIME_END:
+        raise SnapshotError(f"sequence {value[1]} is not in [0, 2**63)")
     if len(value) == 2:
         delta, message = value
         sequence = None
@@ -507,7 +529,7 @@ class Writer:
 
     The MCAP records are written by foxglove-sdk's MCAP writer (Rust): about
     0.3 us a message here, against 3 us for the ``mcap`` package's
-    pure-Python one, which the reader still uses. Not thread-safe: one thread
+    pure-Python one. Not thread-safe: one thread
     (a recorder's writer thread) calls it. Each closed chunk is written to the
     file at once; `flush` closes the chunk in progress early (a writer that
     sees few messages calls it now and then, so that a crash loses little).
@@ -897,6 +919,9 @@ class RecordingInfo:
         complete (bool): the file ends with its footer (the recording was closed).
         cut_at (int | None): for a file that is not complete, the offset (bytes)
             after its last complete record: what is read of it ends there.
+        damage (str | None): read with ``allow_damaged``: what was found
+            damaged, and where (reading stopped at ``cut_at``, if it did);
+            None: nothing.
         channels (list[ChannelInfo]): in the order of their ids.
         messages (int): messages in the file.
         start_ns (int | None): the earliest message's log time, ns.
@@ -918,6 +943,7 @@ class RecordingInfo:
     library: str
     complete: bool = False
     cut_at: int | None = None
+    damage: str | None = None
     channels: list[ChannelInfo] = dataclasses.field(default_factory=list)
     messages: int = 0
     start_ns: int | None = None
@@ -935,11 +961,46 @@ def _is_view(channel: Channel) -> bool:
     return channel.message_encoding == VIEW_ENCODING and VIEW_OF in channel.metadata
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """A JSON value of a file, nested at most `MAX_JSON_DEPTH` levels (``json.loads`` else).
+
+    The depth is found before ``json.loads`` runs (its decoder recurses once a
+    level): from the brackets outside strings, and only for a text that holds
+    more than `MAX_JSON_DEPTH` of them.
+
+    Args:
+        text (str | bytes): the JSON (bytes: UTF-8).
+
+    Returns:
+        Any: the value.
+
+    Raises:
+        ValueError: not JSON, not UTF-8, or nested deeper than `MAX_JSON_DEPTH`.
+    """
+    if not isinstance(text, str):
+        text = bytes(text).decode()
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        depth = deepest = 0
+        for bracket in _JSON_BRACKETS.findall(_JSON_STRING.sub("", text)):
+            depth += 1 if bracket in "[{" else -1
+            deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested {deepest} levels deep, past the {MAX_JSON_DEPTH} "
+                             "a file may hold")
+    return json.loads(text)
+
+
 def _view_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
     """The `ChannelInfo` of a view channel record (counts zero)."""
     schema = schemas.get(channel.schema_id)
     try:
-        data = json.loads(schema.data) if schema is not None else {}
+        data = parse_json(schema.data) if schema is not None else {}
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
     except ValueError as e:
         raise RecordingError(path, f"view channel {channel.topic!r}: bad schema "
                              f"({_reason(e)})") from e
@@ -955,14 +1016,33 @@ def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Ch
         raise RecordingError(path, f"channel {channel.topic!r} has message encoding "
                              f"{channel.message_encoding!r}, not {MESSAGE_ENCODING!r}")
     try:
-        schema = json.loads(schemas[channel.schema_id].data) if channel.schema_id else {}
-        shape = json.loads(meta["shape"]) if "shape" in meta else None
+        schema = parse_json(schemas[channel.schema_id].data) if channel.schema_id else {}
+        _check_schema(schema)
+        shape = parse_json(meta["shape"]) if "shape" in meta else None
+        if shape is not None and not (type(shape) is list and all(
+                size is None or type(size) is int and 0 <= size < TIME_END for size in shape)):
+            raise ValueError(f"shape {meta['shape'][:80]!r} is not a list of sizes")
         order = int(meta["sender_order"])
-    except (KeyError, ValueError) as e:
+        if not -TIME_END <= order < TIME_END:
+            raise ValueError(f"sender_order {order} is past 2**63")
+    except KeyError as e:
+        raise RecordingError(path, f"channel {channel.topic!r}: no {e} in its metadata or "
+                             "schemas") from e
+    except ValueError as e:
         raise RecordingError(path, f"channel {channel.topic!r}: bad schema or metadata "
                              f"({_reason(e)})") from e
     return ChannelInfo(channel.id, channel.topic, meta.get("node", ""), meta.get("port", ""),
                        order, meta.get("type", ""), shape, meta.get("dtype"), schema)
+
+
+def _check_schema(schema: Any) -> None:
+    """ValueError unless a channel's schema is an object whose ``fields`` are ``[name, type]``."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"its schema is a JSON {type(schema).__name__}, not an object")
+    fields = schema.get("fields")
+    if fields is not None and not (type(fields) is list and all(
+            type(f) is list and len(f) == 2 and all(type(x) is str for x in f) for f in fields)):
+        raise ValueError("its schema's fields are not [name, type] pairs")
 
 
 def _declaration(record: Metadata, path: str) -> tuple[Channel, Schema]:
@@ -996,7 +1076,7 @@ class _Channels:
         self.declared = False  # a mujou.channel record was met: format 2
         self.first = 0  # the MCAP sequence of a channel's first message (the SDK's is 1)
 
-    def take(self, record: McapRecord) -> bool:
+    def take(self, record: _Record) -> bool:
         """Take a schema, channel or ``mujou.channel`` record; False for any other record."""
         if isinstance(record, Schema):
             self.schemas.setdefault(record.id, record)
@@ -1041,26 +1121,326 @@ class _Channels:
         return ([c for c in infos if c.view_of is None], [c for c in infos if c.view_of])
 
 
+# -- the MCAP records, parsed within their bounds ----------------------------------------------
+
+_MCAP_MAGIC = b"\x89MCAP0\r\n"
+_RECORD = struct.Struct("<BQ")  # opcode, content length
+_MESSAGE = struct.Struct("<BQHIQQ")  # and a message's channel, sequence, log and publish time
+_FOOTER = struct.Struct("<BQQQI")  # opcode, length, summary start and offset start, CRC
+_DATA_END = struct.Struct("<BQI")  # opcode, length, data section CRC
+_U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
+_HEADER_OP, _FOOTER_OP, _SCHEMA_OP, _CHANNEL_OP, _MESSAGE_OP, _CHUNK_OP = 1, 2, 3, 4, 5, 6
+_ATTACHMENT_OP, _METADATA_OP, _DATA_END_OP = 9, 12, 15
+_KINDS = {1: "header", 2: "footer", 3: "schema", 4: "channel", 5: "message", 6: "chunk",
+          7: "message index", 8: "chunk index", 9: "attachment", 10: "attachment index",
+          11: "statistics", 12: "metadata", 13: "metadata index", 14: "summary offset",
+          15: "data end"}
+# The records each section may hold (the summary's schemas and channels are read, the rest
+# skipped); anything else there is damage.
+_DATA_OPS = frozenset((3, 4, 5, 6, 7, 9, 12, 15))
+_SUMMARY_OPS = frozenset((2, 3, 4, 8, 10, 11, 13, 14))
+_MESSAGE_HEAD = 22  # a message record's fields before its data
+_CUT_PREFIX = 4096  # bytes of a record cut by the file's end read to check its lengths
+
+
+class _Damage(Exception):  # noqa: N818 - never leaves this module: a RecordingError, or a stop
+    """A record that does not read: what is wrong and the offset of the record."""
+
+    def __init__(self, reason: str, offset: int | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+
+
+class _Short(_Damage):  # noqa: N818
+    """A field that runs past the bytes at hand (of a record, or of a cut record's start)."""
+
+
+class _Message(NamedTuple):
+    """A message record (the MCAP package's fields, made without its slower reader)."""
+
+    channel_id: int
+    sequence: int
+    log_time: int
+    publish_time: int
+    data: bytes
+
+
+_Record: TypeAlias = "_Message | Schema | Channel | Metadata | Attachment"
+
+
+class _Fields:
+    """Reads the fields of one record's content, never past its end (`_Short` if one would)."""
+
+    __slots__ = ("buf", "pos", "end", "kind", "at")
+
+    def __init__(self, buf: bytes, kind: str, at: int, pos: int = 0,
+                 end: int | None = None) -> None:
+        self.buf, self.kind, self.at = buf, kind, at
+        self.pos = pos
+        self.end = len(buf) if end is None else end
+
+    def take(self, n: int) -> int:
+        """Skip ``n`` bytes; returns where they start."""
+        start = self.pos
+        if n > self.end - start:
+            raise _Short(f"damaged {self.kind} record: a field of {n} bytes runs past its end "
+                         f"({self.end - start} bytes left)", self.at)
+        self.pos = start + n
+        return start
+
+    def u16(self) -> int:
+        return int(_U16.unpack_from(self.buf, self.take(2))[0])
+
+    def u32(self) -> int:
+        return int(_U32.unpack_from(self.buf, self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(_U64.unpack_from(self.buf, self.take(8))[0])
+
+    def blob(self, n: int) -> bytes:
+        start = self.take(n)
+        return self.buf[start:start + n]
+
+    def text(self) -> str:
+        data = self.blob(self.u32())
+        try:
+            return data.decode()
+        except UnicodeDecodeError as e:
+            raise _Damage(f"damaged {self.kind} record: a string that is not UTF-8 "
+                          f"({_reason(e)})", self.at) from None
+
+    def pairs(self) -> dict[str, str]:
+        """A map of str to str (its byte length first)."""
+        n = self.u32()
+        inner = _Fields(self.buf, self.kind, self.at, self.take(n), self.pos)
+        out = {}
+        while inner.pos < inner.end:
+            key = inner.text()
+            out[key] = inner.text()
+        return out
+
+    def done(self) -> None:
+        """`_Damage` unless every byte of the record was read (its length says no more)."""
+        if self.pos != self.end:
+            raise _Damage(f"damaged {self.kind} record: {self.end - self.pos} bytes after its "
+                          "last field (its length field is wrong)", self.at)
+
+
+def _header(content: bytes, at: int) -> Header:
+    f = _Fields(content, "header", at)
+    profile, library = f.text(), f.text()
+    f.done()
+    return Header(profile=profile, library=library)
+
+
+def _schema(buf: bytes, at: int, pos: int = 0, end: int | None = None) -> Schema:
+    f = _Fields(buf, "schema", at, pos, end)
+    id_, name, encoding = f.u16(), f.text(), f.text()
+    data = f.blob(f.u32())
+    f.done()
+    return Schema(id=id_, name=name, encoding=encoding, data=data)
+
+
+def _channel(buf: bytes, at: int, pos: int = 0, end: int | None = None) -> Channel:
+    f = _Fields(buf, "channel", at, pos, end)
+    id_, schema_id, topic, encoding = f.u16(), f.u16(), f.text(), f.text()
+    metadata = f.pairs()
+    f.done()
+    return Channel(id=id_, schema_id=schema_id, topic=topic, message_encoding=encoding,
+                   metadata=metadata)
+
+
+def _metadata(content: bytes, at: int) -> Metadata:
+    f = _Fields(content, "metadata", at)
+    name = f.text()
+    metadata = f.pairs()
+    f.done()
+    return Metadata(name=name, metadata=metadata)
+
+
+def _attachment(content: bytes, at: int) -> Attachment:
+    f = _Fields(content, "attachment", at)
+    log_time, create_time = f.u64(), f.u64()
+    name, media_type = f.text(), f.text()
+    data = f.blob(f.u64())
+    covered = f.pos
+    crc = f.u32()
+    f.done()
+    if log_time >= TIME_END:
+        raise _Damage(f"attachment {name!r}: log time {log_time} ns is past 2**63", at)
+    if crc and zlib.crc32(memoryview(content)[:covered]) != crc:
+        raise _Damage(f"attachment {name!r}: its checksum does not match (damaged)", at)
+    return Attachment(log_time=log_time, create_time=create_time, name=name,
+                      media_type=media_type, data=data)
+
+
+def _message(buf: bytes, at: int, start: int, end: int) -> _Message:
+    """A message record whose content is ``buf[start + 9:end]`` (its opcode at ``start``)."""
+    if end - start - 9 < _MESSAGE_HEAD:
+        raise _Damage(f"damaged message record: {end - start - 9} bytes, fewer than its "
+                      f"fields' {_MESSAGE_HEAD}", at)
+    _, _, channel, sequence, log_time, publish_time = _MESSAGE.unpack_from(buf, start)
+    if log_time >= TIME_END:
+        raise _Damage(f"a message on channel {channel} at log time {log_time} ns, past 2**63",
+                      at)
+    return _Message(channel, sequence, log_time, publish_time,
+                    buf[start + 9 + _MESSAGE_HEAD:end])
+
+
+def _implied_length(opcode: int, prefix: bytes) -> int | None:
+    """The content length a record's first bytes imply (None: they do not say, or too few).
+
+    For a record that the file's end cuts: a length field that its own fields
+    contradict is damage, not a cut.
+    """
+    f = _Fields(prefix, "", 0)
+    try:
+        if opcode == _CHUNK_OP:
+            f.take(28)
+            f.take(f.u32())
+            return f.pos + 8 + f.u64()
+        if opcode == _ATTACHMENT_OP:
+            f.take(16)
+            f.take(f.u32())
+            f.take(f.u32())
+            return f.pos + 8 + f.u64() + 4
+        if opcode == _METADATA_OP:
+            f.take(f.u32())
+            return f.pos + 4 + f.u32()
+        if opcode == _SCHEMA_OP:
+            f.take(2)
+            f.take(f.u32())
+            f.take(f.u32())
+            return f.pos + 4 + f.u32()
+        if opcode == _HEADER_OP:
+            f.take(f.u32())
+            return f.pos + 4 + f.u32()
+        return {_FOOTER_OP: 20, _DATA_END_OP: 4}.get(opcode)
+    except _Short:
+        return None
+
+
+def _decompress(compression: str, data: memoryview, size: int, at: int) -> bytes:
+    """A compressed chunk's records, decompressed to exactly ``size`` bytes and never more."""
+    try:
+        if compression == "zstd":
+            out = _unzstd(data, size, at)
+        elif compression == "lz4":
+            import lz4.frame  # type: ignore[import-untyped]
+
+            unpack = lz4.frame.LZ4FrameDecompressor()
+            out = unpack.decompress(data, max_length=size)
+            if not unpack.eof or unpack.unused_data:
+                raise _Damage(f"damaged chunk: its lz4 frame does not end after {size} bytes "
+                              "(its uncompressed size)", at)
+        else:
+            raise _Damage(f"a chunk of unknown compression {compression!r}", at)
+    except ImportError as e:
+        raise _Damage(f"a {compression} chunk, and the {e.name} package is not installed",
+                      at) from None
+    except (RuntimeError, ValueError, MemoryError) as e:  # lz4's, and zstandard's ZstdError
+        raise _Damage(f"damaged chunk: {compression} does not decompress it ({_reason(e)})",
+                      at) from None
+    if len(out) != size:
+        raise _Damage(f"damaged chunk: it decompresses to {len(out)} bytes, its uncompressed "
+                      f"size says {size}", at)
+    return out
+
+
+def _unzstd(data: memoryview, size: int, at: int) -> bytes:
+    """A zstd frame decompressed into a buffer of ``size`` bytes (a frame that holds more fails).
+
+    A frame that declares its content size is decompressed into a buffer of
+    that size (zstandard's way, whatever it is told): it must be ``size``.
+    """
+    import zstandard
+
+    unpack = zstandard.ZstdDecompressor()
+    try:
+        declared = zstandard.get_frame_parameters(data).content_size
+        if declared not in (size, zstandard.CONTENTSIZE_UNKNOWN):
+            raise _Damage(f"damaged chunk: its zstd frame holds {declared:,} bytes, its "
+                          f"uncompressed size says {size:,}", at)
+        try:
+            out = unpack.decompress(data, max_output_size=max(size, 1), allow_extra_data=False)
+        except TypeError:  # zstandard < 0.20: bytes after the frame are not looked at
+            out = unpack.decompress(data, max_output_size=max(size, 1))
+    except zstandard.ZstdError as e:
+        raise _Damage(f"damaged chunk: zstd does not decompress it ({_reason(e)})",
+                      at) from None
+    return bytes(out)
+
+
+def _chunk_records(data: bytes, pos: int, end_of: int, at: int) -> Iterator[_Record]:
+    """The records of a chunk's data, ``data[pos:end_of]``: messages, schemas and channels."""
+    unpack = _RECORD.unpack_from
+    while pos < end_of:
+        if end_of - pos < 9:
+            raise _Damage(f"damaged chunk: {end_of - pos} bytes after its last record", at)
+        opcode, length = unpack(data, pos)
+        end = pos + 9 + length
+        if end > end_of:
+            raise _Damage(f"damaged chunk: a record of {length:,} bytes runs past the end of "
+                          "the chunk", at)
+        if opcode == _MESSAGE_OP:
+            yield _message(data, at, pos, end)
+        elif opcode == _SCHEMA_OP:
+            yield _schema(data, at, pos + 9, end)
+        elif opcode == _CHANNEL_OP:
+            yield _channel(data, at, pos + 9, end)
+        else:
+            raise _Damage(f"damaged chunk: a record of opcode 0x{opcode:02x} in it (a chunk "
+                          "holds messages, schemas and channels)", at)
+        pos = end
+
+
+def _crc(f: IO[bytes], start: int, end: int) -> int:
+    """The CRC-32 of the file's bytes ``[start, end)``, read 4 MiB at a time."""
+    f.seek(start)
+    crc = 0
+    while start < end:
+        block = f.read(min(4 << 20, end - start))
+        if not block:
+            break
+        crc = zlib.crc32(block, crc)
+        start += len(block)
+    return crc
+
+
 class _Scan:
     """One pass over a recording's records, in file order, telling a cut from damage.
 
-    Iterating yields the MCAP records (chunks broken up into their messages,
-    schemas and channels; of the summary only the schemas and channels, which hold those
-    of channels that got no message, whose chunk the writer leaves out). A file that
-    ends inside a record, or without its footer, is a *cut*: the pass stops
-    cleanly and `cut_at` says where the last complete record ended. Anything
-    else that does not read (foreign bytes, a checksum mismatch) raises
-    `RecordingError` naming the file and the offset.
+    Iterating yields the records (chunks broken up into their messages,
+    schemas and channels; of the summary only the schemas and channels, which
+    hold those of channels that got no message, whose chunk the writer leaves
+    out). Every length is checked against the bytes that hold it before
+    anything is read or allocated, every CRC the file carries (a chunk's,
+    an attachment's, the data section's and the summary's; 0 means none) is
+    checked, and a compressed chunk is decompressed into a buffer of the size
+    it declares, within the pass's budget (`MAX_EXPANSION`, `EXPANSION_SLACK`).
+
+    A file that ends with its footer and the MCAP magic is *closed*: its data
+    section's and summary's CRCs are checked before the first record is
+    yielded, and every record must lie within its section. A file that does
+    not end so is *cut* (a crash): it reads up to its last complete record,
+    and `cut_at` says where that ends; a record that the end cuts short but
+    whose own fields contradict its length is damage all the same. Damage
+    raises `RecordingError` naming the file and the record's offset; with
+    ``allow_damaged`` it ends the pass as a cut would (`damage` says what it
+    was, `cut_at` where).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], allow_damaged: bool = False) -> None:
         self.path = os.fspath(path)
+        self.allow_damaged = allow_damaged
         self.size = 0
         self.header: Header | None = None
         self.complete = False
         self.cut_at: int | None = None
+        self.damage: str | None = None
 
-    def __iter__(self) -> Iterator[McapRecord]:
+    def __iter__(self) -> Iterator[_Record]:
         try:
             f = open(self.path, "rb")  # noqa: SIM115 - closed by the finally below
         except FileNotFoundError:
@@ -1069,64 +1449,195 @@ class _Scan:
             raise RecordingError(self.path, f"cannot be read: {_reason(e)}") from e
         try:
             yield from self._records(f)
+        except _Damage as e:
+            self._damaged(e)
+            self.complete, self.cut_at = False, e.offset
         finally:
             f.close()
 
-    def _records(self, f: IO[bytes]) -> Iterator[McapRecord]:
-        self.size = os.fstat(f.fileno()).st_size
+    def _damaged(self, e: _Damage) -> None:
+        """Raise the damage as a RecordingError, or (``allow_damaged``) note it."""
+        if not self.allow_damaged:
+            raise RecordingError(self.path, e.reason, offset=e.offset) from None
+        where = "" if e.offset is None else f" (the record at byte {e.offset})"
+        self.damage = (self.damage + "; " if self.damage else "") + e.reason + where
+
+    def _records(self, f: IO[bytes]) -> Iterator[_Record]:
+        size = self.size = os.fstat(f.fileno()).st_size
         head = f.read(8)
-        f.seek(0)
-        reader = StreamReader(f, emit_chunks=True, validate_crcs=False)
-        records = reader.records
-        good = 0  # the offset after the last complete record
+        if head != _MCAP_MAGIC:
+            if head and _MCAP_MAGIC.startswith(head) and len(head) == size:
+                self.cut_at = 0  # cut inside the magic
+                return
+            raise RecordingError(self.path, f"not an MCAP file (starts with {head!r}, {size} "
+                                 "bytes)", offset=0)
+        sections = self._closed(f, size)
+        budget = MAX_EXPANSION * size + EXPANSION_SLACK
+        pos, limit = 8, (sections[0] if sections else size)
         summary = False  # past the data section: the summary repeats what was read
+        f.seek(pos)
         while True:
-            try:
-                record = next(records)
-            except StopIteration:
-                self.complete = True
+            if sections and pos == limit:
+                if summary:
+                    self.complete = self.damage is None
+                    return
+                summary, pos, limit = True, sections[1], sections[2]  # its data end checked
+                f.seek(pos)
+                continue
+            head = f.read(9)
+            if len(head) < 9:
+                if sections:
+                    raise _Damage("the file changed while it was read", pos)
+                self.cut_at = pos  # the file ends at or inside a record's opcode and length
                 return
-            except InvalidMagic:
-                if good == 0:
-                    raise RecordingError(self.path, f"not an MCAP file (starts with {head!r})",
-                                         offset=0) from None
-                raise RecordingError(self.path, "damaged: the file does not end with the "
-                                     "MCAP magic after its footer", offset=good) from None
-            except (EndOfFile, struct.error) as e:
-                if good == 0 and not (head and MCAP0_MAGIC.startswith(head)):
-                    raise RecordingError(self.path, f"not an MCAP file (starts with {head!r}, "
-                                         f"{self.size} bytes)", offset=0) from e
-                self.cut_at = good  # the file ends inside a record, or before the footer
+            opcode, length = _RECORD.unpack(head)
+            kind = _KINDS.get(opcode)
+            if kind is None or opcode not in (_SUMMARY_OPS if summary else _DATA_OPS) and not (
+                    self.header is None and opcode == _HEADER_OP):
+                what = f"opcode 0x{opcode:02x}" if kind is None else kind
+                raise _Damage(f"damaged: a record of {what} in the "
+                              f"{'summary' if summary else 'data section'}", pos)
+            room = limit - pos - 9
+            if length > room:
+                self._cut(f, opcode, kind, length, room, pos, sections)
                 return
-            except (McapError, ValueError, UnicodeDecodeError) as e:
-                raise RecordingError(self.path, f"damaged: {_reason(e)}", offset=good) from e
-            at, good = good, reader._stream.count
-            if isinstance(record, Header):
-                if record.profile != PROFILE:
+            content = f.read(length)
+            if len(content) != length:
+                raise _Damage("the file changed while it was read", pos)
+            at, pos = pos, pos + 9 + length
+            if self.header is None:
+                if opcode != _HEADER_OP:
+                    raise _Damage(f"damaged: the first record is a {kind}, not a header", at)
+                self.header = _header(content, at)
+                if self.header.profile != PROFILE:
                     raise RecordingError(self.path, f"an MCAP file of profile "
-                                         f"{record.profile!r}, not a mujou recording "
+                                         f"{self.header.profile!r}, not a mujou recording "
                                          f"(profile {PROFILE!r})", offset=at)
-                self.header = record
-                continue
-            if isinstance(record, DataEnd):
+            elif opcode == _CHUNK_OP:
+                data, start, end, crc = self._chunk(content, at, budget)
+                budget -= end - start
+                if crc and zlib.crc32(memoryview(data)[start:end]) != crc:
+                    raise _Damage("damaged chunk: its checksum does not match", at)
+                yield from _chunk_records(data, start, end, at)
+            elif opcode == _MESSAGE_OP:
+                yield _message(head + content, at, 0, 9 + length)
+            elif opcode == _METADATA_OP:
+                yield _metadata(content, at)
+            elif opcode == _SCHEMA_OP:
+                yield _schema(content, at)
+            elif opcode == _CHANNEL_OP:
+                yield _channel(content, at)
+            elif opcode == _ATTACHMENT_OP:
+                yield _attachment(content, at)
+            elif opcode in (_DATA_END_OP, _FOOTER_OP) and sections:
+                raise _Damage(f"damaged: a second {kind} record", at)
+            elif opcode == _DATA_END_OP:
+                self._data_end(f, content, at)  # of a file without its footer (cut after it)
+                f.seek(pos)
                 summary = True
-                continue
-            if isinstance(record, Footer):
-                continue
-            if summary:
-                if isinstance(record, (Schema, Channel)):
-                    yield record  # a channel without messages is only here
-                continue
-            if isinstance(record, Chunk):
-                try:
-                    inner = breakup_chunk(record, validate_crc=True)
-                except (CRCValidationError, McapError, EndOfFile, struct.error, ValueError,
-                        UnicodeDecodeError) as e:
-                    raise RecordingError(self.path, f"damaged chunk: {_reason(e)}",
-                                         offset=at) from e
-                yield from inner
-                continue
-            yield record
+            elif opcode == _FOOTER_OP:
+                self._after_footer(f, pos)
+                return
+
+    def _chunk(self, content: bytes, at: int, budget: int) -> tuple[bytes, int, int, int]:
+        """A chunk's records, decompressed within ``budget`` bytes: ``(data, start, end, crc)``.
+
+        The records are ``data[start:end]``: of the record's own bytes when
+        the chunk is not compressed, else of a buffer of the size it declares.
+        """
+        f = _Fields(content, "chunk", at)
+        f.take(16)  # the times of its first and last messages
+        size, crc, compression = f.u64(), f.u32(), f.text()
+        n = f.u64()
+        start = f.take(n)
+        f.done()
+        if compression == "":
+            if n != size:
+                raise _Damage(f"damaged chunk: {n:,} bytes of records, but its uncompressed "
+                              f"size says {size:,}", at)
+            return content, start, start + n, crc
+        if size > budget:
+            raise _Damage(f"a chunk that decompresses to {size:,} bytes: past the "
+                          f"{MAX_EXPANSION} bytes per byte of the file (and "
+                          f"{EXPANSION_SLACK >> 20} MiB) that a reader decompresses "
+                          f"({budget:,} bytes left of this file's)", at)
+        return _decompress(compression, memoryview(content)[start:start + n], size, at), \
+            0, size, crc
+
+    def _cut(self, f: IO[bytes], opcode: int, kind: str, length: int, room: int, at: int,
+             sections: tuple[int, int, int] | None) -> None:
+        """A record that runs past its section: the file's cut, or (closed, or lying) damage."""
+        if sections:
+            raise _Damage(f"damaged: a {kind} record of {length:,} bytes runs past the end of "
+                          f"its section ({room:,} bytes left)", at)
+        implied = _implied_length(opcode, f.read(min(room, _CUT_PREFIX)))
+        if implied is not None and implied != length:
+            raise _Damage(f"damaged: a {kind} record whose length field says {length:,} "
+                          f"bytes and whose fields say {implied:,}", at)
+        self.cut_at = at
+
+    def _closed(self, f: IO[bytes], size: int) -> tuple[int, int, int] | None:
+        """Where the data end, the summary and the footer of a closed file are; None: cut.
+
+        A file that ends with the MCAP magic is closed: its footer must read,
+        and its summary's and data section's CRCs match. With
+        ``allow_damaged``, a closed file that fails those is read as a cut one
+        (its damage noted).
+        """
+        if size < 16 + _FOOTER.size:
+            return None
+        f.seek(size - 8)
+        if f.read(8) != _MCAP_MAGIC:
+            return None
+        footer = size - 8 - _FOOTER.size
+        f.seek(footer)
+        try:
+            opcode, length, summary, _, summary_crc = _FOOTER.unpack(f.read(_FOOTER.size))
+            if opcode != _FOOTER_OP or length != 20:
+                raise _Damage("damaged: the file ends with the MCAP magic but not after a "
+                              "footer", footer)
+            start = summary or footer
+            if not 8 + _DATA_END.size <= start <= footer:
+                raise _Damage(f"damaged footer: its summary start {summary} is not within "
+                              "the file", footer)
+            if summary_crc and _crc(f, start, footer + _FOOTER.size - 4) != summary_crc:
+                raise _Damage("damaged: the summary's checksum does not match", footer)
+            data_end = start - _DATA_END.size
+            f.seek(data_end)
+            self._data_end(f, f.read(_DATA_END.size), data_end, whole=True)
+        except _Damage as e:
+            self._damaged(e)
+            return None
+        return data_end, start, footer
+
+    def _data_end(self, f: IO[bytes], record: bytes, at: int, whole: bool = False) -> None:
+        """Check a data end record (``whole``: with its opcode and length) and its CRC."""
+        if whole:
+            opcode, length, crc = _DATA_END.unpack(record)
+            if opcode != _DATA_END_OP or length != 4:
+                raise _Damage("damaged: no data end record before the summary", at)
+        elif len(record) != 4:
+            raise _Damage(f"damaged data end record: {len(record)} bytes, not 4", at)
+        else:
+            crc = _U32.unpack(record)[0]
+        try:
+            if crc and _crc(f, 0, at) != crc:
+                raise _Damage("damaged: the data section's checksum does not match", at)
+        except _Damage as e:
+            if not whole:
+                raise
+            self._damaged(e)  # allowed: read what reads
+
+    def _after_footer(self, f: IO[bytes], at: int) -> None:
+        """A footer met in a file that does not end with the magic: a cut in it, or damage."""
+        f.seek(at)
+        rest = f.read(9)
+        if len(rest) < 8 and _MCAP_MAGIC.startswith(rest):
+            self.cut_at = at
+        elif rest == _MCAP_MAGIC and self.damage is not None:
+            self.cut_at = at  # a closed file with a damaged summary, read as far as it goes
+        else:
+            raise _Damage("damaged: bytes after the footer that are not the MCAP magic", at)
 
 
 class Reader:
@@ -1134,7 +1645,10 @@ class Reader:
 
     Each method makes its own pass over the file (nothing is kept open between
     calls). A file cut by a crash reads up to its last complete record; `info`
-    says where it was cut.
+    says where it was cut. A damaged file (a checksum that does not match, a
+    record that contradicts its length or lies past its section, a value past
+    the format's or the reader's limits: see docs/recording.md, "Untrusted
+    files") raises `RecordingError`, unless ``allow_damaged``.
 
     Args:
         path (str | os.PathLike): the recording.
@@ -1144,6 +1658,11 @@ class Reader:
             not the recorded ones (by name, in order), and, at its end, for a
             topic the file has no channel of. Default: none (such messages
             come back as tuples and dicts).
+        allow_damaged (bool): read a damaged file up to its first damaged
+            record, as if it were cut there (`RecordingInfo.damage` says what
+            and where), rather than raise. What is read must still decode: a
+            bad message, metadata or schema is an error all the same.
+            Default: False.
 
     Example:
         ```python
@@ -1153,9 +1672,14 @@ class Reader:
     """
 
     def __init__(self, path: str | os.PathLike[str],
-                 types: Mapping[str, type] | None = None) -> None:
+                 types: Mapping[str, type] | None = None, *,
+                 allow_damaged: bool = False) -> None:
         self.path = os.fspath(path)
         self.types = dict(types or {})
+        self.allow_damaged = bool(allow_damaged)
+
+    def _scan(self) -> _Scan:
+        return _Scan(self.path, self.allow_damaged)
 
     def info(self) -> RecordingInfo:
         """Channels, counts, time span, metadata and attachments, without decoding messages.
@@ -1167,11 +1691,11 @@ class Reader:
             FileNotFoundError: there is no such file.
             RecordingError: the file is not a mujou recording, or is damaged.
         """
-        scan = _Scan(self.path)
+        scan = self._scan()
         table = _Channels(self.path)
         result = RecordingInfo(self.path, 0, "")
         for record in scan:
-            if isinstance(record, Message):
+            if type(record) is _Message:
                 channel = table.of(record.channel_id)
                 channel.count += 1
                 channel.bytes += len(record.data)
@@ -1189,6 +1713,7 @@ class Reader:
                 result.attachments.append(AttachmentInfo(
                     record.name, record.media_type, record.log_time, len(record.data)))
         result.size, result.complete, result.cut_at = scan.size, scan.complete, scan.cut_at
+        result.damage = scan.damage
         result.library = scan.header.library if scan.header else ""
         result.channels, result.views = table.ordered()
         result.messages = sum(c.count for c in result.channels)
@@ -1196,8 +1721,9 @@ class Reader:
         lasts = [c.last_ns for c in result.channels if c.last_ns is not None]
         result.start_ns = min(firsts) if firsts else None
         result.end_ns = max(lasts) if lasts else None
-        result.drops = _json_counts(result.end, "drops", self.path)
-        result.seeds = _json_counts(result.run, "seeds", self.path)
+        result.drops = _json_counts(result.end, "drops", self.path, TIME_END)
+        result.seeds = _json_counts(result.run, "seeds", self.path, 2**64)
+        _check_times(result, self.path)
         return result
 
     def messages(self, topics: Callable[[str], bool] | None = None) -> Iterator[Record]:
@@ -1228,8 +1754,8 @@ class Reader:
         checked: set[str] = set()  # the topics of types= checked against their schema
         group: list[tuple[int, Record]] = []
         key: tuple[int, int] | None = None
-        for record in _Scan(self.path):
-            if isinstance(record, Message):
+        for record in self._scan():
+            if type(record) is _Message:
                 channel = table.of(record.channel_id)
                 if channel.view_of is not None:
                     continue  # for Foxglove, never decoded here
@@ -1253,7 +1779,7 @@ class Reader:
                              f"which the file has no channel of (it has: "
                              f"{', '.join(table.by_topic) or 'none'})")
 
-    def _decode(self, record: Message, channel: ChannelInfo, first: int) -> Record:
+    def _decode(self, record: _Message, channel: ChannelInfo, first: int) -> Record:
         """The `Record` of a message record of ``channel``; RecordingError if it does not decode.
 
         ``first`` is the MCAP sequence of a channel's first message (0 or 1):
@@ -1289,8 +1815,8 @@ class Reader:
                 view message is not JSON.
         """
         table = _Channels(self.path)
-        for record in _Scan(self.path):
-            if not isinstance(record, Message):
+        for record in self._scan():
+            if type(record) is not _Message:
                 table.take(record)
                 continue
             of = table.of(record.channel_id).view_of
@@ -1298,7 +1824,7 @@ class Reader:
                 continue
             index = record.sequence - table.first
             try:
-                value = json.loads(record.data)
+                value = parse_json(record.data)
             except ValueError as e:
                 raise RecordingError(self.path, f"view message {index} of {of!r} is not JSON "
                                      f"({_reason(e)})") from e
@@ -1315,7 +1841,7 @@ class Reader:
             FileNotFoundError: there is no such file.
             RecordingError: the file is not a mujou recording, or is damaged.
         """
-        for record in _Scan(self.path):
+        for record in self._scan():
             if isinstance(record, Attachment):
                 yield (AttachmentInfo(record.name, record.media_type, record.log_time,
                                       len(record.data)), record.data)
@@ -1348,26 +1874,48 @@ def _in_order(group: list[tuple[int, Record]]) -> Iterator[Record]:
     return (record for _, record in group)
 
 
-def _json_counts(meta: Mapping[str, str] | None, key: str, path: str) -> dict[str, int]:
-    """A JSON object of ints in a metadata record ({} if absent); RecordingError if bad."""
+def _json_counts(meta: Mapping[str, str] | None, key: str, path: str,
+                 end: int) -> dict[str, int]:
+    """A JSON object of ints in ``[0, end)`` in a metadata record ({} if absent).
+
+    Raises:
+        RecordingError: it is not such an object.
+    """
     if not meta or not meta.get(key):
         return {}
     try:
-        value = json.loads(meta[key])
-        if not isinstance(value, dict) or not all(type(v) is int for v in value.values()):
-            raise ValueError("not an object of ints")
+        value = parse_json(meta[key])
+        if not isinstance(value, dict) or not all(
+                type(v) is int and 0 <= v < end for v in value.values()):
+            raise ValueError(f"not an object of ints in [0, {end:#x})")
     except ValueError as e:
         raise RecordingError(path, f"bad {key!r} in its metadata ({_reason(e)})") from e
     return value
 
 
-def read(path: str | os.PathLike[str],
-         types: Mapping[str, type] | None = None) -> Iterator[Record]:
+def _check_times(found: RecordingInfo, path: str) -> None:
+    """RecordingError unless the run's seed and end time, where given, are in range."""
+    for meta, key, end in ((found.run, "seed", 2**64), (found.end, "time_ns", TIME_END)):
+        text = (meta or {}).get(key, "")
+        if text == "":
+            continue
+        try:
+            if not (text.isascii() and text.isdigit() and 0 <= int(text) < end):
+                raise ValueError
+        except ValueError:
+            raise RecordingError(path, f"bad {key!r} in its metadata: {text[:40]!r} is not "
+                                 f"an int in [0, {end:#x})") from None
+
+
+def read(path: str | os.PathLike[str], types: Mapping[str, type] | None = None, *,
+         allow_damaged: bool = False) -> Iterator[Record]:
     """The messages of a recording, decoded (``Reader(path, types).messages()``).
 
     Args:
         path (str | os.PathLike): the recording.
         types (Mapping[str, type] | None): declared types by topic (see `Reader`).
+        allow_damaged (bool): read a damaged file up to its damage (see
+            `Reader`). Default: False.
 
     Returns:
         Iterator[Record]: the messages, in the order `Reader.messages` gives.
@@ -1375,14 +1923,16 @@ def read(path: str | os.PathLike[str],
     Raises:
         FileNotFoundError, RecordingError: as `Reader.messages` (when iterated).
     """
-    return Reader(path, types).messages()
+    return Reader(path, types, allow_damaged=allow_damaged).messages()
 
 
-def info(path: str | os.PathLike[str]) -> RecordingInfo:
+def info(path: str | os.PathLike[str], *, allow_damaged: bool = False) -> RecordingInfo:
     """What a recording holds (``Reader(path).info()``).
 
     Args:
         path (str | os.PathLike): the recording.
+        allow_damaged (bool): read a damaged file up to its damage (see
+            `Reader`; `RecordingInfo.damage` says what). Default: False.
 
     Returns:
         RecordingInfo: channels, counts, time span, metadata, attachments.
@@ -1391,4 +1941,4 @@ def info(path: str | os.PathLike[str]) -> RecordingInfo:
         FileNotFoundError: there is no such file.
         RecordingError: the file is not a mujou recording, or is damaged.
     """
-    return Reader(path).info()
+    return Reader(path, allow_damaged=allow_damaged).info()

@@ -130,7 +130,8 @@ def _subtree(path: str, roots: Iterable[str]) -> bool:
 
 
 def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str, Node]],
-         ports: Mapping[str, Port], *, simulated: bool, speed: float, loop: bool) -> Replay:
+         ports: Mapping[str, Port], *, simulated: bool, speed: float, loop: bool,
+         allow_damaged: bool = False) -> Replay:
     """Check a replay against the net and the file; make the stand-ins' feeds.
 
     Args:
@@ -143,6 +144,9 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         simulated (bool): the run's timer is simulated (exact keys), else real time.
         speed (float): real time: how many times faster than recorded (checked).
         loop (bool): start again at the end of the recording.
+        allow_damaged (bool): replay a damaged file up to its first damaged
+            record (logged as a warning), as a cut one; else it is refused.
+            Default: False.
 
     Returns:
         Replay: the feeds and the file's seeds.
@@ -155,7 +159,8 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
             another type (or another declared tensor shape or dtype); ``loop``
             with a recording of length 0.
         FileNotFoundError: there is no such file.
-        RecordingError: the file is not MCAP, not a mujou recording, or damaged.
+        RecordingError: the file is not MCAP, not a mujou recording, or damaged
+            (and not ``allow_damaged``).
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"mujou.run: replay must be the path of a recording (str or "
@@ -166,7 +171,10 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         if root not in paths:
             raise ValueError(f"mujou.run: replace names {root!r}, which is no node of the net "
                              f"(nodes: {', '.join(repr(p) for p in paths)})")
-    found_info = info(file)
+    found_info = info(file, allow_damaged=allow_damaged)
+    if found_info.damage is not None:
+        log.warning("replay of %s: the file is damaged: %s; replaying what precedes the "
+                    "damage (allow_damaged)", file, found_info.damage)
     channels = {c.topic: c for c in found_info.channels}
     replaced = [(p, n) for p, n in found if _subtree(p, replace)]
     names = {p for p, _ in replaced}
@@ -186,9 +194,14 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
             _check_spec(file, output, channel.shape, channel.dtype)
     if missing:
         listed = ", ".join(sorted(channels)) or "none"
-        why = ("record them (record_ports=)" if found_info.complete else
-               f"the file was cut at byte {found_info.cut_at} (a crash left it short): a "
-               "channel whose messages were all after that point is not in it")
+        if found_info.damage is not None:
+            why = (f"the file is damaged ({found_info.damage}): a channel whose messages "
+                   "were all after the damage is not read")
+        elif not found_info.complete:
+            why = (f"the file was cut at byte {found_info.cut_at} (a crash left it short): a "
+                   "channel whose messages were all after that point is not in it")
+        else:
+            why = "record them (record_ports=)"
         raise ValueError(f"mujou.run: replace={replace!r} needs what {file} did not record: "
                          f"{'; '.join(missing)} (its channels: {listed}); {why}")
     length = recording_length(found_info)
@@ -201,7 +214,7 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         outputs = {o.path: o for o in _outputs(node) if o.path in channels}
         feeds[node_path] = FileFeed(file, node_path, outputs, scale=None if simulated else speed,
                                     loop_ns=length if loop else None,
-                                    exact=timer == "simulated")
+                                    exact=timer == "simulated", allow_damaged=allow_damaged)
     return Replay(file, feeds, dict(found_info.seeds), length, found_info)
 
 
@@ -251,10 +264,12 @@ class FileFeed(Feed):
             unless a restart took its net back in time, and such groups are
             left out (logged once). A real-time recording's keys may step back
             where its threads interleaved; those groups go out at once.
+        allow_damaged (bool): read a damaged file up to its damage. Default: False.
     """
 
     def __init__(self, path: str, node: str, outputs: dict[str, Output], *,
-                 scale: float | None, loop_ns: int | None, exact: bool) -> None:
+                 scale: float | None, loop_ns: int | None, exact: bool,
+                 allow_damaged: bool = False) -> None:
         self.path = path
         self.node = node
         self.outputs = outputs
@@ -262,6 +277,7 @@ class FileFeed(Feed):
         self.loop_ns = loop_ns
         self.exact = exact
         self.types = {topic: output.type for topic, output in outputs.items()}
+        self.allow_damaged = allow_damaged
 
     def open(self, after: Key | None) -> Iterator[Group]:
         """The groups in key order (see `Feed.open`); reading starts at the first ``next``."""
@@ -308,7 +324,7 @@ class FileFeed(Feed):
         key: Key | None = None
         outs: list[Output] = []
         messages: list[Any] = []
-        reader = Reader(self.path, self.types)
+        reader = Reader(self.path, self.types, allow_damaged=self.allow_damaged)
         for record in reader.messages(topics=outputs.__contains__):
             if record.t_ns < 0:
                 if n:

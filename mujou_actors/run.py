@@ -518,6 +518,7 @@ def run(
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
     replay_loop: bool = False,
+    replay_allow_damaged: bool = False,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
 ) -> Run:
     """Start a net and return the started `Run`.
@@ -644,6 +645,12 @@ def run(
         replay_loop (bool): with ``replay``, start the recording again at its
             end, each pass one recording's length later (what ``on_start``
             sent comes once). Default: False.
+        replay_allow_damaged (bool): with ``replay``, replay a damaged file
+            (a checksum that does not match, a record that does not read) up
+            to its first damaged record, as if a crash had cut it there, with a
+            warning in the log; by default such a file is refused with
+            `RecordingError` (docs/recording.md, "Untrusted files").
+            Default: False.
         record_on_failure (str | os.PathLike | Capsule, optional): keep a
             crash capsule (docs/recording.md, "Crash capsules"): every
             message of every Output since the older of the last two
@@ -680,7 +687,8 @@ def run(
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
             ``PermissionError``); raised before any node is claimed.
         RecordingError: ``replay`` is not an MCAP file, not a mujou
-            recording, or damaged (``FileNotFoundError``: there is no such file).
+            recording, or damaged and not ``replay_allow_damaged``
+            (``FileNotFoundError``: there is no such file).
         ValueError: a path of ``replace`` is no node (the nodes are listed), or
             an Output of a replaced node that a node which runs reads is not in
             the recording (the missing channels are named).
@@ -694,6 +702,7 @@ def run(
                   record_snapshots=record_snapshots, record_view=record_view,
                   replay=replay, replace=replace,
                   replay_speed=replay_speed, replay_loop=replay_loop,
+                  replay_allow_damaged=replay_allow_damaged,
                   record_on_failure=record_on_failure)
 
 
@@ -727,6 +736,7 @@ def _start(
     replace: Iterable[str] | None = None,
     replay_speed: float = 1.0,
     replay_loop: bool = False,
+    replay_allow_damaged: bool = False,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
@@ -746,7 +756,8 @@ def _start(
     if listen is not None and not isinstance(listen, str):
         raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
                         f"{type(listen).__name__}")
-    replaying = _check_replay(args, replay, replace, replay_speed, replay_loop, placement)
+    replaying = _check_replay(args, replay, replace, replay_speed, replay_loop,
+                              replay_allow_damaged, placement)
     capsule = as_capsule(record_on_failure)
     if capsule is not None:
         if placement is not None:
@@ -913,15 +924,16 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
 
 def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | None,
                   replace: Iterable[str] | None, speed: float, loop: bool,
-                  placement: Mapping[str, str] | None,
-                  ) -> tuple[str | os.PathLike[str], list[str], float, bool] | None:
+                  allow_damaged: bool, placement: Mapping[str, str] | None,
+                  ) -> tuple[str | os.PathLike[str], list[str], float, bool, bool] | None:
     """Check the replay's arguments that do not need the net; None without ``replay``."""
     if replay is None:
         if replace is not None:
             raise TypeError("mujou.run: replace goes with replay (the recording the replaced "
                             "nodes' messages come from)")
-        if speed != 1.0 or loop is not False:
-            raise TypeError("mujou.run: replay_speed and replay_loop go with replay")
+        if speed != 1.0 or loop is not False or allow_damaged is not False:
+            raise TypeError("mujou.run: replay_speed, replay_loop and replay_allow_damaged "
+                            "go with replay")
         return None
     if placement is not None:
         raise ValueError("mujou.run: replay runs in one process; placement is not supported "
@@ -932,11 +944,11 @@ def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | None,
         raise TypeError("mujou.run: replay needs replace: the paths of the nodes whose "
                         "recorded messages stand in for them (replace=['sim']; [] for none)")
     return (replay, check_replace(replace), check_speed(speed, args.timer.simulated),
-            check_flag("replay_loop", loop))
+            check_flag("replay_loop", loop), check_flag("replay_allow_damaged", allow_damaged))
 
 
 def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
-                 replace: list[str], speed: float, loop: bool) -> _Plan:
+                 replace: list[str], speed: float, loop: bool, allow_damaged: bool) -> _Plan:
     """Check the replay against the net and the file; the plan with the stand-ins' feeds.
 
     Nodes that the run seeds (no seed of their own, no tree's, no ``seed=``)
@@ -947,7 +959,8 @@ def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
 
     try:
         replay = plan_replay(path, replace, plan.found, plan.ports,
-                             simulated=args.timer.simulated, speed=speed, loop=loop)
+                             simulated=args.timer.simulated, speed=speed, loop=loop,
+                             allow_damaged=allow_damaged)
     except BaseException:
         plan.give_back_paths()
         raise

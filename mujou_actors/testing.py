@@ -20,7 +20,6 @@ messages are read-only once sent), not through a recorder's bounded queue.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -148,10 +147,11 @@ def assert_replay_matches(golden: str | os.PathLike[str],
 def _numerics_hint(found: RecordingInfo) -> str:
     """Why a golden file may differ here in the last bits: other kernels than recorded ('')."""
     from . import devices
+    from .mcapfile import parse_json
 
     try:
-        recorded = json.loads(found.run.get("numerics", ""))
-    except ValueError:  # a file of an older version: nothing to compare
+        recorded = parse_json(found.run.get("numerics", ""))
+    except ValueError:  # a file of an older version (or a bad one): nothing to compare
         return ""
     here = devices.numerics()
     keys = ("cpu", "cpu_capability", "mkl_cbwr", "aten_cpu_capability")
@@ -175,7 +175,7 @@ def _check_golden(path: str, found: RecordingInfo) -> None:
     """Refuse a file that cannot serve as a golden file (see `assert_replay_matches`)."""
     from .capsule import capsule_facts
 
-    if capsule_facts(found.end) is not None:
+    if capsule_facts(found.end, path) is not None:
         raise ValueError(f"assert_replay_matches: {path} is a crash capsule (a window of a "
                          "run that failed, from a snapshot), not a golden file: check it "
                          "with mujou.testing.reproduce_failure")
@@ -518,14 +518,15 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     Raises:
         ValueError: the file is a recording but no crash capsule; ``timer``,
             ``state`` or ``duration`` among ``run_kwargs``.
-        RecordingError: the file is not a mujou recording, or is damaged.
+        RecordingError: the file is not a mujou recording, or is damaged (a
+            capsule cut short, its failure's facts or its snapshot bad).
         FileNotFoundError: there is no such file.
         TimeoutError: the rerun did not end within ``timeout``.
     """
     import tempfile
 
-    from . import snapshot
     from .capsule import Capsule, capsule_facts
+    from .errors import RecordingError
     from .mcapfile import Reader
     from .mcapfile import info as read_info
     from .run import run
@@ -535,19 +536,23 @@ def reproduce_failure(capsule: str | os.PathLike[str],
             raise ValueError(f"reproduce_failure: the capsule sets {name}=; leave it out")
     path = os.fspath(capsule)
     found = read_info(path)
-    recorded = capsule_facts(found.end)
+    recorded = capsule_facts(found.end, path)
+    if recorded is None and found.run.get("capsule") == "1":
+        raise RecordingError(path, "a crash capsule without its failure (its mujou.end "
+                             f"record): cut short at byte {found.cut_at}")
     if recorded is None:
         raise ValueError(f"reproduce_failure: {path} is a recording, not a crash capsule "
                          "(mujou.run(record_on_failure=...) writes those)")
     start_ns = int(recorded["snapshot_ns"])
     tree = None
     if start_ns >= 0:
+        name = f"snapshot-{start_ns}.mujou"
         for attachment, data in Reader(path).attachments():
-            if attachment.name == f"snapshot-{start_ns}.mujou":
-                tree = snapshot.loads(data)
+            if attachment.name == name:
+                tree = _capsule_tree(path, name, data, start_ns)
         if tree is None:
             raise ValueError(f"reproduce_failure: {path} lacks its snapshot "
-                             f"snapshot-{start_ns}.mujou (a damaged capsule)")
+                             f"{name} (a damaged capsule)")
     t_fail = int(recorded["t_ns"])
     duration = 0.0 if t_fail < 0 else (t_fail - max(start_ns, 0) + _MARGIN_NS) / 1e9
     replaced = list(replace)
@@ -574,13 +579,28 @@ def reproduce_failure(capsule: str | os.PathLike[str],
                 error = exc  # a StopTimeoutError: the run ended with a stuck hook
             except Exception as exc:  # noqa: BLE001 - the rerun's failure is the answer
                 error = exc
-        rerun = capsule_facts(read_info(again).end) if os.path.exists(again) else None
+        rerun = capsule_facts(read_info(again).end, again) if os.path.exists(again) else None
         timer = found.run.get("timer", "")
         diverged = None
         if timer == "simulated" and os.path.exists(sent):
             until = t_fail if rerun is None else min(t_fail, int(rerun["t_ns"]))
             diverged = _first_divergence(path, sent, set(found.drops), until)
     return _reproduction(path, timer, recorded, rerun, error, diverged)
+
+
+def _capsule_tree(path: str, name: str, data: bytes, start_ns: int) -> dict[str, Any]:
+    """The state tree of a capsule's snapshot attachment; RecordingError if it is none."""
+    from . import snapshot
+    from .errors import RecordingError, SnapshotError
+    from .state import check_tree
+
+    try:
+        tree = check_tree(snapshot.loads(data), name)
+    except SnapshotError as e:
+        raise RecordingError(path, f"its snapshot does not read: {e}") from e
+    if tree["time_ns"] != start_ns:
+        raise RecordingError(path, f"its snapshot {name} is of t = {tree['time_ns']} ns")
+    return tree
 
 
 def _first_divergence(capsule: str, sent: str, lossy: set[str], until: int) -> str | None:
