@@ -153,14 +153,14 @@ def test_a_strangers_connection_costs_a_header_whatever_length_it_declares() -> 
 
     bomb.addMore(b"33554432>")
     asked = [bomb.remainingAmount()]
-    bomb.addMore(b"mjc1" + os.urandom(96))
+    bomb.addMore(b"mjc1" + os.urandom(96))  # a header, but not the run's
     huge.addMore(b"99999999999>")
     digits.addMore(b"1" * 40)
     good.addMore(framed(payload)[:200])
     asked.append(good.remainingAmount())
     good.addMore(framed(payload)[200:])
 
-    assert asked[0] == _frames.HEADER_LEN  # never asks for the declared 32 MiB first
+    assert asked[0] == _frames.UNTRUSTED_READ  # never asks for the declared 32 MiB first
     assert bomb.isDone() and bomb.completed() is None and not bomb.trusted
     assert huge.isDone() and huge.completed() is None  # past MAX_FRAME: refused at once
     assert digits.isDone() and digits.completed() is None

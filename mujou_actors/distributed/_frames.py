@@ -58,7 +58,7 @@ import time
 from typing import Any
 
 __all__ = ["FrameAuth", "FrameRefused", "AuthReceiveBuffer", "RestrictedUnpickler",
-           "control_key", "new_key", "HEADER_LEN", "MAX_FRAME", "MAX_SKEW_S",
+           "control_key", "new_key", "HEADER_LEN", "MAX_FRAME", "MAX_SKEW_S", "UNTRUSTED_READ",
            "ENV_MAX_SKEW", "on_the_wire"]
 
 log = logging.getLogger("mujou_actors.security")
@@ -69,6 +69,7 @@ MAC_LEN = 32
 HEADER_LEN = _FIXED.size + 2 * MAC_LEN  # 100 bytes before the body
 MAX_FRAME = 1 << 34  # 16 GiB: the largest frame an authenticated peer may send
 MAX_LENGTH_DIGITS = 12  # Thespian's "<length>>" prefix: at most this many digits
+UNTRUSTED_READ = 1 << 16  # bytes read at most before a frame's header is checked
 MAX_SKEW_S = 300.0  # default: how far a frame's time may be from the receiver's clock
 ENV_MAX_SKEW = "MUJOU_MAX_CLOCK_SKEW"  # seconds, to allow machines whose clocks differ more
 REPLAY_CAPACITY = 1 << 18  # nonces remembered at most (oldest forgotten first)
@@ -305,10 +306,13 @@ class AuthReceiveBuffer:
     """Thespian's ``ReceiveBuffer`` for authenticated frames: bounded before it trusts.
 
     Reads Thespian's ``<length>>`` prefix (at most `MAX_LENGTH_DIGITS`
-    digits), then at most `HEADER_LEN` bytes until `FrameAuth.check_header`
-    accepts them, and only then the rest of the frame (at most `MAX_FRAME`
-    bytes). A stranger's connection therefore costs the receiver a few hundred
-    bytes, whatever length it declares. A frame that fails a check marks the
+    digits) and at most `UNTRUSTED_READ` bytes of the frame until
+    `FrameAuth.check_header` accepts its first `HEADER_LEN` bytes, and only
+    then the rest of the frame (at most `MAX_FRAME` bytes). A stranger's
+    connection therefore costs the receiver at most 64 KiB, whatever length it
+    declares, and is refused as soon as its header is here. (A control message
+    is a few hundred bytes: it is read whole in one ``recv``, as Thespian's own
+    buffer reads it in two.) A frame that fails a check marks the
     buffer bad: it reports itself done and `completed` returns ``None``, which
     Thespian treats as a corrupt frame (the connection is closed); nothing is
     raised into Thespian's loop.
@@ -397,13 +401,13 @@ class AuthReceiveBuffer:
         return not self._buf and self._size is None and not self._bad
 
     def remainingAmount(self) -> int:  # noqa: N802 (Thespian's name)
-        """How many bytes to read next: the prefix, then the header, then the body."""
+        """How many bytes to read next: at most `UNTRUSTED_READ` until the header checks."""
         if self._bad:
             return 0
         if self._size is None:
-            return MAX_LENGTH_DIGITS + 1 - len(self._buf)
-        if not self.trusted and self._size >= HEADER_LEN:
-            return max(HEADER_LEN - len(self._buf), 1)
+            return MAX_LENGTH_DIGITS + 1 + UNTRUSTED_READ - len(self._buf)
+        if not self.trusted:
+            return max(min(self._size, UNTRUSTED_READ) - len(self._buf), 1)
         return self._size - len(self._buf)
 
     def isDone(self) -> bool:  # noqa: N802 (Thespian's name)
