@@ -14,6 +14,7 @@ message.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
@@ -147,9 +148,11 @@ class HandshakeError(MujouError, ConnectionError):
     """An authenticated data-plane connection between machines was refused or never made.
 
     Raised by ``mujou_actors.distributed.secret.Handshake.wait`` (and the data
-    plane's links over TCP): the peer's CURVE handshake failed (another secret,
-    or no CURVE at all) or did not complete within the bound. Not in
-    ``__all__``: the data plane's own.
+    plane's links over TCP): the connecting side's CURVE handshake failed (the
+    server holds another secret, or no CURVE at all), or no handshake
+    succeeded within the bound (the listening side's message then says how
+    many connections it refused, and why: a connection without the secret is
+    never an error on its own there). Not in ``__all__``: the data plane's own.
 
     Attributes:
         address (str): the endpoint concerned (``tcp://HOST:PORT``).
@@ -163,6 +166,10 @@ class HandshakeError(MujouError, ConnectionError):
         self.address = address
         self.reason = reason
         self.server = server
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a group's own refusal crosses to the host) with what it is made from.
+        return (functools.partial(type(self), server=self.server), (self.address, self.reason))
 
 
 class StartTimeoutError(MujouError, TimeoutError):

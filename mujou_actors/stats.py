@@ -149,6 +149,11 @@ class GroupStats:
         clock_uncertainty_ns (int | None): the bound on that estimate's
             error, ns (half the round trip and the clocks' drift since).
         rtt_ns (int | None): the last heartbeat round trip to it, ns.
+        refused (int): on another machine, the connections to the host's
+            end of its data-plane link that failed the CURVE handshake (a
+            peer without the run's secret: another secret, or no CURVE),
+            refused while the host waited for the group's own; each is
+            logged (at most a line every 10 s). 0 on the host's machine.
     """
 
     name: str
@@ -164,6 +169,7 @@ class GroupStats:
     clock_offset_ns: int | None = None
     clock_uncertainty_ns: int | None = None
     rtt_ns: int | None = None
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,9 @@ class MachineStats:
             (its processes share the host's clock: lateness is measured
             there), before the first heartbeat answer, and before any message.
         message_age_p99 (float | None): the 99th percentile of the same, seconds.
+        refused (int): a member's: the connections refused at the host's ends
+            of its groups' data-plane links (`GroupStats.refused`, summed);
+            the host's machine's: every member's.
     """
 
     name: str
@@ -236,6 +245,7 @@ class MachineStats:
     rtt_ns: int | None = None
     message_age_p50: float | None = None
     message_age_p99: float | None = None
+    refused: int = 0
 
 
 @dataclass(frozen=True)

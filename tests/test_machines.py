@@ -195,8 +195,8 @@ def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
         "a": _group("a", "robot", 11, clock_offset_ns=5_000_000, clock_uncertainty_ns=300_000,
                     rtt_ns=600_000),
         "b": _group("b", "robot", 12, bytes_in=1_000, clock_offset_ns=5_100_000,
-                    clock_uncertainty_ns=100_000, rtt_ns=200_000),
-        "c": _group("c", "gpu", 13),  # no heartbeat answer yet
+                    clock_uncertainty_ns=100_000, rtt_ns=200_000, refused=2),
+        "c": _group("c", "gpu", 13, refused=1),  # no heartbeat answer yet
         "host": _group("host", "", os.getpid(), bytes_in=0, bytes_out=0),
     }
     # Raw ages (the offset not added): the member's clock is 5.1 ms ahead of the host's, so
@@ -228,6 +228,8 @@ def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
     assert (host.bytes_in, host.bytes_out) == (600, 1_200)  # the members' out, in
     assert (host.heartbeat_bytes_in, host.heartbeat_bytes_out) == (138, 76)
     assert host.clock_offset_ns is None and host.message_age_p50 is None
+    # Connections refused at the host's data-plane listeners: by member, and in all.
+    assert (robot.refused, gpu.refused, host.refused) == (2, 1, 3)
 
 
 def test_a_group_on_other_cpu_kernels_than_the_host_is_warned_about(

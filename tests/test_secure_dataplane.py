@@ -135,50 +135,170 @@ def test_a_send_to_a_gone_peer_asks_blocked_until_it_gives_up(links: list[Any]) 
 # Refusals
 
 
+def _refusals(link: dataplane.HostLink, n: int) -> None:
+    """Take the host's handshakes until ``n`` connections were refused (bounded: BOUND).
+
+    Waits on the handshake monitor's own socket (readable once an event is
+    queued), not on a sleep: each refusal is an event the server has seen.
+    """
+    deadline = time.monotonic() + BOUND
+    while link.refused < n:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{link.refused} of {n} refusals seen within {BOUND} s"
+        events = link._watch.events  # type: ignore[union-attr]
+        assert events is not None, "the handshake succeeded: nothing was refused"
+        events.poll(max(1, int(left * 1000)))
+        link.check_handshake()
+
+
+def _stranger(made: list[Any], address: str, key: bytes | None) -> zmq.Socket[Any]:
+    """A bare zmq PAIR client that never retries: plain ZMTP (None), or CURVE with the
+    keys of ``key`` (another secret's: both keys other)."""
+    sock: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.PAIR)
+    sock.reconnect_ivl = -1  # one connection, one handshake: counts are exact
+    if key is not None:
+        sock.curve_serverkey = secret.derive_keypair(key, secret.SERVER_LABEL)[0]
+        sock.curve_publickey, sock.curve_secretkey = secret.derive_keypair(
+            key, secret.CLIENT_LABEL)
+    sock.connect(address)
+    made.append(SimpleNamespace(close=lambda: sock.close(linger=0)))
+    return sock
+
+
+NO_CURVE = "the peer does not use CURVE (it is not a mujou socket with a secret)"
+DIFFER = "its handshake does not decrypt: the secrets differ"
+
+
+@pytest.mark.timeout(30)
+def test_a_listener_refuses_strangers_and_waits_on_for_the_peer_holding_the_secret(
+        links: list[Any], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain ZMTP client and one with another secret reach the host's port first: each
+    is refused, counted and logged, and the group holding the secret gets in after them."""
+    monkeypatch.setattr(secret, "REFUSAL_LOG_S", 3600.0)  # one line, then folded
+    caplog.set_level("WARNING", logger="mujou_actors")
+    host = _host(links, A)
+    _stranger(links, host.endpoint, None)
+    _refusals(host, 1)
+    _stranger(links, host.endpoint, B)
+    _refusals(host, 2)
+
+    group = _group(links, host, A)
+    host.handshake(BOUND)
+    group.handshake(BOUND)
+    host.send(dataplane.Grant(None, True, [(1, 0, 0, 0, "for the group")]))
+    grant = group.receive(BOUND)
+
+    assert grant is not None and grant.messages == [(1, 0, 0, 0, "for the group")]
+    assert host.refused == 2 and group.refused == 0
+    assert host._watch is not None and host._watch.refusals == {NO_CURVE: 1, DIFFER: 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"listening on {host.endpoint}: refused a connection that failed the handshake "
+        f"({NO_CURVE})",
+        f"listening on {host.endpoint}: the peer holding the secret is in, after refusing 2 "
+        f"connections (1: {NO_CURVE}; 1: {DIFFER})"]
+    assert host.check_handshake() is True  # a success stays one
+
+
+@pytest.mark.timeout(30)
+def test_a_listener_that_only_refused_raises_after_its_timeout_naming_the_refusals(
+        links: list[Any], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(secret, "REFUSAL_LOG_S", 3600.0)
+    caplog.set_level("WARNING", logger="mujou_actors")
+    host = _host(links, A)
+    _stranger(links, host.endpoint, None)
+    _stranger(links, host.endpoint, B)
+    _refusals(host, 2)
+
+    started = time.monotonic()
+    with pytest.raises(HandshakeError) as alone:
+        host.handshake(0.2)
+    took = time.monotonic() - started
+    address = host.endpoint
+    links.remove(host)
+    host.close()
+
+    assert took >= 0.19  # not at the first refusal: at the end of the wait (ms polls)
+    assert alone.value.server and alone.value.address == address
+    assert alone.value.reason.startswith(
+        "no CURVE handshake within 0.2 s (no peer holding the secret connected, refusing 2 "
+        "connections (1: ")
+    assert NO_CURVE in alone.value.reason and DIFFER in alone.value.reason
+    assert "group" not in str(alone.value)  # nobody's fault but the strangers'
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "refused a connection that failed the handshake" in lines[0]
+    assert lines[1].startswith(f"listening on {address}: closed after refusing 2 ")
+
+
+@pytest.mark.timeout(30)
+def test_refusals_are_logged_at_most_once_per_interval_and_folded_into_the_next_line(
+        links: list[Any], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level("WARNING", logger="mujou_actors")
+    monkeypatch.setattr(secret, "REFUSAL_LOG_S", 3600.0)
+    host = _host(links, A)
+    for n in range(1, 6):
+        _stranger(links, host.endpoint, None)
+        _refusals(host, n)
+    monkeypatch.setattr(secret, "REFUSAL_LOG_S", 0.0)  # the interval has passed
+    assert host._watch is not None
+    host._watch._next_log = 0.0
+    _stranger(links, host.endpoint, B)
+    _refusals(host, 6)
+
+    lines = [r.getMessage() for r in caplog.records]
+    assert host.refused == 6 and len(lines) == 2
+    assert lines[1] == (f"listening on {host.endpoint}: refused a connection that failed the "
+                        f"handshake ({DIFFER}); 4 more since the last such line (6 in all)")
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("host_key", "group_key"), [(A, B), (B, A)])
-def test_another_secret_is_refused_on_both_sides_with_a_clear_error(
+def test_another_secret_fails_the_group_at_once_and_is_a_refusal_at_the_host(
         links: list[Any], host_key: bytes, group_key: bytes) -> None:
     host = _host(links, host_key)
     group = _group(links, host, group_key)
     group.send(dataplane.Reply(None, 0, [(1, 0, 0, 0, "leaked?")]))  # queued on the group
 
     started = time.monotonic()
-    with pytest.raises(HandshakeError) as at_host:
-        host.handshake(BOUND)
     with pytest.raises(HandshakeError) as at_group:
         group.handshake(BOUND)
     took = time.monotonic() - started
+    _refusals(host, 1)
+    with pytest.raises(HandshakeError, match="refusing [0-9]+ connections? .*the secrets "
+                                             "differ") as at_host:
+        host.handshake(0.05)
 
     assert took < BOUND
     assert at_host.value.server and not at_group.value.server
+    assert "the secrets differ" in str(at_group.value)
     for err in (at_host.value, at_group.value):
-        assert err.address == host.endpoint
-        assert "the secrets differ" in str(err) and host.endpoint in str(err)
+        assert err.address == host.endpoint and host.endpoint in str(err)
     # The server never let the client in: nothing it sent can have arrived.
     assert host.receive(0.0) is None
 
 
 @pytest.mark.timeout(30)
-def test_handshake_failed_never_waits_and_raises_once_the_server_sees_another_secret(
+def test_check_handshake_never_waits_and_counts_what_the_server_refused(
         links: list[Any]) -> None:
-    """The host's watch while a group starts: each call takes the events so far."""
+    """The host's take while a group starts: each call takes the events so far."""
     host = _host(links, A)
-    assert host.handshake_failed() is None  # nobody connected yet: nothing to say
-    _group(links, host, B)
-    calls, deadline = 0, time.monotonic() + BOUND
-    with pytest.raises(HandshakeError, match="the secrets differ"):
-        while time.monotonic() < deadline:
-            calls += 1
-            started = time.monotonic()
-            host.handshake_failed()
-            assert time.monotonic() - started < 0.5  # it never waits
-            time.sleep(0.01)
-    assert calls >= 1
-    good = _host(links, A)
-    _group(links, good, A)
-    good.handshake(BOUND)
-    assert good.handshake_failed() is None  # a success stays one
+    assert host.check_handshake() is False  # nobody connected yet: nothing to say
+    _stranger(links, host.endpoint, B)
+    deadline = time.monotonic() + BOUND
+    while host.refused == 0 and time.monotonic() < deadline:
+        started = time.monotonic()
+        assert host.check_handshake() is False  # a refusal is no error
+        assert time.monotonic() - started < 0.5  # it never waits
+        host._watch.events.poll(100)  # type: ignore[union-attr]  # until an event waits
+    assert host.refused == 1
+    _group(links, host, A)
+    host.handshake(BOUND)
+    assert host.check_handshake() is True  # a success stays one
+    plain = _host(links, None)
+    assert plain.check_handshake() is True and plain.refused == 0  # nothing to check
 
 
 @pytest.mark.timeout(30)
@@ -187,8 +307,9 @@ def test_a_client_without_curve_is_refused(links: list[Any]) -> None:
     group = _group(links, host, None)  # plain TCP, on loopback: the group accepts to try
     group.send(dataplane.Reply(None, 0, [(1, 0, 0, 0, "leaked?")]))
 
+    _refusals(host, 1)
     with pytest.raises(HandshakeError, match="does not use CURVE") as refused:
-        host.handshake(BOUND)
+        host.handshake(0.05)
 
     assert refused.value.address == host.endpoint
     assert host.receive(0.0) is None
@@ -215,13 +336,40 @@ def test_a_client_with_the_servers_key_but_another_client_key_is_refused_by_zap(
     watch = secret.Handshake(sock, server=False)
     sock.connect(host.endpoint)
     try:
-        with pytest.raises(HandshakeError, match="ZAP status 400"):
-            host.handshake(BOUND)
         with pytest.raises(HandshakeError, match="refused this client's key"):
             watch.wait(BOUND)
+        _refusals(host, 1)
+        with pytest.raises(HandshakeError, match="ZAP status 400"):
+            host.handshake(0.05)
+        assert watch.refused == 1
     finally:
         watch.close()
         sock.close(linger=0)
+
+
+def test_a_groups_own_refusal_crosses_to_the_host_naming_the_group_and_its_machine() -> None:
+    """The group's HandshakeError (its server refused it) pickles, and the host's start
+    names the group and its machine; a refusal at the host's end blames no group."""
+    import pickle
+
+    from mujou_actors.distributed import placed
+    from mujou_actors.errors import RemoteError
+
+    own = HandshakeError("tcp://10.0.0.1:5000", "the server closed the connection during the "
+                         "handshake: the secrets differ", server=False)
+    crossed = pickle.loads(pickle.dumps(own))
+    remote = RemoteError("group 'physics': start: ...", group="physics",
+                         type_name="mujou_actors.errors.HandshakeError", remote_traceback="",
+                         exception=crossed)
+
+    named = placed._refused_member(remote, {"physics": "robot"})
+
+    assert isinstance(named, HandshakeError) and not named.server
+    assert named.address == own.address
+    assert named.reason == (f"{own.reason} (group 'physics' on machine 'robot', which must "
+                            "hold the host's MUJOU_SECRET)")
+    assert placed._refused_member(remote, {}) is None  # not a member's
+    assert placed._refused_member(TimeoutError("x"), {"physics": "robot"}) is None
 
 
 @pytest.mark.timeout(30)

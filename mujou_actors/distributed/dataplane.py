@@ -20,8 +20,11 @@ the group connects), without shared memory (every tensor inline: a large one
 as a frame that views its memory, sent with ``copy=False``), and with the
 run's shared secret (`secret`): CURVE encryption and authentication of both
 ends on every connection. Call `HostLink.handshake` / `GroupLink.handshake`
-before the first grant: a peer with another secret is then an
-`errors.HandshakeError` within the bound, not a grant that never arrives.
+before the first grant: a group whose secret the host refused is then an
+`errors.HandshakeError` within the bound, not a grant that never arrives. The
+host's end listens on the network, where anyone may connect: a connection
+that fails the handshake there is counted and logged (`HostLink.refused`),
+not an error, and the host waits on for its group.
 Plain TCP (no secret) is allowed on loopback addresses only.
 """
 
@@ -248,25 +251,41 @@ class _Link:
     def handshake(self, timeout: float) -> None:
         """Wait until the peer is in (CURVE); at once without a secret.
 
+        The host's end (the server: anyone may connect to its port) counts,
+        logs and outlives connections that fail the handshake (`refused`),
+        and waits on for the peer that holds the secret.
+
         Args:
             timeout (float): seconds to wait at most.
 
         Raises:
-            HandshakeError: the peer's handshake failed (another secret, or no
-                CURVE), or none completed within ``timeout``; the message names
-                the address.
+            HandshakeError: the group's end: the host refused it (another
+                secret, or no CURVE); either end: no handshake succeeded within
+                ``timeout`` (the host's message says how many connections it
+                refused, and why). The message names the address.
         """
         if self._watch is not None:
             self._watch.wait(timeout)
 
-    def handshake_failed(self) -> None:
-        """Raise if a handshake failed so far (`secret.Handshake.check`); never waits.
+    def check_handshake(self) -> bool:
+        """Take the handshakes that ended so far (`secret.Handshake.check`); never waits.
+
+        For the host while the group starts: its refusals are counted and
+        logged as they come.
+
+        Returns:
+            bool: True once the peer is in, or without a secret.
 
         Raises:
-            HandshakeError: the peer's handshake failed (see `handshake`).
+            HandshakeError: the group's end: the host refused it (see `handshake`).
         """
-        if self._watch is not None:
-            self._watch.check()
+        return self._watch is None or self._watch.check()
+
+    @property
+    def refused(self) -> int:
+        """int: connections that failed the handshake so far (`secret.Handshake.refused`):
+        at the host's end, peers without the secret refused; 0 without a secret."""
+        return 0 if self._watch is None else self._watch.refused
 
     def close(self) -> None:
         self.encoder.close()

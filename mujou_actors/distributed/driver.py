@@ -103,6 +103,7 @@ class _Group:
     member: str | None = None  # the convention member (machine) it runs on; None: here
     key: bytes | None = None  # the data plane's secret, for a group on a member
     watched_ns: int = 0  # when the heartbeat began to watch its latest process (monotonic)
+    refused: int = 0  # connections its closed links refused (dataplane.HostLink.refused)
     # Real time, on another machine: its messages' raw ages (realtime.MessageAges), from
     # its process's timer origin; None until that process runs free.
     ages: realtime.MessageAges | None = None
@@ -477,6 +478,7 @@ class _Driver:
 
     def relaunch(self, g: _Group) -> None:
         """Start a dead group's process again, on a fresh data-plane endpoint."""
+        g.refused += g.link.refused
         g.link.close()
         g.launches += 1
         if g.member is None:
@@ -880,7 +882,8 @@ class _Driver:
     def group_stats(self) -> dict[str, dict[str, Any]]:
         """Every group's figures, as plain data; a dead group's are its last ones known.
 
-        A group on another machine's have its ``"machine"``, its heartbeat's
+        A group on another machine's have its ``"machine"``, the connections
+        the host's ends of its links refused (``"refused"``), its heartbeat's
         frame bytes (``"heartbeat_in"``: the pings to it, ``"heartbeat_out"``:
         its answers), its clock (``"clock"``, once it answered) and, in real
         time, the raw ages of its newest messages (``"ages"``, ns, the clock
@@ -915,7 +918,8 @@ class _Driver:
                 g = self.groups[name]
                 if g.member is None:
                     continue
-                figures = out[name] = {**figures, "machine": g.member}
+                figures = out[name] = {**figures, "machine": g.member,
+                                       "refused": g.refused + g.link.refused}
                 if g.ages is not None:
                     figures["ages"] = g.ages.raw()
                 status = members.get(name)

@@ -456,20 +456,23 @@ def _start_groups(system: Any, groups: dict[str, _Group], names: list[str],
     try:
         _start_each(system, groups, names, timeout, members)
     except Exception as exc:
+        failure = _refused_member(exc, members) or exc
         if members:  # say where, and what a machine must have, when one of them failed
-            exc.add_note("Groups on other machines: " + ", ".join(
+            failure.add_note("Groups on other machines: " + ", ".join(
                 f"{n!r} on {m!r}" for n, m in members.items()) + ". Each machine must import "
                 "the net factory by the same name (an installed package, or PYTHONPATH "
                 "there) and hold the host's MUJOU_SECRET (docs/machines.md).")
-        raise
+        if failure is exc:
+            raise
+        raise failure from exc
 
 
 def _start_each(system: Any, groups: dict[str, _Group], names: list[str], timeout: float,
                 members: dict[str, str]) -> None:
     """`_start_groups`' work: every group at once if the control plane can, else in turn."""
-    # On other machines: another secret fails the start as soon as the host's end of
-    # the link sees it (the group's end would only time out).
-    watch = {"check": functools.partial(_handshakes, groups, members)} if members else {}
+    # On other machines: the host's ends of the links take their handshakes while the
+    # groups start, so connections refused there are logged as they come.
+    watch = {"check": functools.partial(_take_handshakes, groups, members)} if members else {}
     many = getattr(system, "start_groups", None)
     if many is not None and len(names) > 1:
         pids = many({n: (GROUP_TARGET, groups[n].spawn) for n in names}, timeout,
@@ -483,18 +486,27 @@ def _start_each(system: Any, groups: dict[str, _Group], names: list[str], timeou
                                            **on, **watch)
 
 
-def _handshakes(groups: dict[str, _Group], members: dict[str, str]) -> None:
-    """Raise the first failed data-plane handshake of a group on another machine, naming
-    the group and the machine (`dataplane.HostLink.handshake_failed`)."""
-    from ..errors import HandshakeError
+def _take_handshakes(groups: dict[str, _Group], members: dict[str, str]) -> None:
+    """Take the handshakes of the host's ends of the links to other machines so far
+    (`dataplane.HostLink.check_handshake`): a refused connection is counted and logged,
+    never an error (anyone may connect; the group's own refusal fails its start)."""
+    for name in members:
+        groups[name].link.check_handshake()
 
-    for name, member in members.items():
-        try:
-            groups[name].link.handshake_failed()
-        except HandshakeError as exc:
-            raise HandshakeError(exc.address, f"{exc.reason} (group {name!r} on machine "
-                                 f"{member!r}, which must hold the host's MUJOU_SECRET)",
-                                 server=exc.server) from exc
+
+def _refused_member(exc: BaseException, members: Mapping[str, str]) -> Exception | None:
+    """A group on another machine whose own handshake the host refused, as the host's
+    `HandshakeError` naming the group and its machine; None for any other failure."""
+    from ..errors import HandshakeError, RemoteError
+
+    if not isinstance(exc, RemoteError) or exc.group not in members:
+        return None
+    remote = exc.exception
+    if not isinstance(remote, HandshakeError) or remote.server:
+        return None
+    return HandshakeError(remote.address, f"{remote.reason} (group {exc.group!r} on machine "
+                          f"{members[exc.group]!r}, which must hold the host's MUJOU_SECRET)",
+                          server=False)
 
 
 def factory_of(ref: FactoryRef) -> Callable[..., Any]:

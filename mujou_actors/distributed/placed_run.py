@@ -341,7 +341,8 @@ class PlacedRun:
                 bytes_in=g["bytes_in"], bytes_out=g["bytes_out"],
                 drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()),
                 machine=g.get("machine", ""), clock_offset_ns=clock.get("offset_ns"),
-                clock_uncertainty_ns=clock.get("uncertainty_ns"), rtt_ns=clock.get("rtt_ns"))
+                clock_uncertainty_ns=clock.get("uncertainty_ns"), rtt_ns=clock.get("rtt_ns"),
+                refused=g.get("refused", 0))
         wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
         snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
@@ -404,7 +405,8 @@ def machine_stats(groups: Mapping[str, GroupStats],
             clock_uncertainty_ns=None if best is None else best.clock_uncertainty_ns,
             rtt_ns=None if best is None else best.rtt_ns,
             message_age_p50=percentile(ages, 50) / 1e9 if ages else None,
-            message_age_p99=percentile(ages, 99) / 1e9 if ages else None)
+            message_age_p99=percentile(ages, 99) / 1e9 if ages else None,
+            refused=sum(g.refused for g in gs))
     here = on[""]
     them = members.values()
     host = MachineStats(
@@ -412,5 +414,6 @@ def machine_stats(groups: Mapping[str, GroupStats],
         pids=tuple(g.pid for g in here), cpu_time=sum(g.cpu_time for g in here),
         bytes_in=sum(m.bytes_out for m in them), bytes_out=sum(m.bytes_in for m in them),
         heartbeat_bytes_in=sum(m.heartbeat_bytes_out for m in them),
-        heartbeat_bytes_out=sum(m.heartbeat_bytes_in for m in them))
+        heartbeat_bytes_out=sum(m.heartbeat_bytes_in for m in them),
+        refused=sum(m.refused for m in them))
     return {"": host, **members}

@@ -28,6 +28,15 @@ of a run holds:
   `Handshake.wait`; or, for a socket that serves or reaches peers for its
   whole life (the heartbeat's), `Handshake.take` reports each handshake's
   outcome without waiting and goes on watching.
+- A listener (the server side) is open to anyone who can reach its port: a
+  connection that fails the handshake is someone else's (a scanner, a stale
+  peer, an impostor), not the awaited peer's. The server's `Handshake`
+  counts it (`Handshake.refused`, and why: `Handshake.refusals`), logs it
+  (at most one line every `REFUSAL_LOG_S` seconds, so a flood of them does
+  not flood the log) and goes on waiting for the peer that holds the secret,
+  until its timeout: only then is it a `HandshakeError`, which says how many
+  were refused and why. A client's failed handshake is its own: the server
+  refused this end's secret, an error at once.
 - `is_loopback` tells a loopback ``tcp://`` address, the only kind on which
   a socket may go without the secret.
 
@@ -62,6 +71,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import ipaddress
+import logging
 import os
 import stat
 import threading
@@ -77,7 +87,9 @@ from ..errors import HandshakeError, SecretError
 
 __all__ = ["load_secret", "derive_keypair", "configure_server", "configure_client",
            "Handshake", "endpoint", "is_loopback", "ENV_SECRET", "ENV_SECRET_FILE",
-           "MIN_SECRET_BYTES", "SERVER_LABEL", "CLIENT_LABEL"]
+           "MIN_SECRET_BYTES", "SERVER_LABEL", "CLIENT_LABEL", "REFUSAL_LOG_S"]
+
+log = logging.getLogger("mujou_actors")
 
 ENV_SECRET = "MUJOU_SECRET"
 """The environment variable holding the secret itself."""
@@ -93,6 +105,9 @@ SERVER_LABEL = "server"
 
 CLIENT_LABEL = "client"
 """The label of the client's key pair (the side that connects)."""
+
+REFUSAL_LOG_S = 10.0
+"""Seconds between two log lines of one listener about the connections it refused."""
 
 _HOW = (f"set {ENV_SECRET} to a random string of at least {MIN_SECRET_BYTES} bytes, the same on "
         f"every machine of the run (for example `export {ENV_SECRET}=$(python -c \"import "
@@ -360,11 +375,27 @@ class Handshake:
     the monitor reports connections only, and stops with `wait`'s success
     (`take` leaves it running).
 
+    On the server side a failed handshake is a connection refused, not an
+    error: anyone who reaches the port can try one. It is counted
+    (`refused`, `refusals`) and logged, at most one line every
+    `REFUSAL_LOG_S` seconds (the lines between are folded into the next
+    one's count, and `close` logs what is left), and `wait` goes on waiting
+    for a peer that holds the secret. On the client side a failed handshake
+    is this end's own: `wait` and `check` raise it.
+
     Args:
         sock (zmq.Socket): the socket watched.
         server (bool): whether it is the server side (the CURVE server, if CURVE).
         release (Callable[[], None] | None): called once by `close` (the ZAP
             registration's end).
+
+    Attributes:
+        refused (int): handshakes that failed so far, as far as they were
+            taken (by `wait`, `check` or `take`): on the server side, the
+            connections refused.
+        refusals (dict[str, int]): the same by reason, in words, in the order
+            first seen.
+        succeeded (bool): whether a handshake succeeded.
     """
 
     def __init__(self, sock: zmq.Socket[Any], *, server: bool,
@@ -377,6 +408,11 @@ class Handshake:
         self._monitor: zmq.Socket[Any] | None = sock.get_monitor_socket(_WATCHED)
         self.succeeded = False
         self._connected = False  # a peer connected (or was accepted) at least once
+        self.refused = 0
+        self.refusals: dict[str, int] = {}
+        self._where = ""  # the endpoint named in log lines (the first one used)
+        self._logged = 0  # refusals logged so far (the others: since the last line)
+        self._next_log = 0.0  # time.monotonic() from which the next line may go out
 
     @property
     def events(self) -> zmq.Socket[Any] | None:
@@ -389,7 +425,8 @@ class Handshake:
 
         Unlike `wait`, a success does not stop the monitor: for a socket that
         serves or reaches peers for its whole life (a ROUTER and its DEALERs),
-        whose every connection and reconnection has a handshake.
+        whose every connection and reconnection has a handshake. A failure is
+        counted (and logged, on the server side) as `wait` does.
 
         Args:
             limit (int, optional): events read at most; the rest wait for the
@@ -416,33 +453,37 @@ class Handshake:
                 self.succeeded = True
                 outcomes.append(None)
             elif kind in _FAILED:
-                outcomes.append(self._failure(kind, event["value"]))
+                reason = self._failure(kind, event["value"])
+                self._count(reason, self._named(None))
+                outcomes.append(reason)
         return outcomes
 
     def wait(self, timeout: float, address: str | None = None) -> None:
-        """Return once a peer completed the CURVE handshake; raise if one failed it.
+        """Return once a peer completed the CURVE handshake; a client raises if its own failed.
 
-        The first failed handshake raises at once (a PAIR socket has one
-        peer: a failure is that peer's; a socket serving many peers, a
-        ROUTER, may rather wait again after the error). Returns at once
-        after an earlier success.
+        A server (a listener: anyone may connect) counts and logs each
+        connection whose handshake fails, and goes on waiting for one that
+        succeeds until ``timeout``. A client raises at its first failed
+        handshake: the server refused this end (another secret, or no CURVE).
+        Returns at once after an earlier success.
 
         Args:
             timeout (float): seconds to wait at most.
-            address (str | None): the endpoint to name in the error; None: the
-                socket's last bound or connected endpoint.
+            address (str | None): the endpoint to name in the error and the
+                log; None: the socket's last bound or connected endpoint.
 
         Raises:
-            HandshakeError: a handshake failed (``reason`` says how: the
-                secrets differ, or the peer does not use CURVE), or none
-                completed within ``timeout`` (the message says whether a peer
-                connected at all).
+            HandshakeError: a client's handshake failed (``reason`` says how:
+                the secrets differ, or the peer does not use CURVE); or none
+                succeeded within ``timeout`` (the message says whether a peer
+                connected at all and, on the server side, how many
+                connections were refused and why).
         """
         if self.succeeded:
             return
         if self._monitor is None:
             raise RuntimeError("Handshake.wait: closed")
-        where = address or endpoint(self._sock)
+        where = self._named(address)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -450,54 +491,98 @@ class Handshake:
                 break
             if self._on_event(where):
                 return
-        side = "no client connected" if self.server else (
-            "connected but the handshake did not finish" if self._connected else
-            "nothing accepted the connection")
-        raise HandshakeError(where, f"no CURVE handshake within {timeout:g} s ({side})",
-                             server=self.server)
+        raise HandshakeError(where, f"no CURVE handshake within {timeout:g} s "
+                             f"({self._why_none()})", server=self.server)
 
     def check(self, address: str | None = None) -> bool:
         """`wait` without waiting: the handshakes that ended so far, taken now.
 
         For a caller that waits on something else meanwhile (the start of the
-        group at the other end): another secret is then an error as soon as
-        the server side sees it, not at the end of that wait.
+        group at the other end): a server's refusals are counted and logged
+        as they come (and its monitor's queue does not fill up meanwhile); a
+        client's failure is an error as soon as it is seen.
 
         Args:
-            address (str | None): the endpoint to name in the error; None: the
-                socket's last bound or connected endpoint.
+            address (str | None): the endpoint to name in the error and the
+                log; None: the socket's last bound or connected endpoint.
 
         Returns:
-            bool: True once a peer completed the handshake; False while none
-            has ended.
+            bool: True once a peer completed the handshake; False while none has.
 
         Raises:
-            HandshakeError: a handshake failed (see `wait`).
+            HandshakeError: a client's handshake failed (see `wait`).
         """
         if self.succeeded:
             return True
         if self._monitor is None:
             raise RuntimeError("Handshake.check: closed")
-        where = address or endpoint(self._sock)
+        where = self._named(address)
         while self._monitor is not None and self._monitor.poll(0):
             if self._on_event(where):
                 return True
         return False
 
+    def _named(self, address: str | None) -> str:
+        """The endpoint to name: ``address``, else the socket's; the first is kept for logs."""
+        where = address or endpoint(self._sock)
+        if not self._where:
+            self._where = where
+        return where
+
     def _on_event(self, where: str) -> bool:
-        """Read one monitor event: True for a success (the monitor stops); raise for a
-        failed handshake; False for another event (a connection noted)."""
+        """Read one monitor event: True for a success (the monitor stops); a failed
+        handshake is counted (a server) or raised (a client); False for any other."""
         assert self._monitor is not None
         event = parse_monitor_message(self._monitor.recv_multipart())
         kind, value = event["event"], event["value"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.succeeded = True
             self._stop_monitor()
+            if self.refused and self.server:
+                log.warning("listening on %s: the peer holding the secret is in, after %s",
+                            where, self._refused_text())
+                self._logged = self.refused
             return True
         if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
             self._connected = True
             return False
-        raise HandshakeError(where, self._failure(kind, value), server=self.server)
+        reason = self._failure(kind, value)
+        self._count(reason, where)
+        if self.server:
+            return False
+        raise HandshakeError(where, reason, server=self.server)
+
+    def _count(self, reason: str, where: str) -> None:
+        """Count a failed handshake; a server logs it, at most once per `REFUSAL_LOG_S`."""
+        self.refused += 1
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        if not self.server:
+            return
+        now = time.monotonic()
+        if now < self._next_log:
+            return  # folded into the next line's count
+        self._next_log = now + REFUSAL_LOG_S
+        since = self.refused - self._logged
+        self._logged = self.refused
+        log.warning("listening on %s: refused a connection that failed the handshake (%s)%s",
+                    where, reason, f"; {since - 1} more since the last such line "
+                    f"({self.refused} in all)" if since > 1 else "")
+
+    def _refused_text(self) -> str:
+        """``"refusing 2 connections (1: why; 1: why)"``, the count and its reasons."""
+        n = self.refused
+        reasons = "; ".join(f"{count}: {why}" for why, count in self.refusals.items())
+        return f"refusing {n} connection{'s' if n != 1 else ''} ({reasons})"
+
+    def _why_none(self) -> str:
+        """Why no handshake succeeded, in words, for the timeout's error."""
+        if not self.server:
+            return ("connected but the handshake did not finish" if self._connected else
+                    "nothing accepted the connection")
+        if self.refused:
+            return f"no peer holding the secret connected, {self._refused_text()}"
+        return ("a client connected but its handshake did not finish" if self._connected else
+                "no client connected")
 
     def _uses_curve(self) -> bool:
         """Whether the socket uses CURVE (as last seen, once it is closed)."""
@@ -547,6 +632,10 @@ class Handshake:
         the socket's context (the handler's sockets are on it).
         """
         self._stop_monitor()
+        if self.server and self.refused > self._logged:
+            log.warning("listening on %s: closed after %s", self._where or "?",
+                        self._refused_text())
+            self._logged = self.refused
         release, self._release = self._release, None
         if release is not None:
             release()
