@@ -437,3 +437,81 @@ def test_every_decode_of_code_bearing_data_is_listed_with_its_authentication() -
     found.discard(("distributed/_frames.py", "RestrictedUnpickler", "Unpickler subclass"))
 
     assert found == set(DECODE_SITES), "a decode site changed: list it with its authentication"
+
+
+# ------------------------------------------------------------------------ the live view
+
+@linux_only
+@pytest.mark.timeout(180)
+def test_the_live_view_survives_the_probe_and_a_web_page_cannot_write_to_the_net(
+        tmp_path: pathlib.Path) -> None:
+    import websockets.sync.client as ws_client
+
+    import mujou_actors as mujou
+    from tests.test_foxglove import Echo
+
+    marker = tmp_path / "code-ran"
+    rng = random.Random(29)
+    echo = Echo()
+    run = mujou.run({"echo": echo}, timer="simulated")
+    server = mujou.serve_foxglove(run, 0)
+    try:
+        sockets = listening([os.getpid()])
+        rss = _rss_kb(os.getpid())
+        slow = _attack(server.port, marker, rng)
+        refused = []
+        for origin in ("https://evil.example", "null", "http://127.0.0.1:8000"):
+            try:
+                ws_client.connect(f"ws://127.0.0.1:{server.port}", origin=origin,
+                                  subprotocols=["foxglove.websocket.v1"], open_timeout=10)
+            except websockets_error() as exc:
+                refused.append(getattr(getattr(exc, "response", None), "status_code", None))
+        with ws_client.connect(f"ws://127.0.0.1:{server.port}", open_timeout=10,
+                               subprotocols=["foxglove.websocket.v1"]) as native:
+            native.send('{"op": "advertise", "channels": [{"id": 1, "topic": "echo.cmd", '
+                        '"encoding": "json", "schemaName": "float"}]}')
+            native.send(b"\x01" + struct.pack("<I", 1) + b"5.0")
+            native.send(rng.randbytes(2048))
+        run.write("echo.cmd", 1.5)
+        deadline = time.monotonic() + 20
+        while run.read("echo.out") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        closed = sum(1 for s in slow if _peer_closed(s, 20.0))
+        for s in slow:
+            s.close()
+        stats = server.stats()
+        grown = _rss_kb(os.getpid()) - rss
+    finally:
+        server.close()
+        run.stop()
+        run.join(timeout=20)
+
+    assert not marker.exists()
+    assert refused == [403, 403, 403]
+    assert echo.got == [1.5] and run.read("echo.out") == 3.0  # nothing a client sent arrived
+    assert stats.handshakes_refused >= 3
+    assert closed == len(slow) == 40
+    assert grown < 64 * 1024, grown  # kB
+    assert all(addr == "127.0.0.1" for addr, port in sockets if port == server.port)
+
+
+def websockets_error() -> tuple[type[BaseException], ...]:
+    """What a refused WebSocket handshake raises."""
+    import websockets.exceptions as wse
+
+    return (wse.InvalidStatus, wse.InvalidHandshake, OSError)
+
+
+def _peer_closed(s: socket.socket, timeout: float) -> bool:
+    """Whether the peer closes ``s`` within ``timeout`` seconds (reading what it sends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            if s.recv(4096) == b"":
+                return True
+        except (TimeoutError, socket.timeout):
+            return False
+        except OSError:
+            return True
+    return False
