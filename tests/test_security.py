@@ -510,7 +510,7 @@ def _peer_closed(s: socket.socket, timeout: float) -> bool:
         try:
             if s.recv(4096) == b"":
                 return True
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return False
         except OSError:
             return True
