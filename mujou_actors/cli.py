@@ -1021,8 +1021,8 @@ class _Address(click.ParamType):
               help="Where this member listens; a free port unless one is given. Beyond the "
                    "loopback only with --allow-remote.")
 @click.option("--allow-remote", is_flag=True,
-              help="Allow a --listen address that is not a loopback one: only on a trusted "
-                   "network (Thespian unpickles whatever reaches its ports).")
+              help="Allow a --listen address that is not a loopback one (control frames are "
+                   "authenticated with MUJOU_SECRET, not encrypted).")
 @click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
 def worker_command(leader: tuple[str, int], name: str, listen: tuple[str, int],
                    allow_remote: bool, verbose: bool) -> None:
@@ -1064,7 +1064,12 @@ def worker_command(leader: tuple[str, int], name: str, listen: tuple[str, int],
                                f"ended, or it is unreachable); waiting for the next one "
                                f"(asking every {REGISTER_PERIOD:g} s)", err=True)
 
-                member.serve(stop, on_change=changed)
+                def refused() -> None:
+                    click.echo(f"worker {name}: the leader at {joining} refuses this machine's "
+                               f"frames: its MUJOU_SECRET is not this machine's (every machine "
+                               f"of a convention needs the same secret)", err=True)
+
+                member.serve(stop, on_change=changed, on_refused=refused)
             click.echo(f"worker {name}: stopped", err=True)
         finally:
             for signum, handler in previous.items():
