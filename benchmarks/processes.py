@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _placed_nets as nets  # noqa: E402
 import torch  # noqa: E402
-from common import pct  # noqa: E402
+from common import pct, peer_processes  # noqa: E402
 
 import mujou_actors as mujou  # noqa: E402
 
@@ -124,16 +124,18 @@ def hop_thespian(n: int) -> dict[str, float] | None:
 
     Run as a process of its own (its actors' module must be its main module,
     and its admin starts faster without this script's imports); None when it fails.
+    It and its Thespian processes bind 127.0.0.1 only and end with this process, or
+    with it if it is killed at the timeout (`common.peer_processes`).
     """
     import subprocess
     import tempfile
 
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, peer_processes():
         out = Path(folder) / "t.json"
         cmd = [sys.executable, str(Path(__file__).with_name("transport.py")), "--only",
                "thespian", "--rtt", str(n), "--thespian-small", "200", "--repeat", "1",
                "--json", str(out)]
-        try:
+        try:  # killed at the timeout: its Thespian processes end with it (common.py)
             subprocess.run(cmd, check=True, capture_output=True, timeout=TIMEOUT_S)
             got = json.loads(out.read_text())["results"]["thespian"]
         except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:

@@ -39,8 +39,9 @@ min–max; the JSON file keeps every sample.
    ``multiprocessing`` queues), in a child process with a hard timeout; every
    process it forked (found by a token on the command line, which they
    inherit: Thespian's admin leaves the child's session) is killed afterwards,
-   so no actor process outlives the measurement. Its fanout starts ~100
-   processes and is skipped in ``--quick``.
+   so no actor process outlives the measurement, and each of them ends by
+   itself if this script is killed first (``common.peer_processes``: a
+   watchdog). Its fanout starts ~100 processes and is skipped in ``--quick``.
 
 4. **timer** -- timer accuracy: 10 nodes with a 1 ms period (1 kHz) for ``D``
    seconds of real time; every update reads ``time.monotonic_ns()`` first
@@ -166,7 +167,7 @@ from pathlib import Path
 
 import realwork
 import torch
-from common import NoOp, Plain, heap_floor, repeat_and_only, summary
+from common import NoOp, Plain, heap_floor, peer_processes, repeat_and_only, summary, thespian_peer
 
 import mujou_actors as mujou
 
@@ -452,18 +453,17 @@ QUIET_LOGS = {"version": 1, "root": {"level": "CRITICAL", "handlers": []}}
 
 
 def thespian_system(base: str = "simpleSystemBase"):
+    """Stock Thespian of ``base``, shut down on leaving the block; its processes (if the
+    base has any) on 127.0.0.1 and gone with this one (`common.thespian_peer`)."""
     logs = False if base == "simpleSystemBase" else QUIET_LOGS
-    return ActorSystem(base, logDefs=logs)
+    return thespian_peer(base, logDefs=logs)
 
 
 def pingpong_thespian(n: int, base: str = "simpleSystemBase") -> dict:
-    asys = thespian_system(base)
-    try:
+    with thespian_system(base) as asys:
         ping, pong = asys.createActor(ThPinger), asys.createActor(ThPonger)
         gc.collect()
         reply = asys.ask(ping, ("start", n, pong), WAIT_S)
-    finally:
-        asys.shutdown()
     if reply is None:
         raise Timeout("thespian ping-pong gave no reply")
     return pingpong_result(*reply)
@@ -649,15 +649,12 @@ class ThSource(ThespianActor):
 
 
 def fanout_thespian(m: int, base: str = "simpleSystemBase") -> dict:
-    asys = thespian_system(base)
-    try:
+    with thespian_system(base) as asys:
         sink = asys.createActor(ThSink)
         workers = [asys.createActor(ThWorker) for _ in range(FAN_WORKERS)]
         src = asys.createActor(ThSource)
         gc.collect()
         reply = asys.ask(src, ("go", m, workers, sink), WAIT_S)
-    finally:
-        asys.shutdown()
     if reply is None:
         raise Timeout("thespian fan-out gave no reply")
     count, elapsed = reply
@@ -828,8 +825,7 @@ class ThStamp(ThespianActor):
 
 
 def timer_thespian(n: int, period_ns: int, k: int) -> dict:
-    asys = thespian_system()
-    try:
+    with thespian_system() as asys:
         actors = [asys.createActor(ThStamp) for _ in range(n)]
         gc.collect()
         origin = time.monotonic_ns()
@@ -841,8 +837,6 @@ def timer_thespian(n: int, period_ns: int, k: int) -> dict:
             if reply is None:
                 raise Timeout("thespian timer gave no reply")
             starts.append(reply)
-    finally:
-        asys.shutdown()
     return timer_result(period_ns, n * k, starts, grid(n, period_ns, k), k * period_ns / 1e9)
 
 
@@ -1058,21 +1052,23 @@ def in_child(name: str, timeout_s: float, **kwargs) -> dict:
     The child's command line ends with a fresh token, which every process it
     forks inherits; all of them are killed once the child has exited, or after
     ``timeout_s`` wall seconds, so nothing it started (Thespian's actor
-    processes) outlives the measurement.
+    processes) outlives the measurement; and should this process be killed
+    first, they end with it (`common.peer_processes`).
     """
     token = f"bench-{os.getpid()}-{time.monotonic_ns()}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, json.dumps(kwargs),
            token]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_children(token)
-        proc.communicate(timeout=30)
-        raise Timeout(f"killed after {timeout_s:g} s") from None
-    finally:
-        kill_children(token)
+    with peer_processes():  # the child and what it starts end with this process, even killed
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_children(token)
+            proc.communicate(timeout=30)
+            raise Timeout(f"killed after {timeout_s:g} s") from None
+        finally:
+            kill_children(token)
     if proc.returncode != 0:
         last = (err.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"child exited with {proc.returncode}: {last}")

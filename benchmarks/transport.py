@@ -19,8 +19,9 @@ in one process, without a transport. Transports:
 * ``pipe``: ``multiprocessing.Pipe()`` (``send_bytes`` / ``recv_bytes``).
 * ``thespian``: two actors of a private ``multiprocTCPBase`` actor system (its
   own free admin port, ``transientUnique=True``, the ``spawn`` start method,
-  shut down with
-  the system's ``shutdown()``), each in its own process; one pings the other
+  shut down with the system's ``shutdown()``; stock Thespian, but every socket
+  on 127.0.0.1 and every process gone with this script's, killed or not:
+  ``common.thespian_peer``), each in its own process; one pings the other
   with ``tell`` (``self.send``) and times the replies. Control-plane figures
   only (round trip and unbatched rate); its payload is the same encoded bytes.
 
@@ -84,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import show_table
+from common import show_table, thespian_peer
 
 from mujou_actors import snapshot
 
@@ -465,20 +466,19 @@ class Pinger(Actor):  # type: ignore[misc,valid-type]
 
 
 def measure_thespian(cfg: argparse.Namespace) -> dict[str, Any]:
-    """Round trips and unbatched rate between two actors of a private multiprocTCPBase."""
+    """Round trips and unbatched rate between two actors of a private multiprocTCPBase.
+
+    Stock Thespian, its sockets on 127.0.0.1 and its processes (the admin, its
+    logger, the actors) ended with this one, even if it is killed
+    (`common.thespian_peer`); shut down, and any process left SIGKILLed, at the end.
+    """
     import transport as importable  # the actors' module by its import name, not __main__
 
-    try:
-        system = ActorSystem("multiprocTCPBase", {"Admin Port": free_port(),
-                                                  "Process Startup Method": "spawn"},
-                             transientUnique=True)
-    except BaseException:
-        # Its admin (and logger) were started and did not answer in time (a loaded
-        # machine): they are this process's children, and must not outlive it.
-        for proc in mp.active_children():
-            reap(proc)
-        raise
-    try:
+    # A private system (transientUnique): the object shut down is this run's, not a
+    # default system a bare ActorSystem() would name.
+    with thespian_peer("multiprocTCPBase", {"Admin Port": free_port(),
+                                            "Process Startup Method": "spawn"},
+                       transientUnique=True) as system:
         ponger = system.createActor(importable.Ponger)
         pinger = system.createActor(importable.Pinger)
         budget = TIMEOUT_S + (cfg.rtt + cfg.thespian_small) * 0.01
@@ -488,13 +488,7 @@ def measure_thespian(cfg: argparse.Namespace) -> dict[str, Any]:
         _, lat, rate = reply
         for a in (pinger, ponger):
             system.tell(a, ActorExitRequest())
-        return {"rtt_p50": pct(lat, 50), "rtt_p99": pct(lat, 99), "rate_1": rate}
-    finally:
-        # this run's system object: with transientUnique, a bare ActorSystem() would
-        # name another (default) system and leave this one's processes running
-        system.shutdown()
-        for proc in mp.active_children():  # the admin, if shutdown left it behind
-            reap(proc)
+    return {"rtt_p50": pct(lat, 50), "rtt_p99": pct(lat, 99), "rate_1": rate}
 
 
 # --------------------------------------------------------------------------- main

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -515,3 +517,112 @@ def test_the_view_benchmark_measures_the_sender_with_and_without_a_client(
         assert case["received"][0] + case["dropped"][0] >= 1
     assert result["projection_us"]["float"] > 0
     assert "+server ns" in proc.stdout and "projection" in proc.stdout
+
+
+# The benchmarks' own Thespian peer rows (benchmarks/common.py's thespian_peer): stock
+# Thespian, started by a process of its own here, which the test SIGKILLs.
+THESPIAN_STARTER = '''
+import json, socket, sys
+sys.path.insert(0, sys.argv[1])
+import common
+from thespian.actors import Actor
+
+
+class Echo(Actor):
+    def receiveMessage(self, message, sender):  # noqa: N802 - Thespian's name
+        self.send(sender, message)
+
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logs = {"version": 1, "root": {"level": "CRITICAL", "handlers": []}}
+    with common.thespian_peer("multiprocTCPBase", {"Admin Port": port}, logDefs=logs,
+                              transientUnique=True) as system:
+        echo = system.createActor(Echo)
+        assert system.ask(echo, "up", 60) == "up"
+        print(json.dumps({"port": port, "pids": common.peer_pids()}), flush=True)
+        sys.stdin.read()  # until it is killed
+'''
+
+
+def _listening(pids: set[int] | None = None) -> set[str]:
+    """The local addresses (``/proc/net/tcp`` form: ``0100007F:1F90``) that ``pids`` listen
+    on (IPv4 and IPv6); None: that any process of this network namespace listens on."""
+    inodes = set()
+    for pid in pids or ():
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and (pids is None or fields[9] in inodes):  # 0A: LISTEN
+                found.add(fields[1])
+    return found
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds: readable once a process has ended) until ``pids`` end; those left."""
+    import select
+
+    left = []
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone (and reaped) already
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                left.append(pid)
+        finally:
+            os.close(fd)
+    return left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and pidfds")
+@pytest.mark.timeout(120)
+def test_a_thespian_peer_listens_on_loopback_only_and_ends_with_the_process_that_started_it(
+        tmp_path: Path) -> None:
+    pytest.importorskip("thespian")
+    script = tmp_path / "starter.py"
+    script.write_text(THESPIAN_STARTER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    starter = subprocess.Popen([sys.executable, str(script), str(ROOT / "benchmarks")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = starter.stdout.readline() if starter.stdout is not None else ""
+        assert line, starter.stderr.read() if starter.stderr is not None else ""
+        started = json.loads(line)
+        peers = started["pids"]
+        listening = _listening({starter.pid, *peers})
+        admin = f"0100007F:{started['port']:04X}"
+
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(10)
+        left = _wait_gone(peers, 30.0)  # a watchdog looks every 0.25 s, ends in 2 s
+
+        assert len(peers) >= 3  # the admin, its logger, the actor (and no more is ours)
+        assert admin in listening  # the admin's port, on 127.0.0.1
+        assert {a.split(":")[0] for a in listening} == {"0100007F"}, listening
+        assert left == [] and all(_state(p) in "ZX" for p in peers)  # ended (zombies at most)
+        assert admin not in _listening()  # nothing listens on the admin's port any more
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait(10)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``/proc/PID/stat``), "X" once gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "X"
+    return raw[raw.rfind(")") + 2]
