@@ -30,7 +30,7 @@ import mujou_actors as mujou
 from mujou_actors.distributed.convention import Member
 from mujou_actors.distributed.placed_run import machine_stats
 from mujou_actors.distributed.realtime import AGE_SAMPLES, MessageAges
-from mujou_actors.errors import HandshakeError
+from mujou_actors.errors import JoinTimeoutError
 from tests import placed_support
 from tests.test_placed import assert_same_tree, single
 
@@ -358,16 +358,33 @@ def test_a_machine_with_another_secret_is_refused_naming_it(
     robot = _worker("robot", leader, "another secret, long enough too")
     try:
         t0 = time.monotonic()
-        with pytest.raises(HandshakeError, match="secrets differ") as info:
+        with pytest.raises(JoinTimeoutError, match="no member named 'robot'") as info:
             mujou.run(placed_support.make_net, placement={"sim": "robot:physics"},
                       timer="simulated", duration=0.2, seed=7, listen=leader,
-                      start_timeout=60)
+                      start_timeout=60, join_timeout=5)
         took = time.monotonic() - t0
-        assert "group 'physics' on machine 'robot'" in str(info.value)
-        assert "MUJOU_SECRET" in str(info.value)
+        # the leader refuses every frame of it: it never joins, and both sides say why
+        assert "MUJOU_SECRET" in "".join(info.value.__notes__)
+        told = _stderr_line(robot, "refuses this machine's frames", 30)
+        assert "its MUJOU_SECRET is not this machine's" in told
         print(f"another secret refused {took:.2f} s after mujou.run was called")
     finally:
         _stop_worker(robot)
+
+
+def _stderr_line(proc: subprocess.Popen, want: str, timeout: float) -> str:
+    """The first line of a worker's stderr that holds ``want`` (within ``timeout`` s), or ''."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while proc.stderr is not None and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+        line = proc.stderr.readline() if ready else ""
+        if want in line:
+            return line
+        if ready and not line:
+            break
+    return ""
 
 
 def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
