@@ -20,10 +20,11 @@ messages are read-only once sent), not through a recorder's bounded queue.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from .mcapfile import Record, RecordingInfo
     from .ports import Port
 
-__all__ = ["assert_replay_matches", "reproduce_failure", "Reproduction"]
+__all__ = ["assert_replay_matches", "reproduce_failure", "Reproduction", "check_restore",
+           "RestoreCheck"]
 
 # How many differing channels the report lists, at most.
 _LISTED = 10
@@ -557,6 +559,9 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     duration = 0.0 if t_fail < 0 else (t_fail - max(start_ns, 0) + _MARGIN_NS) / 1e9
     replaced = list(replace)
     seed_arg = found.run.get("seed", "")
+    from .net import walk
+
+    initial = _attributes(net)  # to name what changed outside the state, if it differs
     with tempfile.TemporaryDirectory(prefix="mujou-reproduce-") as folder:
         again = os.path.join(folder, "rerun.mcap")
         sent = os.path.join(folder, "sent.mcap")  # every message of the rerun, to compare
@@ -585,7 +590,14 @@ def reproduce_failure(capsule: str | os.PathLike[str],
         if timer == "simulated" and os.path.exists(sent):
             until = t_fail if rerun is None else min(t_fail, int(rerun["t_ns"]))
             diverged = _first_divergence(path, sent, set(found.drops), until)
-    return _reproduction(path, timer, recorded, rerun, error, diverged)
+    found_repro = _reproduction(path, timer, recorded, rerun, error, diverged)
+    unsaved = _unsaved(initial, dict(walk(net)), tree)
+    if found_repro.reproduced or not unsaved:
+        return found_repro
+    lost = "; ".join(f"{p or '<root>'}: {', '.join(names)}" for p, names in unsaved.items())
+    return dataclasses.replace(found_repro, summary=(
+        f"{found_repro.summary}; attributes that changed during the rerun but are not in "
+        f"their node's state_dict() (the capsule's snapshot cannot hold them): {lost}"))
 
 
 def _capsule_tree(path: str, name: str, data: bytes, start_ns: int) -> dict[str, Any]:
@@ -668,3 +680,248 @@ def _reproduction(path: str, timer: str, recorded: dict[str, Any],
         why += " (the capsule is of a real-time run: its timing is not repeated)"
     return Reproduction(path, False, recorded, rerun, error, diverged,
                         f"not reproduced: {said(recorded)} in the capsule; {why}{hint}")
+
+
+# --------------------------------------------------------------------- restore checks
+
+@dataclass(frozen=True)
+class RestoreCheck:
+    """What `check_restore` found: whether a restored run goes on as the uninterrupted one.
+
+    Attributes:
+        ok (bool): every message sent after the cut, and the final state, are
+            equal (bit for bit) in the restored run and the uninterrupted one.
+        at (float): the cut's time, seconds of the run's timer.
+        node (str | None): the first node whose messages or final state differ
+            (``""`` for the root); ``None`` when ``ok``.
+        difference (str | None): the first difference in words (the port or
+            state key, the time, a diff); ``None`` when ``ok``.
+        unsaved (dict[str, tuple[str, ...]]): per node path, its attributes
+            that changed during the run but are not in its ``state_dict()``: a
+            restore (or a restart, or a capsule) cannot carry them. Listed
+            whether or not they made a difference.
+        compared (int): the messages compared.
+        report (str): all of it in words.
+    """
+
+    ok: bool
+    at: float
+    node: str | None
+    difference: str | None
+    unsaved: dict[str, tuple[str, ...]]
+    compared: int
+    report: str
+
+    def __str__(self) -> str:
+        """The report."""
+        return self.report
+
+
+def check_restore(make_net: Callable[[], Node | list[Node] | dict[str, Node]], *,
+                  at: float, duration: float, seed: int = 0, workers: int | None = 1,
+                  timeout: float = 300.0, **run_kwargs: Any) -> RestoreCheck:
+    """Check that the net's state, cut at ``at`` and restored, goes on as if never cut.
+
+    Runs the net three times in simulated time, each on a fresh net from
+    ``make_net``: once uninterrupted for ``duration`` seconds; once for
+    ``at`` seconds, whose final state tree is the cut; and once restored from
+    that tree (``mujou.run(state=...)``) for the rest. Every message the
+    restored run sends (key and value) and its final state must equal the
+    uninterrupted run's, bit for bit. State that a node keeps in a plain
+    attribute (``self.k += 1``) is not in its default ``state_dict()`` and
+    is lost on a restore, a restart or a capsule's reproduction: the check
+    names such attributes (`RestoreCheck.unsaved`) and the first node whose
+    messages or state then differ.
+
+    Use it in a test::
+
+        def test_the_rig_restores():
+            found = mujou.testing.check_restore(make_rig, at=0.5, duration=1.0)
+            assert found.ok, found
+
+    Args:
+        make_net (Callable[[], Node | list[Node] | dict[str, Node]]): makes a
+            fresh net each time it is called, the same each time.
+        at (float): the cut's time, seconds of the run's timer, > 0 and < ``duration``.
+        duration (float): seconds of the uninterrupted run.
+        seed (int): the run's seed (every run of the check uses it). Default: 0.
+        workers (int, optional): worker threads. Default: 1.
+        timeout (float): wall seconds for each run. Default: 300.
+        **run_kwargs: other arguments of `mujou.run`.
+
+    Returns:
+        RestoreCheck: what was found.
+
+    Raises:
+        ValueError: ``at`` not within (0, ``duration``); ``timer``, ``state``,
+            ``duration`` or ``seed`` among ``run_kwargs``.
+        NodeError: a run failed (its node's error, as `mujou.run` raises it).
+        TimeoutError: a run did not end within ``timeout``.
+    """
+    for name in ("timer", "state", "duration", "seed"):
+        if name in run_kwargs:
+            raise ValueError(f"check_restore: it sets {name}= itself; leave it out")
+    if not (is_number(at) and is_number(duration) and 0 < at < duration):
+        raise ValueError(f"check_restore: at must be a time within (0, duration); got "
+                         f"at={at!r}, duration={duration!r}")
+    settings: dict[str, Any] = dict(seed=seed, workers=workers, timeout=timeout,
+                                    run_kwargs=run_kwargs)
+    initial = _attributes(make_net())
+    whole, whole_end, whole_nodes = _capture(make_net(), duration=duration, **settings)
+    _, cut, _ = _capture(make_net(), duration=at, **settings)
+    again, again_end, _ = _capture(make_net(), duration=duration - at, state=cut, **settings)
+    cut_ns = int(cut["time_ns"])
+    first: tuple[tuple[int, int], str, str] | None = None  # (key, node, text)
+    compared = 0
+    for topic, sent in whole.items():
+        old = [s for s in sent if s.t_ns > cut_ns]
+        new = [s for s in again.get(topic, []) if s.t_ns > cut_ns]
+        for i in range(max(len(old), len(new))):
+            a = old[i] if i < len(old) else None
+            b = new[i] if i < len(new) else None
+            compared += 1
+            if a is not None and b is not None and (a.t_ns, a.delta) == (b.t_ns, b.delta):
+                diff = _diff_values(a.message, b.message)
+                if diff is None:
+                    continue
+                diff = diff.replace(" in the recording", " uninterrupted").replace(
+                    " in the rerun", " restored")
+                text = f"{topic}, message {i} after the cut {_when(a.t_ns, a.delta)}: {diff}"
+            elif b is None:
+                assert a is not None
+                text = f"{topic}: the restored run did not send message {i} after the cut " \
+                       f"{_when(a.t_ns, a.delta)}"
+            elif a is None:
+                text = f"{topic}: the restored run sent an extra message {_when(b.t_ns, b.delta)}"
+            else:
+                text = (f"{topic}, message {i} after the cut: sent {_when(a.t_ns, a.delta)} "
+                        f"uninterrupted, {_when(b.t_ns, b.delta)} restored")
+            key = min((s.t_ns, s.delta) for s in (a, b) if s is not None)
+            if first is None or key < first[0]:
+                first = (key, topic.rpartition(".")[0], text)
+            break
+    if first is None:
+        for path in sorted(whole_end["nodes"]):
+            diff = _diff_values(whole_end["nodes"][path], again_end["nodes"].get(path),
+                                f"{path or '<root>'}: state ")
+            if diff is not None:
+                first = ((0, 0), path, f"the final state differs: {diff}")
+                break
+    unsaved = _unsaved(initial, whole_nodes, whole_end)
+    return _restore_report(at, first, unsaved, compared)
+
+
+def _capture(net: Node | list[Node] | dict[str, Node], *, duration: float, seed: int,
+             workers: int | None, timeout: float, run_kwargs: Mapping[str, Any],
+             state: Mapping[str, Any] | None = None,
+             ) -> tuple[dict[str, list[_Sent]], dict[str, Any], dict[str, Node]]:
+    """Run once in simulated time: every Output's messages, the final tree, the nodes by path."""
+    from ._runtime.build import Seams, wire
+    from .net import walk
+    from .run import _start
+
+    sent: dict[str, list[_Sent]] = {}
+
+    def capture(actors: list[Actor], ports: dict[str, Port], dispatcher: Any,
+                rt: CudaRuntime | None) -> Wiring:
+        wiring = wire(actors, ports, dispatcher, rt)
+        for topic, port in ports.items():
+            if isinstance(port, Output):
+                actor = wiring.actor_of[id(port.node)]
+                out = sent.setdefault(topic, [])
+
+                def listener(message: Any, actor: Actor = actor, out: list[_Sent] = out) -> None:
+                    t_ns, delta = actor.stamp
+                    out.append(_Sent(t_ns, delta, message))
+
+                wiring.listen(port, listener)
+        return wiring
+
+    nodes = dict(walk(net))
+    run = _start(net, seams=Seams(wire=capture), timer="simulated", duration=duration,
+                 seed=None if state is not None else seed, workers=workers, state=state,
+                 **run_kwargs)
+    run.join(timeout)
+    return sent, run.state_dict(), nodes
+
+
+_DEFAULT_STATE = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
+
+
+def _plain(node: Node) -> dict[str, Any]:
+    """A node's plain attributes: not the framework's, ports, children or default state."""
+    from .ports import Port
+
+    return {name: value for name, value in vars(node).items()
+            if not name.startswith("_mujou_")
+            and not isinstance(value, (Node, Port, *_DEFAULT_STATE))}
+
+
+def _attributes(net: Node | list[Node] | dict[str, Node]) -> dict[str, dict[str, Any]]:
+    """Each node's plain attributes (`_plain`), copied, by path."""
+    from .net import walk
+
+    return {path: {name: _frozen(value) for name, value in _plain(node).items()}
+            for path, node in walk(net)}
+
+
+def _frozen(value: Any) -> Any:
+    """A copy of ``value`` that later changes to it do not reach (or the value itself)."""
+    import copy
+
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - not copyable: compared as it is
+        return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two attribute values are equal; a comparison that fails counts as different."""
+    try:
+        return _diff_values(a, b) is None
+    except Exception:  # noqa: BLE001 - any object: no answer is no proof of equality
+        try:
+            return bool(a == b)
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def _unsaved(initial: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Node],
+             tree: Mapping[str, Any] | None) -> dict[str, tuple[str, ...]]:
+    """Per node: plain attributes that changed during the run and are not keys of its state.
+
+    The keys are those of the node's entry in ``tree`` (a state tree the run
+    took: its ``state_dict()`` as the node wrote it); none without a tree.
+    """
+    found: dict[str, tuple[str, ...]] = {}
+    entries = tree["nodes"] if tree is not None else {}
+    for path, node in nodes.items():
+        saved = set(entries.get(path) or ())
+        before = initial.get(path, {})
+        changed = tuple(sorted(
+            name for name, value in _plain(node).items()
+            if name not in saved and not (name in before and _same(before[name], value))))
+        if changed:
+            found[path] = changed
+    return found
+
+
+def _restore_report(at: float, first: tuple[tuple[int, int], str, str] | None,
+                    unsaved: dict[str, tuple[str, ...]], compared: int) -> RestoreCheck:
+    """The `RestoreCheck` of what `check_restore` found, with its report in words."""
+    lost = "; ".join(f"{path or '<root>'}: {', '.join(names)}"
+                     for path, names in unsaved.items())
+    hint = (f" Attributes that changed during the run but are not in the node's "
+            f"state_dict() (a restore loses them): {lost}. Keep them in tensors, or "
+            f"extend state_dict()/load_state_dict() (docs/state.md).") if unsaved else ""
+    if first is None:
+        report = f"restored at t = {at:g} s, the run goes on as the uninterrupted one " \
+                 f"({compared} messages compared)." + (hint and " But:" + hint)
+        return RestoreCheck(True, at, None, None, unsaved, compared, report)
+    node = first[1]
+    mine = unsaved.get(node)
+    blame = (f" Node {node or '<root>'!r} keeps {', '.join(mine)} outside its state_dict()."
+             if mine else "")
+    report = (f"restored at t = {at:g} s, the run differs from the uninterrupted one; the "
+              f"first difference is in node {node or '<root>'!r}: {first[2]}.{blame}{hint}")
+    return RestoreCheck(False, at, node, first[2], unsaved, compared, report)
