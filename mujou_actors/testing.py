@@ -198,30 +198,22 @@ def _check_golden(path: str, found: RecordingInfo) -> None:
         raise ValueError(f"assert_replay_matches: {path} holds no message: nothing to compare")
 
 
-def _rerun(path: str, net: Node | list[Node] | dict[str, Node], replace: list[str],
-           topics: list[str], *, seed: int | None, workers: int | None, duration: float,
-           timeout: float, run_kwargs: Mapping[str, Any],
-           ) -> tuple[dict[str, list[_Sent]], dict[str, Port], BaseException | None]:
-    """Run the net once in simulated time; every message of ``topics`` with its key.
+def _capturing(sent: dict[str, list[_Sent]], wanted: Callable[[str], bool],
+               seen_ports: dict[str, Port]) -> Callable[..., Wiring]:
+    """A ``wire`` seam that keeps every message of the wanted Outputs in ``sent``, by path.
 
-    Returns:
-        The messages by Output path, the net's ports by path, and the run's
-        failure (None if it did not fail).
+    Also puts the net's ports in ``seen_ports``.
     """
-    from ._runtime.build import Seams, wire
-    from .run import _start  # run.py imports nothing of this module (it is above it)
-    wanted = set(topics)
-    sent: dict[str, list[_Sent]] = {t: [] for t in topics}
-    seen_ports: dict[str, Port] = {}
+    from ._runtime.build import wire
 
     def capture(actors: list[Actor], ports: dict[str, Port], dispatcher: Any,
                 rt: CudaRuntime | None) -> Wiring:
         wiring = wire(actors, ports, dispatcher, rt)
         seen_ports.update(ports)
         for topic, port in ports.items():
-            if topic in wanted and isinstance(port, Output):
+            if wanted(topic) and isinstance(port, Output):
                 actor = wiring.actor_of[id(port.node)]
-                out = sent[topic]
+                out = sent.setdefault(topic, [])
 
                 # On the sending thread, inside the hook: its key is the sender's stamp.
                 # The message is kept as sent (read-only once sent).
@@ -232,6 +224,24 @@ def _rerun(path: str, net: Node | list[Node] | dict[str, Node], replace: list[st
                 wiring.listen(port, listener)
         return wiring
 
+    return capture
+
+
+def _rerun(path: str, net: Node | list[Node] | dict[str, Node], replace: list[str],
+           topics: list[str], *, seed: int | None, workers: int | None, duration: float,
+           timeout: float, run_kwargs: Mapping[str, Any],
+           ) -> tuple[dict[str, list[_Sent]], dict[str, Port], BaseException | None]:
+    """Run the net once in simulated time; every message of ``topics`` with its key.
+
+    Returns:
+        The messages by Output path, the net's ports by path, and the run's
+        failure (None if it did not fail).
+    """
+    from ._runtime.build import Seams
+    from .run import _start  # run.py imports nothing of this module (it is above it)
+    sent: dict[str, list[_Sent]] = {t: [] for t in topics}
+    seen_ports: dict[str, Port] = {}
+    capture = _capturing(sent, set(topics).__contains__, seen_ports)
     run = _start(net, seams=Seams(wire=capture), timer="simulated",
                             duration=duration, seed=seed, workers=workers, replay=path,
                             replace=replace, **run_kwargs)
@@ -816,28 +826,13 @@ def _capture(net: Node | list[Node] | dict[str, Node], *, duration: float, seed:
              state: Mapping[str, Any] | None = None,
              ) -> tuple[dict[str, list[_Sent]], dict[str, Any], dict[str, Node]]:
     """Run once in simulated time: every Output's messages, the final tree, the nodes by path."""
-    from ._runtime.build import Seams, wire
+    from ._runtime.build import Seams
     from .net import walk
     from .run import _start
 
     sent: dict[str, list[_Sent]] = {}
-
-    def capture(actors: list[Actor], ports: dict[str, Port], dispatcher: Any,
-                rt: CudaRuntime | None) -> Wiring:
-        wiring = wire(actors, ports, dispatcher, rt)
-        for topic, port in ports.items():
-            if isinstance(port, Output):
-                actor = wiring.actor_of[id(port.node)]
-                out = sent.setdefault(topic, [])
-
-                def listener(message: Any, actor: Actor = actor, out: list[_Sent] = out) -> None:
-                    t_ns, delta = actor.stamp
-                    out.append(_Sent(t_ns, delta, message))
-
-                wiring.listen(port, listener)
-        return wiring
-
     nodes = dict(walk(net))
+    capture = _capturing(sent, lambda topic: True, {})
     run = _start(net, seams=Seams(wire=capture), timer="simulated", duration=duration,
                  seed=None if state is not None else seed, workers=workers, state=state,
                  **run_kwargs)
