@@ -43,6 +43,7 @@ import msgpack
 import torch
 
 from . import mcapfile
+from ._checks import is_int
 from .devices import numerics
 from .errors import describe
 from .stats import RecordingChannelStats, RecordingStats
@@ -108,7 +109,10 @@ class Recording:
             ``mujou.run(record_view=True)`` sets it. Default: False.
 
     Raises:
-        TypeError / ValueError: a bad argument, naming it.
+        TypeError: an argument of the wrong type (``max_messages=1.5``,
+            ``compression=None``), naming it (as `Capsule` does).
+        ValueError: an argument of the right type and a wrong value
+            (``max_messages=0``, ``when_full="block"``), naming it.
     """
 
     def __init__(self, path: str | os.PathLike[str], *,
@@ -119,15 +123,24 @@ class Recording:
         if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
             raise TypeError(f"Recording: path must be a non-empty str or os.PathLike, "
                             f"got {path!r}")
+        # Capsule's rule: a value of the wrong type is a TypeError, a wrong value a ValueError.
         for name, value in (("max_messages", max_messages), ("max_bytes", max_bytes),
                             ("chunk_size", chunk_size)):
-            if type(value) is not int or value < 1:
+            if not is_int(value):
+                raise TypeError(f"Recording: {name} must be an int, got {value!r}")
+            if value < 1:
                 raise ValueError(f"Recording: {name} must be an int >= 1, got {value!r}")
+        if when_full is not None and not isinstance(when_full, str):
+            raise TypeError(f"Recording: when_full must be None, 'drop' or 'wait', "
+                            f"got {when_full!r}")
         if when_full is not None and when_full not in _WHEN_FULL:
             raise ValueError(f"Recording: when_full must be None, 'drop' or 'wait', "
                              f"got {when_full!r}")
         if type(view) is not bool:
             raise TypeError(f"Recording: view must be a bool, got {view!r}")
+        if not isinstance(compression, str):
+            raise TypeError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
+                            f"got {compression!r}")
         if compression not in ("none", "lz4", "zstd"):
             raise ValueError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
                              f"got {compression!r}")

@@ -213,6 +213,21 @@ def test_record_arguments_are_checked_before_anything_starts(tmp_path: pathlib.P
         mujou.Recording(tmp_path / "x.mcap", max_messages=0)
 
 
+def test_a_recording_argument_of_the_wrong_type_is_a_type_error_as_for_a_capsule(tmp_path):
+    for kwargs in ({"max_messages": 1.5}, {"max_bytes": "1"}, {"chunk_size": True},
+                   {"when_full": 1}, {"compression": None}):
+        name = next(iter(kwargs))
+
+        with pytest.raises(TypeError, match=name):
+            mujou.Recording(tmp_path / "x.mcap", **kwargs)
+        if name.startswith("max_"):
+            with pytest.raises(TypeError, match=name):
+                mujou.Capsule(tmp_path / "x.mcap", **kwargs)
+
+    with pytest.raises(ValueError, match="when_full"):
+        mujou.Recording(tmp_path / "x.mcap", when_full="block")
+
+
 class Burst(mujou.Node):
     """Sends many messages per update, as fast as the sender can."""
 
