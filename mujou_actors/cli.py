@@ -39,7 +39,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -159,7 +159,8 @@ class UsageError(click.ClickException):
 # Loading FILE[:NAME]
 
 
-def load_net(target: str) -> Net:
+def load_net(target: str, kwargs: dict[str, Any] | None = None,
+             say: Callable[[str], None] | None = None) -> Net:
     """Import ``FILE[:NAME]`` and return the net it names.
 
     Args:
@@ -167,19 +168,30 @@ def load_net(target: str) -> Net:
             (a Node, or a list or dict of Nodes), a function that returns one
             when called without arguments, or a Node class (made without
             arguments). Default: ``net``, then ``make_net``.
+        kwargs: ``--net-kwargs``: NAME must then be a function (or a Node
+            class), called with them; without NAME, the first of ``net`` and
+            ``make_net`` that is one. Default: None (called without arguments).
+        say: where the progress lines go (`_progress`). Default: nowhere.
 
     Raises:
         UsageError: no such file, the file fails to import, no such NAME, or
-            NAME is not a net.
+            NAME is not a net (or, with ``kwargs``, not a function).
     """
     path, _, name = target.partition(":") if not os.path.exists(target) else (target, "", "")
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
+    if say is not None:
+        say(f"importing {path} ...")
     module = _import_file(path)
     names = [name] if name else ["net", "make_net"]
+    if kwargs is not None and not name:  # a net made already cannot take the arguments
+        names = [n for n in names if callable(getattr(module, n, None))
+                 and not _is_net(getattr(module, n))] or names
     for candidate in names:
         if hasattr(module, candidate):
-            return _as_net(getattr(module, candidate), f"{path}:{candidate}")
+            if say is not None and not _is_net(getattr(module, candidate)):
+                say(f"building the net: {path}:{candidate}() ...")
+            return _as_net(getattr(module, candidate), f"{path}:{candidate}", kwargs)
     raise UsageError(f"{path} has no {' or '.join(repr(n) for n in names)}; "
                      "name the net with FILE:NAME")
 
@@ -261,12 +273,15 @@ def _is_net(value: Any) -> bool:
     return isinstance(value, (list, tuple, dict)) and all(isinstance(v, Node) for v in items)
 
 
-def _as_net(value: Any, where: str) -> Net:
+def _as_net(value: Any, where: str, kwargs: dict[str, Any] | None = None) -> Net:
     if _is_net(value):
+        if kwargs is not None:
+            raise UsageError(f"{where} is a net already made, which --net-kwargs cannot "
+                             "reach: name the function that builds it (FILE:NAME)")
         return value
     if callable(value) and (not isinstance(value, type) or issubclass(value, Node)):
         try:
-            made = value()
+            made = value(**(kwargs or {}))
         except Exception as exc:
             raise UsageError(f"{where}() raised {describe(exc)}") from exc
         if _is_net(made):
@@ -600,6 +615,54 @@ def _final_snapshot(run: mujou.Run, folder: str) -> str:
 
 DEFAULT_FOXGLOVE_PORT = 8765  # liveview.DEFAULT_PORT, without importing it here
 
+
+def _shows_progress(quiet: bool) -> bool:
+    """Whether the command says what it does before the run shows anything (a terminal)."""
+    return not quiet and sys.stderr.isatty()
+
+
+def _progress(quiet: bool) -> Callable[[str], None]:
+    """Where the lines go that say what the command does while nothing else shows.
+
+    Importing FILE and the ``on_start`` hooks can take many seconds (torch,
+    MuJoCo, a model's weights) before the live view's first table: on a
+    terminal a line on stderr says what is going on; elsewhere (pipes, CI,
+    ``--quiet``) nothing is said, and the output stays as it was.
+    """
+    if not _shows_progress(quiet):
+        return lambda text: None
+    return lambda text: click.echo(text, err=True)
+
+
+def _count_nodes(net: Any) -> int | None:
+    """How many nodes the net has (None if it is no net: `mujou.run` says why)."""
+    from .net import walk
+
+    try:
+        return len(walk(net))
+    except Exception:
+        return None
+
+
+def _check_foxglove(foxglove: str | None, publish: bool, origins: tuple[str, ...],
+                    allow_remote: bool) -> None:
+    """``--foxglove`` and the options that go with it, checked before anything runs."""
+    if foxglove is None:
+        if publish or origins:
+            raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
+        return
+    from .liveview import parse_listen, parse_origins
+
+    try:
+        parse_listen(foxglove, allow_remote)
+    except ValueError as exc:
+        raise UsageError(f"--foxglove: {exc}") from exc
+    try:
+        parse_origins(origins)
+    except ValueError as exc:
+        raise UsageError(f"--foxglove-origin: {exc}") from exc
+
+
 # ---------------------------------------------------------------------------
 # Commands
 
@@ -607,7 +670,13 @@ DEFAULT_FOXGLOVE_PORT = 8765  # liveview.DEFAULT_PORT, without importing it here
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(mujou.__version__, prog_name="mujou")
 def main() -> None:
-    """Run mujou_actors nets and inspect their snapshots."""
+    """Run, record and replay mujou_actors nets; inspect snapshots and recordings.
+
+    run: a net from a Python file (a live view, Foxglove, recording, crash
+    capsules, processes and machines); replay: a recording into a net;
+    inspect: a snapshot or a recording; worker, workers: the machines of a
+    run across machines.
+    """
 
 
 @main.command("run")
@@ -670,7 +739,8 @@ def main() -> None:
                    "for more. MACHINE[,FALLBACK...]: GROUP runs on that member (see "
                    "--listen). NAME must then be the function that builds the net.")
 @click.option("--net-kwargs", default=None, metavar="JSON",
-              help="With --place: the net function's keyword arguments, a JSON object.")
+              help="The keyword arguments of the function NAME that builds the net, a JSON "
+                   "object (with --place: of its call in every process).")
 @click.option("--listen", default=None, metavar="HOST:PORT",
               help="With --place PATH=MACHINE:GROUP: lead the machines' convention here "
                    "(what `mujou worker --join` names).")
@@ -699,6 +769,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
+    say = _progress(quiet)
     with _errors(verbose), _Signals() as signals:
         # Before anything runs (the net's file included): files written only at
         # the end must not be found unwritable after a long run.
@@ -713,22 +784,13 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         elif record_ports or record_snapshots or record_view:
             raise UsageError("--record-port, --record-snapshots and --record-view go with "
                              "--record FILE")
-        if foxglove is not None:
-            if places:
-                raise UsageError("--foxglove serves a run in one process; it does not go "
-                                 "with --place")
-            from .liveview import parse_listen, parse_origins
-
-            try:
-                parse_listen(foxglove, allow_remote)
-            except ValueError as exc:
-                raise UsageError(f"--foxglove: {exc}") from exc
-            try:
-                parse_origins(foxglove_origins)
-            except ValueError as exc:
-                raise UsageError(f"--foxglove-origin: {exc}") from exc
-        elif foxglove_publish or foxglove_origins:
-            raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
+        if foxglove is not None and places:
+            raise UsageError(
+                "--foxglove does not go with --place: the live view reads the nodes' "
+                "messages in the process that serves it, and a placed run's groups send "
+                "theirs to other processes. Record the placed run and open the file in "
+                "Foxglove (--record FILE --record-view), or serve it live without --place")
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
             if places:
@@ -752,12 +814,10 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                                      "--place here keeps its group on this machine")
                 kwargs.update(listen=listen, join_timeout=join_timeout,
                               allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
-        elif net_kwargs is not None:
-            raise UsageError("--net-kwargs goes with --place")
         elif listen is not None:
             raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
-            net = load_net(target)
+            net = load_net(target, parse_net_kwargs(net_kwargs), say)
         if snapshot_every is not None or snapshot_dir is not None or restart != "none":
             kwargs["supervisor"] = mujou.Supervisor(restart, max_restarts=max_restarts,
                                                     snapshot_every=snapshot_every,
@@ -768,8 +828,14 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs.update(record=record_path, record_ports=list(record_ports) or None,
                           record_snapshots=record_snapshots, record_view=record_view)
         signals.mode = "defer"
+        if places:
+            say(f"starting {len(set(kwargs['placement'].values()))} group process(es) and "
+                "the host (each imports the file and builds the net), then on_start ...")
+        else:
+            _say_starting(say, net)
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
         run = mujou.run(net, **kwargs)
+        say("started")
         stopped = False  # by a signal
         server = None
         try:
@@ -817,6 +883,11 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                            err=True)
         if signals.code:
             sys.exit(signals.code)
+
+
+def _say_starting(say: Callable[[str], None], net: Any) -> None:
+    n = _count_nodes(net)
+    say(f"starting {'the' if n is None else n} node{'' if n == 1 else 's'} (on_start) ...")
 
 
 def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool, *, publish: bool,
@@ -878,6 +949,22 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
 @click.option("--record-port", "record_ports", multiple=True, metavar="PATTERN",
               help="With --record: record the Outputs whose path matches this glob; "
                    "repeat it for more. Default: every Output.")
+@click.option("--record-view", is_flag=True,
+              help="With --record: also write each Output's JSON view (/view/<path>) for "
+                   "Foxglove beside its lossless channel.")
+@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
+              default=None, metavar="[HOST]:PORT",
+              help="Serve a live Foxglove WebSocket view of the replay (as mujou run "
+                   "--foxglove); default port 8765 on 127.0.0.1. Write it after FILE, or as "
+                   "--foxglove=:PORT.")
+@click.option("--foxglove-publish", is_flag=True,
+              help="With --foxglove: let clients publish to the Inputs. Off by default.")
+@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
+              help="With --foxglove: also accept connections from web pages of this origin; "
+                   "repeat it for more.")
+@click.option("--allow-remote", is_flag=True,
+              help="Let --foxglove be an address other machines reach (a trusted network "
+                   "only: the view shows every port).")
 @click.option("--allow-damaged", is_flag=True,
               help="Replay a damaged recording up to its first damaged record (as if a crash "
                    "had cut it there); without it such a file is refused.")
@@ -886,18 +973,22 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
 def replay_command(recording: str, target: str, replace: tuple[str, ...], speed: float,
                    loop: bool, duration: float | None, workers: int | None, seed: int | None,
                    stats_json: str | None, record_path: str | None,
-                   record_ports: tuple[str, ...], allow_damaged: bool, quiet: bool,
+                   record_ports: tuple[str, ...], record_view: bool, foxglove: str | None,
+                   foxglove_publish: bool, foxglove_origins: tuple[str, ...],
+                   allow_remote: bool, allow_damaged: bool, quiet: bool,
                    verbose: bool) -> None:
     """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
+    say = _progress(quiet)
     with _errors(verbose), _Signals() as signals:
         if stats_json is not None:
             check_writable(stats_json, "--stats-json", make_folders=False)
         if record_path is not None:
             check_writable(record_path, "--record", make_folders=True)
-        elif record_ports:
-            raise UsageError("--record-port goes with --record FILE")
+        elif record_ports or record_view:
+            raise UsageError("--record-port and --record-view go with --record FILE")
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
         from .mcapfile import info as read_info
@@ -907,10 +998,10 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             explicit_speed = click.get_current_context().get_parameter_source("speed") \
                 is not click.core.ParameterSource.DEFAULT
             if loop or duration is not None or seed is not None or record_path is not None \
-                    or explicit_speed:
+                    or explicit_speed or foxglove is not None:
                 raise UsageError("a crash capsule is replayed from its snapshot to its failure "
-                                 "on the simulated timer: --speed, --loop, --duration, --seed "
-                                 "and --record do not go with it")
+                                 "on the simulated timer: --speed, --loop, --duration, --seed, "
+                                 "--record and --foxglove do not go with it")
             if allow_damaged:
                 raise UsageError("a crash capsule is reproduced from a whole file: "
                                  "--allow-damaged does not go with it")
@@ -923,23 +1014,37 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             from .replay import recording_length
 
             duration = recording_length(found) / 1e9 / (1.0 if simulated else speed)
-        net: Any = load_net(target)  # a tuple of nodes too (see run_command)
+        net: Any = load_net(target, say=say)  # a tuple of nodes too (see run_command)
         signals.mode = "defer"
+        _say_starting(say, net)
         run = mujou.run(net, timer="simulated" if simulated else "realtime",
                         duration=duration, workers=workers, seed=seed, replay=recording,
                         replace=paths, replay_speed=1.0 if simulated else speed,
                         replay_loop=loop, replay_allow_damaged=allow_damaged, record=record_path,
-                        record_ports=list(record_ports) or None)
+                        record_ports=list(record_ports) or None,
+                        record_view=record_view and record_path is not None)
+        say("started")
+        server = None
         try:
             signals.mode = "raise"
             if signals.code:
                 raise _Interrupted(signals.code)  # it came while the net was starting
+            if foxglove is not None:
+                try:
+                    server = _serve(run, foxglove, allow_remote, quiet,
+                                    publish=foxglove_publish, origins=foxglove_origins)
+                except BaseException:
+                    run.stop()  # the server could not start (a taken port): nor does the run
+                    raise
             watch(run, duration=duration, simulated=simulated, live=live, quiet=quiet)
             signals.mode = "finish"
         except KeyboardInterrupt:
             signals.mode = "finish"
             click.echo("interrupted: stopping the run", err=True)
             run.stop()
+        finally:
+            if server is not None:
+                server.close()
         stats = run.stats()
         if stats_json is not None:
             _write_json(stats_json, _stats_json(stats))

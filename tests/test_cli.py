@@ -551,3 +551,124 @@ def test_inspect_of_a_mcap_named_file_that_is_none_says_so(tmp_path) -> None:
 
     assert result.exit_code == 2
     assert f"{bad}: not an MCAP file" in result.output and "snapshot" not in result.output
+
+
+# -- issue 28: the help, a stop timeout reported once, --net-kwargs, progress, --place ---------
+
+
+@pytest.fixture
+def cli_logging():
+    """The command adds a handler to the library's logger: in-process, take it away again."""
+    import logging
+
+    logger = logging.getLogger("mujou_actors")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+SLOW_NET = """
+import time
+import mujou_actors as mujou
+
+class Slow(mujou.Node):
+    def __init__(self, period=0.01):
+        super().__init__(period=period)
+        self.updates = 0
+
+    def on_update(self, dt):
+        self.updates += 1
+
+    def on_stop(self):
+        time.sleep(0.6)
+
+class Counted(mujou.Node):
+    def __init__(self, period=0.01):
+        super().__init__(period=period)
+
+    def on_update(self, dt):
+        pass
+
+def make_net(period=0.01):
+    return Counted(period=period)
+
+net = Slow()
+"""
+
+
+def test_mujou_help_says_what_every_command_does() -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    result = CliRunner().invoke(main, ["--help"])
+
+    assert result.exit_code == 0
+    assert "Run, record and replay mujou_actors nets; inspect snapshots and recordings." \
+        in result.output
+    assert "replay: a recording into a net" in result.output
+
+
+def test_a_stop_that_times_out_is_reported_once_and_not_also_logged(
+        tmp_path, monkeypatch, cli_logging) -> None:
+    import functools
+
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    (tmp_path / "slow.py").write_text(SLOW_NET)
+    monkeypatch.setattr(mujou, "run", functools.partial(mujou.run, stop_timeout=0.1))
+
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "slow.py"), "--timer",
+                                       "simulated", "--duration", "0.05", "--quiet"])
+
+    assert result.exit_code == 1
+    assert result.stderr.count("StopTimeoutError") == 1, result.stderr
+    assert result.stderr.startswith("error: StopTimeoutError")
+
+
+def test_net_kwargs_reach_the_net_function_without_place(tmp_path, cli_logging) -> None:
+    (tmp_path / "nets.py").write_text(SLOW_NET)
+    stats = tmp_path / "stats.json"
+
+    result = mujou_cmd("run", str(tmp_path / "nets.py"), "--timer", "simulated",
+                       "--duration", "1", "--quiet", "--net-kwargs", '{"period": 0.5}',
+                       "--stats-json", str(stats))
+    made = mujou_cmd("run", f"{tmp_path / 'nets.py'}:net", "--timer", "simulated",
+                     "--duration", "1", "--quiet", "--net-kwargs", '{"period": 0.5}')
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(stats.read_text())["nodes"][""]["updates"] == 2  # period 0.5 s, not 0.01 s
+    assert made.returncode == 2 and "--net-kwargs cannot reach" in made.stderr
+
+
+def test_on_a_terminal_the_command_says_what_it_does_before_the_run_shows(
+        tmp_path, monkeypatch, cli_logging) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors import cli
+
+    (tmp_path / "nets.py").write_text(SLOW_NET)
+    monkeypatch.setattr(cli, "_shows_progress", lambda quiet: not quiet)
+    args = ["run", f"{tmp_path / 'nets.py'}:make_net", "--timer", "simulated", "--duration",
+            "0.05"]
+
+    shown = CliRunner().invoke(cli.main, args)
+    quiet = CliRunner().invoke(cli.main, [*args, "--quiet"])
+
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stderr.splitlines()
+    assert lines[:4] == [f"importing {tmp_path / 'nets.py'} ...",
+                         f"building the net: {tmp_path / 'nets.py'}:make_net() ...",
+                         "starting 1 node (on_start) ...", "started"]
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_foxglove_with_place_says_why_not_and_what_to_do_instead() -> None:
+    result = mujou_cmd("run", f"{NETS}:make_broken", "--foxglove=:0", "--place", "x=a")
+
+    assert result.returncode == 2
+    assert "--record FILE --record-view" in result.stderr
+    assert "a placed run's groups send theirs to other processes" in result.stderr

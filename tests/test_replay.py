@@ -379,6 +379,26 @@ def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
     assert _diff_values(again, first) is None
 
 
+def test_mujou_replay_records_view_channels_and_serves_the_foxglove_live_view(
+        golden: tuple[str, Pendulum], tmp_path: Any) -> None:
+    pytest.importorskip("websockets")
+    path, _ = golden
+    (tmp_path / "net.py").write_text(NET_FILE.format(root=ROOT))
+
+    done = _mujou("replay", path, "net.py", "--replace", "plant", "--speed", "0", "--quiet",
+                  "--record", "again.mcap", "--record-view", "--foxglove=:0",
+                  cwd=str(tmp_path))
+
+    assert done.returncode == 0, done.stderr
+    info = mcapfile.info(tmp_path / "again.mcap")
+    assert [v.view_of for v in info.views] == [c.topic for c in info.channels]
+    assert len(info.views) == 3  # plant.state, sensor.reading, controller.command
+    served = _mujou("replay", path, "net.py", "--replace", "plant", "--speed", "0",
+                    "--foxglove=:0", cwd=str(tmp_path))
+    assert served.returncode == 0, served.stderr
+    assert "foxglove: live view at ws://127.0.0.1:" in served.stderr
+
+
 @pytest.mark.parametrize(("args", "text"), [
     (["--speed", "0"], "name the nodes the recording stands in for with --replace"),
     (["--replace", "plant", "--replace", "nothing"], "which is no node of the net"),

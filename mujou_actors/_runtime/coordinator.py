@@ -724,7 +724,8 @@ class Coordinator:
             stuck.setdefault(actor.path, dispatcher.hook_of(actor) if actor.busy else "on_stop")
         if stuck:
             self._stuck = StopTimeoutError(stuck, timeout)
-            log.error("%s", self._stuck)
+            # Raised by join(): the command reports it itself, so it leaves this line out.
+            log.error("%s", self._stuck, extra={"mujou_failure": True})
         dispatcher.shutdown()
         # Threads not stuck are out of their hooks and exit at once.
         stuck_threads = {a.thread_name for a in self.actors
