@@ -234,3 +234,36 @@ def make_net_by_machine() -> dict[str, mujou.Node]:
     if os.environ.get("MUJOU_TEST_EXTRA_NODE"):
         net["extra"] = Sim()
     return net
+
+
+class Echo(mujou.Node):
+    """Triggered by the host's writes: sends each value doubled, and draws from its
+    generator at each update (its state holds the draws: a restore must go on with them)."""
+
+    inp = mujou.Input(int, depth=None)
+    out = mujou.Output(int)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.n = 0
+        self.draws: list[int] = []
+
+    def on_update(self, dt: float) -> None:
+        for v in self.inp.drain():
+            self.n += 1
+            self.draws.append(int(torch.randint(0, 1 << 30, (1,), generator=self.generator)))
+            self.out.send(2 * v)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n, "draws": list(self.draws)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+        self.draws = list(state["draws"])
+
+
+def make_echo() -> dict[str, mujou.Node]:
+    """echo -> count: nothing is due until the host writes to ``echo.inp``."""
+    net = {"echo": Echo(), "count": Count()}
+    mujou.connect(net["echo"].out, net["count"].inp)
+    return net

@@ -156,6 +156,10 @@ class Kernel:
             nodes of other groups). Default: True.
         workers (int): worker threads, >= 1. Results do not depend on it.
         seed (int, optional): the run's seed, as ``mujou.run(seed=)``.
+        seeds (Mapping[str, int], optional): the seeds the run settled, by
+            node path (a placed run's host settles them once, a restored
+            tree's included, so that every process seeds as `Run.seeds`
+            says); they win over ``seed`` for the nodes they name.
         seams (Seams, optional): the constructor seams (a fake CUDA runtime in tests).
         timer (str): ``"simulated"`` (stepped by the driver: `step`) or
             ``"realtime"`` (on this process's monotonic clock: after `start`,
@@ -192,7 +196,8 @@ class Kernel:
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None,
                  timer: str = "simulated", notify: Callable[[], None] | None = None,
-                 subtrees: bool = True, trace: int | None = None) -> None:
+                 subtrees: bool = True, trace: int | None = None,
+                 seeds: Mapping[str, int] | None = None) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
         if trace is not None and (not is_int(trace) or trace < 1):
             raise (TypeError if not is_int(trace) else ValueError)(
@@ -234,7 +239,7 @@ class Kernel:
         try:
             for path, node in found:
                 node._mujou_path = path  # ports name themselves by path from here on
-            self._build(found, local, seed, seams)
+            self._build(found, local, seed, seams, seeds)
         except BaseException:
             # A refused kernel leaves the nodes as they were: unclaimed, unwired, named
             # as before (and its threads are not started yet).
@@ -251,11 +256,14 @@ class Kernel:
         self._start_ns = 0
 
     def _build(self, found: list[tuple[str, Node]], local: list[tuple[int, str, Node]],
-               seed: int | None, seams: Seams | None) -> None:
+               seed: int | None, seams: Seams | None,
+               settled: Mapping[str, int] | None = None) -> None:
         """Claim the kernel's nodes and build its dispatcher and wiring (`__init__`'s work)."""
         self._ports = collect_ports(found)
         self._n_nodes = len(found)
         seeds = settle_seeds(found, None, seed)
+        if settled is not None:
+            seeds.update((p, s) for p, s in settled.items() if p in seeds)
         self.seeds = {path: seeds[path] for _, path, _ in local}
         self._sends: list[tuple[int, str, Any]] = []
         self._events = _Events(self._notify)

@@ -255,6 +255,7 @@ class _Driver:
         self._last_stats: dict[str, dict[str, Any]] = {}
         self._readers_cache: dict[int, list[tuple[_Group, bool]]] = {}
         self.final_stats: dict[str, dict[str, Any]] | None = None
+        self._end_cut_done = False  # the end's cut and final stats are taken (`_end_cut`)
         self.order = [p for p, _ in found]
         self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
 
@@ -267,6 +268,11 @@ class _Driver:
             while True:
                 try:
                     self._died_as_exit(self._rounds)
+                    # The end's cut is taken before any group stops, as a round would
+                    # be: a group found dead there (a death racing the end) is
+                    # restored by the supervisor, and the run finished, like any other.
+                    self._died_as_exit(self._end_cut)
+                    self._end_cut_done = True
                     break
                 except (_Failed, _GroupDied) as failed:
                     if not self._supervise(failed):
@@ -323,6 +329,11 @@ class _Driver:
             self._serve_requests()
             if self.stop_asked.is_set():
                 return
+            if self.end_key is None and all(g.due is None for g in self.groups.values()):
+                # Nothing is due and there is no duration: as in one process, the run
+                # waits, its time standing still, for a host write (a request) or stop().
+                self._wait_for_request()
+                continue
             limit = self.end_key
             snap = self.next_cut
             if snap is not None and (limit is None or (snap, LAST_DELTA) <= limit):
@@ -481,6 +492,7 @@ class _Driver:
         g.refused += g.link.refused
         g.link.close()
         g.launches += 1
+        self.dead.discard(g.name)  # a new process: whatever was found of the old one is past
         if g.member is None:
             address = f"{g.base_address}.{g.launches}"
             pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
@@ -538,6 +550,16 @@ class _Driver:
             messages, g.queued = g.queued, []
             g.link.send(dataplane.Grant(None, False, messages, self._settled()))
         self._collect(groups)
+
+    def _wait_for_request(self) -> None:
+        """Serve the next host request, waiting up to `POLL_S` for one (a group's death
+        found meanwhile is raised, as between rounds)."""
+        try:
+            job = self.requests.get(timeout=POLL_S)
+        except queue.Empty:
+            self._check_exits()
+            return
+        job()
 
     def _serve_requests(self) -> None:
         while True:
@@ -708,6 +730,11 @@ class _Driver:
         if take is None:
             return
         for exit_ in take():
+            g = self.groups.get(exit_.group)
+            if g is not None and exit_.pid and g.pid and exit_.pid != g.pid:
+                # A former process's notice, come after a request had found it dead and
+                # the supervisor had restarted it: that death is restored already.
+                continue
             raise _GroupDied(exit_)
 
     def _fail(self, err: NodeError, group_name: str) -> None:
@@ -879,8 +906,15 @@ class _Driver:
 
         return detach
 
-    def group_stats(self) -> dict[str, dict[str, Any]]:
+    def group_stats(self, strict: bool = False) -> dict[str, dict[str, Any]]:
         """Every group's figures, as plain data; a dead group's are its last ones known.
+
+        A group whose process is found gone here is not marked dead: its
+        death reaches the driver as every death does (`_check_exits`), which
+        hands it to the supervisor, and the restarted group answers the next
+        call. (A host's ``stats()`` polled while a group restarted used to
+        mark it dead for good, and the run ended without its final state.)
+        ``strict``: raise the `GroupDied` instead (the end's cut: `_end_cut`).
 
         A group on another machine's have its ``"machine"``, the connections
         the host's ends of its links refused (``"refused"``), its heartbeat's
@@ -900,7 +934,8 @@ class _Driver:
                     out[g.name] = self._last_stats[g.name] = self.system.ask(
                         g.name, group.Stats(), 30.0)
                 except GroupDied:
-                    self.dead.add(g.name)
+                    if strict:
+                        raise
                     if g.name in self._last_stats:
                         out[g.name] = self._last_stats[g.name]
             else:
@@ -1028,31 +1063,60 @@ class _Driver:
                                                None if est is None else est.uncertainty_ns)
         return clocks
 
-    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
-        if not self.stuck and not self.dead and not any(g.waiting for g in self.groups.values()):
+    def _end_cut(self) -> None:
+        """The end's consistent cut and final stats, before any group stops.
+
+        Run inside the supervised loop (`_main`): a group found dead here (it
+        died, or its machine was lost, as the run reached its end: the
+        heartbeat may tell of it only now) raises, and the supervisor restores
+        it and finishes the run, as for a death found between two rounds.
+        Every remote group answers the final stats' request, so a death up to
+        this moment is found here, not by the stop that follows.
+        """
+        if self.stuck or self.dead or any(g.waiting for g in self.groups.values()):
+            return
+        try:
+            self._settle_end()
+        except (_GroupDied, GroupDied, _Stuck):
+            raise
+        except BaseException as exc:  # a group's hooks not held in time: the rest still ends
+            log.warning("placed run: the last messages could not be delivered: %s",
+                        describe(exc))
+        # After the last messages are in (their drops count), before the stop.
+        self.final_stats = self.group_stats(strict=True)
+        self._check_exits()
+
+    def _settle_end(self) -> None:
+        """Every message on its way between groups into its reader's Inputs (the final
+        tree holds them as pending, as one process's does)."""
+        if self.realtime:
+            realtime.hold_all(self, self.stop_timeout)
+        elif not any(isinstance(f, GroupDied) for f in self.failures):
+            # One process ends (a stop, a failure) at the end of the instant it is
+            # in: every group finishes the latest instant any group has reached,
+            # so that the final tree is a consistent cut (at the end: nothing runs).
+            t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
             try:
-                # Messages on their way between groups become their readers' pending
-                # messages: the final tree holds them, as one process's does.
-                if self.realtime:
-                    realtime.hold_all(self, self.stop_timeout)
-                elif not any(isinstance(f, GroupDied) for f in self.failures):
-                    # One process ends (a stop, a failure) at the end of the instant it is
-                    # in: every group finishes the latest instant any group has reached,
-                    # so that the final tree is a consistent cut (at the end: nothing runs).
-                    t = max([g.time_ns for g in self.groups.values()] + [self.time_ns])
-                    try:
-                        while self._round((t, LAST_DELTA)):
-                            pass
-                    except _Failed as failed:  # a hook of that instant: the run fails too
-                        self.failures.append(failed.error)
-                self._flush()
-            except BaseException as exc:  # a dead group: the others still stop
-                log.warning("placed run: the last messages could not be delivered: %s",
+                while self._round((t, LAST_DELTA)):
+                    pass
+            except _Failed as failed:  # a hook of that instant: the run fails too
+                self.failures.append(failed.error)
+        self._flush()
+
+    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
+        if not self._end_cut_done:  # a failure ended the rounds: the cut as far as it goes
+            if not self.stuck and not self.dead \
+                    and not any(g.waiting for g in self.groups.values()):
+                try:
+                    self._settle_end()
+                except BaseException as exc:  # a dead group: the others still stop
+                    log.warning("placed run: the last messages could not be delivered: %s",
+                                describe(exc))
+            try:  # after the last messages are in (their drops count), before the stop
+                self.final_stats = self.group_stats()
+            except BaseException as exc:  # a dead group has none; the rest is still ended
+                log.warning("placed run: the final stats could not be taken: %s",
                             describe(exc))
-        try:  # after the last messages are in (their drops count), before the stop
-            self.final_stats = self.group_stats()
-        except BaseException as exc:  # a dead group has none; the rest is still ended
-            log.warning("placed run: the final stats could not be taken: %s", describe(exc))
         for g in self.groups.values():
             if g.name in self.dead:
                 continue  # nothing to stop; its death is the run's failure already

@@ -353,7 +353,8 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
 def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed: int | None,
           workers: int, address: str, host_pid: int, timer: str = "simulated",
           pools: str | None = None, trace: int | None = None,
-          secure: bool = False, heartbeat: str | None = None) -> GroupServer:
+          secure: bool = False, heartbeat: str | None = None,
+          seeds: dict[str, int] | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -364,6 +365,10 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             child of one of them may run in another group).
         seed (int, optional): the run's seed.
         workers (int): the kernel's worker threads.
+        seeds (dict[str, int], optional): the seeds the host settled for the
+            group's nodes (`Run.seeds`: a restored tree's, the nodes' own,
+            derived from ``seed``, or random); they win over ``seed``, so
+            every process seeds its nodes as the host says.
         address (str): the host's data-plane endpoint for this group.
         host_pid (int): the host's pid (the loop ends when the host is gone);
             0: the host is on another machine (its heartbeat tells).
@@ -395,7 +400,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
                        timer=timer, pools=pools, trace=trace, secure=secure,
-                       heartbeat=heartbeat)
+                       heartbeat=heartbeat, seeds=seeds)
 
 
 class GroupServer:
@@ -412,12 +417,12 @@ class GroupServer:
                  seed: int | None, workers: int, address: str, host_pid: int,
                  timer: str = "simulated", pools: str | None = None,
                  trace: int | None = None, secure: bool = False,
-                 heartbeat: str | None = None) -> None:
+                 heartbeat: str | None = None, seeds: dict[str, int] | None = None) -> None:
         self.group = group
         self._timer = timer
         self._traces = KernelTraces(trace)
         self._wake = dataplane.Wake()
-        self._build = (load_factory(factory), net_kwargs, nodes, workers, seed)
+        self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
         self.kernel, found = self._make_kernel()
         self._counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels (reset)
         self._signature = net_signature(found)
@@ -448,11 +453,11 @@ class GroupServer:
             self._thread.start()
 
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
-        factory, net_kwargs, nodes, workers, seed = self._build
+        factory, net_kwargs, nodes, workers, seed, seeds = self._build
         net = build_net(factory, net_kwargs)
         notify = self._wake.set if self._timer == "realtime" else None
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
-                        subtrees=False, trace=self._traces.capacity)
+                        subtrees=False, trace=self._traces.capacity, seeds=seeds)
         return self._traces.track(kernel), walk(net)
 
     def reset(self, timeout: float) -> list[str]:

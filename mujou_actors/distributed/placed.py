@@ -350,6 +350,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                 reach = conv.advertised(link.endpoint, member)
             kwargs = {"group": name, "factory": ref.ref, "net_kwargs": ref.kwargs,
                       "nodes": plan.nodes[name], "seed": args.seed,
+                      # The seeds settled here (a tree's, derived, or random): every
+                      # process seeds as run.seeds says, a restored run as one process.
+                      "seeds": {p: seeds[p] for p in plan.nodes[name]},
                       "workers": workers(len(plan.nodes[name])), "address": reach,
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
@@ -373,7 +376,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
 
         def make_local(net: Any) -> Kernel:
             kernel = Kernel(net, host_nodes, workers=workers(len(host_nodes)),
-                            seed=args.seed, timer=kind,
+                            seed=args.seed, seeds=seeds, timer=kind,
                             notify=wake.set if kind == "realtime" else None, subtrees=False,
                             trace=None if trace is None else trace.share)
             return kernel if trace is None else trace.local.track(kernel)

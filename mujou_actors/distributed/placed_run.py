@@ -21,6 +21,7 @@ from ..errors import (
     NotRunningError,
 )
 from ..host import HOST_QUEUE_DEPTH, Subscription, Waiter, check_depth
+from ..messages import copy_message
 from ..node import Node
 from ..ports import Input, Output, Port
 from ..stats import GroupStats, MachineStats, NodeStats, RunStats, SnapshotStats, percentile
@@ -48,6 +49,9 @@ class PlacedRun:
         self._ports = ports
         self._seeds = seeds
         self._found = found
+        # The host's own writes, by Input path: what observes that Input sees them as one
+        # process's subscriptions do (they come from no Output that the groups publish).
+        self._writes: dict[str, list[Callable[[Any], None]]] = {}
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -172,6 +176,10 @@ class PlacedRun:
     # -- ports ------------------------------------------------------------------------------
     def _path(self, port: Port | str, want: type | None = None) -> str:
         if isinstance(port, Port):
+            # As `Run`: a port object of another net is refused, even at a path of this one.
+            if self._ports.get(port.path) is not port:
+                raise ValueError(f"port {port.path!r} is not part of this run (use the "
+                                 f"ports of run.nodes, or the dotted path)")
             port = port.path
         if not isinstance(port, str):
             raise TypeError(f"expected a port or a dotted port path, got {type(port).__name__}")
@@ -206,6 +214,21 @@ class PlacedRun:
         path = self._path(port, Input)
         checked = self._ports[path].check(value)
         self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
+        for put in list(self._writes.get(path, ())):
+            put(checked)
+
+    def _watch_writes(self, path: str, put: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``put`` with every later host write to ``path`` if it is an Input; the undo."""
+        if not isinstance(self._ports[path], Input):
+            return lambda: None
+        self._writes.setdefault(path, []).append(put)
+
+        def undo() -> None:
+            puts = self._writes.get(path, [])
+            if put in puts:
+                puts.remove(put)
+
+        return undo
 
     def subscribe(self, port: Port | str, callback: Callable[..., None], *,
                   depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
@@ -224,19 +247,31 @@ class PlacedRun:
         if type(with_time) is not bool:
             raise TypeError(f"subscribe({path!r}): with_time must be a bool, got {with_time!r}")
         what = f"subscribe({path!r})"
+        driver = self._driver
+        detaches: list[Callable[[], None]] = []
         if with_time:
-            sub = self._driver.host.subscribe(path, lambda item: callback(*item), depth)
+            sub = driver.host.subscribe(path, lambda item: callback(*item), depth)
             put = sub.put
-            driver = self._driver
 
             def timed(item: tuple[int, int, int, int, Any]) -> None:
                 put((item[0], item[4]))
 
-            detaches = [driver.call(lambda o=o: driver.listen_items(o, timed), 60.0, what)
-                        for o in self._outputs(path)]
+            listen = lambda o: driver.call(  # noqa: E731
+                lambda: driver.listen_items(o, timed), 60.0, what)
+            # A host write's time: the run's when it is written, as in one process.
+            detaches.append(self._watch_writes(path, lambda m: put((self.time_ns, m))))
         else:
-            sub = self._driver.host.subscribe(path, callback, depth)
-            detaches = [self._listen(o, sub.put, what) for o in self._outputs(path)]
+            sub = driver.host.subscribe(path, callback, depth)
+            listen = lambda o: self._listen(o, sub.put, what)  # noqa: E731
+            detaches.append(self._watch_writes(path, sub.put))
+        try:
+            for o in self._outputs(path):
+                detaches.append(listen(o))
+        except BaseException:  # the run ended meanwhile: no subscription is left behind
+            for undo in detaches:
+                undo()
+            sub.cancel()
+            raise
 
         def detach() -> None:
             for undo in detaches:
@@ -266,6 +301,7 @@ class PlacedRun:
         waiter = Waiter(path, what, check_depth(what, depth))
         deadline = None if timeout is None else time.monotonic() + timeout
         detaches = [self._listen(o, waiter.put, what) for o in self._outputs(path)]
+        detaches.append(self._watch_writes(path, waiter.put))
         try:
             self._driver.host.add_waiter(waiter)
             while True:
@@ -273,6 +309,9 @@ class PlacedRun:
                 if not ok or (deadline is not None and time.monotonic() > deadline):
                     raise TimeoutError(f"{what}: no match within {timeout} s"
                                        + waiter.drops_note())
+                # As `Run.wait_for`: the predicate gets a copy of its own, which it may
+                # change (the published message is shared with the other listeners).
+                message = copy_message(message)
                 if predicate is None or predicate(message):
                     return message
         finally:
