@@ -32,6 +32,7 @@ __all__ = [
 ]
 # RemoteError and JoinTimeoutError (below) are not in __all__: the control plane's, not
 # public API (tests/test_public_api.py: a public module's __all__ lists public names).
+# MessageChangedError neither: it reaches users as a NodeError's __cause__.
 
 
 class MujouError(Exception):
@@ -85,6 +86,35 @@ class NodeError(MujouError):
         err = cls(path, hook, f"node {path or '<root>'!r} raised in {hook}: {describe(exc)}")
         err.__cause__ = exc
         return err
+
+
+class MessageChangedError(MujouError, RuntimeError):
+    """A node changed a tensor it received in place (``mujou.run(check_read_only=True)``).
+
+    Messages are read-only: every reader of an Output gets the same tensor,
+    so a reader that changes it in place (``x += 1``, ``x.clamp_(...)``,
+    ``x[0] = 0``) changes what the other readers see. With
+    ``check_read_only=True`` the run compares each received tensor's version
+    counter (``tensor._version``, moved by every in-place operation) before
+    and after the reader's ``on_update``; a tensor that moved fails the node
+    with this error as the `NodeError`'s ``__cause__``, naming the node and
+    its Input. Copy first (``x = x.clone()``) or use an out-of-place op.
+
+    Attributes:
+        path (str): dotted path of the node that changed the message.
+        port (str): dotted path of the Input that received it.
+    """
+
+    def __init__(self, path: str, port: str) -> None:
+        super().__init__(
+            f"node {path or '<root>'!r} changed a tensor received on {port!r} in place in "
+            "on_update; messages are read-only (every reader of the Output gets the same "
+            "tensor): clone it first (x = x.clone()) or use an out-of-place operation")
+        self.path = path
+        self.port = port
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.port))
 
 
 class SnapshotError(MujouError):

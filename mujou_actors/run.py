@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._checks import is_number
+from ._runtime.actor import guard_read_only
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
@@ -520,6 +521,7 @@ def run(
     replay_loop: bool = False,
     replay_allow_damaged: bool = False,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
+    check_read_only: bool = False,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -662,6 +664,17 @@ def run(
             `mujou.testing.reproduce_failure` or ``mujou replay``. One
             process only (no ``placement``). Default: None.
 
+        check_read_only (bool): a debugging aid: fail a node that changes a
+            tensor it received in place (messages are read-only: every reader
+            gets the same tensor). Each received tensor's version counter is
+            compared before and after the reader's ``on_update``; one that
+            moved fails the node with a `NodeError` caused by
+            ``errors.MessageChangedError``, naming the node and its Input
+            (docs/nodes-and-ports.md, "Sending and value semantics"). Costs
+            a few microseconds per update of a node with Inputs when on, and
+            nothing when off. One process only (no ``placement``).
+            Default: False.
+
     Returns:
         Run: the started run.
 
@@ -703,7 +716,7 @@ def run(
                   replay=replay, replace=replace,
                   replay_speed=replay_speed, replay_loop=replay_loop,
                   replay_allow_damaged=replay_allow_damaged,
-                  record_on_failure=record_on_failure)
+                  record_on_failure=record_on_failure, check_read_only=check_read_only)
 
 
 def _start(
@@ -738,6 +751,7 @@ def _start(
     replay_loop: bool = False,
     replay_allow_damaged: bool = False,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
+    check_read_only: bool = False,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -758,6 +772,11 @@ def _start(
                         f"{type(listen).__name__}")
     replaying = _check_replay(args, replay, replace, replay_speed, replay_loop,
                               replay_allow_damaged, placement)
+    if check_flag("check_read_only", check_read_only):
+        if placement is not None:
+            raise ValueError("mujou.run: check_read_only checks the readers of one process; "
+                             "placement is not supported with it")
+        args = dataclasses.replace(args, check_read_only=True)
     capsule = as_capsule(record_on_failure)
     if capsule is not None:
         if placement is not None:
@@ -805,6 +824,7 @@ class _Arguments:
     record_ports: tuple[str, ...] | None = None  # the glob patterns; None: every Output
     record_snapshots: bool = False
     capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
+    check_read_only: bool = False  # wrap each reader's update (actor.guard_read_only)
 
 
 def _capsule_supervisor(supervisor: Supervisor | None, capsule: Capsule) -> Supervisor:
@@ -994,6 +1014,9 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
                                   timer=args.timer, workers=n_workers,
                                   stop_timeout=args.stop_timeout, supervisor=args.supervisor,
                                   rt=rt, tracer=args.tracer, seams=seams)
+        if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
+            for actor in actors:
+                guard_read_only(actor)
         host = Host(coordinator.wiring.host_copy, coordinator.callback_failed)
         coordinator.attach_host(host)
         if args.recording is not None:

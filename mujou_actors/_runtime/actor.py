@@ -21,8 +21,10 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from ..devices import HostCopier, map_tensors, receive
-from ..errors import NodeError
+from torch import Tensor
+
+from ..devices import HostCopier, map_tensors, receive, tensors_in
+from ..errors import MessageChangedError, NodeError
 from ..state import copy_state
 from .keys import ORDER_BITS, SHIFT, Key, unstamp
 from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start, Stop, prune_limit
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from ..node import Node
     from ..ports import Input
 
-__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER"]
+__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER", "guard_read_only"]
 
 # The actor whose context the calling code runs in: set once in the context of
 # each actor that has Outputs (sends.make_send), whose hooks run in it and
@@ -634,3 +636,47 @@ class Actor:
         if envelope.last_update_ns is not None:
             self.set_last_update(envelope.last_update_ns)
         self.failed = False
+
+
+def guard_read_only(actor: Actor) -> None:
+    """Make the actor's ``on_update`` fail if it changes a received tensor in place.
+
+    ``mujou.run(check_read_only=True)``: every tensor in the node's Inputs
+    has its version counter (``tensor._version``, which every in-place
+    operation moves) noted before the update and compared after it; one that
+    moved raises `MessageChangedError` naming the node and the Input, which
+    fails the node as any exception of its hook does. The check wraps
+    ``actor.update`` once, as the run starts: a run without it runs the
+    update as it always does, and pays nothing. Inference-mode tensors keep
+    no version counter and are not checked.
+
+    Args:
+        actor (Actor): an actor whose Inputs are wired (``actor.inputs``).
+    """
+    inputs = actor.inputs
+    if not inputs:
+        return
+    update = actor.update
+    path = actor.path
+
+    def checked(node: Any, dt: float) -> None:
+        held = _versions(inputs)
+        update(node, dt)
+        for port, t, version in held:
+            if t._version != version:
+                raise MessageChangedError(path, port.path)
+
+    actor.update = checked
+
+
+def _versions(inputs: tuple[Input, ...]) -> list[tuple[Input, Tensor, int]]:
+    """Each tensor the Inputs hold, with its Input and its version counter now."""
+    held = []
+    for port in inputs:
+        for message in port._buffer:
+            for t in (message,) if type(message) is Tensor else tensors_in(message):
+                try:
+                    held.append((port, t, t._version))
+                except RuntimeError:  # an inference-mode tensor keeps no version counter
+                    pass
+    return held
