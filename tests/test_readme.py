@@ -1,0 +1,49 @@
+"""README.md tells a newcomer the truth: the venv first, the test command CI runs, its cost."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+SECTION = README[README.index("## Two commands"):README.index("## Learn more")]
+
+
+def _blocks(text: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
+
+
+def test_the_virtual_environment_comes_before_the_two_commands_it_applies_to() -> None:
+    blocks = _blocks(SECTION)
+
+    assert blocks[0] == "python3 -m venv .venv && . .venv/bin/activate"
+    assert [b.split(" && ")[0].split()[:2] for b in blocks[1:]] == [["pip", "install"]] * 2
+
+
+def test_ci_runs_the_exact_test_command_of_the_readme() -> None:
+    test_command = _blocks(SECTION)[2]
+
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+
+    assert test_command == "pip install torch==2.13.0 -e '.[test,examples]' && python -m pytest"
+    assert ci[-1] == test_command
+
+
+def test_the_readme_says_what_the_tests_cost_and_offers_a_quick_subset_that_exists() -> None:
+    quick = re.search(r"`(python -m pytest tests/[^`]*)`", SECTION)
+
+    assert "about 10 minutes on a 2-core machine" in SECTION
+    assert quick is not None
+    files = shlex.split(quick.group(1).replace("\n", " "))[3:]
+    assert len(files) == 6 and all(os.path.isfile(ROOT / f) for f in files)
+
+
+def test_no_version_pin_is_said_to_select_the_cpu_build() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+
+    assert "pins the CPU build" not in README
+    assert "is the CPU build" not in ci
+    assert "--index-url https://download.pytorch.org/whl/cpu" in SECTION
