@@ -429,6 +429,30 @@ def test_a_failing_load_state_dict_is_a_node_error() -> None:
         mujou.run(Picky(), timer="simulated", state=run.state_dict())
 
 
+def test_a_restore_that_one_node_refuses_raises_its_node_error_at_once_every_time() -> None:
+    # Issue 28, item 7: the failure ends the run on the mujou-run thread while the
+    # restore goes on; the next node's Restore then never ran, and the start timed
+    # out naming 'b' and 'c'. Ten tries, each must name 'a' well within the bound.
+    class Refuses(Counter):
+        def load_state_dict(self, state: dict) -> None:
+            raise KeyError("wrong field")
+
+    first = mujou.run({"a": Refuses(), "b": Counter(), "c": Counter()}, timer="simulated",
+                      duration=0.0)
+    first.join()
+    tree = first.state_dict()
+    outcomes = []
+
+    for _ in range(10):
+        with pytest.raises(mujou.MujouError) as info:
+            mujou.run({"a": Refuses(), "b": Counter(), "c": Counter()}, state=tree,
+                      start_timeout=2.0)
+        outcomes.append((type(info.value).__name__, str(info.value)))
+
+    assert outcomes == [("NodeError", "node 'a' raised in load_state_dict: KeyError: "
+                                      "'wrong field'")] * 10
+
+
 def test_a_generator_state_of_the_wrong_device_type_is_refused() -> None:
     node = Counter()
     state = node.state_dict()

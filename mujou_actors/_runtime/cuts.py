@@ -111,7 +111,7 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
 
 def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, Port],
                  tree: Mapping[str, Any], deadline: float, limit: float,
-                 deliver: Callable[[Input, Any], object]) -> None:
+                 deliver: Callable[[Input, Any], object]) -> bool:
     """Load a checked tree into the held (or not started) kernel: Restore envelopes, messages.
 
     Args:
@@ -124,6 +124,13 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
         limit: the timeout that deadline stands for (seconds), for the error.
         deliver: delivers an undelivered message of the tree to its Input
             (as the host's write: before every node's send).
+
+    Returns:
+        bool: True when every node was restored; False when a node's
+        ``load_state_dict`` raised. The loop stops at that node: its failure
+        went to the dispatcher's listener (the caller raises it), and may
+        already be ending the run, whose stop would leave the next nodes'
+        envelopes unrun until the deadline (issue 28, item 7).
 
     Raises:
         StartTimeoutError: the deadline passed (names the stuck node and
@@ -142,7 +149,10 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             stuck = {actor.path: dispatcher.hook_of(actor)} if actor.busy else {}
             rest = [a.path for a in actors[i + (1 if stuck else 0):]]
             raise StartTimeoutError(stuck, rest, limit)
+        if actor.failed:  # set before run_control returned; a success clears it
+            return False
     for path, messages in tree["pending"].items():
         port = ports[path]
         for message in messages:
             deliver(port, copy_message(message))  # type: ignore[arg-type]
+    return True
