@@ -71,9 +71,10 @@ class DyingSystem(InProcessSystem):
         return exits
 
 
-def _placed(system: DyingSystem, duration: float) -> placed.PlacedRun:
+def _placed(system: DyingSystem, duration: float, timer: str = "simulated"
+            ) -> placed.PlacedRun:
     supervisor = mujou.Supervisor("one_for_all", snapshot_every=0.05)
-    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=duration, seed=7,
+    args = _check_arguments(Seams(), workers=1, timer=timer, duration=duration, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
     return placed.start(placed_support.make_net, placement={"sim": "a", "ctrl": "b"},
@@ -108,6 +109,23 @@ def test_a_group_that_dies_as_the_run_ends_is_restored_and_the_run_finished() ->
     assert system.deaths == 1
     assert run.failure is None
     assert_same_tree(run.state_dict(), single(0.2))
+    assert {n.restarts for n in run.stats().nodes.values()} == {1}
+
+
+def test_a_group_that_dies_as_a_real_time_run_ends_is_restored_and_the_run_finished(
+        ) -> None:
+    # In real time the clock cannot rewind: the restored groups end at once, and the
+    # run's final state is taken from them (never an end without it).
+    system = DyingSystem(victim="a", kind=group.Stats)
+    run = _placed(system, 0.3, timer="realtime")
+
+    run.join(60)
+
+    assert system.deaths == 1
+    assert run.failure is None
+    tree = run.state_dict()
+    assert list(tree["nodes"]) == ["sim", "ctrl", "log"]
+    assert tree["time_ns"] >= 300_000_000
     assert {n.restarts for n in run.stats().nodes.values()} == {1}
 
 
