@@ -1079,6 +1079,29 @@ def test_stop_behind_a_stuck_simulated_hook_waits_stop_timeout_once() -> None:
     assert 1.0 <= took < 1.8
 
 
+@pytest.mark.timeout(20)
+def test_a_real_time_run_reaching_its_duration_behind_a_stuck_hook_waits_stop_timeout_once(
+        ) -> None:
+    # Issue 28, item 5: the hooks in flight at the end got stop_timeout of grace,
+    # then the stop waited for them a second stop_timeout.
+    entered, release = threading.Event(), threading.Event()
+    other = Lifecycle()
+    t0 = time.monotonic()
+    run = mujou.run({"s": _StuckUpdate(entered, release), "o": other}, duration=0.1,
+                    stop_timeout=0.5)
+    try:
+        assert entered.wait(5)
+        with pytest.raises(mujou.StopTimeoutError) as info:
+            run.join(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+
+    assert str(info.value) == "stop timed out after 0.5 s: still running: 's' in on_update"
+    assert other.calls[-1] == "on_stop"
+    assert 0.1 + 0.5 <= took < 0.1 + 1.5 * 0.5
+
+
 class _BlockingStop(mujou.Node):
     """on_stop blocks until ``release``."""
 

@@ -707,13 +707,19 @@ class Coordinator:
 
         Two waits of at most ``stop_timeout`` each, as docs/run.md promises:
         one for the hooks in flight (the end of a simulated instant
-        included), one for the ``on_stop`` hooks and the threads' exit.
+        included), one for the ``on_stop`` hooks and the threads' exit. A
+        real-time run that reached its duration gave the hooks in flight
+        their ``stop_timeout`` already (the grace up to the hard end): the
+        first wait only has what is left of it, never a second one.
         """
         dispatcher = self.dispatcher
         timeout = self._stop_timeout
         deadline = time.monotonic() + timeout  # hooks in flight: one wait in all
+        if self.end_reason is EndReason.DURATION and self._hard_end_ns is not None:
+            grace_left = max(0.0, (self._hard_end_ns - self.timer.now_ns()) / 1e9)
+            deadline = min(deadline, time.monotonic() + grace_left)
         # end() asked for the stop at the boundary already (see there).
-        if not dispatcher.wait_stopping(timeout):
+        if not dispatcher.wait_stopping(max(0.0, deadline - time.monotonic())):
             dispatcher.stop_now()  # the instant does not finish: a hook is stuck
         left = max(0.0, deadline - time.monotonic())
         stuck = {a.path: dispatcher.hook_of(a) for a in dispatcher.wait_idle(left)}
