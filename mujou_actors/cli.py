@@ -1000,8 +1000,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             if loop or duration is not None or seed is not None or record_path is not None \
                     or explicit_speed or foxglove is not None:
                 raise UsageError("a crash capsule is replayed from its snapshot to its failure "
-                                 "on the simulated timer: --speed, --loop, --duration, --seed, "
-                                 "--record and --foxglove do not go with it")
+                                 "on the simulated timer: --speed, --loop, --duration, --seed "
+                                 "and --record do not go with it, nor --foxglove")
             if allow_damaged:
                 raise UsageError("a crash capsule is reproduced from a whole file: "
                                  "--allow-damaged does not go with it")

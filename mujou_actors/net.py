@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from ._checks import is_int, is_number
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
@@ -291,3 +293,80 @@ def resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any
             raise ValueError(f"mujou.run: inputs names {name!r}, which is not an Input of the net")
         resolved.append((port, port.check(value)))  # copied at delivery, for its device
     return resolved
+
+
+LARGE_PERIOD_S = 10.0
+"""A node's ``period`` above this many seconds is warned about: most likely a rate (Hz)."""
+
+_SCANNED = 256  # items of an attribute's container looked at for nodes held out of the net
+
+
+def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
+                     initial: list[tuple[Input, Any]], end_s: float | None) -> None:
+    """Log the silent mistakes a net may hold; none of them stops the run.
+
+    * a ``period`` above `LARGE_PERIOD_S` (``period=500`` meant as 500 Hz);
+    * a triggering Input that nothing is connected to (nor given in
+      ``inputs=``): its node updates on it only if the host writes to it;
+    * nodes held where the walk does not look (a list inside a list, a helper
+      object): they are not part of the net and never run.
+
+    Args:
+        found (list): the net's ``(path, node)`` pairs (`walk`).
+        ports (Mapping[str, Port]): its ports by dotted path (`collect_ports`).
+        initial (list): ``inputs=``, resolved (`resolve_inputs`).
+        end_s (float | None): the run's ``duration``.
+    """
+    given = {id(port) for port, _ in initial}
+    in_net = {id(node) for _, node in found}
+    for path, node in found:
+        name = path or "<root>"
+        period = node._mujou_period_ns
+        if period is not None and period > LARGE_PERIOD_S * 1e9:
+            seconds = period / 1e9
+            updates = "" if end_s is None else f" ({int(end_s // seconds)} updates in " \
+                                               f"duration={end_s:g} s)"
+            log.warning("node %r (%s) has period=%g s, one update every %g s%s: a rate in "
+                        "Hz? period is the seconds between updates (%g Hz is period=%g)",
+                        name, type(node).__name__, seconds, seconds, updates, seconds,
+                        1 / seconds)
+        for attr, where in _nodes_out_of_net(node, in_net):
+            log.warning("node %r (%s) holds a Node in self.%s (%s): it is not part of the net "
+                        "and never runs; hold nodes in attributes, or in lists, tuples or "
+                        "dicts of nodes directly (docs/nodes-and-ports.md, 'Composition and "
+                        "paths')", name, type(node).__name__, attr, where)
+    for path, port in ports.items():
+        if not isinstance(port, Input) or port._sources or id(port) in given:
+            continue
+        owner = port.node
+        triggers = port._trigger if port._trigger is not None \
+            else owner._mujou_period_ns is None
+        if triggers:
+            log.warning("Input %r triggers node %r but nothing is connected to it: the node "
+                        "updates on it only if the host writes to it (run.write); connect an "
+                        "Output to it (mujou.connect)%s", path,
+                        owner._mujou_path or "<root>",
+                        " or give the node a period" if owner._mujou_period_ns is None else "")
+
+
+def _nodes_out_of_net(node: Node, in_net: set[int]) -> list[tuple[str, str]]:
+    """Attributes of ``node`` holding nodes that the walk does not reach, and how."""
+    found = []
+    for attr, value in vars(node).items():
+        if attr.startswith("_mujou") or isinstance(value, (Node, torch.Tensor, str, bytes)):
+            continue
+        if isinstance(value, (list, tuple, dict)):
+            items = list(value.values() if isinstance(value, dict) else value)[:_SCANNED]
+            for item in items:
+                if isinstance(item, (list, tuple, dict)):
+                    inner = item.values() if isinstance(item, dict) else item
+                    if any(isinstance(x, Node) and id(x) not in in_net
+                           for x in list(inner)[:_SCANNED]):
+                        found.append((attr, "a container inside a container"))
+                        break
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)) \
+                and not callable(value):
+            if any(isinstance(x, Node) and id(x) not in in_net
+                   for x in list(vars(value).values())[:_SCANNED]):
+                found.append((attr, f"an attribute of a {type(value).__name__}"))
+    return found

@@ -233,11 +233,17 @@ def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) 
     return [path for path in outputs if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
 
 
-def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
-                 seeds: Mapping[str, int], seed: int | None, timer: str, workers: int | None,
-                 placement: Mapping[str, str] | None,
-                 patterns: tuple[str, ...] | None) -> dict[str, str]:
-    """The ``mujou.run`` metadata of a recording (see docs/recording.md for the keys)."""
+def describe_net(found: list[tuple[str, Node]], ports: Mapping[str, Port]) -> dict[str, Any]:
+    """The net as a recording's ``net`` metadata holds it: nodes, their ports, connections.
+
+    Args:
+        found (list): the net's ``(path, node)`` pairs, in its order (`net.walk`).
+        ports (Mapping[str, Port]): its ports by dotted path.
+
+    Returns:
+        dict: ``{"nodes": [{"path", "class", "order", "ports": [{"name", "kind",
+        "type"}]}], "connections": [[output path, input path], ...]}``.
+    """
     from .ports import Input, Output
 
     nodes = []
@@ -253,6 +259,14 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         if isinstance(port, Output):
             connections.extend([path, reader.path] for reader in port._readers
                                if isinstance(reader, Input))
+    return {"nodes": nodes, "connections": connections}
+
+
+def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
+                 seeds: Mapping[str, int], seed: int | None, timer: str, workers: int | None,
+                 placement: Mapping[str, str] | None,
+                 patterns: tuple[str, ...] | None) -> dict[str, str]:
+    """The ``mujou.run`` metadata of a recording (see docs/recording.md for the keys)."""
     return {
         "format": mcapfile.FORMAT,
         "mujou_actors": mcapfile.package_version(),
@@ -264,7 +278,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "seeds": json.dumps(dict(seeds)),
         "workers": "" if workers is None else str(workers),  # "": a placed run's defaults
         "placement": "" if placement is None else json.dumps(dict(placement)),
-        "net": json.dumps({"nodes": nodes, "connections": connections}),
+        "net": json.dumps(describe_net(found, ports)),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
         "numerics": json.dumps(numerics()),

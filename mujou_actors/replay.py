@@ -29,6 +29,7 @@ Nothing here is for users to import: ``mujou.run`` and
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -215,7 +216,69 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         feeds[node_path] = FileFeed(file, node_path, outputs, scale=None if simulated else speed,
                                     loop_ns=length if loop else None,
                                     exact=timer == "simulated", allow_damaged=allow_damaged)
+    _warn_other_net(file, found_info.run.get("net"), found, ports)
     return Replay(file, feeds, dict(found_info.seeds), length, found_info)
+
+
+def _warn_other_net(file: str, recorded: Any, found: list[tuple[str, Node]],
+                    ports: Mapping[str, Port]) -> None:
+    """Log how the net differs from the one the recording was made with, if it does.
+
+    The types of the replayed Outputs are checked (a mismatch is refused);
+    this catches the rest: a recording replayed into another net whose types
+    happen to match (other nodes, classes, ports or connections).
+    """
+    from .recording import describe_net
+
+    try:
+        then: Any = json.loads(recorded) if isinstance(recorded, str) else {}
+        before = {n["path"]: n for n in then["nodes"]}
+        wired_before = {tuple(c) for c in then["connections"]}
+    except (ValueError, TypeError, KeyError):
+        return  # no description (an older file): nothing to compare
+    now = describe_net(found, ports)
+    after = {n["path"]: n for n in now["nodes"]}
+    wired_after = {tuple(c) for c in now["connections"]}
+    problems = []
+    gone, new = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+    if gone:
+        problems.append(f"nodes only in the recording: {', '.join(map(repr, gone))}")
+    if new:
+        problems.append(f"nodes only in this net: {', '.join(map(repr, new))}")
+    for path in sorted(set(before) & set(after)):
+        b, a = before[path], after[path]
+        if b.get("class") != a["class"]:
+            problems.append(f"{path or '<root>'!r} was a {b.get('class')}, is a {a['class']}")
+        elif b.get("ports") != a["ports"]:
+            problems.append(f"{path or '<root>'!r} ({a['class']}) has other ports")
+    if wired_before != wired_after:
+        problems.append(f"{len(wired_before ^ wired_after)} connection(s) differ")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
+                                            if len(problems) > 5 else "")
+        log.warning("replay of %s into another net than the one recorded: %s (the replayed "
+                    "types match, so it runs; is it the net you meant?)", file, shown)
+
+
+def warn_no_duration(replay: Replay, loop: bool, end_s: float | None) -> None:
+    """Warn of a replay without ``duration`` (the CLI passes the recording's length).
+
+    Once the recording ends the replaced nodes send nothing more, and the run
+    goes on: on the simulated timer, with no periodic node left to run, time
+    stands still there and `Run.join` never returns.
+
+    Args:
+        replay (Replay): the planned replay.
+        loop (bool): ``replay_loop`` (a loop has no end: no warning).
+        end_s (float | None): the run's ``duration``.
+    """
+    if end_s is None and not loop:
+        seconds = replay.length_ns / 1e9
+        log.warning("replay of %s without duration: the recording ends at t = %g s, and the "
+                    "run goes on after it (the replaced nodes send nothing more; on the "
+                    "simulated timer with no periodic node left, time stands still and join() "
+                    "never returns): pass duration=%g to end with the recording",
+                    replay.path, seconds, seconds)
 
 
 def _check_spec(file: str, output: Output, shape: list[int | None] | None,

@@ -42,6 +42,7 @@ from .net import (
     resolve_inputs,
     settle_seeds,
     walk,
+    warn_suspect_net,
     warn_unknown_hooks,
 )
 from .node import Node, check_seed
@@ -929,6 +930,7 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
     try:
         ports = collect_ports(found)
         initial = resolve_inputs(ports, inputs)
+        warn_suspect_net(found, ports, initial, args.end_s)
         if args.tree is not None:
             check_fit(args.tree, found, ports, state)
         seeds = settle_seeds(found, args.tree, args.seed)
@@ -976,6 +978,7 @@ def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
     they were.
     """
     from .replay import plan as plan_replay
+    from .replay import warn_no_duration
 
     try:
         replay = plan_replay(path, replace, plan.found, plan.ports,
@@ -984,6 +987,7 @@ def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
     except BaseException:
         plan.give_back_paths()
         raise
+    warn_no_duration(replay, loop, args.end_s)
     seeds = dict(plan.seeds)
     if args.seed is None:
         tree_seeds = {} if args.tree is None else args.tree["seeds"]

@@ -70,6 +70,13 @@ _unended: weakref.WeakSet[Coordinator] = weakref.WeakSet()
 @atexit.register
 def _stop_runs_at_exit() -> None:
     for coordinator in list(_unended):
+        paths = [a.path or "<root>" for a in coordinator.actors]
+        log.warning("a run of %s was still running when the interpreter exited: it is "
+                    "stopped now, at t = %.3f s of its timer; to let it reach its duration, "
+                    "call run.join() (or use `with mujou.run(...) as run: run.join()`) "
+                    "before the script ends", ", ".join(repr(p) for p in paths[:3])
+                    + (f" and {len(paths) - 3} more nodes" if len(paths) > 3 else ""),
+                    coordinator.timer.now_ns() / 1e9)
         try:
             coordinator.end(EndReason.STOPPED)
             coordinator.wait_ended(None)

@@ -1,0 +1,160 @@
+"""Silent mistakes that the run warns of as it starts (or as the interpreter exits).
+
+Each is logged on the ``mujou_actors`` logger, names the node, port or file,
+and changes nothing else: the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+import mujou_actors as mujou
+from tests.replay_support import record
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Ticker(mujou.Node):
+    out = mujou.Output(torch.Tensor, shape=(1,))
+
+    def __init__(self, period: float | None = 0.01) -> None:
+        super().__init__(period=period)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send(torch.ones(1))
+
+
+class Listener(mujou.Node):
+    inp = mujou.Input(torch.Tensor, shape=(1,))
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.count = 0
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+
+
+class OtherListener(Listener):
+    """Another class with the same ports: a replay's types match it."""
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, net: Any, **kwargs: Any) -> list[str]:
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        run = mujou.run(net, timer="simulated", **kwargs)
+        run.stop() if kwargs.get("duration") is None else run.join()
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_period_that_looks_like_a_rate_is_warned_of_with_its_updates(caplog) -> None:
+    warned = _warnings(caplog, {"fast": Ticker(period=500), "ok": Ticker(period=10)},
+                       duration=10)
+
+    assert len(warned) == 1
+    assert warned[0].startswith("node 'fast' (Ticker) has period=500 s, one update every "
+                                "500 s (0 updates in duration=10 s): a rate in Hz?")
+    assert warned[0].endswith("the seconds between updates (500 Hz is period=0.002)")
+
+
+def test_a_triggering_input_connected_to_nothing_is_warned_of(caplog) -> None:
+    lonely, fed, given = Listener(), Listener(), Listener()
+    ticker = Ticker()
+    mujou.connect(ticker.out, fed.inp)
+
+    warned = _warnings(caplog, {"lonely": lonely, "fed": fed, "given": given, "t": ticker},
+                       duration=0.05, inputs={"given.inp": torch.zeros(1)})
+
+    assert warned == ["Input 'lonely.inp' triggers node 'lonely' but nothing is connected to "
+                      "it: the node updates on it only if the host writes to it (run.write); "
+                      "connect an Output to it (mujou.connect) or give the node a period"]
+
+
+class Helper:
+    def __init__(self) -> None:
+        self.sensor = Ticker()
+
+
+class Rig(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.rows = [[Ticker(), Ticker()]]        # a list inside a list: not walked
+        self.parts = Helper()                      # a helper object: not walked
+        self.flat = [Ticker()]                     # walked: part of the net
+        self.numbers = [[1, 2], [3]]               # no nodes: nothing to say
+
+
+def test_nodes_held_where_the_walk_does_not_look_are_warned_of(caplog) -> None:
+    rig = Rig()
+
+    warned = _warnings(caplog, rig, duration=0.05)
+
+    assert warned == [
+        "node '<root>' (Rig) holds a Node in self.rows (a container inside a container): it is "
+        "not part of the net and never runs; hold nodes in attributes, or in lists, tuples or "
+        "dicts of nodes directly (docs/nodes-and-ports.md, 'Composition and paths')",
+        "node '<root>' (Rig) holds a Node in self.parts (an attribute of a Helper): it is not "
+        "part of the net and never runs; hold nodes in attributes, or in lists, tuples or "
+        "dicts of nodes directly (docs/nodes-and-ports.md, 'Composition and paths')"]
+    assert rig.flat[0].out.path == "flat.0.out"
+
+
+def test_a_run_left_running_when_the_script_exits_is_warned_of(tmp_path) -> None:
+    script = tmp_path / "forgot_join.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {ROOT!r})\n"
+        "import mujou_actors as mujou\n"
+        "from tests.test_warnings import Ticker\n"
+        "run = mujou.run({'a': Ticker(), 'b': Ticker()}, duration=30)\n")
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+
+    assert done.returncode == 0, done.stderr
+    assert "a run of 'a', 'b' was still running when the interpreter exited" in done.stderr
+    assert "call run.join()" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """0.1 s of a ticker feeding a listener."""
+    path = str(tmp_path_factory.mktemp("rec") / "run.mcap")
+    ticker, listener = Ticker(), Listener()
+    mujou.connect(ticker.out, listener.inp)
+    record({"t": ticker, "l": listener}, path, timer="simulated", duration=0.1, seed=1)
+    return path
+
+
+def _replayed(listener: Listener) -> dict[str, mujou.Node]:
+    ticker = Ticker()
+    mujou.connect(ticker.out, listener.inp)
+    return {"t": ticker, "l": listener}
+
+
+def test_a_replay_without_duration_is_warned_of_with_the_recording_length(
+        caplog, recording: str) -> None:
+    warned = _warnings(caplog, _replayed(Listener()), replay=recording, replace=["t"])
+    quiet = _warnings(caplog, _replayed(Listener()), replay=recording, replace=["t"],
+                      duration=0.1)
+
+    assert len(warned) == 1
+    assert warned[0].startswith(f"replay of {recording} without duration: the recording "
+                                "ends at t = 0.1 s")
+    assert warned[0].endswith("pass duration=0.1 to end with the recording")
+    assert quiet == warned  # caplog keeps the first run's; the second added nothing
+
+
+def test_a_recording_replayed_into_another_net_is_warned_of(caplog, recording: str) -> None:
+    warned = _warnings(caplog, _replayed(OtherListener()), replay=recording, replace=["t"],
+                       duration=0.1)
+
+    assert warned == [
+        f"replay of {recording} into another net than the one recorded: 'l' was a "
+        "tests.test_warnings:Listener, is a tests.test_warnings:OtherListener (the replayed "
+        "types match, so it runs; is it the net you meant?)"]
