@@ -734,6 +734,9 @@ def main() -> None:
 @click.option("--capsule-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --capsule: seconds of the run's timer between its snapshots "
                    "(default: --snapshot-every, else 5).")
+@click.option("--check-read-only", is_flag=True,
+              help="Fail a node that changes a received tensor in place, naming it and its "
+                   "Input (mujou.run(check_read_only=True)): a debugging aid.")
 @click.option("--place", "places", multiple=True, metavar="PATH=[MACHINE:]GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
                    "for more. MACHINE[,FALLBACK...]: GROUP runs on that member (see "
@@ -763,8 +766,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 record_snapshots: bool, record_view: bool, foxglove: str | None,
                 foxglove_publish: bool, foxglove_origins: tuple[str, ...],
                 capsule_path: str | None, capsule_seconds: float | None,
-                places: tuple[str, ...], net_kwargs: str | None, listen: str | None,
-                join_timeout: float, allow_remote: bool, heartbeat_timeout: float,
+                check_read_only: bool, places: tuple[str, ...], net_kwargs: str | None,
+                listen: str | None, join_timeout: float, allow_remote: bool,
+                heartbeat_timeout: float,
                 quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
@@ -824,6 +828,11 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                                                     snapshot_dir=snapshot_dir)
         if trace_path is not None:
             kwargs["trace"] = trace_path
+        if check_read_only:
+            if places:
+                raise UsageError("--check-read-only checks the readers of one process; it "
+                                 "does not go with --place")
+            kwargs["check_read_only"] = True
         if record_path is not None:
             kwargs.update(record=record_path, record_ports=list(record_ports) or None,
                           record_snapshots=record_snapshots, record_view=record_view)

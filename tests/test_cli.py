@@ -672,3 +672,47 @@ def test_foxglove_with_place_says_why_not_and_what_to_do_instead() -> None:
     assert result.returncode == 2
     assert "--record FILE --record-view" in result.stderr
     assert "a placed run's groups send theirs to other processes" in result.stderr
+
+
+MUTATING_NET = """
+import torch
+import mujou_actors as mujou
+
+class Source(mujou.Node):
+    out = mujou.Output(torch.Tensor, shape=(2,))
+
+    def __init__(self):
+        super().__init__(period=0.01)
+
+    def on_update(self, dt):
+        self.out.send(torch.zeros(2))
+
+class Adder(mujou.Node):
+    inp = mujou.Input(torch.Tensor, shape=(2,))
+
+    def __init__(self):
+        super().__init__(period=None)
+
+    def on_update(self, dt):
+        self.inp.read().add_(1)
+
+def make_net():
+    src, adder = Source(), Adder()
+    mujou.connect(src.out, adder.inp)
+    return {"src": src, "adder": adder}
+"""
+
+
+def test_check_read_only_fails_the_node_that_changes_a_received_tensor(tmp_path) -> None:
+    (tmp_path / "mutating.py").write_text(MUTATING_NET)
+    args = ("run", str(tmp_path / "mutating.py"), "--timer", "simulated", "--duration", "0.1",
+            "--quiet")
+
+    checked = mujou_cmd(*args, "--check-read-only")
+    unchecked = mujou_cmd(*args)
+
+    assert checked.returncode == 1
+    assert checked.stderr.startswith("error: NodeError: node 'adder' raised in on_update: "
+                                     "MessageChangedError: node 'adder' changed a tensor "
+                                     "received on 'adder.inp' in place")
+    assert unchecked.returncode == 0, unchecked.stderr
