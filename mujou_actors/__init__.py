@@ -10,6 +10,7 @@ from . import cuda as cuda  # the public submodule mujou.cuda
 from . import testing as testing  # the public submodule mujou.testing
 from .capsule import Capsule
 from .errors import (
+    AlgebraicLoopError,
     CallbackError,
     GroupDied,
     MujouError,
@@ -45,6 +46,7 @@ from .supervisor import Supervisor, latest_snapshot
 from .trace import Tracer
 
 __all__ = [
+    "AlgebraicLoopError",
     "CallbackError",
     "Capsule",
     "CapsuleStats",

@@ -21,6 +21,7 @@ __all__ = [
     "MujouError",
     "PortTypeError",
     "NodeError",
+    "AlgebraicLoopError",
     "SnapshotError",
     "RecordingError",
     "StartTimeoutError",
@@ -86,6 +87,57 @@ class NodeError(MujouError):
         err = cls(path, hook, f"node {path or '<root>'!r} raised in {hook}: {describe(exc)}")
         err.__cause__ = exc
         return err
+
+
+class AlgebraicLoopError(NodeError, RuntimeError):
+    """One instant took more than ``max_delta_cycles`` delta cycles: an algebraic loop.
+
+    Nodes that trigger one another with no delay (an *algebraic loop*: the
+    plant triggered by the command, the controller by the state) run delta
+    cycles at one instant for as long as they keep sending: simulated time
+    never advances; in real time their updates stay due at that instant
+    (a triggered update is due when its cause was) and run back to back.
+    ``mujou.run`` warns of every such ring of triggering Inputs when it
+    starts; an instant past ``max_delta_cycles`` stops the run
+    with this error, which ``join()`` and the ``with`` block raise as they
+    raise a node's failure (it is a ``NodeError``, and a ``RuntimeError``).
+
+    Attributes:
+        nodes (list[str]): paths of the nodes of the loop, those that updated
+            in its last delta cycles and those of the ring found before the start.
+        loop (str): the ring's connections in words (``""`` if none was found).
+        time_ns (int): the instant, ns of the run's timer.
+        delta (int): the delta cycle the run had reached at that instant (real
+            time: the updates of one node due at that instant, in a row).
+        path (str): the first of ``nodes``; hook: ``"on_update"``.
+    """
+
+    def __init__(self, nodes: list[str], time_ns: int, delta: int, loop: str = "",
+                 group: str = "") -> None:
+        names = ", ".join(repr(p or "<root>") for p in nodes) or "?"
+        ring = f" (the ring: {loop})" if loop else ""
+        where = f" in group {group!r}" if group else ""
+        super().__init__(
+            nodes[0] if nodes else "", "on_update",
+            f"algebraic loop: nodes {names} triggered one another for {delta} delta cycles "
+            f"at the instant t = {time_ns} ns ({time_ns / 1e9:g} s of the run's timer)"
+            f"{where}{ring}; the instant never ends. Give one node a period, or make one "
+            f"of the Inputs trigger=False (or raise mujou.run(max_delta_cycles=))")
+        self.nodes = list(nodes)
+        self.loop = loop
+        self.time_ns = time_ns
+        self.delta = delta
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_algebraic_loop, (self.nodes, self.time_ns, self.delta, self.loop, str(self)))
+
+
+def _algebraic_loop(nodes: list[str], time_ns: int, delta: int, loop: str,
+                    message: str) -> AlgebraicLoopError:
+    """`AlgebraicLoopError` rebuilt with its message as it was (pickling)."""
+    err = AlgebraicLoopError(nodes, time_ns, delta, loop)
+    err.args = (message,)
+    return err
 
 
 class MessageChangedError(MujouError, RuntimeError):

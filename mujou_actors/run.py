@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._checks import is_number
+from ._checks import is_int, is_number
 from ._runtime.actor import guard_read_only
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
+from ._runtime.loops import DEFAULT_MAX_DELTA_CYCLES, warn_loops
 from ._runtime.replay import Feed
 from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
@@ -506,6 +507,7 @@ def run(
     stats: bool = True,
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
+    max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
     placement: Mapping[str, str] | None = None,
     net_kwargs: Mapping[str, Any] | None = None,
     listen: str | None = None,
@@ -578,12 +580,20 @@ def run(
             Default: True.
         stop_timeout (float): wall seconds ``stop()`` waits for the hooks in
             flight, and then again for the ``on_stop`` hooks, before it reports
-            the stuck nodes: it returns within twice this. Default: 10.
+            the stuck nodes: it returns within twice this. Also how long a
+            hook may run before the run logs that it is still running (and
+            again after twice as long, and so on). Default: 10.
         start_timeout (float): wall seconds that the start phase (every
             ``on_start``, then the restore of ``state``) may take in all.
             ``on_start`` hooks begin in the net's order (parents first): one
             after the other on a single worker, so an ``on_start`` must never
             wait for a later node's. Default: 60.
+        max_delta_cycles (int): simulated time: the delta cycles one instant
+            may take. Nodes that trigger one another with no delay (an
+            algebraic loop, warned of when the run starts) never let time
+            advance; an instant past this limit stops the run and ``join()``
+            raises `AlgebraicLoopError`, naming the nodes and the instant.
+            Default: 10000.
         placement (Mapping[str, str], optional): run groups of nodes in
             processes of their own (docs/processes.md): node path (its whole
             subtree) -> group name; nodes not named stay in this process (the
@@ -664,7 +674,6 @@ def run(
             every ``Capsule.seconds`` (5 s of its timer). Replay it with
             `mujou.testing.reproduce_failure` or ``mujou replay``. One
             process only (no ``placement``). Default: None.
-
         check_read_only (bool): a debugging aid: fail a node that changes a
             tensor it received in place (messages are read-only: every reader
             gets the same tensor). Each received tensor's version counter is
@@ -710,7 +719,8 @@ def run(
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                  start_timeout=start_timeout, placement=placement, net_kwargs=net_kwargs,
+                  start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
+                  placement=placement, net_kwargs=net_kwargs,
                   listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
                   heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
                   record_snapshots=record_snapshots, record_view=record_view,
@@ -736,6 +746,7 @@ def _start(
     stats: bool = True,
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
+    max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
     placement: Mapping[str, str] | None = None,
     net_kwargs: Mapping[str, Any] | None = None,
     listen: str | None = None,
@@ -762,7 +773,8 @@ def _start(
     args = _check_arguments(seams, workers=workers, timer=timer, duration=duration,
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
-                            start_timeout=start_timeout, record=record,
+                            start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
+                            record=record,
                             record_ports=record_ports, record_snapshots=record_snapshots,
                             record_view=record_view)
     join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
@@ -826,6 +838,7 @@ class _Arguments:
     record_snapshots: bool = False
     capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
     check_read_only: bool = False  # wrap each reader's update (actor.guard_read_only)
+    max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES  # an instant's delta cycles, at most
 
 
 def _capsule_supervisor(supervisor: Supervisor | None, capsule: Capsule) -> Supervisor:
@@ -845,6 +858,7 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
                      supervisor: Supervisor | None,
                      trace: str | os.PathLike[str] | Tracer | None, cuda_sync: str,
                      stats: bool, stop_timeout: float, start_timeout: float,
+                     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
                      record: str | os.PathLike[str] | Recording | None = None,
                      record_ports: Sequence[str] | None = None,
                      record_snapshots: bool = False,
@@ -855,6 +869,9 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
     end_s = None if duration is None else check_seconds("duration", duration, allow_zero=True)
     timeout = check_seconds("stop_timeout", stop_timeout, allow_zero=False)
     start_limit = check_seconds("start_timeout", start_timeout, allow_zero=False)
+    if not is_int(max_delta_cycles) or max_delta_cycles < 1:
+        raise (TypeError if not is_int(max_delta_cycles) else ValueError)(
+            f"mujou.run: max_delta_cycles must be an int >= 1, got {max_delta_cycles!r}")
     check_seed(seed, "mujou.run")
     check_flag("stats", stats)
     if supervisor is not None and not isinstance(supervisor, Supervisor):
@@ -881,7 +898,8 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
         recording = copy.copy(recording)
         recording.view = True
     return _Arguments(timer=t, workers=workers, end_s=end_s, stop_timeout=timeout,
-                      start_timeout=start_limit, seed=seed, stats=stats, supervisor=supervisor,
+                      start_timeout=start_limit, max_delta_cycles=max_delta_cycles,
+                      seed=seed, stats=stats, supervisor=supervisor,
                       tree=tree, cuda_sync=cuda_sync, tracer=tracer, recording=recording,
                       record_ports=patterns, record_snapshots=record_snapshots)
 
@@ -1018,6 +1036,8 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
                                   timer=args.timer, workers=n_workers,
                                   stop_timeout=args.stop_timeout, supervisor=args.supervisor,
                                   rt=rt, tracer=args.tracer, seams=seams)
+        coordinator.dispatcher.set_loop_limit(
+            args.max_delta_cycles, warn_loops(plan.found, args.max_delta_cycles))
         if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
             for actor in actors:
                 guard_read_only(actor)

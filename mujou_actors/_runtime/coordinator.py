@@ -55,6 +55,7 @@ from .mailbox import Restore, Start, Stop
 from .protocols import CapsuleSide, HostSide, RecorderSide, Subscribed
 from .requests import StateRequest, StateRequests
 from .snapshots import Snapshots
+from .watchdog import Watchdog
 
 __all__ = ["Coordinator", "EndReason", "ON_COORDINATOR"]
 
@@ -152,6 +153,7 @@ class Coordinator:
                 actor.trace = recorder
             self._trace = (tracer, recorder)
         self.dispatcher = Dispatcher(actors, timer, workers, self, recorder)
+        self._watchdog = Watchdog(self.dispatcher, stop_timeout)  # hooks that do not return
         self.wiring: Wiring = seams.wire(actors, ports, self.dispatcher, rt)
         self._save_snapshot = seams.save_snapshot
         # Subscriptions, waiters and the mujou-host thread: the run's host side,
@@ -567,7 +569,8 @@ class Coordinator:
         return False
 
     def _next_timeout(self) -> float | None:
-        """Wall seconds until the coordinator must look again (None: an event will come)."""
+        """Wall seconds until the coordinator must look again (the watchdog looks at least
+        every half stop_timeout)."""
         now_ns = self.timer.now_ns()
         now = time.monotonic()
         snapshots = self._snapshots
@@ -578,7 +581,8 @@ class Coordinator:
             left.append(snapshots.deadline - now)
         if self._restart_due is not None:
             left.append(self._restart_due[1] - now)
-        return max(0.0, min(left)) if left else None
+        left.append(self._watchdog.next_look())
+        return max(0.0, min(left))
 
     def _at_hold(self) -> None:
         """The net is held: restart it, take the due snapshot, answer the requests."""
@@ -683,6 +687,7 @@ class Coordinator:
                     event: _Event = self._events.get(timeout=self._next_timeout())
                 except queue.Empty:
                     event = _Signal.WAKE  # a deadline or a time of the schedule has come
+                self._watchdog.look()
                 if event is _Signal.END:
                     break
                 if event is _Signal.REACHED_END:

@@ -36,9 +36,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import AlgebraicLoopError
 from .actor import NEVER, Actor
 from .calendar import Calendar, Group
 from .keys import CONTROL_KEY, CONTROL_T, HOST_STAMP, ORDER_BITS, Key, pack, unstamp
+from .loops import DEFAULT_MAX_DELTA_CYCLES, Loop, describe_loop
 from .mailbox import STAMP, Delivery, Envelope, Snapshot
 from .policy import RealTime, SimulatedTime, Step, make_policy
 from .protocols import KernelListener
@@ -167,6 +169,12 @@ class Dispatcher:
         self._batch_budget_ns = None if workers == 1 else BATCH_BUDGET_NS
         self._batch_max = self.policy.batch_max(workers)
         self._delta_step = self.policy.delta_step  # read per update (_flush_triggers)
+        # Simulated time: an instant past this many delta cycles is an algebraic
+        # loop (set_loop_limit); checked where the frontier enters a delta cycle.
+        self._max_delta = DEFAULT_MAX_DELTA_CYCLES
+        self._loops: tuple[Loop, ...] = ()  # the net's rings, found before the start
+        self.loop_error: AlgebraicLoopError | None = None
+        self._repeats: dict[Actor, int] = {}  # real time: see _repeated
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
@@ -212,6 +220,22 @@ class Dispatcher:
             self._end_ns = end_ns
             self._grace_ns = grace_ns
             self._cond.notify_all()
+
+    def set_loop_limit(self, max_delta_cycles: int, loops: Sequence[Loop] = ()) -> None:
+        """Simulated time: stop the run when an instant takes more than ``max_delta_cycles``.
+
+        Past the limit the dispatcher stops starting timed work at once (the
+        instant never ends by itself) and tells its listener (`crashed`) of an
+        `AlgebraicLoopError` naming the nodes of the loop and the instant.
+
+        Args:
+            max_delta_cycles (int): delta cycles one instant may take, >= 1.
+            loops (Sequence[Loop]): the net's algebraic loops found before the
+                start (`loops.find_loops`), named in the error.
+        """
+        with self._cond:
+            self._max_delta = max_delta_cycles
+            self._loops = tuple(loops)
 
     def hold_at(self, cut_ns: int | None) -> None:
         """Simulated time: hold at a consistent cut once every update due at ``t <= cut_ns`` ran.
@@ -259,8 +283,14 @@ class Dispatcher:
             return True
 
     def next_due(self) -> Key | None:
-        """The key of the earliest pending work (None: none), stale entries dropped."""
+        """The key of the earliest pending work (None: none), stale entries dropped.
+
+        None after an algebraic loop stopped the dispatcher (`set_loop_limit`):
+        its instant never ends, and nothing of it runs any more.
+        """
         with self._cond:
+            if self.loop_error is not None:
+                return None
             return self._calendar.earliest()
 
     @property
@@ -393,6 +423,16 @@ class Dispatcher:
         """The hooks in flight now, ``{node path: hook name}`` (``"?"`` between hooks)."""
         with self._cond:
             return self._busy_hooks()
+
+    def hooks_in_flight(self) -> dict[str, tuple[str, Key, int]]:
+        """The hooks running now: ``{node path: (hook name, its key, the node's updates)}``.
+
+        For the watchdog (`watchdog.Watchdog`): the three together tell one
+        call of a hook from the next one of the same node.
+        """
+        with self._cond:
+            return {a.path: (self.hook_of(a), a.stamp, a.updates) for a in self.actors
+                    if a.busy and (a.hook is not None or a in self._in_control)}
 
     def _busy_hooks(self) -> dict[str, str]:
         return {a.path: a.hook or "?" for a in self.actors if a.busy}
@@ -847,6 +887,8 @@ class Dispatcher:
                 bound = self._bound
                 self._settle(key if key is not None and key < bound else bound)
         if key is not None and key[0] == self._frontier[0] and self._bound is None:
+            if key[1] > self._max_delta:
+                return self._loop_found(key)
             self._frontier = key  # SimulatedTime.advance's NEXT_DELTA, inlined: per delta cycle
             return True
         step, arg = self.policy.advance(  # type: ignore[union-attr]
@@ -854,6 +896,8 @@ class Dispatcher:
             hold_requested=bool(self._hold_requested), end_ns=self._end_ns,
             cut_ns=self._cut_ns, bound=self._bound)
         if step is Step.NEXT_DELTA:
+            if arg[1] > self._max_delta:  # type: ignore[index]
+                return self._loop_found(arg)  # type: ignore[arg-type]
             self._frontier = arg  # type: ignore[assignment]
             return True
         if step is Step.NEXT_INSTANT:
@@ -875,6 +919,42 @@ class Dispatcher:
         elif step is Step.PAUSE and not self._paused:
             self._paused = True
             self._cond.notify_all()  # the driver waits in Kernel.step
+        return False
+
+    def _loop_found(self, key: Key) -> bool:
+        """The instant of ``key`` is past ``max_delta_cycles``: stop the run; False.
+
+        Timed work stops at once (a stop at the instant's boundary would wait
+        forever), and the listener hears of the `AlgebraicLoopError` (once),
+        with the lock released for that call (it may end the run, which takes
+        the lock). Called with nothing in flight.
+        """
+        if self.loop_error is not None:
+            return False
+        t, d = key
+        # The nodes of the loop: those pending at this instant and those that
+        # updated in its last delta cycles, then the rings that hold them.
+        nodes = [a.path for a in self.actors
+                 if (a.trigger_key is not None and a.trigger_key[0] == t)
+                 or (a.stamp is not None and a.stamp[0] == t and a.stamp[1] >= d - 2)]
+        rings = [loop for loop in self._loops
+                 if any(s in nodes or r in nodes for s, _, r, _ in loop)] or list(self._loops)
+        for loop in rings:
+            nodes += [s for s, _, _, _ in loop if s not in nodes]
+        err = self.loop_error = AlgebraicLoopError(
+            nodes, t, d, "; ".join(describe_loop(loop) for loop in rings))
+        log.error("%s", err, extra={"mujou_failure": True})
+        # The failure is recorded before timed work stops: a driver that wakes
+        # as it stops (Kernel.step) finds it.
+        self._cond.release()
+        try:
+            self._listener.crashed(err)
+        finally:
+            self._cond.acquire()
+        self._stop_requested = True
+        if self._mode in (CONTROL, RUNNING):
+            self._set_mode(STOPPING)
+        self._cond.notify_all()
         return False
 
     def _idle_wait(self) -> float | None:
@@ -1059,6 +1139,9 @@ class Dispatcher:
                             and self._bound is None and not self._crowded:
                         # The next delta cycle of the instant (_advance's NEXT_DELTA,
                         # inlined: once per cycle).
+                        if key[1] > self._max_delta:
+                            self._loop_found(key)
+                            continue
                         self._frontier = key
                     else:
                         ok, _ = self._may_start(key)  # simulated: never a timed wait
@@ -1138,6 +1221,7 @@ class Dispatcher:
             # A trigger claimed late must not consume a tick not due by the end.
             end = self._end_ns
             due_by = now if end is None or now < end else end
+            looping: Key | None = None
             for key, group in groups:
                 for actor in group:
                     if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
@@ -1152,15 +1236,36 @@ class Dispatcher:
                         actor.trigger_key = None
                         if not is_tick:
                             due = trig[0]
+                            if key[0] == actor.stamp[0]:
+                                if self._repeated(actor):
+                                    looping = key
+                            elif self._repeats:
+                                self._repeats.pop(actor, None)  # a new instant
                     else:
                         trig = None
                     actor.stamp = key
                     actor.thread_name = name
                     batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
+            if looping is not None:
+                self._inflight += len(batch)
+                self._loop_found((looping[0], self._repeats[batch[-1][0]]))
+                self._inflight -= len(batch)
         if self.trace is not None:
             self._record_depths(batch)
         self._inflight += len(batch)
         return batch
+
+    def _repeated(self, actor: Actor) -> bool:
+        """Real time: ``actor`` runs a triggered update again at the instant of its last one.
+
+        Its update was caused by its own previous one through nodes that
+        trigger one another (a send's trigger keeps the sending update's due
+        time: see `sends`). Counted per actor; True past ``max_delta_cycles``
+        in a row (the real-time form of an instant's delta cycles).
+        """
+        repeats = self._repeats
+        n = repeats[actor] = repeats.get(actor, 0) + 1
+        return n > self._max_delta
 
     def _record_depths(self, batch: list[Claim]) -> None:
         """Queue depths as each hook of ``batch`` starts, for its slice of the trace."""

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .._checks import is_int
-from ..errors import NetError, NodeError, StartTimeoutError, describe
+from ..errors import AlgebraicLoopError, NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
 from ..ports import Input, Output, Port
@@ -48,6 +48,7 @@ from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
 from .keys import CONTROL_KEY, CONTROL_T, HOST_ORDER, MASK, Key, stamp, unstamp
+from .loops import DEFAULT_MAX_DELTA_CYCLES, find_loops
 from .mailbox import STAMP, Restore, Start, Stop
 
 __all__ = ["Kernel", "OutsideSend"]
@@ -125,8 +126,11 @@ class _Events:
         return failures
 
     def crashed(self, exc: BaseException) -> None:
-        err = NodeError("", "kernel", f"a thread of the kernel died: {describe(exc)}")
-        err.__cause__ = exc
+        if isinstance(exc, AlgebraicLoopError):  # the dispatcher stopped an endless instant
+            err: NodeError = exc
+        else:
+            err = NodeError("", "kernel", f"a thread of the kernel died: {describe(exc)}")
+            err.__cause__ = exc
         with self.lock:
             self.failures.append(err)
 
@@ -174,6 +178,10 @@ class Kernel:
             outside the kernel and deliveries from outside are recorded too,
             so that the arrows across processes can be drawn. Default None:
             nothing recorded, at no cost.
+        max_delta_cycles (int): simulated time: an instant past this many
+            delta cycles stops the kernel's timed work, and `take_failures`
+            holds an `AlgebraicLoopError` (as ``mujou.run(max_delta_cycles=)``).
+            Default: 10000.
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
@@ -197,12 +205,17 @@ class Kernel:
                  seed: int | None = None, seams: Seams | None = None,
                  timer: str = "simulated", notify: Callable[[], None] | None = None,
                  subtrees: bool = True, trace: int | None = None,
-                 seeds: Mapping[str, int] | None = None) -> None:
+                 seeds: Mapping[str, int] | None = None,
+                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
         if trace is not None and (not is_int(trace) or trace < 1):
             raise (TypeError if not is_int(trace) else ValueError)(
                 f"Kernel: trace must be None or an int >= 1 (a capacity), got {trace!r}")
         self._trace_capacity = trace
+        if not is_int(max_delta_cycles) or max_delta_cycles < 1:
+            raise (TypeError if not is_int(max_delta_cycles) else ValueError)(
+                f"Kernel: max_delta_cycles must be an int >= 1, got {max_delta_cycles!r}")
+        self._max_delta = max_delta_cycles
         if timer not in ("simulated", "realtime"):
             raise ValueError(f"Kernel: timer must be 'simulated' or 'realtime', got {timer!r}")
         self._kind = timer
@@ -283,6 +296,7 @@ class Kernel:
         clock = SimulatedTimer() if self._kind == "simulated" else RealtimeTimer()
         self.dispatcher = Dispatcher(self.actors, clock, self._workers, self._events,
                                      self.recorder)
+        self.dispatcher.set_loop_limit(self._max_delta, find_loops(found))
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)

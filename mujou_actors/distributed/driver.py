@@ -53,6 +53,7 @@ from .._runtime.protocols import RecorderSide
 from .._runtime.snapshots import Snapshots
 from ..devices import numerics
 from ..errors import (
+    AlgebraicLoopError,
     CallbackError,
     GroupDied,
     NetError,
@@ -1194,6 +1195,9 @@ def _node_error(group_name: str, failure: Mapping[str, Any]) -> NodeError:
     """The host's NodeError for a group's failure, with the remote traceback as its cause."""
     err = NodeError(failure["path"], failure["hook"],
                     f"{failure['message']} (in group {group_name!r})")
+    if "loop" in failure:  # an AlgebraicLoopError: the same type on the host
+        nodes, time_ns, delta, loop = failure["loop"]
+        err = AlgebraicLoopError(list(nodes), time_ns, delta, loop, group=group_name)
     err.__cause__ = RemoteTraceback(failure["type"], failure["traceback"])
     return err
 

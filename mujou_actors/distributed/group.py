@@ -34,8 +34,9 @@ import zmq
 from .. import snapshot
 from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
+from .._runtime.loops import DEFAULT_MAX_DELTA_CYCLES
 from ..devices import numerics
-from ..errors import NodeError, describe
+from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
@@ -354,7 +355,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           workers: int, address: str, host_pid: int, timer: str = "simulated",
           pools: str | None = None, trace: int | None = None,
           secure: bool = False, heartbeat: str | None = None,
-          seeds: dict[str, int] | None = None) -> GroupServer:
+          seeds: dict[str, int] | None = None,
+          max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -388,6 +390,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             ``group``, so the host finds it lost within the run's heartbeat
             timeout; and it ends itself once the host has not pinged it for
             `ORPHAN_S` (the host, or its machine, is gone).
+        max_delta_cycles (int): ``mujou.run(max_delta_cycles=)``: an instant
+            of the group's kernel past it is an algebraic loop. Default: 10000.
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
@@ -400,7 +404,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
                        timer=timer, pools=pools, trace=trace, secure=secure,
-                       heartbeat=heartbeat, seeds=seeds)
+                       heartbeat=heartbeat, seeds=seeds, max_delta_cycles=max_delta_cycles)
 
 
 class GroupServer:
@@ -417,9 +421,11 @@ class GroupServer:
                  seed: int | None, workers: int, address: str, host_pid: int,
                  timer: str = "simulated", pools: str | None = None,
                  trace: int | None = None, secure: bool = False,
-                 heartbeat: str | None = None, seeds: dict[str, int] | None = None) -> None:
+                 heartbeat: str | None = None, seeds: dict[str, int] | None = None,
+                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> None:
         self.group = group
         self._timer = timer
+        self._max_delta = max_delta_cycles  # mujou.run(max_delta_cycles=), for each kernel
         self._traces = KernelTraces(trace)
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
@@ -457,7 +463,8 @@ class GroupServer:
         net = build_net(factory, net_kwargs)
         notify = self._wake.set if self._timer == "realtime" else None
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
-                        subtrees=False, trace=self._traces.capacity, seeds=seeds)
+                        subtrees=False, trace=self._traces.capacity, seeds=seeds,
+                        max_delta_cycles=self._max_delta)
         return self._traces.track(kernel), walk(net)
 
     def reset(self, timeout: float) -> list[str]:
@@ -699,6 +706,10 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
     """A failure as plain data for the host: node, hook, message, the remote traceback."""
     cause = exc.__cause__ if isinstance(exc, NodeError) and exc.__cause__ else exc
     text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    if isinstance(exc, AlgebraicLoopError):  # rebuilt as such on the host (driver)
+        return {"path": exc.path, "hook": exc.hook, "message": str(exc), "traceback": text,
+                "type": type(exc).__name__, "loop": [exc.nodes, exc.time_ns, exc.delta,
+                                                     exc.loop]}
     if isinstance(exc, NodeError):
         return {"path": exc.path, "hook": exc.hook, "message": str(exc), "traceback": text,
                 "type": type(cause).__name__}

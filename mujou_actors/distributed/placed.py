@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._runtime.kernel import Kernel
+from .._runtime.loops import warn_loops
 from ..errors import (
     describe,
 )
@@ -134,6 +135,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
                          f"puts groups on other machines ('machine:group'); this one names "
                          f"none")
     _warn_unused_fallbacks(plan.machines, args.supervisor)
+    warn_loops(found, args.max_delta_cycles)
     initial = resolve_inputs(ports, inputs)
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)
@@ -356,7 +358,8 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "workers": workers(len(plan.nodes[name])), "address": reach,
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
-                      "pools": pools, "secure": member is not None}
+                      "pools": pools, "secure": member is not None,
+                      "max_delta_cycles": args.max_delta_cycles}
             if member is not None:
                 assert conv is not None
                 kwargs["heartbeat"] = conv.advertised(conv.monitor.address, member)
@@ -378,7 +381,8 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             kernel = Kernel(net, host_nodes, workers=workers(len(host_nodes)),
                             seed=args.seed, seeds=seeds, timer=kind,
                             notify=wake.set if kind == "realtime" else None, subtrees=False,
-                            trace=None if trace is None else trace.share)
+                            trace=None if trace is None else trace.share,
+                            max_delta_cycles=args.max_delta_cycles)
             return kernel if trace is None else trace.local.track(kernel)
 
         if host_nodes:
