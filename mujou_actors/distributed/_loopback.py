@@ -29,9 +29,23 @@ parent (but in the admin, whose parent exited at its start), are alive. When
 one is gone, it sends SIGTERM to its own process (Thespian's graceful end: an
 actor gets ``ActorExitRequest``; the admin and the logger just end) and ends
 the process with ``os._exit`` `EXIT_GRACE` seconds later if it is still there.
-So a run whose host is killed leaves no process behind. The watchdog thread
+So a run whose host is killed leaves no process behind. The watchdog that
+finds the host gone also removes the host's private folder of the run (the
+``mujou-run-*`` or ``mujou-convention-*`` folder that the class was made for,
+`transport_for`'s ``folder``): the host removes it at the end, the coordinator
+when the host is killed after its start, and this covers a host killed while
+the run starts, before the coordinator knows the folder (issue 28, item 8). The watchdog thread
 blocks every signal (`signals_blocked`), so that SIGCHLD and SIGTERM reach
 Thespian's main thread.
+
+The admin's listening socket is made by the host, before the admin starts
+(`reserve_listener`: port 0 lets the operating system choose), and handed to
+the admin process in its spawn pipe with the admin's endpoint; the admin
+listens on it instead of binding a port of its own (`_RunTransport`). So the
+port cannot be taken between its choice and the admin's bind (the admin binds
+only after its process imported the host's main module: seconds, with torch),
+and a second try of the start finds the port in use (Thespian's probe) and
+waits for that admin instead of starting another, which could not bind it.
 
 `Wake`, a self-pipe that wakes a thread waiting in a `zmq.Poller`, is here
 (the lowest module of the package's distributed part) so that the data plane
@@ -51,7 +65,9 @@ import operator
 import os
 import pickle
 import runpy
+import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -101,6 +117,8 @@ _RUN_HOST: tuple[int, int | None] | None = globals().get("_RUN_HOST")
 _BIND: str = globals().get("_BIND", LOOPBACK)
 # And the run's control-plane key (`_frames`), handed over in the spawn pipe.
 _KEY: bytes | None = globals().get("_KEY")
+# And the host's private folder of the run: removed by the watchdog that finds the host gone.
+_RUN_FOLDER: str | None = globals().get("_RUN_FOLDER")
 
 # Serializes the windows in which Thespian's addresses default to one host
 # (held for a socket's creation and bind, never across a wait).
@@ -108,6 +126,79 @@ _WINDOW = threading.RLock()
 _plain_address_init = IPActorAddress.__init__
 _window_host = LOOPBACK  # the host of the window open now (under _WINDOW)
 _watchdog_started = False
+# The listening socket handed to this process for the transport being made now, with
+# the thread making it (`_adopting`); None otherwise.
+_adopted: tuple[int, socket.socket] | None = None
+
+
+def reserve_listener(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening: an admin's, made before the admin.
+
+    Handed to the admin process (see the module's docstring), it makes the
+    port the admin's from the moment it is chosen. Connections made before
+    the admin runs wait in its backlog; the caller closes its own copy once
+    the admin has started (the admin keeps the port).
+
+    Args:
+        host (str): the address to bind to (``"0.0.0.0"`` for every interface).
+        port (int): the port; 0 lets the operating system choose a free one.
+
+    Returns:
+        socket.socket: the listening socket (``getsockname()[1]`` is its port).
+
+    Raises:
+        OSError: the port is taken (``EADDRINUSE``), or the address is not this machine's.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Thespian's own
+        sock.bind(("" if host == ANY else host, port))
+        sock.listen(_tcp.LISTEN_DEPTH)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Adopted(socket.socket):
+    """A listening socket handed over: Thespian's bind of it to its own port is a no-op."""
+
+    def bind(self, address: Any) -> None:
+        if address[1] not in (0, self.getsockname()[1]):
+            raise OSError(f"the admin's socket listens on port {self.getsockname()[1]}, "
+                          f"not {address[1]}")
+
+
+def _new_socket(*args: Any, **kwargs: Any) -> socket.socket:
+    """``socket.socket`` for Thespian's transport: the adopted socket, if this thread has one."""
+    global _adopted
+    if _adopted is not None and _adopted[0] == threading.get_ident():
+        sock, _adopted = _adopted[1], None
+        return sock
+    return socket.socket(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _adopting(listener: socket.socket | None) -> Iterator[None]:
+    """The transport made in this block (on this thread) listens on ``listener``."""
+    global _adopted
+    if listener is None:
+        yield
+        return
+    with _WINDOW:
+        _adopted = (threading.get_ident(), _Adopted(fileno=listener.detach()))
+        try:
+            yield
+        finally:
+            left, _adopted = _adopted, None
+            if left is not None:  # not taken (not an admin's transport): not leaked
+                left[1].close()
+
+
+# Thespian's transport module's ``socket``, but for the socket its transport listens on.
+_sockets = types.ModuleType("socket")
+_sockets.__dict__.update(vars(socket))
+_sockets.socket = _new_socket  # type: ignore[attr-defined]
 
 
 def _bound_address_init(self: Any, af: Any, socktype: Any, proto: Any, baseaddr: Any,
@@ -177,11 +268,14 @@ class _RunThisFile:
     Args:
         bind (str): the address the sockets of the unpickling process are bound to.
         key (bytes): the run's control-plane key.
+        folder (str | None): the host's private folder of the run (removed
+            by a watchdog that finds the host gone); None: none.
     """
 
-    def __init__(self, bind: str, key: bytes) -> None:
+    def __init__(self, bind: str, key: bytes, folder: str | None = None) -> None:
         self.bind = bind
         self.key = key
+        self.folder = folder
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """The call that runs this file in the unpickling process.
@@ -193,14 +287,16 @@ class _RunThisFile:
         if _frames.on_the_wire():
             raise pickle.PicklingError("a run's transport class never travels in a frame")
         return (runpy.run_path, (os.path.abspath(__file__),
-                                 {"_RUN_HOST": run_host(), "_BIND": self.bind, "_KEY": self.key},
+                                 {"_RUN_HOST": run_host(), "_BIND": self.bind, "_KEY": self.key,
+                                  "_RUN_FOLDER": self.folder},
                                  "mujou_actors.distributed._loopback"))
 
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[Any, ...]]:
     """Reduce a transport class of this file to "this file run anew for its address and key"."""
     return (operator.getitem, (_RunThisFile(getattr(cls, "host", LOOPBACK),
-                                            getattr(cls, "key", b"")), "_RUN_TRANSPORT"))
+                                            getattr(cls, "key", b""),
+                                            getattr(cls, "folder", None)), "_RUN_TRANSPORT"))
 
 
 copyreg.pickle(_PickledByPath, _reduce_class)
@@ -330,10 +426,17 @@ def signals_blocked() -> Iterator[None]:
 
 
 def _watch(watched: list[tuple[int, int | None]]) -> None:
-    """The watchdog's loop: end this process once one of ``watched`` is gone."""
+    """The watchdog's loop: end this process once one of ``watched`` is gone.
+
+    ``watched[0]`` is the host: when it is gone, the run's folder goes too.
+    """
     while all(alive(pid, started) for pid, started in watched):
         time.sleep(WATCH_PERIOD)
     try:
+        if _RUN_FOLDER and not alive(*watched[0]):
+            # Killed before the coordinator learnt the folder (or with it): the
+            # host cannot remove it now; whoever of its run sees it first does.
+            shutil.rmtree(_RUN_FOLDER, ignore_errors=True)
         # to the main thread, which Thespian's loop runs on (a signal to the
         # process may go to any thread that does not block it)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
@@ -424,11 +527,50 @@ class _RunTransport:
     host: str = LOOPBACK  # the address every socket of it is bound to (or ANY)
     key: bytes = b""  # the control plane's key (`_frames`)
     auth: Any = None  # the `_frames.FrameAuth` of that key
+    # In the host, while it starts an admin: the admin's listening socket
+    # (`reserve_listener`), handed over with the admin's endpoint (`prepEndpoint`).
+    listener: socket.socket | None = None
+    handed = False  # whether an admin's endpoint carried ``listener`` already
 
     def __init__(self, initType: Any, *args: Any) -> None:  # noqa: N803 (Thespian's name)
-        with loopback_addresses(self.host):
+        with loopback_addresses(self.host), _adopting(getattr(initType, "listener", None)):
             super().__init__(initType, *args)  # type: ignore[call-arg]
         _start_watchdog()
+
+    def prepEndpoint(self, assignedLocalAddr: Any, capabilities: Any) -> Any:  # noqa: N802, N803
+        """Thespian's endpoint of a new process; the admin's carries its listening socket.
+
+        Args:
+            assignedLocalAddr (Any): the new process's address (the admin's, or local).
+            capabilities (Any): the system's capabilities.
+
+        Returns:
+            Any: Thespian's ``TCPEndpoint``, with ``listener`` set for the admin
+            (pickled into the admin's spawn pipe as a passed file descriptor).
+        """
+        endpoint = super().prepEndpoint(assignedLocalAddr, capabilities)  # type: ignore[misc]
+        if self.listener is not None and endpoint.args[1] is not None \
+                and endpoint.args[1] == self._adminAddr:  # type: ignore[attr-defined]
+            endpoint.listener = self.listener
+            type(self).handed = True
+        return endpoint
+
+    def probeAdmin(self, addr: Any) -> bool:  # noqa: N802 (Thespian's name)
+        """Whether an admin may run at ``addr``: not before ``listener`` was handed to ours.
+
+        Thespian starts an admin only where binding its port fails; the port of
+        ``listener`` is taken by this process itself until an admin has it.
+
+        Args:
+            addr (Any): the admin's address.
+
+        Returns:
+            bool: False (start one) while ``listener`` was not handed over yet;
+            else Thespian's probe (True once ours was started: wait for it).
+        """
+        if self.listener is not None and not self.handed:
+            return False
+        return bool(super().probeAdmin(addr))  # type: ignore[misc]
 
     @classmethod
     def getAdminAddr(cls, capabilities: dict[str, Any]) -> Any:  # noqa: N802 (Thespian's name)
@@ -504,7 +646,8 @@ class _RunTransport:
                           self.txOnly, False)  # type: ignore[attr-defined]
 
 
-def transport_for(host: str, key: bytes) -> type[TCPTransport]:
+def transport_for(host: str, key: bytes, listener: socket.socket | None = None,
+                  folder: str | None = None) -> type[TCPTransport]:
     """A transport class of a run: its sockets bound to ``host``, its frames under ``key``.
 
     Thespian's ``TCPTransport`` with every function of its module's that
@@ -521,6 +664,12 @@ def transport_for(host: str, key: bytes) -> type[TCPTransport]:
             `mujou_actors.distributed.convention` for who may listen where).
         key (bytes): the control plane's key (`_frames.new_key` for a run on
             one machine, `_frames.control_key` of ``MUJOU_SECRET`` across machines).
+        listener (socket.socket | None): the listening socket of the admin this
+            class's system starts (`reserve_listener`); it stays in this
+            process (the class pickles without it).
+        folder (str | None): the host's private folder of the run, which the
+            watchdog of each process the run starts removes when it finds the
+            host gone (see the module's docstring); None: none.
 
     Returns:
         type[TCPTransport]: a new class (it pickles, for a process the run
@@ -529,6 +678,7 @@ def transport_for(host: str, key: bytes) -> type[TCPTransport]:
     auth = _frames.FrameAuth(key)
     namespace = dict(vars(_tcp))
     namespace["serializer"] = auth
+    namespace["socket"] = _sockets
     namespace["ReceiveBuffer"] = lambda _deserialize: _frames.AuthReceiveBuffer(auth)
     namespace["TCPIncoming"] = _incoming_class(_tcp.TCPIncoming, namespace)
     namespace["TCPIncomingPersistent"] = _incoming_class(_tcp.TCPIncomingPersistent, namespace)
@@ -537,12 +687,13 @@ def transport_for(host: str, key: bytes) -> type[TCPTransport]:
     name = "LoopbackTCPTransport" if host == LOOPBACK else "BoundTCPTransport"
     return cast(type[TCPTransport], _PickledByPath(
         name, (_RunTransport, thespian),
-        {"host": host, "key": key, "auth": auth, "__module__": __name__,
+        {"host": host, "key": key, "auth": auth, "listener": listener, "folder": folder,
+         "__module__": __name__,
          "__doc__": f"Thespian's TCP transport of a run, bound to {host}, frames authenticated."}))
 
 
 # In a process of a run (this file run by `_RunThisFile`): the run's transport class.
-_RUN_TRANSPORT = transport_for(_BIND, _KEY) if _KEY is not None else None
+_RUN_TRANSPORT = transport_for(_BIND, _KEY, folder=_RUN_FOLDER) if _KEY is not None else None
 
 
 class Wake:

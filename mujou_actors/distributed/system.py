@@ -26,8 +26,9 @@ is still there; so a killed host leaves nothing behind.
 What listens where (docs/security.md):
 
 * every Thespian socket of the run, TCP on 127.0.0.1 only: the admin on its
-  admin port (a free port picked at start, never Thespian's shared default
-  1900), the logger, the coordinator, each group actor and the host's own
+  admin port (chosen by the operating system and held from then on: the host
+  makes the listening socket and hands it to the admin, `start_admin`; never
+  Thespian's shared default 1900), the logger, the coordinator, each group actor and the host's own
   reply socket, each on an ephemeral port; the addresses they tell each other
   are 127.0.0.1 too (Thespian's stock transport listens on every interface
   and advertises the machine's outward address; see
@@ -98,6 +99,7 @@ from ._loopback import (
     LOOPBACK,
     _frames,
     alive,
+    reserve_listener,
     signals_blocked,
     start_time,
     stat_fields,
@@ -151,6 +153,10 @@ class AdminSettings(NamedTuple):
         key (bytes | None): the control plane's key (`_frames.control_key` of
             ``MUJOU_SECRET`` for a convention's leader); ``None`` for a fresh
             random key of this run's own (`_frames.new_key`).
+        listener (socket.socket | None): a socket listening on ``port`` already
+            (`_loopback.reserve_listener`, the port chosen by the operating
+            system), handed to the admin; ``None``: `start_admin` binds
+            ``port`` itself. Closed here once the admin has started.
     """
 
     port: int
@@ -158,21 +164,28 @@ class AdminSettings(NamedTuple):
     capabilities: Mapping[str, Any] = {}
     environment: Mapping[str, str] = {}
     key: bytes | None = None
+    listener: socket.socket | None = None
 
 
-def system_base(host: str, key: bytes) -> type[ActorSystemBase]:
+def system_base(host: str, key: bytes, listener: socket.socket | None = None,
+                folder: str | None = None) -> type[ActorSystemBase]:
     """Thespian's ``multiprocTCPBase`` whose sockets are bound to ``host``, frames under ``key``.
 
     Args:
         host (str): 127.0.0.1, another IPv4 address of this machine, or
             ``"0.0.0.0"`` (see `mujou_actors.distributed._loopback.transport_for`).
         key (bytes): the control plane's key.
+        listener (socket.socket | None): the listening socket handed to the
+            admin that the system base starts (`_loopback.reserve_listener`).
+        folder (str | None): the host's private folder of the run, removed by
+            the run's processes when they find the host gone (`_loopback`'s watchdog).
 
     Returns:
         type[ActorSystemBase]: the system base class, made anew (Thespian never
         pickles it, only its transport class).
     """
-    return type("_RunTCPBase", (ActorSystemBase,), {"transportType": transport_for(host, key)})
+    return type("_RunTCPBase", (ActorSystemBase,),
+                {"transportType": transport_for(host, key, listener, folder)})
 
 
 class _Group:
@@ -196,6 +209,9 @@ class _Group:
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (bound, read, released).
+
+    Another process may take it before the caller binds it: an admin's port
+    is reserved instead (`_loopback.reserve_listener`).
 
     Returns:
         int: the port.
@@ -235,13 +251,20 @@ def _starters(before: set[int]) -> set[int]:
 
 def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
                 environment: Mapping[str, str], folder: str, timeout: float,
-                starters: set[int], what: str) -> Any:
+                starters: set[int], what: str, listener: socket.socket | None = None) -> Any:
     """Start a Thespian admin (and its logger) of this process's own, and open it.
 
     The admin is started on the port of ``capabilities`` (``"Admin Port"``),
-    bound to ``host``. Thespian waits 5 s for a new admin to answer; this
-    tries again until ``timeout`` (the admin started is ours, on a port found
-    free: once up, the next try finds it there and joins it). Thespian's own
+    bound to ``host``: on ``listener``, a socket listening there already,
+    handed to the admin process (else one made here, `_loopback.reserve_listener`;
+    if that port is taken, Thespian's own probe and bind decide). The port is
+    thus the admin's from before its process starts (which imports the host's
+    main module, maybe torch: seconds) to its end. Thespian waits 5 s for a
+    new admin to answer; this tries again until ``timeout``: the next try
+    finds the port in use, and waits for that admin to answer, never starting
+    another (which could not bind it, and would print a traceback). This
+    process's copy of the listening socket is closed on the way out (the
+    admin keeps the port). Thespian's own
     log file (``thesplog``: ``$TMPDIR/thespian.log`` unless ``THESPLOG_FILE``
     says otherwise) goes into ``folder``: the admin's processes inherit the
     setting from the environment while it starts. A ``THESPLOG_FILE`` of the
@@ -257,13 +280,18 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         capabilities (dict[str, Any]): the admin's capabilities.
         environment (Mapping[str, str]): variables set in this process while
             the admin starts (those the user has not set already).
-        folder (str): where Thespian's log file goes (``thespian.log``).
+        folder (str): where Thespian's log file goes (``thespian.log``): the
+            host's private folder, which the admin's processes remove if they
+            find this process gone (killed while the run starts, say).
         timeout (float): seconds for the admin to answer.
         starters (set[int]): gets the pids of this process's children that
             started an admin (`_starters`), also when the start fails: to reap
             (`reap_starters`); each is the process group of the admin's processes.
         what (str): how the error names the admin (``"the run's Thespian admin
             (port 1234)"``).
+        listener (socket.socket | None): the admin's listening socket
+            (`_loopback.reserve_listener`); closed here. ``None``: one is made
+            for the port of ``capabilities``.
 
     Returns:
         Any: the Thespian ``ActorSystem`` on that admin (``transientUnique``:
@@ -276,7 +304,24 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
             started goes on running: it ends it (``starters`` says what).
     """
     variables = {"THESPLOG_FILE": os.path.join(folder, "thespian.log"), **environment}
-    base_class = system_base(host, key)
+    if listener is None:
+        try:
+            listener = reserve_listener(host, int(capabilities["Admin Port"]))
+        except OSError:
+            listener = None  # taken: Thespian's probe finds whose it is
+    try:
+        return _start_admin(host, key, capabilities, variables, timeout, starters, what,
+                            listener, folder)
+    finally:
+        if listener is not None:
+            listener.close()  # the admin has its own copy
+
+
+def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
+                 variables: Mapping[str, str], timeout: float, starters: set[int], what: str,
+                 listener: socket.socket | None, folder: str) -> Any:
+    """`start_admin`'s tries, with the environment set."""
+    base_class = system_base(host, key, listener, folder)
     deadline = time.monotonic() + timeout
     with _ENVIRONMENT:
         ours = [name for name in variables if name not in os.environ]
@@ -388,7 +433,10 @@ class ProcessSystem:
         else:
             port = self._pull.bind_to_random_port(f"tcp://{LOOPBACK}")
             self._notices_address = f"tcp://{LOOPBACK}:{port}"
-        self._admin_settings = admin if admin is not None else AdminSettings(free_port())
+        if admin is None:  # the operating system's choice, held until the admin has it
+            listener = reserve_listener(LOOPBACK)
+            admin = AdminSettings(int(listener.getsockname()[1]), listener=listener)
+        self._admin_settings = admin
         self.admin_port = self._admin_settings.port
         try:
             self._start(start_timeout)
@@ -412,7 +460,8 @@ class ProcessSystem:
             key = settings.key if settings.key is not None else _frames.new_key()
             self._asys = start_admin(settings.host, key, capabilities, settings.environment,
                                      self._folder, timeout, self._starters,
-                                     f"the run's Thespian admin (port {self.admin_port})")
+                                     f"the run's Thespian admin (port {self.admin_port})",
+                                     settings.listener)
         finally:
             self._pgids |= self._starters  # the run's process group (the admin's)
         with self._lock:
