@@ -142,15 +142,18 @@ class Wiring:
         """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
         return write_copy(value, self.actor_of[id(port.node)], self.rt)
 
-    def deliver(self, port: Input, message: Any) -> int:
+    def deliver(self, port: Input, message: Any, hops: int = 0) -> int:
         """Deliver ``message`` to ``port`` as the host (its listeners see it too).
+
+        ``hops``: real time, a message from another group's update at delta
+        ``hops - 1`` (see `Dispatcher.host_deliver`).
 
         Returns:
             int: the delivery's number (`Dispatcher.host_deliver`).
         """
         actor = self.actor_of[id(port.node)]
         slot = actor.slot(port)
-        seq = self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers)
+        seq = self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers, hops)
         view = self.input_views.get(id(port))
         if view is not None and view.listeners:
             view.publish(message)

@@ -924,8 +924,8 @@ class Dispatcher:
     def _loop_found(self, key: Key) -> bool:
         """The instant of ``key`` is past ``max_delta_cycles``: stop the run; False.
 
-        Timed work stops at once (a stop at the instant's boundary would wait
-        forever), and the listener hears of the `AlgebraicLoopError` (once),
+        In simulated time, timed work stops at once (a stop at the instant's
+        boundary would wait forever); the listener hears of the `AlgebraicLoopError` (once),
         with the lock released for that call (it may end the run, which takes
         the lock). Called with nothing in flight.
         """
@@ -951,10 +951,14 @@ class Dispatcher:
             self._listener.crashed(err)
         finally:
             self._cond.acquire()
-        self._stop_requested = True
-        if self._mode in (CONTROL, RUNNING):
-            self._set_mode(STOPPING)
-        self._cond.notify_all()
+        if self.simulated:
+            # The stop at the instant's boundary would wait forever: timed work stops
+            # now. (Real time: the listener's stop takes effect at once, and a driven
+            # kernel must stay able to hold for the driver's last cut.)
+            self._stop_requested = True
+            if self._mode in (CONTROL, RUNNING):
+                self._set_mode(STOPPING)
+            self._cond.notify_all()
         return False
 
     def _idle_wait(self) -> float | None:
@@ -1238,7 +1242,9 @@ class Dispatcher:
                             due = trig[0]
                             if key[0] == actor.stamp[0]:
                                 if self._repeated(actor):
-                                    looping = key
+                                    looping = (key[0], self._repeats[actor])
+                            elif key[1] > self._max_delta:  # crossings of a placed run
+                                looping = key
                             elif self._repeats:
                                 self._repeats.pop(actor, None)  # a new instant
                     else:
@@ -1248,7 +1254,7 @@ class Dispatcher:
                     batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
             if looping is not None:
                 self._inflight += len(batch)
-                self._loop_found((looping[0], self._repeats[batch[-1][0]]))
+                self._loop_found(looping)
                 self._inflight -= len(batch)
         if self.trace is not None:
             self._record_depths(batch)
@@ -1531,12 +1537,17 @@ class Dispatcher:
             self._deliver(actor, slot, message, stamp, trigger, driven=True)
             return self._host_seq  # this delivery's: numbered under the same lock
 
-    def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool) -> int:
+    def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool,
+                     hops: int = 0) -> int:
         """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``.
 
         It sorts before every node's send of the same instant, and triggers
         (if ``triggers``) at the next delta cycle (simulated time; before the
-        start: right after it), or now (real time).
+        start: right after it), or now (real time). ``hops`` (real time, a
+        placed run's message from another group): the trigger's key is
+        ``(now, hops)``, so a chain of triggered updates across processes
+        counts its crossings in the keys' delta, and a ring of them is an
+        algebraic loop past ``max_delta_cycles`` (see `_claim`).
 
         Returns:
             int: the delivery's number (the ``seq`` a trace's flow end carries).
@@ -1546,6 +1557,8 @@ class Dispatcher:
             # Under the lock with the append: the instant cannot move in between.
             key = self.policy.host_trigger(self._frontier, self.timer.now_ns()) if triggers \
                 else None
+            if hops and key is not None and not self.simulated:
+                key = (key[0], hops)
             lost = self._deliver(actor, slot, message, HOST_STAMP, key)
             seq = self._host_seq
         for port, _ in lost:

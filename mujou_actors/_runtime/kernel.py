@@ -572,7 +572,11 @@ class Kernel:
         if self._stopped:
             raise RuntimeError("Kernel.write: the kernel is stopped")
         port = self._input(input, "write")
-        seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port))
+        # Real time: a message from another group's update at delta d triggers at
+        # delta d + 1, so a ring across processes counts its crossings (Dispatcher.host_deliver).
+        hops = origin[1] + 1 if origin is not None and self._kind == "realtime" else 0
+        seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port),
+                                   hops)
         if origin is not None and self.recorder is not None:
             t_ns, delta, sender = origin
             self.recorder.arrival(HOST_ORDER, seq, port, sender, t_ns, delta)
