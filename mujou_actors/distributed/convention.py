@@ -90,9 +90,17 @@ from thespian.system.transport import (
 from thespian.system.transport.TCPTransport import TCPTransport
 
 from ..errors import JoinTimeoutError
-from ._loopback import ANY, LOOPBACK, _frames, alive, stat_fields, transport_for
+from ._loopback import (
+    ANY,
+    LOOPBACK,
+    _frames,
+    alive,
+    reserve_listener,
+    stat_fields,
+    transport_for,
+)
 from .actors import MEMBER
-from .system import KILL_WAIT_S, AdminSettings, free_port, reap_starters, start_admin
+from .system import KILL_WAIT_S, AdminSettings, reap_starters, start_admin
 
 __all__ = [
     "LEADER_MISSES",
@@ -725,6 +733,8 @@ class _System:
         capabilities (dict[str, Any]): its capabilities.
         environment (Mapping[str, str]): variables set while the admin starts.
         start_timeout (float): seconds for the admin to answer.
+        listener (socket.socket | None): a socket listening on ``port`` already
+            (`_loopback.reserve_listener`), handed to the admin (closed here).
 
     Raises:
         SecretError: no usable ``MUJOU_SECRET`` (`convention_key`).
@@ -732,8 +742,14 @@ class _System:
     """
 
     def __init__(self, what: str, host: str, port: int, capabilities: dict[str, Any],
-                 environment: Mapping[str, str], start_timeout: float) -> None:
-        self._key = convention_key()  # before anything starts: no secret, nothing to end
+                 environment: Mapping[str, str], start_timeout: float,
+                 listener: socket.socket | None = None) -> None:
+        try:
+            self._key = convention_key()  # before anything starts: no secret, nothing to end
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            raise
         self._what = what
         self._host = host
         self.port = port
@@ -744,17 +760,19 @@ class _System:
         self._ended = False  # close() is done: every process of it is gone
         self._folder = tempfile.mkdtemp(prefix="mujou-convention-")
         try:
-            self._start(capabilities, environment, start_timeout)
+            self._start(capabilities, environment, start_timeout, listener)
         except BaseException:
+            if listener is not None:
+                listener.close()  # start_admin was not reached
             self.close(timeout=5.0)
             raise
 
     def _start(self, capabilities: dict[str, Any], environment: Mapping[str, str],
-               timeout: float) -> None:
+               timeout: float, listener: socket.socket | None = None) -> None:
         """Start the admin (`system.start_admin`: Thespian's log in the private folder)."""
         self._asys = start_admin(self._host, self._key, capabilities, environment,
                                  self._folder, timeout, self._starters,
-                                 f"the admin of {self._what} (port {self.port})")
+                                 f"the admin of {self._what} (port {self.port})", listener)
         self._reap_starters()
 
     @property
@@ -917,8 +935,10 @@ class Member(_System):
         reserved = sorted(set(extra) & _RESERVED)
         if reserved:
             raise ValueError(f"{what}: the capabilities {reserved} are set by Member itself")
-        if port == 0:
-            port = free_port() if host == LOOPBACK else _free_port_on(host)
+        listener = None
+        if port == 0:  # the operating system's choice, held until the admin has it
+            listener = reserve_listener(host)
+            port = int(listener.getsockname()[1])
         else:
             _check_port_free(host, port, what)
         self.name = name
@@ -926,7 +946,7 @@ class Member(_System):
         caps = {**extra, "Admin Port": port, CONVENTION_ADDRESS: (leader_host, leader_port),
                 "Process Startup Method": "spawn", MEMBER: name,
                 "mujou.host": socket.gethostname(), "mujou.pid": os.getpid()}
-        super().__init__(what, host, port, caps, MEMBER_ENVIRONMENT, start_timeout)
+        super().__init__(what, host, port, caps, MEMBER_ENVIRONMENT, start_timeout, listener)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -1021,13 +1041,6 @@ REFUSED_EVERY = 4
 """`Member.serve` asks whether the leader refuses its frames every this many polls."""
 
 
-def _free_port_on(host: str) -> int:
-    """A free TCP port on ``host`` (or on every interface for `ANY`): bound, read, released."""
-    with socket.socket() as s:
-        s.bind(("" if host == ANY else host, 0))
-        return int(s.getsockname()[1])
-
-
 def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
                  name: str | None = None) -> AdminSettings:
     """The settings that make a `~mujou_actors.distributed.system.ProcessSystem` a leader.
@@ -1056,8 +1069,10 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
     """
     host_text, port = parse_address(listen, default_port=0, free=True)
     host = check_listen(host_text, allow_remote, "the convention's leader")
-    if port == 0:
-        port = free_port() if host == LOOPBACK else _free_port_on(host)
+    listener = None
+    if port == 0:  # the operating system's choice, held until the admin has it
+        listener = reserve_listener(host)
+        port = int(listener.getsockname()[1])
     else:
         _check_port_free(host, port, "the convention's leader")
     capabilities: dict[str, Any] = {CONVENTION_ADDRESS: ("" if host == ANY else host, port),
@@ -1065,7 +1080,13 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
     if name is not None:
         check_name(name)
         capabilities[MEMBER] = name
-    return AdminSettings(port, host, capabilities, LEADER_ENVIRONMENT, convention_key())
+    try:
+        key = convention_key()
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
+    return AdminSettings(port, host, capabilities, LEADER_ENVIRONMENT, key, listener)
 
 
 class Leader(_System):
@@ -1091,7 +1112,7 @@ class Leader(_System):
         capabilities = {"Admin Port": settings.port, "Process Startup Method": "spawn",
                         **settings.capabilities}
         super().__init__("the convention's leader", settings.host, settings.port,
-                         capabilities, settings.environment, start_timeout)
+                         capabilities, settings.environment, start_timeout, settings.listener)
 
     @property
     def address(self) -> tuple[str, int]:
