@@ -97,6 +97,42 @@ def test_a_loop_of_two_triggered_nodes_stops_a_real_time_run_naming_both() -> No
     assert time.monotonic() - start < 10
 
 
+class _Burst(mujou.Node):
+    """Sends 20,000 messages in each update."""
+
+    out = mujou.Output(float)
+
+    def on_update(self, dt: float) -> None:
+        for i in range(20_000):
+            self.out.send(float(i))
+
+
+class _Drain(mujou.Node):
+    """Triggered: drains what came."""
+
+    inp = mujou.Input(float, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.seen = 0
+
+    def on_update(self, dt: float) -> None:
+        self.seen += len(self.inp.drain())
+
+
+def test_a_burst_of_sends_to_a_triggered_reader_in_real_time_is_no_loop() -> None:
+    # The reader runs again and again at the burst's instant, on another worker,
+    # while the sender is still in its update: that is not a ring.
+    burst, drain = _Burst(period=0.05), _Drain()
+    mujou.connect(burst.out, drain.inp)
+
+    with mujou.run({"burst": burst, "drain": drain}, timer="realtime", workers=2,
+                   duration=0.12, max_delta_cycles=2) as run:
+        run.join(timeout=30)
+
+    assert drain.seen == 40_000
+
+
 @pytest.mark.parametrize("timer", ["simulated", "realtime"])
 def test_a_loop_across_two_groups_of_a_placed_run_raises_the_same_error(timer: str) -> None:
     run = _placed(timer, max_delta_cycles=100)

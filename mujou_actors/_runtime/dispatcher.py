@@ -175,6 +175,7 @@ class Dispatcher:
         self._loops: tuple[Loop, ...] = ()  # the net's rings, found before the start
         self.loop_error: AlgebraicLoopError | None = None
         self._repeats: dict[Actor, int] = {}  # real time: see _repeated
+        self._burst_t: int | None = None  # real time: see _burst
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
@@ -934,9 +935,10 @@ class Dispatcher:
         t, d = key
         # The nodes of the loop: those pending at this instant and those that
         # updated in its last delta cycles, then the rings that hold them.
+        recent = d - 2 if self.simulated else -1  # real time: d counts repeats, not the key
         nodes = [a.path for a in self.actors
                  if (a.trigger_key is not None and a.trigger_key[0] == t)
-                 or (a.stamp is not None and a.stamp[0] == t and a.stamp[1] >= d - 2)]
+                 or (a.stamp[0] == t and a.stamp[1] >= recent)]
         rings = [loop for loop in self._loops
                  if any(s in nodes or r in nodes for s, _, r, _ in loop)] or list(self._loops)
         for loop in rings:
@@ -1241,7 +1243,7 @@ class Dispatcher:
                         if not is_tick:
                             due = trig[0]
                             if key[0] == actor.stamp[0]:
-                                if self._repeated(actor):
+                                if self._repeated(actor) and not self._burst(actor, key[0]):
                                     looping = (key[0], self._repeats[actor])
                             elif key[1] > self._max_delta:  # crossings of a placed run
                                 looping = key
@@ -1272,6 +1274,24 @@ class Dispatcher:
         repeats = self._repeats
         n = repeats[actor] = repeats.get(actor, 0) + 1
         return n > self._max_delta
+
+    def _burst(self, actor: Actor, t: int) -> bool:
+        """Real time, ``actor`` past the limit: whether a burst, not a loop, re-triggers it.
+
+        A node that runs once at instant ``t`` and is still in its hook
+        (not among the repeating ones) may be sending it message after
+        message: its count starts again, and once more after such a burst
+        (its last messages may have come as it ended). In a loop every node
+        repeats, and the count then reaches the limit again.
+        """
+        if any(a.busy and a.stamp[0] == t and a not in self._repeats for a in self.actors):
+            self._burst_t = t
+        elif self._burst_t == t:
+            self._burst_t = None
+        else:
+            return False
+        self._repeats[actor] = 0
+        return True
 
     def _record_depths(self, batch: list[Claim]) -> None:
         """Queue depths as each hook of ``batch`` starts, for its slice of the trace."""
