@@ -659,7 +659,7 @@ def guard_read_only(actor: Actor) -> None:
     update = actor.update
     path = actor.path
 
-    def checked(node: Any, dt: float) -> None:
+    def checked(node: Node, dt: float) -> None:
         held = _versions(inputs)
         update(node, dt)
         for port, t, version in held:
