@@ -680,18 +680,18 @@ def test_the_end_is_told_to_the_listener_on_the_worker_with_the_lock_held() -> N
     listener = _Recorder()
     d = _kernel([Actor(node, "", 0)], listener)
     d.set_end(30_000_000, 10_000_000_000)
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())  # objects: a thread of an earlier test may share a name
 
     d.start_threads()
     d.start_running(0)
     assert listener.ended.wait(10)
-    after = {t.name for t in threading.enumerate()}
+    after = {t.name for t in set(threading.enumerate()) - before}
     d.shutdown()
     d.join_threads(timeout=5)
 
     # No thread started to call back: the worker tells the listener, under the lock.
     assert listener.calls == [("reached_end", True, "mujou-worker-0")]
-    assert after - before == {"mujou-worker-0"}
+    assert after == {"mujou-worker-0"}
     assert len(node.dts) == 3 and d.end_ns == 30_000_000  # t = 10, 20, 30 ms
     assert d.wait_stopping(0.0)
 
