@@ -150,8 +150,8 @@ class Input(Port):
             that arrive before the triggered update starts give one update.
 
     Raises:
-        TypeError: bad type, shape or dtype.
-        ValueError: ``depth`` is not None or an int >= 1.
+        TypeError: bad type, shape or dtype; ``depth`` neither None nor an int.
+        ValueError: ``depth`` an int below 1.
 
     Example:
         ```python
@@ -173,7 +173,9 @@ class Input(Port):
         trigger: bool | None = None,
     ) -> None:
         super().__init__(type_, shape=shape, dtype=dtype)
-        if depth is not None and (type(depth) is not int or depth < 1):
+        if depth is not None and type(depth) is not int:  # bool too: a flag is no bound
+            raise TypeError(f"Input depth must be an int >= 1 or None, got {depth!r}")
+        if depth is not None and depth < 1:
             raise ValueError(f"Input depth must be an int >= 1 or None, got {depth!r}")
         if trigger is not None and not isinstance(trigger, bool):
             raise TypeError(f"Input trigger must be None, True or False, got {trigger!r}")

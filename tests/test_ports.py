@@ -102,6 +102,9 @@ def test_port_declaration_errors() -> None:
         mujou.Input("int")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="depth"):
         mujou.Input(int, depth=0)
+    for wrong_type in (1.5, "2", True):  # a wrong type is a TypeError, as everywhere else
+        with pytest.raises(TypeError, match="Input depth must be an int"):
+            mujou.Input(int, depth=wrong_type)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="dtype"):
         mujou.Output(torch.Tensor, dtype="float32")
 
