@@ -540,6 +540,7 @@ class Writer:
         compression (str): ``"none"``, ``"lz4"`` or ``"zstd"``. Default: none.
 
     Raises:
+        TypeError: a chunk size that is not an int.
         ValueError: an unknown compression, or a chunk size below 1.
         OSError: the file cannot be created.
     """
@@ -549,7 +550,9 @@ class Writer:
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSIONS)}, "
                              f"got {compression!r}")
-        if type(chunk_size) is not int or chunk_size < 1:
+        if type(chunk_size) is not int:
+            raise TypeError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        if chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         fox = _sdk()
         self.path = os.fspath(path)

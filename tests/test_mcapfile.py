@@ -493,3 +493,10 @@ def test_lazy_tensors_are_told_with_or_without_torchs_dispatch_keys(
     slow = mcapfile._lazy_checks()
 
     assert [fast(t) for t, _ in cases] == [slow(t) for t, _ in cases] == [w for _, w in cases]
+
+
+def test_a_writers_bad_chunk_size_is_a_type_or_value_error_naming_it(tmp_path: Any) -> None:
+    for wrong, error in ((1.5, TypeError), ("1024", TypeError), (True, TypeError),
+                         (0, ValueError), (-1, ValueError)):
+        with pytest.raises(error, match="chunk_size must be an int >= 1"):
+            mcapfile.Writer(str(tmp_path / "x.mcap"), chunk_size=wrong)  # type: ignore[arg-type]
