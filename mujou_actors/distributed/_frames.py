@@ -16,9 +16,9 @@ frame's payload (what Thespian puts after ``<length>>``)::
         68    32  mac    HMAC-SHA256(key, head + body)
        100     -  body   the pickle (Thespian's ``(sender address, message)``)
 
-The head MAC lets a receiver refuse a stranger after `HEADER_LEN` bytes,
-before it buffers a body whose length the stranger declared
-(`AuthReceiveBuffer`); the body MAC covers the rest. A frame is refused when
+The head MAC lets a receiver refuse a stranger as soon as `HEADER_LEN` bytes
+are in, having read at most `UNTRUSTED_READ` (64 KiB), never the body whose
+length the stranger declared (`AuthReceiveBuffer`); the body MAC covers the rest. A frame is refused when
 either MAC is wrong, its time is more than `max_skew` seconds away from the
 receiver's clock, or its nonce was seen before within that window (a replayed
 frame; `ReplayCache`). Only then is the body unpickled, and by
