@@ -19,9 +19,9 @@ frame's payload (what Thespian puts after ``<length>>``)::
 The head MAC lets a receiver refuse a stranger as soon as `HEADER_LEN` bytes
 are in, having read at most `UNTRUSTED_READ` (64 KiB), never the body whose
 length the stranger declared (`AuthReceiveBuffer`); the body MAC covers the
-rest. A frame is refused when either MAC is wrong, its time is more than `max_skew` seconds away from the
-receiver's clock, or its nonce was seen before within that window (a replayed
-frame; `ReplayCache`). Only then is the body unpickled, and by
+rest. A frame is refused when either MAC is wrong, its time is more than
+`max_skew` seconds away from the receiver's clock, or its nonce was seen before
+within that window (a replayed frame; `ReplayCache`). Only then is the body unpickled, and by
 `RestrictedUnpickler`, which admits the classes of Thespian, of this package
 and a short list of plain standard-library types, never a function that a
 pickle could call (defence in depth: a holder of the secret can already ask a
