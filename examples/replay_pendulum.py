@@ -24,8 +24,9 @@ Run it from the repository root::
 
 ``--golden PATH`` only records (a golden file for ``test_pendulum_golden.py``,
 the regression test as users write it) and exits. It records with
-``MKL_CBWR=COMPATIBLE``, as that test reruns, so that the file compares bit
-for bit on any x86 machine.
+``MKL_CBWR=COMPATIBLE`` and ``ATEN_CPU_CAPABILITY=default`` (set them in the
+shell too: torch may read the second as it is imported), as that test reruns,
+so that the file compares bit for bit on any x86 machine.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.golden:
-        # Before the net's first matrix product, as test_pendulum_golden.py does.
+        # Before the net's first tensor operation, as test_pendulum_golden.py does.
         os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
         record(args.golden, args.duration, args.workers)
         return 0
     with tempfile.TemporaryDirectory() as folder:

@@ -20,13 +20,15 @@ from __future__ import annotations
 import os
 import sys
 
-# MKL picks its matrix kernels by the processor (AVX-512, AVX2, another vendor's
-# generic path), and they round differently: a golden file recorded on one machine
-# would differ in the last bit on another. COMPATIBLE is MKL's one code path for
-# every x86 processor (Intel's "conditional numerical reproducibility"); it must
-# be set before the first matrix product of the process, so set it here, at the
-# top of the test module, and record the golden file with it too.
+# MKL and torch pick their CPU kernels by the processor (AVX-512, AVX2, another
+# vendor's generic path), and they round differently: a golden file recorded on one
+# machine would differ in the last bit on another. COMPATIBLE is MKL's one code path
+# for every x86 processor (Intel's "conditional numerical reproducibility"), and
+# "default" torch's kernels without explicit vector instructions; both must be set
+# before the first tensor operation of the process, so set them here, at the top of
+# the test module, and record the golden file with them too.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
 
 from mujou_actors.testing import assert_replay_matches  # noqa: E402
 

@@ -237,18 +237,27 @@ def _attack(port: int, marker: pathlib.Path, rng: random.Random) -> list[socket.
     return slow
 
 
+def _readable(files: list[Any], timeout: float) -> list[Any]:
+    """Those of ``files`` readable within ``timeout`` s (``selectors``: any fd number;
+    ``select`` refuses fds past 1023, which a long test session reaches)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        for f in files:
+            sel.register(f, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in sel.select(max(timeout, 0.0))]
+
+
 def _closed_by_peers(slow: list[socket.socket], timeout: float, meanwhile: Any) -> int:
     """How many of ``slow`` their peers closed within ``timeout`` s; ``meanwhile()`` between looks.
 
     (The host's own socket is served only while the host runs Thespian's
     loop, in a request: ``meanwhile`` makes one.)
     """
-    import select
-
     open_ = set(slow)
     deadline = time.monotonic() + timeout
     while open_ and time.monotonic() < deadline:
-        readable, _, _ = select.select(list(open_), [], [], 0.5)
+        readable = _readable(list(open_), 0.5)
         for s in readable:
             try:
                 data = s.recv(64)
@@ -324,11 +333,9 @@ def _worker_pids(worker: Any) -> list[int]:
 
 def _line(stream: Any, want: str, timeout: float) -> str:
     """The first line of a child's pipe that holds ``want`` (within ``timeout`` s), or ''."""
-    import select
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], deadline - time.monotonic())
+        ready = _readable([stream], deadline - time.monotonic())
         line = stream.readline() if ready else ""
         if want in line:
             return str(line)

@@ -1011,6 +1011,7 @@ class _Driver:
                 log.error("placed run: shutting the processes down failed: %s", describe(exc))
             for g in self.groups.values():
                 g.link.close()
+            self.wake.close()  # its pipe: one a run, never closed before (a late set is a no-op)
             if self.monitor is not None:
                 self.monitor.close()
             if self.run_id is not None:
