@@ -41,7 +41,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 
@@ -679,6 +679,36 @@ def main() -> None:
     """
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _foxglove_options(what: str) -> Callable[[F], F]:
+    """The live view's options of `mujou run` and `mujou replay`: --foxglove, its
+    --foxglove-publish and --foxglove-origin (``what``: "run" or "replay", for the help)."""
+    def apply(command: F) -> F:
+        for option in reversed((
+            click.option("--foxglove", "foxglove", is_flag=False,
+                         flag_value=f":{DEFAULT_FOXGLOVE_PORT}", default=None,
+                         metavar="[HOST]:PORT",
+                         help=f"Serve a live Foxglove WebSocket view of the {what} (every "
+                              "port a channel, the graph, the time); default port 8765 on "
+                              "127.0.0.1. Write it after FILE, or as --foxglove=:PORT."),
+            click.option("--foxglove-publish", is_flag=True,
+                         help="With --foxglove: let clients publish to the Inputs (each "
+                              "message a run.write). Off by default."),
+            click.option("--foxglove-origin", "foxglove_origins", multiple=True,
+                         metavar="ORIGIN",
+                         help="With --foxglove: also accept connections from web pages of "
+                              "this origin (SCHEME://HOST[:PORT], or null); repeat it for "
+                              "more. Without it: native clients, https://app.foxglove.dev "
+                              "and file:// only.")),
+        ):
+            command = option(command)
+        return command
+
+    return apply
+
+
 @main.command("run")
 @click.argument("target", metavar="FILE[:NAME]")
 @click.option("--duration", type=float, default=None,
@@ -716,18 +746,7 @@ def main() -> None:
 @click.option("--record-view", is_flag=True,
               help="With --record: also write each Output's JSON view (/view/<path>) for "
                    "Foxglove beside its lossless channel.")
-@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
-              default=None, metavar="[HOST]:PORT",
-              help="Serve a live Foxglove WebSocket view of the run (every port a channel, "
-                   "the graph, the time); default port 8765 on 127.0.0.1. Write it after "
-                   "FILE, or as --foxglove=:PORT.")
-@click.option("--foxglove-publish", is_flag=True,
-              help="With --foxglove: let clients publish to the Inputs (each message a "
-                   "run.write). Off by default.")
-@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
-              help="With --foxglove: also accept connections from web pages of this origin "
-                   "(SCHEME://HOST[:PORT], or null); repeat it for more. Without it: native "
-                   "clients, https://app.foxglove.dev and file:// only.")
+@_foxglove_options("run")
 @click.option("--capsule", "capsule_path", type=click.Path(dir_okay=False), default=None,
               help="Keep a crash capsule: when a node fails, write the last seconds of every "
                    "Output and a snapshot to this MCAP file (docs/recording.md).")
@@ -961,16 +980,7 @@ def parse_replace(items: tuple[str, ...]) -> list[str]:
 @click.option("--record-view", is_flag=True,
               help="With --record: also write each Output's JSON view (/view/<path>) for "
                    "Foxglove beside its lossless channel.")
-@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
-              default=None, metavar="[HOST]:PORT",
-              help="Serve a live Foxglove WebSocket view of the replay (as mujou run "
-                   "--foxglove); default port 8765 on 127.0.0.1. Write it after FILE, or as "
-                   "--foxglove=:PORT.")
-@click.option("--foxglove-publish", is_flag=True,
-              help="With --foxglove: let clients publish to the Inputs. Off by default.")
-@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
-              help="With --foxglove: also accept connections from web pages of this origin; "
-                   "repeat it for more.")
+@_foxglove_options("replay")
 @click.option("--allow-remote", is_flag=True,
               help="Let --foxglove be an address other machines reach (a trusted network "
                    "only: the view shows every port).")
