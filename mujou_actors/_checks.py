@@ -39,3 +39,30 @@ def is_int(value: object) -> TypeGuard[int]:
         ``False``, a float and everything else.
     """
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_workers(workers: object, where: str, *, optional: bool = False) -> None:
+    """Refuse a worker count that is not an int >= 1, naming ``workers`` and the caller.
+
+    One check for every place that takes a number of worker threads
+    (``mujou.run(workers=)``, ``Kernel(workers=)``, a placed group's kernel),
+    so that each refuses a bad count with the same exception and words.
+
+    Args:
+        workers (object): the count given.
+        where (str): who takes it, the start of the message (``"mujou.run"``).
+        optional (bool): None is allowed too (the package's choice). Default: False.
+
+    Raises:
+        TypeError: ``workers`` is not an int (a float, a bool, a str; None
+            unless ``optional``).
+        ValueError: ``workers`` is an int below 1.
+    """
+    if workers is None and optional:
+        return
+    expected = "an int >= 1 (worker threads)" + (" or None" if optional else "")
+    if not is_int(workers):
+        raise TypeError(f"{where}: workers must be {expected}, got {workers!r} "
+                        f"({type(workers).__name__})")
+    if workers < 1:
+        raise ValueError(f"{where}: workers must be {expected}, got {workers}")

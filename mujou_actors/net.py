@@ -78,15 +78,6 @@ def check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
     return float(value)
 
 
-def check_workers(workers: Any) -> None:
-    if workers is None:
-        return
-    if not is_int(workers):
-        raise TypeError(f"mujou.run: workers must be an int or None, got {workers!r}")
-    if workers < 1:
-        raise ValueError(f"mujou.run: workers must be >= 1, got {workers}")
-
-
 def check_flag(name: str, value: Any) -> bool:
     """A ``mujou.run`` argument that must be True or False (``stats``)."""
     if not isinstance(value, bool):

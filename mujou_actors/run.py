@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._checks import is_int, is_number
+from ._checks import check_workers, is_int, is_number
 from ._runtime.actor import guard_read_only
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
@@ -37,7 +37,6 @@ from .net import (
     check_fit,
     check_flag,
     check_seconds,
-    check_workers,
     collect_ports,
     load_state,
     resolve_inputs,
@@ -865,7 +864,7 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
                      record_view: bool = False) -> _Arguments:
     """Check every argument that does not need the net; nothing is claimed yet."""
     t = seams.make_timer(timer)
-    check_workers(workers)
+    check_workers(workers, "mujou.run", optional=True)
     end_s = None if duration is None else check_seconds("duration", duration, allow_zero=True)
     timeout = check_seconds("stop_timeout", stop_timeout, allow_zero=False)
     start_limit = check_seconds("start_timeout", start_timeout, allow_zero=False)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .._checks import is_int
+from .._checks import check_workers, is_int
 from ..errors import AlgebraicLoopError, NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
@@ -186,8 +186,8 @@ class Kernel:
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
             already part of a running net or kernel; TypeError:
-            ``nodes`` is a string (a list of paths is meant), or ``seed`` or
-            ``trace`` is not an int.
+            ``nodes`` is a string (a list of paths is meant), or ``seed``,
+            ``trace`` or ``workers`` is not an int (a bool neither).
         ValueError: a path of ``nodes`` names no node of the net; ``workers``
             or ``seed`` out of range, or ``trace`` < 1; a node of the kernel
             is in a running net already, or a node of the net is in another
@@ -223,8 +223,7 @@ class Kernel:
         if isinstance(nodes, str):
             raise TypeError(f"Kernel: nodes must be an iterable of node paths, not the "
                             f"string {nodes!r} (write [{nodes!r}])")
-        if not is_int(workers) or workers < 1:
-            raise ValueError(f"Kernel: workers must be an int >= 1, got {workers!r}")
+        check_workers(workers, "Kernel")
         check_seed(seed, "Kernel")
         self._workers = workers
         found = walk(net)

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from .. import snapshot
+from .._checks import check_workers
 from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
 from .._runtime.loops import DEFAULT_MAX_DELTA_CYCLES
@@ -397,6 +398,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
 
     Raises:
+        TypeError / ValueError: ``workers`` is not an int / is below 1.
         SecretError: ``secure`` and this machine has no valid secret.
         HandshakeError: the host refused this machine's secret (or did not
             answer within `HANDSHAKE_S`).
@@ -423,6 +425,8 @@ class GroupServer:
                  trace: int | None = None, secure: bool = False,
                  heartbeat: str | None = None, seeds: dict[str, int] | None = None,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> None:
+        # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
+        check_workers(workers, f"placed group {group!r}")
         self.group = group
         self._timer = timer
         self._max_delta = max_delta_cycles  # mujou.run(max_delta_cycles=), for each kernel
