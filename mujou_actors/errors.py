@@ -9,12 +9,14 @@ on the data plane between processes), the data plane between machines (``SecretE
 not join), the CUDA driver (``SyncModeError``, also
 ``mujou.cuda.SyncModeError``) and the processes of a placed run (``GroupDied``;
 ``RemoteError``, the control plane's). `describe` formats any exception for a
-message.
+message; `keep_end_failure` adds a failure found as a run ends to its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 from typing import Any
 
 __all__ = [
@@ -454,3 +456,28 @@ def describe(exc: BaseException) -> str:
     if type(text) is not str:  # a str subclass: a plain copy (formatting it would call it)
         text = str.__str__(text) if isinstance(text, str) else broken
     return f"{name}: {text}" if text else name
+
+
+def keep_end_failure(failures: list[BaseException], exc: BaseException, what: str,
+                     lock: Any = None) -> None:
+    """Add ``exc``, found as a run ends (a trace or recording not written), to its failures.
+
+    Said once: ``join()`` raises a run's first failure, so a first one is
+    said there and not logged too (docs/cli.md: an error the caller reports
+    is not logged a second time); one after an earlier failure is never
+    raised, so it is logged, naming ``what``, as nothing else would say it.
+
+    Args:
+        failures (list[BaseException]): the run's failures, the first the one
+            ``join()`` raises.
+        exc (BaseException): the failure found.
+        what (str): what failed, for the log line (``"could not write the
+            trace file t.json"``).
+        lock (optional): a lock that guards ``failures``, held while adding.
+    """
+    with lock if lock is not None else contextlib.nullcontext():
+        failures.append(exc)
+        raised = failures[0] is exc
+    if not raised:
+        logging.getLogger("mujou_actors").error(
+            "%s: %s (join() raises the run's first failure, not this one)", what, describe(exc))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 from collections import Counter
@@ -354,17 +355,38 @@ def test_a_placed_run_whose_on_start_fails_still_writes_its_trace(tmp_path) -> N
 
 
 def test_a_placed_trace_that_cannot_be_written_at_the_end_makes_join_raise_the_os_error(
-        tmp_path) -> None:
+        tmp_path, caplog) -> None:
     taken = tmp_path / "taken"
     run = traced({"sim": "physics"}, taken, duration=None)  # fine as the run starts
     taken.mkdir()
     (taken / "x").write_text("")  # now a folder that os.replace cannot replace
 
-    run.stop()
+    with caplog.at_level(logging.ERROR, logger="mujou_actors"):
+        run.stop()
+        with pytest.raises(OSError):
+            run.join(30)
 
-    with pytest.raises(OSError):
-        run.join(30)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no .tmp left behind
+    # Said once: raised, not logged as well (docs/cli.md).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_placed_trace_that_cannot_be_written_after_a_failure_is_logged_once(
+        tmp_path, caplog) -> None:
+    taken = tmp_path / "taken"
+    run = traced({"flaky": "a", "sim": "b"}, taken, duration=None,
+                 factory=placed_support.make_flaky)
+    taken.mkdir()
+    (taken / "x").write_text("")
+
+    with caplog.at_level(logging.ERROR, logger="mujou_actors"):
+        with pytest.raises(mujou.NodeError, match="flaky"):
+            run.join(30)
+
+    logged = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.ERROR and "trace file" in r.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].startswith(f"could not write the trace file {taken}: ")
 
 
 def test_a_placed_trace_path_that_cannot_be_written_is_refused_before_anything_starts(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import re
 from collections import defaultdict
@@ -300,18 +301,42 @@ def test_a_failing_run_still_writes_its_trace_with_a_marker_where_the_hook_raise
         10_000_000, 20_000_000, 30_000_000]
 
 
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_a_trace_that_cannot_be_written_at_the_end_makes_join_raise_the_os_error(
-        tmp_path) -> None:
+        tmp_path, caplog) -> None:
     taken = tmp_path / "taken"
     run = mujou.run(Net(), timer="simulated", trace=taken)  # fine as the run starts
     taken.mkdir()
     (taken / "x").write_text("")  # now a folder that os.replace cannot replace
 
-    run.stop()
+    with caplog.at_level(logging.ERROR, logger="mujou_actors"):
+        run.stop()
+        with pytest.raises(OSError):
+            run.join()
 
-    with pytest.raises(OSError):
-        run.join()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no .tmp left behind
+    assert _errors(caplog) == []  # said once: raised, not logged as well (docs/cli.md)
+
+
+def test_a_trace_that_cannot_be_written_after_a_failure_is_logged_once(
+        tmp_path, caplog) -> None:
+    taken = tmp_path / "taken"
+    run = mujou.run({"bad": Failing()}, timer="simulated", trace=taken)
+    taken.mkdir()
+    (taken / "x").write_text("")
+
+    with caplog.at_level(logging.ERROR, logger="mujou_actors"):
+        with pytest.raises(mujou.NodeError, match="third update"):
+            run.join()
+
+    # join() raises the node's failure: the file's is said by the log, once.
+    logged = [m for m in _errors(caplog) if "trace file" in m]
+    assert len(logged) == 1
+    assert logged[0].startswith(f"could not write the trace file {taken}: ")
+    assert logged[0].endswith("(join() raises the run's first failure, not this one)")
 
 
 class Started(mujou.Node):

@@ -35,6 +35,7 @@ from ..errors import (
     StartTimeoutError,
     StopTimeoutError,
     describe,
+    keep_end_failure,
 )
 from ..net import check_file_messages
 from ..ports import Input, Port
@@ -768,10 +769,9 @@ class Coordinator:
             tracer._write(recorder, dispatcher.thread_names(),
                           {"timer": "simulated" if dispatcher.simulated else "realtime",
                            "workers": dispatcher.n_workers, "nodes": len(self.actors)})
-        except Exception as exc:  # noqa: BLE001 - join() raises it
-            log.error("could not write the trace file %s: %s", tracer.path, exc)
-            with self.lock:
-                self._failures.append(exc)
+        except Exception as exc:  # noqa: BLE001 - join() raises it, or it is logged
+            keep_end_failure(self._failures, exc, f"could not write the trace file "
+                             f"{tracer.path}", self.lock)
 
     def _close_recording(self, timeout: float) -> None:
         """Close the run's recording and capsule (no hook runs any more); their failures
@@ -786,9 +786,9 @@ class Coordinator:
         if capsule is not None:
             errors.append(capsule.close(timeout))
         for error in errors:
-            if error is not None:  # join() raises it, as a trace that cannot be written
-                with self.lock:
-                    self._failures.append(error)
+            if error is not None:  # join() raises it, or it is logged (keep_end_failure)
+                keep_end_failure(self._failures, error, "could not write the recording",
+                                 self.lock)
 
     def _release(self) -> None:
         """Release the nodes: they may run in another net, their sends need one again."""

@@ -61,6 +61,7 @@ from ..errors import (
     NotRunningError,
     StopTimeoutError,
     describe,
+    keep_end_failure,
 )
 from ..host import Host, Subscription
 from ..messages import copy_message
@@ -1028,8 +1029,8 @@ class _Driver:
         failure = self.failures[0] if self.failures else None
         error = self.recorder.close(self.time_ns, "" if failure is None else describe(failure),
                                     self.stop_timeout)
-        if error is not None:  # join() raises it, as a trace that cannot be written
-            self.failures.append(error)
+        if error is not None:  # join() raises it, or it is logged (keep_end_failure)
+            keep_end_failure(self.failures, error, "could not write the recording")
 
     def _write_trace(self) -> None:
         """Write a traced run's file from every group's records (distributed/tracing.py).
@@ -1049,9 +1050,9 @@ class _Driver:
             tracing.write_placed(trace, self.groups.values(),
                                  lambda g: self.system.ask(g.name, group.TakeTrace(), limit),
                                  other, self._clocks())
-        except Exception as exc:  # noqa: BLE001 - join() raises it
-            log.error("could not write the trace file %s: %s", trace.tracer.path, exc)
-            self.failures.append(exc)
+        except Exception as exc:  # noqa: BLE001 - join() raises it, or it is logged
+            keep_end_failure(self.failures, exc,
+                             f"could not write the trace file {trace.tracer.path}")
 
     def _clocks(self) -> dict[str, tracing.Clock]:
         """Each group on another machine's clock offset now (the heartbeat's estimate)."""
