@@ -299,6 +299,9 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
     * a ``period`` above `LARGE_PERIOD_S` (``period=500`` meant as 500 Hz);
     * a triggering Input that nothing is connected to (nor given in
       ``inputs=``): its node updates on it only if the host writes to it;
+    * a node with an ``on_update`` of its own, ``period=None`` and no
+      triggering Input: nothing ever calls that ``on_update`` (a container
+      of nodes, without an ``on_update`` of its own, is not warned of);
     * nodes held where the walk does not look (a list inside a list, a helper
       object): they are not part of the net and never run.
 
@@ -321,6 +324,13 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
                         "Hz? period is the seconds between updates (%g Hz is period=%g)",
                         name, type(node).__name__, seconds, seconds, updates, seconds,
                         1 / seconds)
+        if period is None and _updates_itself(node) and not any(
+                port._trigger is not False for port in node._mujou_ports().values()
+                if isinstance(port, Input)):
+            log.warning("node %r (%s) has period=None and no Input that triggers it: its "
+                        "on_update never runs; give it a period (period=0.01 is 100 updates "
+                        "a second) or an Input that triggers it (trigger=None or True), "
+                        "connected to an Output (mujou.connect)", name, type(node).__name__)
         for attr, where in _nodes_out_of_net(node, in_net):
             log.warning("node %r (%s) holds a Node in self.%s (%s): it is not part of the net "
                         "and never runs; hold nodes in attributes, or in lists, tuples or "
@@ -338,6 +348,15 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
                         "Output to it (mujou.connect)%s", path,
                         owner._mujou_path or "<root>",
                         " or give the node a period" if owner._mujou_period_ns is None else "")
+
+
+def _updates_itself(node: Node) -> bool:
+    """Whether ``node`` has an ``on_update`` of its own (its class's, or one set on it).
+
+    `Node.on_update` does nothing: a node that keeps it (a container of
+    nodes) loses nothing when it never updates.
+    """
+    return "on_update" in vars(node) or type(node).on_update is not Node.on_update
 
 
 def _nodes_out_of_net(node: Node, in_net: set[int]) -> list[tuple[str, str]]:

@@ -76,6 +76,56 @@ def test_a_triggering_input_connected_to_nothing_is_warned_of(caplog) -> None:
                       "connect an Output to it (mujou.connect) or give the node a period"]
 
 
+class Idle(mujou.Node):
+    """period=None, and its one Input does not trigger: nothing calls its on_update."""
+
+    inp = mujou.Input(torch.Tensor, shape=(1,), trigger=False)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.count = 0
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+
+
+class Mute(mujou.Node):
+    """period=None and no Inputs at all, but an on_update."""
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.count = 0
+
+    def on_update(self, dt: float) -> None:
+        self.count += 1
+
+
+class Box(mujou.Node):
+    """A container: period=None, no on_update of its own, children that run."""
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.ticker = Ticker()
+        self.listener = Listener()
+        mujou.connect(self.ticker.out, self.listener.inp)
+
+
+def test_a_node_that_nothing_ever_updates_is_warned_of_but_not_a_container(caplog) -> None:
+    idle, mute, box, given = Idle(), Mute(), Box(), Box()
+    given.on_update = lambda dt: None  # an on_update set on the node is its own too
+    mujou.connect(box.ticker.out, idle.inp)
+
+    warned = _warnings(caplog, {"idle": idle, "mute": mute, "box": box, "given": given},
+                       duration=0.05)
+
+    assert warned == [
+        f"node {path!r} ({cls}) has period=None and no Input that triggers it: its "
+        "on_update never runs; give it a period (period=0.01 is 100 updates a second) or an "
+        "Input that triggers it (trigger=None or True), connected to an Output (mujou.connect)"
+        for path, cls in [("idle", "Idle"), ("mute", "Mute"), ("given", "Box")]]
+    assert idle.count == mute.count == 0 and box.listener.count == 5
+
+
 class Helper:
     def __init__(self) -> None:
         self.sensor = Ticker()
