@@ -57,10 +57,21 @@ takes little of the GIL from the net. That write is below ``websockets``' API
 (its ``transport``, ``state``; no compression negotiated, so a frame needs no
 extension bits): hence the version range in setup.cfg.
 
+The server uses only the host API that `Run` and a placed run
+(`mujou_actors.distributed.placed_run.PlacedRun`) share: ``subscribe`` (with
+time), ``write``, ``time_ns``, ``running``, ``nodes`` and the ports by path.
+So a placed run is served as one process is, from the host: a port of
+another group reaches the view through the driver, as any host subscription
+does, and a client's publish to an Input of another group is a ``write``
+that the driver carries to that group.
+
 Threads: the views are made and queued on the run's ``mujou-host`` thread
 (the subscriptions' callbacks); the ``mujou-foxglove`` thread runs the
 server's asyncio loop (the handshakes, each client's requests and writes, the
-time), and ends the server when the run ends.
+time), and ends the server when the run ends; the run's calls that may wait
+(``subscribe``, ``write``: a placed run's wait for the round in progress) run
+on one ``mujou-foxglove-calls`` thread, so that a slow one holds up only the
+client that asked.
 """
 
 from __future__ import annotations
@@ -78,7 +89,8 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +100,7 @@ from .ports import Input, Output
 from .view import Projection, from_json
 
 if TYPE_CHECKING:
+    from .distributed.placed_run import PlacedRun
     from .host import Subscription
     from .run import Run
 
@@ -250,11 +263,11 @@ def _normal(origin: str) -> str:
     return text[:-1] if text.endswith("/") and not text.endswith("://") else text
 
 
-def graph_of(run: Run) -> dict[str, Any]:
+def graph_of(run: Run | PlacedRun) -> dict[str, Any]:
     """The net's graph as the ``/mujou/graph`` channel sends it.
 
     Args:
-        run (Run): the run.
+        run (Run | PlacedRun): the run (a placed run's: the host's copy of the net).
 
     Returns:
         dict: ``{"time_ns", "nodes": [{"path", "class", "ports": [{"name",
@@ -396,8 +409,8 @@ class FoxgloveServer:
     the run ends. What it serves is in the docs ("Viewing a run in Foxglove").
     """
 
-    def __init__(self, run: Run, host: str, port: int, name: str, *, allow_publish: bool,
-                 origins: frozenset[str | None]) -> None:
+    def __init__(self, run: Run | PlacedRun, host: str, port: int, name: str, *,
+                 allow_publish: bool, origins: frozenset[str | None]) -> None:
         self._ws_server = _websockets()
         from websockets.exceptions import ConnectionClosed
         from websockets.protocol import State
@@ -442,6 +455,12 @@ class FoxgloveServer:
         self._address: tuple[str, int] = self._sock.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
+        # The run's calls that may wait (a placed run's subscribe and write wait for the
+        # round in progress on its driver's thread) run here, not on the loop: a long
+        # round then holds up the client that asked, not every client's messages, the
+        # time and the handshakes. One thread, so calls are carried out in the order they
+        # were asked; each client awaits its call, so at most MAX_CLIENTS calls wait.
+        self._calls = ThreadPoolExecutor(1, thread_name_prefix="mujou-foxglove-calls")
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
         self._thread.start()
 
@@ -547,6 +566,9 @@ class FoxgloveServer:
             log.warning("foxglove: the live view stopped: %s", describe(exc))
         finally:
             self._cancel_subscriptions()
+            # Not waited for: a call in progress ends with the run's own bound (a placed
+            # run's call waits 60 s at most, and ends at once when the run ends).
+            self._calls.shutdown(wait=False, cancel_futures=True)
             self._sock.close()
             self._loop.close()
             self._closed = True
@@ -704,7 +726,7 @@ class FoxgloveServer:
                 client.push(_MESSAGE.pack(1, sub, max(self._run.time_ns, 0)), data)
             else:
                 self._targets[topic] = (*self._targets.get(topic, ()), (client, sub))
-                self._watch(topic)
+                await self._call(self._watch, topic)
         if bad:
             await self._error(client, f"subscriptions refused (an unknown channel, or a "
                                       f"subscription id or channel taken): channels {bad[:8]}")
@@ -777,7 +799,7 @@ class FoxgloveServer:
         try:
             value = from_json(json.loads(data[_CLIENT_DATA.size:]), port.type, port.shape,
                               port.dtype)
-            self._run.write(port, value)
+            await self._call(self._run.write, port, value)
         except Exception as exc:  # noqa: BLE001 - a client's bad message never stops anything
             self._counts["refused"] += 1
             await self._error(client, f"a message published to {port.path} was refused: "
@@ -786,14 +808,24 @@ class FoxgloveServer:
         self._counts["published"] += 1
 
     # -- the ports' subscriptions -----------------------------------------------------------
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the ``mujou-foxglove-calls`` thread; its result, once done."""
+        return await self._loop.run_in_executor(self._calls, fn, *args)
+
     def _watch(self, topic: str) -> None:
-        """One more client watches a port: subscribe to it if it is the first."""
+        """One more client watches a port: subscribe to it if it is the first.
+
+        On ``mujou-foxglove-calls``; a client's end or `close` may come meanwhile
+        (on the loop, or any thread): what they changed is looked at again after
+        the subscription is made.
+        """
         with self._lock:
             n = self._watchers.get(topic, 0) + 1
             self._watchers[topic] = n
             if n > 1 or self._closing:
                 return
-        # Outside the lock: subscribing may start the mujou-host thread (a wait for it).
+        # Outside the lock: subscribing may start the mujou-host thread (a wait for it),
+        # or, in a placed run, wait for the driver's round in progress.
         try:
             sub = self._run.subscribe(topic, self._sender(topic), with_time=True)
         except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
@@ -897,9 +929,9 @@ def _uint(item: Any, key: str) -> int:
     return int(value)
 
 
-def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: bool = False,
-                   allow_publish: bool = False, origins: Iterable[str] = (),
-                   name: str = "mujou") -> FoxgloveServer:
+def serve_foxglove(run: Run | PlacedRun, listen: int | str = DEFAULT_PORT, *,
+                   allow_remote: bool = False, allow_publish: bool = False,
+                   origins: Iterable[str] = (), name: str = "mujou") -> FoxgloveServer:
     """Serve a live Foxglove view of a running net over WebSocket.
 
     Open ``ws://127.0.0.1:8765`` in Foxglove (Open connection, Foxglove
@@ -907,7 +939,14 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
     its messages); ``/mujou/graph`` is the net; the run's time goes out a
     few times a second; with ``allow_publish=True``, a client that publishes
     JSON to an Input's topic writes to it (``Run.write``). A port costs its
-    senders something only while a client watches it.
+    senders something only while a client watches it (in a placed run, a
+    port of another group: only until a client first watches it, see
+    docs/recording.md).
+
+    A placed run (``placement=``) is served from the host as one process is,
+    through the same host API: every port of every group is a channel, and a
+    publish to an Input of another group is a ``write`` that reaches that
+    group.
 
     A web page in a browser may open a WebSocket to any port of this machine:
     the server refuses (HTTP 403) a handshake whose ``Origin`` is not allowed:
@@ -918,8 +957,8 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
     (leaving a ``with`` block).
 
     Args:
-        run (Run): a running run in this process (a placed run, with
-            ``placement=``, is refused).
+        run (Run | PlacedRun): a running run: of this process, or placed
+            (``placement=``; this process is its host).
         listen (int | str): the port on 127.0.0.1, or ``":PORT"``, or
             ``"HOST:PORT"``; 0 takes a free port (`FoxgloveServer.port`).
             Default: 8765.
@@ -940,20 +979,20 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *, allow_remote: 
 
     Raises:
         ImportError: websockets is not installed (the message says what to install).
-        TypeError: ``run`` is not a `Run` of this process (a placed run), or a
-            bad ``allow_remote``, ``allow_publish`` or ``origins``.
+        TypeError: ``run`` is not a run (`Run`, `PlacedRun`), or a bad
+            ``allow_remote``, ``allow_publish`` or ``origins``.
         ValueError: a bad ``listen``, or one off loopback without
             ``allow_remote``; an origin that is none.
         NotRunningError: the run has ended.
         RuntimeError: the server could not listen (the port is taken).
     """
+    from .distributed.placed_run import PlacedRun
     from .errors import NotRunningError
     from .run import Run
 
-    if not isinstance(run, Run):
-        raise TypeError(f"serve_foxglove: run must be a mujou.Run of this process, got "
-                        f"{type(run).__name__} (a placed run, placement=, is not supported: "
-                        "docs/recording.md, 'Viewing a run in Foxglove')")
+    if not isinstance(run, Run | PlacedRun):
+        raise TypeError(f"serve_foxglove: run must be what mujou.run returned (a Run, or a "
+                        f"PlacedRun with placement=), got {type(run).__name__}")
     for flag, value in (("allow_remote", allow_remote), ("allow_publish", allow_publish)):
         if type(value) is not bool:
             raise TypeError(f"serve_foxglove: {flag} must be a bool, got {value!r}")

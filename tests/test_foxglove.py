@@ -109,6 +109,20 @@ class Client:
     def of(self, sub: int) -> list[Any]:
         return [payload for s, _, payload in self.data if s == sub]
 
+    def unsubscribe_and_close(self, sub: int) -> None:
+        """Unsubscribe from a busy channel, read what the server queued before, close.
+
+        A client that stops reading while messages come leaves the server's close frame
+        behind them, unread, and its close waits out its 10 s close timeout. The server
+        handles a client's requests in order and queues its messages in order: once the
+        graph (subscribed after the unsubscribe) is in, what came before it is read.
+        """
+        self.send({"op": "unsubscribe", "subscriptionIds": [sub]})
+        self.send({"op": "subscribe", "subscriptions": [
+            {"id": 999_999, "channelId": self.channels["/mujou/graph"]["id"]}]})
+        self.recv_until(lambda: self.of(999_999), "the graph after the unsubscribe")
+        self.ws.close()
+
 
 @pytest.fixture
 def served() -> Any:
@@ -223,7 +237,7 @@ def test_the_server_stops_with_the_run_and_leaves_no_thread_nor_port() -> None:
     server.close()  # idempotent
 
 
-def test_a_host_off_loopback_needs_allow_remote_and_a_placed_run_is_refused() -> None:
+def test_a_host_off_loopback_needs_allow_remote_and_what_is_no_run_is_refused() -> None:
     run = mujou.run({"echo": Echo()}, timer="simulated")
     taken = socket.socket()
     try:
@@ -235,7 +249,7 @@ def test_a_host_off_loopback_needs_allow_remote_and_a_placed_run_is_refused() ->
             mujou.serve_foxglove(run, "0.0.0.0:0")
         with pytest.raises(ValueError, match="no port"):
             mujou.serve_foxglove(run, "localhost:http")
-        with pytest.raises(TypeError, match="placed run"):
+        with pytest.raises(TypeError, match="a Run, or a PlacedRun"):
             mujou.serve_foxglove(object(), 0)  # type: ignore[arg-type]
     finally:
         taken.close()
@@ -256,7 +270,7 @@ def test_each_message_is_stamped_with_its_sends_time() -> None:
         client.send({"op": "subscribe", "subscriptions": [
             {"id": 4, "channelId": client.channels["src.out"]["id"]}]})
         client.recv_until(lambda: len(client.of(4)) >= 5, "five messages")
-        client.ws.close()
+        client.unsubscribe_and_close(4)
     finally:
         server.close()
         run.stop()
@@ -482,3 +496,128 @@ def test_a_clients_queue_keeps_the_newest_within_its_backlog_and_bytes() -> None
     assert client.dropped == 6 + 1
     assert len(kept) == liveview.BACKLOG and kept[0] == (b"h", b"6")
     assert len(kept_big) == 3
+
+
+# -- a placed run, served from its host ----------------------------------------------------
+
+
+@pytest.fixture
+def placed_served() -> Any:
+    """make_echo placed: echo in group "a" (its server in this process, the data plane
+    over ZeroMQ), count in the host's group; served with publishing on."""
+    from tests.placed_support import make_echo
+    from tests.test_placed import placed_run
+
+    run = placed_run({"echo": "a"}, None, factory=make_echo)
+    try:
+        server = mujou.serve_foxglove(run, 0, allow_publish=True)
+    except BaseException:
+        run.stop()
+        raise
+    try:
+        yield run, server
+    finally:
+        server.close()
+        run.stop()
+        run.join(timeout=20)
+
+
+def test_a_placed_run_is_served_from_its_host_and_a_publish_reaches_another_group(
+        placed_served: Any, caplog: pytest.LogCaptureFixture) -> None:
+    run, server = placed_served
+    assert run.groups == {"a": ["echo"], "host": ["count"]}
+    client = Client(server.port)
+    client.recv_until(lambda: {"echo.inp", "echo.out", "count.inp"} <= set(client.channels),
+                      "every group's ports advertised")
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 1, "channelId": client.channels["echo.out"]["id"]},    # an Output of group a
+        {"id": 2, "channelId": client.channels["count.inp"]["id"]}]})  # the host's, fed by a
+    _until(lambda: server.watched() == ["echo.out", "count.inp"], "both subscriptions")
+    client.send({"op": "advertise", "channels": [
+        {"id": 3, "topic": "echo.inp", "encoding": "json", "schemaName": "inp"}]})
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        for value in (1, {"value": 2}, 3, "four", 5):  # "four": no int, refused
+            client.publish(3, value)
+        client.recv_until(lambda: len(client.of(1)) == 4 and len(client.of(2)) == 4,
+                          "four doubled values on each channel")
+
+    doubled = [{"value": v} for v in (2, 4, 6, 10)]
+    assert client.of(1) == doubled and client.of(2) == doubled
+    # the simulated timer waits for the host's writes: every send at time 0
+    assert {t for _, t, _ in client.data} == {0} and run.time_ns == 0
+    stats = server.stats()
+    assert (stats.published, stats.refused, stats.dropped) == (4, 1, 0)
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and "echo.inp" in refusals[0]
+    tree = run.state_dict(timeout=20)
+    assert tree["nodes"]["echo"]["n"] == 4  # in group a: what the client published
+    assert tree["nodes"]["count"]["got"] == [2, 4, 6, 10]
+    client.ws.close()
+    _until(lambda: server.watched() == [], "the subscriptions' end")
+
+
+def test_a_placed_runs_graph_is_the_whole_net(placed_served: Any) -> None:
+    run, server = placed_served
+    client = Client(server.port)
+    client.recv_until(lambda: "/mujou/graph" in client.channels, "the graph's channel")
+
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 1, "channelId": client.channels["/mujou/graph"]["id"]}]})
+    client.send({"op": "subscribeConnectionGraph"})
+    client.recv_until(lambda: client.of(1) and client.graph_updates, "the graphs")
+
+    graph = client.of(1)[0]
+    assert [n["path"] for n in graph["nodes"]] == ["echo", "count"]
+    assert graph["connections"] == [["echo.out", "count.inp"]]
+    update = client.graph_updates[0]
+    assert {"name": "echo.out", "publisherIds": ["echo"]} in update["publishedTopics"]
+    assert {"name": "echo.out", "subscriberIds": ["count"]} in update["subscribedTopics"]
+    client.ws.close()
+
+
+def test_a_placed_ports_messages_carry_their_values_and_their_sends_time() -> None:
+    from tests.test_placed import placed_run
+
+    run = placed_run({"sim": "a", "ctrl": "b"}, None)  # sim runs ahead freely, in group a
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            client = Client(server.port)
+            client.recv_until(lambda: "sim.out" in client.channels, "the advertise")
+            client.send({"op": "subscribe", "subscriptions": [
+                {"id": 4, "channelId": client.channels["sim.out"]["id"]}]})
+            client.recv_until(lambda: len(client.of(4)) >= 5, "five messages")
+            client.unsubscribe_and_close(4)
+    finally:
+        run.stop()
+    run.join(timeout=20)
+
+    # sim sends its k-th position (k from 1) at k * 10 ms; log, in the host's group,
+    # keeps every one: each message the client got is the one sent at its timestamp.
+    seen = [x for kind, x in run.state_dict()["nodes"]["log"]["seen"] if kind == "obs"]
+    stamped = [(t, payload) for s, t, payload in client.data if s == 4]
+    assert len(stamped) >= 5
+    for t, payload in stamped:
+        assert t > 0 and t % 10_000_000 == 0, t
+        assert payload == {"shape": [3], "dtype": "float32",
+                           "data": seen[t // 10_000_000 - 1]}, t
+
+
+def test_the_server_stops_with_a_placed_run_and_leaves_no_thread_nor_port(
+        placed_served: Any) -> None:
+    run, server = placed_served
+    client = Client(server.port)
+    client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 1, "channelId": client.channels["echo.out"]["id"]}]})
+    _until(lambda: server.watched() == ["echo.out"], "the subscription")
+
+    run.stop()
+    run.join(timeout=20)
+
+    _until(lambda: server.closed, "the server's end")
+    _until(lambda: not any(t.name.startswith("mujou-foxglove") for t in threading.enumerate()),
+           "the mujou-foxglove threads' end")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+    assert server.watched() == []
