@@ -86,14 +86,15 @@ def check_flag(name: str, value: Any) -> bool:
 
 
 def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
-                 seed: int | None) -> dict[str, int]:
+                 seed: int | None, *, warn: bool = True) -> dict[str, int]:
     """The seed of every node's generator in this run, by path; changes no node.
 
     A tree's seed wins (the generator's state comes with the node's), then the
     node's own, then one derived from the run's ``seed`` and the path, else a
     fresh random one. A node that drew from its generator before any run
     seeded it (in ``__init__``) and is seeded afresh now is warned about: what
-    it drew came from a seed that no run records.
+    it drew came from a seed that no run records. ``warn=False``: not (a
+    placed run's kernels, whose host settled the seeds and warned once).
     """
     seeds = {}
     for path, node in found:
@@ -102,7 +103,7 @@ def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
             continue
         own = node._mujou_seed
         if own is None:
-            if node._mujou_drew_before_run():
+            if warn and node._mujou_drew_before_run():
                 log.warning(
                     "node %r (%s) drew from self.generator before the run seeded it "
                     "(in __init__?): those draws used a random seed that the run does not "

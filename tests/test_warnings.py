@@ -126,6 +126,54 @@ def test_a_node_that_nothing_ever_updates_is_warned_of_but_not_a_container(caplo
     assert idle.count == mute.count == 0 and box.listener.count == 5
 
 
+class Typo(mujou.Node):
+    """A hook's name mistyped: ``on_updte`` is never called."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+
+    def on_updte(self, dt: float) -> None:
+        pass
+
+
+class EarlyDraw(Ticker):
+    """Draws from its generator in ``__init__``, before any run seeded it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.rand(1, generator=self.generator)
+
+
+def make_mistakes() -> dict[str, mujou.Node]:
+    """A net with a mistake of each kind the start warns of (module level: placeable)."""
+    return {"fast": Ticker(period=500), "lonely": Listener(), "mute": Mute(),
+            "rig": Rig(), "typo": Typo(), "early": EarlyDraw()}
+
+
+def test_a_placed_run_warns_as_one_process_does_once_in_the_host(caplog) -> None:
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem
+
+    one = _warnings(caplog, make_mistakes(), duration=0.05)
+    caplog.clear()
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.05, seed=None,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        # The groups are served in this process: what they logged would be caught too.
+        run = placed.start(make_mistakes, placement={"fast": "a", "mute": "a", "rig": "b",
+                                                     "early": "b"},
+                           net_kwargs=None, args=args, inputs=None, state=None,
+                           make_system=InProcessSystem)
+        run.join(30)
+    placed_ = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    assert len(one) == 7  # fast, lonely, mute, rig twice, typo, early
+    assert placed_ == one
+
+
 class Helper:
     def __init__(self) -> None:
         self.sensor = Ticker()

@@ -273,7 +273,8 @@ class Kernel:
         """Claim the kernel's nodes and build its dispatcher and wiring (`__init__`'s work)."""
         self._ports = collect_ports(found)
         self._n_nodes = len(found)
-        seeds = settle_seeds(found, None, seed)
+        # Seeds settled by a placed run's host: it warned of early draws, once.
+        seeds = settle_seeds(found, None, seed, warn=settled is None)
         if settled is not None:
             seeds.update((p, s) for p, s in settled.items() if p in seeds)
         self.seeds = {path: seeds[path] for _, path, _ in local}

@@ -26,7 +26,15 @@ from .._runtime.loops import warn_loops
 from ..errors import (
     describe,
 )
-from ..net import check_fit, collect_ports, resolve_inputs, settle_seeds, walk
+from ..net import (
+    check_fit,
+    collect_ports,
+    resolve_inputs,
+    settle_seeds,
+    walk,
+    warn_suspect_net,
+    warn_unknown_hooks,
+)
 from ..node import Node
 from ..ports import Input, Port
 from . import dataplane, tracing, wire
@@ -120,6 +128,8 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     factory, ref = resolve_factory(net, net_kwargs)
     built = build_net(factory, ref.kwargs)
     found = walk(built)
+    # The start warnings of one process, said here, once: the groups' kernels say none.
+    warn_unknown_hooks(found)
     for path, node in found:
         node._mujou_path = path
     ports = collect_ports(found)
@@ -135,11 +145,12 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
                          f"puts groups on other machines ('machine:group'); this one names "
                          f"none")
     _warn_unused_fallbacks(plan.machines, args.supervisor)
-    warn_loops(found, args.max_delta_cycles)
     initial = resolve_inputs(ports, inputs)
+    warn_suspect_net(found, ports, initial, args.end_s)
     if args.tree is not None:
         check_fit(args.tree, found, ports, state)
     seeds = settle_seeds(found, args.tree, args.seed)
+    warn_loops(found, args.max_delta_cycles)  # last, as one process warns
     recorded = None
     if args.recording is not None:
         from ..recording import select_outputs
