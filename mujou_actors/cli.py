@@ -754,8 +754,9 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
               help="With --capsule: seconds of the run's timer between its snapshots "
                    "(default: --snapshot-every, else 5).")
 @click.option("--check-read-only", is_flag=True,
-              help="Fail a node that changes a received tensor in place, naming it and its "
-                   "Input (mujou.run(check_read_only=True)): a debugging aid.")
+              help="Fail a node that changes a message it received in place (a tensor, a "
+                   "list, a dict, a numpy array...), naming it and its Input "
+                   "(mujou.run(check_read_only=True)): a debugging aid.")
 @click.option("--place", "places", multiple=True, metavar="PATH=[MACHINE:]GROUP",
               help="Run the node PATH (and its subtree) in the process of GROUP; repeat it "
                    "for more. MACHINE[,FALLBACK...]: GROUP runs on that member (see "
@@ -807,12 +808,6 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         elif record_ports or record_snapshots or record_view:
             raise UsageError("--record-port, --record-snapshots and --record-view go with "
                              "--record FILE")
-        if foxglove is not None and places:
-            raise UsageError(
-                "--foxglove does not go with --place: the live view reads the nodes' "
-                "messages in the process that serves it, and a placed run's groups send "
-                "theirs to other processes. Record the placed run and open the file in "
-                "Foxglove (--record FILE --record-view), or serve it live without --place")
         _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
@@ -847,10 +842,7 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                                                     snapshot_dir=snapshot_dir)
         if trace_path is not None:
             kwargs["trace"] = trace_path
-        if check_read_only:
-            if places:
-                raise UsageError("--check-read-only checks the readers of one process; it "
-                                 "does not go with --place")
+        if check_read_only:  # with --place, each group's kernel checks its readers
             kwargs["check_read_only"] = True
         if record_path is not None:
             kwargs.update(record=record_path, record_ports=list(record_ports) or None,

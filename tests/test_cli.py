@@ -666,12 +666,60 @@ def test_on_a_terminal_the_command_says_what_it_does_before_the_run_shows(
     assert quiet.exit_code == 0 and quiet.stderr == ""
 
 
-def test_foxglove_with_place_says_why_not_and_what_to_do_instead() -> None:
-    result = mujou_cmd("run", f"{NETS}:make_broken", "--foxglove=:0", "--place", "x=a")
+@pytest.mark.timeout(150)
+def test_foxglove_with_place_serves_every_groups_ports_and_publishes_to_another_group(
+        tmp_path) -> None:
+    """`mujou run --place ... --foxglove`: a client of the host's view reads a port of the
+    group process "a" and of the host's group, and its publish reaches echo, in "a".
 
-    assert result.returncode == 2
-    assert "--record FILE --record-view" in result.stderr
-    assert "a placed run's groups send theirs to other processes" in result.stderr
+    make_echo idles on the simulated timer until the host writes, so every message
+    waited for is caused by the client; the server handles a client's requests in
+    order (a subscription is made before the next request is read), so nothing
+    published after the subscribe can be missed."""
+    pytest.importorskip("websockets")
+    from tests.test_foxglove import Client
+
+    stats = tmp_path / "stats.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mujou_actors", "run", "tests/placed_support.py:make_echo",
+         "--place", "echo=a", "--timer", "simulated", "--foxglove=:0", "--foxglove-publish",
+         "--stats-json", str(stats)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: queue.Queue = queue.Queue()
+    err: queue.Queue = queue.Queue()
+    for stream, lines in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, lines), daemon=True).start()
+    stderr: list[str] = []
+    try:
+        served = _wait_for(err, "foxglove: live view at ws://127.0.0.1:", stderr, 90)
+        assert served, "".join(stderr)
+        port = int(stderr[-1].split("ws://127.0.0.1:")[1].split()[0])
+        client = Client(port)
+        client.recv_until(lambda: {"echo.inp", "echo.out", "count.inp"} <= set(client.channels),
+                          "every group's ports advertised")
+        client.send({"op": "subscribe", "subscriptions": [
+            {"id": 1, "channelId": client.channels["echo.out"]["id"]},
+            {"id": 2, "channelId": client.channels["count.inp"]["id"]}]})
+        client.send({"op": "advertise", "channels": [
+            {"id": 3, "topic": "echo.inp", "encoding": "json", "schemaName": "inp"}]})
+        for value in (5, {"value": 6}, -7):
+            client.publish(3, value)
+        client.recv_until(lambda: len(client.of(1)) == 3 and len(client.of(2)) == 3,
+                          "three doubled values on each channel")
+        client.ws.close()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    _wait_for(err, "\0", stderr, 5)  # the rest, up to EOF
+
+    doubled = [{"value": 10}, {"value": 12}, {"value": -14}]
+    assert client.of(1) == doubled and client.of(2) == doubled
+    assert proc.returncode == 130, "".join(stderr)
+    assert any("publishing to Inputs on)" in line for line in stderr)
+    data = json.loads(stats.read_text())
+    assert set(data["groups"]) == {"a", "host"}
+    assert data["groups"]["a"]["nodes"] == ["echo"]
 
 
 MUTATING_NET = """
