@@ -63,7 +63,9 @@ time), ``write``, ``time_ns``, ``running``, ``nodes`` and the ports by path.
 So a placed run is served as one process is, from the host: a port of
 another group reaches the view through the driver, as any host subscription
 does, and a client's publish to an Input of another group is a ``write``
-that the driver carries to that group.
+that the driver carries to that group. (One difference is the driver's: once
+a port was watched, its group goes on copying its messages to the host after
+the last client left; docs/recording.md, "A placed run, live".)
 
 Threads: the views are made and queued on the run's ``mujou-host`` thread
 (the subscriptions' callbacks); the ``mujou-foxglove`` thread runs the
@@ -939,9 +941,8 @@ def serve_foxglove(run: Run | PlacedRun, listen: int | str = DEFAULT_PORT, *,
     its messages); ``/mujou/graph`` is the net; the run's time goes out a
     few times a second; with ``allow_publish=True``, a client that publishes
     JSON to an Input's topic writes to it (``Run.write``). A port costs its
-    senders something only while a client watches it (in a placed run, a
-    port of another group: only until a client first watches it, see
-    docs/recording.md).
+    senders something only while a client watches it (in a placed run: from
+    the first time a client watches it on, docs/recording.md).
 
     A placed run (``placement=``) is served from the host as one process is,
     through the same host API: every port of every group is a channel, and a
