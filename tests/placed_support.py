@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
@@ -225,6 +226,35 @@ class Stuck(mujou.Node):
 
 def make_stuck() -> dict[str, mujou.Node]:
     return {"stuck": Stuck(), **make_net()}
+
+
+class Blocks(mujou.Node):
+    """Blocks in its update ``at`` until the file ``release`` exists, having made the file
+    ``entered``: an event across processes, set by the test (a hook that does not return
+    until then). Without ``release``, it never blocks (a restored run goes on)."""
+
+    def __init__(self, entered: str = "", release: str = "", at: int = 3) -> None:
+        super().__init__(period=0.01)
+        self.entered, self.release, self.at = entered, release, at
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == self.at and self.release:
+            open(self.entered, "w").close()
+            while not os.path.exists(self.release):
+                time.sleep(0.005)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def make_blocking(entered: str = "", release: str = "", at: int = 3) -> dict[str, mujou.Node]:
+    """`make_net` and a node ``b`` that blocks in its update ``at`` (`Blocks`)."""
+    return {"b": Blocks(entered, release, at), **make_net()}
 
 
 def make_net_by_machine() -> dict[str, mujou.Node]:

@@ -345,11 +345,19 @@ class Kernel:
             self._timing = True
             self.dispatcher.start_running(self._start_ns)
 
-    def stop(self, timeout: float = 10.0) -> list[str]:
+    def stop(self, timeout: float = 10.0, idle: float | None = None) -> list[str]:
         """Run every started node's ``on_stop``, end the threads, release the nodes.
 
-        Idempotent. Returns the paths of nodes still stuck in a hook after
-        ``timeout`` (left behind, as `mujou.run`'s stop does).
+        Idempotent. Returns the paths of nodes still stuck in a hook (left
+        behind, as `mujou.run`'s stop does).
+
+        Args:
+            timeout (float): wall seconds for the ``on_stop`` hooks, then for
+                the threads' exit (a stuck node's thread is not waited for).
+                Default: 10.0.
+            idle (float, optional): wall seconds for the hooks in flight to
+                return first; a placed run's end gives them what is left of its
+                one ``stop_timeout`` (docs/processes.md). Default: ``timeout``.
         """
         if self._stopped:
             return []
@@ -358,11 +366,14 @@ class Kernel:
         stuck = []
         if self._started:
             dispatcher.stop_now()
-            stuck = [a.path for a in dispatcher.wait_idle(timeout)]
+            stuck = [a.path for a in dispatcher.wait_idle(timeout if idle is None else idle)]
             started = [a for a in self.actors if a.started and a.path not in stuck]
             stuck += [a.path for a in dispatcher.run_control(started, Stop(), timeout, help=True)]
             dispatcher.shutdown()
-            dispatcher.join_threads(timeout)
+            # A stuck node's thread stays in its hook: waiting for it would cost the whole
+            # timeout once more (as the coordinator's end, which skips them too).
+            dispatcher.join_threads(timeout, skip={a.thread_name for a in self.actors
+                                                   if a.path in stuck and a.thread_name})
         for actor in self.actors:
             if actor.node._mujou_run is self._token:
                 actor.node._mujou_run = None

@@ -42,11 +42,15 @@ class Watchdog:
     Args:
         dispatcher (Dispatcher): the run's dispatcher (`Dispatcher.hooks_in_flight`).
         limit (float): wall seconds, > 0 (the run's ``stop_timeout``).
+        where (str): said after the node's path in each warning (a placed run's
+            group processes: ``" (in group 'a')"``, `distributed.group.Watcher`).
+            Default: ``""``.
     """
 
-    def __init__(self, dispatcher: Dispatcher, limit: float) -> None:
+    def __init__(self, dispatcher: Dispatcher, limit: float, where: str = "") -> None:
         self._dispatcher = dispatcher
         self._limit = limit
+        self._where = where
         self._seen: dict[str, _Seen] = {}
         self._next = time.monotonic() + limit / 2
 
@@ -74,10 +78,10 @@ class Watchdog:
             entry.warned += 1
             entry.warn_at = entry.since + limit * 2 ** entry.warned  # 1, 2, 4, 8... limits
             name, (t, d), _ = hook
-            log.warning("node %r has been in %s for %.3g s or more (wall), at t = %d ns "
+            log.warning("node %r%s has been in %s for %.3g s or more (wall), at t = %d ns "
                         "(%g s of the run's timer, delta cycle %d), and has not returned; the "
                         "run waits for it (next report after %.3g s in all)", path or "<root>",
-                        name,
+                        self._where, name,
                         now - entry.since, t, t / 1e9, d, entry.warn_at - entry.since)
             self._next = min(self._next, entry.warn_at)
         for entry in seen.values():

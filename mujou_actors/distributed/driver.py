@@ -71,9 +71,7 @@ from ..ports import Input, Port
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
 from . import dataplane, group, realtime, tracing, wire
 from .dataplane import Item
-from .placement import (
-    signature_differences,
-)
+from .placement import HOST_GROUP, signature_differences
 
 log = logging.getLogger("mujou_actors")
 
@@ -84,6 +82,12 @@ log = logging.getLogger("mujou_actors")
 
 GROUP_TARGET = "mujou_actors.distributed.group:serve"
 POLL_S = 0.05  # how often a waiting driver looks at exits and a stop
+# The end's waits for hooks in flight (a real-time hold, a grant, each group's stop) share
+# one stop_timeout (`_Driver._stop_left`); each still gets at least this much, so that a
+# hook a moment from its return, in a group asked after the time ran out, is not "stuck".
+STOP_FLOOR_S = 0.1
+# What a stuck group's entry of StopTimeoutError.stuck says until its stop names the hooks.
+_UNKNOWN_HOOKS = "a grant (the group's hooks unknown)"
 
 @dataclasses.dataclass
 class _Group:
@@ -136,7 +140,7 @@ class _LocalLink:
             self.messages_out += len(self._reply.sends)
         except TimeoutError:
             # A stop gave up on a hook of the host's group: the driver reports it stuck.
-            raise _Stuck({a.path: self.kernel.dispatcher.hook_of(a)
+            raise _Stuck({a.path: f"{self.kernel.dispatcher.hook_of(a)} (in group {HOST_GROUP!r})"
                           for a in self.kernel.actors if a.busy}) from None
         except BaseException as exc:  # reported as a group's failure is, never swallowed
             self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
@@ -193,6 +197,8 @@ class _Driver:
         self.start_ns = 0
         self.start_mono_ns = time.monotonic_ns()
         self.clock_started = False
+        # The end's one stop_timeout for the hooks in flight: its deadline, set as the end
+        # begins (`_end_begins`), taken back by a restore (the end begins again after it).
         self._stop_deadline: float | None = None
         for g in groups.values():
             if not g.remote:
@@ -259,6 +265,10 @@ class _Driver:
         self.final_stats: dict[str, dict[str, Any]] | None = None
         self._end_cut_done = False  # the end's cut and final stats are taken (`_end_cut`)
         self.order = [p for p, _ in found]
+        # The host's own group's watchdog (group processes run their own): a hook that
+        # does not return is logged, as in one process.
+        self._watcher = None if local is None else group.Watcher(
+            local, stop_timeout, next(g.name for g in groups.values() if not g.remote))
         self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
 
     # -- the rounds ---------------------------------------------------------------------
@@ -355,14 +365,33 @@ class _Driver:
     def keep_waiting(self) -> bool:
         """Whether the host's own group may keep waiting for a delta cycle (no stop due).
 
-        After a stop, hooks in flight get ``stop_timeout`` seconds; then the
-        wait ends (a stuck hook in the host's group is reported as stuck).
+        After a stop, hooks in flight get what is left of the end's one
+        ``stop_timeout`` (`_stop_left`); then the wait ends (a stuck hook in
+        the host's group is reported as stuck).
         """
-        if not self.stop_asked.is_set():
-            return True
+        return not self.stop_asked.is_set() or self._stop_left() > 0
+
+    def _end_begins(self) -> None:
+        """Start the end's one ``stop_timeout`` for the hooks in flight (once).
+
+        Called where the end is first seen: a stop found by a wait, the end's
+        cut, `_finish`. One process gives the hooks in flight one
+        ``stop_timeout`` in all; so does a placed run, whose end waits for
+        them in several steps (a real-time hold, a grant, each group's stop):
+        each gets what is left (issue 28, item 5).
+        """
         if self._stop_deadline is None:
             self._stop_deadline = time.monotonic() + self.stop_timeout
-        return time.monotonic() < self._stop_deadline
+
+    def _stop_left(self) -> float:
+        """Wall seconds left of the end's one ``stop_timeout`` (it begins now if not yet)."""
+        self._end_begins()
+        assert self._stop_deadline is not None
+        return max(0.0, self._stop_deadline - time.monotonic())
+
+    def _idle_left(self) -> float:
+        """What a group's stop gives its hooks in flight: `_stop_left`, at least `STOP_FLOOR_S`."""
+        return max(self._stop_left(), STOP_FLOOR_S)
 
     def _hold_at(self, cut_ns: int | None) -> None:
         self.next_cut = cut_ns
@@ -471,6 +500,7 @@ class _Driver:
     def _restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
         """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
         self.epoch += 1  # replies to grants of the abandoned timeline are dropped from now on
+        self._stop_deadline = None  # a death found by the end's cut: the end comes anew
         for g in self.groups.values():
             if g.remote:
                 g.link.epoch = self.epoch
@@ -530,11 +560,14 @@ class _Driver:
     def rebuild_local(self, g: _Group) -> None:
         """The host's own group rebuilt: a fresh net and kernel in this process."""
         assert self.kernel is not None and self._rebuild is not None
-        stuck = self.kernel.stop(self.stop_timeout)
+        stuck = group.stop_kernel(self.kernel, self.stop_timeout)
         if stuck:
-            raise StopTimeoutError({p: "a hook" for p in stuck}, self.stop_timeout)
+            raise StopTimeoutError({p: f"{h} (in group {g.name!r})" for p, h in stuck.items()},
+                                   self.stop_timeout)
         old: _LocalLink = g.link
         self.kernel = self._rebuild()
+        if self._watcher is not None:
+            self._watcher.watch(self.kernel)
         link = _LocalLink(self.kernel, dataplane.Routes(self.found, self.kernel.ports),
                           self.wake.set if self.realtime else None, self.keep_waiting)
         for index in old.published._detach:
@@ -626,7 +659,6 @@ class _Driver:
             poller.register(notices, zmq.POLLIN)
         if self.monitor is not None:  # a lost machine wakes the wait as a crash notice does
             poller.register(self.monitor.fileno(), zmq.POLLIN)
-        stop_deadline: float | None = None
         for g in list(pending):
             if not g.remote:
                 replies.append((g, g.link.receive(0)))
@@ -640,12 +672,28 @@ class _Driver:
                         replies.append((g, reply))
                         pending.remove(g)
             self._check_exits()
-            if self.stop_asked.is_set() and pending:
-                if stop_deadline is None:
-                    stop_deadline = time.monotonic() + self.stop_timeout
-                elif time.monotonic() > stop_deadline:
-                    raise _Stuck({g.name: "a grant" for g in pending})
+            # After a stop, the grants in flight get what is left of the end's one
+            # stop_timeout, not one of their own (issue 28, item 5).
+            if self.stop_asked.is_set() and pending and self._stop_left() <= 0:
+                raise _Stuck(self._busy_in(pending))
         self._take_replies(replies)
+
+    def _busy_in(self, groups: list[_Group]) -> dict[str, str]:
+        """The hooks in flight in ``groups`` (whose grants the end gave up on), each with its
+        group: ``{path: "on_update (in group 'a')"}`` (`group.Busy`, asked of the control
+        thread, free while the grant's hook runs); a group that cannot say is named itself."""
+        busy: dict[str, str] = {}
+        for g in groups:
+            try:
+                hooks = self.system.ask(g.name, group.Busy(), 5.0)
+            except BaseException as exc:  # noqa: BLE001 - its stop says more, or its death
+                log.debug("group %r did not say which hooks run: %s", g.name, describe(exc))
+                hooks = None
+            if not hooks:
+                busy[g.name] = _UNKNOWN_HOOKS
+                continue
+            busy.update({p: f"{h} (in group {g.name!r})" for p, h in hooks.items()})
+        return busy
 
     def _take_replies(self, replies: list[tuple[_Group, dataplane.Reply]]) -> None:
         """Take a round's replies in: every group's next key first, then the messages.
@@ -980,10 +1028,14 @@ class _Driver:
         """Stop every group (on_stop), take the final state, end the processes."""
         self.rounds_ended = time.perf_counter()  # the benchmarks' wall time of the rounds
         self.ending = True
+        self._end_begins()
+        if self._watcher is not None:
+            self._watcher.close()
         stuck = self.stuck
         trees: list[dict[str, Any]] = []
+        missing: dict[str, str] = {}  # groups that gave no final state, and why
         try:
-            self._finish_groups(stuck, trees)
+            self._finish_groups(stuck, trees, missing)
         finally:
             self.end_wall = time.monotonic()
             if self.realtime:
@@ -996,6 +1048,12 @@ class _Driver:
                     sorted(self.dead)[0], self.groups[sorted(self.dead)[0]].pid,
                     "its nodes' state died with its process: the run has no final state "
                     "(restore the supervisor's latest snapshot instead)")
+            elif missing:
+                # Likewise a tree without a stuck group's nodes, or one whose stop failed:
+                # the run ends with its failure and no final state, never a partial one.
+                self.final_error = _no_final_state(missing)
+                if not self.failures and not stuck:
+                    self.failures.append(self.final_error)
             elif trees:
                 try:
                     self.final_tree = merge_trees(trees, self.time_ns, self.order)
@@ -1078,6 +1136,7 @@ class _Driver:
         """
         if self.stuck or self.dead or any(g.waiting for g in self.groups.values()):
             return
+        self._end_begins()  # a real-time run's hooks in flight get one stop_timeout from here
         try:
             self._settle_end()
         except (_GroupDied, GroupDied, _Stuck):
@@ -1093,7 +1152,7 @@ class _Driver:
         """Every message on its way between groups into its reader's Inputs (the final
         tree holds them as pending, as one process's does)."""
         if self.realtime:
-            realtime.hold_all(self, self.stop_timeout)
+            realtime.hold_all(self, self._stop_left())
         elif not any(isinstance(f, GroupDied) for f in self.failures):
             # One process ends (a stop, a failure) at the end of the instant it is
             # in: every group finishes the latest instant any group has reached,
@@ -1106,7 +1165,10 @@ class _Driver:
                 self.failures.append(failed.error)
         self._flush()
 
-    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]]) -> None:
+    def _finish_groups(self, stuck: dict[str, str], trees: list[dict[str, Any]],
+                       missing: dict[str, str]) -> None:
+        """Stop every group (their final trees into ``trees``, their stuck nodes into
+        ``stuck``, the groups without a tree and why into ``missing``)."""
         if not self._end_cut_done:  # a failure ended the rounds: the cut as far as it goes
             if not self.stuck and not self.dead \
                     and not any(g.waiting for g in self.groups.values()):
@@ -1123,30 +1185,57 @@ class _Driver:
         for g in self.groups.values():
             if g.name in self.dead:
                 continue  # nothing to stop; its death is the run's failure already
+            # Its hooks in flight get what is left of the end's one stop_timeout; its
+            # on_stop hooks a stop_timeout of their own, as in one process.
+            idle = self._idle_left()
             try:
                 if g.remote:
                     # A group still in a grant is stopped too: its control thread is
                     # free, and the stop ends the grant (or names the stuck hook).
-                    paths, tree = self.system.ask(
-                        g.name, group.Stop(self.stop_timeout, not g.waiting),
-                        2 * self.stop_timeout + 5.0)
-                    if tree is not None:
+                    hooks, tree = self.system.ask(
+                        g.name, group.Stop(self.stop_timeout, not g.waiting, idle),
+                        idle + 2 * self.stop_timeout + 5.0)
+                    took = tree is not None
+                    if took:
                         trees.append(snapshot.loads(tree))
                 else:
                     assert self.kernel is not None
-                    paths = self.kernel.stop(self.stop_timeout)
-                    if not paths:  # a node left in a hook has no state to take
+                    hooks = group.stop_kernel(self.kernel, self.stop_timeout, idle)
+                    took = not hooks  # a node left in a hook has no state to take
+                    if took:
                         trees.append(self.kernel.state_dict())
-                for p in paths:
-                    stuck[p] = "a hook"
+                named = _stuck_hooks(hooks)
+                if named and stuck.get(g.name) == _UNKNOWN_HOOKS:
+                    del stuck[g.name]  # its stop names them now
+                for p, h in named.items():
+                    stuck[p] = f"{h} (in group {g.name!r})"
+                if not took:
+                    missing[g.name] = ("stuck in a hook" if hooks else
+                                       "its grant did not end within stop_timeout")
             except GroupDied as exc:  # it died as the run ended
                 self.dead.add(g.name)
                 if not self.failures:
                     self.failures.append(exc)
             except BaseException as exc:
                 log.error("placed run: stopping group %r failed: %s", g.name, describe(exc))
+                missing[g.name] = f"its stop failed: {describe(exc)}"
                 if not isinstance(exc, NotRunningError) and not self.failures:
                     self.failures.append(exc)
+
+
+def _stuck_hooks(hooks: Any) -> dict[str, str]:
+    """A stop's stuck nodes as ``{path: hook}`` (`group.stop_kernel`); a list of paths
+    (a group server that names no hooks) as ``"a hook"`` each."""
+    if isinstance(hooks, Mapping):
+        return dict(hooks)
+    return {p: "a hook" for p in hooks}
+
+
+def _no_final_state(missing: Mapping[str, str]) -> NodeError:
+    """What ``state_dict()`` raises after an end that left groups without a final state."""
+    why = "; ".join(f"group {name!r}: {reason}" for name, reason in sorted(missing.items()))
+    return NodeError("", "state_dict", f"state_dict(): the run has no final state ({why}); "
+                     f"a tree without these groups' nodes would restore another net")
 
 
 class _Failed(Exception):

@@ -36,6 +36,7 @@ from .._checks import check_workers
 from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
 from .._runtime.loops import DEFAULT_MAX_DELTA_CYCLES
+from .._runtime.watchdog import Watchdog
 from ..devices import numerics
 from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
@@ -51,7 +52,8 @@ from .tracing import KernelTraces
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree"]
+           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "Watcher",
+           "stop_kernel", "Busy"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -154,6 +156,11 @@ class Stats(NamedTuple):
     """The group's counts: per node and for the process (pid, CPU time, traffic)."""
 
 
+class Busy(NamedTuple):
+    """The hooks in flight now, ``{node path: hook}`` (a grant the end gave up on names
+    them: answered by the control thread while the grant's hook still runs)."""
+
+
 class TakeTrace(NamedTuple):
     """The group's trace records (a traced run's; `tracing.KernelTraces.take`), after `Stop`.
 
@@ -165,14 +172,23 @@ class TakeTrace(NamedTuple):
 class Stop(NamedTuple):
     """Run ``on_stop`` and end the kernel's threads.
 
-    The reply is ``(stuck, tree)``: the paths of nodes left stuck in a hook,
-    and with ``take_state`` the group's final state (snapshot-encoded bytes;
-    None when a node is stuck, or when taking it raised: then the error is
-    raised instead).
+    The reply is ``(stuck, tree)``: ``{path: hook}`` of the nodes left stuck
+    in a hook (`stop_kernel`), and with ``take_state`` the group's final
+    state (snapshot-encoded bytes; None when a node is stuck, or when taking
+    it raised: then the error is raised instead).
+
+    Attributes:
+        timeout (float): wall seconds for the ``on_stop`` hooks, then for the
+            threads' exit.
+        take_state (bool): take the final state too. Default: False.
+        idle (float, optional): wall seconds for the hooks in flight first:
+            what is left of the end's one ``stop_timeout`` (the driver's
+            ``_stop_left``). Default: ``timeout``.
     """
 
     timeout: float
     take_state: bool = False
+    idle: float | None = None
 
 
 def split_tree(tree: Mapping[str, Any], paths: set[str]) -> dict[str, Any]:
@@ -357,7 +373,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           pools: str | None = None, trace: int | None = None,
           secure: bool = False, heartbeat: str | None = None,
           seeds: dict[str, int] | None = None,
-          max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> GroupServer:
+          max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
+          stop_timeout: float = 10.0) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -393,6 +410,9 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             `ORPHAN_S` (the host, or its machine, is gone).
         max_delta_cycles (int): ``mujou.run(max_delta_cycles=)``: an instant
             of the group's kernel past it is an algebraic loop. Default: 10000.
+        stop_timeout (float): ``mujou.run(stop_timeout=)``: a hook still
+            running this many wall seconds after it was first seen is logged,
+            and again with back-off (`Watcher`, as one process does). Default: 10.0.
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
@@ -406,7 +426,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
                        timer=timer, pools=pools, trace=trace, secure=secure,
-                       heartbeat=heartbeat, seeds=seeds, max_delta_cycles=max_delta_cycles)
+                       heartbeat=heartbeat, seeds=seeds, max_delta_cycles=max_delta_cycles,
+                       stop_timeout=stop_timeout)
 
 
 class GroupServer:
@@ -424,7 +445,8 @@ class GroupServer:
                  timer: str = "simulated", pools: str | None = None,
                  trace: int | None = None, secure: bool = False,
                  heartbeat: str | None = None, seeds: dict[str, int] | None = None,
-                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> None:
+                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
+                 stop_timeout: float = 10.0) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
         check_workers(workers, f"placed group {group!r}")
         self.group = group
@@ -461,6 +483,9 @@ class GroupServer:
                                         daemon=True)
         with signals_blocked():  # SIGCHLD and SIGTERM must reach Thespian's main thread
             self._thread.start()
+        # A hook that does not return is logged here, as one process logs it: in
+        # simulated time it holds every group, and the host only sees a grant unanswered.
+        self._watcher = Watcher(self.kernel, stop_timeout, group)
 
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, nodes, workers, seed, seeds = self._build
@@ -480,6 +505,7 @@ class GroupServer:
         self._counted = node_stats(self.kernel, self._counted)
         self.kernel, _ = self._make_kernel()
         self.published.reattach(self.kernel)
+        self._watcher.watch(self.kernel)
         return stuck
 
     # -- the data plane -------------------------------------------------------------
@@ -629,10 +655,12 @@ class GroupServer:
             return None
         if isinstance(request, Stats):
             return self._stats()
+        if isinstance(request, Busy):
+            return kernel.dispatcher.busy_hooks()
         if isinstance(request, TakeTrace):
             return self._traces.take()
         if isinstance(request, Stop):
-            stuck = self.close(request.timeout)
+            stuck = self.close(request.timeout, request.idle)
             tree = None
             if request.take_state and not stuck:
                 tree = snapshot.dumps(kernel.state_dict(timeout=request.timeout))
@@ -648,17 +676,83 @@ class GroupServer:
                 "messages_in": link.messages_in, "messages_out": link.messages_out,
                 "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
 
-    def close(self, timeout: float = 10.0) -> list[str]:
-        """Stop the kernel (``on_stop``) and the data-plane thread; the stuck nodes' paths.
+    def close(self, timeout: float = 10.0, idle: float | None = None) -> dict[str, str]:
+        """Stop the kernel (``on_stop``) and the data-plane thread; the stuck nodes' hooks.
 
-        Idempotent; bounded by about twice ``timeout``.
+        Idempotent (a second call finds none stuck); bounded by ``idle`` (the
+        hooks in flight; default: ``timeout``) plus about twice ``timeout``.
+
+        Returns:
+            dict[str, str]: node path -> the hook it is stuck in (`stop_kernel`).
         """
         self._closing.set()
-        stuck = self.kernel.stop(timeout)
+        self._watcher.close()
+        stuck = stop_kernel(self.kernel, timeout, idle)
         self._thread.join(timeout)
         if self._responder is not None:
             self._responder.close(timeout)
         return stuck
+
+
+class Watcher:
+    """The watchdog of a kernel outside `mujou.run`, on a thread of its own.
+
+    `watchdog.Watchdog` itself, as one process's coordinator runs it: a hook
+    still running ``limit`` wall seconds after it was first seen is logged (a
+    warning naming the node, the hook, the instant and the group), and again
+    after 2, 4, 8... times ``limit``. A group process logs it there (its
+    records reach the host's stderr through the run's Thespian logger); the
+    host's own group in the host. The thread wakes every half ``limit``.
+
+    Args:
+        kernel (Kernel): the kernel to watch (`watch` replaces it).
+        limit (float): wall seconds, > 0 (the run's ``stop_timeout``).
+        group (str): the group's name, said in each warning.
+    """
+
+    def __init__(self, kernel: Kernel, limit: float, group: str) -> None:
+        self._limit = limit
+        self._where = f" (in group {group!r})"
+        self._dog = Watchdog(kernel.dispatcher, limit, self._where)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"mujou-watchdog-{group}",
+                                        daemon=True)
+        with signals_blocked():  # in a group process, signals are Thespian's main thread's
+            self._thread.start()
+
+    def watch(self, kernel: Kernel) -> None:
+        """Watch a fresh kernel instead (a restart's): its hooks are new ones."""
+        self._dog = Watchdog(kernel.dispatcher, self._limit, self._where)
+
+    def _watch(self) -> None:
+        while not self._closing.wait(max(self._dog.next_look(), 0.001)):
+            self._dog.look()
+
+    def close(self) -> None:
+        """End the thread (idempotent); it is out of any look within a moment."""
+        self._closing.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(1.0)
+
+
+def stop_kernel(kernel: Kernel, timeout: float, idle: float | None = None) -> dict[str, str]:
+    """`Kernel.stop`, with the hook each stuck node is in (for `StopTimeoutError`).
+
+    Args:
+        kernel (Kernel): the group's kernel.
+        timeout (float): wall seconds for the ``on_stop`` hooks, then the threads.
+        idle (float, optional): wall seconds for the hooks in flight first.
+            Default: ``timeout``.
+
+    Returns:
+        dict[str, str]: node path -> hook name (``on_stop`` for one that
+        never returned from it); empty when none is stuck, or when the kernel
+        was stopped before.
+    """
+    stuck = kernel.stop(timeout, idle)
+    actors = {a.path: a for a in kernel.actors}
+    return {p: kernel.dispatcher.hook_of(actors[p]) if actors[p].busy else "on_stop"
+            for p in stuck}
 
 
 def clock_origin(kernel: Kernel) -> int:

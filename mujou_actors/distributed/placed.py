@@ -370,7 +370,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
                       "pools": pools, "secure": member is not None,
-                      "max_delta_cycles": args.max_delta_cycles}
+                      "max_delta_cycles": args.max_delta_cycles,
+                      # Its watchdog logs a hook that does not return, as one process's does.
+                      "stop_timeout": args.stop_timeout}
             if member is not None:
                 assert conv is not None
                 kwargs["heartbeat"] = conv.advertised(conv.monitor.address, member)

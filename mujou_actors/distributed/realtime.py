@@ -178,14 +178,19 @@ def flush(driver: _Driver, groups: list[_Group] | None = None, timeout: float = 
 def hold_all(driver: _Driver, timeout: float) -> list[_Group]:
     """Hold every group at a cut (no hook in flight); the groups held, in order.
 
+    ``timeout`` is for all the groups together (each is held in turn, with
+    what is left of it): a stuck hook costs a cut, or the end, one timeout.
+
     Raises:
         TimeoutError: a group's hooks did not return within ``timeout``; the
             groups held so far stay held (the caller releases them or stops).
     """
     held: list[_Group] = []
+    deadline = time.monotonic() + timeout
     for g in driver.groups.values():
-        ok = (driver.system.ask(g.name, group.Hold(timeout), timeout + 5.0) if g.remote
-              else driver.kernel.hold(timeout))
+        left = max(0.0, deadline - time.monotonic())
+        ok = (driver.system.ask(g.name, group.Hold(left), left + 5.0) if g.remote
+              else driver.kernel.hold(left))
         if not ok:
             raise _NotHeld(g.name, timeout, held)
         held.append(g)
