@@ -112,9 +112,10 @@ class PlacedRun:
     def stop(self) -> None:
         """End the run: every group's ``on_stop`` runs, the processes end; idempotent.
 
-        Returns once the run has ended: within about twice ``stop_timeout``
-        (a group stuck in a hook is then killed and reported by `join` as
-        `StopTimeoutError`).
+        Returns once the run has ended: a hook stuck in an update costs it one
+        ``stop_timeout`` in all (plus the processes' shutdown), a stuck
+        ``on_stop`` one more (docs/processes.md); its group is then ended and
+        `join` reports it as `StopTimeoutError`, naming node, hook and group.
         """
         self._driver.stop_asked.set()
         if self._inside():
