@@ -18,18 +18,21 @@ import os
 import random
 import signal
 import threading
+import time
 from typing import Any
 
 import pytest
 
 import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
-from mujou_actors.distributed import group, placed
+from mujou_actors.distributed import driver, group, placed
+from mujou_actors.distributed.convention import Member
 from mujou_actors.distributed.system import GroupExit
 from mujou_actors.errors import GroupDied
 from mujou_actors.run import _check_arguments
 from tests import placed_support
 from tests.placed_support import InProcessSystem
+from tests.test_machines import SECRET, _free_port, _kill_tree, _worker
 from tests.test_placed import assert_same_tree, single
 
 pytestmark = pytest.mark.timeout(180)
@@ -184,3 +187,104 @@ def test_groups_killed_at_random_moments_while_stats_are_polled_end_as_if_nothin
     restarts = run.stats().nodes["crasher"].restarts
     assert restarts == len(killed) + 1  # every kill, and the crasher's own death
     assert run.stats().groups["fragile"].pid not in killed + [int(open(marker).read())]
+
+
+
+def _pause_before(monkeypatch: pytest.MonkeyPatch, method: str
+                  ) -> tuple[threading.Event, threading.Event]:
+    """The driver waits, as it first calls its ``method``, until the test sets ``go``;
+    ``reached`` says it is there (the test then makes something happen at that moment)."""
+    reached, go = threading.Event(), threading.Event()
+    original = getattr(driver._Driver, method)
+
+    def paused(self: driver._Driver, *args: Any, **kwargs: Any) -> Any:
+        if not reached.is_set():
+            reached.set()
+            go.wait(60)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(driver._Driver, method, paused)
+    return reached, go
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("moment", ["_end_cut", "_finish_groups"])
+def test_a_worker_lost_as_the_run_ends_is_restored_on_the_fallback_or_fails_loudly(
+        monkeypatch: pytest.MonkeyPatch, moment: str) -> None:
+    """Issue 28, item 6: a real ``mujou worker`` vanishes (every process of it stopped,
+    then killed: only the heartbeat can tell) within the heartbeat's timeout of the end,
+    once the rounds are over: as the end's cut and final stats begin (``_end_cut``), or
+    as the groups stop (``_finish_groups``). Lost at the cut, the group is restored on
+    the fallback and the run ends with the final state of a run without the loss; lost
+    as the groups stop (the others' on_stop has run), it cannot be: the run fails loudly
+    with GroupDied and has no final state. Never an end without an error and without
+    its final state."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    duration = 0.3
+    expected = single(duration)
+    reached, go = _pause_before(monkeypatch, moment)
+    leader = f"127.0.0.1:{_free_port()}"
+    robot = _worker("robot", leader, SECRET)
+    try:
+        with Member("spare", leader):
+            t0 = time.monotonic()
+            run = mujou.run(placed_support.make_net, placement={"sim": "robot,spare:physics"},
+                            timer="simulated", duration=duration, seed=7,
+                            supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.1),
+                            listen=leader, heartbeat_timeout=1.0)
+            try:
+                assert run.stats().groups["physics"].machine == "robot"
+                assert reached.wait(60)  # the rounds are over: the end comes now
+                _kill_tree(robot)
+                go.set()
+                ended = run.wait(60)
+                took = time.monotonic() - t0
+            finally:
+                go.set()
+                run.stop()
+    finally:
+        _kill_tree(robot)
+
+    assert ended and took < 60
+    if moment == "_end_cut":
+        assert run.failure is None
+        assert_same_tree(run.state_dict(), expected)
+        stats = run.stats()
+        assert stats.groups["physics"].machine == "spare"
+        assert {n.restarts for n in stats.nodes.values()} == {1}
+    else:
+        with pytest.raises(GroupDied, match=r"group 'physics' \(pid \d+\) died: lost: "
+                                            r"machine 'robot' stopped answering"):
+            run.join()
+        with pytest.raises(GroupDied, match="no final state"):
+            run.state_dict()
+    print(f"the worker lost at {moment}: the run took {took:.1f} s")
+
+
+class _StopFails(InProcessSystem):
+    """`InProcessSystem` whose group ``victim`` cannot be stopped: its `group.Stop`
+    request times out (its process stopped answering as the run ended)."""
+
+    def __init__(self, start_timeout: float = 30.0, *, victim: str) -> None:
+        super().__init__(start_timeout)
+        self.victim = victim
+
+    def ask(self, group_name: str, request: Any, timeout: float) -> Any:
+        if group_name == self.victim and isinstance(request, group.Stop):
+            self.servers[group_name].close(1.0)
+            raise TimeoutError(f"the Stop request to group {group_name!r}: no answer within "
+                               f"{timeout} s")
+        return super().ask(group_name, request, timeout)
+
+
+def test_a_group_whose_stop_fails_leaves_the_run_without_a_final_state_not_a_partial_one(
+        ) -> None:
+    # The end used to merge the other groups' trees: a final state without the group's
+    # nodes, which would restore another net.
+    run = _placed(_StopFails(victim="b"), 0.2)  # type: ignore[arg-type]
+
+    with pytest.raises(TimeoutError, match="the Stop request to group 'b'"):
+        run.join(60)
+    with pytest.raises(mujou.NodeError, match=r"no final state \(group 'b': its stop failed: "
+                                              r"TimeoutError"):
+        run.state_dict()
