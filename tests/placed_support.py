@@ -257,33 +257,6 @@ def make_blocking(entered: str = "", release: str = "", at: int = 3) -> dict[str
     return {"b": Blocks(entered, release, at), **make_net()}
 
 
-class Marks(mujou.Node):
-    """Makes the file ``marker`` at its update ``at`` (if no earlier run made it): tells a
-    test that the run has come this far, in whatever process runs the node."""
-
-    def __init__(self, marker: str = "", at: int = 3) -> None:
-        super().__init__(period=0.01)
-        self.marker, self.at = marker, at
-        self.n = 0
-
-    def on_update(self, dt: float) -> None:
-        self.n += 1
-        if self.n == self.at and self.marker and not os.path.exists(self.marker):
-            with open(self.marker, "w") as f:
-                f.write(str(os.getpid()))
-
-    def state_dict(self) -> dict:
-        return {"n": self.n}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.n = state["n"]
-
-
-def make_marking(marker: str = "", at: int = 3) -> dict[str, mujou.Node]:
-    """`make_net` and a node ``mark`` that makes the file ``marker`` at its update ``at``."""
-    return {**make_net(), "mark": Marks(marker, at)}
-
-
 def make_net_by_machine() -> dict[str, mujou.Node]:
     """`make_net`, with one node more where ``MUJOU_TEST_EXTRA_NODE`` is set: a machine
     whose copy of the code builds another net (tests/test_machines.py)."""
