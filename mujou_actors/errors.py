@@ -143,32 +143,45 @@ def _algebraic_loop(nodes: list[str], time_ns: int, delta: int, loop: str,
 
 
 class MessageChangedError(MujouError, RuntimeError):
-    """A node changed a tensor it received in place (``mujou.run(check_read_only=True)``).
+    """A node changed a message it received in place (``mujou.run(check_read_only=True)``).
 
-    Messages are read-only: every reader of an Output gets the same tensor,
-    so a reader that changes it in place (``x += 1``, ``x.clamp_(...)``,
-    ``x[0] = 0``) changes what the other readers see. With
-    ``check_read_only=True`` the run compares each received tensor's version
-    counter (``tensor._version``, moved by every in-place operation) before
-    and after the reader's ``on_update``; a tensor that moved fails the node
-    with this error as the `NodeError`'s ``__cause__``, naming the node and
-    its Input. Copy first (``x = x.clone()``) or use an out-of-place op.
+    Messages are read-only: every reader of an Output gets the same object,
+    so a reader that changes it in place (``x += 1`` or ``x[0] = 0`` on a
+    tensor or a numpy array, ``m.append(...)`` on a list, ``m["k"] = v`` on a
+    dict, ``m.field = v`` on a dataclass) changes what the other readers see.
+    With ``check_read_only=True`` the run compares, before and after the
+    reader's ``on_update``, each received tensor's version counter
+    (``tensor._version``, moved by every in-place operation) and every other
+    message's fingerprint (its pickle bytes); one that differs fails the
+    node with this error as the `NodeError`'s ``__cause__``, naming the node
+    and its Input. Copy first (``x = x.clone()``, ``copy.deepcopy(m)``,
+    ``a.copy()``) or build a new value.
 
     Attributes:
         path (str): dotted path of the node that changed the message.
         port (str): dotted path of the Input that received it.
+        kind (str): what was changed: ``"tensor"``, or the message's type
+            (``"list"``, ``"dict"``, ``"numpy.ndarray"``, ``"mymodule.Pose"``).
     """
 
-    def __init__(self, path: str, port: str) -> None:
-        super().__init__(
-            f"node {path or '<root>'!r} changed a tensor received on {port!r} in place in "
-            "on_update; messages are read-only (every reader of the Output gets the same "
-            "tensor): clone it first (x = x.clone()) or use an out-of-place operation")
+    def __init__(self, path: str, port: str, kind: str = "tensor") -> None:
+        if kind == "tensor":
+            text = (f"node {path or '<root>'!r} changed a tensor received on {port!r} in "
+                    "place in on_update; messages are read-only (every reader of the Output "
+                    "gets the same tensor): clone it first (x = x.clone()) or use an "
+                    "out-of-place operation")
+        else:
+            text = (f"node {path or '<root>'!r} changed a {kind} received on {port!r} in "
+                    "place in on_update; messages are read-only (every reader of the Output "
+                    f"gets the same {kind}): change a copy (copy.deepcopy(message), or "
+                    "array.copy() for a numpy array) or build a new value")
+        super().__init__(text)
         self.path = path
         self.port = port
+        self.kind = kind
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.port))
+        return (type(self), (self.path, self.port, self.kind))
 
 
 class SnapshotError(MujouError):

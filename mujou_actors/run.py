@@ -674,14 +674,17 @@ def run(
             `mujou.testing.reproduce_failure` or ``mujou replay``. One
             process only (no ``placement``). Default: None.
         check_read_only (bool): a debugging aid: fail a node that changes a
-            tensor it received in place (messages are read-only: every reader
-            gets the same tensor). Each received tensor's version counter is
-            compared before and after the reader's ``on_update``; one that
-            moved fails the node with a `NodeError` caused by
-            ``errors.MessageChangedError``, naming the node and its Input
-            (docs/nodes-and-ports.md, "Sending and value semantics"). Costs
-            a few microseconds per update of a node with Inputs when on, and
-            nothing when off. One process only (no ``placement``).
+            message it received in place (messages are read-only: every
+            reader gets the same object). Each received tensor's version
+            counter, and every other message's fingerprint (its pickle bytes:
+            a list, a dict, a numpy array, a dataclass...), is compared before
+            and after the reader's ``on_update``; one that differs fails the
+            node with a `NodeError` caused by ``errors.MessageChangedError``,
+            naming the node and its Input (docs/nodes-and-ports.md, "Sending
+            and value semantics"). Costs a few microseconds per update of a
+            node with Inputs when on (more for large messages other than
+            tensors: they are pickled twice), and nothing when off. With
+            ``placement``, each group's kernel checks its own readers.
             Default: False.
 
     Returns:
@@ -785,9 +788,7 @@ def _start(
     replaying = _check_replay(args, replay, replace, replay_speed, replay_loop,
                               replay_allow_damaged, placement)
     if check_flag("check_read_only", check_read_only):
-        if placement is not None:
-            raise ValueError("mujou.run: check_read_only checks the readers of one process; "
-                             "placement is not supported with it")
+        # One process wraps its readers' updates (_build); a placed run's kernels theirs.
         args = dataclasses.replace(args, check_read_only=True)
     capsule = as_capsule(record_on_failure)
     if capsule is not None:

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
-
-from ..devices import HostCopier, map_tensors, receive, tensors_in
+from ..devices import HostCopier, map_tensors, receive
 from ..errors import MessageChangedError, NodeError
 from ..state import copy_state
+from . import readonly
 from .keys import ORDER_BITS, SHIFT, Key, unstamp
 from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start, Stop, prune_limit
 
@@ -639,13 +638,15 @@ class Actor:
 
 
 def guard_read_only(actor: Actor) -> None:
-    """Make the actor's ``on_update`` fail if it changes a received tensor in place.
+    """Make the actor's ``on_update`` fail if it changes a message it received in place.
 
-    ``mujou.run(check_read_only=True)``: every tensor in the node's Inputs
-    has its version counter (``tensor._version``, which every in-place
-    operation moves) noted before the update and compared after it; one that
-    moved raises `MessageChangedError` naming the node and the Input, which
-    fails the node as any exception of its hook does. The check wraps
+    ``mujou.run(check_read_only=True)`` (and each kernel of a placed run):
+    before the update, `readonly.note` takes the version counter of every
+    tensor the node's Inputs hold and the fingerprint (pickle bytes) of every
+    other message that can change (a list, a dict, a numpy array, a
+    dataclass...); after it, `readonly.changed` compares. One that differs
+    raises `MessageChangedError` naming the node and the Input, which fails
+    the node as any exception of its hook does. The check wraps
     ``actor.update`` once, as the run starts: a run without it runs the
     update as it always does, and pays nothing. Inference-mode tensors keep
     no version counter and are not checked.
@@ -658,25 +659,17 @@ def guard_read_only(actor: Actor) -> None:
         return
     update = actor.update
     path = actor.path
+    refused: set[int] = set()  # Inputs logged for a message pickle cannot write
+    fingerprinter = readonly.Fingerprinter()  # the node's hooks never overlap: one will do
 
     def checked(node: Node, dt: float) -> None:
-        held = _versions(inputs)
+        versions, prints = readonly.note(inputs, refused, fingerprinter)
         update(node, dt)
-        for port, t, version in held:
+        for port, t, version in versions:
             if t._version != version:
                 raise MessageChangedError(path, port.path)
+        for port, message, fingerprint in prints:
+            if readonly.changed(message, fingerprint, fingerprinter):
+                raise MessageChangedError(path, port.path, readonly.kind_of(message))
 
     actor.update = checked
-
-
-def _versions(inputs: tuple[Input, ...]) -> list[tuple[Input, Tensor, int]]:
-    """Each tensor the Inputs hold, with its Input and its version counter now."""
-    held = []
-    for port in inputs:
-        for message in port._buffer:
-            for t in (message,) if type(message) is Tensor else tensors_in(message):
-                try:
-                    held.append((port, t, t._version))
-                except RuntimeError:  # an inference-mode tensor keeps no version counter
-                    pass
-    return held

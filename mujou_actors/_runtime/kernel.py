@@ -43,7 +43,7 @@ from ..node import Node, check_seed
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
 from ..trace import Recorder
-from .actor import Actor
+from .actor import Actor, guard_read_only
 from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
@@ -182,6 +182,9 @@ class Kernel:
             delta cycles stops the kernel's timed work, and `take_failures`
             holds an `AlgebraicLoopError` (as ``mujou.run(max_delta_cycles=)``).
             Default: 10000.
+        check_read_only (bool): fail a node of the kernel that changes a
+            message it received in place, as ``mujou.run(check_read_only=True)``
+            (`actor.guard_read_only`). Default: False (nothing installed).
 
     Raises:
         NetError / TypeError: an invalid net (as `mujou.run`), or a node of it
@@ -206,8 +209,13 @@ class Kernel:
                  timer: str = "simulated", notify: Callable[[], None] | None = None,
                  subtrees: bool = True, trace: int | None = None,
                  seeds: Mapping[str, int] | None = None,
-                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES) -> None:
+                 max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
+                 check_read_only: bool = False) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
+        if not isinstance(check_read_only, bool):
+            raise TypeError(f"Kernel: check_read_only must be True or False, got "
+                            f"{check_read_only!r}")
+        self._check_read_only = check_read_only
         if trace is not None and (not is_int(trace) or trace < 1):
             raise (TypeError if not is_int(trace) else ValueError)(
                 f"Kernel: trace must be None or an int >= 1 (a capacity), got {trace!r}")
@@ -300,6 +308,9 @@ class Kernel:
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)
+        if self._check_read_only:  # the update wrapped once here, as mujou.run does
+            for actor in self.actors:
+                guard_read_only(actor)
 
         self._started = False
         self._stopped = False

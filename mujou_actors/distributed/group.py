@@ -373,6 +373,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           pools: str | None = None, trace: int | None = None,
           secure: bool = False, heartbeat: str | None = None,
           seeds: dict[str, int] | None = None,
+          check_read_only: bool = False,
           max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
           stop_timeout: float = 10.0) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
@@ -410,6 +411,9 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             `ORPHAN_S` (the host, or its machine, is gone).
         max_delta_cycles (int): ``mujou.run(max_delta_cycles=)``: an instant
             of the group's kernel past it is an algebraic loop. Default: 10000.
+        check_read_only (bool): ``mujou.run(check_read_only=)``: the group's
+            kernel fails a node that changes a message it received in place
+            (`actor.guard_read_only`). Default: False.
         stop_timeout (float): ``mujou.run(stop_timeout=)``: a hook still
             running this many wall seconds after it was first seen is logged,
             and again with back-off (`Watcher`, as one process does). Default: 10.0.
@@ -426,7 +430,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
     return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
                        seed=seed, workers=workers, address=address, host_pid=host_pid,
                        timer=timer, pools=pools, trace=trace, secure=secure,
-                       heartbeat=heartbeat, seeds=seeds, max_delta_cycles=max_delta_cycles,
+                       heartbeat=heartbeat, seeds=seeds, check_read_only=check_read_only,
+                       max_delta_cycles=max_delta_cycles,
                        stop_timeout=stop_timeout)
 
 
@@ -445,6 +450,7 @@ class GroupServer:
                  timer: str = "simulated", pools: str | None = None,
                  trace: int | None = None, secure: bool = False,
                  heartbeat: str | None = None, seeds: dict[str, int] | None = None,
+                 check_read_only: bool = False,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
                  stop_timeout: float = 10.0) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
@@ -452,6 +458,7 @@ class GroupServer:
         self.group = group
         self._timer = timer
         self._max_delta = max_delta_cycles  # mujou.run(max_delta_cycles=), for each kernel
+        self._check_read_only = check_read_only  # mujou.run(check_read_only=), likewise
         self._traces = KernelTraces(trace)
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
@@ -493,7 +500,8 @@ class GroupServer:
         notify = self._wake.set if self._timer == "realtime" else None
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
                         subtrees=False, trace=self._traces.capacity, seeds=seeds,
-                        max_delta_cycles=self._max_delta)
+                        max_delta_cycles=self._max_delta,
+                        check_read_only=self._check_read_only)
         return self._traces.track(kernel), walk(net)
 
     def reset(self, timeout: float) -> list[str]:

@@ -370,6 +370,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
                       "pools": pools, "secure": member is not None,
+                      "check_read_only": args.check_read_only,
                       "max_delta_cycles": args.max_delta_cycles,
                       # Its watchdog logs a hook that does not return, as one process's does.
                       "stop_timeout": args.stop_timeout}
@@ -395,7 +396,8 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                             seed=args.seed, seeds=seeds, timer=kind,
                             notify=wake.set if kind == "realtime" else None, subtrees=False,
                             trace=None if trace is None else trace.share,
-                            max_delta_cycles=args.max_delta_cycles)
+                            max_delta_cycles=args.max_delta_cycles,
+                            check_read_only=args.check_read_only)
             return kernel if trace is None else trace.local.track(kernel)
 
         if host_nodes:
