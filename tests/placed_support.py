@@ -257,6 +257,30 @@ def make_blocking(entered: str = "", release: str = "", at: int = 3) -> dict[str
     return {"b": Blocks(entered, release, at), **make_net()}
 
 
+# What each `Gated` node waits for, by its name: set by the test (groups in this
+# process: InProcessSystem).
+GATES: dict[str, threading.Event] = {}
+
+
+class Gated(mujou.Node):
+    """Waits for ``GATES[name]`` in its update ``at`` (a hook that does not return until
+    the test sets it)."""
+
+    def __init__(self, name: str, at: int = 3) -> None:
+        super().__init__(period=0.01)
+        self.gate, self.at, self.n = name, at, 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == self.at:
+            assert GATES[self.gate].wait(60), "the test never opened the gate"
+
+
+def make_gated() -> dict[str, mujou.Node]:
+    """`make_net` and two `Gated` nodes, ``ga`` and ``gh``, for two groups."""
+    return {"ga": Gated("ga"), "gh": Gated("gh"), **make_net()}
+
+
 def make_net_by_machine() -> dict[str, mujou.Node]:
     """`make_net`, with one node more where ``MUJOU_TEST_EXTRA_NODE`` is set: a machine
     whose copy of the code builds another net (tests/test_machines.py)."""

@@ -7,6 +7,7 @@ tests/test_processes.py runs real group processes.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -438,6 +439,44 @@ def test_stop_with_a_hook_stuck_in_the_hosts_group_is_bounded_and_names_it() -> 
     with pytest.raises(mujou.StopTimeoutError) as info:
         run.join(1)
     assert "stuck" in info.value.stuck
+
+
+def test_a_hook_that_does_not_return_is_logged_by_its_group_naming_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 28, item 9, in placed runs: each group's kernel has the watchdog of one
+    # process (group.Watcher), a group process's and the host's own group's alike.
+    caplog.set_level("WARNING", logger="mujou_actors")
+    gates = placed_support.GATES
+    gates.update(ga=threading.Event(), gh=threading.Event())
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=0.5, start_timeout=60.0)
+    run = placed.start(placed_support.make_gated, placement={"ga": "a"}, net_kwargs=None,
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+    warned = {"ga": "node 'ga' (in group 'a') has been in on_update for ",
+              "gh": "node 'gh' (in group 'host') has been in on_update for "}
+
+    def count(path: str) -> int:
+        return sum(warned[path] in r.getMessage() for r in list(caplog.records))
+
+    try:
+        # One of them blocks the run (simulated time); once let go, the other does.
+        deadline = time.monotonic() + 30
+        while not all(gate.is_set() for gate in gates.values()):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            for path, gate in gates.items():
+                if count(path) == 2:  # after 0.5 s, then after 1 s in all
+                    gate.set()  # before the next warning, after 2 s in all
+            time.sleep(0.005)
+    finally:
+        for gate in gates.values():
+            gate.set()
+    run.join(30)
+
+    assert count("ga") == count("gh") == 2
+    text = next(r.getMessage() for r in caplog.records if warned["ga"] in r.getMessage())
+    assert "at t = 30000000 ns (0.03 s of the run's timer, delta cycle 0)" in text
+    assert run.stats().nodes["ga"].updates == run.stats().nodes["gh"].updates == 10
 
 
 class StopsTheRun(mujou.Node):

@@ -143,7 +143,7 @@ def test_stop_while_a_group_is_stuck_waits_stop_timeout_once_and_names_node_and_
     # Issue 28, item 5's class: the grant's wait, then the group's stop, each waited a
     # whole stop_timeout for the stuck hook (8.2 s for a stop_timeout of 2).
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
-    stop_timeout = 4.0
+    stop_timeout = 5.0
     run = mujou.run(placed_support.make_blocking, placement={"b": "s"},
                     net_kwargs={"entered": entered, "release": release}, timer="simulated",
                     seed=7, stop_timeout=stop_timeout)
@@ -164,6 +164,7 @@ def test_stop_while_a_group_is_stuck_waits_stop_timeout_once_and_names_node_and_
     assert str(info.value) == (f"stop timed out after {stop_timeout} s: still running: "
                                f"'b' in on_update (in group 's')")
     # One stop_timeout, then the processes' shutdown (about a second on a loaded machine).
+    print(f"stop() behind a stuck hook took {took:.2f} s (stop_timeout {stop_timeout} s)")
     assert stop_timeout <= took < 1.5 * stop_timeout
     assert _gone([pid])
 
@@ -173,7 +174,7 @@ def test_a_real_time_placed_run_reaching_its_duration_behind_a_stuck_hook_waits_
     # Issue 28, item 5's class: the hold for the end's cut, then the group's stop (and the
     # threads' exit) each waited a whole stop_timeout for the stuck hook.
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
-    stop_timeout, duration = 4.0, 0.5
+    stop_timeout, duration = 5.0, 0.5
     run = mujou.run(placed_support.make_blocking, placement={"b": "s"},
                     net_kwargs={"entered": entered, "release": release}, timer="realtime",
                     duration=duration, seed=7, stop_timeout=stop_timeout)
@@ -188,7 +189,8 @@ def test_a_real_time_placed_run_reaching_its_duration_behind_a_stuck_hook_waits_
 
     assert info.value.stuck == {"b": "on_update (in group 's')"}
     assert str(info.value).endswith("'b' in on_update (in group 's')")
-    assert stop_timeout - 0.1 <= took < 1.5 * stop_timeout
+    print(f"the end behind a stuck hook took {took:.2f} s (stop_timeout {stop_timeout} s)")
+    assert stop_timeout - 0.5 <= took < 1.5 * stop_timeout
     assert run.stats().nodes["sim"].updates >= 10  # the other groups ran on to the end
 
 
