@@ -266,14 +266,16 @@ class _Driver:
         self._end_cut_done = False  # the end's cut and final stats are taken (`_end_cut`)
         self.order = [p for p, _ in found]
         # The host's own group's watchdog (group processes run their own): a hook that
-        # does not return is logged, as in one process.
-        self._watcher = None if local is None else group.Watcher(
-            local, stop_timeout, next(g.name for g in groups.values() if not g.remote))
+        # does not return is logged, as in one process. Started with the driver's thread
+        # (`_main`), so that a start that fails before leaves no thread behind.
+        self._watcher: group.Watcher | None = None
         self.thread = threading.Thread(target=self._main, name="mujou-driver", daemon=True)
 
     # -- the rounds ---------------------------------------------------------------------
     def _main(self) -> None:
         self.rounds_started = time.perf_counter()
+        if self.kernel is not None:
+            self._watcher = group.Watcher(self.kernel, self.stop_timeout, HOST_GROUP)
         try:
             if self.snapshots is not None:
                 self._snapshot(self.time_ns)  # the first, right after the start
