@@ -122,6 +122,31 @@ class Calendar:
         actor.queued_key = key
         self.queued += 1
 
+    def requeue(self, actor: Actor) -> None:
+        """`schedule` for an actor whose hook has just finished, lean: runs once per update.
+
+        The common case, a periodic actor with no trigger pending queued at
+        its next tick, takes one bucket lookup; anything else (a trigger, a
+        control envelope pending anywhere, timed work closed, a failed or
+        dedicated actor, an actor queued already) is `schedule`'s.
+        """
+        tick = actor.next_tick_ns
+        if tick is None or actor.trigger_key is not None or actor.queued_key is not None \
+                or self.control_pending or not self.timed_open or actor.failed \
+                or actor.dedicated:
+            self.schedule(actor)
+            return
+        code = tick << SHIFT  # (tick, 0) packed
+        entry = self._due.get(code)
+        if entry is None:
+            entry = self._due[code] = ((tick, 0), [actor])
+            heapq.heappush(self._heap, code)
+        else:
+            entry[1].append(actor)
+            actor.next_tick_ns = entry[0][0]  # the bucket's int (see the module's docstring)
+        actor.queued_key = entry[0]
+        self.queued += 1
+
     def top(self) -> Actor | None:
         """A live actor of the earliest key (its bucket's last), dropping stale entries.
 

@@ -1125,7 +1125,7 @@ class Dispatcher:
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top, take_bucket, schedule = calendar.top, calendar.take_bucket, calendar.schedule
+        top, take_bucket, requeue = calendar.top, calendar.take_bucket, calendar.requeue
         busy_ns, owes = self._busy_ns, self._owed
         most = self._batch_max
         with self._cond:
@@ -1181,7 +1181,7 @@ class Dispatcher:
                     if actor.deferred:
                         self._flush_triggers(actor)
                     actor.busy = False
-                    schedule(actor)
+                    requeue(actor)
                     if self._waiting:
                         self._cond.notify_all()
 
@@ -1433,7 +1433,7 @@ class Dispatcher:
         time, lowers ``_inflight`` and notifies.
         """
         owes = self._owed
-        schedule = self._calendar.schedule
+        requeue = self._calendar.requeue
         for actor in actors:  # runs once per update: kept lean
             if owes:
                 owed = owes.pop(actor, None)
@@ -1442,7 +1442,7 @@ class Dispatcher:
             if actor.deferred:
                 self._flush_triggers(actor)
             actor.busy = False
-            schedule(actor)
+            requeue(actor)
 
     def _lower_trigger(self, actor: Actor, key: Key) -> bool:
         """Make ``actor``'s trigger key ``key`` if that is earlier; True if it changed.
