@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mujou_actors._runtime.actor import Actor
 from mujou_actors._runtime.calendar import Calendar
 from tests.conftest import Counter
@@ -69,3 +72,43 @@ def test_nothing_timed_is_queued_while_closed_but_control_envelopes_are() -> Non
     cal.control_pending = 1
     cal.schedule(a)
     assert a.queued_key == CONTROL_KEY and cal.top_is_control()
+
+
+def _state(cal: Calendar, actors: list[Actor]) -> tuple[object, ...]:
+    """Everything a scheduling call can change: the buckets in order, the actors' fields."""
+    buckets = [(code, key, [a.path for a in bucket]) for code, (key, bucket)
+               in sorted(cal._due.items())]
+    fields = [(a.queued_key, a.next_tick_ns, a.trigger_key) for a in actors]
+    # The bucket's shared key object (see the module's docstring), by identity.
+    shared = [a.queued_key is None or any(a.queued_key is key for key, _ in cal._due.values())
+              for a in actors]
+    return sorted(cal._heap), buckets, fields, cal.queued, shared
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 10, 20, 30]),      # next tick
+                          st.sampled_from([None, (10, 0), (10, 1), (20, 0), (25, 2)]),  # trigger
+                          st.booleans(),                                # failed
+                          st.booleans()),                               # queued before at (20, 0)
+                min_size=1, max_size=6),
+       st.booleans(), st.booleans())
+def test_requeue_leaves_the_calendar_as_schedule_does(
+        setups: list[tuple[int | None, tuple[int, int] | None, bool, bool]],
+        control: bool, open_: bool) -> None:
+    """`Calendar.requeue` is `schedule`'s lean path: for any actor state, the same result."""
+    results = []
+    for method in ("schedule", "requeue"):
+        cal = Calendar([])
+        cal.timed_open = True
+        actors = _actors(len(setups))
+        for a, (_, _, _, queued) in zip(actors, setups, strict=True):
+            if queued:
+                _queue(cal, a, (20, 0))
+                a.trigger_key = None
+        cal.timed_open = open_
+        cal.control_pending = int(control)
+        for a, (tick, trig, failed, _) in zip(actors, setups, strict=True):
+            a.next_tick_ns, a.trigger_key, a.failed = tick, trig, failed
+            getattr(cal, method)(a)
+        results.append(_state(cal, actors))
+    assert results[0] == results[1]
