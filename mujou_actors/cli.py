@@ -47,6 +47,7 @@ import click
 
 import mujou_actors as mujou
 
+from . import _runtime  # _runtime.BUILD: which build of the kernel runs (--version)
 from ._runtime.actor import LATENESS_SAMPLES
 from .capsule import capsule_facts
 from .errors import MujouError, RecordingError, SnapshotError, describe
@@ -668,7 +669,8 @@ def _check_foxglove(foxglove: str | None, publish: bool, origins: tuple[str, ...
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(mujou.__version__, prog_name="mujou")
+@click.version_option(mujou.__version__, prog_name="mujou",
+                      message=f"%(prog)s, version %(version)s, kernel build: {_runtime.BUILD}")
 def main() -> None:
     """Run, record and replay mujou_actors nets; inspect snapshots and recordings.
 

@@ -6,6 +6,7 @@ import contextvars
 import itertools
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -470,18 +471,27 @@ class _FailsSome(mujou.Node):
 
 
 def _hook_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every update take exactly 1 µs and every other hook exactly 1 ms."""
-    import sys
+    """Make every update take exactly 1 µs and every other hook exactly 1 ms.
 
+    The hooks themselves move the time that the actor's clock reads: asking
+    the clock's caller (a frame named ``call``) would not work in the
+    compiled build, whose functions have no Python frames.
+    """
     from mujou_actors._runtime import actor as actor_module
 
     now = [0]
 
-    def clock() -> int:
-        now[0] += 1_000_000 if sys._getframe(1).f_code.co_name == "call" else 1000
-        return now[0]
+    def spending(fn: Any, ns: int) -> Any:
+        def hook(*args: Any) -> Any:
+            now[0] += ns
+            return fn(*args)
+        return hook
 
-    monkeypatch.setattr(actor_module, "_clock", clock)
+    for cls in (Counter, _FailsAt, _FailsSome):
+        monkeypatch.setattr(cls, "on_update", spending(cls.on_update, 1000))
+    for name in ("on_start", "on_stop"):
+        monkeypatch.setattr(mujou.Node, name, spending(getattr(mujou.Node, name), 1_000_000))
+    monkeypatch.setattr(actor_module, "_clock", lambda: now[0])
 
 
 @pytest.mark.parametrize("failing", [False, True])

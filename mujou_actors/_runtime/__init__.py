@@ -6,6 +6,8 @@ Nothing here is public: its names and modules may change in any version.
 supervisor, run, ...) say *what* a net is and what a run promises; the
 modules here carry it out, each importing only those listed before it:
 
+* `compiled`: which modules a compiled build compiles, and the guard that loads
+  them from their sources when the build is stale (run here, before any of them);
 * `keys`: the ``(t_ns, delta)`` keys of the schedule and the stamps of deliveries;
 * `workers`: how many worker threads, and their timer slack;
 * `mailbox`: a node's mailbox (plain data) and the control envelopes;
@@ -20,3 +22,15 @@ modules here carry it out, each importing only those listed before it:
 * `kernel`: a dispatcher for some of a net's nodes that a driver steps one delta
   cycle at a time (deliveries in, sends out): what a group process runs.
 """
+
+from pathlib import Path
+
+from . import compiled
+
+__all__ = ["BUILD"]
+
+# Before any compiled module can be imported: an edited source never loses to
+# the extension module built from its old text (see compiled.py).
+BUILD = compiled.install(__name__, Path(__file__).resolve().parent)
+"""Which build of the kernel runs in this process (`compiled.Build`): ``str(BUILD)``
+reads e.g. ``compiled (mypyc 2.4.1: keys, mailbox, actor)`` or ``python (not compiled)``."""

@@ -25,8 +25,15 @@ from ..devices import HostCopier, map_tensors, receive
 from ..errors import MessageChangedError, NodeError
 from ..state import copy_state
 from . import readonly
-from .keys import ORDER_BITS, SHIFT, Key, unstamp
+from .keys import ORDER_BITS, SHIFT, Key, SharedKey, unstamp
 from .mailbox import MESSAGE, SLOT, Envelope, Mailbox, Restore, Snapshot, Start, Stop, prune_limit
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+    def mypyc_attr(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+        """A stand-in for ``mypy_extensions.mypyc_attr``: returns the class as it is."""
+        return lambda cls: cls
 
 if TYPE_CHECKING:
     from ..cuda import StreamWaiter
@@ -54,6 +61,8 @@ NEVER = 1 << 62
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
 
 
+# Subclassed in Python (replay.StandIn): a compiled Actor must allow it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Actor:
     """Runtime record of one node inside one run (not a public class)."""
 
@@ -130,13 +139,15 @@ class Actor:
         self.input_depths: tuple[int | None, ...] | None = None
         self.prune_at = self.bound = NEVER
         self.next_tick_ns: int | None = None
+        # Compared by identity (calendar.py, the liveness rule): typed `Key | None`,
+        # which a compiled build keeps a Python object (never `Key`: see keys.SharedKey).
         self.trigger_key: Key | None = None
         self.queued_key: Key | None = None  # its bucket's key (dispatcher)
         self.busy = False
         self.hook: str | None = None
         # (t_ns, delta) of the hook in flight: the key object of its batch,
         # shared, so setting it per hook allocates nothing (see make_send).
-        self.stamp: Key = (0, 0)
+        self.stamp: SharedKey = (0, 0)
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again

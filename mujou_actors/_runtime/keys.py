@@ -14,11 +14,19 @@ results independent of the number of workers.
 
 from __future__ import annotations
 
-__all__ = ["Key", "SHIFT", "MASK", "ORDER_BITS", "HOST_ORDER", "CONTROL_KEY", "CONTROL_T",
-           "HOST_STAMP", "pack", "unpack", "stamp", "unstamp"]
+from typing import Any
+
+__all__ = ["Key", "SharedKey", "SHIFT", "MASK", "ORDER_BITS", "HOST_ORDER", "CONTROL_KEY",
+           "CONTROL_T", "HOST_STAMP", "pack", "unpack", "stamp", "unstamp"]
 
 # ``(t_ns, delta)``; t_ns may be -1 (CONTROL_KEY).
 Key = tuple[int, int]
+# A Key whose object identity matters (a hook's ``Actor.stamp``: its sends
+# restamp only when it is another object). Typed Any so that the compiled
+# build keeps it a Python object: mypyc stores a ``tuple[int, int]`` field
+# unboxed and builds a new tuple at every read, so ``is`` would never hold.
+# (A ``Key | None`` field, such as ``Actor.queued_key``, stays an object.)
+SharedKey = Any
 
 # A packed key: (t_ns << SHIFT) | delta. A delta cycle count stays below 2**32.
 SHIFT, MASK = 32, (1 << 32) - 1

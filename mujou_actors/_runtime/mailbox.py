@@ -150,8 +150,9 @@ def _newest(deliveries: list[tuple[Any, ...]], depths: tuple[int | None, ...],
     """The deliveries a hook would keep of ``deliveries`` (in order): of each Input's,
     its depth's newest; counts the others into ``removed`` (per slot)."""
     room = list(depths)  # how many more of each slot survive, from the newest
-    kept = []
-    for delivery in reversed(deliveries):
+    kept: list[tuple[Any, ...]] = []
+    # A reversed copy, not reversed(): mypyc cannot compile reversed() of this list.
+    for delivery in deliveries[::-1]:
         slot = delivery[1]
         left = room[slot]
         if left is None:
