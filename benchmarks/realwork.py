@@ -31,7 +31,10 @@ hook) and closes when it has recorded everything of the last step (read at the
 end of that hook): it holds every step's updates, the framework's dispatch and
 messages between them, and one clock comparison per recorder update. The plain
 loop's window opens right after its own time-0 work and closes after its last
-step.
+step. The hopper, hopper-trivial and pendulum sides also read the process's CPU
+time (``resource.getrusage``, every thread) at the same two marks:
+``cpu_us_per_step`` in the JSON, what the machine's other load does not stretch
+(``benchmarks/targets.py`` shows it beside the wall figures).
 
 1. **hopper** -- a reinforcement-learning loop on gymnasium's ``Hopper-v5``
    (``gymnasium.make``, so with its default wrappers) and a torch MLP policy,
@@ -120,7 +123,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import NoOp, heap_floor, repeat_and_only, summary
+from common import NoOp, cpu_s, heap_floor, repeat_and_only, summary
 
 import mujou_actors as mujou
 
@@ -354,6 +357,7 @@ class HopperRecorder(mujou.Node):
         self.rewards: list[float] = []
         self.actions: list[torch.Tensor] = []
         self.t0_ns = self.t1_ns = 0
+        self.cpu0 = self.cpu1 = 0.0  # the process's CPU seconds at the same two marks
 
     def on_update(self, dt: float) -> None:
         self.observations.extend(self.obs.drain())
@@ -362,8 +366,10 @@ class HopperRecorder(mujou.Node):
         n = len(self.actions)
         if n == self.last:
             self.t1_ns = time.perf_counter_ns()
+            self.cpu1 = cpu_s()
         elif n == 1 and not self.t0_ns:
             self.t0_ns = time.perf_counter_ns()
+            self.cpu0 = cpu_s()
 
 
 def recording(obs: list[torch.Tensor], rewards: list[float],
@@ -374,10 +380,15 @@ def recording(obs: list[torch.Tensor], rewards: list[float],
 
 
 def hopper_result(steps: int, window_ns: int, rec: dict[str, torch.Tensor],
-                  env_ns: int = 0, policy_ns: int = 0, trivial: bool = False) -> dict:
-    """One sample of a hopper side: count, µs/step, user-call µs, and the recording."""
+                  env_ns: int = 0, policy_ns: int = 0, trivial: bool = False,
+                  cpu_window_s: float = 0.0) -> dict:
+    """One sample of a hopper side: count, µs/step, CPU µs/step, user-call µs, the recording.
+
+    ``cpu_us_per_step`` is the process's CPU time over the same window
+    (`common.cpu_s`), per step: what the machine's load does not stretch.
+    """
     out: dict[str, Any] = {"count": steps, "us_per_step": window_ns / steps / 1e3,
-                           "record": rec}
+                           "cpu_us_per_step": cpu_window_s / steps * 1e6, "record": rec}
     if not trivial:
         out["env_us"] = env_ns / steps / 1e3
         out["policy_us"] = policy_ns / (steps + 1) / 1e3
@@ -408,7 +419,7 @@ def hopper_mujou(steps: int, trivial: bool = False, workers: int | None = None) 
                            f"{steps} steps")
     return hopper_result(steps, rec.t1_ns - rec.t0_ns,
                          recording(rec.observations, rec.rewards, rec.actions),
-                         env_node.env_ns, policy.policy_ns, trivial)
+                         env_node.env_ns, policy.policy_ns, trivial, rec.cpu1 - rec.cpu0)
 
 
 def hopper_plain(steps: int, trivial: bool = False) -> dict:
@@ -426,6 +437,7 @@ def hopper_plain(steps: int, trivial: bool = False) -> dict:
     policy_ns, env_ns = perf() - t, 0
     actions.append(a)
     gc.collect()
+    c0 = cpu_s()
     t0 = perf()
     for _ in range(steps):
         t = perf()
@@ -442,9 +454,10 @@ def hopper_plain(steps: int, trivial: bool = False) -> dict:
         policy_ns += perf() - t
         actions.append(a)
     t1 = perf()
+    c1 = cpu_s()
     env.close()
     return hopper_result(steps, t1 - t0, recording(observations, rewards, actions),
-                         env_ns, policy_ns)
+                         env_ns, policy_ns, cpu_window_s=c1 - c0)
 
 
 def hopper_plain_trivial(steps: int) -> dict:
@@ -453,14 +466,16 @@ def hopper_plain_trivial(steps: int) -> dict:
     o = torch.full((OBS_DIM,), 0.0)
     observations, rewards, actions = [o], [], [torch.full((ACT_DIM,), 0.0)]
     gc.collect()
+    c0 = cpu_s()
     t0 = perf()
     for k in range(1, steps + 1):
         observations.append(torch.full((OBS_DIM,), float(k)))
         rewards.append(float(k))
         actions.append(torch.full((ACT_DIM,), float(k)))
     t1 = perf()
+    c1 = cpu_s()
     return hopper_result(steps, t1 - t0, recording(observations, rewards, actions),
-                         trivial=True)
+                         trivial=True, cpu_window_s=c1 - c0)
 
 
 # --------------------------------------------------------------------------- 3. pendulum
@@ -492,14 +507,17 @@ def pendulum_mujou(duration_ns: int, workers: int | None = None) -> dict:
     net = ip.make_net(seed=SEED)
     rec = net.recorder
     marks = [0, 0]
+    cpu = [0.0, 0.0]  # the process's CPU seconds at the same two marks
     recorder_update = rec.on_update  # the example's own hook, called by the wrapper
 
     def timed_update(dt: float) -> None:
         recorder_update(dt)
         if len(rec.states) == steps + 1 and len(rec.commands) == ticks:
             marks[1] = time.perf_counter_ns()
+            cpu[1] = cpu_s()
         elif not marks[0]:  # the first update records the state of time 0
             marks[0] = time.perf_counter_ns()
+            cpu[0] = cpu_s()
 
     rec.on_update = timed_update
     gc.collect()
@@ -511,7 +529,7 @@ def pendulum_mujou(duration_ns: int, workers: int | None = None) -> dict:
                            f"{len(rec.commands)} commands for {steps} steps")
     record = {"state": torch.stack(rec.states), "command": torch.cat(rec.commands)}
     return {"count": steps, "us_per_step": (marks[1] - marks[0]) / steps / 1e3,
-            "record": record}
+            "cpu_us_per_step": (cpu[1] - cpu[0]) / steps * 1e6, "record": record}
 
 
 def pendulum_plain(duration_ns: int) -> dict:
@@ -535,6 +553,7 @@ def pendulum_plain(duration_ns: int) -> dict:
     states, commands = [state], []
     measurement = command = None
     gc.collect()
+    c0 = cpu_s()
     t0 = time.perf_counter_ns()
     for k in range(1, steps + 1):
         seen_state, seen_measurement = state, measurement  # sent before this tick
@@ -547,9 +566,11 @@ def pendulum_plain(duration_ns: int) -> dict:
             command = pm.control(gain, seen_measurement)
             commands.append(command)
     t1 = time.perf_counter_ns()
+    c1 = cpu_s()
     if len(commands) != ticks:
         raise RuntimeError(f"pendulum plain loop made {len(commands)} commands, not {ticks}")
     return {"count": steps, "us_per_step": (t1 - t0) / steps / 1e3,
+            "cpu_us_per_step": (c1 - c0) / steps * 1e6,
             "record": {"state": torch.stack(states), "command": torch.cat(commands)}}
 
 

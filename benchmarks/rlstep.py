@@ -47,6 +47,8 @@ import torch
 import mujou_actors as mujou
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import cpu_s  # noqa: E402
 
 
 def make_net(kind: type, temporaries: bool, recorder: bool) -> mujou.Node:
@@ -103,25 +105,41 @@ def make_net(kind: type, temporaries: bool, recorder: bool) -> mujou.Node:
 
 
 def time_net(steps: int, *, kind: type = torch.Tensor, temporaries: bool = False,
-             recorder: bool = True, stats: bool = True) -> float:
-    """µs per step of the net for ``steps`` steps (wall time of join)."""
+             recorder: bool = True, stats: bool = True,
+             cpu: list[float] | None = None) -> float:
+    """µs per step of the net for ``steps`` steps (wall time of join).
+
+    ``cpu``, if given, gets the process's CPU µs per step over the same window
+    appended (``common.cpu_s``; benchmarks/targets.py shows it).
+    """
     net = make_net(kind, temporaries, recorder)
     run = mujou.run(net, timer="simulated", duration=steps * 0.008, stats=stats)
+    c0 = cpu_s()
     t0 = time.perf_counter()
     run.join(timeout=600)
-    return (time.perf_counter() - t0) / steps * 1e6
+    t1 = time.perf_counter()
+    if cpu is not None:
+        cpu.append((cpu_s() - c0) / steps * 1e6)
+    if run.running:
+        run.stop()
+        raise TimeoutError(f"the RL net of {steps} steps did not finish within 600 s")
+    return (t1 - t0) / steps * 1e6
 
 
-def time_plain(steps: int) -> float:
-    """µs per step of the same trivial calls in a loop."""
+def time_plain(steps: int, cpu: list[float] | None = None) -> float:
+    """µs per step of the same trivial calls in a loop (``cpu``: as for `time_net`)."""
     obs, action = torch.zeros(11), torch.zeros(3)
     kept_obs: list[Any] = [obs.clone()]
     kept_action: list[Any] = []
+    c0 = cpu_s()
     t0 = time.perf_counter()
     for _ in range(steps):
         kept_action.append(action.clone())
         kept_obs.append(obs.clone())
-    return (time.perf_counter() - t0) / steps * 1e6
+    t1 = time.perf_counter()
+    if cpu is not None:
+        cpu.append((cpu_s() - c0) / steps * 1e6)
+    return (t1 - t0) / steps * 1e6
 
 
 VARIANTS: dict[str, Callable[[int], float]] = {

@@ -82,6 +82,37 @@ def test_realwork_runs_alone_and_refuses_unknown_workloads(tmp_path: Path) -> No
     assert "--only: no workload nope; choose from hopper, hopper-trivial" in bad.stderr
 
 
+# Two repetitions of two fresh processes (about 25 s on the loaded 2-core machine).
+@pytest.mark.timeout(180)
+def test_targets_measures_the_rl_step_beside_its_plain_loop_in_fresh_processes(
+        tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "targets.py")
+    out = tmp_path / "targets.json"
+
+    proc = subprocess.run([sys.executable, script, "--quick", "--only", "rl", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170)
+    bad = subprocess.run([sys.executable, script, "--only", "rl,nope"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=50)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "targets" and doc["quick"] is True and doc["repeat"] == 2
+    assert isinstance(doc["build"], str) and doc["build"]  # "python", or the kernel's BUILD
+    assert list(doc["targets"]) == ["rl"]
+    rl = doc["targets"]["rl"]
+    assert rl["against"] == "plain loop" and rl["builds"] == [doc["build"]]
+    for side in ("mujou", "reference"):  # wall and CPU time of every repetition
+        assert rl["sides"][side]["count"] == rl["size"]["steps"] > 0
+        for clock in ("wall", "cpu"):
+            figures = rl["sides"][side][clock]
+            assert len(figures["samples"]) == 2 and 0 < figures["min"] <= figures["median"]
+    assert rl["ratio"]["wall"]["median"] > 0 and rl["ratio"]["cpu"]["median"] > 0
+    assert rl["target"]["bound"] == 4.0 and rl["target"]["met"] in (True, False)
+    assert rl["target"]["value"] == rl["sides"]["mujou"]["wall"]["median"]
+    assert "trivial RL step" in proc.stdout
+    assert bad.returncode == 2 and "--only: no workload nope; choose from rl, ticks10" in bad.stderr
+
+
 def _realwork(monkeypatch: pytest.MonkeyPatch) -> Any:
     """benchmarks/realwork.py as a module (it imports its neighbour ``common``)."""
     import importlib.util
