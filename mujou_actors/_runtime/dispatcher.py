@@ -121,6 +121,24 @@ def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
     return batch
 
 
+def _claim_next(actors: list[Actor], key: Key, name: str) -> list[Claim]:
+    """Claim the actors of the delta cycle ``key`` that `Dispatcher._finish_lone` entered.
+
+    Each was triggered at ``key`` (consumed here) and is not busy; an entry
+    it may still have in the calendar (its next tick) goes stale.
+    """
+    t = key[0]
+    batch: list[Claim] = []
+    for actor in actors:
+        actor.queued_key = None
+        actor.busy = True
+        actor.trigger_key = None
+        actor.stamp = key
+        actor.thread_name = name
+        batch.append((actor, t, t, False, key))
+    return batch
+
+
 class Dispatcher:
     """Runs the actors' hooks on a pool of workers and dedicated threads.
 
@@ -1119,14 +1137,16 @@ class Dispatcher:
         """`_worker_loop` of the one worker of a simulated run without dedicated threads.
 
         The same rules, lean: no clock, no budget, and a delta cycle's bucket
-        taken whole (`Calendar.take_bucket`); a cycle of one hook runs it with
-        neither a batch record nor a member loop, as `_run_batch` does.
+        taken whole (`Calendar.take_bucket`). Within an instant, the next
+        delta cycle's actors (those its hooks triggered) are claimed straight
+        from the finished cycle when nothing else is due before them
+        (`_finish_lone`): what the calendar would return, in its order,
+        without a round trip through it.
         """
         name = threading.current_thread().name
         wait_ = self._wait
         calendar = self._calendar
-        top, take_bucket, requeue = calendar.top, calendar.take_bucket, calendar.requeue
-        busy_ns, owes = self._busy_ns, self._owed
+        top, take_bucket = calendar.top, calendar.take_bucket
         most = self._batch_max
         with self._cond:
             while self._mode is not SHUTDOWN:
@@ -1155,35 +1175,125 @@ class Dispatcher:
                             wait_(None)
                             continue
                 batch = _claim_simulated(take_bucket(most), name)
-                if self.trace is not None:
-                    self._record_depths(batch)
-                if len(batch) != 1:
-                    self._inflight += len(batch)
-                    self._run_batch(batch, name)
-                    continue
-                actor = batch[0][0]  # _run_batch's path for one hook, inlined
-                self._inflight += 1
-                self._cond.release()
-                took = 0
+                while True:  # this delta cycle, then the next ones taken directly
+                    if self.trace is not None:
+                        self._record_depths(batch)
+                    nxt = self._run_lone(batch, key, name)
+                    if nxt is None:
+                        break
+                    key = self._frontier  # _finish_lone entered the next cycle
+                    batch = _claim_next(nxt, key, name)
+
+    def _run_lone(self, batch: list[Claim], key: Key, name: str) -> list[Actor] | None:
+        """Run the claimed delta cycle ``key`` of `_lone_loop` and finish it (`_finish_lone`).
+
+        Called and returns with the lock held (released while the hooks run).
+        A cycle of one hook runs with neither a batch record nor a member
+        loop; several are a `_Batch`, as `_run_batch` runs them, so that
+        `_unclaim` can take back the members not started yet.
+
+        Returns the next delta cycle's actors when `_finish_lone` entered it
+        directly, else None.
+        """
+        end, owes = self._end_ns, self._owed
+        self._inflight += len(batch)
+        if len(batch) == 1:
+            actor, t, _, is_tick, _ = batch[0]
+            self._cond.release()
+            took = 0
+            try:
+                took = actor.run_due(t, is_tick, end, owes)
+            except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                took = self._failed_update(actor, exc)
+            finally:
+                self._cond.acquire()
+                self._busy_ns[name] += took
+                self._inflight -= 1
+                nxt = self._finish_lone((actor,), key)
+            return nxt
+        rec = _Batch(batch)
+        self._batches[id(rec)] = rec
+        self._cond.release()
+        busy = 0
+        try:
+            todo, done = rec.todo, rec.done
+            take, add = todo.popleft, done.append
+            while todo:
                 try:
-                    took = actor.run_due(key[0], batch[0][3], self._end_ns, owes)
+                    actor, t, _, is_tick, _ = take()
+                except IndexError:  # given back meanwhile
+                    break
+                try:
+                    busy += actor.run_due(t, is_tick, end, owes)
                 except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-                    took = self._failed_update(actor, exc)
-                finally:
-                    self._cond.acquire()
-                    busy_ns[name] += took
-                    self._inflight -= 1
-                    # _finish((actor,)), inlined
-                    if owes:
-                        owed = owes.pop(actor, None)
-                        if owed is not None:
-                            self._lower_trigger(actor, owed)
-                    if actor.deferred:
-                        self._flush_triggers(actor)
-                    actor.busy = False
-                    requeue(actor)
-                    if self._waiting:
-                        self._cond.notify_all()
+                    busy += self._failed_update(actor, exc)
+                add(actor)
+        finally:
+            self._cond.acquire()
+            del self._batches[id(rec)]
+            self._busy_ns[name] += busy
+            actors = list(rec.done)  # those `_unclaim` has not finished already
+            rec.done.clear()
+            self._inflight -= len(actors)
+            nxt = self._finish_lone(actors, key)
+        return nxt
+
+    def _finish_lone(self, actors: Sequence[Actor], key: Key) -> list[Actor] | None:
+        """`_finish` for `_lone_loop`'s delta cycle ``key``; enter the next cycle if it may.
+
+        The actors that the cycle triggered at ``(t, d + 1)`` (readers of its
+        sends, and its own members triggered while they ran) are collected in
+        the order `_finish` would have queued them in that key's bucket. The
+        next cycle is entered directly (the frontier moves; the caller claims
+        them) when the calendar would give exactly them next: the run is
+        running, not driven, no mailbox is crowded (pruned between cycles by
+        `_advance`), no control envelope or trace, the instant is within
+        ``max_delta_cycles``, none of them failed, and nothing is queued at
+        ``(t, d + 1)`` or earlier (a host's write, say). Otherwise they are
+        queued as `_finish` queues them, and the caller goes back to the
+        calendar. Returns them, or None.
+        """
+        t, d = key
+        nkey = (t, d + self._delta_step)  # the key of every trigger of this cycle's sends
+        owes = self._owed
+        calendar = self._calendar
+        requeue = calendar.requeue
+        nxt: list[Actor] = []
+        for actor in actors:
+            if owes:
+                owed = owes.pop(actor, None)
+                if owed is not None:
+                    self._lower_trigger(actor, owed)
+            deferred = actor.deferred
+            if deferred:
+                for reader in deferred:
+                    current = reader.trigger_key  # _lower_trigger, inlined: per send
+                    if current is None or nkey < current:
+                        reader.trigger_key = nkey
+                        if not reader.busy:
+                            nxt.append(reader)
+                deferred.clear()  # the sends hold this very dict
+            actor.busy = False
+            trigger = actor.trigger_key
+            if trigger is not None and trigger == nkey and actor.queued_key is None:
+                nxt.append(actor)
+            else:
+                requeue(actor)
+        if self._waiting:
+            self._cond.notify_all()
+        if not nxt:
+            return None
+        if self._mode is RUNNING and self._bound is None and not self._crowded \
+                and self.trace is None and not calendar.control_pending \
+                and nkey[1] <= self._max_delta and not any(a.failed for a in nxt):
+            first = calendar.top()
+            if first is None or nkey < first.queued_key:  # type: ignore[operator]
+                self._frontier = nkey
+                return nxt
+        schedule = calendar.schedule
+        for actor in nxt:
+            schedule(actor)
+        return None
 
     def _dedicated_loop(self, actor: Actor) -> None:
         """A dedicated actor's thread: waits for its own key under the same rules."""
@@ -1428,8 +1538,8 @@ class Dispatcher:
         """After their hooks: the triggers each owes and deferred, and its next key.
 
         The one way an actor leaves ``busy`` after running (an update, a batch
-        member, a control envelope, a snapshot; `_lone_loop` inlines it for
-        the one hook of a delta cycle). The caller counts the busy
+        member, a control envelope, a snapshot), but for `_finish_lone`, its
+        form for the lone worker's delta cycles. The caller counts the busy
         time, lowers ``_inflight`` and notifies.
         """
         owes = self._owed
