@@ -113,6 +113,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         """Build the extensions; on failure warn and leave a pure-Python install."""
         if not self.extensions:
+            if COMPILE:  # mypyc failed (said above): no earlier build may stay in place
+                self._remove_build()
             return
         from distutils.errors import CCompilerError, DistutilsError
 

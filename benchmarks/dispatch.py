@@ -19,6 +19,14 @@ frontier, ``dt`` and statistics bookkeeping, the per-node context.
   time. Same updates, same order, nothing else: the cost of the bare minimum.
 * **ratio** = mujou / floor, per repetition (1.0 would mean zero overhead
   beyond a heap; 0.1 means the dispatcher spends 10x the floor per update).
+* **mujou CPU kupd/s** = the same updates over the process's CPU time
+  (``time.process_time``, every thread) across the same ``run.join()``: on a
+  loaded machine, a thread that waits for a CPU is not charged for it, so
+  this one moves less than the wall-time rate. In the JSON, ``mujou_cpu``.
+
+The table's title and the JSON (``build``) name the kernel's build
+(``mujou_actors._runtime.BUILD``: compiled or pure Python, and why);
+``benchmarks/builds.py`` runs this script under both builds side by side.
 
 Two cases: ``uniform`` (every node period 10 ms: each time step releases all N
 nodes at once, ties broken by net order) and ``spread`` (periods spread over
@@ -60,6 +68,7 @@ from pathlib import Path
 from common import NoOp, heap_floor, summary
 
 import mujou_actors as mujou
+from mujou_actors import _runtime
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "dispatch.json"
 
@@ -91,12 +100,15 @@ def run_mujou(periods: list[int], end_ns: int, traced: bool = False, stats: bool
         run = mujou.run(nodes, workers=1, timer="simulated", duration=end_ns / 1e9,
                         trace=tracer, stats=stats)
         t1 = time.perf_counter()
+        c1 = time.process_time()
         run.join()
+        c2 = time.process_time()
         t2 = time.perf_counter()
     write_s = tracer.write_s if tracer is not None else 0.0
     updates = sum(s.updates for s in run.stats().nodes.values())
     return {"updates": updates, "start_s": t1 - t0, "join_s": t2 - t1 - write_s,
-            "write_s": write_s, "rate": updates / (t2 - t1 - write_s)}
+            "write_s": write_s, "rate": updates / (t2 - t1 - write_s),
+            "cpu_rate": updates / (c2 - c1 - write_s)}
 
 
 def bench_case(case: str, n: int, end_ns: int, repeat: int, trace: bool = False,
@@ -121,6 +133,7 @@ def bench_case(case: str, n: int, end_ns: int, repeat: int, trace: bool = False,
     result = {
         "nodes": n, "updates": expected,
         "mujou": summary([m["rate"] for m in mj]),
+        "mujou_cpu": summary([m["cpu_rate"] for m in mj]),
         "floor": summary([f["rate"] for f in fl]),
         "ratio": summary([m["rate"] / f["rate"] for m, f in zip(mj, fl, strict=False)]),
         "start_s": summary([m["start_s"] for m in mj]),
@@ -183,21 +196,22 @@ def cell(s: dict, scale: float, fmt: str, sep: str) -> str:
 
 def print_table(results: dict, title: str) -> None:
     header = ["case", "updates/rep", "mujou kupd/s", "floor kupd/s", "mujou/floor",
-              "start s"]
+              "start s", "mujou CPU kupd/s"]
 
     def rows(sep: str) -> list[list[str]]:
         out = []
         for case, r in results.items():
             out.append([case, f"{r['updates']:,}", cell(r["mujou"], 1e3, ",.0f", sep),
                         cell(r["floor"], 1e3, ",.0f", sep), cell(r["ratio"], 1, ".3f", sep),
-                        f"{r['start_s']['median']:.3f}"])
+                        f"{r['start_s']['median']:.3f}",
+                        cell(r["mujou_cpu"], 1e3, ",.0f", sep)])
             for key, label in (("traced", "with tracing"), ("no_stats", "without stats")):
                 t = r.get(key)
                 if t is not None:
                     out.append([f"{case} {label}", f"{r['updates']:,}",
                                 cell(t["mujou"], 1e3, ",.0f", sep), "",
                                 cell(t["ratio"], 1, ".3f", sep),
-                                f"{t['start_s']['median']:.3f}"])
+                                f"{t['start_s']['median']:.3f}", ""])
         return out
 
     try:
@@ -260,7 +274,7 @@ def main() -> None:
                                 stats_off=args.stats)
                for case in ("uniform", "spread")}
     title = (f"dispatch: {args.nodes} no-op nodes, simulated timer, workers=1, "
-             f"{duration:g} s sim, {repeat} reps")
+             f"{duration:g} s sim, {repeat} reps; kernel: {_runtime.BUILD}")
     print_table(results, title)
     print_overhead(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -268,6 +282,7 @@ def main() -> None:
            "repeat": repeat, "quick": args.quick, "trace": args.trace, "stats": args.stats,
            "python": platform.python_version(),
            "platform": platform.platform(), "mujou_version": mujou.__version__,
+           "build": str(_runtime.BUILD),
            "cases": results}
     args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -26,6 +26,10 @@ excluded; its stop, about a millisecond, included), minimum over the
 repetitions (the variants alternate within each repetition; the minimum is
 the least disturbed by other load on the machine), median beside it.
 
+The table's title and the JSON name the kernel's build
+(``mujou_actors._runtime.BUILD``: compiled or pure Python, and why).
+``benchmarks/builds.py`` runs this script under both builds side by side.
+
 Usage::
 
     python benchmarks/rlstep.py [--steps 20000] [--repeat 5] [--json PATH]
@@ -45,6 +49,7 @@ from typing import Any
 import torch
 
 import mujou_actors as mujou
+from mujou_actors import _runtime
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"one RL step, trivial hooks: {args.steps} steps, {args.repeat} reps")
+    table = Table(title=f"one RL step, trivial hooks: {args.steps} steps, {args.repeat} reps; "
+                        f"kernel: {_runtime.BUILD}")
     for col in ("variant", "µs/step (min)", "median", "full - this"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     full = min(samples["full"])
@@ -178,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(table)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"steps": args.steps, "samples": samples}, indent=1))
+    path.write_text(json.dumps({"steps": args.steps, "build": str(_runtime.BUILD),
+                                "samples": samples}, indent=1))
     print(f"wrote {path}")
     return 0
 

@@ -238,3 +238,14 @@ def test_a_build_without_a_c_compiler_installs_pure_python_and_says_why(
     assert compiled.extensions(folder) == {}
     assert not (folder / compiled.MANIFEST).exists()
     assert compiled.select(folder, {}).build == compiled.Build("python", "not compiled")
+
+
+def test_the_builds_benchmark_refuses_a_tree_without_a_compiled_build() -> None:
+    if runtime.BUILD.kind == "compiled":
+        pytest.skip("a compiled build is here: the comparison would run for minutes")
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "builds.py")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 2
+    assert "no compiled build" in done.stderr and compiled.REBUILD in done.stderr

@@ -195,7 +195,7 @@ def select(directory: Path, environ: Mapping[str, str] = os.environ) -> Decision
         files = ", ".join(str(directory / f"{name}.py") for name in edited)
         short = ", ".join(f"{name}.py" for name in edited)
         return Decision(Build("python", f"{short} edited since the build"), names,
-                        f"{files} changed since it was compiled: running every compiled "
+                        f"edited since the compiled build: {files}. Running every compiled "
                         f"kernel module ({', '.join(recorded)}) from its source, which is "
                         f"slower. Rebuild with `{REBUILD}`, or set MUJOU_PURE=1 to run the "
                         f"sources without this warning")
