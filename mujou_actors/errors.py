@@ -110,7 +110,8 @@ class AlgebraicLoopError(NodeError, RuntimeError):
         loop (str): the ring's connections in words (``""`` if none was found).
         time_ns (int): the instant, ns of the run's timer.
         delta (int): the delta cycle the run had reached at that instant (real
-            time: the updates of one node due at that instant, in a row).
+            time: the depth of the chain of triggered updates, see
+            `policy.TimePolicy.delta_step`).
         path (str): the first of ``nodes``; hook: ``"on_update"``.
     """
 

@@ -587,12 +587,13 @@ def run(
             ``on_start`` hooks begin in the net's order (parents first): one
             after the other on a single worker, so an ``on_start`` must never
             wait for a later node's. Default: 60.
-        max_delta_cycles (int): simulated time: the delta cycles one instant
-            may take. Nodes that trigger one another with no delay (an
-            algebraic loop, warned of when the run starts) never let time
-            advance; an instant past this limit stops the run and ``join()``
-            raises `AlgebraicLoopError`, naming the nodes and the instant.
-            Default: 10000.
+        max_delta_cycles (int): the delta cycles one instant may take (real
+            time: the depth of one chain of triggered updates, each triggered
+            by the previous one's message). Nodes that trigger one another
+            with no delay (an algebraic loop, warned of when the run starts)
+            never let time advance; an instant past this limit stops the run
+            and ``join()`` raises `AlgebraicLoopError`, naming the nodes and
+            the instant. Default: 10000.
         placement (Mapping[str, str], optional): run groups of nodes in
             processes of their own (docs/processes.md): node path (its whole
             subtree) -> group name; nodes not named stay in this process (the

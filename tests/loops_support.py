@@ -46,3 +46,40 @@ def make_loop(plant_period: float | None = None) -> dict[str, mujou.Node]:
     mujou.connect(plant.state, ctrl.state)
     mujou.connect(ctrl.command, plant.command)
     return {"plant": plant, "ctrl": ctrl}
+
+
+class Echo(mujou.Node):
+    """Triggered by ``x``: sends on ``y`` at every update, and counts its updates."""
+
+    x = mujou.Input(float)
+    y = mujou.Output(float)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.updates = 0
+
+    def on_update(self, dt: float) -> None:
+        self.updates += 1
+        self.x.read()
+        self.y.send(1.0)
+
+
+class Kick(mujou.Node):
+    """Periodic: sends 0.0 at every tick."""
+
+    out = mujou.Output(float)
+
+    def __init__(self, period: float = 0.01) -> None:
+        super().__init__(period=period)
+
+    def on_update(self, dt: float) -> None:
+        self.out.send(0.0)
+
+
+def make_fed_loop(kick_period: float = 0.001) -> dict[str, mujou.Node]:
+    """A ring of two triggered nodes that a periodic node keeps feeding (a new chain per tick)."""
+    kick, a, b = Kick(kick_period), Echo(), Echo()
+    mujou.connect(kick.out, a.x)
+    mujou.connect(a.y, b.x)
+    mujou.connect(b.y, a.x)
+    return {"kick": kick, "a": a, "b": b}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -19,19 +21,21 @@ from mujou_actors._runtime.loops import DEFAULT_MAX_DELTA_CYCLES, find_loops
 from mujou_actors.distributed import placed
 from mujou_actors.net import walk
 from mujou_actors.run import _check_arguments
-from tests.loops_support import Controller, Plant, make_loop
+from tests.loops_support import Controller, Plant, make_fed_loop, make_loop
 from tests.placed_support import InProcessSystem
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _placed(timer: str, max_delta_cycles: int) -> placed.PlacedRun:
+def _placed(timer: str, max_delta_cycles: int, make: Callable[..., Any] = make_loop,
+            placement: dict[str, str] | None = None) -> placed.PlacedRun:
     args = _check_arguments(Seams(), workers=1, timer=timer, duration=5.0, seed=7, state=None,
                             supervisor=None, trace=None, cuda_sync="block", stats=True,
                             stop_timeout=5.0, start_timeout=60.0,
                             max_delta_cycles=max_delta_cycles)
-    return placed.start(make_loop, placement={"plant": "p", "ctrl": "c"}, net_kwargs=None,
-                        args=args, inputs=None, state=None, make_system=InProcessSystem)
+    return placed.start(make, placement=placement or {"plant": "p", "ctrl": "c"},
+                        net_kwargs=None, args=args, inputs=None, state=None,
+                        make_system=InProcessSystem)
 
 
 def test_a_loop_of_two_triggered_nodes_stops_a_simulated_run_naming_both_and_the_instant(
@@ -120,6 +124,35 @@ class _Drain(mujou.Node):
         self.seen += len(self.inp.drain())
 
 
+class _Tick(mujou.Node):
+    """Periodic: sends its tick count."""
+
+    out = mujou.Output(float)
+
+    def __init__(self, period: float) -> None:
+        super().__init__(period=period)
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send(float(self.n))
+
+
+class _Relay(mujou.Node):
+    """Triggered: passes on what came, and counts its updates."""
+
+    inp = mujou.Input(float)
+    out = mujou.Output(float)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.updates = 0
+
+    def on_update(self, dt: float) -> None:
+        self.updates += 1
+        self.out.send(self.inp.read())
+
+
 def test_a_burst_of_sends_to_a_triggered_reader_in_real_time_is_no_loop() -> None:
     # The reader runs again and again at the burst's instant, on another worker,
     # while the sender is still in its update: that is not a ring.
@@ -133,6 +166,61 @@ def test_a_burst_of_sends_to_a_triggered_reader_in_real_time_is_no_loop() -> Non
     assert drain.seen == 40_000
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_real_time_loop_that_a_periodic_node_keeps_feeding_is_stopped_all_the_same(
+        workers: int) -> None:
+    # Each tick of the kick starts a new chain in the ring while the first one
+    # goes on: an update of a may continue either, so a count of the updates
+    # at one instant in a row never grew. The chain's depth grows whatever
+    # the interleaving: the first one is stopped after max_delta_cycles hops.
+    net = make_fed_loop(kick_period=0.001)
+
+    run = mujou.run(net, timer="realtime", duration=30.0, stop_timeout=2, workers=workers,
+                    max_delta_cycles=1000)
+    with pytest.raises(mujou.AlgebraicLoopError) as info:
+        run.join(timeout=30)
+
+    err = info.value
+    assert sorted(err.nodes) == ["a", "b"] and err.delta == 1001
+    assert err.time_ns == 1_000_000  # the kick's first tick, which started the chain
+    assert "'a'.y -> 'b'.x, 'b'.y -> 'a'.x" in err.loop
+    # The chain's 1001 hops, and beside each a few updates of the later chains
+    # (one at most with one worker): never the old count's tens of thousands.
+    assert 1001 <= net["a"].updates + net["b"].updates <= 3 * 1001  # type: ignore
+
+
+def test_a_real_time_chain_still_going_stop_timeout_after_the_end_is_cut_and_named(
+        caplog) -> None:
+    # A limit too high to catch the loop: its updates, due by the end, start
+    # after it until stop_timeout is over, and then the run says what it cut.
+    caplog.set_level(logging.WARNING, logger="mujou_actors")
+    net = make_fed_loop(kick_period=0.01)
+
+    with mujou.run(net, timer="realtime", workers=1, duration=0.05, stop_timeout=0.3,
+                   max_delta_cycles=10**9) as run:
+        run.join(timeout=30)
+
+    cut = [r.getMessage() for r in caplog.records if r.getMessage().startswith("the run's end")]
+    assert len(cut) == 1
+    assert "triggered updates of 'a'" in cut[0] or "triggered updates of 'b'" in cut[0]
+    assert "'kick'" not in cut[0] and "stop_timeout = 0.3 s" in cut[0]
+    assert not run.running
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_fast_periodic_chain_in_real_time_is_no_loop(workers: int) -> None:
+    # sensor -> filter -> controller at 1 kHz: each tick's chain is two hops deep.
+    sensor, filt, ctrl = _Tick(period=0.001), _Relay(), _Relay()
+    mujou.connect(sensor.out, filt.inp)
+    mujou.connect(filt.out, ctrl.inp)
+
+    with mujou.run({"sensor": sensor, "filter": filt, "ctrl": ctrl}, timer="realtime",
+                   workers=workers, duration=0.2, max_delta_cycles=2) as run:
+        run.join(timeout=30)
+
+    assert ctrl.updates > 0
+
+
 @pytest.mark.parametrize("timer", ["simulated", "realtime"])
 def test_a_loop_across_two_groups_of_a_placed_run_raises_the_same_error(timer: str) -> None:
     run = _placed(timer, max_delta_cycles=100)
@@ -144,6 +232,21 @@ def test_a_loop_across_two_groups_of_a_placed_run_raises_the_same_error(timer: s
     assert sorted(err.nodes) == ["ctrl", "plant"] and err.delta == 101
     assert err.time_ns == 0 if timer == "simulated" else err.time_ns > 0  # the last crossing
     assert "'plant'.state -> 'ctrl'.state" in err.loop and "in group" in str(err)
+    assert not run.running
+
+
+def test_a_loop_across_groups_that_a_periodic_node_keeps_feeding_stops_a_placed_run() -> None:
+    # Each crossing triggers its reader at its arrival, later than the kick's
+    # tick: the update that takes both continues the deeper chain.
+    run = _placed("realtime", max_delta_cycles=300, make=make_fed_loop,
+                  placement={"kick": "p", "a": "p", "b": "c"})
+
+    with pytest.raises(mujou.AlgebraicLoopError) as info:
+        run.join(30)
+
+    err = info.value
+    assert sorted(err.nodes) == ["a", "b"] and err.delta == 301
+    assert "'a'.y -> 'b'.x, 'b'.y -> 'a'.x" in err.loop and "in group" in str(err)
     assert not run.running
 
 

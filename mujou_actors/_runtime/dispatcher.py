@@ -192,8 +192,6 @@ class Dispatcher:
         self._max_delta = DEFAULT_MAX_DELTA_CYCLES
         self._loops: tuple[Loop, ...] = ()  # the net's rings, found before the start
         self.loop_error: AlgebraicLoopError | None = None
-        self._repeats: dict[Actor, int] = {}  # real time: see _repeated
-        self._burst_t: int | None = None  # real time: see _burst
         self._mode = CONTROL
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
@@ -884,12 +882,35 @@ class Dispatcher:
 
     def _at_end(self, now: int) -> float | None:
         """Real time, nothing more may start before the end: end the run, or how long to wait."""
+        earliest = self._calendar.earliest()
         step, arg = self.policy.at_end(now, self._end_ns, self._grace_ns,  # type: ignore
-                                       self._inflight, self._calendar.earliest())
+                                       self._inflight, earliest)
         if step is Step.END:
+            end = self._end_ns
+            if earliest is not None and earliest[0] <= end and not self._ended:  # type: ignore
+                self._warn_cut()  # the grace is over (at_end waits for work due by the end)
             self._reach_end()
             return None
         return arg  # type: ignore[return-value]
+
+    def _warn_cut(self) -> None:
+        """Real time, the grace after the end is over: name the triggered updates left undone.
+
+        Updates due by the end still start after it (the chains of triggered
+        updates that began by then), for ``stop_timeout`` at most: a chain still
+        going then is cut there, and the run says whose updates it leaves (a
+        node stuck in a hook is reported by the stop, as such).
+        """
+        end = self._end_ns
+        nodes = [a.path or "<root>" for a in self.actors
+                 if a.trigger_key is not None and a.trigger_key[0] <= end]  # type: ignore
+        if nodes:
+            log.warning("the run's end: triggered updates of %s due by the end (t = %d ns) "
+                        "were still to run stop_timeout = %g s after it, and do not run (a "
+                        "chain of triggered updates that does not end: an algebraic loop "
+                        "that max_delta_cycles = %d does not stop in time?)",
+                        ", ".join(map(repr, nodes)), end, self._grace_ns / 1e9,
+                        self._max_delta)
 
     def _advance(self, key: Key | None) -> bool:
         """Simulated time, nothing in flight, ``key`` the earliest work (None: none): move on.
@@ -943,19 +964,22 @@ class Dispatcher:
     def _loop_found(self, key: Key) -> bool:
         """The instant of ``key`` is past ``max_delta_cycles``: stop the run; False.
 
-        In simulated time, timed work stops at once (a stop at the instant's
-        boundary would wait forever); the listener hears of the `AlgebraicLoopError` (once),
-        with the lock released for that call (it may end the run, which takes
-        the lock). Called with nothing in flight.
+        (Real time: the chain of triggered updates that reached ``key``, see
+        `_claim`.) In simulated time, timed work stops at once (a stop at the
+        instant's boundary would wait forever); the listener hears of the
+        `AlgebraicLoopError` (once), with the lock released for that call (it
+        may end the run, which takes the lock). Called with nothing in flight.
         """
         if self.loop_error is not None:
             return False
         t, d = key
         # The nodes of the loop: those pending at this instant and those that
-        # updated in its last delta cycles, then the rings that hold them.
-        recent = d - 2 if self.simulated else -1  # real time: d counts repeats, not the key
+        # updated in its last delta cycles (real time: the last hops of the
+        # chain), then the rings that hold them.
+        recent = d - 2
         nodes = [a.path for a in self.actors
-                 if (a.trigger_key is not None and a.trigger_key[0] == t)
+                 if (a.trigger_key is not None and a.trigger_key[0] == t
+                     and a.trigger_key[1] >= recent)
                  or (a.stamp[0] == t and a.stamp[1] >= recent)]
         rings = [loop for loop in self._loops
                  if any(s in nodes or r in nodes for s, _, r, _ in loop)] or list(self._loops)
@@ -1327,8 +1351,13 @@ class Dispatcher:
 
         Each group is ``(key, actors)``: actors queued at ``key`` whose
         entries must still be live (`Calendar.live`). An actor's trigger is
-        consumed if due by ``key``. Returns the claims
+        consumed if due by ``key`` (real time: by its time). Returns the claims
         ``(actor, now_ns, due_ns, is_tick, consumed trigger)``.
+
+        Real time: the update's stamp is its key with the depth of the chain
+        it continues (the trigger's delta, when deeper: see `_lower_trigger`);
+        past ``max_delta_cycles`` that chain is an algebraic loop
+        (`_loop_found`), whatever the interleaving of the messages that carry it.
         """
         if self.simulated:
             batch = _claim_simulated(groups, name)
@@ -1348,20 +1377,20 @@ class Dispatcher:
                     is_tick = tick is not None and tick <= due_by
                     due = tick if is_tick else 0
                     trig = actor.trigger_key
-                    if trig is not None and trig <= key:
+                    stamp = key
+                    # Due by the key's time: a trigger at the same time may be a
+                    # deeper chain's than the key it is queued at (_lower_trigger).
+                    if trig is not None and trig[0] <= key[0]:
                         actor.trigger_key = None
                         if not is_tick:
                             due = trig[0]
-                            if key[0] == actor.stamp[0]:
-                                if self._repeated(actor) and not self._burst(actor, key[0]):
-                                    looping = (key[0], self._repeats[actor])
-                            elif key[1] > self._max_delta:  # crossings of a placed run
-                                looping = key
-                            elif self._repeats:
-                                self._repeats.pop(actor, None)  # a new instant
+                        if trig[1] > key[1]:
+                            stamp = (key[0], trig[1])
+                        if stamp[1] > self._max_delta:  # a chain that does not end
+                            looping = stamp
                     else:
                         trig = None
-                    actor.stamp = key
+                    actor.stamp = stamp
                     actor.thread_name = name
                     batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
             if looping is not None:
@@ -1372,36 +1401,6 @@ class Dispatcher:
             self._record_depths(batch)
         self._inflight += len(batch)
         return batch
-
-    def _repeated(self, actor: Actor) -> bool:
-        """Real time: ``actor`` runs a triggered update again at the instant of its last one.
-
-        Its update was caused by its own previous one through nodes that
-        trigger one another (a send's trigger keeps the sending update's due
-        time: see `sends`). Counted per actor; True past ``max_delta_cycles``
-        in a row (the real-time form of an instant's delta cycles).
-        """
-        repeats = self._repeats
-        n = repeats[actor] = repeats.get(actor, 0) + 1
-        return n > self._max_delta
-
-    def _burst(self, actor: Actor, t: int) -> bool:
-        """Real time, ``actor`` past the limit: whether a burst, not a loop, re-triggers it.
-
-        A node that runs once at instant ``t`` and is still in its hook
-        (not among the repeating ones) may be sending it message after
-        message: its count starts again, and once more after such a burst
-        (its last messages may have come as it ended). In a loop every node
-        repeats, and the count then reaches the limit again.
-        """
-        if any(a.busy and a.stamp[0] == t and a not in self._repeats for a in self.actors):
-            self._burst_t = t
-        elif self._burst_t == t:
-            self._burst_t = None
-        else:
-            return False
-        self._repeats[actor] = 0
-        return True
 
     def _record_depths(self, batch: list[Claim]) -> None:
         """Queue depths as each hook of ``batch`` starts, for its slice of the trace."""
@@ -1558,13 +1557,29 @@ class Dispatcher:
         """Make ``actor``'s trigger key ``key`` if that is earlier; True if it changed.
 
         The one place a trigger key is lowered: a send, the host, a deferred
-        trigger, an owed one, a claim given back. The caller queues the actor
-        (if it is not busy) and notifies.
+        trigger, an owed one, a claim given back (`_flush_triggers` inlines
+        it). The caller queues the actor (if it is not busy) and notifies.
+
+        Real time: the delta of a key is the depth of the chain of triggered
+        updates that sent the message (`RealTime.delta_step`), and the one
+        update that takes both messages continues the deeper chain: the
+        trigger keeps the earlier time and the greater delta. So a ring fed
+        by a periodic node, or a ring across groups whose crossings restart
+        the time, still counts its hops (see `_claim`). Keeping the deeper
+        delta at the same time returns False: the actor stays queued where it
+        is (its claim takes the trigger by time).
         """
         current = actor.trigger_key
-        if current is None or key < current:
+        if current is None:
             actor.trigger_key = key
             return True
+        if key < current:
+            if current[1] > key[1] and not self.simulated:
+                key = (key[0], current[1])
+            actor.trigger_key = key
+            return True
+        if key[1] > current[1] and not self.simulated:
+            actor.trigger_key = (current[0], key[1])
         return False
 
     def _flush_triggers(self, sender: Actor) -> None:
@@ -1573,15 +1588,24 @@ class Dispatcher:
         Their key is that of every send of the hook (see `sends.make_send`).
         """
         t, d = sender.stamp
-        key = (t, d + self._delta_step)  # see TimePolicy.delta_step
+        d += self._delta_step
+        key = (t, d)  # see TimePolicy.delta_step
         deferred = sender.deferred
         schedule = self._calendar.schedule
+        real = not self.simulated
         for reader in deferred:  # type: ignore[union-attr]
             current = reader.trigger_key  # _lower_trigger, inlined: this runs per send
-            if current is None or key < current:
+            if current is None:
                 reader.trigger_key = key
-                if not reader.busy:
-                    schedule(reader)
+            elif key < current:
+                # Real time: the deeper chain's delta stays (see _lower_trigger).
+                reader.trigger_key = (t, current[1]) if real and current[1] > d else key
+            else:
+                if real and d > current[1]:
+                    reader.trigger_key = (current[0], d)
+                continue
+            if not reader.busy:
+                schedule(reader)
         deferred.clear()  # type: ignore[union-attr]  # the sends hold this very dict
 
     def _unclaim(self) -> None:

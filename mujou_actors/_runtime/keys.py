@@ -2,8 +2,9 @@
 
 Work in a run is ordered by a *key* ``(t_ns, delta)``: the time in integer
 nanoseconds of the run's timer and the delta cycle within that instant
-(simulated time; real time always has delta 0). Control envelopes use
-`CONTROL_KEY`, before every timed key.
+(simulated time; in real time the delta counts the triggered updates of the
+chain since a tick or a host write, see `policy.TimePolicy.delta_step`).
+Control envelopes use `CONTROL_KEY`, before every timed key.
 
 A key travels packed into one int, ``(t_ns << SHIFT) | delta`` (`pack`): it
 sorts like the tuple and compares in C. A delivery's *stamp* (`stamp`) packs

@@ -16,7 +16,8 @@ The rules, in short:
   (`kernel.Kernel`) also has a *bound*: no work after it starts until the
   driver grants more.
 * **Real time** starts work when the clock reaches its key; a message
-  triggers its reader at the sending update's time (lateness is end to end).
+  triggers its reader at the sending update's time (lateness is end to end),
+  one delta deeper: the delta counts the chain of triggered updates.
   The run ends once the work due by its end is done, or, if hooks keep
   running, ``grace`` after it.
 """
@@ -59,13 +60,16 @@ class TimePolicy:
             deliveries stamped before its own key (`Mailbox.take_deliveries`),
             in real time every delivery that has arrived.
         delta_step (int): added to a sender's delta cycle to give the key at
-            which its message triggers a reader, ``(t, d + delta_step)``
-            (1 simulated, 0 real time, where every key has delta 0).
+            which its message triggers a reader, ``(t, d + delta_step)``: 1.
+            In real time ``t`` is the sending update's due time and the delta
+            the depth of the chain of triggered updates since a tick or a
+            host write (delta 0); a chain past ``max_delta_cycles`` is an
+            algebraic loop.
         tight_slack (bool): the threads ask for tight timer slack (real time).
     """
 
     simulated = False
-    delta_step = 0
+    delta_step = 1
     tight_slack = False
 
     def batch_max(self, workers: int) -> int:
