@@ -31,6 +31,6 @@ __all__ = ["BUILD"]
 
 # Before any compiled module can be imported: an edited source never loses to
 # the extension module built from its old text (see compiled.py).
-BUILD = compiled.install(__name__, Path(__file__).resolve().parent)
+BUILD = compiled.install(__name__, Path(__file__).parent)
 """Which build of the kernel runs in this process (`compiled.Build`): ``str(BUILD)``
 reads e.g. ``compiled (mypyc 2.4.1: keys, mailbox, actor)`` or ``python (not compiled)``."""
