@@ -18,11 +18,17 @@ from typing import Any
 import torch
 
 import mujou_actors as mujou
+from mujou_actors.distributed.actors import Failure
 from mujou_actors.distributed.placement import load_factory
+from mujou_actors.distributed.system import ProcessSystem
 
 
 class InProcessSystem:
-    """The control plane's interface, with every group server in this process."""
+    """The control plane's interface, with every group server in this process.
+
+    What a server's ``handle`` raises reaches the caller as ProcessSystem's
+    does: a ``RemoteError`` naming the group, the exception as its ``exception``.
+    """
 
     notices = None
 
@@ -35,8 +41,14 @@ class InProcessSystem:
         return os.getpid()
 
     def ask(self, group: str, request: Any, timeout: float) -> Any:
-        reply = self.servers[group].handle(pickle.loads(pickle.dumps(request)))
-        return pickle.loads(pickle.dumps(reply))
+        try:
+            reply = self.servers[group].handle(pickle.loads(pickle.dumps(request)))
+        except Exception as exc:  # noqa: BLE001 - crosses as ProcessSystem.ask's does
+            failure = Failure.of(exc)
+        else:
+            return pickle.loads(pickle.dumps(reply))
+        raise ProcessSystem._remote_error(group, f"handle({type(request).__name__}) raised",
+                                          failure)
 
     def take_exits(self) -> list[Any]:
         return []
@@ -169,6 +181,44 @@ def make_flaky(fail_at: int = 5) -> dict[str, mujou.Node]:
     net["flaky"] = Flaky(fail_at)
     net["count"] = Count()
     mujou.connect(net["flaky"].out, net["count"].inp)
+    return net
+
+
+class Refuses(mujou.Node):
+    """A periodic counter whose hook ``refuse`` raises: ``"on_start"``,
+    ``"load_state_dict"``, ``"state_dict"`` or ``"on_stop"`` (``""``: none)."""
+
+    def __init__(self, refuse: str = "") -> None:
+        super().__init__(period=0.01)
+        self.refuse = refuse
+        self.n = 0
+
+    def _refused(self, hook: str) -> None:
+        if hook == self.refuse:
+            raise ValueError(f"{hook} refused")
+
+    def on_start(self) -> None:
+        self._refused("on_start")
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+
+    def on_stop(self) -> None:
+        self._refused("on_stop")
+
+    def state_dict(self) -> dict:
+        self._refused("state_dict")
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._refused("load_state_dict")
+        self.n = state["n"]
+
+
+def make_refusing(refuse: str = "") -> dict[str, mujou.Node]:
+    """sim -> ctrl -> log, and snk, whose hook ``refuse`` raises (`Refuses`)."""
+    net = make_net()
+    net["snk"] = Refuses(refuse)
     return net
 
 

@@ -290,3 +290,25 @@ def test_every_function_of_the_mailbox_is_used_by_the_kernel() -> None:
                     and ast.unparse(node.func.value).endswith("mailbox")):
                 called.add(node.func.attr)
     assert offered - called == set()
+
+
+def test_the_host_asks_a_group_for_anything_only_through_the_drivers_ask() -> None:
+    """A node's failure in a group's control request reaches the host as a `NodeError`
+    (node, hook, group), never as the control plane's `RemoteError`: `_Driver.ask` is
+    where it is turned into one, so every request to a group goes through it. Allowed:
+    ``check_same_net``'s ``Describe``, which runs no hook, before the driver exists."""
+    found = []
+    for name, tree in _modules():
+        if not name.startswith("distributed/") or name == "distributed/system.py":
+            continue
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef) or \
+                    (name, function.name) in {("distributed/driver.py", "ask"),
+                                              ("distributed/driver.py", "check_same_net")}:
+                continue
+            found += [f"{name}:{call.lineno} {ast.unparse(call.func)}"
+                      for call in ast.walk(function)
+                      if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                      and call.func.attr == "ask"
+                      and ast.unparse(call.func.value).split(".")[-1] == "system"]
+    assert found == []

@@ -204,6 +204,44 @@ def test_a_hooks_exception_in_a_group_reaches_join_with_the_remote_traceback() -
     assert not run.running
 
 
+def _assert_from_group(err: BaseException, hook: str) -> None:
+    """``err`` is the host's NodeError for snk's ``hook`` (a `placed_support.Refuses`) in 'g'."""
+    assert type(err) is NodeError
+    assert (err.path, err.hook) == ("snk", hook)
+    assert str(err) == f"node 'snk' raised in {hook}: ValueError: {hook} refused (in group 'g')"
+    assert isinstance(err.__cause__, placed.RemoteTraceback)
+    assert err.__cause__.type_name == "ValueError"
+    assert 'raise ValueError(f"{hook} refused")' in err.__cause__.traceback
+
+
+@pytest.mark.parametrize("hook", ["on_start", "load_state_dict"])
+def test_a_start_hooks_failure_in_a_group_is_a_node_error_naming_node_hook_and_group(
+        hook: str) -> None:
+    tree = single(0.05, factory=placed_support.make_refusing)
+
+    with pytest.raises(NodeError) as info:
+        placed_run({"snk": "g"}, 0.1, factory=placed_support.make_refusing,
+                   net_kwargs={"refuse": hook}, state=tree)
+
+    _assert_from_group(info.value, hook)
+
+
+def test_a_state_dict_failure_in_a_group_is_a_node_error_and_the_run_goes_on() -> None:
+    run = placed_run({"snk": "g"}, None, factory=placed_support.make_refusing,
+                     net_kwargs={"refuse": "state_dict"})
+
+    with pytest.raises(NodeError) as cut:
+        run.state_dict(30)
+    running = run.running
+    run.stop()
+    with pytest.raises(NodeError) as end:  # the final state is taken as the group stops
+        run.join(30)
+
+    _assert_from_group(cut.value, "state_dict")
+    assert running
+    _assert_from_group(end.value, "state_dict")
+
+
 def make_sized(n: int = 3, period: float = 0.01) -> dict[str, mujou.Node]:
     net = make_net(period)
     for i in range(n - 3):

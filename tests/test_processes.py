@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mujou_actors as mujou
+from mujou_actors import snapshot
 from mujou_actors.errors import GroupDied, NodeError, StopTimeoutError
 from tests import placed_support
 from tests.test_placed import assert_same_tree, single
@@ -128,6 +129,23 @@ def test_a_hooks_exception_crosses_processes_with_its_traceback() -> None:
         run.join(60)
     assert info.value.path == "flaky" and info.value.hook == "on_update"
     assert "flaky at tick 5" in info.value.__cause__.traceback
+
+
+def test_a_load_state_dict_failure_in_a_group_process_is_a_node_error_naming_it(
+        tmp_path) -> None:
+    state = tmp_path / "half.mujou"
+    snapshot.save(single(0.05, factory=placed_support.make_refusing), state)
+
+    with pytest.raises(NodeError) as info:
+        mujou.run(placed_support.make_refusing, placement={"snk": "g"},
+                  net_kwargs={"refuse": "load_state_dict"}, timer="simulated", duration=0.1,
+                  seed=7, state=str(state))
+
+    err = info.value
+    assert type(err) is NodeError and (err.path, err.hook) == ("snk", "load_state_dict")
+    assert str(err) == ("node 'snk' raised in load_state_dict: ValueError: load_state_dict "
+                        "refused (in group 'g')")
+    assert "load_state_dict refused" in err.__cause__.traceback
 
 
 def _wait_for_file(path: str, timeout: float = 60.0) -> None:

@@ -59,6 +59,7 @@ from ..errors import (
     NetError,
     NodeError,
     NotRunningError,
+    RemoteError,
     StopTimeoutError,
     describe,
     keep_end_failure,
@@ -454,7 +455,7 @@ class _Driver:
             g = self.groups[group_name]
             state = latest["nodes"][node]
             if g.remote:
-                self.system.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
+                self.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
             else:
                 assert self.kernel is not None
                 self.kernel.restart_node(node, state)
@@ -510,8 +511,7 @@ class _Driver:
             if g.name == dead:
                 self.relaunch(g)
             elif g.remote:
-                self.system.ask(g.name, group.Reset(self.stop_timeout),
-                                2 * self.stop_timeout + 5.0)
+                self.ask(g.name, group.Reset(self.stop_timeout), 2 * self.stop_timeout + 5.0)
             else:
                 self.rebuild_local(g)
         for path in self.order:
@@ -557,7 +557,7 @@ class _Driver:
                       if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
                       == g.name]
         for output in subscribed:
-            self.system.ask(g.name, group.Subscribe(output), 30.0)
+            self.ask(g.name, group.Subscribe(output), 30.0)
 
     def rebuild_local(self, g: _Group) -> None:
         """The host's own group rebuilt: a fresh net and kernel in this process."""
@@ -687,7 +687,7 @@ class _Driver:
         busy: dict[str, str] = {}
         for g in groups:
             try:
-                hooks = self.system.ask(g.name, group.Busy(), 5.0)
+                hooks = self.ask(g.name, group.Busy(), 5.0)
             except BaseException as exc:  # noqa: BLE001 - its stop says more, or its death
                 log.debug("group %r did not say which hooks run: %s", g.name, describe(exc))
                 hooks = None
@@ -792,6 +792,22 @@ class _Driver:
     def _fail(self, err: NodeError, group_name: str) -> None:
         raise _Failed(err, group_name, err.path)
 
+    def ask(self, name: str, request: Any, timeout: float) -> Any:
+        """A control request to group ``name`` (``system.ask``): every one goes here.
+
+        Raises:
+            NodeError: a node's hook raised in it (`group.NodeFailed`), as the
+                data plane reports one: path, hook, group, remote traceback.
+            RemoteError, GroupDied, TimeoutError: see `system.ProcessSystem.ask`.
+        """
+        try:
+            return self.system.ask(name, request, timeout)
+        except RemoteError as exc:
+            if not isinstance(exc.exception, group.NodeFailed):
+                raise
+            failure = exc.exception.failure
+        raise _node_error(name, failure)
+
     # -- requests from the host ---------------------------------------------------------
     def call(self, fn: Callable[[], Any], timeout: float | None, what: str) -> Any:
         """Run ``fn`` on the driver's thread between two rounds; its result.
@@ -871,8 +887,8 @@ class _Driver:
         trees = []
         for g in self.groups.values():
             if g.remote:
-                trees.append(snapshot.loads(self.system.ask(g.name, group.TakeState(limit),
-                                                            limit + 5.0)))
+                trees.append(snapshot.loads(self.ask(g.name, group.TakeState(limit),
+                                                     limit + 5.0)))
             else:
                 assert self.kernel is not None
                 trees.append(self.kernel.state_dict(timeout=limit))
@@ -897,7 +913,7 @@ class _Driver:
         if initial or key == (-1, 0) or self.realtime:
             key = None  # real time, or the timers have not started (inputs=): as in one process
         if g.remote:
-            self.system.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
+            self.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
         else:
             assert self.kernel is not None
             group.host_write(self.kernel, path, message, key)
@@ -913,7 +929,7 @@ class _Driver:
         owner = self.ports[path].node._mujou_path
         g = self.groups[self.owner[owner]]
         if g.remote:
-            return snapshot.loads(self.system.ask(g.name, group.Read(path), 30.0))
+            return snapshot.loads(self.ask(g.name, group.Read(path), 30.0))
         assert self.kernel is not None
         return self.kernel.read(path)
 
@@ -923,7 +939,7 @@ class _Driver:
         g = self.groups[self.owner[self.ports[output].node._mujou_path]]
         if index not in self.listeners:
             if g.remote:
-                self.system.ask(g.name, group.Subscribe(output), 30.0)
+                self.ask(g.name, group.Subscribe(output), 30.0)
             else:
                 g.link.published.listen(g.link.kernel, output)
         self.listeners[index] = self.listeners.get(index, []) + [listener]
@@ -947,7 +963,7 @@ class _Driver:
         g = self.groups[self.owner[self.ports[output].node._mujou_path]]
         if index not in self.listeners and index not in self.item_listeners:
             if g.remote:
-                self.system.ask(g.name, group.Subscribe(output), 30.0)
+                self.ask(g.name, group.Subscribe(output), 30.0)
             else:
                 g.link.published.listen(g.link.kernel, output)
         self.item_listeners[index] = self.item_listeners.get(index, []) + [listener]
@@ -983,7 +999,7 @@ class _Driver:
                         out[g.name] = self._last_stats[g.name]
                     continue
                 try:
-                    out[g.name] = self._last_stats[g.name] = self.system.ask(
+                    out[g.name] = self._last_stats[g.name] = self.ask(
                         g.name, group.Stats(), 30.0)
                 except GroupDied:
                     if strict:
@@ -1108,7 +1124,7 @@ class _Driver:
                             for g in self.groups.values()}}
         try:
             tracing.write_placed(trace, self.groups.values(),
-                                 lambda g: self.system.ask(g.name, group.TakeTrace(), limit),
+                                 lambda g: self.ask(g.name, group.TakeTrace(), limit),
                                  other, self._clocks())
         except Exception as exc:  # noqa: BLE001 - join() raises it, or it is logged
             keep_end_failure(self.failures, exc,
@@ -1194,7 +1210,7 @@ class _Driver:
                 if g.remote:
                     # A group still in a grant is stopped too: its control thread is
                     # free, and the stop ends the grant (or names the stuck hook).
-                    hooks, tree = self.system.ask(
+                    hooks, tree = self.ask(
                         g.name, group.Stop(self.stop_timeout, not g.waiting, idle),
                         idle + 2 * self.stop_timeout + 5.0)
                     took = tree is not None
@@ -1379,12 +1395,11 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
     """
     deadline = time.monotonic() + start_timeout
     left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
-    system = driver.system
     for g in driver.groups.values():
         g.ages = None  # a restart's processes stamp on timers of their own (realtime.start)
     for g in driver.groups.values():
         if g.remote:
-            system.ask(g.name, group.Start(left()), left() + 5.0)
+            driver.ask(g.name, group.Start(left()), left() + 5.0)
         else:
             assert driver.kernel is not None
             driver.kernel.start(timeout=left())
@@ -1400,7 +1415,7 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
         for g in everyone:
             part = group.split_tree(tree, set(g.nodes))
             if g.remote:
-                system.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
+                driver.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
             else:
                 assert driver.kernel is not None
                 driver.kernel.load_state_dict(part, timeout=left())

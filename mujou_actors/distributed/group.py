@@ -53,7 +53,7 @@ __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_gr
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
            "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "Watcher",
-           "stop_kernel", "Busy"]
+           "stop_kernel", "Busy", "NodeFailed"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -435,6 +435,24 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
                        stop_timeout=stop_timeout)
 
 
+class NodeFailed(Exception):
+    """A node's hook raised in a control request (`GroupServer.handle`): the failure as
+    the data plane's replies carry it (`failure_of`), so the host raises the same
+    `NodeError` for both: the node's path and hook, its group named, the remote
+    traceback as the cause (the driver's ``ask``). It pickles, unlike `NodeError`.
+
+    Attributes:
+        failure (dict[str, Any]): `failure_of`'s record of the node's `NodeError`.
+    """
+
+    def __init__(self, failure: dict[str, Any]) -> None:
+        super().__init__(failure["message"])
+        self.failure = failure
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NodeFailed, (self.failure,))
+
+
 class GroupServer:
     """A group's kernel in its process, with its data-plane thread and control requests.
 
@@ -624,9 +642,17 @@ class GroupServer:
         """Answer one control request (the classes above); called by the group actor.
 
         Raises:
-            NodeError: a hook raised (on_start, load_state_dict, state_dict).
+            NodeFailed: a node's hook raised (on_start, load_state_dict,
+                state_dict, ...): its `NodeError` as plain data, for the host.
             TypeError: an unknown request.
         """
+        try:
+            return self._answer(request)
+        except NodeError as exc:
+            raise NodeFailed(failure_of(exc)) from exc
+
+    def _answer(self, request: Any) -> Any:
+        """`handle` but for the form of a node's failure (a `NodeError` here)."""
         kernel = self.kernel
         if isinstance(request, Describe):
             return {"signature": self._signature, "pid": os.getpid(),

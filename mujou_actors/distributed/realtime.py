@@ -189,7 +189,7 @@ def hold_all(driver: _Driver, timeout: float) -> list[_Group]:
     deadline = time.monotonic() + timeout
     for g in driver.groups.values():
         left = max(0.0, deadline - time.monotonic())
-        ok = (driver.system.ask(g.name, group.Hold(left), left + 5.0) if g.remote
+        ok = (driver.ask(g.name, group.Hold(left), left + 5.0) if g.remote
               else driver.kernel.hold(left))
         if not ok:
             raise _NotHeld(g.name, timeout, held)
@@ -208,7 +208,7 @@ def release(driver: _Driver, groups: list[_Group]) -> None:
     """Let held groups go on."""
     for g in groups:
         if g.remote:
-            driver.system.ask(g.name, group.Release(), 30.0)
+            driver.ask(g.name, group.Release(), 30.0)
         else:
             driver.kernel.release()
 
@@ -238,7 +238,7 @@ def start(driver: _Driver, tree: dict[str, Any] | None) -> None:
     flush(driver, timeout=driver.start_timeout)
     for g in driver.groups.values():
         if g.remote:
-            origin = driver.system.ask(g.name, group.RunFree(), 30.0)
+            origin = driver.ask(g.name, group.RunFree(), 30.0)
             # A new process (a restart) has a timer, and maybe a machine, of its own.
             g.ages = (MessageAges(origin) if g.member is not None and isinstance(origin, int)
                       else None)
