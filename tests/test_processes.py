@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -146,6 +148,33 @@ def test_a_load_state_dict_failure_in_a_group_process_is_a_node_error_naming_it(
     assert str(err) == ("node 'snk' raised in load_state_dict: ValueError: load_state_dict "
                         "refused (in group 'g')")
     assert "load_state_dict refused" in err.__cause__.traceback
+
+
+@pytest.mark.timeout(60)
+def test_a_script_without_the_main_guard_fails_at_once_with_the_guards_message(
+        tmp_path) -> None:
+    script = tmp_path / "rig.py"
+    script.write_text("import mujou_actors as mujou\nfrom tests import placed_support\n\n"
+                      "mujou.run(placed_support.make_net, placement={'sim': 'a'}, "
+                      "timer='simulated', duration=0.1)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=50)
+    took = time.monotonic() - t0
+
+    # The host raises the refusal of the run's first process (Thespian's admin, which
+    # imports the script as spawn does) once it is made, not after start_timeout (60 s).
+    assert done.returncode == 1
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        "RuntimeError: mujou.run(placement=...) was called while a new process of a placed "
+        "run was importing the main script: put the code that starts the run under "
+        "`if __name__ == \"__main__\":` (the group processes import the script again, as "
+        "multiprocessing's spawn does)")
+    assert "TimeoutError" not in done.stderr
+    assert took < 30  # about 10 s on the loaded 2-core machine: two imports of torch
 
 
 def _wait_for_file(path: str, timeout: float = 60.0) -> None:

@@ -123,6 +123,9 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             `placement.resolve_factory`; a group built another net (names the
             group and the differences).
         NodeError: an ``on_start`` or ``load_state_dict`` raised in a group.
+        RuntimeError: called while a process of a run imports the main script, or
+            the run's first process refused to start for that reason (a main
+            script that starts the run at its top level: the main guard).
     """
     _check_not_bootstrapping()
     factory, ref = resolve_factory(net, net_kwargs)
@@ -177,11 +180,14 @@ def _check_not_bootstrapping() -> None:
     import multiprocessing
 
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise RuntimeError(
-            "mujou.run(placement=...) was called while a new process of a placed run was "
-            "importing the main script: put the code that starts the run under "
-            "`if __name__ == \"__main__\":` (the group processes import the script again, "
-            "as multiprocessing's spawn does)")
+        message = ("mujou.run(placement=...) was called while a new process of a placed run "
+                   "was importing the main script: put the code that starts the run under "
+                   "`if __name__ == \"__main__\":` (the group processes import the script "
+                   "again, as multiprocessing's spawn does)")
+        from .system import refuse_start
+
+        refuse_start(message)  # the host raises it too, at once, rather than wait for us
+        raise RuntimeError(message)
 
 
 # How long a member's admin may take to answer: it is single-threaded, and the

@@ -62,7 +62,10 @@ main module is imported again in every process of the run, as ``spawn`` does
 (as ``__mp_main__``, which is also ``sys.modules["__main__"]`` there, so a
 target ``"__main__:make"`` names the host script's function), unless it is a
 ``-m`` package's ``__main__`` (the ``mujou`` command, pytest) or interactive.
-A script must therefore keep its work under ``if __name__ == "__main__":``;
+A script must therefore keep its work under ``if __name__ == "__main__":``
+(one that starts a placed run at its top level is refused in the admin's
+process, which says why in a file of the host's private folder,
+`refuse_start`: the host raises that at once, `start_admin`);
 and its top-level imports are paid in every process (torch: about 1.4 s each
 for the admin and its logger, one after the other, at the start of each run).
 """
@@ -118,6 +121,85 @@ MEMBER_MISSES = 2  # unanswered asks in a row before a start gives that machine 
 # One admin start at a time sets this process's environment (`start_admin`): another
 # start's variables would otherwise reach that admin, or be taken away under it.
 _ENVIRONMENT = threading.Lock()
+# Names, in every process of a run (inherited from the admin), the file in the run's
+# private folder where a process that refuses to start says why (`refuse_start`).
+REFUSAL_ENV = "MUJOU_RUN_REFUSAL"
+
+
+def refuse_start(message: str) -> None:
+    """Tell the host why this process of a run refuses to start; never raises.
+
+    The host's wait for the admin looks for it after each of Thespian's
+    tries (`start_admin`) and raises it then, rather than trying again until
+    its timeout. Nothing happens outside a process of a run.
+
+    Args:
+        message (str): what the host raises (a ``RuntimeError``'s message).
+    """
+    path = os.environ.get(REFUSAL_ENV)
+    if not path:
+        return
+    try:  # whole or not at all: the host may read it at any moment
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            f.write(message)
+        os.replace(f"{path}.{os.getpid()}", path)
+    except OSError:
+        pass  # its folder is gone: so is the host's wait
+
+
+def _refusal(path: str) -> str | None:
+    """What a process of the run left at ``path`` (`refuse_start`), if anything."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _await_admin_process(refused: str, before: set[int], deadline: float) -> str | None:
+    """After a try the admin did not answer: wait while its process is still starting.
+
+    Thespian gives its admin 5 s; on a loaded machine its process may still be
+    in ``spawn``'s start then (importing the main script, torch maybe), and
+    may refuse to run there (`refuse_start`). This waits, polling every
+    `POLL_S` until ``deadline``, while a child of this process started with
+    this start's environment (`_still_spawning`) has not yet made its own
+    process group (Thespian's first step in the admin's process), so the next
+    try neither starts a second admin nor waits another 5 s for one that has
+    refused.
+
+    Returns:
+        str | None: the refusal, if a process of the run left one; None when
+        the next try may go ahead.
+    """
+    mark = f"{REFUSAL_ENV}={refused}".encode()
+    while True:
+        why = _refusal(refused)
+        if why is not None or time.monotonic() >= deadline:
+            return why
+        if not any(_still_spawning(pid, mark) for pid in _children() - before):
+            return _refusal(refused)  # it may have said why just before it ended
+        time.sleep(POLL_S)
+
+
+def _still_spawning(pid: int, mark: bytes) -> bool:
+    """Whether child ``pid`` is a Thespian admin's process still in ``spawn``'s start.
+
+    That is: it runs, was started by ``spawn`` (not its resource tracker, a
+    child too, which runs on), with ``mark`` in its environment, and has not
+    yet made a process group of its own (Thespian's first step in it).
+    """
+    fields = stat_fields(pid)
+    if fields is None or fields[0] == "Z" or fields[2] == str(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"--multiprocessing-fork" not in f.read().split(b"\0"):
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return mark in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 class GroupExit(NamedTuple):
@@ -299,11 +381,15 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         thread-safe).
 
     Raises:
+        RuntimeError: the admin's process refused to start (`refuse_start`: a
+            main script that starts a placed run at its top level), with its
+            message; raised once the refusal is made, not at ``timeout``.
         TimeoutError: the admin did not answer within ``timeout`` seconds
             (``"{what} did not answer within {timeout} s"``); what the caller
             started goes on running: it ends it (``starters`` says what).
     """
     variables = {"THESPLOG_FILE": os.path.join(folder, "thespian.log"), **environment}
+    refused = os.path.join(folder, "refused")
     if listener is None:
         try:
             listener = reserve_listener(host, int(capabilities["Admin Port"]))
@@ -311,7 +397,7 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
             listener = None  # taken: Thespian's probe finds whose it is
     try:
         return _start_admin(host, key, capabilities, variables, timeout, starters, what,
-                            listener, folder)
+                            listener, folder, refused)
     finally:
         if listener is not None:
             listener.close()  # the admin has its own copy
@@ -319,14 +405,16 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
 
 def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
                  variables: Mapping[str, str], timeout: float, starters: set[int], what: str,
-                 listener: socket.socket | None, folder: str) -> Any:
-    """`start_admin`'s tries, with the environment set."""
+                 listener: socket.socket | None, folder: str, refused: str) -> Any:
+    """`start_admin`'s tries, with the environment set (``refused``: `refuse_start`'s file)."""
     base_class = system_base(host, key, listener, folder)
     deadline = time.monotonic() + timeout
     with _ENVIRONMENT:
         ours = [name for name in variables if name not in os.environ]
         for name in ours:
             os.environ[name] = variables[name]
+        outer = os.environ.get(REFUSAL_ENV)  # a run's process starting a run of its own
+        os.environ[REFUSAL_ENV] = refused
         before = _children()
         try:
             while True:
@@ -336,7 +424,12 @@ def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
                 except InvalidActorAddress as exc:
                     # Thespian waits 5 s for its admin and its logger to be up; each
                     # imports the host's main module (spawn does), which may import
-                    # torch: on a loaded machine that takes longer.
+                    # torch: on a loaded machine that takes longer. An admin that
+                    # refused to start (a main script without the main guard) said why:
+                    # another try would only refuse again.
+                    why = _await_admin_process(refused, before, deadline)
+                    if why is not None:
+                        raise RuntimeError(why) from None
                     if time.monotonic() >= deadline:
                         raise TimeoutError(f"{what} did not answer within {timeout} s"
                                            ) from exc
@@ -345,6 +438,10 @@ def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         finally:
             for name in ours:
                 os.environ.pop(name, None)
+            if outer is None:
+                os.environ.pop(REFUSAL_ENV, None)
+            else:
+                os.environ[REFUSAL_ENV] = outer
     # A system base object of our own: Thespian's documented alternative to a name.
     return ActorSystem(base, capabilities, transientUnique=True)
 
@@ -396,6 +493,7 @@ class ProcessSystem:
             for a private admin on a free port of 127.0.0.1.
 
     Raises:
+        RuntimeError: the admin's process refused to start (`start_admin`).
         TimeoutError: the admin or the coordinator did not answer in time
             (everything started is ended first).
     """
