@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import gc
 import importlib
+import itertools
 import logging
 import os
 import re
@@ -138,13 +139,21 @@ def test_messages_sent_by_a_restarted_nodes_on_start_reach_their_reader(timer, w
     src, log = Greeter(), Log()
     mujou.connect(src.out, log.inp)
 
-    with mujou.run([src, log], timer=timer, duration=0.06, workers=workers,
-                   supervisor=mujou.Supervisor("one_for_one")) as run:
-        run.join()
+    # In real time the run goes on until an update after the restart was sent, not for a
+    # duration: a loaded machine skips ticks as overruns, maybe the failing third.
+    with mujou.run([src, log], timer=timer, duration=0.06 if timer == "simulated" else None,
+                   workers=workers, supervisor=mujou.Supervisor("one_for_one")) as run:
+        if timer == "realtime":
+            run.wait_for("0.out", lambda m: m.startswith("update ") and int(m[7:]) >= 4,
+                         timeout=30)
+        else:
+            run.join()
+    run.join()
+    received = [m for batch in log.seen for m in batch]
 
     assert run.stats().nodes["0"].restarts == 1
-    assert [m for batch in log.seen for m in batch] == [
-        "hello", "update 1", "update 2", "hello", "update 4", "update 5", "update 6"]
+    assert received[:5] == ["hello", "update 1", "update 2", "hello", "update 4"]
+    assert received[5:] == [f"update {n}" for n in range(5, len(received))]
     if timer == "simulated":  # each message triggers its own update, right after its send
         assert log.seen == [["hello"], ["update 1"], ["update 2"], ["hello"], ["update 4"],
                             ["update 5"], ["update 6"]]
@@ -224,9 +233,13 @@ def test_realtime_snapshots_follow_the_run_timer(tmp_path) -> None:
     run.join()
     times = [mujou.load(tmp_path / n)["time_ns"] for n in sorted(os.listdir(tmp_path))
              if n.endswith(".mujou")]
+    multiples = [t // 50_000_000 for t in times]  # of snapshot_every, reached when taken
 
-    assert len(times) == 5 and times[0] == 0   # 0 and about 0.05, 0.1, 0.15, 0.2
-    assert all(b > a for a, b in zip(times, times[1:], strict=False))
+    # 0, then on the grid of snapshot_every (0.05, 0.1, 0.15, 0.2 on an idle machine): each
+    # taken at a multiple or later, one per multiple at most. How many depends on the
+    # machine's load (a late one stands for the latest multiple, a file may be skipped).
+    assert times[0] == 0 and len(times) >= 2 and len(times) == run.stats().snapshots.files
+    assert all(b > a for a, b in itertools.pairwise(multiples))
 
 
 def test_a_corrupted_snapshot_file_is_a_clear_error_at_restore(tmp_path) -> None:
