@@ -343,9 +343,11 @@ def test_host_calls_and_a_stop_reach_a_group_that_never_sends_out(where: str) ->
     desc = {"nodes": [_spec("n0"), _spec("clock", 1000, outs=["int"])], "edges": []}
     run = _placed(desc, {"clock": "a"} if where == "a" else {"n0": "a"}, None, seed=0, workers=1)
     try:
-        tree = run.state_dict(timeout=10)
-        assert tree["time_ns"] > 0
+        # A message sent after the call: the run went on (the clock's first tick is at
+        # 1 ms); then a cut, which must come at that time or later, not hang.
         assert run.wait_for("clock.o0", timeout=10) >= 0
+        tree = run.state_dict(timeout=10)
+        assert tree["time_ns"] >= 1_000_000
     finally:
         run.stop()
     run.join(10)
