@@ -283,6 +283,7 @@ class StartTimeoutError(MujouError, TimeoutError):
             (``"on_start"``, or ``"load_state_dict"`` for a restore).
         not_started (list[str]): paths of the nodes whose hook never began
             (queued behind a stuck one), in the net's order.
+        timeout (float): the ``start_timeout`` that ran out, seconds.
     """
 
     def __init__(self, stuck: dict[str, str], not_started: list[str], timeout: float) -> None:
@@ -292,9 +293,14 @@ class StartTimeoutError(MujouError, TimeoutError):
             parts.append(f"still running: {names}")
         if not_started:
             parts.append("never started: " + ", ".join(repr(p or "<root>") for p in not_started))
-        super().__init__(f"start timed out after {timeout} s: {'; '.join(parts)}")
+        super().__init__(f"start timed out after {timeout:g} s: {'; '.join(parts)}")
         self.stuck = stuck
         self.not_started = not_started
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the constructor's arguments (a placed run's group raises it too)."""
+        return (type(self), (self.stuck, self.not_started, self.timeout))
 
 
 class StopTimeoutError(MujouError, TimeoutError):

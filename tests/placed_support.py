@@ -222,6 +222,24 @@ def make_refusing(refuse: str = "") -> dict[str, mujou.Node]:
     return net
 
 
+# Released by the test that used `Stalls` (its groups are served in the test's process).
+STALL = threading.Event()
+
+
+class Stalls(mujou.Node):
+    """Its ``on_start`` waits for `STALL` (at most 30 s): a start that does not end."""
+
+    def on_start(self) -> None:
+        STALL.wait(30)
+
+
+def make_stalling() -> dict[str, mujou.Node]:
+    """sim -> ctrl -> log, and slow, whose ``on_start`` waits for `STALL`."""
+    net = make_net()
+    net["slow"] = Stalls(period=0.01)
+    return net
+
+
 class Crasher(mujou.Node):
     """Kills its own process (SIGKILL, or os._exit) at tick ``at``, once: a marker file
     says it has crashed before, so the restored group goes on."""

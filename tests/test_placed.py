@@ -18,7 +18,7 @@ import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
 from mujou_actors.distributed import placed
 from mujou_actors.distributed.placement import load_factory
-from mujou_actors.errors import NetError, NodeError
+from mujou_actors.errors import NetError, NodeError, RemoteError
 from mujou_actors.run import _check_arguments
 from tests import placed_support
 from tests.placed_support import InProcessSystem, make_net
@@ -224,6 +224,27 @@ def test_a_start_hooks_failure_in_a_group_is_a_node_error_naming_node_hook_and_g
                    net_kwargs={"refuse": hook}, state=tree)
 
     _assert_from_group(info.value, hook)
+
+
+def test_a_start_that_times_out_in_a_group_is_a_start_timeout_error_as_in_one_process(
+) -> None:
+    """A group whose on_start outlasts start_timeout: the host raises StartTimeoutError
+    naming the node and its hook, as one process does (it was a RemoteError)."""
+    placed_support.STALL.clear()
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=2.0, start_timeout=1.0)
+    try:
+        with pytest.raises(mujou.StartTimeoutError) as info:
+            placed.start(placed_support.make_stalling, placement={"slow": "g"},
+                         net_kwargs=None, args=args, inputs=None, state=None,
+                         make_system=InProcessSystem)
+    finally:
+        placed_support.STALL.set()
+    err = info.value
+    assert err.stuck == {"slow": "on_start"} and 0.5 < err.timeout <= 1.0  # what was left
+    assert "'slow' in on_start" in str(err)
+    assert isinstance(err.__cause__, RemoteError) and err.__cause__.group == "g"
 
 
 def test_a_state_dict_failure_in_a_group_is_a_node_error_and_the_run_goes_on() -> None:

@@ -60,6 +60,7 @@ from ..errors import (
     NodeError,
     NotRunningError,
     RemoteError,
+    StartTimeoutError,
     StopTimeoutError,
     describe,
     keep_end_failure,
@@ -798,11 +799,16 @@ class _Driver:
         Raises:
             NodeError: a node's hook raised in it (`group.NodeFailed`), as the
                 data plane reports one: path, hook, group, remote traceback.
+            StartTimeoutError: the group's start or restore timed out (its
+                nodes named), as one process raises it.
             RemoteError, GroupDied, TimeoutError: see `system.ProcessSystem.ask`.
         """
         try:
             return self.system.ask(name, request, timeout)
         except RemoteError as exc:
+            if isinstance(exc.exception, StartTimeoutError):
+                # The group's start or restore timed out: what one process raises.
+                raise exc.exception from exc
             if not isinstance(exc.exception, group.NodeFailed):
                 raise
             failure = exc.exception.failure
