@@ -1240,18 +1240,7 @@ class Dispatcher:
         self._cond.release()
         busy = 0
         try:
-            todo, done = rec.todo, rec.done
-            take, add = todo.popleft, done.append
-            while todo:
-                try:
-                    actor, t, _, is_tick, _ = take()
-                except IndexError:  # given back meanwhile
-                    break
-                try:
-                    busy += actor.run_due(t, is_tick, end, owes)
-                except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-                    busy += self._failed_update(actor, exc)
-                add(actor)
+            busy = self._run_members(rec)
         finally:
             self._cond.acquire()
             del self._batches[id(rec)]
@@ -1441,18 +1430,8 @@ class Dispatcher:
         try:
             todo, done = rec.todo, rec.done
             take, add = todo.popleft, done.append
-            if self.simulated:  # _run_claimed, inlined: each hook starts when due
-                owes, end = self._owed, self._end_ns
-                while todo:
-                    try:
-                        actor, now, _, is_tick, _ = take()
-                    except IndexError:  # given back meanwhile
-                        break
-                    try:
-                        busy += actor.run_due(now, is_tick, end, owes)
-                    except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
-                        busy += self._failed_update(actor, exc)
-                    add(actor)
+            if self.simulated:
+                busy = self._run_members(rec)
             else:
                 run_claimed = self._run_claimed
                 while todo:
@@ -1469,6 +1448,30 @@ class Dispatcher:
             self._finish_done(rec, final=True)
             if self._waiting:
                 self._notify_finished(resumes)
+
+    def _run_members(self, rec: _Batch) -> int:
+        """Run a simulated batch's members one by one (NO lock held); their hook times (ns).
+
+        `_run_claimed` for simulated time, inlined: each hook starts when due
+        (`Actor.run_due`). Members are taken from ``rec.todo`` one at a time,
+        so that `_unclaim` can give back those not started yet; each that ran
+        goes to ``rec.done``.
+        """
+        owes, end = self._owed, self._end_ns
+        todo, done = rec.todo, rec.done
+        take, add = todo.popleft, done.append
+        busy = 0
+        while todo:
+            try:
+                actor, now, _, is_tick, _ = take()
+            except IndexError:  # given back meanwhile
+                break
+            try:
+                busy += actor.run_due(now, is_tick, end, owes)
+            except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                busy += self._failed_update(actor, exc)
+            add(actor)
+        return busy
 
     def _finish_done(self, rec: _Batch, final: bool = False) -> None:
         """`_finish` the members of a batch that have run.
