@@ -781,14 +781,10 @@ def print_table(doc: dict, title: str) -> None:
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of what the targets run on (None: not installed)."""
-    out: dict[str, str | None] = {"torch": torch.__version__, "mujou": mujou.__version__}
-    for module in ("gymnasium", "mujoco"):
-        try:
-            out[module] = __import__(module).__version__
-        except ImportError:
-            out[module] = None
-    return out
+    """Versions of what the targets run on (None: not installed): realwork.py's list."""
+    import realwork
+
+    return realwork.versions()
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, list[str]]:
