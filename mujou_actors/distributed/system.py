@@ -147,11 +147,16 @@ def refuse_start(message: str) -> None:
         pass  # its folder is gone: so is the host's wait
 
 
+# The most of a refusal the host reads (`_refusal`): a message, never a file's worth.
+REFUSAL_MAX = 64 * 1024
+
+
 def _refusal(path: str) -> str | None:
-    """What a process of the run left at ``path`` (`refuse_start`), if anything."""
+    """What a process of the run left at ``path`` (`refuse_start`), if anything: at most
+    `REFUSAL_MAX` characters of it."""
     try:
-        with open(path) as f:
-            return f.read()
+        with open(path, errors="replace") as f:
+            return f.read(REFUSAL_MAX)
     except OSError:
         return None
 
