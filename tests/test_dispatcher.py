@@ -13,6 +13,7 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors._runtime import dispatcher, workers
+from mujou_actors._runtime.mailbox import Snapshot
 from tests.conftest import Counter, Tick
 
 TAG: contextvars.ContextVar[str] = contextvars.ContextVar("TAG", default="unset")
@@ -585,8 +586,11 @@ def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
 @pytest.mark.timeout(20)
 def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
         monkeypatch, caplog) -> None:
-    # One worker in simulated time claims through the module's _claim_simulated.
-    real = dispatcher._claim_simulated
+    # One worker in simulated time asks its time policy (pure Python in both builds,
+    # so patchable) for each next instant: the third ask fails.
+    from mujou_actors._runtime.policy import SimulatedTime
+
+    real = SimulatedTime.advance
     calls: list[int] = []
 
     def breaks_once(*args, **kwargs):
@@ -595,7 +599,7 @@ def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
             raise RuntimeError("defect in the loop")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dispatcher, "_claim_simulated", breaks_once)
+    monkeypatch.setattr(SimulatedTime, "advance", breaks_once)
     node = Counter()
     run = mujou.run(node, workers=1, timer="simulated", duration=1.0, stop_timeout=0.2)
 
@@ -624,9 +628,10 @@ def test_a_cut_gives_up_on_an_actor_busy_past_its_timeout_and_withdraws_its_requ
     stuck = next(a for a in d.actors if a.path == "stuck")
     try:
         assert entered.wait(5)
-        seen: list[str] = []
         t0 = time.monotonic()
-        late = d.run_here([stuck], lambda a: seen.append(a.path), timeout=0.2)
+        into: dict[str, Any] = {}
+        late = d.run_here([stuck], Snapshot(into, {}), timeout=0.2)
+        seen = list(into)
         took = time.monotonic() - t0
 
         d.request_hold()  # cannot be met while the hook runs

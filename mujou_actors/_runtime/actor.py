@@ -139,10 +139,11 @@ class Actor:
         self.input_depths: tuple[int | None, ...] | None = None
         self.prune_at = self.bound = NEVER
         self.next_tick_ns: int | None = None
-        # Compared by identity (calendar.py, the liveness rule): typed `Key | None`,
-        # which a compiled build keeps a Python object (never `Key`: see keys.SharedKey).
+        # A `Key | None` field stays a Python object in a compiled build.
         self.trigger_key: Key | None = None
-        self.queued_key: Key | None = None  # its bucket's key (dispatcher)
+        # Its bucket's key, or None: compared by identity (calendar.py, the liveness
+        # rule), hence a SharedKey (keys.py), which no compiled code unboxes.
+        self.queued_key: SharedKey = None
         self.busy = False
         self.hook: str | None = None
         # (t_ns, delta) of the hook in flight: the key object of its batch,

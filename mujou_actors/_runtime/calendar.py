@@ -29,15 +29,16 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from .keys import CONTROL_KEY, CONTROL_T, SHIFT, Key
+from .keys import CONTROL_KEY, CONTROL_T, SHIFT, Key, SharedKey
 
 if TYPE_CHECKING:
     from .actor import Actor
 
 __all__ = ["Calendar", "Group"]
 
-# Actors taken from one bucket, with the bucket's key: ``(key, actors)``.
-Group = tuple[Key, list["Actor"]]
+# Actors taken from one bucket, with the bucket's key object: ``(key, actors)``.
+# SharedKey (not Key): its identity is the liveness rule's.
+Group = tuple[SharedKey, list["Actor"]]
 
 
 class Calendar:
@@ -60,7 +61,7 @@ class Calendar:
     def __init__(self, dedicated: list[Actor]) -> None:
         self._heap: list[int] = []  # packed keys of the buckets
         # Per packed key: (the key tuple its actors share, its actors in the order queued).
-        self._due: dict[int, tuple[Key, list[Actor]]] = {}
+        self._due: dict[int, tuple[SharedKey, list[Actor]]] = {}
         self.queued = 0
         self.dedicated = dedicated
         self.control_pending = 0
@@ -75,7 +76,7 @@ class Calendar:
         self.timed_open = open_
 
     @staticmethod
-    def live(actor: Actor, key: Key) -> bool:
+    def live(actor: Actor, key: SharedKey) -> bool:
         """Whether an entry of ``actor`` in the bucket of ``key`` is live (the rule)."""
         return actor.queued_key is key and not actor.busy
 
@@ -90,13 +91,14 @@ class Calendar:
         the caller wakes the threads.
         """
         # control_pending first: with none anywhere, the actor's list is not read.
+        key: SharedKey  # one object: the bucket's, the actor's queued_key
         if self.control_pending and actor.control:
             key, tick = CONTROL_KEY, None
         elif not self.timed_open or actor.failed:
             actor.queued_key = None
             return
         else:
-            key = actor.trigger_key  # type: ignore[assignment]
+            key = actor.trigger_key
             tick = actor.next_tick_ns
             if tick is not None and (key is None or (tick, 0) < key):
                 key = (tick, 0)
@@ -139,7 +141,11 @@ class Calendar:
         code = tick << SHIFT  # (tick, 0) packed
         entry = self._due.get(code)
         if entry is None:
-            entry = self._due[code] = ((tick, 0), [actor])
+            # One key object, made once: compiled, a tuple display written to two
+            # places would be boxed twice, and the liveness rule is identity.
+            key: SharedKey = (tick, 0)
+            entry = (key, [actor])
+            self._due[code] = entry
             heapq.heappush(self._heap, code)
         else:
             entry[1].append(actor)
@@ -174,7 +180,7 @@ class Calendar:
     def top_is_control(self) -> bool:
         """Whether the earliest live entry is a control envelope's."""
         actor = self.top()
-        return actor is not None and actor.queued_key[0] == CONTROL_T  # type: ignore[index]
+        return actor is not None and actor.queued_key[0] == CONTROL_T
 
     def earliest(self) -> Key | None:
         """The earliest key of all pending work, dedicated actors included."""

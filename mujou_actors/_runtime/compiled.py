@@ -46,7 +46,7 @@ __all__ = ["MODULES", "MANIFEST", "PACKAGE", "REBUILD", "Build", "Decision", "So
 # sends (its count of a temporary's references, `sends.TEMPORARY`, is
 # calibrated on a Python function; compiled code holds arguments otherwise),
 # calendar and dispatcher (see docs/performance.md, "Compiled build").
-MODULES: tuple[str, ...] = ("keys", "mailbox", "actor")
+MODULES: tuple[str, ...] = ("keys", "mailbox", "actor", "calendar", "dispatcher")
 
 # The package the modules are in, and the manifest the build writes next to them.
 PACKAGE = "mujou_actors._runtime"

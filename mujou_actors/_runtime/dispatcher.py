@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlgebraicLoopError
 from .actor import NEVER, Actor
 from .calendar import Calendar, Group
-from .keys import CONTROL_KEY, CONTROL_T, HOST_STAMP, ORDER_BITS, Key, pack, unstamp
+from .keys import CONTROL_KEY, CONTROL_T, HOST_STAMP, ORDER_BITS, Key, SharedKey, pack, unstamp
 from .loops import DEFAULT_MAX_DELTA_CYCLES, Loop, describe_loop
 from .mailbox import STAMP, Delivery, Envelope, Snapshot
 from .policy import RealTime, SimulatedTime, Step, make_policy
@@ -121,7 +121,7 @@ def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
     return batch
 
 
-def _claim_next(actors: list[Actor], key: Key, name: str) -> list[Claim]:
+def _claim_next(actors: list[Actor], key: SharedKey, name: str) -> list[Claim]:
     """Claim the actors of the delta cycle ``key`` that `Dispatcher._finish_lone` entered.
 
     Each was triggered at ``key`` (consumed here) and is not busy; an entry
@@ -201,7 +201,7 @@ class Dispatcher:
         # not for a hook stuck in an earlier phase's.
         self._phase_left: dict[int, int] = {}
         self._in_control: dict[Actor, Envelope] = {}  # the envelope each actor is running
-        self._frontier: Key = CONTROL_KEY
+        self._frontier: SharedKey = CONTROL_KEY  # becomes the stamps of its hooks
         self._end_ns: int | None = None
         self._grace_ns = 10_000_000_000  # the run's stop_timeout
         self._ended = False
@@ -623,11 +623,11 @@ class Dispatcher:
                 while self._phase_left[phase]:
                     if help and not self._free_helpers and calendar.top_is_control():
                         self._start_helper()
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
                         break
                     # Polled too: an envelope queued behind a stuck helper wakes no one.
-                    self._wait(min(left, 0.05))
+                    self._wait(min(remaining, 0.05))
             except BaseException:  # the waiting thread interrupted (KeyboardInterrupt)
                 self._phase_left.pop(phase)
                 self._withdraw(actors, envelope)  # none of them starts behind its back
@@ -938,10 +938,10 @@ class Dispatcher:
         if step is Step.NEXT_DELTA:
             if arg[1] > self._max_delta:  # type: ignore[index]
                 return self._loop_found(arg)  # type: ignore[arg-type]
-            self._frontier = arg  # type: ignore[assignment]
+            self._frontier = arg
             return True
         if step is Step.NEXT_INSTANT:
-            self._frontier = arg  # type: ignore[assignment]
+            self._frontier = arg
             self.timer.advance_to(arg[0])  # type: ignore[attr-defined, index]
             return True
         if step is Step.STOP:
@@ -950,7 +950,7 @@ class Dispatcher:
         elif step is Step.CUT:
             self._cut_ns = None
             self.timer.advance_to(arg)  # type: ignore[attr-defined]
-            self._frontier = (arg, 0)  # type: ignore[assignment]
+            self._frontier = (arg, 0)
             self._enter_hold(scheduled=True)
         elif step is Step.HOLD:
             self._enter_hold()
@@ -1128,7 +1128,7 @@ class Dispatcher:
                 if actor is None:
                     wait_(self._idle_wait())
                     continue
-                key: Key = actor.queued_key  # type: ignore[assignment]
+                key: SharedKey = actor.queued_key
                 if key[0] == CONTROL_T:
                     calendar.take_top()
                     self._run_control(actor, name)
@@ -1178,7 +1178,7 @@ class Dispatcher:
                 if actor is None:
                     wait_(self._idle_wait())
                     continue
-                key: Key = actor.queued_key  # type: ignore[assignment]
+                key: SharedKey = actor.queued_key
                 if key[0] == CONTROL_T:
                     calendar.take_top()
                     self._run_control(actor, name)
@@ -1208,7 +1208,7 @@ class Dispatcher:
                     key = self._frontier  # _finish_lone entered the next cycle
                     batch = _claim_next(nxt, key, name)
 
-    def _run_lone(self, batch: list[Claim], key: Key, name: str) -> list[Actor] | None:
+    def _run_lone(self, batch: list[Claim], key: SharedKey, name: str) -> list[Actor] | None:
         """Run the claimed delta cycle ``key`` of `_lone_loop` and finish it (`_finish_lone`).
 
         Called and returns with the lock held (released while the hooks run).
@@ -1251,7 +1251,7 @@ class Dispatcher:
             nxt = self._finish_lone(actors, key)
         return nxt
 
-    def _finish_lone(self, actors: Sequence[Actor], key: Key) -> list[Actor] | None:
+    def _finish_lone(self, actors: Sequence[Actor], key: SharedKey) -> list[Actor] | None:
         """`_finish` for `_lone_loop`'s delta cycle ``key``; enter the next cycle if it may.
 
         The actors that the cycle triggered at ``(t, d + 1)`` (readers of its
@@ -1267,7 +1267,7 @@ class Dispatcher:
         calendar. Returns them, or None.
         """
         t, d = key
-        nkey = (t, d + self._delta_step)  # the key of every trigger of this cycle's sends
+        nkey: SharedKey = (t, d + self._delta_step)  # every trigger of this cycle's sends
         owes = self._owed
         calendar = self._calendar
         requeue = calendar.requeue
@@ -1300,7 +1300,7 @@ class Dispatcher:
                 and self.trace is None and not calendar.control_pending \
                 and nkey[1] <= self._max_delta and not any(a.failed for a in nxt):
             first = calendar.top()
-            if first is None or nkey < first.queued_key:  # type: ignore[operator]
+            if first is None or nkey < first.queued_key:
                 self._frontier = nkey
                 return nxt
         schedule = calendar.schedule
