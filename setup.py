@@ -1,14 +1,15 @@
-"""Build of mujou_actors: pure Python by default, the kernel's hot modules compiled on request.
+"""Build of mujou_actors: the kernel's hot modules compiled, pure Python where that fails.
 
-``pip install -e .`` (or any install) builds the pure-Python package; the
-metadata is in ``setup.cfg``. With ``MUJOU_COMPILE=1`` in the environment,
-the modules that ``mujou_actors/_runtime/compiled.py`` lists (`MODULES`,
-the one list) are compiled with mypyc into extension modules beside their
-sources, and a manifest of their source hashes is written next to them,
-which the import-time guard checks (see ``compiled.py``)::
+Any install (``pip install -e .``, a wheel) compiles the modules that
+``mujou_actors/_runtime/compiled.py`` lists (`MODULES`, the one list) with
+mypyc into extension modules beside their sources, and writes a manifest of
+their source hashes next to them, which the import-time guard checks (see
+``compiled.py``); the metadata is in ``setup.cfg``. ``MUJOU_COMPILE=0``
+builds the pure-Python package instead::
 
-    MUJOU_COMPILE=1 pip install --no-build-isolation -e .   # mypy from the venv
-    MUJOU_COMPILE=1 pip install -e .                        # mypy fetched for the build
+    pip install -e .                                  # mypy fetched for the build
+    pip install --no-build-isolation -e .             # mypy from the venv (test extra)
+    MUJOU_COMPILE=0 pip install -e .                  # pure Python, no compile
 
 Compiling needs mypy (it ships mypyc) and a C compiler, not torch: mypy is
 told to treat every module it is not compiling as ``Any`` (torch, thespian,
@@ -49,7 +50,8 @@ def _compiled() -> ModuleType:
 
 
 COMPILED = _compiled()
-COMPILE = os.environ.get("MUJOU_COMPILE", "") not in ("", "0")
+# Compiled unless asked not to: the compiled kernel is faster (benchmarks/builds.py).
+COMPILE = os.environ.get("MUJOU_COMPILE", "1").strip().lower() not in ("0", "no", "false")
 
 
 def _warn(message: str) -> None:
@@ -69,7 +71,7 @@ def _mypyc_extensions() -> list[Any]:
     try:
         from mypyc.build import mypycify
     except ImportError:
-        _warn("MUJOU_COMPILE=1 but mypy (mypyc) is not installed in the build environment")
+        _warn("mypy (mypyc) is not installed in the build environment")
         return _EXTENSIONS
     # Relative paths: setuptools records only relative dependencies of an extension.
     target = Path(os.path.relpath(ROOT / "build" / "mypyc"))
@@ -93,7 +95,7 @@ def _mypyc_extensions() -> list[Any]:
 
 
 class BuildExt(build_ext):
-    """``build_ext`` that compiles with mypyc under ``MUJOU_COMPILE=1``, or falls back.
+    """``build_ext`` that compiles with mypyc (unless ``MUJOU_COMPILE=0``), or falls back.
 
     The mypyc extensions are made when the command is set up (not when
     ``setup.py`` is read: pip reads it several times, and mypyc takes a
@@ -109,6 +111,10 @@ class BuildExt(build_ext):
         if COMPILE:
             self.distribution.ext_modules = list(_mypyc_extensions())
         super().finalize_options()
+        if COMPILE and not self.distribution.ext_modules:
+            # mypyc failed (said above): with no extension left, setuptools skips
+            # run(), so an earlier build's modules are removed here, not there.
+            self._remove_build()
 
     def run(self) -> None:
         """Build the extensions; on failure warn and leave a pure-Python install."""

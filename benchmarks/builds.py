@@ -4,7 +4,7 @@ What is measured
 ----------------
 Each repetition starts one child process per build, in alternating order
 (compiled first in even repetitions, pure first in odd ones): the compiled
-build as it is installed (``MUJOU_COMPILE=1 pip install --no-build-isolation
+build as it is installed (``pip install --no-build-isolation
 -e .``), the pure one in the same tree with ``MUJOU_PURE=1``, which loads
 every compiled module from its source. Each child runs a short warm-up, then
 ``--inner`` runs of each work and reports their median:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     kind, build = json.loads(probe.stdout.splitlines()[-1])
     if kind != "compiled":
         print(f"no compiled build to compare with: this tree runs {build}; build it first "
-              "with `MUJOU_COMPILE=1 pip install --no-build-isolation -e .`", file=sys.stderr)
+              "with `pip install -e .` (a C compiler and mypy needed)", file=sys.stderr)
         return 2
     runs: dict[str, list[dict]] = {build: [] for build in BUILDS}
     for rep in range(args.repeat):

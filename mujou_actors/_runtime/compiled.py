@@ -1,6 +1,6 @@
 """The compiled build: which kernel modules it compiles, and the guard that keeps it honest.
 
-A compiled build (``MUJOU_COMPILE=1 pip install --no-build-isolation -e .``,
+A compiled build (any install, ``pip install -e .``; ``MUJOU_COMPILE=0`` opts out,
 see ``setup.py``) compiles the modules named in `MODULES` with mypyc into
 extension modules next to their sources, and writes a manifest
 (`MANIFEST`) beside them: each module's source hash at build time. Python
@@ -42,10 +42,13 @@ __all__ = ["MODULES", "MANIFEST", "PACKAGE", "REBUILD", "Build", "Decision", "So
            "source_hash", "read_manifest", "extensions", "select", "install"]
 
 # The kernel modules a compiled build compiles, in import order. The one list:
-# setup.py reads it (by path) and the guard checks it. Not yet compiled:
-# sends (its count of a temporary's references, `sends.TEMPORARY`, is
-# calibrated on a Python function; compiled code holds arguments otherwise),
-# calendar and dispatcher (see docs/performance.md, "Compiled build").
+# setup.py reads it (by path) and the guard checks it. Not compiled: sends.py,
+# on purpose. A send hands over a value that nothing but the call holds
+# (`sends.TEMPORARY`, a reference count). Called from Python bytecode (a hook),
+# a compiled send reads 1 for a temporary and 2 for a value the caller keeps;
+# called from C (a Cython or mypyc caller keeping the value in a local), it
+# would read 1 for a kept value too and hand it over uncopied: value semantics
+# broken. A send in Python reads the caller's local through its own frame.
 MODULES: tuple[str, ...] = ("keys", "mailbox", "actor", "calendar", "dispatcher")
 
 # The package the modules are in, and the manifest the build writes next to them.
@@ -53,7 +56,7 @@ PACKAGE = "mujou_actors._runtime"
 MANIFEST = "_compiled.json"
 
 # What a developer runs to rebuild (named in the warning).
-REBUILD = "MUJOU_COMPILE=1 pip install --no-build-isolation -e ."
+REBUILD = "pip install -e ."
 
 
 @dataclasses.dataclass(frozen=True)
