@@ -1052,12 +1052,15 @@ def check_streams(env: Env) -> dict[str, Any]:
     hooks, missing = main["hooks"], main["missing"]
     # The control: the node's stream context made to enter the worker's current stream
     # of the node's device (its default stream) instead of the node's own.
-    def default_stream(actor: Any) -> Any:
-        if actor.stream is None:
+    # (Replaced where Actor.on_stream calls it: a compiled Actor's methods cannot be.)
+    def default_stream(rt: Any, stream: Any, copy_streams: Any) -> Any:
+        if stream is None:
             return contextlib.nullcontext()
-        return actor.rt.use(actor.rt.current_stream(actor.device))
+        return rt.use(rt.current_stream(stream.device))
 
-    with mock.patch.object(_ACTOR_MODULE.Actor, "on_stream", default_stream):
+    with mock.patch.object(_ACTOR_MODULE, "enter_streams", default_stream):
+        if _ACTOR_MODULE.enter_streams is not default_stream:
+            raise RuntimeError("the streams check's control did not replace actor.enter_streams")
         ctl = _stream_runs(env)
     if env.dry:
         ok = not missing and all(ids == {None} for ids in hooks.values()) \

@@ -32,6 +32,7 @@ The rules (see docs/devices.md):
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import platform
@@ -456,6 +457,35 @@ def _host_view(value: Any, rt: CudaRuntime) -> Any:
     view = map_tensors(value, lambda t: t if t.device.type != "cuda" else copier(t))
     copier.wait()
     return view
+
+
+def enter_streams(rt: CudaRuntime | None, stream: Any,
+                  copy_streams: dict[torch.device, Any]) -> Any:
+    """A context making a node's streams current: its copy streams, then its own.
+
+    The copy streams (on the devices of the CUDA nodes the node reads) are
+    entered first, so that the node's own device ends up the current one.
+    A no-op for a node that uses no CUDA. `Actor.on_stream` calls it; it is a
+    function of this (Python) module so that ``benchmarks/gpu_check.py``'s
+    control can replace it in the compiled kernel as it replaces `receive`.
+
+    Args:
+        rt (CudaRuntime | None): the run's CUDA runtime (None: no CUDA in the run).
+        stream: the node's own stream, or None (a CPU node).
+        copy_streams (dict[torch.device, Any]): the node's copy streams by source device.
+
+    Returns:
+        A context manager (``contextlib.nullcontext`` when there is nothing to enter).
+    """
+    if stream is None and not copy_streams:
+        return contextlib.nullcontext()
+    assert rt is not None  # a node with streams has the run's CUDA runtime
+    stack = contextlib.ExitStack()
+    for copy_stream in copy_streams.values():
+        stack.enter_context(rt.use(copy_stream))
+    if stream is not None:
+        stack.enter_context(rt.use(stream))
+    return stack
 
 
 def receive(message: Any, reader_device: torch.device, reader_stream: Any,

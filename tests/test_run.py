@@ -612,21 +612,21 @@ def test_a_failure_while_the_run_is_built_releases_the_nodes() -> None:
 @pytest.mark.timeout(30)
 def test_a_thread_that_cannot_start_releases_the_nodes_and_ends_the_started_ones(
         monkeypatch) -> None:
-    from mujou_actors._runtime.dispatcher import Dispatcher
-
     net = Pipe()
-    spawn = Dispatcher._spawn
+    start = threading.Thread.start
     spawned: list[str] = []
 
-    def spawn_one(self: Dispatcher, name: str, target: object, arg: object) -> None:
-        if spawned:
-            raise RuntimeError("can't start new thread")
-        spawned.append(name)
-        spawn(self, name, target, arg)
+    def start_one(self: threading.Thread) -> None:
+        # What the OS says when it has no thread left, for the second worker only.
+        if self.name.startswith("mujou-worker-"):
+            if spawned:
+                raise RuntimeError("can't start new thread")
+            spawned.append(self.name)
+        start(self)
 
     before = {t.name for t in threading.enumerate()}
     with monkeypatch.context() as patch:
-        patch.setattr(Dispatcher, "_spawn", spawn_one)
+        patch.setattr(threading.Thread, "start", start_one)
         with pytest.raises(RuntimeError, match="can't start new thread"):
             mujou.run(net, workers=2, timer="simulated", duration=0.03)
 
@@ -1693,15 +1693,27 @@ def test_state_dict_from_a_subscriber_callback_works_while_running_and_is_refuse
 def _spy_on_holds(run: mujou.Run, asked: threading.Event | None = None) -> threading.Event:
     """An Event (``asked``, or a new one) set once a cut has been asked of the run's dispatcher."""
     asked = asked or threading.Event()
-    dispatcher = run._dispatcher
-    request_hold = dispatcher.request_hold
-
-    def spy() -> None:
-        request_hold()
-        asked.set()
-
-    dispatcher.request_hold = spy  # type: ignore[method-assign]
+    coordinator = run._coordinator
+    assert coordinator is not None
+    coordinator.dispatcher = _HoldSpy(coordinator.dispatcher, asked)  # type: ignore[assignment]
     return asked
+
+
+class _HoldSpy:
+    """The dispatcher as the run's coordinator sees it, setting ``asked`` at each cut asked for.
+
+    A proxy: the methods of a compiled `Dispatcher` cannot be replaced on the instance.
+    """
+
+    def __init__(self, dispatcher: object, asked: threading.Event) -> None:
+        self._dispatcher, self._asked = dispatcher, asked
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._dispatcher, name)
+
+    def request_hold(self) -> None:
+        self._dispatcher.request_hold()
+        self._asked.set()
 
 
 def _outcome(call: object) -> object:

@@ -13,7 +13,6 @@ and, for a CUDA node, on its streams. Nothing else reaches into a node.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import time
 from array import array
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from ..devices import HostCopier, map_tensors, receive
+from ..devices import HostCopier, enter_streams, map_tensors, receive
 from ..errors import MessageChangedError, NodeError
 from ..state import copy_state
 from . import readonly
@@ -491,16 +490,7 @@ class Actor:
         of the CUDA nodes it reads) are made current first, so the node's own
         device ends up the current one.
         """
-        if self.stream is None and not self.copy_streams:
-            return contextlib.nullcontext()
-        rt = self.rt
-        assert rt is not None  # a node with streams has the run's CUDA runtime
-        stack = contextlib.ExitStack()
-        for stream in self.copy_streams.values():
-            stack.enter_context(rt.use(stream))
-        if self.stream is not None:
-            stack.enter_context(rt.use(self.stream))
-        return stack
+        return enter_streams(self.rt, self.stream, self.copy_streams)
 
     def wait_stream(self) -> None:
         """Wait until the GPU has done the work queued on the node's stream."""

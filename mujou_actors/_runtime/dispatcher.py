@@ -336,9 +336,14 @@ class Dispatcher:
         if self.policy.tight_slack:
             args = (on_time, *args)
         thread = threading.Thread(target=self._guarded, args=args, name=name, daemon=True)
-        self._threads.append(thread)
+        self._threads.append(thread)  # before it runs: it looks itself up there
         self._busy_ns[name] = 0
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # "can't start new thread": never one of ours to join
+            self._threads.remove(thread)
+            del self._busy_ns[name]
+            raise
 
     def _guarded(self, loop: Callable[..., None], *args: Any) -> None:
         """Run a thread's loop; what escapes it ends the run as a failure, never silently.
