@@ -102,7 +102,6 @@ def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
     trigger is consumed exactly when it equals ``key``.
     """
     batch: list[Claim] = []
-    append = batch.append
     for key, group in groups:
         t, d = key
         for actor in group:
@@ -117,7 +116,7 @@ def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
                 trig = None
             actor.stamp = key
             actor.thread_name = name
-            append((actor, t, t, d == 0 and actor.next_tick_ns == t, trig))
+            batch.append((actor, t, t, d == 0 and actor.next_tick_ns == t, trig))
     return batch
 
 
@@ -401,10 +400,10 @@ class Dispatcher:
             self._schedule_all()
 
     def _schedule_all(self) -> None:
-        schedule = self._calendar.schedule
+        calendar = self._calendar
         for actor in self.actors:
             if not actor.busy:
-                schedule(actor)
+                calendar.schedule(actor)
         self._cond.notify_all()
 
     def request_hold(self) -> None:
@@ -1123,15 +1122,13 @@ class Dispatcher:
     def _worker_loop(self) -> None:
         """A worker thread's loop (takes the lock; releases it while hooks run)."""
         name = threading.current_thread().name
-        wait_ = self._worker_wait
         calendar = self._calendar
-        top, take = calendar.top, calendar.take
         simulated, now_ns = self.simulated, self.timer.now_ns
         with self._cond:
             while self._mode is not SHUTDOWN:
-                actor = top()
+                actor = calendar.top()
                 if actor is None:
-                    wait_(self._idle_wait())
+                    self._worker_wait(self._idle_wait())
                     continue
                 key: SharedKey = actor.queued_key
                 if key[0] == CONTROL_T:
@@ -1143,7 +1140,7 @@ class Dispatcher:
                 if not (simulated and key == self._frontier and self._mode is RUNNING):
                     ok, wait = self._may_start(key, now)  # (the first test, inlined)
                     if not ok:
-                        wait_(wait)
+                        self._worker_wait(wait)
                         continue
                 # The batch (see _claim): simulated time, the actors queued at
                 # exactly the frontier; real time, those of the following keys
@@ -1153,11 +1150,11 @@ class Dispatcher:
                 else:
                     end = self._end_ns
                     limit_t = now if end is None or now < end else end  # type: ignore[operator]
-                groups = take(self._batch_max, self._batch_budget_ns, limit_t)
+                groups = calendar.take(self._batch_max, self._batch_budget_ns, limit_t)
                 batch = self._claim(groups, now, name)  # type: ignore[arg-type]
                 if simulated and self._idle_workers:
                     # Work of this delta cycle left over: the idle workers share it.
-                    left = top()
+                    left = calendar.top()
                     if left is not None and left.queued_key == key:
                         self._cond.notify_all()
                 self._run_batch(batch, name, resumes=True)
@@ -1173,15 +1170,13 @@ class Dispatcher:
         without a round trip through it.
         """
         name = threading.current_thread().name
-        wait_ = self._wait
         calendar = self._calendar
-        top, take_bucket = calendar.top, calendar.take_bucket
         most = self._batch_max
         with self._cond:
             while self._mode is not SHUTDOWN:
-                actor = top()
+                actor = calendar.top()
                 if actor is None:
-                    wait_(self._idle_wait())
+                    self._wait(self._idle_wait())
                     continue
                 key: SharedKey = actor.queued_key
                 if key[0] == CONTROL_T:
@@ -1201,9 +1196,9 @@ class Dispatcher:
                     else:
                         ok, _ = self._may_start(key)  # simulated: never a timed wait
                         if not ok:
-                            wait_(None)
+                            self._wait(None)
                             continue
-                batch = _claim_simulated(take_bucket(most), name)
+                batch = _claim_simulated(calendar.take_bucket(most), name)
                 while True:  # this delta cycle, then the next ones taken directly
                     if self.trace is not None:
                         self._record_depths(batch)
@@ -1275,7 +1270,6 @@ class Dispatcher:
         nkey: SharedKey = (t, d + self._delta_step)  # every trigger of this cycle's sends
         owes = self._owed
         calendar = self._calendar
-        requeue = calendar.requeue
         nxt: list[Actor] = []
         for actor in actors:
             if owes:
@@ -1296,7 +1290,7 @@ class Dispatcher:
             if trigger is not None and trigger == nkey and actor.queued_key is None:
                 nxt.append(actor)
             else:
-                requeue(actor)
+                calendar.requeue(actor)
         if self._waiting:
             self._cond.notify_all()
         if not nxt:
@@ -1308,9 +1302,8 @@ class Dispatcher:
             if first is None or nkey < first.queued_key:
                 self._frontier = nkey
                 return nxt
-        schedule = calendar.schedule
         for actor in nxt:
-            schedule(actor)
+            calendar.schedule(actor)
         return None
 
     def _dedicated_loop(self, actor: Actor) -> None:
@@ -1550,7 +1543,7 @@ class Dispatcher:
         time, lowers ``_inflight`` and notifies.
         """
         owes = self._owed
-        requeue = self._calendar.requeue
+        calendar = self._calendar
         for actor in actors:  # runs once per update: kept lean
             if owes:
                 owed = owes.pop(actor, None)
@@ -1559,7 +1552,7 @@ class Dispatcher:
             if actor.deferred:
                 self._flush_triggers(actor)
             actor.busy = False
-            requeue(actor)
+            calendar.requeue(actor)
 
     def _lower_trigger(self, actor: Actor, key: Key) -> bool:
         """Make ``actor``'s trigger key ``key`` if that is earlier; True if it changed.
@@ -1599,7 +1592,7 @@ class Dispatcher:
         d += self._delta_step
         key = (t, d)  # see TimePolicy.delta_step
         deferred = sender.deferred
-        schedule = self._calendar.schedule
+        calendar = self._calendar
         real = not self.simulated
         for reader in deferred:  # type: ignore[union-attr]
             current = reader.trigger_key  # _lower_trigger, inlined: this runs per send
@@ -1613,7 +1606,7 @@ class Dispatcher:
                     reader.trigger_key = (current[0], d)
                 continue
             if not reader.busy:
-                schedule(reader)
+                calendar.schedule(reader)
         deferred.clear()  # type: ignore[union-attr]  # the sends hold this very dict
 
     def _unclaim(self) -> None:
