@@ -112,3 +112,57 @@ def test_requeue_leaves_the_calendar_as_schedule_does(
             getattr(cal, method)(a)
         results.append(_state(cal, actors))
     assert results[0] == results[1]
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("finish"), st.integers(0, 3), st.sampled_from([10, 20, 30, 40])),
+    st.tuples(st.just("take"), st.integers(1, 4)),
+    st.tuples(st.just("stale"), st.integers(0, 3)),
+    st.tuples(st.just("top"), st.just(0)),
+    st.tuples(st.just("clear"), st.just(0))), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS)
+def test_requeue_matches_schedule_whatever_leaves_the_calendar_between_calls(
+        ops: list[tuple[str, int] | tuple[str, int, int]]) -> None:
+    """`requeue`'s memory of its last bucket never outlives that bucket.
+
+    The same operations on two calendars, an actor that finishes queued by
+    `requeue` on one and by `schedule` on the other; in between, buckets are
+    taken whole or in part (`take_bucket`, with the claim's liveness rule),
+    entries go stale (an actor taken elsewhere) and are dropped (`top`), and
+    the calendar is cleared (a restore): every state and every claim match.
+    """
+    results: list[list[object]] = []
+    for method in ("schedule", "requeue"):
+        cal = Calendar([])
+        cal.timed_open = True
+        actors = _actors(4)
+        claimed: list[tuple[str, tuple[int, int]]] = []
+        states: list[object] = []
+        results.append(states)
+        for op in ops:
+            kind, arg = op[0], op[1]
+            if kind == "finish":
+                actor = actors[arg]
+                if actor.queued_key is None:  # only an actor not queued finishes a hook
+                    actor.next_tick_ns = op[2]  # type: ignore[misc]
+                    getattr(cal, method)(actor)
+            elif kind == "take":
+                if cal.top() is not None:
+                    for key, group in cal.take_bucket(arg):
+                        for actor in group:
+                            if Calendar.live(actor, key):  # as the claim does
+                                actor.queued_key = None
+                                claimed.append((actor.path, key))
+            elif kind == "stale":
+                actors[arg].queued_key = None
+            elif kind == "top":
+                cal.top()
+            else:
+                cal.clear()
+                for actor in actors:
+                    actor.queued_key = None
+            states.append((_state(cal, actors), list(claimed)))
+    assert results[0] == results[1]

@@ -56,7 +56,8 @@ class Calendar:
             set by `open_timed`).
     """
 
-    __slots__ = ("_heap", "_due", "queued", "dedicated", "control_pending", "timed_open")
+    __slots__ = ("_heap", "_due", "queued", "dedicated", "control_pending", "timed_open",
+                 "_tick_t", "_tick_entry")
 
     def __init__(self, dedicated: list[Actor]) -> None:
         self._heap: list[int] = []  # packed keys of the buckets
@@ -66,6 +67,12 @@ class Calendar:
         self.dedicated = dedicated
         self.control_pending = 0
         self.timed_open = False
+        # The (tick, 0) bucket the last `requeue` used and its tick, while that
+        # bucket is queued (-1: none; every removal of a bucket resets it). The
+        # actors finishing an instant mostly go to one next tick (a common
+        # period): they skip the lookup, whose key (t_ns << SHIFT) is a big int.
+        self._tick_t = -1
+        self._tick_entry: tuple[SharedKey, list[Actor]] = (CONTROL_KEY, [])
 
     def count_control(self, n: int) -> None:
         """Count ``n`` control envelopes more queued or in flight (fewer if negative)."""
@@ -128,7 +135,8 @@ class Calendar:
         """`schedule` for an actor whose hook has just finished, lean: runs once per update.
 
         The common case, a periodic actor with no trigger pending queued at
-        its next tick, takes one bucket lookup; anything else (a trigger, a
+        its next tick, takes one bucket lookup, none when the last requeue
+        used that tick's bucket (`_tick_t`); anything else (a trigger, a
         control envelope pending anywhere, timed work closed, a failed or
         dedicated actor, an actor queued already) is `schedule`'s.
         """
@@ -138,19 +146,29 @@ class Calendar:
                 or actor.dedicated:
             self.schedule(actor)
             return
-        code = tick << SHIFT  # (tick, 0) packed
-        entry = self._due.get(code)
-        if entry is None:
-            # One key object, made once: compiled, a tuple display written to two
-            # places would be boxed twice, and the liveness rule is identity.
-            key: SharedKey = (tick, 0)
-            entry = (key, [actor])
-            self._due[code] = entry
-            heapq.heappush(self._heap, code)
-        else:
+        key: SharedKey
+        if tick == self._tick_t:  # the last requeue's bucket, still queued: no lookup
+            entry = self._tick_entry
             entry[1].append(actor)
-            actor.next_tick_ns = entry[0][0]  # the bucket's int (see the module's docstring)
-        actor.queued_key = entry[0]
+            key = entry[0]
+            actor.next_tick_ns = key[0]  # the bucket's int (see the module's docstring)
+        else:
+            code = tick << SHIFT  # (tick, 0) packed
+            found = self._due.get(code)
+            if found is None:
+                # One key object, made once: compiled, a tuple display written to
+                # two places would be boxed twice, and the liveness rule is identity.
+                key = (tick, 0)
+                entry = (key, [actor])
+                self._due[code] = entry
+                heapq.heappush(self._heap, code)
+            else:
+                entry = found
+                entry[1].append(actor)
+                key = entry[0]
+                actor.next_tick_ns = key[0]
+            self._tick_t, self._tick_entry = tick, entry
+        actor.queued_key = key
         self.queued += 1
 
     def top(self) -> Actor | None:
@@ -170,6 +188,7 @@ class Calendar:
                 self.queued -= 1
             del due[code]
             heapq.heappop(heap)
+            self._tick_t = -1
         return None
 
     def take_top(self) -> None:
@@ -205,6 +224,7 @@ class Calendar:
             return self.take(most, None, None)
         del self._due[code]
         heapq.heappop(self._heap)
+        self._tick_t = -1
         self.queued -= len(bucket)
         return [entry]
 
@@ -237,6 +257,7 @@ class Calendar:
             if budget is None and len(bucket) + taken <= most:
                 del due[code]  # the whole bucket, in the order queued
                 heapq.heappop(heap)
+                self._tick_t = -1
                 self.queued -= len(bucket)
                 groups.append((key, bucket))
                 taken += len(bucket)
@@ -260,6 +281,7 @@ class Calendar:
                     break
                 del due[code]
                 heapq.heappop(heap)
+                self._tick_t = -1
             if limit_t is None or taken >= most or not heap:
                 break
             t = heap[0] >> SHIFT
@@ -271,6 +293,7 @@ class Calendar:
         """Forget every entry (a whole-net restore reschedules every actor)."""
         self._heap.clear()
         self._due.clear()
+        self._tick_t = -1
         self.queued = 0
 
 
