@@ -586,11 +586,11 @@ def test_an_on_stop_stuck_on_a_helper_holds_up_only_its_own_node() -> None:
 @pytest.mark.timeout(20)
 def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
         monkeypatch, caplog) -> None:
-    # One worker in simulated time asks its time policy (pure Python in both builds,
-    # so patchable) for each next instant: the third ask fails.
-    from mujou_actors._runtime.policy import SimulatedTime
+    # One worker in simulated time moves its timer (timers.py: Python in both builds,
+    # so patchable) at each next instant: the third move fails.
+    from mujou_actors.timers import SimulatedTimer
 
-    real = SimulatedTime.advance
+    real = SimulatedTimer.advance_to
     calls: list[int] = []
 
     def breaks_once(*args, **kwargs):
@@ -599,7 +599,7 @@ def test_an_error_escaping_a_worker_loop_ends_the_run_and_join_raises_it(
             raise RuntimeError("defect in the loop")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(SimulatedTime, "advance", breaks_once)
+    monkeypatch.setattr(SimulatedTimer, "advance_to", breaks_once)
     node = Counter()
     run = mujou.run(node, workers=1, timer="simulated", duration=1.0, stop_timeout=0.2)
 

@@ -49,7 +49,7 @@ __all__ = ["MODULES", "MANIFEST", "PACKAGE", "REBUILD", "Build", "Decision", "So
 # called from C (a Cython or mypyc caller keeping the value in a local), it
 # would read 1 for a kept value too and hand it over uncopied: value semantics
 # broken. A send in Python reads the caller's local through its own frame.
-MODULES: tuple[str, ...] = ("keys", "mailbox", "actor", "calendar", "dispatcher")
+MODULES: tuple[str, ...] = ("keys", "policy", "mailbox", "actor", "calendar", "dispatcher")
 
 # The package the modules are in, and the manifest the build writes next to them.
 PACKAGE = "mujou_actors._runtime"
