@@ -114,13 +114,13 @@ class BuildExt(build_ext):
         if COMPILE and not self.distribution.ext_modules:
             # mypyc failed (said above): with no extension left, setuptools skips
             # run(), so an earlier build's modules are removed here, not there.
-            self._remove_build()
+            self._remove_build(sources=True)
 
     def run(self) -> None:
         """Build the extensions; on failure warn and leave a pure-Python install."""
         if not self.extensions:
             if COMPILE:  # mypyc failed (said above): no earlier build may stay in place
-                self._remove_build()
+                self._remove_build(sources=True)
             return
         from distutils.errors import CCompilerError, DistutilsError
 
@@ -129,23 +129,29 @@ class BuildExt(build_ext):
             super().run()
         except (CCompilerError, DistutilsError, OSError) as exc:
             _warn(f"compiling the kernel failed ({exc})")
-            self._remove_build()
+            self._remove_build(sources=True)
             self.extensions = []
             self.distribution.ext_modules = []
             return
         self._write_manifests()
 
-    def _folders(self) -> list[Path]:
-        """Where the kernel's extension modules went: the build folder, and the sources."""
+    def _folders(self, sources: bool = False) -> list[Path]:
+        """Where the kernel's extension modules go: the build folder, and the sources.
+
+        The sources' folder when building in place (an editable install), or
+        with ``sources``: a build of this tree that failed, after which an
+        earlier build beside the sources would be stale (the guard would run
+        the sources and blame an edit rather than the failed build).
+        """
         folders = [Path(self.build_lib, *COMPILED.PACKAGE.split("."))]
-        if self.inplace or getattr(self, "editable_mode", False):
+        if sources or self.inplace or getattr(self, "editable_mode", False):
             folders.append(RUNTIME)
         return folders
 
-    def _remove_build(self) -> None:
+    def _remove_build(self, sources: bool = False) -> None:
         """Remove the kernel's extension modules and manifest (a failed build, a stale one)."""
         shared = GROUP.rsplit(".", 1)[1] + "__mypyc"
-        for folder in self._folders():
+        for folder in self._folders(sources):
             for path in COMPILED.extensions(folder).values():
                 path.unlink()
             for path in folder.glob(shared + ".*"):
