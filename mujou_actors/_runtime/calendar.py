@@ -68,7 +68,7 @@ class Calendar:
         self.control_pending = 0
         self.timed_open = False
         # The (tick, 0) bucket the last `requeue` used and its tick, while that
-        # bucket is queued (-1: none; every removal of a bucket resets it). The
+        # bucket is queued (-1: none; `_pop_earliest` and `clear` reset it). The
         # actors finishing an instant mostly go to one next tick (a common
         # period): they skip the lookup, whose key (t_ns << SHIFT) is a big int.
         self._tick_t = -1
@@ -186,9 +186,7 @@ class Calendar:
                     return actor
                 bucket.pop()
                 self.queued -= 1
-            del due[code]
-            heapq.heappop(heap)
-            self._tick_t = -1
+            self._pop_earliest()
         return None
 
     def take_top(self) -> None:
@@ -222,9 +220,7 @@ class Calendar:
         bucket = entry[1]
         if len(bucket) > most:
             return self.take(most, None, None)
-        del self._due[code]
-        heapq.heappop(self._heap)
-        self._tick_t = -1
+        self._pop_earliest()
         self.queued -= len(bucket)
         return [entry]
 
@@ -255,9 +251,7 @@ class Calendar:
             code = heap[0]  # the earliest key
             key, bucket = due[code]
             if budget is None and len(bucket) + taken <= most:
-                del due[code]  # the whole bucket, in the order queued
-                heapq.heappop(heap)
-                self._tick_t = -1
+                self._pop_earliest()  # the whole bucket, in the order queued
                 self.queued -= len(bucket)
                 groups.append((key, bucket))
                 taken += len(bucket)
@@ -279,15 +273,21 @@ class Calendar:
                 groups.append((key, group))
                 if bucket:
                     break
-                del due[code]
-                heapq.heappop(heap)
-                self._tick_t = -1
+                self._pop_earliest()
             if limit_t is None or taken >= most or not heap:
                 break
             t = heap[0] >> SHIFT
             if t > limit_t or t == CONTROL_T:
                 break
         return groups
+
+    def _pop_earliest(self) -> None:
+        """Remove the earliest bucket: the one way a bucket leaves (but `clear`).
+
+        `requeue`'s memory of its last bucket goes with it, whichever it was.
+        """
+        del self._due[heapq.heappop(self._heap)]
+        self._tick_t = -1
 
     def clear(self) -> None:
         """Forget every entry (a whole-net restore reschedules every actor)."""
