@@ -380,7 +380,9 @@ def pingpong_mujou(n: int) -> dict:
     mujou.connect(ping.out, pong.inp)
     mujou.connect(pong.out, ping.back)
     gc.collect()
-    with mujou.run([ping, pong], timer="realtime"):
+    # In real time a chain of triggered updates is held to max_delta_cycles (the
+    # run's guard against algebraic loops): a ping-pong is one chain of 2n updates.
+    with mujou.run([ping, pong], timer="realtime", max_delta_cycles=max(10_000, 2 * n + 10)):
         peers.wait(done)
     out = peers.pingpong_result(ping.rtts, ping.last_ns - ping.first_ns)
     return {"count": out["count"], "wall": out["p50_us"],
