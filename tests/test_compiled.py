@@ -8,6 +8,7 @@ that need a real compiled build skip without one, saying how to make it.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import inspect
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,3 +252,43 @@ def test_the_builds_benchmark_refuses_a_tree_without_a_compiled_build() -> None:
 
     assert done.returncode == 2
     assert "no compiled build" in done.stderr and compiled.REBUILD in done.stderr
+
+
+def _builds_module() -> Any:
+    path = ROOT / "benchmarks" / "builds.py"
+    spec = importlib.util.spec_from_file_location("_builds_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_builds_benchmark_runs_each_build_where_it_says_and_checks_what_ran(
+        tmp_path: Path) -> None:
+    builds = _builds_module()
+    trees = {"cython": tmp_path}
+
+    compiled_env = builds._environ("compiled", trees)
+    pure_env = builds._environ("python", trees)
+    cython_env = builds._environ("cython", trees)
+
+    assert "MUJOU_PURE" not in compiled_env and pure_env["MUJOU_PURE"] == "1"
+    assert "MUJOU_PURE" not in cython_env
+    assert cython_env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+    assert compiled_env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+    mypyc = {"build": ["compiled", "compiled (mypyc 2.4.1: keys)"]}
+    cython = {"build": ["compiled", "compiled (cython 3.3.1: keys)"]}
+    pure = {"build": ["python", "python (MUJOU_PURE=1)"]}
+    assert [builds._ran("compiled", r) for r in (mypyc, cython, pure)] == [True, False, False]
+    assert [builds._ran("cython", r) for r in (mypyc, cython, pure)] == [False, True, False]
+    assert [builds._ran("python", r) for r in (mypyc, cython, pure)] == [False, False, True]
+
+
+def test_the_builds_benchmark_says_what_its_cython_build_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = _builds_module()
+    monkeypatch.setitem(sys.modules, "Cython", None)  # as if not installed: import fails
+
+    with pytest.raises(RuntimeError, match=r"needs Cython: pip install -e '\.\[bench\]'"):
+        builds.build_cython(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing copied before the check
