@@ -21,11 +21,8 @@ the install still succeeds, as pure Python, and says why on stderr.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import platform
 import sys
-import sysconfig
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -162,17 +159,9 @@ class BuildExt(build_ext):
         """Record each compiled module's source hash next to its extension module."""
         import mypy.version
 
-        manifest = {
-            "format": 1,
-            "compiler": f"mypyc {mypy.version.__version__}",
-            "python": platform.python_version(),
-            "platform": sysconfig.get_platform(),
-            "modules": {name: COMPILED.source_hash(RUNTIME / f"{name}.py")
-                        for name in COMPILED.MODULES},
-        }
         for folder in self._folders():
             if folder.is_dir():
-                (folder / COMPILED.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+                COMPILED.write_manifest(folder, RUNTIME, f"mypyc {mypy.version.__version__}")
 
 
 if __name__ == "__main__":

@@ -49,12 +49,10 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -162,11 +160,7 @@ def build_cython(into: Path) -> str:
         raise RuntimeError(f"the Cython build failed:\n{done.stdout}\n{done.stderr}")
     runtime = into / "mujou_actors" / "_runtime"
     compiler = f"cython {Cython.__version__}"
-    manifest = {"format": 1, "compiler": compiler, "python": platform.python_version(),
-                "platform": sysconfig.get_platform(),
-                "modules": {name: compiled.source_hash(runtime / f"{name}.py")
-                            for name in compiled.MODULES}}
-    (runtime / compiled.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    compiled.write_manifest(runtime, runtime, compiler)
     return compiler
 
 

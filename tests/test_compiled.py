@@ -292,3 +292,17 @@ def test_the_builds_benchmark_says_what_its_cython_build_needs(
     with pytest.raises(RuntimeError, match=r"needs Cython: pip install -e '\.\[bench\]'"):
         builds.build_cython(tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing copied before the check
+
+
+def test_a_manifest_written_by_write_manifest_is_the_one_the_guard_trusts(tmp_path: Path) -> None:
+    _fake_build(tmp_path)  # sources and "extension modules" of every module
+    (tmp_path / compiled.MANIFEST).unlink()
+
+    compiled.write_manifest(tmp_path, tmp_path, "cython 9.9 (test)")
+
+    manifest = compiled.read_manifest(tmp_path)
+    assert manifest is not None and manifest["compiler"] == "cython 9.9 (test)"
+    assert manifest["modules"] == {name: compiled.source_hash(tmp_path / f"{name}.py")
+                                   for name in compiled.MODULES}
+    assert compiled.select(tmp_path, {}).build == compiled.Build(
+        "compiled", "cython 9.9 (test)", compiled.MODULES)

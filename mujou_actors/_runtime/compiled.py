@@ -32,14 +32,16 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import platform
 import sys
+import sysconfig
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
 __all__ = ["MODULES", "MANIFEST", "PACKAGE", "REBUILD", "Build", "Decision", "SourceFinder",
-           "source_hash", "read_manifest", "extensions", "select", "install"]
+           "source_hash", "write_manifest", "read_manifest", "extensions", "select", "install"]
 
 # The kernel modules a compiled build compiles, in import order. The one list:
 # setup.py reads it (by path) and the guard checks it. Not compiled: sends.py,
@@ -102,6 +104,26 @@ class Decision:
 def source_hash(path: Path) -> str:
     """The SHA-256 of a file's bytes, hex: what the manifest records of each source."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(folder: Path, sources: Path, compiler: str) -> None:
+    """Write the manifest of a build into ``folder``: the one format the guard reads.
+
+    Args:
+        folder (Path): where the build's extension modules are.
+        sources (Path): the folder of the sources they were built from (each
+            module of `MODULES` is hashed there, `source_hash`).
+        compiler (str): what built them, as `Build.reason` will say it
+            (``"mypyc 2.4.1"``, ``"cython 3.3.1"``).
+    """
+    manifest = {
+        "format": 1,
+        "compiler": compiler,
+        "python": platform.python_version(),
+        "platform": sysconfig.get_platform(),
+        "modules": {name: source_hash(sources / f"{name}.py") for name in MODULES},
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def read_manifest(directory: Path) -> dict[str, object] | None:
