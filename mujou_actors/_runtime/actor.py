@@ -73,9 +73,9 @@ class Actor:
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without.
         # 23 slots: with the object's header, four cache lines at most.
-        "busy", "queued_key", "next_tick_ns", "trigger_key", "stamp", "thread_name",
+        "busy", "queued_key", "next_tick_ns", "trigger_key", "flight", "thread_name",
         "inputs", "dedicated", "failed", "deferred", "rt", "trace", "timed",
-        "update", "node", "context", "hook",
+        "update", "node", "context",
         "period_ns", "last_update_ns", "updates", "dt_max_ns", "lateness",
         "hook_ns",
         # read only when there is something for the node (deliveries: a node
@@ -144,10 +144,11 @@ class Actor:
         # rule), hence a SharedKey (keys.py), which no compiled code unboxes.
         self.queued_key: SharedKey = None
         self.busy = False
-        self.hook: str | None = None
-        # (t_ns, delta) of the hook in flight: the key object of its batch,
-        # shared, so setting it per hook allocates nothing (see make_send).
-        self.stamp: SharedKey = (0, 0)
+        # [hook, stamp] of the hook in flight (the properties below): a list,
+        # because the sends (Python, sends.py) read both for every message,
+        # and from Python bytecode an item of a list is read three times as
+        # fast as a field of a compiled class (through its C descriptor).
+        self.flight: list[Any] = [None, (0, 0)]
         self.seq = 0
         self.thread_name: str | None = None
         # Readers this hook's sends trigger, as dict keys (setting one again
@@ -177,6 +178,28 @@ class Actor:
         self.applied: list[Any] | None = None  # deliveries read by the next hook (traced)
         self.depths = (0, 0)  # ready heap and hooks in flight as the hook started (traced)
         self.timed = True
+
+    @property
+    def hook(self) -> str | None:
+        """The name of the hook in flight (``"on_update"``, ``"on_start"``, ...); None between hooks."""
+        return self.flight[0]  # type: ignore[no-any-return]
+
+    @hook.setter
+    def hook(self, name: str | None) -> None:
+        self.flight[0] = name
+
+    @property
+    def stamp(self) -> SharedKey:
+        """``(t_ns, delta)`` of the hook in flight: the key object of its batch.
+
+        Shared, so setting it per hook allocates nothing, and the sends restamp
+        only when it is another object (see `sends.make_send`).
+        """
+        return self.flight[1]
+
+    @stamp.setter
+    def stamp(self, key: SharedKey) -> None:
+        self.flight[1] = key
 
     def schedule_first_tick(self, start_ns: int) -> None:
         """Make the first tick due one period after ``start_ns`` (drift-free grid)."""

@@ -264,6 +264,7 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
     trigger = ctx.target.trigger
     step = ctx.policy.delta_step
     running = CURRENT.get
+    flight = sender.flight  # [hook, stamp] in flight (Actor.hook, Actor.stamp)
     temporary = TEMPORARY if plain else 0  # 0: no reading is a temporary's
     # The stamp of the hook in flight, packed once per hook (mailbox.stamp)
     # and shared by its messages: the sender's key object changes at
@@ -273,7 +274,7 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
 
     def send(value: Any) -> None:
         nonlocal seen, stamped
-        if sender.hook is None or running(None) is not sender:
+        if flight[0] is None or running(None) is not sender:
             raise _not_in_hook(sender, output, send)
         vt = type(value)
         if check is not None and vt is not exact:
@@ -300,7 +301,7 @@ def _send_one(ctx: SendContext, sender: Actor, output: Output, route: Route,
                         message = value = copy(value)
                 except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                     raise _copy_failed(output, exc) from exc
-        key = sender.stamp
+        key = flight[1]
         if key is not seen:
             seen, stamped = key, stamp(key, order)
         append((stamped, slot, message))  # a delivery (mailbox.Delivery)
@@ -334,6 +335,7 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route
     trigger = ctx.target.trigger
     step = ctx.policy.delta_step
     running = CURRENT.get
+    flight = sender.flight  # [hook, stamp] in flight (Actor.hook, Actor.stamp)
     temporary = TEMPORARY if plain else 0
     # Used only for DEFER routes, which make_send gave a dict.
     deferred: dict[Actor, None] = {} if sender.deferred is None else sender.deferred
@@ -345,7 +347,7 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route
 
     def send(value: Any) -> None:
         nonlocal seen, stamped
-        if sender.hook is None or running(None) is not sender:
+        if flight[0] is None or running(None) is not sender:
             raise _not_in_hook(sender, output, send)
         if check is not None:
             value = check(value)
@@ -368,7 +370,7 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route
                     value = copy(value)
             except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                 raise _copy_failed(output, exc) from exc
-        key = sender.stamp
+        key = flight[1]
         if key is not seen:  # as in _send_one
             seen, stamped = key, stamp(key, order)
         t, d = key
@@ -409,6 +411,7 @@ def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[W
     trigger = ctx.target.trigger
     step = ctx.policy.delta_step
     running = CURRENT.get
+    flight = sender.flight  # [hook, stamp] in flight (Actor.hook, Actor.stamp)
     trace = ctx.trace
     temporary = TEMPORARY if plain else 0
     # Used only for DEFER routes, which make_send gave a dict.
@@ -420,7 +423,7 @@ def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[W
 
     def send(value: Any) -> None:
         nonlocal seen, stamped
-        if sender.hook is None or running(None) is not sender:
+        if flight[0] is None or running(None) is not sender:
             raise _not_in_hook(sender, output, send)
         if check is not None:
             value = check(value)
@@ -439,7 +442,7 @@ def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[W
                     value = copy(value)
             except (ValueError, TypeError) as exc:  # name the port (free unless raised)
                 raise _copy_failed(output, exc) from exc
-        key = sender.stamp
+        key = flight[1]
         if key is not seen:  # as in _send_one
             seen, stamped = key, stamp(key, order)
         t, d = key
