@@ -1,4 +1,9 @@
-"""The host's side of a run's messages: subscriptions, waiters and the ``mujou-host`` thread.
+"""The host's side of a run: the `Run` API, and subscriptions, waiters, the ``mujou-host`` thread.
+
+`Run` is the host's API of every run, whatever its placement: one process
+(`run.LocalRun`) or groups of nodes in several processes or machines
+(`distributed.placed_run.PlacedRun`). It states the contract both keep; the
+rest of this module is what carries a run's messages to the host.
 
 A hook's ``send`` (and the host's ``write``) hands each message to the
 listeners of its port on the sending thread. For the host, a listener only
@@ -22,20 +27,23 @@ included. Nothing here knows about nodes or the dispatcher.
 
 from __future__ import annotations
 
+import abc
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._checks import is_int
 from .errors import NotRunningError
-from .stats import SubscriptionStats
+from .node import Node
+from .ports import Input, Port
+from .stats import RunStats, SubscriptionStats
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
-__all__ = ["Subscription"]
+__all__ = ["Run", "Subscription"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -51,6 +59,292 @@ watched port pays one wakeup (a system call and a GIL hand-off, 10 us or more of
 CPU) per millisecond, not one per message: a callback runs up to 1 ms later than its
 message was sent when the thread was idle (benchmarks/view.py: a watched tensor port
 cost its sender 14 us a send without it)."""
+
+
+class Run(abc.ABC):
+    """A started run of a net, wherever its nodes run; made by `mujou.run`, not directly.
+
+    The same API for a run in this process and for a placed run (``mujou.run(
+    factory, placement=...)``, docs/processes.md): ``isinstance(run, mujou.Run)``
+    holds for both. Use it as a context manager (leaving the block stops the
+    run and raises a node's failure) or call `join`. Ports are given as
+    objects or by dotted path (``"ctrl.setpoint"``). A call that would wait
+    for the run's end from a thread the end waits for (a hook, a subscriber
+    callback) is refused with a `RuntimeError`.
+    """
+
+    __slots__ = ()
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def seeds(self) -> Mapping[str, int]:
+        """Mapping[str, int]: the seed of every node's generator, by path."""
+
+    @property
+    def time(self) -> float:
+        """float: the run's time in seconds of its timer (frozen once the run has ended).
+
+        A placed run's is the latest time any group has reached.
+        """
+        return self.time_ns / 1e9
+
+    @property
+    @abc.abstractmethod
+    def time_ns(self) -> int:
+        """int: `time` in integer nanoseconds of the run's timer."""
+
+    @property
+    @abc.abstractmethod
+    def start_time(self) -> float:
+        """float: the time the run started at, seconds of its timer (a restored run's is > 0)."""
+
+    @property
+    @abc.abstractmethod
+    def nodes(self) -> Mapping[str, Node]:
+        """Mapping[str, Node]: every node of the run by dotted path, parents first.
+
+        In a placed run only the host's group runs in this process; the other
+        nodes are the copies the host built to check the net (read their state
+        with `read` and `state_dict`).
+        """
+
+    @property
+    @abc.abstractmethod
+    def ports(self) -> Mapping[str, Port]:
+        """Mapping[str, Port]: every port of the net by dotted path (``"ctrl.setpoint"``).
+
+        The port objects of `nodes`: in a placed run, of the host's copies.
+        """
+
+    @property
+    @abc.abstractmethod
+    def groups(self) -> Mapping[str, list[str]]:
+        """Mapping[str, list[str]]: each group's node paths, by group name.
+
+        The host's own group is ``"host"``; a run in one process has that group only.
+        """
+
+    @property
+    @abc.abstractmethod
+    def failure(self) -> BaseException | None:
+        """BaseException | None: what `join` raises (the first failure, or stuck
+        nodes at the stop), None for a run that did not fail; final once ended."""
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> bool:
+        """bool: True until the run has ended."""
+
+    # -- waiting and ending -----------------------------------------------------------------
+    @abc.abstractmethod
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the end without raising its failure (see `join` for that).
+
+        Args:
+            timeout (float, optional): wall seconds; None waits for the end.
+
+        Returns:
+            bool: True when the run has ended.
+
+        Raises:
+            RuntimeError: called from inside a hook or a subscriber callback
+                (the end waits for those to return; check `running` instead).
+        """
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """End the run; idempotent.
+
+        From the host it returns once every node's ``on_stop`` has run: hooks
+        in flight finish first, for at most ``stop_timeout`` seconds; nodes
+        still stuck then are reported (logged, and raised by `join` as
+        `StopTimeoutError`, naming node and hook, and in a placed run the
+        group) and left behind. From inside a hook (or a subscriber callback)
+        it only asks the run to end, so it never deadlocks.
+        """
+
+    @abc.abstractmethod
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the run to end; raise what made it fail.
+
+        Args:
+            timeout (float, optional): wall seconds to wait; None waits for the end.
+
+        Raises:
+            NodeError: a hook raised (the node's path and hook in the message,
+                the original exception as ``__cause__``; from another process, a
+                `RemoteTraceback`).
+            GroupDied: a placed run's group process died.
+            CallbackError: a subscriber callback raised.
+            StopTimeoutError: nodes were stuck in a hook when the run stopped.
+            TimeoutError: the run has not ended within ``timeout``.
+            RuntimeError: called from inside a hook or a subscriber callback
+                (it would wait for itself; use `stop`).
+        """
+
+    @abc.abstractmethod
+    def _raise_unreported(self) -> None:
+        """Raise the run's failure, once ended, unless `join` already reported it."""
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+        # Raise the run's failure unless the block already raised, or join()
+        # already reported it to the caller.
+        if exc_type is None:
+            self._raise_unreported()
+
+    # -- ports ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(self, port: Port | str) -> Any:
+        """The newest message of a port, as a copy for the host.
+
+        Args:
+            port (Port | str): an Output (the newest message sent on it) or an
+                Input (its newest kept message), or its dotted path.
+
+        Returns:
+            A copy of the message, or ``None`` before the first. In one
+            process it works after the run has ended too; the copy of a CUDA
+            message is made once its GPU work is done (a sent message's ready
+            event, the receiving work of a CUDA node's Input).
+
+        Raises:
+            ValueError: no such port in this run.
+            NotRunningError: a placed run has ended (its groups are gone:
+                read the final `state_dict` instead).
+        """
+
+    @abc.abstractmethod
+    def write(self, port: Input | str, value: Any) -> None:
+        """Deliver ``value`` to an Input as the host; writes to one Input arrive in order.
+
+        Args:
+            port (Input | str): the Input, or its dotted path.
+            value: the message, checked against the Input's type and copied.
+
+        Raises:
+            PortTypeError: the value does not match the Input's type.
+            ValueError / TypeError: no such Input in this run.
+            NotRunningError: the run has ended.
+        """
+
+    @abc.abstractmethod
+    def subscribe(self, port: Port | str, callback: Callable[..., None], *,
+                  depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
+        """Call ``callback(message)`` for every later message of a port.
+
+        Callbacks run in send order on the thread ``mujou-host`` (never on a
+        worker), each with a copy of the message, up to 1 ms after the send
+        when that thread was idle (it lets messages gather: `host.LINGER`).
+        Each subscription queues at most ``depth`` messages for its callback;
+        when the callback falls further behind, the oldest is dropped and
+        counted (`Subscription.dropped` and ``stats().subscriptions``, logged
+        once). A callback that raises (whatever it raises) stops the run;
+        `join` raises `CallbackError`. The
+        other subscriptions are served until the end. When the run ends, what
+        is queued is delivered for at most ``stop_timeout`` seconds, the rest
+        counted in `Subscription.undelivered`.
+
+        Args:
+            port (Port | str): an Output (every message sent on it) or an
+                Input (every message delivered to it), or its dotted path.
+            callback: called with one argument.
+            depth (int): the most messages waiting for this callback, >= 1.
+                Default: `HOST_QUEUE_DEPTH` (1024).
+            with_time (bool): call ``callback(t_ns, message)`` instead, ``t_ns``
+                the send's time on the run's timer (ns: the time of the hook
+                that sent it, -1 for a send of ``on_start`` before the timer
+                started; for a host's write to an Input, the run's time when
+                it was written): what a recording stores as the message's log
+                time. Default: False.
+
+        Returns:
+            Subscription: call it (or its ``cancel()``) to cancel the
+            subscription; it counts the calls and the dropped messages.
+
+        Raises:
+            ValueError / TypeError: no such port in this run, a callback that
+                is not callable, a bad ``depth``, a ``with_time`` not a bool.
+            NotRunningError: the run has ended.
+        """
+
+    @abc.abstractmethod
+    def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
+                 timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
+        """Wait for the first message of a port, sent after this call, that matches.
+
+        Args:
+            port (Port | str): an Output or Input, or its dotted path.
+            predicate: tried on every message in order (on the calling
+                thread); None matches the first message.
+            timeout (float, optional): wall seconds.
+            depth (int): the most messages waiting for the predicate, >= 1;
+                when it falls further behind, the oldest is dropped unseen
+                (logged once, counted in ``stats().subscriptions``).
+                Default: `HOST_QUEUE_DEPTH` (1024).
+
+        Returns:
+            A copy of the matching message.
+
+        Raises:
+            TimeoutError: no match within ``timeout``.
+            NotRunningError: the run ended before a match.
+            RuntimeError: called from inside a hook or a subscriber callback
+                (the run's end waits for those).
+        """
+
+    # -- state and statistics -------------------------------------------------------------
+    @abc.abstractmethod
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """The state tree of the whole net, taken at a consistent cut.
+
+        The run pauses while the state is copied: no hook is in flight, so no
+        message is half delivered. With the simulated timer the cut falls
+        between two instants (in a placed run, the same cut in every group).
+        Works after the end too (the final state; a simulated run's
+        ``time_ns`` is then its end time). A call waiting for its cut when the
+        run ends returns the final state.
+
+        Args:
+            timeout (float, optional): wall seconds to wait for the cut (a
+                hook that does not return keeps it from coming); None waits
+                until the hooks in flight return or the run ends.
+
+        Returns:
+            dict: ``{"format", "time_ns", "seeds", "nodes", "inputs", "pending",
+            "schedule"}`` (see docs/state.md), every tensor a CPU copy.
+
+        Raises:
+            TimeoutError: no cut within ``timeout``; names the nodes still in
+                a hook and the hook. The run goes on as if not asked. After
+                the end: another thread's call, taking the final state (one
+                at a time), did not return within ``timeout``.
+            NodeError: a node's ``state_dict()`` raised (hook ``"state_dict"``,
+                the node's path, the original exception as ``__cause__``), or,
+                after the end, a node is still stuck in a hook. The run goes on.
+            ValueError / TypeError: ``timeout`` is not a number >= 0 or None.
+            TypeError: a node's ``state_dict()`` holds a value a tree cannot
+                (names the node and the key), raised as is.
+            RuntimeError: called from inside a hook, or from a subscriber
+                callback once the run is ending (the final state comes only
+                once the end, which waits for the callbacks, is done).
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> RunStats:
+        """The statistics of nodes, workers, snapshots and subscribers: a frozen `RunStats`.
+
+        Counts and ``dt`` cover the whole run; the lateness percentiles only
+        each node's newest 256 updates. ``subscriptions`` has the host's
+        deliveries and drops for each port subscribed to or waited on; a
+        placed run adds each group's and machine's figures (``groups``,
+        ``machines``). Cheap enough to call a few times a second while the
+        run goes on.
+        """
 
 
 def check_depth(what: str, depth: Any) -> int:

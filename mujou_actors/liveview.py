@@ -57,8 +57,8 @@ takes little of the GIL from the net. That write is below ``websockets``' API
 (its ``transport``, ``state``; no compression negotiated, so a frame needs no
 extension bits): hence the version range in setup.cfg.
 
-The server uses only the host API that `Run` and a placed run
-(`mujou_actors.distributed.placed_run.PlacedRun`) share: ``subscribe`` (with
+The server uses only the host API of `Run`, the same for a run in one
+process and a placed one: ``subscribe`` (with
 time), ``write``, ``time_ns``, ``running``, ``nodes`` and the ports by path.
 So a placed run is served as one process is, from the host: a port of
 another group reaches the view through the driver, as any host subscription
@@ -98,13 +98,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._checks import is_int
 from .errors import describe
+from .host import Run
 from .ports import Input, Output
 from .view import Projection, from_json
 
 if TYPE_CHECKING:
-    from .distributed.placed_run import PlacedRun
     from .host import Subscription
-    from .run import Run
 
 __all__ = ["FoxgloveServer", "FoxgloveStats", "serve_foxglove"]
 
@@ -265,11 +264,11 @@ def _normal(origin: str) -> str:
     return text[:-1] if text.endswith("/") and not text.endswith("://") else text
 
 
-def graph_of(run: Run | PlacedRun) -> dict[str, Any]:
+def graph_of(run: Run) -> dict[str, Any]:
     """The net's graph as the ``/mujou/graph`` channel sends it.
 
     Args:
-        run (Run | PlacedRun): the run (a placed run's: the host's copy of the net).
+        run (Run): the run (a placed run's: the host's copy of the net).
 
     Returns:
         dict: ``{"time_ns", "nodes": [{"path", "class", "ports": [{"name",
@@ -287,7 +286,7 @@ def graph_of(run: Run | PlacedRun) -> dict[str, Any]:
                           "dtype": (None if port.dtype is None
                                     else str(port.dtype).removeprefix("torch."))})
         nodes.append({"path": path, "class": _type_name(type(node)), "ports": ports})
-    connections = [[path, reader.path] for path, port in run._ports.items()
+    connections = [[path, reader.path] for path, port in run.ports.items()
                    if isinstance(port, Output) for reader in port._readers
                    if isinstance(reader, Input)]
     return {"time_ns": run.time_ns, "nodes": nodes, "connections": connections}
@@ -411,7 +410,7 @@ class FoxgloveServer:
     the run ends. What it serves is in the docs ("Viewing a run in Foxglove").
     """
 
-    def __init__(self, run: Run | PlacedRun, host: str, port: int, name: str, *,
+    def __init__(self, run: Run, host: str, port: int, name: str, *,
                  allow_publish: bool, origins: frozenset[str | None]) -> None:
         self._ws_server = _websockets()
         from websockets.exceptions import ConnectionClosed
@@ -422,7 +421,7 @@ class FoxgloveServer:
         self._allow_publish = allow_publish
         self._origins = origins
         self._lock = threading.Lock()  # the watchers and subscriptions (close() is any thread's)
-        self._ports = dict(run._ports)
+        self._ports = dict(run.ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
         self._watchers: dict[str, int] = {}  # topic -> clients subscribed
         self._subs: dict[str, Subscription] = {}
@@ -931,7 +930,7 @@ def _uint(item: Any, key: str) -> int:
     return int(value)
 
 
-def serve_foxglove(run: Run | PlacedRun, listen: int | str = DEFAULT_PORT, *,
+def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
                    allow_remote: bool = False, allow_publish: bool = False,
                    origins: Iterable[str] = (), name: str = "mujou") -> FoxgloveServer:
     """Serve a live Foxglove view of a running net over WebSocket.
@@ -958,7 +957,7 @@ def serve_foxglove(run: Run | PlacedRun, listen: int | str = DEFAULT_PORT, *,
     (leaving a ``with`` block).
 
     Args:
-        run (Run | PlacedRun): a running run: of this process, or placed
+        run (Run): a running run: of this process, or placed
             (``placement=``; this process is its host).
         listen (int | str): the port on 127.0.0.1, or ``":PORT"``, or
             ``"HOST:PORT"``; 0 takes a free port (`FoxgloveServer.port`).
@@ -980,20 +979,18 @@ def serve_foxglove(run: Run | PlacedRun, listen: int | str = DEFAULT_PORT, *,
 
     Raises:
         ImportError: websockets is not installed (the message says what to install).
-        TypeError: ``run`` is not a run (`Run`, `PlacedRun`), or a bad
+        TypeError: ``run`` is not a `Run`, or a bad
             ``allow_remote``, ``allow_publish`` or ``origins``.
         ValueError: a bad ``listen``, or one off loopback without
             ``allow_remote``; an origin that is none.
         NotRunningError: the run has ended.
         RuntimeError: the server could not listen (the port is taken).
     """
-    from .distributed.placed_run import PlacedRun
     from .errors import NotRunningError
-    from .run import Run
 
-    if not isinstance(run, Run | PlacedRun):
-        raise TypeError(f"serve_foxglove: run must be what mujou.run returned (a Run, or a "
-                        f"PlacedRun with placement=), got {type(run).__name__}")
+    if not isinstance(run, Run):
+        raise TypeError(f"serve_foxglove: run must be what mujou.run returned (a Run), "
+                        f"got {type(run).__name__}")
     for flag, value in (("allow_remote", allow_remote), ("allow_publish", allow_publish)):
         if type(value) is not bool:
             raise TypeError(f"serve_foxglove: {flag} must be a bool, got {value!r}")

@@ -31,7 +31,7 @@ from ._runtime.workers import default_workers
 from .capsule import Capsule, CapsuleKeeper, as_capsule
 from .cuda import check_cuda_sync
 from .errors import NetError, NotRunningError
-from .host import HOST_QUEUE_DEPTH, Host, Subscription, Waiter, check_depth
+from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, check_depth
 from .mcapfile import ChannelSpec
 from .net import (
     check_fit,
@@ -67,12 +67,10 @@ __all__ = ["run", "Run"]
 # Run
 
 
-class Run:
-    """A started run of a net; made by `run`, not directly.
+class LocalRun(Run):
+    """`Run` for a run of the whole net in this process (a `Coordinator` and its kernel).
 
-    Use it as a context manager (leaving the block stops the run and raises a
-    node's failure) or call `join`. Ports are given as objects or by
-    dotted path (``"ctrl.setpoint"``).
+    Made by `run`; its methods keep the contract that `Run` documents.
     """
 
     def __init__(self, coordinator: Coordinator, host: Host, ports: dict[str, Port],
@@ -97,42 +95,36 @@ class Run:
     # -- properties -----------------------------------------------------------------
     @property
     def seeds(self) -> Mapping[str, int]:
-        """Mapping[str, int]: the seed of every node's generator, by path."""
+        """`Run.seeds`."""
         return dict(self._seeds)
 
     @property
-    def time(self) -> float:
-        """float: the run's time in seconds of its timer (frozen once the run has ended)."""
-        return self.time_ns / 1e9
-
-    @property
     def time_ns(self) -> int:
-        """int: the run's time in integer nanoseconds of its timer (frozen at the end)."""
+        """`Run.time_ns`."""
         return self._coordinator.time_ns
 
     @property
     def nodes(self) -> Mapping[str, Node]:
-        """Mapping[str, Node]: every node of the run by dotted path, parents first."""
+        """`Run.nodes`."""
         return {a.path: a.node for a in self._actors}
 
     @property
+    def ports(self) -> Mapping[str, Port]:
+        """`Run.ports`."""
+        return dict(self._ports)
+
+    @property
+    def groups(self) -> Mapping[str, list[str]]:
+        """`Run.groups`: one group, ``"host"``, of every node."""
+        return {"host": [a.path for a in self._actors]}
+
+    @property
     def start_time(self) -> float:
-        """float: the time the run started at, seconds of its timer (a restored run's is > 0)."""
+        """`Run.start_time`."""
         return self._coordinator.start_ns / 1e9
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the end without raising its failure (see `join` for that).
-
-        Args:
-            timeout (float, optional): wall seconds; None waits for the end.
-
-        Returns:
-            bool: True when the run has ended.
-
-        Raises:
-            RuntimeError: called from inside a hook or a subscriber callback
-                (the end waits for those to return; check `running` instead).
-        """
+        """`Run.wait`: the coordinator's end."""
         self._check_caller("wait()")
         return self._coordinator.wait_ended(timeout)
 
@@ -158,13 +150,12 @@ class Run:
 
     @property
     def failure(self) -> BaseException | None:
-        """BaseException | None: what `join` raises (the first failure, or stuck
-        nodes at the stop), None for a run that did not fail; final once ended."""
+        """`Run.failure`."""
         return self._coordinator.failure
 
     @property
     def running(self) -> bool:
-        """bool: True until the run has ended."""
+        """`Run.running`."""
         return not self._coordinator.ended
 
     # -- ports ------------------------------------------------------------------------
@@ -184,21 +175,7 @@ class Run:
         return port
 
     def read(self, port: Port | str) -> Any:
-        """The newest message of a port, as a copy for the host.
-
-        Args:
-            port (Port | str): an Output (the newest message sent on it) or an
-                Input (its newest kept message), or its dotted path.
-
-        Returns:
-            A copy of the message, or ``None`` before the first. Works after
-            the run has ended too. The copy of a CUDA message is made once its
-            GPU work is done (a sent message's ready event, the receiving
-            work of a CUDA node's Input).
-
-        Raises:
-            ValueError: no such port in this run.
-        """
+        """`Run.read`: the Output's host view, or the Input's newest kept message."""
         p = self._port(port)
         wiring = self._wiring
         if isinstance(p, Output):
@@ -208,17 +185,7 @@ class Run:
         return wiring.host_copy(message)
 
     def write(self, port: Input | str, value: Any) -> None:
-        """Deliver ``value`` to an Input as the host; writes to one Input arrive in order.
-
-        Args:
-            port (Input | str): the Input, or its dotted path.
-            value: the message, checked against the Input's type and copied.
-
-        Raises:
-            PortTypeError: the value does not match the Input's type.
-            ValueError / TypeError: no such Input in this run.
-            NotRunningError: the run has ended.
-        """
+        """`Run.write`: checked and copied here, delivered as the host's write."""
         p = self._port(port, Input)
         message = self._wiring.write_copy(p.check(value), p)  # type: ignore[arg-type]
         if self._coordinator.ending:
@@ -227,42 +194,7 @@ class Run:
 
     def subscribe(self, port: Port | str, callback: Callable[..., None], *,
                   depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
-        """Call ``callback(message)`` for every later message of a port.
-
-        Callbacks run in send order on the thread ``mujou-host`` (never on a
-        worker), each with a copy of the message, up to 1 ms after the send
-        when that thread was idle (it lets messages gather: `host.LINGER`).
-        Each subscription queues at most ``depth`` messages for its callback;
-        when the callback falls further behind, the oldest is dropped and
-        counted (`Subscription.dropped` and ``stats().subscriptions``, logged
-        once). A callback that raises (whatever it raises) stops the run;
-        `join` raises `CallbackError`. The
-        other subscriptions are served until the end. When the run ends, what
-        is queued is delivered for at most ``stop_timeout`` seconds, the rest
-        counted in `Subscription.undelivered`.
-
-        Args:
-            port (Port | str): an Output (every message sent on it) or an
-                Input (every message delivered to it), or its dotted path.
-            callback: called with one argument.
-            depth (int): the most messages waiting for this callback, >= 1.
-                Default: `HOST_QUEUE_DEPTH` (1024).
-            with_time (bool): call ``callback(t_ns, message)`` instead, ``t_ns``
-                the send's time on the run's timer (ns: the time of the hook
-                that sent it, -1 for a send of ``on_start`` before the timer
-                started; for a host's write to an Input, the run's time when
-                it was written): what a recording stores as the message's log
-                time. Default: False.
-
-        Returns:
-            Subscription: call it (or its ``cancel()``) to cancel the
-            subscription; it counts the calls and the dropped messages.
-
-        Raises:
-            ValueError / TypeError: no such port in this run, a callback that
-                is not callable, a bad ``depth``, a ``with_time`` not a bool.
-            NotRunningError: the run has ended.
-        """
+        """`Run.subscribe`: a listener on the port's wiring feeding the host thread."""
         p = self._port(port)
         if not callable(callback):
             raise TypeError(f"subscribe({p.path!r}): callback must be callable")
@@ -283,27 +215,7 @@ class Run:
 
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
                  timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
-        """Wait for the first message of a port, sent after this call, that matches.
-
-        Args:
-            port (Port | str): an Output or Input, or its dotted path.
-            predicate: tried on every message in order (on the calling
-                thread); None matches the first message.
-            timeout (float, optional): wall seconds.
-            depth (int): the most messages waiting for the predicate, >= 1;
-                when it falls further behind, the oldest is dropped unseen
-                (logged once, counted in ``stats().subscriptions``).
-                Default: `HOST_QUEUE_DEPTH` (1024).
-
-        Returns:
-            A copy of the matching message.
-
-        Raises:
-            TimeoutError: no match within ``timeout``.
-            NotRunningError: the run ended before a match.
-            RuntimeError: called from inside a hook or a subscriber callback
-                (the run's end waits for those).
-        """
+        """`Run.wait_for`: a listener on the port's wiring feeding a `Waiter`."""
         p = self._port(port)
         self._check_caller("wait_for()")
         what = f"wait_for({p.path!r})"
@@ -327,38 +239,7 @@ class Run:
             self._host.remove_waiter(waiter)
 
     def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
-        """The state tree of the whole net, taken at a consistent cut.
-
-        The run pauses while the state is copied: no hook is in flight, so no
-        message is half delivered. With the simulated timer the cut falls
-        between two instants. Works after the end too (the final state; a
-        simulated run's ``time_ns`` is then its end time). A call waiting for
-        its cut when the run ends returns the final state.
-
-        Args:
-            timeout (float, optional): wall seconds to wait for the cut (a
-                hook that does not return keeps it from coming); None waits
-                until the hooks in flight return or the run ends.
-
-        Returns:
-            dict: ``{"format", "time_ns", "seeds", "nodes", "inputs", "pending",
-            "schedule"}`` (see docs/state.md), every tensor a CPU copy.
-
-        Raises:
-            TimeoutError: no cut within ``timeout``; names the nodes still in
-                a hook and the hook. The run goes on as if not asked. After
-                the end: another thread's call, taking the final state (one
-                at a time), did not return within ``timeout``.
-            NodeError: a node's ``state_dict()`` raised (hook ``"state_dict"``,
-                the node's path, the original exception as ``__cause__``), or,
-                after the end, a node is still stuck in a hook. The run goes on.
-            ValueError / TypeError: ``timeout`` is not a number >= 0 or None.
-            TypeError: a node's ``state_dict()`` holds a value a tree cannot
-                (names the node and the key), raised as is.
-            RuntimeError: called from inside a hook, or from a subscriber
-                callback once the run is ending (the final state comes only
-                once the end, which waits for the callbacks, is done).
-        """
+        """`Run.state_dict`: a state request to the coordinator, or the final tree."""
         if self._dispatcher.is_own_thread():
             raise RuntimeError("state_dict() from inside a hook would wait for itself")
         if self._coordinator.on_thread():
@@ -406,15 +287,7 @@ class Run:
             self._final_lock.release()
 
     def stop(self) -> None:
-        """End the run; idempotent.
-
-        From the host it returns once every node's ``on_stop`` has run: hooks
-        in flight finish first, for at most ``stop_timeout`` seconds; nodes
-        still stuck then are reported (logged, and raised by `join` as
-        `StopTimeoutError`) and left behind. From inside a hook (or a
-        subscriber callback) it only asks the run to end, so it never
-        deadlocks.
-        """
+        """`Run.stop`: the coordinator ends the run (waits for it from the host)."""
         self._coordinator.end(EndReason.STOPPED)
         if (self._dispatcher.is_own_thread() or self._host.on_thread()
                 or self._coordinator.on_thread()):
@@ -422,44 +295,19 @@ class Run:
         self._coordinator.wait_ended(None)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the run to end; raise what made it fail.
-
-        Args:
-            timeout (float, optional): wall seconds to wait; None waits for the end.
-
-        Raises:
-            NodeError: a hook raised (the node's path and hook in the message,
-                the original exception as ``__cause__``).
-            CallbackError: a subscriber callback raised.
-            StopTimeoutError: nodes were stuck in a hook when the run stopped.
-            TimeoutError: the run has not ended within ``timeout``.
-            RuntimeError: called from inside a hook or a subscriber callback
-                (it would wait for itself; use `stop`).
-        """
+        """`Run.join`: waits for the coordinator's end, raises its outcome."""
         self._check_caller("join()")
         if not self._coordinator.wait_ended(timeout):
             raise TimeoutError(f"the run has not ended within {timeout} s")
         self._coordinator.raise_outcome()
 
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.stop()
-        # Raise the run's failure unless the block already raised, or join()
-        # already reported it to the caller.
-        if exc_type is None and not self._coordinator.reported:
+    def _raise_unreported(self) -> None:
+        if not self._coordinator.reported:
             self._coordinator.raise_outcome()
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> RunStats:
-        """The statistics of nodes, workers, snapshots and subscribers: a frozen `RunStats`.
-
-        Counts and ``dt`` cover the whole run; the lateness percentiles only
-        each node's newest 256 updates. ``subscriptions`` has the host's
-        deliveries and drops for each port subscribed to or waited on.
-        Cheap enough to call a few times a second while the run goes on.
-        """
+        """`Run.stats`: read off the actors, the dispatcher, the coordinator and the host."""
         nodes = {}
         for a in self._actors:
             late = sorted(a.lateness_samples())
@@ -803,7 +651,7 @@ def _start(
         from .distributed.placed import start as start_placed
 
         machines = Machines(listen, join_limit, allow_remote, heartbeat_limit)
-        return start_placed(net, placement=placement,  # type: ignore[return-value]
+        return start_placed(net, placement=placement,
                             net_kwargs=net_kwargs, args=args, inputs=inputs, state=state,
                             machines=machines)
     if net_kwargs is not None:
@@ -1110,7 +958,7 @@ def _unclaim(plan: _Plan, token: object) -> None:
 
 def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) -> Run:
     """Run the start phase, then start the timer; a failure stops the run first."""
-    run = Run(coordinator, host, plan.ports, plan.seeds)
+    run = LocalRun(coordinator, host, plan.ports, plan.seeds)
     try:
         # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
         coordinator.begin(tree=args.tree, initial=plan.initial, end_s=args.end_s,

@@ -181,8 +181,8 @@ class Actor:
 
     @property
     def hook(self) -> str | None:
-        """The name of the hook in flight (``"on_update"``, ``"on_start"``, ...); None between hooks."""
-        return self.flight[0]  # type: ignore[no-any-return]
+        """The name of the hook in flight (``"on_update"``, ``"on_start"``...); None between."""
+        return self.flight[0]
 
     @hook.setter
     def hook(self, name: str | None) -> None:

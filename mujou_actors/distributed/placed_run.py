@@ -1,4 +1,4 @@
-"""`PlacedRun`: the host's API of a placed run, the same as `mujou_actors.run.Run`'s.
+"""`PlacedRun`: the `Run` of a placed run, the host's API over the run's driver.
 
 Every call but the properties is carried out by the run's driver thread
 (`driver._Driver`) between two global delta cycles, so each waits at most
@@ -20,7 +20,7 @@ from ..errors import (
     NodeError,
     NotRunningError,
 )
-from ..host import HOST_QUEUE_DEPTH, Subscription, Waiter, check_depth
+from ..host import HOST_QUEUE_DEPTH, Run, Subscription, Waiter, check_depth
 from ..messages import copy_message
 from ..node import Node
 from ..ports import Input, Output, Port
@@ -35,8 +35,8 @@ __all__ = ["PlacedRun", "machine_stats"]
 # not imported (placed.py imports both).
 _Driver = Any
 
-class PlacedRun:
-    """A started placed run: the same API as `mujou_actors.run.Run` (docs/processes.md).
+class PlacedRun(Run):
+    """`Run` for a placed run: the host's API over the run's driver (docs/processes.md).
 
     Made by ``mujou.run(factory, placement=...)``. Calls other than the
     properties are carried out by the run's driver thread between two global
@@ -60,11 +60,6 @@ class PlacedRun:
         return dict(self._seeds)
 
     @property
-    def time(self) -> float:
-        """float: the latest time any group has reached, seconds (the end time once ended)."""
-        return self.time_ns / 1e9
-
-    @property
     def time_ns(self) -> int:
         """int: `time` in integer nanoseconds of the run's timer."""
         return self._driver.time_ns
@@ -83,6 +78,11 @@ class PlacedRun:
         use `read` and `state_dict`).
         """
         return {p: n for p, n in self._found}
+
+    @property
+    def ports(self) -> Mapping[str, Port]:
+        """`Run.ports`: the ports of the host's copies of the nodes."""
+        return dict(self._ports)
 
     @property
     def groups(self) -> Mapping[str, list[str]]:
@@ -163,12 +163,8 @@ class PlacedRun:
             first.failures = [f for f in failures if isinstance(f, NodeError)]
         return first
 
-    def __enter__(self) -> PlacedRun:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.stop()
-        if exc_type is None and not self._driver.reported:
+    def _raise_unreported(self) -> None:
+        if not self._driver.reported:
             self._driver.reported = True
             err = self._outcome()
             if err is not None:
