@@ -249,7 +249,7 @@ def test_a_host_off_loopback_needs_allow_remote_and_what_is_no_run_is_refused() 
             mujou.serve_foxglove(run, "0.0.0.0:0")
         with pytest.raises(ValueError, match="no port"):
             mujou.serve_foxglove(run, "localhost:http")
-        with pytest.raises(TypeError, match="what mujou.run returned \(a Run\), got object"):
+        with pytest.raises(TypeError, match=r"what mujou.run returned \(a Run\), got object"):
             mujou.serve_foxglove(object(), 0)  # type: ignore[arg-type]
     finally:
         taken.close()

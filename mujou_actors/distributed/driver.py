@@ -35,10 +35,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import queue
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -71,7 +69,7 @@ from ..net import check_file_messages
 from ..node import Node
 from ..ports import Input, Port
 from ..supervisor import Action, RestartIntensity, Supervisor, failure_verdict
-from . import dataplane, group, realtime, tracing, wire
+from . import control, dataplane, group, realtime, tracing, wire
 from .dataplane import Item
 from .placement import HOST_GROUP, signature_differences
 
@@ -115,6 +113,8 @@ class _Group:
     # Real time, on another machine: its messages' raw ages (realtime.MessageAges), from
     # its process's timer origin; None until that process runs free.
     ages: realtime.MessageAges | None = None
+    # What the driver asks of it (control.GroupControl): set by the driver, local or remote.
+    control: Any = None
 
 
 class _LocalLink:
@@ -205,8 +205,10 @@ class _Driver:
         for g in groups.values():
             if not g.remote:
                 g.link.keep_waiting = self.keep_waiting
+                g.control = control.LocalControl(g)
             else:  # a grant to a dead group cannot go: the send looks for the death
                 g.link.blocked = self._check_exits
+                g.control = control.RemoteControl(self.ask, g.name)
         self.supervisor = supervisor
         self.start_timeout = start_timeout
         self._rebuild = rebuild
@@ -454,12 +456,7 @@ class _Driver:
         if verdict.action is Action.RESTART_ONE and node is not None:
             log.warning("%s; restarting node %r (one_for_one)", err, node)
             g = self.groups[group_name]
-            state = latest["nodes"][node]
-            if g.remote:
-                self.ask(g.name, group.RestartNode(node, snapshot.dumps(state)), 30.0)
-            else:
-                assert self.kernel is not None
-                self.kernel.restart_node(node, state)
+            g.control.restart_node(node, latest["nodes"][node])
             self.restarts[node] = self.restarts.get(node, 0) + 1
             if self.realtime:
                 self._refresh([g])
@@ -558,7 +555,7 @@ class _Driver:
                       if self.owner[self.ports[self.routes.outputs[i]].node._mujou_path]
                       == g.name]
         for output in subscribed:
-            self.ask(g.name, group.Subscribe(output), 30.0)
+            g.control.subscribe(output)
 
     def rebuild_local(self, g: _Group) -> None:
         """The host's own group rebuilt: a fresh net and kernel in this process."""
@@ -890,14 +887,7 @@ class _Driver:
 
     def _gather(self, t: int, timeout: float | None) -> dict[str, Any]:
         limit = 60.0 if timeout is None else timeout
-        trees = []
-        for g in self.groups.values():
-            if g.remote:
-                trees.append(snapshot.loads(self.ask(g.name, group.TakeState(limit),
-                                                     limit + 5.0)))
-            else:
-                assert self.kernel is not None
-                trees.append(self.kernel.state_dict(timeout=limit))
+        trees = [g.control.take_state(limit) for g in self.groups.values()]
         return merge_trees(trees, t, self.order)
 
     def write(self, path: str, message: Any, initial: bool = False) -> None:
@@ -918,11 +908,7 @@ class _Driver:
         key: Key | None = max(h.frontier for h in self.groups.values())
         if initial or key == (-1, 0) or self.realtime:
             key = None  # real time, or the timers have not started (inputs=): as in one process
-        if g.remote:
-            self.ask(g.name, group.Write(path, snapshot.dumps(message), key), 30.0)
-        else:
-            assert self.kernel is not None
-            group.host_write(self.kernel, path, message, key)
+        g.control.write(path, message, key)
         if initial or self.realtime:
             # Real time: delivered now, as in one process (the relay carries what it
             # causes); a grant here would wait for a reply a real-time group never owes.
@@ -933,21 +919,14 @@ class _Driver:
 
     def read(self, path: str) -> Any:
         owner = self.ports[path].node._mujou_path
-        g = self.groups[self.owner[owner]]
-        if g.remote:
-            return snapshot.loads(self.ask(g.name, group.Read(path), 30.0))
-        assert self.kernel is not None
-        return self.kernel.read(path)
+        return self.groups[self.owner[owner]].control.read(path)
 
     def listen(self, output: str, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Make the Output's group publish it; call ``listener`` with every message."""
         index = self.routes.output_index[output]
         g = self.groups[self.owner[self.ports[output].node._mujou_path]]
         if index not in self.listeners:
-            if g.remote:
-                self.ask(g.name, group.Subscribe(output), 30.0)
-            else:
-                g.link.published.listen(g.link.kernel, output)
+            g.control.subscribe(output)
         self.listeners[index] = self.listeners.get(index, []) + [listener]
 
         def detach() -> None:
@@ -968,10 +947,7 @@ class _Driver:
         index = self.routes.output_index[output]
         g = self.groups[self.owner[self.ports[output].node._mujou_path]]
         if index not in self.listeners and index not in self.item_listeners:
-            if g.remote:
-                self.ask(g.name, group.Subscribe(output), 30.0)
-            else:
-                g.link.published.listen(g.link.kernel, output)
+            g.control.subscribe(output)
         self.item_listeners[index] = self.item_listeners.get(index, []) + [listener]
 
         def detach() -> None:
@@ -1005,22 +981,14 @@ class _Driver:
                         out[g.name] = self._last_stats[g.name]
                     continue
                 try:
-                    out[g.name] = self._last_stats[g.name] = self.ask(
-                        g.name, group.Stats(), 30.0)
+                    out[g.name] = self._last_stats[g.name] = g.control.stats()
                 except GroupDied:
                     if strict:
                         raise
                     if g.name in self._last_stats:
                         out[g.name] = self._last_stats[g.name]
             else:
-                t = os.times()
-                link = g.link
-                out[g.name] = {"pid": os.getpid(), "cpu": t.user + t.system,
-                               "host": socket.gethostname(),
-                               "nodes": group.node_stats(link.kernel, link.counted),
-                               "messages_in": link.messages_in,
-                               "messages_out": link.messages_out,
-                               "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+                out[g.name] = g.control.stats()
         if self.monitor is not None:
             members = self.monitor.members()
             for name, figures in out.items():
@@ -1213,21 +1181,10 @@ class _Driver:
             # on_stop hooks a stop_timeout of their own, as in one process.
             idle = self._idle_left()
             try:
-                if g.remote:
-                    # A group still in a grant is stopped too: its control thread is
-                    # free, and the stop ends the grant (or names the stuck hook).
-                    hooks, tree = self.ask(
-                        g.name, group.Stop(self.stop_timeout, not g.waiting, idle),
-                        idle + 2 * self.stop_timeout + 5.0)
-                    took = tree is not None
-                    if took:
-                        trees.append(snapshot.loads(tree))
-                else:
-                    assert self.kernel is not None
-                    hooks = group.stop_kernel(self.kernel, self.stop_timeout, idle)
-                    took = not hooks  # a node left in a hook has no state to take
-                    if took:
-                        trees.append(self.kernel.state_dict())
+                hooks, tree = g.control.stop(self.stop_timeout, not g.waiting, idle)
+                took = tree is not None
+                if took:
+                    trees.append(tree)
                 named = _stuck_hooks(hooks)
                 if named and stuck.get(g.name) == _UNKNOWN_HOOKS:
                     del stuck[g.name]  # its stop names them now
@@ -1404,11 +1361,7 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
     for g in driver.groups.values():
         g.ages = None  # a restart's processes stamp on timers of their own (realtime.start)
     for g in driver.groups.values():
-        if g.remote:
-            driver.ask(g.name, group.Start(left()), left() + 5.0)
-        else:
-            assert driver.kernel is not None
-            driver.kernel.start(timeout=left())
+        g.control.start(left())
     everyone = list(driver.groups.values())
     if tree is None and not driver.realtime:
         # What on_start sent crosses to its readers before any timer starts.
@@ -1419,12 +1372,7 @@ def _start_phase(driver: _Driver, initial: list[tuple[Input, Any]],
         realtime.flush(driver, timeout=left())
     else:
         for g in everyone:
-            part = group.split_tree(tree, set(g.nodes))
-            if g.remote:
-                driver.ask(g.name, group.Load(snapshot.dumps(part), left()), left() + 5.0)
-            else:
-                assert driver.kernel is not None
-                driver.kernel.load_state_dict(part, timeout=left())
+            g.control.load(group.split_tree(tree, set(g.nodes)), left())
             g.queued = []
     for port, value in initial:
         driver.write(port.path, value, initial=True)

@@ -688,7 +688,7 @@ class GroupServer:
             self.published.listen(kernel, request.output)
             return None
         if isinstance(request, Stats):
-            return self._stats()
+            return link_stats(kernel, self._link, self._counted)
         if isinstance(request, Busy):
             return kernel.dispatcher.busy_hooks()
         if isinstance(request, TakeTrace):
@@ -701,14 +701,6 @@ class GroupServer:
             return stuck, tree
         raise TypeError(f"group {self.group!r}: unknown control request {request!r}")
 
-    def _stats(self) -> dict[str, Any]:
-        """Plain counts for `Run.stats` (the host makes the frozen records)."""
-        t = os.times()
-        link = self._link
-        return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
-                "nodes": node_stats(self.kernel, self._counted),
-                "messages_in": link.messages_in, "messages_out": link.messages_out,
-                "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
 
     def close(self, timeout: float = 10.0, idle: float | None = None) -> dict[str, str]:
         """Stop the kernel (``on_stop``) and the data-plane thread; the stuck nodes' hooks.
@@ -849,6 +841,24 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
             "traceback": text, "type": type(exc).__name__}
 
 
+
+
+def link_stats(kernel: Kernel, link: Any,
+               counted: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """A group's figures as plain counts for `Run.stats` (the host makes the frozen records).
+
+    Args:
+        kernel (Kernel): the group's kernel.
+        link: its data plane's end (``messages_in``, ``messages_out``,
+            ``bytes_in``, ``bytes_out``): a `dataplane.GroupLink`, or the host's
+            own group's `driver._LocalLink`.
+        counted: the counts of the group's kernels a restart replaced (`node_stats`).
+    """
+    t = os.times()
+    return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
+            "nodes": node_stats(kernel, counted),
+            "messages_in": link.messages_in, "messages_out": link.messages_out,
+            "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
 
 
 def node_stats(kernel: Kernel,

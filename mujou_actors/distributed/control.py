@@ -1,0 +1,196 @@
+"""What a placed run's driver asks of one group, wherever the group runs.
+
+The driver (`driver._Driver`) controls every group through one interface,
+`GroupControl`: start its nodes, restore part of a tree, take its state, a
+host's write or read, publish an Output to the host, restart one node, its
+figures, its stop. Two implementations keep the same contract:
+
+* `LocalControl`: the host's own group, a `Kernel` in this process, called
+  directly on the driver's thread (the kernel of its current link: a restart
+  replaces both);
+* `RemoteControl`: a group process, here or on another machine, through the
+  control plane's requests (`group.Start`, `group.Write`, ...; answered by
+  `group.GroupServer.handle`), trees and messages crossing as the snapshot
+  codec's bytes, each wait bounded.
+
+So the driver's rules (when to ask, what to do with the answer, a dead
+group's last figures) are written once, whichever side runs the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import snapshot
+from .._runtime.keys import Key
+from . import group
+
+if TYPE_CHECKING:
+    from .._runtime.kernel import Kernel
+
+__all__ = ["GroupControl", "LocalControl", "RemoteControl"]
+
+# Wall seconds a remote group is given for a request that runs no hook (a write, a
+# read, a subscription, its figures) or restores one node: generous, since a busy
+# group answers between two grants.
+QUICK_S = 30.0
+# The slack beyond a request's own bound (its start, restore, cut or stop) for the
+# request's trip across the control plane.
+TRIP_S = 5.0
+
+Ask = Callable[[str, Any, float], Any]  # `driver._Driver.ask`: name, request, timeout
+
+
+class GroupControl(Protocol):
+    """The control operations of one group (see the module's docstring)."""
+
+    def start(self, timeout: float) -> None:
+        """Run every ``on_start`` of the group's nodes within ``timeout`` wall seconds.
+
+        Raises:
+            StartTimeoutError: not done in time (the nodes named); NodeError: a hook raised.
+        """
+
+    def load(self, tree: dict[str, Any], timeout: float) -> None:
+        """Restore the group's part of a state tree (`group.split_tree`) within ``timeout``."""
+
+    def take_state(self, timeout: float) -> dict[str, Any]:
+        """The group's state tree at the cut it is held at (``timeout``: for its hooks)."""
+
+    def write(self, input: str, message: Any, key: Key | None) -> None:
+        """A host's write to an Input of the group, at ``key`` (None: as one process's)."""
+
+    def read(self, port: str) -> Any:
+        """The newest message of a port of the group (`Run.read`)."""
+
+    def subscribe(self, output: str) -> None:
+        """Publish every later message of an Output of the group to the host."""
+
+    def restart_node(self, path: str, state: Any) -> None:
+        """Restart one node of the group from its ``state`` (its ``load_state_dict``)."""
+
+    def stats(self) -> dict[str, Any]:
+        """The group's figures as plain data (`group.link_stats`)."""
+
+    def stop(self, stop_timeout: float, take_state: bool,
+             idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
+        """Stop the group (``on_stop``); its stuck nodes' hooks, and its final tree.
+
+        Args:
+            stop_timeout (float): wall seconds for its ``on_stop`` hooks.
+            take_state (bool): take the final tree (False: a group whose grant is
+                still out has none to give).
+            idle (float): wall seconds left for the hooks in flight.
+
+        Returns:
+            ``(stuck, tree)``: node path -> the hook it is stuck in (a list of paths
+            from a server that names no hooks), and the final tree, or None when
+            a node was stuck or none was asked for.
+        """
+
+
+class LocalControl:
+    """`GroupControl` of the host's own group: the kernel of its link, called here.
+
+    Args:
+        entry: the driver's record of the group (`driver._Group`); its ``link``
+            (`driver._LocalLink`: the kernel, its published Outputs, its message
+            counts) is read at each call, since a restart gives the group a new
+            kernel and link.
+    """
+
+    def __init__(self, entry: Any) -> None:
+        self._entry = entry
+
+    def _link_of(self) -> Any:
+        return self._entry.link
+
+    @property
+    def kernel(self) -> Kernel:
+        """Kernel: the group's kernel now (a restart replaces it)."""
+        kernel: Kernel = self._entry.link.kernel
+        return kernel
+
+    def start(self, timeout: float) -> None:
+        self.kernel.start(timeout=timeout)
+
+    def load(self, tree: dict[str, Any], timeout: float) -> None:
+        self.kernel.load_state_dict(tree, timeout=timeout)
+
+    def take_state(self, timeout: float) -> dict[str, Any]:
+        return self.kernel.state_dict(timeout=timeout)
+
+    def write(self, input: str, message: Any, key: Key | None) -> None:
+        group.host_write(self.kernel, input, message, key)
+
+    def read(self, port: str) -> Any:
+        return self.kernel.read(port)
+
+    def subscribe(self, output: str) -> None:
+        link = self._link_of()
+        link.published.listen(link.kernel, output)
+
+    def restart_node(self, path: str, state: Any) -> None:
+        self.kernel.restart_node(path, state)
+
+    def stats(self) -> dict[str, Any]:
+        link = self._link_of()
+        return group.link_stats(link.kernel, link, link.counted)
+
+    def stop(self, stop_timeout: float, take_state: bool,
+             idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
+        # ``take_state`` is moot here: the host's group runs its grants on the
+        # driver's thread, so none is still out when the driver stops it.
+        kernel = self.kernel
+        stuck = group.stop_kernel(kernel, stop_timeout, idle)
+        return stuck, None if stuck else kernel.state_dict()
+
+
+class RemoteControl:
+    """`GroupControl` of a group process: its control requests through ``ask``.
+
+    Args:
+        ask: `driver._Driver.ask` (the control plane's ``system.ask``, a node's
+            failure raised as the host's `NodeError`).
+        name (str): the group's name.
+    """
+
+    def __init__(self, ask: Ask, name: str) -> None:
+        self._ask = ask
+        self.name = name
+
+    def start(self, timeout: float) -> None:
+        self._ask(self.name, group.Start(timeout), timeout + TRIP_S)
+
+    def load(self, tree: dict[str, Any], timeout: float) -> None:
+        self._ask(self.name, group.Load(snapshot.dumps(tree), timeout), timeout + TRIP_S)
+
+    def take_state(self, timeout: float) -> dict[str, Any]:
+        tree: dict[str, Any] = snapshot.loads(
+            self._ask(self.name, group.TakeState(timeout), timeout + TRIP_S))
+        return tree
+
+    def write(self, input: str, message: Any, key: Key | None) -> None:
+        self._ask(self.name, group.Write(input, snapshot.dumps(message), key), QUICK_S)
+
+    def read(self, port: str) -> Any:
+        return snapshot.loads(self._ask(self.name, group.Read(port), QUICK_S))
+
+    def subscribe(self, output: str) -> None:
+        self._ask(self.name, group.Subscribe(output), QUICK_S)
+
+    def restart_node(self, path: str, state: Any) -> None:
+        self._ask(self.name, group.RestartNode(path, snapshot.dumps(state)), QUICK_S)
+
+    def stats(self) -> dict[str, Any]:
+        figures: dict[str, Any] = self._ask(self.name, group.Stats(), QUICK_S)
+        return figures
+
+    def stop(self, stop_timeout: float, take_state: bool,
+             idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
+        # A group still in a grant is stopped too: its control thread is free, and
+        # the stop ends the grant (or names the stuck hook).
+        stuck, tree = self._ask(self.name, group.Stop(stop_timeout, take_state, idle),
+                                idle + 2 * stop_timeout + TRIP_S)
+        return stuck, None if tree is None else snapshot.loads(tree)
