@@ -67,10 +67,10 @@ __all__ = ["MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK"]
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
 
-# -- limits (what save refuses and load refuses alike) ---------------------------------
+# -- limits (what encoding refuses and decoding refuses alike) ----------------------------
 
 MAX_DEPTH = 100
-"""How deep containers (dicts, lists, tuples) may nest in a file; the root container is level 1."""
+"""How deep containers (dicts, lists, tuples) may nest in a tree; the root container is level 1."""
 
 MEMORY_PER_BYTE = 32
 """Decoded objects may take this many bytes of memory per byte of structure (see `MEMORY_SLACK`)."""
@@ -79,9 +79,10 @@ MEMORY_SLACK = 16 << 20
 """Bytes of decoded objects allowed on top of ``MEMORY_PER_BYTE`` per byte of structure."""
 
 # The memory a decoded object is charged, in bytes: a deterministic model of CPython's sizes
-# (64-bit), computed the same way when saving (from the objects) and when loading (from the
-# bytes), so that save refuses exactly what load would. Shared objects (None, bools, small ints,
-# strs and bytes of at most one byte) cost nothing beyond the slot of the container holding them.
+# (64-bit), computed the same way when encoding (from the objects) and when decoding (from the
+# bytes), so that encoding refuses exactly what decoding would. Shared objects (None, bools,
+# small ints, strs and bytes of at most one byte) cost nothing beyond the slot of the container
+# holding them.
 _COST_LIST, _COST_TUPLE, _COST_DICT = 56, 40, 64  # plus per item:
 _COST_SLOT, _COST_ENTRY = 8, 40  # a list/tuple item, a dict entry
 _COST_STR, _COST_BYTES = 56, 40  # plus one per (UTF-8) byte
@@ -174,7 +175,7 @@ def _convert(tree: Any, tensors: list[tuple[torch.Tensor, int]], offset: int,
     The tree's tensors are appended to ``tensors`` with their byte sizes, their bytes placed
     from ``offset`` on in the tensor data. ``root`` is the tree's key path in errors (``""``:
     ``<root>``). Returns the packable tree, the offset after its tensors and the memory its
-    decoding is charged (`memory_budget`'s model). Raises what `save` raises for the tree.
+    decoding is charged (`memory_budget`'s model). Raises what `encode` raises for the tree.
     """
     cost = 0
 
