@@ -9,7 +9,8 @@ on the data plane between processes), the data plane between machines (``SecretE
 not join), the CUDA driver (``SyncModeError``, also
 ``mujou.cuda.SyncModeError``) and the processes of a placed run (``GroupDied``;
 ``RemoteError``, the control plane's). `describe` formats any exception for a
-message; `keep_end_failure` adds a failure found as a run ends to its own.
+message (`reason`: its message alone); `keep_end_failure` adds a failure found
+as a run ends to its own.
 """
 
 from __future__ import annotations
@@ -476,6 +477,26 @@ def describe(exc: BaseException) -> str:
     if type(text) is not str:  # a str subclass: a plain copy (formatting it would call it)
         text = str.__str__(text) if isinstance(text, str) else broken
     return f"{name}: {text}" if text else name
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's message alone, never empty: for a message that says what went wrong.
+
+    Unlike `describe`, no type name before a message (``"bad length"``, not
+    ``"ValueError: bad length"``): for the reasons the codec, the snapshot
+    files, the recordings and the data plane give for bytes that do not read.
+
+    Args:
+        exc (BaseException): any exception.
+
+    Returns:
+        str: ``str(exc)``, or the type's name when that is empty or raises.
+    """
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - the type's name is still worth showing
+        text = ""
+    return text or type(exc).__name__
 
 
 def keep_end_failure(failures: list[BaseException], exc: BaseException, what: str,

@@ -63,10 +63,11 @@ sequence (modulo 2**32) in the record's ``sequence``, and there are no
 at least).
 
 Decoding never runs code from the file: messages come back through the
-snapshot codec's own decoder, and a NamedTuple or dataclass message is put back
-into the type its port declares only when the reader is told that type
-(``types=``); otherwise it comes back as a tuple or a dict, as from a snapshot
-file. This module starts no thread and knows nothing of runs.
+codec's own decoder (``mujou_actors.codec``, by way of ``snapshot.loads``),
+and a NamedTuple or dataclass message is put back into the type its port
+declares only when the reader is told that type (``types=``); otherwise it
+comes back as a tuple or a dict, as from a snapshot file. This module
+starts no thread and knows nothing of runs.
 
 A file is untrusted (docs/recording.md, "Untrusted files"), and whatever it
 holds, a reader raises `RecordingError` and nothing else for one that does
@@ -105,20 +106,9 @@ import msgpack
 import torch
 from mcap.records import Attachment, Channel, Header, Metadata, Schema
 
-from .errors import RecordingError, SnapshotError
-from .snapshot import (
-    _CRC,
-    _HEAD,
-    _encode,
-    _raw_bytes,
-    _reason,
-    _tensor_ext,
-    dumps,
-    from_file,
-    loads,
-)
-from .snapshot import MAGIC as _MAGIC
-from .snapshot import VERSION as _VERSION
+from .codec import encode, from_file, raw_bytes, tensor_ext
+from .errors import RecordingError, SnapshotError, reason
+from .snapshot import assemble, dumps, loads
 
 Buffer: TypeAlias = "bytes | memoryview | ctypes.Array[ctypes.c_char]"
 
@@ -322,19 +312,19 @@ def encode_message(delta: int, sequence: int, message: Any) -> bytes:
     mt = type(message)
     try:
         if mt in _SCALAR_TYPES and (mt is not int or _INT_MIN <= message < _INT_END):
-            return _assemble_plain(_packb([delta, sequence, message]))
+            return assemble(_packb([delta, sequence, message]))
         if mt is torch.Tensor and message.layout == torch.strided and not message.is_meta:
             key = (message.dtype, message.shape)
             known = _TENSOR_EXTS.get(key)
             if known is None:
                 if len(_TENSOR_EXTS) >= 256:
                     _TENSOR_EXTS.clear()
-                known = _TENSOR_EXTS[key] = _tensor_ext(message, "[2]", 0)
+                known = _TENSOR_EXTS[key] = tensor_ext(message, "[2]", 0)
             return _assemble_tensor(_packb([delta, sequence, known[0]]), message, known[1])
     except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
         pass  # the general way below raises what dumps raises, naming the key path
     try:
-        structure, tensors = _encode([delta, sequence, message])
+        structure, tensors = encode([delta, sequence, message])
     except (TypeError, ValueError) as e:
         # The codec names the key path in [delta, sequence, message]: say it of the message.
         text = str(e)
@@ -362,19 +352,12 @@ def _tensor_bytes(tensor: torch.Tensor) -> Buffer:
                 _ARRAYS.clear()
             array = _ARRAYS[n] = ctypes.c_char * n
         return array.from_address(tensor.data_ptr()) if n else b""
-    return _raw_bytes(tensor)
-
-
-def _assemble_plain(structure: bytes) -> bytes:
-    """`_assemble` of a structure without tensors, by fewer steps (the writer's hot path)."""
-    head = _HEAD.pack(_MAGIC, _VERSION, len(structure), 0)
-    body = head + _CRC.pack(zlib.crc32(head)) + structure
-    return body + _CRC.pack(zlib.crc32(body))
+    return raw_bytes(tensor)
 
 
 def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> bytes:
-    """A snapshot's bytes from its structure and tensors (what `snapshot._write` writes)."""
-    parts: list[Buffer] = [b"", structure]
+    """A snapshot's bytes from its structure and tensors (`snapshot.assemble` of their bytes)."""
+    parts: list[Buffer] = []
     data_len = 0
     for tensor, nbytes in tensors:
         raw = _tensor_bytes(tensor)
@@ -382,14 +365,7 @@ def _assemble(structure: bytes, tensors: Iterable[tuple[torch.Tensor, int]]) -> 
             raise RuntimeError("a tensor was resized while it was being recorded")
         parts.append(raw)
         data_len += nbytes
-    head = _HEAD.pack(_MAGIC, _VERSION, len(structure), data_len)
-    head += _CRC.pack(zlib.crc32(head))
-    parts[0] = head
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-    parts.append(_CRC.pack(crc))
-    return b"".join(parts)
+    return assemble(structure, parts, data_len)
 
 
 def _assemble_tensor(structure: bytes, tensor: torch.Tensor, nbytes: int) -> bytes:
@@ -397,10 +373,7 @@ def _assemble_tensor(structure: bytes, tensor: torch.Tensor, nbytes: int) -> byt
     raw = _tensor_bytes(tensor)
     if tensor.nbytes != nbytes:
         raise RuntimeError("a tensor was resized while it was being recorded")
-    head = _HEAD.pack(_MAGIC, _VERSION, len(structure), nbytes)
-    head += _CRC.pack(zlib.crc32(head))
-    crc = zlib.crc32(raw, zlib.crc32(structure, zlib.crc32(head)))
-    return b"".join((head, structure, raw, _CRC.pack(crc)))
+    return assemble(structure, (raw,), nbytes)
 
 
 def decode_message(data: bytes, declared: type | None = None
@@ -411,7 +384,7 @@ def decode_message(data: bytes, declared: type | None = None
         data (bytes): the record's data (format 2's ``[delta, sequence,
             message]`` or format 1's ``[delta, message]``).
         declared (type | None): the port's declared type: a NamedTuple or a
-            dataclass message is put back into it (as ``snapshot.from_file``
+            dataclass message is put back into it (as ``codec.from_file``
             does); None leaves it a tuple or a dict.
 
     Returns:
@@ -1006,7 +979,7 @@ def _view_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Chann
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
     except ValueError as e:
         raise RecordingError(path, f"view channel {channel.topic!r}: bad schema "
-                             f"({_reason(e)})") from e
+                             f"({reason(e)})") from e
     return ChannelInfo(channel.id, channel.topic, "", "", -1,
                        schema.name if schema is not None else "", None, None, data,
                        view_of=channel.metadata[VIEW_OF])
@@ -1033,7 +1006,7 @@ def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Ch
                              "schemas") from e
     except ValueError as e:
         raise RecordingError(path, f"channel {channel.topic!r}: bad schema or metadata "
-                             f"({_reason(e)})") from e
+                             f"({reason(e)})") from e
     return ChannelInfo(channel.id, channel.topic, meta.get("node", ""), meta.get("port", ""),
                        order, meta.get("type", ""), shape, meta.get("dtype"), schema)
 
@@ -1211,7 +1184,7 @@ class _Fields:
             return data.decode()
         except UnicodeDecodeError as e:
             raise _Damage(f"damaged {self.kind} record: a string that is not UTF-8 "
-                          f"({_reason(e)})", self.at) from None
+                          f"({reason(e)})", self.at) from None
 
     def pairs(self) -> dict[str, str]:
         """A map of str to str (its byte length first)."""
@@ -1343,7 +1316,7 @@ def _decompress(compression: str, data: memoryview, size: int, at: int) -> bytes
         raise _Damage(f"a {compression} chunk, and the {e.name} package is not installed",
                       at) from None
     except (RuntimeError, ValueError, MemoryError) as e:  # lz4's, and zstandard's ZstdError
-        raise _Damage(f"damaged chunk: {compression} does not decompress it ({_reason(e)})",
+        raise _Damage(f"damaged chunk: {compression} does not decompress it ({reason(e)})",
                       at) from None
     if len(out) != size:
         raise _Damage(f"damaged chunk: it decompresses to {len(out)} bytes, its uncompressed "
@@ -1370,7 +1343,7 @@ def _unzstd(data: memoryview, size: int, at: int) -> bytes:
         except TypeError:  # zstandard < 0.20: bytes after the frame are not looked at
             out = unpack.decompress(data, max_output_size=max(size, 1))
     except zstandard.ZstdError as e:
-        raise _Damage(f"damaged chunk: zstd does not decompress it ({_reason(e)})",
+        raise _Damage(f"damaged chunk: zstd does not decompress it ({reason(e)})",
                       at) from None
     return bytes(out)
 
@@ -1449,7 +1422,7 @@ class _Scan:
         except FileNotFoundError:
             raise
         except OSError as e:
-            raise RecordingError(self.path, f"cannot be read: {_reason(e)}") from e
+            raise RecordingError(self.path, f"cannot be read: {reason(e)}") from e
         try:
             yield from self._records(f)
         except _Damage as e:
@@ -1830,7 +1803,7 @@ class Reader:
                 value = parse_json(record.data)
             except ValueError as e:
                 raise RecordingError(self.path, f"view message {index} of {of!r} is not JSON "
-                                     f"({_reason(e)})") from e
+                                     f"({reason(e)})") from e
             yield of, index, record.log_time, value
 
     def attachments(self) -> Iterator[tuple[AttachmentInfo, bytes]]:
@@ -1892,7 +1865,7 @@ def _json_counts(meta: Mapping[str, str] | None, key: str, path: str,
                 type(v) is int and 0 <= v < end for v in value.values()):
             raise ValueError(f"not an object of ints in [0, {end:#x})")
     except ValueError as e:
-        raise RecordingError(path, f"bad {key!r} in its metadata ({_reason(e)})") from e
+        raise RecordingError(path, f"bad {key!r} in its metadata ({reason(e)})") from e
     return value
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from ._checks import is_int, is_number
+from .codec import file_problem, from_file
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
-from .snapshot import file_problem, from_file
 from .state import check_tree
 from .supervisor import derive_seed
 

@@ -214,9 +214,9 @@ def test_the_kernel_types_its_project_objects_by_their_class_not_any() -> None:
 def test_a_number_but_not_a_bool_is_checked_only_by_checks() -> None:
     # `_checks.is_number` / `is_int` are the one check: no function elsewhere
     # asks both whether a value is a bool and whether it is an int or a float.
-    # The snapshot encoder tells the types apart to write each in its own
+    # The codec's encoder tells the types apart to write each in its own
     # format (a bool is not written as an int): no argument check.
-    encoders = {("snapshot.py", "_convert"), ("snapshot.py", "convert")}
+    encoders = {("codec.py", "_convert"), ("codec.py", "convert")}
     found = []
     for name, tree in _modules():
         if name == "_checks.py":

@@ -12,7 +12,7 @@ import torch
 
 import mujou_actors as mujou
 from mujou_actors import mcapfile
-from mujou_actors.snapshot import _DTYPES
+from mujou_actors.codec import DTYPES
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -35,7 +35,7 @@ class Frozen:
 
 def _tensors() -> list[torch.Tensor]:
     out = []
-    for name, dtype in sorted(_DTYPES.items()):
+    for name, dtype in sorted(DTYPES.items()):
         if name == "complex32":
             t = torch.arange(12, dtype=torch.int16).view(torch.float16).view(dtype)
         elif name.startswith(("float8", "float4")):

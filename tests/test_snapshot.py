@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mujou_actors import SnapshotError, snapshot
+from mujou_actors import SnapshotError, codec, errors, snapshot
 from mujou_actors.snapshot import dumps, inspect_file, load, loads, save
 
 # torch warns once that complex32 is experimental; it round-trips all the same.
@@ -199,14 +199,14 @@ def test_the_dtypes_the_brief_lists_are_all_supported() -> None:
              "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
              "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"]
 
-    missing = [n for n in names if hasattr(torch, n) and n not in snapshot._DTYPES]
+    missing = [n for n in names if hasattr(torch, n) and n not in codec.DTYPES]
 
     assert missing == []
 
 
-@pytest.mark.parametrize("name", sorted(snapshot._DTYPES))
+@pytest.mark.parametrize("name", sorted(codec.DTYPES))
 def test_every_dtype_round_trips_bit_for_bit(name: str) -> None:
-    dtype = snapshot._DTYPES[name]
+    dtype = codec.DTYPES[name]
     tree = {"t": random_tensor(dtype, (3, 5)), "s": random_tensor(dtype, ()),
             "e": random_tensor(dtype, (0, 4))}
 
@@ -256,7 +256,7 @@ def test_tensors_from_loads_do_not_view_the_input_bytes() -> None:
 
 @st.composite
 def tensors(draw: st.DrawFn) -> torch.Tensor:
-    dtype = snapshot._DTYPES[draw(st.sampled_from(sorted(snapshot._DTYPES)))]
+    dtype = codec.DTYPES[draw(st.sampled_from(sorted(codec.DTYPES)))]
     shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
     layout = draw(st.sampled_from(["contiguous", "every_other", "transposed"]))
     seed = draw(st.integers(0, 2**31))
@@ -322,7 +322,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_file_and_no_temp_file(
     path = tmp_path / "state.snap"
     save({"old": torch.ones(3)}, path)
     before = path.read_bytes()
-    real = snapshot._raw_bytes
+    real = snapshot.raw_bytes
     temps: list[tuple[str, int]] = []  # (name, size) of the temp files when the failure hits
 
     def fail_on_second_tensor(t: torch.Tensor) -> memoryview:
@@ -331,7 +331,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_file_and_no_temp_file(
             raise failure
         return real(t)
 
-    monkeypatch.setattr(snapshot, "_raw_bytes", fail_on_second_tensor)
+    monkeypatch.setattr(snapshot, "raw_bytes", fail_on_second_tensor)
     with pytest.raises(type(failure)):
         save({"big": torch.ones(1 << 18), "next": torch.ones(3)}, path)
 
@@ -657,9 +657,9 @@ def test_a_file_of_empty_dicts_is_refused_for_the_memory_it_would_take() -> None
 
 
 def test_loading_stays_within_its_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snapshot, "MEMORY_SLACK", 1 << 20)  # a smaller file shows the same
+    monkeypatch.setattr(codec, "MEMORY_SLACK", 1 << 20)  # a smaller file shows the same
     structure = empty_dicts(200_000)
-    budget = snapshot.MEMORY_PER_BYTE * len(structure) + snapshot.MEMORY_SLACK
+    budget = codec.MEMORY_PER_BYTE * len(structure) + codec.MEMORY_SLACK
     tracemalloc.start()
     try:
         with pytest.raises(SnapshotError, match="memory"):
@@ -741,8 +741,8 @@ def test_an_undecodable_error_message_is_never_empty() -> None:
         def __str__(self) -> str:
             raise RuntimeError("no words")
 
-    assert snapshot._reason(ValueError()) == "ValueError"
-    assert snapshot._reason(Mute()) == "Mute"
+    assert errors.reason(ValueError()) == "ValueError"
+    assert errors.reason(Mute()) == "Mute"
 
 
 def test_save_refuses_a_str_with_a_lone_surrogate_naming_its_path() -> None:

@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mujou_actors import snapshot
+from mujou_actors import codec
 from mujou_actors.distributed import wire
 from mujou_actors.distributed.wire import Decoder, Encoder, crossing_problem, remove_blocks
 from mujou_actors.errors import WireError
@@ -154,15 +154,15 @@ def test_an_empty_batch_is_one_frame() -> None:
 
 def test_the_cost_the_encoder_charges_is_what_the_decoder_charges() -> None:
     # What encode accepts, decode accepts: the encoder charges each message as
-    # snapshot._Decoder charges it (leaves, flat containers and the slow path).
+    # the codec's decoder charges it (leaves, flat containers and the slow path).
     messages = [1, -6, 300, 2**64 - 1, 1.5, "", "ab", "ünï", b"", b"xy", None, True,
                 torch.zeros(()), (), [], {}, (1, "a"), [torch.ones(2)], {"k": 1, 7: b"v"},
                 {"deep": [[1], (2,)]}, Pose(1.0, torch.ones(1))]
     declared = [object] * 20 + [Pose]
     tensors_: list[Any] = []
-    out, cost = Encoder()._messages(messages, list(range(21)), declared, tensors_)
+    out, cost = codec._batch(messages, list(range(21)), declared, tensors_)
     body = msgpack.packb(out)
-    parser = wire._Parser(sum(n for _, n in tensors_), device="cpu")
+    parser = codec._BatchDecoder(sum(n for _, n in tensors_), device="cpu")
 
     parser.unpack(body)
 
@@ -173,14 +173,14 @@ def test_a_batch_that_would_decode_into_too_much_memory_is_refused_by_the_encode
         monkeypatch: pytest.MonkeyPatch) -> None:
     # An empty dict is charged 64 bytes (and its slot 8) for one byte of structure: without
     # the slack (16 MiB, which takes 400,000 of them to fill) ten are beyond the budget.
-    monkeypatch.setattr(snapshot, "MEMORY_SLACK", 0)
+    monkeypatch.setattr(codec, "MEMORY_SLACK", 0)
     items = [(0, 0, 0, 0, {})] * 10
 
     with pytest.raises(ValueError, match="split it"):
         Encoder().encode(items, ANY)
     monkeypatch.undo()
     frames = Encoder().encode(items, ANY)
-    monkeypatch.setattr(snapshot, "MEMORY_SLACK", 0)
+    monkeypatch.setattr(codec, "MEMORY_SLACK", 0)
     assert "more than 352 bytes of memory" in decode_error(frames)  # the decoder's limit
 
 
@@ -246,7 +246,7 @@ def test_a_message_that_would_not_come_back_as_itself_is_refused_naming_item_and
 
 def test_a_message_nested_deeper_than_a_snapshot_holds_is_refused() -> None:
     deep: Any = 1
-    for _ in range(snapshot.MAX_DEPTH + 1):
+    for _ in range(codec.MAX_DEPTH + 1):
         deep = [deep]
 
     with pytest.raises(ValueError, match=r"item 0 \(port 0\): .*deeper than 100"):

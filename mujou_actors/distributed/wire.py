@@ -7,12 +7,13 @@ index of the port the message is for (an index both sides agree on, into the
 turns a batch into the frames of one ZeroMQ multipart message;
 `Decoder.decode` turns them back into the batch, each message as the type its
 port declares and bit for bit as it was sent. Messages are encoded with the
-snapshot codec (``mujou_actors.snapshot``: msgpack, tensors as raw bytes,
-never pickle), without a file's header and checksum, so what crosses is what a
-snapshot file holds: None, bool, int (int64/uint64), float, str, bytes, list,
-tuple, dict (str and int keys) and ``torch.Tensor`` (strided, every dtype the
-format names), nested at most ``snapshot.MAX_DEPTH`` levels, and a NamedTuple
-or dataclass of those where the port declares exactly that class.
+tree codec (``mujou_actors.codec``: msgpack, tensors as raw bytes, never
+pickle; `codec.encode_batch`, `codec.decode_batch`), as a snapshot file holds
+them but without its header and checksum, so what crosses is what a snapshot
+file holds: None, bool, int (int64/uint64), float, str, bytes, list, tuple,
+dict (str and int keys) and ``torch.Tensor`` (strided, every dtype the format
+names), nested at most ``codec.MAX_DEPTH`` levels, and a NamedTuple or
+dataclass of those where the port declares exactly that class.
 `crossing_problem` says, at connect time, whether a port's declared type can
 cross at all; `Encoder.encode` refuses a message that would not come back as
 itself (a subclass, a NamedTuple inside a list, an ``OrderedDict``).
@@ -62,9 +63,10 @@ a sender killed before that leaves it behind, and `remove_blocks` removes every
 pool of a prefix. Without ``/dev/shm`` (not Linux), everything goes inline.
 
 Decoding takes untrusted bytes and is bounded: the messages are parsed by the
-snapshot codec's own parser (no recursion, at most ``snapshot.MAX_DEPTH``
-levels, decoded objects charged at most ``snapshot.MEMORY_PER_BYTE`` bytes per
-byte of the msgpack part plus ``snapshot.MEMORY_SLACK``), a tensor's
+codec's own parser (`codec.decode_batch`: no recursion, at most
+``codec.MAX_DEPTH`` levels, decoded objects charged at most
+``codec.MEMORY_PER_BYTE`` bytes per byte of the msgpack part plus
+``codec.MEMORY_SLACK``), a tensor's
 description is read by msgpack's C parser (at most 1,024 bytes, no extension
 types: no recursion), and tensors are allocated only for bytes that are there:
 at most the data frames' total length plus the mapped pool's size (the
@@ -91,38 +93,10 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
 import torch
 
-from ..errors import WireError
-from ..snapshot import (
-    _COST_BYTES,
-    _COST_DICT,
-    _COST_ENTRY,
-    _COST_FLOAT,
-    _COST_LIST,
-    _COST_SLOT,
-    _COST_STR,
-    _COST_TENSOR,
-    _COST_TUPLE,
-    _EXACT,
-    _EXT_TUPLE,
-    _a,
-    _checked_int,
-    _convert,
-    _Decoder,
-    _int_cost,
-    _is_dataclass_type,
-    _is_named_tuple,
-    _memory_budget,
-    _raw_bytes,
-    _reason,
-    _tensor_ext,
-    _text_cost,
-    _utf8_len,
-    file_problem,
-    from_file,
-)
+from ..codec import decode_batch, encode_batch, from_file, is_record_type, raw_bytes, type_problem
+from ..errors import WireError, reason
 
 __all__ = ["Encoder", "Decoder", "crossing_problem", "remove_blocks", "Item",
            "SHM_THRESHOLD", "POOL_BYTES", "OWN_FRAME", "MAGIC"]
@@ -150,12 +124,8 @@ _SHM_DIR = "/dev/shm"
 # no "/" (a file of /dev/shm itself).
 _NAME = re.compile(r"mujou-[A-Za-z0-9._-]+\Z")
 _BIG = sys.byteorder == "big"
-_Tensor = torch.Tensor
 _memmove = ctypes.memmove
 _string_at = ctypes.string_at
-# Message types encoded as they are, with the cost `_Decoder` charges for them (str, bytes
-# and int: computed). Any other type is checked by `file_problem` and converted by `_convert`.
-_NO_COST = frozenset((type(None), bool))
 
 
 # ---------------------------------------------------------------------------
@@ -165,8 +135,8 @@ _NO_COST = frozenset((type(None), bool))
 def crossing_problem(declared: type, path: str) -> str | None:
     """Why the messages of a port declared with ``declared`` cannot cross processes.
 
-    A port crosses when its declared type is one the snapshot codec brings
-    back as itself: ``object`` (any message: each is checked as it is
+    A port crosses when its declared type is one the codec brings back as
+    itself (`codec.type_problem`): ``object`` (any message: each is checked as it is
     encoded), None's type, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
     ``list``, ``tuple``, ``dict``, ``torch.Tensor``, a NamedTuple class or a
     dataclass (their fields checked per message, like a container's items).
@@ -182,29 +152,12 @@ def crossing_problem(declared: type, path: str) -> str | None:
         str | None: the reason in words, naming the port (``port 'ctrl.gain'
         (declared complex): ...``), or None when its messages can cross.
     """
-    why = _type_problem(declared)
+    why = type_problem(declared)
     if why is None:
         return None
     name = getattr(declared, "__qualname__", None) or repr(declared)
     return (f"port {path!r} (declared {name}): its messages cannot cross between group "
             f"processes: {why}")
-
-
-def _type_problem(declared: Any) -> str | None:
-    """`crossing_problem`'s reason without the port: None when the type crosses."""
-    if not isinstance(declared, type):
-        return f"{declared!r} is not a class"
-    if declared is object or declared in _EXACT:
-        return None
-    if _is_named_tuple(declared) or _is_dataclass_type(declared):
-        return None
-    base = next((b for b in _EXACT if issubclass(declared, b)), None)
-    if base is not None:
-        return (f"{_a(declared.__name__)} (a subclass of {base.__name__}) would come back as "
-                f"{_a(base.__name__)}; declare {base.__name__}")
-    return (f"the snapshot codec does not encode {_a(declared.__name__)} (it holds None, bool, "
-            "int, float, str, bytes, list, tuple, dict, torch.Tensor, and NamedTuples and "
-            "dataclasses of those)")
 
 
 # ---------------------------------------------------------------------------
@@ -290,7 +243,7 @@ class Encoder:
                 as itself; the message names the item, its port and the key
                 path (``item 3 (port 7): message['pose']: ...``).
             ValueError: a port index outside ``declared``, a message nested
-                deeper than ``snapshot.MAX_DEPTH``, or a batch whose decoding
+                deeper than ``codec.MAX_DEPTH``, or a batch whose decoding
                 would take more memory than the decoder allows (split it).
             RuntimeError: the encoder is closed.
         """
@@ -320,12 +273,7 @@ class Encoder:
         else:
             ps = ms = ()
         tensors: list[tuple[torch.Tensor, int]] = []
-        out, cost = self._messages(ms, ps, declared, tensors)
-        body = msgpack.packb(out)
-        if cost > _memory_budget(len(body)):
-            raise ValueError(f"a batch of {n} items whose {len(body)} bytes of messages would "
-                             f"take more than {_memory_budget(len(body))} bytes of memory to "
-                             "decode: split it")
+        body = encode_batch(ms, ps, declared, tensors)
         frames: list[bytes | memoryview] = [b""]
         rows = self._place(tensors, frames) if tensors else None
         if _BIG:
@@ -341,28 +289,6 @@ class Encoder:
             head = _HEAD.pack(MAGIC, n, len(rows) // 4, len(name))
             frames[0] = b"".join((head, name, envelope.tobytes(), rows.tobytes(), body))
         return frames
-
-    def _messages(self, ms: Sequence[Any], ps: Sequence[int], declared: Sequence[type],
-                  tensors: list[tuple[torch.Tensor, int]]) -> tuple[list[Any], int]:
-        """The messages made ready for msgpack, and what decoding them is charged.
-
-        Runs of leaves (scalars and plain tensors: most messages) go through `_leaves`;
-        each other message through `_other`. Appends the tensors to ``tensors``.
-        """
-        out: list[Any] = []
-        n = len(ms)
-        try:
-            i, cost, offset = _leaves(ms, 0, out, tensors, 0)
-            while i < n:
-                packable, offset, more = _other(ms[i], declared[ps[i]], tensors, offset)
-                out.append(packable)
-                i, most, offset = _leaves(ms, i + 1, out, tensors, offset)
-                cost += more + most
-        except (TypeError, ValueError) as e:
-            i = len(out)  # every message before the one that failed is in out
-            kind = TypeError if isinstance(e, TypeError) else ValueError
-            raise kind(f"item {i} (port {ps[i]}): {_reason(e)}") from e
-        return out, cost + _COST_LIST + _COST_SLOT * n
 
     def _place(self, tensors: list[tuple[torch.Tensor, int]],
                frames: list[bytes | memoryview]) -> array[int] | None:
@@ -450,97 +376,6 @@ class Encoder:
             self._pool.close()
 
 
-def _leaves(values: Sequence[Any], start: int, out: list[Any],
-            tensors: list[tuple[torch.Tensor, int]], offset: int) -> tuple[int, int, int]:
-    """Packs ``values[start:]`` into ``out`` for as long as they are leaves.
-
-    A leaf is a value of exactly a scalar type or ``torch.Tensor``, which the
-    snapshot codec writes as it is (a tensor as its extension, its bytes placed
-    from ``offset`` on and appended to ``tensors``).
-
-    Returns:
-        tuple[int, int, int]: the index of the first value that is not a leaf
-        (``len(values)`` when all are), the memory decoding the leaves is
-        charged, and the tensor data's offset after them.
-
-    Raises:
-        TypeError: a leaf the codec cannot hold (an int beyond int64/uint64, a str
-            that is not Unicode, an unsupported tensor); nothing is appended for it.
-    """
-    append = out.append
-    cost = 0
-    for i in range(start, len(values)):
-        m = values[i]
-        vt = type(m)
-        if vt is _Tensor:
-            ext, nbytes = _tensor_ext(m, "message", offset)
-            tensors.append((m, nbytes))
-            offset += nbytes
-            cost += _COST_TENSOR
-            m = ext
-        elif vt is float:
-            cost += _COST_FLOAT
-        elif vt is int:
-            cost += _int_cost(_checked_int(m, "message"))
-        elif vt is str:
-            cost += _text_cost(_utf8_len(m, "message"), _COST_STR)
-        elif vt is bytes:
-            cost += _text_cost(len(m), _COST_BYTES)
-        elif vt not in _NO_COST:
-            return i, cost, offset
-        append(m)
-    return len(values), cost, offset
-
-
-def _other(m: Any, declared: type, tensors: list[tuple[torch.Tensor, int]],
-           offset: int) -> tuple[Any, int, int]:
-    """A message that is not a leaf, made ready for msgpack: (packable, offset after, cost).
-
-    A plain list, tuple or dict of leaves (with str or int keys) is packed at once;
-    anything else is converted by the snapshot codec's `_convert` (which names the key
-    path of what it cannot hold) and checked with `file_problem` against ``declared``.
-    """
-    vt = type(m)
-    if vt is tuple or vt is list or vt is dict:
-        mark = len(tensors)
-        values = list(m.values()) if vt is dict else m
-        packed: list[Any] = []
-        try:
-            stop, cost, after = _leaves(values, 0, packed, tensors, offset)
-            keys = _keys_cost(m) if vt is dict and stop == len(values) else 0
-        except (TypeError, ValueError):  # the slow path below says what and where
-            stop, keys = -1, None
-        if stop == len(values) and keys is not None:
-            size = len(values)
-            if vt is list:
-                return packed, after, cost + _COST_LIST + _COST_SLOT * size
-            if vt is tuple:
-                return (msgpack.ExtType(_EXT_TUPLE, msgpack.packb(packed)), after,
-                        cost + _COST_TUPLE + _COST_SLOT * size)
-            return (dict(zip(m, packed, strict=True)), after,
-                    cost + keys + _COST_DICT + _COST_ENTRY * size)
-        del tensors[mark:]
-    packable, offset, cost = _convert(m, tensors, offset, "message")  # what it cannot hold
-    problem = file_problem(m, declared)  # what it would not bring back as it was
-    if problem is not None:
-        raise TypeError(f"message: {problem}")
-    return packable, offset, cost
-
-
-def _keys_cost(m: dict[Any, Any]) -> int | None:
-    """What decoding a dict's keys is charged; None when one is not a plain str or int."""
-    cost = 0
-    for key in m:
-        kt = type(key)
-        if kt is str:
-            cost += _text_cost(_utf8_len(key, "message"), _COST_STR)
-        elif kt is int:
-            cost += _int_cost(_checked_int(key, "message"))
-        else:
-            return None
-    return cost
-
-
 def _small_bytes(t: torch.Tensor, nbytes: int) -> bytes:
     """A small tensor's bytes in C order, read at once from its memory when it is plain."""
     if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg():
@@ -552,13 +387,13 @@ def _small_bytes(t: torch.Tensor, nbytes: int) -> bytes:
 def _bytes_of(t: torch.Tensor, nbytes: int) -> memoryview:
     """The tensor's bytes in C order: a view of a plain CPU tensor's memory, else of a copy.
 
-    A copy is made by `_raw_bytes` (the snapshot codec's: on the CPU, conjugation and
-    negation resolved, contiguous); a plain tensor is viewed with `_view`, which, unlike
-    `_raw_bytes`, leaves its storage resizable (the message may still be read here).
+    A copy is made by `codec.raw_bytes` (on the CPU, conjugation and negation resolved,
+    contiguous); a plain tensor is viewed with `_view`, which, unlike `codec.raw_bytes`,
+    leaves its storage resizable (the message may still be read here).
     """
     if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg():
         return _view(t, nbytes)
-    data = _raw_bytes(t)
+    data = raw_bytes(t)
     if data.nbytes != nbytes:
         raise RuntimeError("a tensor was resized while it was being encoded")
     return data
@@ -711,24 +546,6 @@ def remove_blocks(prefix: str) -> int:
 # Decoding
 
 
-class _Parser(_Decoder):
-    """The snapshot codec's parser, with a tensor's description read by msgpack's C parser.
-
-    The description is at most `_MAX_TENSOR_META` bytes (checked before this runs)
-    and is unpacked without an extension hook, so msgpack neither recurses nor
-    allocates more than a few objects per byte; what it returns is then checked
-    by `_Decoder._tensor` like any description.
-    """
-
-    def _tensor_meta(self, data: bytes, pos: int, stop: int, at: int) -> Any:
-        """The description's value (any: checked by the caller); ValueError if none."""
-        try:
-            return msgpack.unpackb(data[pos:stop])
-        except Exception:  # noqa: BLE001 - whatever the bytes make msgpack raise
-            raise ValueError(f"the tensor at offset {at}: its payload is not "
-                             "[dtype, shape, offset, nbytes]") from None
-
-
 class Decoder:
     """Decodes the frames of `Encoder.encode` into the batch, copying shared memory out.
 
@@ -793,18 +610,12 @@ class Decoder:
         inline = sum(len(f) for f in data)
         pool_view = self._rows(head[_HEAD.size:pos], rows) if k else None
         shm_bytes = sum(rows[3::4])
-        parser = _Parser(inline + shm_bytes, device="cpu")
         try:
-            messages = parser.unpack(head, start)
-            if parser.offset != parser.data_len:
-                raise ValueError(f"tensors of {parser.offset} bytes, where the frames hold "
-                                 f"{parser.data_len}")
-            if type(messages) is not list or len(messages) != n:
-                raise ValueError(f"the messages are not an array of {n} values")
+            messages, tensors = decode_batch(head, start, n, inline + shm_bytes)
         except Exception as e:  # noqa: BLE001 - anything the bytes make the parser or torch raise
-            raise WireError(f"frame 0: the messages do not decode: {_reason(e)}") from None
-        if parser.tensors:
-            self._fill(parser.tensors, data, rows, pool_view)
+            raise WireError(f"frame 0: the messages do not decode: {reason(e)}") from None
+        if tensors:
+            self._fill(tensors, data, rows, pool_view)
         return self._items(values, n, messages, declared)
 
     def _rows(self, name: bytes, rows: list[int]) -> memoryview:
@@ -844,7 +655,7 @@ class Decoder:
         try:
             fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDONLY)
         except OSError as e:
-            raise WireError(f"the shared-memory pool {name} cannot be opened ({_reason(e)}): "
+            raise WireError(f"the shared-memory pool {name} cannot be opened ({reason(e)}): "
                             "its sender is gone?") from None
         try:
             info = os.fstat(fd)
@@ -911,7 +722,7 @@ class Decoder:
                 continue
             again = restores.get(kind)
             if again is None:
-                again = restores[kind] = _is_named_tuple(kind) or _is_dataclass_type(kind)
+                again = restores[kind] = is_record_type(kind)
             if again:
                 messages[i] = from_file(messages[i], kind)
             if not isinstance(messages[i], kind):
