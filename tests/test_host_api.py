@@ -20,7 +20,7 @@ import mujou_actors as mujou
 from mujou_actors.distributed import placed
 from mujou_actors.errors import NodeError, NotRunningError, PortTypeError
 from tests.placed_support import Echo, InProcessSystem, make_echo, make_net
-from tests.test_placed import _args
+from tests.test_placed import _args, make_boom
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,27 +28,6 @@ KINDS = ["local", "placed"]
 # Where each net's nodes run when placed: the rest stays in the host's group.
 PLACEMENTS = {"make_net": {"sim": "a", "ctrl": "b"}, "make_echo": {"echo": "a"},
               "make_boom": {"boom": "b"}}
-
-
-class Boom(mujou.Node):
-    """Raises at its third update (10 ms period)."""
-
-    out = mujou.Output(int)
-
-    def __init__(self) -> None:
-        super().__init__(period=0.01)
-        self.n = 0
-
-    def on_update(self, dt: float) -> None:
-        self.n += 1
-        if self.n == 3:
-            raise RuntimeError("boom at three")
-        self.out.send(self.n)
-
-
-def make_boom() -> dict[str, mujou.Node]:
-    """A failing node beside the echo net."""
-    return {"boom": Boom(), **make_echo()}
 
 
 def start(kind: str, factory: Callable[[], dict[str, mujou.Node]],
