@@ -441,6 +441,21 @@ def test_the_processes_benchmark_measures_placed_runs(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "unknown workloads ['nope']" in bad.stderr
 
 
+@pytest.mark.timeout(120)
+def test_the_shared_memory_floor_echoes_between_two_processes() -> None:
+    """benchmarks/shm_floor.py (the bench extra's iceoryx2): a hop of 8 bytes and of 1 MiB."""
+    pytest.importorskip("iceoryx2")
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # also for the spawned child's import
+    try:
+        import shm_floor
+
+        for size in (8, 1 << 20):
+            r = shm_floor.hop(size, 20)
+            assert 0 < r["rtt_p50"] <= r["rtt_p99"] < 1e6 and r["hop_p50"] == r["rtt_p50"] / 2
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 @pytest.mark.timeout(180)
 def test_the_heartbeat_benchmark_measures_rtt_detection_and_cpu(tmp_path: Path) -> None:
     out = tmp_path / "heartbeat.json"
