@@ -171,12 +171,13 @@ class CapsuleKeeper:
         """The listener of channel ``ch``, sent by ``actor``: keep; evict past the bounds."""
         sent, ring, lock, total = self._sent, self._ring, self._lock, self._bytes
         max_n, max_b = self.settings.max_messages, self.settings.max_bytes
+        flight = actor.flight  # [hook, stamp] in flight: a list read, as the sends read it
 
         def hook(message: Any) -> None:
             seq = sent[ch]
             sent[ch] = seq + 1
             size = message_size(message)
-            key = actor.stamp
+            key = flight[1]
             writer = None
             with lock:
                 if self._failure is None or not self._taken and key[0] <= self._failure["t_ns"]:

@@ -605,7 +605,7 @@ def test_written_messages_are_freed_by_the_senders_within_a_bound(
     spec = mcapfile.ChannelSpec("src.out", "src", "out", 0, object)
     recorder = recording.Recorder(mujou.Recording(tmp_path / "r.mcap"), [spec], {},
                                   simulated=True, host_copy=None, snapshots=False)
-    hook = recorder.hook(0, types.SimpleNamespace(stamp=(0, 0)))  # type: ignore[arg-type]
+    hook = recorder.hook(0, types.SimpleNamespace(flight=[None, (0, 0)]))  # type: ignore[arg-type]
     small = [torch.full((256,), float(i)) for i in range(300)]  # 1 KiB each
     big = torch.zeros(8192)  # 32 KiB: over _RETURN_MAX
     alive = [weakref.ref(t) for t in small]

@@ -215,8 +215,10 @@ def _timed(listener: Callable[[Any], None], sender: Actor | None,
             listener((now(), message))
         return host_write
 
+    flight = sender.flight  # [hook, stamp] in flight: a list read, as the sends read it
+
     def sent(message: Any) -> None:
-        listener((sender.stamp[0], message))
+        listener((flight[1][0], message))
     return sent
 
 
