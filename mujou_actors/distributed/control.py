@@ -113,33 +113,42 @@ class LocalControl:
         return kernel
 
     def start(self, timeout: float) -> None:
+        """`GroupControl.start`."""
         self.kernel.start(timeout=timeout)
 
     def load(self, tree: dict[str, Any], timeout: float) -> None:
+        """`GroupControl.load`."""
         self.kernel.load_state_dict(tree, timeout=timeout)
 
     def take_state(self, timeout: float) -> dict[str, Any]:
+        """`GroupControl.take_state`."""
         return self.kernel.state_dict(timeout=timeout)
 
     def write(self, input: str, message: Any, key: Key | None) -> None:
+        """`GroupControl.write`."""
         group.host_write(self.kernel, input, message, key)
 
     def read(self, port: str) -> Any:
+        """`GroupControl.read`."""
         return self.kernel.read(port)
 
     def subscribe(self, output: str) -> None:
+        """`GroupControl.subscribe`."""
         link = self._link_of()
         link.published.listen(link.kernel, output)
 
     def restart_node(self, path: str, state: Any) -> None:
+        """`GroupControl.restart_node`."""
         self.kernel.restart_node(path, state)
 
     def stats(self) -> dict[str, Any]:
+        """`GroupControl.stats`."""
         link = self._link_of()
         return group.link_stats(link.kernel, link, link.counted)
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
+        """`GroupControl.stop`."""
         # ``take_state`` is moot here: the host's group runs its grants on the
         # driver's thread, so none is still out when the driver stops it.
         kernel = self.kernel
@@ -161,34 +170,43 @@ class RemoteControl:
         self.name = name
 
     def start(self, timeout: float) -> None:
+        """`GroupControl.start`."""
         self._ask(self.name, group.Start(timeout), timeout + TRIP_S)
 
     def load(self, tree: dict[str, Any], timeout: float) -> None:
+        """`GroupControl.load`."""
         self._ask(self.name, group.Load(snapshot.dumps(tree), timeout), timeout + TRIP_S)
 
     def take_state(self, timeout: float) -> dict[str, Any]:
+        """`GroupControl.take_state`."""
         tree: dict[str, Any] = snapshot.loads(
             self._ask(self.name, group.TakeState(timeout), timeout + TRIP_S))
         return tree
 
     def write(self, input: str, message: Any, key: Key | None) -> None:
+        """`GroupControl.write`."""
         self._ask(self.name, group.Write(input, snapshot.dumps(message), key), QUICK_S)
 
     def read(self, port: str) -> Any:
+        """`GroupControl.read`."""
         return snapshot.loads(self._ask(self.name, group.Read(port), QUICK_S))
 
     def subscribe(self, output: str) -> None:
+        """`GroupControl.subscribe`."""
         self._ask(self.name, group.Subscribe(output), QUICK_S)
 
     def restart_node(self, path: str, state: Any) -> None:
+        """`GroupControl.restart_node`."""
         self._ask(self.name, group.RestartNode(path, snapshot.dumps(state)), QUICK_S)
 
     def stats(self) -> dict[str, Any]:
+        """`GroupControl.stats`."""
         figures: dict[str, Any] = self._ask(self.name, group.Stats(), QUICK_S)
         return figures
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
+        """`GroupControl.stop`."""
         # A group still in a grant is stopped too: its control thread is free, and
         # the stop ends the grant (or names the stuck hook).
         stuck, tree = self._ask(self.name, group.Stop(stop_timeout, take_state, idle),
