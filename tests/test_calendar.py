@@ -166,3 +166,91 @@ def test_requeue_matches_schedule_whatever_leaves_the_calendar_between_calls(
                     actor.queued_key = None
             states.append((_state(cal, actors), list(claimed)))
     assert results[0] == results[1]
+
+
+def _periodic(n: int, period_ns: int) -> list[Actor]:
+    return [Actor(Counter(period=period_ns / 1e9), f"p{period_ns}_{i}", i) for i in range(n)]
+
+
+def _tick(cal: Calendar, actors: list[Actor], t: int) -> None:
+    """What the lone loop does with a planned instant's members: claim, run, requeue."""
+    for actor in actors:
+        actor.queued_key = None
+        actor.next_tick_ns = t + actor.period_ns  # run_due's tick
+        cal.requeue(actor)
+
+
+def test_the_tick_plan_queues_each_period_as_one_cohort_and_moves_it_whole() -> None:
+    cal = Calendar([])
+    cal.timed_open = True
+    fast, slow, alone = _periodic(3, 10), _periodic(2, 20), _periodic(1, 30)
+    cohorts = cal.plan(fast + slow + alone)
+    # One cohort per period with two actors or more; the lone 30 ns actor keeps a bucket.
+    assert sorted((c.period, [a.path for a in c.actors]) for c in cohorts) == [
+        (10, ["p10_0", "p10_1", "p10_2"]), (20, ["p20_0", "p20_1"])]
+    assert alone[0].cohort is None
+    for actor in fast + slow + alone:
+        actor.next_tick_ns = actor.period_ns
+        cal.schedule(actor)
+    # The members share their cohort's key object; no bucket entry is counted for them.
+    assert len({id(a.queued_key) for a in fast}) == 1 and cal.queued == 1
+    seen: list[tuple[int, list[str]]] = []
+    for _ in range(6):
+        top = cal.top()
+        assert top is not None
+        key = top.queued_key
+        groups = cal.take_bucket(1024)
+        members = [a for k, g in groups for a in g if a.queued_key is k and not a.busy]
+        assert all(k is key for k, _ in groups)
+        seen.append((key[0], sorted(a.path for a in members)))
+        _tick(cal, members, key[0])
+    assert seen == [
+        (10, ["p10_0", "p10_1", "p10_2"]),
+        (20, ["p10_0", "p10_1", "p10_2", "p20_0", "p20_1"]),
+        (30, ["p10_0", "p10_1", "p10_2", "p30_0"]),
+        (40, ["p10_0", "p10_1", "p10_2", "p20_0", "p20_1"]),
+        (50, ["p10_0", "p10_1", "p10_2"]),
+        (60, ["p10_0", "p10_1", "p10_2", "p20_0", "p20_1", "p30_0"]),
+    ]
+
+
+def test_a_member_queued_elsewhere_is_stale_in_its_cohort_until_it_rejoins() -> None:
+    cal = Calendar([])
+    cal.timed_open = True
+    a, b = _periodic(2, 10)
+    cal.plan([a, b])
+    for actor in (a, b):
+        actor.next_tick_ns = 10
+        cal.schedule(actor)
+    cohort_key = a.queued_key
+    _queue(cal, b, (5, 1))  # triggered before its tick: b leaves the cohort's entry
+    assert b.queued_key == (5, 1) and b.queued_key is not cohort_key
+    assert cal.take_bucket(1024) == [((5, 1), [b])]
+    b.queued_key = None  # claimed; its trigger consumed; it runs and finishes
+    b.trigger_key = None
+    cal.requeue(b)  # back on its grid at 10: it rejoins the cohort with one write
+    assert b.queued_key is cohort_key and cal.queued == 0
+    groups = cal.take_bucket(1024)
+    assert [[x.path for x in g if x.queued_key is k] for k, g in groups] == [["p10_0", "p10_1"]]
+    assert cal.top() is None
+
+
+def test_a_cohort_with_every_member_stale_leaves_and_comes_back_with_its_first_member() -> None:
+    cal = Calendar([])
+    cal.timed_open = True
+    a, b = _periodic(2, 10)
+    (cohort,) = cal.plan([a, b])
+    for actor in (a, b):
+        actor.next_tick_ns = 10
+        cal.schedule(actor)
+    a.failed = b.failed = True  # e.g. both failed: neither is queued anywhere
+    a.queued_key = b.queued_key = None
+    assert cal.top() is None and cohort.t == -1 and cohort.key is None
+    # A restart brings b back on its grid (at 30): the cohort is queued there again.
+    b.failed = False
+    b.next_tick_ns = 30
+    cal.schedule(b)
+    assert cohort.t == 30 and b.queued_key is cohort.key and cal.earliest() == (30, 0)
+    # The whole calendar forgotten (a restore): the cohort is no longer queued.
+    cal.clear()
+    assert cohort.t == -1 and cal.top() is None

@@ -2,7 +2,8 @@
 
 A simulated run with one worker and no dedicated node runs on the dispatcher's
 lean loop (`Dispatcher._lone_loop`: a delta cycle's bucket taken whole, the
-next delta cycle of an instant entered straight from the finished one);
+next delta cycle of an instant entered straight from the finished one, and,
+untraced, the tick plan: each period's nodes one cohort of the calendar);
 with several workers, on the general loop (`_worker_loop`). Both must end
 with the same state tree, update counts, drops and restarts, for random nets
 (tests/random_nets.py: periodic and triggered nodes, fan-in, fan-out, cycles
@@ -15,6 +16,8 @@ fails once under a restarting supervisor.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 
 import pytest
@@ -33,6 +36,7 @@ from tests.test_placed_random import (
     _failing_nets,
     _placed_nets,
     _single,
+    _values,
 )
 
 
@@ -48,6 +52,38 @@ def test_the_lone_loop_ends_a_random_net_as_the_worker_pool_does(
     pool, pool_stats = _single(desc, duration, seed=seed, workers=workers, inputs=inputs)
     assert_same_tree(lone, pool)
     _assert_same_counts(lone_stats, pool_stats)
+
+
+@pytest.mark.timeout(120 * max(1.0, SCALE))
+@settings(max_examples=_examples(25), **SETTINGS)
+@given(net=_placed_nets(), duration_ms=st.integers(1, 30), seed=st.integers(0, 2**32))
+def test_the_tick_plan_ends_a_random_net_as_the_unplanned_lone_loop_does(
+        net: tuple[dict, dict, dict], duration_ms: int, seed: int) -> None:
+    """The lone loop on the tick plan (`Calendar.plan`: each period's nodes one cohort)
+    and without it (a traced run keeps plain buckets) end alike; the plan is engaged
+    whenever two nodes share a period and none has a thread of its own."""
+    desc, _, inputs = net
+    duration = duration_ms / 1000
+    with mujou.run(make_random_net(**desc), timer="simulated", duration=duration, seed=seed,
+                   workers=1, inputs=_values(inputs)) as run:
+        dispatcher = run._coordinator.dispatcher
+        periods = [a.period_ns for a in dispatcher.actors if a.period_ns is not None]
+        shared = {p for p in periods if periods.count(p) >= 2}
+        # A node on a dedicated thread takes the run off the lone loop, and off the plan.
+        planned = not any(a.dedicated for a in dispatcher.actors)
+        assert dispatcher.planned is planned
+        assert {a.cohort.period for a in dispatcher.actors if a.cohort is not None} == (
+            shared if planned else set())
+        run.join(60)
+    planned, planned_stats = run.state_dict(), run.stats()
+    with tempfile.TemporaryDirectory() as tmp:
+        with mujou.run(make_random_net(**desc), timer="simulated", duration=duration,
+                       seed=seed, workers=1, inputs=_values(inputs),
+                       trace=os.path.join(tmp, "trace.json")) as run:
+            assert not run._coordinator.dispatcher.planned
+            run.join(60)
+    assert_same_tree(planned, run.state_dict())
+    _assert_same_counts(planned_stats, run.stats())
 
 
 @pytest.mark.timeout(120 * max(1.0, SCALE))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mujou_actors._runtime.dispatcher import Dispatcher
 from mujou_actors._runtime.keys import CONTROL_KEY
 from mujou_actors._runtime.policy import RealTime, SimulatedTime, Step, make_policy
+from mujou_actors.timers import SimulatedTimer
 
 MS = 1_000_000
 
@@ -83,3 +87,28 @@ def test_the_policies_trigger_keys_batches_and_deferral() -> None:
     assert sim.host_trigger((7, 2), 99) == (7, 3) and rt.host_trigger((7, 0), 99) == (99, 0)
     assert rt.control_stamp(CONTROL_KEY, 99) == CONTROL_KEY
     assert rt.control_stamp((7, 0), 99) == (99, 0) and sim.control_stamp((7, 2), 99) == (7, 2)
+
+
+class _Listener:
+    """A `KernelListener` that no test here calls (the dispatcher runs no thread)."""
+
+    def hook_failed(self, actor, hook, exc) -> None:
+        raise AssertionError("not called")
+
+    reached_end = held = crashed = hook_failed
+
+
+@given(stop=st.booleans(), hold=st.integers(0, 2),
+       end=st.one_of(st.none(), st.integers(0, 50)), cut=st.one_of(st.none(), st.integers(0, 50)),
+       t_next=st.integers(1, 60))
+@settings(max_examples=300, deadline=None)
+def test_the_lone_loops_instant_test_agrees_with_simulated_time_advance(
+        stop: bool, hold: int, end: int | None, cut: int | None, t_next: int) -> None:
+    """`Dispatcher._plain_instant` is the policy's NEXT_INSTANT, inlined: they never differ."""
+    dispatcher = Dispatcher([], SimulatedTimer(), 1, _Listener())
+    dispatcher._stop_requested, dispatcher._hold_requested = stop, hold
+    dispatcher._end_ns, dispatcher._cut_ns = end, cut
+    step, _ = SimulatedTime().advance((t_next, 0), (0, 3), stop_requested=stop,
+                                      hold_requested=bool(hold), end_ns=end, cut_ns=cut,
+                                      bound=None)
+    assert dispatcher._plain_instant(t_next) is (step is Step.NEXT_INSTANT)

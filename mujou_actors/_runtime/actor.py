@@ -73,7 +73,7 @@ class Actor:
         # busy), the hook in flight, statistics (timed: False turns the timing
         # ones off, see run(stats=)); rt: CUDA, trace: tracing, None without.
         # 23 slots: with the object's header, four cache lines at most.
-        "busy", "queued_key", "next_tick_ns", "trigger_key", "flight", "thread_name",
+        "busy", "queued_key", "next_tick_ns", "trigger_key", "flight", "thread_name", "cohort",
         "inputs", "dedicated", "failed", "deferred", "rt", "trace", "timed",
         "update", "node", "context",
         "period_ns", "last_update_ns", "updates", "dt_max_ns", "lateness",
@@ -144,10 +144,15 @@ class Actor:
         # rule), hence a SharedKey (keys.py), which no compiled code unboxes.
         self.queued_key: SharedKey = None
         self.busy = False
+        # Its period's `calendar.Cohort` in a planned run (Calendar.plan), else None.
+        # Any: the calendar, above this module, types it where it reads it.
+        self.cohort: Any = None
         # [hook, stamp] of the hook in flight (the properties below): a list,
         # because the sends (Python, sends.py) read both for every message,
         # and from Python bytecode an item of a list is read three times as
         # fast as a field of a compiled class (through its C descriptor).
+        # The kernel's per-update writes go to the list too: through the
+        # properties each would be a call (a Python one on the fallback).
         self.flight: list[Any] = [None, (0, 0)]
         self.seq = 0
         self.thread_name: str | None = None
@@ -400,12 +405,13 @@ class Actor:
         gap = t_ns - self.last_update_ns  # type: ignore[operator]
         self.last_update_ns = t_ns
         self.updates += 1  # counted when called: an update that raises counts too
-        self.hook = "on_update"
+        flight = self.flight  # not the `hook` property: a call per write (see __init__)
+        flight[0] = "on_update"
         if not self.timed:
             try:
                 self.context.run(self.update, self.node, gap / 1e9)
             finally:
-                self.hook = None
+                flight[0] = None
             return 0
         if gap > self.dt_max_ns:
             self.dt_max_ns = self.period_ns if gap == self.period_ns else gap
@@ -415,11 +421,11 @@ class Actor:
         except BaseException:  # timed and re-raised: the dispatcher reports it
             took = self.last_hook_ns = _clock() - t0
             self.hook_ns += took
-            self.hook = None
+            flight[0] = None
             raise
         took = _clock() - t0
         self.hook_ns += took
-        self.hook = None
+        flight[0] = None
         return took
 
     def run_update(self, now_ns: int, due_ns: int, is_tick: bool,
@@ -472,12 +478,13 @@ class Actor:
         # this runs once per update. The hook's time is returned rather than
         # stored: an int kept per node is one more cache miss per update
         # with 100,000 nodes.
-        self.hook = "on_update"
+        flight = self.flight  # not the `hook` property: a call per write (see __init__)
+        flight[0] = "on_update"
         if not self.timed:
             try:
                 self.context.run(self.update, self.node, dt)
             finally:
-                self.hook = None
+                flight[0] = None
             return 0
         t0 = _clock()
         ok = False
@@ -487,7 +494,7 @@ class Actor:
         finally:
             took = _clock() - t0
             self.hook_ns += took
-            self.hook = None
+            flight[0] = None
             if not ok:
                 self.last_hook_ns = took
         return took

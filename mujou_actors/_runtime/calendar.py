@@ -21,6 +21,20 @@ comes up; nothing is ever searched for and removed.
 Dedicated-thread actors are not in the heap: their thread waits for their own
 ``queued_key``; `Calendar.earliest` counts them in.
 
+**The tick plan** (`Calendar.plan`, a simulated run on the lone worker's
+loop): in simulated time every tick falls on its period's grid, so the actors
+of one period tick at the same instants, always. The plan groups them into a
+`Cohort` each, made once when the run is wired: a cohort is queued as one
+*standing* entry of its key's bucket and moves to its next instant as one
+list, as its instant is taken (`take_bucket`); a member finishing its tick is
+back in it with one write (its ``queued_key``: the cohort's key object), not
+one append per actor per instant. The liveness rule is the same: a member
+queued elsewhere (triggered before its tick, a control envelope, failed) is
+a stale entry of its cohort until it rejoins at the cohort's instant, and
+runs from its own bucket meanwhile. A cohort whose members are all stale
+leaves the queue when its instant comes up and is queued again by the first
+member that comes back to its grid.
+
 Every method is called with the dispatcher's lock held.
 """
 
@@ -34,11 +48,35 @@ from .keys import CONTROL_KEY, CONTROL_T, SHIFT, Key, SharedKey
 if TYPE_CHECKING:
     from .actor import Actor
 
-__all__ = ["Calendar", "Group"]
+__all__ = ["Calendar", "Cohort", "Group"]
 
 # Actors taken from one bucket, with the bucket's key object: ``(key, actors)``.
 # SharedKey (not Key): its identity is the liveness rule's.
 Group = tuple[SharedKey, list["Actor"]]
+
+# Cohorts of fewer actors are not planned: a cohort saves a bucket append per
+# member per instant, and an actor alone on its period has nothing to share.
+COHORT_MIN = 2
+
+
+class Cohort:
+    """The actors of one period in a planned run: one standing entry of the calendar.
+
+    Attributes:
+        period (int): the members' period, ns of the run's timer.
+        actors (list[Actor]): the members, in the net's order; fixed for the run.
+        t (int): the instant (ns) at which the cohort is queued; -1 while not queued.
+        key (SharedKey): the key object of that instant's bucket (the members'
+            ``queued_key`` while they are live in the cohort); None while not queued.
+    """
+
+    __slots__ = ("period", "actors", "t", "key")
+
+    def __init__(self, period: int, actors: list[Actor]) -> None:
+        self.period = period
+        self.actors = actors
+        self.t = -1
+        self.key: SharedKey = None
 
 
 class Calendar:
@@ -48,7 +86,8 @@ class Calendar:
         dedicated (list[Actor]): the actors on dedicated threads (never in the heap).
 
     Attributes:
-        queued (int): entries in the buckets, stale ones included (a trace counter).
+        queued (int): entries in the buckets, stale ones included (a trace counter;
+            a cohort's members are not counted: a traced run has no plan).
         control_pending (int): control envelopes queued or in flight, all phases:
             while it is 0, no actor's control list is read when it is queued
             (counted by `count_control`).
@@ -57,7 +96,7 @@ class Calendar:
     """
 
     __slots__ = ("_heap", "_due", "queued", "dedicated", "control_pending", "timed_open",
-                 "_tick_t", "_tick_entry")
+                 "_tick_t", "_tick_entry", "_standing")
 
     def __init__(self, dedicated: list[Actor]) -> None:
         self._heap: list[int] = []  # packed keys of the buckets
@@ -73,6 +112,63 @@ class Calendar:
         # period): they skip the lookup, whose key (t_ns << SHIFT) is a big int.
         self._tick_t = -1
         self._tick_entry: tuple[SharedKey, list[Actor]] = (CONTROL_KEY, [])
+        # The tick plan (`plan`): per packed key, the cohorts standing in its
+        # bucket. Empty without a plan, and then never read but for its truth.
+        self._standing: dict[int, list[Cohort]] = {}
+
+    def plan(self, actors: list[Actor]) -> list[Cohort]:
+        """Group the periodic actors of a simulated run into cohorts, one per period.
+
+        Only for a calendar whose every actor is on the pool (no dedicated
+        thread) and whose ticks never miss their grid (simulated time: see
+        the module's docstring); called once, before anything is queued.
+        Periods with fewer than `COHORT_MIN` actors stay in plain buckets.
+
+        Returns:
+            list[Cohort]: the cohorts made, each member's ``cohort`` set.
+        """
+        by_period: dict[int, list[Actor]] = {}
+        for actor in actors:
+            if actor.period_ns is not None and not actor.dedicated:
+                by_period.setdefault(actor.period_ns, []).append(actor)
+        cohorts: list[Cohort] = []
+        for period, members in by_period.items():
+            if len(members) >= COHORT_MIN:
+                cohort = Cohort(period, members)
+                for actor in members:
+                    actor.cohort = cohort
+                cohorts.append(cohort)
+        return cohorts
+
+    def _join(self, actor: Actor, cohort: Cohort, tick: int) -> bool:
+        """Queue ``actor`` in ``cohort`` at its tick ``tick`` if the cohort is or can be there.
+
+        A cohort not queued is queued at ``tick`` (the first member back on
+        its grid brings it back). Returns False when the cohort is queued at
+        another instant (the actor then takes a plain bucket).
+        """
+        if cohort.t != tick:
+            if cohort.t != -1:
+                return False
+            code = tick << SHIFT  # (tick, 0) packed
+            key: SharedKey
+            found = self._due.get(code)
+            if found is None:
+                key = (tick, 0)  # one object (see requeue): the liveness rule is identity
+                self._due[code] = (key, [])
+                heapq.heappush(self._heap, code)
+            else:
+                key = found[0]
+            standing = self._standing.get(code)
+            if standing is None:
+                self._standing[code] = [cohort]
+            else:
+                standing.append(cohort)
+            cohort.t = tick
+            cohort.key = key
+        actor.queued_key = cohort.key
+        actor.next_tick_ns = cohort.t  # the cohort's int (see the module's docstring)
+        return True
 
     def count_control(self, n: int) -> None:
         """Count ``n`` control envelopes more queued or in flight (fewer if negative)."""
@@ -118,6 +214,10 @@ class Calendar:
         if actor.dedicated:
             actor.queued_key = key
             return
+        cohort: Cohort | None = actor.cohort
+        if cohort is not None and tick is not None and tick == key[0] and key[1] == 0 \
+                and self._join(actor, cohort, tick):
+            return
         code = (key[0] << SHIFT) | key[1]
         entry = self._due.get(code)
         if entry is None:
@@ -136,7 +236,8 @@ class Calendar:
 
         The common case, a periodic actor with no trigger pending queued at
         its next tick, takes one bucket lookup, none when the last requeue
-        used that tick's bucket (`_tick_t`); anything else (a trigger, a
+        used that tick's bucket (`_tick_t`), and neither for a member of a
+        cohort queued at that tick (the plan); anything else (a trigger, a
         control envelope pending anywhere, timed work closed, a failed or
         dedicated actor, an actor queued already) is `schedule`'s.
         """
@@ -146,6 +247,14 @@ class Calendar:
                 or actor.dedicated:
             self.schedule(actor)
             return
+        cohort: Cohort | None = actor.cohort
+        if cohort is not None:  # planned: back in its cohort, one write (usually)
+            if cohort.t == tick:
+                actor.queued_key = cohort.key
+                actor.next_tick_ns = cohort.t  # the cohort's int, as a bucket's
+                return
+            if self._join(actor, cohort, tick):
+                return
         key: SharedKey
         if tick == self._tick_t:  # the last requeue's bucket, still queued: no lookup
             entry = self._tick_entry
@@ -186,7 +295,12 @@ class Calendar:
                     return actor
                 bucket.pop()
                 self.queued -= 1
-            self._pop_earliest()
+            if self._standing:
+                for cohort in self._standing.get(code, ()):
+                    for actor in cohort.actors:
+                        if actor.queued_key is key and not actor.busy:
+                            return actor
+            self._pop_earliest()  # stale cohorts leave with it (their members rejoin later)
         return None
 
     def take_top(self) -> None:
@@ -213,11 +327,25 @@ class Calendar:
         """`take` with no budget and no later keys (simulated time), lean: once per delta cycle.
 
         The earliest bucket whole when it holds at most ``most`` entries (the
-        common case), else what `take` takes from it.
+        common case), else what `take` takes from it; a planned instant (with
+        cohorts standing in its bucket) whole, one group per cohort. The
+        cohorts taken are no longer queued: each member rejoins as it
+        finishes (`requeue`), which queues the cohort at its next instant.
         """
         code = self._heap[0]
         entry = self._due[code]
         bucket = entry[1]
+        standing = self._standing.get(code) if self._standing else None
+        if standing is not None:
+            # A planned instant: its cohorts whole, the bucket's own actors whole too
+            # (a cohort is one list; the claim skips its stale members).
+            key = entry[0]
+            groups = [entry] if bucket else []
+            for cohort in standing:
+                groups.append((key, cohort.actors))
+            self._pop_earliest()
+            self.queued -= len(bucket)
+            return groups
         if len(bucket) > most:
             return self.take(most, None, None)
         self._pop_earliest()
@@ -284,10 +412,16 @@ class Calendar:
     def _pop_earliest(self) -> None:
         """Remove the earliest bucket: the one way a bucket leaves (but `clear`).
 
-        `requeue`'s memory of its last bucket goes with it, whichever it was.
+        `requeue`'s memory of its last bucket goes with it, whichever it was,
+        and so do the cohorts standing in it (no longer queued).
         """
-        del self._due[heapq.heappop(self._heap)]
+        code = heapq.heappop(self._heap)
+        del self._due[code]
         self._tick_t = -1
+        if self._standing:
+            for cohort in self._standing.pop(code, ()):
+                cohort.t = -1
+                cohort.key = None
 
     def clear(self) -> None:
         """Forget every entry (a whole-net restore reschedules every actor)."""
@@ -295,6 +429,11 @@ class Calendar:
         self._due.clear()
         self._tick_t = -1
         self.queued = 0
+        for standing in self._standing.values():
+            for cohort in standing:
+                cohort.t = -1
+                cohort.key = None
+        self._standing.clear()
 
 
 def cost(actor: Actor, budget: int) -> int:

@@ -114,7 +114,7 @@ def _claim_simulated(groups: list[Group], name: str) -> list[Claim]:
                 actor.trigger_key = None
             else:
                 trig = None
-            actor.stamp = key
+            actor.flight[1] = key  # Actor.stamp, without the property's call
             actor.thread_name = name
             batch.append((actor, t, t, d == 0 and actor.next_tick_ns == t, trig))
     return batch
@@ -132,7 +132,7 @@ def _claim_next(actors: list[Actor], key: SharedKey, name: str) -> list[Claim]:
         actor.queued_key = None
         actor.busy = True
         actor.trigger_key = None
-        actor.stamp = key
+        actor.flight[1] = key  # Actor.stamp, without the property's call
         actor.thread_name = name
         batch.append((actor, t, t, False, key))
     return batch
@@ -176,6 +176,13 @@ class Dispatcher:
         self._cond = threading.Condition(threading.Lock())
         self._dedicated = [a for a in actors if a.dedicated]
         self._calendar = Calendar(self._dedicated)
+        # One worker in simulated time, no dedicated thread: the lean loop
+        # (`_lone_loop`), on the tick plan (`Calendar.plan`) unless traced
+        # (the trace's queue depths count the buckets' entries).
+        self._lone = self.simulated and workers == 1 and not self._dedicated
+        self.planned = self._lone and trace is None
+        if self.planned:
+            self._calendar.plan(actors)
         self._batches: dict[int, _Batch] = {}  # batches of several in flight, by id
         # Trigger keys owed to deliveries kept for a later hook (apply_deliveries),
         # set by the thread that ran the actor, taken as the actor is finished.
@@ -323,10 +330,9 @@ class Dispatcher:
     # -- threads -----------------------------------------------------------------
     def start_threads(self) -> None:
         """Start the worker threads and one thread per dedicated actor."""
-        # One worker in simulated time, no dedicated thread: its lean loop.
-        lone = self.simulated and self.n_workers == 1 and not self._dedicated
         for i in range(self.n_workers):
-            self._spawn(f"mujou-worker-{i}", self._lone_loop if lone else self._worker_loop, None)
+            self._spawn(f"mujou-worker-{i}", self._lone_loop if self._lone else self._worker_loop,
+                        None)
         for actor in self._dedicated:
             self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
 
@@ -965,6 +971,23 @@ class Dispatcher:
             self._cond.notify_all()  # the driver waits in Kernel.step
         return False
 
+    def _plain_instant(self, t_ns: int) -> bool:
+        """Whether the next instant ``t_ns`` starts with nothing asked of the boundary before it.
+
+        `SimulatedTime.advance`'s ``NEXT_INSTANT`` for a run that is not
+        driven (no bound), with nothing in flight and no mailbox crowded: no
+        stop, cut, hold or end falls between the instant that finished and
+        ``t_ns``. The lone loop's test once per instant, as one compiled call
+        without the policy's decision tuple; `tests/test_policy.py` checks
+        that it agrees with `SimulatedTime.advance` everywhere.
+        """
+        if self._stop_requested or self._hold_requested:
+            return False
+        end, cut = self._end_ns, self._cut_ns
+        if cut is not None and t_ns > cut and (end is None or cut <= end):
+            return False
+        return end is None or t_ns <= end
+
     def _loop_found(self, key: Key) -> bool:
         """The instant of ``key`` is past ``max_delta_cycles``: stop the run; False.
 
@@ -1163,11 +1186,15 @@ class Dispatcher:
         """`_worker_loop` of the one worker of a simulated run without dedicated threads.
 
         The same rules, lean: no clock, no budget, and a delta cycle's bucket
-        taken whole (`Calendar.take_bucket`). Within an instant, the next
-        delta cycle's actors (those its hooks triggered) are claimed straight
-        from the finished cycle when nothing else is due before them
-        (`_finish_lone`): what the calendar would return, in its order,
-        without a round trip through it.
+        taken whole (`Calendar.take_bucket`). The plan of an instant is
+        known before it starts: its ticks are the cohorts standing at it
+        (`Calendar.plan`: each period's actors, moved from instant to instant
+        as one list), and each later delta cycle's actors are those the
+        cycle before triggered, claimed straight from it when nothing else
+        is due before them (`_finish_lone`): what the calendar would return,
+        without a round trip through it. An instant with nothing asked of
+        its boundary (no stop, cut, hold or end: `_plain_instant`) is entered
+        without the policy's decision.
         """
         name = threading.current_thread().name
         calendar = self._calendar
@@ -1185,14 +1212,24 @@ class Dispatcher:
                     continue
                 frontier = self._frontier
                 if key != frontier or self._mode is not RUNNING:
-                    if key[0] == frontier[0] and self._mode is RUNNING and not self._inflight \
-                            and self._bound is None and not self._crowded:
+                    if self._mode is not RUNNING or self._inflight or self._bound is not None \
+                            or self._crowded:
+                        ok, _ = self._may_start(key)  # simulated: never a timed wait
+                        if not ok:
+                            self._wait(None)
+                            continue
+                    elif key[0] == frontier[0]:
                         # The next delta cycle of the instant (_advance's NEXT_DELTA,
                         # inlined: once per cycle).
                         if key[1] > self._max_delta:
                             self._loop_found(key)
                             continue
                         self._frontier = key
+                    elif self._plain_instant(key[0]):
+                        # The next instant, nothing asked of its boundary
+                        # (_advance's NEXT_INSTANT, inlined: once per instant).
+                        self._frontier = key
+                        self.timer.advance_to(key[0])  # type: ignore[attr-defined]
                     else:
                         ok, _ = self._may_start(key)  # simulated: never a timed wait
                         if not ok:
@@ -1377,7 +1414,7 @@ class Dispatcher:
                             looping = stamp
                     else:
                         trig = None
-                    actor.stamp = stamp
+                    actor.flight[1] = stamp  # Actor.stamp, without the property's call
                     actor.thread_name = name
                     batch.append((actor, now, due, is_tick, trig))  # type: ignore[arg-type]
             if looping is not None:
