@@ -353,11 +353,12 @@ class Timeline:
     def __init__(self, run: Any) -> None:
         self.at: dict[str, int] = {}
         driver = run._driver
-        self._wrap(driver, "_recover", "acted", after=False)
-        self._wrap(driver, "relaunch", "spawned", after=True)
-        self._wrap(driver, "_restart_all", "restored", after=True)
-        if driver._choose_member is not None:
-            self._wrap(driver, "_choose_member", "chosen", after=True)
+        recovery = driver.recovery
+        self._wrap(recovery, "recover", "acted", after=False)
+        self._wrap(recovery, "relaunch", "spawned", after=True)
+        self._wrap(recovery, "restart_all", "restored", after=True)
+        if recovery.choose_member is not None:
+            self._wrap(recovery, "choose_member", "chosen", after=True)
         monitor = driver.monitor
         if monitor is not None:
             take = monitor.take_changes

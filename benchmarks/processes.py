@@ -193,7 +193,7 @@ def steps(seconds: float, placed: bool) -> dict[str, float]:
     out = {"steps_s": ticks / wall, "wall": wall}
     driver = getattr(run, "_driver", None)
     if driver is not None:
-        out["rounds_s"] = driver.rounds / wall
+        out["rounds_s"] = driver.timing.rounds / wall
     return out
 
 

@@ -304,7 +304,7 @@ def test_the_host_asks_a_group_for_anything_only_through_the_drivers_ask() -> No
         for function in ast.walk(tree):
             if not isinstance(function, ast.FunctionDef) or \
                     (name, function.name) in {("distributed/driver.py", "ask"),
-                                              ("distributed/driver.py", "check_same_net")}:
+                                              ("distributed/recovery.py", "check_same_net")}:
                 continue
             found += [f"{name}:{call.lineno} {ast.unparse(call.func)}"
                       for call in ast.walk(function)

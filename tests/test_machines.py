@@ -235,7 +235,7 @@ def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
 def test_a_group_on_other_cpu_kernels_than_the_host_is_warned_about(
         caplog: pytest.LogCaptureFixture) -> None:
     from mujou_actors.devices import numerics
-    from mujou_actors.distributed.driver import _warn_other_kernels
+    from mujou_actors.distributed.recovery import _warn_other_kernels
 
     here = numerics()
     with caplog.at_level(logging.WARNING, logger="mujou_actors"):

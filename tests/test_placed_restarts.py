@@ -25,7 +25,7 @@ import pytest
 
 import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
-from mujou_actors.distributed import driver, group, placed
+from mujou_actors.distributed import ending, group, placed
 from mujou_actors.distributed.convention import Member
 from mujou_actors.distributed.system import GroupExit
 from mujou_actors.errors import GroupDied
@@ -192,29 +192,30 @@ def test_groups_killed_at_random_moments_while_stats_are_polled_end_as_if_nothin
 
 def _pause_before(monkeypatch: pytest.MonkeyPatch, method: str
                   ) -> tuple[threading.Event, threading.Event]:
-    """The driver waits, as it first calls its ``method``, until the test sets ``go``;
-    ``reached`` says it is there (the test then makes something happen at that moment)."""
+    """The driver's end waits, as it first calls its ``method`` (of `ending.Ending`), until
+    the test sets ``go``; ``reached`` says it is there (the test then makes something
+    happen at that moment)."""
     reached, go = threading.Event(), threading.Event()
-    original = getattr(driver._Driver, method)
+    original = getattr(ending.Ending, method)
 
-    def paused(self: driver._Driver, *args: Any, **kwargs: Any) -> Any:
+    def paused(self: ending.Ending, *args: Any, **kwargs: Any) -> Any:
         if not reached.is_set():
             reached.set()
             go.wait(60)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(driver._Driver, method, paused)
+    monkeypatch.setattr(ending.Ending, method, paused)
     return reached, go
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("moment", ["_end_cut", "_finish_groups"])
+@pytest.mark.parametrize("moment", ["last_cut", "_stop_groups"])
 def test_a_worker_lost_as_the_run_ends_is_restored_on_the_fallback_or_fails_loudly(
         monkeypatch: pytest.MonkeyPatch, moment: str) -> None:
     """Issue 28, item 6: a real ``mujou worker`` vanishes (every process of it stopped,
     then killed: only the heartbeat can tell) within the heartbeat's timeout of the end,
-    once the rounds are over: as the end's cut and final stats begin (``_end_cut``), or
-    as the groups stop (``_finish_groups``). Lost at the cut, the group is restored on
+    once the rounds are over: as the end's cut and final stats begin (``last_cut``), or
+    as the groups stop (``_stop_groups``). Lost at the cut, the group is restored on
     the fallback and the run ends with the final state of a run without the loss; lost
     as the groups stop (the others' on_stop has run), it cannot be: the run fails loudly
     with GroupDied and has no final state. Never an end without an error and without
@@ -246,7 +247,7 @@ def test_a_worker_lost_as_the_run_ends_is_restored_on_the_fallback_or_fails_loud
         _kill_tree(robot)
 
     assert ended and took < 60
-    if moment == "_end_cut":
+    if moment == "last_cut":
         assert run.failure is None
         assert_same_tree(run.state_dict(), expected)
         stats = run.stats()

@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..devices import CudaRuntime
@@ -35,7 +35,6 @@ from ..errors import (
     StartTimeoutError,
     StopTimeoutError,
     describe,
-    keep_end_failure,
 )
 from ..net import check_file_messages
 from ..ports import Input, Port
@@ -53,6 +52,7 @@ from .build import Seams, Wiring, unwire
 from .cuts import NoCut, restore_tree, take_tree, why_no_cut
 from .dispatcher import Dispatcher
 from .mailbox import Restore, Start, Stop
+from .outputs import close_outputs, file_snapshot
 from .protocols import CapsuleSide, HostSide, RecorderSide, Subscribed
 from .requests import StateRequest, StateRequests
 from .snapshots import Snapshots
@@ -646,11 +646,8 @@ class Coordinator:
         """Take the supervisor's snapshot (the net is held or not yet running); file it."""
         t0 = time.perf_counter()
         tree = self.take_tree(time_ns, timeout)
-        self._snapshots.keep(tree, time.perf_counter() - t0)
-        if self.recorder is not None:
-            self.recorder.snapshot(tree)
-        if self.capsule is not None:
-            self.capsule.snapshot(tree)
+        file_snapshot(self._snapshots, tree, time.perf_counter() - t0, self.recorder,
+                      self.capsule)
 
     # -- state trees ---------------------------------------------------------------------
     def take_tree(self, time_ns: int | None = None,
@@ -711,8 +708,12 @@ class Coordinator:
             # once _finish closed the host's side).
             if self._host is not None:
                 self._host.close(0.0)
-            if self.recorder is not None or self.capsule is not None:  # _finish stopped short
-                self._close_recording(0.0)
+            recorder, capsule = self.recorder, self.capsule
+            if recorder is not None or capsule is not None:  # _finish stopped short
+                self.recorder = self.capsule = None
+                close_outputs(self._failures, time_ns=self._end_ns, stop_timeout=0.0,
+                              recorder=recorder, capsule=capsule, otherwise=self._stuck,
+                              lock=self.lock)
             self._ended.set()
 
     def _finish(self) -> None:
@@ -751,44 +752,28 @@ class Coordinator:
                          if a.path in stuck and a.thread_name is not None}
         dispatcher.join_threads(timeout=max(0.0, deadline - time.monotonic()),
                                 skip=stuck_threads)
-        self._write_trace()
-        self._close_recording(self._stop_timeout)
         self._release()
-        self._snapshots.close(self._stop_timeout)  # each file is complete or absent
-        # Queued callbacks get at most stop_timeout more; waiters are woken.
-        if self._host is not None:
-            self._host.close(self._stop_timeout)
+        recorder, self.recorder = self.recorder, None
+        capsule, self.capsule = self.capsule, None
+        # The one order every run's outputs close in (outputs.py).
+        close_outputs(self._failures, time_ns=self._end_ns, stop_timeout=self._stop_timeout,
+                      trace=self._trace_writer(), recorder=recorder, capsule=capsule,
+                      snapshots=self._snapshots, host=self._host, otherwise=self._stuck,
+                      lock=self.lock)
 
-    def _write_trace(self) -> None:
-        """Write the trace file of a traced run (once its threads have stopped)."""
+    def _trace_writer(self) -> tuple[str, Callable[[], None]] | None:
+        """A traced run's trace file and the function that writes it (its threads stopped)."""
         if self._trace is None:
-            return
+            return None
         (tracer, recorder), self._trace = self._trace, None
         dispatcher = self.dispatcher
-        try:
+
+        def write() -> None:
             tracer._write(recorder, dispatcher.thread_names(),
                           {"timer": "simulated" if dispatcher.simulated else "realtime",
                            "workers": dispatcher.n_workers, "nodes": len(self.actors)})
-        except Exception as exc:  # noqa: BLE001 - join() raises it, or it is logged
-            keep_end_failure(self._failures, exc, f"could not write the trace file "
-                             f"{tracer.path}", self.lock)
 
-    def _close_recording(self, timeout: float) -> None:
-        """Close the run's recording and capsule (no hook runs any more); their failures
-        are the run's."""
-        recorder, self.recorder = self.recorder, None
-        capsule, self.capsule = self.capsule, None
-        errors = []
-        if recorder is not None:
-            failure = self.failure
-            errors.append(recorder.close(self._end_ns,
-                                         "" if failure is None else describe(failure), timeout))
-        if capsule is not None:
-            errors.append(capsule.close(timeout))
-        for error in errors:
-            if error is not None:  # join() raises it, or it is logged (keep_end_failure)
-                keep_end_failure(self._failures, error, "could not write the recording",
-                                 self.lock)
+        return str(tracer.path), write
 
     def _release(self) -> None:
         """Release the nodes: they may run in another net, their sends need one again."""

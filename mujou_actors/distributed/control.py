@@ -73,6 +73,17 @@ class GroupControl(Protocol):
     def stats(self) -> dict[str, Any]:
         """The group's figures as plain data (`group.link_stats`)."""
 
+    def hold(self, timeout: float) -> bool:
+        """Real time: hold the group at a cut (no hook in flight) within ``timeout``;
+        False when its hooks did not return in time (it is not held)."""
+
+    def release(self) -> None:
+        """Real time: let a held group go on."""
+
+    def run_free(self) -> int | None:
+        """Real time: the group's kernel runs free on its own clock from now; the
+        timer's origin on its machine's monotonic clock (ns), None for the host's own."""
+
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
         """Stop the group (``on_stop``); its stuck nodes' hooks, and its final tree.
@@ -95,7 +106,7 @@ class LocalControl:
 
     Args:
         entry: the driver's record of the group (`driver._Group`); its ``link``
-            (`driver._LocalLink`: the kernel, its published Outputs, its message
+            (`group.LocalLink`: the kernel, its published Outputs, its message
             counts) is read at each call, since a restart gives the group a new
             kernel and link.
     """
@@ -145,6 +156,19 @@ class LocalControl:
         """`GroupControl.stats`."""
         link = self._link_of()
         return group.link_stats(link.kernel, link, link.counted)
+
+    def hold(self, timeout: float) -> bool:
+        """`GroupControl.hold`."""
+        return bool(self.kernel.hold(timeout))
+
+    def release(self) -> None:
+        """`GroupControl.release`."""
+        self.kernel.release()
+
+    def run_free(self) -> int | None:
+        """`GroupControl.run_free`: the host's clock is the run's own (no origin to keep)."""
+        self.kernel.run_free()
+        return None
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
@@ -203,6 +227,19 @@ class RemoteControl:
         """`GroupControl.stats`."""
         figures: dict[str, Any] = self._ask(self.name, group.Stats(), QUICK_S)
         return figures
+
+    def hold(self, timeout: float) -> bool:
+        """`GroupControl.hold`."""
+        return bool(self._ask(self.name, group.Hold(timeout), timeout + TRIP_S))
+
+    def release(self) -> None:
+        """`GroupControl.release`."""
+        self._ask(self.name, group.Release(), 30.0)
+
+    def run_free(self) -> int | None:
+        """`GroupControl.run_free` (`group.RunFree`'s answer: the timer's origin)."""
+        origin = self._ask(self.name, group.RunFree(), 30.0)
+        return origin if isinstance(origin, int) else None
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:

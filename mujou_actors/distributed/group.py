@@ -44,16 +44,17 @@ from ..net import walk
 from ..ports import Input
 from . import dataplane
 from ._loopback import alive, signals_blocked
+from .failures import Stuck
 from .heartbeat import Responder
-from .placement import build_net, load_factory, net_signature
+from .placement import HOST_GROUP, build_net, load_factory, net_signature
 from .secret import load_secret
 from .tracing import KernelTraces
 
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "Watcher",
-           "stop_kernel", "Busy", "NodeFailed"]
+           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
+           "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -219,6 +220,34 @@ HANDSHAKE_S = 10.0
 # pinged it for this long (the host or the network is gone: nobody would
 # stop it, and nobody reads what it does).
 ORPHAN_S = 30.0
+
+
+def merge_trees(trees: list[dict[str, Any]], time_ns: int, order: list[str]) -> dict[str, Any]:
+    """One state tree from the groups' trees, at ``time_ns``, in the net's order.
+
+    The groups' sections are disjoint (each names its own nodes and Inputs);
+    entries come in the order of ``order`` (node paths, parents first), as a
+    single process's tree lists them; the Inputs of one node (all from one
+    group's tree) stay in that tree's order, which is one process's too.
+    """
+    rank = {p: i for i, p in enumerate(order)}
+
+    def where(path: str, node_keyed: bool) -> int:
+        return rank.get(path if node_keyed else path.rpartition(".")[0], len(rank))
+
+    merged: dict[str, Any] = {}
+    for tree in trees:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged.setdefault(key, value)
+    for key, value in merged.items():
+        if isinstance(value, dict):
+            node_keyed = key in ("nodes", "seeds", "schedule")
+            merged[key] = dict(sorted(value.items(), key=lambda kv: where(kv[0], node_keyed)))
+    merged["time_ns"] = time_ns
+    return merged
 
 
 class Published:
@@ -851,7 +880,7 @@ def link_stats(kernel: Kernel, link: Any,
         kernel (Kernel): the group's kernel.
         link: its data plane's end (``messages_in``, ``messages_out``,
             ``bytes_in``, ``bytes_out``): a `dataplane.GroupLink`, or the host's
-            own group's `driver._LocalLink`.
+            own group's `LocalLink`.
         counted: the counts of the group's kernels a restart replaced (`node_stats`).
     """
     t = os.times()
@@ -888,3 +917,78 @@ def node_stats(kernel: Kernel,
             now["lateness"] = sorted(now["lateness"] + old["lateness"])
         nodes[a.path] = now
     return nodes
+
+
+class LocalLink:
+    """The host's own group's link: a kernel in this process, run by the driver's thread.
+
+    It answers the driver as a remote group's `dataplane.HostLink` does: a
+    grant runs the kernel's delta cycles (`run_grant`) in simulated time, or
+    delivers the relayed messages at once in real time; `receive` gives the
+    reply, or what the kernel shipped since.
+
+    Args:
+        kernel (Kernel): the host's group's kernel.
+        routes (dataplane.Routes): the net's Outputs and their readers.
+        notify (Callable | None): called as a node sends to another group
+            (real time: the relay's wake).
+        keep_waiting (Callable[[], bool] | None): whether a grant may keep
+            waiting for a delta cycle (no stop due).
+    """
+
+    def __init__(self, kernel: Kernel, routes: dataplane.Routes,
+                 notify: Any = None, keep_waiting: Callable[[], bool] | None = None) -> None:
+        self.kernel = kernel
+        self.keep_waiting = keep_waiting
+        self.routes = routes
+        self.published = Published(routes, notify)
+        self._reply: dataplane.Reply | None = None
+        self._replies: list[dataplane.Reply] = []  # real time: markers waiting
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
+        self.counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels
+
+    def send(self, grant: dataplane.Grant) -> None:
+        self.messages_in += len(grant.messages)
+        if not self.kernel.simulated:
+            self._send_realtime(grant)
+            return
+        try:
+            self._reply = run_grant(self.kernel, self.routes, grant, self.published,
+                                          self.keep_waiting)
+            self.messages_out += len(self._reply.sends)
+        except TimeoutError:
+            # A stop gave up on a hook of the host's group: the driver reports it stuck.
+            raise Stuck({a.path: f"{self.kernel.dispatcher.hook_of(a)} (in group {HOST_GROUP!r})"
+                         for a in self.kernel.actors if a.busy}) from None
+        except BaseException as exc:  # reported as a group's failure is, never swallowed
+            self._reply = dataplane.Reply(due=None, time_ns=0, sends=[],
+                                          failure=failure_of(exc))
+
+    def receive(self, timeout: float) -> dataplane.Reply | None:
+        if not self.kernel.simulated:
+            return self._receive_realtime()
+        reply, self._reply = self._reply, None
+        return reply
+
+    def _send_realtime(self, grant: dataplane.Grant) -> None:
+        """Real time: deliver at once (as host writes); a flush answers with a marker."""
+        kernel = self.kernel
+        for t, delta, sender, output, message in grant.messages:
+            for reader in self.routes.local_readers(output):
+                kernel.write(reader, message, (t, delta, sender))
+        if grant.take:  # what was sent so far goes first, then the marker
+            replies = shipped(self.kernel, self.routes, self.published)
+            self.messages_out += sum(len(r.sends) for r in replies)
+            self._replies += replies
+            self._replies.append(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                                 marker=True))
+
+    def _receive_realtime(self) -> dataplane.Reply | None:
+        """Real time: a marker waiting, or what the kernel sent, published or failed."""
+        if not self._replies:
+            self._replies = shipped(self.kernel, self.routes, self.published)
+            self.messages_out += sum(len(r.sends) for r in self._replies)
+        return self._replies.pop(0) if self._replies else None
+
+    def close(self) -> None:
+        pass

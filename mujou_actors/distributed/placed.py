@@ -39,15 +39,8 @@ from ..node import Node
 from ..ports import Input, Port
 from . import dataplane, tracing, wire
 from ._loopback import ANY, LOOPBACK
-from .driver import (
-    GROUP_TARGET,
-    RemoteTraceback,
-    _Driver,
-    _Group,
-    _LocalLink,
-    _start_phase,
-    check_same_net,
-)
+from .driver import RemoteTraceback, _Driver, _Group
+from .group import LocalLink
 from .placed_run import PlacedRun
 from .placement import (
     HOST_GROUP,
@@ -58,6 +51,7 @@ from .placement import (
     net_signature,
     resolve_factory,
 )
+from .recovery import GROUP_TARGET, check_same_net
 
 log = logging.getLogger("mujou_actors")
 
@@ -409,7 +403,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         if host_nodes:
             local = make_local(built)
             routes = dataplane.Routes(found, local.ports)
-            groups[HOST_GROUP] = _Group(HOST_GROUP, _LocalLink(local, routes, wake.set if
+            groups[HOST_GROUP] = _Group(HOST_GROUP, LocalLink(local, routes, wake.set if
                                                                kind == "realtime" else None),
                                         host_nodes, os.getpid(), remote=False)
         expected = net_signature(found)
@@ -438,10 +432,10 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         raise
     run = PlacedRun(driver, ports, seeds, found)
     try:
-        _start_phase(driver, initial, args.tree, args.start_timeout)
+        driver.start_phase(initial, args.tree, args.start_timeout)
     except BaseException:
         driver.stop_asked.set()
-        driver._finish()
+        driver.end.finish()
         raise
     driver.thread.start()
     return run

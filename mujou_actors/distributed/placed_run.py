@@ -369,7 +369,7 @@ class PlacedRun(Run):
                     dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
                     dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
                     lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
-                    drops=n["drops"], restarts=drv.restarts.get(path, 0))
+                    drops=n["drops"], restarts=drv.recovery.restarts.get(path, 0))
             clock = g.get("clock") or {}
             groups[name] = GroupStats(
                 name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),
@@ -381,7 +381,8 @@ class PlacedRun(Run):
                 refused=g.get("refused", 0))
         wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
-        snaps = drv.snapshots.stats() if drv.snapshots is not None else SnapshotStats()
+        kept = drv.recovery.snapshots
+        snaps = kept.stats() if kept is not None else SnapshotStats()
         recording = None if drv.recorder is None else drv.recorder.stats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
                         snapshots=snaps, subscriptions=drv.host.stats(), groups=groups,

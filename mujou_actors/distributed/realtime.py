@@ -1,5 +1,9 @@
 """A placed run in real time: each group on its own clock, messages relayed as they come.
 
+`RealTimeRelay` is the driver's strategy for it (``driver.timing``), as
+`rounds.SimulatedRounds` is for simulated time: the driver asks one of the
+two, never ``if realtime``.
+
 In real time no group waits for another: every group process runs its
 kernel freely on its own monotonic clock (`Kernel.run_free`) and ships what
 its nodes send to other groups as soon as it is sent (a worker's send wakes
@@ -28,6 +32,7 @@ which `Run.stats` adds back with the estimate of the moment
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from collections.abc import Sequence
@@ -35,15 +40,17 @@ from typing import Any
 
 import zmq
 
-from . import dataplane, group
+from . import dataplane
+from .failures import Failed, node_error
 
 # The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
 _Driver = Any
 _Group = Any
 
-__all__ = ["run_rounds", "cut", "flush", "start", "now_ns", "hold_all", "release", "relay",
-           "push", "MessageAges", "AGE_SAMPLES"]
+__all__ = ["RealTimeRelay", "MessageAges", "AGE_SAMPLES"]
+
+log = logging.getLogger("mujou_actors")
 
 POLL_S = 0.05
 AGE_SAMPLES = 256  # the newest messages of a group whose ages `MessageAges` keeps (a power of 2)
@@ -91,110 +98,229 @@ class MessageAges:
         return list(self._ring[start:]) + list(self._ring[:start])
 
 
-def now_ns(driver: _Driver) -> int:
-    """The run's time in real time: the host's monotonic clock since the start, ns."""
-    return driver.start_ns + time.monotonic_ns() - driver.start_mono_ns
+class RealTimeRelay:
+    """How a real-time placed run moves: every group free on its clock, the host relaying.
 
+    Args:
+        driver (driver._Driver): the run's driver; the relay reads its groups,
+            its end and its stop, and raises a group's reported failure as
+            `failures.Failed` for its supervisor to take.
 
-def run_rounds(driver: _Driver) -> None:
-    """Relay messages until the end (``duration`` on the host's clock), a stop or a failure."""
-    end = None if driver.end_ns is None else driver.end_ns
-    while not driver.stop_asked.is_set():
-        driver._serve_requests()
-        t = now_ns(driver)
-        driver.time_ns = t
-        if end is not None and t >= end:
-            return
-        if driver.next_cut is not None and t >= driver.next_cut:
-            driver._snapshot(t)
-            continue
-        wait = POLL_S
-        if end is not None:
-            wait = min(wait, (end - t) / 1e9)
-        if driver.next_cut is not None:
-            wait = min(wait, (driver.next_cut - t) / 1e9)
-        relay(driver, max(0.0, wait))
-
-
-def _poller(driver: _Driver) -> zmq.Poller:
-    poller = zmq.Poller()
-    for g in driver.groups.values():
-        if g.remote:
-            poller.register(g.link.sock, zmq.POLLIN)
-    poller.register(driver.wake.fileno(), zmq.POLLIN)
-    notices = getattr(driver.system, "notices", None)
-    if notices is not None:
-        poller.register(notices, zmq.POLLIN)
-    return poller
-
-
-def relay(driver: _Driver, wait: float, markers: set[str] | None = None) -> None:
-    """Take in what the groups sent within ``wait`` seconds; pass it on to the readers.
-
-    With ``markers``, the names of groups whose flush marker came are added to it.
+    Every method runs on the driver's thread.
     """
-    ready = dict(_poller(driver).poll(int(wait * 1000)))
-    if driver.wake.fileno() in ready:
-        driver.wake.clear()
-    for g in driver.groups.values():
-        if g.remote and g.link.sock not in ready:
-            continue
-        while (reply := g.link.receive(0)) is not None:
-            if reply.marker and markers is not None:
-                markers.add(g.name)
-            ages = g.ages  # a group on another machine's (None: this machine's)
-            if ages is not None and reply.sends:
-                ages.add(time.monotonic_ns(), reply.sends)
-            driver._route(g, reply)
-    push(driver)
-    driver._check_exits()
 
+    name = "realtime"
+    lowers_due = False  # a relayed message triggers its reader as it arrives, as a host write
+    rounds = 0  # no rounds: the groups run free
 
-def push(driver: _Driver) -> None:
-    """Send every group the messages waiting for it (no answer is expected)."""
-    for g in driver.groups.values():
-        if g.queued:
-            messages, g.queued = g.queued, []
-            g.link.send(dataplane.Grant(None, False, messages))
+    def __init__(self, driver: _Driver) -> None:
+        self.driver = driver
 
+    def now_ns(self) -> int:
+        """The run's time: the host's monotonic clock since the start, ns."""
+        driver = self.driver
+        return int(driver.start_ns + time.monotonic_ns() - driver.start_mono_ns)
 
-def flush(driver: _Driver, groups: list[_Group] | None = None, timeout: float = 10.0) -> None:
-    """Every message sent so far reaches its reader's mailbox (see the module's docstring)."""
-    targets = list(driver.groups.values()) if groups is None else groups
-    for _ in range(2):
-        markers: set[str] = set()
-        for g in targets:
-            messages, g.queued = g.queued, []
-            g.link.send(dataplane.Grant(None, True, messages))
+    def run(self) -> None:
+        """Relay messages until the end (``duration`` on the host's clock), a stop or a failure."""
+        driver = self.driver
+        end = driver.end_ns
+        while not driver.stop_asked.is_set():
+            driver._serve_requests()
+            t = self.now_ns()
+            driver.time_ns = t
+            if end is not None and t >= end:
+                return
+            if driver.recovery.next_cut is not None and t >= driver.recovery.next_cut:
+                driver.recovery.snapshot(t)
+                continue
+            wait = POLL_S
+            if end is not None:
+                wait = min(wait, (end - t) / 1e9)
+            if driver.recovery.next_cut is not None:
+                wait = min(wait, (driver.recovery.next_cut - t) / 1e9)
+            self.relay(max(0.0, wait))
+
+    def _poller(self) -> zmq.Poller:
+        driver = self.driver
+        poller = zmq.Poller()
+        for g in driver.groups.values():
+            if g.remote:
+                poller.register(g.link.sock, zmq.POLLIN)
+        poller.register(driver.wake.fileno(), zmq.POLLIN)
+        notices = getattr(driver.system, "notices", None)
+        if notices is not None:
+            poller.register(notices, zmq.POLLIN)
+        return poller
+
+    def relay(self, wait: float, markers: set[str] | None = None) -> None:
+        """Take in what the groups sent within ``wait`` seconds; pass it on to the readers.
+
+        With ``markers``, the names of groups whose flush marker came are
+        added to it. A failure a group reports is raised (`failures.Failed`)
+        once its messages are passed on.
+        """
+        driver = self.driver
+        ready = dict(self._poller().poll(int(wait * 1000)))
+        if driver.wake.fileno() in ready:
+            driver.wake.clear()
+        for g in driver.groups.values():
+            if g.remote and g.link.sock not in ready:
+                continue
+            while (reply := g.link.receive(0)) is not None:
+                if reply.marker and markers is not None:
+                    markers.add(g.name)
+                ages = g.ages  # a group on another machine's (None: this machine's)
+                if ages is not None and reply.sends:
+                    ages.add(time.monotonic_ns(), reply.sends)
+                driver._route(g, reply)
+                if reply.time_ns > g.time_ns:
+                    g.time_ns = reply.time_ns
+                if reply.failure is not None:
+                    err = node_error(g.name, reply.failure)
+                    raise Failed(err, g.name, err.path)
+        self.refresh(())
+        driver._check_exits()
+
+    def refresh(self, groups: Any) -> None:
+        """Send every group the messages waiting for it (no answer is expected; the groups
+        run free, so there is no next key to learn)."""
+        for g in self.driver.groups.values():
+            if g.queued:
+                messages, g.queued = g.queued, []
+                g.link.send(dataplane.Grant(None, False, messages))
+
+    def flush(self, groups: list[_Group] | None = None, timeout: float | None = None) -> None:
+        """Every message sent so far reaches its reader's mailbox (see the module's docstring).
+
+        Args:
+            groups: the groups to flush (None: all).
+            timeout: seconds for each of the two passes (None: the run's ``stop_timeout``).
+
+        Raises:
+            TimeoutError: a group did not answer a flush in time.
+        """
+        driver = self.driver
+        limit = driver.stop_timeout if timeout is None else timeout
+        targets = list(driver.groups.values()) if groups is None else groups
+        for _ in range(2):
+            markers: set[str] = set()
+            for g in targets:
+                messages, g.queued = g.queued, []
+                g.link.send(dataplane.Grant(None, True, messages))
+            deadline = time.monotonic() + limit
+            while len(markers) < len(targets):
+                if time.monotonic() > deadline:
+                    missing = sorted({g.name for g in targets} - markers)
+                    raise TimeoutError(f"groups {missing} did not answer a flush within "
+                                       f"{limit:g} s")
+                self.relay(POLL_S, markers)
+
+    def hold_all(self, timeout: float) -> list[_Group]:
+        """Hold every group at a cut (no hook in flight); the groups held, in order.
+
+        ``timeout`` is for all the groups together (each is held in turn, with
+        what is left of it): a stuck hook costs a cut, or the end, one timeout.
+
+        Raises:
+            TimeoutError: a group's hooks did not return within ``timeout``; the
+                groups held so far stay held (the caller releases them or stops).
+        """
+        driver = self.driver
+        held: list[_Group] = []
         deadline = time.monotonic() + timeout
-        while len(markers) < len(targets):
-            if time.monotonic() > deadline:
-                missing = sorted({g.name for g in targets} - markers)
-                raise TimeoutError(f"groups {missing} did not answer a flush within "
-                                   f"{timeout:g} s")
-            relay(driver, POLL_S, markers)
+        for g in driver.groups.values():
+            left = max(0.0, deadline - time.monotonic())
+            if not g.control.hold(left):
+                raise _NotHeld(g.name, timeout, held)
+            held.append(g)
+        return held
 
+    def release(self, groups: list[_Group]) -> None:
+        """Let held groups go on."""
+        for g in groups:
+            g.control.release()
 
-def hold_all(driver: _Driver, timeout: float) -> list[_Group]:
-    """Hold every group at a cut (no hook in flight); the groups held, in order.
+    def cut(self, timeout: float | None) -> dict[str, Any]:
+        """One state tree of every group at a consistent cut, in real time.
 
-    ``timeout`` is for all the groups together (each is held in turn, with
-    what is left of it): a stuck hook costs a cut, or the end, one timeout.
+        Raises:
+            TimeoutError: a group's hooks in flight did not return within ``timeout``
+                (the groups go on as if not asked).
+        """
+        driver = self.driver
+        limit = driver.stop_timeout if timeout is None else timeout
+        held: list[_Group] = []
+        try:
+            held = self.hold_all(limit)
+            self.flush(timeout=limit)
+            return driver._gather(self.now_ns(), limit)
+        except _NotHeld as exc:
+            held = exc.held
+            raise TimeoutError(f"state_dict(): {exc}") from None
+        finally:
+            self.release(held)
 
-    Raises:
-        TimeoutError: a group's hooks did not return within ``timeout``; the
-            groups held so far stay held (the caller releases them or stops).
-    """
-    held: list[_Group] = []
-    deadline = time.monotonic() + timeout
-    for g in driver.groups.values():
-        left = max(0.0, deadline - time.monotonic())
-        ok = (driver.ask(g.name, group.Hold(left), left + 5.0) if g.remote
-              else driver.kernel.hold(left))
-        if not ok:
-            raise _NotHeld(g.name, timeout, held)
-        held.append(g)
-    return held
+    def snapshot_tree(self, t: int) -> dict[str, Any] | None:
+        """The supervisor's snapshot, cut now (``t`` is its grid time); None when a group
+        cannot be held within the snapshots' bound (the snapshot is missed)."""
+        driver = self.driver
+        try:
+            return self.cut(driver.recovery.snapshots.bound())
+        except TimeoutError as exc:
+            log.debug("snapshot missed: %s", exc)
+            return None
+
+    def restarted_node(self, g: _Group) -> None:
+        """A node of ``g`` restarted (``one_for_one``): what waits for the groups goes out."""
+        self.refresh([g])
+
+    def before_restore(self, failed_in: _Group) -> bool:
+        """Before a ``one_for_all`` restore: nothing to finish (no instants in real time)."""
+        return True
+
+    def write_key(self) -> None:
+        """A host write comes in now, as in one process (no key)."""
+        return None
+
+    def written(self, g: _Group) -> None:
+        """After a host write: nothing (delivered now; the relay carries what it causes)."""
+
+    def start_sends(self, left: float) -> None:
+        """What ``on_start`` sent reaches its readers before any clock runs."""
+        self.flush(timeout=left)
+
+    def start_timers(self, tree: dict[str, Any] | None) -> None:
+        """The end of a real-time start: on_start's messages delivered, then every clock runs."""
+        driver = self.driver
+        self.flush(timeout=driver.start_timeout)
+        for g in driver.groups.values():
+            origin = g.control.run_free()
+            # A new process (a restart) has a timer, and maybe a machine, of its own.
+            g.ages = MessageAges(origin) if g.member is not None and origin is not None else None
+        if not driver.clock_started:  # a restart does not move the run's clock
+            driver.clock_started = True
+            driver.start_mono_ns = time.monotonic_ns()
+            driver.start_ns = tree["time_ns"] if tree is not None else 0
+
+    def ended_at(self) -> int:
+        """The run's time at its end: the time the relay stopped at (`run` keeps it)."""
+        return int(self.driver.time_ns)
+
+    def settle_end(self) -> None:
+        """Every message on its way between groups into its reader's Inputs: every group
+        held, with what is left of the end's one ``stop_timeout``, then flushed."""
+        driver = self.driver
+        self.hold_all(driver._stop_left())
+        self.flush()
+
+    def wake(self) -> None:
+        """A host request was queued: wake the relay's wait (else it would wait out its poll)."""
+        self.driver.wake.set()
+
+    def local_notify(self) -> Any:
+        """What the host's own group calls as its nodes send: the relay's wake."""
+        return self.driver.wake.set
 
 
 class _NotHeld(TimeoutError):
@@ -202,50 +328,3 @@ class _NotHeld(TimeoutError):
         super().__init__(f"no consistent cut within {timeout:g} s: group {name!r} had "
                          f"hooks in flight")
         self.held = held
-
-
-def release(driver: _Driver, groups: list[_Group]) -> None:
-    """Let held groups go on."""
-    for g in groups:
-        if g.remote:
-            driver.ask(g.name, group.Release(), 30.0)
-        else:
-            driver.kernel.release()
-
-
-def cut(driver: _Driver, timeout: float | None) -> dict[str, Any]:
-    """One state tree of every group at a consistent cut, in real time.
-
-    Raises:
-        TimeoutError: a group's hooks in flight did not return within ``timeout``
-            (the groups go on as if not asked).
-    """
-    limit = driver.stop_timeout if timeout is None else timeout
-    held: list[_Group] = []
-    try:
-        held = hold_all(driver, limit)
-        flush(driver, timeout=limit)
-        return driver._gather(now_ns(driver), limit)
-    except _NotHeld as exc:
-        held = exc.held
-        raise TimeoutError(f"state_dict(): {exc}") from None
-    finally:
-        release(driver, held)
-
-
-def start(driver: _Driver, tree: dict[str, Any] | None) -> None:
-    """The end of a real-time start: on_start's messages delivered, then every clock runs."""
-    flush(driver, timeout=driver.start_timeout)
-    for g in driver.groups.values():
-        if g.remote:
-            origin = driver.ask(g.name, group.RunFree(), 30.0)
-            # A new process (a restart) has a timer, and maybe a machine, of its own.
-            g.ages = (MessageAges(origin) if g.member is not None and isinstance(origin, int)
-                      else None)
-        else:
-            driver.kernel.run_free()
-    if not driver.clock_started:  # a restart does not move the run's clock
-        driver.clock_started = True
-        driver.start_mono_ns = time.monotonic_ns()
-        driver.start_ns = tree["time_ns"] if tree is not None else 0
-

@@ -1,0 +1,105 @@
+"""What can stop a placed run's rounds, as the driver's supervisor takes it.
+
+A group's reply names a hook's failure (`Failed`); a group's process ends
+unasked or its machine is lost (`GroupLost`, from a `system.GroupExit` or a
+`Lost` of the heartbeat); the groups do not answer a grant within the end's
+bound (`Stuck`). The rounds (`rounds.SimulatedRounds`, `realtime.RealTimeRelay`)
+raise them, and the driver (`driver._Driver`) hands them to the supervisor.
+`node_error` turns a group's report of a failure into the `NodeError` the host
+raises, with the group's traceback as its cause (`RemoteTraceback`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from ..errors import AlgebraicLoopError, GroupDied, NodeError
+
+__all__ = ["Failed", "GroupLost", "Lost", "RemoteTraceback", "Stuck", "args_of", "node_error"]
+
+
+class Failed(Exception):
+    """A group reported a hook's failure: the supervisor decides (`_Driver._recover`).
+
+    Args:
+        error (NodeError): the host's error for it (`node_error`).
+        group (str): the group it failed in.
+        node (str): the failed node's path.
+    """
+
+    def __init__(self, error: NodeError, group: str, node: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.group = group
+        self.node = node
+
+
+class Stuck(Exception):
+    """Groups did not answer a grant within the stop's bound.
+
+    Args:
+        busy (dict[str, str]): the hooks in flight, ``{path: "hook (in group 'g')"}``.
+    """
+
+    def __init__(self, busy: dict[str, str]) -> None:
+        super().__init__(f"groups still running a grant: {sorted(busy)}")
+        self.busy = busy
+
+
+class Lost(NamedTuple):
+    """A group on another machine that the heartbeat lost (as `system.GroupExit` reads)."""
+
+    group: str
+    pid: int
+    reason: str
+
+
+class GroupLost(Exception):
+    """A group process ended unasked, or its machine was lost.
+
+    Args:
+        exit_ (system.GroupExit | Lost): which group, its pid (0: never
+            reported), and why.
+    """
+
+    def __init__(self, exit_: Any) -> None:
+        pid = f" (pid {exit_.pid})" if exit_.pid else ""  # 0: it never reported one
+        super().__init__(f"group {exit_.group!r}{pid} died: {exit_.reason}")
+        self.exit = exit_
+
+
+def args_of(err: BaseException, note: str) -> tuple[Any, ...]:
+    """The constructor arguments of a copy of ``err`` with ``note`` added to its message."""
+    if isinstance(err, NodeError):
+        return (err.path, err.hook, f"{err} ({note})")
+    if isinstance(err, GroupDied):
+        return (err.group, err.pid, f"{err.reason} ({note})")
+    return (f"{err} ({note})",)
+
+
+def node_error(group_name: str, failure: Mapping[str, Any]) -> NodeError:
+    """The host's NodeError for a group's failure, with the remote traceback as its cause.
+
+    Args:
+        group_name (str): the group that reported it.
+        failure (Mapping): `group.failure_of`'s report: ``path``, ``hook``,
+            ``message``, ``type``, ``traceback``, and ``loop`` for an
+            `AlgebraicLoopError` (which the host raises as that type).
+    """
+    err = NodeError(failure["path"], failure["hook"],
+                    f"{failure['message']} (in group {group_name!r})")
+    if "loop" in failure:  # an AlgebraicLoopError: the same type on the host
+        nodes, time_ns, delta, loop = failure["loop"]
+        err = AlgebraicLoopError(list(nodes), time_ns, delta, loop, group=group_name)
+    err.__cause__ = RemoteTraceback(failure["type"], failure["traceback"])
+    return err
+
+
+class RemoteTraceback(Exception):
+    """An exception raised in another process: its type's name and its traceback as text."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        super().__init__(f"{type_name} in a group process:\n{text}")
+        self.type_name = type_name
+        self.traceback = text
