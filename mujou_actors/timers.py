@@ -87,4 +87,4 @@ def make_timer(kind: str) -> Timer:
         return RealtimeTimer()
     if kind == "simulated":
         return SimulatedTimer()
-    raise ValueError(f"timer must be 'realtime' or 'simulated', got {kind!r}")
+    raise ValueError(f"mujou.run: timer must be 'realtime' or 'simulated', got {kind!r}")
