@@ -337,12 +337,13 @@ def command(run: Any, go: str, value: Any, done: str) -> tuple[Any, int]:
 class Timeline:
     """When the driver of a run acted on a failure, restarted a group and restored them.
 
-    It wraps, on that one driver object, the calls that mark each phase (the
-    benchmark's instrument, not the package's API): the driver's ``_recover``
-    (it acts on the failure: ``acted``), ``_choose_member`` (the machine
-    chosen: ``chosen``), ``relaunch`` (the group's new process started,
-    connected and its net checked: ``spawned``), ``_restart_all`` (every group
-    restored: ``restored``), and its heartbeat monitor's ``take_changes`` (the
+    It wraps, on that one driver's recovery (`distributed.recovery.Recovery`),
+    the calls that mark each phase (the benchmark's instrument, not the
+    package's API): ``recover`` (it acts on the failure: ``acted``),
+    ``choose_member`` (the machine chosen: ``chosen``), ``relaunch`` (the
+    group's new process started, connected and its net checked: ``spawned``),
+    ``restart_all`` (every group restored: ``restored``), and the driver's
+    heartbeat monitor's ``take_changes`` (the
     loss decided: ``lost``, the Monitor's own time). Each is
     ``time.monotonic_ns()`` of the first such call, or of its return.
 

@@ -102,7 +102,7 @@ class _Driver:
                  trace: tracing.PlacedTrace | None = None, monitor: Any = None,
                  choose_member: Callable[[str], str] | None = None) -> None:
         self.system = system
-        self.trace = trace  # a traced run's (written at the end: _write_trace)
+        self.trace = trace  # a traced run's (written at the end: Ending._trace_writer)
         self.run_id = run_id
         self.stop_asked = threading.Event()
         # How the run's time moves (see the module's docstring): asked, never tested.

@@ -20,7 +20,7 @@ __all__ = ["Failed", "GroupLost", "Lost", "RemoteTraceback", "Stuck", "args_of",
 
 
 class Failed(Exception):
-    """A group reported a hook's failure: the supervisor decides (`_Driver._recover`).
+    """A group reported a hook's failure: the supervisor decides (`Recovery.recover`).
 
     Args:
         error (NodeError): the host's error for it (`node_error`).
