@@ -678,16 +678,20 @@ class FoxgloveServer:
             transport.writelines(parts)
 
     def _forget(self, client: _Client) -> None:
-        """A client's end: its subscriptions, channels and queue go; its unlogged warnings said."""
+        """A client's end: its unlogged warnings said; its subscriptions, channels and queue go.
+
+        The warnings first: whoever sees the client gone from `stats` (a test, a
+        monitor) finds its last line logged already.
+        """
+        if client.unlogged:
+            log.warning("foxglove: client %d (origin %s): %d more warnings not logged",
+                        client.number, client.origin or "none", client.unlogged)
         self._clients.pop(client.number, None)
         self._counts["dropped"] += client.dropped
         for topic in list(client.topics):
             self._leave(client, topic)
         client.channels.clear()
         client.take()
-        if client.unlogged:
-            log.warning("foxglove: client %d (origin %s): %d more warnings not logged",
-                        client.number, client.origin or "none", client.unlogged)
 
     # -- a client's requests --------------------------------------------------------------
     async def _on_text(self, client: _Client, text: str) -> None:
