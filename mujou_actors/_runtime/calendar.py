@@ -25,10 +25,11 @@ Dedicated-thread actors are not in the heap: their thread waits for their own
 loop): in simulated time every tick falls on its period's grid, so the actors
 of one period tick at the same instants, always. The plan groups them into a
 `Cohort` each, made once when the run is wired: a cohort is queued as one
-*standing* entry of its key's bucket and moves to its next instant as one
-list, as its instant is taken (`take_bucket`); a member finishing its tick is
-back in it with one write (its ``queued_key``: the cohort's key object), not
-one append per actor per instant. The liveness rule is the same: a member
+*standing* entry of its key's bucket and taken whole with it (`take_bucket`);
+the first member to finish its tick queues it at the next instant
+(`_join`), and every other member is back in it with one write (its
+``queued_key``: the cohort's key object), not one append per actor per
+instant. The liveness rule is the same: a member
 queued elsewhere (triggered before its tick, a control envelope, failed) is
 a stale entry of its cohort until it rejoins at the cohort's instant, and
 runs from its own bucket meanwhile. A cohort whose members are all stale

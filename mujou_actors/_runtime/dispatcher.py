@@ -147,6 +147,10 @@ class Dispatcher:
         workers (int): number of worker threads to start, >= 1.
         listener (KernelListener): told of failures, the end, holds and crashes.
         trace (Recorder, optional): the run's trace recorder; None without a trace.
+
+    Attributes:
+        planned (bool): the run has a tick plan (`Calendar.plan`): simulated
+            time, one worker, no dedicated thread, no trace.
     """
 
     def __init__(self, actors: list[Actor], timer: Timer, workers: int,

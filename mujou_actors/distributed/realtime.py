@@ -184,7 +184,8 @@ class RealTimeRelay:
 
     def refresh(self, groups: Any) -> None:
         """Send every group the messages waiting for it (no answer is expected; the groups
-        run free, so there is no next key to learn)."""
+        run free, so there is no next key to learn). ``groups``, which the simulated
+        rounds' `refresh` takes, is not needed: one relay pushes to all at once."""
         for g in self.driver.groups.values():
             if g.queued:
                 messages, g.queued = g.queued, []
