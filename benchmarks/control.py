@@ -19,6 +19,13 @@ What is measured, per repetition, in one `ProcessSystem`:
 * **shutdown**: ``shutdown()`` with one group running (its ``close()``, the
   coordinator, the admin, the logger, every process gone).
 
+And, apart from the system, **placed run start**: ``mujou.run`` of
+``tests.placed_support:make_net`` placed in two group processes (simulated
+time), from the call until it returns a running run, in a fresh host process
+whose script imports torch at its top, as most scripts do (the figure issue 30
+sets at 5 s: its processes, their imports, the nets built and checked, the
+data plane connected).
+
 The group servers are ``tests.procs_support:make`` (an echo server); the
 repository's root is put on the groups' ``sys.path``. Figures are the median
 over ``--repeat`` repetitions, in seconds unless the name says µs or ms.
@@ -105,7 +112,38 @@ def one_repetition(rtts: int, kills: int) -> dict[str, float]:
     return out
 
 
-NAMES = (("system_start", "system start s"), ("group_start", "group start s"),
+# A host script as users write them: torch imported at the top, the run under the guard.
+PLACED_START_SCRIPT = """
+import sys, time
+import torch  # noqa: F401 (as most scripts do)
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])
+    import mujou_actors as mujou
+    from tests.placed_support import make_net
+    t0 = time.perf_counter()
+    run = mujou.run(make_net, placement={"sim": "a", "ctrl": "b"}, timer="simulated")
+    took = time.perf_counter() - t0
+    run.stop()
+    print(took)
+"""
+
+
+def placed_start() -> float:
+    """Seconds for ``mujou.run`` of a placed net (2 groups) to return, in a fresh host."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "host.py"
+        script.write_text(PLACED_START_SCRIPT)
+        done = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True,
+                              text=True, timeout=TIMEOUT_S * 2, check=True)
+    return float(done.stdout.split()[-1])
+
+
+NAMES = (("placed_start", "placed run start s"), ("system_start", "system start s"),
+         ("group_start", "group start s"),
          ("two_groups_start", "2 groups at once s"), ("ask_p50_us", "ask RTT p50 µs"),
          ("ask_p99_us", "ask RTT p99 µs"), ("notice_p50_ms", "crash notice p50 ms"),
          ("notice_max_ms", "crash notice max ms"), ("stop_group", "stop group s"),
@@ -126,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     samples: list[dict[str, float]] = []
     for rep in range(cfg.repeat):
         print(f"repetition {rep + 1}/{cfg.repeat}", flush=True)
-        samples.append(one_repetition(cfg.rtt, cfg.kills))
+        samples.append({"placed_start": placed_start(), **one_repetition(cfg.rtt, cfg.kills)})
     results = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
     for key, name in NAMES:
         print(f"{name:>22s}  {results[key]:10.3f}")

@@ -6,44 +6,54 @@ Import it as ``import mujou_actors as mujou``.
 
 from __future__ import annotations
 
-from . import cuda as cuda  # the public submodule mujou.cuda
-from . import testing as testing  # the public submodule mujou.testing
-from .capsule import Capsule
-from .errors import (
-    AlgebraicLoopError,
-    CallbackError,
-    GroupDied,
-    MujouError,
-    NetError,
-    NodeError,
-    NotRunningError,
-    PortTypeError,
-    RecordingError,
-    SnapshotError,
-    StartTimeoutError,
-    StopTimeoutError,
-)
-from .host import Subscription
-from .liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
-from .node import Node
-from .ports import Input, Output, connect
-from .recording import Recording
-from .run import Run, run
-from .snapshot import load, save
-from .stats import (
-    CapsuleStats,
-    GroupStats,
-    MachineStats,
-    NodeStats,
-    RecordingChannelStats,
-    RecordingStats,
-    RunStats,
-    SnapshotStats,
-    SubscriptionStats,
-    WorkerStats,
-)
-from .supervisor import Supervisor, latest_snapshot
-from .trace import Tracer
+import importlib as _importlib
+import sys as _sys
+import types as _types
+import typing as _typing
+
+# The public names are imported when first used, not when the package is: a process that
+# needs only a corner of it (a placed run's coordinator: Thespian and the standard library)
+# then starts without torch, about 1.4-2.5 s of CPU and 220 MB (docs/processes.md,
+# "Start-up"). Type checkers and readers see the plain imports below.
+if _typing.TYPE_CHECKING:
+    from . import cuda as cuda  # the public submodule mujou.cuda
+    from . import testing as testing  # the public submodule mujou.testing
+    from .capsule import Capsule
+    from .errors import (
+        AlgebraicLoopError,
+        CallbackError,
+        GroupDied,
+        MujouError,
+        NetError,
+        NodeError,
+        NotRunningError,
+        PortTypeError,
+        RecordingError,
+        SnapshotError,
+        StartTimeoutError,
+        StopTimeoutError,
+    )
+    from .host import Subscription
+    from .liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
+    from .node import Node
+    from .ports import Input, Output, connect
+    from .recording import Recording
+    from .run import Run, run
+    from .snapshot import load, save
+    from .stats import (
+        CapsuleStats,
+        GroupStats,
+        MachineStats,
+        NodeStats,
+        RecordingChannelStats,
+        RecordingStats,
+        RunStats,
+        SnapshotStats,
+        SubscriptionStats,
+        WorkerStats,
+    )
+    from .supervisor import Supervisor, latest_snapshot
+    from .trace import Tracer
 
 __all__ = [
     "AlgebraicLoopError",
@@ -86,5 +96,55 @@ __all__ = [
     "save",
     "serve_foxglove",
 ]
+
+# Each public name -> the submodule that defines it; the public submodules are themselves.
+_SUBMODULES = frozenset(("cuda", "testing"))
+_LAZY: dict[str, str] = {
+    "cuda": "cuda", "testing": "testing", "Capsule": "capsule", "Subscription": "host",
+    "FoxgloveServer": "liveview", "FoxgloveStats": "liveview", "serve_foxglove": "liveview",
+    "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
+    "Recording": "recording", "Run": "run", "run": "run", "load": "snapshot", "save": "snapshot",
+    "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
+    **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
+                     "NetError", "NodeError", "NotRunningError", "PortTypeError",
+                     "RecordingError", "SnapshotError", "StartTimeoutError",
+                     "StopTimeoutError"), "errors"),
+    **dict.fromkeys(("CapsuleStats", "GroupStats", "MachineStats", "NodeStats",
+                     "RecordingChannelStats", "RecordingStats", "RunStats", "SnapshotStats",
+                     "SubscriptionStats", "WorkerStats"), "stats"),
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """A public name, imported from its submodule on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = _importlib.import_module(f"{__name__}.{module}")
+    value = found if name in _SUBMODULES else getattr(found, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The names a finished import would hold: what is loaded and every public name."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(_types.ModuleType):
+    """The package's module type: ``mujou.run`` stays the function.
+
+    Importing a submodule sets it as an attribute of its package, so the first
+    ``import mujou_actors.run`` (the module that defines ``run``) would make
+    ``mujou.run`` the module; the module stays reachable in ``sys.modules``.
+    """
+
+    def __setattr__(self, name: str, value: _typing.Any) -> None:
+        if name == "run" and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 __version__ = "0.1.0"

@@ -672,3 +672,21 @@ def _state(pid: int) -> str:
     except OSError:
         return "X"
     return raw[raw.rfind(")") + 2]
+
+
+@pytest.mark.timeout(300)
+def test_control_measures_a_placed_runs_start_and_the_control_plane(tmp_path: Path) -> None:
+    out = tmp_path / "control.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "control.py"), "--quick", "--rtt", "20",
+         "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=290)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"placed_start", "system_start", "group_start", "two_groups_start",
+                            "ask_p50_us", "ask_p99_us", "notice_p50_ms", "notice_max_ms",
+                            "stop_group", "shutdown"}
+    # a whole placed run's start includes a control plane's and its groups'
+    assert results["placed_start"] > results["system_start"] > 0
+    assert 0 < results["ask_p50_us"] <= results["ask_p99_us"]
+    assert "placed run start s" in proc.stdout

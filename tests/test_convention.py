@@ -124,7 +124,7 @@ def test_a_leader_and_two_members_list_each_other_place_a_group_and_end_leaving_
         group = asys.createActor(actors.GroupActor,
                                  targetActorRequirements=requirement("robot"))
         booting = asys.ask(group, actors.Init(1, "g", "tests.procs_support:make",
-                                              {"name": "g"}, (ROOT,)), 60)
+                                              pickle.dumps({"name": "g"}), (ROOT,)), 60)
         assert isinstance(booting, actors.Booting), booting
         started = asys.listen(60)
         assert isinstance(started, actors.Started), started

@@ -16,10 +16,28 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_all_lists_exactly_the_public_runtime_names() -> None:
+    for name in dir(mujou):  # the lazy names, loaded
+        getattr(mujou, name)
     public = {n for n in vars(mujou) if not n.startswith("_")}
     modules = {n for n in public if inspect.ismodule(getattr(mujou, n))}
 
     assert set(mujou.__all__) == public - modules - {"annotations"}
+
+
+def test_the_package_imports_its_names_when_used_and_run_stays_the_function() -> None:
+    code = ("import sys, mujou_actors.distributed.actors as a, mujou_actors as m\n"
+            "print('torch' in sys.modules, 'mujou_actors.run' in sys.modules)\n"
+            "f = m.run\n"
+            "import mujou_actors.run\n"
+            "print(m.run is f, callable(m.run), type(m.Node).__name__, 'torch' in sys.modules)\n"
+            "print(set(dir(m)) >= set(m.__all__))\n"
+            "try:\n    m.nothing\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, check=True).stdout.splitlines()
+
+    # a placed run's coordinator imports this module: it must not pay for torch
+    assert out == ["False False", "True True type True", "True",
+                   "module 'mujou_actors' has no attribute 'nothing'"]
 
 
 # The limits docs/state.md names (`mujou_actors.snapshot.MAX_DEPTH`, ...): public constants

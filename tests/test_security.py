@@ -403,6 +403,9 @@ DECODE_SITES = {
         "a group's exception, inside a control-plane frame whose HMAC was checked",
     ("distributed/actors.py", "GroupActor._call", "pickle.loads"):
         "the host's request, inside a control-plane frame whose HMAC was checked",
+    ("distributed/actors.py", "GroupActor._build", "pickle.loads"):
+        "the host's keyword arguments of the group's target, inside a control-plane frame "
+        "whose HMAC was checked",
 }
 _DECODERS = {"pickle.loads", "pickle.load", "pickle.Unpickler", "RestrictedUnpickler",
              "torch.load", "marshal.loads", "marshal.load", "eval", "exec", "yaml.load",

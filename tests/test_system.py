@@ -351,18 +351,29 @@ def test_an_admin_slower_than_thespians_wait_is_started_once_and_prints_no_trace
 
 
 KILLED_WHILE_STARTING_HOST = r"""
-import multiprocessing, os, sys
+from mujou_actors.distributed.system import ProcessSystem
 
-MARKS = os.environ["MUJOU_TEST_MARKS"]
-if __name__ == "__mp_main__":  # a process of the run importing this script (spawn)
-    name = multiprocessing.current_process().name.split("__")[0]
-    open(os.path.join(MARKS, name), "w").close()
+with ProcessSystem(start_timeout=60):
+    pass
+"""
 
-if __name__ == "__main__":
-    from mujou_actors.distributed.system import ProcessSystem
+# Run by every Python process of the test's host at its start (a sitecustomize on its
+# PYTHONPATH): marks the moment a process of the run is named by spawn's bootstrap, before
+# any of its own code runs (none of them imports the host's script any more).
+MARK_STARTING = r"""
+import multiprocessing, os, threading, time
 
-    with ProcessSystem(start_timeout=60):
-        pass
+def _mark():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        name = multiprocessing.current_process().name
+        if name != "MainProcess":
+            open(os.path.join(os.environ["MUJOU_TEST_MARKS"], name.split("__")[0]), "w").close()
+            return
+        time.sleep(0.0005)
+
+if "MUJOU_TEST_MARKS" in os.environ:
+    threading.Thread(target=_mark, daemon=True).start()
 """
 
 
@@ -371,13 +382,15 @@ if __name__ == "__main__":
 def test_a_host_killed_while_its_run_starts_leaves_no_run_folder(
         tmp_path: pathlib.Path, kill_when: str) -> None:
     # Issue 28, item 8: only the coordinator removed the folder, once configured. Killed
-    # as the admin, or the coordinator, imports the host's script (spawn).
+    # as the admin, or the coordinator, starts (spawn's bootstrap names it).
     script = tmp_path / "host.py"
     script.write_text(KILLED_WHILE_STARTING_HOST)
-    marks, temp = tmp_path / "marks", tmp_path / "tmp"
-    marks.mkdir()
-    temp.mkdir()
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    marks, temp, site = tmp_path / "marks", tmp_path / "tmp", tmp_path / "site"
+    for folder in (marks, temp, site):
+        folder.mkdir()
+    (site / "sitecustomize.py").write_text(MARK_STARTING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+               (str(site), ROOT, os.environ.get("PYTHONPATH", ""))),
            "MUJOU_TEST_MARKS": str(marks), "TMPDIR": str(temp)}
     host = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env)
     try:

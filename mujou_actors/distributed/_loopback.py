@@ -43,7 +43,7 @@ The admin's listening socket is made by the host, before the admin starts
 the admin process in its spawn pipe with the admin's endpoint; the admin
 listens on it instead of binding a port of its own (`_RunTransport`). So the
 port cannot be taken between its choice and the admin's bind (the admin binds
-only after its process imported the host's main module: seconds, with torch),
+only once its process has started: seconds, on a loaded machine),
 and a second try of the start finds the port in use (Thespian's probe) and
 waits for that admin instead of starting another, which could not bind it.
 

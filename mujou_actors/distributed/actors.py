@@ -50,6 +50,7 @@ from thespian.actors import (
 
 from ..errors import describe
 from ._loopback import alive
+from ._mainscript import import_main
 
 NOTICE_LINGER_MS = 500  # how long a closing coordinator may spend flushing notices
 # The capability naming a convention's member machine; a group actor created with the
@@ -129,9 +130,12 @@ class StartGroup(NamedTuple):
     seq: int
     group: str
     target: str  # "package.module:function"
-    kwargs: dict[str, Any]
+    # The target's keyword arguments, pickled by the host and unpickled by the group once
+    # it imported the host's main script (which the coordinator never imports).
+    kwargs: bytes
     sys_path: tuple[str, ...]  # folders put first on the group's sys.path
     member: str | None = None  # the convention member (machine) to run on; None: here
+    main: tuple[tuple[str, str], ...] = ()  # the host's main script (_mainscript)
 
 
 class Init(NamedTuple):
@@ -140,8 +144,9 @@ class Init(NamedTuple):
     seq: int
     group: str
     target: str
-    kwargs: dict[str, Any]
+    kwargs: bytes
     sys_path: tuple[str, ...]
+    main: tuple[tuple[str, str], ...] = ()
 
 
 class _Build(NamedTuple):
@@ -509,7 +514,8 @@ class Coordinator(Actor):
         address = self.createActor(GroupActor, targetActorRequirements=None
                                    if msg.member is None else {MEMBER: msg.member})
         self._groups[msg.group] = _Entry(address, (msg.seq, sender), msg.member)
-        self.send(address, Init(msg.seq, msg.group, msg.target, msg.kwargs, msg.sys_path))
+        self.send(address, Init(msg.seq, msg.group, msg.target, msg.kwargs, msg.sys_path,
+                                  msg.main))
 
     def _start_progress(self, msg: Booting | Started | StartFailed) -> None:
         """A group's start went on: tell the host (`Booting`), or answer it."""
@@ -658,7 +664,7 @@ class GroupActor(Actor):
                       file=sys.stderr)
 
     def _build(self) -> None:
-        """Import the target, call it with the kwargs, keep the server; report."""
+        """Import the host's script and the target, call it with the kwargs, keep the server."""
         init = self._init
         if init is None:
             return
@@ -666,11 +672,12 @@ class GroupActor(Actor):
             for folder in reversed(init.sys_path):
                 if folder not in sys.path:
                     sys.path.insert(0, folder)
+            import_main(init.main)
             module_name, _, function_name = init.target.partition(":")
             if not module_name or not function_name:
                 raise ValueError(f"target {init.target!r} is not 'package.module:function'")
             function = getattr(importlib.import_module(module_name), function_name)
-            self._server = function(**init.kwargs)
+            self._server = function(**pickle.loads(init.kwargs))
         except BaseException as exc:  # noqa: BLE001 - reported to the host, whatever it is
             self.send(self._parent, StartFailed(init.seq, init.group, Failure.of(exc)))
             return

@@ -54,8 +54,9 @@ address only when asked with ``allow_remote=True``, else `ValueError`.
 Processes: a `Member` or `Leader` is an admin and a logger (Thespian's), in
 a process group of their own (the admin's ``setsid``), plus the actors created
 on it. Neither imports the package unless an actor class of the package is
-created there (then the admin imports it, torch included, to call the
-class's capability check: about 1.4 s, once per admin). Each process runs
+created there (then the admin imports its module to call the class's
+capability check: `distributed.actors`, without torch, since the package
+imports its public names when first used). Each process runs
 the watchdog of `~mujou_actors.distributed._loopback`, so a killed owner
 (the ``mujou worker`` process) leaves nothing behind; `Member.close` ends them
 all, with a bound on every wait.

@@ -164,9 +164,9 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
 def _check_not_bootstrapping() -> None:
     """Refuse a placed run started while a process of a run imports the main script.
 
-    The ``spawn`` start method imports the host's main script again in every
-    process it starts; a script that calls ``mujou.run`` at its top level
-    would start a run from each of them.
+    Each group process imports the host's main script again, as the ``spawn``
+    start method does (`_mainscript.import_main`); a script that calls
+    ``mujou.run`` at its top level would start a run from each of them.
 
     Raises:
         RuntimeError: this is such an import (says to use the main guard).
@@ -185,8 +185,8 @@ def _check_not_bootstrapping() -> None:
 
 
 # How long a member's admin may take to answer: it is single-threaded, and the
-# first actor of the package it creates makes it import the package (torch
-# included, ~1.4 s here) for the capability check.
+# first actor of the package it creates makes it import that actor's module for
+# the capability check (no torch: about 0.1 s, seconds on a loaded machine).
 MEMBER_ANSWER_S = 5.0
 # How long a member may stay silent (no answer, no refusal) before a start on it gives
 # it up: a loaded machine's admin may be busy for seconds (the import, the creation).

@@ -13,15 +13,17 @@ Processes of one run (each a process of its own)::
     host (the caller) ── Thespian admin ── Thespian logger
                                         └─ coordinator ── group "a", group "b", ...
 
-The admin and the logger are Thespian's: they import Thespian, the standard
-library and the host's main module (as ``spawn`` does: see below), not the
-package; the coordinator and the group processes import the package, and so
-torch (about 1.4 s of CPU each). All but the host are in one process group
-(the admin's). Every one of them runs a watchdog thread that ends its process
-when the host, or its own parent, is gone: within ``WATCH_PERIOD`` (0.25 s) it
-sends SIGTERM to its main thread (Thespian's graceful end: a group's server's
-``close()`` runs), and ``EXIT_GRACE`` (3 s) later it ends the process if it
-is still there; so a killed host leaves nothing behind.
+The admin and the logger are Thespian's: they import Thespian and the standard
+library, not the package; the coordinator imports only the part of the package
+it runs (`actors`: no torch, since the package imports its public names when
+first used); the group processes import the package and torch (about 1.4 s of
+CPU each) and the host's main module (see below). All but the host are in one
+process group (the admin's). Every one of them runs a watchdog thread that
+ends its process when the host, or its own parent, is gone: within
+``WATCH_PERIOD`` (0.25 s) it sends SIGTERM to its main thread (Thespian's
+graceful end: a group's server's ``close()`` runs), and ``EXIT_GRACE`` (3 s)
+later it ends the process if it is still there; so a killed host leaves
+nothing behind.
 
 What listens where (docs/security.md):
 
@@ -58,16 +60,20 @@ signal and leave the main thread asleep.
 How a group process finds the target: it is spawned with the host's
 ``sys.path`` (as it was when the `ProcessSystem` was made) and working folder,
 plus the folders given in ``start_group(sys_path=...)``, put first. The host's
-main module is imported again in every process of the run, as ``spawn`` does
-(as ``__mp_main__``, which is also ``sys.modules["__main__"]`` there, so a
-target ``"__main__:make"`` names the host script's function), unless it is a
-``-m`` package's ``__main__`` (the ``mujou`` command, pytest) or interactive.
-A script must therefore keep its work under ``if __name__ == "__main__":``
-(one that starts a placed run at its top level is refused in the admin's
-process, which says why in a file of the host's private folder,
-`refuse_start`: the host raises that at once, `start_admin`);
-and its top-level imports are paid in every process (torch: about 1.4 s each
-for the admin and its logger, one after the other, at the start of each run).
+main module is imported in every group process, as ``spawn`` would (as
+``__mp_main__``, which is also ``sys.modules["__main__"]`` there, so a target
+``"__main__:make"`` names the host script's function), unless it is a ``-m``
+package's ``__main__`` (the ``mujou`` command, pytest) or interactive; and
+only there: the admin is started with it kept out of its spawn data, so the
+admin, its logger and the coordinator start without it (`_mainscript`), and
+a script's top-level imports (torch, say) are paid once per group, in
+parallel, not once per process one after the other. A group imports it as it
+builds its server, then unpickles its keyword arguments (which the host
+pickles, so that the coordinator forwards them without the script). A script
+must keep its work under ``if __name__ == "__main__":``: one that starts a
+placed run at its top level is refused in the group's process, which says
+why in a file of the host's private folder (`refuse_start`), and the host
+raises that as the start's error.
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ from ._loopback import (
     stat_fields,
     transport_for,
 )
+from ._mainscript import main_kept_from_children, main_of_this_process
 
 __all__ = ["AdminSettings", "GroupExit", "ProcessSystem", "POLL_S"]
 
@@ -164,14 +171,13 @@ def _refusal(path: str) -> str | None:
 def _await_admin_process(refused: str, before: set[int], deadline: float) -> str | None:
     """After a try the admin did not answer: wait while its process is still starting.
 
-    Thespian gives its admin 5 s; on a loaded machine its process may still be
-    in ``spawn``'s start then (importing the main script, torch maybe), and
-    may refuse to run there (`refuse_start`). This waits, polling every
-    `POLL_S` until ``deadline``, while a child of this process started with
-    this start's environment (`_still_spawning`) has not yet made its own
-    process group (Thespian's first step in the admin's process), so the next
-    try neither starts a second admin nor waits another 5 s for one that has
-    refused.
+    Thespian gives its admin 5 s; on a loaded machine its process may still be in
+    ``spawn``'s start then, and may refuse to run there (`refuse_start`). This
+    waits, polling every `POLL_S` until ``deadline``, while a child of this
+    process started with this start's environment (`_still_spawning`) has not
+    yet made its own process group (Thespian's first step in the admin's
+    process), so the next try neither starts a second admin nor waits another
+    5 s for one that has refused.
 
     Returns:
         str | None: the refusal, if a process of the run left one; None when
@@ -345,8 +351,9 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
     bound to ``host``: on ``listener``, a socket listening there already,
     handed to the admin process (else one made here, `_loopback.reserve_listener`;
     if that port is taken, Thespian's own probe and bind decide). The port is
-    thus the admin's from before its process starts (which imports the host's
-    main module, maybe torch: seconds) to its end. Thespian waits 5 s for a
+    thus the admin's from before its process starts (seconds on a loaded
+    machine) to its end. The admin starts without the host's main module
+    (`_mainscript.main_kept_from_children`). Thespian waits 5 s for a
     new admin to answer; this tries again until ``timeout``: the next try
     finds the port in use, and waits for that admin to answer, never starting
     another (which could not bind it, and would print a traceback). This
@@ -386,9 +393,8 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         thread-safe).
 
     Raises:
-        RuntimeError: the admin's process refused to start (`refuse_start`: a
-            main script that starts a placed run at its top level), with its
-            message; raised once the refusal is made, not at ``timeout``.
+        RuntimeError: the admin's process refused to start (`refuse_start`),
+            with its message; raised once the refusal is made, not at ``timeout``.
         TimeoutError: the admin did not answer within ``timeout`` seconds
             (``"{what} did not answer within {timeout} s"``); what the caller
             started goes on running: it ends it (``starters`` says what).
@@ -424,14 +430,15 @@ def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         try:
             while True:
                 try:
-                    base = base_class(types.SimpleNamespace(capabilities=capabilities))
+                    # Not the host's main script: only the group processes need it, and
+                    # they import it themselves (_mainscript).
+                    with main_kept_from_children():
+                        base = base_class(types.SimpleNamespace(capabilities=capabilities))
                     break
                 except InvalidActorAddress as exc:
-                    # Thespian waits 5 s for its admin and its logger to be up; each
-                    # imports the host's main module (spawn does), which may import
-                    # torch: on a loaded machine that takes longer. An admin that
-                    # refused to start (a main script without the main guard) said why:
-                    # another try would only refuse again.
+                    # Thespian waits 5 s for its admin and its logger to be up: on a
+                    # loaded machine that takes longer. An admin that refused to start
+                    # said why: another try would only refuse again.
                     why = _await_admin_process(refused, before, deadline)
                     if why is not None:
                         raise RuntimeError(why) from None
@@ -789,8 +796,10 @@ class ProcessSystem:
 
         deadline = time.monotonic() + timeout
         on = dict(members or {})
-        sends = [(self._coordinator, actors.StartGroup(seqs[name], name, target, dict(kwargs),
-                                                       tuple(sys_path), on.get(name)))
+        main = main_of_this_process()
+        sends = [(self._coordinator, actors.StartGroup(
+                     seqs[name], name, target, pickle.dumps(dict(kwargs)), tuple(sys_path),
+                     on.get(name), () if name in on else main))
                  for name, (target, kwargs) in groups.items()]
         gone: list[str] = []  # machines of ``on`` found not answering during the wait
         def checks() -> None:
@@ -840,6 +849,9 @@ class ProcessSystem:
                 except Exception:  # noqa: BLE001 - the start's failure is what is raised
                     pass
             error = failures[0][1]
+            why = _refusal(os.path.join(self._folder, "refused"))
+            if why is not None:  # a script that starts a run as a group imports it
+                raise RuntimeError(why) from error
             if len(failures) > 1:
                 error.add_note("Other groups failed too: " + ", ".join(
                     f"{n!r} ({describe(e)})" for n, e in failures[1:]))
