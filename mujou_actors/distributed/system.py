@@ -129,16 +129,18 @@ MEMBER_MISSES = 2  # unanswered asks in a row before a start gives that machine 
 # start's variables would otherwise reach that admin, or be taken away under it.
 _ENVIRONMENT = threading.Lock()
 # Names, in every process of a run (inherited from the admin), the file in the run's
-# private folder where a process that refuses to start says why (`refuse_start`).
+# private folder where a process that refuses to start says why (`refuse_start`); it
+# also marks the admin's process while it starts (`_await_admin_process`).
 REFUSAL_ENV = "MUJOU_RUN_REFUSAL"
 
 
 def refuse_start(message: str) -> None:
     """Tell the host why this process of a run refuses to start; never raises.
 
-    The host's wait for the admin looks for it after each of Thespian's
-    tries (`start_admin`) and raises it then, rather than trying again until
-    its timeout. Nothing happens outside a process of a run.
+    A group process refuses while it imports a main script that starts a run at
+    its top level (`placed._check_not_bootstrapping`); the host raises the
+    message when that group's start fails (`ProcessSystem.start_groups`), rather
+    than the group's own error. Nothing happens outside a process of a run.
 
     Args:
         message (str): what the host raises (a ``RuntimeError``'s message).
@@ -168,28 +170,18 @@ def _refusal(path: str) -> str | None:
         return None
 
 
-def _await_admin_process(refused: str, before: set[int], deadline: float) -> str | None:
+def _await_admin_process(before: set[int], deadline: float, mark: bytes) -> None:
     """After a try the admin did not answer: wait while its process is still starting.
 
     Thespian gives its admin 5 s; on a loaded machine its process may still be in
-    ``spawn``'s start then, and may refuse to run there (`refuse_start`). This
-    waits, polling every `POLL_S` until ``deadline``, while a child of this
-    process started with this start's environment (`_still_spawning`) has not
-    yet made its own process group (Thespian's first step in the admin's
-    process), so the next try neither starts a second admin nor waits another
-    5 s for one that has refused.
-
-    Returns:
-        str | None: the refusal, if a process of the run left one; None when
-        the next try may go ahead.
+    ``spawn``'s start then. This waits, polling every `POLL_S` until ``deadline``,
+    while a child of this process started with this start's environment
+    (``mark``, `_still_spawning`) has not yet made its own process group
+    (Thespian's first step in the admin's process), so that the next try does not
+    start a second admin.
     """
-    mark = f"{REFUSAL_ENV}={refused}".encode()
-    while True:
-        why = _refusal(refused)
-        if why is not None or time.monotonic() >= deadline:
-            return why
-        if not any(_still_spawning(pid, mark) for pid in _children() - before):
-            return _refusal(refused)  # it may have said why just before it ended
+    while time.monotonic() < deadline and any(
+            _still_spawning(pid, mark) for pid in _children() - before):
         time.sleep(POLL_S)
 
 
@@ -393,8 +385,6 @@ def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
         thread-safe).
 
     Raises:
-        RuntimeError: the admin's process refused to start (`refuse_start`),
-            with its message; raised once the refusal is made, not at ``timeout``.
         TimeoutError: the admin did not answer within ``timeout`` seconds
             (``"{what} did not answer within {timeout} s"``); what the caller
             started goes on running: it ends it (``starters`` says what).
@@ -437,11 +427,8 @@ def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
                     break
                 except InvalidActorAddress as exc:
                     # Thespian waits 5 s for its admin and its logger to be up: on a
-                    # loaded machine that takes longer. An admin that refused to start
-                    # said why: another try would only refuse again.
-                    why = _await_admin_process(refused, before, deadline)
-                    if why is not None:
-                        raise RuntimeError(why) from None
+                    # loaded machine that takes longer.
+                    _await_admin_process(before, deadline, f"{REFUSAL_ENV}={refused}".encode())
                     if time.monotonic() >= deadline:
                         raise TimeoutError(f"{what} did not answer within {timeout} s"
                                            ) from exc
@@ -497,15 +484,14 @@ class ProcessSystem:
 
     Args:
         start_timeout (float): seconds for the actor system and the coordinator
-            to be up (the coordinator's process imports the package: about
-            1.5 s). Thespian's own bounds also apply: its admin must answer
-            within 5 s, and it waits up to 50 s for a new actor's process.
+            to be up (on an idle machine about 0.5 s). Thespian's own bounds
+            also apply: its admin must answer within 5 s, and it waits up to
+            50 s for a new actor's process.
         admin (AdminSettings | None): the admin's port, address, further
             capabilities and environment (a convention's leader); ``None``
             for a private admin on a free port of 127.0.0.1.
 
     Raises:
-        RuntimeError: the admin's process refused to start (`start_admin`).
         TimeoutError: the admin or the coordinator did not answer in time
             (everything started is ended first).
     """
