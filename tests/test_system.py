@@ -412,3 +412,40 @@ def test_a_host_killed_while_its_run_starts_leaves_no_run_folder(
         if host.poll() is None:
             host.kill()
             host.wait(10)
+
+
+@pytest.mark.timeout(180)
+def test_groups_forked_from_the_fork_server_start_report_their_end_and_restart() -> None:
+    with ProcessSystem(start_timeout=60, preload=("tests.procs_support",)) as system:
+        pids = system.start_groups({g: (TARGET, {"name": g}) for g in ("a", "b")}, 60,
+                                   sys_path=[ROOT])
+        coordinator = system._coordinator_pid
+        parents = {int(stat_fields(pid)[1]) for pid in pids.values()}
+
+        # both forks of one server, the coordinator's child; in the run's process group
+        assert len(parents) == 1 and coordinator not in parents
+        server = parents.pop()
+        assert int(stat_fields(server)[1]) == coordinator
+        assert {stat_fields(p)[2] for p in (*pids.values(), server)} == {
+            stat_fields(coordinator)[2]}
+        assert system.ask("a", ("pid", None), 10) == pids["a"]
+
+        # a forked group's SIGKILL is told with its signal, though it is no child of the
+        # coordinator (the fork server reports it on the child's sentinel)
+        poller = zmq.Poller()
+        poller.register(system.notices, zmq.POLLIN)
+        os.kill(pids["b"], signal.SIGKILL)
+        assert poller.poll(5000), "no notice within 5 s"
+        assert system.take_exits() == [
+            GroupExit("b", pids["b"], "killed by SIGKILL (ChildActorExited)")]
+
+        # a restart is another fork of the same server; its exit code is told too
+        again = system.start_group("b", TARGET, {"name": "b"}, 60, sys_path=[ROOT])
+        assert again != pids["b"] and int(stat_fields(again)[1]) == server
+        with pytest.raises(GroupDied, match="group 'b'"):
+            system.ask("b", ("exit", 3), 10)
+        assert poller.poll(5000)
+        assert system.take_exits() == [GroupExit("b", again, "exited with code 3 "
+                                                              "(ChildActorExited)")]
+        run = system.run_pids()
+    assert wait_gone([*run, server], 5) == [], "shutdown left processes of the run"

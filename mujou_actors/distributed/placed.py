@@ -155,7 +155,10 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
         recorded = select_outputs(ports, args.record_ports)
     if make_system is None:
         from .system import ProcessSystem
-        make_system = ProcessSystem
+
+        # Every group runs the package's group server: imported once, the groups forked.
+        make_system = functools.partial(ProcessSystem,
+                                        preload=(GROUP_TARGET.partition(":")[0],))
     run = _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, machines,
                   record=None if recorded is None else (recorded, dict(placement)))
     return run

@@ -3,7 +3,8 @@
 `ProcessSystem` starts, for one run, a private Thespian ``multiprocTCPBase``
 actor system (its own admin on a free port, ``transientUnique``, processes
 started with ``spawn``), a `~mujou_actors.distributed.actors.Coordinator`
-actor, and one group process per `ProcessSystem.start_group`; it carries
+actor, and one group process per `ProcessSystem.start_group` (spawned, or,
+with ``preload``, forked from the coordinator's fork server); it carries
 control requests to a group's server (`ProcessSystem.ask`), tells the host
 when a group process dies (`ProcessSystem.notices`, `ProcessSystem.take_exits`)
 and ends it all (`ProcessSystem.shutdown`), with a bound on every wait.
@@ -12,6 +13,7 @@ Processes of one run (each a process of its own)::
 
     host (the caller) ── Thespian admin ── Thespian logger
                                         └─ coordinator ── group "a", group "b", ...
+                            (with ``preload``: coordinator ── fork server ── groups)
 
 The admin and the logger are Thespian's: they import Thespian and the standard
 library, not the package; the coordinator imports only the part of the package
@@ -490,6 +492,11 @@ class ProcessSystem:
         admin (AdminSettings | None): the admin's port, address, further
             capabilities and environment (a convention's leader); ``None``
             for a private admin on a free port of 127.0.0.1.
+        preload (Sequence[str]): modules that this machine's group processes
+            share: the coordinator starts a fork server that imports them once,
+            and forks every group from it (a start or restart then takes
+            milliseconds, not their imports). Empty (the default): each group
+            process is spawned and imports what it needs itself.
 
     Raises:
         TimeoutError: the admin or the coordinator did not answer in time
@@ -497,8 +504,9 @@ class ProcessSystem:
     """
 
     def __init__(self, *, start_timeout: float = 30.0,
-                 admin: AdminSettings | None = None) -> None:
+                 admin: AdminSettings | None = None, preload: Sequence[str] = ()) -> None:
         self._lock = threading.Lock()
+        self._preload = tuple(preload)
         # Whether a group on another machine is lost (the run's heartbeat: set by the
         # placed run), so that a request to it fails at once instead of timing out.
         self.lost_check: Callable[[str], bool] | None = None
@@ -564,7 +572,8 @@ class ProcessSystem:
             self._coordinator = self._asys.createActor(actors.Coordinator)
         seq = self._next()
         configure = actors.Configure(seq, self._notices_address,
-                                     (os.getpid(), start_time(os.getpid())), self._folder)
+                                     (os.getpid(), start_time(os.getpid())), self._folder,
+                                     self._preload)
         reply = self._request(self._coordinator, configure,
                               seq, max(deadline - time.monotonic(), 1.0),
                               "the coordinator's start")
