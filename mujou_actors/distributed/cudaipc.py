@@ -269,6 +269,21 @@ class TorchIpc(IpcRuntime):
 # The producer's side (and the host's forwards)
 
 
+class _Shared:
+    """A tensor this process shares: kept alive by its placeholder and its export ids.
+
+    ``row`` is its descriptor without the index and the export id.
+    """
+
+    __slots__ = ("tensor", "event", "nbytes", "row")
+
+    def __init__(self, tensor: torch.Tensor, event: Any, nbytes: int, row: list[Any]) -> None:
+        self.tensor = tensor
+        self.event = event  # the interprocess event: kept until released, as its handle is
+        self.nbytes = nbytes
+        self.row = row
+
+
 class _Lease:
     """A descriptor held in the host: released to its producer when nobody needs it.
 
@@ -299,16 +314,30 @@ class _Lease:
             self.origin.released(self.row[1])
 
 
+def _placeholder(tensor: torch.Tensor, tag: Any) -> torch.Tensor:
+    """A CPU tensor of ``tensor``'s dtype and shape, one element of memory, tagged.
+
+    What the codec encodes in the shared tensor's place (it reads only dtype and
+    shape); the encoder finds the tag and writes the descriptor instead of bytes.
+    """
+    out = torch.empty(1, dtype=tensor.dtype).expand(tensor.shape)
+    out._mujou_shared = tag  # type: ignore[attr-defined]
+    return out
+
+
 class Exporter:
     """The producer's end of CUDA IPC on one link (a group's, or the host's forwards).
 
+    A group's exporter shares its CUDA tensors in `prepare` and hands each
+    descriptor to the encoder (`export`); the host's (``rt`` None) forwards
+    the descriptors its `Relay` decoded.
+
     Args:
-        rt (IpcRuntime | None): the CUDA calls; None: this end exports nothing
-            of its own and only forwards the descriptors a `Relay` decoded (the
-            host).
-        max_in_flight (int): tensors shared and not released, at most. Default
-            `MAX_IN_FLIGHT`.
-        max_bytes (int): their bytes, at most. Default `MAX_BYTES`.
+        rt (IpcRuntime | None): the CUDA calls; None: this end shares nothing
+            of its own and only forwards (the host).
+        max_in_flight (int): export ids given out and not released, at most;
+            past it a tensor takes the host path. Default `MAX_IN_FLIGHT`.
+        max_bytes (int): their tensors' bytes, at most. Default `MAX_BYTES`.
 
     Raises:
         ValueError: a bound below 1.
@@ -322,27 +351,30 @@ class Exporter:
             raise ValueError(f"Exporter: max_in_flight must be an int >= 1, got {max_in_flight!r}")
         if type(max_bytes) is not int or max_bytes < 1:
             raise ValueError(f"Exporter: max_bytes must be an int >= 1, got {max_bytes!r}")
-        self.rt = rt if rt is not None and rt.available() else None
+        self.rt = rt
+        self.can_share = rt is not None and rt.available()
         self.max_in_flight = max_in_flight
         self.max_bytes = max_bytes
         # Ids never repeat, across restarts too: a late release of a former process's
         # id cannot free a tensor of this one.
         self._ids = itertools.count(secrets.randbits(62))
-        self._held: dict[int, tuple[torch.Tensor, Any, int]] = {}  # id -> tensor, event, bytes
+        self._held: dict[int, _Shared] = {}
         self._forwards: dict[int, _Lease] = {}
         self._bytes = 0
+        # Shared by the prepare in progress, not exported yet: tensors, bytes.
+        self._pending = self._pending_bytes = 0
         self._uuids: dict[int, bytes] = {}
         self.exported = self.forwarded = self.released_count = 0
         self.fallbacks: dict[str, int] = {}
 
     @property
     def in_flight(self) -> int:
-        """int: tensors shared by this end and not released yet (forwards not counted)."""
+        """int: export ids of this end's own tensors not released yet (forwards not counted)."""
         return len(self._held)
 
     @property
     def bytes_in_flight(self) -> int:
-        """int: their bytes."""
+        """int: their bytes (a tensor sent twice counts twice)."""
         return self._bytes
 
     def stats(self) -> dict[str, Any]:
@@ -354,15 +386,19 @@ class Exporter:
                 "bytes_in_flight": self._bytes, "fallbacks": dict(self.fallbacks)}
 
     def prepare(self, items: list[Any], shared: int) -> list[Any]:
-        """The items of a group's reply made ready to encode.
+        """The items of a group's reply made ready to encode: CUDA tensors shared or copied.
 
         A message that took the device path (a `devices.DeviceMessage`: the
         sender's clone, with its ready event) is unwrapped, and the calling
-        thread's stream of its device waits for the ready event, so that what
-        follows on that stream (the interprocess event, or the host copy of a
-        fallback) comes after the clone. Items from ``shared`` on (the host's
-        copies of subscribed messages: the host reads them itself) get their
-        CUDA tensors copied to the CPU here.
+        thread's current stream of its device waits for the ready event, so
+        that what follows on that stream comes after the clone. Then each CUDA
+        tensor of the first ``shared`` items is shared when it can be (an
+        interprocess event recorded on that stream, the storage's IPC handle
+        taken; the message gets a tagged placeholder that the encoder turns
+        into the descriptor, `export`) and copied to the CPU on that stream
+        otherwise (the host path, counted in `fallbacks`). The items from
+        ``shared`` on are the host's copies of subscribed messages, which the
+        host reads itself: their CUDA tensors are copied to the CPU.
 
         Args:
             items (list): ``(t_ns, delta, sender, port, message)`` each.
@@ -372,6 +408,7 @@ class Exporter:
             list: the items, the same list when nothing needed a change.
         """
         out = None
+        self._pending = self._pending_bytes = 0
         for i, item in enumerate(items):
             message = item[4]
             if type(message) is DeviceMessage:
@@ -380,71 +417,81 @@ class Exporter:
                     message = message.value
                 else:  # no IPC here: the host copy, ordered after the ready event
                     message = _host_copy(message)
-            elif i >= shared:
-                message = map_tensors(message, _cpu_of) if _has_cuda(message) else message
-            else:
+            if _has_cuda(message):
+                message = map_tensors(message, self._share if i < shared else _cpu_of)
+            elif message is item[4]:
                 continue
             if out is None:
                 out = list(items)
             out[i] = (*item[:4], message)
         return items if out is None else out
 
-    def export(self, tensor: torch.Tensor, nbytes: int, index: int) -> list[Any] | None:
-        """The descriptor of a tensor that crosses by CUDA IPC; None: by the host path.
+    def _share(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A CUDA tensor's tagged placeholder, or its host copy (a fallback)."""
+        if tensor.device.type != "cuda":
+            return tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        why = self._problem(tensor, nbytes)
+        if why is not None:
+            self._fallback(why)
+            return _cpu_of(tensor)
+        rt = self.rt
+        assert rt is not None
+        index = tensor.device.index or 0
+        uuid = self._uuids.get(index)
+        if uuid is None:
+            uuid = self._uuids[index] = rt.device_uuid(index)
+        stream = rt.current_stream(tensor.device)
+        # The event first: the consumer's copy waits for everything queued before it on
+        # this stream, the wait for the sender's ready event (above) included.
+        event, event_handle = rt.ipc_event(stream)
+        try:
+            fields = rt.share(tensor, stream)
+        except RuntimeError as e:  # memory torch's allocator did not make, and the like
+            self._fallback("not shareable", reason(e))
+            return _cpu_of(tensor)
+        self._pending += 1
+        self._pending_bytes += nbytes
+        row = [uuid, *fields, tensor.storage_offset(), list(tensor.stride()), nbytes,
+               event_handle]
+        return _placeholder(tensor, _Shared(tensor, event, nbytes, row))
 
-        A host placeholder (decoded by a `Relay`) is forwarded: always, as its
-        bytes are not here. A CUDA tensor is shared when `IpcRuntime.available`,
-        it can be and the bounds allow (else counted in `fallbacks`).
+    def export(self, tensor: torch.Tensor, nbytes: int, index: int) -> list[Any] | None:
+        """The descriptor of a tensor of the batch being encoded; None: its bytes go.
+
+        Called by `wire.Encoder` for each tensor. A placeholder of `prepare` or
+        of the host's `Relay` gets a fresh export id (each occurrence its own,
+        so each is released on its own); any other tensor takes the host path.
 
         Args:
-            tensor (torch.Tensor): a tensor of the batch (any device).
+            tensor (torch.Tensor): a tensor of the batch.
             nbytes (int): its bytes (the codec's count).
             index (int): its index among the batch's tensors.
 
         Returns:
             list | None: the descriptor (plain ints and bytes), or None.
         """
-        lease = getattr(tensor, "_mujou_shared", None)
-        if lease is not None:
-            fid = next(self._ids)
-            self._forwards[fid] = lease
-            lease.count += 1
-            self.forwarded += 1
-            return [index, fid, *lease.row[2:]]
-        if tensor.device.type != "cuda":
-            return None
-        why = self._problem(tensor, nbytes)
-        if why is not None:
-            self._fallback(why)
-            return None
-        rt = self.rt
-        assert rt is not None
-        index_ = tensor.device.index or 0
-        uuid = self._uuids.get(index_)
-        if uuid is None:
-            uuid = self._uuids[index_] = rt.device_uuid(index_)
-        stream = rt.current_stream(tensor.device)
-        # The event first: the consumer's copy waits for everything queued before it on
-        # this stream, the ready event's wait (prepare) included.
-        event, event_handle = rt.ipc_event(stream)
-        try:
-            fields = rt.share(tensor, stream)
-        except RuntimeError as e:  # memory torch's allocator did not make, and the like
-            self._fallback("not shareable", reason(e))
+        tag = getattr(tensor, "_mujou_shared", None)
+        if tag is None:
             return None
         eid = next(self._ids)
-        self._held[eid] = (tensor, event, nbytes)
-        self._bytes += nbytes
+        if type(tag) is _Lease:
+            self._forwards[eid] = tag
+            tag.count += 1
+            self.forwarded += 1
+            return [index, eid, *tag.row[2:]]
+        self._held[eid] = tag
+        self._bytes += tag.nbytes
         self.exported += 1
-        return [index, eid, uuid, *fields, tensor.storage_offset(), list(tensor.stride()),
-                nbytes, event_handle]
+        return [index, eid, *tag.row]
 
     def _problem(self, tensor: torch.Tensor, nbytes: int) -> str | None:
-        if self.rt is None:
+        if not self.can_share:
             return "unavailable"
-        if nbytes == 0 or tensor.is_conj() or tensor.is_neg() or tensor.is_sparse:
+        if nbytes == 0 or tensor.is_conj() or tensor.is_neg() or tensor.layout != torch.strided:
             return "not shareable"
-        if len(self._held) >= self.max_in_flight or self._bytes + nbytes > self.max_bytes:
+        if len(self._held) + self._pending >= self.max_in_flight \
+                or self._bytes + self._pending_bytes + nbytes > self.max_bytes:
             return "bound"
         return None
 
@@ -467,7 +514,7 @@ class Exporter:
                 continue
             held = self._held.pop(eid, None)
             if held is not None:
-                self._bytes -= held[2]
+                self._bytes -= held.nbytes
                 self.released_count += 1
                 continue
             lease = self._forwards.pop(eid, None)
@@ -489,6 +536,8 @@ class Exporter:
 
 
 def _has_cuda(message: Any) -> bool:
+    if type(message) is torch.Tensor:
+        return message.device.type == "cuda"
     return any(t.device.type == "cuda" for t in tensors_in(message))
 
 

@@ -335,7 +335,7 @@ class Encoder:
 
     def _share(self, shared: Any, t: torch.Tensor, nbytes: int, j: int) -> bool:
         """Whether tensor ``j`` crosses by CUDA IPC: its descriptor kept for `take_shared`."""
-        if t.device.type != "cuda" and not hasattr(t, "_mujou_shared"):
+        if not hasattr(t, "_mujou_shared"):  # only `cudaipc.Exporter.prepare`'s placeholders
             return False
         row = shared.export(t, nbytes, j)
         if row is None:
