@@ -347,6 +347,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         def workers(n: int) -> int:
             return args.workers if args.workers is not None else default_workers(n)
 
+        # CUDA tensors between groups by CUDA IPC: one machine only, and asked for
+        # (MUJOU_CUDA_IPC=1) until a GPU run has checked it (benchmarks/gpu_check.py).
+        cuda_ipc = conv is None and os.environ.get("MUJOU_CUDA_IPC") == "1"
         # The host builds its own copy of the net for its group (the one it checked).
         for i, name in enumerate(plan.groups):
             member = None if conv is None else conv.member_of.get(name)
@@ -354,7 +357,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             if member is None:
                 address: str = f"ipc://{tmpdir}/g{i}"
                 pools: str | None = f"{run_id}{i}-"
-                link = dataplane.HostLink(address, routes, pools)
+                link = dataplane.HostLink(address, routes, pools, cuda_ipc=cuda_ipc)
                 reach = address
             else:  # on another machine: TCP with the secret's CURVE, no shared memory
                 assert conv is not None
@@ -369,7 +372,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "workers": workers(len(plan.nodes[name])), "address": reach,
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
-                      "pools": pools, "secure": member is not None,
+                      "pools": pools, "secure": member is not None, "cuda_ipc": cuda_ipc,
                       "check_read_only": args.check_read_only,
                       "max_delta_cycles": args.max_delta_cycles,
                       # Its watchdog logs a hook that does not return, as one process's does.

@@ -238,7 +238,8 @@ class Recovery:
         if g.member is None:
             address = f"{g.base_address}.{g.launches}"
             pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
-            g.link = dataplane.HostLink(address, driver.routes, pools)
+            g.link = dataplane.HostLink(address, driver.routes, pools,
+                                        cuda_ipc=g.spawn.get("cuda_ipc", False))
             reach = address
         else:  # a fresh port: the dead peer's TCP connection may linger on the old one
             pools = None
