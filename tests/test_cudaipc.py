@@ -428,3 +428,97 @@ def test_real_ipc_round_trip_between_two_processes() -> None:
     finally:
         if child.is_alive():
             child.kill()
+
+
+# -- the links: a group's reply through the host to another group, over real sockets --------
+
+
+def test_links_carry_a_cuda_tensor_from_group_to_group_and_the_release_back(
+        tmp_path: Any) -> None:
+    import types
+
+    rt = FakeRuntime()
+    ipc = FakeIpc(rt)
+    routes: Any = types.SimpleNamespace(declared=[object])
+    host_a = dataplane.HostLink(f"ipc://{tmp_path}/a", routes, cuda_ipc=True)
+    host_b = dataplane.HostLink(f"ipc://{tmp_path}/b", routes, cuda_ipc=True)
+    group_a = dataplane.GroupLink(f"ipc://{tmp_path}/a", routes, cuda_ipc=ipc)
+    group_b = dataplane.GroupLink(f"ipc://{tmp_path}/b", routes, cuda_ipc=ipc)
+    links = (host_a, host_b, group_a, group_b)
+    try:
+        sender, reader = rt.new_stream(CUDA0), rt.new_stream(CUDA0)
+        value = torch.arange(4096, dtype=torch.float32)
+        message = _sent(rt, value, sender)
+        host_a.send(dataplane.Grant(None))
+        assert group_a.receive(5) is not None
+        # A's reply: the message as a send, and the host's published copy of it.
+        group_a.send(dataplane.Reply(None, 0, [_item(message)],
+                                     published=[(0, 0, 0, 0, message)]))
+        reply = host_a.receive(5)
+        assert reply is not None
+        placeholder = reply.sends[0][4]
+        assert placeholder.device.type == "cpu" and hasattr(placeholder, "_mujou_shared")
+        assert torch.equal(reply.published[0][4], value)  # the host's own copy: real bytes
+        assert group_a.ipc_stats["exported"] == 1
+        host_b.send(dataplane.Grant(None, messages=list(reply.sends)))
+        del reply, placeholder
+        gc.collect()
+        with rt.use(reader):
+            grant = group_b.receive(5)
+        assert grant is not None
+        got = grant.messages[0][4]
+        assert got.device == CUDA0 and torch.equal(shadow(got), value)
+        assert host_b.ipc_stats["forwarded"] == 1
+        rt.finish_all()  # B's copy is done: its next reply gives the id back
+        group_b.send(dataplane.Reply(None, 0, []))
+        assert host_b.receive(5) is not None
+        # The host let go of the placeholder and B gave the forward back: A's id goes
+        # back with A's next grant.
+        host_a.send(dataplane.Grant(None))
+        assert group_a.receive(5) is not None
+        assert group_a.ipc_stats["in_flight"] == 0 and group_a.ipc_stats["released"] == 1
+    finally:
+        for link in links:
+            link.close()
+
+
+# -- the group's kernel: what its outbox gets ---------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("outside_device", [True, False])
+def test_a_groups_cuda_sender_keeps_outside_messages_on_the_device(
+        outside_device: bool) -> None:
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors._runtime.kernel import LAST_DELTA, Kernel
+    from tests.fake_cuda import FakeWaiter
+    from tests.test_devices import Reader, Sender, _on
+
+    rt = FakeRuntime()
+    sender = _on(Sender(rt), CUDA0)
+    reader = Reader()
+    import mujou_actors as mujou
+
+    mujou.connect(sender.out, reader.inp)
+    net = {"src": sender, "dst": reader}
+    seams = Seams(cuda_runtime=lambda: rt,  # type: ignore[arg-type]
+                  make_waiter=lambda sync: FakeWaiter(sync))  # type: ignore[arg-type]
+    kernel = Kernel(net, ["src"], seams=seams, outside_device=outside_device)
+    try:
+        kernel.start()
+        kernel.next_due()
+        kernel.step(until=(10_000_000, LAST_DELTA))
+        sends = kernel.take_sends()
+    finally:
+        kernel.stop()
+    assert sends
+    message = sends[0].message
+    if outside_device:
+        # The device path: the sender's clone with its ready event, for the link's Exporter.
+        assert type(message) is DeviceMessage and message.value.device == CUDA0
+        ipc = FakeIpc(rt)
+        exporter = cudaipc.Exporter(ipc)
+        items = exporter.prepare([(0, 0, 0, 0, message)], 1)
+        assert hasattr(items[0][4], "_mujou_shared")
+    else:  # the host path, as before
+        assert type(message) is torch.Tensor and message.device.type == "cpu"
