@@ -522,3 +522,26 @@ def test_a_groups_cuda_sender_keeps_outside_messages_on_the_device(
         assert hasattr(items[0][4], "_mujou_shared")
     else:  # the host path, as before
         assert type(message) is torch.Tensor and message.device.type == "cpu"
+
+
+def test_the_hosts_own_group_opens_relayed_tensors_in_the_host() -> None:
+    rt = FakeRuntime()
+    ends = Ends(rt)
+    relay = ends.decoder.shared = cudaipc.Relay()
+    value = torch.arange(10.0)
+    message = _sent(rt, {"v": value}, ends.sender)
+    items = ends.exporter.prepare([_item(message)], 1)
+    frames = ends.encoder.encode(items, DECLARED)
+    in_host = ends.decoder.decode(frames, DECLARED, ends.encoder.take_shared())
+    opener = cudaipc.LocalOpener(ends.ipc)
+    with rt.use(ends.reader):
+        opened = opener.open(in_host)
+    got = opened[0][4]["v"]
+    assert got.device == CUDA0 and torch.equal(shadow(got), value)
+    del in_host, opened
+    gc.collect()
+    assert relay.take_released() == []  # its copy is not done yet
+    rt.finish_all()
+    opener.poll()
+    ends.exporter.release(relay.take_released())
+    assert ends.exporter.in_flight == 0

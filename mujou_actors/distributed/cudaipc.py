@@ -102,7 +102,7 @@ from ..devices import DeviceMessage
 from ..errors import WireError, reason
 from ..messages import map_tensors, tensors_in
 
-__all__ = ["IpcRuntime", "TorchIpc", "Exporter", "Importer", "Relay", "swap",
+__all__ = ["IpcRuntime", "TorchIpc", "Exporter", "Importer", "Relay", "LocalOpener", "swap",
            "MAX_IN_FLIGHT", "MAX_BYTES", "MAX_ROWS", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -744,6 +744,69 @@ class Relay:
 
     def close(self) -> None:
         """Nothing to let go of: placeholders hold no device memory."""
+
+
+class LocalOpener:
+    """The host's own group's end: relayed descriptors opened in the host's process.
+
+    The host's own group reads relayed messages as Python objects, not
+    through a socket, so a shared tensor reaches it as the `Relay`'s
+    placeholder; this opens each (an `Importer`, counted as one more forward
+    of its descriptor) before the messages are delivered.
+
+    Args:
+        rt (IpcRuntime): the CUDA calls.
+    """
+
+    def __init__(self, rt: IpcRuntime) -> None:
+        self.importer = Importer(rt)
+        self._leases: dict[int, _Lease] = {}
+        self._ids = itertools.count(1)
+
+    def open(self, items: list[Any]) -> list[Any]:
+        """The items with every placeholder replaced by the tensor it stands for.
+
+        Args:
+            items (list): ``(t_ns, delta, sender, output, message)`` each, as relayed.
+
+        Returns:
+            list: the items (the same list when no message holds a placeholder).
+
+        Raises:
+            WireError: a descriptor that does not open (see `Importer.take`).
+        """
+        self.poll()
+        out = None
+        for i, item in enumerate(items):
+            tagged = [t for t in tensors_in(item[4]) if hasattr(t, "_mujou_shared")]
+            if not tagged:
+                continue
+            rows: dict[int, list[Any]] = {}
+            for j, t in enumerate(tagged):
+                lease = t._mujou_shared  # type: ignore[attr-defined]
+                eid = next(self._ids)
+                self._leases[eid] = lease
+                lease.count += 1
+                rows[j] = [j, eid, *lease.row[2:]]
+            got = self.importer.take(tagged, rows)
+            if out is None:
+                out = list(items)
+            out[i] = (*item[:4], map_tensors(item[4], lambda t: got.get(id(t), t)))
+        return items if out is None else out
+
+    def poll(self) -> None:
+        """Gives back the descriptors whose copies are done (never waits)."""
+        for eid in self.importer.take_released():
+            lease = self._leases.pop(eid, None)
+            if lease is not None:
+                lease.give()
+
+    def close(self) -> None:
+        """Waits for the copies in flight and gives every descriptor back."""
+        self.importer.close()
+        for lease in self._leases.values():
+            lease.give()
+        self._leases = {}
 
 
 def swap(messages: list[Any], mapping: dict[int, Any]) -> list[Any]:

@@ -952,9 +952,13 @@ class LocalLink:
         self._replies: list[dataplane.Reply] = []  # real time: markers waiting
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self.counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels
+        # A run with CUDA IPC: relayed placeholders opened here (set by the host).
+        self.opener: cudaipc.LocalOpener | None = None
 
     def send(self, grant: dataplane.Grant) -> None:
         self.messages_in += len(grant.messages)
+        if self.opener is not None:
+            grant.messages = self.opener.open(grant.messages)
         if not self.kernel.simulated:
             self._send_realtime(grant)
             return
@@ -997,4 +1001,5 @@ class LocalLink:
         return self._replies.pop(0) if self._replies else None
 
     def close(self) -> None:
-        pass
+        if self.opener is not None:
+            self.opener.close()

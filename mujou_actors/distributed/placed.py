@@ -37,7 +37,7 @@ from ..net import (
 )
 from ..node import Node
 from ..ports import Input, Port
-from . import dataplane, tracing, wire
+from . import cudaipc, dataplane, tracing, wire
 from ._loopback import ANY, LOOPBACK
 from .driver import RemoteTraceback, _Driver, _Group
 from .group import LocalLink
@@ -406,9 +406,11 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         if host_nodes:
             local = make_local(built)
             routes = dataplane.Routes(found, local.ports)
-            groups[HOST_GROUP] = _Group(HOST_GROUP, LocalLink(local, routes, wake.set if
-                                                               kind == "realtime" else None),
-                                        host_nodes, os.getpid(), remote=False)
+            local_link = LocalLink(local, routes, wake.set if kind == "realtime" else None)
+            if cuda_ipc:  # relayed CUDA tensors are opened for the host's own nodes
+                local_link.opener = cudaipc.LocalOpener(cudaipc.TorchIpc())
+            groups[HOST_GROUP] = _Group(HOST_GROUP, local_link, host_nodes, os.getpid(),
+                                        remote=False)
         expected = net_signature(found)
         for name in plan.groups:
             check_same_net(system, name, expected, args.start_timeout)

@@ -286,6 +286,7 @@ class Recovery:
         for index in old.published._detach:
             link.published.listen(driver.kernel, driver.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
+        link.opener, old.opener = old.opener, None  # a run with CUDA IPC keeps its opener
         link.counted = group.node_stats(old.kernel, old.counted)
         g.link = link
 
