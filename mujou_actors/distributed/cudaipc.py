@@ -9,20 +9,25 @@ it device to device. This module is that path, for the `wire` encoder and
 decoder of a link; `dataplane` carries its two small tables in the header of
 each exchange.
 
-The producer (a group's `Exporter`), for each CUDA tensor of an outgoing
-batch, when the tensor may be shared:
+The producer (a group's `Exporter`), in `Exporter.prepare`, for each CUDA
+tensor of the messages of an outgoing reply, when the tensor may be shared:
 
-1. orders its data-plane stream after the tensor's producing work (the sender's
-   *ready* event, when the message took the device path: `prepare`), records
-   an interprocess event on that stream and takes its IPC handle;
+1. orders the data-plane thread's stream after the tensor's producing work
+   (the message took the device path because its readers outside count as
+   readers on the device, `_runtime.build.copier`: the sender's clone comes
+   with its *ready* event, which that stream waits for), records an
+   interprocess event on that stream and takes its IPC handle;
 2. shares the tensor's storage (``UntypedStorage._share_cuda_``, what
    ``torch.multiprocessing.reductions.reduce_tensor`` calls, so torch's own
    reference counter of shared blocks, ``CudaIPCSentData``, applies too);
-3. keeps a reference to the tensor under a fresh *export id* until the
-   consumer gives that id back (`release`), so the caching allocator cannot
-   hand the block to other work meanwhile;
-4. puts a *descriptor* on the wire in place of the tensor's bytes: a list of
-   plain ints and bytes (`descriptor`), never a pickle.
+3. puts a CPU *placeholder* of the tensor's dtype and shape (one element of
+   memory) in the message, tagged with what it stands for; the encoder
+   (`wire.Encoder`, through `Exporter.export`) writes a *descriptor* in the
+   tensor's place, a list of plain ints and bytes, never a pickle, under a
+   fresh *export id*;
+4. keeps a reference to the tensor until the consumer gives that id back
+   (`Exporter.release`), so the caching allocator cannot hand its block to
+   other work meanwhile.
 
 The consumer (a group's `Importer`), for each descriptor: opens the handle
 (``torch.multiprocessing.reductions.rebuild_cuda_tensor``, given this
@@ -47,15 +52,18 @@ whatever the reader does with it. It also settles QoS: a message that the
 reader's Input drops was copied, and released, all the same.
 
 The host in between. Every message between two groups passes through the
-host, which decodes and re-encodes it. The host never opens a handle (it may
-not even use CUDA): its `Relay` leaves the decoded tensor as an unfilled CPU
+host, which decodes and re-encodes it. The host opens no handle to relay one
+(it may not even use CUDA): its `Relay` leaves the decoded tensor as an unfilled CPU
 *placeholder* tagged with its descriptor, and the host's `Exporter` puts the
 same descriptor (with an export id of its own) on each link the message goes
 on: one message read in two groups is two opens and two copies, and the
 producer's id goes back once both came back and the host let go of the
 placeholder (a weak reference's callback). A message the host drops (the
 reply to an abandoned grant after a restart) releases at once for the same
-reason.
+reason. A closed link's `Exporter` (its group died) gives back every forward
+it held. Only for the host's own group, whose nodes read relayed messages in
+the host's process, does the host open them: its `LocalOpener`, an `Importer`
+counted as one more forward.
 
 Falls back to the host path (the tensor's bytes on the wire, as before) when
 the link has no CUDA IPC (another machine: a ``tcp://`` link; not Linux;

@@ -62,6 +62,14 @@ SIGBUS. The pool is a plain file, mapped with ``mmap``: no
 a sender killed before that leaves it behind, and `remove_blocks` removes every
 pool of a prefix. Without ``/dev/shm`` (not Linux), everything goes inline.
 
+CUDA IPC (one machine, `cudaipc`): an Encoder whose ``shared`` is a
+`cudaipc.Exporter` writes no bytes for the placeholders that
+`cudaipc.Exporter.prepare` put in CUDA tensors' places; `Encoder.take_shared`
+gives their descriptors, which the link carries beside the frames, and a
+Decoder whose ``shared`` is a `cudaipc.Importer` (or the host's
+`cudaipc.Relay`) takes them as ``decode(..., shared)``. The frames' format is
+unchanged: such a tensor is in the messages and has no data.
+
 Decoding takes untrusted bytes and is bounded: the messages are parsed by the
 codec's own parser (`codec.decode_batch`: no recursion, at most
 ``codec.MAX_DEPTH`` levels, decoded objects charged at most
