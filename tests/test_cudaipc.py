@@ -545,3 +545,20 @@ def test_the_hosts_own_group_opens_relayed_tensors_in_the_host() -> None:
     opener.poll()
     ends.exporter.release(relay.take_released())
     assert ends.exporter.in_flight == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_placed_run_with_cuda_ipc_on_runs_as_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the CPU nothing is shared (CUDA IPC is unavailable), but every link carries the
+    # two extra header entries and the host's own group has its opener: the run's
+    # messages and state are those of one process, bit for bit.
+    from tests.test_placed import assert_same_tree, placed_run, single
+
+    monkeypatch.setenv("MUJOU_CUDA_IPC", "1")
+    expected = single(0.1)
+    run = placed_run({"sim": "a", "ctrl": "b"}, 0.1)
+    links = {name: g.link for name, g in run._driver.groups.items()}
+    assert all(link.ipc is not None for name, link in links.items() if name != "host")
+    assert links["host"].opener is not None
+    run.join(30)
+    assert_same_tree(run.state_dict(), expected)
