@@ -562,3 +562,28 @@ def test_a_placed_run_with_cuda_ipc_on_runs_as_without(monkeypatch: pytest.Monke
     assert links["host"].opener is not None
     run.join(30)
     assert_same_tree(run.state_dict(), expected)
+
+
+def test_without_ipc_a_device_path_message_is_copied_to_the_host_after_its_event() -> None:
+    # A group's CUDA sender with a reader on its device in the group and one in another
+    # group hands its outbox a DeviceMessage, which the wire cannot encode as it is.
+    rt = FakeRuntime()
+    ipc = FakeIpc(rt)
+    sender = rt.new_stream(CUDA0)
+    message = _sent(rt, {"v": torch.arange(5.0)}, sender)
+    with pytest.raises(TypeError, match="DeviceMessage"):
+        wire.Encoder().encode([_item(message)], DECLARED)
+    items = cudaipc.host_items([_item(message), _item(3)], ipc)
+    assert ("wait_event", "default@cuda:0", message.event.name) in rt.log
+    got = wire.Decoder().decode(wire.Encoder().encode(items, DECLARED), DECLARED)
+    assert torch.equal(got[0][4]["v"], torch.arange(5.0)) and got[1][4] == 3
+    # Without the wait, the copy reads the clone before the sender's stream wrote it.
+    rt2 = FakeRuntime()
+    stale = _sent(rt2, torch.ones(3), rt2.new_stream(CUDA0))
+
+    class NoWait(FakeIpc):
+        def wait_event(self, stream: Any, event: Any) -> None:
+            pass
+
+    with pytest.raises(StaleRead):
+        cudaipc.host_items([_item(stale)], NoWait(rt2))

@@ -111,6 +111,7 @@ from ..errors import WireError, reason
 from ..messages import map_tensors, tensors_in
 
 __all__ = ["IpcRuntime", "TorchIpc", "Exporter", "Importer", "Relay", "LocalOpener", "swap",
+           "host_items",
            "MAX_IN_FLIGHT", "MAX_BYTES", "MAX_ROWS", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -551,6 +552,37 @@ def _has_cuda(message: Any) -> bool:
 
 def _cpu_of(t: torch.Tensor) -> torch.Tensor:
     return t.cpu() if t.device.type == "cuda" else t
+
+
+def host_items(items: list[Any], rt: IpcRuntime | None = None) -> list[Any]:
+    """The items with every device-path message copied to the CPU (a link without IPC).
+
+    A group's CUDA sender whose Output has a reader on its own device in the
+    group hands its outbox the device path's `devices.DeviceMessage`, which
+    the wire cannot encode: its tensors are copied to the CPU here, on the
+    calling thread's current stream after it waited for the ready event.
+
+    Args:
+        items (list): ``(t_ns, delta, sender, port, message)`` each.
+        rt (IpcRuntime | None): the stream calls (a test's fake); None: torch's.
+
+    Returns:
+        list: the items, the same list when none held a device-path message.
+    """
+    out = None
+    for i, item in enumerate(items):
+        message = item[4]
+        if type(message) is not DeviceMessage:
+            continue
+        if rt is not None:
+            rt.wait_event(rt.current_stream(message.device), message.event)
+            copied = map_tensors(message.value, _cpu_of)
+        else:
+            copied = _host_copy(message)
+        if out is None:
+            out = list(items)
+        out[i] = (*item[:4], copied)
+    return items if out is None else out
 
 
 def _host_copy(message: DeviceMessage) -> Any:

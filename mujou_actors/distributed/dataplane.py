@@ -388,6 +388,8 @@ class GroupLink(_Link):
         items = reply.sends + reply.published
         if self.ipc is not None:  # device-path messages unwrapped; the host's copies on the CPU
             items = self.ipc[0].prepare(items, len(reply.sends))
+        else:  # a CUDA sender with a reader on its device here gives device-path messages
+            items = cudaipc.host_items(items)
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
                     reply.frontier, reply.marker, self.epoch], items, len(reply.sends))
 
