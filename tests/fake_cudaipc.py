@@ -132,6 +132,11 @@ class FakeIpc(IpcRuntime):
         self._log("done_event", event.name, stream.name)
         return event
 
+    def to_cpu(self, stream: Any, tensor: torch.Tensor) -> torch.Tensor:
+        self._log("to_cpu", stream.name)
+        with self.rt.use(stream):
+            return tensor.cpu()
+
     def query(self, event: Any) -> bool:
         return bool(event.query())
 

@@ -587,3 +587,21 @@ def test_without_ipc_a_device_path_message_is_copied_to_the_host_after_its_event
 
     with pytest.raises(StaleRead):
         cudaipc.host_items([_item(stale)], NoWait(rt2))
+
+
+def test_a_group_without_cuda_nodes_gets_received_tensors_on_the_cpu() -> None:
+    import types
+
+    rt = FakeRuntime()
+    ends = Ends(rt)
+    cpu_only = [types.SimpleNamespace(device=torch.device("cpu"))]
+    cudaipc.to_host_without_cuda(ends.importer, cpu_only)
+    assert ends.importer.to_host
+    _, rows, got = ends.cross([_item(_sent(rt, torch.arange(6.0), ends.sender))])
+    assert len(rows) == 1  # shared all the same: the producer cannot know
+    assert got[0][4].device.type == "cpu" and torch.equal(got[0][4], torch.arange(6.0))
+    # After the device copy, on the same stream.
+    kinds = [e[1] for e in rt.log if e[0] == "ipc"]
+    assert kinds.index("to_cpu") > kinds.index("copy_on")
+    cudaipc.to_host_without_cuda(ends.importer, [types.SimpleNamespace(device=CUDA0)])
+    assert not ends.importer.to_host

@@ -111,7 +111,7 @@ from ..errors import WireError, reason
 from ..messages import map_tensors, tensors_in
 
 __all__ = ["IpcRuntime", "TorchIpc", "Exporter", "Importer", "Relay", "LocalOpener", "swap",
-           "host_items",
+           "host_items", "to_host_without_cuda",
            "MAX_IN_FLIGHT", "MAX_BYTES", "MAX_ROWS", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,10 @@ class IpcRuntime:
         """A new (not interprocess) event recorded on ``stream``."""
         raise NotImplementedError
 
+    def to_cpu(self, stream: Any, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` copied to the CPU on ``stream`` (the calling thread waits)."""
+        raise NotImplementedError
+
     def query(self, event: Any) -> bool:
         """bool: whether the work before ``event`` is done (never waits)."""
         raise NotImplementedError
@@ -266,6 +270,10 @@ class TorchIpc(IpcRuntime):
         event = torch.cuda.Event()
         event.record(stream)
         return event
+
+    def to_cpu(self, stream: Any, tensor: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.stream(stream):
+            return tensor.cpu()
 
     def query(self, event: Any) -> bool:
         return bool(event.query())
@@ -660,11 +668,20 @@ class Importer:
     Args:
         rt (IpcRuntime): the CUDA calls.
 
+    Attributes:
+        to_host (bool): give the readers CPU tensors (copied on the same
+            stream, after the device copy): for a group without CUDA nodes,
+            whose kernel would hand a CUDA tensor to a CPU node as it is. A
+            group with CUDA nodes leaves it False: its kernel's delivery puts
+            each received tensor on its reader's device (`Kernel.deliver`'s
+            copy, on this thread's stream, waited for). Default False.
+
     Not thread-safe: used by the link's one thread (as `wire.Decoder`).
     """
 
     def __init__(self, rt: IpcRuntime) -> None:
         self.rt = rt
+        self.to_host = False
         # (export id, done event, the opened tensor) per copy not known done
         self._pending: list[tuple[int, Any, torch.Tensor | None]] = []
         self._released: list[int] = []
@@ -715,7 +732,7 @@ class Importer:
                                 f"({reason(e)}): its producer is gone?") from None
             self._pending.append((eid, rt.done_event(stream), source))
             self.imported += 1
-            out[id(placeholder)] = mine
+            out[id(placeholder)] = rt.to_cpu(stream, mine) if self.to_host else mine
         return out
 
     def take_released(self) -> list[int]:
@@ -744,6 +761,17 @@ class Importer:
             except RuntimeError:  # the context is going: nothing left to wait for
                 pass
         self._pending = []
+
+
+def to_host_without_cuda(receiver: Any, actors: Sequence[Any]) -> None:
+    """Set an `Importer`'s ``to_host`` when none of the kernel's actors is on CUDA.
+
+    Args:
+        receiver: the link's `Importer` (a `Relay` is left alone).
+        actors (Sequence): the kernel's actors (``device`` each).
+    """
+    if isinstance(receiver, Importer):
+        receiver.to_host = not any(a.device.type == "cuda" for a in actors)
 
 
 class Relay:

@@ -529,6 +529,8 @@ class GroupServer:
         self._link = dataplane.GroupLink(address, self.routes, pools, key,
                                          cudaipc.TorchIpc() if self._cuda_ipc else None)
         self._link.blocked = self._end_if_host_gone
+        if self._link.ipc is not None:  # no CUDA node here: received tensors on the CPU
+            cudaipc.to_host_without_cuda(self._link.ipc[1], self.kernel.actors)
         self._responder: Responder | None = None
         try:
             self._link.handshake(HANDSHAKE_S)  # another secret: a clear error, not a hang

@@ -409,6 +409,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             local_link = LocalLink(local, routes, wake.set if kind == "realtime" else None)
             if cuda_ipc:  # relayed CUDA tensors are opened for the host's own nodes
                 local_link.opener = cudaipc.LocalOpener(cudaipc.TorchIpc())
+                cudaipc.to_host_without_cuda(local_link.opener.importer, local.actors)
             groups[HOST_GROUP] = _Group(HOST_GROUP, local_link, host_nodes, os.getpid(),
                                         remote=False)
         expected = net_signature(found)
