@@ -605,3 +605,41 @@ def test_a_group_without_cuda_nodes_gets_received_tensors_on_the_cpu() -> None:
     assert kinds.index("to_cpu") > kinds.index("copy_on")
     cudaipc.to_host_without_cuda(ends.importer, [types.SimpleNamespace(device=CUDA0)])
     assert not ends.importer.to_host
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader_device", [CUDA0, torch.device("cpu")])
+def test_a_received_tensor_reaches_a_reader_of_the_kernel_ordered_and_on_its_device(
+        reader_device: torch.device) -> None:
+    # The group's data-plane thread decodes (the Importer's copy on its current stream)
+    # and delivers into its kernel (Kernel.deliver's copy on that same stream, waited
+    # for): the reader's hook reads on its own stream, and the strict fake raises
+    # StaleRead if anything were out of order.
+    import mujou_actors as mujou
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors._runtime.kernel import LAST_DELTA, Kernel
+    from tests.fake_cuda import FakeWaiter
+    from tests.test_devices import Reader, Sender, _on
+
+    rt = FakeRuntime()
+    ends = Ends(rt)
+    sender = _on(Sender(rt), CUDA0)
+    reader = _on(Reader(rt), reader_device) if reader_device.type == "cuda" else Reader()
+    extra = _on(Reader(rt), CUDA0)  # a CUDA node in the group: its kernel has a runtime
+    mujou.connect(sender.out, reader.inp)
+    net = {"src": sender, "dst": reader, "gpu": extra}
+    seams = Seams(cuda_runtime=lambda: rt,  # type: ignore[arg-type]
+                  make_waiter=lambda sync: FakeWaiter(sync))  # type: ignore[arg-type]
+    kernel = Kernel(net, ["dst", "gpu"], seams=seams)
+    value = torch.arange(3.0)
+    try:
+        kernel.start()
+        items = ends.exporter.prepare([_item(_sent(rt, value, ends.sender))], 1)
+        frames = ends.encoder.encode(items, DECLARED)
+        got = ends.decoder.decode(frames, DECLARED, ends.encoder.take_shared())  # no stream
+        kernel.deliver("dst.inp", got[0][4], 0, 0, 0)
+        kernel.next_due()
+        kernel.step(until=(10_000_000, LAST_DELTA))
+    finally:
+        kernel.stop()
+    assert len(reader.got) == 1 and torch.equal(reader.got[0], value)
