@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from tests.fake_cuda import FakeCudaTensor, FakeEvent, FakeRuntime, FakeStream
 from mujou_actors.distributed.cudaipc import IpcRuntime
+from tests.fake_cuda import FakeCudaTensor, FakeEvent, FakeRuntime, FakeStream
 
 
 class FakeIpc(IpcRuntime):

@@ -258,7 +258,7 @@ def test_the_host_relays_to_two_groups_and_releases_after_both() -> None:
     placeholder = in_host[0][4][0]
     assert placeholder.device.type == "cpu" and not ipc.opened
     received = []
-    for enc, dec, stream_name in ((to_b, b_dec, "b"), (to_c, c_dec, "c")):
+    for enc, dec in ((to_b, b_dec), (to_c, c_dec)):
         out = enc.encode(in_host, DECLARED)
         fwd = msgpack.unpackb(msgpack.packb(enc.take_shared()))
         assert len(fwd) == 1 and fwd[0][2:] == rows[0][2:] and fwd[0][1] != rows[0][1]

@@ -851,7 +851,7 @@ class LocalOpener:
                 continue
             rows: dict[int, list[Any]] = {}
             for j, t in enumerate(tagged):
-                lease = t._mujou_shared  # type: ignore[attr-defined]
+                lease = t._mujou_shared
                 eid = next(self._ids)
                 self._leases[eid] = lease
                 lease.count += 1
@@ -859,7 +859,7 @@ class LocalOpener:
             got = self.importer.take(tagged, rows)
             if out is None:
                 out = list(items)
-            out[i] = (*item[:4], map_tensors(item[4], lambda t: got.get(id(t), t)))
+            out[i] = (*item[:4], map_tensors(item[4], _replacer(got)))
         return items if out is None else out
 
     def poll(self) -> None:
@@ -875,6 +875,11 @@ class LocalOpener:
         for lease in self._leases.values():
             lease.give()
         self._leases = {}
+
+
+def _replacer(mapping: dict[int, Any]) -> Any:
+    """``fn(t)``: the replacement of placeholder ``t`` (by identity), else ``t`` itself."""
+    return lambda t: mapping.get(id(t), t)
 
 
 def swap(messages: list[Any], mapping: dict[int, Any]) -> list[Any]:
