@@ -356,9 +356,9 @@ def test_damaged_descriptors_are_wire_errors(damage: Any) -> None:
 
 def test_too_many_descriptors_are_refused() -> None:
     with pytest.raises(WireError, match="at most"):
-        cudaipc.check_rows([[]] * (cudaipc.MAX_ROWS + 1), -1)
+        cudaipc.check_rows([[]] * (cudaipc.MAX_ROWS + 1))
     with pytest.raises(WireError, match="not a list"):
-        cudaipc.check_rows({"a": 1}, -1)
+        cudaipc.check_rows({"a": 1})
 
 
 def test_swap_rebuilds_only_containers_that_hold_a_placeholder() -> None:

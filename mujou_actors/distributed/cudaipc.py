@@ -111,7 +111,7 @@ from ..errors import WireError, reason
 from ..messages import map_tensors, tensors_in
 
 __all__ = ["IpcRuntime", "TorchIpc", "Exporter", "Importer", "Relay", "LocalOpener", "swap",
-           "host_items", "to_host_without_cuda",
+           "host_items", "to_host_without_cuda", "check_rows",
            "MAX_IN_FLIGHT", "MAX_BYTES", "MAX_ROWS", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -631,13 +631,15 @@ def _check_row(row: Any) -> tuple[int, int, int]:
     return index, eid, nbytes
 
 
-def check_rows(rows: Any, tensors: int) -> dict[int, list[Any]]:
+def check_rows(rows: Any) -> dict[int, list[Any]]:
     """The descriptors of a batch by tensor index, checked for form and bounds.
+
+    Each index is checked against the decoded batch's tensors later
+    (`wire.Decoder`), and each descriptor against its tensor's placeholder
+    by `Importer.take`.
 
     Args:
         rows: what the link's header carried (a list of descriptors).
-        tensors (int | None): unused bound hook (the tensor count is checked
-            later, against the decoded batch); pass -1.
 
     Returns:
         dict[int, list]: index -> descriptor.
@@ -790,7 +792,16 @@ class Relay:
         self.relayed = 0
 
     def take(self, tensors: list[torch.Tensor], rows: dict[int, list[Any]]) -> dict[int, Any]:
-        """Tags each shared tensor's placeholder; nothing to swap (an empty dict)."""
+        """Tags each shared tensor's placeholder with its descriptor, to be forwarded.
+
+        Args:
+            tensors (list[torch.Tensor]): the batch's decoded tensors.
+            rows (dict[int, list]): `check_rows`'s result.
+
+        Returns:
+            dict: empty: the placeholders stay in the messages (CPU tensors of
+            the right dtype and shape, unfilled: never read their values).
+        """
         for index, row in rows.items():
             placeholder = tensors[index]
             lease = _Lease(row, self)

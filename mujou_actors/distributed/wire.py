@@ -678,7 +678,7 @@ class Decoder:
             raise WireError("a batch with CUDA IPC descriptors on a link without CUDA IPC")
         from .cudaipc import check_rows  # only links with CUDA IPC get here
 
-        return check_rows(shared, -1)
+        return check_rows(shared)
 
     def _open_shared(self, messages: list[Any], tensors: list[torch.Tensor],
                      ipc: dict[int, list[Any]]) -> list[Any]:
