@@ -410,7 +410,8 @@ def test_real_ipc_round_trip_between_two_processes() -> None:
         exporter = encoder.shared = cudaipc.Exporter(cudaipc.TorchIpc())
         for k, make in enumerate((lambda: torch.randn(1 << 20, device="cuda"),
                                   lambda: torch.randn(64, 48, device="cuda").t(),
-                                  lambda: torch.arange(100, device="cuda")[10:60:2])):
+                                  lambda: torch.arange(100, device="cuda")[10:60:2],
+                                  lambda: torch.randn(1, device="cuda").expand(300))):
             sent = make()
             items = exporter.prepare([_item(sent)], 1)
             frames = [bytes(f) for f in encoder.encode(items, DECLARED)]
@@ -643,3 +644,20 @@ def test_a_received_tensor_reaches_a_reader_of_the_kernel_ordered_and_on_its_dev
     finally:
         kernel.stop()
     assert len(reader.got) == 1 and torch.equal(reader.got[0], value)
+
+
+def test_an_expanded_and_a_transposed_tensor_cross_with_their_elements() -> None:
+    rt = FakeRuntime()
+    ends = Ends(rt)
+    with rt.use(ends.sender):
+        base = rt.cuda(torch.arange(12.0).reshape(3, 4))
+        one = rt.cuda(torch.tensor([7.0]))
+        # A message of views: a transpose and an expansion (stride 0).
+        value = {"t": base.t(), "e": one.expand(5)}
+    event = rt.new_event()
+    rt.record(event, ends.sender)
+    _, rows, got = ends.cross([_item(DeviceMessage(value, CUDA0, event))])
+    assert len(rows) == 2
+    t, e = got[0][4]["t"], got[0][4]["e"]
+    assert t.is_contiguous() and torch.equal(shadow(t), torch.arange(12.0).reshape(3, 4).t())
+    assert torch.equal(shadow(e), torch.full((5,), 7.0))

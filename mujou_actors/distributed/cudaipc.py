@@ -626,7 +626,9 @@ def _check_row(row: Any) -> tuple[int, int, int]:
     if type(needed) is not bool or type(strides) is not list or len(strides) > 64 \
             or any(type(s) is not int or not 0 <= s < _INT64 for s in strides):
         raise WireError("a CUDA IPC descriptor has bad strides or flags")
-    if nbytes < 1 or nbytes > size:
+    # Not nbytes <= size: an expanded tensor (stride 0) views fewer bytes than it holds.
+    # Whether the view fits its storage is torch's check when the handle is opened.
+    if nbytes < 1 or size < 1:
         raise WireError(f"a CUDA IPC descriptor of {nbytes} bytes in a storage of {size}")
     return index, eid, nbytes
 
