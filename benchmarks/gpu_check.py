@@ -1448,9 +1448,10 @@ def _ipc_hops(env: Env, conn: Any, hops: int, share: bool, profile: bool
     total = 0.0
     sent = None
     for k in range(hops):
-        sent = torch.full((NUMEL,), float(k + 1), device=env.dev)
-        sent[k % NUMEL] = -1.0  # not all one value: a stale or shifted copy shows
-        wants.append(float((NUMEL - 1) * (k + 1) - 1))  # exact in float64; no read back
+        # Distinct values (a stale, shifted or reused block shows), made on the device: no
+        # host-to-device copy in the sender's profile. Floats up to 2**24 are exact.
+        sent = torch.arange(NUMEL, dtype=torch.float32, device=env.dev) + float(k)
+        wants.append(float(NUMEL * (NUMEL - 1) // 2 + k * NUMEL))  # exact; no read back
         t0 = time.perf_counter()
         items = exporter.prepare([(0, 0, 0, 0, sent)], 1) if share else [(0, 0, 0, 0, sent)]
         frames = [bytes(f) for f in encoder.encode(items, [object])]
