@@ -68,6 +68,13 @@ Checks (JSON key: what it shows; its control):
   other weights differ by more than that.
 * ``two-gpus``: cuda:0 -> cuda:1 without host copies (skipped, and said so,
   with one GPU); control: a host-path port shows its host copies.
+* ``cuda-ipc``: a 4 MiB CUDA tensor from one process to another through the
+  data plane's encoding with CUDA IPC (`distributed.cudaipc`, as two groups
+  on one machine): values equal to the sender's, the receiver's tensor on its
+  device, neither process copying to or from the host (``torch.profiler`` in
+  each), each export released back; the hop time beside the host path's.
+  Control: the host path in the same harness shows its device-to-host copies.
+  Skipped in the dry run (it needs CUDA in two processes).
 
 ``--dry-run`` runs every check's nets, ports, runs and state round trips on
 the CPU, with CPU devices in place of the CUDA ones and small sizes, in a few
@@ -1347,6 +1354,174 @@ def check_two_gpus(env: Env) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
+# two groups on one machine: CUDA IPC
+
+
+def _memcpy_counts(prof: Any) -> dict[str, int]:
+    copies = {"HtoD": 0, "DtoH": 0, "DtoD": 0, "PtoP": 0, "other": 0}
+    for event in prof.events():
+        if event.name.startswith("Memcpy"):  # GPU activity; "cudaMemcpy*" is the CPU call
+            kinds = ("HtoD", "DtoH", "DtoD", "PtoP")
+            copies[next((k for k in kinds if k in event.name), "other")] += 1
+    return copies
+
+
+def _ipc_consumer(conn: Any) -> None:
+    """The receiving process: decode each batch, as a group's link does, and answer.
+
+    Answers ``(sum, device, released ids)`` per batch. ``"profile"`` starts the
+    profiler (the sums are then kept on the device, so that reading them is no
+    host copy, and the answers carry None); ``"report"`` stops it and sends the
+    memcpy counts, the kept sums and the last tensor (on the CPU, after the
+    profile); ``None`` ends.
+    """
+    import msgpack
+
+    from mujou_actors.distributed import cudaipc, wire
+
+    decoder = wire.Decoder()
+    importer = decoder.shared = cudaipc.Importer(cudaipc.TorchIpc())
+    prof = None
+    kept: list[torch.Tensor] = []
+    last = None
+    while True:
+        got = conn.recv()
+        if got is None:
+            break
+        if got == "profile":
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            prof = torch.profiler.profile(activities=acts)
+            prof.__enter__()
+            conn.send("ok")
+            continue
+        if got == "report":
+            assert prof is not None
+            prof.__exit__(None, None, None)
+            conn.send((_memcpy_counts(prof), [float(x) for x in kept],
+                       None if last is None else last.cpu()))
+            prof, kept = None, []
+            continue
+        frames, rows = got
+        items = decoder.decode(frames, [object], msgpack.unpackb(rows) if rows else None)
+        t = items[0][4]
+        if t.device.type != "cuda":  # the host path: the receiving kernel's move
+            t = t.to("cuda:0", non_blocking=False)
+        total = t.double().sum()
+        torch.cuda.current_stream().synchronize()  # the hop ends when the data is there
+        released: list[int] = []
+        while rows and not released:
+            released = importer.take_released()
+        last = t
+        if prof is not None:
+            kept.append(total)
+            conn.send((None, str(t.device), released))
+        else:
+            conn.send((float(total), str(t.device), released))
+    importer.close()
+
+
+def _ipc_hops(env: Env, conn: Any, hops: int, share: bool, profile: bool
+              ) -> dict[str, Any]:
+    """Send ``hops`` batches of one 4 MiB CUDA tensor each, by CUDA IPC or the host path.
+
+    Returns ``s`` (seconds per hop), ``sums`` (the receiver's, None while
+    profiling), ``wants`` (the sender's, computed, not read back), ``devices``,
+    ``stats`` (the exporter's), ``memcpy`` (the sender's, when profiled) and
+    ``last`` (the last tensor sent).
+    """
+    import msgpack
+
+    from mujou_actors.distributed import cudaipc, wire
+
+    encoder = wire.Encoder()
+    exporter = cudaipc.Exporter(cudaipc.TorchIpc())
+    if share:
+        encoder.shared = exporter
+    sums, wants, devices = [], [], []
+    prof = None
+    if profile:
+        conn.send("profile")
+        conn.recv()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        prof = torch.profiler.profile(activities=acts)
+        prof.__enter__()
+    total = 0.0
+    sent = None
+    for k in range(hops):
+        # Distinct values (a stale, shifted or reused block shows), made on the device: no
+        # host-to-device copy in the sender's profile. Floats up to 2**24 are exact.
+        sent = torch.arange(NUMEL, dtype=torch.float32, device=env.dev) + float(k)
+        wants.append(float(NUMEL * (NUMEL - 1) // 2 + k * NUMEL))  # exact; no read back
+        t0 = time.perf_counter()
+        items = exporter.prepare([(0, 0, 0, 0, sent)], 1) if share else [(0, 0, 0, 0, sent)]
+        frames = [bytes(f) for f in encoder.encode(items, [object])]
+        rows = encoder.take_shared()
+        conn.send((frames, msgpack.packb(rows) if rows else b""))
+        got, device, released = conn.recv()
+        total += time.perf_counter() - t0
+        exporter.release(released)
+        sums.append(got)
+        devices.append(device)
+    memcpy: dict[str, int] = {}
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        memcpy = _memcpy_counts(prof)
+    return {"s": total / hops, "sums": sums, "wants": wants, "devices": devices,
+            "stats": exporter.stats(), "memcpy": memcpy, "last": sent}
+
+
+def check_cuda_ipc(env: Env) -> dict[str, Any]:
+    """A 4 MiB CUDA tensor between two processes of one machine: CUDA IPC vs the host path."""
+    if env.dry:
+        return _skipped("dry run: CUDA IPC needs CUDA in two processes")
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    conn, there = ctx.Pipe()
+    child = ctx.Process(target=_ipc_consumer, args=(there,), daemon=True)
+    child.start()
+    try:
+        hops = env.size(200, 4)
+        _ipc_hops(env, conn, 5, True, False)  # warm up: contexts, handles, allocator
+        _ipc_hops(env, conn, 5, False, False)
+        ipc = _ipc_hops(env, conn, hops, True, False)
+        host = _ipc_hops(env, conn, hops, False, False)
+        profiled = _ipc_hops(env, conn, 20, True, True)
+        conn.send("report")
+        theirs, sums, last = conn.recv()
+        host_profiled = _ipc_hops(env, conn, 20, False, True)
+        conn.send("report")
+        host_theirs, _, _ = conn.recv()
+        conn.send(None)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+    intact = (ipc["sums"] == ipc["wants"] and host["sums"] == host["wants"]
+              and sums == profiled["wants"])
+    values = last is not None and torch.equal(last, profiled["last"].cpu())
+    on_device = all(d == "cuda:0" for d in ipc["devices"])
+    mine = profiled["memcpy"]
+    no_host = (mine["DtoH"] == 0 and mine["HtoD"] == 0 and theirs["DtoH"] == 0
+               and theirs["HtoD"] == 0 and theirs["DtoD"] >= 20)
+    stats = ipc["stats"]
+    released = (stats["in_flight"] == 0 and stats["exported"] == hops and not stats["fallbacks"]
+                and profiled["stats"]["in_flight"] == 0)
+    control_fails = host_profiled["memcpy"]["DtoH"] >= 20
+    ok = intact and values and on_device and no_host and released and control_fails
+    detail = (f"{hops} hops of 4 MiB: IPC {ipc['s'] * 1e6:.0f} us/hop, host path "
+              f"{host['s'] * 1e6:.0f} us/hop; intact {intact and values}, on "
+              f"{ipc['devices'][0]}; memcpy sender {mine}, receiver {theirs}; "
+              f"exporter {stats}")
+    control = (f"host path: sender DtoH {host_profiled['memcpy']['DtoH']} (>= 20 expected), "
+               f"receiver {host_theirs}")
+    return _result(env, ok, detail, control, us_per_hop_ipc=ipc["s"] * 1e6,
+                   us_per_hop_host=host["s"] * 1e6, memcpy_sender=mine,
+                   memcpy_receiver=theirs, control_memcpy_sender=host_profiled["memcpy"],
+                   exporter=stats)
+
+
+# ---------------------------------------------------------------------------
 
 CHECKS: dict[str, tuple[str, Callable[[Env], dict[str, Any]]]] = {
     "pytest": ("pytest -m cuda", check_pytest),
@@ -1365,6 +1540,7 @@ CHECKS: dict[str, tuple[str, Callable[[Env], dict[str, Any]]]] = {
     "workers": ("simulated: 1, 2, 4 workers", check_workers),
     "example": ("examples/gpu_pipeline.py CPU vs GPU", check_example),
     "two-gpus": ("cuda:0 -> cuda:1", check_two_gpus),
+    "cuda-ipc": ("two groups, one machine: CUDA IPC", check_cuda_ipc),
 }
 
 

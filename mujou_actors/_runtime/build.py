@@ -227,7 +227,8 @@ _NO_TRIGGERS: frozenset[Any] = frozenset()  # shared by the many nodes without o
 
 def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
          rt: CudaRuntime | None,
-         outbox: Callable[[Output], Outbox] | None = None) -> Wiring:
+         outbox: Callable[[Output], Outbox] | None = None,
+         outside_device: bool = False) -> Wiring:
     """Install each Output's send and each actor's set of triggering Inputs.
 
     Args:
@@ -238,6 +239,10 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
         outbox: for a kernel that runs some of a net's nodes: makes the outbox of
             an Output with readers outside it (`kernel.Kernel`); None: every
             reader must be among ``actors``.
+        outside_device: the readers outside count as readers on the sender's
+            CUDA device (a group whose data plane shares CUDA memory,
+            `distributed.cudaipc`): a CUDA sender's outbox gets the device
+            path's message (`devices.DeviceMessage`) instead of a host copy.
 
     Returns:
         Wiring: the host's views of the Outputs, and the run's copies.
@@ -272,7 +277,7 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
             if outside and outbox is None:
                 raise ValueError(f"output {port.path!r} has readers outside the nodes wired")
             view = wiring.views[id(port)] = HostView()
-            copy = copier(sender, [a for _, a, _ in routes], rt)
+            copy = copier(sender, [a for _, a, _ in routes], rt, outside and outside_device)
             port._send = make_send(dispatcher.sends, sender, port, routes, view, copy,
                                    outbox(port) if outside and outbox is not None else None)
             if type(port).send is Output.send:  # a subclass's own send() stays in the way
@@ -289,15 +294,19 @@ def unwire(ports: dict[str, Port]) -> None:
             port.__dict__.pop("send", None)  # back to Output.send: "needs a running net"
 
 
-def copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None) -> Callable[[Any], Any]:
+def copier(sender: Actor, readers: list[Actor], rt: CudaRuntime | None,
+           outside_device: bool = False) -> Callable[[Any], Any]:
     """How an Output of ``sender`` copies each message, by its readers' devices.
 
     Also gives each reader the copy stream it needs on the sender's device.
+    With ``outside_device``, readers outside the kernel count as readers on
+    the sender's device (they get the message over CUDA IPC).
     """
     if rt is None:
         return copy_message  # a net without CUDA: plain value semantics
     device = sender.device
-    if send_path(device, [a.device for a in readers]) is CopyPath.HOST:
+    reader_devices = [a.device for a in readers] + ([device] if outside_device else [])
+    if send_path(device, reader_devices) is CopyPath.HOST:
         # A fresh copier per send: it keeps the streams its copies are on.
         return lambda value: host_message(value, HostCopier(rt))
     for reader in readers:

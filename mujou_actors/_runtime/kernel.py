@@ -210,8 +210,10 @@ class Kernel:
                  subtrees: bool = True, trace: int | None = None,
                  seeds: Mapping[str, int] | None = None,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-                 check_read_only: bool = False) -> None:
+                 check_read_only: bool = False, outside_device: bool = False) -> None:
         # Every argument is checked before a node is touched, as in mujou.run.
+        # A group whose data plane shares CUDA memory: its outboxes get device messages.
+        self._outside_device = outside_device is True
         if not isinstance(check_read_only, bool):
             raise TypeError(f"Kernel: check_read_only must be True or False, got "
                             f"{check_read_only!r}")
@@ -307,7 +309,8 @@ class Kernel:
         self.dispatcher.set_loop_limit(self._max_delta, find_loops(found))
         # CUDA nodes get their streams and waiters as in a run (cuda_sync "block").
         rt = setup_cuda(self.actors, "block", seams or Seams())
-        self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox)
+        self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox,
+                            self._outside_device)
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
                 guard_read_only(actor)

@@ -26,6 +26,13 @@ host's end listens on the network, where anyone may connect: a connection
 that fails the handshake there is counted and logged (`HostLink.refused`),
 not an error, and the host waits on for its group.
 Plain TCP (no secret) is allowed on loopback addresses only.
+
+CUDA tensors on one machine (``cuda_ipc``, `cudaipc`): both ends of a link
+made with it add two entries to every header, the export ids the sender is
+done with and the CUDA IPC descriptors of the batch (`wire.Encoder.take_shared`),
+so a CUDA tensor crosses as a handle to the sender's device memory instead of
+its bytes. The host relays descriptors without opening them. Both ends of a
+link must agree (the run sets both); ``tcp://`` links never have it.
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ import zmq
 from .._runtime.keys import Key
 from ..node import Node
 from ..ports import Input, Output, Port
+from . import cudaipc, wire
 from . import secret as secure
-from . import wire
 from ._loopback import Wake  # its home; placed, driver and group name it dataplane.Wake
 
 __all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
@@ -177,6 +184,12 @@ def _secure(sock: zmq.Socket[Any], address: str, prefix: str | None, secret: byt
         sock, secret)
 
 
+def _check_ipc(address: str, on: bool) -> None:
+    """CUDA IPC is for one machine: refused on a ``tcp://`` link."""
+    if on and not address.startswith("ipc://"):
+        raise ValueError(f"{address}: CUDA IPC needs both ends on one machine (ipc://)")
+
+
 def _key(value: Any) -> Key | None:
     return None if value is None else (value[0], value[1])
 
@@ -197,12 +210,30 @@ class _Link:
         self.bytes_in = self.bytes_out = 0
         # Called while a send cannot go; raises (or ends the process) to give up.
         self.blocked: Callable[[], None] | None = None
+        # CUDA IPC: (this end's Exporter, its Importer or Relay); None: the host path only.
+        self.ipc: tuple[cudaipc.Exporter, cudaipc.Importer | cudaipc.Relay] | None = None
+
+    def _share_cuda(self, exporter: cudaipc.Exporter,
+                    receiver: cudaipc.Importer | cudaipc.Relay) -> None:
+        """Turn CUDA IPC on for this end (both ends of a link, before the first message)."""
+        self.ipc = (exporter, receiver)
+        self.encoder.shared = exporter
+        self.decoder.shared = receiver
+
+    @property
+    def ipc_stats(self) -> dict[str, Any] | None:
+        """dict | None: this end's `cudaipc.Exporter.stats`; None without CUDA IPC."""
+        return None if self.ipc is None else self.ipc[0].stats()
 
     def _send(self, header: list[Any], items: list[Item], messages: int | None = None) -> None:
         """Send a header and items; ``messages`` of them count as port messages (all)."""
         header.append(self.decoder.take_freed())
-        frames: list[Any] = [msgpack.packb(header)]
+        frames: list[Any] = [b""]
         frames += self.encoder.encode(items, self.declared)
+        if self.ipc is not None:  # after encode: this batch's descriptors
+            header.append(self.ipc[1].take_released())
+            header.append(self.encoder.take_shared())
+        frames[0] = msgpack.packb(header)
         self.messages_out += len(items) if messages is None else messages
         self.bytes_out += sum(len(f) for f in frames)
         # Small frames are copied (half the cost of zmq's zero-copy frames for them);
@@ -237,8 +268,12 @@ class _Link:
             return None
         frames = self.sock.recv_multipart(copy=False)
         header = msgpack.unpackb(frames[0].bytes)
+        shared = None
+        if self.ipc is not None:
+            shared = header.pop()
+            self.ipc[0].release(header.pop())
         self.encoder.release(header.pop())
-        items = self.decoder.decode([f.buffer for f in frames[1:]], self.declared)
+        items = self.decoder.decode([f.buffer for f in frames[1:]], self.declared, shared)
         self.messages_in += len(items)
         self.bytes_in += sum(len(f.buffer) for f in frames)
         return header, items
@@ -288,6 +323,9 @@ class _Link:
         return 0 if self._watch is None else self._watch.refused
 
     def close(self) -> None:
+        if self.ipc is not None:
+            self.ipc[0].close()  # the peer is gone or going: its forwards released
+            self.ipc[1].close()
         self.encoder.close()
         self.decoder.close()
         if self._watch is not None:
@@ -319,14 +357,21 @@ class GroupLink(_Link):
 
     Every reply carries the *epoch* of the last grant received (see `HostLink`).
 
-    Args: as `HostLink` (``address`` is the host's endpoint to connect to).
+    Args: as `HostLink` (``address`` is the host's endpoint to connect to),
+    but ``cuda_ipc`` is the `cudaipc.IpcRuntime` that shares and opens CUDA
+    memory (`cudaipc.TorchIpc`; a test's fake), or None (the default): no
+    CUDA IPC.
     """
 
     def __init__(self, address: str, routes: Routes, prefix: str | None = None,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None,
+                 cuda_ipc: cudaipc.IpcRuntime | None = None) -> None:
+        _check_ipc(address, cuda_ipc is not None)
         sock, watch = _open(address, prefix, secret, server=False)
         super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"), watch)
         self.epoch = 0
+        if cuda_ipc is not None:
+            self._share_cuda(cudaipc.Exporter(cuda_ipc), cudaipc.Importer(cuda_ipc))
 
     def receive(self, timeout: float) -> Grant | None:
         """The next grant, or None after ``timeout`` seconds without one."""
@@ -340,9 +385,13 @@ class GroupLink(_Link):
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
         # The host's copies of subscribed messages are not port messages between groups.
+        items = reply.sends + reply.published
+        if self.ipc is not None:  # device-path messages unwrapped; the host's copies on the CPU
+            items = self.ipc[0].prepare(items, len(reply.sends))
+        else:  # a CUDA sender with a reader on its device here gives device-path messages
+            items = cudaipc.host_items(items)
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier, reply.marker, self.epoch], reply.sends + reply.published,
-                   len(reply.sends))
+                    reply.frontier, reply.marker, self.epoch], items, len(reply.sends))
 
 
 class HostLink(_Link):
@@ -362,17 +411,25 @@ class HostLink(_Link):
         secret (bytes | None): the run's shared secret: CURVE on the socket
             (this end is the server); None: none, which TCP allows on loopback
             only. Default None.
+        cuda_ipc (bool): CUDA tensors cross as CUDA IPC descriptors, which
+            this end relays (`cudaipc.Relay`); the group's end is then made
+            with a runtime (``GroupLink(..., cuda_ipc=cudaipc.TorchIpc())``).
+            ``ipc://`` addresses only. Default False.
 
     Raises:
-        ValueError: a ``prefix`` over TCP, or TCP off loopback without a secret.
+        ValueError: a ``prefix`` or ``cuda_ipc`` over TCP, or TCP off loopback
+            without a secret.
         zmq.ZMQError: the address cannot be bound (the socket is closed).
     """
 
     def __init__(self, address: str, routes: Routes, prefix: str | None = None,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, cuda_ipc: bool = False) -> None:
+        _check_ipc(address, cuda_ipc)
         sock, watch = _open(address, prefix, secret, server=True)
         super().__init__(sock, routes.declared, *_pools(prefix, "h", "g"), watch)
         self.epoch = 0
+        if cuda_ipc:  # the host forwards descriptors; it opens none
+            self._share_cuda(cudaipc.Exporter(None), cudaipc.Relay())
 
     def send(self, grant: Grant) -> None:
         """Send a grant."""

@@ -42,7 +42,7 @@ from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
-from . import dataplane
+from . import cudaipc, dataplane
 from ._loopback import alive, signals_blocked
 from .failures import Stuck
 from .heartbeat import Responder
@@ -404,7 +404,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           seeds: dict[str, int] | None = None,
           check_read_only: bool = False,
           max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-          stop_timeout: float = 10.0) -> GroupServer:
+          stop_timeout: float = 10.0, cuda_ipc: bool = False) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -446,6 +446,10 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
         stop_timeout (float): ``mujou.run(stop_timeout=)``: a hook still
             running this many wall seconds after it was first seen is logged,
             and again with back-off (`Watcher`, as one process does). Default: 10.0.
+        cuda_ipc (bool): the host and this group are on one machine and CUDA
+            tensors cross by CUDA IPC (`cudaipc`): the group's CUDA senders keep
+            messages for other groups on their device, and its link shares and
+            opens device memory. Default: False (the host path).
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
@@ -461,7 +465,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
                        timer=timer, pools=pools, trace=trace, secure=secure,
                        heartbeat=heartbeat, seeds=seeds, check_read_only=check_read_only,
                        max_delta_cycles=max_delta_cycles,
-                       stop_timeout=stop_timeout)
+                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc)
 
 
 class NodeFailed(Exception):
@@ -499,9 +503,10 @@ class GroupServer:
                  heartbeat: str | None = None, seeds: dict[str, int] | None = None,
                  check_read_only: bool = False,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-                 stop_timeout: float = 10.0) -> None:
+                 stop_timeout: float = 10.0, cuda_ipc: bool = False) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
         check_workers(workers, f"placed group {group!r}")
+        self._cuda_ipc = cuda_ipc is True
         self.group = group
         self._timer = timer
         self._max_delta = max_delta_cycles  # mujou.run(max_delta_cycles=), for each kernel
@@ -521,8 +526,11 @@ class GroupServer:
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
         key = load_secret() if secure else None
-        self._link = dataplane.GroupLink(address, self.routes, pools, key)
+        self._link = dataplane.GroupLink(address, self.routes, pools, key,
+                                         cudaipc.TorchIpc() if self._cuda_ipc else None)
         self._link.blocked = self._end_if_host_gone
+        if self._link.ipc is not None:  # no CUDA node here: received tensors on the CPU
+            cudaipc.to_host_without_cuda(self._link.ipc[1], self.kernel.actors)
         self._responder: Responder | None = None
         try:
             self._link.handshake(HANDSHAKE_S)  # another secret: a clear error, not a hang
@@ -548,7 +556,7 @@ class GroupServer:
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
                         subtrees=False, trace=self._traces.capacity, seeds=seeds,
                         max_delta_cycles=self._max_delta,
-                        check_read_only=self._check_read_only)
+                        check_read_only=self._check_read_only, outside_device=self._cuda_ipc)
         return self._traces.track(kernel), walk(net)
 
     def reset(self, timeout: float) -> list[str]:
@@ -946,9 +954,13 @@ class LocalLink:
         self._replies: list[dataplane.Reply] = []  # real time: markers waiting
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self.counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels
+        # A run with CUDA IPC: relayed placeholders opened here (set by the host).
+        self.opener: cudaipc.LocalOpener | None = None
 
     def send(self, grant: dataplane.Grant) -> None:
         self.messages_in += len(grant.messages)
+        if self.opener is not None:
+            grant.messages = self.opener.open(grant.messages)
         if not self.kernel.simulated:
             self._send_realtime(grant)
             return
@@ -991,4 +1003,5 @@ class LocalLink:
         return self._replies.pop(0) if self._replies else None
 
     def close(self) -> None:
-        pass
+        if self.opener is not None:
+            self.opener.close()

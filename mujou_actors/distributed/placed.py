@@ -37,7 +37,7 @@ from ..net import (
 )
 from ..node import Node
 from ..ports import Input, Port
-from . import dataplane, tracing, wire
+from . import cudaipc, dataplane, tracing, wire
 from ._loopback import ANY, LOOPBACK
 from .driver import RemoteTraceback, _Driver, _Group
 from .group import LocalLink
@@ -350,6 +350,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         def workers(n: int) -> int:
             return args.workers if args.workers is not None else default_workers(n)
 
+        # CUDA tensors between groups by CUDA IPC: one machine only, and asked for
+        # (MUJOU_CUDA_IPC=1) until a GPU run has checked it (benchmarks/gpu_check.py).
+        cuda_ipc = conv is None and os.environ.get("MUJOU_CUDA_IPC") == "1"
         # The host builds its own copy of the net for its group (the one it checked).
         for i, name in enumerate(plan.groups):
             member = None if conv is None else conv.member_of.get(name)
@@ -357,7 +360,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
             if member is None:
                 address: str = f"ipc://{tmpdir}/g{i}"
                 pools: str | None = f"{run_id}{i}-"
-                link = dataplane.HostLink(address, routes, pools)
+                link = dataplane.HostLink(address, routes, pools, cuda_ipc=cuda_ipc)
                 reach = address
             else:  # on another machine: TCP with the secret's CURVE, no shared memory
                 assert conv is not None
@@ -372,7 +375,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "workers": workers(len(plan.nodes[name])), "address": reach,
                       "host_pid": os.getpid() if member is None else 0,
                       "timer": "simulated" if args.timer.simulated else "realtime",
-                      "pools": pools, "secure": member is not None,
+                      "pools": pools, "secure": member is not None, "cuda_ipc": cuda_ipc,
                       "check_read_only": args.check_read_only,
                       "max_delta_cycles": args.max_delta_cycles,
                       # Its watchdog logs a hook that does not return, as one process's does.
@@ -406,9 +409,12 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         if host_nodes:
             local = make_local(built)
             routes = dataplane.Routes(found, local.ports)
-            groups[HOST_GROUP] = _Group(HOST_GROUP, LocalLink(local, routes, wake.set if
-                                                               kind == "realtime" else None),
-                                        host_nodes, os.getpid(), remote=False)
+            local_link = LocalLink(local, routes, wake.set if kind == "realtime" else None)
+            if cuda_ipc:  # relayed CUDA tensors are opened for the host's own nodes
+                local_link.opener = cudaipc.LocalOpener(cudaipc.TorchIpc())
+                cudaipc.to_host_without_cuda(local_link.opener.importer, local.actors)
+            groups[HOST_GROUP] = _Group(HOST_GROUP, local_link, host_nodes, os.getpid(),
+                                        remote=False)
         expected = net_signature(found)
         for name in plan.groups:
             check_same_net(system, name, expected, args.start_timeout)

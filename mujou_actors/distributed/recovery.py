@@ -238,7 +238,8 @@ class Recovery:
         if g.member is None:
             address = f"{g.base_address}.{g.launches}"
             pools = f"{g.spawn['pools']}{g.launches}-" if g.spawn.get("pools") else None
-            g.link = dataplane.HostLink(address, driver.routes, pools)
+            g.link = dataplane.HostLink(address, driver.routes, pools,
+                                        cuda_ipc=g.spawn.get("cuda_ipc", False))
             reach = address
         else:  # a fresh port: the dead peer's TCP connection may linger on the old one
             pools = None
@@ -285,6 +286,7 @@ class Recovery:
         for index in old.published._detach:
             link.published.listen(driver.kernel, driver.routes.outputs[index])
         link.messages_in, link.messages_out = old.messages_in, old.messages_out
+        link.opener, old.opener = old.opener, None  # a run with CUDA IPC keeps its opener
         link.counted = group.node_stats(old.kernel, old.counted)
         g.link = link
 

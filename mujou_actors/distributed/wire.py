@@ -62,6 +62,14 @@ SIGBUS. The pool is a plain file, mapped with ``mmap``: no
 a sender killed before that leaves it behind, and `remove_blocks` removes every
 pool of a prefix. Without ``/dev/shm`` (not Linux), everything goes inline.
 
+CUDA IPC (one machine, `cudaipc`): an Encoder whose ``shared`` is a
+`cudaipc.Exporter` writes no bytes for the placeholders that
+`cudaipc.Exporter.prepare` put in CUDA tensors' places; `Encoder.take_shared`
+gives their descriptors, which the link carries beside the frames, and a
+Decoder whose ``shared`` is a `cudaipc.Importer` (or the host's
+`cudaipc.Relay`) takes them as ``decode(..., shared)``. The frames' format is
+unchanged: such a tensor is in the messages and has no data.
+
 Decoding takes untrusted bytes and is bounded: the messages are parsed by the
 codec's own parser (`codec.decode_batch`: no recursion, at most
 ``codec.MAX_DEPTH`` levels, decoded objects charged at most
@@ -199,6 +207,9 @@ class Encoder:
         self._want_pool = prefix is not None and pool_bytes >= _ALIGN and os.path.isdir(_SHM_DIR)
         self._pool_bytes = pool_bytes - pool_bytes % _ALIGN
         self._closed = False
+        # CUDA IPC (`cudaipc.Exporter`, set by the link on one machine): None, the host path.
+        self.shared: Any = None
+        self._shared_rows: list[list[Any]] = []
 
     @property
     def pool_name(self) -> str | None:
@@ -300,8 +311,11 @@ class Encoder:
         rows = array("q")
         run: list[bytes] = []  # consecutive small tensors' bytes, joined into one frame
         threshold = self._threshold
+        shared = self.shared
         try:
             for j, (t, nbytes) in enumerate(tensors):
+                if shared is not None and self._share(shared, t, nbytes, j):
+                    continue
                 data = None
                 if nbytes >= threshold and self._want_pool:
                     data = _bytes_of(t, nbytes)
@@ -320,10 +334,35 @@ class Encoder:
                 frames.append(_bytes_of(t, nbytes) if data is None else data)
         except BaseException:
             self.release(rows[1::4])
+            if shared is not None:
+                shared.cancel(self.take_shared())
             raise
         if run:
             frames.append(b"".join(run))
         return rows or None
+
+    def _share(self, shared: Any, t: torch.Tensor, nbytes: int, j: int) -> bool:
+        """Whether tensor ``j`` crosses by CUDA IPC: its descriptor kept for `take_shared`."""
+        if not hasattr(t, "_mujou_shared"):  # only `cudaipc.Exporter.prepare`'s placeholders
+            return False
+        row = shared.export(t, nbytes, j)
+        if row is None:
+            return False  # the host path: its bytes go as any tensor's
+        self._shared_rows.append(row)
+        return True
+
+    def take_shared(self) -> list[list[Any]]:
+        """The CUDA IPC descriptors of the batches encoded since the last call.
+
+        The link carries them beside the frames (`dataplane`); the peer's
+        `Decoder.decode` takes them as ``shared``. Empty without `shared`.
+
+        Returns:
+            list[list]: one descriptor per tensor that crossed by CUDA IPC
+            (plain ints and bytes: `cudaipc.Exporter.export`).
+        """
+        rows, self._shared_rows = self._shared_rows, []
+        return rows
 
     def _make_pool(self) -> _Pool | None:
         """The pool, made now; None (and no more tries) when the system refuses one."""
@@ -565,8 +604,12 @@ class Decoder:
         self._pool: tuple[str, mmap.mmap, memoryview] | None = None  # the one mapped
         self._freed: list[int] = []
         self._restores: dict[type, bool] = {}  # declared type -> from_file puts it back
+        # CUDA IPC (`cudaipc.Importer` in a group, `cudaipc.Relay` in the host), set by the
+        # link on one machine; None: a batch with descriptors is refused.
+        self.shared: Any = None
 
-    def decode(self, frames: Sequence[Any], declared: Sequence[type]) -> list[Item]:
+    def decode(self, frames: Sequence[Any], declared: Sequence[type],
+               shared: Any = None) -> list[Item]:
         """The batch that ``frames`` hold, each message as its port's declared type.
 
         Args:
@@ -575,10 +618,16 @@ class Decoder:
                 protocol.
             declared (Sequence[type]): each port's declared type, by port index
                 (the sequence the sender encoded with).
+            shared (list | None): the CUDA IPC descriptors the sender's
+                `Encoder.take_shared` gave for this batch (see `cudaipc`);
+                None or empty: none.
 
         Returns:
             list[Item]: the items, in the order they were encoded. Tensors are
-            on the CPU, contiguous, and share memory with nothing.
+            on the CPU, contiguous, and share memory with nothing; one that
+            crossed by CUDA IPC is on its CUDA device (contiguous, of its own),
+            or, in the host (`cudaipc.Relay`), an unfilled CPU placeholder
+            that the host's encoder forwards.
 
         Raises:
             WireError: the frames are not a batch of this format, are truncated
@@ -610,13 +659,38 @@ class Decoder:
         inline = sum(len(f) for f in data)
         pool_view = self._rows(head[_HEAD.size:pos], rows) if k else None
         shm_bytes = sum(rows[3::4])
+        ipc = self._shared_rows(shared) if shared else None
+        if ipc:
+            shm_bytes += sum(row[12] for row in ipc.values())
         try:
             messages, tensors = decode_batch(head, start, n, inline + shm_bytes)
         except Exception as e:  # noqa: BLE001 - anything the bytes make the parser or torch raise
             raise WireError(f"frame 0: the messages do not decode: {reason(e)}") from None
         if tensors:
-            self._fill(tensors, data, rows, pool_view)
+            self._fill(tensors, data, rows, pool_view, ipc)
+        if ipc:
+            messages = self._open_shared(messages, tensors, ipc)
         return self._items(values, n, messages, declared)
+
+    def _shared_rows(self, shared: Any) -> dict[int, list[Any]]:
+        """The CUDA IPC descriptors by tensor index, checked (`cudaipc.check_rows`)."""
+        if self.shared is None:
+            raise WireError("a batch with CUDA IPC descriptors on a link without CUDA IPC")
+        from .cudaipc import check_rows  # only links with CUDA IPC get here
+
+        return check_rows(shared)
+
+    def _open_shared(self, messages: list[Any], tensors: list[torch.Tensor],
+                     ipc: dict[int, list[Any]]) -> list[Any]:
+        """The messages with each shared tensor's placeholder opened (or tagged, the host)."""
+        if max(ipc) >= len(tensors):
+            raise WireError(f"a CUDA IPC descriptor names tensor {max(ipc)} of {len(tensors)}")
+        got = self.shared.take(tensors, ipc)
+        if not got:
+            return messages
+        from .cudaipc import swap
+
+        return swap(messages, got)
 
     def _rows(self, name: bytes, rows: list[int]) -> memoryview:
         """Checks the shared-memory table against the pool it names; the pool's bytes.
@@ -669,8 +743,11 @@ class Decoder:
         return self._pool[2]
 
     def _fill(self, tensors: list[torch.Tensor], data: list[Any], rows: list[int],
-              pool: memoryview | None) -> None:
-        """Copies each tensor's bytes in: from its shared-memory block or the next frame."""
+              pool: memoryview | None, ipc: dict[int, list[Any]] | None = None) -> None:
+        """Copies each tensor's bytes in: from its shared-memory block or the next frame.
+
+        The tensors in ``ipc`` (CUDA IPC descriptors by index) have no bytes here.
+        """
         shm = {rows[r]: (rows[r + 2], rows[r + 3]) for r in range(0, len(rows), 4)}
         if shm and max(shm) >= len(tensors):
             raise WireError(f"frame 0: a shared-memory row names tensor {max(shm)} of "
@@ -687,6 +764,11 @@ class Decoder:
                                     f"row says {size}")
                 assert pool is not None
                 _view(t, nbytes)[:] = pool[offset : offset + nbytes]
+                continue
+            if ipc and j in ipc:
+                if ipc[j][12] != nbytes:
+                    raise WireError(f"tensor {j} has {nbytes} bytes, its CUDA IPC descriptor "
+                                    f"says {ipc[j][12]}")
                 continue
             if not nbytes:
                 continue
