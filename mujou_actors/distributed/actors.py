@@ -338,7 +338,9 @@ def _fork_groups(preload: tuple[str, ...]) -> None:
     while the host goes on; every group process is then a fork of it, which
     starts in milliseconds instead of importing them again, and so does a
     restart. multiprocessing's own rule keeps it safe: the server is a fresh
-    process with one thread, and forks only from it. Thespian's
+    process with one thread, and forks only from it. Nothing it imports may
+    initialize CUDA (importing torch does not; CUDA cannot be used in a child
+    forked after its initialization): a group initializes it itself. Thespian's
     ``_startChildActor`` is wrapped to use that start method and to keep each
     child's process object in `FORKED` (`ended_child` reads it). Without the
     start method (not on this platform), nothing changes: spawn as before.
