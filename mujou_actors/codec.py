@@ -771,7 +771,7 @@ def decode(structure: bytes, data_len: int, device: str = "cpu",
             bytes catches both.
     """
     if version == 2:
-        tree, decoder = _decode_v2(structure, data_len, device)
+        tree, decoder = _decode_v2(structure, 0, data_len, device)
     elif version == 1:
         decoder = _Decoder(data_len, device)
         tree = decoder.unpack(structure)
@@ -804,7 +804,7 @@ def decode_batch(data: bytes, start: int, count: int,
         ValueError: as `decode`, or the structure is not an array of ``count``
             values.
     """
-    messages, decoder = _decode_v2(memoryview(data)[start:], data_len, "cpu")
+    messages, decoder = _decode_v2(data, start, data_len, "cpu")
     if decoder.offset != data_len:
         raise ValueError(f"tensors of {decoder.offset} bytes, where the frames hold "
                          f"{data_len}")
@@ -832,21 +832,52 @@ _CONTAINER_TYPES = frozenset((list, dict, tuple))
 _TREE_TYPES = _LEAF_TYPES | _CONTAINER_TYPES
 
 
-def _decode_v2(data: bytes | memoryview, data_len: int,
+# Structures shorter than this skip `_check_complete`: whatever their headers claim, msgpack
+# allocates at most about 12 KiB for them before it finds them truncated (21 array16 headers
+# claiming 63 slots each, or 63 fixarray headers claiming 15), less than the pass would save.
+_SMALL = 64
+_PLAIN = frozenset((list, dict, tuple, type(None), bool, int, float, str, bytes, torch.Tensor))
+
+
+def _decode_v2(data: bytes, start: int, data_len: int,
                device: str) -> tuple[Any, _V2Decoder]:
-    """The tree of a format-2 structure and the decoder that made its tensors (see `decode`)."""
-    _check_complete(data)
+    """The tree of the format-2 structure ``data[start:]`` and the decoder that made its tensors.
+
+    See `decode`. The structure is proven complete first (`_check_complete`), then decoded
+    by msgpack with `_V2Decoder`'s hooks; what they cannot see is checked last: markers out
+    of place (counted), depth and stray types (`_check_tree`, needed only when there are
+    more containers than `MAX_DEPTH` or a 0xff byte, which every msgpack timestamp holds).
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    size = len(data) - start
+    view = memoryview(data)[start:] if start else data
+    if size >= _SMALL:
+        _check_complete(view, size)
     decoder = _V2Decoder(data_len, device)
     try:
-        tree = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=decoder.ext,
+        tree = msgpack.unpackb(view, raw=False, strict_map_key=False, ext_hook=decoder.ext,
                                list_hook=decoder.array, object_pairs_hook=decoder.pairs)
     except UnicodeDecodeError as e:
         raise ValueError(f"a str is not valid UTF-8 ({e.reason})") from None
-    _check_tree(tree)
+    except msgpack.ExtraData as e:  # only a small structure gets here
+        raise ValueError(f"{len(e.extra)} bytes after the tree, from offset "
+                         f"{size - len(e.extra)}") from None
+    except ValueError as e:
+        if str(e).startswith("Unpack failed"):  # msgpack's own words for a small structure
+            raise ValueError(f"the structure does not decode ({size} bytes): "
+                             f"{reason(e)}") from None
+        raise
+    if decoder.marks != decoder.tuples:
+        raise ValueError(f"{_a(_type_name(_TupleMark))}")
+    if type(tree) not in _PLAIN:
+        _check_types({type(tree)})
+    if decoder.containers > MAX_DEPTH or data.find(b"\xff", start) >= 0:
+        _check_tree(tree)
     return tree, decoder
 
 
-def _check_complete(data: bytes | memoryview) -> None:
+def _check_complete(data: bytes | memoryview, size: int) -> None:
     """Refuses a structure that is not exactly one complete msgpack value (ValueError).
 
     msgpack's C decoder allocates each array's item slots at its header, before the
@@ -855,8 +886,7 @@ def _check_complete(data: bytes | memoryview) -> None:
     makes no objects; once it has passed, every header's items are there, and the
     decoded objects take at most `V2_MEMORY_PER_BYTE` per byte.
     """
-    size = len(data)
-    unpacker = msgpack.Unpacker(max_buffer_size=max(size, 1))
+    unpacker = msgpack.Unpacker(max_buffer_size=size)
     unpacker.feed(data)
     try:
         unpacker.skip()
@@ -880,17 +910,17 @@ class _V2Decoder:
 
     msgpack calls `ext` for each extension in the order of the structure (so the
     tensors come in data order), `array` for each array once its items are made and
-    `pairs` for each map with its (key, value) pairs. What msgpack cannot check (depth,
-    the types it may make beyond the format: a timestamp, a marker out of place) is
-    left to `_check_tree`.
+    `pairs` for each map with its (key, value) pairs. They count the containers and
+    the tuple markers, for the checks msgpack cannot make (`_decode_v2`).
     """
 
-    __slots__ = ("data_len", "offset", "tensors", "_device")
+    __slots__ = ("data_len", "offset", "tensors", "containers", "marks", "tuples", "_device")
 
     def __init__(self, data_len: int, device: str) -> None:
         self.data_len = data_len
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
+        self.containers = self.marks = self.tuples = 0
         self._device = _CPU if device == "cpu" else torch.device(device)
 
     def ext(self, code: int, payload: bytes) -> Any:
@@ -901,20 +931,22 @@ class _V2Decoder:
             if payload:
                 raise ValueError(f"a tuple marker (extension type 2) with a payload of "
                                  f"{len(payload)} bytes")
+            self.marks += 1
             return _MARK
         raise ValueError(f"unknown extension type {code}")
 
-    @staticmethod
-    def array(items: list[Any]) -> list[Any] | tuple[Any, ...]:
+    def array(self, items: list[Any]) -> list[Any] | tuple[Any, ...]:
         """The array as a tuple when the marker leads it; else the list itself."""
+        self.containers += 1
         if items and items[0] is _MARK:
+            self.tuples += 1
             del items[0]
             return tuple(items)
         return items
 
-    @staticmethod
-    def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    def pairs(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         """The map as a dict: its keys str or int, each once (ValueError)."""
+        self.containers += 1
         try:
             made = dict(pairs)
         except TypeError:  # an unhashable key: a list or a dict
@@ -948,8 +980,9 @@ class _V2Decoder:
         if (offset != self.offset or nbytes != math.prod(shape) * dtype.itemsize
                 or offset + nbytes > self.data_len):
             raise ValueError(f"tensor bytes out of place ({offset=}, {nbytes=})")
-        try:
-            tensor = torch.empty(shape, dtype=dtype, device=self._device)
+        try:  # the sizes as arguments: torch parses them sooner than a tuple
+            tensor = torch.empty(*shape, dtype=dtype, device=self._device) if ndim else \
+                torch.empty((), dtype=dtype, device=self._device)
         except RuntimeError as e:  # sizes whose strides overflow int64, with no elements
             raise ValueError(f"bad tensor shape {list(shape)}: {reason(e)}") from None
         self.offset += nbytes
@@ -960,29 +993,31 @@ class _V2Decoder:
 def _check_tree(tree: Any) -> None:
     """Refuses nesting past `MAX_DEPTH` and any object the format does not make (ValueError).
 
-    One level at a time, without recursion. A container's item types are gathered in
-    C (``set(map(type, ...))``), so a container of leaves, most of them, costs a few
-    nanoseconds an item; only containers are visited further.
+    Depth first, without recursion: a stack of iterators, one per open container, so
+    the walk holds nothing but the path it is on. A container's item types are gathered
+    in C (``set(map(type, ...))``), so a container of leaves, most of them, costs a few
+    nanoseconds an item and is not walked.
     """
     if type(tree) not in _CONTAINER_TYPES:
         _check_types({type(tree)})
         return
-    level = [tree]
-    depth = 1
-    while level:
-        if depth > MAX_DEPTH:
-            raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels, the most a "
-                             "snapshot holds")
-        below: list[Any] = []
-        for container in level:
-            items = container.values() if type(container) is dict else container
+    path = [iter((tree,))]
+    while path:
+        for item in path[-1]:
+            if type(item) not in _CONTAINER_TYPES:
+                continue
+            if len(path) > MAX_DEPTH:
+                raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels, the "
+                                 "most a snapshot holds")
+            items = item.values() if type(item) is dict else item
             kinds = set(map(type, items))
             if kinds <= _LEAF_TYPES:
                 continue
             _check_types(kinds)
-            below += [item for item in items if type(item) in _CONTAINER_TYPES]
-        level = below
-        depth += 1
+            path.append(iter(items))
+            break
+        else:
+            path.pop()
 
 
 def _check_types(kinds: set[type]) -> None:
