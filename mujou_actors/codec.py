@@ -963,31 +963,50 @@ class _V2Decoder:
 
     def _tensor(self, payload: bytes) -> torch.Tensor:
         """The tensor a payload describes: checked, made with ``torch.empty``, not filled."""
-        ndim = (len(payload) - _LAYOUT_MIN) >> 3
-        if len(payload) < _LAYOUT_MIN or payload[1] != ndim or len(payload) != \
-                _LAYOUT_MIN + 8 * ndim:
-            raise ValueError(f"a tensor's payload of {len(payload)} bytes is not dtype code, "
-                             "ndim, shape, offset and nbytes")
-        fields = _LAYOUTS[ndim].unpack(payload)
-        dtype = _DTYPE_OF[fields[0]]
-        if dtype is None:
-            raise ValueError(f"unknown tensor dtype code {fields[0]}")
-        shape = fields[2:-2]
-        offset, nbytes = fields[-2:]
-        if ndim and min(shape) < 0:
-            raise ValueError(f"bad tensor shape {list(shape)}")
+        kind = _KINDS.get(payload[:-16])
+        if kind is None:
+            kind = _tensor_kind(payload)
+        dtype, shape, size = kind
+        offset, nbytes = _TAIL.unpack_from(payload, len(payload) - 16)
         # Checked before allocating, so damaged sizes can never ask for more than the data.
-        if (offset != self.offset or nbytes != math.prod(shape) * dtype.itemsize
-                or offset + nbytes > self.data_len):
+        if offset != self.offset or nbytes != size or offset + nbytes > self.data_len:
             raise ValueError(f"tensor bytes out of place ({offset=}, {nbytes=})")
-        try:  # the sizes as arguments: torch parses them sooner than a tuple
-            tensor = torch.empty(*shape, dtype=dtype, device=self._device) if ndim else \
-                torch.empty((), dtype=dtype, device=self._device)
-        except RuntimeError as e:  # sizes whose strides overflow int64, with no elements
-            raise ValueError(f"bad tensor shape {list(shape)}: {reason(e)}") from None
+        tensor = torch.empty(*shape, dtype=dtype, device=self._device) if shape else \
+            torch.empty((), dtype=dtype, device=self._device)
         self.offset += nbytes
         self.tensors.append(tensor)
         return tensor
+
+
+# What the head of a tensor's payload (dtype code, ndim, shape) says: (dtype, shape, nbytes),
+# kept for the next tensor of its kind (a state dict's or a batch's tensors repeat a few
+# kinds; the checks and the unpacking then cost a dict lookup).
+_KINDS: dict[bytes, tuple[torch.dtype, tuple[int, ...], int]] = {}
+_TAIL = struct.Struct("<QQ")  # a tensor payload's last 16 bytes: offset, nbytes
+
+
+def _tensor_kind(payload: bytes) -> tuple[torch.dtype, tuple[int, ...], int]:
+    """Checks the head of a tensor's payload; its dtype, shape and size in bytes (ValueError)."""
+    ndim = (len(payload) - _LAYOUT_MIN) >> 3
+    if len(payload) < _LAYOUT_MIN or payload[1] != ndim or \
+            len(payload) != _LAYOUT_MIN + 8 * ndim:
+        raise ValueError(f"a tensor's payload of {len(payload)} bytes is not dtype code, "
+                         "ndim, shape, offset and nbytes")
+    fields = _LAYOUTS[ndim].unpack(payload)
+    dtype = _DTYPE_OF[fields[0]]
+    if dtype is None:
+        raise ValueError(f"unknown tensor dtype code {fields[0]}")
+    shape = fields[2:-2]
+    if ndim and min(shape) < 0:
+        raise ValueError(f"bad tensor shape {list(shape)}")
+    try:  # sizes whose strides overflow int64 (with no elements): refused before they are kept
+        torch.empty(*shape, dtype=dtype, device="meta")
+    except RuntimeError as e:
+        raise ValueError(f"bad tensor shape {list(shape)}: {reason(e)}") from None
+    if len(_KINDS) >= 256:
+        _KINDS.clear()
+    kind = _KINDS[payload[:-16]] = (dtype, shape, math.prod(shape) * dtype.itemsize)
+    return kind
 
 
 def _check_tree(tree: Any) -> None:
