@@ -43,9 +43,11 @@ decoder would refuse): containers (dicts, lists, tuples) nest at most
 tensors have at most `MAX_NDIM` (255) dimensions. Format 2 is decoded by
 msgpack's C decoder once the structure has been proven to be one complete
 value with nothing after it (a pass that makes no objects), so the decoded
-objects take at most `V2_MEMORY_PER_BYTE` (96) bytes of memory per byte of
-structure, whatever it holds: there is no budget to count, and nothing for an
-encoder to refuse for its memory. Format 1 is parsed without recursion, its
+objects take at most `V2_MEMORY_PER_BYTE` (128) bytes of memory per byte of
+structure, whatever it holds (a structure under 64 bytes skips that pass:
+msgpack then allocates at most about 12 KiB for it, whatever its headers
+claim): there is no budget to count, and nothing for an encoder to refuse for
+its memory. Format 1 is parsed without recursion, its
 decoded objects charged by a fixed model of CPython's object sizes and
 refused past `MEMORY_PER_BYTE` (32) bytes per byte of structure plus
 `MEMORY_SLACK` (16 MiB) (`memory_budget`). No input, however nested, can
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -94,7 +97,7 @@ MAX_DEPTH = 100
 MAX_NDIM = 255
 """The most dimensions a tensor may have: what format 2's uint8 holds (torch makes them all)."""
 
-V2_MEMORY_PER_BYTE = 96
+V2_MEMORY_PER_BYTE = 128
 """The most bytes of Python objects a format-2 structure decodes into, per byte of it.
 
 Not counted while decoding: it follows from the format (see the derivation at
@@ -115,25 +118,26 @@ _COST_SLOT, _COST_ENTRY = 8, 40  # a list/tuple item, a dict entry
 _COST_STR, _COST_BYTES = 56, 40  # plus one per (UTF-8) byte
 _COST_INT, _COST_FLOAT, _COST_TENSOR = 32, 24, 512
 
-# _V2_WORST: why V2_MEMORY_PER_BYTE is 96. Once the structure is known to be one complete
+# _V2_WORST: why V2_MEMORY_PER_BYTE is 128. Once the structure is known to be one complete
 # msgpack value, every container's items are there, so each object msgpack makes stands for
-# bytes of the structure. The most memory a byte can make, in CPython 3.11 (64-bit, pymalloc
-# rounding to 16 bytes, each object's slot in its container: 8 bytes):
-#   an empty array (0x90, 1 byte):     a list, 56 -> 64, + slot 8              = 72 per byte
-#   an empty map (0x80, 1 byte):       a dict, 64, + slot 8 (the hook's empty
-#                                      pairs list is freed at once)            = 72 per byte
-#   an array of one nil (2 bytes):     a list 64 + its item array 16 + slot 8  = 44 per byte
-#   a negative fixint -32..-6 (1 byte): an int, 28 -> 32, + slot 8             = 40 per byte
-#   a map entry (2 bytes at least):    the pair msgpack makes for the hook (a tuple, 56 -> 64)
-#                                      and its slot 8 while the map is read, then the dict's
-#                                      entry (24, and 2x for its growth) + index  = 64 per byte
-#   a str or bin of 2 bytes (3-4):     51 -> 64 (bytes: 35 -> 48), + slot 8     = 24 per byte
-#   a tensor (21 bytes at least):      charged `_COST_TENSOR` as in format 1 (its C++ parts
-#                                      are torch's; the payload's bytes object is dropped at
-#                                      once)                                    = 25 per byte
-#   a tuple ([marker, x], 5 bytes):    the list 80 while read, the tuple 48     = 26 per byte
-# The worst is 72; 96 leaves room for a transient copy (a tuple's list, a map's pairs) and
-# for allocator slack. tests/test_codec.py measures the peak (tracemalloc) of each shape.
+# bytes of the structure. The most memory a byte can make, in CPython 3.11 (64-bit; pymalloc
+# rounds each block up to 16 bytes; each object also takes its 8-byte slot in its container,
+# counted with the container here):
+#   a one-entry map with a 1-byte int key (0x81 0x00, 2 bytes, its value apart): a dict, 64,
+#     and its smallest keys table (8 slots, 5 entries of 24 bytes), 160      = 112 per byte
+#     (nested as {0: {0: ...}}, only MAX_DEPTH deep; a str key's table is 120: 92 per byte)
+#   an empty map (0x80, 1 byte): a dict, 64, + slot 8                      = 72 per byte
+#   an empty array (0x90, 1 byte): a list, 56 -> 64, + slot 8              = 72 per byte
+#   a one-item array (0x91, 1 byte, its item apart): a list 64 + items 16  = 80 per byte
+#   a negative fixint -32..-6 (1 byte): an int, 28 -> 32, + slot 8         = 40 per byte
+#   a str or bin of 2 bytes (3-4 bytes): 51 -> 64 (bin: 35 -> 48), + slot 8 = 24 per byte
+#   a tuple ([marker, x], 5 bytes): a tuple 48 (its list, 80, only while it is made) = 10
+#   a tensor (21 bytes at least): charged `_COST_TENSOR`, 512, as in format 1 (its C++
+#     parts are torch's; the payload's bytes object is dropped at once)  = 25 per byte
+# Transient objects come on top only along the open path (a map's pending pairs list and
+# tuples until its dict is made, at most MAX_DEPTH of them at once): 112 stays the worst
+# per byte, and 128 leaves room for the allocator's own slack. tests/test_codec.py measures
+# the peak (tracemalloc) of each shape against it.
 
 
 def memory_budget(structure_len: int) -> int:
@@ -827,6 +831,7 @@ class _TupleMark:
 
 _MARK = _TupleMark()
 _KEY_TYPES = frozenset((str, int))
+_FIRST = operator.itemgetter(0)
 _LEAF_TYPES = frozenset((type(None), bool, int, float, str, bytes, torch.Tensor))
 _CONTAINER_TYPES = frozenset((list, dict, tuple))
 _TREE_TYPES = _LEAF_TYPES | _CONTAINER_TYPES
@@ -860,7 +865,10 @@ def _decode_v2(data: bytes, start: int, data_len: int,
                                list_hook=decoder.array, object_pairs_hook=decoder.pairs)
     except UnicodeDecodeError as e:
         raise ValueError(f"a str is not valid UTF-8 ({e.reason})") from None
-    except msgpack.ExtraData as e:  # only a small structure gets here
+    except msgpack.FormatError:  # only a small structure gets here (and to the two below)
+        raise ValueError(f"the structure does not decode ({size} bytes): it holds a byte that "
+                         "starts no msgpack value (0xc1)") from None
+    except msgpack.ExtraData as e:
         raise ValueError(f"{len(e.extra)} bytes after the tree, from offset "
                          f"{size - len(e.extra)}") from None
     except ValueError as e:
@@ -947,14 +955,11 @@ class _V2Decoder:
     def pairs(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         """The map as a dict: its keys str or int, each once (ValueError)."""
         self.containers += 1
-        try:
-            made = dict(pairs)
-        except TypeError:  # an unhashable key: a list or a dict
-            made = None
-        if made is None or not _KEY_TYPES.issuperset(map(type, made)):
+        if not _KEY_TYPES.issuperset(map(type, map(_FIRST, pairs))):  # before True meets 1
             bad = next(key for key, _ in pairs if type(key) not in _KEY_TYPES)
             raise ValueError(f"a dict key is {_a(_type_name(type(bad)))}; keys must be str "
                              "or int")
+        made = dict(pairs)
         if len(made) != len(pairs):
             seen: set[Any] = set()
             twice = next(key for key, _ in pairs if key in seen or seen.add(key))
@@ -1000,7 +1005,7 @@ def _tensor_kind(payload: bytes) -> tuple[torch.dtype, tuple[int, ...], int]:
     if ndim and min(shape) < 0:
         raise ValueError(f"bad tensor shape {list(shape)}")
     try:  # sizes whose strides overflow int64 (with no elements): refused before they are kept
-        torch.empty(*shape, dtype=dtype, device="meta")
+        torch.empty(shape, dtype=dtype, device="meta")
     except RuntimeError as e:
         raise ValueError(f"bad tensor shape {list(shape)}: {reason(e)}") from None
     if len(_KINDS) >= 256:

@@ -44,7 +44,7 @@ would refuse): containers (dicts, lists, tuples) nest at most `MAX_DEPTH` (100)
 levels; dict keys are str or int, each once per dict; a tensor has at most 255
 dimensions. A version-2 structure is checked to be one complete msgpack value
 before msgpack's C decoder makes anything, so its decoded objects take at most
-`V2_MEMORY_PER_BYTE` (96) bytes of memory per byte of structure, whatever it
+`V2_MEMORY_PER_BYTE` (128) bytes of memory per byte of structure, whatever it
 holds. A version-1 structure is parsed without recursion, its decoded objects
 charged by a fixed model of CPython's object sizes and refused past
 `MEMORY_PER_BYTE` (32) bytes per byte of structure plus `MEMORY_SLACK` (16 MiB).
