@@ -108,7 +108,7 @@ MEMORY_PER_BYTE = 32
 """Format 1: decoded objects may take this many bytes of memory per byte of structure."""
 
 MEMORY_SLACK = 16 << 20
-"""Format 1: bytes of decoded objects allowed on top of ``MEMORY_PER_BYTE`` per byte of structure."""
+"""Format 1: bytes of decoded objects allowed beyond ``MEMORY_PER_BYTE`` per byte of structure."""
 
 # Format 1's memory model: what its parser charges a decoded object, in bytes (CPython's
 # sizes, 64-bit). Shared objects (None, bools, small ints, strs and bytes of at most one
@@ -774,6 +774,7 @@ def decode(structure: bytes, data_len: int, device: str = "cpu",
             (RuntimeError) as a tensor is made: a caller that reads untrusted
             bytes catches both.
     """
+    decoder: _V2Decoder | _Decoder
     if version == 2:
         tree, decoder = _decode_v2(structure, 0, data_len, device)
     elif version == 1:
@@ -961,9 +962,7 @@ class _V2Decoder:
                              "or int")
         made = dict(pairs)
         if len(made) != len(pairs):
-            seen: set[Any] = set()
-            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-            raise ValueError(f"a dict holds the key {twice!r} twice")
+            raise ValueError(f"a dict holds the key {_first_twice(pairs)!r} twice")
         return made
 
     def _tensor(self, payload: bytes) -> torch.Tensor:
@@ -1012,6 +1011,16 @@ def _tensor_kind(payload: bytes) -> tuple[torch.dtype, tuple[int, ...], int]:
         _KINDS.clear()
     kind = _KINDS[payload[:-16]] = (dtype, shape, math.prod(shape) * dtype.itemsize)
     return kind
+
+
+def _first_twice(pairs: list[tuple[Any, Any]]) -> Any:
+    """The first key that comes a second time among a map's pairs (there is one)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no key comes twice")
 
 
 def _check_tree(tree: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import struct
 import time
 import tracemalloc
