@@ -840,19 +840,45 @@ _TREE_TYPES = _LEAF_TYPES | _CONTAINER_TYPES
 
 # Structures shorter than this skip `_check_complete`: whatever their headers claim, msgpack
 # allocates at most about 12 KiB for them before it finds them truncated (21 array16 headers
-# claiming 63 slots each, or 63 fixarray headers claiming 15), less than the pass would save.
+# claiming 63 slots each, or 63 fixarray headers claiming 15), and they cannot nest deeper
+# than `MAX_DEPTH` (a level takes a byte). The pass would cost more than it saves.
 _SMALL = 64
-_PLAIN = frozenset((list, dict, tuple, type(None), bool, int, float, str, bytes, torch.Tensor))
+
+
+def _stack_limit_is(limit: int) -> bool:
+    """Whether msgpack's decoder refuses a container opened inside ``limit`` open ones, only.
+
+    Its C decoder keeps the containers it has open on a fixed stack of 1024 and refuses a
+    container (empty or not) opened when the stack is full; the pure-Python fallback has
+    no such stack.
+    """
+    def passes(data: bytes) -> bool:
+        unpacker = msgpack.Unpacker(max_buffer_size=len(data))
+        unpacker.feed(data)
+        try:
+            unpacker.skip()
+        except Exception:  # noqa: BLE001 - StackError, or whatever a fallback raises
+            return False
+        return True
+
+    return passes(b"\x91" * (limit - 1) + b"\x90") and not passes(b"\x91" * limit + b"\x90")
+
+
+# The depth check, made by msgpack's own stack: the structure is skipped inside this many
+# one-item arrays, so that a container at level MAX_DEPTH + 1 is opened on a full stack.
+# None (another msgpack): the depth is found by a walk over the decoded tree instead.
+_STACK = 1024
+_DEPTH_PREFIX = b"\x91" * (_STACK - MAX_DEPTH) if _stack_limit_is(_STACK) else None
 
 
 def _decode_v2(data: bytes, start: int, data_len: int,
                device: str) -> tuple[Any, _V2Decoder]:
     """The tree of the format-2 structure ``data[start:]`` and the decoder that made its tensors.
 
-    See `decode`. The structure is proven complete first (`_check_complete`), then decoded
-    by msgpack with `_V2Decoder`'s hooks; what they cannot see is checked last: markers out
-    of place (counted), depth and stray types (`_check_tree`, needed only when there are
-    more containers than `MAX_DEPTH` or a 0xff byte, which every msgpack timestamp holds).
+    See `decode`. The structure is proven complete and no deeper than `MAX_DEPTH` first
+    (`_check_complete`), then decoded by msgpack with `_V2Decoder`'s hooks. What msgpack
+    makes outside the format without asking a hook, a timestamp (extension -1), holds a
+    0xff byte: only a structure with one has the hooks check the types of every item.
     """
     if type(data) is not bytes:
         data = bytes(data)
@@ -861,9 +887,12 @@ def _decode_v2(data: bytes, start: int, data_len: int,
     if size >= _SMALL:
         _check_complete(view, size)
     decoder = _V2Decoder(data_len, device)
+    screen = data.find(b"\xff", start) >= 0
     try:
-        tree = msgpack.unpackb(view, raw=False, strict_map_key=False, ext_hook=decoder.ext,
-                               list_hook=decoder.array, object_pairs_hook=decoder.pairs)
+        tree = msgpack.unpackb(
+            view, raw=False, strict_map_key=False, ext_hook=decoder.ext,
+            list_hook=decoder.screened_array if screen else decoder.array,
+            object_pairs_hook=decoder.screened_pairs if screen else decoder.pairs)
     except UnicodeDecodeError as e:
         raise ValueError(f"a str is not valid UTF-8 ({e.reason})") from None
     except msgpack.FormatError:  # only a small structure gets here (and to the two below)
@@ -877,39 +906,43 @@ def _decode_v2(data: bytes, start: int, data_len: int,
             raise ValueError(f"the structure does not decode ({size} bytes): "
                              f"{reason(e)}") from None
         raise
-    if decoder.marks != decoder.tuples:
-        raise ValueError(f"{_a(_type_name(_TupleMark))}")
-    if type(tree) not in _PLAIN:
+    if type(tree) not in _TREE_TYPES:
         _check_types({type(tree)})
-    if decoder.containers > MAX_DEPTH or data.find(b"\xff", start) >= 0:
+    if decoder.marks != decoder.tuples:
+        _check_types({_TupleMark})
+    if _DEPTH_PREFIX is None:
         _check_tree(tree)
     return tree, decoder
 
 
 def _check_complete(data: bytes | memoryview, size: int) -> None:
-    """Refuses a structure that is not exactly one complete msgpack value (ValueError).
+    """Refuses a structure that is not one complete value nested at most `MAX_DEPTH` deep.
 
     msgpack's C decoder allocates each array's item slots at its header, before the
     items are read: on a truncated structure, nested headers claiming as many items as
     there are bytes would take gigabytes before the end is found. Skipping the value
     makes no objects; once it has passed, every header's items are there, and the
-    decoded objects take at most `V2_MEMORY_PER_BYTE` per byte.
+    decoded objects take at most `V2_MEMORY_PER_BYTE` per byte. The value is skipped
+    inside `_DEPTH_PREFIX`, so that msgpack's stack refuses what nests too deep.
+    Raises ValueError saying which.
     """
-    unpacker = msgpack.Unpacker(max_buffer_size=size)
+    prefix = _DEPTH_PREFIX or b""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(prefix) + size)
+    unpacker.feed(prefix)
     unpacker.feed(data)
     try:
         unpacker.skip()
     except msgpack.OutOfData:
         raise ValueError(f"the structure ends inside a value (it is {size} bytes)") from None
     except msgpack.StackError:
-        raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels (past msgpack's "
-                         "own limit), the most a snapshot holds") from None
+        raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels, the most a "
+                         "snapshot holds") from None
     except msgpack.FormatError:
         raise ValueError("the structure holds a byte that starts no msgpack value "
                          "(0xc1)") from None
     except ValueError as e:  # a length past what the bytes could hold
         raise ValueError(f"the structure does not decode: {reason(e)}") from None
-    end = unpacker.tell()
+    end = unpacker.tell() - len(prefix)
     if end != size:
         raise ValueError(f"{size - end} bytes after the tree, from offset {end}")
 
@@ -919,17 +952,18 @@ class _V2Decoder:
 
     msgpack calls `ext` for each extension in the order of the structure (so the
     tensors come in data order), `array` for each array once its items are made and
-    `pairs` for each map with its (key, value) pairs. They count the containers and
-    the tuple markers, for the checks msgpack cannot make (`_decode_v2`).
+    `pairs` for each map with its (key, value) pairs. The markers and the tuples are
+    counted: a marker that leads no array is one too many. The ``screened_`` hooks
+    also refuse an item of a type the format does not make (`_decode_v2` says when).
     """
 
-    __slots__ = ("data_len", "offset", "tensors", "containers", "marks", "tuples", "_device")
+    __slots__ = ("data_len", "offset", "tensors", "marks", "tuples", "_device")
 
     def __init__(self, data_len: int, device: str) -> None:
         self.data_len = data_len
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
-        self.containers = self.marks = self.tuples = 0
+        self.marks = self.tuples = 0
         self._device = _CPU if device == "cpu" else torch.device(device)
 
     def ext(self, code: int, payload: bytes) -> Any:
@@ -946,16 +980,22 @@ class _V2Decoder:
 
     def array(self, items: list[Any]) -> list[Any] | tuple[Any, ...]:
         """The array as a tuple when the marker leads it; else the list itself."""
-        self.containers += 1
         if items and items[0] is _MARK:
             self.tuples += 1
             del items[0]
             return tuple(items)
         return items
 
-    def pairs(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    def screened_array(self, items: list[Any]) -> list[Any] | tuple[Any, ...]:
+        """`array`, refusing an item of a type outside the format (ValueError)."""
+        made = self.array(items)
+        if not _TREE_TYPES.issuperset(map(type, made)):
+            _check_types(set(map(type, made)))
+        return made
+
+    @staticmethod
+    def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         """The map as a dict: its keys str or int, each once (ValueError)."""
-        self.containers += 1
         if not _KEY_TYPES.issuperset(map(type, map(_FIRST, pairs))):  # before True meets 1
             bad = next(key for key, _ in pairs if type(key) not in _KEY_TYPES)
             raise ValueError(f"a dict key is {_a(_type_name(type(bad)))}; keys must be str "
@@ -963,6 +1003,13 @@ class _V2Decoder:
         made = dict(pairs)
         if len(made) != len(pairs):
             raise ValueError(f"a dict holds the key {_first_twice(pairs)!r} twice")
+        return made
+
+    def screened_pairs(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        """`pairs`, refusing a value of a type outside the format (ValueError)."""
+        made = self.pairs(pairs)
+        if not _TREE_TYPES.issuperset(map(type, made.values())):
+            _check_types(set(map(type, made.values())))
         return made
 
     def _tensor(self, payload: bytes) -> torch.Tensor:
@@ -1026,10 +1073,11 @@ def _first_twice(pairs: list[tuple[Any, Any]]) -> Any:
 def _check_tree(tree: Any) -> None:
     """Refuses nesting past `MAX_DEPTH` and any object the format does not make (ValueError).
 
+    The depth check for a msgpack whose stack does not make it (`_DEPTH_PREFIX` None).
     Depth first, without recursion: a stack of iterators, one per open container, so
     the walk holds nothing but the path it is on. A container's item types are gathered
-    in C (``set(map(type, ...))``), so a container of leaves, most of them, costs a few
-    nanoseconds an item and is not walked.
+    in C (``set(map(type, ...))``), so a container of leaves costs a few nanoseconds an
+    item and is not walked.
     """
     if type(tree) not in _CONTAINER_TYPES:
         _check_types({type(tree)})
@@ -1057,7 +1105,7 @@ def _check_types(kinds: set[type]) -> None:
     """Refuses a type msgpack made that the format does not hold (ValueError)."""
     stray = kinds - _TREE_TYPES
     if stray:
-        raise ValueError(f"{_a(_type_name(next(iter(stray))))} where the format holds none")
+        raise ValueError(f"the structure holds {_a(_type_name(next(iter(stray))))}")
 
 
 def _type_name(kind: type) -> str:

@@ -287,16 +287,30 @@ def deep_v2(levels: int, head: bytes) -> bytes:
     return head * levels + b"\x01"
 
 
+def test_msgpack_s_own_stack_checks_the_depth_here() -> None:
+    # The C decoder's stack of 1024 open containers, probed at import: what makes the
+    # completeness pass check the depth too (another msgpack falls back to a walk).
+    assert codec._stack_limit_is(1024) and not codec._stack_limit_is(1000)
+    assert codec._DEPTH_PREFIX == b"\x91" * 924
+
+
+@pytest.mark.parametrize("depth_by", ["stack", "walk"])
 @pytest.mark.parametrize("head", [b"\x91", b"\x81\x00", b"\x92" + MARK], ids=["list", "dict",
                                                                               "tuple"])
-def test_format_2_refuses_nesting_past_max_depth_for_each_container(head: bytes) -> None:
+def test_format_2_refuses_nesting_past_max_depth_for_each_container(
+        head: bytes, depth_by: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if depth_by == "walk":
+        monkeypatch.setattr(codec, "_DEPTH_PREFIX", None)
+    for empty in (b"\x90", b"\x80", b"\x91" + MARK):  # an empty container at level 101 too
+        assert codec.decode(head * 99 + empty, 0)[0] is not None
+        with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels"):
+            codec.decode(head * 100 + empty, 0)
     assert codec.decode(deep_v2(100, head), 0)[0] is not None
 
     with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels"):
         codec.decode(deep_v2(101, head), 0)
-    with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels \(past "
-                       "msgpack's own limit"):
-        codec.decode(deep_v2(5000, head), 0)
+    with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels, the most"):
+        codec.decode(deep_v2(5000, head), 0)  # past msgpack's own stack too
 
 
 def test_format_2_refuses_depth_even_with_few_bytes_per_level_behind_wide_containers() -> None:
@@ -325,6 +339,9 @@ def test_format_2_refuses_depth_even_with_few_bytes_per_level_behind_wide_contai
     (b"\xd6\xff\0\0\0\0", "a msgpack timestamp (unknown extension type -1)"),
     (b"\x92\x01\xd7\xff" + bytes(8), "a msgpack timestamp"),
     (b"\x91\xc7\x0c\xff" + bytes(12), "a msgpack timestamp"),
+    (b"\x81\xa1a\xd6\xff" + bytes(4), "a msgpack timestamp"),
+    (b"\x92" + MARK + b"\xd6\xff" + bytes(4), "a msgpack timestamp"),
+    (b"\x92\x91\x91\xc8\x00\x04\xff" + bytes(4) + b"\x01", "a msgpack timestamp"),
     (b"\xc7\x01\x02\x00", "a tuple marker (extension type 2) with a payload of 1 bytes"),
     (MARK, "tuple marker (extension type 2) that does not lead an array"),
     (b"\x92\x01" + MARK, "does not lead an array"),
@@ -340,8 +357,12 @@ def test_format_2_refuses_depth_even_with_few_bytes_per_level_behind_wide_contai
     (b"\xdc\x00\x64" + b"\xc1" * 100, "a byte that starts no msgpack value"),
     (msgpack.packb([b"x" * 70, "\ud7ff"])[:-3] + b"\xa2\xed\xa0", "not valid UTF-8"),
 ])
-def test_format_2_refuses_what_the_format_does_not_hold_with_a_reason(structure: bytes,
-                                                                      reason: str) -> None:
+@pytest.mark.parametrize("depth_by", ["stack", "walk"])
+def test_format_2_refuses_what_the_format_does_not_hold_with_a_reason(
+        structure: bytes, reason: str, depth_by: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if depth_by == "walk":  # as with a msgpack whose stack is not 1024 deep
+        monkeypatch.setattr(codec, "_DEPTH_PREFIX", None)
+
     with pytest.raises(ValueError) as info:
         codec.decode(structure, 0)
 
@@ -401,18 +422,20 @@ def peak_of(run: Any) -> int:
 @pytest.mark.parametrize("header", [b"\xdd", b"\xdf"], ids=["arrays", "maps"])
 def test_truncated_headers_claiming_huge_sizes_are_refused_quickly_allocating_nothing(
         header: bytes) -> None:
-    # 1000 nested headers each claiming 2**20 items, then the end: without the pass that
+    # 100 nested headers each claiming 2**20 items, then the end: without the pass that
     # proves the structure complete, msgpack would make a list of 2**20 slots (8 MiB) at
-    # each header before finding nothing there (GBs).
-    structure = (header + struct.pack(">I", 1 << 20)) * 1000
+    # each header before finding nothing there (800 MiB; 8 GiB for 1000 headers).
+    for levels, reason in ((100, r"^the structure ends inside a value \(it is 500 bytes\)$"),
+                           (1000, r"^containers nested deeper than 100 levels")):
+        structure = (header + struct.pack(">I", 1 << 20)) * levels
 
-    start = time.perf_counter()
-    peak = peak_of(lambda: codec.decode(structure, 0))
+        start = time.perf_counter()
+        peak = peak_of(lambda: codec.decode(structure, 0))  # noqa: B023 - called at once
 
-    assert time.perf_counter() - start < 2
-    assert peak < 4 * len(structure) + (64 << 10), peak
-    with pytest.raises(ValueError, match=r"^the structure ends inside a value \(it is 5000 "):
-        codec.decode(structure, 0)
+        assert time.perf_counter() - start < 2
+        assert peak < 4 * len(structure) + (64 << 10), peak
+        with pytest.raises(ValueError, match=reason):
+            codec.decode(structure, 0)
 
 
 def test_a_small_truncated_structure_allocates_little_without_the_pass() -> None:
