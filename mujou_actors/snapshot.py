@@ -78,6 +78,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from .codec import (
+    FORMAT,
     MAX_DEPTH,
     MEMORY_PER_BYTE,
     MEMORY_SLACK,
@@ -100,8 +101,11 @@ if TYPE_CHECKING:
 __all__ = ["save", "load", "MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK", "V2_MEMORY_PER_BYTE"]
 
 MAGIC = b"MUJOUSNP"
-VERSION = 2
-"""The format version `save` writes; `load` reads this one and every one before it."""
+VERSION = FORMAT
+"""The format version `save` writes (2); `load` reads this one and every one before it.
+
+A file's version is its structure's codec format (``codec.FORMAT``): the header and the
+checksums have not changed since version 1."""
 
 _HEAD = struct.Struct("<8sIQQ")  # magic, version, S, D
 _CRC = struct.Struct("<I")
