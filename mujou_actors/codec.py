@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -131,7 +130,8 @@ _COST_INT, _COST_FLOAT, _COST_TENSOR = 32, 24, 512
 #   a one-item array (0x91, 1 byte, its item apart): a list 64 + items 16  = 80 per byte
 #   a negative fixint -32..-6 (1 byte): an int, 28 -> 32, + slot 8         = 40 per byte
 #   a str or bin of 2 bytes (3-4 bytes): 51 -> 64 (bin: 35 -> 48), + slot 8 = 24 per byte
-#   a tuple ([marker, x], 5 bytes): a tuple 48 (its list, 80, only while it is made) = 10
+#   a tuple ([marker, x], 5 bytes): a tuple 48 (its list, 80, only while it is made)
+#                                                                          = 10 per byte
 #   a tensor (21 bytes at least): charged `_COST_TENSOR`, 512, as in format 1 (its C++
 #     parts are torch's; the payload's bytes object is dropped at once)  = 25 per byte
 # Transient objects come on top only along the open path (a map's pending pairs list and
@@ -832,7 +832,6 @@ class _TupleMark:
 
 _MARK = _TupleMark()
 _KEY_TYPES = frozenset((str, int))
-_FIRST = operator.itemgetter(0)
 _LEAF_TYPES = frozenset((type(None), bool, int, float, str, bytes, torch.Tensor))
 _CONTAINER_TYPES = frozenset((list, dict, tuple))
 _TREE_TYPES = _LEAF_TYPES | _CONTAINER_TYPES
@@ -996,12 +995,16 @@ class _V2Decoder:
     @staticmethod
     def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         """The map as a dict: its keys str or int, each once (ValueError)."""
-        if not _KEY_TYPES.issuperset(map(type, map(_FIRST, pairs))):  # before True meets 1
-            bad = next(key for key, _ in pairs if type(key) not in _KEY_TYPES)
-            raise ValueError(f"a dict key is {_a(_type_name(type(bad)))}; keys must be str "
-                             "or int")
-        made = dict(pairs)
-        if len(made) != len(pairs):
+        try:
+            made = dict(pairs)
+        except TypeError:  # an unhashable key (a list, a dict): refused below
+            made = {}
+        if len(made) != len(pairs) or not _KEY_TYPES.issuperset(map(type, made)):
+            # The keys' own types first: a True merged into a 1 is a bool, not a 1 twice.
+            for key, _ in pairs:
+                if type(key) not in _KEY_TYPES:
+                    raise ValueError(f"a dict key is {_a(_type_name(type(key)))}; keys must "
+                                     "be str or int")
             raise ValueError(f"a dict holds the key {_first_twice(pairs)!r} twice")
         return made
 
