@@ -456,9 +456,10 @@ def array_of(items: bytes, count: int) -> bytes:
     (b"\xa2ab", 100_000), (b"\x92" + MARK + b"\xc0", 100_000), (b"\x81\x00\xc0", 100_000),
     (b"\x81\x00\x90", 100_000), (b"\x81\x00" * 99 + b"\xc0", 2_000),
     (b"\x81\xa0" * 99 + b"\xc0", 2_000), (b"\x91" * 98 + b"\x90", 2_000),
-    (v2_tensor(1, (0,), 0, 0), 20_000),
+    (b"\x81\x00" * 99 + b"\xff", 2_000), (v2_tensor(1, (0,), 0, 0), 20_000),
 ], ids=["empty lists", "empty dicts", "[nil]", "-32", "2-byte strs", "(nil,)", "{0: nil}",
-        "{0: []}", "{0: {0: ...}}", "{'': {'': ...}}", "[[...]]", "empty tensors"])
+        "{0: []}", "{0: {0: ...}}", "{'': {'': ...}}", "[[...]]", "{0: {0: ...}} screened",
+        "empty tensors"])
 def test_a_bomb_within_the_format_stays_within_v2_memory_per_byte(shape: bytes,
                                                                   count: int) -> None:
     structure = array_of(shape, count)
