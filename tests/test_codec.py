@@ -283,6 +283,16 @@ def test_a_format_1_structure_decodes_as_before() -> None:
 # -- format 2: what it refuses -----------------------------------------------------------------
 
 
+def depth_of(tree: Any) -> int:
+    """How many containers nest in ``tree`` (each level holds one: the first that does)."""
+    depth = 0
+    while isinstance(tree, (list, tuple, dict)):
+        depth += 1
+        items = list(tree.values()) if isinstance(tree, dict) else list(tree)
+        tree = items[0] if items else None
+    return depth
+
+
 def deep_v2(levels: int, head: bytes) -> bytes:
     return head * levels + b"\x01"
 
@@ -302,10 +312,10 @@ def test_format_2_refuses_nesting_past_max_depth_for_each_container(
     if depth_by == "walk":
         monkeypatch.setattr(codec, "_DEPTH_PREFIX", None)
     for empty in (b"\x90", b"\x80", b"\x91" + MARK):  # an empty container at level 101 too
-        assert codec.decode(head * 99 + empty, 0)[0] is not None
+        assert depth_of(codec.decode(head * 99 + empty, 0)[0]) == 100
         with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels"):
             codec.decode(head * 100 + empty, 0)
-    assert codec.decode(deep_v2(100, head), 0)[0] is not None
+    assert depth_of(codec.decode(deep_v2(100, head), 0)[0]) == 100
 
     with pytest.raises(ValueError, match=r"^containers nested deeper than 100 levels"):
         codec.decode(deep_v2(101, head), 0)
