@@ -15,6 +15,7 @@ import msgpack
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mujou_actors import codec
 from tests.test_snapshot import assert_same, random_tensor, trees
@@ -491,3 +492,36 @@ def test_v2_memory_per_byte_is_what_the_worst_shape_takes_with_room_to_spare() -
     peak = peak_of(lambda: kept.append(codec.decode(structure, 0)))
 
     assert 100 < peak / len(structure) < codec.V2_MEMORY_PER_BYTE
+
+
+_FUZZ_BASES = [codec.encode(tree)[0] for tree in (
+    {"a": (1, [torch.ones(2, 3)], {"k": b"x", 3: 2.5}), "b": "ü" * 3, "c": [(), {}, -1, 2**40]},
+    [torch.zeros(4, dtype=torch.int64), (1, (2, (3,)))] * 5,
+)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(base=st.sampled_from(_FUZZ_BASES),
+       edits=st.lists(st.tuples(st.sampled_from(["set", "delete", "insert"]),
+                                st.integers(0, 10_000), st.integers(0, 255)), min_size=1,
+                      max_size=4),
+       data_len=st.sampled_from([0, 24, 56, 320]))
+def test_damaged_format_2_structures_decode_or_raise_value_error_only(
+        base: bytes, edits: list[tuple[str, int, int]], data_len: int) -> None:
+    structure = bytearray(base)
+    for op, at, byte in edits:
+        at %= len(structure) + 1
+        if op == "insert":
+            structure.insert(at, byte)
+        elif at < len(structure):
+            if op == "set":
+                structure[at] = byte
+            else:
+                del structure[at]
+
+    try:
+        tree, made = codec.decode(bytes(structure), data_len)
+    except ValueError:
+        return
+    assert sum(t.nbytes for t in made) == data_len  # what decodes is whole
+    assert codec.file_problem(tree, object) is None  # and holds only what a file holds
