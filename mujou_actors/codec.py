@@ -42,7 +42,8 @@ decoder would refuse): containers (dicts, lists, tuples) nest at most
 `MAX_DEPTH` (100) levels; dict keys are str or int, each once per dict;
 tensors have at most `MAX_NDIM` (255) dimensions. Format 2 is decoded by
 msgpack's C decoder once the structure has been proven to be one complete
-value with nothing after it (a pass that makes no objects), so the decoded
+value with nothing after it, nested at most `MAX_DEPTH` deep (a pass that
+makes no objects, msgpack's own stack counting the levels), so the decoded
 objects take at most `V2_MEMORY_PER_BYTE` (128) bytes of memory per byte of
 structure, whatever it holds (a structure under 64 bytes skips that pass:
 msgpack then allocates at most about 12 KiB for it, whatever its headers
