@@ -11,17 +11,25 @@ dataclass its Input declares, and `file_problem` says what would not come back
 as itself.
 
 A tree is encoded as a *structure* and *tensor data*. The structure is one
-msgpack object; a tuple is msgpack extension type 2 whose payload is the
-msgpack array of its items; a tensor is extension type 1 whose payload is the
-msgpack array ``[dtype name, shape, offset, nbytes]``: the dtype as torch
-names it without ``torch.`` (``"float32"``, ``"bfloat16"``: `DTYPES`), the
-shape as a list of ints, the offset of its bytes from the start of the tensor
-data and their length. The tensor data is each tensor's raw bytes (C order,
-native little-endian), back to back in the order the tensors appear in the
-structure; this module hands them over as tensors (`encode`, `raw_bytes`) and
-makes the empty tensors they are read into (`decode`, `tensor_memory`), so
-that the bytes never go through a msgpack buffer. Any other extension type,
-or an unknown dtype name, cannot be decoded.
+msgpack object. In format 2 (`FORMAT`, what this module writes) a tuple is a
+msgpack array whose first item is the *tuple marker*, an extension of type 2
+with an empty payload, followed by the tuple's items; a tensor is extension
+type 1 whose payload is a fixed little-endian layout (`tensor_ext`): its dtype
+code (uint8, an index into `DTYPE_CODES`), its number of dimensions (uint8),
+its shape (int64 each), the offset of its bytes from the start of the tensor
+data (uint64) and their length (uint64). The tensor data is each tensor's raw
+bytes (C order, native little-endian), back to back in the order the tensors
+appear in the structure; this module hands them over as tensors (`encode`,
+`raw_bytes`) and makes the empty tensors they are read into (`decode`,
+`tensor_memory`), so that the bytes never go through a msgpack buffer. Any
+other extension type (msgpack's timestamp, -1, included), a marker anywhere
+but first in an array, or an unknown dtype code, cannot be decoded.
+
+Format 1 (snapshot files and recordings written before format 2) differs in
+the two extensions: a tuple is extension type 2 whose payload is the msgpack
+array of its items, a tensor extension type 1 whose payload is the msgpack
+array ``[dtype name, shape, offset, nbytes]``. `decode` reads it with the
+module's own parser (``version=1``); nothing writes it any more.
 
 Its users: snapshot files (``snapshot.py``: a header and checksums around a
 structure and its tensor data), recordings (``mcapfile.py``: each message
@@ -31,12 +39,20 @@ its tensor data in frames or shared memory).
 
 Limits, which encoding and decoding apply alike (an encoder refuses what the
 decoder would refuse): containers (dicts, lists, tuples) nest at most
-`MAX_DEPTH` (100) levels; dict keys are str or int, each once per dict; a
-tuple's payload is exactly one array; and the decoded objects may take at most
-`MEMORY_PER_BYTE` (32) bytes of memory per byte of structure plus
-`MEMORY_SLACK` (16 MiB) (`memory_budget`), as charged by a fixed model of
-CPython's object sizes. The structure is parsed without recursion, so no
-input, however nested, can overflow the stack.
+`MAX_DEPTH` (100) levels; dict keys are str or int, each once per dict;
+tensors have at most `MAX_NDIM` (255) dimensions. Format 2 is decoded by
+msgpack's C decoder once the structure has been proven to be one complete
+value with nothing after it, nested at most `MAX_DEPTH` deep (a pass that
+makes no objects, msgpack's own stack counting the levels), so the decoded
+objects take at most `V2_MEMORY_PER_BYTE` (128) bytes of memory per byte of
+structure, whatever it holds (a structure under 64 bytes skips that pass:
+msgpack then allocates at most about 12 KiB for it, whatever its headers
+claim): there is no budget to count, and nothing for an encoder to refuse for
+its memory. Format 1 is parsed without recursion, its
+decoded objects charged by a fixed model of CPython's object sizes and
+refused past `MEMORY_PER_BYTE` (32) bytes per byte of structure plus
+`MEMORY_SLACK` (16 MiB) (`memory_budget`). No input, however nested, can
+overflow the stack.
 
 Each occurrence of a tensor is encoded on its own: two entries holding the same
 tensor, or a view and its base, decode as independent tensors.
@@ -62,40 +78,75 @@ if TYPE_CHECKING:
 # The limits docs/state.md names (also as `snapshot.MAX_DEPTH`, ...). The package's own
 # interface below (encode, decode, encode_batch, decode_batch, ...) is importable, not public
 # API: a public module's __all__ lists only public names (tests/test_public_api.py).
-__all__ = ["MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK"]
+__all__ = ["MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK", "V2_MEMORY_PER_BYTE"]
 
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
+
+FORMAT = 2
+"""The format `encode` and `encode_batch` write; `decode` reads it and format 1."""
+
+FORMATS = (1, 2)
+"""The formats `decode` reads."""
 
 # -- limits (what encoding refuses and decoding refuses alike) ----------------------------
 
 MAX_DEPTH = 100
 """How deep containers (dicts, lists, tuples) may nest in a tree; the root container is level 1."""
 
+MAX_NDIM = 255
+"""The most dimensions a tensor may have: what format 2's uint8 holds (torch makes them all)."""
+
+V2_MEMORY_PER_BYTE = 128
+"""The most bytes of Python objects a format-2 structure decodes into, per byte of it.
+
+Not counted while decoding: it follows from the format (see the derivation at
+`_V2_WORST`), once the structure is proven complete before anything is made.
+"""
+
 MEMORY_PER_BYTE = 32
-"""Decoded objects may take this many bytes of memory per byte of structure (see `MEMORY_SLACK`)."""
+"""Format 1: decoded objects may take this many bytes of memory per byte of structure."""
 
 MEMORY_SLACK = 16 << 20
-"""Bytes of decoded objects allowed on top of ``MEMORY_PER_BYTE`` per byte of structure."""
+"""Format 1: bytes of decoded objects allowed beyond ``MEMORY_PER_BYTE`` per byte of structure."""
 
-# The memory a decoded object is charged, in bytes: a deterministic model of CPython's sizes
-# (64-bit), computed the same way when encoding (from the objects) and when decoding (from the
-# bytes), so that encoding refuses exactly what decoding would. Shared objects (None, bools,
-# small ints, strs and bytes of at most one byte) cost nothing beyond the slot of the container
-# holding them.
+# Format 1's memory model: what its parser charges a decoded object, in bytes (CPython's
+# sizes, 64-bit). Shared objects (None, bools, small ints, strs and bytes of at most one
+# byte) cost nothing beyond the slot of the container holding them.
 _COST_LIST, _COST_TUPLE, _COST_DICT = 56, 40, 64  # plus per item:
 _COST_SLOT, _COST_ENTRY = 8, 40  # a list/tuple item, a dict entry
 _COST_STR, _COST_BYTES = 56, 40  # plus one per (UTF-8) byte
 _COST_INT, _COST_FLOAT, _COST_TENSOR = 32, 24, 512
 
+# _V2_WORST: why V2_MEMORY_PER_BYTE is 128. Once the structure is known to be one complete
+# msgpack value, every container's items are there, so each object msgpack makes stands for
+# bytes of the structure. The most memory a byte can make, in CPython 3.11 (64-bit; pymalloc
+# rounds each block up to 16 bytes; each object also takes its 8-byte slot in its container,
+# counted with the container here):
+#   a one-entry map with a 1-byte int key (0x81 0x00, 2 bytes, its value apart): a dict, 64,
+#     and its smallest keys table (8 slots, 5 entries of 24 bytes), 160      = 112 per byte
+#     (nested as {0: {0: ...}}, only MAX_DEPTH deep; a str key's table is 120: 92 per byte)
+#   an empty map (0x80, 1 byte): a dict, 64, + slot 8                      = 72 per byte
+#   an empty array (0x90, 1 byte): a list, 56 -> 64, + slot 8              = 72 per byte
+#   a one-item array (0x91, 1 byte, its item apart): a list 64 + items 16  = 80 per byte
+#   a negative fixint -32..-6 (1 byte): an int, 28 -> 32, + slot 8         = 40 per byte
+#   a str or bin of 2 bytes (3-4 bytes): 51 -> 64 (bin: 35 -> 48), + slot 8 = 24 per byte
+#   a tuple ([marker, x], 5 bytes): a tuple 48 (its list, 80, only while it is made)
+#                                                                          = 10 per byte
+#   a tensor (21 bytes at least): charged `_COST_TENSOR`, 512, as in format 1 (its C++
+#     parts are torch's; the payload's bytes object is dropped at once)  = 25 per byte
+# Transient objects come on top only along the open path (a map's pending pairs list and
+# tuples until its dict is made, at most MAX_DEPTH of them at once): 112 stays the worst
+# per byte, and 128 leaves room for the allocator's own slack. tests/test_codec.py measures
+# the peak (tracemalloc) of each shape against it.
+
 
 def memory_budget(structure_len: int) -> int:
-    """Bytes of decoded objects that a structure of ``structure_len`` bytes may make.
+    """Bytes of decoded objects that a format-1 structure of ``structure_len`` bytes may make.
 
-    The decoder charges each object it makes by a fixed model of CPython's sizes
-    (64-bit) and refuses a structure whose charge passes this; the encoders
-    charge the objects they encode the same way, so they refuse what the decoder
-    would refuse.
+    Format 1's parser charges each object it makes by a fixed model of
+    CPython's sizes (64-bit) and refuses a structure whose charge passes this.
+    Format 2 needs no budget: see `V2_MEMORY_PER_BYTE`.
 
     Args:
         structure_len (int): the structure's length, bytes (>= 0).
@@ -115,30 +166,43 @@ def _text_cost(n: int, base: int) -> int:
     return 0 if n <= 1 else base + n
 
 
+DTYPE_CODES: tuple[str, ...] = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "float4_e2m1fn_x2",
+)
+"""Format 2's dtype codes: a tensor's code is its dtype's index here (``"float32"``: 11).
+
+Append only: a code, once written to a file, names the same dtype for good.
+"""
+
 DTYPES: Mapping[str, torch.dtype] = {
     name: getattr(torch, name)
-    for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
-        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-        "float8_e8m0fnu", "float4_e2m1fn_x2",
-    )
+    for name in DTYPE_CODES
     if isinstance(getattr(torch, name, None), torch.dtype)  # older torch lacks some
 }
 """The dtypes the format holds, by the name it gives them (``"float32"``); read only."""
-# The name a file gives each dtype it holds: what `str(dtype)` says, without "torch." (a dict
-# lookup, where formatting the name costs about as much as the rest of a small tensor's entry).
+# The name format 1 gives each dtype it holds: what `str(dtype)` says, without "torch.".
 _DTYPE_NAMES: dict[torch.dtype, str] = {
     dtype: str(dtype).removeprefix("torch.") for dtype in DTYPES.values()
     if str(dtype).removeprefix("torch.") in DTYPES
 }
+_CODE_OF: dict[torch.dtype, int] = {DTYPES[name]: DTYPE_CODES.index(name) for name in DTYPES}
+_DTYPE_OF: list[torch.dtype | None] = [DTYPES.get(name) for name in DTYPE_CODES]
+_DTYPE_OF += [None] * (256 - len(_DTYPE_OF))  # an unknown code reads as None, not IndexError
+# A tensor's payload in format 2, by its number of dimensions: dtype code, ndim, the shape,
+# offset and nbytes, little-endian (made once: a format string per tensor costs as much as
+# the rest of its entry).
+_LAYOUTS = [struct.Struct(f"<BB{ndim}qQQ") for ndim in range(MAX_NDIM + 1)]
+_LAYOUT_MIN = _LAYOUTS[0].size  # 18 bytes: a 0-dim tensor
 
 
 # -- encoding ------------------------------------------------------------------------------
 
 
 def encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
-    """A tree's structure, and its tensors in the order of their bytes in the tensor data.
+    """A tree's structure (format 2), and its tensors in the order of their bytes in the data.
 
     Tensor bytes are not copied here: a caller writes each tensor's `raw_bytes`
     (or a view of its memory), back to back, after the structure.
@@ -154,73 +218,58 @@ def encode(tree: Any) -> tuple[bytes, list[tuple[torch.Tensor, int]]]:
         TypeError: a value, key or tensor cannot be encoded; the message names
             its key path (``nodes['ctrl']['model']: unsupported type Foo``).
         ValueError: the tree is beyond what `decode` accepts: containers nested
-            deeper than `MAX_DEPTH`, or decoded objects that would take more
-            than `memory_budget` of the structure's length.
+            deeper than `MAX_DEPTH`.
     """
     tensors: list[tuple[torch.Tensor, int]] = []
-    packable, _, cost = _convert(tree, tensors, 0, "")
-    structure = msgpack.packb(packable)
-    if cost > memory_budget(len(structure)):
-        raise ValueError(f"the tree's {len(structure)} bytes of structure would take more than "
-                         f"{memory_budget(len(structure))} bytes of memory to load (the most "
-                         f"is {MEMORY_PER_BYTE} bytes per byte plus {MEMORY_SLACK >> 20} MiB: "
-                         "store many small values as a tensor)")
-    return structure, tensors
+    packable, _ = _convert(tree, tensors, 0, "")
+    return msgpack.packb(packable), tensors
+
+
+# A tuple in format 2: an array led by this marker (packed as c7 00 02), then its items.
+_TUPLE_MARK = msgpack.ExtType(_EXT_TUPLE, b"")
 
 
 def _convert(tree: Any, tensors: list[tuple[torch.Tensor, int]], offset: int,
-             root: str) -> tuple[Any, int, int]:
-    """A tree made ready for ``msgpack.packb``: tuples and tensors as the format's extensions.
+             root: str) -> tuple[Any, int]:
+    """A tree made ready for ``msgpack.packb``: tuples and tensors as format 2 writes them.
 
     The tree's tensors are appended to ``tensors`` with their byte sizes, their bytes placed
     from ``offset`` on in the tensor data. ``root`` is the tree's key path in errors (``""``:
-    ``<root>``). Returns the packable tree, the offset after its tensors and the memory its
-    decoding is charged (`memory_budget`'s model). Raises what `encode` raises for the tree.
+    ``<root>``). Returns the packable tree and the offset after its tensors. Raises what
+    `encode` raises for the tree.
     """
-    cost = 0
 
     def convert(obj: Any, path: str, depth: int) -> Any:
-        nonlocal offset, cost
-        if obj is None or isinstance(obj, bool):
-            return obj
-        if isinstance(obj, float):
-            cost += _COST_FLOAT
+        nonlocal offset
+        if obj is None or isinstance(obj, (bool, float)):
             return obj
         if isinstance(obj, int):
-            cost += _int_cost(obj)
             return _checked_int(obj, path)
         if isinstance(obj, str):
-            cost += _text_cost(_utf8_len(obj, path), _COST_STR)
-            return obj
+            return _checked_str(obj, path)
         if isinstance(obj, (bytes, bytearray)):
-            cost += _text_cost(len(obj), _COST_BYTES)
             return bytes(obj)
         if isinstance(obj, (dict, list, tuple)) and depth >= MAX_DEPTH:
             raise ValueError(f"{path or '<root>'}: containers nested deeper than {MAX_DEPTH} "
                              "levels, the most a snapshot file holds")
         if isinstance(obj, dict):
-            cost += _COST_DICT + _COST_ENTRY * len(obj)
             for key in obj:
                 if not (isinstance(key, str) or is_int(key)):
                     raise TypeError(f"{_child(path, key)}: unsupported key type "
                                     f"{type(key).__name__} (keys must be str or int)")
                 if isinstance(key, int):
                     _checked_int(key, _child(path, key))
-                    cost += _int_cost(key)
                 else:
-                    cost += _text_cost(_utf8_len(key, _child(path, key)), _COST_STR)
+                    _checked_str(key, _child(path, key))
             return {key: convert(value, _child(path, key), depth + 1)
                     for key, value in obj.items()}
         if isinstance(obj, list):
-            cost += _COST_LIST + _COST_SLOT * len(obj)
             return [convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(obj)]
         if isinstance(obj, tuple):
-            cost += _COST_TUPLE + _COST_SLOT * len(obj)
-            items = [convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(obj)]
-            return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(items))
+            return [_TUPLE_MARK, *(convert(item, f"{path}[{i}]", depth + 1)
+                                   for i, item in enumerate(obj))]
         if isinstance(obj, torch.Tensor):
             ext, nbytes = tensor_ext(obj, path, offset)
-            cost += _COST_TENSOR
             tensors.append((obj, nbytes))
             offset += nbytes
             return ext
@@ -240,22 +289,25 @@ def _convert(tree: Any, tensors: list[tuple[torch.Tensor, int]], offset: int,
         # Rebound rather than deleted: ruff takes a `del` of the closure's own name for an
         # undefined name inside it (F821).
         convert = None  # type: ignore[assignment]
-    return packable, offset, cost
+    return packable, offset
 
 
 def tensor_ext(obj: torch.Tensor, path: str, offset: int) -> tuple[msgpack.ExtType, int]:
-    """A tensor's entry in a structure (extension type 1) and its size in bytes.
+    """A tensor's entry in a format-2 structure (extension type 1) and its size in bytes.
 
     For a caller that packs a structure itself (a message record's short way):
     the entry places the tensor's bytes at ``offset`` in the tensor data. It
     depends only on the tensor's dtype and shape and on ``offset``, so it may
-    be kept and reused for tensors of the same dtype and shape.
+    be kept and reused for tensors of the same dtype and shape. Its payload,
+    little-endian: the dtype's code (uint8, its index in `DTYPE_CODES`), the
+    number of dimensions (uint8), each dimension (int64), ``offset`` (uint64)
+    and the size (uint64): ``18 + 8 * ndim`` bytes.
 
     Args:
         obj (torch.Tensor): the tensor (any device; only its dtype, layout and
             shape are read).
         path (str): its key path, for the errors (``""``: ``<root>``).
-        offset (int): where its bytes start in the tensor data, bytes.
+        offset (int): where its bytes start in the tensor data, bytes (>= 0).
 
     Returns:
         tuple[msgpack.ExtType, int]: the entry, and ``numel * element_size``.
@@ -263,29 +315,33 @@ def tensor_ext(obj: torch.Tensor, path: str, offset: int) -> tuple[msgpack.ExtTy
     Raises:
         TypeError: naming ``path``, for a tensor the format cannot hold: a dtype
             it does not name (`DTYPES`), a layout other than strided, no data
-            (meta), or too many dimensions.
+            (meta), or more than `MAX_NDIM` dimensions.
     """
-    name = _DTYPE_NAMES.get(obj.dtype)
-    if name is None:
+    code = _CODE_OF.get(obj.dtype)
+    if code is None:
         raise TypeError(f"{path or '<root>'}: unsupported tensor dtype "
                         f"{str(obj.dtype).removeprefix('torch.')}")
     if obj.layout != torch.strided or obj.is_meta:
         raise TypeError(f"{path or '<root>'}: unsupported {obj.layout} tensor "
                         f"on {obj.device} (only strided tensors with data)")
+    shape = obj.shape
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise TypeError(f"{path or '<root>'}: a tensor of {ndim} dimensions "
+                        f"has too many for a snapshot file (at most {MAX_NDIM})")
     nbytes = obj.numel() * obj.element_size()
-    meta = msgpack.packb([name, list(obj.shape), offset, nbytes])
-    if len(meta) > _MAX_TENSOR_META:
-        raise TypeError(f"{path or '<root>'}: a tensor of {obj.dim()} dimensions "
-                        "has too many for a snapshot file")
-    return msgpack.ExtType(_EXT_TENSOR, meta), nbytes
+    return msgpack.ExtType(_EXT_TENSOR, _LAYOUTS[ndim].pack(code, ndim, *shape, offset,
+                                                            nbytes)), nbytes
 
 
-def _utf8_len(text: str, path: str) -> int:
-    try:
-        return len(text.encode("utf-8"))
-    except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 form, so load could not read it
-        raise TypeError(f"{path or '<root>'}: a str that is not valid Unicode ({e.reason} at "
-                        f"index {e.start})") from None
+def _checked_str(text: str, path: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 form, load could not read it
+            raise TypeError(f"{path or '<root>'}: a str that is not valid Unicode ({e.reason} "
+                            f"at index {e.start})") from None
+    return text
 
 
 def _child(path: str, key: object) -> str:
@@ -546,14 +602,14 @@ def type_problem(declared: Any) -> str | None:
 # -- a batch of port messages (the data plane's hot path) -----------------------------------
 
 _Tensor = torch.Tensor
-# Message types encoded as they are, with the cost `_Decoder` charges for them (str, bytes
-# and int: computed). Any other type is checked by `file_problem` and converted by `_convert`.
-_NO_COST = frozenset((type(None), bool))
+# Message types encoded as they are (int and str: checked). Any other type is checked by
+# `file_problem` and converted by `_convert`.
+_AS_THEY_ARE = frozenset((type(None), bool, float, bytes))
 
 
 def encode_batch(messages: Sequence[Any], ports: Sequence[int], declared: Sequence[type],
                  tensors: list[tuple[torch.Tensor, int]]) -> bytes:
-    """The structure of a batch of port messages: one msgpack array, one entry per message.
+    """The structure of a batch of port messages: one msgpack array (format 2), one per message.
 
     Each message is checked against its port's declared type (``declared[ports[i]]``):
     it must come back from `decode_batch` and `from_file` as itself (`file_problem`).
@@ -576,22 +632,14 @@ def encode_batch(messages: Sequence[Any], ports: Sequence[int], declared: Sequen
         TypeError: a message the codec cannot hold or that would not come back as
             itself; the message names its item, port and key path (``item 3 (port
             7): message['pose']: ...``).
-        ValueError: a message nested deeper than `MAX_DEPTH` (named likewise), or a
-            batch whose decoding would take more than `memory_budget` of the
-            structure's length (``split it``).
+        ValueError: a message nested deeper than `MAX_DEPTH` (named likewise).
     """
-    out, cost = _batch(messages, ports, declared, tensors)
-    body: bytes = msgpack.packb(out)
-    if cost > memory_budget(len(body)):
-        raise ValueError(f"a batch of {len(messages)} items whose {len(body)} bytes of messages "
-                         f"would take more than {memory_budget(len(body))} bytes of memory to "
-                         "decode: split it")
-    return body
+    return msgpack.packb(_batch(messages, ports, declared, tensors))
 
 
 def _batch(ms: Sequence[Any], ps: Sequence[int], declared: Sequence[type],
-           tensors: list[tuple[torch.Tensor, int]]) -> tuple[list[Any], int]:
-    """The messages made ready for msgpack, and what decoding them is charged.
+           tensors: list[tuple[torch.Tensor, int]]) -> list[Any]:
+    """The messages made ready for msgpack.
 
     Runs of leaves (scalars and plain tensors: most messages) go through `_leaves`;
     each other message through `_other`. Appends the tensors to ``tensors``.
@@ -599,22 +647,20 @@ def _batch(ms: Sequence[Any], ps: Sequence[int], declared: Sequence[type],
     out: list[Any] = []
     n = len(ms)
     try:
-        i, cost, offset = _leaves(ms, 0, out, tensors, 0)
+        i, offset = _leaves(ms, 0, out, tensors, 0)
         while i < n:
-            packable, offset, more = _other(ms[i], declared[ps[i]], tensors, offset)
+            packable, offset = _other(ms[i], declared[ps[i]], tensors, offset)
             out.append(packable)
-            i, most, offset = _leaves(ms, i + 1, out, tensors, offset)
-            cost += more + most
+            i, offset = _leaves(ms, i + 1, out, tensors, offset)
     except (TypeError, ValueError) as e:
         i = len(out)  # every message before the one that failed is in out
         kind = TypeError if isinstance(e, TypeError) else ValueError
         raise kind(f"item {i} (port {ps[i]}): {reason(e)}") from e
-    return out, cost + _COST_LIST + _COST_SLOT * n
-
+    return out
 
 
 def _leaves(values: Sequence[Any], start: int, out: list[Any],
-            tensors: list[tuple[torch.Tensor, int]], offset: int) -> tuple[int, int, int]:
+            tensors: list[tuple[torch.Tensor, int]], offset: int) -> tuple[int, int]:
     """Packs ``values[start:]`` into ``out`` for as long as they are leaves.
 
     A leaf is a value of exactly a scalar type or ``torch.Tensor``, which the
@@ -622,16 +668,14 @@ def _leaves(values: Sequence[Any], start: int, out: list[Any],
     from ``offset`` on and appended to ``tensors``).
 
     Returns:
-        tuple[int, int, int]: the index of the first value that is not a leaf
-        (``len(values)`` when all are), the memory decoding the leaves is
-        charged, and the tensor data's offset after them.
+        tuple[int, int]: the index of the first value that is not a leaf
+        (``len(values)`` when all are), and the tensor data's offset after them.
 
     Raises:
         TypeError: a leaf the codec cannot hold (an int beyond int64/uint64, a str
             that is not Unicode, an unsupported tensor); nothing is appended for it.
     """
     append = out.append
-    cost = 0
     for i in range(start, len(values)):
         m = values[i]
         vt = type(m)
@@ -639,25 +683,20 @@ def _leaves(values: Sequence[Any], start: int, out: list[Any],
             ext, nbytes = tensor_ext(m, "message", offset)
             tensors.append((m, nbytes))
             offset += nbytes
-            cost += _COST_TENSOR
             m = ext
-        elif vt is float:
-            cost += _COST_FLOAT
         elif vt is int:
-            cost += _int_cost(_checked_int(m, "message"))
+            _checked_int(m, "message")
         elif vt is str:
-            cost += _text_cost(_utf8_len(m, "message"), _COST_STR)
-        elif vt is bytes:
-            cost += _text_cost(len(m), _COST_BYTES)
-        elif vt not in _NO_COST:
-            return i, cost, offset
+            _checked_str(m, "message")
+        elif vt not in _AS_THEY_ARE:
+            return i, offset
         append(m)
-    return len(values), cost, offset
+    return len(values), offset
 
 
 def _other(m: Any, declared: type, tensors: list[tuple[torch.Tensor, int]],
-           offset: int) -> tuple[Any, int, int]:
-    """A message that is not a leaf, made ready for msgpack: (packable, offset after, cost).
+           offset: int) -> tuple[Any, int]:
+    """A message that is not a leaf, made ready for msgpack: (packable, offset after).
 
     A plain list, tuple or dict of leaves (with str or int keys) is packed at once;
     anything else is converted by `_convert` (which names the key
@@ -666,61 +705,58 @@ def _other(m: Any, declared: type, tensors: list[tuple[torch.Tensor, int]],
     vt = type(m)
     if vt is tuple or vt is list or vt is dict:
         mark = len(tensors)
+        packed: list[Any] = [_TUPLE_MARK] if vt is tuple else []
         values = list(m.values()) if vt is dict else m
-        packed: list[Any] = []
         try:
-            stop, cost, after = _leaves(values, 0, packed, tensors, offset)
-            keys = _keys_cost(m) if vt is dict and stop == len(values) else 0
+            stop, after = _leaves(values, 0, packed, tensors, offset)
+            plain = stop == len(values) and (vt is not dict or _plain_keys(m))
         except (TypeError, ValueError):  # the slow path below says what and where
-            stop, keys = -1, None
-        if stop == len(values) and keys is not None:
-            size = len(values)
-            if vt is list:
-                return packed, after, cost + _COST_LIST + _COST_SLOT * size
-            if vt is tuple:
-                return (msgpack.ExtType(_EXT_TUPLE, msgpack.packb(packed)), after,
-                        cost + _COST_TUPLE + _COST_SLOT * size)
-            return (dict(zip(m, packed, strict=True)), after,
-                    cost + keys + _COST_DICT + _COST_ENTRY * size)
+            plain = False
+        if plain:
+            return (dict(zip(m, packed, strict=True)) if vt is dict else packed), after
         del tensors[mark:]
-    packable, offset, cost = _convert(m, tensors, offset, "message")  # what it cannot hold
+    packable, offset = _convert(m, tensors, offset, "message")  # what it cannot hold
     problem = file_problem(m, declared)  # what it would not bring back as it was
     if problem is not None:
         raise TypeError(f"message: {problem}")
-    return packable, offset, cost
+    return packable, offset
 
 
-def _keys_cost(m: dict[Any, Any]) -> int | None:
-    """What decoding a dict's keys is charged; None when one is not a plain str or int."""
-    cost = 0
+def _plain_keys(m: dict[Any, Any]) -> bool:
+    """Whether a dict's keys are all plain strs and ints a file holds (TypeError: one is not)."""
     for key in m:
         kt = type(key)
         if kt is str:
-            cost += _text_cost(_utf8_len(key, "message"), _COST_STR)
+            _checked_str(key, "message")
         elif kt is int:
-            cost += _int_cost(_checked_int(key, "message"))
+            _checked_int(key, "message")
         else:
-            return None
-    return cost
+            return False
+    return True
 
 
 # -- decoding ------------------------------------------------------------------------------
 
 
-def decode(structure: bytes, data_len: int, device: str = "cpu") -> tuple[Any, list[torch.Tensor]]:
+def decode(structure: bytes, data_len: int, device: str = "cpu",
+           version: int = FORMAT) -> tuple[Any, list[torch.Tensor]]:
     """The tree a structure holds, and its tensors, made but not filled, in data order.
 
-    Decoding never runs code from the bytes (no pickle) and never recurses. The
+    Decoding never runs code from the bytes (no pickle) and never recurses in
+    Python. Format 2 goes through msgpack's C decoder (after a pass that proves
+    the structure complete), format 1 through this module's own parser. The
     caller fills each tensor with its bytes of the tensor data, in order
     (`tensor_memory`), or leaves them unfilled (``device="meta"``: dtype and
     shape only).
 
     Args:
-        structure (bytes): the structure, as `encode` made it.
+        structure (bytes): the structure, as `encode` made it (any buffer).
         data_len (int): the length of the tensor data, bytes: every tensor's
             bytes must lie within it, back to back from 0, and fill it exactly.
         device (str): the device the tensors are made on: ``"cpu"`` (the
             default) or ``"meta"``.
+        version (int): the structure's format, one of `FORMATS` (default
+            `FORMAT`, what `encode` writes; a snapshot file's header says).
 
     Returns:
         tuple[Any, list[torch.Tensor]]: the tree (tuples, lists, int keys,
@@ -729,15 +765,24 @@ def decode(structure: bytes, data_len: int, device: str = "cpu") -> tuple[Any, l
 
     Raises:
         ValueError: the structure does not decode or is beyond the limits of
-            the module docstring (nesting deeper than `MAX_DEPTH`, more decoded
-            memory than `memory_budget`, an unknown extension or dtype, a dict
-            key that is not str or int or comes twice, tensor bytes out of place
-            or not filling ``data_len``); the message says what and at which
-            offset. Damaged sizes may also make torch raise (RuntimeError) as a
-            tensor is made: a caller that reads untrusted bytes catches both.
+            the module docstring (nesting deeper than `MAX_DEPTH`, an unknown
+            extension or dtype, a tuple marker out of place, a dict key that is
+            not str or int or comes twice, a str that is not UTF-8, tensor
+            bytes out of place or not filling ``data_len``, and in format 1
+            more decoded memory than `memory_budget`); the message says what,
+            and in format 1 at which offset. Also for a ``version`` not in
+            `FORMATS`. In format 1 damaged sizes may also make torch raise
+            (RuntimeError) as a tensor is made: a caller that reads untrusted
+            bytes catches both.
     """
-    decoder = _Decoder(data_len, device)
-    tree = decoder.unpack(structure)
+    decoder: _V2Decoder | _Decoder
+    if version == 2:
+        tree, decoder = _decode_v2(structure, 0, data_len, device)
+    elif version == 1:
+        decoder = _Decoder(data_len, device)
+        tree = decoder.unpack(structure)
+    else:
+        raise ValueError(f"no codec format {version} (formats {FORMATS[0]} to {FORMATS[-1]})")
     if decoder.offset != data_len:
         raise ValueError(f"tensors of {decoder.offset} bytes, not {data_len}")
     return tree, decoder.tensors
@@ -747,16 +792,13 @@ def decode_batch(data: bytes, start: int, count: int,
                  data_len: int) -> tuple[list[Any], list[torch.Tensor]]:
     """A batch's messages from the structure `encode_batch` made, and their tensors, unfilled.
 
-    As `decode` of ``data[start:]`` on the CPU (the same checks and bounds), with
-    each tensor's description (at most 1,024 bytes, no extensions) read by
-    msgpack's C parser, which is quicker per tensor. The messages come back as
-    the codec holds them: a NamedTuple as a tuple, a dataclass as a dict
-    (`from_file` puts them back).
+    As `decode` of ``data[start:]`` in format 2 on the CPU (the same checks and
+    bounds). The messages come back as the codec holds them: a NamedTuple as a
+    tuple, a dataclass as a dict (`from_file` puts them back).
 
     Args:
         data (bytes): the bytes that hold the structure, from ``start`` to the end.
-        start (int): where the structure starts in ``data`` (offsets in errors
-            count from 0 of ``data``).
+        start (int): where the structure starts in ``data``, bytes.
         count (int): how many messages the batch holds.
         data_len (int): the length of the batch's tensor data, bytes (as `decode`).
 
@@ -766,16 +808,320 @@ def decode_batch(data: bytes, start: int, count: int,
 
     Raises:
         ValueError: as `decode`, or the structure is not an array of ``count``
-            values. Damaged sizes may also make torch raise as a tensor is made.
+            values.
     """
-    decoder = _BatchDecoder(data_len, "cpu")
-    messages = decoder.unpack(data, start)
+    messages, decoder = _decode_v2(data, start, data_len, "cpu")
     if decoder.offset != data_len:
         raise ValueError(f"tensors of {decoder.offset} bytes, where the frames hold "
                          f"{data_len}")
     if type(messages) is not list or len(messages) != count:
         raise ValueError(f"the messages are not an array of {count} values")
     return messages, decoder.tensors
+
+
+# -- format 2: msgpack's C decoder, its hooks and the checks it cannot make ----------------
+
+
+class _TupleMark:
+    """What the tuple marker decodes to until its array becomes a tuple (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<tuple marker>"
+
+
+_MARK = _TupleMark()
+_KEY_TYPES = frozenset((str, int))
+_LEAF_TYPES = frozenset((type(None), bool, int, float, str, bytes, torch.Tensor))
+_CONTAINER_TYPES = frozenset((list, dict, tuple))
+_TREE_TYPES = _LEAF_TYPES | _CONTAINER_TYPES
+
+
+# Structures shorter than this skip `_check_complete`: whatever their headers claim, msgpack
+# allocates at most about 12 KiB for them before it finds them truncated (21 array16 headers
+# claiming 63 slots each, or 63 fixarray headers claiming 15), and they cannot nest deeper
+# than `MAX_DEPTH` (a level takes a byte). The pass would cost more than it saves.
+_SMALL = 64
+
+
+def _stack_limit_is(limit: int) -> bool:
+    """Whether msgpack's decoder refuses a container opened inside ``limit`` open ones, only.
+
+    Its C decoder keeps the containers it has open on a fixed stack of 1024 and refuses a
+    container (empty or not) opened when the stack is full; the pure-Python fallback has
+    no such stack.
+    """
+    def passes(data: bytes) -> bool:
+        unpacker = msgpack.Unpacker(max_buffer_size=len(data))
+        unpacker.feed(data)
+        try:
+            unpacker.skip()
+        except Exception:  # noqa: BLE001 - StackError, or whatever a fallback raises
+            return False
+        return True
+
+    return passes(b"\x91" * (limit - 1) + b"\x90") and not passes(b"\x91" * limit + b"\x90")
+
+
+# The depth check, made by msgpack's own stack: the structure is skipped inside this many
+# one-item arrays, so that a container at level MAX_DEPTH + 1 is opened on a full stack.
+# None (another msgpack): the depth is found by a walk over the decoded tree instead.
+_STACK = 1024
+_DEPTH_PREFIX = b"\x91" * (_STACK - MAX_DEPTH) if _stack_limit_is(_STACK) else None
+
+
+def _decode_v2(data: bytes, start: int, data_len: int,
+               device: str) -> tuple[Any, _V2Decoder]:
+    """The tree of the format-2 structure ``data[start:]`` and the decoder that made its tensors.
+
+    See `decode`. The structure is proven complete and no deeper than `MAX_DEPTH` first
+    (`_check_complete`), then decoded by msgpack with `_V2Decoder`'s hooks. What msgpack
+    makes outside the format without asking a hook, a timestamp (extension -1), holds a
+    0xff byte: only a structure with one has the hooks check the types of every item.
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    size = len(data) - start
+    view = memoryview(data)[start:] if start else data
+    if size >= _SMALL:
+        _check_complete(view, size)
+    decoder = _V2Decoder(data_len, device)
+    screen = data.find(b"\xff", start) >= 0
+    try:
+        tree = msgpack.unpackb(
+            view, raw=False, strict_map_key=False, ext_hook=decoder.ext,
+            list_hook=decoder.screened_array if screen else decoder.array,
+            object_pairs_hook=decoder.screened_pairs if screen else decoder.pairs)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"a str is not valid UTF-8 ({e.reason})") from None
+    except msgpack.FormatError:  # only a small structure gets here (and to the two below)
+        raise ValueError(f"the structure does not decode ({size} bytes): it holds a byte that "
+                         "starts no msgpack value (0xc1)") from None
+    except msgpack.ExtraData as e:
+        raise ValueError(f"{len(e.extra)} bytes after the tree, from offset "
+                         f"{size - len(e.extra)}") from None
+    except ValueError as e:
+        if str(e).startswith("Unpack failed"):  # msgpack's own words for a small structure
+            raise ValueError(f"the structure does not decode ({size} bytes): "
+                             f"{reason(e)}") from None
+        raise
+    if type(tree) not in _TREE_TYPES:
+        _check_types({type(tree)})
+    if decoder.marks != decoder.tuples:
+        _check_types({_TupleMark})
+    if _DEPTH_PREFIX is None:
+        _check_tree(tree)
+    return tree, decoder
+
+
+def _check_complete(data: bytes | memoryview, size: int) -> None:
+    """Refuses a structure that is not one complete value nested at most `MAX_DEPTH` deep.
+
+    msgpack's C decoder allocates each array's item slots at its header, before the
+    items are read: on a truncated structure, nested headers claiming as many items as
+    there are bytes would take gigabytes before the end is found. Skipping the value
+    makes no objects; once it has passed, every header's items are there, and the
+    decoded objects take at most `V2_MEMORY_PER_BYTE` per byte. The value is skipped
+    inside `_DEPTH_PREFIX`, so that msgpack's stack refuses what nests too deep.
+    Raises ValueError saying which.
+    """
+    prefix = _DEPTH_PREFIX or b""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(prefix) + size)
+    unpacker.feed(prefix)
+    unpacker.feed(data)
+    try:
+        unpacker.skip()
+    except msgpack.OutOfData:
+        raise ValueError(f"the structure ends inside a value (it is {size} bytes)") from None
+    except msgpack.StackError:
+        raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels, the most a "
+                         "snapshot holds") from None
+    except msgpack.FormatError:
+        raise ValueError("the structure holds a byte that starts no msgpack value "
+                         "(0xc1)") from None
+    except ValueError as e:  # a length past what the bytes could hold
+        raise ValueError(f"the structure does not decode: {reason(e)}") from None
+    end = unpacker.tell() - len(prefix)
+    if end != size:
+        raise ValueError(f"{size - end} bytes after the tree, from offset {end}")
+
+
+class _V2Decoder:
+    """msgpack's hooks for format 2: tensors made and checked, tuples, dicts checked.
+
+    msgpack calls `ext` for each extension in the order of the structure (so the
+    tensors come in data order), `array` for each array once its items are made and
+    `pairs` for each map with its (key, value) pairs. The markers and the tuples are
+    counted: a marker that leads no array is one too many. The ``screened_`` hooks
+    also refuse an item of a type the format does not make (`_decode_v2` says when).
+    """
+
+    __slots__ = ("data_len", "offset", "tensors", "marks", "tuples", "_device")
+
+    def __init__(self, data_len: int, device: str) -> None:
+        self.data_len = data_len
+        self.offset = 0
+        self.tensors: list[torch.Tensor] = []
+        self.marks = self.tuples = 0
+        self._device = _CPU if device == "cpu" else torch.device(device)
+
+    def ext(self, code: int, payload: bytes) -> Any:
+        """A tensor (made, not filled) for type 1, the tuple marker for an empty type 2."""
+        if code == _EXT_TENSOR:
+            return self._tensor(payload)
+        if code == _EXT_TUPLE:
+            if payload:
+                raise ValueError(f"a tuple marker (extension type 2) with a payload of "
+                                 f"{len(payload)} bytes")
+            self.marks += 1
+            return _MARK
+        raise ValueError(f"unknown extension type {code}")
+
+    def array(self, items: list[Any]) -> list[Any] | tuple[Any, ...]:
+        """The array as a tuple when the marker leads it; else the list itself."""
+        if items and items[0] is _MARK:
+            self.tuples += 1
+            del items[0]
+            return tuple(items)
+        return items
+
+    def screened_array(self, items: list[Any]) -> list[Any] | tuple[Any, ...]:
+        """`array`, refusing an item of a type outside the format (ValueError)."""
+        made = self.array(items)
+        if not _TREE_TYPES.issuperset(map(type, made)):
+            _check_types(set(map(type, made)))
+        return made
+
+    @staticmethod
+    def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        """The map as a dict: its keys str or int, each once (ValueError)."""
+        try:
+            made = dict(pairs)
+        except TypeError:  # an unhashable key (a list, a dict): refused below
+            made = {}
+        if len(made) != len(pairs) or not _KEY_TYPES.issuperset(map(type, made)):
+            # The keys' own types first: a True merged into a 1 is a bool, not a 1 twice.
+            for key, _ in pairs:
+                if type(key) not in _KEY_TYPES:
+                    raise ValueError(f"a dict key is {_a(_type_name(type(key)))}; keys must "
+                                     "be str or int")
+            raise ValueError(f"a dict holds the key {_first_twice(pairs)!r} twice")
+        return made
+
+    def screened_pairs(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        """`pairs`, refusing a value of a type outside the format (ValueError)."""
+        made = self.pairs(pairs)
+        if not _TREE_TYPES.issuperset(map(type, made.values())):
+            _check_types(set(map(type, made.values())))
+        return made
+
+    def _tensor(self, payload: bytes) -> torch.Tensor:
+        """The tensor a payload describes: checked, made with ``torch.empty``, not filled."""
+        kind = _KINDS.get(payload[:-16])
+        if kind is None:
+            kind = _tensor_kind(payload)
+        dtype, shape, size = kind
+        offset, nbytes = _TAIL.unpack_from(payload, len(payload) - 16)
+        # Checked before allocating, so damaged sizes can never ask for more than the data.
+        if offset != self.offset or nbytes != size or offset + nbytes > self.data_len:
+            raise ValueError(f"tensor bytes out of place ({offset=}, {nbytes=})")
+        tensor = torch.empty(*shape, dtype=dtype, device=self._device) if shape else \
+            torch.empty((), dtype=dtype, device=self._device)
+        self.offset += nbytes
+        self.tensors.append(tensor)
+        return tensor
+
+
+# What the head of a tensor's payload (dtype code, ndim, shape) says: (dtype, shape, nbytes),
+# kept for the next tensor of its kind (a state dict's or a batch's tensors repeat a few
+# kinds; the checks and the unpacking then cost a dict lookup).
+_KINDS: dict[bytes, tuple[torch.dtype, tuple[int, ...], int]] = {}
+_TAIL = struct.Struct("<QQ")  # a tensor payload's last 16 bytes: offset, nbytes
+
+
+def _tensor_kind(payload: bytes) -> tuple[torch.dtype, tuple[int, ...], int]:
+    """Checks the head of a tensor's payload; its dtype, shape and size in bytes (ValueError)."""
+    ndim = (len(payload) - _LAYOUT_MIN) >> 3
+    if len(payload) < _LAYOUT_MIN or payload[1] != ndim or \
+            len(payload) != _LAYOUT_MIN + 8 * ndim:
+        raise ValueError(f"a tensor's payload of {len(payload)} bytes is not dtype code, "
+                         "ndim, shape, offset and nbytes")
+    fields = _LAYOUTS[ndim].unpack(payload)
+    dtype = _DTYPE_OF[fields[0]]
+    if dtype is None:
+        raise ValueError(f"unknown tensor dtype code {fields[0]}")
+    shape = fields[2:-2]
+    if ndim and min(shape) < 0:
+        raise ValueError(f"bad tensor shape {list(shape)}")
+    try:  # sizes whose strides overflow int64 (with no elements): refused before they are kept
+        torch.empty(shape, dtype=dtype, device="meta")
+    except RuntimeError as e:
+        raise ValueError(f"bad tensor shape {list(shape)}: {reason(e)}") from None
+    if len(_KINDS) >= 256:
+        _KINDS.clear()
+    kind = _KINDS[payload[:-16]] = (dtype, shape, math.prod(shape) * dtype.itemsize)
+    return kind
+
+
+def _first_twice(pairs: list[tuple[Any, Any]]) -> Any:
+    """The first key that comes a second time among a map's pairs (there is one)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no key comes twice")
+
+
+def _check_tree(tree: Any) -> None:
+    """Refuses nesting past `MAX_DEPTH` and any object the format does not make (ValueError).
+
+    The depth check for a msgpack whose stack does not make it (`_DEPTH_PREFIX` None).
+    Depth first, without recursion: a stack of iterators, one per open container, so
+    the walk holds nothing but the path it is on. A container's item types are gathered
+    in C (``set(map(type, ...))``), so a container of leaves costs a few nanoseconds an
+    item and is not walked.
+    """
+    if type(tree) not in _CONTAINER_TYPES:
+        _check_types({type(tree)})
+        return
+    path = [iter((tree,))]
+    while path:
+        for item in path[-1]:
+            if type(item) not in _CONTAINER_TYPES:
+                continue
+            if len(path) > MAX_DEPTH:
+                raise ValueError(f"containers nested deeper than {MAX_DEPTH} levels, the "
+                                 "most a snapshot holds")
+            items = item.values() if type(item) is dict else item
+            kinds = set(map(type, items))
+            if kinds <= _LEAF_TYPES:
+                continue
+            _check_types(kinds)
+            path.append(iter(items))
+            break
+        else:
+            path.pop()
+
+
+def _check_types(kinds: set[type]) -> None:
+    """Refuses a type msgpack made that the format does not hold (ValueError)."""
+    stray = kinds - _TREE_TYPES
+    if stray:
+        raise ValueError(f"the structure holds {_a(_type_name(next(iter(stray))))}")
+
+
+def _type_name(kind: type) -> str:
+    """A type's name in errors; the objects msgpack makes outside the format by their meaning."""
+    if kind is _TupleMark:
+        return "tuple marker (extension type 2) that does not lead an array"
+    if kind is msgpack.Timestamp:
+        return "msgpack timestamp (unknown extension type -1)"
+    return kind.__name__
+
+
+# -- format 1: the module's own parser (files written before format 2) ---------------------
 
 
 _LIST, _MAP, _TUPLE = 0, 1, 2
@@ -1033,21 +1379,3 @@ class _Decoder:
             raise ValueError(f"the tensor at offset {at}: its payload is not "
                              "[dtype, shape, offset, nbytes]")
         return meta
-
-
-class _BatchDecoder(_Decoder):
-    """`_Decoder`, with a tensor's description read by msgpack's C parser (`decode_batch`).
-
-    The description is at most `_MAX_TENSOR_META` bytes (checked before this runs)
-    and is unpacked without an extension hook, so msgpack neither recurses nor
-    allocates more than a few objects per byte; what it returns is then checked
-    by `_Decoder._tensor` like any description.
-    """
-
-    def _tensor_meta(self, data: bytes, pos: int, stop: int, at: int) -> Any:
-        """The description's value (any: checked by the caller); ValueError if none."""
-        try:
-            return msgpack.unpackb(data[pos:stop])
-        except Exception:  # noqa: BLE001 - whatever the bytes make msgpack raise
-            raise ValueError(f"the tensor at offset {at}: its payload is not "
-                             "[dtype, shape, offset, nbytes]") from None

@@ -34,7 +34,8 @@ the reader also reads format 1, see below):
   send's time on the run's timer (ns), ``sequence`` the writer's count of the
   channel's messages in the file from 1, ``data`` = ``snapshot.dumps([delta,
   sequence, message])`` (`encode_message`: msgpack with raw tensor bytes and a
-  CRC, never pickle), ``delta`` the send's delta cycle and ``sequence`` the
+  CRC, never pickle; a snapshot of version 2 now, of version 1 in files written
+  before, which read all the same), ``delta`` the send's delta cycle and ``sequence`` the
   sender's count of its messages on the Output from 0 (a dropped message leaves
   a gap). A send made before the timer started (by ``on_start``, at the
   control key ``(-1, 0)``) is stored with ``log_time`` 0 and ``delta`` -1
@@ -63,7 +64,7 @@ sequence (modulo 2**32) in the record's ``sequence``, and there are no
 at least).
 
 Decoding never runs code from the file: messages come back through the
-codec's own decoder (``mujou_actors.codec``, by way of ``snapshot.loads``),
+codec's bounded decoder (``mujou_actors.codec``, by way of ``snapshot.loads``),
 and a NamedTuple or dataclass message is put back into the type its port
 declares only when the reader is told that type (``types=``); otherwise it
 comes back as a tuple or a dict, as from a snapshot file. This module

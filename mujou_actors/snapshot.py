@@ -9,11 +9,11 @@ as a ``tuple``) and a dataclass instance as a ``dict`` of its fields;
 `from_file` puts a message back into the NamedTuple or dataclass its Input
 declares.
 
-File format, version 1 (all integers little-endian)::
+File format, version 2 (all integers little-endian)::
 
     offset      size  field
     0           8     magic b"MUJOUSNP"
-    8           4     format version, uint32 (1)
+    8           4     format version, uint32 (2)
     12          8     S: structure length in bytes, uint64
     20          8     D: tensor data length in bytes, uint64
     28          4     CRC-32 of bytes 0..28 (so a damaged header is not taken for truncation)
@@ -22,22 +22,33 @@ File format, version 1 (all integers little-endian)::
                       back to back, in the order the tensors appear in the structure
     32+S+D      4     CRC-32 of bytes 0..32+S+D, uint32
 
-In the structure, a tuple is msgpack extension type 2 whose payload is the
-msgpack array of its items; a tensor is extension type 1 whose payload is the
-msgpack array ``[dtype name, shape, offset, nbytes]``: the dtype as torch names
-it without ``torch.`` (``"float32"``, ``"bfloat16"``), the shape as a list of
-ints, the offset of its bytes from the start of the tensor data and their
-length. Any other extension type, or an unknown dtype name, cannot be decoded.
-The structure and the tensors are the tree codec's (``mujou_actors.codec``:
-``encode``, ``decode``); this module is the file around them.
+In the structure, a tuple is a msgpack array led by the tuple marker (extension
+type 2, empty payload) and followed by its items; a tensor is extension type 1
+whose payload is, little-endian: the dtype's code (uint8, its index in
+``codec.DTYPE_CODES``: ``"float32"`` is 11), the number of dimensions ``n``
+(uint8), the shape (``n`` int64), the offset of its bytes from the start of
+the tensor data (uint64) and their length (uint64). Any other extension type,
+a marker that does not lead an array, or an unknown dtype code, cannot be
+decoded. The structure and the tensors are the tree codec's
+(``mujou_actors.codec``: ``encode``, ``decode``); this module is the file
+around them.
+
+Version 1, which ``load`` still reads (``save`` writes version 2), has the same
+layout; only the two extensions differ: a tuple is extension type 2 whose
+payload is the msgpack array of its items, a tensor extension type 1 whose
+payload is the msgpack array ``[dtype name, shape, offset, nbytes]`` (the name
+as torch gives it without ``torch.``).
 
 Limits (the codec's), which ``save`` and ``load`` apply alike (``save`` refuses what ``load``
 would refuse): containers (dicts, lists, tuples) nest at most `MAX_DEPTH` (100)
-levels; dict keys are str or int, each once per dict; a tuple's payload is
-exactly one array; and the decoded objects may take at most `MEMORY_PER_BYTE`
-(32) bytes of memory per byte of structure plus `MEMORY_SLACK` (16 MiB), as
-charged by a fixed model of CPython's object sizes. The structure is parsed
-without recursion, so no file, however nested, can overflow the stack.
+levels; dict keys are str or int, each once per dict; a tensor has at most 255
+dimensions. A version-2 structure is checked to be one complete msgpack value
+before msgpack's C decoder makes anything, so its decoded objects take at most
+`V2_MEMORY_PER_BYTE` (128) bytes of memory per byte of structure, whatever it
+holds. A version-1 structure is parsed without recursion, its decoded objects
+charged by a fixed model of CPython's object sizes and refused past
+`MEMORY_PER_BYTE` (32) bytes per byte of structure plus `MEMORY_SLACK` (16 MiB).
+No file, however nested, can overflow the stack.
 
 Tensor bytes never go through the msgpack buffer. ``save`` streams each tensor
 from its own memory (a tensor that is not contiguous, or not on the CPU, is
@@ -67,9 +78,11 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from .codec import (
+    FORMAT,
     MAX_DEPTH,
     MEMORY_PER_BYTE,
     MEMORY_SLACK,
+    V2_MEMORY_PER_BYTE,
     decode,
     encode,
     raw_bytes,
@@ -85,10 +98,14 @@ if TYPE_CHECKING:
 # The functions users import (docs/reference.md) and the limits docs/state.md names (the
 # codec's, named here too); the package's own helpers (dumps, loads, inspect_file, assemble,
 # and file_problem and from_file, the codec's) stay importable.
-__all__ = ["save", "load", "MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK"]
+__all__ = ["save", "load", "MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK", "V2_MEMORY_PER_BYTE"]
 
 MAGIC = b"MUJOUSNP"
-VERSION = 1
+VERSION = FORMAT
+"""The format version `save` writes (2); `load` reads this one and every one before it.
+
+A file's version is its structure's codec format (``codec.FORMAT``): the header and the
+checksums have not changed since version 1."""
 
 _HEAD = struct.Struct("<8sIQQ")  # magic, version, S, D
 _CRC = struct.Struct("<I")
@@ -116,8 +133,7 @@ def save(tree: Any, path: str | os.PathLike[str]) -> None:
             key path (``nodes['ctrl']['model']: unsupported type Foo``). Nothing
             is written and an existing file is left as it was.
         ValueError: the tree is beyond what `load` accepts: containers nested
-            deeper than `MAX_DEPTH`, or more decoded memory than `MEMORY_PER_BYTE`
-            bytes per byte of structure plus `MEMORY_SLACK`. Nothing is written.
+            deeper than `MAX_DEPTH`. Nothing is written.
         OSError: the file cannot be written (the message names ``path``, also
             for a full disk); an existing file is left as it was.
     """
@@ -234,11 +250,11 @@ def inspect_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     name = os.fspath(path)
     with open(path, "rb") as f:
-        size, structure_len, data_len, crc = _read_header(f, name)
+        size, version, structure_len, data_len, crc = _read_header(f, name)
         structure = f.read(structure_len)
         _check_rest(f, zlib.crc32(structure, crc), data_len, name)
-        tree, tensors = _decode(structure, data_len, "meta", name)
-    return {"version": VERSION, "size": size, "structure_bytes": structure_len,
+        tree, tensors = _decode(structure, data_len, "meta", name, version)
+    return {"version": version, "size": size, "structure_bytes": structure_len,
             "tensors": len(tensors), "tensor_bytes": data_len, "tree": tree}
 
 
@@ -354,10 +370,10 @@ def _crc_after(moved: int | None, chunk: memoryview, crc: int) -> int:
 
 def _read(f: io.BufferedReader | io.BytesIO, name: str) -> Any:
     """The tree of the open snapshot file ``f`` (``name`` for the messages): see `load`."""
-    _, structure_len, data_len, crc = _read_header(f, name)
+    _, version, structure_len, data_len, crc = _read_header(f, name)
     structure = f.read(structure_len)
     crc = zlib.crc32(structure, crc)
-    tree, tensors = _decode(structure, data_len, "cpu", name,
+    tree, tensors = _decode(structure, data_len, "cpu", name, version,
                             lambda: _rest_matches(f, crc, data_len))
     # Read straight into each tensor's memory: no extra copy.
     chunks = (chunk for tensor in tensors for chunk in _split(tensor_memory(tensor)))
@@ -398,8 +414,8 @@ def _rest_matches(f: IO[bytes], crc: int, data_len: int) -> bool:
     return True
 
 
-def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
-    """Checks the header against the file size; returns (size, S, D, CRC of the header)."""
+def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int, int]:
+    """Checks the header against the file size; returns (size, version, S, D, header CRC)."""
     size = f.seek(0, io.SEEK_END)
     f.seek(0)
     head = f.read(_HEADER_LEN)
@@ -407,9 +423,9 @@ def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
         raise SnapshotError(f"{name}: not a mujou snapshot (starts with {head[:8]!r})")
     # The version comes before anything else: a newer format may lay out the rest differently.
     version = struct.unpack_from("<I", head, 8)[0] if len(head) >= 12 else 0
-    if version > VERSION and len(head) >= _HEADER_LEN and _damaged_version(head):
+    if version > VERSION and len(head) >= _HEADER_LEN and _damaged_version(head) is not None:
         raise SnapshotError(f"{name}: corrupted (header checksum mismatch; its version field "
-                            f"reads {version}, a damaged {VERSION})")
+                            f"reads {version}, a damaged {_damaged_version(head)})")
     if version > VERSION:
         raise SnapshotError(f"{name}: written by a newer format version {version} "
                             f"(this mujou_actors reads up to version {VERSION})")
@@ -426,23 +442,27 @@ def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int]:
         raise SnapshotError(f"{name}: truncated: expected {expected} bytes, got {size}")
     if size > expected:
         raise SnapshotError(f"{name}: corrupted: {size} bytes where the header says {expected}")
-    return size, structure_len, data_len, zlib.crc32(head)
+    return size, version, structure_len, data_len, zlib.crc32(head)
 
 
-def _damaged_version(head: bytes) -> bool:
-    """Whether a header whose version reads newer is a version-1 header with that field damaged.
+def _damaged_version(head: bytes) -> int | None:
+    """The version a header whose version reads newer had before that field was damaged.
 
-    Its checksum then fits the header once the version reads `VERSION` again (and not as it
-    is): a flipped bit there must not pass for a file from a newer mujou_actors.
+    Its checksum then fits the header once the version reads that one (1 to `VERSION`)
+    again, and not as it is: a flipped bit there must not pass for a file from a newer
+    mujou_actors. None when no known version fits.
     """
     stored = _CRC.unpack_from(head, _HEAD.size)[0]
     if zlib.crc32(head[: _HEAD.size]) == stored:
-        return False  # the header is as it was written: a newer format's (or its look-alike)
-    repaired = head[:8] + struct.pack("<I", VERSION) + head[12 : _HEAD.size]
-    return zlib.crc32(repaired) == stored
+        return None  # the header is as it was written: a newer format's (or its look-alike)
+    for known in range(1, VERSION + 1):
+        repaired = head[:8] + struct.pack("<I", known) + head[12 : _HEAD.size]
+        if zlib.crc32(repaired) == stored:
+            return known
+    return None
 
 
-def _decode(structure: bytes, data_len: int, device: str, name: str,
+def _decode(structure: bytes, data_len: int, device: str, name: str, version: int,
             checksum_ok: Callable[[], bool] | None = None) -> tuple[Any, list[torch.Tensor]]:
     """Decodes the structure (`codec.decode`); a failure is a checksum mismatch when it is one.
 
@@ -450,7 +470,7 @@ def _decode(structure: bytes, data_len: int, device: str, name: str,
     decode: a damaged file is then reported as damaged, not as the first oddity its damage made.
     """
     try:
-        return decode(structure, data_len, device)
+        return decode(structure, data_len, device, version)
     except Exception as e:  # anything the bytes can make the parser or torch raise
         if checksum_ok is not None and not checksum_ok():
             raise SnapshotError(f"{name}: corrupted (checksum mismatch)") from None

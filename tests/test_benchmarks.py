@@ -409,6 +409,22 @@ def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> No
     assert results["hop"]["tensor64"]["rate"] > 0
 
 
+@pytest.mark.timeout(120)
+def test_the_codec_benchmark_measures_both_formats_on_every_tree(tmp_path: Path) -> None:
+    out = tmp_path / "codec.json"
+    script = str(ROOT / "benchmarks" / "codec.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == ["state dict", "config", "batch x64", "deep", "ints+strs", "small"]
+    for r in results.values():
+        assert r["v1_us"] > 0 and r["v2_us"] > 0 and r["ratio"] == r["v1_us"] / r["v2_us"], r
+        assert r["v1_bytes"] > 0 and r["v2_bytes"] >= r["v1_bytes"], r
+    assert results["ints+strs"]["ratio"] > 2  # the C decoder's win shows even on a loaded machine
+
+
 @pytest.mark.timeout(180)
 def test_the_tcp_benchmark_measures_each_transport_and_checks_every_message(
         tmp_path: Path) -> None:

@@ -233,7 +233,7 @@ def test_inspect_summarizes_a_snapshot(tmp_path) -> None:
 
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("mujou snapshot, file format 1")
+    assert out.startswith("mujou snapshot, file format 2")
     assert "time 0.050000000 s" in out
     assert f"  ticker: {run.seeds['ticker']}" in out
     assert "    count: tensor int64 [] (8 bytes)" in out

@@ -186,12 +186,25 @@ def test_streaming_through_the_helper_thread_gives_the_same_bytes(
 
 def test_the_bytes_follow_the_documented_layout() -> None:
     tree = {"t": torch.tensor([1, 2], dtype=torch.int16), "u": (1,)}
-    structure = msgpack.packb({
-        "t": msgpack.ExtType(1, msgpack.packb(["int16", [2], 0, 4])),
-        "u": msgpack.ExtType(2, msgpack.packb([1])),
+    structure = msgpack.packb({  # int16 is code 3: dtype, ndim, shape, offset, nbytes
+        "t": msgpack.ExtType(1, struct.pack("<BBqQQ", 3, 1, 2, 0, 4)),
+        "u": [msgpack.ExtType(2, b""), 1],
     })
 
-    assert dumps(tree) == forge(structure, b"\x01\x00\x02\x00")
+    assert dumps(tree) == forge(structure, b"\x01\x00\x02\x00", version=2)
+
+
+def test_a_version_1_file_still_loads_as_its_own_layout_says() -> None:
+    structure = msgpack.packb({
+        "t": msgpack.ExtType(1, msgpack.packb(["int16", [2], 0, 4])),
+        "u": msgpack.ExtType(2, msgpack.packb([1, ()])),
+    })
+    data = forge(structure, b"\x01\x00\x02\x00", version=1)
+
+    tree = loads(data)
+
+    assert_same(tree, {"t": torch.tensor([1, 2], dtype=torch.int16), "u": (1, [])})
+    assert_same(loads(dumps(tree)), tree)  # written back as version 2
 
 
 def test_the_dtypes_the_brief_lists_are_all_supported() -> None:
@@ -469,18 +482,21 @@ def test_a_torch_save_file_is_not_a_mujou_snapshot(tmp_path: pathlib.Path) -> No
 
 
 def test_a_newer_format_version_names_both_versions(saved: pathlib.Path) -> None:
-    saved.write_bytes(forge(b"\xc0", version=2))
+    saved.write_bytes(forge(b"\xc0", version=3))
 
     message = error_of(saved)
 
-    assert "newer format version 2" in message and "up to version 1" in message
+    assert "newer format version 3" in message and "up to version 2" in message
 
 
 @pytest.mark.parametrize("bit", range(32))
-def test_a_flipped_bit_in_the_version_of_a_version_1_file_is_corrupted_not_newer(
-        saved: pathlib.Path, bit: int) -> None:
-    # The header's checksum still fits the header once the version reads 1 again: the
-    # file is a damaged version 1 file, not one from a newer mujou_actors.
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_flipped_bit_in_the_version_field_is_corrupted_not_newer(
+        saved: pathlib.Path, bit: int, version: int) -> None:
+    # The header's checksum still fits the header once the version reads what it was: the
+    # file is a damaged file, not one from a newer mujou_actors.
+    if version == 1:
+        saved.write_bytes(forge(b"\xc0", version=1))
     data = bytearray(saved.read_bytes())
     data[8 + bit // 8] ^= 1 << (bit % 8)
     saved.write_bytes(bytes(data))
@@ -531,7 +547,7 @@ def test_inspect_file_reports_the_header_without_reading_tensor_data(
 ) -> None:
     info = inspect_file(saved)
 
-    assert info["version"] == 1 and info["size"] == saved.stat().st_size
+    assert info["version"] == 2 and info["size"] == saved.stat().st_size
     assert (info["tensors"], info["tensor_bytes"]) == (1, 400)
     meta = info["tree"]["a"]
     assert meta.is_meta and meta.shape == (100,) and meta.dtype == torch.float32
@@ -609,11 +625,14 @@ for read in (load, inspect_file):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("depth", [193, 5000])
-def test_a_deeply_nested_file_is_refused_not_a_crash(tmp_path: pathlib.Path, depth: int) -> None:
+def test_a_deeply_nested_file_is_refused_not_a_crash(tmp_path: pathlib.Path, depth: int,
+                                                     version: int) -> None:
     # A crash is a segfault: run the reader in a child, so that it fails this test only.
     path = tmp_path / "deep.mujou"
-    path.write_bytes(forge(nested_tuples(depth)))
+    structure = nested_tuples(depth) if version == 1 else b"\x92\xc7\x00\x02" * depth + b"\xc0"
+    path.write_bytes(forge(structure, version=version))
 
     child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
                            text=True, timeout=50)
@@ -673,14 +692,20 @@ def test_loading_stays_within_its_memory_bound(monkeypatch: pytest.MonkeyPatch) 
     assert peak < 1.3 * budget + 3 * len(structure), (peak, budget)
 
 
-def test_save_refuses_a_tree_that_load_would_refuse_for_its_memory() -> None:
+def test_a_version_2_file_of_empty_dicts_loads_within_its_bound_and_save_writes_it() -> None:
+    # Version 2 counts nothing: a million empty dicts (72 bytes each per byte) are within
+    # V2_MEMORY_PER_BYTE, so save writes them and load reads them, where version 1 refused.
     many = [{} for _ in range(1 << 20)]
+    data = dumps(many)
+    tracemalloc.start()
+    try:
+        back = loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
-    with pytest.raises(ValueError, match=r"would take more than \d+ bytes of memory to load"):
-        dumps(many)
-    # Just under the bound it round-trips: the same charges on both sides.
-    fits = [{} for _ in range(200_000)]
-    assert loads(dumps(fits)) == fits
+    assert back == many
+    assert peak <= snapshot.V2_MEMORY_PER_BYTE * len(data), peak / len(data)
 
 
 def test_lists_of_numbers_and_short_strings_stay_well_within_the_bound() -> None:
@@ -726,6 +751,29 @@ def test_a_structure_beyond_the_format_is_refused_with_a_reason(
     message = str(info.value)
     assert message.startswith("<bytes>: corrupted: cannot decode the structure: ")
     assert reason in message and "()" not in message
+
+
+@pytest.mark.parametrize("structure, reason", [
+    (b"\x82\xa1a\x01\xa1a\x02", "a dict holds the key 'a' twice"),
+    (b"\x81\xc0\x01", "a dict key is a NoneType; keys must be str or int"),
+    (b"\xd6\xff" + b"\0" * 4, "unknown extension type -1"),
+    (msgpack.packb(msgpack.ExtType(3, b"")), "unknown extension type 3"),
+    (b"\x92\x01\xc7\x00\x02", "tuple marker (extension type 2) that does not lead an array"),
+    (b"\x91" * 101 + b"\xc0", "containers nested deeper than 100 levels"),
+    (b"\xdd\xff\xff\xff\xff" * 20, "the structure ends inside a value (it is 100 bytes)"),
+    (b"\xa2\xff\xfe", "a str is not valid UTF-8"),
+    (msgpack.packb(msgpack.ExtType(1, struct.pack("<BBqQQ", 200, 1, 1, 0, 1))),
+     "unknown tensor dtype code 200"),
+])
+def test_a_version_2_structure_beyond_the_format_is_refused_with_a_reason(
+    structure: bytes, reason: str
+) -> None:
+    with pytest.raises(SnapshotError) as info:
+        loads(forge(structure, version=2))
+
+    message = str(info.value)
+    assert message.startswith("<bytes>: corrupted: cannot decode the structure: ")
+    assert reason in message
 
 
 def test_a_damaged_structure_is_reported_as_a_checksum_mismatch_not_as_its_symptom() -> None:

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import struct
 import tempfile
+import tracemalloc
 import typing
 from typing import Any
 
@@ -152,36 +153,20 @@ def test_an_empty_batch_is_one_frame() -> None:
     assert len(frames) == 1 and Decoder().decode(frames, ANY) == []
 
 
-def test_the_cost_the_encoder_charges_is_what_the_decoder_charges() -> None:
-    # What encode accepts, decode accepts: the encoder charges each message as
-    # the codec's decoder charges it (leaves, flat containers and the slow path).
+def test_the_batch_is_the_codec_s_format_2_the_same_bytes_as_encode() -> None:
+    # What encode writes, encode_batch writes (leaves, flat containers and the slow path).
     messages = [1, -6, 300, 2**64 - 1, 1.5, "", "ab", "ünï", b"", b"xy", None, True,
                 torch.zeros(()), (), [], {}, (1, "a"), [torch.ones(2)], {"k": 1, 7: b"v"},
                 {"deep": [[1], (2,)]}, Pose(1.0, torch.ones(1))]
     declared = [object] * 20 + [Pose]
     tensors_: list[Any] = []
-    out, cost = codec._batch(messages, list(range(21)), declared, tensors_)
-    body = msgpack.packb(out)
-    parser = codec._BatchDecoder(sum(n for _, n in tensors_), device="cpu")
 
-    parser.unpack(body)
+    body = codec.encode_batch(messages, list(range(21)), declared, tensors_)
 
-    assert parser.cost == cost
-
-
-def test_a_batch_that_would_decode_into_too_much_memory_is_refused_by_the_encoder(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # An empty dict is charged 64 bytes (and its slot 8) for one byte of structure: without
-    # the slack (16 MiB, which takes 400,000 of them to fill) ten are beyond the budget.
-    monkeypatch.setattr(codec, "MEMORY_SLACK", 0)
-    items = [(0, 0, 0, 0, {})] * 10
-
-    with pytest.raises(ValueError, match="split it"):
-        Encoder().encode(items, ANY)
-    monkeypatch.undo()
-    frames = Encoder().encode(items, ANY)
-    monkeypatch.setattr(codec, "MEMORY_SLACK", 0)
-    assert "more than 352 bytes of memory" in decode_error(frames)  # the decoder's limit
+    assert wire.MAGIC == b"MJW2"
+    assert body == codec.encode([*messages[:20], (1.0, torch.ones(1))])[0]
+    back, made = codec.decode_batch(body, 0, 21, sum(n for _, n in tensors_))
+    assert back[16] == (1, "a") and back[19] == {"deep": [[1], (2,)]} and len(made) == 3
 
 
 # ---------------------------------------------------------------------------
@@ -513,18 +498,30 @@ def test_a_port_outside_the_declared_types_or_a_message_of_another_type_is_refus
 
 
 def test_a_tensor_description_asking_for_more_than_the_frames_hold_allocates_nothing() -> None:
-    meta = msgpack.ExtType(1, msgpack.packb(["float32", [10**6, 10**6], 0, 4 * 10**12]))
+    meta = msgpack.ExtType(1, struct.pack("<BB2qQQ", 11, 2, 10**6, 10**6, 0, 4 * 10**12))
     head = wire._HEAD.pack(wire.MAGIC, 1, 0, 0) + struct.pack("<4q", 0, 0, 0, 0)
 
     assert "out of place" in decode_error([head + msgpack.packb([meta])])
 
 
-def test_a_tensor_description_nested_deep_is_refused_without_recursion() -> None:
-    meta = msgpack.ExtType(1, b"\x91" * 1000 + b"\x00")
-    head = wire._HEAD.pack(wire.MAGIC, 1, 0, 0) + struct.pack("<4q", 0, 0, 0, 0)
+def test_a_batch_of_the_previous_wire_format_is_not_a_batch() -> None:
+    frames = Encoder().encode([(0, 0, 0, 0, (1, 2))], ANY)
+    old = [b"MJW1" + bytes(frames[0][4:]), *frames[1:]]
 
-    assert "its payload is not [dtype, shape, offset, nbytes]" in decode_error(
-        [head + msgpack.packb([meta])])
+    assert "a batch starts with b'MJW2'" in decode_error(old)
+
+
+def test_a_truncated_batch_with_huge_array_headers_is_refused_allocating_little() -> None:
+    body = (b"\xdd" + struct.pack(">I", 1 << 20)) * 90  # 720 MiB of slots, were they made
+    head = wire._HEAD.pack(wire.MAGIC, 1, 0, 0) + struct.pack("<4q", 0, 0, 0, 0)
+    tracemalloc.start()
+    try:
+        error = decode_error([head + body])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert "the structure ends inside a value" in error and peak < 1 << 20, peak
 
 
 def test_shared_memory_rows_out_of_place_or_a_pool_that_is_gone_are_refused() -> None:

@@ -21,7 +21,7 @@ itself (a subclass, a NamedTuple inside a list, an ``OrderedDict``).
 Frames (all integers little-endian)::
 
     frame 0       offset      size  field
-                  0           4     magic b"MJW1" (the wire format, version 1)
+                  0           4     magic b"MJW2" (the wire format, version 2)
                   4           4     n: items, uint32
                   8           4     k: tensors in shared memory, uint32
                   12          2     a: length of the shared-memory pool's name, uint16
@@ -30,8 +30,9 @@ Frames (all integers little-endian)::
                   14+a+32n    32k   per tensor in shared memory: its index among the
                                     batch's tensors, its block's id, the block's offset
                                     in the pool and the tensor's nbytes: int64 each
-                  14+a+32n+32k      the n messages: one msgpack array, in the snapshot
-                                    format (tensors and tuples as its extensions 1 and 2)
+                  14+a+32n+32k      the n messages: one msgpack array, in the codec's
+                                    format 2 (a snapshot file's version 2: tensors as its
+                                    extension 1, tuples led by extension 2)
     frames 1...                     the other tensors' raw bytes (C order), in the order of
                                     the tensors: consecutive small ones joined in one frame,
                                     each of at least `OWN_FRAME` bytes in a frame of its own
@@ -70,13 +71,11 @@ Decoder whose ``shared`` is a `cudaipc.Importer` (or the host's
 `cudaipc.Relay`) takes them as ``decode(..., shared)``. The frames' format is
 unchanged: such a tensor is in the messages and has no data.
 
-Decoding takes untrusted bytes and is bounded: the messages are parsed by the
-codec's own parser (`codec.decode_batch`: no recursion, at most
-``codec.MAX_DEPTH`` levels, decoded objects charged at most
-``codec.MEMORY_PER_BYTE`` bytes per byte of the msgpack part plus
-``codec.MEMORY_SLACK``), a tensor's
-description is read by msgpack's C parser (at most 1,024 bytes, no extension
-types: no recursion), and tensors are allocated only for bytes that are there:
+Decoding takes untrusted bytes and is bounded: the messages are decoded by
+msgpack's C decoder once they are proven one complete value
+(`codec.decode_batch`: at most ``codec.MAX_DEPTH`` levels, decoded objects of
+at most ``codec.V2_MEMORY_PER_BYTE`` bytes per byte of the msgpack part), and
+tensors are allocated only for bytes that are there:
 at most the data frames' total length plus the mapped pool's size (the
 tensors in shared memory of one batch take at most the pool). Frames that do
 not decode raise `WireError` naming what was wrong. There is no checksum (the
@@ -112,8 +111,8 @@ __all__ = ["Encoder", "Decoder", "crossing_problem", "remove_blocks", "Item",
 Item = tuple[int, int, int, int, Any]
 """One message of a batch: ``(t_ns, delta, sender, port, message)``."""
 
-MAGIC = b"MJW1"
-"""The first bytes of frame 0: the wire format, version 1."""
+MAGIC = b"MJW2"
+"""The first bytes of frame 0: the wire format, version 2 (processes of one install)."""
 
 SHM_THRESHOLD = 64 << 10
 """Bytes from which a tensor goes through shared memory (when the pool has room)."""
@@ -253,9 +252,8 @@ class Encoder:
                 within int64, or a message cannot cross or would not come back
                 as itself; the message names the item, its port and the key
                 path (``item 3 (port 7): message['pose']: ...``).
-            ValueError: a port index outside ``declared``, a message nested
-                deeper than ``codec.MAX_DEPTH``, or a batch whose decoding
-                would take more memory than the decoder allows (split it).
+            ValueError: a port index outside ``declared``, or a message nested
+                deeper than ``codec.MAX_DEPTH``.
             RuntimeError: the encoder is closed.
         """
         if self._closed:
