@@ -414,13 +414,30 @@ def _rest_matches(f: IO[bytes], crc: int, data_len: int) -> bool:
     return True
 
 
+def _not_a_snapshot(f: IO[bytes], head: bytes, size: int) -> str:
+    """Why a file whose start is not the magic is no snapshot, in words.
+
+    A supervisor's snapshot folder holds a ``latest`` file that names its newest
+    snapshot (``snapshot-<time_ns>.mujou``, `supervisor.latest_snapshot`): loading
+    it is a likely slip, told as such.
+    """
+    if size <= 256:
+        f.seek(0)
+        text = f.read().decode("ascii", "replace").strip()
+        if text.startswith("snapshot-") and text.endswith(".mujou") and "/" not in text:
+            return (f"not a mujou snapshot but a snapshot folder's pointer to its newest "
+                    f"snapshot, {text}: load that file of the folder (its path is "
+                    f"mujou.latest_snapshot(folder))")
+    return f"not a mujou snapshot (starts with {head[:8]!r})"
+
+
 def _read_header(f: IO[bytes], name: str) -> tuple[int, int, int, int, int]:
     """Checks the header against the file size; returns (size, version, S, D, header CRC)."""
     size = f.seek(0, io.SEEK_END)
     f.seek(0)
     head = f.read(_HEADER_LEN)
     if head[:8] != MAGIC[: len(head)]:
-        raise SnapshotError(f"{name}: not a mujou snapshot (starts with {head[:8]!r})")
+        raise SnapshotError(f"{name}: {_not_a_snapshot(f, head, size)}")
     # The version comes before anything else: a newer format may lay out the rest differently.
     version = struct.unpack_from("<I", head, 8)[0] if len(head) >= 12 else 0
     if version > VERSION and len(head) >= _HEADER_LEN and _damaged_version(head) is not None:

@@ -475,6 +475,19 @@ def test_a_foreign_file_is_not_a_mujou_snapshot(tmp_path: pathlib.Path, content:
     assert "not a mujou snapshot" in error_of(path)
 
 
+def test_a_snapshot_folders_latest_pointer_is_told_as_such(tmp_path: pathlib.Path) -> None:
+    from mujou_actors import latest_snapshot
+
+    snapshot.save({"w": torch.ones(2)}, tmp_path / "snapshot-00000000002000000000.mujou")
+    (tmp_path / "latest").write_text("snapshot-00000000002000000000.mujou")
+
+    assert error_of(tmp_path / "latest") == (
+        f"{tmp_path / 'latest'}: not a mujou snapshot but a snapshot folder's pointer to its "
+        "newest snapshot, snapshot-00000000002000000000.mujou: load that file of the folder "
+        "(its path is mujou.latest_snapshot(folder))")
+    assert torch.equal(load(latest_snapshot(tmp_path))["w"], torch.ones(2))
+
+
 def test_a_torch_save_file_is_not_a_mujou_snapshot(tmp_path: pathlib.Path) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "x.pt")
 

@@ -846,7 +846,7 @@ class ProcessSystem:
             error = failures[0][1]
             why = _refusal(os.path.join(self._folder, "refused"))
             if why is not None:  # a script that starts a run as a group imports it
-                raise RuntimeError(why) from error
+                raise RuntimeError(why) from None  # the group's own error says it again
             if len(failures) > 1:
                 error.add_note("Other groups failed too: " + ", ".join(
                     f"{n!r} ({describe(e)})" for n, e in failures[1:]))
