@@ -622,7 +622,8 @@ class Coordinator(Actor):
             reason = (exit_reason(entry.pid) if entry.member is None
                       else f"ended on member {entry.member!r}")
         reason = f"{reason} (ChildActorExited)"
-        FORKED.pop(entry.pid, None)  # told: one entry per live group, however many restarts
+        if entry.pid is not None:  # told: one entry per live group, however many restarts
+            FORKED.pop(entry.pid, None)
         if entry.start is not None:  # died while building its server
             seq, host = entry.start
             self.send(host, GroupStartFailed(seq, name, None, reason))
