@@ -185,6 +185,14 @@ def make_exchange(period: float = 0.001) -> dict[str, mujou.Node]:
     return net
 
 
+def make_ring(groups: int = 4, period: float = 0.001) -> dict[str, mujou.Node]:
+    """p0 -> p1 -> ... -> p0: periodic peers, each messaging the next at every tick."""
+    net = {f"p{i}": Peer(period) for i in range(groups)}
+    for i in range(groups):
+        mujou.connect(net[f"p{i}"].out, net[f"p{(i + 1) % groups}"].inp)
+    return net
+
+
 class Spin(mujou.Node):
     """CPU-bound Python: ``work`` iterations of integer arithmetic per update."""
 

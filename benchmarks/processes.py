@@ -29,8 +29,11 @@ second each) is never timed.
 * **steps** (simulated): two periodic nodes at 1 kHz in two groups message
   each other at every tick for ``--sim-seconds``; figure = global steps (delta
   cycles with work: one per tick, the messages trigger nothing) per wall
-  second, the driver's rounds per second, and the same net in one process
-  (target >= 5,000 global steps/s with 2 groups).
+  second, the driver's rounds (or segments) per second, and the same net in
+  one process (target >= 5,000 global steps/s with 2 groups). Rows: on the
+  host's rounds (``steps, host rounds``) and on peer links (``steps``:
+  ``MUJOU_PEER_LINKS=1``, distributed/segments.py); the same for four groups
+  in a ring, each messaging the next at every tick.
 * **cpu** (simulated): two CPU-bound Python nodes (``Spin``: integer
   arithmetic in a loop, no GIL release) at the same period, in two groups
   against one process (``workers=2``: one GIL); figure = speed-up of the wall
@@ -181,13 +184,26 @@ def stream(per_tick: int, ticks: int) -> dict[str, float]:
     return {"rate": state["count"] / span if span > 0 else 0.0}
 
 
-def steps(seconds: float, placed: bool) -> dict[str, float]:
-    """Global delta cycles per wall second of two 1 kHz peers, in two groups or one process."""
+def steps(seconds: float, placed: bool, peer_links: bool = False,
+          groups: int = 2) -> dict[str, float]:
+    """Global delta cycles per wall second of 1 kHz peers messaging each other at every
+    tick (two: both ways; more: a ring), each in a group of its own or all in one
+    process; placed on the host's rounds or on peer links (``MUJOU_PEER_LINKS``)."""
+    factory = nets.make_exchange if groups == 2 else nets.make_ring
+    kwargs = {} if groups == 2 else {"groups": groups}
     if placed:
-        run = mujou.run(nets.make_exchange, placement={"a": "a", "b": "b"},
-                        timer="simulated", duration=seconds, seed=0)
+        before = os.environ.get("MUJOU_PEER_LINKS")
+        os.environ["MUJOU_PEER_LINKS"] = "1" if peer_links else "0"
+        try:
+            run = mujou.run(factory, placement={p: p for p in factory(**kwargs)},
+                            net_kwargs=kwargs, timer="simulated", duration=seconds, seed=0)
+        finally:
+            if before is None:
+                del os.environ["MUJOU_PEER_LINKS"]
+            else:
+                os.environ["MUJOU_PEER_LINKS"] = before
     else:
-        run = mujou.run(nets.make_exchange(), timer="simulated", duration=seconds, seed=0)
+        run = mujou.run(factory(**kwargs), timer="simulated", duration=seconds, seed=0)
     wall = _wall(run)
     ticks = round(seconds * 1000)
     out = {"steps_s": ticks / wall, "wall": wall}
@@ -253,8 +269,12 @@ def measure(cfg: argparse.Namespace, only: list[str]) -> dict[str, dict[str, flo
         if "stream" in only:
             add("stream", stream(cfg.per_tick, cfg.ticks))
         if "steps" in only:
-            add("steps", steps(cfg.sim_seconds, placed=True))
+            add("steps, host rounds", steps(cfg.sim_seconds, placed=True))
+            add("steps", steps(cfg.sim_seconds, placed=True, peer_links=True))
             add("steps in one process", steps(cfg.sim_seconds, placed=False))
+            add("steps, 4 groups, host rounds", steps(cfg.sim_seconds, True, groups=4))
+            add("steps, 4 groups", steps(cfg.sim_seconds, True, peer_links=True, groups=4))
+            add("steps, 4 groups in one process", steps(cfg.sim_seconds, False, groups=4))
         if "cpu" in only:
             add("cpu", cpu(cfg.work, cfg.cpu_seconds))
     return {name: _median(samples) for name, samples in rows.items()}

@@ -451,9 +451,16 @@ def test_the_processes_benchmark_measures_placed_runs(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())["results"]
-    assert list(results) == ["stream", "steps", "steps in one process"]
-    assert results["stream"]["rate"] > 0 and results["steps"]["rounds_s"] > 0
-    assert results["steps in one process"]["steps_s"] > results["steps"]["steps_s"] > 0
+    assert list(results) == ["stream", "steps, host rounds", "steps", "steps in one process",
+                             "steps, 4 groups, host rounds", "steps, 4 groups",
+                             "steps, 4 groups in one process"]
+    assert results["stream"]["rate"] > 0
+    for groups in ("", ", 4 groups"):
+        rounds, peers = results[f"steps{groups}, host rounds"], results[f"steps{groups}"]
+        one = results[f"steps{groups} in one process"]
+        assert rounds["rounds_s"] > 0 and one["steps_s"] > peers["steps_s"] > 0
+        # On peer links the whole run is one segment (no snapshot, no host call).
+        assert peers["rounds_s"] * peers["wall"] == 1
     bad = subprocess.run([sys.executable, script, "--only", "nope"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "unknown workloads ['nope']" in bad.stderr

@@ -51,7 +51,7 @@ from . import cudaipc, wire
 from . import secret as secure
 from ._loopback import Wake  # its home; placed, driver and group name it dataplane.Wake
 
-__all__ = ["Routes", "Grant", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
+__all__ = ["Routes", "Grant", "Segment", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
 
 # (t_ns, delta, sender order, output index, message)
 Item = tuple[int, int, int, int, Any]
@@ -109,12 +109,37 @@ class Grant:
         settled (Key | None): every delta cycle before this key is over in
             every group and its messages are in this grant or an earlier one
             (`Kernel.settle`); None: say nothing.
+        segment (Segment | str | None): peer links (`peers`): run up to
+            ``bound`` exchanging messages and next keys with the other groups
+            directly (a `Segment`); ``"pause"`` / ``"abort"``: end the segment
+            in progress (after a flush / at once); None: a plain grant.
     """
 
     bound: Key | None
     take: bool = False
     messages: list[Item] = dataclasses.field(default_factory=list)
     settled: Key | None = None
+    segment: Segment | str | None = None
+
+
+@dataclasses.dataclass
+class Segment:
+    """What a group needs to run a segment of simulated time on its peer links (`peers`).
+
+    Attributes:
+        number (int): the segment's number in the run (markers of another are stale).
+        generation (int): the mesh's generation: a group whose links are of another
+            generation closes them and opens the ones ``mesh`` describes.
+        promises (dict[str, Key]): a lower bound of the next send of each group
+            that sends to this one, as the host knows it when the segment starts.
+        mesh (dict | None): the mesh (`peers.MeshSpec` as plain data), sent with
+            the first segment of each generation; None: unchanged.
+    """
+
+    number: int
+    generation: int
+    promises: dict[str, Key]
+    mesh: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -134,6 +159,8 @@ class Reply:
             frontier of all groups.
         marker (bool): real time: the answer to a grant with ``take`` (a
             cut's flush): everything the group sent before is on its way.
+        partial (bool): peer links: not the segment's answer, only its
+            failure or published copies so far (the segment goes on).
     """
 
     due: Key | None
@@ -143,6 +170,7 @@ class Reply:
     published: list[Item] = dataclasses.field(default_factory=list)
     frontier: Key = (-1, 0)
     marker: bool = False
+    partial: bool = False
 
 
 def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str | None]:
@@ -378,9 +406,13 @@ class GroupLink(_Link):
         got = self._receive(timeout)
         if got is None:
             return None
-        (bound, take, epoch, settled), items = got
+        (bound, take, epoch, settled, segment), items = got
         self.epoch = epoch
-        return Grant(_key(bound), take, items, _key(settled))
+        if isinstance(segment, list):
+            number, generation, promises, mesh = segment
+            segment = Segment(number, generation, {g: (k[0], k[1]) for g, k in promises.items()},
+                              mesh)
+        return Grant(_key(bound), take, items, _key(settled), segment)
 
     def send(self, reply: Reply) -> None:
         """Send the reply to the grant just run."""
@@ -391,7 +423,8 @@ class GroupLink(_Link):
         else:  # a CUDA sender with a reader on its device here gives device-path messages
             items = cudaipc.host_items(items)
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier, reply.marker, self.epoch], items, len(reply.sends))
+                    reply.frontier, reply.marker, reply.partial, self.epoch], items,
+                   len(reply.sends))
 
 
 class HostLink(_Link):
@@ -433,15 +466,65 @@ class HostLink(_Link):
 
     def send(self, grant: Grant) -> None:
         """Send a grant."""
-        self._send([grant.bound, grant.take, self.epoch, grant.settled], grant.messages)
+        seg = grant.segment
+        if isinstance(seg, Segment):
+            seg = [seg.number, seg.generation, seg.promises, seg.mesh]  # type: ignore[assignment]
+        self._send([grant.bound, grant.take, self.epoch, grant.settled, seg], grant.messages)
 
     def receive(self, timeout: float) -> Reply | None:
         """The group's reply, or None after ``timeout`` seconds without one (or a stale one)."""
         got = self._receive(timeout)
         if got is None:
             return None
-        (due, time_ns, failure, n, frontier, marker, epoch), items = got
+        (due, time_ns, failure, n, frontier, marker, partial, epoch), items = got
         if epoch != self.epoch:
             return None  # its shared-memory blocks are freed all the same (decoded)
         return Reply(_key(due), time_ns, items[:n], failure, items[n:],
-                     (frontier[0], frontier[1]), marker)
+                     (frontier[0], frontier[1]), marker, partial)
+
+
+# The kinds of frame on a peer link (`PeerLink`).
+PEER_ITEMS = 0  # port messages (maybe none) and the sender's promise
+PEER_MARKER = 1  # a paused segment's flush: everything sent before it has arrived
+
+
+class PeerLink(_Link):
+    """One end of the link between two groups of one machine (peer links, `peers`).
+
+    Port messages go from group to group on it, each frame with the sender's
+    *promise* (no send of its will come at a key below it) and the numbers of
+    the mesh generation and segment it belongs to; a frame of another
+    generation is stale (a restore reopened the mesh) and dropped unread.
+    Large tensors cross through this end's shared-memory pool, and the blocks
+    the other end has freed come back on the frames it sends, as on a link to
+    the host.
+
+    Args:
+        address (str): ``ipc://PATH`` in the run's private folder.
+        declared (Sequence[type]): the declared type of every Output (`Routes.declared`).
+        server (bool): this end binds the address (the other connects).
+        mine (str | None): this end's shared-memory pool name; None: inline.
+        theirs (str | None): the other end's pool name (the only one decoded).
+
+    Raises:
+        zmq.ZMQError: the address cannot be bound (the socket is closed).
+    """
+
+    def __init__(self, address: str, declared: Sequence[type], server: bool,
+                 mine: str | None, theirs: str | None) -> None:
+        sock, watch = _open(address, None, None, server)
+        super().__init__(sock, declared, mine, theirs, watch)
+
+    def send(self, kind: int, generation: int, segment: int, promise: Key,
+             items: list[Item]) -> None:
+        """Send a frame: ``items`` (maybe none) and the promise, or a marker."""
+        self._send([kind, generation, segment, promise], cudaipc.host_items(items))
+
+    def receive(self) -> tuple[int, int, int, Key, list[Item]] | None:
+        """The next frame if one is here (never waits): kind, generation, segment,
+        promise, items."""
+        got = self._receive(0)
+        if got is None:
+            return None
+        (kind, generation, segment, promise), items = got
+        return kind, generation, segment, (promise[0], promise[1]), items

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -42,7 +43,7 @@ from ..messages import copy_message
 from ..node import Node
 from ..ports import Input, Port
 from ..supervisor import Supervisor
-from . import control, dataplane, group, tracing
+from . import control, dataplane, group, segments, tracing
 from .dataplane import Item
 from .ending import Ending
 from .failures import Failed, GroupLost, Lost, RemoteTraceback, Stuck, node_error
@@ -50,6 +51,7 @@ from .placement import HOST_GROUP
 from .realtime import MessageAges, RealTimeRelay
 from .recovery import Recovery
 from .rounds import SimulatedRounds
+from .segments import Segments
 
 __all__ = ["RemoteTraceback"]
 
@@ -106,8 +108,6 @@ class _Driver:
         self.run_id = run_id
         self.stop_asked = threading.Event()
         # How the run's time moves (see the module's docstring): asked, never tested.
-        self.timing: SimulatedRounds | RealTimeRelay = (
-            RealTimeRelay(self) if realtime else SimulatedRounds(self))
         self.wake = wake if wake is not None else dataplane.Wake()
         self.start_ns = 0
         self.start_mono_ns = time.monotonic_ns()
@@ -164,6 +164,11 @@ class _Driver:
         self.final_stats: dict[str, dict[str, Any]] | None = None
         self.end = Ending(self)  # the last cut, every group's stop, the final tree
         self.order = [p for p, _ in found]
+        # How the run's time moves (see the module's docstring): asked, never tested.
+        # Peer links (segments.py) are asked for while they are being proven.
+        self.timing: SimulatedRounds | RealTimeRelay = (
+            RealTimeRelay(self) if realtime else Segments(self)
+            if os.environ.get(segments.ENV) == "1" else SimulatedRounds(self))
         # The host's own group's watchdog (group processes run their own): a hook that
         # does not return is logged, as in one process. Started with the driver's thread
         # (`_main`), so that a start that fails before leaves no thread behind.

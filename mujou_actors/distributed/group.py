@@ -42,7 +42,7 @@ from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
 from ..net import walk
 from ..ports import Input
-from . import cudaipc, dataplane
+from . import cudaipc, dataplane, peers
 from ._loopback import alive, signals_blocked
 from .failures import Stuck
 from .heartbeat import Responder
@@ -523,6 +523,7 @@ class GroupServer:
         self._host_pid = host_pid
         self._started_ns = time.monotonic_ns()
         self._closing = threading.Event()
+        self._mesh: peers.PeerMesh | None = None  # peer links (simulated), once asked for
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
         key = load_secret() if secure else None
@@ -602,7 +603,12 @@ class GroupServer:
                 continue
             if self._closing.is_set():
                 break  # closing (told to, or its host is gone): a stopped kernel runs nothing
+            if isinstance(grant.segment, str):
+                continue  # a pause that crossed the segment's answer: that answer was it
             try:
+                if grant.segment is not None:  # peer links (peers.py): it answers itself
+                    self._run_segment(grant)
+                    continue
                 reply = run_grant(self.kernel, self.routes, grant, self.published)
             except BaseException as exc:  # reported to the host, never swallowed
                 if self._closing.is_set():
@@ -622,7 +628,26 @@ class GroupServer:
                 link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                           failure=failure_of(_not_crossing(exc, reply,
                                                                            self.routes))))
+        if self._mesh is not None:
+            self._mesh.close()
         link.close()
+
+    def _run_segment(self, grant: dataplane.Grant) -> None:
+        """A segment on peer links (`peers`), the mesh reopened for a new generation."""
+        segment = grant.segment
+        assert isinstance(segment, dataplane.Segment)
+        mesh = self._mesh
+        if mesh is None or mesh.generation != segment.generation:
+            if mesh is not None:
+                mesh.close()
+                self._mesh = None
+            if segment.mesh is None:
+                raise RuntimeError(f"group {self.group!r}: a segment of mesh generation "
+                                   f"{segment.generation} came without its mesh")
+            mesh = self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
+                                               self.routes.declared)
+        peers.run_segment(self.kernel, self.routes, mesh, self._link, grant, self.published,
+                          self._end_if_host_gone, _step, failure_of)
 
     def _serve_realtime(self) -> None:
         """Real time: ship sends as they come, deliver what arrives, until closed."""

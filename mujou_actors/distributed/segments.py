@@ -1,0 +1,287 @@
+"""A simulated placed run on peer links: the host hands out segments, not rounds.
+
+`Segments` is `rounds.SimulatedRounds` with one method changed: where peer
+links apply (`Segments.applies`), `round` gives every group a *segment*, the
+right to run up to the round's cap with its messages going straight to the
+groups that read them and its time moved by the protocol in `peers`; the host
+waits for the answers and is on no message's path. Everything else of the
+rounds (the start, cuts, snapshots, restarts, the end, host requests between
+rounds) is the same, because a segment ends as a round does: every message
+sent in it is in its reader's kernel, and every group's next key is known.
+
+A segment ends by itself when nothing is left up to its cap. The host ends it
+sooner (a *pause*) for a host request (it is served between segments as
+between rounds), a stop, or a node's failure (the supervisor decides then, as
+after a round); a group's death *aborts* it (no flush: the restore that
+follows reopens the mesh under a new generation).
+
+Peer links apply on one machine (``ipc://``), to runs with every node in a
+group process (none in the host's), without CUDA IPC, without a recording of
+ports, and when no cycle of triggering links joins groups (`triggering_cycle`).
+They are turned on with ``MUJOU_PEER_LINKS=1`` while they are being proven.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from .._runtime.keys import Key
+from . import dataplane
+from .failures import Failed, GroupLost, Stuck, node_error
+from .peers import FAR, after
+from .rounds import POLL_S, SimulatedRounds
+
+_Driver = Any
+_Group = Any
+
+__all__ = ["Segments", "mesh_spec", "triggering_cycle", "links_between", "ENV"]
+
+log = logging.getLogger("mujou_actors")
+
+ENV = "MUJOU_PEER_LINKS"  # "1": simulated placed runs on one machine use peer links
+ABORT_WAIT_S = 5.0  # how long the groups that live get to answer an abort
+
+
+def links_between(routes: dataplane.Routes, owner: dict[str, str]
+                  ) -> tuple[dict[str, dict[int, list[str]]], dict[str, set[str]],
+                             dict[str, set[str]]]:
+    """Who sends to whom: per group, its Outputs read in other groups (with those
+    groups), the groups that send to it, and those whose messages trigger one of
+    its nodes.
+
+    Args:
+        routes (dataplane.Routes): the net's Outputs and their readers.
+        owner (dict[str, str]): node path -> group.
+    """
+    out: dict[str, dict[int, list[str]]] = {}
+    ins: dict[str, set[str]] = {}
+    trig_in: dict[str, set[str]] = {}
+    for o, path in enumerate(routes.outputs):
+        sender = owner[path.rpartition(".")[0]]
+        readers: dict[str, bool] = {}
+        for r in routes.readers[o]:
+            g = owner[r.rpartition(".")[0]]
+            readers[g] = readers.get(g, False) or r in routes.triggering[o]
+        for g, triggers in sorted(readers.items()):
+            if g == sender:
+                continue
+            out.setdefault(sender, {}).setdefault(o, []).append(g)
+            ins.setdefault(g, set()).add(sender)
+            if triggers:
+                trig_in.setdefault(g, set()).add(sender)
+    return out, ins, trig_in
+
+
+def triggering_cycle(trig_in: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of groups each of which triggers a node of the next, or None.
+
+    On such a cycle a promise moves one delta cycle per exchange (the null
+    message storm of Chandy-Misra-Bryant with zero lookahead in time), so the
+    host's rounds serve it better.
+    """
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    for start in sorted(trig_in):
+        if state.get(start):
+            continue
+        path = [start]
+        stack = [iter(sorted(trig_in.get(start, ())))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+                continue
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(trig_in.get(nxt, ()))))
+    return None
+
+
+def mesh_spec(folder: str, groups: list[_Group], out: dict[str, dict[int, list[str]]],
+              ins: dict[str, set[str]], trig_in: dict[str, set[str]]) -> dict[str, Any]:
+    """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only)."""
+    return {"folder": folder, "groups": sorted(g.name for g in groups),
+            "pools": {g.name: g.spawn.get("pools") for g in groups},
+            "out": {g: [[o, rs] for o, rs in sorted(by.items())] for g, by in out.items()},
+            "ins": {g: sorted(s) for g, s in ins.items()},
+            "trig_in": {g: sorted(s) for g, s in trig_in.items()}}
+
+
+class Segments(SimulatedRounds):
+    """`rounds.SimulatedRounds` whose rounds are segments on peer links where they apply.
+
+    Args:
+        driver (driver._Driver): the run's driver.
+    """
+
+    def __init__(self, driver: _Driver) -> None:
+        super().__init__(driver)
+        self.segments = 0  # segments answered (rounds counts them too, as a round each)
+        self._number = 0
+        self._generation = 0
+        self._layout: tuple[Any, ...] | None = None  # the groups' processes and epochs
+        self._sent_mesh: set[str] = set()  # groups told this generation's mesh
+        out, ins, trig_in = links_between(driver.routes, driver.owner)
+        self._links = out, ins, trig_in
+        cycle = triggering_cycle(trig_in)
+        self._why_not = None if cycle is None else (
+            "a cycle of triggering links between groups " + " -> ".join(map(repr, cycle)))
+        if self._why_not is not None:
+            log.info("placed run: the host's rounds, not peer links: %s", self._why_not)
+
+    def applies(self) -> bool:
+        """Whether the next round may be a segment (see the module's docstring)."""
+        driver = self.driver
+        if self._why_not is not None or driver.item_listeners:
+            return False
+        return all(g.remote and g.member is None and g.link.ipc is None
+                   and g.name not in driver.dead for g in driver.groups.values())
+
+    def round(self, cap: Key | None) -> bool:
+        """A segment up to ``cap`` (or the end) where peer links apply, else a round.
+
+        Returns False when no group may run (the end, or the cap reached).
+        """
+        if not self.applies():
+            return super().round(cap)
+        driver = self.driver
+        limit = driver.end_key if cap is None else cap
+        groups = list(driver.groups.values())
+        if not any(g.due is not None and (limit is None or g.due <= limit) for g in groups):
+            return False
+        self._renew_mesh(groups)
+        promises = self._promises(groups)
+        self._number += 1  # a marker names its segment: one of an earlier one is stale
+        generation = self._generation
+        for g in groups:
+            messages, g.queued = g.queued, []
+            g.waiting = True
+            mesh = None
+            if g.name not in self._sent_mesh:
+                mesh = mesh_spec(driver.tmpdir, groups, *self._links)
+                self._sent_mesh.add(g.name)
+            seg = dataplane.Segment(self._number, generation,
+                                    {p: k for p, k in promises.items() if p != g.name}, mesh)
+            g.link.send(dataplane.Grant(limit, False, messages, None, seg))
+        self._collect_segment(groups)
+        self.segments += 1
+        self.rounds += 1
+        return True
+
+    def wake(self) -> None:
+        """A host request was queued: the segment in progress is paused for it."""
+        self.driver.wake.set()
+
+    # -- the mesh ---------------------------------------------------------------------------
+    def _renew_mesh(self, groups: list[_Group]) -> None:
+        """A new generation when a group's process or epoch changed (a restart, a restore):
+        the old links may hold frames of the abandoned timeline."""
+        layout = tuple((g.name, g.pid, g.launches, g.link.epoch) for g in groups)
+        if layout != self._layout:
+            self._layout = layout
+            self._generation += 1
+            self._sent_mesh.clear()
+
+    def _promises(self, groups: list[_Group]) -> dict[str, Key]:
+        """Each group's promise from the next keys the host knows: the least of its
+        own and, one delta cycle later, those of the groups that trigger it (a fixed
+        point; the triggering links form no cycle)."""
+        _, _, trig_in = self._links
+        promise = {g.name: FAR if g.due is None else g.due for g in groups}
+        for _ in range(len(groups)):
+            changed = False
+            for name in promise:
+                for p in trig_in.get(name, ()):
+                    k = after(promise[p])
+                    if k < promise[name]:
+                        promise[name], changed = k, True
+            if not changed:
+                break
+        return promise
+
+    # -- the answers ------------------------------------------------------------------------
+    def _collect_segment(self, groups: list[_Group]) -> None:
+        """Wait for every group's answer; pause the segment for a request, a stop or a
+        failure; abort it when a group dies (raised as `GroupLost` once the others
+        answered)."""
+        driver = self.driver
+        pending = {g.name: g for g in groups}
+        poller = zmq.Poller()
+        for g in groups:
+            poller.register(g.link.sock, zmq.POLLIN)
+        poller.register(driver.wake.fileno(), zmq.POLLIN)
+        notices = getattr(driver.system, "notices", None)
+        if notices is not None:
+            poller.register(notices, zmq.POLLIN)
+        failed: tuple[Any, str] | None = None
+        paused = False
+        finals: list[tuple[_Group, dataplane.Reply]] = []
+        while pending:
+            ready = dict(poller.poll(int(POLL_S * 1000)))
+            if driver.wake.fileno() in ready:
+                driver.wake.clear()
+            for name, g in list(pending.items()):
+                while g.link.sock in ready and (reply := g.link.receive(0)) is not None:
+                    if reply.failure is not None and failed is None:
+                        failed = node_error(g.name, reply.failure), g.name
+                    driver._route(g, reply)  # published copies (sends cross directly)
+                    if not reply.partial:
+                        finals.append((g, reply))
+                        del pending[name]
+                        break
+            if not paused and pending and (failed is not None or driver.stop_asked.is_set()
+                                           or not driver.requests.empty()):
+                self._end_segment(pending.values(), "pause")
+                paused = True
+            try:
+                driver._check_exits()
+            except GroupLost as lost:
+                self._abort(pending, finals, lost.exit.group)
+                raise
+            if driver.stop_asked.is_set() and pending and driver._stop_left() <= 0:
+                raise Stuck(self.busy_in(list(pending.values())))
+        self._take_finals(finals)
+        if failed is not None:
+            err, name = failed
+            raise Failed(err, name, err.path)
+
+    def _end_segment(self, groups: Any, how: str) -> None:
+        for g in groups:
+            g.link.send(dataplane.Grant(None, False, [], None, how))
+
+    def _abort(self, pending: dict[str, _Group], finals: list[Any], died: str) -> None:
+        """A group died: the others end the segment at once; their answers are waited
+        for (a bounded while), so that no answer of this segment is read as the next's."""
+        driver = self.driver
+        living = {n: g for n, g in pending.items() if n != died and n not in driver.dead}
+        self._end_segment(living.values(), "abort")
+        until = time.monotonic() + ABORT_WAIT_S
+        while living and time.monotonic() < until:
+            for name, g in list(living.items()):
+                reply = g.link.receive(POLL_S / len(living))
+                if reply is not None and not reply.partial:
+                    finals.append((g, reply))
+                    del living[name]
+        self._take_finals(finals)
+        self._layout = None  # the mesh is reopened after the restore
+
+    def _take_finals(self, finals: list[tuple[_Group, dataplane.Reply]]) -> None:
+        """The answers' next keys, frontiers and times, as `_take_replies` takes a round's."""
+        driver = self.driver
+        for g, reply in finals:
+            g.waiting = False
+            g.due = reply.due
+            if reply.frontier > g.frontier:
+                g.frontier = reply.frontier
+            if reply.time_ns > g.time_ns:
+                g.time_ns = reply.time_ns
+                if reply.time_ns > driver.time_ns:
+                    driver.time_ns = reply.time_ns

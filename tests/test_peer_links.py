@@ -1,0 +1,321 @@
+"""Peer links: simulated placed runs whose groups move their time themselves.
+
+With ``MUJOU_PEER_LINKS=1`` a simulated run placed on one machine, with no node
+in the host's group, runs in *segments* (distributed/segments.py): messages go
+from group to group, and each group runs a delta cycle once every group that
+sends to it has promised nothing below it (distributed/peers.py). The
+properties of tests/test_placed_random.py hold unchanged: random nets, placed
+in 1-3 groups (every node placed), end bit-identical to one process, with
+the same counts; a cut taken while they run (a pause of the segment) is one
+process's state; nodes that fail once restart as in one process. The protocol's
+pieces are checked on their own first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mujou_actors as mujou
+from mujou_actors.distributed import dataplane, peers, placed, segments
+from mujou_actors.errors import NodeError
+from tests import placed_support, random_nets
+from tests.placed_support import InProcessSystem
+from tests.random_nets import GROUPS, nets
+from tests.test_placed import assert_same_tree, placed_run, single
+from tests.test_placed_random import (SETTINGS, _args, _assert_same_counts, _examples,
+                                      _placed, _placed_end, _single, _supervised_single)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def peer_links() -> Iterator[None]:
+    """``MUJOU_PEER_LINKS=1`` for the runs started inside."""
+    before = os.environ.get(segments.ENV)
+    os.environ[segments.ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[segments.ENV]
+        else:
+            os.environ[segments.ENV] = before
+
+
+def _used_segments(run: Any) -> None:
+    """Every round of the run was a segment, unless its net has a cycle of triggering
+    links between groups (then none was)."""
+    timing = run._driver.timing
+    assert isinstance(timing, segments.Segments)
+    if timing._why_not is None:
+        assert timing.segments == timing.rounds
+    else:
+        assert timing.segments == 0
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+class _Routes:
+    """What `links_between` reads of `dataplane.Routes`."""
+
+    def __init__(self, outputs: dict[str, list[tuple[str, bool]]]) -> None:
+        self.outputs = sorted(outputs)
+        self.readers = [[r for r, _ in outputs[o]] for o in self.outputs]
+        self.triggering = [{r for r, t in outputs[o] if t} for o in self.outputs]
+
+
+def test_links_between_groups_name_senders_readers_and_triggers() -> None:
+    routes = _Routes({"a.out": [("b.inp", True), ("c.inp", False), ("a2.inp", True)],
+                      "b.out": [("c.x", False)], "c.out": []})
+    owner = {"a": "g1", "a2": "g1", "b": "g2", "c": "g3"}
+    out, ins, trig_in = segments.links_between(routes, owner)  # type: ignore[arg-type]
+    assert out == {"g1": {0: ["g2", "g3"]}, "g2": {1: ["g3"]}}
+    assert ins == {"g2": {"g1"}, "g3": {"g1", "g2"}}
+    assert trig_in == {"g2": {"g1"}}  # a reader in its own group is no link
+
+
+@pytest.mark.parametrize("trig_in, cycle", [
+    ({}, None),
+    ({"b": {"a"}, "c": {"b"}}, None),
+    ({"b": {"a"}, "a": {"b"}}, ["a", "b", "a"]),
+    ({"b": {"a"}, "c": {"b"}, "a": {"c"}}, ["a", "c", "b", "a"]),
+    ({"d": {"a"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+])
+def test_a_cycle_of_triggering_links_is_found(trig_in: dict, cycle: list | None) -> None:
+    assert segments.triggering_cycle(trig_in) == cycle
+
+
+def test_a_promise_is_the_least_of_the_own_next_key_and_the_triggers_next_delta() -> None:
+    mesh = peers.PeerMesh.__new__(peers.PeerMesh)
+    mesh.trig_in = ["a"]
+    mesh.ins = ["a"]
+    mesh.promise_in = {"a": (5, 2), "b": (7, 0)}
+    assert mesh.promise((9, 0)) == (5, 3)  # a may trigger it at (5, 3)
+    assert mesh.promise((4, 0)) == (4, 0)
+    assert mesh.promise(None) == (5, 3)
+    assert mesh.bound() == (5, 2)  # a's messages first
+    assert mesh.done((5, 1)) and not mesh.done((5, 2))
+    # b sends it nothing: it bounds the instants only (b may still fail at instant 3).
+    mesh.promise_in = {"a": (5, 2), "b": (3, 4)}
+    assert mesh.bound() == (3, peers.LAST_DELTA)
+    mesh.ins = ["a", "b"]  # b sends to it without triggering: it bounds, no more
+    assert mesh.bound() == (3, 4) and mesh.promise(None) == (5, 3)
+    mesh.promise_in = {"a": peers.FAR, "b": peers.FAR}
+    assert mesh.promise(None) == peers.FAR and peers.after(peers.FAR) == peers.FAR
+
+
+def test_a_segment_and_a_pause_cross_the_link_as_sent(tmp_path) -> None:
+    routes = dataplane.Routes([], {})
+    host = dataplane.HostLink(f"ipc://{tmp_path}/h", routes)
+    group = dataplane.GroupLink(f"ipc://{tmp_path}/h", routes)
+    try:
+        seg = dataplane.Segment(3, 2, {"a": (5, 1)}, {"folder": "x"})
+        host.send(dataplane.Grant((9, 0), False, [], None, seg))
+        got = group.receive(5)
+        assert got is not None and got.segment == seg and got.bound == (9, 0)
+        host.send(dataplane.Grant(None, False, [], None, "pause"))
+        got = group.receive(5)
+        assert got is not None and got.segment == "pause" and got.bound is None
+        group.send(dataplane.Reply((7, 0), 7, [], partial=True))
+        reply = host.receive(5)
+        assert reply is not None and reply.partial and reply.due == (7, 0)
+    finally:
+        group.close()
+        host.close()
+
+
+# -- whole runs ------------------------------------------------------------------------------
+
+def test_a_fully_placed_run_on_peer_links_matches_one_process() -> None:
+    expected = single(0.1)
+    with peer_links():
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+    run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    _used_segments(run)
+    assert run._driver.timing.rounds < 10  # segments, not a round per delta cycle
+
+
+def test_a_run_with_nodes_in_the_hosts_group_keeps_the_rounds() -> None:
+    expected = single(0.1)
+    with peer_links():
+        run = placed_run({"sim": "a", "ctrl": "b"}, 0.1)  # log stays on the host
+    run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    assert run._driver.timing.segments == 0
+
+
+def test_a_hook_that_fails_in_a_segment_fails_the_run_naming_it() -> None:
+    placed_support.Flaky.failures = 0
+    with peer_links():
+        run = placed.start(placed_support.make_flaky, placement={"flaky": "a", "sim": "b", "ctrl": "b",
+                                                  "log": "b", "count": "a"},
+                           net_kwargs=None, args=_args(0.1, workers=1, seed=7),
+                           inputs=None, state=None, make_system=InProcessSystem)
+    with pytest.raises(NodeError, match="flaky at tick 5") as info:
+        run.join(30)
+    assert info.value.path == "flaky"
+    _used_segments(run)
+
+
+@st.composite
+def _fully_placed(draw: st.DrawFn, clock: bool = False, fail: bool = False
+                  ) -> tuple[dict, dict]:
+    """A random net (with a periodic ``clock`` source; with nodes failing once), every
+    node placed in one of the groups."""
+    desc = draw(nets(max_top=4))
+    nodes = [dict(n) for n in desc["nodes"]]
+    edges = list(desc["edges"])
+    if clock:
+        nodes.append({"path": "clock", "period_us": draw(st.sampled_from([1000, 2000])),
+                      "outs": ["int"], "ins": [], "sends": 1, "burst": 1, "start": False})
+        readers = [(i, k) for i, n in enumerate(nodes) for k, spec in enumerate(n["ins"])
+                   if spec[0] in ("int", "float", "object")]
+        for i, k in draw(st.lists(st.sampled_from(readers), unique=True, max_size=3)
+                         if readers else st.just([])):
+            edges.append([len(nodes) - 1, 0, i, k])
+    if fail:
+        for i in draw(st.lists(st.sampled_from(range(len(nodes))), min_size=1, max_size=2,
+                               unique=True)):
+            nodes[i]["fail_at"] = draw(st.integers(1, 6))
+    desc = {"nodes": nodes, "edges": edges}
+    placement = {n["path"]: draw(st.sampled_from(GROUPS)) for n in nodes}
+    return desc, placement
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(30), **SETTINGS)
+@given(net=_fully_placed(), workers=st.integers(1, 3), duration_ms=st.integers(1, 20),
+       seed=st.integers(0, 2**32))
+def test_a_random_net_on_peer_links_ends_bit_identical_to_one_process(
+        net: tuple[dict, dict], workers: int, duration_ms: int, seed: int) -> None:
+    desc, placement = net
+    duration = duration_ms / 1000
+    expected, expected_stats = _single(desc, duration, seed=seed)
+    with peer_links():
+        run = _placed(desc, placement, duration, seed=seed, workers=workers)
+    try:
+        run.join(60)
+    finally:
+        run.stop()
+    assert_same_tree(run.state_dict(), expected)
+    _assert_same_counts(run.stats(), expected_stats)
+    _used_segments(run)
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(10), **SETTINGS)
+@given(net=_fully_placed(clock=True), workers=st.integers(1, 3), ticks=st.integers(1, 8),
+       seed=st.integers(0, 2**32))
+def test_a_cut_of_a_random_net_on_peer_links_is_one_processs_state(
+        net: tuple[dict, dict], workers: int, ticks: int, seed: int) -> None:
+    """A state_dict while the segment runs (it pauses it, serves the cut, goes on), a
+    subscription and stats between two cuts: each cut one process's state at its time."""
+    desc, placement = net
+    with peer_links():
+        run = _placed(desc, placement, None, seed=seed, workers=workers)
+    try:
+        count = iter(range(ticks))
+        run.wait_for("clock.o0", lambda v: next(count, None) is None, timeout=30)
+        tree = run.state_dict(timeout=30)
+        run.stats()
+        second = run.state_dict(timeout=30)
+    finally:
+        run.stop()
+    run.join(30)
+    for cut in (tree, second):
+        at_cut, _ = _single(desc, cut["time_ns"] / 1e9, seed=seed)
+        assert_same_tree(cut, at_cut)
+    assert second["time_ns"] >= tree["time_ns"] >= ticks * 1_000_000
+    final = run.state_dict()
+    at_end, _ = _single(desc, final["time_ns"] / 1e9, seed=seed)
+    assert_same_tree(final, at_end)
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(16), **SETTINGS)
+@given(net=_fully_placed(fail=True), strategy=st.sampled_from(["one_for_all", "one_for_one"]),
+       every_us=st.sampled_from([1000, 2000, 2500]), workers=st.integers(1, 3),
+       duration_ms=st.integers(2, 15), seed=st.integers(0, 2**32))
+def test_a_random_net_on_peer_links_restarts_a_failed_node_as_one_process(
+        net: tuple[dict, dict], strategy: str, every_us: int, workers: int, duration_ms: int,
+        seed: int) -> None:
+    desc, placement = net
+    duration = duration_ms / 1000
+
+    def supervisor() -> mujou.Supervisor:
+        return mujou.Supervisor(strategy, snapshot_every=every_us / 1e6)
+
+    expected, expected_stats = _supervised_single(desc, duration, seed, supervisor())
+    random_nets.reset_failures()
+    with peer_links():
+        got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers,
+                                 supervisor=supervisor())
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
+    assert stats.snapshots.count == expected_stats.snapshots.count
+
+
+def test_the_exchange_net_runs_one_segment_and_ends_as_one_process() -> None:
+    """Two periodic peers messaging each other at every tick (benchmarks/processes.py's
+    steps): one segment for the whole run, the same counts as one process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import _placed_nets as bench_nets  # noqa: PLC0415 - a benchmark's net, on its path
+    with mujou.run(bench_nets.make_exchange(), timer="simulated", duration=0.05,
+                   seed=0) as one:
+        one.join(30)
+    with peer_links():
+        run = placed.start(bench_nets.make_exchange, placement={"a": "a", "b": "b"},
+                           net_kwargs=None, args=_args(0.05, workers=1, seed=0), inputs=None,
+                           state=None, make_system=InProcessSystem)
+    run.join(30)
+    assert run.state_dict()["nodes"] == one.state_dict()["nodes"] == {
+        "a": {"n": 50, "got": 50 * 49 // 2}, "b": {"n": 50, "got": 50 * 49 // 2}}
+    assert run._driver.timing.segments == 1
+
+
+
+# -- group processes ---------------------------------------------------------------------------
+
+ALL_PLACED = {"crasher": "fragile", "count": "a", "sim": "a", "ctrl": "b", "log": "b"}
+
+
+def test_a_killed_group_on_peer_links_is_restored_and_ends_as_one_process(tmp_path) -> None:
+    """SIGKILL of a group process in a segment: the others abort it, the supervisor
+    restores every group from the latest snapshot, the mesh is reopened, and the run
+    ends equal to one process that never crashed."""
+    reference = single(0.2, factory=placed_support.make_crashing)
+    marker = str(tmp_path / "crashed")
+    with peer_links():
+        run = mujou.run(placed_support.make_crashing, placement=ALL_PLACED,
+                        net_kwargs={"marker": marker, "at": 7}, timer="simulated",
+                        duration=0.2, seed=7,
+                        supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
+    run.join(120)
+    assert os.path.exists(marker)  # it did crash, once
+    assert_same_tree(run.state_dict(), reference)
+    stats = run.stats()
+    assert stats.nodes["crasher"].restarts == 1 and stats.nodes["sim"].restarts == 1
+    timing = run._driver.timing  # type: ignore[attr-defined]
+    assert timing.segments > 0 and timing._generation >= 2  # reopened after the restore
+
+
+def test_a_dead_group_on_peer_links_ends_the_run_with_group_died_at_once(tmp_path) -> None:
+    from mujou_actors.errors import GroupDied
+    marker = str(tmp_path / "crashed")
+    with peer_links():
+        run = mujou.run(placed_support.make_crashing, placement=ALL_PLACED,
+                        net_kwargs={"marker": marker, "at": 3, "how": "exit"},
+                        timer="simulated", duration=1.0, seed=7)
+    with pytest.raises(GroupDied, match="'fragile'") as info:
+        run.join(60)
+    assert info.value.pid == int(open(marker).read())
