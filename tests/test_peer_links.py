@@ -1,7 +1,7 @@
 """Peer links: simulated placed runs whose groups move their time themselves.
 
-With ``MUJOU_PEER_LINKS=1`` a simulated run placed on one machine, with no node
-in the host's group, runs in *segments* (distributed/segments.py): messages go
+A simulated run placed on one machine, with no node in the host's group, runs
+in *segments* (``MUJOU_PEER_LINKS=0`` keeps the rounds) (distributed/segments.py): messages go
 from group to group, and each group runs a delta cycle once every group that
 sends to it has promised nothing below it (distributed/peers.py). The
 properties of tests/test_placed_random.py hold unchanged: random nets, placed
@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import mujou_actors as mujou
 from mujou_actors.distributed import dataplane, peers, placed, segments
+from mujou_actors.distributed.rounds import SimulatedRounds
 from mujou_actors.errors import NodeError
 from tests import placed_support, random_nets
 from tests.placed_support import InProcessSystem
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @contextlib.contextmanager
 def peer_links() -> Iterator[None]:
-    """``MUJOU_PEER_LINKS=1`` for the runs started inside."""
+    """Peer links for the runs started inside, whatever the environment says."""
     before = os.environ.get(segments.ENV)
     os.environ[segments.ENV] = "1"
     try:
@@ -143,6 +144,26 @@ def test_a_fully_placed_run_on_peer_links_matches_one_process() -> None:
     assert_same_tree(run.state_dict(), expected)
     _used_segments(run)
     assert run._driver.timing.rounds < 10  # segments, not a round per delta cycle
+
+
+def test_peer_links_are_the_default_and_mujou_peer_links_0_keeps_the_rounds() -> None:
+    expected = single(0.1)
+    before = os.environ.pop(segments.ENV, None)
+    try:
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+        assert run._driver.timing.segments == run._driver.timing.rounds > 0
+        os.environ[segments.ENV] = "0"
+        rounds = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        rounds.join(30)
+    finally:
+        os.environ.pop(segments.ENV, None)
+        if before is not None:
+            os.environ[segments.ENV] = before
+    assert type(rounds._driver.timing) is SimulatedRounds
+    assert rounds._driver.timing.rounds >= 20  # a round per instant that crosses
+    assert_same_tree(run.state_dict(), expected)
+    assert_same_tree(rounds.state_dict(), expected)
 
 
 def test_a_run_with_nodes_in_the_hosts_group_keeps_the_rounds() -> None:

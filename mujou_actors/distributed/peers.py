@@ -2,8 +2,8 @@
 
 With the host's rounds (`rounds.SimulatedRounds`) every delta cycle that
 sends to another group costs a round trip through the host: a grant, the
-reply, the host's routing, the next grant. On peer links (one machine,
-``MUJOU_PEER_LINKS=1``: `segments.Segments` says when they apply) the host
+reply, the host's routing, the next grant. On peer links (one machine:
+`segments.Segments` says when they apply) the host
 hands every group a *segment*, a key up to which it may run (the next
 snapshot, the end, or none), and the groups move their time between them
 with the conservative protocol of Chandy, Misra and Bryant (Misra, 1986,

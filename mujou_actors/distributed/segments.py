@@ -17,8 +17,9 @@ follows reopens the mesh under a new generation).
 
 Peer links apply on one machine (``ipc://``), to runs with every node in a
 group process (none in the host's), without CUDA IPC, without a recording of
-ports, and when no cycle of triggering links joins groups (`triggering_cycle`).
-They are turned on with ``MUJOU_PEER_LINKS=1`` while they are being proven.
+ports, and when no cycle of triggering links joins groups (`triggering_cycle`);
+``MUJOU_PEER_LINKS=0`` in the host's environment keeps the rounds for every run
+(to compare, or to rule peer links out when chasing a defect).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = ["Segments", "mesh_spec", "triggering_cycle", "links_between", "ENV"]
 
 log = logging.getLogger("mujou_actors")
 
-ENV = "MUJOU_PEER_LINKS"  # "1": simulated placed runs on one machine use peer links
+ENV = "MUJOU_PEER_LINKS"  # "0": every simulated placed run keeps the host's rounds
 ABORT_WAIT_S = 5.0  # how long the groups that live get to answer an abort
 
 
