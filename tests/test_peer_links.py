@@ -302,6 +302,10 @@ def test_the_exchange_net_runs_one_segment_and_ends_as_one_process() -> None:
     assert run.state_dict()["nodes"] == one.state_dict()["nodes"] == {
         "a": {"n": 50, "got": 50 * 49 // 2}, "b": {"n": 50, "got": 50 * 49 // 2}}
     assert run._driver.timing.segments == 1
+    groups = run.stats().groups
+    for g in ("a", "b"):  # every message counted once each way, on the peer link
+        assert groups[g].messages_out == groups[g].messages_in == 50
+        assert groups[g].bytes_out > 0 and groups[g].bytes_in > 0
 
 
 

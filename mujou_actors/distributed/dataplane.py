@@ -518,7 +518,8 @@ class PeerLink(_Link):
     def send(self, kind: int, generation: int, segment: int, promise: Key,
              items: list[Item]) -> None:
         """Send a frame: ``items`` (maybe none) and the promise, or a marker."""
-        self._send([kind, generation, segment, promise], cudaipc.host_items(items))
+        # Counted by the mesh, once per message (a message may cross to several groups).
+        self._send([kind, generation, segment, promise], cudaipc.host_items(items), 0)
 
     def receive(self) -> tuple[int, int, int, Key, list[Item]] | None:
         """The next frame if one is here (never waits): kind, generation, segment,

@@ -638,14 +638,16 @@ class GroupServer:
         assert isinstance(segment, dataplane.Segment)
         mesh = self._mesh
         if mesh is None or mesh.generation != segment.generation:
+            before = [0, 0, 0, 0]
             if mesh is not None:
+                before = mesh.traffic()
                 mesh.close()
                 self._mesh = None
             if segment.mesh is None:
                 raise RuntimeError(f"group {self.group!r}: a segment of mesh generation "
                                    f"{segment.generation} came without its mesh")
             mesh = self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
-                                               self.routes.declared)
+                                               self.routes.declared, before)
         peers.run_segment(self.kernel, self.routes, mesh, self._link, grant, self.published,
                           self._end_if_host_gone, _step, failure_of)
 
@@ -750,7 +752,7 @@ class GroupServer:
             self.published.listen(kernel, request.output)
             return None
         if isinstance(request, Stats):
-            return link_stats(kernel, self._link, self._counted)
+            return link_stats(kernel, self._link, self._counted, self._mesh)
         if isinstance(request, Busy):
             return kernel.dispatcher.busy_hooks()
         if isinstance(request, TakeTrace):
@@ -905,8 +907,8 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
 
 
 
-def link_stats(kernel: Kernel, link: Any,
-               counted: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | None,
+               mesh: peers.PeerMesh | None = None) -> dict[str, Any]:
     """A group's figures as plain counts for `Run.stats` (the host makes the frozen records).
 
     Args:
@@ -915,12 +917,17 @@ def link_stats(kernel: Kernel, link: Any,
             ``bytes_in``, ``bytes_out``): a `dataplane.GroupLink`, or the host's
             own group's `LocalLink`.
         counted: the counts of the group's kernels a restart replaced (`node_stats`).
+        mesh (peers.PeerMesh | None): its peer links, whose traffic adds to the
+            link's (the meshes a restore closed included); None: none.
     """
     t = os.times()
+    traffic = [link.messages_in, link.messages_out, link.bytes_in, link.bytes_out]
+    if mesh is not None:
+        traffic = [a + b for a, b in zip(traffic, mesh.traffic(), strict=True)]
     return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
             "nodes": node_stats(kernel, counted),
-            "messages_in": link.messages_in, "messages_out": link.messages_out,
-            "bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
+            "messages_in": traffic[0], "messages_out": traffic[1],
+            "bytes_in": traffic[2], "bytes_out": traffic[3]}
 
 
 def node_stats(kernel: Kernel,

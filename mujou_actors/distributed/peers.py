@@ -85,14 +85,19 @@ class PeerMesh:
             ``trig_in`` (per group: the groups that send to it, and those
             whose messages trigger one of its nodes).
         declared (list[type]): every Output's declared type (`Routes.declared`).
+        traffic (list[int] | None): the counts of the mesh this one replaces
+            (`traffic`), carried on; None: from zero.
 
     Raises:
         zmq.ZMQError: a link's address cannot be bound (the links opened are closed).
     """
 
     def __init__(self, me: str, generation: int, spec: dict[str, Any],
-                 declared: list[type]) -> None:
+                 declared: list[type], traffic: list[int] | None = None) -> None:
         self.me = me
+        # Port messages sent (once each, however many groups read it) and received,
+        # bytes sent and received: from `traffic` (the mesh this one replaces) on.
+        self._traffic = list(traffic or (0, 0, 0, 0))
         self.generation = generation
         groups: list[str] = spec["groups"]
         mine = groups.index(me)
@@ -151,6 +156,18 @@ class PeerMesh:
         """Whether no group that sends to this one may still send up to ``cap``."""
         promise_in = self.promise_in
         return all(promise_in[p] > cap for p in self.ins)
+
+    def traffic(self) -> list[int]:
+        """``[messages_in, messages_out, bytes_in, bytes_out]`` on these links and the
+        ones they replaced (a message sent to several groups counts once out)."""
+        links = self.links.values()
+        t = self._traffic
+        return [t[0] + sum(k.messages_in for k in links), t[1],
+                t[2] + sum(k.bytes_in for k in links), t[3] + sum(k.bytes_out for k in links)]
+
+    def count_sent(self, messages: int) -> None:
+        """``messages`` port messages went out (each once, whatever groups read it)."""
+        self._traffic[1] += messages
 
     def close(self) -> None:
         """Close every link (its shared-memory pool goes with it)."""
@@ -221,10 +238,15 @@ class _Segment:
         mesh = self.mesh
         index = self.routes.output_index
         per: dict[str, list[dataplane.Item]] = {}
+        crossing = 0
         for s in sends:
             o = index[s.output]
-            for q in mesh.out.get(o, ()):
-                per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
+            readers = mesh.out.get(o)
+            if readers:
+                crossing += 1
+                for q in readers:
+                    per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
+        mesh.count_sent(crossing)
         promise = self.kernel.frontier if self.failure is not None else mesh.promise(due)
         if self.failure is not None and mesh.announced is not None:
             promise = min(promise, mesh.announced)
