@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -344,3 +345,32 @@ def test_a_dead_group_on_peer_links_ends_the_run_with_group_died_at_once(tmp_pat
     with pytest.raises(GroupDied, match="'fragile'") as info:
         run.join(60)
     assert info.value.pid == int(open(marker).read())
+
+
+def test_the_host_api_pauses_the_segment_and_reaches_every_group() -> None:
+    """subscribe, wait_for, read, write and stats while segments run: each pauses the
+    segment, is served between two segments as between two rounds, and the run goes on
+    on peer links (a timed subscription or a recording would keep the rounds)."""
+    run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, None)
+    seen: list[Any] = []
+    try:
+        sub = run.subscribe("ctrl.cmd", seen.append)
+        first = run.wait_for("sim.out", timeout=20)
+        assert first.shape == (3,)
+        assert run.read("sim.out").shape == (3,)
+        run.write("log.cmd", torch.full((3,), 7.0))
+        run.write("ctrl.obs", torch.zeros(3))  # ctrl counts it: one more than sim's ticks
+        run.wait_for("ctrl.cmd", timeout=20)
+        stats = run.stats()
+        tree = run.state_dict(timeout=20)
+    finally:
+        run.stop()
+    run.join()
+    timing = run._driver.timing
+    assert timing.segments == timing.rounds > 1  # paused and resumed, never a round
+    assert set(stats.groups) == {"a", "b", "c"}
+    assert sub.delivered >= 1 and len(seen) == sub.delivered
+    assert ["cmd", [7.0, 7.0, 7.0]] in tree["nodes"]["log"]["seen"]
+    pending = len(tree["pending"].get("ctrl.obs", []))
+    ticks = tree["schedule"]["sim"]["last_update_ns"] // 10**7
+    assert tree["nodes"]["ctrl"]["n"] + pending == ticks + 1
