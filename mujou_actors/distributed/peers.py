@@ -200,10 +200,21 @@ class _Segment:
             if p in mesh.promise_in and k > mesh.promise_in[p]:
                 mesh.promise_in[p] = k
         mesh.announced = None  # announced again: one frame per link per segment
+        self.ending: str | None = None  # "pause" / "abort" once the host said so
         self.poller = zmq.Poller()
         for link in mesh.links.values():
             self.poller.register(link.sock, zmq.POLLIN)
+            # A send waits while its peer is not connected yet (it is opening its
+            # links); a peer that died is the host's to see: its abort ends the wait.
+            link.blocked = self._blocked
         self.poller.register(host.sock, zmq.POLLIN)
+
+    def _blocked(self) -> None:
+        """Called while a send to a peer waits: the host's abort (or its end) ends it."""
+        self.ending = self.ending or self.host_says()
+        if self.ending == "abort":
+            raise _Aborted
+        self.host_gone()
 
     # -- what comes in ----------------------------------------------------------------
     def take_peers(self) -> None:
@@ -276,11 +287,17 @@ class _Segment:
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:
         """Run the segment to its end (see the module's docstring); answer the host."""
+        try:
+            self._loop()
+        except _Aborted:
+            pass  # a send to a dead peer waited: the restore reopens the mesh
+        self.tell_host(final=True)
+
+    def _loop(self) -> None:
         mesh, kernel, cap = self.mesh, self.kernel, self.cap
-        ending: str | None = None
         while True:
             self.take_peers()
-            ending = ending or self.host_says()
+            self.ending = ending = self.ending or self.host_says()
             if ending == "abort":
                 break
             due = kernel.next_due()
@@ -300,7 +317,6 @@ class _Segment:
             if self.failure is None and (due is None or due > cap) and mesh.done(cap):
                 break
             self.wait(POLL_S)
-        self.tell_host(final=True)
 
     def run_cycle(self, due: Key) -> None:
         """One delta cycle; its sends (and a failure) go out at once."""
@@ -333,6 +349,10 @@ class _Segment:
         ends the process."""
         if not self.poller.poll(int(timeout * 1000)):
             self.host_gone()
+
+
+class _Aborted(Exception):
+    """The host aborted the segment while a send to a peer waited."""
 
 
 def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
