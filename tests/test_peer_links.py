@@ -374,3 +374,27 @@ def test_the_host_api_pauses_the_segment_and_reaches_every_group() -> None:
     pending = len(tree["pending"].get("ctrl.obs", []))
     ticks = tree["schedule"]["sim"]["last_update_ns"] // 10**7
     assert tree["nodes"]["ctrl"]["n"] + pending == ticks + 1
+
+
+def test_a_send_to_a_peer_that_never_connects_ends_on_the_hosts_abort(tmp_path) -> None:
+    """A bound link with no peer blocks a send; the host's abort (seen while it waits)
+    ends it, so a group whose peer died never waits for good."""
+    link = dataplane.PeerLink(f"ipc://{tmp_path}/p", [int], server=True, mine=None,
+                              theirs=None)
+    told: list[str] = []
+
+    class Host:
+        def receive(self, timeout: float) -> dataplane.Grant | None:
+            told.append("asked")
+            return dataplane.Grant(None, False, [], None, "abort") if len(told) > 2 else None
+
+    segment = peers._Segment.__new__(peers._Segment)
+    segment.host, segment.ending = Host(), None
+    segment.host_gone = lambda: None
+    link.blocked = segment._blocked
+    try:
+        with pytest.raises(peers._Aborted):
+            link.send(dataplane.PEER_ITEMS, 1, 1, (0, 0), [(0, 0, 0, 0, 5)])
+    finally:
+        link.close()
+    assert told == ["asked"] * 3 and segment.ending == "abort"
