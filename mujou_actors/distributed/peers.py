@@ -108,6 +108,7 @@ class PeerMesh:
         # Every other group: its promise bounds this group's instants too (see `bound`).
         peers = [g for g in groups if g != me]
         self.others = peers
+        self.readers = {g for gs in self.out.values() for g in gs}  # groups it sends to
         self.promise_in: dict[str, Key] = {p: (-1, 0) for p in peers}
         self.announced: Key | None = None
         self.links: dict[str, dataplane.PeerLink] = {}
@@ -261,10 +262,14 @@ class _Segment:
         promise = self.kernel.frontier if self.failure is not None else mesh.promise(due)
         if self.failure is not None and mesh.announced is not None:
             promise = min(promise, mesh.announced)
-        fresh = promise != mesh.announced
+        announced = mesh.announced
+        fresh = promise != announced
+        # A group this one sends nothing to reads only the instant of its promise (`bound`).
+        moved = announced is None or promise[0] != announced[0]
+        readers = mesh.readers
         for q in mesh.others:
             items = per.get(q)
-            if items or fresh:
+            if items or (fresh and (moved or q in readers)):
                 mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, self.number, promise,
                                    items or [])
         mesh.announced = promise
