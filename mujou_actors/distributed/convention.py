@@ -97,11 +97,17 @@ from ._loopback import (
     _frames,
     alive,
     reserve_listener,
-    stat_fields,
     transport_for,
 )
 from .actors import MEMBER
-from .system import KILL_WAIT_S, AdminSettings, reap_starters, start_admin
+from .system import (
+    KILL_WAIT_S,
+    AdminSettings,
+    group_members,
+    pgid_of,
+    reap_starters,
+    start_admin,
+)
 
 __all__ = [
     "LEADER_MISSES",
@@ -792,20 +798,13 @@ class _System:
 
         Returns:
             list[int]: the pids, in increasing order (the members of its process
-            group, from /proc; empty without /proc, and once `close` is done:
-            the group's id may then be another's).
+            group, `system.group_members`; empty once `close` is done: the
+            group's id may then be another's).
         """
         if self._ended:
             return []
-        groups = {str(pid) for pid in self._starters}
-        found = []
-        if groups and os.path.isdir("/proc/self"):
-            for name in os.listdir("/proc"):
-                if name.isdigit():
-                    fields = stat_fields(int(name))
-                    if fields is not None and fields[2] in groups and alive(int(name)):
-                        found.append(int(name))
-        return sorted(p for p in found if p != os.getpid())
+        return sorted(p for p in group_members(self._starters)
+                      if p != os.getpid() and alive(p))
 
     def running(self) -> bool:
         """Whether its admin still runs.
@@ -860,10 +859,10 @@ class _System:
     def _kill(self) -> None:
         """SIGKILL its process group (its id is not reused while a member of it lives)."""
         for pid in self.pids():
-            fields = stat_fields(pid)
-            if fields is not None:
+            pgid = pgid_of(pid)
+            if pgid is not None:
                 try:
-                    os.killpg(int(fields[2]), signal.SIGKILL)
+                    os.killpg(pgid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
 

@@ -94,6 +94,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import psutil
 import zmq
 from thespian.actors import (
     ActorExitRequest,
@@ -113,7 +114,6 @@ from ._loopback import (
     reserve_listener,
     signals_blocked,
     start_time,
-    stat_fields,
     transport_for,
 )
 from ._mainscript import main_kept_from_children, main_of_this_process
@@ -172,38 +172,38 @@ def _refusal(path: str) -> str | None:
         return None
 
 
-def _await_admin_process(before: set[int], deadline: float, mark: bytes) -> None:
+def _await_admin_process(before: set[int], deadline: float, refused: str) -> None:
     """After a try the admin did not answer: wait while its process is still starting.
 
     Thespian gives its admin 5 s; on a loaded machine its process may still be in
     ``spawn``'s start then. This waits, polling every `POLL_S` until ``deadline``,
     while a child of this process started with this start's environment
-    (``mark``, `_still_spawning`) has not yet made its own process group
-    (Thespian's first step in the admin's process), so that the next try does not
-    start a second admin.
+    (`REFUSAL_ENV` set to ``refused``, `_still_spawning`) has not yet made its own
+    process group (Thespian's first step in the admin's process), so that the next
+    try does not start a second admin.
     """
     while time.monotonic() < deadline and any(
-            _still_spawning(pid, mark) for pid in _children() - before):
+            _still_spawning(pid, refused) for pid in _children() - before):
         time.sleep(POLL_S)
 
 
-def _still_spawning(pid: int, mark: bytes) -> bool:
+def _still_spawning(pid: int, refused: str) -> bool:
     """Whether child ``pid`` is a Thespian admin's process still in ``spawn``'s start.
 
     That is: it runs, was started by ``spawn`` (not its resource tracker, a
-    child too, which runs on), with ``mark`` in its environment, and has not
-    yet made a process group of its own (Thespian's first step in it).
+    child too, which runs on), with `REFUSAL_ENV` set to ``refused`` in its
+    environment, and has not yet made a process group of its own (Thespian's
+    first step in it). A process that ends (or is refused to us) while it is
+    read is not one.
     """
-    fields = stat_fields(pid)
-    if fields is None or fields[0] == "Z" or fields[2] == str(pid):
-        return False
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"--multiprocessing-fork" not in f.read().split(b"\0"):
-                return False
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return mark in f.read().split(b"\0")
-    except OSError:
+        proc = psutil.Process(pid)
+        if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) \
+                or os.getpgid(pid) == pid:
+            return False
+        return ("--multiprocessing-fork" in proc.cmdline()
+                and proc.environ().get(REFUSAL_ENV) == refused)
+    except (psutil.Error, OSError):  # NoSuchProcess, ZombieProcess, AccessDenied; getpgid's
         return False
 
 
@@ -309,16 +309,51 @@ def free_port() -> int:
 
 
 def _children() -> set[int]:
-    """The pids of this process's children (from /proc; empty without it)."""
-    found = set()
-    me = str(os.getpid())
-    if os.path.isdir("/proc/self"):
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                fields = stat_fields(int(name))
-                if fields is not None and fields[1] == me:
-                    found.add(int(name))
+    """The pids of this process's children, zombies included (empty if none can be listed)."""
+    try:
+        return {child.pid for child in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
+def group_members(pgids: set[int]) -> set[int]:
+    """The processes whose process group is one of ``pgids``, zombies included.
+
+    psutil has no process-group id, so each pid's is asked of the kernel
+    (``getpgid``); a process that ends meanwhile, or whose group the system
+    will not tell (macOS does not, for another session), is left out.
+
+    Args:
+        pgids (set[int]): process-group ids.
+
+    Returns:
+        set[int]: their members' pids (this process's too, if it is one).
+    """
+    found: set[int] = set()
+    if not pgids:
+        return found
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) in pgids:
+                found.add(pid)
+        except OSError:  # gone since psutil listed it, or not ours to ask
+            pass
     return found
+
+
+def pgid_of(pid: int) -> int | None:
+    """A process's process-group id; ``None`` once it is gone (or may not be asked).
+
+    Args:
+        pid (int): the process.
+
+    Returns:
+        int | None: its process group.
+    """
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _starters(before: set[int]) -> set[int]:
@@ -330,8 +365,7 @@ def _starters(before: set[int]) -> set[int]:
     """
     found = set()
     for pid in _children() - before:
-        fields = stat_fields(pid)
-        if fields is not None and fields[2] == str(pid):
+        if pgid_of(pid) == pid:
             found.add(pid)
     return found
 
@@ -430,7 +464,7 @@ def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
                 except InvalidActorAddress as exc:
                     # Thespian waits 5 s for its admin and its logger to be up: on a
                     # loaded machine that takes longer.
-                    _await_admin_process(before, deadline, f"{REFUSAL_ENV}={refused}".encode())
+                    _await_admin_process(before, deadline, refused)
                     if time.monotonic() >= deadline:
                         raise TimeoutError(f"{what} did not answer within {timeout} s"
                                            ) from exc
@@ -680,21 +714,14 @@ class ProcessSystem:
     def run_pids(self) -> list[int]:
         """The processes of the run still running (admin, logger, coordinator, groups).
 
-        The members of the run's process group (from /proc), and the pids known.
+        The members of the run's process group (`group_members`), and the pids known.
 
         Returns:
             list[int]: the pids, in increasing order.
         """
         known = [p for p in (self._admin_pid, self._coordinator_pid) if p is not None]
         known += [p for g in self._groups.values() for p in g.local_pid]
-        found = set(known)
-        groups = {str(g) for g in self._pgids}
-        if groups and os.path.isdir("/proc/self"):
-            for name in os.listdir("/proc"):
-                if name.isdigit():
-                    fields = stat_fields(int(name))
-                    if fields is not None and fields[2] in groups:
-                        found.add(int(name))
+        found = set(known) | group_members(self._pgids)
         return sorted(p for p in found if p != os.getpid() and alive(p))
 
     def start_group(self, group: str, target: str, kwargs: dict[str, Any], timeout: float,
@@ -1246,10 +1273,10 @@ class ProcessSystem:
         group is still the run's.)
         """
         for pid in self.run_pids():
-            fields = stat_fields(pid)
-            if fields is not None and int(fields[2]) in self._pgids:
+            pgid = pgid_of(pid)
+            if pgid is not None and pgid in self._pgids:
                 try:
-                    os.killpg(int(fields[2]), signal.SIGKILL)
+                    os.killpg(pgid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
 
