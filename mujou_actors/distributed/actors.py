@@ -291,8 +291,14 @@ class Pong(NamedTuple):
 # --------------------------------------------------------------------------- exit codes
 
 # pid -> exit code of the coordinator's children as multiprocessing saw them
-# (negative: killed by that signal). Filled by the wrapper below, in the coordinator.
+# (negative: killed by that signal). Filled by the wrapper below, in the coordinator, for
+# the pids of `WATCHED` only, and emptied of a group's pid once its end is told
+# (`Coordinator._ended`): one entry at most per running group, however long the run.
 EXIT_CODES: dict[int, int | None] = {}
+# The pids of this machine's groups whose end the coordinator has not told yet. A child
+# whose end was told from the coordinator's tick (before Thespian reaped it) is no longer
+# in it, so its late reap leaves nothing behind in `EXIT_CODES`.
+WATCHED: set[int] = set()
 
 
 def _record_exit_codes() -> None:
@@ -316,7 +322,7 @@ def _record_exit_codes() -> None:
         is_alive = bool(plain(child_info))
         if not is_alive:
             proc = getattr(child_info, "childProc", None)
-            if proc is not None and getattr(proc, "pid", None) is not None:
+            if proc is not None and getattr(proc, "pid", None) in WATCHED:
                 EXIT_CODES[proc.pid] = proc.exitcode
         return is_alive
 
@@ -609,6 +615,8 @@ class Coordinator(ActorTypeDispatcher):
         if entry is None or entry.start is None or entry.start[0] != msg.seq:
             return  # a start already given up
         seq, host = entry.start
+        if isinstance(msg, Booting | Started) and entry.member is None:
+            WATCHED.add(msg.pid)  # a child of this process: its exit code is kept
         if isinstance(msg, Booting):
             entry.pid = msg.pid
             self.send(host, msg)
@@ -654,6 +662,8 @@ class Coordinator(ActorTypeDispatcher):
         reason = f"{reason} (ChildActorExited)"
         if entry.pid is not None:  # told: one entry per live group, however many restarts
             FORKED.pop(entry.pid, None)
+            EXIT_CODES.pop(entry.pid, None)
+            WATCHED.discard(entry.pid)
         if entry.start is not None:  # died while building its server
             seq, host = entry.start
             self.send(host, GroupStartFailed(seq, name, None, reason))
