@@ -20,7 +20,7 @@ import torch
 import mujou_actors as mujou
 from mujou_actors.distributed.actors import Failure
 from mujou_actors.distributed.placement import load_factory
-from mujou_actors.distributed.system import ProcessSystem
+from mujou_actors.distributed.system import remote_error
 
 
 class InProcessSystem:
@@ -47,8 +47,7 @@ class InProcessSystem:
             failure = Failure.of(exc)
         else:
             return pickle.loads(pickle.dumps(reply))
-        raise ProcessSystem._remote_error(group, f"handle({type(request).__name__}) raised",
-                                          failure)
+        raise remote_error(group, f"handle({type(request).__name__}) raised", failure)
 
     def take_exits(self) -> list[Any]:
         return []

@@ -399,7 +399,7 @@ DECODE_SITES = {
         "admits Thespian's and the package's classes only",
     ("distributed/system.py", "ProcessSystem.ask", "pickle.loads"):
         "a group's answer, inside a control-plane frame whose HMAC was checked",
-    ("distributed/system.py", "ProcessSystem._remote_error", "pickle.loads"):
+    ("distributed/_starts.py", "remote_error", "pickle.loads"):
         "a group's exception, inside a control-plane frame whose HMAC was checked",
     ("distributed/actors.py", "GroupActor._call", "pickle.loads"):
         "the host's request, inside a control-plane frame whose HMAC was checked",

@@ -449,3 +449,36 @@ def test_groups_forked_from_the_fork_server_start_report_their_end_and_restart()
                                                               "(ChildActorExited)")]
         run = system.run_pids()
     assert wait_gone([*run, server], 5) == [], "shutdown left processes of the run"
+
+
+def test_the_coordinator_keeps_a_groups_exit_code_only_until_its_end_is_told() -> None:
+    # The coordinator's handlers, called as Thespian's dispatch calls them (no process):
+    # a group's exit code is kept while it runs and dropped once its end is told, so the
+    # table stays one entry per running group through any number of restarts.
+    from thespian.actors import ChildActorExited
+
+    from mujou_actors.distributed import actors
+
+    coordinator = actors.Coordinator()
+    sent: list[tuple[object, object]] = []
+    coordinator.send = lambda to, msg: sent.append((to, msg))
+    coordinator.createActor = lambda cls, targetActorRequirements=None: "group-a"
+    pid = 2**22 + 12345  # above any pid Linux hands out: no process of ours
+    try:
+        for restart in range(3):
+            coordinator.receiveMessage(
+                actors.StartGroup(restart, "a", TARGET, b"", (), None, ()), "host")
+            coordinator.receiveMessage(actors.Booting(restart, "a", pid + restart), "group-a")
+            coordinator.receiveMessage(actors.Started(restart, "a", pid + restart), "group-a")
+            assert isinstance(sent[-1][1], actors.GroupStarted)
+            assert pid + restart in actors.WATCHED
+            actors.EXIT_CODES[pid + restart] = -9  # as Thespian's reap records it
+            coordinator.receiveMessage(ChildActorExited("group-a"), None)
+            assert pid + restart not in actors.EXIT_CODES
+            assert pid + restart not in actors.WATCHED
+        coordinator.receiveMessage(actors.Ping(7), "host")
+        assert sent[-1] == ("host", actors.Pong(7, os.getpid()))
+    finally:
+        for p in range(pid, pid + 3):
+            actors.EXIT_CODES.pop(p, None)
+            actors.WATCHED.discard(p)

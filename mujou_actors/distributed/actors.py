@@ -41,8 +41,8 @@ from typing import Any, NamedTuple
 
 import zmq
 from thespian.actors import (
-    Actor,
     ActorExitRequest,
+    ActorTypeDispatcher,
     ChildActorExited,
     PoisonMessage,
     WakeupMessage,
@@ -291,8 +291,14 @@ class Pong(NamedTuple):
 # --------------------------------------------------------------------------- exit codes
 
 # pid -> exit code of the coordinator's children as multiprocessing saw them
-# (negative: killed by that signal). Filled by the wrapper below, in the coordinator.
+# (negative: killed by that signal). Filled by the wrapper below, in the coordinator, for
+# the pids of `WATCHED` only, and emptied of a group's pid once its end is told
+# (`Coordinator._ended`): one entry at most per running group, however long the run.
 EXIT_CODES: dict[int, int | None] = {}
+# The pids of this machine's groups whose end the coordinator has not told yet. A child
+# whose end was told from the coordinator's tick (before Thespian reaped it) is no longer
+# in it, so its late reap leaves nothing behind in `EXIT_CODES`.
+WATCHED: set[int] = set()
 
 
 def _record_exit_codes() -> None:
@@ -316,7 +322,7 @@ def _record_exit_codes() -> None:
         is_alive = bool(plain(child_info))
         if not is_alive:
             proc = getattr(child_info, "childProc", None)
-            if proc is not None and getattr(proc, "pid", None) is not None:
+            if proc is not None and getattr(proc, "pid", None) in WATCHED:
                 EXIT_CODES[proc.pid] = proc.exitcode
         return is_alive
 
@@ -445,7 +451,7 @@ class _Entry:
         self.failure: Failure | None = None
 
 
-class Coordinator(Actor):
+class Coordinator(ActorTypeDispatcher):
     """Creates, watches and stops the group actors of a run; tells the host of crashes.
 
     It runs no user code, so it always answers at once. When a group's process
@@ -476,49 +482,79 @@ class Coordinator(Actor):
         self._folder = ""
         _record_exit_codes()
 
-    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802 (Thespian's name)
-        """Handle one message (see the module's docstring for the protocol).
+    # One handler per message class (Thespian's ActorTypeDispatcher: ``receiveMsg_`` and
+    # the class's name, the most derived class of the message first). No class here
+    # derives from another handled one, so the order of the handlers does not matter.
 
-        Args:
-            msg (Any): the message.
-            sender (Any): the sender's Thespian address.
-        """
-        if isinstance(msg, WakeupMessage):
-            self._tick()
-        elif isinstance(msg, ChildActorExited):
-            name = next((g for g, e in self._groups.items() if e.address == msg.childAddress),
-                        None)
-            if name is not None:  # else its second notice (goodbye and SIGCHLD): done already
-                self._ended(name)
-        elif isinstance(msg, Booting | Started | StartFailed):
-            self._start_progress(msg)
-        elif isinstance(msg, Closed):
-            self._closed(msg)
-        elif isinstance(msg, StartGroup):
-            self._start(msg, sender)
-        elif isinstance(msg, StopGroup):
-            self._stop(msg.group, (msg.seq, sender))
-        elif isinstance(msg, Forget):
-            entry = self._groups.pop(msg.group, None)
-            if entry is not None:
-                self.send(entry.address, ActorExitRequest())  # lost: it may still be there
-            self.send(sender, GroupStopped(msg.seq, msg.group, None))
-        elif isinstance(msg, StopAll):
-            self._stop_all = (msg.seq, sender)
-            for group in list(self._groups):
-                self._stop(group, None)
-            self._maybe_all_stopped()
-        elif isinstance(msg, Ping):
-            self.send(sender, Pong(msg.seq, os.getpid()))
-        elif isinstance(msg, Configure):
-            self._configure(msg, sender)
-        elif isinstance(msg, ActorExitRequest):
-            self._exiting = True
-            self._close_push()
-            if self._host is not None and self._folder and not alive(*self._host):
-                shutil.rmtree(self._folder, ignore_errors=True)  # nobody else will now
-        elif isinstance(msg, PoisonMessage):
-            print(f"mujou coordinator: a message failed: {msg.details}", file=sys.stderr)
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender: Any) -> None:  # noqa: N802
+        """The `TICK`'s wakeup: look at the groups' processes (`_tick`)."""
+        self._tick()
+
+    def receiveMsg_ChildActorExited(self, msg: ChildActorExited,  # noqa: N802
+                                    sender: Any) -> None:
+        """A group actor's process ended (Thespian's notice): answer, or tell the host."""
+        name = next((g for g, e in self._groups.items() if e.address == msg.childAddress),
+                    None)
+        if name is not None:  # else its second notice (goodbye and SIGCHLD): done already
+            self._ended(name)
+
+    def receiveMsg_Booting(self, msg: Booting, sender: Any) -> None:  # noqa: N802
+        """A group's process runs: its pid goes to the host (`_start_progress`)."""
+        self._start_progress(msg)
+
+    def receiveMsg_Started(self, msg: Started, sender: Any) -> None:  # noqa: N802
+        """A group's server is built: the host's start is answered (`_start_progress`)."""
+        self._start_progress(msg)
+
+    def receiveMsg_StartFailed(self, msg: StartFailed, sender: Any) -> None:  # noqa: N802
+        """A group's target raised: the host's start is answered (`_start_progress`)."""
+        self._start_progress(msg)
+
+    def receiveMsg_Closed(self, msg: Closed, sender: Any) -> None:  # noqa: N802
+        """A group's ``close()`` returned: its actor is ended (`_closed`)."""
+        self._closed(msg)
+
+    def receiveMsg_StartGroup(self, msg: StartGroup, sender: Any) -> None:  # noqa: N802
+        """The host starts a group: its actor is created (`_start`)."""
+        self._start(msg, sender)
+
+    def receiveMsg_StopGroup(self, msg: StopGroup, sender: Any) -> None:  # noqa: N802
+        """The host stops a group; answered when its process ended (`_stop`)."""
+        self._stop(msg.group, (msg.seq, sender))
+
+    def receiveMsg_Forget(self, msg: Forget, sender: Any) -> None:  # noqa: N802
+        """The host gave a group on a member up: forget it, answer at once."""
+        entry = self._groups.pop(msg.group, None)
+        if entry is not None:
+            self.send(entry.address, ActorExitRequest())  # lost: it may still be there
+        self.send(sender, GroupStopped(msg.seq, msg.group, None))
+
+    def receiveMsg_StopAll(self, msg: StopAll, sender: Any) -> None:  # noqa: N802
+        """The host stops every group; answered when none is left."""
+        self._stop_all = (msg.seq, sender)
+        for group in list(self._groups):
+            self._stop(group, None)
+        self._maybe_all_stopped()
+
+    def receiveMsg_Ping(self, msg: Ping, sender: Any) -> None:  # noqa: N802
+        """Answer with this process's pid."""
+        self.send(sender, Pong(msg.seq, os.getpid()))
+
+    def receiveMsg_Configure(self, msg: Configure, sender: Any) -> None:  # noqa: N802
+        """The host's first message: the notices socket and the rest (`_configure`)."""
+        self._configure(msg, sender)
+
+    def receiveMsg_ActorExitRequest(self, msg: ActorExitRequest,  # noqa: N802
+                                    sender: Any) -> None:
+        """The coordinator ends: close the notices socket; the host's folder if it is gone."""
+        self._exiting = True
+        self._close_push()
+        if self._host is not None and self._folder and not alive(*self._host):
+            shutil.rmtree(self._folder, ignore_errors=True)  # nobody else will now
+
+    def receiveMsg_PoisonMessage(self, msg: PoisonMessage, sender: Any) -> None:  # noqa: N802
+        """A message this actor sent failed where it went: said on stderr."""
+        print(f"mujou coordinator: a message failed: {msg.details}", file=sys.stderr)
 
     def _configure(self, msg: Configure, sender: Any) -> None:
         """Connect the notices socket; start the fork server; answer with the pids of the run."""
@@ -579,6 +615,8 @@ class Coordinator(Actor):
         if entry is None or entry.start is None or entry.start[0] != msg.seq:
             return  # a start already given up
         seq, host = entry.start
+        if isinstance(msg, Booting | Started) and entry.member is None:
+            WATCHED.add(msg.pid)  # a child of this process: its exit code is kept
         if isinstance(msg, Booting):
             entry.pid = msg.pid
             self.send(host, msg)
@@ -624,6 +662,8 @@ class Coordinator(Actor):
         reason = f"{reason} (ChildActorExited)"
         if entry.pid is not None:  # told: one entry per live group, however many restarts
             FORKED.pop(entry.pid, None)
+            EXIT_CODES.pop(entry.pid, None)
+            WATCHED.discard(entry.pid)
         if entry.start is not None:  # died while building its server
             seq, host = entry.start
             self.send(host, GroupStartFailed(seq, name, None, reason))
@@ -657,7 +697,7 @@ class Coordinator(Actor):
 
 # --------------------------------------------------------------------------- group actor
 
-class GroupActor(Actor):
+class GroupActor(ActorTypeDispatcher):
     """Holds one group's server in its own process and answers the host's calls.
 
     The server is what the target returned; it needs ``handle(request)`` and
@@ -693,33 +733,40 @@ class GroupActor(Actor):
         self._parent: Any = None
         self._closed = False
 
-    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802 (Thespian's name)
-        """Handle one message (see the module's docstring for the protocol).
+    # One handler per message class (Thespian's ActorTypeDispatcher), as in `Coordinator`.
 
-        Args:
-            msg (Any): the message.
-            sender (Any): the sender's Thespian address.
-        """
-        if isinstance(msg, Call):
-            self.send(sender, self._call(msg) if self._init is not None
-                      and msg.group == self._init.group else
-                      Answer(msg.seq, None, Failure.of(LookupError(
-                          f"a request for group {msg.group!r} reached another actor"))))
-        elif isinstance(msg, Ping):
-            self.send(sender, Pong(msg.seq, os.getpid()))
-        elif isinstance(msg, Init):
-            self._init, self._parent = msg, sender
-            self.send(sender, Booting(msg.seq, msg.group, os.getpid()))
-            self.send(self.myAddress, _Build(msg.seq))
-        elif isinstance(msg, _Build):
-            self._build()
-        elif isinstance(msg, Close):
-            self.send(sender, Closed(msg.group, self._close()))
-        elif isinstance(msg, ActorExitRequest):
-            failure = self._close()
-            if failure is not None:
-                print(f"mujou group: close() raised on exit:\n{failure.traceback}",
-                      file=sys.stderr)
+    def receiveMsg_Call(self, msg: Call, sender: Any) -> None:  # noqa: N802
+        """The host's request: answered with ``server.handle(request)`` (`_call`)."""
+        self.send(sender, self._call(msg) if self._init is not None
+                  and msg.group == self._init.group else
+                  Answer(msg.seq, None, Failure.of(LookupError(
+                      f"a request for group {msg.group!r} reached another actor"))))
+
+    def receiveMsg_Ping(self, msg: Ping, sender: Any) -> None:  # noqa: N802
+        """Answer with this process's pid."""
+        self.send(sender, Pong(msg.seq, os.getpid()))
+
+    def receiveMsg_Init(self, msg: Init, sender: Any) -> None:  # noqa: N802
+        """The coordinator's start: tell it this pid, then build (a message to itself)."""
+        self._init, self._parent = msg, sender
+        self.send(sender, Booting(msg.seq, msg.group, os.getpid()))
+        self.send(self.myAddress, _Build(msg.seq))
+
+    def receiveMsg__Build(self, msg: _Build, sender: Any) -> None:  # noqa: N802
+        """Build the server (`_build`), after `Booting` has gone out."""
+        self._build()
+
+    def receiveMsg_Close(self, msg: Close, sender: Any) -> None:  # noqa: N802
+        """``server.close()``; answered with what it raised, if it did."""
+        self.send(sender, Closed(msg.group, self._close()))
+
+    def receiveMsg_ActorExitRequest(self, msg: ActorExitRequest,  # noqa: N802
+                                    sender: Any) -> None:
+        """The actor ends: ``server.close()`` if not yet, its failure on stderr."""
+        failure = self._close()
+        if failure is not None:
+            print(f"mujou group: close() raised on exit:\n{failure.traceback}",
+                  file=sys.stderr)
 
     def _build(self) -> None:
         """Import the host's script and the target, call it with the kwargs, keep the server."""

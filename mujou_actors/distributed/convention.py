@@ -68,7 +68,6 @@ import ipaddress
 import logging
 import os
 import shutil
-import signal
 import socket
 import tempfile
 import threading
@@ -97,11 +96,11 @@ from ._loopback import (
     _frames,
     alive,
     reserve_listener,
-    stat_fields,
     transport_for,
 )
+from ._procs import end_all, group_members, reap_starters
 from .actors import MEMBER
-from .system import KILL_WAIT_S, AdminSettings, reap_starters, start_admin
+from .admin import AdminSettings, start_admin
 
 __all__ = [
     "LEADER_MISSES",
@@ -770,7 +769,7 @@ class _System:
 
     def _start(self, capabilities: dict[str, Any], environment: Mapping[str, str],
                timeout: float, listener: socket.socket | None = None) -> None:
-        """Start the admin (`system.start_admin`: Thespian's log in the private folder)."""
+        """Start the admin (`admin.start_admin`: Thespian's log in the private folder)."""
         self._asys = start_admin(self._host, self._key, capabilities, environment,
                                  self._folder, timeout, self._starters,
                                  f"the admin of {self._what} (port {self.port})", listener)
@@ -792,20 +791,13 @@ class _System:
 
         Returns:
             list[int]: the pids, in increasing order (the members of its process
-            group, from /proc; empty without /proc, and once `close` is done:
-            the group's id may then be another's).
+            group, `_procs.group_members`; empty once `close` is done: the
+            group's id may then be another's).
         """
         if self._ended:
             return []
-        groups = {str(pid) for pid in self._starters}
-        found = []
-        if groups and os.path.isdir("/proc/self"):
-            for name in os.listdir("/proc"):
-                if name.isdigit():
-                    fields = stat_fields(int(name))
-                    if fields is not None and fields[2] in groups and alive(int(name)):
-                        found.append(int(name))
-        return sorted(p for p in found if p != os.getpid())
+        return sorted(p for p in group_members(self._starters)
+                      if p != os.getpid() and alive(p))
 
     def running(self) -> bool:
         """Whether its admin still runs.
@@ -825,7 +817,7 @@ class _System:
         Thespian's shutdown first (the admin ends its actors and, a member,
         deregisters from its leader; Thespian bounds it by 10 s); any process
         of it still there after ``timeout`` is killed (then up to
-        `~mujou_actors.distributed.system.KILL_WAIT_S` more). Afterwards no
+        `~mujou_actors.distributed._procs.KILL_WAIT_S` more). Afterwards no
         process of it is left and nothing listens on its port.
 
         Args:
@@ -841,34 +833,13 @@ class _System:
                     self._asys.shutdown()
         finally:
             self._asys = None
-            if not self._wait_gone(max(deadline - time.monotonic(), 0.0)):
-                self._kill()
-                self._wait_gone(KILL_WAIT_S)
+            end_all(self.pids, None, max(deadline - time.monotonic(), 0.0))
             self._reap_starters()
             self._ended = True
             shutil.rmtree(self._folder, ignore_errors=True)
 
-    def _wait_gone(self, timeout: float) -> bool:
-        """Whether its processes are gone within ``timeout`` (polled every 10 ms)."""
-        deadline = time.monotonic() + timeout
-        while self.pids():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def _kill(self) -> None:
-        """SIGKILL its process group (its id is not reused while a member of it lives)."""
-        for pid in self.pids():
-            fields = stat_fields(pid)
-            if fields is not None:
-                try:
-                    os.killpg(int(fields[2]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
     def _reap_starters(self) -> None:
-        """Reap the processes that started the admin (`system.reap_starters`).
+        """Reap the processes that started the admin (`_procs.reap_starters`).
 
         Their pids stay: each is the process group of the system's processes (`pids`).
         """

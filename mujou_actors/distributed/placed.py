@@ -181,7 +181,7 @@ def _check_not_bootstrapping() -> None:
                    "was importing the main script: put the code that starts the run under "
                    "`if __name__ == \"__main__\":` (the group processes import the script "
                    "again, as multiprocessing's spawn does)")
-        from .system import refuse_start
+        from .admin import refuse_start
 
         refuse_start(message)  # the host raises it too, at once, rather than wait for us
         raise RuntimeError(message)

@@ -56,9 +56,11 @@ and ``HANDSHAKE_SUCCEEDED`` on both sides when the secrets agree. A client
 whose server has another secret never learns more than that the server hung
 up: the server does not answer a HELLO it cannot open.
 
-The ZAP handler is one thread per ZeroMQ context (libzmq asks ZAP requests of
-whatever is bound at ``inproc://zeromq.zap.01`` in the socket's context, so
-there can be only one): started by the first `configure_server` of a context,
+The ZAP handler is pyzmq's ``zmq.auth.thread.ThreadAuthenticator``, one thread
+per ZeroMQ context (libzmq asks ZAP requests of whatever is bound at
+``inproc://zeromq.zap.01`` in the socket's context, so there can be only one),
+with one ``configure_curve_callback`` domain per secret: started by the first
+`configure_server` of a context,
 ended (joined, bounded) when the last `Handshake` of a server of that context
 is closed. Each secret has its own domain, so two runs of one process with
 different secrets do not accept each other's clients. The handler's sockets
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -80,6 +83,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
@@ -114,7 +118,6 @@ _HOW = (f"set {ENV_SECRET} to a random string of at least {MIN_SECRET_BYTES} byt
         f"secrets; print(secrets.token_hex(32))\")`), or put it in a file that only you can "
         f"read (chmod 600) and set {ENV_SECRET_FILE} to its path")
 _PERSON = b"mujou."  # BLAKE2b's personalisation (16 bytes at most, the label's included)
-_ZAP = "inproc://zeromq.zap.01"  # where libzmq sends ZAP requests (RFC 27)
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
            zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -293,7 +296,7 @@ def configure_server(sock: zmq.Socket[Any], secret: bytes) -> Handshake:
     public, private = derive_keypair(secret, SERVER_LABEL)
     client_public, _ = derive_keypair(secret, CLIENT_LABEL)
     domain = _domain(client_public)
-    zap = _Zap.acquire(sock.context, domain, z85.decode(client_public))
+    zap = _Zap.acquire(sock.context, domain, client_public)
     try:
         sock.curve_server = True
         sock.curve_publickey = public
@@ -641,40 +644,48 @@ class Handshake:
             release()
 
 
-class _Zap:
-    """A context's ZAP handler: one thread answering ZAP requests for registered domains.
+class _OneKey:
+    """pyzmq's credentials provider for one ZAP domain: it allows exactly one client key."""
 
-    A request is allowed when its mechanism is CURVE, its domain registered
+    def __init__(self, client_key: bytes) -> None:
+        self._key = client_key  # Z85, as pyzmq hands keys to ``callback``
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Whether ``key`` (Z85) is the domain's client key (pyzmq's callback API)."""
+        return hmac.compare_digest(key, self._key)
+
+
+class _Zap:
+    """A context's ZAP handler: pyzmq's `ThreadAuthenticator`, shared and refcounted.
+
+    pyzmq answers the ZAP requests (RFC 27) in a thread of its own: a CURVE
+    request is allowed when its domain is registered (``configure_curve_callback``)
     and its client key the one registered for that domain; anything else gets
-    status 400. Shared by every server socket of the context (refcounted per
-    domain); ended when the last registration is released.
+    status 400 ("Unknown domain", "Unknown key", "Invalid credentials"). Only a
+    socket with a ZAP domain asks, and only `configure_server` sets one, on a
+    CURVE server: so pyzmq's leniency for NULL and GSSAPI requests (allowed
+    unless an address list says no) never meets a socket of ours. What pyzmq
+    leaves to its user is kept here: libzmq allows one handler per context, so
+    every server socket of the context shares it (refcounted per domain), the
+    first registration starts it, the last one's release ends it, bounded.
     """
 
     _lock = threading.Lock()
     _by_context: dict[int, _Zap] = {}
 
-    def __init__(self, ctx: zmq.Context[Any]) -> None:
+    def __init__(self, ctx: zmq.Context[Any], auth: ThreadAuthenticator) -> None:
         self._ctx = ctx
-        self._allowed: dict[bytes, tuple[bytes, int]] = {}  # domain -> (client key, users)
-        self._rep = ctx.socket(zmq.REP)
-        self._rep.linger = 0
-        self._stop_r = ctx.socket(zmq.PAIR)
-        self._stop_w = ctx.socket(zmq.PAIR)
-        stop = f"inproc://mujou-zap-stop-{id(self)}"
-        try:
-            self._rep.bind(_ZAP)  # bound here: a server socket made after this is checked
-            self._stop_r.bind(stop)
-            self._stop_w.connect(stop)
-        except zmq.ZMQError:
-            for s in (self._rep, self._stop_r, self._stop_w):
-                s.close(linger=0)
-            raise
-        self._thread = threading.Thread(target=self._serve, name="mujou-zap", daemon=True)
-        self._thread.start()
+        self._auth = auth
+        self._users: dict[bytes, int] = {}  # domain -> registrations
 
     @classmethod
     def acquire(cls, ctx: zmq.Context[Any], domain: bytes, client_key: bytes) -> _Zap:
         """The context's handler (started if none), with ``domain`` allowing ``client_key``.
+
+        Args:
+            ctx (zmq.Context): the server socket's context.
+            domain (bytes): the ZAP domain (`_domain`).
+            client_key (bytes): the client's public key, Z85.
 
         Raises:
             zmq.ZMQError: the ZAP endpoint stays taken for 10 s (another ZAP
@@ -685,64 +696,48 @@ class _Zap:
             with cls._lock:
                 zap = cls._by_context.get(id(ctx))
                 if zap is None:
+                    auth = ThreadAuthenticator(ctx)
                     try:
-                        zap = cls(ctx)
+                        auth.start()
                     except zmq.ZMQError as e:
+                        auth.stop()  # closes the ZAP socket whose bind failed
                         # The last handler's socket is closed but not yet reaped (libzmq
                         # unbinds an inproc endpoint on its reaper thread): try again.
                         if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
                             raise
                     else:
-                        cls._by_context[id(ctx)] = zap
+                        auth.thread.name = "mujou-zap"  # ours among a process's threads
+                        zap = cls._by_context[id(ctx)] = cls(ctx, auth)
                 if zap is not None:
-                    key, users = zap._allowed.get(domain, (client_key, 0))
-                    zap._allowed[domain] = (key, users + 1)
+                    users = zap._users.get(domain, 0)
+                    if not users:
+                        zap._auth.configure_curve_callback(domain.decode("ascii"),
+                                                           credentials_provider=_OneKey(
+                                                               client_key))
+                    zap._users[domain] = users + 1
                     return zap
             time.sleep(0.005)  # outside the lock
 
     def release(self, domain: bytes) -> None:
-        """One registration of ``domain`` ended; the last of the context ends the thread."""
+        """One registration of ``domain`` ended; the last of the context ends the thread.
+
+        Raises:
+            RuntimeError: the handler's thread did not end within 10 s.
+        """
         with self._lock:
-            key, users = self._allowed[domain]
+            users = self._users[domain]
             if users > 1:
-                self._allowed[domain] = (key, users - 1)
+                self._users[domain] = users - 1
                 return
-            del self._allowed[domain]
-            if self._allowed:
+            del self._users[domain]
+            # Read by pyzmq's thread for each request: a dict's pop is atomic.
+            self._auth.credentials_providers.pop(domain.decode("ascii"), None)
+            if self._users:
                 return
             del self._by_context[id(self._ctx)]
-        self._stop_w.send(b"")
-        self._thread.join(10.0)
-        if self._thread.is_alive():  # it never blocks but in poll (1 s): not seen
+        # pyzmq's stop joins its thread without a bound; the wait for it is bounded here.
+        stopper = threading.Thread(target=self._auth.stop, name="mujou-zap-stop", daemon=True)
+        stopper.start()
+        stopper.join(10.0)
+        if stopper.is_alive():  # its thread waits only in poll, which TERMINATE ends: not seen
             raise RuntimeError("the ZAP handler thread did not end within 10 s")
-        self._stop_w.close(linger=0)
-
-    def _serve(self) -> None:
-        """Answer ZAP requests until told to stop (the thread's loop)."""
-        poller = zmq.Poller()
-        poller.register(self._rep, zmq.POLLIN)
-        poller.register(self._stop_r, zmq.POLLIN)
-        try:
-            while True:
-                ready = dict(poller.poll(1000))
-                if self._stop_r in ready:
-                    return
-                if self._rep in ready:
-                    self._rep.send_multipart(self._answer(self._rep.recv_multipart()))
-        finally:
-            self._rep.close(linger=0)
-            self._stop_r.close(linger=0)
-
-    def _answer(self, request: list[bytes]) -> list[bytes]:
-        """The ZAP reply to one request (RFC 27: version, id, status, text, user, metadata)."""
-        if len(request) < 6:
-            return [b"1.0", request[1] if len(request) > 1 else b"", b"400", b"bad request",
-                    b"", b""]
-        version, rid, domain, _address, _identity, mechanism = request[:6]
-        with self._lock:
-            allowed = self._allowed.get(domain)
-        ok = (version == b"1.0" and mechanism == b"CURVE" and allowed is not None
-              and request[6:] == [allowed[0]])
-        if ok:
-            return [b"1.0", rid, b"200", b"OK", b"mujou", b""]
-        return [b"1.0", rid, b"400", b"key not allowed", b"", b""]

@@ -80,131 +80,44 @@ raises that as the start's error.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
 import shutil
-import signal
-import socket
 import tempfile
-import threading
 import time
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import zmq
-from thespian.actors import (
-    ActorExitRequest,
-    ActorSystem,
-    ActorSystemFailure,
-    InvalidActorAddress,
-    PoisonMessage,
-)
-from thespian.system.multiprocTCPBase import ActorSystemBase
 
 from ..errors import GroupDied, RemoteError, describe
 from . import actors
-from ._loopback import (
-    LOOPBACK,
-    _frames,
-    alive,
-    reserve_listener,
-    signals_blocked,
-    start_time,
-    stat_fields,
-    transport_for,
+from ._coordinator_handle import CoordinatorHandle
+from ._loopback import LOOPBACK, _frames, alive, reserve_listener, start_time
+from ._mainscript import main_of_this_process
+from ._notices import Notices
+from ._procs import (
+    KILL_WAIT_S,
+    end_all,
+    end_process,
+    group_members,
+    kill,
+    reap_starters,
+    wait_gone,
 )
-from ._mainscript import main_kept_from_children, main_of_this_process
+from ._requests import POLL_S, Requests, members_gone
+from ._starts import remote_error, start_error, start_failure
+from .admin import AdminSettings, free_port, read_refusal, refuse_start, start_admin
 
-__all__ = ["AdminSettings", "GroupExit", "ProcessSystem", "POLL_S"]
+# GroupExit and ProcessSystem are this module's own; the others are kept importable from
+# here for their users (a group's `refuse_start`, the convention's and tests' names).
+__all__ = ["AdminSettings", "GroupExit", "ProcessSystem", "POLL_S", "KILL_WAIT_S",
+           "free_port", "reap_starters", "refuse_start", "remote_error", "start_admin"]
 
 log = logging.getLogger("mujou_actors")
 
-POLL_S = 0.05  # the longest one Thespian call waits; a request's wait is made of these
 REAP_S = 2.0  # how long a group that was asked to end may take before it is killed
-KILL_WAIT_S = 1.0  # how long a killed process may take to be gone
-MEMBER_CHECK_S = 1.0  # how often a start on another machine asks whether that machine answers
-MEMBER_MISSES = 2  # unanswered asks in a row before a start gives that machine up
-# One admin start at a time sets this process's environment (`start_admin`): another
-# start's variables would otherwise reach that admin, or be taken away under it.
-_ENVIRONMENT = threading.Lock()
-# Names, in every process of a run (inherited from the admin), the file in the run's
-# private folder where a process that refuses to start says why (`refuse_start`); it
-# also marks the admin's process while it starts (`_await_admin_process`).
-REFUSAL_ENV = "MUJOU_RUN_REFUSAL"
-
-
-def refuse_start(message: str) -> None:
-    """Tell the host why this process of a run refuses to start; never raises.
-
-    A group process refuses while it imports a main script that starts a run at
-    its top level (`placed._check_not_bootstrapping`); the host raises the
-    message when that group's start fails (`ProcessSystem.start_groups`), rather
-    than the group's own error. Nothing happens outside a process of a run.
-
-    Args:
-        message (str): what the host raises (a ``RuntimeError``'s message).
-    """
-    path = os.environ.get(REFUSAL_ENV)
-    if not path:
-        return
-    try:  # whole or not at all: the host may read it at any moment
-        with open(f"{path}.{os.getpid()}", "w") as f:
-            f.write(message)
-        os.replace(f"{path}.{os.getpid()}", path)
-    except OSError:
-        pass  # its folder is gone: so is the host's wait
-
-
-# The most of a refusal the host reads (`_refusal`): a message, never a file's worth.
-REFUSAL_MAX = 64 * 1024
-
-
-def _refusal(path: str) -> str | None:
-    """What a process of the run left at ``path`` (`refuse_start`), if anything: at most
-    `REFUSAL_MAX` characters of it."""
-    try:
-        with open(path, errors="replace") as f:
-            return f.read(REFUSAL_MAX)
-    except OSError:
-        return None
-
-
-def _await_admin_process(before: set[int], deadline: float, mark: bytes) -> None:
-    """After a try the admin did not answer: wait while its process is still starting.
-
-    Thespian gives its admin 5 s; on a loaded machine its process may still be in
-    ``spawn``'s start then. This waits, polling every `POLL_S` until ``deadline``,
-    while a child of this process started with this start's environment
-    (``mark``, `_still_spawning`) has not yet made its own process group
-    (Thespian's first step in the admin's process), so that the next try does not
-    start a second admin.
-    """
-    while time.monotonic() < deadline and any(
-            _still_spawning(pid, mark) for pid in _children() - before):
-        time.sleep(POLL_S)
-
-
-def _still_spawning(pid: int, mark: bytes) -> bool:
-    """Whether child ``pid`` is a Thespian admin's process still in ``spawn``'s start.
-
-    That is: it runs, was started by ``spawn`` (not its resource tracker, a
-    child too, which runs on), with ``mark`` in its environment, and has not
-    yet made a process group of its own (Thespian's first step in it).
-    """
-    fields = stat_fields(pid)
-    if fields is None or fields[0] == "Z" or fields[2] == str(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"--multiprocessing-fork" not in f.read().split(b"\0"):
-                return False
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return mark in f.read().split(b"\0")
-    except OSError:
-        return False
 
 
 class GroupExit(NamedTuple):
@@ -220,59 +133,6 @@ class GroupExit(NamedTuple):
     group: str
     pid: int
     reason: str
-
-
-class AdminSettings(NamedTuple):
-    """How a `ProcessSystem`'s Thespian admin is set up, where not as by default.
-
-    The default is a private admin on a free port of 127.0.0.1;
-    `mujou_actors.distributed.convention.leader_admin` makes the settings of
-    a convention's leader.
-
-    Attributes:
-        port (int): the admin's TCP port.
-        host (str): the address every socket of the run is bound to (see
-            `mujou_actors.distributed._loopback.transport_for`).
-        capabilities (Mapping[str, Any]): added to the admin's capabilities.
-        environment (Mapping[str, str]): variables set in this process while
-            the admin starts (its processes inherit them); one the user set
-            already is left as it is.
-        key (bytes | None): the control plane's key (`_frames.control_key` of
-            ``MUJOU_SECRET`` for a convention's leader); ``None`` for a fresh
-            random key of this run's own (`_frames.new_key`).
-        listener (socket.socket | None): a socket listening on ``port`` already
-            (`_loopback.reserve_listener`, the port chosen by the operating
-            system), handed to the admin; ``None``: `start_admin` binds
-            ``port`` itself. Closed here once the admin has started.
-    """
-
-    port: int
-    host: str = LOOPBACK
-    capabilities: Mapping[str, Any] = {}
-    environment: Mapping[str, str] = {}
-    key: bytes | None = None
-    listener: socket.socket | None = None
-
-
-def system_base(host: str, key: bytes, listener: socket.socket | None = None,
-                folder: str | None = None) -> type[ActorSystemBase]:
-    """Thespian's ``multiprocTCPBase`` whose sockets are bound to ``host``, frames under ``key``.
-
-    Args:
-        host (str): 127.0.0.1, another IPv4 address of this machine, or
-            ``"0.0.0.0"`` (see `mujou_actors.distributed._loopback.transport_for`).
-        key (bytes): the control plane's key.
-        listener (socket.socket | None): the listening socket handed to the
-            admin that the system base starts (`_loopback.reserve_listener`).
-        folder (str | None): the host's private folder of the run, removed by
-            the run's processes when they find the host gone (`_loopback`'s watchdog).
-
-    Returns:
-        type[ActorSystemBase]: the system base class, made anew (Thespian never
-        pickles it, only its transport class).
-    """
-    return type("_RunTCPBase", (ActorSystemBase,),
-                {"transportType": transport_for(host, key, listener, folder)})
 
 
 class _Group:
@@ -292,188 +152,6 @@ class _Group:
     def local_pid(self) -> list[int]:
         """Its pid in a list, if it runs on this machine; else an empty list."""
         return [] if self.member is not None else [self.pid]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound, read, released).
-
-    Another process may take it before the caller binds it: an admin's port
-    is reserved instead (`_loopback.reserve_listener`).
-
-    Returns:
-        int: the port.
-    """
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-def _children() -> set[int]:
-    """The pids of this process's children (from /proc; empty without it)."""
-    found = set()
-    me = str(os.getpid())
-    if os.path.isdir("/proc/self"):
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                fields = stat_fields(int(name))
-                if fields is not None and fields[1] == me:
-                    found.add(int(name))
-    return found
-
-
-def _starters(before: set[int]) -> set[int]:
-    """The children that started a Thespian admin: new since ``before``, group leaders.
-
-    Thespian starts its admin from a short-lived child that calls ``setsid``
-    and forks the admin, so that child's pid is the process group of every
-    process of the run.
-    """
-    found = set()
-    for pid in _children() - before:
-        fields = stat_fields(pid)
-        if fields is not None and fields[2] == str(pid):
-            found.add(pid)
-    return found
-
-
-def start_admin(host: str, key: bytes, capabilities: dict[str, Any],
-                environment: Mapping[str, str], folder: str, timeout: float,
-                starters: set[int], what: str, listener: socket.socket | None = None) -> Any:
-    """Start a Thespian admin (and its logger) of this process's own, and open it.
-
-    The admin is started on the port of ``capabilities`` (``"Admin Port"``),
-    bound to ``host``: on ``listener``, a socket listening there already,
-    handed to the admin process (else one made here, `_loopback.reserve_listener`;
-    if that port is taken, Thespian's own probe and bind decide). The port is
-    thus the admin's from before its process starts (seconds on a loaded
-    machine) to its end. The admin starts without the host's main module
-    (`_mainscript.main_kept_from_children`). Thespian waits 5 s for a
-    new admin to answer; this tries again until ``timeout``: the next try
-    finds the port in use, and waits for that admin to answer, never starting
-    another (which could not bind it, and would print a traceback). This
-    process's copy of the listening socket is closed on the way out (the
-    admin keeps the port). Thespian's own
-    log file (``thesplog``: ``$TMPDIR/thespian.log`` unless ``THESPLOG_FILE``
-    says otherwise) goes into ``folder``: the admin's processes inherit the
-    setting from the environment while it starts. A ``THESPLOG_FILE`` of the
-    user's wins; so do the user's values of the variables of ``environment``.
-    The environment is set and taken back under a lock, so concurrent starts
-    in one process wait for each other (the wait counts against ``timeout``).
-
-    Args:
-        host (str): the address every socket of the actor system is bound to
-            (`system_base`).
-        key (bytes): the control plane's key: every frame between the
-            processes of the actor system carries its HMAC (`system_base`).
-        capabilities (dict[str, Any]): the admin's capabilities.
-        environment (Mapping[str, str]): variables set in this process while
-            the admin starts (those the user has not set already).
-        folder (str): where Thespian's log file goes (``thespian.log``): the
-            host's private folder, which the admin's processes remove if they
-            find this process gone (killed while the run starts, say).
-        timeout (float): seconds for the admin to answer.
-        starters (set[int]): gets the pids of this process's children that
-            started an admin (`_starters`), also when the start fails: to reap
-            (`reap_starters`); each is the process group of the admin's processes.
-        what (str): how the error names the admin (``"the run's Thespian admin
-            (port 1234)"``).
-        listener (socket.socket | None): the admin's listening socket
-            (`_loopback.reserve_listener`); closed here. ``None``: one is made
-            for the port of ``capabilities``.
-
-    Returns:
-        Any: the Thespian ``ActorSystem`` on that admin (``transientUnique``:
-        a system base object of our own, not the process-wide one; not
-        thread-safe).
-
-    Raises:
-        TimeoutError: the admin did not answer within ``timeout`` seconds
-            (``"{what} did not answer within {timeout} s"``); what the caller
-            started goes on running: it ends it (``starters`` says what).
-    """
-    variables = {"THESPLOG_FILE": os.path.join(folder, "thespian.log"), **environment}
-    refused = os.path.join(folder, "refused")
-    if listener is None:
-        try:
-            listener = reserve_listener(host, int(capabilities["Admin Port"]))
-        except OSError:
-            listener = None  # taken: Thespian's probe finds whose it is
-    try:
-        return _start_admin(host, key, capabilities, variables, timeout, starters, what,
-                            listener, folder, refused)
-    finally:
-        if listener is not None:
-            listener.close()  # the admin has its own copy
-
-
-def _start_admin(host: str, key: bytes, capabilities: dict[str, Any],
-                 variables: Mapping[str, str], timeout: float, starters: set[int], what: str,
-                 listener: socket.socket | None, folder: str, refused: str) -> Any:
-    """`start_admin`'s tries, with the environment set (``refused``: `refuse_start`'s file)."""
-    base_class = system_base(host, key, listener, folder)
-    deadline = time.monotonic() + timeout
-    with _ENVIRONMENT:
-        ours = [name for name in variables if name not in os.environ]
-        for name in ours:
-            os.environ[name] = variables[name]
-        outer = os.environ.get(REFUSAL_ENV)  # a run's process starting a run of its own
-        os.environ[REFUSAL_ENV] = refused
-        before = _children()
-        try:
-            while True:
-                try:
-                    # Not the host's main script: only the group processes need it, and
-                    # they import it themselves (_mainscript).
-                    with main_kept_from_children():
-                        base = base_class(types.SimpleNamespace(capabilities=capabilities))
-                    break
-                except InvalidActorAddress as exc:
-                    # Thespian waits 5 s for its admin and its logger to be up: on a
-                    # loaded machine that takes longer.
-                    _await_admin_process(before, deadline, f"{REFUSAL_ENV}={refused}".encode())
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(f"{what} did not answer within {timeout} s"
-                                           ) from exc
-                finally:
-                    starters |= _starters(before)
-        finally:
-            for name in ours:
-                os.environ.pop(name, None)
-            if outer is None:
-                os.environ.pop(REFUSAL_ENV, None)
-            else:
-                os.environ[REFUSAL_ENV] = outer
-    # A system base object of our own: Thespian's documented alternative to a name.
-    return ActorSystem(base, capabilities, transientUnique=True)
-
-
-def reap_starters(starters: set[int]) -> set[int]:
-    """Reap the processes that started an admin (our children; they exit at once).
-
-    Nobody else waits for them (Thespian forgets them), so they would stay
-    zombies. Waits up to `KILL_WAIT_S` in all, polling every 10 ms.
-
-    Args:
-        starters (set[int]): their pids (`start_admin`); not changed.
-
-    Returns:
-        set[int]: those reaped now, or not (any more) children of this process;
-        the others still run after the wait.
-    """
-    reaped = set()
-    deadline = time.monotonic() + KILL_WAIT_S
-    for pid in sorted(starters):
-        while True:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid  # not our child, or reaped already
-            if done or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        if done:
-            reaped.add(pid)
-    return reaped
 
 
 class ProcessSystem:
@@ -505,7 +183,6 @@ class ProcessSystem:
 
     def __init__(self, *, start_timeout: float = 30.0,
                  admin: AdminSettings | None = None, preload: Sequence[str] = ()) -> None:
-        self._lock = threading.Lock()
         self._preload = tuple(preload)
         # Whether a group on another machine is lost (the run's heartbeat: set by the
         # placed run), so that a request to it fails at once instead of timing out.
@@ -513,30 +190,16 @@ class ProcessSystem:
         # Whether a convention member (a machine) answers now (set by the placed run):
         # a start on a machine that stops answering fails then, not at its timeout.
         self.member_check: Callable[[str], bool] | None = None
-        self._seq = 0
+        self._requests = Requests()  # the actor system, under its lock
         self._groups: dict[str, _Group] = {}
         self._exits: list[GroupExit] = []
         self._closed = False
-        self._asys: Any = None
-        self._coordinator: Any = None
-        self._coordinator_pid: int | None = None
-        self._coordinator_started: int | None = None
-        self._coordinator_gone = False
+        self._coordinator = CoordinatorHandle(self._requests)
         self._admin_pid: int | None = None
         self._pgids: set[int] = set()  # the run's process group (more after a retried start)
         self._starters: set[int] = set()  # our children that started an admin: to reap
-        self._monitor: threading.Thread | None = None
-        self._monitor_stop = threading.Event()
         self._folder = tempfile.mkdtemp(prefix="mujou-run-")
-        self._context: zmq.Context[Any] = zmq.Context()
-        self._pull: zmq.Socket[Any] = self._context.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        if zmq.has("ipc"):
-            self._notices_address = f"ipc://{self._folder}/notices"
-            self._pull.bind(self._notices_address)
-        else:
-            port = self._pull.bind_to_random_port(f"tcp://{LOOPBACK}")
-            self._notices_address = f"tcp://{LOOPBACK}:{port}"
+        self._notices = Notices(self._folder)
         if admin is None:  # the operating system's choice, held until the admin has it
             listener = reserve_listener(LOOPBACK)
             admin = AdminSettings(int(listener.getsockname()[1]), listener=listener)
@@ -562,29 +225,23 @@ class ProcessSystem:
         deadline = time.monotonic() + timeout
         try:
             key = settings.key if settings.key is not None else _frames.new_key()
-            self._asys = start_admin(settings.host, key, capabilities, settings.environment,
-                                     self._folder, timeout, self._starters,
-                                     f"the run's Thespian admin (port {self.admin_port})",
-                                     settings.listener)
+            self._requests.open(start_admin(
+                settings.host, key, capabilities, settings.environment, self._folder, timeout,
+                self._starters, f"the run's Thespian admin (port {self.admin_port})",
+                settings.listener))
         finally:
             self._pgids |= self._starters  # the run's process group (the admin's)
-        with self._lock:
-            self._coordinator = self._asys.createActor(actors.Coordinator)
-        seq = self._next()
-        configure = actors.Configure(seq, self._notices_address,
-                                     (os.getpid(), start_time(os.getpid())), self._folder,
-                                     self._preload)
-        reply = self._request(self._coordinator, configure,
-                              seq, max(deadline - time.monotonic(), 1.0),
-                              "the coordinator's start")
-        self._coordinator_pid, self._admin_pid = reply.pid, reply.admin_pid
+        reply = self._coordinator.start(self._notices.address, self._folder, self._preload,
+                                        deadline - time.monotonic())
+        self._admin_pid = reply.admin_pid
         self._pgids.add(reply.pgid)
-        self._coordinator_started = start_time(reply.pid)
-        self._reap_starters()
-        self._monitor = threading.Thread(target=self._watch_coordinator,
-                                         name="mujou-coordinator-monitor", daemon=True)
-        with signals_blocked():  # the host's signals are for its main thread
-            self._monitor.start()
+        self._starters -= reap_starters(self._starters)  # forgotten once reaped
+        self._notices.watch(reply.pid, self._coordinator.started)
+
+    @property
+    def _coordinator_pid(self) -> int | None:
+        """The coordinator's process, once it answered (for tests and tools)."""
+        return self._coordinator.pid
 
     # ----------------------------------------------------------------- the API
 
@@ -606,7 +263,7 @@ class ProcessSystem:
         a few milliseconds after the process died (see
         ``benchmarks/control.py``).
         """
-        return self._pull
+        return self._notices.socket
 
     def take_exits(self) -> list[GroupExit]:
         """The group processes found ended since the last call, oldest first; never waits.
@@ -618,16 +275,9 @@ class ProcessSystem:
         Returns:
             list[GroupExit]: the exits; an empty list when there are none.
         """
-        # Asked after every poll of a round: look before receiving, since an empty
-        # socket's recv raises zmq.Again, which costs tens of microseconds to make.
-        while int(self._pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            try:
-                raw = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            notice = json.loads(raw)
+        for notice in self._notices.take():
             if "coordinator" in notice:
-                self._coordinator_gone = True
+                self._coordinator.gone = True
                 reason = f"the coordinator (pid {notice['coordinator']}) died"
                 for group in self._groups.values():
                     self._exited(group, reason)
@@ -656,10 +306,8 @@ class ProcessSystem:
         entry = self._groups.get(group)
         if entry is not None and entry.exit is None:
             entry.exit = GroupExit(entry.name, entry.pid, reason)
-        seq = self._next()
         try:  # the coordinator forgets it too (it would refuse to start it again)
-            self._request(self._coordinator, actors.Forget(seq, group), seq, 5.0,
-                          f"forgetting group {group!r}", check=self._check_coordinator)
+            self._coordinator.forget(group, 5.0)
         except TimeoutError:
             log.warning("group %r: the coordinator did not answer the loss in time", group)
 
@@ -680,21 +328,14 @@ class ProcessSystem:
     def run_pids(self) -> list[int]:
         """The processes of the run still running (admin, logger, coordinator, groups).
 
-        The members of the run's process group (from /proc), and the pids known.
+        The members of the run's process group (`_procs.group_members`), and the pids known.
 
         Returns:
             list[int]: the pids, in increasing order.
         """
-        known = [p for p in (self._admin_pid, self._coordinator_pid) if p is not None]
+        known = [p for p in (self._admin_pid, self._coordinator.pid) if p is not None]
         known += [p for g in self._groups.values() for p in g.local_pid]
-        found = set(known)
-        groups = {str(g) for g in self._pgids}
-        if groups and os.path.isdir("/proc/self"):
-            for name in os.listdir("/proc"):
-                if name.isdigit():
-                    fields = stat_fields(int(name))
-                    if fields is not None and fields[2] in groups:
-                        found.add(int(name))
+        found = set(known) | group_members(self._pgids)
         return sorted(p for p in found if p != os.getpid() and alive(p))
 
     def start_group(self, group: str, target: str, kwargs: dict[str, Any], timeout: float,
@@ -780,7 +421,7 @@ class ProcessSystem:
                 raise ValueError(f"group {name!r} is running already (pid {old.pid})")
         for name in groups:
             self._groups.pop(name, None)
-        seqs = {name: self._next() for name in groups}
+        seqs = {name: self._requests.next() for name in groups}
         booted: dict[str, int] = {}
 
         def booting(reply: Any) -> bool:
@@ -792,50 +433,37 @@ class ProcessSystem:
         deadline = time.monotonic() + timeout
         on = dict(members or {})
         main = main_of_this_process()
-        sends = [(self._coordinator, actors.StartGroup(
+        sends = [(self._coordinator.address, actors.StartGroup(
                      seqs[name], name, target, pickle.dumps(dict(kwargs)), tuple(sys_path),
                      on.get(name), () if name in on else main))
                  for name, (target, kwargs) in groups.items()]
         gone: list[str] = []  # machines of ``on`` found not answering during the wait
         def checks() -> None:
-            self._check_coordinator()
+            self._coordinator.check()
             if check is not None:
                 check()
 
-        replies = self._request_many(sends, set(seqs.values()), timeout,
-                                     check=checks, interim=booting,
-                                     give_up=self._members_gone(set(on.values()), gone))
+        replies = self._requests.request_many(sends, set(seqs.values()), timeout,
+                                              check=checks, interim=booting,
+                                              give_up=members_gone(self.member_check,
+                                                                   set(on.values()), gone))
         started: dict[str, _Group] = {}
         failures: list[tuple[str, BaseException]] = []
         for name, (target, _) in groups.items():
-            reply = replies.get(seqs[name])
-            what = f"the start of group {name!r} ({target})"
+            reply, pid = replies.get(seqs[name]), booted.get(name)
             if isinstance(reply, actors.GroupStarted):
                 started[name] = _Group(name, reply.pid, reply.address, on.get(name))
-            elif reply is None:
-                self._abandon(name, None if name in on else booted.get(name), name in on)
-                if on.get(name) in gone:  # first: it is why the others were given up
-                    failures.insert(0, (name, GroupDied(
-                        name, booted.get(name), f"machine {on[name]!r} stopped answering "
-                                                f"while the group started")))
-                elif gone:
-                    failures.append((name, TimeoutError(
-                        f"{what}: given up when machine {gone[0]!r} stopped answering; "
-                        f"its process was ended")))
-                else:
-                    failures.append((name, TimeoutError(
-                        f"{what}: not done within {timeout} s; its process was ended")))
-            else:  # GroupStartFailed: its process is ending (the coordinator asked it to)
-                pid = booted.get(name)
-                if pid is not None and name not in on:
-                    self._end_process(pid, max(deadline - time.monotonic(), REAP_S))
-                if reply.failure is None:
-                    failures.append((name, GroupDied(
-                        name, pid, f"its process ended while building its server "
-                                   f"({target}): {reply.reason}")))
-                else:
-                    failures.append((name, self._remote_error(
-                        name, f"could not start {target!r}", reply.failure)))
+                continue
+            if reply is None:  # given up: the coordinator drops it, its process is killed
+                self._coordinator.abandon(name, name in on)
+            if pid is not None and name not in on and reply is None:
+                kill([pid])
+            elif pid is not None and name not in on:  # ending: the coordinator asked it to
+                end_process(pid, max(deadline - time.monotonic(), REAP_S))
+            error = start_failure(name, target, reply, pid, on.get(name), gone, timeout)
+            # A machine that stopped answering is why the others were given up: first.
+            failures.insert(0 if reply is None and on.get(name) in gone else len(failures),
+                            (name, error))
         self._groups.update(started)
         if failures:
             for name in started:
@@ -843,14 +471,10 @@ class ProcessSystem:
                     self.stop_group(name, max(deadline - time.monotonic(), REAP_S))
                 except Exception:  # noqa: BLE001 - the start's failure is what is raised
                     pass
-            error = failures[0][1]
-            why = _refusal(os.path.join(self._folder, "refused"))
+            why = read_refusal(os.path.join(self._folder, "refused"))
             if why is not None:  # a script that starts a run as a group imports it
                 raise RuntimeError(why) from None  # the group's own error says it again
-            if len(failures) > 1:
-                error.add_note("Other groups failed too: " + ", ".join(
-                    f"{n!r} ({describe(e)})" for n, e in failures[1:]))
-            raise error
+            raise start_error(failures)
         return {name: entry.pid for name, entry in started.items()}
 
     def ask(self, group: str, request: Any, timeout: float) -> Any:
@@ -884,12 +508,12 @@ class ProcessSystem:
         except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
             raise TypeError(f"the {name} request to group {group!r} does not pickle: "
                             f"{describe(exc)}") from exc
-        seq = self._next()
-        reply = self._request(entry.address, actors.Call(seq, group, payload), seq, timeout,
-                              f"the {name} request to group {group!r}",
-                              check=lambda: self._check_group(entry))
+        seq = self._requests.next()
+        reply = self._requests.request(entry.address, actors.Call(seq, group, payload), seq,
+                                       timeout, f"the {name} request to group {group!r}",
+                                       check=lambda: self._check_group(entry))
         if reply.failure is not None:
-            raise self._remote_error(group, f"handle({name}) raised", reply.failure)
+            raise remote_error(group, f"handle({name}) raised", reply.failure)
         try:
             return pickle.loads(reply.value)
         except Exception as exc:  # noqa: BLE001 - unpickling raises several kinds
@@ -912,25 +536,22 @@ class ProcessSystem:
         self._check_open()
         entry = self._group(group)
         deadline = time.monotonic() + timeout
-        seq = self._next()
         try:
-            reply = self._request(self._coordinator, actors.StopGroup(seq, group), seq,
-                                  timeout, f"the stop of group {group!r}",
-                                  check=self._check_coordinator)
+            reply = self._coordinator.stop(group, timeout)
         except TimeoutError:
-            self._kill(entry.local_pid)
+            kill(entry.local_pid)
             del self._groups[group]
             raise TimeoutError(f"group {group!r}: close() and the end of its process took "
                                f"more than {timeout} s; the process was killed") from None
         except GroupDied:  # the coordinator is gone: end the process here
-            self._kill(entry.local_pid)
+            kill(entry.local_pid)
             del self._groups[group]
             raise
         if entry.member is None:
-            self._end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
+            end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
         del self._groups[group]
         if reply.failure is not None:
-            raise self._remote_error(group, "close() raised", reply.failure)
+            raise remote_error(group, "close() raised", reply.failure)
 
     def shutdown(self, timeout: float = 10.0) -> dict[str, RemoteError]:
         """End the run: every server's ``close()``, every process, the sockets; idempotent.
@@ -955,22 +576,20 @@ class ProcessSystem:
         if self._closed:
             return {}
         self._closed = True
-        self._monitor_stop.set()  # the coordinator is about to end, as asked
+        self._notices.stop_watching()  # the coordinator is about to end, as asked
         deadline = time.monotonic() + timeout
         failures: dict[str, RemoteError] = {}
         try:
-            if self._asys is not None:
+            if self._requests.is_open:
                 failures = self._stop_all(deadline - timeout / 2)
-                self._end_coordinator(deadline - timeout / 4)
-                with self._lock:
-                    self._asys.shutdown()  # Thespian's: the admin and the logger
+                self._coordinator.end(deadline - timeout / 4)
+                self._requests.close()  # Thespian's shutdown: the admin and the logger
         finally:
-            self._asys = None
-            self._end_run(deadline)
-            if self._monitor is not None:
-                self._monitor.join(timeout=KILL_WAIT_S)
-            self._pull.close(linger=0)
-            self._context.term()
+            self._requests.close(shutdown=False)
+            # Every process of the run, then the admin's starters (reaped: our children).
+            end_all(self.run_pids, self._pgids, max(deadline - time.monotonic(), 0.0))
+            self._starters -= reap_starters(self._starters)
+            self._notices.close(KILL_WAIT_S)
             shutil.rmtree(self._folder, ignore_errors=True)
         for error in failures.values():
             log.error("%s\n%s", error, error.remote_traceback)
@@ -984,115 +603,7 @@ class ProcessSystem:
         """`shutdown`, with its default timeout."""
         self.shutdown()
 
-    # ----------------------------------------------------------------- requests
-
-    def _next(self) -> int:
-        """A new request number (answers carry it; stale answers are dropped)."""
-        self._seq += 1
-        return self._seq
-
-    def _request(self, to: Any, msg: Any, seq: int, timeout: float, what: str,
-                 check: Callable[[], None] | None = None) -> Any:
-        """Send ``msg`` to an actor and wait for the answer numbered ``seq``.
-
-        Returns:
-            Any: the answer.
-
-        Raises:
-            TimeoutError: none within ``timeout``, naming ``what``.
-        """
-        replies = self._request_many([(to, msg)], {seq}, timeout, check)
-        if seq not in replies:
-            raise TimeoutError(f"{what}: no answer within {timeout} s")
-        return replies[seq]
-
-    def _request_many(self, sends: list[tuple[Any, Any]], seqs: set[int], timeout: float,
-                      check: Callable[[], None] | None = None,
-                      interim: Callable[[Any], bool] | None = None,
-                      give_up: Callable[[], bool] | None = None) -> dict[int, Any]:
-        """Send messages to actors and wait for the answers numbered ``seqs``.
-
-        The wait is made of Thespian calls of at most `POLL_S` each, under the
-        lock; between them ``check`` may raise (a dead process), ``give_up()``
-        returning ``True`` ends the wait with the answers so far, and answers
-        of other numbers (late ones) are dropped. ``interim(answer)`` returning
-        ``True`` marks an answer as progress, not the end.
-
-        Args:
-            sends (list[tuple[Any, Any]]): (actor address, message) to send, in order.
-            seqs (set[int]): the numbers of the answers awaited.
-            timeout (float): seconds for all of them.
-            check (Callable[[], None] | None): called between waits; raises to give up.
-            interim (Callable[[Any], bool] | None): see above.
-            give_up (Callable[[], bool] | None): called between waits (see above).
-
-        Returns:
-            dict[int, Any]: number -> answer; those missing at the deadline are absent.
-
-        Raises:
-            RuntimeError: the system is shut down, or an actor failed on a message
-                (Thespian's ``PoisonMessage``).
-        """
-        deadline = time.monotonic() + timeout
-        replies: dict[int, Any] = {}
-        pending = list(sends)
-        while len(replies) < len(seqs):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            with self._lock:
-                if self._asys is None:
-                    raise RuntimeError("the process system is shut down")
-                if pending:  # the others' sends go on in the next calls' transport runs
-                    to, msg = pending.pop(0)
-                    try:
-                        reply = self._asys.ask(to, msg, min(left, 0.005 if pending else POLL_S))
-                    except ActorSystemFailure:
-                        # The transmit itself failed (seen under load: BadPacketError
-                        # while the peer's socket was not accepting yet): nothing was
-                        # delivered, so it is sent again, within the same deadline.
-                        pending.insert(0, (to, msg))
-                        reply = None
-                else:
-                    reply = self._asys.listen(min(left, POLL_S))
-            seq = getattr(reply, "seq", None)
-            if isinstance(reply, PoisonMessage):
-                failed = getattr(reply.poisonMessage, "seq", None)
-                if failed in seqs:
-                    raise RuntimeError(f"an actor failed on {type(reply.poisonMessage).__name__}"
-                                       f":\n{reply.details}")
-            elif seq in seqs and seq not in replies and not (interim and interim(reply)):
-                replies[seq] = reply
-            if check is not None:
-                check()
-            if give_up is not None and len(replies) < len(seqs) and give_up():
-                break
-        return replies
-
-    def _members_gone(self, machines: set[str], gone: list[str]) -> Callable[[], bool] | None:
-        """A ``give_up`` for a start on ``machines``: every `MEMBER_CHECK_S`, whether one
-        of them stopped answering (`member_check`), `MEMBER_MISSES` times in a row (one
-        slow answer of a loaded machine is not its end); those found go in ``gone``.
-
-        Without it, a start on a machine that died after it was chosen (its
-        admin took the creation, then went) would wait for its whole timeout.
-        """
-        check = self.member_check
-        if check is None or not machines:
-            return None
-        next_at = time.monotonic() + MEMBER_CHECK_S
-        misses = dict.fromkeys(machines, 0)
-
-        def give_up() -> bool:
-            nonlocal next_at
-            if time.monotonic() < next_at:
-                return False
-            for m in sorted(machines):
-                misses[m] = 0 if check(m) else misses[m] + 1
-            gone.extend(m for m in sorted(machines) if misses[m] >= MEMBER_MISSES)
-            next_at = time.monotonic() + MEMBER_CHECK_S
-            return bool(gone)
-        return give_up
+    # ----------------------------------------------------------------- helpers
 
     def _group(self, group: str) -> _Group:
         """The record of a started group."""
@@ -1116,15 +627,7 @@ class ProcessSystem:
                 and self.lost_check(entry.name):
             raise GroupDied(entry.name, entry.pid, f"lost: machine {entry.member!r} stopped "
                                                    f"answering the run's heartbeat")
-        self._check_coordinator()
-
-    def _check_coordinator(self) -> None:
-        """Raise `GroupDied` (for every group) if the coordinator is gone."""
-        pid = self._coordinator_pid
-        if self._coordinator_gone or (pid is not None
-                                      and not alive(pid, self._coordinator_started)):
-            raise GroupDied("<coordinator>", pid, "the run's coordinator process is gone; "
-                            "every group went with it")
+        self._coordinator.check()
 
     def _exited(self, group: _Group, reason: str) -> None:
         """Record a group's unasked end (once)."""
@@ -1132,39 +635,7 @@ class ProcessSystem:
             group.exit = GroupExit(group.name, group.pid, reason)
             self._exits.append(group.exit)
 
-    @staticmethod
-    def _remote_error(group: str, what: str, failure: actors.Failure) -> RemoteError:
-        """The host's error for a failure in a group process."""
-        exception = None
-        if failure.pickled is not None:
-            try:
-                exception = pickle.loads(failure.pickled)
-            except Exception:  # noqa: BLE001 - its class may not exist here; the text stays
-                exception = None
-        if not isinstance(exception, BaseException):
-            exception = None
-        return RemoteError(f"group {group!r}: {what}: {failure.message}", group=group,
-                           type_name=failure.type_name, remote_traceback=failure.traceback,
-                           exception=exception)
-
     # ----------------------------------------------------------------- ending processes
-
-    def _abandon(self, group: str, booted: int | None, on_member: bool = False) -> None:
-        """After a start was given up: tell the coordinator, kill the process if known.
-
-        A group on another machine is forgotten (`actors.Forget`): its end may
-        never be told (its machine may be gone), and a stop would wait for it,
-        so the group could not be started again.
-        """
-        seq = self._next()
-        msg = actors.Forget(seq, group) if on_member else actors.StopGroup(seq, group)
-        try:
-            self._request(self._coordinator, msg, seq, POLL_S * 4,
-                          f"the abandon of group {group!r}")
-        except (TimeoutError, RuntimeError):
-            pass  # the process is killed below, or by shutdown's sweep of the process group
-        if booted is not None:
-            self._kill([booted])
 
     def _stop_all(self, until: float) -> dict[str, RemoteError]:
         """`StopAll` through the coordinator until ``until``; then kill the groups left.
@@ -1173,105 +644,11 @@ class ProcessSystem:
             dict[str, RemoteError]: what the groups' ``close()`` raised.
         """
         failures: dict[str, RemoteError] = {}
-        if self._groups and self._coordinator is not None:
-            seq = self._next()
-            try:
-                reply = self._request(self._coordinator, actors.StopAll(seq), seq,
-                                      max(until - time.monotonic(), POLL_S),
-                                      "the stop of every group", check=self._check_coordinator)
-            except (TimeoutError, GroupDied, RuntimeError):
-                pass  # the groups left are killed below
-            else:
-                failures = {group: self._remote_error(group, "close() raised", failure)
-                            for group, failure in reply.failures.items()}
+        if self._groups:
+            failures = {group: remote_error(group, "close() raised", failure) for group, failure
+                        in self._coordinator.stop_all(until - time.monotonic()).items()}
         pids = [p for g in self._groups.values() for p in g.local_pid]
         self._groups.clear()
-        self._wait_gone(pids, max(until - time.monotonic(), 0.0))
-        self._kill(pids)
+        wait_gone(pids, max(until - time.monotonic(), 0.0))
+        kill(pids)
         return failures
-
-    def _end_coordinator(self, until: float) -> None:
-        """Ask the coordinator to end, wait for its process until ``until``, then kill it.
-
-        Done before Thespian's own shutdown, so that the admin has no child
-        left to wait for (Thespian waits up to 10 s for one that does not answer).
-        """
-        pid = self._coordinator_pid
-        if pid is None or not alive(pid, self._coordinator_started):
-            return
-        with self._lock:
-            if self._asys is not None:  # no answer comes: a short wait sends it
-                self._asys.ask(self._coordinator, ActorExitRequest(), 0.01)
-        if not self._wait_gone([pid], max(until - time.monotonic(), 0.0)):
-            self._kill([pid])
-
-    def _end_run(self, deadline: float) -> None:
-        """Wait until ``deadline`` for every process of the run to be gone; kill the rest."""
-        if not self._wait_gone(self.run_pids, max(deadline - time.monotonic(), 0.0)):
-            self._kill_group()
-            self._kill(self.run_pids())
-            self._wait_gone(self.run_pids, KILL_WAIT_S)
-        self._reap_starters()
-
-    def _wait_gone(self, pids: list[int] | Callable[[], list[int]], timeout: float) -> bool:
-        """Whether the processes are gone within ``timeout`` (polled every 10 ms)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = pids() if callable(pids) else [p for p in pids if alive(p)]
-            if not left:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-
-    def _end_process(self, pid: int, timeout: float, started: int | None = None) -> None:
-        """Wait for a process asked to end; kill it if it is still there after ``timeout``."""
-        if not self._wait_gone([pid] if alive(pid, started) else [], timeout):
-            self._kill([pid])
-
-    def _kill(self, pids: list[int]) -> None:
-        """SIGKILL the processes still there; wait up to `KILL_WAIT_S` for them to go."""
-        for pid in pids:
-            if alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        self._wait_gone(pids, KILL_WAIT_S)
-
-    def _kill_group(self) -> None:
-        """SIGKILL the run's process group, if one of its members still runs (so it is ours).
-
-        (A process group's id is not reused while a member lives, so then the
-        group is still the run's.)
-        """
-        for pid in self.run_pids():
-            fields = stat_fields(pid)
-            if fields is not None and int(fields[2]) in self._pgids:
-                try:
-                    os.killpg(int(fields[2]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-    def _reap_starters(self) -> None:
-        """Reap the processes that started an admin (`reap_starters`); forget those reaped."""
-        self._starters -= reap_starters(self._starters)
-
-    def _watch_coordinator(self) -> None:
-        """The monitor thread: push a notice if the coordinator process dies."""
-        pid, started = self._coordinator_pid, self._coordinator_started
-        if pid is None:
-            return
-        while not self._monitor_stop.wait(0.1):
-            if not alive(pid, started):
-                push = self._context.socket(zmq.PUSH)
-                try:
-                    push.setsockopt(zmq.LINGER, 0)
-                    push.connect(self._notices_address)
-                    push.send(json.dumps({"coordinator": pid}).encode(), zmq.NOBLOCK)
-                    self._monitor_stop.wait(0.2)  # let it go out before the close
-                except zmq.ZMQError:
-                    pass  # the run is being shut down
-                finally:
-                    push.close(linger=0)
-                return
