@@ -266,10 +266,10 @@ class _Segment:
         fresh = promise != announced
         # A group this one sends nothing to reads only the instant of its promise (`bound`).
         moved = announced is None or promise[0] != announced[0]
-        readers = mesh.readers
+        sent_to = mesh.readers
         for q in mesh.others:
             items = per.get(q)
-            if items or (fresh and (moved or q in readers)):
+            if items or (fresh and (moved or q in sent_to)):
                 mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, self.number, promise,
                                    items or [])
         mesh.announced = promise
