@@ -33,8 +33,16 @@ from tests import placed_support, random_nets
 from tests.placed_support import InProcessSystem
 from tests.random_nets import GROUPS, nets
 from tests.test_placed import assert_same_tree, placed_run, single
-from tests.test_placed_random import (SETTINGS, _args, _assert_same_counts, _examples,
-                                      _placed, _placed_end, _single, _supervised_single)
+from tests.test_placed_random import (
+    SETTINGS,
+    _args,
+    _assert_same_counts,
+    _examples,
+    _placed,
+    _placed_end,
+    _single,
+    _supervised_single,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,8 +187,9 @@ def test_a_run_with_nodes_in_the_hosts_group_keeps_the_rounds() -> None:
 def test_a_hook_that_fails_in_a_segment_fails_the_run_naming_it() -> None:
     placed_support.Flaky.failures = 0
     with peer_links():
-        run = placed.start(placed_support.make_flaky, placement={"flaky": "a", "sim": "b", "ctrl": "b",
-                                                  "log": "b", "count": "a"},
+        run = placed.start(placed_support.make_flaky,
+                           placement={"flaky": "a", "sim": "b", "ctrl": "b", "log": "b",
+                                      "count": "a"},
                            net_kwargs=None, args=_args(0.1, workers=1, seed=7),
                            inputs=None, state=None, make_system=InProcessSystem)
     with pytest.raises(NodeError, match="flaky at tick 5") as info:

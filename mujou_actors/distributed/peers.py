@@ -144,7 +144,7 @@ class PeerMesh:
         still fail in an earlier one.
         """
         least = FAR
-        for p, k in self.promise_in.items():
+        for k in self.promise_in.values():
             if k[0] < least[0]:
                 least = (k[0], LAST_DELTA)
         for p in self.ins:

@@ -18,7 +18,8 @@ follows reopens the mesh under a new generation).
 Peer links apply on one machine (``ipc://``), to runs with every node in a
 group process (none in the host's), without CUDA IPC, without a recording of
 ports or a timed subscription (the driver's item listeners: a round at a
-time while one is in force), and when no cycle of triggering links joins groups (`triggering_cycle`);
+time while one is in force), and when no cycle of triggering links joins
+groups (`triggering_cycle`);
 ``MUJOU_PEER_LINKS=0`` in the host's environment keeps the rounds for every run
 (to compare, or to rule peer links out when chasing a defect).
 """
