@@ -194,21 +194,26 @@ class SimulatedRounds:
         driver = self.driver
         failed = None
         for g, reply in replies:
-            g.waiting = False
             if reply.failure is not None and failed is None:
                 failed = node_error(g.name, reply.failure), g.name
-            g.due = reply.due
-            if reply.frontier > g.frontier:
-                g.frontier = reply.frontier
-            if reply.time_ns > g.time_ns:
-                g.time_ns = reply.time_ns
-                if reply.time_ns > driver.time_ns:
-                    driver.time_ns = reply.time_ns
+            self.note_reply(g, reply)
         for g, reply in replies:
             driver._route(g, reply)
         if failed is not None:
             err, name = failed
             raise Failed(err, name, err.path)
+
+    def note_reply(self, g: _Group, reply: dataplane.Reply) -> None:
+        """A group's answer taken in: its next key, frontier and time (the run's too)."""
+        driver = self.driver
+        g.waiting = False
+        g.due = reply.due
+        if reply.frontier > g.frontier:
+            g.frontier = reply.frontier
+        if reply.time_ns > g.time_ns:
+            g.time_ns = reply.time_ns
+            if reply.time_ns > driver.time_ns:
+                driver.time_ns = reply.time_ns
 
     def deliver(self, groups: list[_Group], take: bool = False) -> None:
         """Hand ``groups`` what waits for them and learn their next keys; nothing runs.

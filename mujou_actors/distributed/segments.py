@@ -277,14 +277,6 @@ class Segments(SimulatedRounds):
         self._layout = None  # the mesh is reopened after the restore
 
     def _take_finals(self, finals: list[tuple[_Group, dataplane.Reply]]) -> None:
-        """The answers' next keys, frontiers and times, as `_take_replies` takes a round's."""
-        driver = self.driver
+        """The answers' next keys, frontiers and times, as a round's are taken."""
         for g, reply in finals:
-            g.waiting = False
-            g.due = reply.due
-            if reply.frontier > g.frontier:
-                g.frontier = reply.frontier
-            if reply.time_ns > g.time_ns:
-                g.time_ns = reply.time_ns
-                if reply.time_ns > driver.time_ns:
-                    driver.time_ns = reply.time_ns
+            self.note_reply(g, reply)
