@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
@@ -154,6 +155,14 @@ class GroupStats:
             peer without the run's secret: another secret, or no CURVE),
             refused while the host waited for the group's own; each is
             logged (at most a line every 10 s). 0 on the host's machine.
+        cuda_ipc (Mapping[str, Any] | None): with CUDA IPC between groups
+            (``MUJOU_CUDA_IPC=1``, docs/processes.md), its data-plane end's
+            figures: ``exported`` (CUDA tensors sent as IPC handles),
+            ``released`` (given back by their readers), ``in_flight`` and
+            ``bytes_in_flight`` (not given back yet), ``forwarded`` (the host's
+            relay) and ``fallbacks`` (reason -> tensors copied to the CPU
+            instead: ``"bound"``, ``"not shareable"``, ``"unavailable"``); None
+            without CUDA IPC, and for the host's own group.
     """
 
     name: str
@@ -170,6 +179,7 @@ class GroupStats:
     clock_uncertainty_ns: int | None = None
     rtt_ns: int | None = None
     refused: int = 0
+    cuda_ipc: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

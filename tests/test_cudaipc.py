@@ -563,6 +563,12 @@ def test_a_placed_run_with_cuda_ipc_on_runs_as_without(monkeypatch: pytest.Monke
     assert links["host"].opener is not None
     run.join(30)
     assert_same_tree(run.state_dict(), expected)
+    groups = run.stats().groups  # each group's end says what it shared: nothing, here
+    for name in ("a", "b"):
+        figures = groups[name].cuda_ipc
+        assert figures is not None and figures["exported"] == figures["in_flight"] == 0
+        assert figures["fallbacks"] == {}  # no CUDA tensor crossed: nothing fell back
+    assert groups["host"].cuda_ipc is None
 
 
 def test_without_ipc_a_device_path_message_is_copied_to_the_host_after_its_event() -> None:

@@ -927,7 +927,8 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
     return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
             "nodes": node_stats(kernel, counted),
             "messages_in": traffic[0], "messages_out": traffic[1],
-            "bytes_in": traffic[2], "bytes_out": traffic[3]}
+            "bytes_in": traffic[2], "bytes_out": traffic[3],
+            "cuda_ipc": getattr(link, "ipc_stats", None)}
 
 
 def node_stats(kernel: Kernel,

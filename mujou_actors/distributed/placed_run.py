@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import (
@@ -378,7 +379,8 @@ class PlacedRun(Run):
                 drops=sum(sum(n["drops"].values()) for n in g["nodes"].values()),
                 machine=g.get("machine", ""), clock_offset_ns=clock.get("offset_ns"),
                 clock_uncertainty_ns=clock.get("uncertainty_ns"), rtt_ns=clock.get("rtt_ns"),
-                refused=g.get("refused", 0))
+                refused=g.get("refused", 0),
+                cuda_ipc=MappingProxyType(g["cuda_ipc"]) if g.get("cuda_ipc") else None)
         wall = (drv.end_wall or time.monotonic()) - drv.start_wall
         ordered = {p: nodes[p] for p, _ in self._found if p in nodes}
         kept = drv.recovery.snapshots
