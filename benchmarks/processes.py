@@ -31,8 +31,8 @@ second each) is never timed.
   cycles with work: one per tick, the messages trigger nothing) per wall
   second, the driver's rounds (or segments) per second, and the same net in
   one process (target >= 5,000 global steps/s with 2 groups). Rows: on the
-  host's rounds (``steps, host rounds``: ``MUJOU_PEER_LINKS=0``) and on peer
-  links (``steps``: the default, distributed/segments.py); the same for four groups
+  host's rounds (``steps, host rounds``: the default) and on peer links
+  (``steps``: ``MUJOU_PEER_LINKS=1``, distributed/segments.py); the same for four groups
   in a ring, each messaging the next at every tick.
 * **cpu** (simulated): two CPU-bound Python nodes (``Spin``: integer
   arithmetic in a loop, no GIL release) at the same period, in two groups

@@ -1,7 +1,7 @@
 """Peer links: simulated placed runs whose groups move their time themselves.
 
-A simulated run placed on one machine, with no node in the host's group, runs
-in *segments* (``MUJOU_PEER_LINKS=0`` keeps the rounds) (distributed/segments.py): messages go
+With ``MUJOU_PEER_LINKS=1`` a simulated run placed on one machine, with no node
+in the host's group, runs in *segments* (distributed/segments.py): messages go
 from group to group, and each group runs a delta cycle once every group that
 sends to it has promised nothing below it (distributed/peers.py). The
 properties of tests/test_placed_random.py hold unchanged: random nets, placed
@@ -155,20 +155,20 @@ def test_a_fully_placed_run_on_peer_links_matches_one_process() -> None:
     assert run._driver.timing.rounds < 10  # segments, not a round per delta cycle
 
 
-def test_peer_links_are_the_default_and_mujou_peer_links_0_keeps_the_rounds() -> None:
+def test_peer_links_are_asked_for_and_give_the_rounds_tree() -> None:
     expected = single(0.1)
     before = os.environ.pop(segments.ENV, None)
     try:
+        rounds = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)  # the default
+        rounds.join(30)
+        os.environ[segments.ENV] = "1"
         run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
         run.join(30)
-        assert run._driver.timing.segments == run._driver.timing.rounds > 0
-        os.environ[segments.ENV] = "0"
-        rounds = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
-        rounds.join(30)
     finally:
         os.environ.pop(segments.ENV, None)
         if before is not None:
             os.environ[segments.ENV] = before
+    assert run._driver.timing.segments == run._driver.timing.rounds > 0
     assert type(rounds._driver.timing) is SimulatedRounds
     assert rounds._driver.timing.rounds >= 20  # a round per instant that crosses
     assert_same_tree(run.state_dict(), expected)
@@ -360,7 +360,8 @@ def test_the_host_api_pauses_the_segment_and_reaches_every_group() -> None:
     """subscribe, wait_for, read, write and stats while segments run: each pauses the
     segment, is served between two segments as between two rounds, and the run goes on
     on peer links (a timed subscription or a recording would keep the rounds)."""
-    run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, None)
+    with peer_links():
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, None)
     seen: list[Any] = []
     try:
         sub = run.subscribe("ctrl.cmd", seen.append)

@@ -596,6 +596,13 @@ class Coordinator(ActorTypeDispatcher):
 
     def _start(self, msg: StartGroup, sender: Any) -> None:
         """Create the group's actor (a new process) and ask it to build its server."""
+        entry = self._groups.get(msg.group)
+        if entry is not None and entry.member is None and entry.pid is not None:
+            # The host saw the process gone (a request found it dead) and restarts it
+            # before this coordinator's tick or Thespian's notice told its end: told now.
+            reason = ended_child(entry.pid)
+            if reason is not None:
+                self._ended(msg.group, reason)
         if msg.group in self._groups:
             failure = Failure("ValueError", f"ValueError: group {msg.group!r} already exists",
                               "", None)

@@ -165,11 +165,11 @@ class _Driver:
         self.end = Ending(self)  # the last cut, every group's stop, the final tree
         self.order = [p for p, _ in found]
         # How the run's time moves (see the module's docstring): asked, never tested.
-        # Simulated: segments on peer links where they apply (segments.py), the rounds
-        # otherwise; MUJOU_PEER_LINKS=0 keeps the rounds for every run.
+        # Simulated: the host's rounds; with MUJOU_PEER_LINKS=1, segments on peer links
+        # where they apply (segments.py), until the end of a stopped run is proven there.
         self.timing: SimulatedRounds | RealTimeRelay = (
-            RealTimeRelay(self) if realtime else SimulatedRounds(self)
-            if os.environ.get(segments.ENV) == "0" else Segments(self))
+            RealTimeRelay(self) if realtime else Segments(self)
+            if os.environ.get(segments.ENV) == "1" else SimulatedRounds(self))
         # The host's own group's watchdog (group processes run their own): a hook that
         # does not return is logged, as in one process. Started with the driver's thread
         # (`_main`), so that a start that fails before leaves no thread behind.

@@ -197,8 +197,10 @@ class _Segment:
         self.settled: Key = (-1, 0)
         self.last_publish = time.monotonic()
         self.marked_out = False  # pausing: this group's markers are sent
+        # The host's view replaces the last segment's: between two segments a host write
+        # or a restart may have lowered a group's next key below what it promised then.
         for p, k in segment.promises.items():
-            if p in mesh.promise_in and k > mesh.promise_in[p]:
+            if p in mesh.promise_in:
                 mesh.promise_in[p] = k
         mesh.announced = None  # announced again: one frame per link per segment
         self.ending: str | None = None  # "pause" / "abort" once the host said so
@@ -229,10 +231,11 @@ class _Segment:
                 for t, delta, sender, output, message in items:
                     for reader in local(output):
                         kernel.deliver(reader, message, t, delta, sender)
+                if number != self.number:
+                    continue  # a promise or marker of an earlier segment: the host's is newer
                 if kind == dataplane.PEER_MARKER:
-                    if number == self.number:
-                        self.marked.add(p)
-                elif p in mesh.promise_in and promise > mesh.promise_in[p]:
+                    self.marked.add(p)
+                elif promise > mesh.promise_in[p]:
                     mesh.promise_in[p] = promise
 
     def host_says(self) -> str | None:
@@ -264,12 +267,18 @@ class _Segment:
             promise = min(promise, mesh.announced)
         announced = mesh.announced
         fresh = promise != announced
-        # A group this one sends nothing to reads only the instant of its promise (`bound`).
+        # A group this one sends nothing to reads only the instant of its promise (`bound`),
+        # and only while it may still run in the segment: one that promised past the cap
+        # has nothing left to run, answers the host and reads its links no more (frames
+        # to it would pile up until the link's high-water mark blocked this group).
+        # Nor does a promise past the cap tell a group more than the one before it did.
         moved = announced is None or promise[0] != announced[0]
-        sent_to = mesh.readers
+        sent_to, promise_in, cap = mesh.readers, mesh.promise_in, self.cap
+        news = fresh and (announced is None or announced <= cap)
         for q in mesh.others:
             items = per.get(q)
-            if items or (fresh and (moved or q in sent_to)):
+            if items or (news and (q in sent_to or moved and (
+                    announced is None or promise_in[q] <= cap))):
                 mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, self.number, promise,
                                    items or [])
         mesh.announced = promise
@@ -306,15 +315,17 @@ class _Segment:
             if ending == "abort":
                 break
             due = kernel.next_due()
+            # Every delivery is followed by a settle (also a pause's last: the segment
+            # may be the run's last), so each Input is pruned as one process prunes it.
+            settled = min(mesh.bound(), FAR if due is None else due)
+            if settled > self.settled:
+                kernel.settle(settled)
+                self.settled = settled
             if ending == "pause":
                 if self.flushed():
                     break
                 self.wait(POLL_S)
                 continue
-            settled = min(mesh.bound(), FAR if due is None else due)
-            if settled > self.settled:
-                kernel.settle(settled)
-                self.settled = settled
             if self.failure is None and due is not None and due <= cap and due <= mesh.bound():
                 self.run_cycle(due)
                 continue

@@ -19,9 +19,9 @@ Peer links apply on one machine (``ipc://``), to runs with every node in a
 group process (none in the host's), without CUDA IPC, without a recording of
 ports or a timed subscription (the driver's item listeners: a round at a
 time while one is in force), and when no cycle of triggering links joins
-groups (`triggering_cycle`);
-``MUJOU_PEER_LINKS=0`` in the host's environment keeps the rounds for every run
-(to compare, or to rule peer links out when chasing a defect).
+groups (`triggering_cycle`). They are asked for with ``MUJOU_PEER_LINKS=1`` in
+the host's environment until the final tree of a stopped run is proven on them
+(docs/processes.md).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["Segments", "mesh_spec", "triggering_cycle", "links_between", "ENV"]
 
 log = logging.getLogger("mujou_actors")
 
-ENV = "MUJOU_PEER_LINKS"  # "0": every simulated placed run keeps the host's rounds
+ENV = "MUJOU_PEER_LINKS"  # "1": simulated placed runs use peer links where they apply
 ABORT_WAIT_S = 5.0  # how long the groups that live get to answer an abort
 
 
@@ -182,6 +182,15 @@ class Segments(SimulatedRounds):
     def wake(self) -> None:
         """A host request was queued: the segment in progress is paused for it."""
         self.driver.wake.set()
+
+    def settle_end(self) -> None:
+        """As the rounds end (`SimulatedRounds.settle_end`), then every group is told the
+        least next key of all: a group's own settles in a segment go only as far as the
+        promises it heard, and the final tree prunes as one process does at the end."""
+        super().settle_end()
+        driver = self.driver
+        if self.segments and not driver.dead and all(g.remote for g in driver.groups.values()):
+            self.deliver(list(driver.groups.values()))
 
     # -- the mesh ---------------------------------------------------------------------------
     def _renew_mesh(self, groups: list[_Group]) -> None:
