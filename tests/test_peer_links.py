@@ -87,7 +87,7 @@ def test_links_between_groups_name_senders_readers_and_triggers() -> None:
     routes = _Routes({"a.out": [("b.inp", True), ("c.inp", False), ("a2.inp", True)],
                       "b.out": [("c.x", False)], "c.out": []})
     owner = {"a": "g1", "a2": "g1", "b": "g2", "c": "g3"}
-    out, ins, trig_in = segments.links_between(routes, owner)  # type: ignore[arg-type]
+    out, ins, trig_in = peers.links_between(routes, owner)  # type: ignore[arg-type]
     assert out == {"g1": {0: ["g2", "g3"]}, "g2": {1: ["g3"]}}
     assert ins == {"g2": {"g1"}, "g3": {"g1", "g2"}}
     assert trig_in == {"g2": {"g1"}}  # a reader in its own group is no link
@@ -403,7 +403,7 @@ def test_a_send_to_a_peer_that_never_connects_ends_on_the_hosts_abort(tmp_path) 
     segment.host_gone = lambda: None
     link.blocked = segment._blocked
     try:
-        with pytest.raises(peers._Aborted):
+        with pytest.raises(peers.Abandoned):
             link.send(dataplane.PEER_ITEMS, 1, 1, (0, 0), [(0, 0, 0, 0, 5)])
     finally:
         link.close()

@@ -548,3 +548,27 @@ def test_a_hook_failing_on_the_way_to_a_cut_goes_to_the_supervisor() -> None:
         assert tree["nodes"]["n1"]["n"] == 1 and tree["nodes"]["n1"]["log"][0][2] == [
             "float", 2.5]
         assert run.stats().nodes["n1"].restarts == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("strategy", ["one_for_all", "one_for_one"])
+@pytest.mark.parametrize("placement", [{"n0": "a", "n1": "a"}, {"n0": "a", "n1": "b"}])
+@pytest.mark.parametrize("peer_links", ["0", "1"])
+def test_two_hooks_failing_in_one_delta_cycle_are_each_the_supervisors(
+        strategy: str, placement: dict, peer_links: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the peer-link hunt: two hooks failing in one delta cycle (in one group or
+    two) were one failure for the host, the other dropped: under one_for_one that node was
+    never restarted and ticked no more. Each is now the supervisor's, as in one process:
+    each restarted (one_for_one), or counted and the net restored once (one_for_all).
+    On the host's rounds and on peer links alike."""
+    monkeypatch.setenv("MUJOU_PEER_LINKS", peer_links)
+    desc = {"nodes": [_spec("n0", 1000, fail_at=5), _spec("n1", 2500, fail_at=2)],
+            "edges": []}  # both fail at t = 5 ms
+    sup = lambda: mujou.Supervisor(strategy, snapshot_every=0.001)  # noqa: E731
+    expected, expected_stats = _supervised_single(desc, 0.006, 0, sup())
+    random_nets.reset_failures()
+    got, stats = _placed_end(desc, placement, 0.006, seed=0, workers=1, supervisor=sup())
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
+    assert [stats.nodes[p].restarts for p in ("n0", "n1")] == [1, 1]
+    assert expected["schedule"]["n0"]["last_update_ns"] == 6_000_000

@@ -470,7 +470,8 @@ class Kernel:
             TimeoutError: the step did not finish within ``timeout`` (names the
                 hooks still running).
             NodeError: a hook raised during the step (the first failure; the
-                failed node runs no more, as with no supervisor).
+                others of the step stay for `take_failures`; a failed node runs
+                no more, as with no supervisor).
         """
         if not self._started or self._stopped:
             raise RuntimeError("Kernel.step: the kernel is not running (start() it first)")
@@ -809,6 +810,11 @@ class Kernel:
         return self._events.take_failures()
 
     def _raise_failures(self) -> None:
-        failures = self._events.take_failures()
-        if failures:
-            raise failures[0]
+        """Raise the oldest failure recorded; the others stay for `take_failures` (two
+        hooks may fail in one delta cycle: each is the supervisor's to handle)."""
+        events = self._events
+        with events.lock:
+            if not events.failures:
+                return
+            first = events.failures.pop(0)
+        raise first

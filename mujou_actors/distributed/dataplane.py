@@ -161,6 +161,8 @@ class Reply:
             cut's flush): everything the group sent before is on its way.
         partial (bool): peer links: not the segment's answer, only its
             failure or published copies so far (the segment goes on).
+        more_failures (list[dict]): the other hooks that failed in the same
+            delta cycle as ``failure``, oldest first (as ``failure``).
     """
 
     due: Key | None
@@ -171,6 +173,7 @@ class Reply:
     frontier: Key = (-1, 0)
     marker: bool = False
     partial: bool = False
+    more_failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _pools(prefix: str | None, mine: str, theirs: str) -> tuple[str | None, str | None]:
@@ -423,7 +426,8 @@ class GroupLink(_Link):
         else:  # a CUDA sender with a reader on its device here gives device-path messages
             items = cudaipc.host_items(items)
         self._send([reply.due, reply.time_ns, reply.failure, len(reply.sends),
-                    reply.frontier, reply.marker, reply.partial, self.epoch], items,
+                    reply.frontier, reply.marker, reply.partial, self.epoch,
+                    reply.more_failures], items,
                    len(reply.sends))
 
 
@@ -476,11 +480,11 @@ class HostLink(_Link):
         got = self._receive(timeout)
         if got is None:
             return None
-        (due, time_ns, failure, n, frontier, marker, partial, epoch), items = got
+        (due, time_ns, failure, n, frontier, marker, partial, epoch, more), items = got
         if epoch != self.epoch:
             return None  # its shared-memory blocks are freed all the same (decoded)
         return Reply(_key(due), time_ns, items[:n], failure, items[n:],
-                     (frontier[0], frontier[1]), marker, partial)
+                     (frontier[0], frontier[1]), marker, partial, more)
 
 
 # The kinds of frame on a peer link (`PeerLink`).

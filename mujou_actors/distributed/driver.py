@@ -48,7 +48,7 @@ from .dataplane import Item
 from .ending import Ending
 from .failures import Failed, GroupLost, Lost, RemoteTraceback, Stuck, node_error
 from .placement import HOST_GROUP
-from .realtime import MessageAges, RealTimeRelay
+from .realtime import MessageAges, PeerRelay, RealTimeRelay
 from .recovery import Recovery
 from .rounds import SimulatedRounds
 from .segments import Segments
@@ -165,11 +165,13 @@ class _Driver:
         self.end = Ending(self)  # the last cut, every group's stop, the final tree
         self.order = [p for p, _ in found]
         # How the run's time moves (see the module's docstring): asked, never tested.
-        # Simulated: the host's rounds; with MUJOU_PEER_LINKS=1, segments on peer links
-        # where they apply (segments.py), until the end of a stopped run is proven there.
+        # Peer links where they apply (peers.py), unless MUJOU_PEER_LINKS=0: in real time
+        # by default; in simulated time (segments.py) with MUJOU_PEER_LINKS=1, until the
+        # end of a stopped run is proven there.
+        peer = os.environ.get(segments.ENV)
         self.timing: SimulatedRounds | RealTimeRelay = (
-            RealTimeRelay(self) if realtime else Segments(self)
-            if os.environ.get(segments.ENV) == "1" else SimulatedRounds(self))
+            (RealTimeRelay(self) if peer == "0" else PeerRelay(self)) if realtime
+            else Segments(self) if peer == "1" else SimulatedRounds(self))
         # The host's own group's watchdog (group processes run their own): a hook that
         # does not return is logged, as in one process. Started with the driver's thread
         # (`_main`), so that a start that fails before leaves no thread behind.

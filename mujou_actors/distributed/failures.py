@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 from ..errors import AlgebraicLoopError, GroupDied, NodeError
 
-__all__ = ["Failed", "GroupLost", "Lost", "RemoteTraceback", "Stuck", "args_of", "node_error"]
+__all__ = ["Failed", "GroupLost", "Lost", "RemoteTraceback", "Stuck", "args_of", "node_error",
+           "failed_in", "reported_by"]
 
 
 class Failed(Exception):
@@ -26,13 +27,39 @@ class Failed(Exception):
         error (NodeError): the host's error for it (`node_error`).
         group (str): the group it failed in.
         node (str): the failed node's path.
+        others (list[Failed] | None): the other hooks that failed in the same
+            round (the same delta cycle, in any group), each the supervisor's
+            to handle as one process handles each failure; None: none.
     """
 
-    def __init__(self, error: NodeError, group: str, node: str) -> None:
+    def __init__(self, error: NodeError, group: str, node: str,
+                 others: list[Failed] | None = None) -> None:
         super().__init__(str(error))
         self.error = error
         self.group = group
         self.node = node
+        self.others = others or []
+
+
+def failed_in(reported: list[tuple[str, Mapping[str, Any]]]) -> Failed | None:
+    """One `Failed` for every failure the groups reported in a round, oldest first, or
+    None. ``reported``: ``(group, failure)`` pairs (`reported_by`)."""
+    failed = []
+    for group, failure in reported:
+        err = node_error(group, failure)
+        failed.append(Failed(err, group, err.path))
+    if not failed:
+        return None
+    first = failed[0]
+    first.others = failed[1:]
+    return first
+
+
+def reported_by(group: str, reply: Any) -> list[tuple[str, Mapping[str, Any]]]:
+    """The failures a group's reply (`dataplane.Reply`) reports, as `failed_in` takes them."""
+    if reply.failure is None:
+        return []
+    return [(group, f) for f in [reply.failure, *reply.more_failures]]
 
 
 class Stuck(Exception):

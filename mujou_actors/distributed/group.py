@@ -358,6 +358,7 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
     index = routes.output_index
     sends: list[OutsideSend] = []
     failure = None
+    more: list[dict[str, Any]] = []
     if grant.bound is None:  # carry only (the start, a cut's last messages)
         if grant.take:  # on_start's sends (before the timer starts, or of a restart)
             sends = kernel.take_sends()
@@ -379,13 +380,14 @@ def run_grant(kernel: Kernel, routes: dataplane.Routes, grant: dataplane.Grant,
             # reported with the failure, so that the driver (and a one_for_one
             # restart) goes on from exactly here.
             failure = failure_of(exc)
+            more = [failure_of(f) for f in kernel.take_failures()]  # of the same cycle
             sends = kernel.take_sends()
             due = kernel.next_due()
     items = [(s.t_ns, s.delta, s.sender, index[s.output], s.message) for s in sends]
     return dataplane.Reply(due=due, time_ns=kernel.time_ns if kernel.timing else 0,
                            sends=items, failure=failure,
                            published=published.take() if published is not None else [],
-                           frontier=kernel.frontier)
+                           frontier=kernel.frontier, more_failures=more)
 
 
 def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> None:
@@ -523,7 +525,9 @@ class GroupServer:
         self._host_pid = host_pid
         self._started_ns = time.monotonic_ns()
         self._closing = threading.Event()
-        self._mesh: peers.PeerMesh | None = None  # peer links (simulated), once asked for
+        self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
+        self._peers_rt: peers.RealTimePeers | None = None  # real time, while open
+        self._peers_stale = False  # real time: reset for a restore; the links are given up
         self._sent_msgs = self._recv_msgs = 0
         self._sent_bytes = self._recv_bytes = 0
         key = load_secret() if secure else None
@@ -565,6 +569,7 @@ class GroupServer:
 
         Returns the nodes left stuck by the stop (their threads are left behind).
         """
+        self._peers_stale = True  # real time: the data-plane thread gives its peer links up
         stuck = self.kernel.stop(timeout)
         self._counted = node_stats(self.kernel, self._counted)
         self.kernel, _ = self._make_kernel()
@@ -654,10 +659,13 @@ class GroupServer:
     def _serve_realtime(self) -> None:
         """Real time: ship sends as they come, deliver what arrives, until closed."""
         link, wake = self._link, self._wake
-        poller = zmq.Poller()
-        poller.register(link.sock, zmq.POLLIN)
-        poller.register(wake.fileno(), zmq.POLLIN)
+        poller, polled = self._realtime_poller(None), None
         while not self._closing.is_set():
+            if self._peers_stale:
+                self._drop_peers()
+            rt = self._peers_rt
+            if rt is not polled:  # peer links opened or given up: poll what is open now
+                poller, polled = self._realtime_poller(rt), rt
             ready = dict(poller.poll(100))
             if not ready:
                 self._end_if_host_gone()
@@ -669,6 +677,10 @@ class GroupServer:
                 if link.sock in ready:
                     while (grant := link.receive(0)) is not None:
                         self._take(grant)
+                if self._peers_rt is not None:
+                    self._take_peers()
+            except peers.Abandoned:  # a marker waited for a peer and the group was reset
+                self._drop_peers()
             except BaseException as exc:  # reported to the host, never swallowed
                 if self._closing.is_set():
                     log.info("group %r: closing; the messages in flight ended with %s",
@@ -676,24 +688,94 @@ class GroupServer:
                     break  # stopped under it, the process ending (see `_serve`)
                 link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                           failure=failure_of(exc)))
+        if self._mesh is not None:
+            self._mesh.close()
         link.close()
         wake.close()
 
+    def _realtime_poller(self, rt: peers.RealTimePeers | None) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(self._link.sock, zmq.POLLIN)
+        poller.register(self._wake.fileno(), zmq.POLLIN)
+        if rt is not None:
+            for peer in rt.mesh.links.values():
+                poller.register(peer.sock, zmq.POLLIN)
+        return poller
+
     def _ship(self) -> None:
-        """Real time: send the host what the nodes sent outside, published, or failed."""
-        for reply in shipped(self.kernel, self.routes, self.published):
+        """Real time: what the nodes sent outside goes to the groups that read it (peer
+        links) or to the host; published copies and failures go to the host."""
+        to_peers = self._to_peers if self._peers_rt is not None else None
+        for reply in shipped(self.kernel, self.routes, self.published, to_peers):
             self._link.send(reply)
 
+    def _to_peers(self, sends: list[Any]) -> None:
+        rt = self._peers_rt
+        assert rt is not None
+        try:
+            rt.ship(sends)
+        except peers.Abandoned:
+            # A send waited for a peer and this group was reset meanwhile (a restore):
+            # the messages are of the abandoned timeline.
+            self._drop_peers()
+
     def _take(self, grant: dataplane.Grant) -> None:
-        """Real time: deliver messages from other groups as they come (as host writes)."""
+        """Real time: deliver messages from other groups as they come (as host writes);
+        open the peer links the host describes; answer a cut's flush."""
         kernel = self.kernel
+        seg = grant.segment
+        if isinstance(seg, dataplane.Segment) and seg.mesh is not None:
+            self._open_peers(seg)
         for t, delta, sender, output, message in grant.messages:
             for reader in self.routes.local_readers(output):
                 kernel.write(reader, message, (t, delta, sender))
         if grant.take:  # a cut's flush: what was sent so far goes first, then the marker
             self._ship()
-            self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+            rt = self._peers_rt
+            if rt is not None and isinstance(seg, dataplane.Segment):
+                rt.flush(seg.number)  # answered once every sender's marker is in
+                self._take_peers()
+            else:
+                self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
+                                                marker=True))
+
+    def _take_peers(self) -> None:
+        """Real time: deliver what the peers sent; answer a flush whose markers are all in."""
+        rt = self._peers_rt
+        assert rt is not None
+        rt.take(self.kernel)
+        if rt.flushing is not None and rt.flushed():
+            self._ship()
+            self._link.send(dataplane.Reply(due=None, time_ns=self.kernel.time_ns, sends=[],
                                             marker=True))
+
+    def _open_peers(self, seg: dataplane.Segment) -> None:
+        """Real time: the links of the host's new mesh generation (the old ones closed)."""
+        self._drop_peers()
+        assert seg.mesh is not None
+        before = self._mesh.traffic() if self._mesh is not None else None
+        mesh = peers.PeerMesh(self.group, seg.generation, seg.mesh, self.routes.declared,
+                              before)
+        for peer in mesh.links.values():
+            peer.blocked = self._peer_blocked
+        self._mesh, self._peers_stale = mesh, False
+        self._peers_rt = peers.RealTimePeers(mesh, self.routes)
+
+    def _peer_blocked(self) -> None:
+        """Called while a send to a peer waits (the peer not connected yet, or dead): the
+        host gone ends the process; a reset or a close gives the links up."""
+        self._end_if_host_gone()
+        if self._peers_stale or self._closing.is_set():
+            raise peers.Abandoned
+
+    def _drop_peers(self) -> None:
+        """Real time: give the peer links up (a reset: the timeline they carried is over);
+        until the host opens new ones, messages go through the host."""
+        self._peers_stale = False
+        if self._peers_rt is not None:
+            self._peers_rt = None
+            assert self._mesh is not None
+            self._mesh.close()
 
     def _time(self) -> int:
         try:
@@ -858,15 +940,22 @@ def clock_origin(kernel: Kernel) -> int:
     return (before + after) // 2 - now
 
 
-def shipped(kernel: Kernel, routes: dataplane.Routes,
-            published: Published) -> list[dataplane.Reply]:
+def shipped(kernel: Kernel, routes: dataplane.Routes, published: Published,
+            to_peers: Callable[[list[Any]], None] | None = None) -> list[dataplane.Reply]:
     """Real time: the replies that carry what ``kernel``'s nodes sent outside, published
-    or failed since the last call (none when nothing happened); one reply per failure."""
+    or failed since the last call (none when nothing happened); one reply per failure.
+
+    ``to_peers`` (peer links: `peers.RealTimePeers.ship`) takes the sends
+    (`Kernel.take_sends`) instead of the replies.
+    """
     index = routes.output_index
-    sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message)
-             for s in kernel.take_sends()]
+    taken = kernel.take_sends()
     items = published.take()
     failures = kernel.take_failures()
+    if to_peers is not None and taken:
+        to_peers(taken)
+        taken = []
+    sends = [(s.t_ns, s.delta, s.sender, index[s.output], s.message) for s in taken]
     if not (sends or items or failures):
         return []
     first = failure_of(failures[0]) if failures else None

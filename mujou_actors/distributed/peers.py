@@ -58,7 +58,10 @@ from .._runtime.keys import Key
 from ..errors import NodeError
 from . import dataplane
 
-__all__ = ["FAR", "PeerMesh", "run_segment"]
+__all__ = ["FAR", "PeerMesh", "run_segment", "RealTimePeers", "Abandoned", "links_between",
+           "mesh_spec"]
+
+_Group = Any  # driver._Group (the driver imports this module through segments)
 
 FAR: Key = (1 << 62, LAST_DELTA)  # no promise: this group sends nothing more
 NO_BOUND: Key = (1 << 62, 0)  # a segment without a bound: it ends when all is idle (< FAR)
@@ -71,13 +74,53 @@ def after(key: Key) -> Key:
     return key if key >= FAR else (key[0], key[1] + 1)
 
 
+def links_between(routes: dataplane.Routes, owner: dict[str, str]
+                  ) -> tuple[dict[str, dict[int, list[str]]], dict[str, set[str]],
+                             dict[str, set[str]]]:
+    """Who sends to whom: per group, its Outputs read in other groups (with those
+    groups), the groups that send to it, and those whose messages trigger one of
+    its nodes.
+
+    Args:
+        routes (dataplane.Routes): the net's Outputs and their readers.
+        owner (dict[str, str]): node path -> group.
+    """
+    out: dict[str, dict[int, list[str]]] = {}
+    ins: dict[str, set[str]] = {}
+    trig_in: dict[str, set[str]] = {}
+    for o, path in enumerate(routes.outputs):
+        sender = owner[path.rpartition(".")[0]]
+        readers: dict[str, bool] = {}
+        for r in routes.readers[o]:
+            g = owner[r.rpartition(".")[0]]
+            readers[g] = readers.get(g, False) or r in routes.triggering[o]
+        for g, triggers in sorted(readers.items()):
+            if g == sender:
+                continue
+            out.setdefault(sender, {}).setdefault(o, []).append(g)
+            ins.setdefault(g, set()).add(sender)
+            if triggers:
+                trig_in.setdefault(g, set()).add(sender)
+    return out, ins, trig_in
+
+
+def mesh_spec(folder: str, groups: list[_Group], out: dict[str, dict[int, list[str]]],
+              ins: dict[str, set[str]], trig_in: dict[str, set[str]]) -> dict[str, Any]:
+    """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only)."""
+    return {"folder": folder, "groups": sorted(g.name for g in groups),
+            "pools": {g.name: g.spawn.get("pools") for g in groups},
+            "out": {g: [[o, rs] for o, rs in sorted(by.items())] for g, by in out.items()},
+            "ins": {g: sorted(s) for g, s in ins.items()},
+            "trig_in": {g: sorted(s) for g, s in trig_in.items()}}
+
+
 class PeerMesh:
     """A group's links to every other group of the run, of one mesh generation.
 
     Args:
         me (str): this group's name.
         generation (int): the mesh's generation (`dataplane.Segment.generation`).
-        spec (dict): the mesh, as the host describes it (`segments.mesh_spec`):
+        spec (dict): the mesh, as the host describes it (`mesh_spec`):
             ``folder`` (the run's private folder for the sockets), ``groups``
             (every group, sorted: a link's address names their indices),
             ``pools`` (each group's shared-memory prefix, or None), ``out``
@@ -171,7 +214,9 @@ class PeerMesh:
         self._traffic[1] += messages
 
     def close(self) -> None:
-        """Close every link (its shared-memory pool goes with it)."""
+        """Close every link (its shared-memory pool goes with it); `traffic` keeps
+        their counts."""
+        self._traffic = self.traffic()
         for link in self.links.values():
             link.close()
         self.links.clear()
@@ -193,6 +238,7 @@ class _Segment:
         self.step, self.failure_of = step, failure_of
         self.marked: set[str] = set()
         self.failure: dict[str, Any] | None = None
+        self.more: list[dict[str, Any]] = []  # the failure's delta cycle's other failures
         self.told = False  # the failure went to the host (a partial answer)
         self.settled: Key = (-1, 0)
         self.last_publish = time.monotonic()
@@ -216,7 +262,7 @@ class _Segment:
         """Called while a send to a peer waits: the host's abort (or its end) ends it."""
         self.ending = self.ending or self.host_says()
         if self.ending == "abort":
-            raise _Aborted
+            raise Abandoned
         self.host_gone()
 
     # -- what comes in ----------------------------------------------------------------
@@ -287,23 +333,23 @@ class _Segment:
         """The segment's answer (``final``), or a partial one: a failure, published copies."""
         kernel = self.kernel
         published = self.published.take() if self.published is not None else []
-        failure = None
+        failure, more = None, []
         if self.failure is not None and not self.told:
-            failure, self.told = self.failure, True
+            failure, more, self.told = self.failure, self.more, True
         if not final and failure is None and not published:
             return
         self.last_publish = time.monotonic()
         self.host.send(dataplane.Reply(
             due=kernel.next_due(), time_ns=kernel.time_ns if kernel.timing else 0, sends=[],
             failure=failure, published=published, frontier=kernel.frontier,
-            partial=not final))
+            partial=not final, more_failures=more))
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:
         """Run the segment to its end (see the module's docstring); answer the host."""
         try:
             self._loop()
-        except _Aborted:
+        except Abandoned:
             pass  # a send to a dead peer waited: the restore reopens the mesh
         self.tell_host(final=True)
 
@@ -343,6 +389,7 @@ class _Segment:
             # The cycle ran to its end: its sends go, and the group's promise stays at
             # it until the host ends the segment (a restart may send from here).
             self.failure = self.failure_of(exc)
+            self.more = [self.failure_of(f) for f in kernel.take_failures()]
         self.ship(kernel.take_sends(), kernel.next_due())
         if self.failure is not None and not self.told:
             self.tell_host(final=False)
@@ -367,8 +414,9 @@ class _Segment:
             self.host_gone()
 
 
-class _Aborted(Exception):
-    """The host aborted the segment while a send to a peer waited."""
+class Abandoned(Exception):
+    """A send to a peer waited and the links were given up meanwhile: the host aborted
+    the segment (simulated time), or the group was reset for a restore (real time)."""
 
 
 def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
@@ -401,3 +449,76 @@ def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
     cap = NO_BOUND if grant.bound is None else grant.bound
     _Segment(kernel, routes, mesh, host, grant.segment, cap, published, host_gone, step,
              failure_of).run()
+
+
+class RealTimePeers:
+    """A group's peer links in real time: its port messages straight to the groups that
+    read them, and the flush of a cut on every link (the host's `realtime.PeerRelay`).
+
+    In real time nothing waits for a promise: a message goes out as soon as
+    the group's data-plane thread ships it and is written into its reader's
+    kernel as it comes (as a host write: it triggers its reader at once).
+    Each link keeps its order, so the messages from one group to another
+    arrive in the order they were sent, as on the host's relay.
+
+    A cut's flush (a grant with ``take`` and a `dataplane.Segment` naming the
+    flush): the group ships what its nodes sent, sends a marker numbered as the
+    flush on every link to a group it sends to, and answers the host once a
+    marker of that number (or a later one) came from every group that sends to
+    it. Every message sent before the flush is then in its reader's kernel.
+
+    Args:
+        mesh (PeerMesh): the group's links, of the host's latest generation.
+        routes (dataplane.Routes): the net's Outputs and this group's readers.
+    """
+
+    def __init__(self, mesh: PeerMesh, routes: dataplane.Routes) -> None:
+        self.mesh = mesh
+        self.routes = routes
+        self.marked: dict[str, int] = {}  # the latest flush marker from each sender
+        self.flushing: int | None = None  # the flush waiting for its senders' markers
+
+    def ship(self, sends: list[Any]) -> None:
+        """Send each reading group its part of ``sends`` (`Kernel.take_sends`), in order."""
+        mesh, index = self.mesh, self.routes.output_index
+        per: dict[str, list[dataplane.Item]] = {}
+        crossing = 0
+        for s in sends:
+            o = index[s.output]
+            readers = mesh.out.get(o)
+            if readers:
+                crossing += 1
+                for q in readers:
+                    per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
+        mesh.count_sent(crossing)
+        for q, items in per.items():
+            mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, 0, (-1, 0), items)
+
+    def take(self, kernel: Kernel) -> None:
+        """Write what the peers sent into ``kernel`` (as host writes); note their markers."""
+        mesh, local = self.mesh, self.routes.local_readers
+        for p, link in mesh.links.items():
+            while (got := link.receive()) is not None:
+                kind, generation, number, _, items = got
+                if generation != mesh.generation:
+                    continue  # of an abandoned timeline
+                for t, delta, sender, output, message in items:
+                    for reader in local(output):
+                        kernel.write(reader, message, (t, delta, sender))
+                if kind == dataplane.PEER_MARKER and number > self.marked.get(p, -1):
+                    self.marked[p] = number
+
+    def flush(self, number: int) -> None:
+        """Start flush ``number``: a marker on every link to a reading group."""
+        mesh = self.mesh
+        for q in mesh.readers:
+            mesh.links[q].send(dataplane.PEER_MARKER, mesh.generation, number, (-1, 0), [])
+        self.flushing = number
+
+    def flushed(self) -> bool:
+        """Whether the flush in progress is done (every sender's marker came); it ends then."""
+        number = self.flushing
+        if number is None or any(self.marked.get(p, -1) < number for p in self.mesh.ins):
+            return False
+        self.flushing = None
+        return True

@@ -1,8 +1,11 @@
-"""A placed run in real time: each group on its own clock, messages relayed as they come.
+"""A placed run in real time: each group on its own clock, messages passed on as they come.
 
 `RealTimeRelay` is the driver's strategy for it (``driver.timing``), as
 `rounds.SimulatedRounds` is for simulated time: the driver asks one of the
-two, never ``if realtime``.
+two, never ``if realtime``. `PeerRelay`, the default, is the same with the
+groups' messages going straight to the groups that read them on peer links
+where they apply (`peers.RealTimePeers`): the relay below is then only for
+the copies the host asked for, failures and the cuts' markers.
 
 In real time no group waits for another: every group process runs its
 kernel freely on its own monotonic clock (`Kernel.run_free`) and ships what
@@ -41,14 +44,15 @@ from typing import Any
 import zmq
 
 from . import dataplane
-from .failures import Failed, node_error
+from .failures import failed_in, reported_by
+from .peers import links_between, mesh_spec
 
 # The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
 _Driver = Any
 _Group = Any
 
-__all__ = ["RealTimeRelay", "MessageAges", "AGE_SAMPLES"]
+__all__ = ["RealTimeRelay", "PeerRelay", "MessageAges", "AGE_SAMPLES"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -115,6 +119,7 @@ class RealTimeRelay:
 
     def __init__(self, driver: _Driver) -> None:
         self.driver = driver
+        self.flushes = 0  # the passes of flushes so far (a peer link's marker names its pass)
 
     def now_ns(self) -> int:
         """The run's time: the host's monotonic clock since the start, ns."""
@@ -176,9 +181,9 @@ class RealTimeRelay:
                 driver._route(g, reply)
                 if reply.time_ns > g.time_ns:
                     g.time_ns = reply.time_ns
-                if reply.failure is not None:
-                    err = node_error(g.name, reply.failure)
-                    raise Failed(err, g.name, err.path)
+                failed = failed_in(reported_by(g.name, reply))
+                if failed is not None:
+                    raise failed
         self.refresh(())
         driver._check_exits()
 
@@ -206,9 +211,10 @@ class RealTimeRelay:
         targets = list(driver.groups.values()) if groups is None else groups
         for _ in range(2):
             markers: set[str] = set()
+            self.flushes += 1
             for g in targets:
                 messages, g.queued = g.queued, []
-                g.link.send(dataplane.Grant(None, True, messages))
+                g.link.send(self.flush_grant(messages))
             deadline = time.monotonic() + limit
             while len(markers) < len(targets):
                 if time.monotonic() > deadline:
@@ -216,6 +222,10 @@ class RealTimeRelay:
                     raise TimeoutError(f"groups {missing} did not answer a flush within "
                                        f"{limit:g} s")
                 self.relay(POLL_S, markers)
+
+    def flush_grant(self, messages: list[dataplane.Item]) -> dataplane.Grant:
+        """The grant of a flush's pass to a group, with the messages waiting for it."""
+        return dataplane.Grant(None, True, messages)
 
     def hold_all(self, timeout: float) -> list[_Group]:
         """Hold every group at a cut (no hook in flight); the groups held, in order.
@@ -322,6 +332,61 @@ class RealTimeRelay:
     def local_notify(self) -> Any:
         """What the host's own group calls as its nodes send: the relay's wake."""
         return self.driver.wake.set
+
+
+class PeerRelay(RealTimeRelay):
+    """`RealTimeRelay` with the groups' port messages on peer links where they apply.
+
+    Each group sends its messages straight to the groups that read them
+    (`peers.RealTimePeers`), on a ZeroMQ ``PAIR`` link per pair of groups in
+    the run's private folder, large tensors through shared memory: one hop,
+    without the host. The host keeps what must be central: the cuts (hold,
+    then a flush whose markers cross every link: `RealTimePeers.flush`),
+    supervision, published copies (``run.read``, recordings, the live view)
+    and host writes. Every restart (`start_timers`) opens a new mesh
+    generation: frames of the abandoned timeline are dropped.
+
+    Peer links apply, as in simulated time (`segments.Segments.applies`), on one
+    machine, to runs with every node in a group process and no CUDA IPC; else
+    the host relays, as `RealTimeRelay`.
+
+    Args:
+        driver (driver._Driver): the run's driver.
+    """
+
+    def __init__(self, driver: _Driver) -> None:
+        super().__init__(driver)
+        self.generation = 0  # of the mesh the groups were told last
+        self.live = False  # the groups' messages cross on peer links
+        self._links = links_between(driver.routes, driver.owner)
+
+    def applies(self) -> bool:
+        """Whether peer links can carry the run's messages (see the class's docstring)."""
+        driver = self.driver
+        return all(g.remote and g.member is None and g.link.ipc is None
+                   and g.name not in driver.dead for g in driver.groups.values())
+
+    def flush_grant(self, messages: list[dataplane.Item]) -> dataplane.Grant:
+        """A flush's pass names itself on peer links: each group's answer waits for the
+        markers of that pass from every group that sends to it."""
+        if not self.live:
+            return super().flush_grant(messages)
+        return dataplane.Grant(None, True, messages, None,
+                               dataplane.Segment(self.flushes, self.generation, {}))
+
+    def start_timers(self, tree: dict[str, Any] | None) -> None:
+        """A new mesh generation for every group (where peer links apply), then as
+        `RealTimeRelay.start_timers`: its flush proves every group's links open."""
+        driver = self.driver
+        groups = list(driver.groups.values())
+        self.live = self.applies()
+        if self.live:
+            self.generation += 1
+            spec = mesh_spec(driver.tmpdir, groups, *self._links)
+            for g in groups:
+                g.link.send(dataplane.Grant(None, False, [], None,
+                                            dataplane.Segment(0, self.generation, {}, spec)))
+        super().start_timers(tree)
 
 
 class _NotHeld(TimeoutError):

@@ -117,7 +117,8 @@ class Recovery:
         """`supervise` for one failure."""
         driver = self.driver
         if isinstance(failed, Failed):
-            return self.recover(failed.error, failed.group, node=failed.node)
+            return self.recover(failed.error, failed.group, node=failed.node,
+                                others=failed.others)
         e = failed.exit
         if self.recover(GroupDied(e.group, e.pid, e.reason), e.group, node=None):
             return True
@@ -151,21 +152,29 @@ class Recovery:
         driver.failures.append(exc)
         driver.stop_asked.set()
 
-    def recover(self, err: BaseException, group_name: str, node: str | None) -> bool:
+    def recover(self, err: BaseException, group_name: str, node: str | None,
+                others: list[Failed] | None = None) -> bool:
         """Carry out the supervisor's verdict on a failure; False when the run must end.
 
         A node's failure restarts that node (``one_for_one``) or the whole net
         (``one_for_all``); a dead group process always rewinds every group to
         the latest snapshot (its nodes' state is gone, and in simulated time
         the others cannot stay ahead of it), restarting its process.
+
+        ``others``: the hooks that failed in the same round, after this one. As
+        in one process, each gets the supervisor's verdict in turn (each counts
+        against the restart intensity): under ``one_for_one`` each node is
+        restarted, under ``one_for_all`` the net is restored once; when the
+        run ends instead, each failure is recorded.
         """
+        others = others or []
         driver = self.driver
         sup = self.supervisor
         if sup is None or self.snapshots is None or self.snapshots.latest is None \
                 or driver.stop_asked.is_set() or \
                 (isinstance(err, NodeError) and err.hook == "kernel"):
             # (A group's own failure, not a hook's, is no node's to restart.)
-            driver.failures.append(err)
+            driver.failures += [err, *(o.error for o in others)]
             return False
         verdict = failure_verdict(sup, self.intensity, driver.time_ns, restartable=True)
         if verdict.action is Action.STOP:
@@ -173,7 +182,7 @@ class Recovery:
                 noted = type(err)(*args_of(err, verdict.note))
                 noted.__cause__ = err.__cause__
                 err = noted
-            driver.failures.append(err)
+            driver.failures += [err, *(o.error for o in others)]
             return False
         latest = self.snapshots.latest
         if verdict.action is Action.RESTART_ONE and node is not None:
@@ -182,7 +191,9 @@ class Recovery:
             g.control.restart_node(node, latest["nodes"][node])
             self.restarts[node] = self.restarts.get(node, 0) + 1
             driver.timing.restarted_node(g)
-            return True
+            return all(self.recover(o.error, o.group, o.node) for o in others)
+        if not all(self._count(o) for o in others):
+            return False  # (the net is restored once for all of them)
         if node is not None and not driver.timing.before_restore(driver.groups[group_name]):
             return False
         log.warning("%s; restoring every group from the snapshot at t=%.6f s (%s)", err,
@@ -196,12 +207,16 @@ class Recovery:
         """A hook failed again while the groups finish an instant before a restore
         (`SimulatedRounds.before_restore`): counted against the restart intensity, as
         one process counts it; False (the failure recorded) when the supervisor gives up."""
+        return all(self._count(f) for f in [again, *again.others])
+
+    def _count(self, failed: Failed) -> bool:
+        """One failure counted against the restart intensity; False (recorded) at the limit."""
         driver = self.driver
         assert self.supervisor is not None
         verdict = failure_verdict(self.supervisor, self.intensity, driver.time_ns,
                                   restartable=True)
         if verdict.action is Action.STOP:
-            driver.failures.append(again.error)
+            driver.failures.append(failed.error)
             return False
         return True
 

@@ -33,7 +33,7 @@ from .._runtime.kernel import LAST_DELTA
 from .._runtime.keys import Key
 from ..errors import GroupDied, NotRunningError, describe
 from . import dataplane, group
-from .failures import Failed, GroupLost, Stuck, node_error
+from .failures import Failed, GroupLost, Stuck, failed_in, reported_by
 
 # The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
@@ -192,16 +192,15 @@ class SimulatedRounds:
         reply of the reader's own taken afterwards must not raise it again.
         """
         driver = self.driver
-        failed = None
+        reported = []
         for g, reply in replies:
-            if reply.failure is not None and failed is None:
-                failed = node_error(g.name, reply.failure), g.name
+            reported += reported_by(g.name, reply)
             self.note_reply(g, reply)
         for g, reply in replies:
             driver._route(g, reply)
+        failed = failed_in(reported)
         if failed is not None:
-            err, name = failed
-            raise Failed(err, name, err.path)
+            raise failed
 
     def note_reply(self, g: _Group, reply: dataplane.Reply) -> None:
         """A group's answer taken in: its next key, frontier and time (the run's too)."""
@@ -333,7 +332,7 @@ class SimulatedRounds:
             try:
                 self.finish_latest()
             except Failed as failed:  # a hook of that instant: the run fails too
-                driver.failures.append(failed.error)
+                driver.failures += [f.error for f in [failed, *failed.others]]
         self.flush()
 
     def wake(self) -> None:

@@ -34,49 +34,19 @@ import zmq
 
 from .._runtime.keys import Key
 from . import dataplane
-from .failures import Failed, GroupLost, Stuck, node_error
-from .peers import FAR, after
+from .failures import GroupLost, Stuck, failed_in, reported_by
+from .peers import FAR, after, links_between, mesh_spec
 from .rounds import POLL_S, SimulatedRounds
 
 _Driver = Any
 _Group = Any
 
-__all__ = ["Segments", "mesh_spec", "triggering_cycle", "links_between", "ENV"]
+__all__ = ["Segments", "triggering_cycle", "ENV"]
 
 log = logging.getLogger("mujou_actors")
 
 ENV = "MUJOU_PEER_LINKS"  # "1": simulated placed runs use peer links where they apply
 ABORT_WAIT_S = 5.0  # how long the groups that live get to answer an abort
-
-
-def links_between(routes: dataplane.Routes, owner: dict[str, str]
-                  ) -> tuple[dict[str, dict[int, list[str]]], dict[str, set[str]],
-                             dict[str, set[str]]]:
-    """Who sends to whom: per group, its Outputs read in other groups (with those
-    groups), the groups that send to it, and those whose messages trigger one of
-    its nodes.
-
-    Args:
-        routes (dataplane.Routes): the net's Outputs and their readers.
-        owner (dict[str, str]): node path -> group.
-    """
-    out: dict[str, dict[int, list[str]]] = {}
-    ins: dict[str, set[str]] = {}
-    trig_in: dict[str, set[str]] = {}
-    for o, path in enumerate(routes.outputs):
-        sender = owner[path.rpartition(".")[0]]
-        readers: dict[str, bool] = {}
-        for r in routes.readers[o]:
-            g = owner[r.rpartition(".")[0]]
-            readers[g] = readers.get(g, False) or r in routes.triggering[o]
-        for g, triggers in sorted(readers.items()):
-            if g == sender:
-                continue
-            out.setdefault(sender, {}).setdefault(o, []).append(g)
-            ins.setdefault(g, set()).add(sender)
-            if triggers:
-                trig_in.setdefault(g, set()).add(sender)
-    return out, ins, trig_in
 
 
 def triggering_cycle(trig_in: dict[str, set[str]]) -> list[str] | None:
@@ -106,16 +76,6 @@ def triggering_cycle(trig_in: dict[str, set[str]]) -> list[str] | None:
                 path.append(nxt)
                 stack.append(iter(sorted(trig_in.get(nxt, ()))))
     return None
-
-
-def mesh_spec(folder: str, groups: list[_Group], out: dict[str, dict[int, list[str]]],
-              ins: dict[str, set[str]], trig_in: dict[str, set[str]]) -> dict[str, Any]:
-    """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only)."""
-    return {"folder": folder, "groups": sorted(g.name for g in groups),
-            "pools": {g.name: g.spawn.get("pools") for g in groups},
-            "out": {g: [[o, rs] for o, rs in sorted(by.items())] for g, by in out.items()},
-            "ins": {g: sorted(s) for g, s in ins.items()},
-            "trig_in": {g: sorted(s) for g, s in trig_in.items()}}
 
 
 class Segments(SimulatedRounds):
@@ -233,7 +193,7 @@ class Segments(SimulatedRounds):
         notices = getattr(driver.system, "notices", None)
         if notices is not None:
             poller.register(notices, zmq.POLLIN)
-        failed: tuple[Any, str] | None = None
+        reported: list[Any] = []  # (group, failure), oldest first
         paused = False
         finals: list[tuple[_Group, dataplane.Reply]] = []
         while pending:
@@ -242,14 +202,13 @@ class Segments(SimulatedRounds):
                 driver.wake.clear()
             for name, g in list(pending.items()):
                 while g.link.sock in ready and (reply := g.link.receive(0)) is not None:
-                    if reply.failure is not None and failed is None:
-                        failed = node_error(g.name, reply.failure), g.name
+                    reported += reported_by(g.name, reply)
                     driver._route(g, reply)  # published copies (sends cross directly)
                     if not reply.partial:
                         finals.append((g, reply))
                         del pending[name]
                         break
-            if not paused and pending and (failed is not None or driver.stop_asked.is_set()
+            if not paused and pending and (reported or driver.stop_asked.is_set()
                                            or not driver.requests.empty()):
                 self._end_segment(pending.values(), "pause")
                 paused = True
@@ -261,9 +220,9 @@ class Segments(SimulatedRounds):
             if driver.stop_asked.is_set() and pending and driver._stop_left() <= 0:
                 raise Stuck(self.busy_in(list(pending.values())))
         self._take_finals(finals)
+        failed = failed_in(reported)
         if failed is not None:
-            err, name = failed
-            raise Failed(err, name, err.path)
+            raise failed
 
     def _end_segment(self, groups: Any, how: str) -> None:
         for g in groups:
