@@ -753,8 +753,11 @@ class GroupActor(ActorTypeDispatcher):
                   file=sys.stderr)
 
     def receiveMsg__Build(self, msg: _Build, sender: Any) -> None:  # noqa: N802
-        """Build the server, after `Booting` has gone out: import the host's script and
-        the target, call it with the kwargs, keep the server."""
+        """Build the server (`_build`), after `Booting` has gone out."""
+        self._build()
+
+    def _build(self) -> None:
+        """Import the host's script and the target, call it with the kwargs, keep the server."""
         init = self._init
         if init is None:
             return
