@@ -296,10 +296,8 @@ class FrameAuth:
 
 
 def _is_power_of_ten(n: int) -> bool:
-    """Whether ``n`` is 10, 100, 1000, ..."""
-    while n >= 10 and n % 10 == 0:
-        n //= 10
-    return n == 1
+    """Whether ``n`` is 1, 10, 100, 1000, ..."""
+    return str(n).rstrip("0") == "1"
 
 
 class AuthReceiveBuffer:

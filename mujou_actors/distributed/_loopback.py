@@ -211,13 +211,10 @@ def _bound_address_init(self: Any, af: Any, socktype: Any, proto: Any, baseaddr:
     for `ANY`, which keeps Thespian's own way.
     """
     host = _window_host
-    if host == ANY:
-        _plain_address_init(self, af, socktype, proto, baseaddr, port, external)
-        return
-    if baseaddr in (None, "", "0.0.0.0"):
+    if host != ANY and baseaddr in (None, "", "0.0.0.0"):
         baseaddr = host
     _plain_address_init(self, af, socktype, proto, baseaddr, port, external)
-    if self.bindname[0] in ("", "0.0.0.0"):
+    if host != ANY and self.bindname[0] in ("", "0.0.0.0"):
         self.bindname = (host, *self.bindname[1:])
 
 

@@ -498,26 +498,6 @@ class Coordinator(ActorTypeDispatcher):
         if name is not None:  # else its second notice (goodbye and SIGCHLD): done already
             self._ended(name)
 
-    def receiveMsg_Booting(self, msg: Booting, sender: Any) -> None:  # noqa: N802
-        """A group's process runs: its pid goes to the host (`_start_progress`)."""
-        self._start_progress(msg)
-
-    def receiveMsg_Started(self, msg: Started, sender: Any) -> None:  # noqa: N802
-        """A group's server is built: the host's start is answered (`_start_progress`)."""
-        self._start_progress(msg)
-
-    def receiveMsg_StartFailed(self, msg: StartFailed, sender: Any) -> None:  # noqa: N802
-        """A group's target raised: the host's start is answered (`_start_progress`)."""
-        self._start_progress(msg)
-
-    def receiveMsg_Closed(self, msg: Closed, sender: Any) -> None:  # noqa: N802
-        """A group's ``close()`` returned: its actor is ended (`_closed`)."""
-        self._closed(msg)
-
-    def receiveMsg_StartGroup(self, msg: StartGroup, sender: Any) -> None:  # noqa: N802
-        """The host starts a group: its actor is created (`_start`)."""
-        self._start(msg, sender)
-
     def receiveMsg_StopGroup(self, msg: StopGroup, sender: Any) -> None:  # noqa: N802
         """The host stops a group; answered when its process ended (`_stop`)."""
         self._stop(msg.group, (msg.seq, sender))
@@ -540,10 +520,6 @@ class Coordinator(ActorTypeDispatcher):
         """Answer with this process's pid."""
         self.send(sender, Pong(msg.seq, os.getpid()))
 
-    def receiveMsg_Configure(self, msg: Configure, sender: Any) -> None:  # noqa: N802
-        """The host's first message: the notices socket and the rest (`_configure`)."""
-        self._configure(msg, sender)
-
     def receiveMsg_ActorExitRequest(self, msg: ActorExitRequest,  # noqa: N802
                                     sender: Any) -> None:
         """The coordinator ends: close the notices socket; the host's folder if it is gone."""
@@ -556,8 +532,9 @@ class Coordinator(ActorTypeDispatcher):
         """A message this actor sent failed where it went: said on stderr."""
         print(f"mujou coordinator: a message failed: {msg.details}", file=sys.stderr)
 
-    def _configure(self, msg: Configure, sender: Any) -> None:
-        """Connect the notices socket; start the fork server; answer with the pids of the run."""
+    def receiveMsg_Configure(self, msg: Configure, sender: Any) -> None:  # noqa: N802
+        """The host's first message: connect the notices socket, start the fork server,
+        answer with the pids of the run."""
         if msg.preload:
             _fork_groups(msg.preload)
         self._close_push()
@@ -594,8 +571,8 @@ class Coordinator(ActorTypeDispatcher):
             self._context.term()
             self._context = None
 
-    def _start(self, msg: StartGroup, sender: Any) -> None:
-        """Create the group's actor (a new process) and ask it to build its server."""
+    def receiveMsg_StartGroup(self, msg: StartGroup, sender: Any) -> None:  # noqa: N802
+        """The host starts a group: create its actor (a new process), ask it to build."""
         entry = self._groups.get(msg.group)
         if entry is not None and entry.member is None and entry.pid is not None:
             # The host saw the process gone (a request found it dead) and restarts it
@@ -616,8 +593,10 @@ class Coordinator(ActorTypeDispatcher):
         self.send(address, Init(msg.seq, msg.group, msg.target, msg.kwargs, msg.sys_path,
                                   msg.main))
 
-    def _start_progress(self, msg: Booting | Started | StartFailed) -> None:
-        """A group's start went on: tell the host (`Booting`), or answer it."""
+    def receiveMsg_Booting(self, msg: Booting | Started | StartFailed,  # noqa: N802
+                           sender: Any) -> None:
+        """A group's start went on: tell the host its pid (`Booting`), or answer its start
+        (`Started`: the server is built; `StartFailed`: the target raised)."""
         entry = self._groups.get(msg.group)
         if entry is None or entry.start is None or entry.start[0] != msg.seq:
             return  # a start already given up
@@ -634,6 +613,8 @@ class Coordinator(ActorTypeDispatcher):
             entry.state, entry.start = "failed", None
             self.send(entry.address, ActorExitRequest())
             self.send(host, GroupStartFailed(seq, msg.group, msg.failure, ""))
+
+    receiveMsg_Started = receiveMsg_StartFailed = receiveMsg_Booting  # noqa: N815
 
     def _stop(self, group: str, request: tuple[int, Any] | None) -> None:
         """Stop one group: ``Close`` it (or end it, while it starts); answer when it ended."""
@@ -652,8 +633,8 @@ class Coordinator(ActorTypeDispatcher):
         else:  # starting (its start is answered when it ends) or failed (already ending)
             self.send(entry.address, ActorExitRequest())
 
-    def _closed(self, msg: Closed) -> None:
-        """A group's ``close()`` returned: end its actor, and so its process."""
+    def receiveMsg_Closed(self, msg: Closed, sender: Any) -> None:  # noqa: N802
+        """A group's ``close()`` returned (or raised): end its actor, and so its process."""
         entry = self._groups.get(msg.group)
         if entry is None:
             return
@@ -759,10 +740,6 @@ class GroupActor(ActorTypeDispatcher):
         self.send(sender, Booting(msg.seq, msg.group, os.getpid()))
         self.send(self.myAddress, _Build(msg.seq))
 
-    def receiveMsg__Build(self, msg: _Build, sender: Any) -> None:  # noqa: N802
-        """Build the server (`_build`), after `Booting` has gone out."""
-        self._build()
-
     def receiveMsg_Close(self, msg: Close, sender: Any) -> None:  # noqa: N802
         """``server.close()``; answered with what it raised, if it did."""
         self.send(sender, Closed(msg.group, self._close()))
@@ -774,6 +751,10 @@ class GroupActor(ActorTypeDispatcher):
         if failure is not None:
             print(f"mujou group: close() raised on exit:\n{failure.traceback}",
                   file=sys.stderr)
+
+    def receiveMsg__Build(self, msg: _Build, sender: Any) -> None:  # noqa: N802
+        """Build the server (`_build`), after `Booting` has gone out."""
+        self._build()
 
     def _build(self) -> None:
         """Import the host's script and the target, call it with the kwargs, keep the server."""

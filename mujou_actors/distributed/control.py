@@ -114,9 +114,6 @@ class LocalControl:
     def __init__(self, entry: Any) -> None:
         self._entry = entry
 
-    def _link_of(self) -> Any:
-        return self._entry.link
-
     @property
     def kernel(self) -> Kernel:
         """Kernel: the group's kernel now (a restart replaces it)."""
@@ -145,7 +142,7 @@ class LocalControl:
 
     def subscribe(self, output: str) -> None:
         """`GroupControl.subscribe`."""
-        link = self._link_of()
+        link = self._entry.link
         link.published.listen(link.kernel, output)
 
     def restart_node(self, path: str, state: Any) -> None:
@@ -154,7 +151,7 @@ class LocalControl:
 
     def stats(self) -> dict[str, Any]:
         """`GroupControl.stats`."""
-        link = self._link_of()
+        link = self._entry.link
         return group.link_stats(link.kernel, link, link.counted)
 
     def hold(self, timeout: float) -> bool:

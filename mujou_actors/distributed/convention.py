@@ -302,6 +302,23 @@ def _check_port_free(host: str, port: int, what: str) -> None:
         time.sleep(0.02)
 
 
+def _claim_port(host: str, port: int, what: str) -> tuple[int, socket.socket | None]:
+    """The admin's port on ``host``, and the socket holding it when the system picked it.
+
+    Port 0: a free one, held by a listening socket until the admin has it
+    (`_loopback.reserve_listener`); any other is checked (`_check_port_free`)
+    and returned with ``None``.
+
+    Raises:
+        ValueError: something listens on the port given, or it stays in use.
+    """
+    if port != 0:
+        _check_port_free(host, port, what)
+        return port, None
+    listener = reserve_listener(host)
+    return int(listener.getsockname()[1]), listener
+
+
 def _address_text(address: Any) -> str:
     """A Thespian TCP address as ``"host:port"`` (its ``str()`` where it is no such one)."""
     details = getattr(address, "addressDetails", None)
@@ -484,15 +501,9 @@ class _Client:
             bool: ``True`` when it answered that the frame was bad.
         """
         admin = self._address(admin)
-        deadline = time.monotonic() + timeout
-        self._failed.clear()
         self._refused.clear()
-        self._send(admin, QueryExists())
-        while True:
-            envelope = self._receive(deadline, lambda: admin in self._failed)
-            if envelope is None or (isinstance(envelope.message, QueryAck)
-                                    and envelope.sender == admin):
-                return admin in self._refused
+        self.answering([admin], timeout)
+        return admin in self._refused
 
     def _send(self, to: Any, msg: Any) -> None:
         """Queue a message to an admin (sent while the transport runs)."""
@@ -773,7 +784,7 @@ class _System:
         self._asys = start_admin(self._host, self._key, capabilities, environment,
                                  self._folder, timeout, self._starters,
                                  f"the admin of {self._what} (port {self.port})", listener)
-        self._reap_starters()
+        reap_starters(self._starters)
 
     @property
     def actor_system(self) -> Any:
@@ -834,16 +845,9 @@ class _System:
         finally:
             self._asys = None
             end_all(self.pids, None, max(deadline - time.monotonic(), 0.0))
-            self._reap_starters()
+            reap_starters(self._starters)  # their pids stay: each is the group of `pids`
             self._ended = True
             shutil.rmtree(self._folder, ignore_errors=True)
-
-    def _reap_starters(self) -> None:
-        """Reap the processes that started the admin (`_procs.reap_starters`).
-
-        Their pids stay: each is the process group of the system's processes (`pids`).
-        """
-        reap_starters(self._starters)
 
     def __enter__(self) -> Self:
         """The system itself."""
@@ -907,12 +911,7 @@ class Member(_System):
         reserved = sorted(set(extra) & _RESERVED)
         if reserved:
             raise ValueError(f"{what}: the capabilities {reserved} are set by Member itself")
-        listener = None
-        if port == 0:  # the operating system's choice, held until the admin has it
-            listener = reserve_listener(host)
-            port = int(listener.getsockname()[1])
-        else:
-            _check_port_free(host, port, what)
+        port, listener = _claim_port(host, port, what)
         self.name = name
         self.leader = (leader_host, leader_port)
         caps = {**extra, "Admin Port": port, CONVENTION_ADDRESS: (leader_host, leader_port),
@@ -1041,12 +1040,7 @@ def leader_admin(listen: str = LOOPBACK, *, allow_remote: bool = False,
     """
     host_text, port = parse_address(listen, default_port=0, free=True)
     host = check_listen(host_text, allow_remote, "the convention's leader")
-    listener = None
-    if port == 0:  # the operating system's choice, held until the admin has it
-        listener = reserve_listener(host)
-        port = int(listener.getsockname()[1])
-    else:
-        _check_port_free(host, port, "the convention's leader")
+    port, listener = _claim_port(host, port, "the convention's leader")
     capabilities: dict[str, Any] = {CONVENTION_ADDRESS: ("" if host == ANY else host, port),
                                     "mujou.leader": True}
     if name is not None:

@@ -84,7 +84,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import msgpack
 import zmq
@@ -478,44 +478,6 @@ def _end(sock: zmq.Socket[Any], watch: secure.Handshake | None) -> None:
     sock.context.term()
 
 
-def _poller(sock: zmq.Socket[Any], stop: Wake, events: zmq.Socket[Any] | None) -> zmq.Poller:
-    """The poller of a heartbeat thread: its socket, its stop pipe, its handshake events.
-
-    Args:
-        sock (zmq.Socket): the Monitor's or Responder's socket (`_socket`).
-        stop (Wake): the pipe that `close` sets.
-        events (zmq.Socket | None): the socket's `secret.Handshake.events`;
-            None: not polled (the watch has stopped).
-
-    Returns:
-        zmq.Poller: each registered for ``zmq.POLLIN``.
-    """
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    poller.register(stop.fileno(), zmq.POLLIN)
-    if events is not None:
-        poller.register(events, zmq.POLLIN)
-    return poller
-
-
-def _end_thread(stop: Wake, thread: threading.Thread, timeout: float, what: str) -> None:
-    """Ask a heartbeat thread to end (its stop pipe) and wait for it.
-
-    Args:
-        stop (Wake): the thread's stop pipe (`_poller`), set here.
-        thread (threading.Thread): the thread.
-        timeout (float): seconds to wait for it.
-        what (str): how the error names it (``"the heartbeat monitor's thread"``).
-
-    Raises:
-        TimeoutError: it did not end in time (``"{what} did not end in {timeout} s"``).
-    """
-    stop.set()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} did not end in {timeout} s")
-
-
 def _waiting(sock: zmq.Socket[Any]) -> bool:
     """Whether a message waits on ``sock``: asked before each read, since the
     ``zmq.Again`` of an empty socket's read costs tens of microseconds to raise."""
@@ -606,7 +568,129 @@ class _Member:
                             self.bytes_received)
 
 
-class Monitor:
+class _Side:
+    """What a `Monitor` and a `Responder` share: a socket (`_socket`) and its handshake
+    watch, the thread that polls them with a stop pipe, and the thread's end.
+
+    The thread's first failure is kept (`_fail`) and raised by `close` (and a Monitor's
+    `Monitor.take_changes`). A subclass gives `_due` (how long to poll), `_read` (what
+    waits on the socket) and `_refusals` (the handshakes that ended).
+    """
+
+    _thread_name = ""  # the thread's name
+    _what = ""  # how `close`'s error names the thread
+    _notice: Wake | None = None  # set when the thread fails (a Monitor's notice of changes)
+
+    def _open(self, kind: int, options: dict[int, int | bytes], configure: Configure | None,
+              server: bool, secret: bytes | None, address: str) -> None:
+        """Make the socket (`_socket`), then bind it (``server``) or connect it to ``address``.
+
+        Raises:
+            Exception: what `_socket`, the bind or the connect raises (all of it ended).
+        """
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+        self._closed = False
+        with signals_blocked():  # a secret's ZAP handler starts a thread
+            self._sock, self._watch = _socket(kind, options, configure, server, secret)
+        try:
+            if server:
+                self._sock.bind(address)
+            else:
+                self._sock.connect(address)
+        except BaseException:
+            _end(self._sock, self._watch)
+            raise
+
+    def _run(self) -> None:
+        """Start the thread (``_thread_name``), with every signal blocked."""
+        self._stop = Wake()
+        self._thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
+        with signals_blocked():
+            self._thread.start()
+
+    def close(self, timeout: float = CLOSE_S) -> None:
+        """Stop the thread and close the socket; idempotent.
+
+        Args:
+            timeout (float, optional): seconds to wait for the thread. Default: 1.0.
+
+        Raises:
+            TimeoutError: the thread did not end in time (a Monitor's stuck in
+                ``on_change``); it closes the socket when it ends.
+            BaseException: what the thread failed with (a Monitor's ``on_change``
+                raised), if not raised yet.
+        """
+        if not self._closed:
+            self._stop.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"{self._what} did not end in {timeout} s")
+            self._closed = True
+            self._stop.close()
+            if self._notice is not None:
+                self._notice.close()
+        with self._lock:
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> Self:
+        """Returns: itself."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close it (`close`)."""
+        self.close()
+
+    def _loop(self) -> None:
+        """The thread: poll, read what came, note each handshake; close the socket at the end."""
+        sock, watch = self._sock, self._watch
+        events = watch.events  # None: not polled (the watch has stopped)
+        poller = zmq.Poller()
+        for polled in (sock, self._stop.fileno(), events):
+            if polled is not None:
+                poller.register(polled, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll(self._due()))
+                if self._stop.fileno() in ready:
+                    return
+                if sock in ready:
+                    self._read(sock)
+                if events in ready:
+                    self._refusals(watch.take(_BATCH))
+        except BaseException as exc:  # noqa: BLE001 - kept and raised by close (take_changes)
+            self._fail(exc)
+        finally:
+            try:
+                _end(sock, watch)
+            except BaseException as exc:  # noqa: BLE001 - kept and raised by close
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Keep the thread's first failure for `close` (or `Monitor.take_changes`), and wake
+        the caller's poller (a Monitor's notice)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
+        if self._notice is not None:
+            self._notice.set()
+
+    def _due(self) -> int:
+        """Do what is due now; the milliseconds to poll before the next."""
+        raise NotImplementedError
+
+    def _read(self, sock: zmq.Socket[Any]) -> None:
+        """Take what waits on the socket."""
+        raise NotImplementedError
+
+    def _refusals(self, outcomes: list[str | None]) -> None:
+        """Count the handshakes that ended (`secret.Handshake.take`; None: one succeeded)."""
+        raise NotImplementedError
+
+
+class Monitor(_Side):
     """The leader's side: pings the watched members, tells who is lost and who is back.
 
     Binds a zmq ROUTER socket at ``address`` and starts its thread
@@ -651,6 +735,10 @@ class Monitor:
         Exception: whatever ``configure`` raises (the socket is closed).
     """
 
+    _thread_name = "mujou-heartbeat"
+    _what = "the heartbeat monitor's thread"
+    _notice: Wake  # readable while changes wait (`fileno`), or the thread failed
+
     def __init__(self, address: str = "tcp://127.0.0.1:*", *, period: float = PERIOD_S,
                  timeout: float = TIMEOUT_S, window: int = WINDOW,
                  configure: Configure | None = None, secret: bytes | None = None,
@@ -670,28 +758,17 @@ class Monitor:
         self._on_change = on_change
         self._nonce = secrets.randbits(63)
         self._seq = 0
-        self._lock = threading.Lock()
         self._members: dict[str, _Member] = {}
         self._changes: list[Change] = []
         self._counts = {"pings": 0, "answers": 0, "garbage": 0, "stale": 0, "unknown": 0,
                         "refused": 0}
-        self._failure: BaseException | None = None
-        self._closed = False
         # ROUTER_HANDOVER: a restarted member takes its name from a connection not yet
         # dropped (only one that passed the handshake: a wrong secret takes no name).
-        with signals_blocked():  # a secret's ZAP handler starts a thread
-            self._sock, self._watch = _socket(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1}, configure,
-                                              True, secret)
-        try:
-            self._sock.bind(address)
-            self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except BaseException:
-            _end(self._sock, self._watch)
-            raise
-        self._notice, self._stop = Wake(), Wake()
-        self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat", daemon=True)
-        with signals_blocked():
-            self._thread.start()
+        self._open(zmq.ROUTER, {zmq.ROUTER_HANDOVER: 1}, configure, True, secret, address)
+        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._notice = Wake()
+        self._next_ping = self._next_loss = time.monotonic_ns()
+        self._run()
 
     def watch(self, name: str) -> None:
         """Ping ``name`` from now on; it has ``timeout`` from now to answer.
@@ -768,77 +845,26 @@ class Monitor:
             raise failure  # the changes stay for the next call
         return changes
 
-    def close(self, timeout: float = CLOSE_S) -> None:
-        """Stop the thread and close the socket; idempotent.
+    def _due(self) -> int:
+        """Ping on time, declare losses; the milliseconds until the next of them."""
+        now = time.monotonic_ns()
+        if now >= self._next_ping:
+            self._ping_all()
+            # a stalled thread pings once, not once for each period it missed
+            self._next_ping = max(self._next_ping + self._period, now + 1)
+        if now >= self._next_loss:
+            # Only then: answers only move the deadlines later, and a member
+            # watched since has its deadline after this one.
+            self._next_loss = self._losses(now)
+        wait_ms = max(0, math.ceil((min(self._next_ping, self._next_loss) - now) / 1e6))
+        return min(wait_ms, self._period // 1_000_000 + 1)
 
-        Args:
-            timeout (float, optional): seconds to wait for the thread. Default: 1.0.
-
-        Raises:
-            TimeoutError: the thread did not end in time (stuck in ``on_change``);
-                it closes the socket when it ends.
-            BaseException: what ``on_change`` raised, if not raised yet.
-        """
-        if not self._closed:
-            _end_thread(self._stop, self._thread, timeout, "the heartbeat monitor's thread")
-            self._closed = True
-            self._stop.close()
-            self._notice.close()
-        with self._lock:
-            failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
-
-    def __enter__(self) -> Monitor:
-        """Returns: Monitor: itself."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Close it (`close`)."""
-        self.close()
-
-    def _loop(self) -> None:
-        """The thread: ping on time, read answers, declare losses; close the socket at the end."""
-        sock, watch = self._sock, self._watch
-        events = watch.events
-        poller = _poller(sock, self._stop, events)
-        next_ping = next_loss = time.monotonic_ns()
-        try:
-            while True:
-                now = time.monotonic_ns()
-                if now >= next_ping:
-                    self._ping_all()
-                    # a stalled thread pings once, not once for each period it missed
-                    next_ping = max(next_ping + self._period, now + 1)
-                if now >= next_loss:
-                    # Only then: answers only move the deadlines later, and a member
-                    # watched since has its deadline after this one.
-                    next_loss = self._losses(now)
-                wait_ms = max(0, math.ceil((min(next_ping, next_loss) - now) / 1e6))
-                ready = dict(poller.poll(min(wait_ms, self._period // 1_000_000 + 1)))
-                if self._stop.fileno() in ready:
-                    return
-                if sock in ready:
-                    self._read(sock)
-                if events in ready:
-                    refused = sum(outcome is not None for outcome in watch.take(_BATCH))
-                    if refused:
-                        with self._lock:
-                            self._counts["refused"] += refused
-        except BaseException as exc:  # noqa: BLE001 - kept and raised by take_changes/close
-            self._fail(exc)
-        finally:
-            try:
-                _end(sock, watch)
-            except BaseException as exc:  # noqa: BLE001 - kept and raised by take_changes/close
-                self._fail(exc)
-
-    def _fail(self, exc: BaseException) -> None:
-        """Keep the thread's first failure for `take_changes` or `close`, and wake the poller."""
-        with self._lock:
-            if self._failure is None:
-                self._failure = exc
-        self._notice.set()
+    def _refusals(self, outcomes: list[str | None]) -> None:
+        """Count the refused handshakes (`MonitorStats.refused`)."""
+        refused = sum(outcome is not None for outcome in outcomes)
+        if refused:
+            with self._lock:
+                self._counts["refused"] += refused
 
     def _ping_all(self) -> None:
         """Send one ping to every watched member (a vanished one's is dropped by zmq)."""
@@ -945,7 +971,7 @@ class Monitor:
                 self._on_change(change)
 
 
-class Responder:
+class Responder(_Side):
     """A member's side: answers the Monitor's pings with its receive and send times.
 
     Connects a zmq DEALER socket (routing id: ``name``) to the Monitor's
@@ -979,6 +1005,9 @@ class Responder:
         Exception: whatever ``configure`` raises (the socket is closed).
     """
 
+    _thread_name = "mujou-heartbeat-responder"
+    _what = "the heartbeat responder's thread"
+
     def __init__(self, address: str, name: str, *, configure: Configure | None = None,
                  secret: bytes | None = None) -> None:
         routing_id = _check_name(name)
@@ -989,22 +1018,10 @@ class Responder:
         self._counts = {"pings": 0, "garbage": 0, "dropped": 0, "refused": 0}
         self._refusal: str | None = None
         self._last_ping: int | None = None
-        self._failure: BaseException | None = None
-        self._closed = False
         # IMMEDIATE: no answer is queued for a Monitor not connected
-        self._sock, self._watch = _socket(
-            zmq.DEALER, {zmq.ROUTING_ID: routing_id, zmq.IMMEDIATE: 1}, configure, False,
-            secret)
-        try:
-            self._sock.connect(address)
-        except BaseException:
-            _end(self._sock, self._watch)
-            raise
-        self._stop = Wake()
-        self._thread = threading.Thread(target=self._loop, name="mujou-heartbeat-responder",
-                                        daemon=True)
-        with signals_blocked():
-            self._thread.start()
+        self._open(zmq.DEALER, {zmq.ROUTING_ID: routing_id, zmq.IMMEDIATE: 1}, configure,
+                   False, secret, address)
+        self._run()
 
     @property
     def last_ping_ns(self) -> int | None:
@@ -1025,59 +1042,17 @@ class Responder:
         """
         return ResponderStats(**self._counts)
 
-    def close(self, timeout: float = CLOSE_S) -> None:
-        """Stop answering: end the thread and close the socket; idempotent.
+    def _due(self) -> int:
+        """Nothing is due: it only answers; the stop pipe wakes its poll at once."""
+        return 1000
 
-        Args:
-            timeout (float, optional): seconds to wait for the thread. Default: 1.0.
+    def _refusals(self, outcomes: list[str | None]) -> None:
+        """Count the refused handshakes; keep the last one's reason (`refusal`)."""
+        if outcomes:
+            self._counts["refused"] += sum(o is not None for o in outcomes)
+            self._refusal = outcomes[-1]
 
-        Raises:
-            TimeoutError: the thread did not end in time.
-            BaseException: what the thread failed with, if it did.
-        """
-        if not self._closed:
-            _end_thread(self._stop, self._thread, timeout, "the heartbeat responder's thread")
-            self._closed = True
-            self._stop.close()
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
-
-    def __enter__(self) -> Responder:
-        """Returns: Responder: itself."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Close it (`close`)."""
-        self.close()
-
-    def _loop(self) -> None:
-        """The thread: answer each ping, note each handshake; close the socket at the end."""
-        sock, watch = self._sock, self._watch
-        events = watch.events
-        poller = _poller(sock, self._stop, events)
-        try:
-            while True:
-                ready = dict(poller.poll(1000))  # the stop pipe wakes it at once
-                if self._stop.fileno() in ready:
-                    return
-                if sock in ready:
-                    self._answer_all(sock)
-                if events in ready:
-                    outcomes = watch.take(_BATCH)
-                    if outcomes:
-                        self._counts["refused"] += sum(o is not None for o in outcomes)
-                        self._refusal = outcomes[-1]
-        except BaseException as exc:  # noqa: BLE001 - raised by close()
-            self._failure = exc
-        finally:
-            try:
-                _end(sock, watch)
-            except BaseException as exc:  # noqa: BLE001 - raised by close()
-                if self._failure is None:  # the first failure is the one raised
-                    self._failure = exc
-
-    def _answer_all(self, sock: zmq.Socket[Any]) -> None:
+    def _read(self, sock: zmq.Socket[Any]) -> None:
         """Answer up to `_BATCH` waiting pings; count the rest of what came."""
         for _ in range(_BATCH):
             if not _waiting(sock):

@@ -24,7 +24,7 @@ import keyword
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from .. import snapshot
 from ..errors import NetError, SnapshotError
@@ -364,9 +364,7 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
                 raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: group {group!r} "
                                  f"is placed on {','.join(machines[group])!r} elsewhere; a "
                                  f"group runs in one process, on one machine list")
-    group_of = {}
-    for path in paths:
-        group_of[path] = _group_of(path, groups_of)
+    group_of = {path: _group_of(path, groups_of) for path in paths}
     nodes: dict[str, list[str]] = {}
     for path in paths:
         nodes.setdefault(group_of[path], []).append(path)
@@ -446,12 +444,10 @@ def net_signature(found: list[tuple[str, Node]]) -> list[list[Any]]:
         described: list[list[Any]] = []
         for name, port in sorted(node._mujou_ports().items()):
             if isinstance(port, Input):
-                described.append([name, "Input", spec(port), port.depth,
-                                  port.trigger, []])
+                described.append([name, "Input", spec(port), port.depth, port.trigger, []])
             else:
-                out: Output = port  # type: ignore[assignment]
                 described.append([name, "Output", spec(port), None, None,
-                                  sorted(r.path for r in out.readers)])
+                                  sorted(r.path for r in cast(Output, port).readers)])
         rows.append([path, _class_name(cls), described])
     return rows
 

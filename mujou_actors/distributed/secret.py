@@ -204,15 +204,12 @@ def _read_file(path: str, what: str) -> bytes:
             raise SecretError(f"{what}, {path}, has permissions {stat.S_IMODE(info.st_mode):04o}:"
                               f" its group or others may open it; a secret must be readable by "
                               f"its owner only (chmod 600 {path})")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if sum(map(len, chunks)) > 1 << 20:
+        data = b""
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+            if len(data) > 1 << 20:
                 raise SecretError(f"{what}, {path}, is over 1 MiB: not a secret")
-        return b"".join(chunks)
+        return data
     except OSError as e:
         raise SecretError(f"{what}, {path}, cannot be read: {e.strerror}") from None
     finally:

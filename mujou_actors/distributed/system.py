@@ -538,15 +538,13 @@ class ProcessSystem:
         deadline = time.monotonic() + timeout
         try:
             reply = self._coordinator.stop(group, timeout)
-        except TimeoutError:
-            kill(entry.local_pid)
+        except (TimeoutError, GroupDied) as exc:  # GroupDied: the coordinator is gone
+            kill(entry.local_pid)  # ended here
             del self._groups[group]
+            if isinstance(exc, GroupDied):
+                raise
             raise TimeoutError(f"group {group!r}: close() and the end of its process took "
                                f"more than {timeout} s; the process was killed") from None
-        except GroupDied:  # the coordinator is gone: end the process here
-            kill(entry.local_pid)
-            del self._groups[group]
-            raise
         if entry.member is None:
             end_process(entry.pid, max(deadline - time.monotonic(), 0.0), entry.started)
         del self._groups[group]
