@@ -1317,6 +1317,95 @@ def inspect_command(file: str, as_json: bool, allow_damaged: bool, verbose: bool
             click.echo(line)
 
 
+CAT_ELEMENTS = 16
+"""The most elements of a tensor that ``mujou cat`` shows by value without ``--full``."""
+
+
+def _open_recording(file: str, allow_damaged: bool) -> Any:
+    """``mcapfile.info`` of a recording named on the command line (its errors, one line)."""
+    from .mcapfile import info as recording_info
+
+    if not os.path.isfile(file):
+        raise UsageError(f"{file}: no such file (expected a recording, an MCAP file that "
+                         "`mujou run --record` wrote)")
+    return recording_info(file, allow_damaged=allow_damaged)
+
+
+def _cat_time(t_ns: int) -> str:
+    return "on_start" if t_ns < 0 else f"{t_ns / 1e9:.9f}"
+
+
+@main.command("cat")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.argument("ports", nargs=-1, metavar="[PORT...]")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object a line: t_ns, delta, topic, sequence, message.")
+@click.option("--full", is_flag=True,
+              help=f"Every value of every tensor (without it, a tensor of more than "
+                   f"{CAT_ELEMENTS} elements shows its shape, dtype, min, max and mean).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Print a damaged recording up to its first damaged record.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def cat_command(file: str, ports: tuple[str, ...], as_json: bool, full: bool,
+                allow_damaged: bool, verbose: bool) -> None:
+    """Print a recording's messages: time (s), port, message (as the Foxglove view shows it).
+
+    PORT: Output paths or globs ('sim.*'); default: every recorded Output.
+    """
+    from .mcapfile import Reader
+    from .recview import channel_views, select_topics
+
+    with _errors(verbose):
+        found = _open_recording(file, allow_damaged)
+        try:
+            topics = select_topics(found, ports)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        views = channel_views(found)
+        limit = None if full else CAT_ELEMENTS
+        keep = frozenset(topics)
+        width = max((len(t) for t in topics), default=0)
+        for record in Reader(file, allow_damaged=allow_damaged).messages(keep.__contains__):
+            value = views[record.topic].summary(record.message, limit)
+            if as_json:
+                click.echo(json.dumps({"t_ns": record.t_ns, "delta": record.delta,
+                                       "topic": record.topic, "sequence": record.sequence,
+                                       "message": value}, allow_nan=False))
+            else:
+                click.echo(f"{_cat_time(record.t_ns):>12}  {record.topic:<{width}}  "
+                           f"{json.dumps(value, allow_nan=False, separators=(', ', ': '))}")
+
+
+@main.command("export-view")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.argument("out", metavar="OUT.mcap", type=click.Path(dir_okay=False))
+@click.option("--allow-damaged", is_flag=True,
+              help="Export a damaged recording up to its first damaged record.")
+@click.option("--quiet", is_flag=True, help="No line saying what was written.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def export_view_command(file: str, out: str, allow_damaged: bool, quiet: bool,
+                        verbose: bool) -> None:
+    """Write the Foxglove view channels (/view/<path>) of a recording to OUT.mcap.
+
+    The views are made from the recording's lossless channels, as `--record-view`
+    makes them while a run records: no node runs.
+    """
+    from .recview import export_view
+
+    with _errors(verbose):
+        _open_recording(file, allow_damaged)
+        check_writable(out, "OUT.mcap", make_folders=False)
+        try:
+            done = export_view(file, out, allow_damaged=allow_damaged)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if not quiet:
+            failed = sum(done.failed.values())
+            click.echo(f"wrote {done.channels} view channel(s), "
+                       f"{sum(done.messages.values()):,} messages to {done.path}"
+                       + (f" ({failed:,} messages had no view)" if failed else ""), err=True)
+
+
 def _rate(count: int, first_ns: int | None, last_ns: int | None) -> float | None:
     """Messages per second of the run's timer between a channel's first and last; None if one."""
     if first_ns is None or last_ns is None or last_ns <= first_ns or count < 2:
