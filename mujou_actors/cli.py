@@ -1406,6 +1406,65 @@ def export_view_command(file: str, out: str, allow_damaged: bool, quiet: bool,
                        + (f" ({failed:,} messages had no view)" if failed else ""), err=True)
 
 
+@main.command("view")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
+              default=f":{DEFAULT_FOXGLOVE_PORT}", show_default="127.0.0.1:8765",
+              metavar="[HOST]:PORT",
+              help="Where the Foxglove WebSocket server listens (loopback unless a host is "
+                   "given with --allow-remote). Write it as --foxglove=:PORT, or after FILE.")
+@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
+              help="Also accept connections from web pages of this origin "
+                   "(SCHEME://HOST[:PORT], or null); repeat it for more.")
+@click.option("--allow-remote", is_flag=True,
+              help="Let --foxglove be an address other machines reach (they read the "
+                   "recording).")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Playback speed, a factor of the recorded rate "
+                                      "(Foxglove's speed control changes it).")
+@click.option("--loop", is_flag=True, help="Start again at the end.")
+@click.option("--paused", is_flag=True, help="Start paused (Foxglove's play button starts).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Serve a damaged recording up to its first damaged record.")
+@click.option("--quiet", is_flag=True, help="No line saying where it listens.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def view_command(file: str, foxglove: str, foxglove_origins: tuple[str, ...],
+                 allow_remote: bool, speed: float, loop: bool, paused: bool,
+                 allow_damaged: bool, quiet: bool, verbose: bool) -> None:
+    """Serve a recording to Foxglove (its ports projected as the live view projects
+    them), with Foxglove's play, pause, speed and seek controls, until Ctrl-C."""
+    import threading
+
+    from .playback import serve_recording
+
+    _setup_logging(False, verbose)
+    with _errors(verbose):
+        _check_foxglove(foxglove, False, foxglove_origins, allow_remote)
+        _open_recording(file, allow_damaged)
+        try:
+            server = serve_recording(file, foxglove, allow_remote=allow_remote,
+                                     origins=foxglove_origins, speed=speed, loop=loop,
+                                     paused=paused, allow_damaged=allow_damaged)
+        except RuntimeError as exc:  # the port is taken
+            raise UsageError(f"--foxglove {foxglove}: the server cannot listen ({exc})") from exc
+        stop = threading.Event()
+        previous = {signum: signal.signal(signum, lambda *_: stop.set())
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with server:
+                if not quiet:
+                    host = server.address[0]
+                    click.echo(f"foxglove: recording view of {file} at ws://{host}:"
+                               f"{server.port} ({(server.end_ns - server.start_ns) / 1e9:.3f} s; "
+                               f"open it in Foxglove: Open connection, Foxglove WebSocket; "
+                               f"Ctrl-C ends it)", err=True)
+                while not stop.wait(0.5) and not server.closed:
+                    pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
 def _rate(count: int, first_ns: int | None, last_ns: int | None) -> float | None:
     """Messages per second of the run's timer between a channel's first and last; None if one."""
     if first_ns is None or last_ns is None or last_ns <= first_ns or count < 2:
