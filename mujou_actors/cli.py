@@ -18,6 +18,12 @@ Given a recording (an MCAP file, told by its magic), it prints its channels
 (message counts, rates, bytes, time span, drops), the run's metadata (timer,
 seeds, versions) and its attachments; ``--json`` prints either as JSON.
 
+``mujou cat RECORDING [PORT...]`` prints a recording's messages as the
+Foxglove view shows them (`mujou_actors.recview`), ``mujou export-view
+RECORDING OUT`` writes its view channels, and ``mujou view RECORDING`` serves
+it to Foxglove with playback controls (`mujou_actors.playback`); none runs a
+node.
+
 ``mujou worker --join LEADER_HOST:PORT --name NAME`` starts a member actor
 system of a leader's convention on this machine (`mujou_actors.distributed.
 convention.Member`), prints one line saying where it listens, and serves until
@@ -676,8 +682,9 @@ def main() -> None:
 
     run: a net from a Python file (a live view, Foxglove, recording, crash
     capsules, processes and machines); replay: a recording into a net;
-    inspect: a snapshot or a recording; worker, workers: the machines of a
-    run across machines.
+    inspect: a snapshot or a recording; cat, export-view, view: a recording's
+    messages, its Foxglove view channels, the recording served to Foxglove;
+    worker, workers: the machines of a run across machines.
     """
 
 
