@@ -18,6 +18,12 @@ Given a recording (an MCAP file, told by its magic), it prints its channels
 (message counts, rates, bytes, time span, drops), the run's metadata (timer,
 seeds, versions) and its attachments; ``--json`` prints either as JSON.
 
+``mujou cat RECORDING [PORT...]`` prints a recording's messages as the
+Foxglove view shows them (`mujou_actors.recview`), ``mujou export-view
+RECORDING OUT`` writes its view channels, and ``mujou view RECORDING`` serves
+it to Foxglove with playback controls (`mujou_actors.playback`); none runs a
+node.
+
 ``mujou worker --join LEADER_HOST:PORT --name NAME`` starts a member actor
 system of a leader's convention on this machine (`mujou_actors.distributed.
 convention.Member`), prints one line saying where it listens, and serves until
@@ -676,8 +682,9 @@ def main() -> None:
 
     run: a net from a Python file (a live view, Foxglove, recording, crash
     capsules, processes and machines); replay: a recording into a net;
-    inspect: a snapshot or a recording; worker, workers: the machines of a
-    run across machines.
+    inspect: a snapshot or a recording; cat, export-view, view: a recording's
+    messages, its Foxglove view channels, the recording served to Foxglove;
+    worker, workers: the machines of a run across machines.
     """
 
 
@@ -1315,6 +1322,154 @@ def inspect_command(file: str, as_json: bool, allow_damaged: bool, verbose: bool
             return
         for line in summarize(info):
             click.echo(line)
+
+
+CAT_ELEMENTS = 16
+"""The most elements of a tensor that ``mujou cat`` shows by value without ``--full``."""
+
+
+def _open_recording(file: str, allow_damaged: bool) -> Any:
+    """``mcapfile.info`` of a recording named on the command line (its errors, one line)."""
+    from .mcapfile import info as recording_info
+
+    if not os.path.isfile(file):
+        raise UsageError(f"{file}: no such file (expected a recording, an MCAP file that "
+                         "`mujou run --record` wrote)")
+    return recording_info(file, allow_damaged=allow_damaged)
+
+
+def _cat_time(t_ns: int) -> str:
+    return "on_start" if t_ns < 0 else f"{t_ns / 1e9:.9f}"
+
+
+@main.command("cat")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.argument("ports", nargs=-1, metavar="[PORT...]")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object a line: t_ns, delta, topic, sequence, message.")
+@click.option("--full", is_flag=True,
+              help=f"Every value of every tensor (without it, a tensor of more than "
+                   f"{CAT_ELEMENTS} elements shows its shape, dtype, min, max and mean).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Print a damaged recording up to its first damaged record.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def cat_command(file: str, ports: tuple[str, ...], as_json: bool, full: bool,
+                allow_damaged: bool, verbose: bool) -> None:
+    """Print a recording's messages: time (s), port, message (as the Foxglove view shows it).
+
+    PORT: Output paths or globs ('sim.*'); default: every recorded Output.
+    """
+    from .mcapfile import Reader
+    from .recview import channel_views, select_topics
+
+    with _errors(verbose):
+        found = _open_recording(file, allow_damaged)
+        try:
+            topics = select_topics(found, ports)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        views = channel_views(found)
+        limit = None if full else CAT_ELEMENTS
+        keep = frozenset(topics)
+        width = max((len(t) for t in topics), default=0)
+        for record in Reader(file, allow_damaged=allow_damaged).messages(keep.__contains__):
+            value = views[record.topic].summary(record.message, limit)
+            if as_json:
+                click.echo(json.dumps({"t_ns": record.t_ns, "delta": record.delta,
+                                       "topic": record.topic, "sequence": record.sequence,
+                                       "message": value}, allow_nan=False))
+            else:
+                click.echo(f"{_cat_time(record.t_ns):>12}  {record.topic:<{width}}  "
+                           f"{json.dumps(value, allow_nan=False, separators=(', ', ': '))}")
+
+
+@main.command("export-view")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.argument("out", metavar="OUT.mcap", type=click.Path(dir_okay=False))
+@click.option("--allow-damaged", is_flag=True,
+              help="Export a damaged recording up to its first damaged record.")
+@click.option("--quiet", is_flag=True, help="No line saying what was written.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def export_view_command(file: str, out: str, allow_damaged: bool, quiet: bool,
+                        verbose: bool) -> None:
+    """Write the Foxglove view channels (/view/<path>) of a recording to OUT.mcap.
+
+    The views are made from the recording's lossless channels, as `--record-view`
+    makes them while a run records: no node runs.
+    """
+    from .recview import export_view
+
+    with _errors(verbose):
+        _open_recording(file, allow_damaged)
+        check_writable(out, "OUT.mcap", make_folders=False)
+        try:
+            done = export_view(file, out, allow_damaged=allow_damaged)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if not quiet:
+            failed = sum(done.failed.values())
+            click.echo(f"wrote {done.channels} view channel(s), "
+                       f"{sum(done.messages.values()):,} messages to {done.path}"
+                       + (f" ({failed:,} messages had no view)" if failed else ""), err=True)
+
+
+@main.command("view")
+@click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
+@click.option("--foxglove", "foxglove", is_flag=False, flag_value=f":{DEFAULT_FOXGLOVE_PORT}",
+              default=f":{DEFAULT_FOXGLOVE_PORT}", show_default="127.0.0.1:8765",
+              metavar="[HOST]:PORT",
+              help="Where the Foxglove WebSocket server listens (loopback unless a host is "
+                   "given with --allow-remote). Write it as --foxglove=:PORT, or after FILE.")
+@click.option("--foxglove-origin", "foxglove_origins", multiple=True, metavar="ORIGIN",
+              help="Also accept connections from web pages of this origin "
+                   "(SCHEME://HOST[:PORT], or null); repeat it for more.")
+@click.option("--allow-remote", is_flag=True,
+              help="Let --foxglove be an address other machines reach (they read the "
+                   "recording).")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Playback speed, a factor of the recorded rate "
+                                      "(Foxglove's speed control changes it).")
+@click.option("--loop", is_flag=True, help="Start again at the end.")
+@click.option("--paused", is_flag=True, help="Start paused (Foxglove's play button starts).")
+@click.option("--allow-damaged", is_flag=True,
+              help="Serve a damaged recording up to its first damaged record.")
+@click.option("--quiet", is_flag=True, help="No line saying where it listens.")
+@click.option("--verbose", is_flag=True, help="Tracebacks with errors.")
+def view_command(file: str, foxglove: str, foxglove_origins: tuple[str, ...],
+                 allow_remote: bool, speed: float, loop: bool, paused: bool,
+                 allow_damaged: bool, quiet: bool, verbose: bool) -> None:
+    """Serve a recording to Foxglove (its ports projected as the live view projects
+    them), with Foxglove's play, pause, speed and seek controls, until Ctrl-C."""
+    import threading
+
+    from .playback import serve_recording
+
+    _setup_logging(False, verbose)
+    with _errors(verbose):
+        _check_foxglove(foxglove, False, foxglove_origins, allow_remote)
+        _open_recording(file, allow_damaged)
+        try:
+            server = serve_recording(file, foxglove, allow_remote=allow_remote,
+                                     origins=foxglove_origins, speed=speed, loop=loop,
+                                     paused=paused, allow_damaged=allow_damaged)
+        except RuntimeError as exc:  # the port is taken
+            raise UsageError(f"--foxglove {foxglove}: the server cannot listen ({exc})") from exc
+        stop = threading.Event()
+        previous = {signum: signal.signal(signum, lambda *_: stop.set())
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with server:
+                if not quiet:
+                    host = server.address[0]
+                    click.echo(f"foxglove: recording view of {file} at ws://{host}:"
+                               f"{server.port} ({(server.end_ns - server.start_ns) / 1e9:.3f} s; "
+                               f"open it in Foxglove: Open connection, Foxglove WebSocket; "
+                               f"Ctrl-C ends it)", err=True)
+                while not stop.wait(0.5) and not server.closed:
+                    pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _rate(count: int, first_ns: int | None, last_ns: int | None) -> float | None:

@@ -196,11 +196,13 @@ def _nonfinite_to_null(values: Any) -> Any:
     return _finite(values) if isinstance(values, float) else values
 
 
-def project_tensor(t: torch.Tensor) -> dict[str, Any]:
-    """A tensor's view: its values up to `MAX_ELEMENTS`, else its statistics.
+def project_tensor(t: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> dict[str, Any]:
+    """A tensor's view: its values up to ``max_elements``, else its statistics.
 
     Args:
         t (torch.Tensor): any tensor (a CUDA one is copied to the CPU).
+        max_elements (int): the most elements whose values the view holds
+            (``mujou cat`` shows fewer, ``--full`` all). Default: `MAX_ELEMENTS`.
 
     Returns:
         dict: ``{"shape", "dtype", "data"}`` or ``{"shape", "dtype", "numel",
@@ -217,12 +219,12 @@ def project_tensor(t: torch.Tensor) -> dict[str, Any]:
     out: dict[str, Any] = {"shape": shape, "dtype": str(dtype).removeprefix("torch.")}
     n = math.prod(shape)
     if dtype.is_complex:
-        if n <= MAX_ELEMENTS:
+        if n <= max_elements:
             out["data"] = _nonfinite_to_null(torch.view_as_real(t.resolve_conj()).tolist())
         else:
             out["numel"] = n
         return out
-    if n <= MAX_ELEMENTS:
+    if n <= max_elements:
         data = t.tolist()
         if dtype.is_floating_point and not _all_finite(data, len(shape)):
             data = _nonfinite_to_null(data)  # a walk in Python: only when needed
@@ -248,19 +250,21 @@ def _all_finite(values: Any, rank: int) -> bool:
     return all(_all_finite(v, rank - 1) for v in values)
 
 
-def project(message: Any) -> Any:
+def project(message: Any, max_elements: int = MAX_ELEMENTS) -> Any:
     """A message's JSON value (not wrapped): see the module docstring for the rules.
 
     Args:
         message (Any): any message.
+        max_elements (int): the most elements of a tensor whose values the
+            value holds; larger tensors get statistics. Default: `MAX_ELEMENTS`.
 
     Returns:
         Any: something `json.dumps` writes with ``allow_nan=False``.
     """
-    return _project(message, 0)
+    return _project(message, 0, max_elements)
 
 
-def _project(value: Any, depth: int) -> Any:
+def _project(value: Any, depth: int, limit: int = MAX_ELEMENTS) -> Any:
     vt = type(value)
     if vt is float:
         return _finite(value)
@@ -269,7 +273,7 @@ def _project(value: Any, depth: int) -> Any:
     if depth >= MAX_DEPTH:
         return None
     if isinstance(value, torch.Tensor):
-        return project_tensor(value)
+        return project_tensor(value, limit)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, float):  # a float subclass (numpy's float64)
@@ -277,16 +281,16 @@ def _project(value: Any, depth: int) -> Any:
     if isinstance(value, (int, str)):  # subclasses (an IntEnum); a bool was taken above
         return value
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {name: _project(v, depth + 1) for name, v in zip(value._fields, value,
+        return {name: _project(v, depth + 1, limit) for name, v in zip(value._fields, value,
                                                                    strict=False)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _project(getattr(value, f.name), depth + 1)
+        return {f.name: _project(getattr(value, f.name), depth + 1, limit)
                 for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): _project(v, depth + 1)
+        return {k if isinstance(k, str) else str(k): _project(v, depth + 1, limit)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_project(v, depth + 1) for v in value]
+        return [_project(v, depth + 1, limit) for v in value]
     return repr(value)[:MAX_REPR]
 
 
