@@ -11,9 +11,10 @@ second each) is never timed.
 * **hop** (real time): ``ping`` in group ``a`` sends a message to ``pong`` in
   group ``b``, which echoes it; ``ping`` times each round trip with
   ``time.perf_counter_ns`` in its hook (``--rtt`` round trips) and sends the
-  next. A hop is half a round trip: the message crosses the sender's group,
-  the host's driver and the reader's group once. Messages: a Python ``int``
-  (``int``) and a 1 MiB float32 tensor (``1MB``, through shared memory).
+  next. A hop is half a round trip: the message crosses from the sender's
+  group to the reader's on their peer link (``hop``), or through the host's
+  driver, which relays it (``hop ..., host relay``: ``MUJOU_PEER_LINKS=0``).
+  Messages: a Python ``int`` (``int``) and a 1 MiB float32 tensor (``1MB``, through shared memory).
   Rows, same nets and measurement: ``in one process`` (no placement),
   ``placed`` (two group processes), and for scale the same ping-pong on
   ``multiprocessing`` queues between two processes (pickled) and between two
@@ -31,8 +32,8 @@ second each) is never timed.
   cycles with work: one per tick, the messages trigger nothing) per wall
   second, the driver's rounds (or segments) per second, and the same net in
   one process (target >= 5,000 global steps/s with 2 groups). Rows: on the
-  host's rounds (``steps, host rounds``: the default) and on peer links
-  (``steps``: ``MUJOU_PEER_LINKS=1``, distributed/segments.py); the same for four groups
+  host's rounds (``steps, host rounds``: ``MUJOU_PEER_LINKS=0``) and on peer
+  links (``steps``: the default, distributed/segments.py); the same for four groups
   in a ring, each messaging the next at every tick.
 * **cpu** (simulated): two CPU-bound Python nodes (``Spin``: integer
   arithmetic in a loop, no GIL release) at the same period, in two groups
@@ -48,12 +49,14 @@ Wall-clock figures on a shared 2-core machine vary by 10-40 %.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +80,28 @@ TARGETS = {"hop int": ("hop p50 µs", 25.0, "<="), "hop 1MB": ("hop p50 µs", 10
 
 # --------------------------------------------------------------------------- hop
 
-def hop_mujou(kind: str, n: int, placed: bool) -> dict[str, float]:
-    """Round trips of ``ping`` <-> ``pong`` in real time, placed in two groups or not."""
+@contextlib.contextmanager
+def peer_links(on: bool) -> Iterator[None]:
+    """``MUJOU_PEER_LINKS`` set to ``1`` (or ``0``) for the runs started inside."""
+    before = os.environ.get("MUJOU_PEER_LINKS")
+    os.environ["MUJOU_PEER_LINKS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["MUJOU_PEER_LINKS"]
+        else:
+            os.environ["MUJOU_PEER_LINKS"] = before
+
+
+def hop_mujou(kind: str, n: int, placed: bool, relay: bool = False) -> dict[str, float]:
+    """Round trips of ``ping`` <-> ``pong`` in real time, placed in two groups or not;
+    placed, on peer links (the default) or relayed by the host (``relay``)."""
     kwargs: dict[str, Any] = {"timer": "realtime", "seed": 0}
     if placed:
-        run = mujou.run(nets.make_pingpong, placement={"ping": "a", "pong": "b"},
-                        net_kwargs={"n": n, "kind": kind}, **kwargs)
+        with peer_links(not relay):
+            run = mujou.run(nets.make_pingpong, placement={"ping": "a", "pong": "b"},
+                            net_kwargs={"n": n, "kind": kind}, **kwargs)
     else:
         run = mujou.run(nets.make_pingpong(n, kind), **kwargs)
     try:
@@ -184,7 +203,7 @@ def stream(per_tick: int, ticks: int) -> dict[str, float]:
     return {"rate": state["count"] / span if span > 0 else 0.0}
 
 
-def steps(seconds: float, placed: bool, peer_links: bool = False,
+def steps(seconds: float, placed: bool, on_peers: bool = False,
           groups: int = 2) -> dict[str, float]:
     """Global delta cycles per wall second of 1 kHz peers messaging each other at every
     tick (two: both ways; more: a ring), each in a group of its own or all in one
@@ -192,16 +211,9 @@ def steps(seconds: float, placed: bool, peer_links: bool = False,
     factory = nets.make_exchange if groups == 2 else nets.make_ring
     kwargs = {} if groups == 2 else {"groups": groups}
     if placed:
-        before = os.environ.get("MUJOU_PEER_LINKS")
-        os.environ["MUJOU_PEER_LINKS"] = "1" if peer_links else "0"
-        try:
+        with peer_links(on_peers):
             run = mujou.run(factory, placement={p: p for p in factory(**kwargs)},
                             net_kwargs=kwargs, timer="simulated", duration=seconds, seed=0)
-        finally:
-            if before is None:
-                del os.environ["MUJOU_PEER_LINKS"]
-            else:
-                os.environ["MUJOU_PEER_LINKS"] = before
     else:
         run = mujou.run(factory(**kwargs), timer="simulated", duration=seconds, seed=0)
     wall = _wall(run)
@@ -263,6 +275,7 @@ def measure(cfg: argparse.Namespace, only: list[str]) -> dict[str, dict[str, flo
             for kind in ("int", "1MB"):
                 n = cfg.rtt if kind == "int" else cfg.rtt_big
                 add(f"hop {kind}", hop_mujou(kind, n, placed=True))
+                add(f"hop {kind}, host relay", hop_mujou(kind, n, placed=True, relay=True))
                 add(f"hop {kind} in one process", hop_mujou(kind, n, placed=False))
                 add(f"hop {kind} multiprocessing queues", hop_queues(kind, n))
                 add(f"hop {kind} iceoryx2 shared memory (floor)", hop_floor(kind, n))
@@ -270,10 +283,10 @@ def measure(cfg: argparse.Namespace, only: list[str]) -> dict[str, dict[str, flo
             add("stream", stream(cfg.per_tick, cfg.ticks))
         if "steps" in only:
             add("steps, host rounds", steps(cfg.sim_seconds, placed=True))
-            add("steps", steps(cfg.sim_seconds, placed=True, peer_links=True))
+            add("steps", steps(cfg.sim_seconds, placed=True, on_peers=True))
             add("steps in one process", steps(cfg.sim_seconds, placed=False))
             add("steps, 4 groups, host rounds", steps(cfg.sim_seconds, True, groups=4))
-            add("steps, 4 groups", steps(cfg.sim_seconds, True, peer_links=True, groups=4))
+            add("steps, 4 groups", steps(cfg.sim_seconds, True, on_peers=True, groups=4))
             add("steps, 4 groups in one process", steps(cfg.sim_seconds, False, groups=4))
         if "cpu" in only:
             add("cpu", cpu(cfg.work, cfg.cpu_seconds))

@@ -1,9 +1,10 @@
 """Peer links: simulated placed runs whose groups move their time themselves.
 
-With ``MUJOU_PEER_LINKS=1`` a simulated run placed on one machine, with no node
-in the host's group, runs in *segments* (distributed/segments.py): messages go
-from group to group, and each group runs a delta cycle once every group that
-sends to it has promised nothing below it (distributed/peers.py). The
+By default (``MUJOU_PEER_LINKS=0`` keeps the host's rounds) a simulated run
+placed on one machine, with no node in the host's group, runs in *segments*
+(distributed/segments.py): messages go from group to group, and each group
+runs a delta cycle once every group that sends to it has promised nothing
+below it (distributed/peers.py). The
 properties of tests/test_placed_random.py hold unchanged: random nets, placed
 in 1-3 groups (every node placed), end bit-identical to one process, with
 the same counts; a cut taken while they run (a pause of the segment) is one
@@ -155,15 +156,15 @@ def test_a_fully_placed_run_on_peer_links_matches_one_process() -> None:
     assert run._driver.timing.rounds < 10  # segments, not a round per delta cycle
 
 
-def test_peer_links_are_asked_for_and_give_the_rounds_tree() -> None:
+def test_peer_links_are_the_default_and_give_the_rounds_tree() -> None:
     expected = single(0.1)
     before = os.environ.pop(segments.ENV, None)
     try:
-        rounds = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)  # the default
-        rounds.join(30)
-        os.environ[segments.ENV] = "1"
-        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)  # the default
         run.join(30)
+        os.environ[segments.ENV] = "0"
+        rounds = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        rounds.join(30)
     finally:
         os.environ.pop(segments.ENV, None)
         if before is not None:
@@ -408,3 +409,33 @@ def test_a_send_to_a_peer_that_never_connects_ends_on_the_hosts_abort(tmp_path) 
     finally:
         link.close()
     assert told == ["asked"] * 3 and segment.ending == "abort"
+
+
+def test_a_group_found_dead_as_its_segment_grant_waits_ends_the_others_segment() -> None:
+    """Found by the kill hunt: a group that died under a host call (`DyingSystem`: it dies as
+    ``stats()`` reaches it) blocks the next segment's grant to it; its death was raised from
+    that send, after the groups before it had their grants, and the restore met them in the
+    segment ("a grant came in the middle of a segment"). They are aborted first now."""
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import group
+    from mujou_actors.run import _check_arguments
+    from tests.test_placed_restarts import DyingSystem
+
+    expected = single(0.3)
+    for _ in range(3):  # the race was lost 4 times in 5 before
+        system = DyingSystem(victim="c", kind=group.Stats)
+        args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.3, seed=7,
+                                state=None, trace=None, cuda_sync="block", stats=True,
+                                supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05),
+                                stop_timeout=10.0, start_timeout=60.0)
+        with peer_links():
+            run = placed.start(placed_support.make_net,
+                               placement={"sim": "a", "ctrl": "b", "log": "c"}, net_kwargs=None,
+                               args=args, inputs=None, state=None,
+                               make_system=lambda start_timeout, s=system: s)
+        run.stats()  # "c" dies under it
+        run.join(60)
+        assert system.deaths == 1 and run.failure is None
+        assert_same_tree(run.state_dict(), expected)
+        timing = run._driver.timing  # type: ignore[attr-defined]
+        assert timing.segments > 0 and timing._generation >= 2

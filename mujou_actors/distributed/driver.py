@@ -165,13 +165,12 @@ class _Driver:
         self.end = Ending(self)  # the last cut, every group's stop, the final tree
         self.order = [p for p, _ in found]
         # How the run's time moves (see the module's docstring): asked, never tested.
-        # Peer links where they apply (peers.py), unless MUJOU_PEER_LINKS=0: in real time
-        # by default; in simulated time (segments.py) with MUJOU_PEER_LINKS=1, until the
-        # end of a stopped run is proven there.
-        peer = os.environ.get(segments.ENV)
+        # Peer links where they apply (peers.py; segments.py in simulated time), unless
+        # MUJOU_PEER_LINKS=0 keeps the host on every message's path.
+        on_peers = os.environ.get(segments.ENV) != "0"
         self.timing: SimulatedRounds | RealTimeRelay = (
-            (RealTimeRelay(self) if peer == "0" else PeerRelay(self)) if realtime
-            else Segments(self) if peer == "1" else SimulatedRounds(self))
+            (PeerRelay(self) if on_peers else RealTimeRelay(self)) if realtime
+            else Segments(self) if on_peers else SimulatedRounds(self))
         # The host's own group's watchdog (group processes run their own): a hook that
         # does not return is logged, as in one process. Started with the driver's thread
         # (`_main`), so that a start that fails before leaves no thread behind.

@@ -19,9 +19,8 @@ Peer links apply on one machine (``ipc://``), to runs with every node in a
 group process (none in the host's), without CUDA IPC, without a recording of
 ports or a timed subscription (the driver's item listeners: a round at a
 time while one is in force), and when no cycle of triggering links joins
-groups (`triggering_cycle`). They are asked for with ``MUJOU_PEER_LINKS=1`` in
-the host's environment until the final tree of a stopped run is proven on them
-(docs/processes.md).
+groups (`triggering_cycle`). ``MUJOU_PEER_LINKS=0`` in the host's environment
+keeps the rounds (docs/processes.md).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ __all__ = ["Segments", "triggering_cycle", "ENV"]
 
 log = logging.getLogger("mujou_actors")
 
-ENV = "MUJOU_PEER_LINKS"  # "1": simulated placed runs use peer links where they apply
+ENV = "MUJOU_PEER_LINKS"  # "0": placed runs keep the host on every message's path
 ABORT_WAIT_S = 5.0  # how long the groups that live get to answer an abort
 
 
@@ -124,16 +123,26 @@ class Segments(SimulatedRounds):
         promises = self._promises(groups)
         self._number += 1  # a marker names its segment: one of an earlier one is stale
         generation = self._generation
-        for g in groups:
-            messages, g.queued = g.queued, []
-            g.waiting = True
-            mesh = None
-            if g.name not in self._sent_mesh:
-                mesh = mesh_spec(driver.tmpdir, groups, *self._links)
-                self._sent_mesh.add(g.name)
-            seg = dataplane.Segment(self._number, generation,
-                                    {p: k for p, k in promises.items() if p != g.name}, mesh)
-            g.link.send(dataplane.Grant(limit, False, messages, None, seg))
+        granted: dict[str, _Group] = {}
+        try:
+            for g in groups:
+                messages, g.queued = g.queued, []
+                g.waiting = True
+                mesh = None
+                if g.name not in self._sent_mesh:
+                    mesh = mesh_spec(driver.tmpdir, groups, *self._links)
+                    self._sent_mesh.add(g.name)
+                seg = dataplane.Segment(self._number, generation,
+                                        {p: k for p, k in promises.items() if p != g.name},
+                                        mesh)
+                g.link.send(dataplane.Grant(limit, False, messages, None, seg))
+                granted[g.name] = g
+        except GroupLost as lost:
+            # A group died while its grant waited to go (its link blocked): the groups
+            # granted already run the segment and must end it before the restore, which
+            # would otherwise meet them in it.
+            self._abort(granted, [], lost.exit.group)
+            raise
         self._collect_segment(groups)
         self.segments += 1
         self.rounds += 1
@@ -208,11 +217,11 @@ class Segments(SimulatedRounds):
                         finals.append((g, reply))
                         del pending[name]
                         break
-            if not paused and pending and (reported or driver.stop_asked.is_set()
-                                           or not driver.requests.empty()):
-                self._end_segment(pending.values(), "pause")
-                paused = True
-            try:
+            try:  # (a pause to a dead group blocks until its death is found: GroupLost)
+                if not paused and pending and (reported or driver.stop_asked.is_set()
+                                               or not driver.requests.empty()):
+                    self._end_segment(pending.values(), "pause")
+                    paused = True
                 driver._check_exits()
             except GroupLost as lost:
                 self._abort(pending, finals, lost.exit.group)
