@@ -209,9 +209,25 @@ class PeerMesh:
         return [t[0] + sum(k.messages_in for k in links), t[1],
                 t[2] + sum(k.bytes_in for k in links), t[3] + sum(k.bytes_out for k in links)]
 
-    def count_sent(self, messages: int) -> None:
-        """``messages`` port messages went out (each once, whatever groups read it)."""
-        self._traffic[1] += messages
+    def by_reader(self, sends: list[Any], index: dict[str, int]) -> dict[str, list[dataplane.Item]]:
+        """``sends`` (`Kernel.take_sends`, in order) as items for each reading group, in order;
+        each counted once as sent (`traffic`), however many groups read it.
+
+        Args:
+            sends (list[OutsideSend]): what this group's nodes sent outside it.
+            index (dict[str, int]): Output path -> index (`Routes.output_index`).
+        """
+        per: dict[str, list[dataplane.Item]] = {}
+        crossing = 0
+        for s in sends:
+            o = index[s.output]
+            readers = self.out.get(o)
+            if readers:
+                crossing += 1
+                for q in readers:
+                    per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
+        self._traffic[1] += crossing
+        return per
 
     def close(self) -> None:
         """Close every link (its shared-memory pool goes with it); `traffic` keeps
@@ -297,17 +313,7 @@ class _Segment:
     def ship(self, sends: list[Any], due: Key | None) -> None:
         """Send each peer its messages and this group's promise (if either is new)."""
         mesh = self.mesh
-        index = self.routes.output_index
-        per: dict[str, list[dataplane.Item]] = {}
-        crossing = 0
-        for s in sends:
-            o = index[s.output]
-            readers = mesh.out.get(o)
-            if readers:
-                crossing += 1
-                for q in readers:
-                    per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
-        mesh.count_sent(crossing)
+        per = mesh.by_reader(sends, self.routes.output_index)
         promise = self.kernel.frontier if self.failure is not None else mesh.promise(due)
         if self.failure is not None and mesh.announced is not None:
             promise = min(promise, mesh.announced)
@@ -480,18 +486,8 @@ class RealTimePeers:
 
     def ship(self, sends: list[Any]) -> None:
         """Send each reading group its part of ``sends`` (`Kernel.take_sends`), in order."""
-        mesh, index = self.mesh, self.routes.output_index
-        per: dict[str, list[dataplane.Item]] = {}
-        crossing = 0
-        for s in sends:
-            o = index[s.output]
-            readers = mesh.out.get(o)
-            if readers:
-                crossing += 1
-                for q in readers:
-                    per.setdefault(q, []).append((s.t_ns, s.delta, s.sender, o, s.message))
-        mesh.count_sent(crossing)
-        for q, items in per.items():
+        mesh = self.mesh
+        for q, items in mesh.by_reader(sends, self.routes.output_index).items():
             mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, 0, (-1, 0), items)
 
     def take(self, kernel: Kernel) -> None:
