@@ -54,7 +54,30 @@ def unwritable_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
         folder.chmod(0o755)
 
 
+# Test modules whose every test is slow (pytest.ini_options' `slow` marker): runs placed in
+# processes of their own, several machines, process liveness (test_system), the examples,
+# the benchmarks, random nets and fuzzing with many examples, and the architecture page's
+# source checks. `python -m pytest -m "not slow"` (README, "Development") leaves them out;
+# CI runs everything. A slow test in an otherwise quick module carries
+# `@pytest.mark.slow` itself: one that takes about a second or more on a 2-core machine,
+# most of them because they start processes (the `mujou` command, a fresh interpreter, a
+# placed run's groups) or wait out a timeout on purpose.
+SLOW_MODULES = frozenset({
+    "test_architecture", "test_benchmarks", "test_examples", "test_machines",
+    "test_peer_links", "test_processes", "test_recording_fuzz", "test_system",
+})
+SLOW_PREFIXES = ("test_placed",)  # test_placed.py, test_placed_parity.py, ...
+
+
+def _is_slow_module(name: str) -> bool:
+    return name in SLOW_MODULES or name.startswith(SLOW_PREFIXES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_slow_module(item.path.stem):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ def _state(cal: Calendar, actors: list[Actor]) -> tuple[object, ...]:
     return sorted(cal._heap), buckets, fields, cal.queued, shared
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([None, 10, 20, 30]),      # next tick
                           st.sampled_from([None, (10, 0), (10, 1), (20, 0), (25, 2)]),  # trigger
@@ -122,6 +124,7 @@ _OPS = st.lists(st.one_of(
     st.tuples(st.just("clear"), st.just(0))), max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_OPS)
 def test_requeue_matches_schedule_whatever_leaves_the_calendar_between_calls(

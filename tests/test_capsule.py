@@ -275,6 +275,7 @@ def _mujou(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_command_line_writes_inspects_and_reproduces_a_capsule(tmp_path) -> None:
     path = str(tmp_path / "cli.mcap")

@@ -26,6 +26,7 @@ def mujou_cmd(*args: str, env: dict[str, str] | None = None,
                           env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_run_prints_plain_lines_and_a_final_table_without_a_terminal(tmp_path) -> None:
     stats = tmp_path / "stats.json"
 
@@ -41,6 +42,7 @@ def test_run_prints_plain_lines_and_a_final_table_without_a_terminal(tmp_path) -
     assert data["nodes"]["ticker"]["updates"] == 100 and data["time"] == 1.0
 
 
+@pytest.mark.slow
 def test_quiet_prints_nothing_and_name_picks_the_net(tmp_path) -> None:
     result = mujou_cmd("run", f"{NETS}:net", "--timer", "simulated", "--duration", "0.5",
                        "--quiet")
@@ -48,6 +50,7 @@ def test_quiet_prints_nothing_and_name_picks_the_net(tmp_path) -> None:
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "target, text",
     [
@@ -64,12 +67,14 @@ def test_bad_targets_are_one_line_and_exit_2(target: str, text: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_option_exits_2() -> None:
     result = mujou_cmd("run", NETS, "--timer", "wallclock")
 
     assert result.returncode == 2 and "wallclock" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_node_failure_is_one_line_and_exit_1_with_the_traceback_under_verbose() -> None:
     plain = mujou_cmd("run", f"{NETS}:make_broken", "--timer", "simulated", "--duration", "1",
                       "--quiet")
@@ -83,6 +88,7 @@ def test_a_node_failure_is_one_line_and_exit_1_with_the_traceback_under_verbose(
     assert "Traceback" in verbose.stderr and "the sensor divided by zero" in verbose.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_stops_cleanly_writes_the_final_state_and_exits_130(tmp_path, sig, code) -> None:
@@ -126,6 +132,7 @@ def _wait_for(lines: queue.Queue, text: str, seen: list[str], timeout: float) ->
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_second_signal_while_stopping_keeps_the_clean_stop_and_its_files(
@@ -164,6 +171,7 @@ def test_a_second_signal_while_stopping_keeps_the_clean_stop_and_its_files(
     assert any("final state written to" in line for line in stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_signal_while_the_net_starts_stops_it_cleanly_once_started(tmp_path) -> None:
     snaps, stats, marker = tmp_path / "snaps", tmp_path / "stats.json", tmp_path / "stopped"
@@ -195,6 +203,7 @@ def test_a_signal_while_the_net_starts_stops_it_cleanly_once_started(tmp_path) -
     assert json.loads(stats.read_text())["nodes"][""]["updates"] == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, name, message", [
     ("--stats-json", "missing/stats.json",
      "error: FileNotFoundError: --stats-json {path!r} cannot be written: its folder "
@@ -221,6 +230,7 @@ def test_output_paths_that_cannot_be_written_are_refused_before_anything_runs(
     assert result.stderr.count("\n") == 1 and not marker.exists()      # nothing ran
 
 
+@pytest.mark.slow
 def test_inspect_summarizes_a_snapshot(tmp_path) -> None:
     from tests.nets.cli_nets import Pair
 
@@ -242,6 +252,7 @@ def test_inspect_summarizes_a_snapshot(tmp_path) -> None:
     assert "kept messages: 0" in out
 
 
+@pytest.mark.slow
 def test_inspect_of_a_damaged_file_is_one_line(tmp_path) -> None:
     bad = tmp_path / "bad.mujou"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
@@ -278,6 +289,7 @@ def test_inspect_refuses_every_damaged_file_and_prints_nothing_from_it(tmp_path)
     assert CliRunner().invoke(main, ["inspect", str(good)]).exit_code == 0
 
 
+@pytest.mark.slow
 def test_the_console_script_is_installed() -> None:
     import shutil
 
@@ -288,6 +300,7 @@ def test_the_console_script_is_installed() -> None:
     assert result.returncode == 0 and "inspect" in result.stdout and "run" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_node_class_can_be_named_and_the_final_state_is_saved_at_the_end(tmp_path) -> None:
     snaps = tmp_path / "snaps"
 
@@ -299,6 +312,7 @@ def test_a_node_class_can_be_named_and_the_final_state_is_saved_at_the_end(tmp_p
     assert final["time_ns"] == 300_000_000 and int(final["nodes"]["ticker"]["count"]) == 30
 
 
+@pytest.mark.slow
 def test_a_failed_run_does_not_overwrite_the_latest_snapshot(tmp_path) -> None:
     snaps = tmp_path / "snaps"
 
@@ -309,6 +323,7 @@ def test_a_failed_run_does_not_overwrite_the_latest_snapshot(tmp_path) -> None:
     assert mujou.load(mujou.latest_snapshot(snaps))["time_ns"] == 0   # the start, not the failure
 
 
+@pytest.mark.slow
 def test_a_snapshot_refused_during_the_run_is_a_failed_run_exit_1(tmp_path) -> None:
     # The net's first snapshot (t = 0) is fine; the one at 0.2 s holds a set, which a
     # file cannot bring back: the run fails there. That is a failed run (1), not a
@@ -487,6 +502,7 @@ def test_counts_in_the_live_view_take_at_most_five_characters() -> None:
                                            "2.9M", "10M", "100M", "1.0T", "9.2E"]
 
 
+@pytest.mark.slow
 def test_record_view_writes_view_channels_that_inspect_lists(tmp_path) -> None:
     path = tmp_path / "run.mcap"
 
@@ -502,6 +518,7 @@ def test_record_view_writes_view_channels_that_inspect_lists(tmp_path) -> None:
     assert shown.returncode == 0 and "view channels:" in shown.stdout
 
 
+@pytest.mark.slow
 def test_foxglove_serves_the_run_and_says_where(tmp_path) -> None:
     pytest.importorskip("websockets")
 
@@ -513,6 +530,7 @@ def test_foxglove_serves_the_run_and_says_where(tmp_path) -> None:
     assert "publishing to Inputs off (--foxglove-publish)" in result.stderr
 
 
+@pytest.mark.slow
 def test_foxglove_publish_and_origins_reach_the_server() -> None:
     pytest.importorskip("websockets")
 
@@ -524,6 +542,7 @@ def test_foxglove_publish_and_origins_reach_the_server() -> None:
     assert "publishing to Inputs on)" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "text"), [
     (["--foxglove=0.0.0.0:8765"], "allow_remote"),
     (["--foxglove=:http"], "no port"),
@@ -629,6 +648,7 @@ def test_a_stop_that_times_out_is_reported_once_and_not_also_logged(
     assert result.stderr.startswith("error: StopTimeoutError")
 
 
+@pytest.mark.slow
 def test_net_kwargs_reach_the_net_function_without_place(tmp_path, cli_logging) -> None:
     (tmp_path / "nets.py").write_text(SLOW_NET)
     stats = tmp_path / "stats.json"
@@ -666,6 +686,7 @@ def test_on_a_terminal_the_command_says_what_it_does_before_the_run_shows(
     assert quiet.exit_code == 0 and quiet.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_foxglove_with_place_serves_every_groups_ports_and_publishes_to_another_group(
         tmp_path) -> None:
@@ -751,6 +772,7 @@ def make_net():
 """
 
 
+@pytest.mark.slow
 def test_check_read_only_fails_the_node_that_changes_a_received_tensor(tmp_path) -> None:
     (tmp_path / "mutating.py").write_text(MUTATING_NET)
     args = ("run", str(tmp_path / "mutating.py"), "--timer", "simulated", "--duration", "0.1",

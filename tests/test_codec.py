@@ -248,6 +248,7 @@ def test_a_tensor_of_255_dimensions_round_trips_and_one_of_256_is_refused() -> N
         codec.encode({"x": torch.zeros(*([1] * 256))})
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(trees)
 def test_any_tree_round_trips_in_format_2_and_in_format_1(tree: Any) -> None:
@@ -461,6 +462,7 @@ def array_of(items: bytes, count: int) -> bytes:
     return b"\xdd" + struct.pack(">I", count) + items * count
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("shape, count", [
     (b"\x90", 100_000), (b"\x80", 100_000), (b"\x91\xc0", 100_000), (b"\xe0", 100_000),
@@ -482,6 +484,7 @@ def test_a_bomb_within_the_format_stays_within_v2_memory_per_byte(shape: bytes,
     assert peak <= codec.V2_MEMORY_PER_BYTE * len(structure), peak / len(structure)
 
 
+@pytest.mark.slow
 def test_v2_memory_per_byte_is_what_the_worst_shape_takes_with_room_to_spare() -> None:
     # A chain of one-entry dicts with 1-byte int keys: 224 bytes (dict and keys table)
     # per 2 bytes of structure, the worst the format allows; 128 is the bound.

@@ -160,6 +160,7 @@ def _probe(cwd: Path, **env: str) -> tuple[dict[str, object], str]:
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
 
 
+@pytest.mark.slow
 def test_a_copy_of_the_package_with_an_edited_source_imports_the_sources_and_warns(
         tmp_path: Path) -> None:
     folder = _package_copy(tmp_path, edit=True)
@@ -174,6 +175,7 @@ def test_a_copy_of_the_package_with_an_edited_source_imports_the_sources_and_war
     assert str(edited) in stderr and compiled.REBUILD in stderr
 
 
+@pytest.mark.slow
 def test_a_copy_of_the_package_under_mujou_pure_imports_the_sources_silently(
         tmp_path: Path) -> None:
     folder = _package_copy(tmp_path, edit=False)
@@ -190,7 +192,9 @@ def test_the_compiled_modules_are_the_ones_in_use_in_a_compiled_build() -> None:
         pytest.skip(f"{NO_BUILD}; this process runs {runtime.BUILD}")
     from mujou_actors._runtime import actor, keys
 
-    modules = [sys.modules[f"{compiled.PACKAGE}.{name}"] for name in runtime.BUILD.modules]
+    # Imported here, not looked up: run alone, this file has not imported policy yet.
+    modules = [importlib.import_module(f"{compiled.PACKAGE}.{name}")
+               for name in runtime.BUILD.modules]
 
     assert runtime.BUILD.modules == compiled.MODULES
     assert all(m.__file__ is not None and m.__file__.endswith(SUFFIX) for m in modules)
@@ -222,6 +226,7 @@ def test_mujou_version_says_which_build_runs() -> None:
     assert f"kernel build: {runtime.BUILD}" in result.output
 
 
+@pytest.mark.slow
 def test_a_build_without_a_c_compiler_installs_pure_python_and_says_why(
         tmp_path: Path) -> None:
     pytest.importorskip("mypyc.build", reason="mypy (mypyc) is not installed")

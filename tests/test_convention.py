@@ -78,6 +78,7 @@ def read_line(stream: object, timeout: float) -> str:
     return stream.readline()  # type: ignore[attr-defined, no-any-return]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_leader_and_two_members_list_each_other_place_a_group_and_end_leaving_nothing(
         ) -> None:
@@ -153,6 +154,7 @@ def test_a_leader_and_two_members_list_each_other_place_a_group_and_end_leaving_
             system.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_either_side_may_start_first_and_a_process_system_leads() -> None:
     port = free_port()
@@ -280,6 +282,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_mujou_worker_says_where_it_listens_is_listed_and_ends_cleanly_on_sigterm(
         tmp_path: pathlib.Path) -> None:
@@ -336,6 +339,7 @@ def test_mujou_worker_says_where_it_listens_is_listed_and_ends_cleanly_on_sigter
         assert leader.members() == {}  # it deregistered on its way out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_start_on_a_machine_that_stops_answering_fails_then_and_may_be_tried_again() -> None:
     """The coordinator hands the creation to the member the start names; if that machine

@@ -506,6 +506,7 @@ def test_the_driver_is_loaded_once_and_a_library_without_the_calls_is_no_driver(
         cuda._driver()
 
 
+@pytest.mark.slow
 def test_importing_the_module_loads_no_driver_and_initialises_no_cuda() -> None:
     code = textwrap.dedent("""
         import os, torch

@@ -76,6 +76,7 @@ def _spinning(rt: FakeRuntime) -> list[tuple[Any, ...]]:
 # -- each wait, one at a time ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)
 def test_a_cuda_send_to_cpu_readers_only_copies_to_pinned_memory_and_sleeps_on_its_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,6 +283,7 @@ def test_run_write_of_a_cuda_tensor_gives_the_node_a_clone_its_stream_is_recorde
     assert [t.tolist() for t in node.got] == [[2.0, 4.0]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)
 def test_inputs_of_a_cuda_tensor_are_recorded_on_the_node_stream_too(
         monkeypatch: pytest.MonkeyPatch) -> None:

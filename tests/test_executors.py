@@ -40,6 +40,7 @@ from tests.test_placed_random import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120 * max(1.0, SCALE))
 @settings(max_examples=_examples(40), **SETTINGS)
 @given(net=_placed_nets(), workers=st.integers(2, 4), duration_ms=st.integers(1, 30),
@@ -54,6 +55,7 @@ def test_the_lone_loop_ends_a_random_net_as_the_worker_pool_does(
     _assert_same_counts(lone_stats, pool_stats)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120 * max(1.0, SCALE))
 @settings(max_examples=_examples(25), **SETTINGS)
 @given(net=_placed_nets(), duration_ms=st.integers(1, 30), seed=st.integers(0, 2**32))
@@ -152,6 +154,7 @@ def test_host_writes_into_an_idle_triggered_net_cascade_alike_on_both_loops() ->
                     "c": [20, 21, 22]}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120 * max(1.0, SCALE))
 @settings(max_examples=_examples(15), **SETTINGS)
 @given(net=_failing_nets(), strategy=st.sampled_from(["one_for_all", "one_for_one"]),

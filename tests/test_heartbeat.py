@@ -129,6 +129,7 @@ def test_an_asymmetric_path_moves_the_offset_by_up_to_half_the_delay_the_bound_c
     assert one_way.offset_ns == 500 == one_way.uncertainty_ns
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(true=st.integers(-10**12, 10**12), forward=st.integers(0, 10**9),
        back=st.integers(0, 10**9), busy=st.integers(0, 10**9), start=st.integers(0, 10**15))
@@ -202,6 +203,7 @@ def test_a_responder_answers_with_a_round_trip_and_no_offset_on_one_machine(
     assert 40 * status.answers <= status.bytes_received <= 60 * status.answers
 
 
+@pytest.mark.slow
 def test_a_stopped_responder_is_lost_within_the_timeout_and_back_once_restarted(
         monitor: Monitor) -> None:
     monitor.watch("robot")
@@ -235,6 +237,7 @@ def test_a_member_that_never_answers_is_lost_a_timeout_after_it_is_watched(
     assert monitor.members() == {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_member_whose_process_is_killed_is_lost_within_the_timeout(monitor: Monitor) -> None:
     monitor.watch("robot")
@@ -491,6 +494,7 @@ def refused(monitor: Monitor, responder: Responder, count: int = 1) -> Callable[
                     and responder.stats().refused >= count)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 def test_the_same_secret_answers_with_a_round_trip_and_an_offset_as_plain() -> None:
     before = set(threading.enumerate())

@@ -230,6 +230,7 @@ def _many(path: pathlib.Path, n: int = 400, close: bool = True) -> list[bytes]:
     return []
 
 
+@pytest.mark.slow
 def test_a_file_cut_anywhere_reads_up_to_its_last_complete_chunk(
         tmp_path: pathlib.Path) -> None:
     full = tmp_path / "full.mcap"

@@ -412,6 +412,7 @@ def recorder() -> tuple[list[int], Callable[[torch.Tensor], torch.Tensor]]:
     return seen, fn
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(message_values())
 def test_copy_message_and_map_tensors_give_what_the_recursive_versions_gave(msg: Any) -> None:
@@ -427,6 +428,7 @@ def test_copy_message_and_map_tensors_give_what_the_recursive_versions_gave(msg:
     assert seen == old_seen == [id(t) for t in tensors_in(msg)]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(state_values())
 def test_copy_state_gives_or_refuses_what_the_recursive_version_did(state: Any) -> None:

@@ -919,6 +919,7 @@ def _cycles_of_deliveries(draw: st.DrawFn) -> tuple[tuple[int | None, ...], list
     return depths, cycles
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(case=_cycles_of_deliveries(), data=st.data())
 def test_pruning_cycle_by_cycle_later_is_pruning_at_each_cycles_end(case, data) -> None:

@@ -24,6 +24,7 @@ def test_all_lists_exactly_the_public_runtime_names() -> None:
     assert set(mujou.__all__) == public - modules - {"annotations"}
 
 
+@pytest.mark.slow
 def test_the_package_imports_its_names_when_used_and_run_stays_the_function() -> None:
     code = ("import sys, mujou_actors.distributed.actors as a, mujou_actors as m\n"
             "print('torch' in sys.modules, 'mujou_actors.run' in sys.modules)\n"
@@ -97,6 +98,7 @@ def test_every_public_name_and_method_has_a_docstring() -> None:
     assert missing == []
 
 
+@pytest.mark.slow
 def test_import_is_quick_and_initialises_no_cuda_and_no_example_dependencies() -> None:
     code = (
         "import time, sys, torch\n"
@@ -116,6 +118,7 @@ def test_import_is_quick_and_initialises_no_cuda_and_no_example_dependencies() -
     assert out[2].strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_docs_build_without_warnings(tmp_path) -> None:
     import shutil
 
@@ -139,6 +142,7 @@ def test_the_code_passes_ruff() -> None:
     assert result.returncode == 0, result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # a cold mypy cache on a loaded machine takes minutes
 def test_the_package_passes_mypy() -> None:
     # pyproject.toml's [tool.mypy] says how strict: every function typed, typed bodies checked.

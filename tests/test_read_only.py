@@ -331,6 +331,7 @@ def test_a_placed_run_whose_readers_only_read_passes_the_check() -> None:
     run.join(30)
 
 
+@pytest.mark.slow
 def test_a_placed_run_in_processes_fails_the_reader_that_changes_a_message() -> None:
     with pytest.raises(mujou.NodeError) as caught:
         mujou.run("tests.test_read_only:make_takers", placement={"taker": "b"},

@@ -3,9 +3,8 @@ command CI runs, its cost."""
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +39,29 @@ def test_ci_runs_the_exact_test_command_of_the_readme() -> None:
     assert ci[-2:] == [test_command, ". .venv/bin/activate && MUJOU_PURE=1 python -m pytest"]
 
 
-def test_the_readme_says_what_the_tests_cost_and_offers_a_quick_subset_that_exists() -> None:
-    quick = re.search(r"`(python -m pytest tests/[^`]*)`", SECTION)
+def test_the_readme_says_what_the_tests_cost_and_offers_a_quick_subset_by_marker() -> None:
+    development = README[README.index("## Development"):]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    markers = pyproject["tool"]["pytest"]["ini_options"]["markers"]
+
+    quick = [c for c in re.findall(r"`(python -m pytest[^`]*)`", SECTION + development)
+             if "not slow" in c]
 
     assert "about 10 minutes on a 2-core machine" in SECTION
-    assert quick is not None
-    files = shlex.split(quick.group(1).replace("\n", " "))[3:]
-    assert len(files) == 6 and all(os.path.isfile(ROOT / f) for f in files)
+    assert set(quick) == {'python -m pytest -m "not slow"'}
+    assert any(m.startswith("slow:") for m in markers)
+    # the quick subset's measured time and size, written next to the full command
+    assert re.search(r"\| `python -m pytest -m \"not slow\"` \| .*[\d,]+ of the [\d,]+ tests.*"
+                     r"\d+ s", development)
+
+
+def test_the_quick_subset_leaves_the_slow_modules_out_and_ci_runs_everything() -> None:
+    from tests.conftest import SLOW_MODULES
+
+    ci = (ROOT / ".ci" / "run").read_text()
+
+    assert all((ROOT / "tests" / f"{name}.py").is_file() for name in SLOW_MODULES)
+    assert not re.search(r"pytest\b[^\n]*\s-m\s", ci) and "not slow" not in ci
 
 
 def test_no_version_pin_is_said_to_select_the_cpu_build() -> None:

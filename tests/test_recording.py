@@ -285,6 +285,7 @@ def test_a_byte_bound_drops_big_messages(tmp_path: pathlib.Path) -> None:
     assert stats.recorded + stats.dropped == node.sends
 
 
+@pytest.mark.slow
 def test_when_full_wait_records_everything_in_simulated_time(tmp_path: pathlib.Path) -> None:
     node = Burst(200)
 
@@ -388,6 +389,7 @@ CRASH = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_crash_mid_run_leaves_a_readable_file(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "crash.mcap"
     script = CRASH.format(tests=str(ROOT / "tests"), path=str(path))
@@ -411,6 +413,7 @@ def test_a_run_that_records_nothing_has_no_recording_stats() -> None:
     assert not any(t.name == "mujou-recorder" for t in threading.enumerate())
 
 
+@pytest.mark.slow
 def test_mujou_run_records_with_record_and_record_port(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "cli.mcap"
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
@@ -531,6 +534,7 @@ def test_a_placed_run_records_on_the_host_what_one_process_records(
     assert info.end is not None and info.end["failure"] == ""
 
 
+@pytest.mark.slow
 def test_a_placed_run_in_processes_records_with_mujou_run(tmp_path: pathlib.Path) -> None:
     from tests.placed_support import make_net
 

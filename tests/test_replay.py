@@ -359,6 +359,7 @@ net = Pendulum()
 """
 
 
+@pytest.mark.slow
 def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
         golden: tuple[str, Pendulum], tmp_path: Any) -> None:
     path, _ = golden
@@ -379,6 +380,7 @@ def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
     assert _diff_values(again, first) is None
 
 
+@pytest.mark.slow
 def test_mujou_replay_records_view_channels_and_serves_the_foxglove_live_view(
         golden: tuple[str, Pendulum], tmp_path: Any) -> None:
     pytest.importorskip("websockets")
@@ -399,6 +401,7 @@ def test_mujou_replay_records_view_channels_and_serves_the_foxglove_live_view(
     assert "foxglove: live view at ws://127.0.0.1:" in served.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "text"), [
     (["--speed", "0"], "name the nodes the recording stands in for with --replace"),
     (["--replace", "plant", "--replace", "nothing"], "which is no node of the net"),
@@ -414,6 +417,7 @@ def test_mujou_replay_usage_errors_are_one_line_and_exit_2(
     assert text in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_mujou_replay_of_a_file_that_is_not_mcap_exits_2(tmp_path: Any) -> None:
     (tmp_path / "net.py").write_text(NET_FILE.format(root=ROOT))
     (tmp_path / "x.mcap").write_bytes(b"\x00" * 64)

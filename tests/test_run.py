@@ -780,6 +780,7 @@ run = mujou.run({"a": Busy(), "b": Busy()}, workers=2, timer="simulated")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_interpreter_exit_stops_a_run_that_was_never_joined(tmp_path) -> None:
     import subprocess
@@ -1060,6 +1061,7 @@ class _StuckUpdate(mujou.Node):
             self.release.wait(30)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)
 def test_stop_behind_a_stuck_simulated_hook_waits_stop_timeout_once() -> None:
     entered, release = threading.Event(), threading.Event()
@@ -1136,6 +1138,7 @@ def test_stop_returns_after_stop_timeout_when_on_stop_blocks_on_a_worker(workers
     assert 0.3 <= took < 0.3 + 2.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)
 def test_a_stuck_update_and_a_stuck_on_stop_take_at_most_twice_stop_timeout() -> None:
     entered, release = threading.Event(), threading.Event()
@@ -1166,6 +1169,7 @@ run = mujou.run({"a": Blocks(), "b": mujou.Node()}, workers=1, stop_timeout=0.2)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_interpreter_exit_is_not_held_by_an_on_stop_blocked_on_a_worker() -> None:
     import subprocess

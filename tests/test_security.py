@@ -269,6 +269,7 @@ def _closed_by_peers(slow: list[socket.socket], timeout: float, meanwhile: Any) 
     return len(slow) - len(open_)
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(180)
 def test_no_port_of_a_placed_run_decodes_a_strangers_pickle_or_falls_over(
@@ -344,6 +345,7 @@ def _line(stream: Any, want: str, timeout: float) -> str:
     return ""
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(240)
 def test_mujou_worker_refuses_strangers_and_a_machine_with_another_secret_is_told(
@@ -442,6 +444,7 @@ def _decode_sites() -> set[tuple[str, str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_decode_of_code_bearing_data_is_listed_with_its_authentication() -> None:
     found = _decode_sites()
     found.discard(("distributed/_frames.py", "RestrictedUnpickler", "Unpickler subclass"))
@@ -451,6 +454,7 @@ def test_every_decode_of_code_bearing_data_is_listed_with_its_authentication() -
 
 # ------------------------------------------------------------------------ the live view
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(180)
 def test_the_live_view_survives_the_probe_and_a_web_page_cannot_write_to_the_net(

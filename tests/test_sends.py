@@ -220,6 +220,7 @@ def _tagged(s: Sender, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", list(COPIED.values()), ids=list(COPIED))
 @pytest.mark.parametrize("readers", [1, 2])
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # make_dual's first call

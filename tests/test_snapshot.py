@@ -567,6 +567,7 @@ def test_inspect_file_reports_the_header_without_reading_tensor_data(
     assert info["tree"]["b"] == [1, (2, "x")]
 
 
+@pytest.mark.slow
 def test_inspect_file_refuses_a_file_with_any_one_bit_flipped(saved: pathlib.Path,
                                                                tmp_path: pathlib.Path) -> None:
     data = saved.read_bytes()
@@ -637,6 +638,7 @@ for read in (load, inspect_file):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("depth", [193, 5000])
@@ -688,6 +690,7 @@ def test_a_file_of_empty_dicts_is_refused_for_the_memory_it_would_take() -> None
         loads(forge(empty_dicts(1 << 20)))
 
 
+@pytest.mark.slow
 def test_loading_stays_within_its_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codec, "MEMORY_SLACK", 1 << 20)  # a smaller file shows the same
     structure = empty_dicts(200_000)
@@ -705,6 +708,7 @@ def test_loading_stays_within_its_memory_bound(monkeypatch: pytest.MonkeyPatch) 
     assert peak < 1.3 * budget + 3 * len(structure), (peak, budget)
 
 
+@pytest.mark.slow
 def test_a_version_2_file_of_empty_dicts_loads_within_its_bound_and_save_writes_it() -> None:
     # Version 2 counts nothing: a million empty dicts (72 bytes each per byte) are within
     # V2_MEMORY_PER_BYTE, so save writes them and load reads them, where version 1 refused.

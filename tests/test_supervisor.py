@@ -254,6 +254,7 @@ def test_a_corrupted_snapshot_file_is_a_clear_error_at_restore(tmp_path) -> None
         mujou.run({"n": Flaky()}, timer="simulated", state=path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_crashed_process_resumes_from_the_latest_file_and_loses_nothing(tmp_path) -> None:
     crashed = subprocess.run([sys.executable, "-m", "tests.crashnet", str(tmp_path), "0.55"],
@@ -287,6 +288,7 @@ print("second", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_crash_while_a_snapshot_is_written_leaves_the_previous_file(tmp_path) -> None:
     path = tmp_path / "state.mujou"

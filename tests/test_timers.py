@@ -273,6 +273,7 @@ def _fingerprint(periods, mixer_periods, edges, workers: int, seed: int) -> tupl
     return log.digest.hexdigest(), log.count
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     periods=st.lists(st.sampled_from([0.001, 0.002, 0.003, 0.005]), min_size=1, max_size=4),

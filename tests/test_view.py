@@ -244,6 +244,8 @@ def test_record_view_without_record_is_refused() -> None:
         mujou.run({"plant": Plant()}, timer="simulated", duration=0.01, record_view=True)
 
 
+# Quick all the same: the quick subset's one run placed in processes of their own, so
+# that it exercises the process machinery (distributed/system.py, actors, admin) at all.
 @pytest.mark.timeout(180)
 def test_a_placed_run_writes_the_same_views_as_one_process(tmp_path: pathlib.Path) -> None:
     from tests.placed_support import make_net

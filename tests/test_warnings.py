@@ -203,6 +203,7 @@ def test_nodes_held_where_the_walk_does_not_look_are_warned_of(caplog) -> None:
     assert rig.flat[0].out.path == "flat.0.out"
 
 
+@pytest.mark.slow
 def test_a_run_left_running_when_the_script_exits_is_warned_of(tmp_path) -> None:
     script = tmp_path / "forgot_join.py"
     script.write_text(

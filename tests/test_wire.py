@@ -70,6 +70,7 @@ def assert_items(got: list[Any], want: list[Any]) -> None:
 # Round trips
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(INT64, INT64, INT64, trees), max_size=6))
 def test_any_batch_of_messages_comes_back_bit_for_bit(batch: list[Any]) -> None:
@@ -407,6 +408,7 @@ def _receiver(address: str) -> None:
         context.term()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_shared_memory_crosses_to_a_real_process_and_its_blocks_come_back() -> None:
     import zmq
