@@ -64,7 +64,8 @@ def unwritable_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 # placed run's groups) or wait out a timeout on purpose.
 SLOW_MODULES = frozenset({
     "test_architecture", "test_benchmarks", "test_examples", "test_machines",
-    "test_peer_links", "test_processes", "test_recording_fuzz", "test_system",
+    "test_peer_links", "test_processes", "test_realtime_peers", "test_recording_fuzz",
+    "test_system",
 })
 SLOW_PREFIXES = ("test_placed",)  # test_placed.py, test_placed_parity.py, ...
 
