@@ -651,9 +651,8 @@ def _start(
         from .distributed.placed import start as start_placed
 
         machines = Machines(listen, join_limit, allow_remote, heartbeat_limit)
-        return start_placed(net, placement=placement,
-                            net_kwargs=net_kwargs, args=args, inputs=inputs, state=state,
-                            machines=machines)
+        return _attach(start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
+                                    inputs=inputs, state=state, machines=machines), args, net)
     if net_kwargs is not None:
         raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
                         "the function that builds the net); without placement, pass the net")
@@ -664,7 +663,18 @@ def _start(
     if replaying is not None:
         plan = _plan_replay(plan, args, *replaying)
     coordinator, host = _build(plan, args, seams)
-    return _begin(coordinator, host, plan, args)
+    return _attach(_begin(coordinator, host, plan, args), args, net)
+
+
+def _attach(run: Run, args: _Arguments, net: Any) -> Run:
+    """Open the started run's local endpoint (``mujou ls``, ``echo``...: attach.py).
+
+    Unless ``MUJOU_ATTACH=0``; a folder that cannot be used is only warned of.
+    """
+    from .attach import open_endpoint
+
+    open_endpoint(run, simulated=args.timer.simulated, net=net)
+    return run
 
 
 @dataclasses.dataclass(frozen=True)
