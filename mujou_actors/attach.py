@@ -465,7 +465,7 @@ class Endpoint:
                     self._send(sel, client, {"end": True, "lost": client.watch.lost(),
                                              "failure": None if failure is None
                                              else describe(failure)})
-            deadline = time.monotonic() + 1.0  # the last frames, if the clients read them
+            deadline = time.monotonic() + 2.0  # the last frames, if the clients read them
             while any(c.out for c in self._clients.values()) and time.monotonic() < deadline:
                 for key, events in sel.select(0.05):
                     if key.data is not None and events & selectors.EVENT_WRITE:

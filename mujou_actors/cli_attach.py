@@ -319,7 +319,7 @@ def _port_type(p: dict[str, Any]) -> str:
     if p["dtype"] is not None:
         text += f" {p['dtype']}"
     if p["shape"] is not None:
-        text += " [" + ", ".join("*" if d is None else str(d) for d in p["shape"]) + "]"
+        text += " [" + ", ".join("*" if dim is None else str(dim) for dim in p["shape"]) + "]"
     return text
 
 
