@@ -741,9 +741,9 @@ def open_endpoint(run: Run, *, simulated: bool, net: Any = None) -> Endpoint | N
                  "timer": "simulated" if simulated else "realtime",
                  "nodes": len(run.nodes), "groups": len(run.groups)}
         return Endpoint(run, folder, facts)
-    except (OSError, AttachError) as exc:
+    except Exception as exc:  # noqa: BLE001 - watching it is not worth failing the run
         log.warning("this run cannot be watched from another process (mujou ls, echo...): "
-                    "%s", exc)
+                    "%s", exc if isinstance(exc, AttachError) else describe(exc))
         return None
 
 

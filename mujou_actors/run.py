@@ -663,7 +663,7 @@ def _start(
     if replaying is not None:
         plan = _plan_replay(plan, args, *replaying)
     coordinator, host = _build(plan, args, seams)
-    return _attach(_begin(coordinator, host, plan, args), args, net)
+    return _begin(coordinator, host, plan, args, net)
 
 
 def _attach(run: Run, args: _Arguments, net: Any) -> Run:
@@ -966,8 +966,10 @@ def _unclaim(plan: _Plan, token: object) -> None:
     plan.give_back_paths()
 
 
-def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) -> Run:
-    """Run the start phase, then start the timer; a failure stops the run first."""
+def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments,
+           net: Any) -> Run:
+    """Run the start phase, open the endpoint, then start the timer; a failure stops the
+    run first."""
     run = LocalRun(coordinator, host, plan.ports, plan.seeds)
     try:
         # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
@@ -976,5 +978,6 @@ def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) 
     except BaseException:
         run.stop()  # on_stop for the started nodes, threads ended, nodes released
         raise
+    _attach(run, args, net)  # before the timer: what the caller does at t = 0 is not delayed
     coordinator.start_timer()
     return run
