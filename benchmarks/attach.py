@@ -23,7 +23,9 @@ seconds:
 * **watcher cpu %**: the ``mujou echo`` or ``mujou hz`` process's own CPU
   over the same window (its start-up left out).
 * **lost**: messages the watcher lost on the run's side (``Subscription``
-  drops), summed over the window; **received** (echo): messages it printed.
+  drops), summed over the window; **watcher lost**: those the watcher was
+  told it lost (the watch's own queue and the subscription's, since it began);
+  **received** (echo): messages it printed.
 
 The script imports ``mujou_actors`` from ``sys.path``: set ``PYTHONPATH`` to
 the tree to measure. It needs the examples' extras (MuJoCo).
@@ -120,12 +122,13 @@ def trial(mode: str, seconds: float, warmup: float, env: dict[str, str]) -> dict
                            text=True, env=env)
     watcher = None
     result: dict[str, Any] = {}
+    printed, said = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     try:
         pid = _line(run, "ready")["ready"]
         if mode != "none":
+            # Its output to files, read at the end: a pipe nobody reads would stop it.
             args = [sys.executable, "-m", "mujou_actors", mode, str(pid), PORT]
-            watcher = subprocess.Popen(args, stdout=subprocess.PIPE if mode == "echo"
-                                       else subprocess.DEVNULL, text=True, env=env)
+            watcher = subprocess.Popen(args, stdout=printed, stderr=said, env=env)
         _line(run, "measuring")
         w0 = None if watcher is None else sum(psutil.Process(watcher.pid).cpu_times()[:2])
         t0 = time.monotonic()
@@ -138,10 +141,19 @@ def trial(mode: str, seconds: float, warmup: float, env: dict[str, str]) -> dict
         if run.poll() is None:
             run.kill()
         if watcher is not None:
-            watcher.send_signal(signal.SIGINT)  # as Ctrl-C: it flushes what it printed
-            out, _ = watcher.communicate(timeout=_WAIT)
+            if watcher.poll() is None:
+                watcher.send_signal(signal.SIGINT)  # as Ctrl-C: it flushes what it printed
+            watcher.wait(_WAIT)
+            printed.seek(0)
+            said.seek(0)
             if mode == "echo":
-                result["received"] = out.splitlines().count("---")
+                result["received"] = printed.read().splitlines().count("---")
+            # "(N message(s) of PORT lost, M in all: ...)": the last M
+            lost = [line.split(" in all")[0].rpartition(" ")[2] for line in said
+                    if " in all" in line]
+            result["watcher_lost"] = int(lost[-1]) if lost else 0
+        printed.close()
+        said.close()
     return result
 
 
@@ -158,7 +170,8 @@ def measure(seconds: float, warmup: float, repeat: int) -> dict[str, Any]:
         med = {key: statistics.median(r[key] for r in runs)
                for key in ("send_ns", "cpu_pct", "lost", "sends")}
         if mode != "none":
-            med["watcher_cpu_pct"] = statistics.median(r["watcher_cpu_pct"] for r in runs)
+            for key in ("watcher_cpu_pct", "watcher_lost"):
+                med[key] = statistics.median(r[key] for r in runs)
         out[mode] = {**med, "samples": runs}
     base = out["none"]
     for mode in ("echo", "hz"):
@@ -192,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
            "cpus": os.cpu_count(), "port": PORT, "modes": result,
            "target": {"send_extra_ns": 1000, "cpu_extra_pct": 1.0}}
     print(f"{'mode':<6} {'send ns':>8} {'+send ns':>9} {'cpu %':>7} {'+cpu %':>7} "
-          f"{'watcher %':>10} {'lost':>6} {'sends':>7}")
+          f"{'watcher %':>10} {'lost':>6} {'w. lost':>8} {'sends':>7}")
     for mode, r in result.items():
         print(f"{mode:<6} {r['send_ns']:>8.0f} {r.get('send_extra_ns', 0.0):>9.0f} "
               f"{r['cpu_pct']:>7.2f} {r.get('cpu_extra_pct', 0.0):>7.2f} "
-              f"{r.get('watcher_cpu_pct', 0.0):>10.2f} {r['lost']:>6.0f} {r['sends']:>7.0f}")
+              f"{r.get('watcher_cpu_pct', 0.0):>10.2f} {r['lost']:>6.0f} "
+              f"{r.get('watcher_lost', 0.0):>8.0f} {r['sends']:>7.0f}")
     if args.json is not None:
         args.json.write_text(json.dumps(doc, indent=2))
     return 0
