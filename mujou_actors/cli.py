@@ -56,6 +56,7 @@ import mujou_actors as mujou
 from . import _runtime  # _runtime.BUILD: which build of the kernel runs (--version)
 from ._runtime.actor import LATENESS_SAMPLES
 from .capsule import capsule_facts
+from .cli_attach import register as register_attach
 from .errors import MujouError, RecordingError, SnapshotError, describe
 from .node import Node
 from .stats import RunStats
@@ -1648,6 +1649,11 @@ class _errors:
         click.echo(f"error: {describe(exc)}", err=True)  # a user's exception, maybe
         sys.exit(code)
 
+
+# mujou ls, nodes, ports, echo, hz, top, stats: watching a running net from another process.
+register_attach(main, lambda stats, prev, periods: [
+    _live_table(stats, _rates(prev, stats), periods),
+    *([_machines_table(stats)] if _has_members(stats) else [])])
 
 if __name__ == "__main__":  # pragma: no cover
     main()

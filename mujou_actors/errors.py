@@ -271,6 +271,17 @@ class HandshakeError(MujouError, ConnectionError):
         return (functools.partial(type(self), server=self.server), (self.address, self.reason))
 
 
+class AttachError(MujouError, OSError):
+    """A running net's local endpoint cannot be used (``mujou ls``, ``echo``, ``hz``...).
+
+    Raised by ``mujou_actors.attach``: the runtime folder is unsafe (not a
+    folder, owned by another user, open to others), no running net matches
+    the RUN given (or several do), the run has ended, or it answered with an
+    error (no such port). The message says which, in words. Not in
+    ``__all__``: the ``mujou`` commands' own.
+    """
+
+
 class StartTimeoutError(MujouError, TimeoutError):
     """Nodes had not finished ``on_start`` (or the restore) when ``start_timeout`` ran out.
 

@@ -651,9 +651,8 @@ def _start(
         from .distributed.placed import start as start_placed
 
         machines = Machines(listen, join_limit, allow_remote, heartbeat_limit)
-        return start_placed(net, placement=placement,
-                            net_kwargs=net_kwargs, args=args, inputs=inputs, state=state,
-                            machines=machines)
+        return _attach(start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
+                                    inputs=inputs, state=state, machines=machines), args, net)
     if net_kwargs is not None:
         raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
                         "the function that builds the net); without placement, pass the net")
@@ -664,7 +663,18 @@ def _start(
     if replaying is not None:
         plan = _plan_replay(plan, args, *replaying)
     coordinator, host = _build(plan, args, seams)
-    return _begin(coordinator, host, plan, args)
+    return _begin(coordinator, host, plan, args, net)
+
+
+def _attach(run: Run, args: _Arguments, net: Any) -> Run:
+    """Open the started run's local endpoint (``mujou ls``, ``echo``...: attach.py).
+
+    Unless ``MUJOU_ATTACH=0``; a folder that cannot be used is only warned of.
+    """
+    from .attach import open_endpoint
+
+    open_endpoint(run, simulated=args.timer.simulated, net=net)
+    return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -956,8 +966,10 @@ def _unclaim(plan: _Plan, token: object) -> None:
     plan.give_back_paths()
 
 
-def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) -> Run:
-    """Run the start phase, then start the timer; a failure stops the run first."""
+def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments,
+           net: Any) -> Run:
+    """Run the start phase, open the endpoint, then start the timer; a failure stops the
+    run first."""
     run = LocalRun(coordinator, host, plan.ports, plan.seeds)
     try:
         # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
@@ -966,5 +978,6 @@ def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments) 
     except BaseException:
         run.stop()  # on_stop for the started nodes, threads ended, nodes released
         raise
+    _attach(run, args, net)  # before the timer: what the caller does at t = 0 is not delayed
     coordinator.start_timer()
     return run

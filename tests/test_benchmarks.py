@@ -715,3 +715,22 @@ def test_control_measures_a_placed_runs_start_and_the_control_plane(tmp_path: Pa
     assert results["placed_start"] > results["system_start"] > 0
     assert 0 < results["ask_p50_us"] <= results["ask_p99_us"]
     assert "placed run start s" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_attach_benchmark_measures_the_main_job_unwatched_and_watched(
+        tmp_path: Path) -> None:
+    out = tmp_path / "attach.json"
+    script = str(ROOT / "benchmarks" / "attach.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "attach" and doc["quick"] is True and doc["repeat"] == 1
+    modes = doc["modes"]
+    assert list(modes) == ["none", "echo", "hz"]
+    for mode, figures in modes.items():
+        assert figures["sends"] > 100 and figures["send_ns"] > 0 and figures["cpu_pct"] > 0, mode
+    assert modes["echo"]["samples"][0]["received"] >= 1
+    assert modes["hz"]["watcher_cpu_pct"] >= 0 and "send_extra_ns" in modes["hz"]
