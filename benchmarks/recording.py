@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PeriodicReader, TimedSender  # noqa: E402

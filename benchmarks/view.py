@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 import mujou_actors as mujou
-from mujou_actors.view import Projection
+from mujou_actors.recording.view import Projection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PeriodicReader, TimedSender  # noqa: E402

@@ -1,6 +1,6 @@
 """Plot the channels of a recording (an MCAP file written by ``mujou.run(record=...)``).
 
-Reads the file with :mod:`mujou_actors.mcapfile` (no node runs, nothing in the
+Reads the file with :mod:`mujou_actors.recording.mcapfile` (no node runs, nothing in the
 file is imported or executed) and draws one panel per channel against the
 run's timer: a number is one line, a tensor one line per element (at most
 ``--max-lines``; a larger tensor is drawn by its mean, min and max). Other
@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import torch
 
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
 
 
 def _series(records: list[mcapfile.Record], max_lines: int) -> tuple[list[float], list[list[float]],

@@ -40,7 +40,7 @@ import time
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
 from mujou_actors.testing import assert_replay_matches
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

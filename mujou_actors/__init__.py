@@ -18,7 +18,6 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from . import cuda as cuda  # the public submodule mujou.cuda
     from . import testing as testing  # the public submodule mujou.testing
-    from .capsule import Capsule
     from .errors import (
         AlgebraicLoopError,
         CallbackError,
@@ -34,10 +33,11 @@ if _typing.TYPE_CHECKING:
         StopTimeoutError,
     )
     from .host import Subscription
-    from .liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
     from .node import Node
     from .ports import Input, Output, connect
-    from .recording import Recording
+    from .recording.capsule import Capsule
+    from .recording.liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
+    from .recording.recorder import Recording
     from .run import Run, run
     from .snapshot import load, save
     from .stats import (
@@ -100,10 +100,12 @@ __all__ = [
 # Each public name -> the submodule that defines it; the public submodules are themselves.
 _SUBMODULES = frozenset(("cuda", "testing"))
 _LAZY: dict[str, str] = {
-    "cuda": "cuda", "testing": "testing", "Capsule": "capsule", "Subscription": "host",
-    "FoxgloveServer": "liveview", "FoxgloveStats": "liveview", "serve_foxglove": "liveview",
+    "cuda": "cuda", "testing": "testing", "Capsule": "recording.capsule", "Subscription": "host",
+    "FoxgloveServer": "recording.liveview", "FoxgloveStats": "recording.liveview",
+    "serve_foxglove": "recording.liveview",
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
-    "Recording": "recording", "Run": "run", "run": "run", "load": "snapshot", "save": "snapshot",
+    "Recording": "recording.recorder", "Run": "run", "run": "run", "load": "snapshot",
+    "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
                      "NetError", "NodeError", "NotRunningError", "PortTypeError",
@@ -146,5 +148,10 @@ class _Package(_types.ModuleType):
 
 
 _sys.modules[__name__].__class__ = _Package
+
+# ``import mujou_actors.mcapfile`` and the other paths of modules now in recording/ (one release).
+from ._moved import install as _install_old_paths  # noqa: E402 - after the class is set
+
+_install_old_paths()
 
 __version__ = "0.1.0"

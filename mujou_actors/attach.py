@@ -63,7 +63,7 @@ import msgpack
 from .errors import AttachError, describe
 from .host import Run, Subscription
 from .ports import Input, Output, Port
-from .view import _finite, project
+from .recording.view import _finite, project
 
 __all__: list[str] = []  # nothing public: the `mujou` commands are its clients
 

@@ -19,9 +19,9 @@ Given a recording (an MCAP file, told by its magic), it prints its channels
 seeds, versions) and its attachments; ``--json`` prints either as JSON.
 
 ``mujou cat RECORDING [PORT...]`` prints a recording's messages as the
-Foxglove view shows them (`mujou_actors.recview`), ``mujou export-view
+Foxglove view shows them (`mujou_actors.recording.recview`), ``mujou export-view
 RECORDING OUT`` writes its view channels, and ``mujou view RECORDING`` serves
-it to Foxglove with playback controls (`mujou_actors.playback`); none runs a
+it to Foxglove with playback controls (`mujou_actors.recording.playback`); none runs a
 node.
 
 ``mujou worker --join LEADER_HOST:PORT --name NAME`` starts a member actor
@@ -55,10 +55,10 @@ import mujou_actors as mujou
 
 from . import _runtime  # _runtime.BUILD: which build of the kernel runs (--version)
 from ._runtime.actor import LATENESS_SAMPLES
-from .capsule import capsule_facts
 from .cli_attach import register as register_attach
 from .errors import MujouError, RecordingError, SnapshotError, describe
 from .node import Node
+from .recording.capsule import capsule_facts
 from .stats import RunStats
 from .trace import check_writable
 
@@ -659,7 +659,7 @@ def _check_foxglove(foxglove: str | None, publish: bool, origins: tuple[str, ...
         if publish or origins:
             raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
         return
-    from .liveview import parse_listen, parse_origins
+    from .recording.liveview import parse_listen, parse_origins
 
     try:
         parse_listen(foxglove, allow_remote)
@@ -1012,7 +1012,7 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
-        from .mcapfile import info as read_info
+        from .recording.mcapfile import info as read_info
 
         found = read_info(recording, allow_damaged=allow_damaged)
         if capsule_facts(found.end, recording) is not None:
@@ -1032,7 +1032,7 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         paths = parse_replace(replace)
         simulated = speed == 0
         if duration is None and not loop:
-            from .replay import recording_length
+            from .recording.replay import recording_length
 
             duration = recording_length(found) / 1e9 / (1.0 if simulated else speed)
         net: Any = load_net(target, say=say)  # a tuple of nodes too (see run_command)
@@ -1300,7 +1300,7 @@ def inspect_command(file: str, as_json: bool, allow_damaged: bool, verbose: bool
         # MCAP's magic, or a name that says MCAP: a recording (docs/recording.md), whose
         # reader names what is wrong with a file that is none.
         if head == b"\x89MCAP0\r\n" or file.lower().endswith(".mcap"):
-            from .mcapfile import info as recording_info
+            from .recording.mcapfile import info as recording_info
 
             found = recording_info(file, allow_damaged=allow_damaged)
             capsule_facts(found.end, file)  # a capsule's facts checked before a line is out
@@ -1331,7 +1331,7 @@ CAT_ELEMENTS = 16
 
 def _open_recording(file: str, allow_damaged: bool) -> Any:
     """``mcapfile.info`` of a recording named on the command line (its errors, one line)."""
-    from .mcapfile import info as recording_info
+    from .recording.mcapfile import info as recording_info
 
     if not os.path.isfile(file):
         raise UsageError(f"{file}: no such file (expected a recording, an MCAP file that "
@@ -1360,8 +1360,8 @@ def cat_command(file: str, ports: tuple[str, ...], as_json: bool, full: bool,
 
     PORT: Output paths or globs ('sim.*'); default: every recorded Output.
     """
-    from .mcapfile import Reader
-    from .recview import channel_views, select_topics
+    from .recording.mcapfile import Reader
+    from .recording.recview import channel_views, select_topics
 
     with _errors(verbose):
         found = _open_recording(file, allow_damaged)
@@ -1398,7 +1398,7 @@ def export_view_command(file: str, out: str, allow_damaged: bool, quiet: bool,
     The views are made from the recording's lossless channels, as `--record-view`
     makes them while a run records: no node runs.
     """
-    from .recview import export_view
+    from .recording.recview import export_view
 
     with _errors(verbose):
         _open_recording(file, allow_damaged)
@@ -1443,7 +1443,7 @@ def view_command(file: str, foxglove: str, foxglove_origins: tuple[str, ...],
     them), with Foxglove's play, pause, speed and seek controls, until Ctrl-C."""
     import threading
 
-    from .playback import serve_recording
+    from .recording.playback import serve_recording
 
     _setup_logging(False, verbose)
     with _errors(verbose):

@@ -32,7 +32,7 @@ array ``[dtype name, shape, offset, nbytes]``. `decode` reads it with the
 module's own parser (``version=1``); nothing writes it any more.
 
 Its users: snapshot files (``snapshot.py``: a header and checksums around a
-structure and its tensor data), recordings (``mcapfile.py``: each message
+structure and its tensor data), recordings (``recording/mcapfile.py``: each message
 record is a snapshot file's bytes) and the data plane (``distributed/wire.py``:
 a batch of port messages as one structure, `encode_batch` and `decode_batch`,
 its tensor data in frames or shared memory).

@@ -193,7 +193,7 @@ class SnapshotError(MujouError):
 class RecordingError(MujouError):
     """A recording (an MCAP file) that is not MCAP, not mujou's, or damaged.
 
-    Raised by the readers of ``mujou_actors.mcapfile``, and so by every public
+    Raised by the readers of ``mujou_actors.recording.mcapfile``, and so by every public
     way of reading a recording or a crash capsule (``mujou.run(replay=)``,
     ``reproduce_failure``, ``assert_replay_matches``, ``mujou inspect
     FILE.mcap``, ``mujou replay``), for every file that does not read: a

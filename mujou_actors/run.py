@@ -28,11 +28,9 @@ from ._runtime.loops import DEFAULT_MAX_DELTA_CYCLES, warn_loops
 from ._runtime.replay import Feed
 from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
-from .capsule import Capsule, CapsuleKeeper, as_capsule
 from .cuda import check_cuda_sync
 from .errors import NetError, NotRunningError
 from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, check_depth
-from .mcapfile import ChannelSpec
 from .net import (
     check_fit,
     check_flag,
@@ -47,7 +45,9 @@ from .net import (
 )
 from .node import Node, check_seed
 from .ports import Input, Output, Port
-from .recording import (
+from .recording.capsule import Capsule, CapsuleKeeper, as_capsule
+from .recording.mcapfile import ChannelSpec
+from .recording.recorder import (
     Recorder,
     Recording,
     as_recording,
@@ -837,7 +837,7 @@ def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | None,
     if placement is not None:
         raise ValueError("mujou.run: replay runs in one process; placement is not supported "
                          "with it")
-    from .replay import check_replace, check_speed  # it imports mcap: only for a replay
+    from .recording.replay import check_replace, check_speed  # it imports mcap: only for a replay
 
     if replace is None:
         raise TypeError("mujou.run: replay needs replace: the paths of the nodes whose "
@@ -854,8 +854,8 @@ def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
     get the recorded run's seeds. A refused replay leaves the nodes named as
     they were.
     """
-    from .replay import plan as plan_replay
-    from .replay import warn_no_duration
+    from .recording.replay import plan as plan_replay
+    from .recording.replay import warn_no_duration
 
     try:
         replay = plan_replay(path, replace, plan.found, plan.ports,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
 from mujou_actors.testing import reproduce_failure
 from tests.nets.capsule_nets import Net, make_fixed_net, make_net
 

@@ -511,7 +511,7 @@ def test_record_view_writes_view_channels_that_inspect_lists(tmp_path) -> None:
     shown = mujou_cmd("inspect", str(path))
 
     assert result.returncode == 0, result.stderr
-    from mujou_actors import mcapfile
+    from mujou_actors.recording import mcapfile
 
     info = mcapfile.info(path)
     assert [v.view_of for v in info.views] == [c.topic for c in info.channels]

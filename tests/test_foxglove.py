@@ -366,7 +366,7 @@ def test_publishing_is_refused_unless_allowed() -> None:
 
 def test_ten_thousand_bogus_advertisements_keep_a_bounded_state_and_log(
         served: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from mujou_actors import liveview
+    from mujou_actors.recording import liveview
 
     run, server, echo = served
     client = Client(server.port)
@@ -420,7 +420,7 @@ def test_a_clients_end_cancels_its_subscriptions() -> None:
 
 
 def test_clients_beyond_max_clients_get_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mujou_actors import liveview
+    from mujou_actors.recording import liveview
 
     monkeypatch.setattr(liveview, "MAX_CLIENTS", 1)
     run = mujou.run({"echo": Echo()}, timer="simulated")
@@ -478,7 +478,7 @@ def test_bad_settings_are_refused_naming_them(kwargs: dict[str, Any], error: typ
 def test_a_clients_queue_keeps_the_newest_within_its_backlog_and_bytes() -> None:
     import asyncio
 
-    from mujou_actors import liveview
+    from mujou_actors.recording import liveview
 
     loop = asyncio.new_event_loop()  # not running: a wake-up waits in its queue
     try:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
 from mujou_actors.codec import DTYPES
+from mujou_actors.recording import mcapfile
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 

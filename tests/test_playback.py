@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import mujou_actors as mujou
-from mujou_actors.playback import parse_request, serve_recording, state_frame
+from mujou_actors.recording.playback import parse_request, serve_recording, state_frame
 from tests.nets.view_nets import make_net
 
 websockets_sync = pytest.importorskip("websockets.sync.client")

@@ -56,15 +56,37 @@ def test_public_modules_list_only_public_names_in_all() -> None:
                for name in group.split(",")}
     public = set(mujou.__all__) | members | DOCUMENTED_CONSTANTS
     wrong = {}
-    for info in pkgutil.iter_modules(mujou.__path__):
-        if info.name.startswith("_"):
+    recording = importlib.import_module("mujou_actors.recording")
+    names = [f"mujou_actors.{info.name}" for info in pkgutil.iter_modules(mujou.__path__)]
+    names += [f"mujou_actors.recording.{info.name}"
+              for info in pkgutil.iter_modules(recording.__path__)]
+    for name in names:
+        if name.rsplit(".", 1)[1].startswith("_"):
             continue
-        module = importlib.import_module(f"mujou_actors.{info.name}")
+        module = importlib.import_module(name)
         extra = sorted(set(getattr(module, "__all__", ())) - public)
         if extra:
-            wrong[info.name] = extra
+            wrong[name] = extra
 
     assert wrong == {}
+
+
+def test_the_old_paths_of_the_recording_modules_import_the_moved_module_and_warn() -> None:
+    code = ("import warnings, mujou_actors.recording.mcapfile as new\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import mujou_actors.mcapfile as old\n"
+            "    from mujou_actors import playback\n"
+            "print(old is new, old.__spec__.name, playback.__name__)\n"
+            "print([(w.category.__name__, str(w.message).split(';')[0].split()[0])\n"
+            "       for w in caught])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, check=True).stdout.splitlines()
+
+    assert out == [
+        "True mujou_actors.recording.mcapfile mujou_actors.recording.playback",
+        "[('DeprecationWarning', 'mujou_actors.mcapfile'),"
+        " ('DeprecationWarning', 'mujou_actors.playback')]"]
 
 
 def test_sync_mode_error_is_one_class_under_two_names() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -604,7 +604,7 @@ def test_written_messages_are_freed_by_the_senders_within_a_bound(
     import types
     import weakref
 
-    from mujou_actors import recording
+    from mujou_actors.recording import recorder as recording
 
     spec = mcapfile.ChannelSpec("src.out", "src", "out", 0, object)
     recorder = recording.Recorder(mujou.Recording(tmp_path / "r.mcap"), [spec], {},

@@ -28,9 +28,9 @@ import zstandard
 from click.testing import CliRunner
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
-from mujou_actors.capsule import capsule_facts
 from mujou_actors.cli import main
+from mujou_actors.recording import mcapfile
+from mujou_actors.recording.capsule import capsule_facts
 from mujou_actors.snapshot import dumps
 from mujou_actors.testing import reproduce_failure
 from tests.nets.capsule_nets import make_net

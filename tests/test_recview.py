@@ -17,8 +17,8 @@ import pytest
 from mcap.reader import make_reader
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
-from mujou_actors.recview import export_view
+from mujou_actors.recording import mcapfile
+from mujou_actors.recording.recview import export_view
 from tests.nets.view_nets import make_net
 
 pytestmark = pytest.mark.timeout(120)

@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
-from mujou_actors.testing import _diff_values, assert_replay_matches
+from mujou_actors.recording import mcapfile
+from mujou_actors.recording.checks import diff_values
+from mujou_actors.testing import assert_replay_matches
 from tests.nets.replay_nets import Pendulum, Plant, loop_net
 from tests.random_nets import make_random_net, nets
 from tests.replay_support import capture, record
@@ -136,14 +137,14 @@ def test_the_diff_of_two_messages_names_the_first_difference() -> None:
     a = (1, {"v": torch.tensor([[1.0, 2.0], [3.0, 4.0]])})
     b = (1, {"v": torch.tensor([[1.0, 2.0], [3.5, 4.25]])})
 
-    assert _diff_values(a, a) is None
-    assert _diff_values(a, b) == (
+    assert diff_values(a, a) is None
+    assert diff_values(a, b) == (
         "a tensor of shape (2, 2) float32 at [1]['v']: 2 of 4 element(s) differ, max abs "
         "difference 0.5; the first at index [1, 0]: 3.0 in the recording, 3.5 in the rerun")
-    assert _diff_values(0.0, -0.0) == "0.0 in the recording, -0.0 in the rerun (difference -0.0)"
-    assert _diff_values(float("nan"), float("nan")) is None
-    assert _diff_values([1, 2], [1, 2, 3]).startswith("2 items in the recording, 3 in the rerun")
-    assert _diff_values(torch.zeros(2), torch.zeros(3)) == (
+    assert diff_values(0.0, -0.0) == "0.0 in the recording, -0.0 in the rerun (difference -0.0)"
+    assert diff_values(float("nan"), float("nan")) is None
+    assert diff_values([1, 2], [1, 2, 3]).startswith("2 items in the recording, 3 in the rerun")
+    assert diff_values(torch.zeros(2), torch.zeros(3)) == (
         "a tensor of shape (2,) float32 in the recording, (3,) float32 in the rerun")
 
 
@@ -183,7 +184,7 @@ def test_a_random_net_with_a_node_replayed_runs_as_recorded(tmp_path: Any, desc:
         with mujou.run(make_random_net(**desc), timer="simulated", duration=0.012,
                        workers=workers, replay=path, replace=[replaced]) as run:
             run.join(60)
-        assert _diff_values(_without(run.state_dict(), {replaced}), expected) is None
+        assert diff_values(_without(run.state_dict(), {replaced}), expected) is None
     if recorded_messages(path):  # an empty file is no golden file
         assert assert_replay_matches(path, make_random_net(**desc), replace=[replaced],
                                      workers=4) == recorded_messages(path)
@@ -377,7 +378,7 @@ def test_mujou_replay_runs_the_net_with_the_recording_in_place_of_a_node(
     again = [tuple(r)[:1] + tuple(r)[2:] for r in mcapfile.read(tmp_path / "again.mcap")]
     first = [tuple(r)[:1] + tuple(r)[2:] for r in mcapfile.read(path)]
     assert len(again) == len(first) == 426
-    assert _diff_values(again, first) is None
+    assert diff_values(again, first) is None
 
 
 @pytest.mark.slow

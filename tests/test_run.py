@@ -249,7 +249,7 @@ def test_subscribe_gets_every_message_in_order_off_the_workers() -> None:
 
 
 def test_subscribe_with_time_gives_each_message_its_sends_time(tmp_path) -> None:
-    from mujou_actors import mcapfile
+    from mujou_actors.recording import mcapfile
 
     net = Pipe()
     outs: list[tuple[int, int]] = []

@@ -14,9 +14,9 @@ import torch
 from mcap.reader import make_reader
 
 import mujou_actors as mujou
-from mujou_actors import mcapfile
+from mujou_actors.recording import mcapfile
+from mujou_actors.recording.view import MAX_DEPTH, MAX_ELEMENTS, Projection, from_json
 from mujou_actors.testing import assert_replay_matches
-from mujou_actors.view import MAX_DEPTH, MAX_ELEMENTS, Projection, from_json
 
 pytestmark = pytest.mark.timeout(120)
 

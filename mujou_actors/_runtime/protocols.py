@@ -85,7 +85,7 @@ class HostSide(Protocol):
 class CapsuleSide(Protocol):
     """What the coordinator asks of a run's crash capsule (`capsule.CapsuleKeeper`).
 
-    The kernel does not import capsule.py: the run attaches it to the
+    The kernel does not import recording/capsule.py: the run attaches it to the
     coordinator (`Coordinator.attach_capsule`), which hands it the
     supervisor's snapshots, a one_for_all restart's rewind and the first
     failure, and closes it at the end.
@@ -110,7 +110,7 @@ class CapsuleSide(Protocol):
 class RecorderSide(Protocol):
     """What the coordinator asks of a run's recording (`recording.Recorder`).
 
-    The kernel does not import recording.py: the run attaches its recorder to
+    The kernel does not import recording/recorder.py: the run attaches its recorder to
     the coordinator (`Coordinator.attach_recorder`), which hands it the
     supervisor's snapshots and closes it at the end.
     """

@@ -150,7 +150,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     warn_loops(found, args.max_delta_cycles)  # last, as one process warns
     recorded = None
     if args.recording is not None:
-        from ..recording import select_outputs
+        from ..recording.recorder import select_outputs
 
         recorded = select_outputs(ports, args.record_ports)
     if make_system is None:
@@ -460,8 +460,8 @@ def _record(driver: _Driver, found: list[tuple[str, Node]], ports: dict[str, Por
     driver hands them to the recorder as it routes them (`_Driver.listen_items`),
     so the file holds what one process would record.
     """
-    from ..mcapfile import ChannelSpec
-    from ..recording import Recorder, run_metadata
+    from ..recording.mcapfile import ChannelSpec
+    from ..recording.recorder import Recorder, run_metadata
 
     order = {path: i for i, (path, _) in enumerate(found)}
     channels = []

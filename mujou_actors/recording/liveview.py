@@ -5,7 +5,7 @@ WebSocket protocol (``foxglove.sdk.v1``, and the older ``foxglove.websocket.v1``
 that other clients offer) and advertises:
 
 * a channel per port, topic its path (``"sim.state"``), JSON encoding, the
-  JSON view of its messages (`mujou_actors.view`: a JSON Schema, or
+  JSON view of its messages (`mujou_actors.recording.view`: a JSON Schema, or
   ``foxglove.RawImage`` for an image port), each message at its send's time
   on the run's timer. A port's subscription (``Run.subscribe``, with time)
   exists only while a client subscribes to its channel, and is cancelled
@@ -96,14 +96,14 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from ._checks import is_int
-from .errors import describe
-from .host import Run
-from .ports import Input, Output
+from .._checks import is_int
+from ..errors import describe
+from ..host import Run
+from ..ports import Input, Output
 from .view import Projection, from_json
 
 if TYPE_CHECKING:
-    from .host import Subscription
+    from ..host import Subscription
 
 __all__ = ["FoxgloveServer", "FoxgloveStats", "serve_foxglove"]
 
@@ -990,7 +990,7 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
         NotRunningError: the run has ended.
         RuntimeError: the server could not listen (the port is taken).
     """
-    from .errors import NotRunningError
+    from ..errors import NotRunningError
 
     if not isinstance(run, Run):
         raise TypeError(f"serve_foxglove: run must be what mujou.run returned (a Run), "

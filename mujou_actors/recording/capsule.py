@@ -31,15 +31,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._checks import is_int, is_number
+from ..errors import RecordingError, describe
+from ..stats import CapsuleStats
+from ..trace import check_writable
 from . import mcapfile
-from ._checks import is_int, is_number
-from .errors import RecordingError, describe
-from .recording import message_size
-from .stats import CapsuleStats
-from .trace import check_writable
+from .recorder import message_size
 
 if TYPE_CHECKING:
-    from ._runtime.actor import Actor
+    from .._runtime.actor import Actor
 
 __all__ = ["Capsule"]
 

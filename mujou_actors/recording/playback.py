@@ -2,11 +2,11 @@
 
 ``mujou.playback.serve_recording("run.mcap")`` (``mujou view run.mcap
 --foxglove``) serves Foxglove's WebSocket protocol as the live view does
-(`mujou_actors.liveview`: the same handshake rules, loopback unless
+(`mujou_actors.recording.liveview`: the same handshake rules, loopback unless
 ``allow_remote``, the same per-client bounds), for a recording instead of a
 running net. No node runs: each lossless message is decoded by the bounded
-reader (`mujou_actors.mcapfile`) and made JSON by the projection of its
-channel (`mujou_actors.recview`), the views ``record_view`` writes. It
+reader (`mujou_actors.recording.mcapfile`) and made JSON by the projection of its
+channel (`mujou_actors.recording.recview`), the views ``record_view`` writes. It
 advertises:
 
 * a channel per recorded Output, topic its path, as the live view's;
@@ -47,8 +47,8 @@ from collections.abc import Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
+from ..errors import describe
 from . import mcapfile
-from .errors import describe
 from .liveview import (
     _CLOSE_TIMEOUT,
     _FLOW_WAIT,

@@ -37,12 +37,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import is_number
-from ._runtime.keys import CONTROL_KEY, Key
-from ._runtime.replay import Feed, Group
+from .._checks import is_number
+from .._runtime.keys import CONTROL_KEY, Key
+from .._runtime.replay import Feed, Group
+from ..node import Node
+from ..ports import Input, Output, Port
 from .mcapfile import Reader, RecordingInfo, info, type_name
-from .node import Node
-from .ports import Input, Output, Port
 
 __all__: list[str] = []
 
@@ -228,7 +228,7 @@ def _warn_other_net(file: str, recorded: Any, found: list[tuple[str, Node]],
     this catches the rest: a recording replayed into another net whose types
     happen to match (other nodes, classes, ports or connections).
     """
-    from .recording import describe_net
+    from .recorder import describe_net
 
     try:
         then: Any = json.loads(recorded) if isinstance(recorded, str) else {}

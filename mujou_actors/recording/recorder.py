@@ -42,18 +42,18 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import torch
 
+from .._checks import is_int
+from ..devices import numerics
+from ..errors import describe
+from ..stats import RecordingChannelStats, RecordingStats
+from ..trace import check_writable
 from . import mcapfile
-from ._checks import is_int
-from .devices import numerics
-from .errors import describe
-from .stats import RecordingChannelStats, RecordingStats
-from .trace import check_writable
 from .view import Projection
 
 if TYPE_CHECKING:
-    from ._runtime.actor import Actor
-    from .node import Node
-    from .ports import Port
+    from .._runtime.actor import Actor
+    from ..node import Node
+    from ..ports import Port
 
 # What users import (mujou.Recording); the rest is the run's.
 __all__ = ["Recording"]
@@ -219,7 +219,7 @@ def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) 
     Raises:
         ValueError: a pattern matches no Output; names it and lists the Outputs.
     """
-    from .ports import Output
+    from ..ports import Output
 
     outputs = [path for path, port in ports.items() if isinstance(port, Output)]
     if patterns is None:
@@ -244,7 +244,7 @@ def describe_net(found: list[tuple[str, Node]], ports: Mapping[str, Port]) -> di
         dict: ``{"nodes": [{"path", "class", "order", "ports": [{"name", "kind",
         "type"}]}], "connections": [[output path, input path], ...]}``.
     """
-    from .ports import Input, Output
+    from ..ports import Input, Output
 
     nodes = []
     connections: list[list[str]] = []

@@ -44,7 +44,7 @@ the reader also reads format 1, see below):
   channel, topic ``/view/<path>`` (`VIEW_PREFIX`), message encoding ``"json"``,
   schema encoding ``"jsonschema"`` (or Foxglove's ``foxglove.RawImage``),
   metadata ``mujou.view_of`` (`VIEW_OF`: the Output's path); each message the
-  JSON view (`mujou_actors.view`) of the lossless message written just before
+  JSON view (`mujou_actors.recording.view`) of the lossless message written just before
   it, at the same time. Readers list them apart (`RecordingInfo.views`) and
   never decode them: they are for Foxglove, not for replay.
 * **Metadata** ``"mujou.run"`` (`RUN_METADATA`, written first) and
@@ -107,9 +107,9 @@ import msgpack
 import torch
 from mcap.records import Attachment, Channel, Header, Metadata, Schema
 
-from .codec import encode, from_file, raw_bytes, tensor_ext
-from .errors import RecordingError, SnapshotError, reason
-from .snapshot import assemble, dumps, loads
+from ..codec import encode, from_file, raw_bytes, tensor_ext
+from ..errors import RecordingError, SnapshotError, reason
+from ..snapshot import assemble, dumps, loads
 
 Buffer: TypeAlias = "bytes | memoryview | ctypes.Array[ctypes.c_char]"
 
@@ -802,7 +802,7 @@ def package_version() -> str:
     Returns:
         str: the version (``"unknown"`` if the package is not imported).
     """
-    package = sys.modules.get(__package__ or "mujou_actors")
+    package = sys.modules.get((__package__ or "mujou_actors").split(".")[0])
     return str(getattr(package, "__version__", "unknown"))
 
 

@@ -1,7 +1,7 @@
 """The views of a recording's messages, made from its lossless channels alone.
 
 ``mujou cat``, ``mujou export-view`` and ``mujou view`` show a recording as
-the live view shows a run: each message made JSON by `mujou_actors.view`'s
+the live view shows a run: each message made JSON by `mujou_actors.recording.view`'s
 `Projection`. A recording names its ports' declared types as text
 (``module:qualname``) and this module never imports what a file names: a
 channel's projection is made from what the file says of it, within these
@@ -20,7 +20,7 @@ rules:
   object) with an empty schema;
 * any other type is shown as the live view shows a port typed ``object``.
 
-Reading goes through `mujou_actors.mcapfile`'s bounded reader: a file that is
+Reading goes through `mujou_actors.recording.mcapfile`'s bounded reader: a file that is
 not a recording, or is damaged, raises `mujou.RecordingError`.
 """
 
