@@ -44,10 +44,6 @@ class RealtimeTimer(Timer):
         origin = self._origin
         return 0 if origin is None else time.monotonic_ns() - origin
 
-    def seconds_until(self, due_ns: int) -> float:
-        """Seconds to sleep until ``due_ns`` (<= 0 when due)."""
-        return (due_ns - self.now_ns()) / 1e9
-
 
 class SimulatedTimer(Timer):
     """Simulated time: it stands still while work is due and jumps to the next due time.

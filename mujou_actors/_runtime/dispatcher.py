@@ -176,7 +176,6 @@ class Dispatcher:
         # A driven kernel's bound (Kernel.step): no work after this key starts.
         self._bound: Key | None = None
         self._paused = False  # the bound is reached: nothing in flight, the rest waits
-        self.stepped = False  # run_until was called
         self._cond = threading.Condition(threading.Lock())
         self._dedicated = [a for a in actors if a.dedicated]
         self._calendar = Calendar(self._dedicated)
@@ -300,7 +299,6 @@ class Dispatcher:
         with self._cond:
             self._bound = bound
             self._paused = False
-            self.stepped = True
             self._cond.notify_all()
             while not self._paused and self._mode is RUNNING:
                 left = deadline - time.monotonic()

@@ -689,7 +689,6 @@ class Importer:
         # (export id, done event, the opened tensor) per copy not known done
         self._pending: list[tuple[int, Any, torch.Tensor | None]] = []
         self._released: list[int] = []
-        self.imported = 0
 
     def take(self, tensors: list[torch.Tensor], rows: dict[int, list[Any]]) -> dict[int, Any]:
         """Opens each descriptor's tensor: {id of the placeholder: the received tensor}.
@@ -735,7 +734,6 @@ class Importer:
                 raise WireError(f"tensor {index}: its CUDA IPC handle does not open "
                                 f"({reason(e)}): its producer is gone?") from None
             self._pending.append((eid, rt.done_event(stream), source))
-            self.imported += 1
             out[id(placeholder)] = rt.to_cpu(stream, mine) if self.to_host else mine
         return out
 
@@ -791,7 +789,6 @@ class Relay:
     def __init__(self) -> None:
         self._released: list[int] = []
         self._lock = threading.Lock()  # weakref callbacks run where the last reference goes
-        self.relayed = 0
 
     def take(self, tensors: list[torch.Tensor], rows: dict[int, list[Any]]) -> dict[int, Any]:
         """Tags each shared tensor's placeholder with its descriptor, to be forwarded.
@@ -809,7 +806,6 @@ class Relay:
             lease = _Lease(row, self)
             placeholder._mujou_shared = lease  # type: ignore[attr-defined]
             weakref.finalize(placeholder, lease.drop)
-            self.relayed += 1
         return {}
 
     def released(self, eid: int) -> None:

@@ -528,8 +528,6 @@ class GroupServer:
         self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
         self._peers_rt: peers.RealTimePeers | None = None  # real time, while open
         self._peers_stale = False  # real time: reset for a restore; the links are given up
-        self._sent_msgs = self._recv_msgs = 0
-        self._sent_bytes = self._recv_bytes = 0
         key = load_secret() if secure else None
         self._link = dataplane.GroupLink(address, self.routes, pools, key,
                                          cudaipc.TorchIpc() if self._cuda_ipc else None)

@@ -164,7 +164,6 @@ class PlaybackServer:
         self._ended = False
         self._speed = speed
         self._seek: int | None = None
-        self._seek_id: str | None = None
         self._position = self.start_ns
         self._closing = False
         self._closed = False
@@ -316,10 +315,9 @@ class PlaybackServer:
             self._playing = play
             if seek is not None:
                 self._seek = min(max(seek, self.start_ns), self.end_ns)
-                self._seek_id = request_id
                 self._position = self._seek
             elif play and self._ended:  # play at the end: from the start again
-                self._seek, self._seek_id = self.start_ns, request_id
+                self._seek = self.start_ns
             self._cond.notify_all()
             frame = state_frame(self._status() if seek is None else
                                 (PLAYING if play else PAUSED), self._position, self._speed,

@@ -41,7 +41,7 @@ from .._checks import is_number
 from .._runtime.keys import CONTROL_KEY, Key
 from .._runtime.replay import Feed, Group
 from ..node import Node
-from ..ports import Input, Output, Port
+from ..ports import Output, Port
 from .mcapfile import Reader, RecordingInfo, info, type_name
 
 __all__: list[str] = []
@@ -300,12 +300,6 @@ def _check_spec(file: str, output: Output, shape: list[int | None] | None,
 def _outputs(node: Node) -> list[Output]:
     """The node's own Outputs (not its children's), in the order it declares them."""
     return [p for p in node._mujou_ports().values() if isinstance(p, Output)]
-
-
-def replaced_inputs(found: list[tuple[str, Node]], replace: list[str]) -> list[Input]:
-    """The Inputs of the replaced nodes (they take messages in; nothing of them runs)."""
-    return [p for path, node in found if _subtree(path, replace)
-            for p in node._mujou_ports().values() if isinstance(p, Input)]
 
 
 class FileFeed(Feed):
