@@ -788,13 +788,15 @@ class RunEntry:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process of a facts file still runs (a zombie does not: it serves nothing)."""
+    import psutil  # only a client lists runs; a run that opens its endpoint never needs it
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:  # someone else's process: it exists
         return True
-    return True
 
 
 def _listens(path: str) -> bool:
