@@ -63,10 +63,9 @@ UNBOUNDED_WAITS = {
     ("_runtime/actor.py", "lock.acquire()"), ("_runtime/dispatcher.py", "self._cond.acquire()"),
     # the live view's asyncio tasks: a client's writer waits for messages (cancelled at
     # the client's end); the loop waits for its end (the run's end or close() sets it)
-    ("recording/liveview.py", "client.wake.wait()"), ("recording/liveview.py", "self._stop.wait()"),
+    ("recording/wsserver.py", "client.wake.wait()"), ("recording/wsserver.py", "self._stop.wait()"),
     # a recording's view, likewise (close() sets its end); its player waits for a
     # control (play, seek) or close(), each of which notifies the condition
-    ("recording/playback.py", "client.wake.wait()"), ("recording/playback.py", "self._stop.wait()"),
     ("recording/playback.py", "cond.wait()"),
 }
 

@@ -366,7 +366,7 @@ def test_publishing_is_refused_unless_allowed() -> None:
 
 def test_ten_thousand_bogus_advertisements_keep_a_bounded_state_and_log(
         served: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from mujou_actors.recording import liveview
+    from mujou_actors.recording import wsserver
 
     run, server, echo = served
     client = Client(server.port)
@@ -389,13 +389,13 @@ def test_ten_thousand_bogus_advertisements_keep_a_bounded_state_and_log(
         _until(lambda: server.stats().clients == 0, "the client's end")
         after = server.stats()
 
-    assert during.client_channels == liveview.MAX_CLIENT_CHANNELS == 64
+    assert during.client_channels == wsserver.MAX_CLIENT_CHANNELS == 64
     assert during.advertisements_refused == 10_000 - 64
     assert (during.published, during.publishes_dropped) == (1, 1)
-    assert lines_during == liveview.WARNINGS_PER_CLIENT
+    assert lines_during == wsserver.WARNINGS_PER_CLIENT
     lines = _foxglove_lines(caplog)
-    assert len(lines) == liveview.WARNINGS_PER_CLIENT + 1  # and one line at the client's end
-    assert lines[-1].endswith(f"{100 + 1 - liveview.WARNINGS_PER_CLIENT} more warnings not logged")
+    assert len(lines) == wsserver.WARNINGS_PER_CLIENT + 1  # and one line at the client's end
+    assert lines[-1].endswith(f"{100 + 1 - wsserver.WARNINGS_PER_CLIENT} more warnings not logged")
     assert (after.clients, after.client_channels) == (0, 0)
     _until(lambda: echo.got == [1.5], "the one kept channel's message")
 
@@ -478,15 +478,15 @@ def test_bad_settings_are_refused_naming_them(kwargs: dict[str, Any], error: typ
 def test_a_clients_queue_keeps_the_newest_within_its_backlog_and_bytes() -> None:
     import asyncio
 
-    from mujou_actors.recording import liveview
+    from mujou_actors.recording import wsserver
 
     loop = asyncio.new_event_loop()  # not running: a wake-up waits in its queue
     try:
-        client = liveview._Client(1, None, None, loop)
-        for i in range(liveview.BACKLOG + 6):
+        client = wsserver.Client(1, None, None, loop)
+        for i in range(wsserver.BACKLOG + 6):
             client.push(b"h", str(i).encode())
         kept = client.take()
-        big = b"x" * (liveview.BACKLOG_BYTES * 5 // 16)  # three fit, not four
+        big = b"x" * (wsserver.BACKLOG_BYTES * 5 // 16)  # three fit, not four
         for _ in range(4):
             client.push(b"h", big)
         kept_big = client.take()
@@ -494,7 +494,7 @@ def test_a_clients_queue_keeps_the_newest_within_its_backlog_and_bytes() -> None
         loop.close()
 
     assert client.dropped == 6 + 1
-    assert len(kept) == liveview.BACKLOG and kept[0] == (b"h", b"6")
+    assert len(kept) == wsserver.BACKLOG and kept[0] == (b"h", b"6")
     assert len(kept_big) == 3
 
 

@@ -50,7 +50,7 @@ advertisements): more parts than the protocol subset a view needs (server
 info, advertise, subscribe, message data, time, connection graph, client
 advertise and publish, status). ``websockets`` does the HTTP handshake, the
 ``Origin`` header, the reading, pings and closing; the data messages that
-gathered in up to `_LINGER` are written as whole binary frames in one write
+gathered in up to `LINGER` are written as whole binary frames in one write
 to the connection's transport (``websockets``' ``send`` would make a system
 call and take some 18 us of the GIL per message), so that the loop thread
 takes little of the GIL from the net. That write is below ``websockets``' API
@@ -81,16 +81,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
-import itertools
 import json
 import logging
-import re
-import socket
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -101,6 +95,23 @@ from ..errors import describe
 from ..host import Run
 from ..ports import Input, Output
 from .view import Projection, from_json
+from .wsserver import (
+    CLIENT_DATA,
+    DEFAULT_PORT,
+    GRAPH_TOPIC,
+    JOIN,
+    MAX_CLIENT_CHANNELS,
+    MAX_CLIENTS,
+    MESSAGE,
+    REFUSAL_LOG_EVERY,
+    TIME,
+    TIME_EVERY,
+    Client,
+    SocketServer,
+    normal_origin,
+    parse_listen,
+    parse_origins,
+)
 
 if TYPE_CHECKING:
     from ..host import Subscription
@@ -109,57 +120,6 @@ __all__ = ["FoxgloveServer", "FoxgloveStats", "serve_foxglove"]
 
 log = logging.getLogger("mujou_actors")
 
-DEFAULT_PORT = 8765
-"""The port ``mujou run --foxglove`` listens on without one (Foxglove's default)."""
-
-DEFAULT_ORIGINS: tuple[str | None, ...] = (None, "https://app.foxglove.dev", "file://")
-"""The ``Origin`` headers allowed without ``origins=``: none (a native client),
-Foxglove's web app, and a local file as Chromium before 92 (and the Electron apps
-made with it) names one. Not ``null``: newer browsers name a local file so, but
-also a sandboxed frame of any page."""
-
-SUBPROTOCOLS = ("foxglove.sdk.v1", "foxglove.websocket.v1")
-"""The WebSocket subprotocols served (Foxglove's protocol, its two names)."""
-
-TIME_EVERY = 0.2
-"""Wall seconds between two broadcasts of the run's time."""
-
-GRAPH_TOPIC = "/mujou/graph"
-"""The topic of the net's graph (nodes, ports, connections)."""
-
-MAX_CLIENTS = 16
-"""The most clients connected at once; a further handshake gets HTTP 503."""
-
-MAX_CLIENT_CHANNELS = 64
-"""The most channels one client may advertise (to publish on) at once."""
-
-WARNINGS_PER_CLIENT = 10
-"""The warnings logged about one client; the rest are counted, one line at its end."""
-
-BACKLOG = 1024
-"""The most messages queued for one client; beyond, the oldest are dropped (counted)."""
-
-BACKLOG_BYTES = 16 << 20
-"""The most bytes queued for one client; beyond, the oldest messages are dropped."""
-
-MAX_MESSAGE = 4 << 20
-"""The largest message a client may send (bytes); a larger one closes its connection."""
-
-REFUSAL_LOG_EVERY = 10.0
-"""Wall seconds between two log lines about refused handshakes (the rest counted)."""
-
-_JOIN = 3.0  # wall seconds close() waits for the mujou-foxglove thread
-_CLOSE_TIMEOUT = 1.0  # wall seconds a client has to answer the closing handshake
-_WRITE_LIMIT = 1 << 20  # bytes in a socket's buffer beyond which a client's messages wait
-_FLOW_WAIT = 0.01  # wall seconds between two looks at a full socket buffer
-# Wall seconds a client's writer, woken by a message, lets more gather before it writes: at
-# most 1/_LINGER wake-ups a second take the GIL from the net, whatever the rate (a view
-# refreshes at 60 Hz at most).
-_LINGER = 0.005
-_MESSAGE = struct.Struct("<BIQ")  # message data: opcode 1, subscription id, time (ns)
-_TIME = struct.Struct("<BQ")  # time: opcode 2, time (ns)
-_CLIENT_DATA = struct.Struct("<BI")  # a client's message data: opcode 1, channel id
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 _GRAPH_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "mujou.Graph",
@@ -173,95 +133,6 @@ _GRAPH_SCHEMA = {
                                                    "items": {"type": "string"}}},
     },
 }
-
-
-def _websockets() -> Any:
-    """The ``websockets`` package's asyncio server, or an ImportError that says what to install."""
-    try:
-        import websockets.asyncio.server as server
-    except ImportError as exc:
-        raise ImportError("the live Foxglove view needs the websockets package (>=14): "
-                          "pip install 'mujou_actors[view]'") from exc
-    return server
-
-
-def parse_listen(listen: int | str, allow_remote: bool) -> tuple[str, int]:
-    """Where the server listens: ``PORT``, ``":PORT"`` or ``"HOST:PORT"``.
-
-    Args:
-        listen (int | str): the port (on 127.0.0.1), or an address; port 0
-            takes a free port.
-        allow_remote (bool): allow a host that is not loopback.
-
-    Returns:
-        tuple[str, int]: the host and the port.
-
-    Raises:
-        ValueError: a bad address, or a host off loopback without ``allow_remote``.
-        TypeError: ``listen`` is neither an int nor a str.
-    """
-    if is_int(listen):
-        host, port_text = "127.0.0.1", str(listen)
-    elif not isinstance(listen, str):
-        raise TypeError(f"serve_foxglove: listen must be a port (int) or 'HOST:PORT', "
-                        f"got {listen!r}")
-    else:
-        host, colon, port_text = listen.strip().rpartition(":")
-        if not colon:
-            host, port_text = "", listen.strip()
-        host = host.strip("[]") or "127.0.0.1"
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"serve_foxglove: {listen!r} is no port or HOST:PORT "
-                         "(a port 0 to 65535)")
-    if not allow_remote and not _is_loopback(host):
-        raise ValueError(f"serve_foxglove: {host!r} is not a loopback address; the view "
-                         "exposes every port's messages (and, with allow_publish, lets a "
-                         "client write to every Input): pass allow_remote=True "
-                         "(--allow-remote) on a trusted network only")
-    return host, int(port_text)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name or "0.0.0.0"'s like: maybe not loopback
-        return False
-
-
-def parse_origins(origins: Iterable[str]) -> frozenset[str | None]:
-    """The ``Origin`` headers allowed: `DEFAULT_ORIGINS` and ``origins``.
-
-    Args:
-        origins (Iterable[str]): more origins, each ``"SCHEME://HOST[:PORT]"``
-            (``"http://localhost:8080"``), ``"file://"`` or ``"null"``.
-
-    Returns:
-        frozenset: the allowed values, lower case (``None``: no header).
-
-    Raises:
-        TypeError: ``origins`` is a str, or holds something else than str.
-        ValueError: an origin with a path, or without a scheme.
-    """
-    if isinstance(origins, str | bytes):
-        raise TypeError(f"serve_foxglove: origins must be a list of origins, got {origins!r}")
-    allowed: set[str | None] = set(DEFAULT_ORIGINS)
-    for origin in origins:
-        if not isinstance(origin, str):
-            raise TypeError(f"serve_foxglove: origins must hold str, got {origin!r}")
-        text = _normal(origin)
-        if text not in ("null", "file://") and not _ORIGIN.fullmatch(text):
-            raise ValueError(f"serve_foxglove: {origin!r} is no origin: write "
-                             "SCHEME://HOST[:PORT] (as 'https://app.foxglove.dev'), "
-                             "'file://' or 'null'")
-        allowed.add(text)
-    return frozenset(allowed)
-
-
-def _normal(origin: str) -> str:
-    text = origin.strip().lower()
-    return text[:-1] if text.endswith("/") and not text.endswith("://") else text
 
 
 def graph_of(run: Run) -> dict[str, Any]:
@@ -296,15 +167,6 @@ def _type_name(cls: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}" if isinstance(cls, type) else str(cls)
 
 
-def _frame_header(n: int) -> bytes:
-    """The header of an unfragmented, unmasked binary WebSocket frame of ``n`` bytes."""
-    if n < 126:
-        return bytes((0x82, n))
-    if n < 1 << 16:
-        return struct.pack("!BBH", 0x82, 126, n)
-    return struct.pack("!BBQ", 0x82, 127, n)
-
-
 @dataclasses.dataclass(frozen=True)
 class FoxgloveStats:
     """What a live view has done so far (`FoxgloveServer.stats`).
@@ -337,73 +199,7 @@ class FoxgloveStats:
     dropped: int
 
 
-class _Client:
-    """One connection: what it subscribed and advertised, its queue, its warnings."""
-
-    def __init__(self, number: int, ws: Any, origin: str | None,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.number, self.ws, self.origin, self.loop = number, ws, origin, loop
-        self.subs: dict[int, str] = {}  # subscription id -> topic
-        self.topics: dict[str, int] = {}  # topic -> subscription id
-        self.channels: dict[int, Input] = {}  # advertised channel id -> Input
-        self.warnings = 0  # logged
-        self.unlogged = 0  # not logged: beyond WARNINGS_PER_CLIENT
-        self.dropped = 0
-        self.wake = asyncio.Event()
-        self._lock = threading.Lock()  # the queue: filled on mujou-host, emptied on the loop
-        self._queue: deque[tuple[bytes, bytes]] = deque()
-        self._bytes = 0
-        self._woken = False
-
-    def push(self, head: bytes, data: bytes) -> None:
-        """Queue a binary message (any thread); wake the writer if it sleeps.
-
-        Raises:
-            RuntimeError: the server's loop has ended.
-        """
-        with self._lock:
-            self._queue.append((head, data))
-            self._bytes += len(head) + len(data)
-            while len(self._queue) > BACKLOG or (self._bytes > BACKLOG_BYTES
-                                                 and len(self._queue) > 1):
-                old_head, old_data = self._queue.popleft()
-                self._bytes -= len(old_head) + len(old_data)
-                self.dropped += 1
-            if self._woken:
-                return
-            self._woken = True
-        self.loop.call_soon_threadsafe(self.wake.set)
-
-    def take(self) -> deque[tuple[bytes, bytes]]:
-        """Everything queued (on the loop), the queue left empty."""
-        with self._lock:
-            queue, self._queue = self._queue, deque()
-            self._bytes, self._woken = 0, False
-        return queue
-
-    def warn(self, text: str) -> bool:
-        """Log a warning about this client, unless it had its share; True if logged."""
-        if self.warnings >= WARNINGS_PER_CLIENT:
-            self.unlogged += 1
-            return False
-        self.warnings += 1
-        log.warning("foxglove: client %d (origin %s): %s", self.number,
-                    self.origin or "none", text)
-        return True
-
-
-class _WarningsOnly(logging.LoggerAdapter):
-    """The ``websockets`` package's log, its warnings and errors only, on mujou_actors's.
-
-    It says "connection open" and "rejected" at INFO for every handshake; the
-    server counts those itself.
-    """
-
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
-        return level >= logging.WARNING and self.logger.isEnabledFor(level)
-
-
-class FoxgloveServer:
+class FoxgloveServer(SocketServer):
     """A live Foxglove WebSocket view of one run; made by `serve_foxglove`.
 
     Use it as a context manager, or call `close`; it also closes itself when
@@ -412,11 +208,6 @@ class FoxgloveServer:
 
     def __init__(self, run: Run, host: str, port: int, name: str, *,
                  allow_publish: bool, origins: frozenset[str | None]) -> None:
-        self._ws_server = _websockets()
-        from websockets.exceptions import ConnectionClosed
-        from websockets.protocol import State
-
-        self._open, self._connection_closed = State.OPEN, ConnectionClosed
         self._run = run
         self._allow_publish = allow_publish
         self._origins = origins
@@ -427,12 +218,9 @@ class FoxgloveServer:
         self._subs: dict[str, Subscription] = {}
         # topic -> (client, subscription id) of each subscriber: replaced, never changed
         # in place, so that mujou-host reads it without a lock.
-        self._targets: dict[str, tuple[tuple[_Client, int], ...]] = {}
-        self._clients: dict[int, _Client] = {}
-        self._numbers = itertools.count(1)
+        self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
         self._warned: set[str] = set()
         self._closing = False
-        self._closed = False
         self._counts = dict.fromkeys(["published", "refused", "publishes_dropped",
                                       "advertisements_refused", "handshakes_refused",
                                       "dropped"], 0)
@@ -447,15 +235,8 @@ class FoxgloveServer:
                      "advertise": self._advertised, "unadvertise": self._unadvertised,
                      "subscribeConnectionGraph": self._graph_subscribe,
                      "unsubscribeConnectionGraph": self._graph_unsubscribe}
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self._sock = socket.create_server((host, port), family=family)
-        except OSError as exc:
-            raise RuntimeError(f"serve_foxglove: cannot listen on {host}:{port} "
-                               f"({describe(exc)})") from exc
-        self._address: tuple[str, int] = self._sock.getsockname()[:2]
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
+        # Last: nothing above may leave a socket open.
+        super().__init__(host, port, "serve_foxglove")
         # The run's calls that may wait (a placed run's subscribe and write wait for the
         # round in progress on its driver's thread) run here, not on the loop: a long
         # round then holds up the client that asked, not every client's messages, the
@@ -464,21 +245,6 @@ class FoxgloveServer:
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="mujou-foxglove-calls")
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
         self._thread.start()
-
-    @property
-    def port(self) -> int:
-        """int: the port the server listens on (the one taken, for port 0)."""
-        return self._address[1]
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """tuple[str, int]: the address the server listens on, ``(host, port)``."""
-        return self._address
-
-    @property
-    def closed(self) -> bool:
-        """bool: True once the server is stopped."""
-        return self._closed
 
     @property
     def published(self) -> int:
@@ -574,23 +340,12 @@ class FoxgloveServer:
             self._loop.close()
             self._closed = True
 
-    async def _main(self) -> None:
-        server = self._ws_server.serve(
-            self._handle, sock=self._sock, subprotocols=list(SUBPROTOCOLS),
-            process_request=self._check_handshake, compression=None, max_size=MAX_MESSAGE,
-            close_timeout=_CLOSE_TIMEOUT, server_header="mujou_actors",
-            logger=_WarningsOnly(log, {}))
-        async with server:
-            ticker = asyncio.ensure_future(self._tick())
-            await self._stop.wait()
-            ticker.cancel()
-
     async def _tick(self) -> None:
         """The run's time to every client every `TIME_EVERY` s; the end when the run ends."""
         run = self._run
         while True:
             await asyncio.sleep(TIME_EVERY)
-            frame = _TIME.pack(2, max(run.time_ns, 0))
+            frame = TIME.pack(2, max(run.time_ns, 0))
             for client in list(self._clients.values()):
                 client.push(frame, b"")
             if not run.running:
@@ -600,7 +355,7 @@ class FoxgloveServer:
     def _check_handshake(self, connection: Any, request: Any) -> Any:
         """Refuse an ``Origin`` not allowed (403) and a client too many (503)."""
         origins = request.headers.get_all("Origin")
-        origin = _normal(origins[0]) if len(origins) == 1 else None
+        origin = normal_origin(origins[0]) if len(origins) == 1 else None
         if len(origins) > 1 or origin not in self._origins:
             self._refused_handshake(", ".join(origins)[:128])
             return connection.respond(HTTPStatus.FORBIDDEN, "This Origin may not connect "
@@ -636,7 +391,7 @@ class FoxgloveServer:
     async def _handle(self, ws: Any) -> None:
         """One client, from its handshake to its end."""
         origin = ws.request.headers.get("Origin")
-        client = _Client(next(self._numbers), ws, origin, self._loop)
+        client = Client(next(self._numbers), ws, origin, self._loop)
         writer = None
         try:
             await ws.send(self._server_info)  # first, as the protocol says
@@ -657,27 +412,7 @@ class FoxgloveServer:
                     await writer
             self._forget(client)
 
-    async def _write(self, client: _Client) -> None:
-        """Write what is queued for a client, many whole frames per socket write."""
-        ws = client.ws
-        transport = ws.transport
-        while True:
-            await client.wake.wait()
-            await asyncio.sleep(_LINGER)
-            client.wake.clear()
-            # A client that reads slower than its messages come: let them gather
-            # (the oldest dropped beyond BACKLOG) rather than fill the socket's buffer.
-            while transport.get_write_buffer_size() > _WRITE_LIMIT and ws.state is self._open:
-                await asyncio.sleep(_FLOW_WAIT)
-            queue = client.take()
-            if ws.state is not self._open:
-                return
-            parts: list[bytes] = []
-            for head, data in queue:
-                parts += (_frame_header(len(head) + len(data)), head, data)
-            transport.writelines(parts)
-
-    def _forget(self, client: _Client) -> None:
+    def _forget(self, client: Client) -> None:
         """A client's end: its unlogged warnings said; its subscriptions, channels and queue go.
 
         The warnings first: whoever sees the client gone from `stats` (a test, a
@@ -694,7 +429,7 @@ class FoxgloveServer:
         client.take()
 
     # -- a client's requests --------------------------------------------------------------
-    async def _on_text(self, client: _Client, text: str) -> None:
+    async def _on_text(self, client: Client, text: str) -> None:
         try:
             op = json.loads(text)
         except ValueError:
@@ -712,12 +447,7 @@ class FoxgloveServer:
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             await self._error(client, f"a bad {kind}: {describe(exc)}"[:512])
 
-    async def _error(self, client: _Client, text: str) -> None:
-        """Tell a client (a status message) and the log, within the client's share."""
-        if client.warn(text):
-            await client.ws.send(json.dumps({"op": "status", "level": 2, "message": text}))
-
-    async def _subscribe(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _subscribe(self, client: Client, op: dict[str, Any]) -> None:
         bad = []
         for item in op["subscriptions"]:
             sub, channel = _uint(item, "id"), _uint(item, "channelId")
@@ -728,7 +458,7 @@ class FoxgloveServer:
             client.subs[sub], client.topics[topic] = topic, sub
             if topic == GRAPH_TOPIC:
                 data = json.dumps(graph_of(self._run), allow_nan=False).encode()
-                client.push(_MESSAGE.pack(1, sub, max(self._run.time_ns, 0)), data)
+                client.push(MESSAGE.pack(1, sub, max(self._run.time_ns, 0)), data)
             else:
                 self._targets[topic] = (*self._targets.get(topic, ()), (client, sub))
                 await self._call(self._watch, topic)
@@ -736,19 +466,19 @@ class FoxgloveServer:
             await self._error(client, f"subscriptions refused (an unknown channel, or a "
                                       f"subscription id or channel taken): channels {bad[:8]}")
 
-    async def _unsubscribe(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _unsubscribe(self, client: Client, op: dict[str, Any]) -> None:
         for sub in op["subscriptionIds"]:
             topic = client.subs.get(sub)
             if topic is not None:
                 self._leave(client, topic)
 
-    async def _graph_subscribe(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _graph_subscribe(self, client: Client, op: dict[str, Any]) -> None:
         await client.ws.send(self._connection_graph)  # the graph never changes
 
-    async def _graph_unsubscribe(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _graph_unsubscribe(self, client: Client, op: dict[str, Any]) -> None:
         """Nothing to do: no update follows the first."""
 
-    async def _advertised(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _advertised(self, client: Client, op: dict[str, Any]) -> None:
         channels = op["channels"]
         if not isinstance(channels, list):
             raise TypeError("channels must be a list")
@@ -779,13 +509,13 @@ class FoxgloveServer:
                                       f"{'; ...' if len(refused) > 3 else ''}); the Inputs: "
                                       f"{', '.join(inputs[:16]) or 'none'}")
 
-    async def _unadvertised(self, client: _Client, op: dict[str, Any]) -> None:
+    async def _unadvertised(self, client: Client, op: dict[str, Any]) -> None:
         for channel in op["channelIds"]:
             client.channels.pop(channel, None)
 
-    async def _on_binary(self, client: _Client, data: bytes) -> None:
+    async def _on_binary(self, client: Client, data: bytes) -> None:
         """A client's message data: ``run.write`` to its Input, or refused and counted."""
-        if len(data) < _CLIENT_DATA.size or data[0] != 1:
+        if len(data) < CLIENT_DATA.size or data[0] != 1:
             await self._error(client, "an unsupported binary message")
             return
         if not self._allow_publish:
@@ -794,7 +524,7 @@ class FoxgloveServer:
                                       "off (serve_foxglove(allow_publish=True), "
                                       "--foxglove-publish)")
             return
-        channel = _CLIENT_DATA.unpack_from(data)[1]
+        channel = CLIENT_DATA.unpack_from(data)[1]
         port = client.channels.get(channel)
         if port is None:
             self._counts["publishes_dropped"] += 1
@@ -802,7 +532,7 @@ class FoxgloveServer:
                                       "advertise: dropped")
             return
         try:
-            value = from_json(json.loads(data[_CLIENT_DATA.size:]), port.type, port.shape,
+            value = from_json(json.loads(data[CLIENT_DATA.size:]), port.type, port.shape,
                               port.dtype)
             await self._call(self._run.write, port, value)
         except Exception as exc:  # noqa: BLE001 - a client's bad message never stops anything
@@ -844,7 +574,7 @@ class FoxgloveServer:
         if not keep:
             sub.cancel()
 
-    def _leave(self, client: _Client, topic: str) -> None:
+    def _leave(self, client: Client, topic: str) -> None:
         """A client stops watching a port: cancel its subscription if it was the last."""
         sub_id = client.topics.pop(topic)
         client.subs.pop(sub_id, None)
@@ -883,7 +613,7 @@ class FoxgloveServer:
                 return
             try:
                 for client, sub in watchers:
-                    client.push(_MESSAGE.pack(1, sub, t), data)
+                    client.push(MESSAGE.pack(1, sub, t), data)
             except RuntimeError:  # the server's loop has ended: nobody to send to
                 return
 
@@ -913,7 +643,7 @@ class FoxgloveServer:
         except RuntimeError:  # the loop has ended already
             pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(_JOIN)
+            self._thread.join(JOIN)
 
     def __enter__(self) -> FoxgloveServer:
         return self

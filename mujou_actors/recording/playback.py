@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
 import os
-import socket
 import struct
 import threading
 import time
@@ -49,28 +47,20 @@ from typing import Any
 
 from ..errors import describe
 from . import mcapfile
-from .liveview import (
-    _CLOSE_TIMEOUT,
-    _FLOW_WAIT,
-    _LINGER,
-    _MESSAGE,
-    _TIME,
-    _WRITE_LIMIT,
+from .recview import ChannelView, channel_views
+from .wsserver import (
     DEFAULT_PORT,
     GRAPH_TOPIC,
     MAX_CLIENTS,
-    MAX_MESSAGE,
-    SUBPROTOCOLS,
+    MESSAGE,
+    TIME,
     TIME_EVERY,
-    _Client,
-    _frame_header,
-    _normal,
-    _WarningsOnly,
-    _websockets,
+    Client,
+    SocketServer,
+    normal_origin,
     parse_listen,
     parse_origins,
 )
-from .recview import ChannelView, channel_views
 
 __all__ = ["PlaybackServer", "serve_recording"]
 
@@ -135,7 +125,7 @@ def parse_request(data: bytes) -> tuple[bool, float, int | None, str]:
     return command == 0, speed, seek if had_seek else None, data[_REQUEST.size:].decode()
 
 
-class PlaybackServer:
+class PlaybackServer(SocketServer):
     """A recording served to Foxglove with playback controls; made by `serve_recording`.
 
     Use it as a context manager, or call `close`. What it serves is in the
@@ -145,11 +135,6 @@ class PlaybackServer:
     def __init__(self, path: str, host: str, port: int, name: str, *,
                  origins: frozenset[str | None], speed: float, loop: bool, paused: bool,
                  allow_damaged: bool) -> None:
-        self._ws_server = _websockets()
-        from websockets.exceptions import ConnectionClosed
-        from websockets.protocol import State
-
-        self._open, self._connection_closed = State.OPEN, ConnectionClosed
         self.path = path
         self._allow_damaged = allow_damaged
         found = mcapfile.info(path, allow_damaged=allow_damaged)
@@ -166,11 +151,8 @@ class PlaybackServer:
         self._seek: int | None = None
         self._position = self.start_ns
         self._closing = False
-        self._closed = False
         self._sent = 0
-        self._targets: dict[str, tuple[tuple[_Client, int], ...]] = {}
-        self._clients: dict[int, _Client] = {}
-        self._numbers = itertools.count(1)
+        self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
         self._refused = 0
         self._channel_ids = {t: i for i, t in enumerate([*self._views, GRAPH_TOPIC], 1)}
         self._topic_of = {i: t for t, i in self._channel_ids.items()}
@@ -180,36 +162,14 @@ class PlaybackServer:
             "sessionId": str(time.time_ns()), "dataStartTime": _stamp(self.start_ns),
             "dataEndTime": _stamp(self.end_ns)})
         self._advertise = self._make_advertise()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self._sock = socket.create_server((host, port), family=family)
-        except OSError as exc:
-            raise RuntimeError(f"serve_recording: cannot listen on {host}:{port} "
-                               f"({describe(exc)})") from exc
-        self._address: tuple[str, int] = self._sock.getsockname()[:2]
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
+        # Last: nothing above may leave a socket open.
+        super().__init__(host, port, "serve_recording")
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
         self._player = threading.Thread(target=self._play, name="mujou-playback", daemon=True)
         self._thread.start()
         self._player.start()
 
     # -- what it says of itself ---------------------------------------------------------
-    @property
-    def port(self) -> int:
-        """int: the port the server listens on (the one taken, for port 0)."""
-        return self._address[1]
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """tuple[str, int]: the address the server listens on, ``(host, port)``."""
-        return self._address
-
-    @property
-    def closed(self) -> bool:
-        """bool: True once the server is stopped."""
-        return self._closed
-
     @property
     def position_ns(self) -> int:
         """int: the playback's time, ns of the recording's timer."""
@@ -421,7 +381,7 @@ class PlaybackServer:
             return
         for client, sub in watchers:
             try:
-                client.push(_MESSAGE.pack(1, sub, t), data)
+                client.push(MESSAGE.pack(1, sub, t), data)
             except RuntimeError:  # the loop has ended
                 return
             self._sent += 1
@@ -440,27 +400,16 @@ class PlaybackServer:
             self._loop.close()
             self._closed = True
 
-    async def _main(self) -> None:
-        server = self._ws_server.serve(
-            self._handle, sock=self._sock, subprotocols=list(SUBPROTOCOLS),
-            process_request=self._check_handshake, compression=None, max_size=MAX_MESSAGE,
-            close_timeout=_CLOSE_TIMEOUT, server_header="mujou_actors",
-            logger=_WarningsOnly(log, {}))
-        async with server:
-            ticker = asyncio.ensure_future(self._tick())
-            await self._stop.wait()
-            ticker.cancel()
-
     async def _tick(self) -> None:
         """The playback's time to every client every `TIME_EVERY` s."""
         while True:
             await asyncio.sleep(TIME_EVERY)
-            self._broadcast(_TIME.pack(2, self._position))
+            self._broadcast(TIME.pack(2, self._position))
 
     def _check_handshake(self, connection: Any, request: Any) -> Any:
         """Refuse an ``Origin`` not allowed (403) and a client too many (503), as the live view."""
         origins = request.headers.get_all("Origin")
-        origin = _normal(origins[0]) if len(origins) == 1 else None
+        origin = normal_origin(origins[0]) if len(origins) == 1 else None
         if len(origins) > 1 or origin not in self._origins:
             self._refused += 1
             log.warning("foxglove: refused a connection from a web page of origin %r "
@@ -475,7 +424,7 @@ class PlaybackServer:
         return None
 
     async def _handle(self, ws: Any) -> None:
-        client = _Client(next(self._numbers), ws, ws.request.headers.get("Origin"), self._loop)
+        client = Client(next(self._numbers), ws, ws.request.headers.get("Origin"), self._loop)
         writer = None
         try:
             await ws.send(self._server_info)
@@ -501,29 +450,7 @@ class PlaybackServer:
             for topic in list(client.topics):
                 self._leave(client, topic)
 
-    async def _write(self, client: _Client) -> None:
-        """Write what is queued for a client, many whole frames per socket write."""
-        ws = client.ws
-        transport = ws.transport
-        while True:
-            await client.wake.wait()
-            await asyncio.sleep(_LINGER)
-            client.wake.clear()
-            while transport.get_write_buffer_size() > _WRITE_LIMIT and ws.state is self._open:
-                await asyncio.sleep(_FLOW_WAIT)
-            queue = client.take()
-            if ws.state is not self._open:
-                return
-            parts: list[bytes] = []
-            for head, data in queue:
-                parts += (_frame_header(len(head) + len(data)), head, data)
-            transport.writelines(parts)
-
-    async def _error(self, client: _Client, text: str) -> None:
-        if client.warn(text):
-            await client.ws.send(json.dumps({"op": "status", "level": 2, "message": text}))
-
-    async def _on_text(self, client: _Client, text: str) -> None:
+    async def _on_text(self, client: Client, text: str) -> None:
         try:
             op = json.loads(text)
             kind = op.get("op") if isinstance(op, dict) else None
@@ -542,7 +469,7 @@ class PlaybackServer:
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             await self._error(client, f"a bad request: {describe(exc)}"[:512])
 
-    async def _subscribe(self, client: _Client, items: Iterable[Any]) -> None:
+    async def _subscribe(self, client: Client, items: Iterable[Any]) -> None:
         bad = []
         for item in items:
             sub, channel = int(item["id"]), int(item["channelId"])
@@ -552,20 +479,20 @@ class PlaybackServer:
                 continue
             client.subs[sub], client.topics[topic] = topic, sub
             if topic == GRAPH_TOPIC:
-                client.push(_MESSAGE.pack(1, sub, self.start_ns), self._graph)
+                client.push(MESSAGE.pack(1, sub, self.start_ns), self._graph)
             else:
                 self._targets[topic] = (*self._targets.get(topic, ()), (client, sub))
         if bad:
             await self._error(client, f"subscriptions refused (an unknown channel, or a "
                                       f"subscription id or channel taken): channels {bad[:8]}")
 
-    def _leave(self, client: _Client, topic: str) -> None:
+    def _leave(self, client: Client, topic: str) -> None:
         sub = client.topics.pop(topic)
         client.subs.pop(sub, None)
         self._targets[topic] = tuple(t for t in self._targets.get(topic, ())
                                      if t[0] is not client)
 
-    async def _on_binary(self, client: _Client, data: bytes) -> None:
+    async def _on_binary(self, client: Client, data: bytes) -> None:
         if data[:1] != b"\x03":
             await self._error(client, "a binary message that is no playback request: a "
                                       "recording takes no published messages")
