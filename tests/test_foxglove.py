@@ -420,9 +420,9 @@ def test_a_clients_end_cancels_its_subscriptions() -> None:
 
 
 def test_clients_beyond_max_clients_get_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mujou_actors.recording import liveview
+    from mujou_actors.recording import wsserver
 
-    monkeypatch.setattr(liveview, "MAX_CLIENTS", 1)
+    monkeypatch.setattr(wsserver, "MAX_CLIENTS", 1)
     run = mujou.run({"echo": Echo()}, timer="simulated")
     try:
         with mujou.serve_foxglove(run, 0) as server:

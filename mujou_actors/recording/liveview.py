@@ -79,7 +79,6 @@ client that asked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -87,7 +86,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from .._checks import is_int
@@ -101,14 +99,11 @@ from .wsserver import (
     GRAPH_TOPIC,
     JOIN,
     MAX_CLIENT_CHANNELS,
-    MAX_CLIENTS,
     MESSAGE,
-    REFUSAL_LOG_EVERY,
     TIME,
     TIME_EVERY,
     Client,
     SocketServer,
-    normal_origin,
     parse_listen,
     parse_origins,
 )
@@ -210,7 +205,6 @@ class FoxgloveServer(SocketServer):
                  allow_publish: bool, origins: frozenset[str | None]) -> None:
         self._run = run
         self._allow_publish = allow_publish
-        self._origins = origins
         self._lock = threading.Lock()  # the watchers and subscriptions (close() is any thread's)
         self._ports = dict(run.ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
@@ -222,10 +216,7 @@ class FoxgloveServer(SocketServer):
         self._warned: set[str] = set()
         self._closing = False
         self._counts = dict.fromkeys(["published", "refused", "publishes_dropped",
-                                      "advertisements_refused", "handshakes_refused",
-                                      "dropped"], 0)
-        self._refusals_logged = 0
-        self._next_refusal_log = 0.0
+                                      "advertisements_refused", "dropped"], 0)
         self._channel_ids = {path: i for i, path in enumerate([*self._ports, GRAPH_TOPIC], 1)}
         self._topic_of = {i: path for path, i in self._channel_ids.items()}
         self._server_info = self._make_server_info(name)
@@ -236,7 +227,7 @@ class FoxgloveServer(SocketServer):
                      "subscribeConnectionGraph": self._graph_subscribe,
                      "unsubscribeConnectionGraph": self._graph_unsubscribe}
         # Last: nothing above may leave a socket open.
-        super().__init__(host, port, "serve_foxglove")
+        super().__init__(host, port, "serve_foxglove", origins)
         # The run's calls that may wait (a placed run's subscribe and write wait for the
         # round in progress on its driver's thread) run here, not on the loop: a long
         # round then holds up the client that asked, not every client's messages, the
@@ -272,7 +263,7 @@ class FoxgloveServer(SocketServer):
             FoxgloveStats: a frozen record.
         """
         clients = list(self._clients.values())
-        counts = dict(self._counts)
+        counts = dict(self._counts, handshakes_refused=self._handshakes_refused)
         counts["dropped"] += sum(c.dropped for c in clients)
         return FoxgloveStats(clients=len(clients),
                              client_channels=sum(len(c.channels) for c in clients), **counts)
@@ -352,66 +343,6 @@ class FoxgloveServer(SocketServer):
                 self._stop.set()
                 return
 
-    def _check_handshake(self, connection: Any, request: Any) -> Any:
-        """Refuse an ``Origin`` not allowed (403) and a client too many (503)."""
-        origins = request.headers.get_all("Origin")
-        origin = normal_origin(origins[0]) if len(origins) == 1 else None
-        if len(origins) > 1 or origin not in self._origins:
-            self._refused_handshake(", ".join(origins)[:128])
-            return connection.respond(HTTPStatus.FORBIDDEN, "This Origin may not connect "
-                                      "(serve_foxglove(origins=...), --foxglove-origin).\n")
-        if len(self._clients) >= MAX_CLIENTS:
-            self._refused_handshake(None)
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
-                                      f"At most {MAX_CLIENTS} clients at once.\n")
-        return None
-
-    def _refused_handshake(self, origin: str | None) -> None:
-        """Count a refused handshake; log it unless a line was logged recently."""
-        self._counts["handshakes_refused"] += 1
-        now = time.monotonic()
-        if now < self._next_refusal_log:
-            return
-        more = self._counts["handshakes_refused"] - self._refusals_logged - 1
-        self._refusals_logged = self._counts["handshakes_refused"]
-        self._next_refusal_log = now + REFUSAL_LOG_EVERY
-        if origin is None:
-            why = f"{MAX_CLIENTS} clients are connected"
-        elif origin.strip().lower() == "null":
-            why = ("the Origin 'null' is not allowed: a local file (the Foxglove desktop app, "
-                   "a local page), but also a sandboxed frame of any web page; allow it "
-                   "(serve_foxglove(origins=['null']), --foxglove-origin null) only if that "
-                   "risk is acceptable")
-        else:
-            why = (f"a web page's Origin {origin!r} is not allowed (serve_foxglove(origins=...), "
-                   "--foxglove-origin)")
-        log.warning("foxglove: refused a connection: %s%s", why,
-                    f"; {more} more refused since the last such line" if more else "")
-
-    async def _handle(self, ws: Any) -> None:
-        """One client, from its handshake to its end."""
-        origin = ws.request.headers.get("Origin")
-        client = Client(next(self._numbers), ws, origin, self._loop)
-        writer = None
-        try:
-            await ws.send(self._server_info)  # first, as the protocol says
-            await ws.send(self._advertise)
-            self._clients[client.number] = client  # from here on, the time goes to it
-            writer = asyncio.ensure_future(self._write(client))
-            async for message in ws:
-                if isinstance(message, str):
-                    await self._on_text(client, message)
-                else:
-                    await self._on_binary(client, message)
-        except self._connection_closed:
-            pass
-        finally:
-            if writer is not None:
-                writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await writer
-            self._forget(client)
-
     def _forget(self, client: Client) -> None:
         """A client's end: its unlogged warnings said; its subscriptions, channels and queue go.
 
@@ -421,7 +352,7 @@ class FoxgloveServer(SocketServer):
         if client.unlogged:
             log.warning("foxglove: client %d (origin %s): %d more warnings not logged",
                         client.number, client.origin or "none", client.unlogged)
-        self._clients.pop(client.number, None)
+        super()._forget(client)
         self._counts["dropped"] += client.dropped
         for topic in list(client.topics):
             self._leave(client, topic)

@@ -42,7 +42,6 @@ import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from http import HTTPStatus
 from typing import Any
 
 from ..errors import describe
@@ -51,13 +50,11 @@ from .recview import ChannelView, channel_views
 from .wsserver import (
     DEFAULT_PORT,
     GRAPH_TOPIC,
-    MAX_CLIENTS,
     MESSAGE,
     TIME,
     TIME_EVERY,
     Client,
     SocketServer,
-    normal_origin,
     parse_listen,
     parse_origins,
 )
@@ -142,7 +139,6 @@ class PlaybackServer(SocketServer):
         self.start_ns = max(found.start_ns or 0, 0)
         self.end_ns = max(found.end_ns or 0, self.start_ns)
         self._graph = self._make_graph(found)
-        self._origins = origins
         self._loop_at_end = loop
         self._cond = threading.Condition()
         self._playing = not paused
@@ -153,7 +149,6 @@ class PlaybackServer(SocketServer):
         self._closing = False
         self._sent = 0
         self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
-        self._refused = 0
         self._channel_ids = {t: i for i, t in enumerate([*self._views, GRAPH_TOPIC], 1)}
         self._topic_of = {i: t for t, i in self._channel_ids.items()}
         self._server_info = json.dumps({
@@ -163,7 +158,7 @@ class PlaybackServer(SocketServer):
             "dataEndTime": _stamp(self.end_ns)})
         self._advertise = self._make_advertise()
         # Last: nothing above may leave a socket open.
-        super().__init__(host, port, "serve_recording")
+        super().__init__(host, port, "serve_recording", origins)
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
         self._player = threading.Thread(target=self._play, name="mujou-playback", daemon=True)
         self._thread.start()
@@ -386,6 +381,18 @@ class PlaybackServer(SocketServer):
                 return
             self._sent += 1
 
+    def _welcome(self, client: Client) -> None:
+        """The playback's state, so the client's controls show it at once."""
+        with self._cond:
+            frame = state_frame(self._status(), self._position, self._speed, False, None)
+        client.push(frame, b"")
+
+    def _forget(self, client: Client) -> None:
+        """A client's end: its subscriptions go."""
+        super()._forget(client)
+        for topic in list(client.topics):
+            self._leave(client, topic)
+
     # -- the loop (mujou-foxglove) --------------------------------------------------------
     def _serve(self) -> None:
         try:
@@ -405,50 +412,6 @@ class PlaybackServer(SocketServer):
         while True:
             await asyncio.sleep(TIME_EVERY)
             self._broadcast(TIME.pack(2, self._position))
-
-    def _check_handshake(self, connection: Any, request: Any) -> Any:
-        """Refuse an ``Origin`` not allowed (403) and a client too many (503), as the live view."""
-        origins = request.headers.get_all("Origin")
-        origin = normal_origin(origins[0]) if len(origins) == 1 else None
-        if len(origins) > 1 or origin not in self._origins:
-            self._refused += 1
-            log.warning("foxglove: refused a connection from a web page of origin %r "
-                        "(serve_recording(origins=...), --foxglove-origin)",
-                        ", ".join(origins)[:128])
-            return connection.respond(HTTPStatus.FORBIDDEN, "This Origin may not connect "
-                                      "(serve_recording(origins=...), --foxglove-origin).\n")
-        if len(self._clients) >= MAX_CLIENTS:
-            self._refused += 1
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
-                                      f"At most {MAX_CLIENTS} clients at once.\n")
-        return None
-
-    async def _handle(self, ws: Any) -> None:
-        client = Client(next(self._numbers), ws, ws.request.headers.get("Origin"), self._loop)
-        writer = None
-        try:
-            await ws.send(self._server_info)
-            await ws.send(self._advertise)
-            self._clients[client.number] = client
-            with self._cond:
-                frame = state_frame(self._status(), self._position, self._speed, False, None)
-            client.push(frame, b"")
-            writer = asyncio.ensure_future(self._write(client))
-            async for message in ws:
-                if isinstance(message, str):
-                    await self._on_text(client, message)
-                else:
-                    await self._on_binary(client, message)
-        except self._connection_closed:
-            pass
-        finally:
-            if writer is not None:
-                writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await writer
-            self._clients.pop(client.number, None)
-            for topic in list(client.topics):
-                self._leave(client, topic)
 
     async def _on_text(self, client: Client, text: str) -> None:
         try:

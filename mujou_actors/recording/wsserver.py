@@ -15,6 +15,7 @@ public: the names users see are ``mujou.serve_foxglove`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import itertools
 import json
@@ -23,8 +24,10 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from .._checks import is_int
@@ -258,22 +261,27 @@ class WarningsOnly(logging.LoggerAdapter):
 class SocketServer:
     """What a Foxglove WebSocket server holds whatever it serves: a socket, a loop, clients.
 
-    A subclass serves: it defines ``_handle`` (one client's connection),
-    ``_check_handshake`` (``websockets``' ``process_request``: None to accept)
-    and ``_tick`` (the periodic broadcast), and runs `_main` on its own thread
-    (``self._loop.run_until_complete(self._main())``) until ``self._stop`` is set.
+    A subclass serves: it sets ``_server_info`` and ``_advertise`` (the first
+    two messages a client gets), defines ``_on_text`` and ``_on_binary`` (a
+    client's messages), ``_tick`` (the periodic broadcast) and, if it keeps
+    more of a client, ``_welcome`` and ``_forget``; and runs `_main` on its own
+    thread (``self._loop.run_until_complete(self._main())``) until
+    ``self._stop`` is set.
 
     Args:
         host (str): the address to listen on (checked by `parse_listen`).
         port (int): the port; 0 takes a free one.
-        who (str): the function that serves, named in errors (``"serve_foxglove"``).
+        who (str): the function that serves, named in errors and refusals
+            (``"serve_foxglove"``).
+        origins (frozenset[str | None]): the ``Origin`` headers a handshake may
+            carry (`parse_origins`).
 
     Raises:
         ImportError: ``websockets`` is not installed (says what to install).
         RuntimeError: the address cannot be listened on (names it and why).
     """
 
-    def __init__(self, host: str, port: int, who: str) -> None:
+    def __init__(self, host: str, port: int, who: str, origins: frozenset[str | None]) -> None:
         self._ws_server = websockets_module()
         from websockets.exceptions import ConnectionClosed
         from websockets.protocol import State
@@ -282,6 +290,11 @@ class SocketServer:
         self._clients: dict[int, Client] = {}
         self._numbers = itertools.count(1)
         self._closed = False
+        self._who = who
+        self._origins = origins
+        self._handshakes_refused = 0  # an Origin not allowed (403), a client too many (503)
+        self._refusals_logged = 0
+        self._next_refusal_log = 0.0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self._sock = socket.create_server((host, port), family=family)
@@ -319,10 +332,83 @@ class SocketServer:
             await self._stop.wait()
             ticker.cancel()
 
-    async def _handle(self, ws: Any) -> None:
-        raise NotImplementedError
+    _server_info: str
+    _advertise: str
 
     def _check_handshake(self, connection: Any, request: Any) -> Any:
+        """Refuse an ``Origin`` not allowed (403) and a client too many (503).
+
+        ``websockets``' ``process_request``: None accepts the handshake.
+        """
+        origins = request.headers.get_all("Origin")
+        origin = normal_origin(origins[0]) if len(origins) == 1 else None
+        if len(origins) > 1 or origin not in self._origins:
+            self._refused_handshake(", ".join(origins)[:128])
+            return connection.respond(HTTPStatus.FORBIDDEN, "This Origin may not connect "
+                                      f"({self._who}(origins=...), --foxglove-origin).\n")
+        if len(self._clients) >= MAX_CLIENTS:
+            self._refused_handshake(None)
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"At most {MAX_CLIENTS} clients at once.\n")
+        return None
+
+    def _refused_handshake(self, origin: str | None) -> None:
+        """Count a refused handshake; log it unless a line was logged recently."""
+        self._handshakes_refused += 1
+        now = time.monotonic()
+        if now < self._next_refusal_log:
+            return
+        more = self._handshakes_refused - self._refusals_logged - 1
+        self._refusals_logged = self._handshakes_refused
+        self._next_refusal_log = now + REFUSAL_LOG_EVERY
+        if origin is None:
+            why = f"{MAX_CLIENTS} clients are connected"
+        elif origin.strip().lower() == "null":
+            why = ("the Origin 'null' is not allowed: a local file (the Foxglove desktop app, "
+                   "a local page), but also a sandboxed frame of any web page; allow it "
+                   f"({self._who}(origins=['null']), --foxglove-origin null) only if that "
+                   "risk is acceptable")
+        else:
+            why = (f"a web page's Origin {origin!r} is not allowed ({self._who}(origins=...), "
+                   "--foxglove-origin)")
+        log.warning("foxglove: refused a connection: %s%s", why,
+                    f"; {more} more refused since the last such line" if more else "")
+
+    async def _handle(self, ws: Any) -> None:
+        """One client, from its handshake to its end."""
+        client = Client(next(self._numbers), ws, ws.request.headers.get("Origin"), self._loop)
+        writer = None
+        try:
+            await ws.send(self._server_info)  # first, as the protocol says
+            await ws.send(self._advertise)
+            self._clients[client.number] = client  # from here on, broadcasts go to it
+            self._welcome(client)
+            writer = asyncio.ensure_future(self._write(client))
+            async for message in ws:
+                if isinstance(message, str):
+                    await self._on_text(client, message)
+                else:
+                    await self._on_binary(client, message)
+        except self._connection_closed:
+            pass
+        finally:
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+            self._forget(client)
+
+    def _welcome(self, client: Client) -> None:
+        """What a new client is sent after the advertisement (nothing by default)."""
+
+    def _forget(self, client: Client) -> None:
+        """A client's end: it is no longer sent anything."""
+        self._clients.pop(client.number, None)
+
+    async def _on_text(self, client: Client, text: str) -> None:
+        raise NotImplementedError
+
+    async def _on_binary(self, client: Client, data: bytes) -> None:
         raise NotImplementedError
 
     async def _tick(self) -> None:
