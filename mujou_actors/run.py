@@ -667,11 +667,11 @@ def _start(
 
 
 def _attach(run: Run, args: _Arguments, net: Any) -> Run:
-    """Open the started run's local endpoint (``mujou ls``, ``echo``...: attach.py).
+    """Open the started run's local endpoint (``mujou ls``, ``echo``...: endpoint.py).
 
     Unless ``MUJOU_ATTACH=0``; a folder that cannot be used is only warned of.
     """
-    from .attach import open_endpoint
+    from .endpoint import open_endpoint
 
     open_endpoint(run, simulated=args.timer.simulated, net=net)
     return run

@@ -185,7 +185,8 @@ def _wraps(cls: Any) -> bool:
     return not (issubclass(cls, (torch.Tensor, dict)) or _fields(cls) is not None)
 
 
-def _finite(x: float) -> float | None:
+def finite(x: float) -> float | None:
+    """``x``, or None for NaN and the infinities (JSON has none: shown as null)."""
     return x if math.isfinite(x) else None
 
 
@@ -193,7 +194,7 @@ def _nonfinite_to_null(values: Any) -> Any:
     """A tensor's ``tolist()`` with NaN and the infinities made None (its rank deep)."""
     if isinstance(values, list):
         return [_nonfinite_to_null(v) for v in values]
-    return _finite(values) if isinstance(values, float) else values
+    return finite(values) if isinstance(values, float) else values
 
 
 def project_tensor(t: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> dict[str, Any]:
@@ -236,8 +237,8 @@ def project_tensor(t: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> dict[st
     if values.numel() == 0:
         out.update(min=None, max=None, mean=None)
     else:
-        out.update(min=_finite(values.min().item()), max=_finite(values.max().item()),
-                   mean=_finite(values.mean().item()))
+        out.update(min=finite(values.min().item()), max=finite(values.max().item()),
+                   mean=finite(values.mean().item()))
     return out
 
 
@@ -267,7 +268,7 @@ def project(message: Any, max_elements: int = MAX_ELEMENTS) -> Any:
 def _project(value: Any, depth: int, limit: int = MAX_ELEMENTS) -> Any:
     vt = type(value)
     if vt is float:
-        return _finite(value)
+        return finite(value)
     if value is None or vt is bool or vt is int or vt is str:
         return value
     if depth >= MAX_DEPTH:
@@ -277,7 +278,7 @@ def _project(value: Any, depth: int, limit: int = MAX_ELEMENTS) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, float):  # a float subclass (numpy's float64)
-        return _finite(float(value))
+        return finite(float(value))
     if isinstance(value, (int, str)):  # subclasses (an IntEnum); a bool was taken above
         return value
     if isinstance(value, tuple) and hasattr(value, "_fields"):

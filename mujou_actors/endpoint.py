@@ -1,0 +1,631 @@
+"""Every run's local endpoint: the run's side of ``mujou ls``, ``echo``, ``hz``, ``top``...
+
+`open_endpoint` (called by `mujou.run` once the run has started) opens the
+run's Unix socket and facts file in the runtime folder, and the
+``mujou-attach`` thread answers each connection through the `Run` API only.
+Where the files are, who may connect and how frames are made is
+`mujou_actors.attach`, which the clients use.
+
+Cost. Unwatched, the endpoint is one thread (``mujou-attach``) that waits on
+its sockets and looks whether the run still goes every `IDLE_S`; no port is
+subscribed. A watched port is subscribed with `Run.subscribe` only while a
+client watches it (cancelled when that client goes): on the sending thread,
+that puts the message in the subscription's bounded queue (host.py) and
+nothing more. The ``mujou-host`` thread copies it (as for any subscriber) and
+appends it to the watch's own queue (at most ``depth``: the oldest dropped,
+counted); the ``mujou-attach`` thread takes the queues every `FLUSH_S`, makes
+each message's view there (``view.project``: tensors summarised; ``full``:
+every value; ``stamps``: only the send's time, for ``hz``) and writes it. A
+client that reads slower than the port sends has at most `OUT_LIMIT` bytes
+waiting for it: beyond that its queue is not taken, so the oldest messages
+are dropped on the run's side (counted and reported with each batch), and
+the net never waits for a watcher.
+
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import difflib
+import inspect
+import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from .attach import (
+    LENGTH,
+    MAX_FRAME,
+    MAX_REQUEST,
+    PROTOCOL,
+    enabled,
+    frame,
+    runtime_dir,
+    unpack,
+)
+from .errors import AttachError, describe
+from .host import Run, Subscription
+from .ports import Input, Output, Port
+from .recording.view import finite, project
+
+__all__: list[str] = []  # nothing public: mujou.run opens it
+
+log = logging.getLogger("mujou_actors")
+
+
+VIEW_DEPTH = 64
+"""The default bound of an ``echo`` watch's queue, messages (a person reads them)."""
+
+
+_MODES = ("view", "full", "stamps")
+
+
+IDLE_S = 0.25
+"""Wall seconds between two looks at whether the run still goes, when nothing is watched."""
+
+
+FLUSH_S = 0.02
+"""Wall seconds between two takes of the watched ports' queues (a batch per client)."""
+
+
+OUT_LIMIT = 1024 * 1024
+"""Bytes written to a client and not yet read by it beyond which its queue is left to drop."""
+
+
+STAMP_DEPTH = 65536
+"""The default bound of an ``hz`` watch's queue, send times."""
+
+
+MAX_DEPTH = 1 << 20
+"""The largest ``depth`` a client may ask for."""
+
+
+MAX_CLIENTS = 32
+"""Connections served at once; more are closed as they come."""
+
+
+MAX_FULL_ELEMENTS = 1 << 20
+"""The most elements of a tensor that ``full`` sends the values of (else statistics)."""
+
+
+def _type_name(cls: Any) -> str:
+    if not isinstance(cls, type):
+        return str(cls)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def node_rows(run: Run) -> list[dict[str, Any]]:
+    """The ``nodes`` answer: each node's path, class, period, group and port names.
+
+    Args:
+        run (Run): the run (a placed run's: the host's copies of the nodes).
+
+    Returns:
+        list[dict]: ``{"path", "class", "period" (seconds or None), "group",
+        "inputs", "outputs"}`` per node, parents first.
+    """
+    group_of = {path: name for name, paths in run.groups.items() for path in paths}
+    rows = []
+    for path, node in run.nodes.items():
+        ports = node._mujou_ports()
+        rows.append({"path": path, "class": _type_name(type(node)), "period": node.period,
+                     "group": group_of.get(path, "host"),
+                     "inputs": [n for n, p in ports.items() if isinstance(p, Input)],
+                     "outputs": [n for n, p in ports.items() if isinstance(p, Output)]})
+    return rows
+
+
+def port_row(port: Port) -> dict[str, Any]:
+    """One port as the ``ports`` answer has it.
+
+    Returns:
+        dict: ``{"path", "node", "name", "direction" ("in"/"out"), "type",
+        "shape", "dtype", "connections" (the other ends' paths), "depth"
+        (an Input's QoS depth, None: unbounded; None for an Output),
+        "trigger"}``.
+    """
+    if isinstance(port, Output):
+        direction, ends = "out", [r.path for r in port._readers if isinstance(r, Input)]
+        depth, trigger = None, None
+    else:
+        assert isinstance(port, Input)
+        direction, ends = "in", [s.path for s in port._sources]
+        depth, trigger = port.depth, port.trigger
+    return {"path": port.path, "node": port.node._mujou_path, "name": port.name,
+            "direction": direction, "type": _type_name(port.type),
+            "shape": None if port.shape is None else list(port.shape),
+            "dtype": None if port.dtype is None else str(port.dtype).removeprefix("torch."),
+            "connections": ends, "depth": depth, "trigger": trigger}
+
+
+def plain(value: Any) -> Any:
+    """A stats record (`RunStats` and the records in it) as plain dicts, lists and scalars."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def full(value: Any, depth: int = 0) -> Any:
+    """A message's JSON value with every tensor's values (``echo --full``).
+
+    As `view.project`, but a tensor of up to `MAX_FULL_ELEMENTS` elements
+    keeps all its values (non-finite floats ``None``), whatever its size.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.numel() > MAX_FULL_ELEMENTS or t.is_complex():
+            return project(t)
+        if t.device.type != "cpu":
+            t = t.cpu()
+        data = t.tolist()
+        if t.is_floating_point():
+            data = _nulls(data)
+        return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                "data": data}
+    if depth < 32 and isinstance(value, dict):
+        return {str(k): full(v, depth + 1) for k, v in value.items()}
+    if depth < 32 and isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {k: full(v, depth + 1) for k, v in zip(value._fields, value, strict=False)}
+    if depth < 32 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: full(getattr(value, f.name), depth + 1)
+                for f in dataclasses.fields(value)}
+    if depth < 32 and isinstance(value, (list, tuple)):
+        return [full(v, depth + 1) for v in value]
+    return project(value)
+
+
+def _nulls(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_nulls(v) for v in values]
+    return finite(values) if isinstance(values, float) else values
+
+
+class _Watch:
+    """One client's watch of a port: the bounded queue the ``mujou-host`` thread fills."""
+
+    __slots__ = ("port", "mode", "depth", "items", "lock", "dropped", "sent", "sub")
+
+    def __init__(self, port: str, mode: str, depth: int) -> None:
+        self.port = port
+        self.mode = mode
+        self.depth = depth
+        self.items: deque[Any] = deque()
+        self.lock = threading.Lock()
+        self.dropped = 0  # by this queue (the subscription's own are added: `lost`)
+        self.sent = 0
+        self.sub: Subscription | None = None
+
+    def put(self, t_ns: int, message: Any) -> None:
+        """The subscription's callback (on ``mujou-host``): queue, never raise, never wait long."""
+        try:
+            with self.lock:
+                items = self.items
+                if len(items) >= self.depth:
+                    items.popleft()
+                    self.dropped += 1
+                items.append(t_ns if self.mode == "stamps" else (t_ns, message))
+        except BaseException:  # noqa: BLE001 - a watcher must never fail the run
+            pass
+
+    def take(self) -> deque[Any]:
+        """Everything queued, oldest first (the queue is left empty)."""
+        with self.lock:
+            items, self.items = self.items, deque()
+        return items
+
+    def lost(self) -> int:
+        """Messages dropped on the run's side for this watch: its queue's and the subscription's."""
+        sub = self.sub
+        return self.dropped + (0 if sub is None else sub.dropped)
+
+
+class _Client:
+    """One connection: what it sent and not yet handled, what waits to be written, its watch."""
+
+    __slots__ = ("sock", "inbox", "out", "watch", "writing")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.inbox = bytearray()
+        self.out = bytearray()
+        self.watch: _Watch | None = None
+        self.writing = False  # registered for EVENT_WRITE
+
+
+class Endpoint:
+    """A run's local endpoint: the socket, its facts file, the ``mujou-attach`` thread.
+
+    Made by `open_endpoint`; it closes itself when the run ends.
+
+    Args:
+        run (Run): the started run it serves.
+        folder (str): the checked runtime folder.
+        facts (dict): what its ``<id>.json`` holds (``id`` names the files).
+
+    Raises:
+        OSError: the socket cannot be made or bound.
+    """
+
+    def __init__(self, run: Run, folder: str, facts: dict[str, Any]) -> None:
+        self._run = run
+        self.facts = facts
+        self.socket_path = os.path.join(folder, f"{facts['id']}.sock")
+        self.facts_path = os.path.join(folder, f"{facts['id']}.json")
+        self._pid = os.getpid()
+        self._clients: dict[int, _Client] = {}
+        self._closed = threading.Event()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.socket_path)
+            os.chmod(self.socket_path, 0o600)  # the folder is 0700 already: twice locked
+            listener.listen(8)
+            listener.setblocking(False)
+            _write_facts(self.facts_path, facts)
+        except BaseException:
+            listener.close()
+            self._remove_files()
+            raise
+        self._listener = listener
+        atexit.register(self._remove_files)  # a process that exits with the run going
+        self._thread = threading.Thread(target=self._serve, name="mujou-attach", daemon=True)
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        """bool: the endpoint has closed (the run ended, or `close` was called)."""
+        return self._closed.is_set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the endpoint now: clients told, subscriptions cancelled, files removed.
+
+        Args:
+            timeout (float): wall seconds to wait for the thread. Default: 5.
+        """
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # -- the thread -----------------------------------------------------------------------
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, None)
+        try:
+            while not self._closed.is_set() and self._run.running:
+                watching = any(c.watch is not None for c in self._clients.values())
+                for key, events in sel.select(FLUSH_S if watching else IDLE_S):
+                    if key.data is None:
+                        self._accept(sel)
+                        continue
+                    client = key.data
+                    if events & selectors.EVENT_READ:
+                        self._read(sel, client)
+                    if events & selectors.EVENT_WRITE and client.sock.fileno() >= 0:
+                        self._flush_out(sel, client)
+                if watching:
+                    self._take(sel)
+        except BaseException:  # noqa: BLE001 - the endpoint ends; the run goes on
+            log.exception("the run's attach endpoint failed; `mujou echo` and the other "
+                          "commands cannot reach this run any more")
+        finally:
+            self._finish(sel)
+
+    def _finish(self, sel: selectors.BaseSelector) -> None:
+        """The end: take what is left, tell the watchers, close everything, remove the files."""
+        try:
+            self._remove_files()
+            self._take(sel)
+            failure = self._run.failure if not self._run.running else None
+            for client in list(self._clients.values()):
+                if client.watch is not None:
+                    self._send(sel, client, {"end": True, "lost": client.watch.lost(),
+                                             "failure": None if failure is None
+                                             else describe(failure)})
+            deadline = time.monotonic() + 2.0  # the last frames, if the clients read them
+            while any(c.out for c in self._clients.values()) and time.monotonic() < deadline:
+                for key, events in sel.select(0.05):
+                    if key.data is not None and events & selectors.EVENT_WRITE:
+                        self._flush_out(sel, key.data)
+        finally:
+            for client in list(self._clients.values()):
+                self._drop(sel, client)
+            self._listener.close()
+            sel.close()
+            self._closed.set()
+            atexit.unregister(self._remove_files)
+
+    def _remove_files(self) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child: the files are its parent's
+        for path in (self.facts_path, self.socket_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        if len(self._clients) >= MAX_CLIENTS or not _same_user(sock):
+            sock.close()
+            return
+        sock.setblocking(False)
+        client = _Client(sock)
+        self._clients[sock.fileno()] = client
+        sel.register(sock, selectors.EVENT_READ, client)
+
+    def _drop(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        """Forget a connection: its watch's subscription is cancelled."""
+        watch = client.watch
+        client.watch = None
+        if watch is not None and watch.sub is not None:
+            watch.sub.cancel()
+        fd = client.sock.fileno()
+        if fd >= 0:
+            try:
+                sel.unregister(client.sock)
+            except (KeyError, ValueError):
+                pass
+            self._clients.pop(fd, None)
+        client.sock.close()
+
+    def _read(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        try:
+            data = client.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(sel, client)
+            return
+        inbox = client.inbox
+        inbox += data
+        while len(inbox) >= 4 and client.sock.fileno() >= 0:
+            (n,) = LENGTH.unpack_from(inbox)
+            if n > MAX_REQUEST:
+                self._drop(sel, client)
+                return
+            if len(inbox) < 4 + n:
+                return
+            body = bytes(inbox[4:4 + n])
+            del inbox[:4 + n]
+            self._answer(sel, client, body)
+
+    def _answer(self, sel: selectors.BaseSelector, client: _Client, body: bytes) -> None:
+        try:
+            request = unpack(body, MAX_REQUEST)
+            if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+                raise AttachError("a request is a map with an 'op'")
+            if client.watch is not None:
+                raise AttachError("this connection watches a port: open another for requests")
+            answer = self._handle(client, request)
+        except AttachError as exc:
+            answer = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a request's failure is the client's answer
+            answer = {"ok": False, "error": describe(exc)}
+        self._send(sel, client, answer)
+
+    def _handle(self, client: _Client, request: dict[str, Any]) -> dict[str, Any]:
+        op = request["op"]
+        run = self._run
+        if op == "hello":
+            return {"ok": True, "protocol": PROTOCOL, **self.facts, "time": run.time,
+                    "running": run.running}
+        if op == "nodes":
+            return {"ok": True, "nodes": node_rows(run)}
+        if op == "ports":
+            return {"ok": True, "ports": [port_row(p) for p in run.ports.values()]}
+        if op == "stats":
+            return {"ok": True, "stats": plain(run.stats())}
+        if op == "watch":
+            return self._watch(client, request)
+        raise AttachError(f"no request {op!r} (hello, nodes, ports, stats, watch)")
+
+    def _watch(self, client: _Client, request: dict[str, Any]) -> dict[str, Any]:
+        path, mode = request.get("port"), request.get("mode", "view")
+        if mode not in _MODES:
+            raise AttachError(f"watch: mode must be one of {', '.join(_MODES)}, got {mode!r}")
+        depth = request.get("depth") or (STAMP_DEPTH if mode == "stamps" else VIEW_DEPTH)
+        if type(depth) is not int or not 1 <= depth <= MAX_DEPTH:
+            raise AttachError(f"watch: depth must be an int in 1..{MAX_DEPTH}, got {depth!r}")
+        ports = self._run.ports
+        if not isinstance(path, str) or path not in ports:
+            raise AttachError(no_port(path, list(ports)))
+        watch = _Watch(path, mode, depth)
+        # The subscription's own queue as deep as the watch's: the host thread drains it
+        # into the watch's queue at once, so what is dropped is dropped there, counted.
+        watch.sub = self._run.subscribe(path, watch.put, depth=min(depth, 1024),
+                                        with_time=True)
+        client.watch = watch
+        port = ports[path]
+        return {"ok": True, "port": path, "mode": mode, "depth": depth,
+                "direction": "out" if isinstance(port, Output) else "in",
+                "type": _type_name(port.type), "timer_ns": self._run.time_ns}
+
+    def _take(self, sel: selectors.BaseSelector) -> None:
+        """Each watching client's queued messages, their views made, as batches."""
+        for client in list(self._clients.values()):
+            watch = client.watch
+            if watch is None or len(client.out) >= OUT_LIMIT:
+                continue  # a client behind: its queue drops its oldest meanwhile
+            items = watch.take()
+            if not items:
+                continue
+            if watch.mode == "stamps":
+                watch.sent += len(items)
+                self._send(sel, client, {"stamps": list(items), "lost": watch.lost()})
+                continue
+            make = full if watch.mode == "full" else project
+            batch: list[Any] = []
+            size = 0
+            for t_ns, message in items:
+                item = _item(make, t_ns, message)
+                batch.append(item)
+                size += len(item[1]) if isinstance(item[1], bytes) else 0
+                if size > MAX_FRAME // 4:
+                    self._send_batch(sel, client, watch, batch)
+                    batch, size = [], 0
+            if batch:
+                self._send_batch(sel, client, watch, batch)
+
+    def _send_batch(self, sel: selectors.BaseSelector, client: _Client, watch: _Watch,
+                    batch: list[Any]) -> None:
+        watch.sent += len(batch)
+        # Each view packed already (`_item`): the frame carries them as bytes.
+        self._send(sel, client, {"items": batch, "lost": watch.lost()})
+
+    def _send(self, sel: selectors.BaseSelector, client: _Client, value: Any) -> None:
+        if client.sock.fileno() < 0:
+            return
+        try:
+            data = frame(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            data = frame({"ok": False, "error": f"the answer cannot be sent: {describe(exc)}"})
+        client.out += data
+        self._flush_out(sel, client)
+
+    def _flush_out(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        out = client.out
+        try:
+            while out:
+                sent = client.sock.send(out)
+                del out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(sel, client)
+            return
+        want = bool(out)
+        if want != client.writing:
+            client.writing = want
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            sel.modify(client.sock, events, client)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Endpoint {self.facts['id']} {state} {self.socket_path}>"
+
+
+def _item(make: Any, t_ns: int, message: Any) -> list[Any]:
+    """``[t_ns, view]``, the view as its own msgpack bytes (so one bad view spoils no batch)."""
+    try:
+        data = msgpack.packb(make(message), use_bin_type=True)
+    except Exception as exc:  # noqa: BLE001 - a view never fails the endpoint
+        data = msgpack.packb({"unviewable": describe(exc)[:256]})
+    if len(data) > MAX_FRAME // 2:
+        data = msgpack.packb({"unviewable": f"its view has {len(data)} bytes (at most "
+                                            f"{MAX_FRAME // 2}): ask without --full"})
+    return [t_ns, data]
+
+
+def no_port(path: Any, ports: list[str]) -> str:
+    """The error of a port path that the run has not, with the likeliest and the ports."""
+    close = difflib.get_close_matches(str(path), ports, n=3)
+    shown = ", ".join(sorted(ports)[:30]) + (", ..." if len(ports) > 30 else "")
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"no port {path!r} in this run{hint} (ports: {shown})"
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the peer of a Unix socket is this process's user (Linux: ``SO_PEERCRED``)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return True  # the folder's 0700 and the socket's 0600 alone
+    try:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option,
+                                                        struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
+def _write_facts(path: str, facts: dict[str, Any]) -> None:
+    """Write the facts file (0600) under a temporary name, then rename it: always whole."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(facts, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def script() -> str:
+    """The file the run comes from, as a person would name it.
+
+    ``mujou run FILE[:NAME]`` and ``mujou replay REC FILE``: FILE; ``python
+    script.py``: the script; else the program's name (``python -c``: ``-c``).
+    """
+    argv = sys.argv
+    if argv and os.path.basename(argv[0]) in ("mujou", "__main__.py") and len(argv) > 2:
+        for arg in argv[2:]:
+            if not arg.startswith("-") and arg.partition(":")[0].endswith(".py"):
+                return arg.partition(":")[0]
+    return argv[0] if argv and argv[0] else "-"
+
+
+def open_endpoint(run: Run, *, simulated: bool, net: Any = None) -> Endpoint | None:
+    """Open a started run's endpoint (unless ``MUJOU_ATTACH=0``): what `mujou.run` does.
+
+    A folder or socket that cannot be used is logged as a warning and the run
+    goes on without an endpoint: watching it is not worth failing it.
+
+    Args:
+        run (Run): the run, started.
+        simulated (bool): whether its timer is the simulated one.
+        net (Any): what `mujou.run` was given (named in the facts: a
+            placed run's ``"FILE:NAME"``, or the root node's class).
+
+    Returns:
+        Endpoint | None: the endpoint, None when off or not possible.
+    """
+    if not enabled() or not hasattr(socket, "AF_UNIX"):
+        return None
+    try:
+        folder = runtime_dir()
+        facts = {"id": f"{os.getpid()}-{secrets.token_hex(3)}", "pid": os.getpid(),
+                 "uid": os.getuid(), "file": script(), "net": _net_name(net),
+                 "cwd": os.getcwd(), "started": time.time(),
+                 "timer": "simulated" if simulated else "realtime",
+                 "nodes": len(run.nodes), "groups": len(run.groups)}
+        return Endpoint(run, folder, facts)
+    except Exception as exc:  # noqa: BLE001 - watching it is not worth failing the run
+        log.warning("this run cannot be watched from another process (mujou ls, echo...): "
+                    "%s", exc if isinstance(exc, AttachError) else describe(exc))
+        return None
+
+
+def _net_name(net: Any) -> str:
+    if isinstance(net, str):
+        return net
+    if isinstance(net, (list, tuple, dict)):
+        return f"{type(net).__name__} of {len(net)} nodes"
+    named = net if isinstance(net, type) or inspect.isfunction(net) else type(net)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', '?')}"
