@@ -1387,7 +1387,8 @@ class Dispatcher:
         """
         if self.simulated:
             batch = _claim_simulated(groups, name)
-        else:  # real time, inlined (a call fewer per hop): a tick counts if due by now
+        else:  # real time, here and not in a function (a call fewer per hop): a tick
+            # counts if due by now
             batch = []
             # A trigger claimed late must not consume a tick not due by the end.
             end = self._end_ns
@@ -1597,8 +1598,8 @@ class Dispatcher:
         """Make ``actor``'s trigger key ``key`` if that is earlier; True if it changed.
 
         The one place a trigger key is lowered: a send, the host, a deferred
-        trigger, an owed one, a claim given back (`_flush_triggers` inlines
-        it). The caller queues the actor (if it is not busy) and notifies.
+        trigger, an owed one, a claim given back (`_flush_triggers` has a
+        copy of it, for speed). The caller queues the actor (if it is not busy) and notifies.
 
         Real time: the delta of a key is the depth of the chain of triggered
         updates that sent the message (`RealTime.delta_step`), and the one
