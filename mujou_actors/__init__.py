@@ -19,6 +19,7 @@ if _typing.TYPE_CHECKING:
     from . import cuda as cuda  # the public submodule mujou.cuda
     from . import testing as testing  # the public submodule mujou.testing
     from .capsule import Capsule
+    from .distributed.placement import Placement
     from .errors import (
         AlgebraicLoopError,
         CallbackError,
@@ -38,6 +39,7 @@ if _typing.TYPE_CHECKING:
     from .node import Node
     from .ports import Input, Output, connect
     from .recording import Recording
+    from .replay import Replay
     from .run import Run, run
     from .snapshot import load, save
     from .stats import (
@@ -73,11 +75,13 @@ __all__ = [
     "NodeStats",
     "NotRunningError",
     "Output",
+    "Placement",
     "PortTypeError",
     "Recording",
     "RecordingChannelStats",
     "RecordingError",
     "RecordingStats",
+    "Replay",
     "Run",
     "RunStats",
     "SnapshotError",
@@ -103,7 +107,8 @@ _LAZY: dict[str, str] = {
     "cuda": "cuda", "testing": "testing", "Capsule": "capsule", "Subscription": "host",
     "FoxgloveServer": "liveview", "FoxgloveStats": "liveview", "serve_foxglove": "liveview",
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
-    "Recording": "recording", "Run": "run", "run": "run", "load": "snapshot", "save": "snapshot",
+    "Placement": "distributed.placement", "Recording": "recording", "Replay": "replay",
+    "Run": "run", "run": "run", "load": "snapshot", "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
                      "NetError", "NodeError", "NotRunningError", "PortTypeError",
