@@ -584,32 +584,41 @@ DEPRECATED: dict[str, tuple[str, str, str]] = {
 
 
 def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement: Any,
-                     ) -> tuple[Recording | None, Replay | None, Placement | None]:
+                     ) -> tuple[Any, Any, Any]:
     """``record``, ``replay`` and ``placement`` with the deprecated keywords ``old`` set in them.
 
     Each keyword warns (at the line that called `run`), then sets its field
-    of the object its argument is, or becomes (a path: ``Recording(path)``).
+    of the object its argument is, or becomes: a path ``Recording(path,
+    ports=...)``, a mapping ``Placement(mapping, listen=...)``.
 
     Raises:
         TypeError: a keyword without its argument (``record_ports`` without
             ``record``).
         ValueError: a keyword whose field the object sets too (names both).
     """
-    objects: dict[str, Any] = {"record": as_recording(record), "replay": as_replay(replay),
-                               "placement": as_placement(placement)}
+    given = {"record": record, "replay": replay, "placement": placement}
+    fields: dict[str, dict[str, Any]] = {}
     for name, value in old.items():
         argument, field, new = DEPRECATED[name]
         # stacklevel 3: here, run(), then the caller's line
         warnings.warn(f"{name}= is deprecated; use {new}", DeprecationWarning, stacklevel=3)
-        settings = objects[argument]
+        settings = given[argument]
         if settings is None:
             raise TypeError(f"mujou.run: {name}= goes with {argument}= (it sets its {field}): "
                             f"use {new}")
-        if _sets(settings, field):
+        if isinstance(settings, _SETTINGS[argument]) and _sets(settings, field):
             raise ValueError(f"mujou.run: {name}= and {argument}={settings!r} both set "
                              f"{field}: use {new} alone")
-        objects[argument] = dataclasses.replace(settings, **{field: value})
-    return objects["record"], objects["replay"], objects["placement"]
+        fields.setdefault(argument, {})[field] = value
+    for argument, values in fields.items():
+        # Every field at once: Placement checks listen= against the machines its groups name.
+        settings, kind = given[argument], _SETTINGS[argument]
+        given[argument] = (dataclasses.replace(settings, **values) if isinstance(settings, kind)
+                           else kind(settings, **values))
+    return given["record"], given["replay"], given["placement"]
+
+
+_SETTINGS: dict[str, Any] = {"record": Recording, "replay": Replay, "placement": Placement}
 
 
 def _sets(settings: object, field: str) -> bool:
