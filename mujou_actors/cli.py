@@ -1570,7 +1570,7 @@ def _print_recording(info: Any) -> None:
                       f"{c.bytes:,}", _seconds(c.first_ns), _seconds(c.last_ns),
                       f"{info.drops.get(c.topic, 0):,}")
     console.print(table)
-    if info.views:  # record_view: JSON channels for Foxglove, beside the lossless ones
+    if info.views:  # Recording(view=True): JSON channels for Foxglove, beside the lossless ones
         console.print(f"view channels: {len(info.views)} (JSON, for Foxglove; not replayed)")
         for c in info.views:
             console.print(f"  {c.topic}  {c.type}  {c.count:,} messages  {c.bytes:,} bytes")
