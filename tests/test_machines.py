@@ -266,9 +266,9 @@ def test_a_member_nobody_started_is_named_before_any_node_starts(
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="gpu-box") as info:
             mujou.run(placed_support.make_net,
-                      placement=mujou.Placement({"sim": "robot:physics", "ctrl": "gpu-box:control"},
-                                                listen=leader,
-                                                join_timeout=3),
+                      placement=mujou.Placement(
+                          {"sim": "robot:physics", "ctrl": "gpu-box:control"}, listen=leader,
+                          join_timeout=3),
                       timer="simulated", duration=0.2)
         assert "robot" in str(info.value)  # the members known
         assert time.monotonic() - t0 < 30
@@ -362,11 +362,9 @@ def test_a_machine_with_another_secret_is_refused_naming_it(
         t0 = time.monotonic()
         with pytest.raises(JoinTimeoutError, match="no member named 'robot'") as info:
             mujou.run(placed_support.make_net,
-                      placement=mujou.Placement({"sim": "robot:physics"},
-                                                listen=leader,
+                      placement=mujou.Placement({"sim": "robot:physics"}, listen=leader,
                                                 join_timeout=5),
-                      timer="simulated", duration=0.2, seed=7,
-                      start_timeout=60)
+                      timer="simulated", duration=0.2, seed=7, start_timeout=60)
         took = time.monotonic() - t0
         # the leader refuses every frame of it: it never joins, and both sides say why
         assert "MUJOU_SECRET" in "".join(info.value.__notes__)
@@ -424,10 +422,8 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
         with Member("spare", leader):
             run = mujou.run(placed_support.make_net,
                             placement=mujou.Placement({"sim": "robot,spare:physics"},
-                                                      listen=leader,
-                                                      heartbeat_timeout=1.0),
-                            timer="simulated",
-                            duration=20.0, seed=7, supervisor=sup())
+                                                      listen=leader, heartbeat_timeout=1.0),
+                            timer="simulated", duration=20.0, seed=7, supervisor=sup())
             try:
                 assert run.stats().groups["physics"].machine == "robot"
                 run.wait_for("ctrl.cmd", timeout=60)  # it runs: its machine goes now
@@ -466,10 +462,8 @@ def test_a_lost_machine_that_comes_back_gets_its_group_again(
     back = None
     try:
         run = mujou.run(placed_support.make_net,
-                        placement=mujou.Placement({"sim": "robot:physics"},
-                                                  listen=leader,
-                                                  join_timeout=60,
-                                                  heartbeat_timeout=1.0),
+                        placement=mujou.Placement({"sim": "robot:physics"}, listen=leader,
+                                                  join_timeout=60, heartbeat_timeout=1.0),
                         timer="simulated", duration=20.0, seed=7, supervisor=sup())
         try:
             first = run.stats().groups["physics"].pid

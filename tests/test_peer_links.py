@@ -336,8 +336,7 @@ def test_a_killed_group_on_peer_links_is_restored_and_ends_as_one_process(tmp_pa
         run = mujou.run(placed_support.make_crashing,
                         placement=mujou.Placement(ALL_PLACED,
                                                   net_kwargs={"marker": marker, "at": 7}),
-                        timer="simulated",
-                        duration=0.2, seed=7,
+                        timer="simulated", duration=0.2, seed=7,
                         supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
     run.join(120)
     assert os.path.exists(marker)  # it did crash, once

@@ -517,10 +517,8 @@ def test_a_rich_net_in_group_processes_ends_bit_identical_to_one_process() -> No
     placement = {"src": "a", "box": "b", "box.kid": "c", "box.kid.leaf": "host"}
     inputs = {"ctl.i1": "float", "box.i1": "tensor"}
     expected, expected_stats = _single(RICH, 0.02, seed=3, workers=2, inputs=inputs)
-    run = mujou.run(make_random_net,
-                    placement=mujou.Placement(placement, net_kwargs=RICH),
-                    timer="simulated",
-                    duration=0.02, seed=3, workers=2, inputs=_values(inputs))
+    run = mujou.run(make_random_net, placement=mujou.Placement(placement, net_kwargs=RICH),
+                    timer="simulated", duration=0.02, seed=3, workers=2, inputs=_values(inputs))
     try:
         run.join(120)
     finally:

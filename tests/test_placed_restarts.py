@@ -160,8 +160,7 @@ def test_groups_killed_at_random_moments_while_stats_are_polled_end_as_if_nothin
     run = mujou.run(placed_support.make_crashing,
                     placement=mujou.Placement({"crasher": "fragile"},
                                               net_kwargs={"marker": marker, "at": last_tick}),
-                    timer="simulated",
-                    duration=duration, seed=7,
+                    timer="simulated", duration=duration, seed=7,
                     supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05,
                                                 max_restarts=10))
     killed: list[int] = []
@@ -234,8 +233,7 @@ def test_a_worker_lost_as_the_run_ends_is_restored_on_the_fallback_or_fails_loud
             t0 = time.monotonic()
             run = mujou.run(placed_support.make_net,
                             placement=mujou.Placement({"sim": "robot,spare:physics"},
-                                                      listen=leader,
-                                                      heartbeat_timeout=1.0),
+                                                      listen=leader, heartbeat_timeout=1.0),
                             timer="simulated", duration=duration, seed=7,
                             supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.1))
             try:

@@ -198,8 +198,7 @@ def test_stop_while_a_group_is_stuck_waits_stop_timeout_once_and_names_node_and_
     run = mujou.run(placed_support.make_blocking,
                     placement=mujou.Placement({"b": "s"},
                                               net_kwargs={"entered": entered, "release": release}),
-                    timer="simulated",
-                    seed=7, stop_timeout=stop_timeout)
+                    timer="simulated", seed=7, stop_timeout=stop_timeout)
     try:
         pid = run.stats().groups["s"].pid
         _wait_for_file(entered)  # the hook is in (the run has no end)
@@ -231,8 +230,7 @@ def test_a_real_time_placed_run_reaching_its_duration_behind_a_stuck_hook_waits_
     run = mujou.run(placed_support.make_blocking,
                     placement=mujou.Placement({"b": "s"},
                                               net_kwargs={"entered": entered, "release": release}),
-                    timer="realtime",
-                    duration=duration, seed=7, stop_timeout=stop_timeout)
+                    timer="realtime", duration=duration, seed=7, stop_timeout=stop_timeout)
     end = time.monotonic() + duration  # at the latest: the clock started before the return
     try:
         _wait_for_file(entered)
@@ -258,8 +256,7 @@ def test_a_hook_that_does_not_return_in_a_group_process_is_logged_on_the_hosts_s
     run = mujou.run(placed_support.make_blocking,
                     placement=mujou.Placement({"b": "s"},
                                               net_kwargs={"entered": entered, "release": release}),
-                    timer="simulated",
-                    duration=0.1, seed=7, stop_timeout=1.0)
+                    timer="simulated", duration=0.1, seed=7, stop_timeout=1.0)
     err = ""
     try:
         _wait_for_file(entered)
