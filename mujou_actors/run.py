@@ -581,6 +581,8 @@ DEPRECATED: dict[str, tuple[str, str, str]] = {
     "heartbeat_timeout": ("placement", "heartbeat_timeout",
                           "placement=mujou.Placement({...}, heartbeat_timeout=...)"),
 }
+# The class of each argument's object.
+_SETTINGS: dict[str, Any] = {"record": Recording, "replay": Replay, "placement": Placement}
 
 
 def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement: Any,
@@ -616,9 +618,6 @@ def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement
         given[argument] = (dataclasses.replace(settings, **values) if isinstance(settings, kind)
                            else kind(settings, **values))
     return given["record"], given["replay"], given["placement"]
-
-
-_SETTINGS: dict[str, Any] = {"record": Recording, "replay": Replay, "placement": Placement}
 
 
 def _sets(settings: object, field: str) -> bool:
