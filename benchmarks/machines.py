@@ -3,7 +3,7 @@
 What is measured
 ----------------
 Every figure comes from real placed runs, ``mujou.run(make_machines,
-placement=..., listen=..., timer="realtime")``: groups started by the leader
+placement=mujou.Placement(..., listen=...), timer="realtime")``: groups started by the leader
 (this process) on member actor systems, port messages on the data plane between
 machines (TCP with the run's secret: CURVE, every message encrypted and
 authenticated) through the host's driver. Three ``mujou worker`` processes,
@@ -276,8 +276,8 @@ def use_secret() -> str:
 # --------------------------------------------------------------------------- one run
 
 
-def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | None,
-          **kwargs: Any) -> Any:
+def start(groups: dict[str, str], factory: Callable[..., Any], leader: str | None, *,
+          net_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """A real-time placed run of ``factory``; across machines when ``leader`` is given.
 
     A start across machines that fails is tried once more, and said so: the
@@ -286,8 +286,8 @@ def start(placement: dict[str, str], factory: Callable[..., Any], leader: str | 
     fails the start ("stopped answering while the group started"). The start
     is never timed.
     """
-    if leader is not None:
-        kwargs.update(listen=leader, join_timeout=60)
+    machines = {} if leader is None else {"listen": leader, "join_timeout": 60}
+    placement = mujou.Placement(groups, net_kwargs=net_kwargs, **machines)
 
     def run() -> Any:
         return mujou.run(factory, placement=placement, timer="realtime", seed=0,

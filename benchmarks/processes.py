@@ -102,8 +102,9 @@ def hop_mujou(kind: str, n: int, placed: bool, relay: bool = False) -> dict[str,
         with peer_links(not relay):
             # kick (one message at the start) placed too: a node left in the host's group
             # keeps the host's relay, and the row would not measure peer links.
-            run = mujou.run(nets.make_pingpong, placement={"kick": "a", "ping": "a", "pong": "b"},
-                            net_kwargs={"n": n, "kind": kind}, **kwargs)
+            placement = mujou.Placement({"kick": "a", "ping": "a", "pong": "b"},
+                                        net_kwargs={"n": n, "kind": kind})
+            run = mujou.run(nets.make_pingpong, placement=placement, **kwargs)
     else:
         run = mujou.run(nets.make_pingpong(n, kind), **kwargs)
     try:
@@ -193,8 +194,9 @@ def hop_thespian(n: int) -> dict[str, float] | None:
 
 def stream(per_tick: int, ticks: int) -> dict[str, float]:
     """Small messages from group ``a`` to group ``b`` as fast as they go (real time)."""
-    run = mujou.run(nets.make_stream, placement={"burst": "a", "sink": "b"},
-                    net_kwargs={"per_tick": per_tick, "ticks": ticks}, timer="realtime")
+    placement = mujou.Placement({"burst": "a", "sink": "b"},
+                                net_kwargs={"per_tick": per_tick, "ticks": ticks})
+    run = mujou.run(nets.make_stream, placement=placement, timer="realtime")
     try:
         run.wait_for("sink.done", timeout=TIMEOUT_S)
         state = run.state_dict(timeout=30)["nodes"]["sink"]
@@ -214,8 +216,9 @@ def steps(seconds: float, placed: bool, on_peers: bool = False,
     kwargs = {} if groups == 2 else {"groups": groups}
     if placed:
         with peer_links(on_peers):
-            run = mujou.run(factory, placement={p: p for p in factory(**kwargs)},
-                            net_kwargs=kwargs, timer="simulated", duration=seconds, seed=0)
+            placement = mujou.Placement({p: p for p in factory(**kwargs)}, net_kwargs=kwargs)
+            run = mujou.run(factory, placement=placement, timer="simulated", duration=seconds,
+                            seed=0)
     else:
         run = mujou.run(factory(**kwargs), timer="simulated", duration=seconds, seed=0)
     wall = _wall(run)
@@ -246,8 +249,10 @@ def cpu(work: int, seconds: float) -> dict[str, float]:
     walls = {}
     for placed in (False, True):
         if placed:
-            run = mujou.run(nets.make_spin, placement={"a": "a", "b": "b"},
-                            net_kwargs={"work": work}, timer="simulated", duration=seconds)
+            run = mujou.run(nets.make_spin,
+                            placement=mujou.Placement({"a": "a", "b": "b"},
+                                                      net_kwargs={"work": work}),
+                            timer="simulated", duration=seconds)
         else:
             run = mujou.run(nets.make_spin(work), timer="simulated", duration=seconds,
                             workers=2)

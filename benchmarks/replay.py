@@ -9,7 +9,7 @@ is recorded once for ``--duration`` seconds (simulated timer, seed 0,
 
 * **plain**: the net as recorded, simulated timer, one worker;
 * **replay**: the same net with ``physics`` replaced by the recording
-  (``replay=``, ``replace=["physics"]``: what ``mujou replay --speed 0``
+  (``replay=mujou.Replay(path, replace=["physics"])``: what ``mujou replay --speed 0``
   runs): MuJoCo does not run, its stand-in reads and decodes its recorded
   states as it sends them.
 
@@ -63,7 +63,7 @@ def one(kind: str, path: str, duration: float) -> dict[str, Any]:
     net = ip.make_net(seed=SEED)
     kwargs: dict[str, Any] = {"timer": "simulated", "duration": duration, "workers": 1}
     if kind == "replay":
-        kwargs.update(replay=path, replace=["physics"])
+        kwargs.update(replay=mujou.Replay(path, replace=["physics"]))
     else:
         kwargs.update(seed=SEED)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -81,8 +81,8 @@ def realtime(path: str, seconds: float, speed: float) -> dict[str, Any]:
     """A real-time replay of the first ``seconds`` of the recording, ``speed`` times faster."""
     net = ip.make_net(seed=SEED)
     wall = time.perf_counter()
-    run = mujou.run(net, timer="realtime", duration=seconds / speed, workers=1, replay=path,
-                    replace=["physics"], replay_speed=speed)
+    run = mujou.run(net, timer="realtime", duration=seconds / speed, workers=1,
+                    replay=mujou.Replay(path, replace=["physics"], speed=speed))
     run.join()
     wall = time.perf_counter() - wall
     physics = run.stats().nodes["physics"]

@@ -18,7 +18,7 @@ What is measured
   behind a flood: counted as ``dropped``).
 * **projection us/message**: `view.Projection.encode` (the JSON view: what the
   host thread does per watched message, and the recorder per message with
-  ``record_view=True``) of a float, a 16-element tensor, a 1 KiB tensor
+  ``Recording(view=True)``) of a float, a 16-element tensor, a 1 KiB tensor
   (256 elements), a 64 Ki-element tensor (statistics) and a 64x64 RGB image.
 
 The script imports ``mujou_actors`` from ``sys.path``: set ``PYTHONPATH`` to

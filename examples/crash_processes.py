@@ -183,11 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         supervisor = mujou.Supervisor("one_for_all", snapshot_every=args.snapshot_every)
-        run = mujou.run(make_net, placement=PLACEMENT,
-                        net_kwargs={"marker": marker, "crash_at": args.crash_at,
-                                    "seed": args.seed},
-                        timer="simulated", duration=args.duration, seed=args.seed,
-                        supervisor=supervisor)
+        placement = mujou.Placement(PLACEMENT, net_kwargs={
+            "marker": marker, "crash_at": args.crash_at, "seed": args.seed})
+        run = mujou.run(make_net, placement=placement, timer="simulated",
+                        duration=args.duration, seed=args.seed, supervisor=supervisor)
         started = time.perf_counter() - t0
         first_pid = run.stats().groups["control"].pid
         run.join()

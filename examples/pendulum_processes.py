@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. Placed: the function that builds the net, and its keyword arguments.
     t0 = time.perf_counter()
-    run = mujou.run(ip.make_net, placement=PLACEMENT, net_kwargs={"seed": args.seed},
-                    timer="simulated", duration=args.duration, seed=args.seed,
-                    workers=args.workers)
+    placement = mujou.Placement(PLACEMENT, net_kwargs={"seed": args.seed})
+    run = mujou.run(ip.make_net, placement=placement, timer="simulated",
+                    duration=args.duration, seed=args.seed, workers=args.workers)
     started = time.perf_counter() - t0  # the processes started, the nets built and checked
     run.join()
     placed_wall = time.perf_counter() - t0

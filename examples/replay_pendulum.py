@@ -68,8 +68,8 @@ def replay(path: str, duration: float, workers: int | None) -> str:
     """Step 2: the same net with its physics replayed from ``path``; its fingerprint."""
     net = ip.make_net(seed=SEED)
     started = time.perf_counter()
-    run = mujou.run(net, timer="simulated", duration=duration, workers=workers, replay=path,
-                    replace=["physics"])
+    run = mujou.run(net, timer="simulated", duration=duration, workers=workers,
+                    replay=mujou.Replay(path, replace=["physics"]))
     run.join()
     wall = time.perf_counter() - started
     print(f"replayed     physics from the file: {duration / wall:.1f}x real time, "

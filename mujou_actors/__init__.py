@@ -18,6 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from . import cuda as cuda  # the public submodule mujou.cuda
     from . import testing as testing  # the public submodule mujou.testing
+    from .distributed.placement import Placement
     from .errors import (
         AlgebraicLoopError,
         CallbackError,
@@ -38,6 +39,7 @@ if _typing.TYPE_CHECKING:
     from .recording.capsule import Capsule
     from .recording.liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
     from .recording.recorder import Recording
+    from .recording.replay import Replay
     from .run import Run, run
     from .snapshot import load, save
     from .stats import (
@@ -73,11 +75,13 @@ __all__ = [
     "NodeStats",
     "NotRunningError",
     "Output",
+    "Placement",
     "PortTypeError",
     "Recording",
     "RecordingChannelStats",
     "RecordingError",
     "RecordingStats",
+    "Replay",
     "Run",
     "RunStats",
     "SnapshotError",
@@ -104,7 +108,8 @@ _LAZY: dict[str, str] = {
     "FoxgloveServer": "recording.liveview", "FoxgloveStats": "recording.liveview",
     "serve_foxglove": "recording.liveview",
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
-    "Recording": "recording.recorder", "Run": "run", "run": "run", "load": "snapshot",
+    "Placement": "distributed.placement", "Recording": "recording.recorder",
+    "Replay": "recording.replay", "Run": "run", "run": "run", "load": "snapshot",
     "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",

@@ -6,12 +6,15 @@ as zero. Every argument that counts or measures something refuses True and
 False, and asks here rather than repeat the two ``isinstance`` calls.
 
 Subclasses of int and float pass (an ``IntEnum``, ``numpy.float64``), as they
-do for ``isinstance``. This module imports nothing from the package, so any
+do for ``isinstance``. `settings_repr` is the repr of the settings objects
+these checks guard. This module imports nothing from the package, so any
 module may use it.
 """
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import TypeGuard
 
 
@@ -66,3 +69,28 @@ def check_workers(workers: object, where: str, *, optional: bool = False) -> Non
                         f"({type(workers).__name__})")
     if workers < 1:
         raise ValueError(f"{where}: workers must be {expected}, got {workers}")
+
+
+def settings_repr(settings: object) -> str:
+    """The repr of a settings object (`mujou.Recording`, `Replay`, `Placement`...).
+
+    Its first argument, then every other one whose value differs from the
+    default of the class's ``__init__``: ``Recording('run.mcap', view=True)``.
+    Each argument is read back from the attribute of the same name.
+
+    Args:
+        settings (object): an instance whose ``__init__`` arguments are its attributes.
+
+    Returns:
+        str: ``Name(first, name=value, ...)``.
+    """
+    first, *rest = inspect.signature(type(settings)).parameters.values()
+    shown = [repr(_plain(getattr(settings, first.name)))]
+    shown += [f"{p.name}={_plain(getattr(settings, p.name))!r}" for p in rest
+              if getattr(settings, p.name) != p.default]
+    return f"{type(settings).__name__}({', '.join(shown)})"
+
+
+def _plain(value: object) -> object:
+    """A read-only mapping shown as the dict it copies (what the caller passed)."""
+    return dict(value) if isinstance(value, types.MappingProxyType) else value

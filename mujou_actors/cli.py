@@ -243,6 +243,32 @@ def parse_places(places: tuple[str, ...]) -> dict[str, str]:
     return placement
 
 
+def parse_placement(places: tuple[str, ...], net_kwargs: str | None, *, listen: str | None,
+                    join_timeout: float, allow_remote: bool,
+                    heartbeat_timeout: float) -> mujou.Placement:
+    """``--place`` and the options that go with it as the run's `mujou.Placement`.
+
+    ``--listen`` brings the convention's settings (``--join-timeout``,
+    ``--allow-remote``, ``--heartbeat-timeout``); without it they keep their
+    defaults (``--allow-remote`` may be there for ``--foxglove``).
+
+    Raises:
+        UsageError: a bad ``--place`` or ``--net-kwargs``; ``--listen`` with
+            no ``--place`` that names a machine.
+        TypeError / ValueError: what `mujou.Placement` refuses (exit 2 too).
+    """
+    groups = parse_places(places)
+    if listen is None:
+        return mujou.Placement(groups, net_kwargs=parse_net_kwargs(net_kwargs))
+    if not any(":" in group for group in groups.values()):
+        raise UsageError("--listen is where other machines join: it goes with a --place that "
+                         "names one (PATH=MACHINE:GROUP); every --place here keeps its group "
+                         "on this machine")
+    return mujou.Placement(groups, net_kwargs=parse_net_kwargs(net_kwargs), listen=listen,
+                           join_timeout=join_timeout, allow_remote=allow_remote,
+                           heartbeat_timeout=heartbeat_timeout)
+
+
 def parse_net_kwargs(text: str | None) -> dict[str, Any] | None:
     """``--net-kwargs JSON`` as a dict (None without it).
 
@@ -833,15 +859,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 capsule_path, seconds=capsule_seconds or snapshot_every or 5.0)
         if places:
             net: Any = factory_ref(target)
-            kwargs["placement"] = parse_places(places)
-            kwargs["net_kwargs"] = parse_net_kwargs(net_kwargs)
-            if listen is not None:
-                if not any(":" in group for group in kwargs["placement"].values()):
-                    raise UsageError("--listen is where other machines join: it goes with a "
-                                     "--place that names one (PATH=MACHINE:GROUP); every "
-                                     "--place here keeps its group on this machine")
-                kwargs.update(listen=listen, join_timeout=join_timeout,
-                              allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
+            kwargs["placement"] = parse_placement(
+                places, net_kwargs, listen=listen, join_timeout=join_timeout,
+                allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
         elif listen is not None:
             raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
@@ -855,12 +875,13 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         if check_read_only:  # with --place, each group's kernel checks its readers
             kwargs["check_read_only"] = True
         if record_path is not None:
-            kwargs.update(record=record_path, record_ports=list(record_ports) or None,
-                          record_snapshots=record_snapshots, record_view=record_view)
+            kwargs["record"] = mujou.Recording(record_path, ports=record_ports or None,
+                                               snapshots=record_snapshots, view=record_view)
         signals.mode = "defer"
         if places:
-            say(f"starting {len(set(kwargs['placement'].values()))} group process(es) and "
-                "the host (each imports the file and builds the net), then on_start ...")
+            groups = set(kwargs["placement"].groups.values())
+            say(f"starting {len(groups)} group process(es) and the host (each imports the file "
+                "and builds the net), then on_start ...")
         else:
             _say_starting(say, net)
         # issue 14: mujou.run takes a tuple of nodes too; its annotation says so after the split.
@@ -1038,12 +1059,13 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         net: Any = load_net(target, say=say)  # a tuple of nodes too (see run_command)
         signals.mode = "defer"
         _say_starting(say, net)
+        replay = mujou.Replay(recording, replace=paths, speed=1.0 if simulated else speed,
+                              loop=loop, allow_damaged=allow_damaged)
+        record = None if record_path is None else mujou.Recording(
+            record_path, ports=record_ports or None, view=record_view)
         run = mujou.run(net, timer="simulated" if simulated else "realtime",
-                        duration=duration, workers=workers, seed=seed, replay=recording,
-                        replace=paths, replay_speed=1.0 if simulated else speed,
-                        replay_loop=loop, replay_allow_damaged=allow_damaged, record=record_path,
-                        record_ports=list(record_ports) or None,
-                        record_view=record_view and record_path is not None)
+                        duration=duration, workers=workers, seed=seed, replay=replay,
+                        record=record)
         say("started")
         server = None
         try:
@@ -1237,7 +1259,8 @@ def workers_command(leader: tuple[str, int], as_json: bool, timeout: float,
         except ConnectionError as exc:
             raise click.ClickException(
                 f"{exc}. A run's leader listens only while that run goes (`mujou run ... "
-                f"--listen {leader[0]}:{leader[1]}`, or `mujou.run(..., listen=...)`)") from None
+                f"--listen {leader[0]}:{leader[1]}`, or `mujou.Placement(..., listen=...)`)"
+            ) from None
         if as_json:
             click.echo(json.dumps([{"name": m.name, "address": m.address,
                                     "capabilities": m.capabilities} for m in found],
@@ -1547,7 +1570,7 @@ def _print_recording(info: Any) -> None:
                       f"{c.bytes:,}", _seconds(c.first_ns), _seconds(c.last_ns),
                       f"{info.drops.get(c.topic, 0):,}")
     console.print(table)
-    if info.views:  # record_view: JSON channels for Foxglove, beside the lossless ones
+    if info.views:  # Recording(view=True): JSON channels for Foxglove, beside the lossless ones
         console.print(f"view channels: {len(info.views)} (JSON, for Foxglove; not replayed)")
         for c in info.views:
             console.print(f"  {c.topic}  {c.type}  {c.count:,} messages  {c.bytes:,} bytes")

@@ -69,19 +69,19 @@ def walk(net: Any) -> list[tuple[str, Node]]:
     return found
 
 
-def check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
+def check_seconds(name: str, value: Any, *, allow_zero: bool, where: str = "mujou.run") -> float:
     if not is_number(value):
-        raise TypeError(f"mujou.run: {name} must be a number of seconds, got {value!r}")
+        raise TypeError(f"{where}: {name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"mujou.run: {name} must be a finite number "
+        raise ValueError(f"{where}: {name} must be a finite number "
                          f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return float(value)
 
 
-def check_flag(name: str, value: Any) -> bool:
-    """A ``mujou.run`` argument that must be True or False (``stats``)."""
+def check_flag(name: str, value: Any, where: str = "mujou.run") -> bool:
+    """An argument of ``where`` that must be True or False (``mujou.run(stats=)``)."""
     if not isinstance(value, bool):
-        raise TypeError(f"mujou.run: {name} must be True or False, got {value!r}")
+        raise TypeError(f"{where}: {name} must be True or False, got {value!r}")
     return value
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +31,7 @@ from ._runtime.replay import Feed
 from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
+from .distributed.placement import Placement, as_placement
 from .errors import NetError, NotRunningError
 from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, check_depth
 from .net import (
@@ -51,10 +54,11 @@ from .recording.recorder import (
     Recorder,
     Recording,
     as_recording,
-    check_patterns,
     run_metadata,
     select_outputs,
 )
+from .recording.replay import Replay, as_replay, check_timer, warn_no_duration
+from .recording.replay import plan as plan_replay
 from .stats import NodeStats, RunStats, WorkerStats, percentile
 from .supervisor import Supervisor
 from .timers import Timer
@@ -355,23 +359,23 @@ def run(
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-    placement: Mapping[str, str] | None = None,
-    net_kwargs: Mapping[str, Any] | None = None,
-    listen: str | None = None,
-    join_timeout: float = 30.0,
-    allow_remote: bool = False,
-    heartbeat_timeout: float = 1.0,
+    placement: Placement | Mapping[str, str] | None = None,
     record: str | os.PathLike[str] | Recording | None = None,
-    record_ports: Sequence[str] | None = None,
-    record_snapshots: bool = False,
-    record_view: bool = False,
-    replay: str | os.PathLike[str] | None = None,
-    replace: Iterable[str] | None = None,
-    replay_speed: float = 1.0,
-    replay_loop: bool = False,
-    replay_allow_damaged: bool = False,
+    replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
+    record_ports: Sequence[str] | None = None,
+    record_snapshots: bool | None = None,
+    record_view: bool | None = None,
+    replace: Iterable[str] | None = None,
+    replay_speed: float | None = None,
+    replay_loop: bool | None = None,
+    replay_allow_damaged: bool | None = None,
+    net_kwargs: Mapping[str, Any] | None = None,
+    listen: str | None = None,
+    join_timeout: float | None = None,
+    allow_remote: bool | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> Run:
     """Start a net and return the started `Run`.
 
@@ -442,53 +446,32 @@ def run(
             never let time advance; an instant past this limit stops the run
             and ``join()`` raises `AlgebraicLoopError`, naming the nodes and
             the instant. Default: 10000.
-        placement (Mapping[str, str], optional): run groups of nodes in
-            processes of their own (docs/processes.md): node path (its whole
-            subtree) -> group name; nodes not named stay in this process (the
-            group ``"host"``). ``net`` must then be the module-level function
-            that builds the net (or ``"module:function"``), which every process
-            calls. The returned run has the same API. Default: one process.
-        net_kwargs (Mapping[str, Any], optional): with ``placement``, the
-            keyword arguments of every call of the net function: plain data
-            (the snapshot codec's types), never pickled.
-        listen (str, optional): with a placement that puts groups on other
-            machines (``"robot:control"``: docs/machines.md), the
-            ``"HOST:PORT"`` this process listens on as the leader of the
-            machines' convention: what each member's ``mujou worker --join``
-            names. Default: none (one machine).
-        join_timeout (float): wall seconds to wait for the machines the
-            placement names to join, before any node starts. Default: 30.
-        allow_remote (bool): let ``listen`` be an address other machines can
-            reach. Thespian's control plane unpickles what reaches it, so this
-            says the network is trusted (docs/machines.md, "Security").
-            Default: False (loopback only).
-        heartbeat_timeout (float): wall seconds without an answer to the run's
-            heartbeat after which a group on another machine counts as lost
-            (and the supervisor restarts it, or the run fails with
-            `GroupDied`). Default: 1.
+        placement (Placement | Mapping[str, str], optional): run groups of
+            nodes in processes of their own (docs/processes.md), and on other
+            machines (docs/machines.md): a `Placement`, or its mapping of node
+            path (its whole subtree) -> group name alone; nodes not named stay
+            in this process (the group ``"host"``). ``net`` must then be the
+            module-level function that builds the net (or
+            ``"module:function"``), which every process calls with
+            ``Placement.net_kwargs``. The returned run has the same API.
+            Default: one process.
         record (str | os.PathLike | Recording, optional): record the messages
-            of the Outputs to this MCAP file (docs/recording.md): one channel
+            of the Outputs to an MCAP file (docs/recording.md): one channel
             per Output, each message with its send time and delta cycle,
-            lossless; the run's metadata (seeds, versions, the net). A
-            `Recording` sets the writer's queue bounds and what a full queue
-            does. Whether the file can be written is checked before anything
-            starts. The file is complete when `Run.join` returns; a crash
-            leaves it readable up to its last chunk. Default: None (nothing
-            recorded, and nothing of recording costs anything).
-        record_ports (Sequence[str], optional): which Outputs to record: glob
-            patterns (fnmatch) over their paths, ``["sim.*", "ctrl.command"]``.
-            Default: every Output.
-        record_snapshots (bool): attach the supervisor's snapshots to the
-            recording (needs a ``Supervisor(snapshot_every=...)``). Default: False.
-        record_view (bool): also write each recorded Output's JSON view
-            (channel ``/view/<path>``, JSON with a JSON Schema, or
-            ``foxglove.RawImage`` for an image port) beside its lossless
-            channel, so that Foxglove plots the file (docs/recording.md,
-            "Viewing a run in Foxglove"); made on the recorder's thread.
-            ``Recording(view=True)`` says the same. Default: False.
-        replay (str | os.PathLike, optional): a recording (``record=``, an
-            MCAP file) to replay the nodes of ``replace`` from
-            (docs/recording.md, "Replay"). Their code does not run: a
+            lossless; the run's metadata (seeds, versions, the net). A path,
+            or a `Recording` that also says which Outputs, whether to attach
+            the supervisor's snapshots and to write Foxglove's view channels,
+            and the writer's queue bounds. Whether the file can be written is
+            checked before anything starts. The file is complete when
+            `Run.join` returns; a crash leaves it readable up to its last
+            chunk. Default: None (nothing recorded, and nothing of recording
+            costs anything).
+        replay (str | os.PathLike | Replay, optional): a recording
+            (``record=``, an MCAP file) to replay nodes from
+            (docs/recording.md, "Replay"): a `Replay`, which names the nodes
+            it replaces (``replace``), its speed and whether to loop, or the
+            file's path alone (nothing replaced: the net reruns with the
+            recorded seeds). The replaced nodes' code does not run: a
             stand-in with the node's path, Outputs and order sends each
             recorded message at its recorded time and delta cycle, so with the
             simulated timer every reader gets exactly what it got in the
@@ -496,22 +479,6 @@ def run(
             which never wakes them. Nodes without a seed of their own (and
             without ``seed=``) get the seeds of the recorded run. One process
             only (no ``placement``). Default: None.
-        replace (Iterable[str], optional): with ``replay``, the paths of the
-            nodes to replace, each with its subtree (``[]``: none; the net
-            reruns with the recording's seeds).
-        replay_speed (float): with ``replay`` and the real-time timer, how many
-            times faster than recorded the messages come (``2``: twice as
-            fast); the simulated timer replays the recorded times exactly (as
-            fast as the net runs) and takes only 1. Default: 1.
-        replay_loop (bool): with ``replay``, start the recording again at its
-            end, each pass one recording's length later (what ``on_start``
-            sent comes once). Default: False.
-        replay_allow_damaged (bool): with ``replay``, replay a damaged file
-            (a checksum that does not match, a record that does not read) up
-            to its first damaged record, as if a crash had cut it there, with a
-            warning in the log; by default such a file is refused with
-            `RecordingError` (docs/recording.md, "Untrusted files").
-            Default: False.
         record_on_failure (str | os.PathLike | Capsule, optional): keep a
             crash capsule (docs/recording.md, "Crash capsules"): every
             message of every Output since the older of the last two
@@ -535,6 +502,20 @@ def run(
             tensors: they are pickled twice), and nothing when off. With
             ``placement``, each group's kernel checks its own readers.
             Default: False.
+
+    Deprecated:
+        Each of these keywords sets one field of ``record=``, ``replay=`` or
+        ``placement=`` (whose plain form, a path or a mapping, it turns into
+        the object), warns with a `DeprecationWarning`, and goes in the next
+        release: ``record_ports``, ``record_snapshots``, ``record_view``
+        (`Recording`'s ``ports``, ``snapshots``, ``view``); ``replace``,
+        ``replay_speed``, ``replay_loop``, ``replay_allow_damaged``
+        (`Replay`'s ``replace``, ``speed``, ``loop``, ``allow_damaged``);
+        ``net_kwargs``, ``listen``, ``join_timeout``, ``allow_remote``,
+        ``heartbeat_timeout`` (`Placement`'s fields of those names). None
+        (the default) is not given. Given without its argument it is a
+        ``TypeError``; given with an object that sets the same field, a
+        ``ValueError`` naming both.
 
     Returns:
         Run: the started run.
@@ -561,24 +542,94 @@ def run(
             no new file (``IsADirectoryError``, ``NotADirectoryError``,
             ``PermissionError``); raised before any node is claimed.
         RecordingError: ``replay`` is not an MCAP file, not a mujou
-            recording, or damaged and not ``replay_allow_damaged``
+            recording, or damaged and not ``Replay.allow_damaged``
             (``FileNotFoundError``: there is no such file).
-        ValueError: a path of ``replace`` is no node (the nodes are listed), or
+        ValueError: a path of ``Replay.replace`` is no node (the nodes are listed), or
             an Output of a replaced node that a node which runs reads is not in
             the recording (the missing channels are named).
     """
+    old = {name: value for name, value in (
+        ("record_ports", record_ports), ("record_snapshots", record_snapshots),
+        ("record_view", record_view), ("replace", replace), ("replay_speed", replay_speed),
+        ("replay_loop", replay_loop), ("replay_allow_damaged", replay_allow_damaged),
+        ("net_kwargs", net_kwargs), ("listen", listen), ("join_timeout", join_timeout),
+        ("allow_remote", allow_remote), ("heartbeat_timeout", heartbeat_timeout),
+    ) if value is not None}
+    if old:
+        record, replay, placement = _fold_deprecated(old, record, replay, placement)
     return _start(net, seams=Seams(), workers=workers, timer=timer, duration=duration,
                   seed=seed, inputs=inputs, state=state, supervisor=supervisor, trace=trace,
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                   start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
-                  placement=placement, net_kwargs=net_kwargs,
-                  listen=listen, join_timeout=join_timeout, allow_remote=allow_remote,
-                  heartbeat_timeout=heartbeat_timeout, record=record, record_ports=record_ports,
-                  record_snapshots=record_snapshots, record_view=record_view,
-                  replay=replay, replace=replace,
-                  replay_speed=replay_speed, replay_loop=replay_loop,
-                  replay_allow_damaged=replay_allow_damaged,
+                  placement=placement, record=record, replay=replay,
                   record_on_failure=record_on_failure, check_read_only=check_read_only)
+
+
+# The keywords of `run` that each set one field of record=, replay= or placement=, from
+# before those took objects; they warn, and go in the next release. Old keyword -> the
+# argument that holds it now, its field there, and the new form the warning names.
+DEPRECATED: dict[str, tuple[str, str, str]] = {
+    "record_ports": ("record", "ports", "record=mujou.Recording(path, ports=[...])"),
+    "record_snapshots": ("record", "snapshots", "record=mujou.Recording(path, snapshots=True)"),
+    "record_view": ("record", "view", "record=mujou.Recording(path, view=True)"),
+    "replace": ("replay", "replace", "replay=mujou.Replay(path, replace=[...])"),
+    "replay_speed": ("replay", "speed", "replay=mujou.Replay(path, speed=...)"),
+    "replay_loop": ("replay", "loop", "replay=mujou.Replay(path, loop=True)"),
+    "replay_allow_damaged": ("replay", "allow_damaged",
+                             "replay=mujou.Replay(path, allow_damaged=True)"),
+    "net_kwargs": ("placement", "net_kwargs",
+                   "placement=mujou.Placement({...}, net_kwargs={...})"),
+    "listen": ("placement", "listen", "placement=mujou.Placement({...}, listen='HOST:PORT')"),
+    "join_timeout": ("placement", "join_timeout",
+                     "placement=mujou.Placement({...}, join_timeout=...)"),
+    "allow_remote": ("placement", "allow_remote",
+                     "placement=mujou.Placement({...}, allow_remote=True)"),
+    "heartbeat_timeout": ("placement", "heartbeat_timeout",
+                          "placement=mujou.Placement({...}, heartbeat_timeout=...)"),
+}
+# The class of each argument's object.
+_SETTINGS: dict[str, Any] = {"record": Recording, "replay": Replay, "placement": Placement}
+
+
+def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement: Any,
+                     ) -> tuple[Any, Any, Any]:
+    """``record``, ``replay`` and ``placement`` with the deprecated keywords ``old`` set in them.
+
+    Each keyword warns (at the line that called `run`), then sets its field
+    of the object its argument is, or becomes: a path ``Recording(path,
+    ports=...)``, a mapping ``Placement(mapping, listen=...)``.
+
+    Raises:
+        TypeError: a keyword without its argument (``record_ports`` without
+            ``record``).
+        ValueError: a keyword whose field the object sets too (names both).
+    """
+    given = {"record": record, "replay": replay, "placement": placement}
+    fields: dict[str, dict[str, Any]] = {}
+    for name, value in old.items():
+        argument, field, new = DEPRECATED[name]
+        # stacklevel 3: here, run(), then the caller's line
+        warnings.warn(f"{name}= is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+        settings = given[argument]
+        if settings is None:
+            raise TypeError(f"mujou.run: {name}= goes with {argument}= (it sets its {field}): "
+                            f"use {new}")
+        if isinstance(settings, _SETTINGS[argument]) and _sets(settings, field):
+            raise ValueError(f"mujou.run: {name}= and {argument}={settings!r} both set "
+                             f"{field}: use {new} alone")
+        fields.setdefault(argument, {})[field] = value
+    for argument, values in fields.items():
+        # Every field at once: Placement checks listen= against the machines its groups name.
+        settings, kind = given[argument], _SETTINGS[argument]
+        given[argument] = (dataclasses.replace(settings, **values) if isinstance(settings, kind)
+                           else kind(settings, **values))
+    return given["record"], given["replay"], given["placement"]
+
+
+def _sets(settings: object, field: str) -> bool:
+    """Whether a settings object gives ``field`` another value than its ``__init__``'s default."""
+    default = inspect.signature(type(settings)).parameters[field].default
+    return bool(getattr(settings, field) != default)
 
 
 def _start(
@@ -598,70 +649,42 @@ def _start(
     stop_timeout: float = 10.0,
     start_timeout: float = 60.0,
     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-    placement: Mapping[str, str] | None = None,
-    net_kwargs: Mapping[str, Any] | None = None,
-    listen: str | None = None,
-    join_timeout: float = 30.0,
-    allow_remote: bool = False,
-    heartbeat_timeout: float = 1.0,
+    placement: Placement | Mapping[str, str] | None = None,
     record: str | os.PathLike[str] | Recording | None = None,
-    record_ports: Sequence[str] | None = None,
-    record_snapshots: bool = False,
-    record_view: bool = False,
-    replay: str | os.PathLike[str] | None = None,
-    replace: Iterable[str] | None = None,
-    replay_speed: float = 1.0,
-    replay_loop: bool = False,
-    replay_allow_damaged: bool = False,
+    replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
-    The same arguments, defaults and errors as `run` (a test checks that the
-    two signatures agree), and ``seams`` (`Seams`).
+    The arguments, defaults and errors of `run` but its deprecated keywords
+    (a test checks that the two signatures agree), and ``seams`` (`Seams`).
     """
     args = _check_arguments(seams, workers=workers, timer=timer, duration=duration,
                             seed=seed, state=state, supervisor=supervisor, trace=trace,
                             cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                             start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
-                            record=record,
-                            record_ports=record_ports, record_snapshots=record_snapshots,
-                            record_view=record_view)
-    join_limit = check_seconds("join_timeout", join_timeout, allow_zero=False)
-    heartbeat_limit = check_seconds("heartbeat_timeout", heartbeat_timeout, allow_zero=False)
-    check_flag("allow_remote", allow_remote)
-    if listen is not None and not isinstance(listen, str):
-        raise TypeError(f"mujou.run: listen must be a 'HOST:PORT' str, got "
-                        f"{type(listen).__name__}")
-    replaying = _check_replay(args, replay, replace, replay_speed, replay_loop,
-                              replay_allow_damaged, placement)
+                            record=record)
+    placing = as_placement(placement)
+    replaying = _check_replay(args, replay, placing)
     if check_flag("check_read_only", check_read_only):
         # One process wraps its readers' updates (_build); a placed run's kernels theirs.
         args = dataclasses.replace(args, check_read_only=True)
     capsule = as_capsule(record_on_failure)
     if capsule is not None:
-        if placement is not None:
+        if placing is not None:
             raise ValueError("mujou.run: record_on_failure keeps a crash capsule in one "
                              "process; placement is not supported with it")
         args = dataclasses.replace(args, capsule=capsule,
                                    supervisor=_capsule_supervisor(args.supervisor, capsule))
-    if placement is not None:
-        from .distributed.placed import Machines
+    if placing is not None:
         from .distributed.placed import start as start_placed
 
-        machines = Machines(listen, join_limit, allow_remote, heartbeat_limit)
-        return _attach(start_placed(net, placement=placement, net_kwargs=net_kwargs, args=args,
-                                    inputs=inputs, state=state, machines=machines), args, net)
-    if net_kwargs is not None:
-        raise TypeError("mujou.run: net_kwargs goes with placement (the keyword arguments of "
-                        "the function that builds the net); without placement, pass the net")
-    if listen is not None:
-        raise TypeError("mujou.run: listen goes with a placement that puts groups on other "
-                        "machines ('machine:group'); without placement, nothing listens")
+        return _attach(start_placed(net, placement=placing, args=args, inputs=inputs,
+                                    state=state), args, net)
     plan = _check_net(net, args, inputs, state)
     if replaying is not None:
-        plan = _plan_replay(plan, args, *replaying)
+        plan = _plan_replay(plan, args, replaying)
     coordinator, host = _build(plan, args, seams)
     return _begin(coordinator, host, plan, args, net)
 
@@ -693,8 +716,6 @@ class _Arguments:
     cuda_sync: str
     tracer: Tracer | None
     recording: Recording | None = None  # record=, checked (its file can be written)
-    record_ports: tuple[str, ...] | None = None  # the glob patterns; None: every Output
-    record_snapshots: bool = False
     capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
     check_read_only: bool = False  # wrap each reader's update (actor.guard_read_only)
     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES  # an instant's delta cycles, at most
@@ -718,10 +739,7 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
                      trace: str | os.PathLike[str] | Tracer | None, cuda_sync: str,
                      stats: bool, stop_timeout: float, start_timeout: float,
                      max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-                     record: str | os.PathLike[str] | Recording | None = None,
-                     record_ports: Sequence[str] | None = None,
-                     record_snapshots: bool = False,
-                     record_view: bool = False) -> _Arguments:
+                     record: str | os.PathLike[str] | Recording | None = None) -> _Arguments:
     """Check every argument that does not need the net; nothing is claimed yet."""
     t = seams.make_timer(timer)
     check_workers(workers, "mujou.run", optional=True)
@@ -742,25 +760,17 @@ def _check_arguments(seams: Seams, *, workers: int | None, timer: str,
     tree = load_state(state)
     check_cuda_sync(cuda_sync)
     tracer = as_tracer(trace)
-    patterns = check_patterns(record_ports)
-    check_flag("record_snapshots", record_snapshots)
-    check_flag("record_view", record_view)
-    if record is None and (patterns is not None or record_snapshots or record_view):
-        raise TypeError("mujou.run: record_ports, record_snapshots and record_view go with "
-                        "record= (the MCAP file to record to)")
-    if record_snapshots and (supervisor is None or supervisor.snapshot_every is None):
-        raise ValueError("mujou.run: record_snapshots=True attaches the supervisor's "
-                         "snapshots, and this run takes none: pass "
-                         "supervisor=mujou.Supervisor(snapshot_every=...)")
     recording = as_recording(record)
-    if record_view and recording is not None and not recording.view:
-        recording = copy.copy(recording)
-        recording.view = True
+    if recording is not None:
+        if recording.snapshots and (supervisor is None or supervisor.snapshot_every is None):
+            raise ValueError("mujou.run: Recording(snapshots=True) attaches the supervisor's "
+                             "snapshots, and this run takes none: pass "
+                             "supervisor=mujou.Supervisor(snapshot_every=...)")
+        check_writable(recording.path, "mujou.run: record file", make_folders=True)
     return _Arguments(timer=t, workers=workers, end_s=end_s, stop_timeout=timeout,
                       start_timeout=start_limit, max_delta_cycles=max_delta_cycles,
                       seed=seed, stats=stats, supervisor=supervisor,
-                      tree=tree, cuda_sync=cuda_sync, tracer=tracer, recording=recording,
-                      record_ports=patterns, record_snapshots=record_snapshots)
+                      tree=tree, cuda_sync=cuda_sync, tracer=tracer, recording=recording)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -812,7 +822,7 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
             check_fit(args.tree, found, ports, state)
         seeds = settle_seeds(found, args.tree, args.seed)
         recorded = ([] if args.recording is None
-                    else select_outputs(ports, args.record_ports))
+                    else select_outputs(ports, args.recording.ports))
     except BaseException:
         for node, old in previous:  # a refused run leaves the nodes as they were
             node._mujou_path = old
@@ -821,57 +831,39 @@ def _check_net(net: Node | list[Node] | dict[str, Node], args: _Arguments,
                  recorded=recorded)
 
 
-def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | None,
-                  replace: Iterable[str] | None, speed: float, loop: bool,
-                  allow_damaged: bool, placement: Mapping[str, str] | None,
-                  ) -> tuple[str | os.PathLike[str], list[str], float, bool, bool] | None:
-    """Check the replay's arguments that do not need the net; None without ``replay``."""
-    if replay is None:
-        if replace is not None:
-            raise TypeError("mujou.run: replace goes with replay (the recording the replaced "
-                            "nodes' messages come from)")
-        if speed != 1.0 or loop is not False or allow_damaged is not False:
-            raise TypeError("mujou.run: replay_speed, replay_loop and replay_allow_damaged "
-                            "go with replay")
+def _check_replay(args: _Arguments, replay: str | os.PathLike[str] | Replay | None,
+                  placement: Placement | None) -> Replay | None:
+    """Check ``replay`` as far as it does not need the net; None without one."""
+    replaying = as_replay(replay)
+    if replaying is None:
         return None
     if placement is not None:
         raise ValueError("mujou.run: replay runs in one process; placement is not supported "
                          "with it")
-    from .recording.replay import check_replace, check_speed  # it imports mcap: only for a replay
-
-    if replace is None:
-        raise TypeError("mujou.run: replay needs replace: the paths of the nodes whose "
-                        "recorded messages stand in for them (replace=['sim']; [] for none)")
-    return (replay, check_replace(replace), check_speed(speed, args.timer.simulated),
-            check_flag("replay_loop", loop), check_flag("replay_allow_damaged", allow_damaged))
+    check_timer(replaying, args.timer.simulated)
+    return replaying
 
 
-def _plan_replay(plan: _Plan, args: _Arguments, path: str | os.PathLike[str],
-                 replace: list[str], speed: float, loop: bool, allow_damaged: bool) -> _Plan:
+def _plan_replay(plan: _Plan, args: _Arguments, replay: Replay) -> _Plan:
     """Check the replay against the net and the file; the plan with the stand-ins' feeds.
 
     Nodes that the run seeds (no seed of their own, no tree's, no ``seed=``)
     get the recorded run's seeds. A refused replay leaves the nodes named as
     they were.
     """
-    from .recording.replay import plan as plan_replay
-    from .recording.replay import warn_no_duration
-
     try:
-        replay = plan_replay(path, replace, plan.found, plan.ports,
-                             simulated=args.timer.simulated, speed=speed, loop=loop,
-                             allow_damaged=allow_damaged)
+        planned = plan_replay(replay, plan.found, plan.ports, simulated=args.timer.simulated)
     except BaseException:
         plan.give_back_paths()
         raise
-    warn_no_duration(replay, loop, args.end_s)
+    warn_no_duration(planned, replay.loop, args.end_s)
     seeds = dict(plan.seeds)
     if args.seed is None:
         tree_seeds = {} if args.tree is None else args.tree["seeds"]
         for path_, node in plan.found:
-            if node._mujou_seed is None and path_ not in tree_seeds and path_ in replay.seeds:
-                seeds[path_] = replay.seeds[path_]
-    return dataclasses.replace(plan, seeds=seeds, replaced=replay.feeds)
+            if node._mujou_seed is None and path_ not in tree_seeds and path_ in planned.seeds:
+                seeds[path_] = planned.seeds[path_]
+    return dataclasses.replace(plan, seeds=seeds, replaced=planned.feeds)
 
 
 def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Host]:
@@ -927,11 +919,10 @@ def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: in
                (plan.ports[path] for path in plan.recorded) if isinstance(port, Output)]
     metadata = run_metadata(plan.found, plan.ports, seeds=plan.seeds, seed=args.seed,
                             timer="simulated" if args.timer.simulated else "realtime",
-                            workers=workers, placement=None, patterns=args.record_ports)
+                            workers=workers, placement=None, patterns=args.recording.ports)
     channels = [ChannelSpec.of(output, actor.path, actor.order) for output, actor in outputs]
     recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
-                        host_copy=None if wiring.rt is None else wiring.host_copy,
-                        snapshots=args.record_snapshots)
+                        host_copy=None if wiring.rt is None else wiring.host_copy)
     coordinator.attach_recorder(recorder)
     for ch, (output, actor) in enumerate(outputs):
         wiring.listen(output, recorder.hook(ch, actor))

@@ -42,13 +42,12 @@ def record(net: Any, path: str | os.PathLike[str], *, only: Iterable[str] | None
     """Run ``net`` to its end with ``mujou.run(**kwargs)``, recording to ``path``.
 
     Args:
-        only: ``record_ports`` (fnmatch patterns of the Output paths); None: all.
+        only: ``Recording(ports=)`` (fnmatch patterns of the Output paths); None: all.
 
     Returns:
         Run: the ended run (joined).
     """
-    run = mujou.run(net, record=path, record_ports=None if only is None else list(only),
-                    **kwargs)
+    run = mujou.run(net, record=mujou.Recording(path, ports=only), **kwargs)
     run.join()
     return run
 

@@ -35,7 +35,7 @@ def start(kind: str, factory: Callable[[], dict[str, mujou.Node]],
     """The net of ``factory``, simulated, seed 7: in this process or placed."""
     if kind == "local":
         return mujou.run(factory(), timer="simulated", duration=duration, seed=7)
-    return placed.start(factory, placement=PLACEMENTS[factory.__name__], net_kwargs=None,
+    return placed.start(factory, placement=mujou.Placement(PLACEMENTS[factory.__name__]),
                         args=_args(duration), inputs=None, state=None,
                         make_system=InProcessSystem)
 

@@ -33,9 +33,8 @@ def _placed(timer: str, max_delta_cycles: int, make: Callable[..., Any] = make_l
                             supervisor=None, trace=None, cuda_sync="block", stats=True,
                             stop_timeout=5.0, start_timeout=60.0,
                             max_delta_cycles=max_delta_cycles)
-    return placed.start(make, placement=placement or {"plant": "p", "ctrl": "c"},
-                        net_kwargs=None, args=args, inputs=None, state=None,
-                        make_system=InProcessSystem)
+    return placed.start(make, placement=mujou.Placement(placement or {"plant": "p", "ctrl": "c"}),
+                        args=args, inputs=None, state=None, make_system=InProcessSystem)
 
 
 def test_a_loop_of_two_triggered_nodes_stops_a_simulated_run_naming_both_and_the_instant(

@@ -84,10 +84,10 @@ def test_groups_on_two_members_match_one_process_and_leave_nothing_behind(
     leader = f"127.0.0.1:{port}"
     with (Member("robot", leader) as robot, Member("gpu-box", leader) as gpu,
           _pids_seen(robot, gpu) as (on_robot, on_gpu)):
-        run = mujou.run(placed_support.make_net,
-                        placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
-                        timer="simulated", duration=0.2, seed=7, workers=2, listen=leader,
-                        join_timeout=30)
+        placement = mujou.Placement({"sim": "robot:physics", "ctrl": "gpu-box:control"},
+                                    listen=leader, join_timeout=30)
+        run = mujou.run(placed_support.make_net, placement=placement,
+                        timer="simulated", duration=0.2, seed=7, workers=2)
         stats = run.stats()
         run.join(60)
         assert_same_tree(run.state_dict(), expected)
@@ -129,10 +129,10 @@ def test_stats_and_the_trace_of_a_real_time_run_carry_each_machines_clock_offset
     path = tmp_path / "t.json"
     leader = f"127.0.0.1:{_free_port()}"
     with Member("robot", leader), Member("gpu-box", leader):
-        run = mujou.run(placed_support.make_net,
-                        placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
-                        timer="realtime", duration=1.5, seed=7, workers=1, listen=leader,
-                        trace=path)
+        placement = mujou.Placement({"sim": "robot:physics", "ctrl": "gpu-box:control"},
+                                    listen=leader)
+        run = mujou.run(placed_support.make_net, placement=placement, timer="realtime",
+                        duration=1.5, seed=7, workers=1, trace=path)
         run.join(60)
     stats = run.stats()
     for name, group in [("robot", "physics"), ("gpu-box", "control")]:
@@ -266,8 +266,10 @@ def test_a_member_nobody_started_is_named_before_any_node_starts(
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="gpu-box") as info:
             mujou.run(placed_support.make_net,
-                      placement={"sim": "robot:physics", "ctrl": "gpu-box:control"},
-                      timer="simulated", duration=0.2, listen=leader, join_timeout=3)
+                      placement=mujou.Placement(
+                          {"sim": "robot:physics", "ctrl": "gpu-box:control"}, listen=leader,
+                          join_timeout=3),
+                      timer="simulated", duration=0.2)
         assert "robot" in str(info.value)  # the members known
         assert time.monotonic() - t0 < 30
 
@@ -359,9 +361,10 @@ def test_a_machine_with_another_secret_is_refused_naming_it(
     try:
         t0 = time.monotonic()
         with pytest.raises(JoinTimeoutError, match="no member named 'robot'") as info:
-            mujou.run(placed_support.make_net, placement={"sim": "robot:physics"},
-                      timer="simulated", duration=0.2, seed=7, listen=leader,
-                      start_timeout=60, join_timeout=5)
+            mujou.run(placed_support.make_net,
+                      placement=mujou.Placement({"sim": "robot:physics"}, listen=leader,
+                                                join_timeout=5),
+                      timer="simulated", duration=0.2, seed=7, start_timeout=60)
         took = time.monotonic() - t0
         # the leader refuses every frame of it: it never joins, and both sides say why
         assert "MUJOU_SECRET" in "".join(info.value.__notes__)
@@ -395,8 +398,9 @@ def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
     try:
         with pytest.raises(mujou.NetError, match=r"group 'physics' built another net than "
                                                  r"the host.*'extra'"):
-            mujou.run(placed_support.make_net_by_machine, placement={"sim": "robot:physics"},
-                      timer="simulated", duration=0.2, seed=7, listen=leader)
+            mujou.run(placed_support.make_net_by_machine,
+                      placement=mujou.Placement({"sim": "robot:physics"}, listen=leader),
+                      timer="simulated", duration=0.2, seed=7)
     finally:
         _stop_worker(robot)
 
@@ -417,9 +421,9 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
     try:
         with Member("spare", leader):
             run = mujou.run(placed_support.make_net,
-                            placement={"sim": "robot,spare:physics"}, timer="simulated",
-                            duration=20.0, seed=7, supervisor=sup(), listen=leader,
-                            heartbeat_timeout=1.0)
+                            placement=mujou.Placement({"sim": "robot,spare:physics"},
+                                                      listen=leader, heartbeat_timeout=1.0),
+                            timer="simulated", duration=20.0, seed=7, supervisor=sup())
             try:
                 assert run.stats().groups["physics"].machine == "robot"
                 run.wait_for("ctrl.cmd", timeout=60)  # it runs: its machine goes now
@@ -457,9 +461,10 @@ def test_a_lost_machine_that_comes_back_gets_its_group_again(
     robot = _worker("robot", leader, SECRET)
     back = None
     try:
-        run = mujou.run(placed_support.make_net, placement={"sim": "robot:physics"},
-                        timer="simulated", duration=20.0, seed=7, supervisor=sup(),
-                        listen=leader, heartbeat_timeout=1.0, join_timeout=60)
+        run = mujou.run(placed_support.make_net,
+                        placement=mujou.Placement({"sim": "robot:physics"}, listen=leader,
+                                                  join_timeout=60, heartbeat_timeout=1.0),
+                        timer="simulated", duration=20.0, seed=7, supervisor=sup())
         try:
             first = run.stats().groups["physics"].pid
             run.wait_for("ctrl.cmd", timeout=60)

@@ -189,9 +189,9 @@ def test_a_hook_that_fails_in_a_segment_fails_the_run_naming_it() -> None:
     placed_support.Flaky.failures = 0
     with peer_links():
         run = placed.start(placed_support.make_flaky,
-                           placement={"flaky": "a", "sim": "b", "ctrl": "b", "log": "b",
-                                      "count": "a"},
-                           net_kwargs=None, args=_args(0.1, workers=1, seed=7),
+                           placement=mujou.Placement({"flaky": "a", "sim": "b", "ctrl": "b",
+                                                      "log": "b", "count": "a"}),
+                           args=_args(0.1, workers=1, seed=7),
                            inputs=None, state=None, make_system=InProcessSystem)
     with pytest.raises(NodeError, match="flaky at tick 5") as info:
         run.join(30)
@@ -306,8 +306,9 @@ def test_the_exchange_net_runs_one_segment_and_ends_as_one_process() -> None:
                    seed=0) as one:
         one.join(30)
     with peer_links():
-        run = placed.start(bench_nets.make_exchange, placement={"a": "a", "b": "b"},
-                           net_kwargs=None, args=_args(0.05, workers=1, seed=0), inputs=None,
+        run = placed.start(bench_nets.make_exchange,
+                           placement=mujou.Placement({"a": "a", "b": "b"}),
+                           args=_args(0.05, workers=1, seed=0), inputs=None,
                            state=None, make_system=InProcessSystem)
     run.join(30)
     assert run.state_dict()["nodes"] == one.state_dict()["nodes"] == {
@@ -332,9 +333,10 @@ def test_a_killed_group_on_peer_links_is_restored_and_ends_as_one_process(tmp_pa
     reference = single(0.2, factory=placed_support.make_crashing)
     marker = str(tmp_path / "crashed")
     with peer_links():
-        run = mujou.run(placed_support.make_crashing, placement=ALL_PLACED,
-                        net_kwargs={"marker": marker, "at": 7}, timer="simulated",
-                        duration=0.2, seed=7,
+        run = mujou.run(placed_support.make_crashing,
+                        placement=mujou.Placement(ALL_PLACED,
+                                                  net_kwargs={"marker": marker, "at": 7}),
+                        timer="simulated", duration=0.2, seed=7,
                         supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
     run.join(120)
     assert os.path.exists(marker)  # it did crash, once
@@ -349,8 +351,9 @@ def test_a_dead_group_on_peer_links_ends_the_run_with_group_died_at_once(tmp_pat
     from mujou_actors.errors import GroupDied
     marker = str(tmp_path / "crashed")
     with peer_links():
-        run = mujou.run(placed_support.make_crashing, placement=ALL_PLACED,
-                        net_kwargs={"marker": marker, "at": 3, "how": "exit"},
+        run = mujou.run(placed_support.make_crashing,
+                        placement=mujou.Placement(ALL_PLACED, net_kwargs={
+                            "marker": marker, "at": 3, "how": "exit"}),
                         timer="simulated", duration=1.0, seed=7)
     with pytest.raises(GroupDied, match="'fragile'") as info:
         run.join(60)
@@ -430,7 +433,7 @@ def test_a_group_found_dead_as_its_segment_grant_waits_ends_the_others_segment()
                                 stop_timeout=10.0, start_timeout=60.0)
         with peer_links():
             run = placed.start(placed_support.make_net,
-                               placement={"sim": "a", "ctrl": "b", "log": "c"}, net_kwargs=None,
+                               placement=mujou.Placement({"sim": "a", "ctrl": "b", "log": "c"}),
                                args=args, inputs=None, state=None,
                                make_system=lambda start_timeout, s=system: s)
         run.stats()  # "c" dies under it

@@ -38,7 +38,7 @@ def placed_run(placement: dict, duration: float | None, *, factory=make_net,
                net_kwargs: dict | None = None, state: dict | None = None,
                workers: int = 1, inputs: dict | None = None) -> placed.PlacedRun:
     """A placed run whose groups are served in this process."""
-    return placed.start(factory, placement=placement, net_kwargs=net_kwargs,
+    return placed.start(factory, placement=mujou.Placement(placement, net_kwargs=net_kwargs),
                         args=_args(duration, state, workers), inputs=inputs, state=state,
                         make_system=InProcessSystem)
 
@@ -236,9 +236,8 @@ def test_a_start_that_times_out_in_a_group_is_a_start_timeout_error_as_in_one_pr
                             stats=True, stop_timeout=2.0, start_timeout=1.0)
     try:
         with pytest.raises(mujou.StartTimeoutError) as info:
-            placed.start(placed_support.make_stalling, placement={"slow": "g"},
-                         net_kwargs=None, args=args, inputs=None, state=None,
-                         make_system=InProcessSystem)
+            placed.start(placed_support.make_stalling, placement=mujou.Placement({"slow": "g"}),
+                         args=args, inputs=None, state=None, make_system=InProcessSystem)
     finally:
         placed_support.STALL.set()
     err = info.value
@@ -281,11 +280,11 @@ def test_net_kwargs_reach_every_process() -> None:
 
 @pytest.mark.parametrize("placement, error, match", [
     ({"nope": "a"}, ValueError, r"'nope', which is no node of the net \(nodes: 'sim', 'ctrl'"),
-    ({"sim": 3}, TypeError, r"placement\['sim'\] must be a group name \(a str\), got int 3"),
+    ({"sim": 3}, TypeError, r"groups\['sim'\] must be a group name \(a str\), got int 3"),
     ({"sim": ""}, ValueError, "non-empty"),
     ({"sim": "box:physics"}, ValueError, "group 'physics' on machine 'box'"),
     ({"sim": "host"}, ValueError, "every node in the host's group"),
-    ([("sim", "a")], TypeError, "placement must be a mapping"),
+    ([("sim", "a")], TypeError, "groups must be a mapping"),
     ({1: "a"}, TypeError, "must be a node path"),
 ])
 def test_a_bad_placement_is_refused_before_anything_starts(placement: object, error: type,
@@ -306,7 +305,8 @@ def test_a_placement_names_the_machines_of_groups(placement: dict, machines: dic
     found = walk(make_net())
     for path, node in found:
         node._mujou_path = path
-    plan = check_placement(placement, found, collect_ports(found))
+    plan = check_placement(mujou.Placement(placement, listen="127.0.0.1:7000"), found,
+                           collect_ports(found))
     assert plan.machines == machines
     assert set(plan.groups) == {g.rpartition(":")[2] for g in placement.values()}
 
@@ -320,14 +320,10 @@ def test_a_placement_names_the_machines_of_groups(placement: dict, machines: dic
     ({"sim": "robot:a", "log": "spare:a"}, "group 'a' is placed on 'robot' elsewhere"),
     ({"sim": "robot:host"}, r"the host's group \('host'\) runs in the host's process"),
 ])
-def test_a_bad_machine_in_a_placement_is_refused(placement: dict, match: str) -> None:
-    from mujou_actors.distributed.placement import check_placement
-    from mujou_actors.net import collect_ports, walk
-    found = walk(make_net())
-    for path, node in found:
-        node._mujou_path = path
-    with pytest.raises(ValueError, match=match):
-        check_placement(placement, found, collect_ports(found))
+def test_a_bad_machine_in_a_placement_is_refused_before_any_net(placement: dict,
+                                                                  match: str) -> None:
+    with pytest.raises(ValueError, match=rf"Placement: groups\[.*{match}"):
+        mujou.Placement(placement, listen="127.0.0.1:7000")
 
 
 def test_a_net_object_or_a_local_function_with_placement_is_refused() -> None:
@@ -344,10 +340,9 @@ def test_a_net_object_or_a_local_function_with_placement_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot import 'no_such_module_x'"):
         mujou.run("no_such_module_x:make", placement={"sim": "a"}, timer="simulated")
     with pytest.raises(TypeError, match="net_kwargs must be plain data"):
-        mujou.run(make_net, placement={"sim": "a"}, timer="simulated",
-                  net_kwargs={"period": object()})
-    with pytest.raises(TypeError, match="net_kwargs goes with placement"):
-        mujou.run(make_net(), net_kwargs={"period": 0.1}, timer="simulated")
+        mujou.run(make_net, placement=mujou.Placement({"sim": "a"},
+                                                      net_kwargs={"period": object()}),
+                  timer="simulated")
 
 
 _calls = {"n": 0}
@@ -379,7 +374,7 @@ def _supervised(strategy: str, placement: dict | None, **sup: object) -> tuple[d
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    prun = placed.start(placed_support.make_flaky, placement=placement, net_kwargs=None,
+    prun = placed.start(placed_support.make_flaky, placement=mujou.Placement(placement),
                         args=args, inputs=None, state=None, make_system=InProcessSystem)
     prun.join(30)
     return prun.state_dict(), prun.stats()
@@ -407,7 +402,7 @@ def test_the_restart_intensity_escalates_across_groups() -> None:
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    run = placed.start(placed_support.make_flaky, placement={"flaky": "a"}, net_kwargs=None,
+    run = placed.start(placed_support.make_flaky, placement=mujou.Placement({"flaky": "a"}),
                        args=args, inputs=None, state=None, make_system=InProcessSystem)
     with pytest.raises(NodeError, match=r"flaky at tick 5.*the supervisor gave up") as info:
         run.join(30)
@@ -419,7 +414,7 @@ def _realtime_run(placement: dict, duration: float | None) -> placed.PlacedRun:
     args = _check_arguments(Seams(), workers=1, timer="realtime", duration=duration, seed=7,
                             state=None, supervisor=None, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    return placed.start(make_net, placement=placement, net_kwargs=None, args=args, inputs=None,
+    return placed.start(make_net, placement=mujou.Placement(placement), args=args, inputs=None,
                         state=None, make_system=InProcessSystem)
 
 
@@ -488,7 +483,7 @@ def test_stop_with_a_hook_stuck_in_the_hosts_group_is_bounded_and_names_it() -> 
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=None, seed=7,
                             state=None, supervisor=None, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=0.5, start_timeout=60.0)
-    run = placed.start(placed_support.make_stuck, placement={"sim": "a"}, net_kwargs=None,
+    run = placed.start(placed_support.make_stuck, placement=mujou.Placement({"sim": "a"}),
                        args=args, inputs=None, state=None, make_system=InProcessSystem)
     stuck = next(a for a in run._driver.kernel.actors if a.path == "stuck")
     deadline = time.monotonic() + 20
@@ -513,7 +508,7 @@ def test_a_hook_that_does_not_return_is_logged_by_its_group_naming_it(
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
                             state=None, supervisor=None, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=0.5, start_timeout=60.0)
-    run = placed.start(placed_support.make_gated, placement={"ga": "a"}, net_kwargs=None,
+    run = placed.start(placed_support.make_gated, placement=mujou.Placement({"ga": "a"}),
                        args=args, inputs=None, state=None, make_system=InProcessSystem)
     warned = {"ga": "node 'ga' (in group 'a') has been in on_update for ",
               "gh": "node 'gh' (in group 'host') has been in on_update for "}
@@ -706,9 +701,9 @@ def test_a_real_time_placed_run_restarts_a_failed_node_and_keeps_its_snapshots(
     args = _check_arguments(Seams(), workers=1, timer="realtime", duration=0.4, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    run = placed.start(placed_support.make_flaky, placement={"flaky": "a", "sim": "b"},
-                       net_kwargs=None, args=args, inputs=None, state=None,
-                       make_system=InProcessSystem)
+    run = placed.start(placed_support.make_flaky,
+                       placement=mujou.Placement({"flaky": "a", "sim": "b"}),
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
     run.join(30)
     stats = run.stats()
     tree = run.state_dict()
@@ -752,27 +747,21 @@ def test_a_machines_run_listens_on_a_port_its_workers_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MUJOU_SECRET", "a secret long enough for the test")
     with pytest.raises(ValueError, match=r"listen='127.0.0.1': .*port.*`mujou worker --join`"):
-        mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated",
-                  listen="127.0.0.1")
+        mujou.Placement({"sim": "robot:physics"}, listen="127.0.0.1")
     monkeypatch.delenv("MUJOU_SECRET")
     monkeypatch.delenv("MUJOU_SECRET_FILE", raising=False)
     with pytest.raises(ValueError, match="MUJOU_SECRET"):
-        mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated",
-                  listen="127.0.0.1:7000")
+        mujou.run(make_net, placement=mujou.Placement({"sim": "robot:physics"},
+                                                      listen="127.0.0.1:7000"),
+                  timer="simulated")
 
 
 def test_listen_and_machines_go_together() -> None:
     with pytest.raises(ValueError, match=r"group 'physics' on machine 'robot': pass "
                                          r"listen='HOST:PORT'"):
         mujou.run(make_net, placement={"sim": "robot:physics"}, timer="simulated")
-    with pytest.raises(ValueError, match=r"listen='127.0.0.1:7000' goes with a placement that "
-                                         r"puts groups on other machines"):
-        mujou.run(make_net, placement={"sim": "a"}, timer="simulated", listen="127.0.0.1:7000")
-    with pytest.raises(TypeError, match="listen goes with a placement"):
-        mujou.run(make_net(), timer="simulated", listen="127.0.0.1:7000")
+    with pytest.raises(ValueError, match=r"listen='127.0.0.1:7000' goes with groups that put "
+                                         r"a group on another machine"):
+        mujou.Placement({"sim": "a"}, listen="127.0.0.1:7000")
     with pytest.raises(TypeError, match="listen must be a 'HOST:PORT' str, got int"):
-        mujou.run(make_net, placement={"sim": "a"}, listen=7000)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="join_timeout"):
-        mujou.run(make_net, placement={"sim": "a"}, join_timeout=0)
-    with pytest.raises(TypeError, match="allow_remote"):
-        mujou.run(make_net, placement={"sim": "a"}, allow_remote="yes")  # type: ignore[arg-type]
+        mujou.Placement({"sim": "a"}, listen=7000)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ def start(kind: str, factory: Any = placed_support.make_echo, *, duration: float
                             seed=seed, state=state, supervisor=supervisor, trace=None,
                             cuda_sync="block", stats=True, stop_timeout=10.0,
                             start_timeout=60.0)
-    return placed.start(factory, placement=PLACEMENTS[factory], net_kwargs=None, args=args,
+    return placed.start(factory, placement=mujou.Placement(PLACEMENTS[factory]), args=args,
                         inputs=None, state=state, make_system=InProcessSystem)
 
 

@@ -71,7 +71,7 @@ def _placed(desc: dict, placement: dict, duration: float | None, *, seed: int, w
             state: dict | None = None, supervisor: mujou.Supervisor | None = None,
             inputs: dict | None = None) -> placed.PlacedRun:
     """A placed run of ``desc``, its groups served in this process."""
-    return placed.start(make_random_net, placement=placement, net_kwargs=desc,
+    return placed.start(make_random_net, placement=mujou.Placement(placement, net_kwargs=desc),
                         args=_args(duration, workers=workers, seed=seed, state=state,
                                    supervisor=supervisor),
                         inputs=_values(inputs), state=state, make_system=InProcessSystem)
@@ -517,8 +517,8 @@ def test_a_rich_net_in_group_processes_ends_bit_identical_to_one_process() -> No
     placement = {"src": "a", "box": "b", "box.kid": "c", "box.kid.leaf": "host"}
     inputs = {"ctl.i1": "float", "box.i1": "tensor"}
     expected, expected_stats = _single(RICH, 0.02, seed=3, workers=2, inputs=inputs)
-    run = mujou.run(make_random_net, placement=placement, net_kwargs=RICH, timer="simulated",
-                    duration=0.02, seed=3, workers=2, inputs=_values(inputs))
+    run = mujou.run(make_random_net, placement=mujou.Placement(placement, net_kwargs=RICH),
+                    timer="simulated", duration=0.02, seed=3, workers=2, inputs=_values(inputs))
     try:
         run.join(120)
     finally:

@@ -80,8 +80,9 @@ def _placed(system: DyingSystem, duration: float, timer: str = "simulated"
     args = _check_arguments(Seams(), workers=1, timer=timer, duration=duration, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    return placed.start(placed_support.make_net, placement={"sim": "a", "ctrl": "b"},
-                        net_kwargs=None, args=args, inputs=None, state=None,
+    return placed.start(placed_support.make_net,
+                        placement=mujou.Placement({"sim": "a", "ctrl": "b"}),
+                        args=args, inputs=None, state=None,
                         make_system=lambda start_timeout: system)
 
 
@@ -156,9 +157,10 @@ def test_groups_killed_at_random_moments_while_stats_are_polled_end_as_if_nothin
     targets = sorted(rng.uniform(0.1, 0.9) * duration for _ in range(2))
     marker = str(tmp_path / "crashed")
     last_tick = round(duration / 0.01)
-    run = mujou.run(placed_support.make_crashing, placement={"crasher": "fragile"},
-                    net_kwargs={"marker": marker, "at": last_tick}, timer="simulated",
-                    duration=duration, seed=7,
+    run = mujou.run(placed_support.make_crashing,
+                    placement=mujou.Placement({"crasher": "fragile"},
+                                              net_kwargs={"marker": marker, "at": last_tick}),
+                    timer="simulated", duration=duration, seed=7,
                     supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05,
                                                 max_restarts=10))
     killed: list[int] = []
@@ -229,10 +231,11 @@ def test_a_worker_lost_as_the_run_ends_is_restored_on_the_fallback_or_fails_loud
     try:
         with Member("spare", leader):
             t0 = time.monotonic()
-            run = mujou.run(placed_support.make_net, placement={"sim": "robot,spare:physics"},
+            run = mujou.run(placed_support.make_net,
+                            placement=mujou.Placement({"sim": "robot,spare:physics"},
+                                                      listen=leader, heartbeat_timeout=1.0),
                             timer="simulated", duration=duration, seed=7,
-                            supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.1),
-                            listen=leader, heartbeat_timeout=1.0)
+                            supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.1))
             try:
                 assert run.stats().groups["physics"].machine == "robot"
                 assert reached.wait(60)  # the rounds are over: the end comes now

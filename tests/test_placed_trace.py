@@ -68,7 +68,7 @@ def traced(placement: dict[str, str], path: pathlib.Path, *, duration: float | N
                             state=None, supervisor=supervisor,
                             trace=path if trace is None else trace, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    return placed.start(factory, placement=placement, net_kwargs=None, args=args, inputs=None,
+    return placed.start(factory, placement=mujou.Placement(placement), args=args, inputs=None,
                         state=None, make_system=system)
 
 

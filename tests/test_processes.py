@@ -95,8 +95,10 @@ def test_three_groups_and_a_tree_that_crosses_placements() -> None:
 def test_a_killed_group_is_restored_from_the_latest_snapshot_and_ends_equal(tmp_path) -> None:
     reference = single(0.2, factory=placed_support.make_crashing)  # no marker: no crash
     marker = str(tmp_path / "crashed")
-    run = mujou.run(placed_support.make_crashing, placement={"crasher": "fragile"},
-                    net_kwargs={"marker": marker, "at": 7}, timer="simulated", duration=0.2,
+    run = mujou.run(placed_support.make_crashing,
+                    placement=mujou.Placement({"crasher": "fragile"},
+                                              net_kwargs={"marker": marker, "at": 7}),
+                    timer="simulated", duration=0.2,
                     seed=7, supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
     run.join(120)
     assert os.path.exists(marker)  # it did crash, once
@@ -109,9 +111,10 @@ def test_a_killed_group_is_restored_from_the_latest_snapshot_and_ends_equal(tmp_
 
 def test_a_dead_group_without_a_supervisor_ends_the_run_with_group_died(tmp_path) -> None:
     marker = str(tmp_path / "crashed")
-    run = mujou.run(placed_support.make_crashing, placement={"crasher": "fragile"},
-                    net_kwargs={"marker": marker, "at": 3, "how": "exit"}, timer="simulated",
-                    duration=1.0, seed=7)
+    run = mujou.run(placed_support.make_crashing,
+                    placement=mujou.Placement({"crasher": "fragile"}, net_kwargs={
+                        "marker": marker, "at": 3, "how": "exit"}),
+                    timer="simulated", duration=1.0, seed=7)
     t0 = time.monotonic()
     with pytest.raises(GroupDied, match="'fragile'") as info:
         run.join(60)
@@ -139,8 +142,9 @@ def test_a_load_state_dict_failure_in_a_group_process_is_a_node_error_naming_it(
     snapshot.save(single(0.05, factory=placed_support.make_refusing), state)
 
     with pytest.raises(NodeError) as info:
-        mujou.run(placed_support.make_refusing, placement={"snk": "g"},
-                  net_kwargs={"refuse": "load_state_dict"}, timer="simulated", duration=0.1,
+        mujou.run(placed_support.make_refusing,
+                  placement=mujou.Placement({"snk": "g"}, net_kwargs={"refuse": "load_state_dict"}),
+                  timer="simulated", duration=0.1,
                   seed=7, state=str(state))
 
     err = info.value
@@ -191,9 +195,10 @@ def test_stop_while_a_group_is_stuck_waits_stop_timeout_once_and_names_node_and_
     # whole stop_timeout for the stuck hook (8.2 s for a stop_timeout of 2).
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
     stop_timeout = 5.0
-    run = mujou.run(placed_support.make_blocking, placement={"b": "s"},
-                    net_kwargs={"entered": entered, "release": release}, timer="simulated",
-                    seed=7, stop_timeout=stop_timeout)
+    run = mujou.run(placed_support.make_blocking,
+                    placement=mujou.Placement({"b": "s"},
+                                              net_kwargs={"entered": entered, "release": release}),
+                    timer="simulated", seed=7, stop_timeout=stop_timeout)
     try:
         pid = run.stats().groups["s"].pid
         _wait_for_file(entered)  # the hook is in (the run has no end)
@@ -222,9 +227,10 @@ def test_a_real_time_placed_run_reaching_its_duration_behind_a_stuck_hook_waits_
     # threads' exit) each waited a whole stop_timeout for the stuck hook.
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
     stop_timeout, duration = 5.0, 0.5
-    run = mujou.run(placed_support.make_blocking, placement={"b": "s"},
-                    net_kwargs={"entered": entered, "release": release}, timer="realtime",
-                    duration=duration, seed=7, stop_timeout=stop_timeout)
+    run = mujou.run(placed_support.make_blocking,
+                    placement=mujou.Placement({"b": "s"},
+                                              net_kwargs={"entered": entered, "release": release}),
+                    timer="realtime", duration=duration, seed=7, stop_timeout=stop_timeout)
     end = time.monotonic() + duration  # at the latest: the clock started before the return
     try:
         _wait_for_file(entered)
@@ -247,9 +253,10 @@ def test_a_hook_that_does_not_return_in_a_group_process_is_logged_on_the_hosts_s
     # does (its records reach the host's stderr through the run's Thespian logger).
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
     warning = "node 'b' (in group 's') has been in on_update for "
-    run = mujou.run(placed_support.make_blocking, placement={"b": "s"},
-                    net_kwargs={"entered": entered, "release": release}, timer="simulated",
-                    duration=0.1, seed=7, stop_timeout=1.0)
+    run = mujou.run(placed_support.make_blocking,
+                    placement=mujou.Placement({"b": "s"},
+                                              net_kwargs={"entered": entered, "release": release}),
+                    timer="simulated", duration=0.1, seed=7, stop_timeout=1.0)
     err = ""
     try:
         _wait_for_file(entered)

@@ -307,8 +307,8 @@ def _placed(placement: dict[str, str], **net_kwargs: Any) -> Any:
                          state=None, supervisor=None, trace=None, cuda_sync="block",
                          stats=True, stop_timeout=10.0, start_timeout=60.0),
         check_read_only=True)
-    return placed.start(make_takers, placement=placement, net_kwargs=net_kwargs, args=args,
-                        inputs=None, state=None, make_system=InProcessSystem)
+    return placed.start(make_takers, placement=mujou.Placement(placement, net_kwargs=net_kwargs),
+                        args=args, inputs=None, state=None, make_system=InProcessSystem)
 
 
 @pytest.mark.parametrize("placement", [{"src": "a", "taker": "b"},  # the taker in a group

@@ -91,7 +91,7 @@ def _start(factory: Any, placement: dict, duration: float | None, *,
     args = _check_arguments(Seams(), workers=1, timer="realtime", duration=duration, seed=7,
                             state=None, supervisor=supervisor, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
-    return placed.start(factory, placement=placement, net_kwargs=None, args=args, inputs=None,
+    return placed.start(factory, placement=mujou.Placement(placement), args=args, inputs=None,
                         state=None, make_system=system)
 
 
@@ -192,9 +192,10 @@ def test_a_killed_group_process_is_restored_and_every_message_is_once_in_the_end
     their links are given up, a new mesh opens, and the final tree is consistent."""
     marker = str(tmp_path / "crashed")
     run = mujou.run(placed_support.make_crashing,
-                    placement={"crasher": "fragile", "count": "a", "sim": "a", "ctrl": "b",
-                               "log": "b"},
-                    net_kwargs={"marker": marker, "at": 7}, timer="realtime", duration=0.5,
+                    placement=mujou.Placement({"crasher": "fragile", "count": "a", "sim": "a",
+                                               "ctrl": "b", "log": "b"},
+                                              net_kwargs={"marker": marker, "at": 7}),
+                    timer="realtime", duration=0.5,
                     seed=7, supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
     run.join(120)
     assert os.path.exists(marker)  # it did crash, once

@@ -116,7 +116,7 @@ def test_a_simulated_run_records_every_message_bit_for_bit(tmp_path: pathlib.Pat
     net = Pendulum(probe=True)
 
     with mujou.run(net, timer="simulated", duration=1.0, workers=workers, seed=7,
-                   record=path, record_ports=["sim.*", "ctrl.*"]) as run:
+                   record=mujou.Recording(path, ports=["sim.*", "ctrl.*"])) as run:
         seen = _watch(run, ["sim.state", "sim.energy", "ctrl.command"])
         run.join(timeout=60)
     stats = run.stats().recording
@@ -159,7 +159,7 @@ def test_the_file_carries_the_runs_metadata_and_end(tmp_path: pathlib.Path) -> N
     path = tmp_path / "run.mcap"
 
     run = mujou.run(Pendulum(), timer="simulated", duration=0.2, workers=1, seed=11,
-                    record=path, record_ports=["sim.*"])
+                    record=mujou.Recording(path, ports=["sim.*"]))
     run.join(timeout=60)
 
     info = mcapfile.info(path)
@@ -191,22 +191,19 @@ def test_a_pattern_that_matches_nothing_names_it_and_lists_the_outputs(
     net = Pendulum()
 
     with pytest.raises(ValueError, match=r"'cam\.\*' matches no Output.*sim\.state.*ctrl"):
-        mujou.run(net, timer="simulated", duration=0.1, record=tmp_path / "x.mcap",
-                  record_ports=["sim.*", "cam.*"])
+        mujou.run(net, timer="simulated", duration=0.1,
+                  record=mujou.Recording(tmp_path / "x.mcap", ports=["sim.*", "cam.*"]))
 
     run = mujou.run(net, timer="simulated", duration=0.01)  # the nodes were left free
     run.join(timeout=30)
 
 
 def test_record_arguments_are_checked_before_anything_starts(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(TypeError, match="record_ports"):
-        mujou.run(Pendulum(), timer="simulated", record=tmp_path / "x.mcap",
-                  record_ports="sim.*")
-    with pytest.raises(TypeError, match="go with record="):
-        mujou.run(Pendulum(), timer="simulated", record_ports=["sim.*"])
+    with pytest.raises(TypeError, match=r"Recording: ports must be a list of glob patterns"):
+        mujou.Recording(tmp_path / "x.mcap", ports="sim.*")
     with pytest.raises(ValueError, match="snapshot_every"):
-        mujou.run(Pendulum(), timer="simulated", record=tmp_path / "x.mcap",
-                  record_snapshots=True)
+        mujou.run(Pendulum(), timer="simulated",
+                  record=mujou.Recording(tmp_path / "x.mcap", snapshots=True))
     with pytest.raises(IsADirectoryError):
         mujou.run(Pendulum(), timer="simulated", record=tmp_path)
     with pytest.raises(ValueError, match="max_messages"):
@@ -363,8 +360,8 @@ def test_a_failed_run_closes_its_recording_saying_why(tmp_path: pathlib.Path) ->
 def test_supervisor_snapshots_are_attached(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "snap.mcap"
 
-    run = mujou.run(Pendulum(), timer="simulated", duration=0.3, record=path,
-                    record_snapshots=True,
+    run = mujou.run(Pendulum(), timer="simulated", duration=0.3,
+                    record=mujou.Recording(path, snapshots=True),
                     supervisor=mujou.Supervisor(snapshot_every=0.1))
     run.join(timeout=60)
 
@@ -446,8 +443,9 @@ def _inspect(*args: str) -> Any:
 def test_mujou_inspect_shows_channels_counts_rates_span_seeds_attachments(
         tmp_path: pathlib.Path) -> None:
     path = tmp_path / "run.mcap"
-    run = mujou.run(Pendulum(), timer="simulated", duration=1.0, seed=3, record=path,
-                    record_snapshots=True, supervisor=mujou.Supervisor(snapshot_every=0.5))
+    run = mujou.run(Pendulum(), timer="simulated", duration=1.0, seed=3,
+                    record=mujou.Recording(path, snapshots=True),
+                    supervisor=mujou.Supervisor(snapshot_every=0.5))
     run.join(timeout=60)
 
     text = _inspect(str(path))
@@ -518,7 +516,7 @@ def test_a_placed_run_records_on_the_host_what_one_process_records(
                             state=None, supervisor=None, trace=None, cuda_sync="block",
                             stats=True, stop_timeout=10.0, start_timeout=60.0, record=many)
 
-    prun = placed.start(make_net, placement={"sim": "a", "ctrl": "b"}, net_kwargs=None,
+    prun = placed.start(make_net, placement=mujou.Placement({"sim": "a", "ctrl": "b"}),
                         args=args, inputs=None, state=None, make_system=InProcessSystem)
     prun.join(timeout=60)
     stats = prun.stats().recording
@@ -544,8 +542,8 @@ def test_a_placed_run_in_processes_records_with_mujou_run(tmp_path: pathlib.Path
         run.join(timeout=60)
 
     run = mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
-                    timer="simulated", duration=0.2, seed=3, record=path,
-                    record_ports=["ctrl.*", "sim.*"])
+                    timer="simulated", duration=0.2, seed=3,
+                    record=mujou.Recording(path, ports=["ctrl.*", "sim.*"]))
     run.join(timeout=120)
 
     assert _same_records(_records(path), _records(one))
@@ -555,8 +553,8 @@ def test_a_placed_run_in_processes_records_with_mujou_run(tmp_path: pathlib.Path
 def test_a_placed_run_refuses_a_pattern_that_matches_nothing(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="'cam.*' matches no Output"):
         mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
-                  timer="simulated", duration=0.2, record=tmp_path / "x.mcap",
-                  record_ports=["cam.*"])
+                  timer="simulated", duration=0.2,
+                  record=mujou.Recording(tmp_path / "x.mcap", ports=["cam.*"]))
 
 
 def test_a_placed_run_attaches_the_supervisors_snapshots(tmp_path: pathlib.Path) -> None:
@@ -569,9 +567,9 @@ def test_a_placed_run_attaches_the_supervisors_snapshots(tmp_path: pathlib.Path)
     args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.2, seed=7,
                             state=None, supervisor=mujou.Supervisor(snapshot_every=0.1),
                             trace=None, cuda_sync="block", stats=True, stop_timeout=10.0,
-                            start_timeout=60.0, record=path, record_snapshots=True)
+                            start_timeout=60.0, record=mujou.Recording(path, snapshots=True))
 
-    prun = placed.start(make_net, placement={"sim": "a"}, net_kwargs=None, args=args,
+    prun = placed.start(make_net, placement=mujou.Placement({"sim": "a"}), args=args,
                         inputs=None, state=None, make_system=InProcessSystem)
     prun.join(timeout=60)
 
@@ -608,7 +606,7 @@ def test_written_messages_are_freed_by_the_senders_within_a_bound(
 
     spec = mcapfile.ChannelSpec("src.out", "src", "out", 0, object)
     recorder = recording.Recorder(mujou.Recording(tmp_path / "r.mcap"), [spec], {},
-                                  simulated=True, host_copy=None, snapshots=False)
+                                  simulated=True, host_copy=None)
     hook = recorder.hook(0, types.SimpleNamespace(flight=[None, (0, 0)]))  # type: ignore[arg-type]
     small = [torch.full((256,), float(i)) for i in range(300)]  # 1 KiB each
     big = torch.zeros(8192)  # 32 KiB: over _RETURN_MAX

@@ -49,8 +49,8 @@ def _record(path: str, compression: str) -> None:
     """A small net recorded for 0.3 s: several chunks, view channels, snapshot attachments."""
     run = mujou.run(loop_net(), timer="simulated", duration=0.3, seed=1, workers=1,
                     record=mujou.Recording(path, compression=compression, chunk_size=300,
-                                           view=True),
-                    record_snapshots=True, supervisor=mujou.Supervisor(snapshot_every=0.1))
+                                           view=True, snapshots=True),
+                    supervisor=mujou.Supervisor(snapshot_every=0.1))
     run.join(60)
 
 
@@ -312,11 +312,11 @@ def test_replay_refuses_a_damaged_file_unless_asked(tmp_path: Any) -> None:
     _write(path, bytes(data))
 
     with pytest.raises(mujou.RecordingError, match="checksum"):
-        mujou.run(loop_net(), timer="simulated", duration=0.05, workers=1, replay=path,
-                  replace=["source"])
+        mujou.run(loop_net(), timer="simulated", duration=0.05, workers=1,
+                  replay=mujou.Replay(path, replace=["source"]))
     net = loop_net()
-    replayed = mujou.run(net, timer="simulated", duration=0.05, workers=1, replay=path,
-                         replace=["source"], replay_allow_damaged=True)
+    replayed = mujou.run(net, timer="simulated", duration=0.05, workers=1,
+                         replay=mujou.Replay(path, replace=["source"], allow_damaged=True))
     replayed.join(60)
 
     assert 0 < len(net["echo"].got) < 5 and net["echo"].got == list(

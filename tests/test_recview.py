@@ -1,7 +1,7 @@
 """`mujou cat` and `mujou export-view`: a recording's messages as the view shows them.
 
 The recording is the net of tests/nets/view_nets.py, 30 ms of simulated time,
-recorded with ``record_view=True``: ``src.count`` sends 0.0, 1.0, 2.0 at 10, 20
+recorded with ``Recording(view=True)``: ``src.count`` sends 0.0, 1.0, 2.0 at 10, 20
 and 30 ms, ``src.wide`` 40 values (summarised by ``cat`` unless ``--full``).
 """
 
@@ -29,8 +29,8 @@ MS = 1_000_000
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("recview") / "run.mcap")
-    mujou.run(make_net(), timer="simulated", duration=0.03, record=path,
-              record_view=True).join()
+    mujou.run(make_net(), timer="simulated", duration=0.03,
+              record=mujou.Recording(path, view=True)).join()
     return path
 
 

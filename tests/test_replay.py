@@ -52,8 +52,8 @@ def test_a_replayed_plant_gives_the_rest_of_the_net_every_message_bit_for_bit(
     path, recorded = golden
     net = Pendulum()
 
-    run = mujou.run(net, timer="simulated", duration=0.5, workers=workers, replay=path,
-                    replace=["plant"])
+    run = mujou.run(net, timer="simulated", duration=0.5, workers=workers,
+                    replay=mujou.Replay(path, replace=["plant"]))
     run.join()
 
     assert net.log.seen == recorded.log.seen
@@ -182,7 +182,7 @@ def test_a_random_net_with_a_node_replayed_runs_as_recorded(tmp_path: Any, desc:
 
     for workers in (1, 4):
         with mujou.run(make_random_net(**desc), timer="simulated", duration=0.012,
-                       workers=workers, replay=path, replace=[replaced]) as run:
+                       workers=workers, replay=mujou.Replay(path, replace=[replaced])) as run:
             run.join(60)
         assert diff_values(_without(run.state_dict(), {replaced}), expected) is None
     if recorded_messages(path):  # an empty file is no golden file
@@ -205,7 +205,7 @@ def test_a_replaced_node_sends_at_its_recorded_keys_and_its_inputs_never_wake_it
     net = loop_net()
 
     run, sent = capture(net, ["source.out", "echo.out"], timer="simulated", duration=0.05,
-                        workers=1, replay=path, replace=["source"])
+                        workers=1, replay=mujou.Replay(path, replace=["source"]))
 
     assert [(t, d, v) for t, d, v in sent["source.out"]] == [
         (t, 0, n) for n, t in enumerate(range(10_000_000, 50_000_001, 10_000_000), 1)]
@@ -230,8 +230,8 @@ def test_a_replay_from_a_state_resumes_after_the_tree_time(golden: tuple[str, Pe
     at = tree["time_ns"]
     net = Pendulum()
 
-    run = mujou.run(net, timer="simulated", duration=0.25, state=tree, replay=path,
-                    replace=["plant"])
+    run = mujou.run(net, timer="simulated", duration=0.25, state=tree,
+                    replay=mujou.Replay(path, replace=["plant"]))
     run.join()
 
     # The log's clock (a plain int, not in the state) starts at 0 again.
@@ -246,7 +246,7 @@ def test_real_time_replays_at_the_recorded_times_divided_by_the_speed(tmp_path: 
     started = time.perf_counter()
 
     _, sent = capture(loop_net(), ["source.out"], timer="realtime", duration=0.05,
-                      workers=1, replay=path, replace=["source"], replay_speed=4)
+                      workers=1, replay=mujou.Replay(path, replace=["source"], speed=4))
 
     assert time.perf_counter() - started >= 0.05
     assert [(t, d, v) for t, d, v in sent["source.out"]] == [
@@ -258,7 +258,7 @@ def test_a_loop_starts_the_recording_again_one_length_later(tmp_path: Any) -> No
     record(loop_net(), path, timer="simulated", duration=0.03, seed=1, workers=1)
 
     _, sent = capture(loop_net(), ["source.out"], timer="simulated", duration=0.08,
-                      workers=1, replay=path, replace=["source"], replay_loop=True)
+                      workers=1, replay=mujou.Replay(path, replace=["source"], loop=True))
 
     assert [(t, v) for t, _, v in sent["source.out"]] == [
         (10_000_000, 1), (20_000_000, 2), (30_000_000, 3),
@@ -272,9 +272,10 @@ def test_a_loop_starts_the_recording_again_one_length_later(tmp_path: Any) -> No
 def test_a_replaced_path_that_is_no_node_lists_the_nodes(golden: tuple[str, Pendulum]) -> None:
     path, _ = golden
 
-    with pytest.raises(ValueError, match=r"replace names 'plnt', which is no node of the net "
-                                         r"\(nodes: '', 'plant', 'sensor', 'controller', 'log'\)"):
-        mujou.run(Pendulum(), timer="simulated", replay=path, replace=["plnt"])
+    with pytest.raises(ValueError, match=r"Replay\(replace=\) names 'plnt', which is no node of "
+                                         r"the net \(nodes: '', 'plant', 'sensor', 'controller', "
+                                         r"'log'\)"):
+        mujou.run(Pendulum(), timer="simulated", replay=mujou.Replay(path, replace=["plnt"]))
 
 
 def test_outputs_missing_from_the_recording_are_named(tmp_path: Any) -> None:
@@ -283,13 +284,14 @@ def test_outputs_missing_from_the_recording_are_named(tmp_path: Any) -> None:
     net = Pendulum()
 
     with pytest.raises(ValueError) as caught:
-        mujou.run(net, timer="simulated", replay=path, replace=["sensor", "controller"])
+        mujou.run(net, timer="simulated",
+                  replay=mujou.Replay(path, replace=["sensor", "controller"]))
 
     # sensor.measurement is read by the controller only, which is replaced too: not needed.
     assert str(caught.value) == (
         f"mujou.run: replace=['sensor', 'controller'] needs what {path} did not record: "
         "controller.command (read by plant.command, log.command) (its channels: "
-        "plant.state); record them (record_ports=)")
+        "plant.state); record them (Recording(ports=))")
     run = mujou.run(net, timer="simulated", duration=0.01)  # the nodes were given back
     run.join()
 
@@ -300,7 +302,8 @@ def test_an_output_that_sent_nothing_is_a_recorded_channel_all_the_same(tmp_path
     net = Pendulum()
 
     channels = {c.topic: c.count for c in mcapfile.info(path).channels}
-    run = mujou.run(net, timer="simulated", duration=0.05, replay=path, replace=["controller"])
+    run = mujou.run(net, timer="simulated", duration=0.05,
+                    replay=mujou.Replay(path, replace=["controller"]))
     run.join()
 
     assert channels == {"plant.state": 26, "sensor.measurement": 12, "controller.command": 0}
@@ -312,18 +315,14 @@ def test_a_file_that_is_not_a_recording_is_a_recording_error(tmp_path: Any) -> N
     path.write_text("not an MCAP file\n")
 
     with pytest.raises(mujou.RecordingError, match="not an MCAP file"):
-        mujou.run(Pendulum(), timer="simulated", replay=path, replace=["plant"])
+        mujou.run(Pendulum(), timer="simulated", replay=mujou.Replay(path, replace=["plant"]))
 
 
 @pytest.mark.parametrize(("kwargs", "error", "text"), [
-    ({"replay": "x.mcap", "replace": "plant"}, TypeError, "not the string 'plant'"),
-    ({"replace": ["plant"]}, TypeError, "replace goes with replay"),
-    ({"replay": "x.mcap"}, TypeError, "replay needs replace"),
-    ({"replay": "x.mcap", "replace": [], "replay_speed": 0}, ValueError, "simulated timer"),
-    ({"replay": "x.mcap", "replace": [], "replay_speed": 2.0, "timer": "simulated"},
+    ({"replay": 3}, TypeError, "replay must be None, a path"),
+    ({"replay": mujou.Replay("x.mcap", speed=2.0), "timer": "simulated"},
      ValueError, "applies to the real-time timer"),
-    ({"replay": "x.mcap", "replace": [], "placement": {"plant": "a"}}, ValueError,
-     "one process"),
+    ({"replay": "x.mcap", "placement": {"plant": "a"}}, ValueError, "one process"),
 ])
 def test_bad_replay_arguments_are_refused_before_anything_runs(kwargs: dict, error: type,
                                                                  text: str) -> None:
@@ -474,8 +473,9 @@ def test_a_stand_in_restarted_alone_goes_on_after_the_restart(tmp_path: Any) -> 
     record(_shapes_net(_Shapes()), path, timer="simulated", duration=0.06, seed=1)
     net = _shapes_net(_Strict())
 
-    run, sent = capture(net, ["src.out"], timer="simulated", duration=0.06, replay=path,
-                        replace=["src"], supervisor=mujou.Supervisor(restart="one_for_one"))
+    run, sent = capture(net, ["src.out"], timer="simulated", duration=0.06,
+                        replay=mujou.Replay(path, replace=["src"]),
+                        supervisor=mujou.Supervisor(restart="one_for_one"))
 
     # The 3rd message does not fit the Output: the stand-in's hook raises at 30 ms and
     # is restarted alone; it goes on with the 4th at 40 ms (none sent twice or early).
@@ -500,4 +500,4 @@ def test_an_output_recorded_with_another_declared_shape_is_refused(
 
     with pytest.raises(ValueError, match=r"recorded 'plant.state' with shape \[2\], but the "
                                          r"net declares \[3\]"):
-        mujou.run(net, timer="simulated", replay=path, replace=["plant"])
+        mujou.run(net, timer="simulated", replay=mujou.Replay(path, replace=["plant"]))

@@ -1971,7 +1971,7 @@ def test_stop_and_the_duration_each_end_the_run_once(monkeypatch) -> None:
     assert (asked, _end_reason(run)) == (["boundary"], "stopped")
 
 
-def test_the_seamed_start_takes_exactly_the_arguments_and_defaults_of_run() -> None:
+def test_the_seamed_start_takes_the_arguments_and_defaults_of_run_but_the_deprecated() -> None:
     import importlib
     import inspect
 
@@ -1980,4 +1980,6 @@ def test_the_seamed_start_takes_exactly_the_arguments_and_defaults_of_run() -> N
     seamed = dict(inspect.signature(run_module._start).parameters)
 
     assert seamed.pop("seams").default is inspect.Parameter.empty
-    assert list(seamed.values()) == list(public.values())
+    assert list(seamed.values()) == [p for name, p in public.items()
+                                     if name not in run_module.DEPRECATED]
+    assert all(public[name].default is None for name in run_module.DEPRECATED)

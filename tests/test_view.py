@@ -1,4 +1,4 @@
-"""The JSON view of messages, and record_view: view channels beside the lossless ones."""
+"""The JSON view of messages, and Recording(view=True): view channels beside the lossless ones."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_from_json_refuses_what_cannot_be_the_declared_type() -> None:
         from_json({"force": 1, "nope": 2}, Command)
 
 
-# -- record_view ------------------------------------------------------------------------------
+# -- Recording(view=True) --------------------------------------------------------------------------
 
 
 class Plant(mujou.Node):
@@ -171,16 +171,16 @@ class Plant(mujou.Node):
         self.image.send(torch.full((4, 4), self.n, dtype=torch.uint8))
 
 
-def _record(path: pathlib.Path | mujou.Recording, **kwargs: Any) -> None:
-    mujou.run({"plant": Plant()}, timer="simulated", duration=0.05, seed=1, record=path,
-              **kwargs).join(timeout=60)
+def _record(record: pathlib.Path | mujou.Recording) -> None:
+    mujou.run({"plant": Plant()}, timer="simulated", duration=0.05, seed=1,
+              record=record).join(timeout=60)
 
 
-def test_record_view_writes_a_json_view_channel_beside_each_recorded_output(
+def test_a_view_recording_writes_a_json_view_channel_beside_each_recorded_output(
         tmp_path: pathlib.Path) -> None:
     path = tmp_path / "run.mcap"
 
-    _record(path, record_view=True)
+    _record(mujou.Recording(path, view=True))
 
     info = mcapfile.info(path)
     assert [c.topic for c in info.channels] == ["plant.state", "plant.energy", "plant.command",
@@ -200,7 +200,7 @@ def test_record_view_writes_a_json_view_channel_beside_each_recorded_output(
 def test_the_view_channels_are_json_with_json_schemas_that_any_mcap_reader_reads(
         tmp_path: pathlib.Path) -> None:
     path = tmp_path / "run.mcap"
-    _record(path, record_view=True)
+    _record(mujou.Recording(path, view=True))
 
     with open(path, "rb") as f:
         seen = {}
@@ -217,7 +217,7 @@ def test_the_view_channels_are_json_with_json_schemas_that_any_mcap_reader_reads
     assert float_schema["properties"]["value"]["type"] == ["number", "null"]
 
 
-def test_the_lossless_channels_are_unchanged_by_record_view_and_replay_bit_for_bit(
+def test_the_lossless_channels_are_unchanged_by_the_views_and_replay_bit_for_bit(
         tmp_path: pathlib.Path) -> None:
     plain, viewed = tmp_path / "plain.mcap", tmp_path / "viewed.mcap"
     _record(plain)
@@ -239,11 +239,6 @@ def test_the_lossless_channels_are_unchanged_by_record_view_and_replay_bit_for_b
     assert assert_replay_matches(viewed, {"plant": Plant()}) == 20
 
 
-def test_record_view_without_record_is_refused() -> None:
-    with pytest.raises(TypeError, match="record_view go with"):
-        mujou.run({"plant": Plant()}, timer="simulated", duration=0.01, record_view=True)
-
-
 # Quick all the same: the quick subset's one run placed in processes of their own, so
 # that it exercises the process machinery (distributed/system.py, actors, admin) at all.
 @pytest.mark.timeout(180)
@@ -251,11 +246,12 @@ def test_a_placed_run_writes_the_same_views_as_one_process(tmp_path: pathlib.Pat
     from tests.placed_support import make_net
 
     one, placed = tmp_path / "one.mcap", tmp_path / "placed.mcap"
-    mujou.run(make_net(), timer="simulated", duration=0.2, seed=3, record=one,
-              record_view=True).join(timeout=60)
+    mujou.run(make_net(), timer="simulated", duration=0.2, seed=3,
+              record=mujou.Recording(one, view=True)).join(timeout=60)
 
     run = mujou.run("tests.placed_support:make_net", placement={"ctrl": "c"},
-                    timer="simulated", duration=0.2, seed=3, record=placed, record_view=True)
+                    timer="simulated", duration=0.2, seed=3,
+                    record=mujou.Recording(placed, view=True))
     run.join(timeout=120)
 
     def views(path: pathlib.Path) -> dict[str, list[Any]]:

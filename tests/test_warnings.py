@@ -163,10 +163,9 @@ def test_a_placed_run_warns_as_one_process_does_once_in_the_host(caplog) -> None
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
     with caplog.at_level(logging.WARNING, logger="mujou_actors"):
         # The groups are served in this process: what they logged would be caught too.
-        run = placed.start(make_mistakes, placement={"fast": "a", "mute": "a", "rig": "b",
-                                                     "early": "b"},
-                           net_kwargs=None, args=args, inputs=None, state=None,
-                           make_system=InProcessSystem)
+        run = placed.start(make_mistakes, placement=mujou.Placement({"fast": "a", "mute": "a",
+                                                                     "rig": "b", "early": "b"}),
+                           args=args, inputs=None, state=None, make_system=InProcessSystem)
         run.join(30)
     placed_ = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
@@ -238,8 +237,8 @@ def _replayed(listener: Listener) -> dict[str, mujou.Node]:
 
 def test_a_replay_without_duration_is_warned_of_with_the_recording_length(
         caplog, recording: str) -> None:
-    warned = _warnings(caplog, _replayed(Listener()), replay=recording, replace=["t"])
-    quiet = _warnings(caplog, _replayed(Listener()), replay=recording, replace=["t"],
+    warned = _warnings(caplog, _replayed(Listener()), replay=mujou.Replay(recording, replace=["t"]))
+    quiet = _warnings(caplog, _replayed(Listener()), replay=mujou.Replay(recording, replace=["t"]),
                       duration=0.1)
 
     assert len(warned) == 1
@@ -250,8 +249,8 @@ def test_a_replay_without_duration_is_warned_of_with_the_recording_length(
 
 
 def test_a_recording_replayed_into_another_net_is_warned_of(caplog, recording: str) -> None:
-    warned = _warnings(caplog, _replayed(OtherListener()), replay=recording, replace=["t"],
-                       duration=0.1)
+    warned = _warnings(caplog, _replayed(OtherListener()),
+                       replay=mujou.Replay(recording, replace=["t"]), duration=0.1)
 
     assert warned == [
         f"replay of {recording} into another net than the one recorded: 'l' was a "

@@ -10,7 +10,6 @@ from then on. The run it returns is a `placed_run.PlacedRun`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -46,6 +45,7 @@ from .placement import (
     HOST_GROUP,
     FactoryRef,
     Placement,
+    PlacementPlan,
     build_net,
     check_placement,
     net_signature,
@@ -56,31 +56,12 @@ from .recovery import GROUP_TARGET, check_same_net
 log = logging.getLogger("mujou_actors")
 
 
-__all__ = ["start", "Machines", "PlacedRun", "RemoteTraceback"]
+__all__ = ["start", "PlacedRun", "RemoteTraceback"]
 
 
 
 # ---------------------------------------------------------------------------
 # the start: check -> processes -> same net? -> on_start -> state, inputs -> timer
-
-
-@dataclasses.dataclass(frozen=True)
-class Machines:
-    """`mujou.run`'s arguments for a run across machines (checked there).
-
-    Attributes:
-        listen (str | None): ``"HOST:PORT"`` of the convention's leader (this
-            process), or None (one machine).
-        join_timeout (float): wall seconds to wait for the members named.
-        allow_remote (bool): ``listen`` may be off loopback.
-        heartbeat_timeout (float): wall seconds without an answer to the
-            heartbeat after which a group on another machine counts as lost.
-    """
-
-    listen: str | None = None
-    join_timeout: float = 30.0
-    allow_remote: bool = False
-    heartbeat_timeout: float = 1.0
 
 
 def _warn_unused_fallbacks(machines: Mapping[str, Sequence[str]], supervisor: Any) -> None:
@@ -96,21 +77,19 @@ def _warn_unused_fallbacks(machines: Mapping[str, Sequence[str]], supervisor: An
                         ", ".join(repr(m) for m in on[1:]), group, on[0])
 
 
-def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, Any] | None,
-          args: Any, inputs: Mapping[Input | str, Any] | None, state: Any,
-          make_system: Callable[..., Any] | None = None,
-          machines: Machines = Machines()) -> PlacedRun:
+def start(net: Any, *, placement: Placement, args: Any,
+          inputs: Mapping[Input | str, Any] | None, state: Any,
+          make_system: Callable[..., Any] | None = None) -> PlacedRun:
     """Start a placed run: the part of `mujou.run` for ``placement`` (its arguments checked).
 
     Args:
         net: the net factory (a module-level function, or ``"module:function"``).
-        placement (Mapping[str, str]): node path -> group.
-        net_kwargs (Mapping[str, Any], optional): the factory's keyword arguments.
+        placement (Placement): node path -> group, the factory's keyword
+            arguments, where the convention of machines listens, if any.
         args: `mujou.run`'s other arguments, checked (run.py's ``_Arguments``).
         inputs: ``inputs=`` of `mujou.run`; state: its ``state=`` (for the errors).
         make_system: makes the control plane (default `system.ProcessSystem`;
             tests put one here that runs the groups in this process).
-        machines (Machines): where the convention of machines listens, if any.
 
     Raises:
         TypeError / ValueError / NetError: see `placement.check_placement`,
@@ -122,7 +101,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
             script that starts the run at its top level: the main guard).
     """
     _check_not_bootstrapping()
-    factory, ref = resolve_factory(net, net_kwargs)
+    factory, ref = resolve_factory(net, placement.net_kwargs)
     built = build_net(factory, ref.kwargs)
     found = walk(built)
     # The start warnings of one process, said here, once: the groups' kernels say none.
@@ -130,17 +109,7 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     for path, node in found:
         node._mujou_path = path
     ports = collect_ports(found)
-    plan = check_placement(placement, found, ports)
-    if plan.machines:
-        group, on = next(iter(plan.machines.items()))
-        if machines.listen is None:
-            raise ValueError(f"mujou.run: placement puts group {group!r} on machine {on[0]!r}: "
-                             f"pass listen='HOST:PORT', where this process leads the "
-                             f"machines' convention (what `mujou worker --join` names)")
-    elif machines.listen is not None:
-        raise ValueError(f"mujou.run: listen={machines.listen!r} goes with a placement that "
-                         f"puts groups on other machines ('machine:group'); this one names "
-                         f"none")
+    plan = check_placement(placement, found, ports)  # Placement checked listen= against it
     _warn_unused_fallbacks(plan.machines, args.supervisor)
     initial = resolve_inputs(ports, inputs)
     warn_suspect_net(found, ports, initial, args.end_s)
@@ -152,15 +121,15 @@ def start(net: Any, *, placement: Mapping[str, str], net_kwargs: Mapping[str, An
     if args.recording is not None:
         from ..recording.recorder import select_outputs
 
-        recorded = select_outputs(ports, args.record_ports)
+        recorded = select_outputs(ports, args.recording.ports)
     if make_system is None:
         from .system import ProcessSystem
 
         # Every group runs the package's group server: imported once, the groups forked.
         make_system = functools.partial(ProcessSystem,
                                         preload=(GROUP_TARGET.partition(":")[0],))
-    run = _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, machines,
-                  record=None if recorded is None else (recorded, dict(placement)))
+    run = _launch(built, found, ports, plan, ref, initial, seeds, args, make_system, placement,
+                  record=None if recorded is None else (recorded, dict(placement.groups)))
     return run
 
 
@@ -199,25 +168,19 @@ MEMBER_SILENT_S = 15.0
 class _Convention:
     """The run's side of a convention of machines: its leader's settings, secret, members."""
 
-    def __init__(self, plan: Placement, machines: Machines, timeout: float) -> None:
+    def __init__(self, plan: PlacementPlan, placement: Placement, timeout: float) -> None:
         from . import convention
         from .secret import load_secret
 
         self.key = load_secret()  # the data plane's; a clear error says how to set one
-        assert machines.listen is not None
-        try:  # the members join this port: it must be the one they name, not any free one
-            convention.parse_address(machines.listen)
-        except ValueError as exc:
-            raise ValueError(f"mujou.run: listen={machines.listen!r}: {exc} (the "
-                             f"'HOST:PORT' that each machine's `mujou worker --join` "
-                             f"names)") from None
-        self.admin = convention.leader_admin(machines.listen,
-                                             allow_remote=machines.allow_remote)
+        assert placement.listen is not None  # Placement requires it with machines
+        self.admin = convention.leader_admin(placement.listen,
+                                             allow_remote=placement.allow_remote)
         self.member_of = {g: on[0] for g, on in plan.machines.items()}
         self.machines = dict(plan.machines)
-        self._join_timeout = machines.join_timeout
+        self._join_timeout = placement.join_timeout
         self.addresses: dict[str, str] = {}
-        self._heartbeat_timeout = machines.heartbeat_timeout
+        self._heartbeat_timeout = placement.heartbeat_timeout
         self._silent_since: dict[str, float] = {}  # members found silent (answers)
         self.monitor: Any = None
 
@@ -313,9 +276,9 @@ class _Convention:
 
 
 def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
-            plan: Placement, ref: FactoryRef, initial: list[tuple[Input, Any]],
+            plan: PlacementPlan, ref: FactoryRef, initial: list[tuple[Input, Any]],
             seeds: dict[str, int], args: Any, make_system: Callable[..., Any],
-            machines: Machines,
+            placement: Placement,
             record: tuple[list[str], dict[str, str]] | None = None) -> PlacedRun:
     """Start the processes and the host's kernel, check them, run the start phase.
 
@@ -333,7 +296,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         trace = tracing.PlacedTrace(args.tracer, len(plan.groups) + bool(host_nodes))
     tmpdir = ""
     driver: _Driver | None = None
-    conv = _Convention(plan, machines, args.start_timeout) if plan.machines else None
+    conv = _Convention(plan, placement, args.start_timeout) if plan.machines else None
     try:
         if conv is None:
             system = make_system(start_timeout=args.start_timeout)
@@ -471,9 +434,9 @@ def _record(driver: _Driver, found: list[tuple[str, Node]], ports: dict[str, Por
     metadata = run_metadata(found, ports, seeds=seeds, seed=args.seed,
                             timer="simulated" if args.timer.simulated else "realtime",
                             workers=args.workers, placement=placement,
-                            patterns=args.record_ports)
+                            patterns=args.recording.ports)
     recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
-                        host_copy=None, snapshots=args.record_snapshots)
+                        host_copy=None)
     driver.recorder = recorder
     for ch, path in enumerate(recorded):
         driver.listen_items(path, recorder.item_hook(ch))

@@ -1,7 +1,7 @@
 """A placement and the net factory of a placed run, checked before anything starts.
 
-``mujou.run(make_net, placement={"sim": "physics"}, net_kwargs={...})`` puts
-the subtree of each named node path into a *group*; every group but the
+``mujou.run(make_net, placement=Placement({"sim": "physics"}, net_kwargs={...}))``
+puts the subtree of each named node path into a *group*; every group but the
 host's runs in an OS process of its own. Nodes are never pickled: each
 process calls the same *factory* (an importable module-level function) with
 the same ``net_kwargs`` and builds the whole net itself, then runs only its
@@ -10,7 +10,8 @@ whether every process built the same net is checked by comparing the
 `net_signature` each one reports.
 
 Everything here runs in the host before any process starts, so a bad
-placement is reported without side effects.
+placement is reported without side effects. Users import `Placement`
+(``mujou.Placement``), the placement's settings; the rest is the run's.
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ import inspect
 import keyword
 import os
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from .. import snapshot
+from .._checks import settings_repr
 from ..errors import NetError, SnapshotError
-from ..net import walk
+from ..net import check_flag, check_seconds, walk
 from ..node import Node
 from ..ports import Input, Output, Port
 
-__all__ = ["HOST_GROUP", "Placement", "FactoryRef", "resolve_factory", "load_factory",
-           "check_placement", "net_signature", "signature_differences"]
+__all__ = ["HOST_GROUP", "Placement", "PlacementPlan", "FactoryRef", "resolve_factory",
+           "load_factory", "check_placement", "net_signature", "signature_differences"]
 
 # The group of every node that the placement does not name: it runs in the host process.
 # A placement may name it too ("ctrl": "host") to keep a subtree of a placed path there.
@@ -133,9 +136,9 @@ def resolve_factory(net: Any,
     Args:
         net: the factory, or a ``"module:function"`` / ``"file.py:function"`` string.
         net_kwargs (Mapping[str, Any], optional): keyword arguments of every
-            call; plain data the snapshot codec encodes (None, bool, int,
-            float, str, bytes, tensors, and lists, tuples and str-keyed dicts
-            of them).
+            call (`Placement.net_kwargs`: str keys); plain data the snapshot
+            codec encodes (None, bool, int, float, str, bytes, tensors, and
+            lists, tuples and str-keyed dicts of them).
 
     Returns:
         tuple: the factory (a function of this process) and its `FactoryRef`.
@@ -143,12 +146,12 @@ def resolve_factory(net: Any,
     Raises:
         TypeError: a net object was given (pass the function that builds
             it), or the factory is not a module-level function, or
-            ``net_kwargs`` is not a str-keyed mapping of plain data.
+            ``net_kwargs`` is not plain data.
         ValueError: a string reference that names no importable function.
     """
     if isinstance(net, (Node, list, tuple, dict)):
         raise TypeError("mujou.run: with placement, pass the function that builds the net "
-                        "(mujou.run(make_net, placement=..., net_kwargs=...)), not a net "
+                        "(mujou.run(make_net, placement=...)), not a net "
                         "object: every group process builds the net itself, nodes are never "
                         "pickled")
     if isinstance(net, str):
@@ -157,13 +160,8 @@ def resolve_factory(net: Any,
     else:
         ref = _ref_of(net)
         factory = net
-    if net_kwargs is None:
-        net_kwargs = {}
-    if not isinstance(net_kwargs, Mapping) or not all(isinstance(k, str) for k in net_kwargs):
-        raise TypeError(f"mujou.run: net_kwargs must be a mapping with str keys, "
-                        f"got {net_kwargs!r}")
     try:
-        encoded = snapshot.dumps(dict(net_kwargs))
+        encoded = snapshot.dumps(dict(net_kwargs or {}))
     except (TypeError, ValueError, SnapshotError) as exc:
         raise TypeError(f"mujou.run: net_kwargs must be plain data that a group process can "
                         f"receive without pickle (None, bool, int, float, str, bytes, tensors, "
@@ -282,8 +280,141 @@ def _module_name(path: str) -> str:
     return "_mujou_file_" + hashlib.sha1(path.encode()).hexdigest()[:16]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class Placement:
+    """Which processes, and machines, run which nodes (``mujou.run(placement=Placement(...))``).
+
+    A mapping given as ``placement=`` is ``Placement(mapping)``. The net given
+    to ``mujou.run`` is then the module-level function that builds it (or
+    ``"module:function"``), which every process calls (docs/processes.md). A
+    frozen value: two placements with the same settings are equal.
+
+    Args:
+        groups (Mapping[str, str]): node path (its whole subtree; a deeper
+            path placed elsewhere wins for its own) -> group name; nodes not
+            named stay in this process (the group ``"host"``). A group name
+            ``"robot:control"`` runs group ``control`` on the machine that
+            joined as ``robot`` (``"robot,spare:control"``: ``spare`` is its
+            fallback; docs/machines.md). Kept as a read-only copy.
+        net_kwargs (Mapping[str, Any], optional): the keyword arguments of
+            every call of the net function: plain data (the snapshot codec's
+            types), never pickled. Kept as a read-only copy. Default: None
+            (no arguments).
+        listen (str, optional): the ``"HOST:PORT"`` this process listens on as
+            the leader of the machines' convention, what each member's
+            ``mujou worker --join`` names; required when ``groups`` puts a
+            group on a machine, refused otherwise. Default: None (one machine).
+        join_timeout (float): wall seconds to wait for the machines that
+            ``groups`` names to join, before any node starts. Default: 30.
+        allow_remote (bool): let ``listen`` be an address other machines can
+            reach. Thespian's control plane unpickles what reaches it, so this
+            says the network is trusted (docs/machines.md, "Security").
+            Default: False (loopback only).
+        heartbeat_timeout (float): wall seconds without an answer to the run's
+            heartbeat after which a group on another machine counts as lost
+            (and the supervisor restarts it, or the run fails with
+            `GroupDied`). Default: 1.
+
+    Raises:
+        TypeError: an argument of the wrong type (``groups`` not a mapping of
+            str to str, ``net_kwargs`` without str keys, ``listen=7000``,
+            ``allow_remote="yes"``), naming it.
+        ValueError: an argument of the right type and a wrong value: a group
+            or machine name that is empty, has spaces around it or a second
+            ``:``; a machine named twice for a group, or a group on two machine
+            lists; the host's group on a machine; ``listen`` that is no
+            ``"HOST:PORT"``, or given without a group on a machine (or missing
+            with one); a timeout that is not a finite number > 0.
+    """
+
+    groups: Mapping[str, str]
+    net_kwargs: Mapping[str, Any] | None
+    listen: str | None
+    join_timeout: float
+    allow_remote: bool
+    heartbeat_timeout: float
+
+    def __init__(self, groups: Mapping[str, str], *,
+                 net_kwargs: Mapping[str, Any] | None = None, listen: str | None = None,
+                 join_timeout: float = 30.0, allow_remote: bool = False,
+                 heartbeat_timeout: float = 1.0) -> None:
+        if not isinstance(groups, Mapping):
+            raise TypeError(f"Placement: groups must be a mapping of node paths to group "
+                            f"names, got {type(groups).__name__}")
+        for path, group in groups.items():
+            if not isinstance(path, str):
+                raise TypeError(f"Placement: groups key {path!r} must be a node path (a str)")
+            if not isinstance(group, str):
+                raise TypeError(f"Placement: groups[{path!r}] must be a group name (a str), "
+                                f"got {type(group).__name__} {group!r}")
+        machines = _machines(groups)
+        if net_kwargs is not None and (not isinstance(net_kwargs, Mapping)
+                                       or not all(isinstance(k, str) for k in net_kwargs)):
+            raise TypeError(f"Placement: net_kwargs must be a mapping with str keys, "
+                            f"got {net_kwargs!r}")
+        _check_listen(listen, machines)
+        settings: dict[str, Any] = {
+            "groups": types.MappingProxyType(dict(groups)),
+            "net_kwargs": None if net_kwargs is None else types.MappingProxyType(dict(net_kwargs)),
+            "listen": listen,
+            "join_timeout": check_seconds("join_timeout", join_timeout, allow_zero=False,
+                                          where="Placement"),
+            "allow_remote": check_flag("allow_remote", allow_remote, where="Placement"),
+            "heartbeat_timeout": check_seconds("heartbeat_timeout", heartbeat_timeout,
+                                               allow_zero=False, where="Placement"),
+        }
+        for name, setting in settings.items():  # frozen: set once, as a dataclass's __init__
+            object.__setattr__(self, name, setting)
+
+    def __repr__(self) -> str:
+        return settings_repr(self)
+
+
+def _check_listen(listen: Any, machines: Mapping[str, tuple[str, ...]]) -> None:
+    """``Placement(listen=)``: a ``"HOST:PORT"`` exactly when a group runs on a machine.
+
+    Raises:
+        TypeError: not None nor a str. ValueError: no ``"HOST:PORT"``; given
+            with no group on a machine, or missing with one.
+    """
+    if listen is not None and not isinstance(listen, str):
+        raise TypeError(f"Placement: listen must be a 'HOST:PORT' str, got "
+                        f"{type(listen).__name__}")
+    if machines and listen is None:
+        group, on = next(iter(machines.items()))
+        raise ValueError(f"Placement: groups puts group {group!r} on machine {on[0]!r}: pass "
+                         f"listen='HOST:PORT', where this process leads the machines' "
+                         f"convention (what `mujou worker --join` names)")
+    if listen is None:
+        return
+    if not machines:
+        raise ValueError(f"Placement: listen={listen!r} goes with groups that put a group on "
+                         f"another machine ('machine:group'); these name none")
+    from .convention import parse_address  # Thespian's: only for a run across machines
+
+    try:  # the members join this port: it must be the one they name, not any free one
+        parse_address(listen)
+    except ValueError as exc:
+        raise ValueError(f"Placement: listen={listen!r}: {exc} (the 'HOST:PORT' that each "
+                         f"machine's `mujou worker --join` names)") from None
+
+
+def as_placement(placement: Any) -> Placement | None:
+    """The `Placement` for ``mujou.run(placement=...)``: None, a mapping, or a Placement.
+
+    Raises:
+        TypeError: another type (and what `Placement` raises for a mapping).
+    """
+    if placement is None or isinstance(placement, Placement):
+        return placement
+    if not isinstance(placement, Mapping):
+        raise TypeError("mujou.run: placement must be None, a mapping of node paths to group "
+                        f"names or a mujou.Placement, got {type(placement).__name__}")
+    return Placement(placement)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementPlan:
     """A checked placement: which group runs which nodes.
 
     Attributes:
@@ -307,63 +438,32 @@ class Placement:
     machines: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
-def check_placement(placement: Any, found: list[tuple[str, Node]],
-                    ports: Mapping[str, Port]) -> Placement:
+def check_placement(placement: Placement, found: list[tuple[str, Node]],
+                    ports: Mapping[str, Port]) -> PlacementPlan:
     """Check ``placement`` against the net and say which group runs each node.
 
     A path places its whole subtree; a deeper path placed elsewhere wins for
     its own subtree. Nodes that no path covers stay in the host's group.
 
-    A group name may say which machine runs the group: ``"robot:control"``
-    puts group ``control`` on the convention member named ``robot``, and
-    ``"robot,spare:control"`` names ``spare`` as its fallback (where it
-    restarts when ``robot`` is lost). Every path placing a group must name
-    the same machines (or name them once and the bare group elsewhere).
-
     Args:
-        placement (Mapping[str, str]): node path -> group name, or
-            ``"machine[,fallback...]:group"``.
+        placement (Placement): node path -> group name, or
+            ``"machine[,fallback...]:group"`` (checked by `Placement`).
         found: the net's nodes with their paths (`mujou_actors.net.walk`).
         ports: the net's ports by path.
 
     Raises:
-        TypeError: ``placement`` is not a mapping, or a key or group name is
-            not a str.
-        ValueError: a path names no node (the error lists the nodes), a group
-            or machine name is empty, has spaces around it or a second ``:``;
-            a group placed on two different machine lists; the host's group
-            placed on a machine; or no node is placed outside the host.
+        ValueError: a path names no node (the error lists the nodes), or no
+            node is placed outside the host.
         NetError: a port that connects two groups has a message type that
             cannot cross processes (names the port).
     """
-    if not isinstance(placement, Mapping):
-        raise TypeError(f"mujou.run: placement must be a mapping of node paths to group names, "
-                        f"got {type(placement).__name__}")
     paths = [p for p, _ in found]
     known = set(paths)
-    for path, group in placement.items():
-        if not isinstance(path, str):
-            raise TypeError(f"mujou.run: placement key {path!r} must be a node path (a str)")
+    for path in placement.groups:
         if path not in known:
             raise ValueError(f"mujou.run: placement names {path!r}, which is no node of the net "
                              f"(nodes: {', '.join(repr(p) for p in paths)})")
-        if not isinstance(group, str):
-            raise TypeError(f"mujou.run: placement[{path!r}] must be a group name (a str), "
-                            f"got {type(group).__name__} {group!r}")
-    groups_of: dict[str, str] = {}
-    machines: dict[str, tuple[str, ...]] = {}
-    for path, value in placement.items():
-        group, on = _split_group(path, value)
-        groups_of[path] = group
-        if on:
-            if group == HOST_GROUP:
-                raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: the host's group "
-                                 f"({HOST_GROUP!r}) runs in the host's process; name another "
-                                 f"group to run on {on[0]!r}")
-            if machines.setdefault(group, on) != on:
-                raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: group {group!r} "
-                                 f"is placed on {','.join(machines[group])!r} elsewhere; a "
-                                 f"group runs in one process, on one machine list")
+    groups_of = {path: _split_group(path, value)[0] for path, value in placement.groups.items()}
     group_of = {path: _group_of(path, groups_of) for path in paths}
     nodes: dict[str, list[str]] = {}
     for path in paths:
@@ -378,8 +478,32 @@ def check_placement(placement: Any, found: list[tuple[str, Node]],
         if parent is None or group_of.get(parent) != group_of[path]:
             roots.setdefault(group_of[path], []).append(path)
     _check_crossings(ports, group_of)
-    return Placement(group_of=group_of, roots=roots, nodes=nodes, groups=groups,
-                     machines={g: machines[g] for g in groups if g in machines})
+    machines = _machines(placement.groups)
+    return PlacementPlan(group_of=group_of, roots=roots, nodes=nodes, groups=groups,
+                         machines={g: machines[g] for g in groups if g in machines})
+
+
+def _machines(groups: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Group -> the machines it runs on, for the groups that ``groups`` puts on one.
+
+    Raises:
+        ValueError: a bad group or machine name (`_split_group`); a group on
+            two machine lists; the host's group on a machine.
+    """
+    machines: dict[str, tuple[str, ...]] = {}
+    for path, value in groups.items():
+        group, on = _split_group(path, value)
+        if not on:
+            continue
+        if group == HOST_GROUP:
+            raise ValueError(f"Placement: groups[{path!r}] = {value!r}: the host's group "
+                             f"({HOST_GROUP!r}) runs in the host's process; name another "
+                             f"group to run on {on[0]!r}")
+        if machines.setdefault(group, on) != on:
+            raise ValueError(f"Placement: groups[{path!r}] = {value!r}: group {group!r} is "
+                             f"placed on {','.join(machines[group])!r} elsewhere; a group runs "
+                             f"in one process, on one machine list")
+    return machines
 
 
 def _split_group(path: str, value: str) -> tuple[str, tuple[str, ...]]:
@@ -388,12 +512,11 @@ def _split_group(path: str, value: str) -> tuple[str, tuple[str, ...]]:
     names = on.split(",") if colon else []
     for what, name in [("group", group)] + [("machine", m) for m in names]:
         if not name or name != name.strip() or ":" in name:
-            raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: a {what} name must "
+            raise ValueError(f"Placement: groups[{path!r}] = {value!r}: a {what} name must "
                              f"be a non-empty str without spaces around it or a ':' (the form "
                              f"is 'group' or 'machine[,fallback...]:group'), got {name!r}")
     if len(set(names)) != len(names):
-        raise ValueError(f"mujou.run: placement[{path!r}] = {value!r}: a machine is named "
-                         f"twice")
+        raise ValueError(f"Placement: groups[{path!r}] = {value!r}: a machine is named twice")
     return group, tuple(names)
 
 

@@ -77,7 +77,7 @@ def assert_replay_matches(golden: str | os.PathLike[str],
         net (Node | list[Node] | dict[str, Node]): a fresh net to rerun, as
             `mujou.run` takes it.
         replace (Iterable[str]): paths of nodes replaced by their recorded
-            messages (a sensor, a simulator), as ``mujou.run(replace=)``.
+            messages (a sensor, a simulator), as ``mujou.Replay(replace=)``.
             Default: none (the whole net runs).
         seed (int, optional): the run's seed; default None: the recorded run's
             seeds (each node's, from the file).
@@ -238,12 +238,12 @@ def _rerun(path: str, net: Node | list[Node] | dict[str, Node], replace: list[st
     """
     from .._runtime.build import Seams
     from ..run import _start  # run.py imports nothing of this module (it is above it)
+    from .replay import Replay
     sent: dict[str, list[Sent]] = {t: [] for t in topics}
     seen_ports: dict[str, Port] = {}
     capture = capturing(sent, set(topics).__contains__, seen_ports)
-    run = _start(net, seams=Seams(wire=capture), timer="simulated",
-                            duration=duration, seed=seed, workers=workers, replay=path,
-                            replace=replace, **run_kwargs)
+    run = _start(net, seams=Seams(wire=capture), timer="simulated", duration=duration,
+                 seed=seed, workers=workers, replay=Replay(path, replace=replace), **run_kwargs)
     failure: BaseException | None = None
     try:
         run.join(timeout)
@@ -541,6 +541,7 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     from .capsule import Capsule, capsule_facts
     from .mcapfile import Reader
     from .mcapfile import info as read_info
+    from .replay import Replay
 
     for name in ("timer", "state", "duration", "record_on_failure", "record", "replay"):
         if name in run_kwargs:
@@ -579,8 +580,8 @@ def reproduce_failure(capsule: str | os.PathLike[str],
             live = run(net, timer="simulated", duration=duration, workers=workers, state=tree,
                        seed=int(seed_arg) if tree is None and seed_arg else None,
                        record_on_failure=Capsule(again), record=sent,
-                       replay=path if replaced else None,
-                       replace=replaced if replaced else None, **run_kwargs)
+                       replay=Replay(path, replace=replaced) if replaced else None,
+                       **run_kwargs)
         except Exception as exc:  # noqa: BLE001 - an on_start failing: the answer
             error = exc
         else:

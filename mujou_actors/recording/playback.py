@@ -6,7 +6,7 @@
 ``allow_remote``, the same per-client bounds), for a recording instead of a
 running net. No node runs: each lossless message is decoded by the bounded
 reader (`mujou_actors.recording.mcapfile`) and made JSON by the projection of its
-channel (`mujou_actors.recording.recview`), the views ``record_view`` writes. It
+channel (`mujou_actors.recording.recview`), the views ``Recording(view=True)`` writes. It
 advertises:
 
 * a channel per recorded Output, topic its path, as the live view's;
@@ -476,7 +476,7 @@ def serve_recording(path: str | os.PathLike[str], listen: int | str = DEFAULT_PO
 
     Open ``ws://127.0.0.1:8765`` in Foxglove (Open connection, Foxglove
     WebSocket): every recorded Output is a channel (the JSON view that the live
-    view and ``record_view`` give), ``/mujou/graph`` the recorded net; the
+    view and ``Recording(view=True)`` give), ``/mujou/graph`` the recorded net; the
     app's play, pause, speed and seek bar drive the playback. Nothing in the
     file is imported or run.
 

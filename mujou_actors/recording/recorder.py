@@ -1,6 +1,6 @@
 """Recording a run to an MCAP file: the senders' hook, the bounded queue, the writer thread.
 
-``mujou.run(net, record="run.mcap", record_ports=[...])`` makes a `Recorder`
+``mujou.run(net, record=Recording("run.mcap", ports=[...]))`` makes a `Recorder`
 for the run. Each recorded Output gets a listener on its host view (the same
 mechanism as ``Run.subscribe``): on the sending thread, after the readers got
 the message, it only appends ``(channel, sequence, key, message)`` to one
@@ -42,11 +42,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import torch
 
-from .._checks import is_int
+from .._checks import is_int, settings_repr
 from ..devices import numerics
 from ..errors import describe
 from ..stats import RecordingChannelStats, RecordingStats
-from ..trace import check_writable
 from . import mcapfile
 from .view import Projection
 
@@ -81,14 +80,27 @@ _RETURNED = 256
 _RETURN_MAX = 16 << 10
 
 
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class Recording:
     """Where and how a run records (``mujou.run(record=Recording(...))``).
 
-    A path given as ``record=`` is ``Recording(path)``.
+    A path given as ``record=`` is ``Recording(path)``. A frozen value: two
+    recordings with the same settings are equal.
 
     Args:
         path (str | os.PathLike): the MCAP file; replaced if it exists, its
             folders made if missing.
+        ports (Sequence[str], optional): which Outputs to record: glob
+            patterns (fnmatch) over their paths, ``["sim.*", "ctrl.command"]``;
+            each must match an Output of the net. Kept as a tuple. Default:
+            None (every Output).
+        snapshots (bool): attach the supervisor's snapshots to the file (the
+            run needs a ``Supervisor(snapshot_every=...)``). Default: False.
+        view (bool): also write each recorded Output's JSON view (the
+            projection of docs/recording.md, "Viewing a run in Foxglove") to a
+            channel ``/view/<path>`` beside its lossless one, so that Foxglove
+            plots the file. Made by the writer thread, never the sender's.
+            Default: False.
         max_messages (int): the most messages waiting for the writer, >= 1.
             Default: `DEFAULT_MAX_MESSAGES` (65536).
         max_bytes (int): the most bytes waiting for the writer (tensor and
@@ -102,24 +114,30 @@ class Recording:
         compression (str): ``"none"``, ``"lz4"`` or ``"zstd"`` (per chunk).
             Default: ``"none"``.
         chunk_size (int): bytes of messages per chunk. Default: 1 MiB.
-        view (bool): also write each recorded Output's JSON view (the
-            projection of docs/recording.md, "Viewing a run in Foxglove") to a
-            channel ``/view/<path>`` beside its lossless one, so that Foxglove
-            plots the file. Made by the writer thread, never the sender's.
-            ``mujou.run(record_view=True)`` sets it. Default: False.
 
     Raises:
         TypeError: an argument of the wrong type (``max_messages=1.5``,
-            ``compression=None``), naming it (as `Capsule` does).
+            ``compression=None``, ``ports="sim.*"`` for ``["sim.*"]``), naming it
+            (as `Capsule` does).
         ValueError: an argument of the right type and a wrong value
-            (``max_messages=0``, ``when_full="block"``), naming it.
+            (``max_messages=0``, ``when_full="block"``, an empty pattern), naming it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *,
+    path: str
+    ports: tuple[str, ...] | None
+    snapshots: bool
+    view: bool
+    max_messages: int
+    max_bytes: int
+    when_full: str | None
+    compression: str
+    chunk_size: int
+
+    def __init__(self, path: str | os.PathLike[str], *, ports: Iterable[str] | None = None,
+                 snapshots: bool = False, view: bool = False,
                  max_messages: int = DEFAULT_MAX_MESSAGES,
                  max_bytes: int = DEFAULT_MAX_BYTES, when_full: str | None = None,
-                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE,
-                 view: bool = False) -> None:
+                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE) -> None:
         if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
             raise TypeError(f"Recording: path must be a non-empty str or os.PathLike, "
                             f"got {path!r}")
@@ -136,26 +154,46 @@ class Recording:
         if when_full is not None and when_full not in _WHEN_FULL:
             raise ValueError(f"Recording: when_full must be None, 'drop' or 'wait', "
                              f"got {when_full!r}")
-        if type(view) is not bool:
-            raise TypeError(f"Recording: view must be a bool, got {view!r}")
+        for name, flag in (("snapshots", snapshots), ("view", view)):
+            if type(flag) is not bool:
+                raise TypeError(f"Recording: {name} must be a bool, got {flag!r}")
         if not isinstance(compression, str):
             raise TypeError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
                             f"got {compression!r}")
         if compression not in ("none", "lz4", "zstd"):
             raise ValueError(f"Recording: compression must be 'none', 'lz4' or 'zstd', "
                              f"got {compression!r}")
-        self.path = os.fspath(path)
-        self.max_messages = max_messages
-        self.max_bytes = max_bytes
-        self.when_full = when_full
-        self.compression = compression
-        self.chunk_size = chunk_size
-        self.view = view
+        settings: dict[str, Any] = {
+            "path": os.fspath(path), "ports": _patterns(ports), "snapshots": snapshots,
+            "view": view, "max_messages": max_messages, "max_bytes": max_bytes,
+            "when_full": when_full, "compression": compression, "chunk_size": chunk_size}
+        for name, setting in settings.items():  # frozen: set once, as a dataclass's __init__
+            object.__setattr__(self, name, setting)
 
     def __repr__(self) -> str:
-        return (f"Recording({self.path!r}, max_messages={self.max_messages}, "
-                f"max_bytes={self.max_bytes}, when_full={self.when_full!r}"
-                + (", view=True)" if self.view else ")"))
+        return settings_repr(self)
+
+
+def _patterns(ports: Any) -> tuple[str, ...] | None:
+    """``Recording(ports=)`` as a tuple of glob patterns (None: every Output).
+
+    Raises:
+        TypeError: not None, nor an iterable of str (a lone str is refused:
+            ``["sim.*"]``, not ``"sim.*"``).
+        ValueError: an empty pattern.
+    """
+    if ports is None:
+        return None
+    if isinstance(ports, str) or not isinstance(ports, Iterable):
+        raise TypeError(f"Recording: ports must be a list of glob patterns such as "
+                        f"['sim.*'], got {ports!r}")
+    patterns = tuple(ports)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"Recording: ports holds {p!r}, not a str pattern")
+        if not p:
+            raise ValueError("Recording: ports holds an empty pattern")
+    return patterns
 
 
 def as_recording(record: Any) -> Recording | None:
@@ -169,41 +207,15 @@ def as_recording(record: Any) -> Recording | None:
 
     Raises:
         TypeError: another type; ValueError: an empty path.
-        OSError: the file could not be written (``trace.check_writable``).
     """
-    if record is None:
-        return None
-    if isinstance(record, (str, os.PathLike)):
-        if os.fspath(record) == "":
-            raise ValueError("mujou.run: record must not be an empty path")
-        record = Recording(record)
-    if not isinstance(record, Recording):
+    if record is None or isinstance(record, Recording):
+        return record
+    if not isinstance(record, (str, os.PathLike)):
         raise TypeError("mujou.run: record must be None, a path (str or os.PathLike) or a "
                         f"mujou.Recording, got {type(record).__name__}")
-    check_writable(record.path, "mujou.run: record file", make_folders=True)
-    return record
-
-
-def check_patterns(record_ports: Any) -> tuple[str, ...] | None:
-    """``record_ports`` as a tuple of glob patterns (None: every Output).
-
-    Raises:
-        TypeError: not None, nor an iterable of str (a lone str is refused:
-            ``["sim.*"]``, not ``"sim.*"``).
-        ValueError: an empty pattern.
-    """
-    if record_ports is None:
-        return None
-    if isinstance(record_ports, str) or not isinstance(record_ports, Iterable):
-        raise TypeError(f"mujou.run: record_ports must be a list of glob patterns such as "
-                        f"['sim.*'], got {record_ports!r}")
-    patterns = tuple(record_ports)
-    for p in patterns:
-        if not isinstance(p, str):
-            raise TypeError(f"mujou.run: record_ports holds {p!r}, not a str pattern")
-        if not p:
-            raise ValueError("mujou.run: record_ports holds an empty pattern")
-    return patterns
+    if os.fspath(record) == "":
+        raise ValueError("mujou.run: record must not be an empty path")
+    return Recording(record)
 
 
 def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) -> list[str]:
@@ -227,8 +239,9 @@ def select_outputs(ports: Mapping[str, Port], patterns: tuple[str, ...] | None) 
     unmatched = [p for p in patterns if not fnmatch.filter(outputs, p)]
     if unmatched:
         which = ", ".join(repr(p) for p in unmatched)
-        raise ValueError(f"mujou.run: record_ports pattern{'s' if len(unmatched) > 1 else ''} "
-                         f"{which} match{'' if len(unmatched) > 1 else 'es'} no Output "
+        many = len(unmatched) > 1
+        raise ValueError(f"mujou.run: Recording(ports=) pattern{'s' if many else ''} {which} "
+                         f"match{'' if many else 'es'} no Output "
                          f"(Outputs: {', '.join(outputs) or 'none'})")
     return [path for path in outputs if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
 
@@ -337,14 +350,14 @@ class Recorder:
     ``mujou.end`` and the summary.
 
     Args:
-        settings (Recording): the file and the queue's bounds.
+        settings (Recording): the file, the queue's bounds, whether to write
+            the views and attach the snapshots.
         channels (list[mcapfile.ChannelSpec]): the recorded Outputs, in the
             net's order (a channel's number is its index here).
         metadata (dict[str, str]): the ``mujou.run`` record.
         simulated (bool): the run's timer is simulated (``when_full``'s default).
         host_copy (Callable | None): makes a CPU copy of a message holding CUDA
             tensors once its GPU work is done (None without CUDA nodes).
-        snapshots (bool): attach the supervisor's snapshots.
 
     Raises:
         OSError: the file cannot be created.
@@ -352,7 +365,7 @@ class Recorder:
 
     def __init__(self, settings: Recording, channels: list[mcapfile.ChannelSpec],
                  metadata: dict[str, str], *, simulated: bool,
-                 host_copy: Callable[[Any], Any] | None, snapshots: bool) -> None:
+                 host_copy: Callable[[Any], Any] | None) -> None:
         self.settings = settings
         self.path = settings.path
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -362,7 +375,7 @@ class Recorder:
         self._writer.write_run(metadata)
         self._topics = [spec.topic for spec in channels]
         self._ids = [self._writer.add_channel(spec) for spec in channels]
-        # record_view: each channel's projection and view channel (written beside it).
+        # Recording(view=True): each channel's projection and view channel (written beside it).
         self._views: list[tuple[Projection, int]] | None = None
         if settings.view:
             self._views = []
@@ -373,7 +386,7 @@ class Recorder:
                 self._views.append((projection, self._writer.add_view_channel(
                     spec.topic, projection.schema_name, projection.schema)))
         self._host_copy = host_copy
-        self._snapshots = snapshots
+        self._snapshots = settings.snapshots
         self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
         n = len(channels)
         # Written by each channel's sender only (one node's hooks never overlap).

@@ -11,7 +11,7 @@ rules:
   (``builtins:float``, ``int``, ``bool``, ``str``, ``bytes``, ``NoneType``,
   ``dict``, ``list``, ``tuple``) are those types, so their views, schemas and
   image ports (a declared ``uint8`` shape) are what the recorder writes with
-  ``record_view=True``, byte for byte;
+  ``Recording(view=True)``, byte for byte;
 * a NamedTuple or a dataclass (a schema with ``fields``) is a stand-in class of
   the recorded name and field names (each field typed as above, else
   untyped), and a message (a tuple or a dict, as `mcapfile.read` gives it
@@ -114,7 +114,7 @@ class ChannelView:
         return message
 
     def encode(self, message: Any, t_ns: int) -> bytes:
-        """The message's view as the live view and ``record_view`` write it (UTF-8 JSON).
+        """The message's view as the live view and ``Recording(view=True)`` write it (UTF-8 JSON).
 
         Args:
             message (Any): a decoded message.
@@ -187,7 +187,7 @@ class Exported:
         channels (int): view channels written.
         messages (dict[str, int]): view messages written per Output path.
         failed (dict[str, int]): messages whose view could not be made, per
-            Output path (left out, as ``record_view`` leaves them out).
+            Output path (left out, as ``Recording(view=True)`` leaves them out).
     """
 
     path: str
@@ -202,7 +202,7 @@ def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], 
 
     ``target`` gets the ``mujou.run`` metadata of ``source`` and, for each of
     its recorded Outputs, the channel ``/view/<path>`` that
-    ``mujou.run(record_view=True)`` would have written (JSON, its JSON Schema
+    ``mujou.Recording(path, view=True)`` would have written (JSON, its JSON Schema
     or ``foxglove.RawImage``, metadata ``mujou.view_of``), one message per
     lossless message at its time. Foxglove opens it as it is.
 
@@ -238,7 +238,7 @@ def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], 
             view = views[record.topic]
             try:
                 data = view.encode(record.message, record.t_ns)
-            except Exception:  # noqa: BLE001 - a view never fails the export (as record_view)
+            except Exception:  # noqa: BLE001 - a view never fails the export (nor a recording)
                 failed[record.topic] = failed.get(record.topic, 0) + 1
                 continue
             writer.write(ids[record.topic], max(record.t_ns, 0), data)

@@ -1,7 +1,7 @@
 """Replaying a recording: which nodes it replaces, checked against the net, and their feeds.
 
-``mujou.run(net, replay="run.mcap", replace=["sim"])`` runs ``net`` with the
-nodes named in ``replace`` (each with its subtree) *replaced*: their code does
+``mujou.run(net, replay=Replay("run.mcap", replace=["sim"]))`` runs ``net`` with
+the nodes named in ``replace`` (each with its subtree) *replaced*: their code does
 not run, and each one's recorded Output messages are sent, by a stand-in with
 the node's path, Outputs and order (`_runtime.replay.StandIn`), at the keys
 ``(t_ns, delta)`` they were recorded at. This module does everything before
@@ -20,11 +20,11 @@ How the recorded keys become the replay's:
   has no delta cycles; the messages of one recorded instant go out together,
   in their recorded order);
 * ``loop``: after the recording's end, again from its start, each pass
-  ``length`` later than the one before (`Replay.length_ns`: the recorded run's
-  end time, else its last message's); what ``on_start`` sent is sent once.
+  ``length`` later than the one before (`ReplayPlan.length_ns`: the recorded
+  run's end time, else its last message's); what ``on_start`` sent is sent once.
 
-Nothing here is for users to import: ``mujou.run`` and
-``mujou_actors.testing`` call it.
+Users import `Replay` (``mujou.Replay``), the replay's settings; the rest is
+for ``mujou.run`` and ``mujou_actors.testing``.
 """
 
 from __future__ import annotations
@@ -37,20 +37,134 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import is_number
+from .._checks import is_number, settings_repr
 from .._runtime.keys import CONTROL_KEY, Key
 from .._runtime.replay import Feed, Group
 from ..node import Node
 from ..ports import Output, Port
 from .mcapfile import Reader, RecordingInfo, info, type_name
 
-__all__: list[str] = []
+# What users import (mujou.Replay); the rest is the run's.
+__all__ = ["Replay"]
 
 log = logging.getLogger("mujou_actors")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class Replay:
+    """What a run replays, and how (``mujou.run(replay=Replay(...))``).
+
+    A path given as ``replay=`` is ``Replay(path)``: the whole net reruns,
+    with the recorded run's seeds. A frozen value: two replays with the same
+    settings are equal.
+
+    Args:
+        path (str | os.PathLike): the recording (``record=``, an MCAP file).
+        replace (Iterable[str]): the paths of the nodes to replace, each with
+            its subtree (``""``: the root, so every node). Their code does not
+            run: a stand-in with the node's path, Outputs and order sends each
+            recorded message at its recorded time and delta cycle. Kept as a
+            tuple. Default: ``()`` (none: the net reruns with the recorded
+            run's seeds).
+        speed (float): with the real-time timer, how many times faster than
+            recorded the messages come (``2``: twice as fast), a finite number
+            > 0; the simulated timer replays the recorded times exactly (as
+            fast as the net runs) and takes only 1. Default: 1.
+        loop (bool): start the recording again at its end, each pass one
+            recording's length later (what ``on_start`` sent comes once).
+            Default: False.
+        allow_damaged (bool): replay a damaged file (a checksum that does not
+            match, a record that does not read) up to its first damaged
+            record, as if a crash had cut it there, with a warning in the log;
+            by default such a file is refused with `RecordingError`
+            (docs/recording.md, "Untrusted files"). Default: False.
+
+    Raises:
+        TypeError: an argument of the wrong type (``replace="sim"`` for
+            ``["sim"]``, ``speed="2"``, ``loop=1``), naming it.
+        ValueError: an argument of the right type and a wrong value
+            (``speed=0``, a NaN), naming it.
+    """
+
+    path: str
+    replace: tuple[str, ...]
+    speed: float
+    loop: bool
+    allow_damaged: bool
+
+    def __init__(self, path: str | os.PathLike[str], *, replace: Iterable[str] = (),
+                 speed: float = 1.0, loop: bool = False, allow_damaged: bool = False) -> None:
+        if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+            raise TypeError(f"Replay: path must be a non-empty str or os.PathLike (the "
+                            f"recording), got {path!r}")
+        if not is_number(speed):
+            raise TypeError(f"Replay: speed must be a number, got {speed!r}")
+        if not math.isfinite(speed) or speed <= 0:
+            raise ValueError(f"Replay: speed must be a finite number > 0 (1: real time, N: N "
+                             f"times faster), got {speed!r}; as fast as possible is the "
+                             "simulated timer (timer='simulated')")
+        for name, flag in (("loop", loop), ("allow_damaged", allow_damaged)):
+            if type(flag) is not bool:
+                raise TypeError(f"Replay: {name} must be a bool, got {flag!r}")
+        settings: dict[str, Any] = {
+            "path": os.fspath(path), "replace": _node_paths(replace), "speed": float(speed),
+            "loop": loop, "allow_damaged": allow_damaged}
+        for name, setting in settings.items():  # frozen: set once, as a dataclass's __init__
+            object.__setattr__(self, name, setting)
+
+    def __repr__(self) -> str:
+        return settings_repr(self)
+
+
+def _node_paths(replace: Any) -> tuple[str, ...]:
+    """``Replay(replace=)`` as a tuple of node paths.
+
+    Raises:
+        TypeError: not an iterable of str (a str alone: a list of paths is meant).
+    """
+    if isinstance(replace, str):
+        raise TypeError(f"Replay: replace must be a list of node paths, not the string "
+                        f"{replace!r} (write [{replace!r}])")
+    if not isinstance(replace, Iterable):
+        raise TypeError(f"Replay: replace must be a list of node paths, got {replace!r}")
+    paths = tuple(replace)
+    for path in paths:
+        if not isinstance(path, str):
+            raise TypeError(f"Replay: replace must hold node paths (str), got {path!r}")
+    return paths
+
+
+def as_replay(replay: Any) -> Replay | None:
+    """The `Replay` for ``mujou.run(replay=...)``: None, a path, or a Replay.
+
+    Raises:
+        TypeError: another type. ValueError: an empty path.
+    """
+    if replay is None or isinstance(replay, Replay):
+        return replay
+    if not isinstance(replay, (str, os.PathLike)):
+        raise TypeError("mujou.run: replay must be None, a path (str or os.PathLike) or a "
+                        f"mujou.Replay, got {type(replay).__name__}")
+    if os.fspath(replay) == "":
+        raise ValueError("mujou.run: replay must not be an empty path")
+    return Replay(replay)
+
+
+def check_timer(replay: Replay, simulated: bool) -> None:
+    """Refuse a ``speed`` other than 1 with the simulated timer.
+
+    Raises:
+        ValueError: ``speed`` is not 1 and the timer simulated (which replays
+            at the recorded times exactly).
+    """
+    if simulated and replay.speed != 1:
+        raise ValueError(f"mujou.run: Replay(speed={replay.speed:g}) applies to the real-time "
+                         "timer; the simulated timer replays at the recorded times exactly, as "
+                         "fast as the net runs")
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
     """A checked replay: the stand-ins' feeds and what the file says of its run.
 
     Attributes:
@@ -87,73 +201,30 @@ def recording_length(found: RecordingInfo) -> int:
         return last
 
 
-def check_replace(replace: Any) -> list[str]:
-    """``replace=`` as a list of node paths.
-
-    Raises:
-        TypeError: not an iterable of str (a str alone: a list of paths is meant).
-    """
-    if isinstance(replace, str):
-        raise TypeError(f"mujou.run: replace must be a list of node paths, not the string "
-                        f"{replace!r} (write [{replace!r}])")
-    if not isinstance(replace, Iterable):
-        raise TypeError(f"mujou.run: replace must be a list of node paths, got {replace!r}")
-    paths = list(replace)
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(f"mujou.run: replace must hold node paths (str), got {path!r}")
-    return paths
-
-
-def check_speed(speed: Any, simulated: bool) -> float:
-    """``replay_speed=``: a finite number > 0, and 1 with the simulated timer.
-
-    Raises:
-        TypeError: not a number. ValueError: not finite or <= 0, or not 1 with
-            the simulated timer (which replays at the recorded times exactly).
-    """
-    if not is_number(speed):
-        raise TypeError(f"mujou.run: replay_speed must be a number, got {speed!r}")
-    if not math.isfinite(speed) or speed <= 0:
-        raise ValueError(f"mujou.run: replay_speed must be a finite number > 0 (1: real "
-                         f"time, N: N times faster), got {speed!r}; as fast as possible is "
-                         "the simulated timer (timer='simulated')")
-    if simulated and speed != 1:
-        raise ValueError(f"mujou.run: replay_speed={speed!r} applies to the real-time timer; "
-                         "the simulated timer replays at the recorded times exactly, as fast "
-                         "as the net runs")
-    return float(speed)
-
-
 def _subtree(path: str, roots: Iterable[str]) -> bool:
     """Whether the node at ``path`` is one of ``roots`` or lies in one's subtree."""
     return any(r == "" or path == r or path.startswith(r + ".") for r in roots)
 
 
-def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str, Node]],
-         ports: Mapping[str, Port], *, simulated: bool, speed: float, loop: bool,
-         allow_damaged: bool = False) -> Replay:
+def plan(replay: Replay, found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
+         simulated: bool) -> ReplayPlan:
     """Check a replay against the net and the file; make the stand-ins' feeds.
 
     Args:
-        path (str | os.PathLike): the recording.
-        replace (list[str]): the paths of the replaced nodes (each with its
-            subtree; ``""``: the root, so every node).
+        replay (Replay): the recording, the replaced nodes (each with its
+            subtree; ``""``: the root, so every node), the speed (real time:
+            how many times faster than recorded), whether to loop and to
+            replay a damaged file up to its first damaged record (logged as a
+            warning), as a cut one.
         found (list[tuple[str, Node]]): the net's nodes by path, in its order
             (`net.walk`), already named by their paths.
         ports (Mapping[str, Port]): the net's ports by path.
         simulated (bool): the run's timer is simulated (exact keys), else real time.
-        speed (float): real time: how many times faster than recorded (checked).
-        loop (bool): start again at the end of the recording.
-        allow_damaged (bool): replay a damaged file up to its first damaged
-            record (logged as a warning), as a cut one; else it is refused.
-            Default: False.
 
     Returns:
-        Replay: the feeds and the file's seeds.
+        ReplayPlan: the feeds and the file's seeds.
 
     Raises:
-        TypeError: ``path`` is not a str or path.
         ValueError: a path of ``replace`` names no node (the nodes are listed);
             an Output of a replaced node that a node which runs reads is not
             in the file (the missing channels are named), or is recorded with
@@ -163,16 +234,13 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
         RecordingError: the file is not MCAP, not a mujou recording, or damaged
             (and not ``allow_damaged``).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"mujou.run: replay must be the path of a recording (str or "
-                        f"os.PathLike), got {path!r}")
-    file = os.fspath(path)
+    file, replace = replay.path, replay.replace
     paths = [p for p, _ in found]
     for root in replace:
         if root not in paths:
-            raise ValueError(f"mujou.run: replace names {root!r}, which is no node of the net "
-                             f"(nodes: {', '.join(repr(p) for p in paths)})")
-    found_info = info(file, allow_damaged=allow_damaged)
+            raise ValueError(f"mujou.run: Replay(replace=) names {root!r}, which is no node of "
+                             f"the net (nodes: {', '.join(repr(p) for p in paths)})")
+    found_info = info(file, allow_damaged=replay.allow_damaged)
     if found_info.damage is not None:
         log.warning("replay of %s: the file is damaged: %s; replaying what precedes the "
                     "damage (allow_damaged)", file, found_info.damage)
@@ -202,22 +270,24 @@ def plan(path: str | os.PathLike[str], replace: list[str], found: list[tuple[str
             why = (f"the file was cut at byte {found_info.cut_at} (a crash left it short): a "
                    "channel whose messages were all after that point is not in it")
         else:
-            why = "record them (record_ports=)"
-        raise ValueError(f"mujou.run: replace={replace!r} needs what {file} did not record: "
+            why = "record them (Recording(ports=))"
+        raise ValueError(f"mujou.run: replace={list(replace)!r} needs what {file} did not record: "
                          f"{'; '.join(missing)} (its channels: {listed}); {why}")
     length = recording_length(found_info)
-    if loop and length <= 0:
-        raise ValueError(f"mujou.run: replay_loop needs a recording that lasts, but {file} "
+    if replay.loop and length <= 0:
+        raise ValueError(f"mujou.run: Replay(loop=True) needs a recording that lasts, but {file} "
                          "holds nothing after t = 0")
     timer = found_info.run.get("timer", "simulated")
     feeds = {}
     for node_path, node in replaced:
         outputs = {o.path: o for o in _outputs(node) if o.path in channels}
-        feeds[node_path] = FileFeed(file, node_path, outputs, scale=None if simulated else speed,
-                                    loop_ns=length if loop else None,
-                                    exact=timer == "simulated", allow_damaged=allow_damaged)
+        feeds[node_path] = FileFeed(file, node_path, outputs,
+                                    scale=None if simulated else replay.speed,
+                                    loop_ns=length if replay.loop else None,
+                                    exact=timer == "simulated",
+                                    allow_damaged=replay.allow_damaged)
     _warn_other_net(file, found_info.run.get("net"), found, ports)
-    return Replay(file, feeds, dict(found_info.seeds), length, found_info)
+    return ReplayPlan(file, feeds, dict(found_info.seeds), length, found_info)
 
 
 def _warn_other_net(file: str, recorded: Any, found: list[tuple[str, Node]],
@@ -260,7 +330,7 @@ def _warn_other_net(file: str, recorded: Any, found: list[tuple[str, Node]],
                     "types match, so it runs; is it the net you meant?)", file, shown)
 
 
-def warn_no_duration(replay: Replay, loop: bool, end_s: float | None) -> None:
+def warn_no_duration(replay: ReplayPlan, loop: bool, end_s: float | None) -> None:
     """Warn of a replay without ``duration`` (the CLI passes the recording's length).
 
     Once the recording ends the replaced nodes send nothing more, and the run
@@ -268,8 +338,8 @@ def warn_no_duration(replay: Replay, loop: bool, end_s: float | None) -> None:
     stands still there and `Run.join` never returns.
 
     Args:
-        replay (Replay): the planned replay.
-        loop (bool): ``replay_loop`` (a loop has no end: no warning).
+        replay (ReplayPlan): the planned replay.
+        loop (bool): ``Replay.loop`` (a loop has no end: no warning).
         end_s (float | None): the run's ``duration``.
     """
     if end_s is None and not loop:
