@@ -54,20 +54,22 @@ import click
 import mujou_actors as mujou
 
 from . import _runtime  # _runtime.BUILD: which build of the kernel runs (--version)
-from ._runtime.actor import LATENESS_SAMPLES
 from .cli_attach import register as register_attach
 from .errors import MujouError, RecordingError, SnapshotError, describe
-from .node import Node
-from .recording.capsule import capsule_facts
 from .stats import RunStats
 from .trace import check_writable
 
-if TYPE_CHECKING:  # rich is imported where it is used: `import mujou_actors` stays light
+# Imported where they are used, not here: rich (`import mujou_actors` stays light), and
+# whatever imports torch (node, the kernel, the recording family): the commands that watch a
+# running net (`mujou ls`, `echo`...) start in a fraction of a second without it.
+if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
     from rich.table import Table
 
-#: What FILE[:NAME] names: what ``mujou.run`` takes.
-Net = Node | list[Node] | tuple[Node, ...] | dict[str, Node]
+    from .node import Node
+
+    #: What FILE[:NAME] names: what ``mujou.run`` takes.
+    Net = Node | list[Node] | tuple[Node, ...] | dict[str, Node]
 
 # Nothing here is for users to import: the program is `mujou` (setup.cfg's entry point names
 # main, which needs no __all__).
@@ -301,6 +303,8 @@ def _import_file(path: str) -> Any:
 
 
 def _is_net(value: Any) -> bool:
+    from .node import Node
+
     if isinstance(value, Node):
         return True
     items = value.values() if isinstance(value, dict) else value
@@ -308,6 +312,8 @@ def _is_net(value: Any) -> bool:
 
 
 def _as_net(value: Any, where: str, kwargs: dict[str, Any] | None = None) -> Net:
+    from .node import Node
+
     if _is_net(value):
         if kwargs is not None:
             raise UsageError(f"{where} is a net already made, which --net-kwargs cannot "
@@ -371,7 +377,11 @@ NODE_COLUMNS = ["node", "updates/s", "target/s", "dt mean ms", "dt max ms", "lat
                 "hook share", "drops", "restarts"]
 DROPS, RESTARTS = 7, 8  # their index in NODE_COLUMNS
 # The heading cannot say it: the lateness is that of a window, not of the whole run.
-LATENESS_NOTE = f"late p99: of each node's newest {LATENESS_SAMPLES} updates"
+def lateness_note() -> str:
+    """What the tables' late p99 covers (the kernel's sample count: imported when shown)."""
+    from ._runtime.actor import LATENESS_SAMPLES
+
+    return f"late p99: of each node's newest {LATENESS_SAMPLES} updates"
 
 
 MACHINE_COLUMNS = ["machine", "host", "groups", "pids", "cpu s", "net in", "net out",
@@ -510,7 +520,7 @@ class _LiveTable:
         for row in self.rows:
             table.add_row(*row)
         workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in self.stats.workers.items())
-        table.caption = LATENESS_NOTE + (f"\nbusy: {workers}" if workers else "")
+        table.caption = lateness_note() + (f"\nbusy: {workers}" if workers else "")
         return table
 
 
@@ -1033,6 +1043,7 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
         _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
+        from .recording.capsule import capsule_facts
         from .recording.mcapfile import info as read_info
 
         found = read_info(recording, allow_damaged=allow_damaged)
@@ -1323,6 +1334,7 @@ def inspect_command(file: str, as_json: bool, allow_damaged: bool, verbose: bool
         # MCAP's magic, or a name that says MCAP: a recording (docs/recording.md), whose
         # reader names what is wrong with a file that is none.
         if head == b"\x89MCAP0\r\n" or file.lower().endswith(".mcap"):
+            from .recording.capsule import capsule_facts
             from .recording.mcapfile import info as recording_info
 
             found = recording_info(file, allow_damaged=allow_damaged)
@@ -1520,6 +1532,8 @@ def _seconds(ns: int | None) -> str:
 
 
 def _print_recording(info: Any) -> None:
+    from .recording.capsule import capsule_facts
+
     """``mujou inspect FILE.mcap``: the header lines, the channels' table, seeds, attachments."""
     from rich import box
     from rich.console import Console

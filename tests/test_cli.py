@@ -786,3 +786,15 @@ def test_check_read_only_fails_the_node_that_changes_a_received_tensor(tmp_path)
                                      "MessageChangedError: node 'adder' changed a tensor "
                                      "received on 'adder.inp' in place")
     assert unchecked.returncode == 0, unchecked.stderr
+
+
+def test_the_commands_that_watch_a_run_start_without_importing_torch(tmp_path) -> None:
+    code = ("import sys\n"
+            "from mujou_actors.cli import main\n"
+            "try:\n    main(['ls'])\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+            "print('torch' in sys.modules, 'mujou_actors.node' in sys.modules)\n")
+    env = dict(os.environ, MUJOU_RUNTIME_DIR=str(tmp_path / "runs"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env, check=True).stdout.splitlines()
+
+    assert out[-2:] == ["exit 0", "False False"]
