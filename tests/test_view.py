@@ -68,7 +68,25 @@ def test_a_small_tensor_holds_its_shape_dtype_and_values() -> None:
 
     got = _json(p, torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64))
 
-    assert got == {"shape": [2, 2], "dtype": "float64", "data": [[1.0, 2.0], [3.0, 4.0]]}
+    assert got == {"shape": [2, 2], "dtype": "float64", "data": [[1.0, 2.0], [3.0, 4.0]],
+                   "flat": [1.0, 2.0, 3.0, 4.0]}
+
+
+def test_plot_reads_a_flat_array_up_to_64_elements_and_a_1d_tensors_data() -> None:
+    p = Projection("sim.state", torch.Tensor, None, None)
+
+    cube = _json(p, torch.arange(8).reshape(2, 2, 2))
+    with_nan = _json(p, torch.tensor([[float("nan"), 1.0]]))
+    line = _json(p, torch.tensor([1.0, 2.0]))
+    big = _json(p, torch.zeros(8, 9))
+    complex_ = _json(p, torch.zeros(2, 2, dtype=torch.complex64))
+
+    assert cube["flat"] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert with_nan["flat"] == [None, 1.0]
+    assert line == {"shape": [2], "dtype": "float32", "data": [1.0, 2.0]}
+    assert "flat" not in big and len(big["data"]) == 8  # 72 > PLOT_ELEMENTS
+    assert "flat" not in complex_
+    assert p.schema["properties"]["flat"]["type"] == "array"
 
 
 def test_a_tensor_over_the_limit_holds_statistics_of_its_finite_values() -> None:

@@ -18,7 +18,10 @@ beside the lossless channel (``record_view=True``) and the live server
   `MAX_DEPTH` (32) levels deep; below that a value is ``null``.
 * **Tensors** of at most `MAX_ELEMENTS` (1024) elements:
   ``{"shape", "dtype", "data"}``, ``data`` the nested list of the values
-  (non-finite floats ``null``; a complex tensor's elements ``[re, im]``).
+  (non-finite floats ``null``; a complex tensor's elements ``[re, im]``); a
+  real tensor of two or more dimensions and at most `PLOT_ELEMENTS` (64) also
+  ``flat``, its values in row-major order, which Foxglove's Plot indexes
+  (``.flat[3]``; a 1-d tensor plots as ``.data[3]``).
   Larger tensors: ``{"shape", "dtype", "numel", "min", "max", "mean"}``, the
   statistics over the finite values (``null`` when there are none; none for
   a complex tensor).
@@ -55,6 +58,12 @@ __all__: list[str] = []  # nothing public: `Projection` is the recorder's and th
 MAX_ELEMENTS = 1024
 """The most elements of a tensor whose values a view holds; larger ones get statistics."""
 
+PLOT_ELEMENTS = 64
+"""The most elements of a tensor of two or more dimensions whose view also holds ``flat``.
+
+Foxglove's Plot panel indexes one array (``/sim.state.flat[3]``); ``data`` is
+nested for such a tensor. A 0-d or 1-d tensor's ``data`` is flat already."""
+
 MAX_DEPTH = 32
 """The most levels of containers a view holds; deeper values are ``null``."""
 
@@ -76,6 +85,9 @@ _TENSOR_SCHEMA: dict[str, Any] = {
         "shape": {"type": "array", "items": {"type": "integer"}},
         "dtype": {"type": "string"},
         "data": {"description": "nested list of the values (at most 1024 elements)"},
+        "flat": {"type": "array", "items": {"type": ["number", "boolean", "null"]},
+                 "description": "the values in row-major order, for Plot: a tensor of two "
+                                "or more dimensions and at most 64 elements"},
         "numel": {"type": "integer"},
         "min": {"type": ["number", "null"]},
         "max": {"type": ["number", "null"]},
@@ -230,6 +242,8 @@ def project_tensor(t: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> dict[st
         if dtype.is_floating_point and not _all_finite(data, len(shape)):
             data = _nonfinite_to_null(data)  # a walk in Python: only when needed
         out["data"] = data
+        if len(shape) > 1 and n <= PLOT_ELEMENTS:
+            out["flat"] = _flat(data, len(shape))
         return out
     out["numel"] = n
     values = t.detach().to(torch.float64).flatten()
@@ -240,6 +254,13 @@ def project_tensor(t: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> dict[st
         out.update(min=finite(values.min().item()), max=finite(values.max().item()),
                    mean=finite(values.mean().item()))
     return out
+
+
+def _flat(values: list[Any], rank: int) -> list[Any]:
+    """A nested list ``rank`` deep, its leaves in row-major order (no recursion: rank <= 64)."""
+    for _ in range(rank - 1):
+        values = [v for row in values for v in row]
+    return values
 
 
 def _all_finite(values: Any, rank: int) -> bool:
