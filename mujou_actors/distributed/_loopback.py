@@ -324,6 +324,11 @@ def start_time(pid: int) -> int | None:
     return int(stat[19]) if stat is not None else None
 
 
+# Read here, not through psutil (which the package uses to list processes, _procs.py):
+# a process is told from a reused pid by its start time as the exact integer of clock
+# ticks that every process of the run reads alike (psutil offers only create_time, a
+# float of seconds made from it and the boot time), and this module is loaded by path in
+# Thespian's admin and logger, where each import is paid at every start.
 def stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name, ``None`` if unreadable.
 
