@@ -40,7 +40,7 @@ the reader also reads format 1, see below):
   a gap). A send made before the timer started (by ``on_start``, at the
   control key ``(-1, 0)``) is stored with ``log_time`` 0 and ``delta`` -1
   (`CONTROL_DELTA`); the reader gives its key back as ``t_ns=-1, delta=0``.
-* **View channels** (``record_view=True``): beside a recorded Output's
+* **View channels** (``Recording(view=True)``): beside a recorded Output's
   channel, topic ``/view/<path>`` (`VIEW_PREFIX`), message encoding ``"json"``,
   schema encoding ``"jsonschema"`` (or Foxglove's ``foxglove.RawImage``),
   metadata ``mujou.view_of`` (`VIEW_OF`: the Output's path); each message the
@@ -909,7 +909,7 @@ class RecordingInfo:
         drops (dict[str, int]): messages dropped per channel (from ``mujou.end``).
         seeds (dict[str, int]): each node's seed (from ``mujou.run``).
         attachments (list[AttachmentInfo]): in file order.
-        views (list[ChannelInfo]): the view channels (``record_view=True``), in
+        views (list[ChannelInfo]): the view channels (``Recording(view=True)``), in
             the order of their ids; their messages are not in ``messages``,
             ``start_ns`` or ``end_ns`` (``sender_order`` -1, ``type`` the
             schema's name).
@@ -1776,7 +1776,7 @@ class Reader:
                       delta, message)
 
     def views(self) -> Iterator[tuple[str, int, int, Any]]:
-        """The messages of the view channels (``record_view=True``), parsed, in file order.
+        """The messages of the view channels (``Recording(view=True)``), parsed, in file order.
 
         Yields:
             tuple[str, int, int, Any]: ``(view_of, index, t_ns, value)``: the

@@ -3,7 +3,7 @@
 A *view* is a JSON projection of a message, made for plotting and looking at
 (Foxglove's Plot, Raw Messages, Image panels), not for replay: the lossless
 channel of a recording stays the snapshot codec's. The recorder writes it
-beside the lossless channel (``record_view=True``) and the live server
+beside the lossless channel (``Recording(view=True)``) and the live server
 (`mujou_actors.recording.liveview`) sends it to a Foxglove client. The rules:
 
 * **A message becomes a JSON object.** A dict, NamedTuple, dataclass or tensor
