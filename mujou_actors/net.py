@@ -115,7 +115,7 @@ def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
     return seeds
 
 
-_HOOKS = {"on_start", "on_update", "on_stop"}
+_HOOKS = {"on_start", "on_update", "on_stop", "on_deadline_miss"}
 
 
 def warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._checks import check_workers, is_int, is_number
-from ._runtime.actor import guard_read_only
+from ._runtime.actor import guard_deadlines, guard_read_only
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
@@ -324,7 +324,8 @@ class LocalRun(Run):
                 dt_max=a.dt_max,
                 lateness_p50=percentile(late, 50) / 1e9,
                 lateness_p99=percentile(late, 99) / 1e9,
-                hook_time=a.hook_ns / 1e9, drops=drops, restarts=a.restarts)
+                hook_time=a.hook_ns / 1e9, drops=drops, restarts=a.restarts,
+                budget_misses=a.budget_misses, deadline_misses=a.deadline_misses)
         workers = {name: WorkerStats(name, busy)
                    for name, busy in self._dispatcher.busy_fractions().items()}
         c = self._coordinator
@@ -892,6 +893,10 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
             for actor in actors:
                 guard_read_only(actor)
+        dispatcher = coordinator.dispatcher
+        for actor in actors:  # nodes with a budget or deadline only; a replayed one never runs
+            if plan.replaced is None or actor.path not in plan.replaced:
+                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated)
         host = Host(coordinator.wiring.host_copy, coordinator.callback_failed)
         coordinator.attach_host(host)
         if args.recording is not None:

@@ -43,7 +43,7 @@ from ..node import Node, check_seed
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
 from ..trace import Recorder
-from .actor import Actor, guard_read_only
+from .actor import Actor, guard_deadlines, guard_read_only
 from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
@@ -314,6 +314,8 @@ class Kernel:
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
                 guard_read_only(actor)
+        for actor in self.actors:  # nodes with a budget or deadline only (the rest pay nothing)
+            guard_deadlines(actor, clock, self._kind == "simulated")
 
         self._started = False
         self._stopped = False
