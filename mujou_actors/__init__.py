@@ -108,8 +108,8 @@ _SUBMODULES = frozenset(("cuda", "testing"))
 _LAZY: dict[str, str] = {
     "cuda": "cuda", "testing": "testing", "Capsule": "recording.capsule", "Subscription": "host",
     "FoxgloveServer": "recording.liveview", "FoxgloveStats": "recording.liveview",
-    "serve_foxglove": "recording.liveview",
-    "DeadlineMiss": "deadlines", "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
+    "serve_foxglove": "recording.liveview", "DeadlineMiss": "deadlines",
+    "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
     "Placement": "distributed.placement", "Recording": "recording.recorder",
     "Replay": "recording.replay", "Run": "run", "run": "run", "load": "snapshot",
     "save": "snapshot",

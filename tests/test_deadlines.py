@@ -336,3 +336,52 @@ def test_a_miss_is_an_instant_event_of_the_trace(cpu: CpuClock, tmp_path) -> Non
     assert [(e["ph"], e["name"]) for e in misses] == [("i", "arm.on_update missed its budget")]
     assert misses[0]["args"] == {"due": 0.04, "run_time": 0.003, "finished": 0.003,
                                  "budget": 0.002, "deadline": None}
+
+
+# -- the command line's live view ----------------------------------------------------------
+
+def test_the_live_view_names_the_nodes_that_missed_under_its_table() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mujou_actors import cli
+    from mujou_actors.stats import NodeStats, RunStats
+
+    nodes = {path: NodeStats(path, 10, 0, 0.01, 0.01, 0.0, 0.0, 0.1, budget_misses=misses,
+                             deadline_misses=misses // 3)
+             for path, misses in (("arm", 3), ("base", 0))}
+    stats = RunStats(1.0, 1.0, nodes, {})
+    console = Console(width=80, record=True, file=io.StringIO())
+
+    console.print(cli._live_table(stats, {"arm": (10.0, 0.1), "base": (10.0, 0.1)},
+                                  {"arm": 0.01, "base": 0.01}))
+
+    assert "missed: arm budget 3 deadline 1" in console.export_text()
+    assert cli._status_line(stats, {"arm": (10.0, 0.1), "base": (10.0, 0.1)}).endswith(
+        "restarts=0 missed: arm budget 3 deadline 1")
+
+
+# -- a placed run: the declaration travels with the node ----------------------------------
+
+def make_placed_net() -> dict[str, mujou.Node]:
+    """Built in every process of the run (here, the groups are served in this one)."""
+    return {"arm": Arm(actor_module._cpu_clock, {3: 0.003, 7: 0.003}, budget=0.002),
+            "base": Arm(actor_module._cpu_clock, {})}
+
+
+def test_a_placed_run_counts_the_misses_of_a_node_in_its_group(cpu: CpuClock) -> None:
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem
+
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(make_placed_net, placement=mujou.Placement({"arm": "a", "base": "b"}),
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+    run.join(30)
+
+    nodes = run.stats().nodes
+    assert (nodes["arm"].updates, nodes["arm"].budget_misses) == (10, 2)
+    assert (nodes["base"].budget_misses, nodes["base"].deadline_misses) == (0, 0)
