@@ -112,7 +112,7 @@ def check_deadlines(cls: type, base: type, period_ns: int | None, budget: Any, d
                          "nothing can be missed")
     if on_miss == "skip" and period_ns is None:
         raise ValueError(f"{where}: on_miss='skip' skips the next tick and needs a period")
-    if on_miss == "safe" and not _overrides(cls, base, "on_deadline_miss"):
+    if on_miss == "safe" and not overrides(cls, base, "on_deadline_miss"):
         raise ValueError(f"{where}: on_miss='safe' calls the node's on_deadline_miss(self, "
                          "miss), which the class does not define")
     return budget_ns, deadline_ns, on_miss
@@ -133,7 +133,7 @@ def _check_limit(name: str, value: Any, where: str) -> int | None:
     return ns
 
 
-def _overrides(cls: type, base: type, hook: str) -> bool:
+def overrides(cls: type, base: type, hook: str) -> bool:
     """Whether a class below ``base`` defines ``hook``, found as Python finds it.
 
     Looked up in the classes' own namespaces, never through a node (only

@@ -148,6 +148,15 @@ def test_a_declaration_is_read_back_in_seconds(cpu: CpuClock) -> None:
         None, None, "warn")
 
 
+def test_an_on_deadline_miss_that_its_policy_never_calls_is_warned_of(
+        cpu: CpuClock, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        mujou.run({"arm": Arm(cpu, {}, budget=0.002)}, timer="simulated", duration=0.01).join(30)
+
+    assert ("node 'arm' (Arm) defines on_deadline_miss but has on_miss='warn': it is never "
+            "called") in caplog.text
+
+
 # -- what a node without them pays --------------------------------------------------------
 
 def test_a_node_without_budget_or_deadline_keeps_its_plain_update(cpu: CpuClock) -> None:
@@ -179,7 +188,7 @@ def test_warn_logs_the_first_miss_and_then_at_most_a_line_every_ten_seconds(
     with caplog.at_level(logging.WARNING, logger="mujou_actors"):
         mujou.run({"arm": arm}, timer="simulated", duration=0.1).join(30)
 
-    lines = [r.getMessage() for r in caplog.records if "budget" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "on_update due at" in r.getMessage()]
     assert lines == ["node 'arm': on_update due at t=0.020000 s ran 3.000 ms of CPU time, "
                      "over its budget of 2.000 ms"]
 
