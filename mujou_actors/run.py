@@ -890,13 +890,15 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
                                   rt=rt, tracer=args.tracer, seams=seams)
         coordinator.dispatcher.set_loop_limit(
             args.max_delta_cycles, warn_loops(plan.found, args.max_delta_cycles))
+        dispatcher = coordinator.dispatcher
+        # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
+        # so that the read-only check's time is not charged to the node's budget.
+        for actor in actors:
+            if plan.replaced is None or actor.path not in plan.replaced:
+                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated)
         if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
             for actor in actors:
                 guard_read_only(actor)
-        dispatcher = coordinator.dispatcher
-        for actor in actors:  # nodes with a budget or deadline only; a replayed one never runs
-            if plan.replaced is None or actor.path not in plan.replaced:
-                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated)
         host = Host(coordinator.wiring.host_copy, coordinator.callback_failed)
         coordinator.attach_host(host)
         if args.recording is not None:

@@ -311,11 +311,11 @@ class Kernel:
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox,
                             self._outside_device)
+        for actor in self.actors:  # nodes with a budget or deadline only, first (as mujou.run)
+            guard_deadlines(actor, clock, self._kind == "simulated")
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
                 guard_read_only(actor)
-        for actor in self.actors:  # nodes with a budget or deadline only (the rest pay nothing)
-            guard_deadlines(actor, clock, self._kind == "simulated")
 
         self._started = False
         self._stopped = False
