@@ -18,6 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from . import cuda as cuda  # the public submodule mujou.cuda
     from . import testing as testing  # the public submodule mujou.testing
+    from .deadlines import DeadlineMiss
     from .distributed.placement import Placement
     from .errors import (
         AlgebraicLoopError,
@@ -62,6 +63,7 @@ __all__ = [
     "CallbackError",
     "Capsule",
     "CapsuleStats",
+    "DeadlineMiss",
     "FoxgloveServer",
     "FoxgloveStats",
     "GroupDied",
@@ -106,7 +108,7 @@ _SUBMODULES = frozenset(("cuda", "testing"))
 _LAZY: dict[str, str] = {
     "cuda": "cuda", "testing": "testing", "Capsule": "recording.capsule", "Subscription": "host",
     "FoxgloveServer": "recording.liveview", "FoxgloveStats": "recording.liveview",
-    "serve_foxglove": "recording.liveview",
+    "serve_foxglove": "recording.liveview", "DeadlineMiss": "deadlines",
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
     "Placement": "distributed.placement", "Recording": "recording.recorder",
     "Replay": "recording.replay", "Run": "run", "run": "run", "load": "snapshot",

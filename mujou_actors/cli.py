@@ -520,8 +520,21 @@ class _LiveTable:
         for row in self.rows:
             table.add_row(*row)
         workers = "  ".join(f"{name} {w.busy:.0%}" for name, w in self.stats.workers.items())
-        table.caption = lateness_note() + (f"\nbusy: {workers}" if workers else "")
+        missed = _misses(self.stats)
+        table.caption = (lateness_note() + (f"\nbusy: {workers}" if workers else "")
+                         + (f"\nmissed: {missed}" if missed else ""))
         return table
+
+
+def _misses(stats: RunStats) -> str:
+    """The nodes that missed a budget or deadline, with their counts ("" when none did).
+
+    A line under the live table and at the end of a status line rather than two
+    more columns: the table fits 80 columns as it is, and most nets declare none.
+    """
+    return "  ".join(f"{path or '<root>'} budget {n.budget_misses} deadline {n.deadline_misses}"
+                     for path, n in stats.nodes.items()
+                     if n.budget_misses or n.deadline_misses)
 
 
 def _status_line(stats: RunStats, rates: dict[str, tuple[float, float]]) -> str:
@@ -529,8 +542,9 @@ def _status_line(stats: RunStats, rates: dict[str, tuple[float, float]]) -> str:
                       if stats.nodes[path].updates)
     drops = sum(sum(n.drops.values()) for n in stats.nodes.values())
     restarts = sum(n.restarts for n in stats.nodes.values())
+    missed = _misses(stats)
     return (f"t={stats.time:.3f}s wall={stats.wall:.1f}s {nodes} "
-            f"drops={drops} restarts={restarts}")
+            f"drops={drops} restarts={restarts}" + (f" missed: {missed}" if missed else ""))
 
 
 def watch(run: mujou.Run, *, duration: float | None, simulated: bool, live: bool,

@@ -36,7 +36,8 @@ __all__ = [
 ]
 # RemoteError and JoinTimeoutError (below) are not in __all__: the control plane's, not
 # public API (tests/test_public_api.py: a public module's __all__ lists public names).
-# MessageChangedError neither: it reaches users as a NodeError's __cause__.
+# MessageChangedError and DeadlineMissError neither: they reach users as a NodeError's
+# __cause__.
 
 
 class MujouError(Exception):
@@ -184,6 +185,26 @@ class MessageChangedError(MujouError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.port, self.kind))
+
+
+class DeadlineMissError(MujouError, RuntimeError):
+    """A node with ``on_miss="stop"`` missed its budget or deadline (real time).
+
+    The node fails with it (the `NodeError` that ``join()`` raises has it as
+    its ``__cause__``) and the run stops, whatever the supervisor's
+    ``restart``: restarting a node that is too slow would only miss again.
+
+    Attributes:
+        miss (mujou_actors.DeadlineMiss): the node, the update's due time,
+            its measured CPU and finish times, the budget and the deadline.
+    """
+
+    def __init__(self, miss: Any) -> None:
+        super().__init__(f"{miss} (on_miss='stop')")
+        self.miss = miss
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.miss,))
 
 
 class SnapshotError(MujouError):

@@ -16,6 +16,7 @@ import torch
 
 from ._checks import is_int, is_number
 from .codec import file_problem, from_file
+from .deadlines import overrides
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
@@ -115,7 +116,7 @@ def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
     return seeds
 
 
-_HOOKS = {"on_start", "on_update", "on_stop"}
+_HOOKS = {"on_start", "on_update", "on_stop", "on_deadline_miss"}
 
 
 def warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
@@ -304,7 +305,9 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
       triggering Input: nothing ever calls that ``on_update`` (a container
       of nodes, without an ``on_update`` of its own, is not warned of);
     * nodes held where the walk does not look (a list inside a list, a helper
-      object): they are not part of the net and never run.
+      object): they are not part of the net and never run;
+    * a node whose class defines ``on_deadline_miss`` with an ``on_miss``
+      other than ``"safe"``: that hook is never called.
 
     Args:
         found (list): the net's ``(path, node)`` pairs (`walk`).
@@ -332,6 +335,10 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
                         "on_update never runs; give it a period (period=0.01 is 100 updates "
                         "a second) or an Input that triggers it (trigger=None or True), "
                         "connected to an Output (mujou.connect)", name, type(node).__name__)
+        if node._mujou_on_miss != "safe" and overrides(type(node), Node, "on_deadline_miss"):
+            log.warning("node %r (%s) defines on_deadline_miss but has on_miss=%r: it is "
+                        "never called; declare on_miss='safe' (and a budget or a deadline)",
+                        name, type(node).__name__, node._mujou_on_miss)
         for attr, where in _nodes_out_of_net(node, in_net):
             log.warning("node %r (%s) holds a Node in self.%s (%s): it is not part of the net "
                         "and never runs; hold nodes in attributes, or in lists, tuples or "

@@ -12,13 +12,17 @@ import os
 import random
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._checks import is_int, is_number
+from .deadlines import check_deadlines
 from .devices import validate_device
 from .ports import Port, ports_of_class
+
+if TYPE_CHECKING:
+    from .deadlines import DeadlineMiss
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["Node"]
@@ -104,11 +108,33 @@ class Node:
             thread of the node's own (named ``mujou-node-PATH``) instead of the
             shared workers: for hooks that block or rely on per-thread state.
             Default: False.
+        budget (float | None): CPU seconds one ``on_update`` may take
+            (``time.thread_time_ns`` of its thread, measured as it returns).
+            Default: None (no budget).
+        deadline (float | None): seconds of the run's timer after an
+            update's due time (its tick's, or its trigger's) by which
+            ``on_update`` must have returned; needs a ``period``. In
+            simulated time, where a hook starts when due and the clock stands
+            still while it runs, its CPU time is what is compared.
+            Default: None (no deadline).
+        on_miss (str): what a missed budget or deadline does, in real time:
+            ``"warn"`` (log it, at most a line every 10 s per node),
+            ``"skip"`` (skip the node's next tick), ``"safe"`` (call the
+            node's ``on_deadline_miss``), ``"stop"`` (stop the run: ``join()``
+            raises a `NodeError` whose cause is a ``DeadlineMissError``). In
+            simulated time every policy only warns, so that results never
+            depend on the machine's speed. Every miss is counted in
+            `NodeStats`. Default: ``"warn"``. See docs/nodes-and-ports.md,
+            "Deadlines and budgets".
 
     Raises:
         ValueError: ``period`` not finite or <= 0; ``seed`` outside
             ``[0, 2**64)``; a device other than the CPU
-            or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available.
+            or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available;
+            ``budget`` or ``deadline`` not > 0, a ``deadline`` without a
+            period, an unknown ``on_miss``, ``"skip"`` without a period,
+            ``"safe"`` without an ``on_deadline_miss`` of the class's own, or
+            a policy other than ``"warn"`` with neither budget nor deadline.
         TypeError: an argument of the wrong type.
 
     Example:
@@ -131,9 +157,14 @@ class Node:
         seed: int | None = None,
         device: str | torch.device = "cpu",
         dedicated_thread: bool = False,
+        budget: float | None = None,
+        deadline: float | None = None,
+        on_miss: str = "warn",
     ) -> None:
         where = type(self).__name__
         self._mujou_period_ns = _check_period(period, where)
+        self._mujou_budget_ns, self._mujou_deadline_ns, self._mujou_on_miss = check_deadlines(
+            type(self), Node, self._mujou_period_ns, budget, deadline, on_miss)
         self._mujou_period = None if period is None else float(period)
         self._mujou_seed = check_seed(seed, where)
         self._mujou_device = validate_device(device, owner=where)
@@ -264,6 +295,23 @@ class Node:
         return self._mujou_dedicated
 
     @property
+    def budget(self) -> float | None:
+        """float | None: CPU seconds one ``on_update`` may take (None: no budget)."""
+        ns = self._mujou_budget_ns
+        return None if ns is None else ns / 1e9
+
+    @property
+    def deadline(self) -> float | None:
+        """float | None: seconds after an update is due by which it must return (None: none)."""
+        ns = self._mujou_deadline_ns
+        return None if ns is None else ns / 1e9
+
+    @property
+    def on_miss(self) -> str:
+        """str: the policy for a missed budget or deadline (``"warn"``, ``"skip"``...)."""
+        return self._mujou_on_miss
+
+    @property
     def path(self) -> str | None:
         """str | None: dotted attribute path from the run's root (root: ``""``).
 
@@ -287,6 +335,18 @@ class Node:
 
     def on_stop(self) -> None:
         """Called once when the run ends, for every node whose ``on_start`` ran."""
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        """Called after an ``on_update`` that missed its budget or deadline (``on_miss="safe"``).
+
+        Real time only, in the node's context on the thread of the update,
+        before its next hook: the place to put the node in a safe state (hold
+        the last command, send a stop). Its time counts in the update's.
+        What it raises fails the node as ``on_update`` would.
+
+        Args:
+            miss (DeadlineMiss): what was missed, by how much.
+        """
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

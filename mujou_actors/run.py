@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._checks import check_workers, is_int, is_number
-from ._runtime.actor import guard_read_only
+from ._runtime.actor import guard_deadlines, guard_read_only
 from ._runtime.build import Seams, make_actors, setup_cuda, unwire
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
@@ -324,7 +324,8 @@ class LocalRun(Run):
                 dt_max=a.dt_max,
                 lateness_p50=percentile(late, 50) / 1e9,
                 lateness_p99=percentile(late, 99) / 1e9,
-                hook_time=a.hook_ns / 1e9, drops=drops, restarts=a.restarts)
+                hook_time=a.hook_ns / 1e9, drops=drops, restarts=a.restarts,
+                budget_misses=a.budget_misses, deadline_misses=a.deadline_misses)
         workers = {name: WorkerStats(name, busy)
                    for name, busy in self._dispatcher.busy_fractions().items()}
         c = self._coordinator
@@ -889,6 +890,12 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
                                   rt=rt, tracer=args.tracer, seams=seams)
         coordinator.dispatcher.set_loop_limit(
             args.max_delta_cycles, warn_loops(plan.found, args.max_delta_cycles))
+        dispatcher = coordinator.dispatcher
+        # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
+        # so that the read-only check's time is not charged to the node's budget.
+        for actor in actors:
+            if plan.replaced is None or actor.path not in plan.replaced:
+                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated)
         if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
             for actor in actors:
                 guard_read_only(actor)

@@ -37,6 +37,12 @@ class NodeStats:
             newer ones waited); a message that was read and then replaced is
             not a drop.
         restarts (int): restarts by the supervisor.
+        budget_misses (int): updates whose CPU time exceeded the node's
+            ``budget`` (0 without one; see docs/nodes-and-ports.md,
+            "Deadlines and budgets").
+        deadline_misses (int): updates that returned later than the node's
+            ``deadline`` after they were due (0 without one). An update may
+            miss both.
     """
 
     path: str
@@ -49,6 +55,8 @@ class NodeStats:
     hook_time: float
     drops: Mapping[str, int] = field(default_factory=dict)
     restarts: int = 0
+    budget_misses: int = 0
+    deadline_misses: int = 0
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from .errors import describe
 
 if TYPE_CHECKING:
     from ._runtime.actor import Actor
+    from .deadlines import DeadlineMiss
     from .ports import Input, Output, Port
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
@@ -62,7 +63,8 @@ PID = 1  # one process per file
 # sorted by (time, kind), a hook's slice comes before the flow ends bound to its start.
 # OUT and IN are a kernel's (a placed run's group): a send to an Input of another
 # process, and a delivery from one (an IN is no event: it names its delivery's flow).
-SLICE, SEND, RECV, FAIL, OUT, IN = range(6)
+# MISS: an update that missed its node's budget or deadline (kept as a tuple, as FAIL).
+SLICE, SEND, RECV, FAIL, OUT, IN, MISS = range(7)
 
 _FORMATS = {
     # t0, thread, node (actor order), hook, took, dt (NaN: none), t_ns (-1: none), delta,
@@ -464,6 +466,20 @@ class Recorder:
         name, _, text = describe(exc).partition(": ")  # never raises, whatever exc does
         self._append((FAIL, time.perf_counter_ns(), thread, actor.order, hook, name, text))
 
+    def miss(self, actor: Actor, miss: DeadlineMiss) -> None:
+        """An update of ``actor`` missed its budget or deadline (rare: kept as a tuple).
+
+        Recorded as its hook returns, inside the hook's slice: an instant event
+        named by what was missed, the figures (seconds) as its args.
+        """
+        thread = self._code(self.threads, actor.thread_name or "?")
+        what = " and ".join(name for name, hit in (("budget", miss.budget_missed),
+                                                   ("deadline", miss.deadline_missed)) if hit)
+        figures = {"due": miss.due, "run_time": miss.run_time, "finished": miss.finished,
+                   "budget": miss.budget, "deadline": miss.deadline}
+        self._append((MISS, time.perf_counter_ns(), thread, actor.order, "on_update", what,
+                      json.dumps(figures)))
+
     def names(self, table: dict[str, int]) -> list[str]:
         """The names of ``threads`` or ``hooks``, by number."""
         with self._lock:
@@ -493,7 +509,7 @@ class Recorder:
 
         Returns:
             dict: ``records`` (the packed records, one bytes object), ``fails``
-            (the failure records), ``threads`` and ``hooks`` (names by
+            (the failure and miss records), ``threads`` and ``hooks`` (names by
             number), ``paths`` (node paths by order), ``ports`` (port paths by
             id), ``tracks``, ``start_ns``, ``start_unix``, ``full`` (the
             buffer dropped older records) and ``pid``.
@@ -689,6 +705,11 @@ def process_events(records: list[tuple[Any, ...]], names: Names, threads: Iterab
             else:
                 yield f'{{"ph":"f","bp":"e",{head},"id":{fid},"name":{name},"cat":"message"}}'
             events += 1
+        elif kind == MISS:
+            _, _, _, node, hook, what, figures = rec
+            name = json.dumps(f"{_node(paths, node)}.{hook} missed its {what}")
+            yield f'{{"ph":"i","s":"t",{head},"name":{name},"cat":"deadline","args":{figures}}}'
+            events += 1
         else:  # FAIL
             _, _, _, node, hook, exc_type, message = rec
             name = json.dumps(f"{_node(paths, node)}.{hook} raised {exc_type}")
@@ -777,7 +798,7 @@ def _decode(parts: list[dict[str, Any]], port_code: dict[str, int],
             else:  # IN
                 add((kind, ts, -1, r[3], (epoch, r[4]), pmap[r[5]], r[6], r[7], r[8]))
         for f in part["fails"]:
-            add((FAIL, f[1] - offset_ns, tmap[f[2]], *f[3:]))
+            add((f[0], f[1] - offset_ns, tmap[f[2]], *f[3:]))  # FAIL or MISS
     names = Names(sorted(threads, key=threads.__getitem__), sorted(hooks, key=hooks.__getitem__),
                   parts[0]["paths"] if parts else [], {})
     return _Decoded(records, names, tracks,

@@ -195,3 +195,19 @@ def test_the_plot_of_a_recording_draws_its_numeric_channels(tmp_path) -> None:
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert wrong.returncode == 2
     assert "has no channel nope.out" in wrong.stderr and "physics.state" in wrong.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_deadlines_example_misses_each_replan_and_acts_on_it_in_real_time_only() -> None:
+    result = _run("deadlines.py", "--duration", "0.5", "--replan", "10")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    real, simulated = result.stdout.split("simulated")
+    for part in (real, simulated):
+        figures = dict(re.findall(r"(updates|budget misses)\s+(\d+)", part))
+        # Each replan spends 3 ms of CPU against a 2 ms budget: a miss on any machine.
+        assert int(figures["budget misses"]) >= int(figures["updates"]) // 10 > 0
+    assert int(re.search(r"safe commands\s+(\d+)", real).group(1)) > 0
+    assert re.search(r"safe commands\s+0 of 50\b", simulated)  # no policy in simulated time
+    assert result.stderr == ""

@@ -14,14 +14,16 @@ and, for a CUDA node, on its streams. Nothing else reaches into a node.
 from __future__ import annotations
 
 import contextvars
+import logging
 import time
 from array import array
 from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
+from ..deadlines import DeadlineMiss
 from ..devices import HostCopier, enter_streams, map_tensors, receive
-from ..errors import MessageChangedError, NodeError
+from ..errors import DeadlineMissError, MessageChangedError, NodeError
 from ..state import copy_state
 from . import readonly
 from .keys import ORDER_BITS, SHIFT, Key, SharedKey, unstamp
@@ -40,7 +42,10 @@ if TYPE_CHECKING:
     from ..node import Node
     from ..ports import Input
 
-__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER", "guard_read_only"]
+__all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER", "DeadlineGuard", "guard_deadlines",
+           "guard_read_only"]
+
+log = logging.getLogger("mujou_actors")
 
 # The actor whose context the calling code runs in: set once in the context of
 # each actor that has Outputs (sends.make_send), whose hooks run in it and
@@ -58,6 +63,16 @@ _RING_MASK = LATENESS_SAMPLES - 1
 NEVER = 1 << 62
 
 _clock = time.perf_counter_ns  # bound once: read twice per hook on the hot path
+
+# A budget's clock: the CPU time of the hook's thread, so that a hook kept
+# waiting for the GIL or a CPU is not charged for the wait. Looked up at each
+# call (tests put a scripted clock here); read only for nodes with a budget or
+# a deadline (guard_deadlines).
+_cpu_clock = time.thread_time_ns
+
+# After a node's first missed budget or deadline, its misses are logged at
+# most once per this many wall seconds (with the count since the last line).
+MISS_LOG_S = 10.0
 
 
 # Subclassed in Python (replay.StandIn): a compiled Actor must allow it.
@@ -91,6 +106,8 @@ class Actor:
         # identity and the rest
         "path", "order", "device", "mailbox", "triggers", "started",
         "overruns", "restarts",
+        # written by a DeadlineGuard only (0 for a node without budget or deadline)
+        "budget_misses", "deadline_misses",
         # CUDA (None for a net that uses no CUDA; see devices.py)
         "stream", "copy_streams", "copy_done", "waiter", "kept_ready",
         # tracing (None for a run without a trace; see trace.py)
@@ -163,6 +180,8 @@ class Actor:
         self.failed = False
         self.updates = 0
         self.overruns = 0
+        self.budget_misses = 0
+        self.deadline_misses = 0
         self.dt_from_ns: int | None = None
         self.dt_done_ns = 0
         self.dt_max_ns = 0
@@ -705,3 +724,96 @@ def guard_read_only(actor: Actor) -> None:
                 raise MessageChangedError(path, port.path, readonly.kind_of(message))
 
     actor.update = checked
+
+
+class DeadlineGuard:
+    """The ``on_update`` of a node that declares a budget or a deadline (`guard_deadlines`).
+
+    Calls the update it wraps and measures it as it returns: its thread's CPU
+    time against the budget, and its finish against the deadline, counted
+    from the update's stamp (the time it stands for: its tick's due time, or
+    its trigger's). Real time reads the finish on the run's timer; simulated
+    time, whose clock stands still while a hook runs, takes the CPU time.
+    A miss is counted in the actor, traced, and handled by the node's policy.
+    In simulated time the policy is always ``"warn"``: a skipped tick, a safe
+    state or a stop that depended on how fast the machine ran the hook would
+    make the results depend on it too.
+    """
+
+    def __init__(self, actor: Actor, timer: Any, simulated: bool) -> None:
+        node = actor.node
+        self.actor = actor
+        self.update = actor.update
+        self.timer = timer
+        self.simulated = simulated
+        self.budget_ns: int | None = node._mujou_budget_ns
+        self.deadline_ns: int | None = node._mujou_deadline_ns
+        self.declared: str = node._mujou_on_miss
+        self.policy: str = "warn" if simulated else self.declared
+        self.logged_at = float("-inf")  # time.monotonic() of the last line logged
+        self.unlogged = 0  # misses since then
+
+    def __call__(self, node: Node, dt: float) -> None:
+        t0 = _cpu_clock()
+        self.update(node, dt)
+        took = _cpu_clock() - t0
+        actor = self.actor
+        due = actor.flight[1][0]  # the stamp's time: Actor.stamp, without the property's call
+        finished = took if self.simulated else self.timer.now_ns() - due
+        budget, deadline = self.budget_ns, self.deadline_ns
+        over = budget is not None and took > budget
+        late = deadline is not None and finished > deadline
+        if not (over or late):
+            return
+        if over:
+            actor.budget_misses += 1
+        if late:
+            actor.deadline_misses += 1
+        miss = DeadlineMiss(actor.path, due / 1e9, took / 1e9, finished / 1e9,
+                            None if budget is None else budget / 1e9,
+                            None if deadline is None else deadline / 1e9)
+        if actor.trace is not None:
+            actor.trace.miss(actor, miss)
+        policy = self.policy
+        if policy == "stop":
+            raise DeadlineMissError(miss)  # the node fails; the coordinator stops the run
+        self.log(miss)
+        if policy == "skip":
+            # Set for this update already (Actor.run_update): the tick after is the next.
+            actor.next_tick_ns += actor.period_ns  # type: ignore[operator]  # skip needs one
+        elif policy == "safe":
+            node.on_deadline_miss(miss)  # in the node's context: the update's own
+
+    def log(self, miss: DeadlineMiss) -> None:
+        """Log a miss: the first at once, then at most a line per `MISS_LOG_S` per node."""
+        now = time.monotonic()
+        self.unlogged += 1
+        if now - self.logged_at < MISS_LOG_S:
+            return
+        more = "" if self.unlogged == 1 else f" ({self.unlogged} misses since the last line)"
+        if self.simulated and self.declared != "warn":
+            log.warning("%s%s; on_miss=%r applies in real time only: simulated time counts "
+                        "and logs misses", miss, more, self.declared)
+        elif self.policy == "warn":
+            log.warning("%s%s", miss, more)
+        else:
+            log.info("%s%s; on_miss=%r", miss, more, self.policy)
+        self.logged_at = now
+        self.unlogged = 0
+
+
+def guard_deadlines(actor: Actor, timer: Any, simulated: bool) -> None:
+    """Measure ``actor``'s updates against its node's budget and deadline, if it has either.
+
+    Wraps ``actor.update`` once, as the run starts (as `guard_read_only`
+    does): a node that declares neither keeps its update as it is and pays
+    nothing, on the hot path or anywhere else.
+
+    Args:
+        actor (Actor): an actor of the run, its node's settings checked.
+        timer (Timer): the run's timer (real time reads the finish on it).
+        simulated (bool): the run's time is simulated.
+    """
+    node = actor.node
+    if node._mujou_budget_ns is not None or node._mujou_deadline_ns is not None:
+        actor.update = DeadlineGuard(actor, timer, simulated)

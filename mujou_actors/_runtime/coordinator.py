@@ -31,6 +31,7 @@ from typing import Any
 from ..devices import CudaRuntime
 from ..errors import (
     CallbackError,
+    DeadlineMissError,
     NodeError,
     StartTimeoutError,
     StopTimeoutError,
@@ -433,9 +434,11 @@ class Coordinator:
             # The hook's key: before the timer started (on_start) there is none.
             key = actor.stamp if self._timer_started else (-1, 0)
             self.capsule.failed(actor.path, hook, exc, key)
+        # on_miss="stop" stops the run: a restarted node too slow would only miss again.
         verdict = failure_verdict(
             self._supervisor, self._intensity, self.timer.now_ns(),
-            restartable=self._timer_started and not self._end_requested.is_set())
+            restartable=self._timer_started and not self._end_requested.is_set()
+            and not isinstance(exc, DeadlineMissError))
         if verdict.action is Action.STOP:
             if verdict.note:
                 err = NodeError(actor.path, hook, f"{err} ({verdict.note})")

@@ -43,7 +43,7 @@ from ..node import Node, check_seed
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
 from ..trace import Recorder
-from .actor import Actor, guard_read_only
+from .actor import Actor, guard_deadlines, guard_read_only
 from .build import Seams, make_actors, setup_cuda, unwire, wire
 from .cuts import restore_tree, take_tree
 from .dispatcher import Dispatcher
@@ -311,6 +311,8 @@ class Kernel:
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox,
                             self._outside_device)
+        for actor in self.actors:  # nodes with a budget or deadline only, first (as mujou.run)
+            guard_deadlines(actor, clock, self._kind == "simulated")
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
                 guard_read_only(actor)

@@ -1034,11 +1034,13 @@ def node_stats(kernel: Kernel,
                  if isinstance(p, Input)}
         now = {"updates": a.updates, "overruns": a.overruns, "dt_sum": a.dt_sum,
                "dt_max": a.dt_max, "hook_ns": a.hook_ns, "drops": drops,
-               "restarts": a.restarts, "timed": a.timed,
+               "restarts": a.restarts, "timed": a.timed, "budget_misses": a.budget_misses,
+               "deadline_misses": a.deadline_misses,
                "lateness": sorted(a.lateness_samples())}
         old = before.get(a.path) if before is not None else None
         if old is not None:
-            for key in ("updates", "overruns", "dt_sum", "hook_ns", "restarts"):
+            for key in ("updates", "overruns", "dt_sum", "hook_ns", "restarts", "budget_misses",
+                        "deadline_misses"):
                 now[key] += old[key]
             now["dt_max"] = max(now["dt_max"], old["dt_max"])
             now["drops"] = {name: n + old["drops"].get(name, 0) for name, n in drops.items()}

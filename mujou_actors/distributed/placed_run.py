@@ -370,7 +370,8 @@ class PlacedRun(Run):
                     dt_mean=n["dt_sum"] / n["updates"] if n["updates"] and n["timed"] else 0.0,
                     dt_max=n["dt_max"], lateness_p50=percentile(late, 50) / 1e9,
                     lateness_p99=percentile(late, 99) / 1e9, hook_time=n["hook_ns"] / 1e9,
-                    drops=n["drops"], restarts=drv.recovery.restarts.get(path, 0))
+                    drops=n["drops"], restarts=drv.recovery.restarts.get(path, 0),
+                    budget_misses=n["budget_misses"], deadline_misses=n["deadline_misses"])
             clock = g.get("clock") or {}
             groups[name] = GroupStats(
                 name=name, pid=g["pid"], cpu_time=g["cpu"], nodes=tuple(g["nodes"]),

@@ -1,0 +1,396 @@
+"""Deadlines and budgets: ``Node(budget=, deadline=, on_miss=)``.
+
+A hook's CPU time comes from a scripted clock put where the actor reads it
+(`actor._cpu_clock`): a hook "spends" a known time, so every miss is certain.
+Real time runs on a scripted timer that the hooks move, as tests/test_timers.py
+does; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+import mujou_actors as mujou
+from mujou_actors import DeadlineMiss
+from mujou_actors._runtime import actor as actor_module
+from mujou_actors._runtime.actor import Actor, DeadlineGuard, guard_deadlines
+from mujou_actors._runtime.build import Seams
+from mujou_actors._runtime.kernel import Kernel
+from mujou_actors.errors import DeadlineMissError, NodeError
+from tests.conftest import Collector
+
+pytestmark = pytest.mark.timeout(60)
+
+MS = 1_000_000  # ns
+
+
+class CpuClock:
+    """The CPU clock the actor reads: it moves only when a hook spends time."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+class RunClock:
+    """A real-time run's timer that only the hooks move (see tests/test_timers.py)."""
+
+    simulated = False
+
+    def __init__(self, t_ns: int = 0) -> None:
+        self.t_ns = t_ns
+
+    def start(self, at_ns: int = 0) -> None:
+        pass
+
+    def now_ns(self) -> int:
+        return self.t_ns
+
+
+@pytest.fixture
+def cpu(monkeypatch: pytest.MonkeyPatch) -> CpuClock:
+    clock = CpuClock()
+    monkeypatch.setattr(actor_module, "_cpu_clock", clock)
+    return clock
+
+
+class Arm(mujou.Node):
+    """Counts its updates and sends them; update n spends ``costs[n]`` (else 1 ms) of CPU.
+
+    ``run_clock``: a real-time run's timer, moved by the same amount (the
+    real-time tests run the actor alone: nothing is sent then).
+    """
+
+    out = mujou.Output(int)
+
+    def __init__(self, cpu: CpuClock, costs: dict[int, float], run_clock: RunClock | None = None,
+                 **kw: object) -> None:
+        super().__init__(period=0.01, **kw)  # type: ignore[arg-type]
+        self.cpu, self.costs, self.run_clock = cpu, costs, run_clock
+        self.n = 0
+        self.misses: list[DeadlineMiss] = []
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        spent = round(self.costs.get(self.n, 0.001) * 1e9)
+        self.cpu.ns += spent
+        if self.run_clock is not None:
+            self.run_clock.t_ns += spent
+        else:
+            self.out.send(self.n)
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        self.misses.append(miss)
+
+
+def _actor(node: mujou.Node, clock: RunClock) -> Actor:
+    """A real-time actor of ``node``, guarded as a run guards it."""
+    actor = Actor(node, "arm", 0)
+    actor.schedule_first_tick(0)
+    guard_deadlines(actor, clock, simulated=False)
+    return actor
+
+
+def _tick(actor: Actor, clock: RunClock, due_ns: int) -> None:
+    """Run ``actor``'s tick due at ``due_ns``, started when due (as the dispatcher would)."""
+    clock.t_ns = due_ns
+    actor.stamp = (due_ns, 0)
+    actor.run_update(now_ns=due_ns, due_ns=due_ns, is_tick=True)
+
+
+# -- declarations ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "error", "rule"), [
+    ({"budget": -0.001}, ValueError, r"Arm: budget must be a finite number of seconds > 0"),
+    ({"budget": 0}, ValueError, r"budget must be a finite number of seconds > 0"),
+    ({"deadline": float("inf")}, ValueError, r"deadline must be a finite number"),
+    ({"budget": "1ms"}, TypeError, r"Arm: budget must be a number of seconds or None"),
+    ({"budget": True}, TypeError, r"budget must be a number of seconds"),
+    ({"deadline": 0.005, "period": None}, ValueError, r"Arm: deadline needs a period"),
+    ({"budget": 0.001, "on_miss": "panic"}, ValueError,
+     r"Arm: on_miss must be one of 'warn', 'skip', 'safe', 'stop', got 'panic'"),
+    ({"budget": 0.001, "on_miss": None}, TypeError, r"on_miss must be one of"),
+    ({"on_miss": "stop"}, ValueError, r"on_miss='stop' without a budget or a deadline"),
+    ({"budget": 0.001, "on_miss": "skip", "period": None}, ValueError,
+     r"on_miss='skip' skips the next tick and needs a period"),
+])
+def test_a_bad_declaration_is_refused_naming_the_node_and_the_rule(
+        kwargs: dict, error: type, rule: str) -> None:
+    class Arm(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(**{"period": 0.01, **kwargs})
+
+    with pytest.raises(error, match=rule):
+        Arm()
+
+
+def test_safe_without_an_on_deadline_miss_of_the_nodes_own_is_refused() -> None:
+    class Bare(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=0.01, budget=0.001, on_miss="safe")
+
+    with pytest.raises(ValueError, match=r"Bare: on_miss='safe' calls the node's "
+                                         r"on_deadline_miss\(self, miss\), which the class"):
+        Bare()
+
+
+def test_a_declaration_is_read_back_in_seconds(cpu: CpuClock) -> None:
+    node = Arm(cpu, {}, budget=0.002, deadline=0.005, on_miss="skip")
+
+    assert (node.budget, node.deadline, node.on_miss) == (0.002, 0.005, "skip")
+    assert (Arm(cpu, {}).budget, Arm(cpu, {}).deadline, Arm(cpu, {}).on_miss) == (
+        None, None, "warn")
+
+
+def test_an_on_deadline_miss_that_its_policy_never_calls_is_warned_of(
+        cpu: CpuClock, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        mujou.run({"arm": Arm(cpu, {}, budget=0.002)}, timer="simulated", duration=0.01).join(30)
+
+    assert ("node 'arm' (Arm) defines on_deadline_miss but has on_miss='warn': it is never "
+            "called") in caplog.text
+
+
+# -- what a node without them pays --------------------------------------------------------
+
+def test_a_node_without_budget_or_deadline_keeps_its_plain_update(cpu: CpuClock) -> None:
+    plain, guarded = Arm(cpu, {}), Arm(cpu, {}, budget=0.002)
+
+    kernel = Kernel({"plain": plain, "guarded": guarded}, timer="simulated")
+
+    updates = {a.path: a.update for a in kernel.actors}
+    assert updates["plain"] is Arm.on_update  # the function run_due calls, as without the feature
+    assert isinstance(updates["guarded"], DeadlineGuard)
+
+
+# -- simulated time: counted and logged, never applied --------------------------------------
+
+def test_misses_are_counted_in_stats_in_simulated_time(cpu: CpuClock) -> None:
+    arm = Arm(cpu, {3: 0.003, 5: 0.007, 8: 0.004}, budget=0.002, deadline=0.005)
+
+    run = mujou.run({"arm": arm}, timer="simulated", duration=0.1)
+    run.join(30)
+
+    stats = run.stats().nodes["arm"]
+    assert (stats.updates, stats.budget_misses, stats.deadline_misses) == (10, 3, 1)
+
+
+def test_warn_logs_the_first_miss_and_then_at_most_a_line_every_ten_seconds(
+        cpu: CpuClock, caplog: pytest.LogCaptureFixture) -> None:
+    arm = Arm(cpu, {2: 0.003, 4: 0.003, 6: 0.003}, budget=0.002)
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        mujou.run({"arm": arm}, timer="simulated", duration=0.1).join(30)
+
+    lines = [r.getMessage() for r in caplog.records if "on_update due at" in r.getMessage()]
+    assert lines == ["node 'arm': on_update due at t=0.020000 s ran 3.000 ms of CPU time, "
+                     "over its budget of 2.000 ms"]
+
+
+@pytest.mark.parametrize("policy", ["skip", "safe", "stop"])
+def test_simulated_time_counts_and_logs_a_miss_but_applies_no_policy(
+        cpu: CpuClock, policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    arm = Arm(cpu, {3: 0.009}, deadline=0.005, on_miss=policy)
+    sink = Collector()
+    mujou.connect(arm.out, sink.inp)
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        run = mujou.run({"arm": arm, "sink": sink}, timer="simulated", duration=0.1)
+        run.join(30)
+
+    assert sink.received == list(range(1, 11))  # no tick skipped, the run not stopped
+    assert arm.misses == []  # on_deadline_miss is a real-time policy
+    assert run.stats().nodes["arm"].deadline_misses == 1
+    assert f"on_miss={policy!r} applies in real time only" in caplog.text
+
+
+class Pipeline(mujou.Node):
+    """Four sources of different periods feeding one collector, all with budgets."""
+
+    def __init__(self, **limits: object) -> None:
+        super().__init__(period=None)
+        self.sources = [Source(period=0.001 * (i + 1), **limits) for i in range(4)]
+        self.sink = Collector()
+        for source in self.sources:
+            mujou.connect(source.out, self.sink.inp)
+
+
+class Source(mujou.Node):
+    out = mujou.Output(tuple)
+
+    def __init__(self, period: float, **limits: object) -> None:
+        super().__init__(period=period, **limits)  # type: ignore[arg-type]
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.out.send((self.path, self.n, sum(range(200))))
+
+
+def test_results_are_identical_for_every_worker_count_with_budgets_that_always_miss(
+        workers: int) -> None:
+    # 1 ns budgets and deadlines on the real CPU clock: nearly every update misses,
+    # how many depends on the machine; what the net computes must not.
+    plain, limited = Pipeline(), Pipeline(budget=1e-9, deadline=1e-9, on_miss="stop")
+
+    mujou.run(plain, timer="simulated", duration=0.05, workers=1).join(30)
+    run = mujou.run(limited, timer="simulated", duration=0.05, workers=workers)
+    run.join(30)
+
+    assert limited.sink.batches == plain.sink.batches
+    assert len(plain.sink.received) == sum(50 // (i + 1) for i in range(4))
+    assert sum(n.budget_misses for n in run.stats().nodes.values()) > 0
+
+
+# -- real time: the policies --------------------------------------------------------------
+
+def test_skip_skips_the_next_tick_after_a_missed_deadline(cpu: CpuClock) -> None:
+    clock = RunClock()
+    arm = Arm(cpu, {1: 0.007}, run_clock=clock, deadline=0.005, on_miss="skip")
+    actor = _actor(arm, clock)
+
+    _tick(actor, clock, 10 * MS)  # finishes 7 ms after it was due
+
+    assert actor.next_tick_ns == 30 * MS  # the tick of 20 ms is skipped
+    assert (actor.deadline_misses, actor.budget_misses) == (1, 0)
+    _tick(actor, clock, 30 * MS)  # 1 ms: in time
+    assert actor.next_tick_ns == 40 * MS and actor.deadline_misses == 1
+
+
+def test_safe_calls_on_deadline_miss_with_what_was_missed(cpu: CpuClock) -> None:
+    clock = RunClock()
+    arm = Arm(cpu, {2: 0.003}, run_clock=clock, budget=0.002, deadline=0.005,
+              on_miss="safe")
+    actor = _actor(arm, clock)
+
+    _tick(actor, clock, 10 * MS)
+    _tick(actor, clock, 20 * MS)
+
+    assert arm.misses == [DeadlineMiss(path="arm", due=0.02, run_time=0.003, finished=0.003,
+                                       budget=0.002, deadline=0.005)]
+    assert arm.misses[0].budget_missed and not arm.misses[0].deadline_missed
+    assert actor.next_tick_ns == 30 * MS  # nothing skipped
+    assert (actor.budget_misses, actor.deadline_misses) == (1, 0)
+
+
+def test_a_deadline_counts_from_when_the_update_was_due_not_when_it_started(
+        cpu: CpuClock) -> None:
+    clock = RunClock()
+    arm = Arm(cpu, {}, run_clock=clock, deadline=0.005, on_miss="safe")
+    actor = _actor(arm, clock)
+    actor.stamp = (10 * MS, 0)
+    clock.t_ns = 14_500_000  # started 4.5 ms late, runs 1 ms
+
+    actor.run_update(now_ns=clock.t_ns, due_ns=10 * MS, is_tick=True)
+
+    assert [m.finished for m in arm.misses] == [pytest.approx(0.0055)]
+
+
+def test_stop_raises_a_deadline_miss_error_naming_the_node_the_deadline_and_the_time(
+        cpu: CpuClock) -> None:
+    clock = RunClock()
+    actor = _actor(Arm(cpu, {1: 0.0075}, run_clock=clock, deadline=0.005, on_miss="stop"),
+                   clock)
+
+    with pytest.raises(DeadlineMissError) as info:
+        _tick(actor, clock, 10 * MS)
+
+    assert str(info.value) == ("node 'arm': on_update due at t=0.010000 s finished 7.500 ms "
+                               "after it was due, past its deadline of 5.000 ms "
+                               "(on_miss='stop')")
+    assert info.value.miss.deadline == 0.005 and actor.deadline_misses == 1
+
+
+def test_stop_ends_a_real_time_run_that_join_reports_even_under_a_restarting_supervisor(
+        cpu: CpuClock) -> None:
+    clock = RunClock(t_ns=10 * MS)  # the first tick is due at once
+
+    class Steady(Arm):
+        def on_update(self, dt: float) -> None:
+            super().on_update(dt)
+            # In time, the next tick is due as this one ends; the 3rd runs 12 ms.
+            clock.t_ns = max(clock.t_ns, (self.n + 1) * 10 * MS)
+
+    arm = Steady(cpu, {3: 0.012}, run_clock=clock, budget=0.004, on_miss="stop")
+    run = sys.modules["mujou_actors.run"]._start(
+        {"arm": arm}, seams=Seams(make_timer=lambda kind: clock), duration=1.0, workers=1,
+        supervisor=mujou.Supervisor("one_for_one"))
+
+    with pytest.raises(NodeError) as info:
+        run.join(30)
+
+    assert info.value.path == "arm"
+    assert isinstance(info.value.__cause__, DeadlineMissError)
+    assert "ran 12.000 ms of CPU time, over its budget of 4.000 ms" in str(info.value)
+    stats = run.stats().nodes["arm"]
+    assert (stats.updates, stats.budget_misses, stats.restarts) == (3, 1, 0)
+
+
+# -- the trace ----------------------------------------------------------------------------
+
+def test_a_miss_is_an_instant_event_of_the_trace(cpu: CpuClock, tmp_path) -> None:
+    arm = Arm(cpu, {4: 0.003}, budget=0.002)
+    path = tmp_path / "trace.json"
+
+    mujou.run({"arm": arm}, timer="simulated", duration=0.05, trace=path).join(30)
+
+    events = json.loads(path.read_text())["traceEvents"]
+    misses = [e for e in events if e.get("cat") == "deadline"]
+    assert [(e["ph"], e["name"]) for e in misses] == [("i", "arm.on_update missed its budget")]
+    assert misses[0]["args"] == {"due": 0.04, "run_time": 0.003, "finished": 0.003,
+                                 "budget": 0.002, "deadline": None}
+
+
+# -- the command line's live view ----------------------------------------------------------
+
+def test_the_live_view_names_the_nodes_that_missed_under_its_table() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mujou_actors import cli
+    from mujou_actors.stats import NodeStats, RunStats
+
+    nodes = {path: NodeStats(path, 10, 0, 0.01, 0.01, 0.0, 0.0, 0.1, budget_misses=misses,
+                             deadline_misses=misses // 3)
+             for path, misses in (("arm", 3), ("base", 0))}
+    stats = RunStats(1.0, 1.0, nodes, {})
+    console = Console(width=80, record=True, file=io.StringIO())
+
+    console.print(cli._live_table(stats, {"arm": (10.0, 0.1), "base": (10.0, 0.1)},
+                                  {"arm": 0.01, "base": 0.01}))
+
+    assert "missed: arm budget 3 deadline 1" in console.export_text()
+    assert cli._status_line(stats, {"arm": (10.0, 0.1), "base": (10.0, 0.1)}).endswith(
+        "restarts=0 missed: arm budget 3 deadline 1")
+
+
+# -- a placed run: the declaration travels with the node ----------------------------------
+
+def make_placed_net() -> dict[str, mujou.Node]:
+    """Built in every process of the run (here, the groups are served in this one)."""
+    return {"arm": Arm(actor_module._cpu_clock, {3: 0.003, 7: 0.003}, budget=0.002),
+            "base": Arm(actor_module._cpu_clock, {})}
+
+
+def test_a_placed_run_counts_the_misses_of_a_node_in_its_group(cpu: CpuClock) -> None:
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem
+
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.1, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(make_placed_net, placement=mujou.Placement({"arm": "a", "base": "b"}),
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+    run.join(30)
+
+    nodes = run.stats().nodes
+    assert (nodes["arm"].updates, nodes["arm"].budget_misses) == (10, 2)
+    assert (nodes["base"].budget_misses, nodes["base"].deadline_misses) == (0, 0)
