@@ -50,16 +50,20 @@ if _typing.TYPE_CHECKING:
         RunStats,
         SnapshotStats,
         SubscriptionStats,
+        SyncStats,
         WorkerStats,
     )
     from .supervisor import Supervisor, latest_snapshot
+    from .sync import ApproximateTime, ExactTime
     from .trace import Tracer
 
 __all__ = [
     "AlgebraicLoopError",
+    "ApproximateTime",
     "CallbackError",
     "Capsule",
     "CapsuleStats",
+    "ExactTime",
     "FoxgloveServer",
     "FoxgloveStats",
     "GroupDied",
@@ -87,6 +91,7 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "Supervisor",
+    "SyncStats",
     "Tracer",
     "WorkerStats",
     "connect",
@@ -105,13 +110,14 @@ _LAZY: dict[str, str] = {
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",
     "Recording": "recording", "Run": "run", "run": "run", "load": "snapshot", "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
+    "ExactTime": "sync", "ApproximateTime": "sync",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
                      "NetError", "NodeError", "NotRunningError", "PortTypeError",
                      "RecordingError", "SnapshotError", "StartTimeoutError",
                      "StopTimeoutError"), "errors"),
     **dict.fromkeys(("CapsuleStats", "GroupStats", "MachineStats", "NodeStats",
                      "RecordingChannelStats", "RecordingStats", "RunStats", "SnapshotStats",
-                     "SubscriptionStats", "WorkerStats"), "stats"),
+                     "SubscriptionStats", "SyncStats", "WorkerStats"), "stats"),
 }
 
 
