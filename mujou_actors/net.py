@@ -120,12 +120,27 @@ _HOOKS = {"on_start", "on_update", "on_stop"}
 
 
 def warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
-    """A method named like a hook but unknown is most likely a typo (on_updte)."""
+    """A method named like a hook but unknown is most likely a typo (on_updte).
+
+    A synchronizer's callback (``callback=self.on_pair``) is called, and not warned of.
+    """
     for cls in {type(node) for _, node in found}:
         for name in dir(cls):
-            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)):
+            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)) \
+                    and not _is_callback(found, cls, name):
                 log.warning("%s.%s is not a hook and is never called; the hooks are %s",
                             cls.__name__, name, ", ".join(sorted(_HOOKS)))
+
+
+def _is_callback(found: list[tuple[str, Node]], cls: type, name: str) -> bool:
+    """Whether a node of class ``cls`` has a synchronizer whose callback is its method ``name``."""
+    for _, node in found:
+        if type(node) is cls and any(
+                isinstance(value, Synchronizer)
+                and getattr(value._callback, "__func__", None) is getattr(cls, name)
+                for value in vars(node).values()):
+            return True
+    return False
 
 
 def collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
