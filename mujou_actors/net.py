@@ -307,7 +307,11 @@ def _message_problems(section: str, path: str, messages: Any, port: Port) -> lis
     """Messages of a tree's inputs/pending section that do not fit their Input."""
     if not isinstance(messages, list):
         return [f"{section}[{path!r}] is a {type(messages).__name__}, not a list of messages"]
-    synced = section == "pending" and isinstance(port, Input) and port._sync is not None
+    synced = isinstance(port, Input) and port._sync is not None
+    if synced and section == "inputs" and messages:
+        return [f"inputs[{path!r}] holds messages, but a synchronized Input keeps none (its "
+                "synchronizer's state is in the sync section)"]
+    synced = synced and section == "pending"
     problems = []
     for i, message in enumerate(messages):
         if synced:

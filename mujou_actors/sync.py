@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._checks import is_int, is_number
-from .messages import copy_message, map_tensors
 from .ports import Input
 from .stats import SyncStats
 
@@ -192,12 +191,13 @@ class Synchronizer:
             def push_many(pairs: list[Any], i: int = i) -> None:
                 self._arrived.extend((i, t, m) for t, m in pairs)
 
-            inp.__dict__.update(_push=push, _push_many=push_many, _stamped=True)
+            inp.__dict__.update(_push=push, _push_many=push_many, _restore=self._restore,
+                                _stamped=True)
 
     def _detach(self) -> None:
         """Leave its Inputs plain (a replay's stand-in of its node takes their messages)."""
         for inp in self._inputs:
-            for name in ("_push", "_push_many", "_stamped"):
+            for name in ("_push", "_push_many", "_restore", "_stamped"):
                 inp.__dict__.pop(name, None)
 
     def _settle(self) -> None:
@@ -260,16 +260,14 @@ class Synchronizer:
                "sets": [list(s) for s in self._sets], **self._policy_state()}
         return map_messages(raw, len(self._inputs), lambda i, m: copy(m))
 
+    def _restore(self, kept: list[Any]) -> None:
+        """A restore (`Actor.restore`): its Inputs keep nothing, and its first one brings
+        its state, ``[entry]``, already copied onto the node's device (`cuts.restore_tree`)."""
+        if kept:
+            self._load(kept[0])
+
     def _load(self, entry: dict[str, Any]) -> None:
-        """Take the state of a (checked) tree's entry: copies, on the node's device."""
-        device = self._inputs[0].node.device
-        if device.type == "cuda":
-            def place(i: int, m: Any) -> Any:
-                return map_tensors(copy_message(m), lambda t: t.to(device))
-        else:
-            def place(i: int, m: Any) -> Any:
-                return copy_message(m)
-        entry = map_messages(entry, len(self._inputs), place)
+        """Take the state of a tree's checked entry (the restore's own copy)."""
         self._reset()
         for i, t, m in entry["queued"]:
             self._queue_again(i, t, m)

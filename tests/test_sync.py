@@ -627,3 +627,60 @@ def test_a_synchronized_tensor_keeps_its_value_and_the_plain_inputs_carry_no_sta
     assert [kind for kind, _ in both.got] == ["set", "plain"]
     assert all(torch.equal(t, torch.ones(2)) for t in both.got[0][1])
     assert torch.equal(both.got[1][1], torch.ones(2))
+
+
+# -- on (fake) CUDA --------------------------------------------------------------------------
+
+
+def test_a_cuda_node_s_sets_and_restored_queues_are_on_its_device() -> None:
+    from tests import fake_cuda
+
+    gpu = torch.device("cuda", 0)
+
+    class Emit(mujou.Node):
+        out = mujou.Output(torch.Tensor)
+
+        def __init__(self, rt: Any, period: float) -> None:
+            super().__init__(period=period)
+            self.rt, self.n = rt, 0
+
+        def on_update(self, dt: float) -> None:
+            self.n += 1
+            self.out.send(self.rt.cuda(torch.full((2,), float(self.n)), self.device))
+
+    class Join(mujou.Node):
+        x = mujou.Input(torch.Tensor)
+        y = mujou.Input(torch.Tensor)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.sync = mujou.ExactTime(self.x, self.y)
+            self.got: list[tuple[torch.device, list[float]]] = []
+
+        def on_update(self, dt: float) -> None:
+            for x, y in self.sync.drain():  # used on the node's stream: a stale read raises
+                self.got.append((x.device, fake_cuda.shadow(x * 1).tolist()
+                                 + fake_cuda.shadow(y * 1).tolist()))
+
+    def net(rt: Any) -> dict[str, mujou.Node]:
+        nodes = {"fast": Emit(rt, 0.01), "slow": Emit(rt, 0.02), "join": Join()}
+        for node in nodes.values():
+            node._mujou_device = gpu  # what device="cuda:0" gives on a machine with a GPU
+        mujou.connect(nodes["fast"].out, nodes["join"].x)
+        mujou.connect(nodes["slow"].out, nodes["join"].y)
+        return nodes
+
+    rt, _, start = fake_cuda.fakes()
+    first = net(rt)
+    run = start(first, timer="simulated", duration=0.03)
+    run.join()
+    tree = run.state_dict()
+    rt2, _, start2 = fake_cuda.fakes()
+    second = net(rt2)
+    start2(second, timer="simulated", duration=0.0, state=tree).join()
+
+    assert first["join"].got == [(gpu, [2.0, 2.0, 1.0, 1.0])]  # x's 2nd and y's 1st at 20 ms
+    assert [(i, t) for i, t, _ in tree["sync"]["join.sync"]["queued"]] == [(0, 30_000_000)]
+    assert tree["sync"]["join.sync"]["queued"][0][2].device.type == "cpu"  # the host's copy
+    queued = second["join"].sync._q[0][30_000_000]
+    assert queued.device == gpu and torch.equal(fake_cuda.shadow(queued), torch.full((2,), 3.0))

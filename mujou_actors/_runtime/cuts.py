@@ -156,6 +156,15 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
         port = ports[path]
         assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)
         by_node[port.node._mujou_path][port] = [copy_message(m) for m in messages]
+    # A synchronizer's state goes in with its node's Restore, as what its first Input
+    # keeps (a synchronized Input keeps nothing itself): a CUDA node's Restore puts its
+    # tensors on the node's device, on its stream, as it does with kept messages.
+    syncs = {p._sync.path: p._sync for p in ports.values()
+             if isinstance(p, Input) and p._sync is not None and p._stamped}
+    for path, entry in tree.get("sync", {}).items():
+        if path in syncs:  # (a placed run's group gets its own nodes' part of the tree)
+            first = syncs[path].inputs[0]
+            by_node[first.node._mujou_path][first] = [copy_message(entry)]
     for i, actor in enumerate(actors):
         last = tree["schedule"].get(actor.path, {}).get("last_update_ns")
         envelope = Restore(tree["nodes"][actor.path], by_node[actor.path], last)
@@ -166,11 +175,6 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             raise StartTimeoutError(stuck, rest, limit)
         if actor.failed:  # set before run_control returned; a success clears it
             return False
-    syncs = {p._sync.path: p._sync for p in ports.values()
-             if isinstance(p, Input) and p._sync is not None}
-    for path, entry in tree.get("sync", {}).items():
-        if path in syncs:  # (a placed run's group gets its own nodes' part of the tree)
-            syncs[path]._load(entry)
     for path, messages in tree["pending"].items():
         port = ports[path]
         assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)
