@@ -345,9 +345,12 @@ def _sync_problems(tree: dict[str, Any], ports: Mapping[str, Port]) -> list[str]
     fitted = {}
     for path, entry in section.items():
         if path in syncs:
-            sync = syncs[path]
-            entry, found = sync._fit(
-                entry, lambda i, m, sync=sync: from_file(m, sync.inputs[i].type))
+            types = [inp.type for inp in syncs[path].inputs]
+
+            def convert(i: int, message: Any, types: list[type] = types) -> Any:
+                return from_file(message, types[i])
+
+            entry, found = syncs[path]._fit(entry, convert)
             problems.extend(found)
         fitted[path] = entry
     if syncs or "sync" in tree:

@@ -688,7 +688,8 @@ class ApproximateTime(Synchronizer):
         for i, _, _ in entry["queued"]:
             counts[i] += 1
         swept, pivot, bad = entry.get("swept"), entry.get("pivot"), entry.get("bad")
-        if not _ints(swept, n) or any(s > c for s, c in zip(swept, counts, strict=True)):
+        if not isinstance(swept, (list, tuple)) or not _ints(swept, n) or any(
+                s > c for s, c in zip(swept, counts, strict=True)):
             raise ValueError(f"['swept'] is {_short(swept)}, not {n} counts of queued messages")
         if not (is_int(pivot) and -1 <= pivot < n) or (pivot >= 0 and 0 in counts):
             raise ValueError(f"['pivot'] is {_short(pivot)}, not -1 or the index of an Input "

@@ -392,9 +392,13 @@ def test_a_stamp_function_that_returns_no_number_fails_the_node_naming_the_input
 def test_inputs_given_at_the_start_are_stamped_with_the_start_time() -> None:
     net = make_rig("exact", camera=1.0, imu=1.0)
 
-    run_rig(net, duration=0.1, inputs={"fuse.camera": ("w", 0), "fuse.imu": ("w", 0)})
+    tree = run_rig(net, duration=0.1, inputs={"fuse.camera": ("w", 0),
+                                              "fuse.imu": ("w", 0)}).state_dict()
+    restored = run_rig(make_rig("exact", camera=1.0, imu=1.0), duration=0.0, state=tree,
+                       inputs={"fuse.camera": ("w", 1)}).state_dict()
 
     assert net["fuse"].sets == [[["w", 0], ["w", 0]]]
+    assert restored["sync"]["fuse.sync"]["queued"] == [[0, 100_000_000, ("w", 1)]]
 
 
 # -- state, restore, replay, placement ----------------------------------------------------

@@ -127,6 +127,13 @@ class Wiring:
         self.views: dict[int, HostView] = {}  # by id of the Output
         self.input_views: dict[int, HostView] = {}  # by id of the Input, made on demand
         self._dispatcher = dispatcher
+        # The run's start time (ns; a restored run's is its tree's): what a host's
+        # write before the timer starts (inputs=) is stamped with for a synchronizer.
+        self.start_ns = 0
+
+    def start_at(self, start_ns: int) -> None:
+        """Say the run's start time (ns): a host's write before the timer starts gets it."""
+        self.start_ns = start_ns
 
     def view(self, output: Output) -> HostView:
         """The host's view of ``output`` (its newest message, its listeners)."""
@@ -150,7 +157,8 @@ class Wiring:
         ``hops``: real time, a message from another group's update at delta
         ``hops - 1`` (see `Dispatcher.host_deliver`). ``stamp_ns``: its send
         time, for an Input of a synchronizer (a restored undelivered message,
-        another group's send); None: the run's time now.
+        another group's send); None: the run's time now (before the timer
+        starts: its start time).
 
         Returns:
             int: the delivery's number (`Dispatcher.host_deliver`).
@@ -160,8 +168,9 @@ class Wiring:
         sent = message
         if port._stamped:
             dispatcher = self._dispatcher
-            sent = stamped_message(dispatcher.timer.now_ns() if stamp_ns is None else stamp_ns,
-                                   message)
+            if stamp_ns is None:
+                stamp_ns = max(dispatcher.timer.now_ns(), self.start_ns)
+            sent = stamped_message(stamp_ns, message)
         seq = self._dispatcher.host_deliver(actor, slot, sent, slot in actor.triggers, hops)
         view = self.input_views.get(id(port))
         if view is not None and view.listeners:

@@ -797,6 +797,7 @@ class Kernel:
                      self._wiring.deliver)
         self._raise_failures()
         self._start_ns = tree["time_ns"]
+        self._wiring.start_at(self._start_ns)
 
     def trace_part(self) -> dict[str, Any] | None:
         """What the kernel's trace kept, as plain data (`trace.Recorder.export`); None untraced.
