@@ -38,16 +38,18 @@ __all__ = ["ExactTime", "ApproximateTime"]
 
 log = logging.getLogger("mujou_actors")
 
-Entry = tuple[int, Any]  # (stamp, ns; message)
+Entry = tuple[int, Any]  # (stamp in ns, message)
 Fn = Callable[[int, Any], Any]  # applied to each message of a state, with its Input's index
 
 
 class Synchronizer:
-    """What both policies share: the declaration's checks, arrivals, sets, stats and state.
+    """The base of `ExactTime` and `ApproximateTime` (not made directly).
 
-    A policy subclass keeps the waiting messages and implements `_match`
-    (one stamped message in; `_publish` for each set it completes, `_drop`
-    for each message it gives up) and its part of the state.
+    What both policies share: the declaration's checks, the arrivals, the
+    sets, the statistics and the state. A policy subclass keeps the waiting
+    messages and implements `_match` (one stamped message in; `_publish`
+    for each set it completes, `_drop` for each message it gives up) and its
+    part of the state.
     """
 
     _policy = ""  # the state's "policy": "exact" or "approximate"
@@ -60,14 +62,15 @@ class Synchronizer:
             raise ValueError(f"{where}: needs two Inputs or more to match, got {len(inputs)}")
         for k, inp in enumerate(inputs):
             if not isinstance(inp, Input):
-                raise TypeError(f"{where}: argument {k} is a {type(inp).__name__}, not an Input "
-                                "(give the node's Input ports: self.camera, self.imu)")
+                raise TypeError(f"{where}: argument {k} ({type(inp).__name__}) is not an Input; "
+                                "give the node's Input ports (self.camera, self.imu)")
         for k, inp in enumerate(inputs):
             if any(inp is other for other in inputs[:k]):
                 raise ValueError(f"{where}: Input {inp.path!r} is given twice")
             if inp._sync is not None:
-                raise ValueError(f"{where}: Input {inp.path!r} already belongs to a "
-                                 f"{type(inp._sync).__name__}; an Input feeds one synchronizer")
+                raise ValueError(f"{where}: Input {inp.path!r} already feeds "
+                                 f"{type(inp._sync).__name__} {inp._sync.path!r}; an Input "
+                                 "feeds one synchronizer")
         owners = {id(inp.node): inp for inp in inputs if inp.node is not None}
         if len(owners) > 1:
             raise ValueError(f"{where}: the Inputs {[i.path for i in owners.values()]} belong "
@@ -87,6 +90,9 @@ class Synchronizer:
         self._reset()
         for inp in inputs:
             inp._sync = self
+            # It keeps nothing itself, and its mailbox must not drop what waits for it
+            # (the newest `depth` are not what a match needs): `queue` bounds it here.
+            inp._depth = None
 
     # -- what the node uses ------------------------------------------------------------
     @property
@@ -202,14 +208,15 @@ class Synchronizer:
 
     def _settle(self) -> None:
         """Match what arrived, in order, then hand the new sets to the callback (in a hook)."""
-        arrived, stamp = self._arrived, self._stamp
+        arrived, stamp, callback = self._arrived, self._stamp, self._callback
+        if not arrived and (callback is None or not self._sets):
+            return  # every update and every read settle: most often nothing is there
         while arrived:
             i, t, message = arrived[0]
             if stamp is not None:
                 t = self._stamp_of(i, message)  # may raise: the arrival waits, unmatched
             arrived.popleft()
             self._match(i, t, message)
-        callback = self._callback
         if callback is not None:
             sets = self._sets
             while sets:
@@ -242,7 +249,8 @@ class Synchronizer:
         """Count ``n`` messages of Input ``i`` given up unmatched (also as the Input's drops)."""
         self._dropped[i] += n
         self._inputs[i]._drops += n  # the node's thread: as the Input's own drops
-        self._log_drop(f"a message of {self._inputs[i].path!r} that matched no set")
+        if not self._logged:
+            self._log_drop(f"a message of {self._inputs[i].path!r} that matched no set")
 
     def _log_drop(self, what: str) -> None:
         if not self._logged:
