@@ -582,7 +582,8 @@ def test_a_tree_without_the_synchronizer_s_state_does_not_fit_the_net() -> None:
     tree = run_rig(make_rig(), duration=0.05).state_dict()
     del tree["sync"]
 
-    with pytest.raises(mujou.SnapshotError, match=r"no state for synchronizer\(s\) \['fuse.sync'\]"):
+    with pytest.raises(mujou.SnapshotError,
+                       match=r"no state for synchronizer\(s\) \['fuse.sync'\]"):
         mujou.run(make_rig(), timer="simulated", duration=0.05, state=tree)
 
 
