@@ -325,6 +325,20 @@ def test_approximate_time_in_a_run_matches_each_frame_with_the_nearest_imu_messa
     assert run.stats().nodes["fuse"].drops == {"camera": 0, "imu": 66}
 
 
+def test_in_real_time_each_frame_meets_an_imu_message_sent_close_to_it() -> None:
+    net = make_rig()
+
+    run = mujou.run(net, timer="realtime", duration=0.25, seed=0, workers=2)
+    run.join()
+
+    sets = net["fuse"].sets
+    cameras, imus = [c for (_, c), _ in sets], [i for _, (_, i) in sets]
+    assert len(sets) >= 3
+    assert cameras == sorted(set(cameras)) and imus == sorted(set(imus))
+    # within the slop of 2 ms: imu message i was sent at 4i ms, camera frame c at 33.3c ms
+    assert all(abs(4 * i - 100 * c / 3) <= 2 for c, i in zip(cameras, imus, strict=True))
+
+
 def test_the_sets_are_the_same_for_any_worker_count(workers: int) -> None:
     runs = {}
     for w in (1, workers):
