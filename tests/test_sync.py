@@ -592,13 +592,23 @@ def test_a_synchronizer_whose_node_never_updates_is_warned_of(
            "synchronized Inputs triggers it" in caplog.text
 
 
-def test_a_tree_without_the_synchronizer_s_state_does_not_fit_the_net() -> None:
+def test_a_tree_without_the_synchronizer_s_state_or_with_another_s_does_not_fit() -> None:
     tree = run_rig(make_rig(), duration=0.05).state_dict()
+    exact = run_rig(make_rig("exact"), duration=0.05).state_dict()
     del tree["sync"]
-
     with pytest.raises(mujou.SnapshotError,
                        match=r"no state for synchronizer\(s\) \['fuse.sync'\]"):
         mujou.run(make_rig(), timer="simulated", duration=0.05, state=tree)
+
+    tree["sync"] = exact["sync"]
+    tree["pending"] = {"fuse.imu": [("i", 1)]}
+    with pytest.raises(mujou.SnapshotError) as info:
+        mujou.run(make_rig(), timer="simulated", duration=0.05, state=tree)
+
+    assert "sync['fuse.sync'] is the state of a 'exact' policy, not 'approximate'" in str(
+        info.value)
+    assert "pending['fuse.imu'][0] is ('i', 1), not a pair (send time ns, message)" in str(
+        info.value)
 
 
 # -- the example ---------------------------------------------------------------------------
