@@ -53,17 +53,21 @@ if _typing.TYPE_CHECKING:
         RunStats,
         SnapshotStats,
         SubscriptionStats,
+        SyncStats,
         WorkerStats,
     )
     from .supervisor import Supervisor, latest_snapshot
+    from .sync import ApproximateTime, ExactTime
     from .trace import Tracer
 
 __all__ = [
     "AlgebraicLoopError",
+    "ApproximateTime",
     "CallbackError",
     "Capsule",
     "CapsuleStats",
     "DeadlineMiss",
+    "ExactTime",
     "FoxgloveServer",
     "FoxgloveStats",
     "GroupDied",
@@ -93,6 +97,7 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "Supervisor",
+    "SyncStats",
     "Tracer",
     "WorkerStats",
     "connect",
@@ -114,13 +119,14 @@ _LAZY: dict[str, str] = {
     "Replay": "recording.replay", "Run": "run", "run": "run", "load": "snapshot",
     "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
+    "ExactTime": "sync", "ApproximateTime": "sync",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
                      "NetError", "NodeError", "NotRunningError", "PortTypeError",
                      "RecordingError", "SnapshotError", "StartTimeoutError",
                      "StopTimeoutError"), "errors"),
     **dict.fromkeys(("CapsuleStats", "GroupStats", "MachineStats", "NodeStats",
                      "RecordingChannelStats", "RecordingStats", "RunStats", "SnapshotStats",
-                     "SubscriptionStats", "WorkerStats"), "stats"),
+                     "SubscriptionStats", "SyncStats", "WorkerStats"), "stats"),
 }
 
 

@@ -316,7 +316,8 @@ class Run(abc.ABC):
 
         Returns:
             dict: ``{"format", "time_ns", "seeds", "nodes", "inputs", "pending",
-            "schedule"}`` (see docs/state.md), every tensor a CPU copy.
+            "schedule"}``, and ``"sync"`` for a net with synchronizers (see
+            docs/state.md), every tensor a CPU copy.
 
         Raises:
             TimeoutError: no cut within ``timeout``; names the nodes still in

@@ -22,6 +22,7 @@ from .node import Node, check_seed, iter_nodes, random_seed
 from .ports import Input, Output, Port
 from .state import check_tree
 from .supervisor import derive_seed
+from .sync import Synchronizer, map_messages
 
 # Nothing here is for users to import: mujou.run calls these checks.
 __all__: list[str] = []
@@ -120,12 +121,27 @@ _HOOKS = {"on_start", "on_update", "on_stop", "on_deadline_miss"}
 
 
 def warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
-    """A method named like a hook but unknown is most likely a typo (on_updte)."""
+    """A method named like a hook but unknown is most likely a typo (on_updte).
+
+    A synchronizer's callback (``callback=self.on_pair``) is called, and not warned of.
+    """
     for cls in {type(node) for _, node in found}:
         for name in dir(cls):
-            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)):
+            if name.startswith("on_") and name not in _HOOKS and callable(getattr(cls, name)) \
+                    and not _is_callback(found, cls, name):
                 log.warning("%s.%s is not a hook and is never called; the hooks are %s",
                             cls.__name__, name, ", ".join(sorted(_HOOKS)))
+
+
+def _is_callback(found: list[tuple[str, Node]], cls: type, name: str) -> bool:
+    """Whether a node of class ``cls`` has a synchronizer whose callback is its method ``name``."""
+    for _, node in found:
+        if type(node) is cls and any(
+                isinstance(value, Synchronizer)
+                and getattr(value._callback, "__func__", None) is getattr(cls, name)
+                for value in vars(node).values()):
+            return True
+    return False
 
 
 def collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
@@ -145,7 +161,41 @@ def collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
                 if id(source.node) not in owners:
                     raise NetError(f"{port.path!r} is fed by {source.path!r}, "
                                    "whose node is not part of the net")
+    for sync in synchronizers(ports):
+        _check_synchronizer(sync)
     return ports
+
+
+def synchronizers(ports: Mapping[str, Port]) -> list[Synchronizer]:
+    """The synchronizers of the Inputs among ``ports``, in the order of their first Input."""
+    found: dict[int, Synchronizer] = {}
+    for port in ports.values():
+        if isinstance(port, Input) and port._sync is not None:
+            found.setdefault(id(port._sync), port._sync)
+    return list(found.values())
+
+
+def _check_synchronizer(sync: Synchronizer) -> None:
+    """A synchronizer's Inputs are one node's, and that node holds it: its name is found.
+
+    Its queues are part of the state tree under its path (the node's path and
+    the attribute's name), so the node must hold it in an attribute.
+
+    Raises:
+        NetError: Inputs of no node or of several; the node does not hold it.
+    """
+    what = f"{type(sync).__name__} of {[i.path for i in sync.inputs]}"
+    nodes = {id(i.node): i.node for i in sync.inputs}
+    if None in nodes.values() or len(nodes) > 1:
+        raise NetError(f"{what}: a synchronizer matches Inputs of one node, each an attribute "
+                       "of it (a port declared on its class or assigned in its __init__)")
+    node = sync.inputs[0].node
+    names = [name for name, value in vars(node).items() if value is sync]
+    if not names:
+        raise NetError(f"{what} is not an attribute of node {node._mujou_path or '<root>'!r}: "
+                       "assign it in that node's __init__ (self.sync = ...), whose Inputs it "
+                       "matches; its queues are part of the node's state")
+    sync._name = names[0]
 
 
 def load_state(state: Any) -> dict[str, Any] | None:
@@ -165,10 +215,12 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
                ports: dict[str, Port], source: Any) -> None:
     """Every node of the net has state in the tree and the reverse (like nn.Module strict).
 
-    Also puts the messages of ``inputs`` and ``pending`` back into the NamedTuple
-    or dataclass their Input declares (a file holds them as tuples and dicts):
-    ``tree``'s two sections are replaced by new dicts holding the converted
-    messages.
+    Also puts the messages of ``inputs``, ``pending`` and ``sync`` back into
+    the NamedTuple or dataclass their Input declares (a file holds them as
+    tuples and dicts): those sections of ``tree`` are replaced by new dicts
+    holding the converted messages. An undelivered message of a
+    synchronizer's Input is a ``(send time ns, message)`` pair, and every
+    synchronizer of the net has an entry in ``sync``, which names no other.
 
     Args:
         tree (dict): a tree that passed ``check_tree``.
@@ -199,11 +251,14 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
             problems.append(f"{section} for port(s) that are not Inputs of the net {extra}")
         # A file brings NamedTuples and dataclasses back as tuples and dicts: put them back
         # into the type their Input declares. New lists, so the caller's tree is unchanged.
-        tree[section] = {path: [from_file(m, ports[path].type) for m in messages]
+        # An undelivered message of a synchronizer's Input is a (send time, message) pair.
+        tree[section] = {path: [_from_file(m, ports[path], section == "pending")
+                                for m in messages]
                          if path in inputs and isinstance(messages, list) else messages
                          for path, messages in tree[section].items()}
         for path in sorted(set(tree[section]) & inputs):
             problems.extend(_message_problems(section, path, tree[section][path], ports[path]))
+    problems.extend(_sync_problems(tree, ports))
     for path in sorted(paths & set(tree["seeds"])):
         seed = tree["seeds"][path]
         try:  # the check of Node(seed=) and mujou.run(seed=): a tree's seed is one of those
@@ -235,16 +290,72 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
+def _from_file(message: Any, port: Port, pending: bool) -> Any:
+    """`codec.from_file` for one message of a tree's section; a pair's message for a
+    synchronizer's undelivered one (a file's pair is a list)."""
+    if pending and _is_pair(message, port):
+        return (message[0], from_file(message[1], port.type))
+    return from_file(message, port.type)
+
+
+def _is_pair(message: Any, port: Port) -> bool:
+    """Whether ``message`` is what a synchronizer's Input has pending: (send time ns, message)."""
+    return (isinstance(port, Input) and port._sync is not None
+            and isinstance(message, (list, tuple)) and len(message) == 2 and is_int(message[0]))
+
+
 def _message_problems(section: str, path: str, messages: Any, port: Port) -> list[str]:
     """Messages of a tree's inputs/pending section that do not fit their Input."""
     if not isinstance(messages, list):
         return [f"{section}[{path!r}] is a {type(messages).__name__}, not a list of messages"]
+    synced = isinstance(port, Input) and port._sync is not None
+    if synced and section == "inputs" and messages:
+        return [f"inputs[{path!r}] holds messages, but a synchronized Input keeps none (its "
+                "synchronizer's state is in the sync section)"]
+    synced = synced and section == "pending"
     problems = []
     for i, message in enumerate(messages):
+        if synced:
+            if not _is_pair(message, port):
+                problems.append(f"{section}[{path!r}][{i}] is {_short(message)}, not a pair "
+                                "(send time ns, message): its Input is synchronized")
+                continue
+            message = message[1]
         try:
             port.check(message)
         except TypeError as exc:
             problems.append(f"{section}[{path!r}][{i}]: {exc}")
+    return problems
+
+
+def _sync_problems(tree: dict[str, Any], ports: Mapping[str, Port]) -> list[str]:
+    """The ``sync`` section against the net's synchronizers (as strict as ``nodes``).
+
+    Puts each entry's messages back into its Input's type, as for ``inputs``
+    (the section is replaced by a new dict).
+    """
+    syncs = {s.path: s for s in synchronizers(ports)}
+    section = tree.get("sync", {})
+    problems = []
+    missing = sorted(set(syncs) - set(section))
+    unexpected = sorted(set(section) - set(syncs))
+    if missing:
+        problems.append(f"no state for synchronizer(s) {missing}")
+    if unexpected:
+        problems.append(f"state for synchronizer(s) not in the net {unexpected}")
+    fitted = {}
+    for path, entry in section.items():
+        if path in syncs:
+            types = [inp.type for inp in syncs[path].inputs]
+
+            def convert(i: int, message: Any, types: list[type] = types) -> Any:
+                return from_file(message, types[i])
+
+            entry, found = syncs[path]._fit(entry, convert)
+            problems.extend(found)
+        fitted[path] = entry
+    if syncs or "sync" in tree:
+        tree["sync"] = fitted
     return problems
 
 
@@ -264,11 +375,26 @@ def check_file_messages(tree: dict[str, Any], ports: Mapping[str, Port]) -> None
         for path, messages in tree[section].items():
             port = ports[path]
             for message in messages:
-                problem = file_problem(message, port.type)
-                if problem is not None:
-                    raise TypeError(
-                        f"a {type(message).__name__} message {role} Input {path!r} (declared "
-                        f"{port.type.__name__}) cannot go into a snapshot file: {problem}")
+                if section == "pending" and _is_pair(message, port):
+                    message = message[1]  # a synchronizer's Input: (send time, message)
+                _refuse_in_file(message, role, path, port)
+    syncs = {s.path: s for s in synchronizers(ports)}
+    for path, entry in tree.get("sync", {}).items():
+        inputs = syncs[path].inputs
+
+        def check(i: int, message: Any, inputs: tuple[Input, ...] = inputs) -> Any:
+            _refuse_in_file(message, "held by a synchronizer for", inputs[i].path, inputs[i])
+            return message
+
+        map_messages(entry, len(inputs), check)
+
+
+def _refuse_in_file(message: Any, role: str, path: str, port: Port) -> None:
+    problem = file_problem(message, port.type)
+    if problem is not None:
+        raise TypeError(
+            f"a {type(message).__name__} message {role} Input {path!r} (declared "
+            f"{port.type.__name__}) cannot go into a snapshot file: {problem}")
 
 
 def resolve_inputs(ports: dict[str, Port], inputs: Any) -> list[tuple[Input, Any]]:
@@ -308,6 +434,8 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
       object): they are not part of the net and never run;
     * a node whose class defines ``on_deadline_miss`` with an ``on_miss``
       other than ``"safe"``: that hook is never called.
+    * a synchronizer whose node never updates (no period, no Input of it
+      that triggers): it never matches a message.
 
     Args:
         found (list): the net's ``(path, node)`` pairs (`walk`).
@@ -344,6 +472,13 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
                         "and never runs; hold nodes in attributes, or in lists, tuples or "
                         "dicts of nodes directly (docs/nodes-and-ports.md, 'Composition and "
                         "paths')", name, type(node).__name__, attr, where)
+    for sync in synchronizers(ports):
+        node = sync.inputs[0].node
+        if node._mujou_period_ns is None and all(i._trigger is False for i in sync.inputs):
+            log.warning("%s %r: node %r has period=None and none of the synchronized Inputs "
+                        "triggers it: it never updates, so no message is ever matched; give "
+                        "it a period or let an Input trigger it (trigger=None or True)",
+                        type(sync).__name__, sync.path, node._mujou_path or "<root>")
     for path, port in ports.items():
         if not isinstance(port, Input) or port._sources or id(port) in given:
             continue

@@ -162,6 +162,12 @@ class Input(Port):
     """
 
     _kind = "input"
+    # Set on the Inputs of a synchronizer (`mujou_actors.sync`): the one that
+    # declared it, and, while its node runs, whether each delivery to it is a
+    # ``(send time ns, message)`` pair (the stamp the synchronizer matches on).
+    # Class attributes: an Input of no synchronizer pays nothing for them.
+    _sync: Any = None
+    _stamped = False
 
     def __init__(
         self,
@@ -225,7 +231,9 @@ class Input(Port):
         (or, while it waits in the node's mailbox, once ``depth`` newer ones
         wait behind it). It counts as a drop unless a `read` or `drain`
         had returned it: a ``depth=1`` Input whose every message was read
-        reports no drops, however often its message is replaced.
+        reports no drops, however often its message is replaced. For an
+        Input of a synchronizer (`ExactTime`, `ApproximateTime`), the
+        messages its synchronizer dropped without matching them.
         """
         return self._drops + self._lost
 

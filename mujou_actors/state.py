@@ -6,11 +6,13 @@ A tree is a plain nested structure (DESIGN.md section 5)::
      "nodes": {path: node.state_dict()},
      "inputs": {input path: [kept messages, oldest first]},
      "pending": {input path: [messages sent but not yet delivered, in order]},
-     "schedule": {path: {"last_update_ns": int}}}
+     "schedule": {path: {"last_update_ns": int}},
+     "sync": {synchronizer path: its state}}      # only a net with synchronizers
 
 It is taken at a consistent cut (no hook in flight), so restoring it loses
 and doubles nothing. ``pending`` holds messages still in a mailbox at the
-cut; ``schedule`` what ``dt`` is measured from, so a resumed run is
+cut (for an Input of a synchronizer, ``(send time ns, message)`` pairs);
+``schedule`` what ``dt`` is measured from, so a resumed run is
 bit-identical to one that never stopped.
 """
 
@@ -109,7 +111,10 @@ def check_tree(tree: Any, source: str) -> dict[str, Any]:
     if type(time_ns) is not int or not 0 <= time_ns < 2**63:
         raise SnapshotError(f"{source}: time_ns must be an int in [0, 2**63) (a timer's "
                             f"nanoseconds), got {time_ns!r}")
-    for section in ("seeds", "nodes", "inputs", "pending", "schedule"):
+    # "sync" is there only for a net with synchronizers (mujou_actors.sync).
+    for section in ("seeds", "nodes", "inputs", "pending", "schedule", "sync"):
+        if section == "sync" and section not in tree:
+            continue
         if not isinstance(tree[section], dict):
             raise SnapshotError(f"{source}: {section} must be a dict")
         # Its keys are paths; any other key would also make the fit check compare

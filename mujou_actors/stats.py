@@ -9,7 +9,8 @@ from typing import Any
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["NodeStats", "WorkerStats", "SnapshotStats", "SubscriptionStats", "GroupStats",
-           "MachineStats", "RecordingStats", "RecordingChannelStats", "CapsuleStats", "RunStats"]
+           "MachineStats", "RecordingStats", "RecordingChannelStats", "CapsuleStats", "RunStats",
+           "SyncStats"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,31 @@ class SubscriptionStats:
     undelivered: int = 0
     waits: int = 0
     wait_dropped: int = 0
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one synchronizer (`ExactTime`, `ApproximateTime`) matched and dropped.
+
+    Counted since its node's run started; a restored run counts from its
+    restore, as the Inputs' drops do.
+
+    Attributes:
+        path (str): the synchronizer's dotted path (its node's path and its
+            attribute name), or ``"ClassName.attribute"`` before a run.
+        matched (int): sets matched (handed to the callback, or kept for
+            ``read()`` and ``drain()``).
+        dropped (Mapping[str, int]): per Input name, messages dropped without
+            being matched (they are also in the node's ``NodeStats.drops``).
+        sets_dropped (int): matched sets discarded from the full ``queue`` of
+            kept sets before ``read()`` or ``drain()`` returned them (no
+            callback only).
+    """
+
+    path: str
+    matched: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    sets_dropped: int = 0
 
 
 @dataclass(frozen=True)

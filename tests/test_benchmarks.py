@@ -394,6 +394,25 @@ def test_the_send_benchmark_measures_every_case(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_the_sync_benchmark_measures_each_case_beside_its_plain_twin(tmp_path: Path) -> None:
+    out = tmp_path / "sync.json"
+    script = str(ROOT / "benchmarks" / "sync.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--baseline", str(ROOT),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=170, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["medians"]) == ["plain", "plain@baseline", "exact", "approximate",
+                                    "plain-10:1", "approx-10:1"]
+    assert all(m > 0 for m in doc["medians"].values())
+    sets = {name: runs[0]["sets"] for name, runs in doc["samples"].items()}
+    assert sets == {"plain": 200, "plain@baseline": 200, "exact": 200, "approximate": 200,
+                    "plain-10:1": 20, "approx-10:1": 20}
+    assert "µs/set more" in proc.stdout
+
+
+@pytest.mark.timeout(180)
 def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> None:
     out = tmp_path / "wire.json"
     script = str(ROOT / "benchmarks" / "wire.py")

@@ -32,14 +32,15 @@ from ..snapshot import save
 from ..timers import Timer, make_timer
 from .actor import Actor
 from .replay import Feed, StandIn
-from .sends import Outbox, Wire, make_send
+from .sends import Outbox, Wire, make_send, stamped_message
 from .views import HostView
 
 if TYPE_CHECKING:
     from ..node import Node
+    from ..sync import Synchronizer
     from .dispatcher import Dispatcher
 
-__all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire"]
+__all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire", "attach_syncs"]
 
 
 def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
@@ -126,6 +127,13 @@ class Wiring:
         self.views: dict[int, HostView] = {}  # by id of the Output
         self.input_views: dict[int, HostView] = {}  # by id of the Input, made on demand
         self._dispatcher = dispatcher
+        # The run's start time (ns; a restored run's is its tree's): what a host's
+        # write before the timer starts (inputs=) is stamped with for a synchronizer.
+        self.start_ns = 0
+
+    def start_at(self, start_ns: int) -> None:
+        """Say the run's start time (ns): a host's write before the timer starts gets it."""
+        self.start_ns = start_ns
 
     def view(self, output: Output) -> HostView:
         """The host's view of ``output`` (its newest message, its listeners)."""
@@ -142,18 +150,28 @@ class Wiring:
         """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
         return write_copy(value, self.actor_of[id(port.node)], self.rt)
 
-    def deliver(self, port: Input, message: Any, hops: int = 0) -> int:
+    def deliver(self, port: Input, message: Any, hops: int = 0,
+                stamp_ns: int | None = None) -> int:
         """Deliver ``message`` to ``port`` as the host (its listeners see it too).
 
         ``hops``: real time, a message from another group's update at delta
-        ``hops - 1`` (see `Dispatcher.host_deliver`).
+        ``hops - 1`` (see `Dispatcher.host_deliver`). ``stamp_ns``: its send
+        time, for an Input of a synchronizer (a restored undelivered message,
+        another group's send); None: the run's time now (before the timer
+        starts: its start time).
 
         Returns:
             int: the delivery's number (`Dispatcher.host_deliver`).
         """
         actor = self.actor_of[id(port.node)]
         slot = actor.slot(port)
-        seq = self._dispatcher.host_deliver(actor, slot, message, slot in actor.triggers, hops)
+        sent = message
+        if port._stamped:
+            dispatcher = self._dispatcher
+            if stamp_ns is None:
+                stamp_ns = max(dispatcher.timer.now_ns(), self.start_ns)
+            sent = stamped_message(stamp_ns, message)
+        seq = self._dispatcher.host_deliver(actor, slot, sent, slot in actor.triggers, hops)
         view = self.input_views.get(id(port))
         if view is not None and view.listeners:
             view.publish(message)
@@ -253,16 +271,22 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
         period_none = actor.period_ns is None
         actor.inputs = tuple(
             p for p in actor.node._mujou_ports().values() if isinstance(p, Input))
+        syncs = list({id(p._sync): p._sync for p in actor.inputs if p._sync is not None}
+                     .values())
         if isinstance(actor, StandIn):
             # A replaced node's Inputs take messages in, but never wake its stand-in:
             # its wakeups are the recording's keys, which it asks the dispatcher for.
             actor.triggers = _NO_TRIGGERS
             actor.target = dispatcher
+            for sync in syncs:  # its hooks never run: its Inputs stay plain
+                sync._detach()
             continue
         actor.triggers = frozenset(
             i for i, p in enumerate(actor.inputs)
             if (period_none if p.trigger is None else p.trigger)
         ) or _NO_TRIGGERS
+        if syncs:
+            attach_syncs(actor, syncs)
     for port in ports.values():
         if isinstance(port, Output):
             sender = actor_of[id(port.node)]
@@ -284,6 +308,27 @@ def wire(actors: list[Actor], ports: dict[str, Port], dispatcher: Dispatcher,
                 # An instance attribute: a hook's ``out.send(v)`` calls it directly.
                 port.send = port._send  # type: ignore[method-assign,assignment]
     return wiring
+
+
+def attach_syncs(actor: Actor, syncs: list[Synchronizer]) -> None:
+    """Give the node's synchronizers its Inputs' messages, and settle them in its updates.
+
+    Each synchronizer (`mujou_actors.sync`) takes its Inputs' stamped
+    messages from here on, and the node's update first settles them (the
+    matching, the callbacks), then runs ``on_update``: in the node's hook,
+    context and hook time. Only a node with synchronizers has its update
+    wrapped; the others call theirs as always.
+    """
+    for sync in syncs:
+        sync._attach()
+    update = actor.update
+
+    def settled(node: Node, dt: float) -> None:
+        for sync in syncs:
+            sync._settle()
+        update(node, dt)
+
+    actor.update = settled
 
 
 def unwire(ports: dict[str, Port]) -> None:

@@ -277,9 +277,10 @@ class Coordinator:
             self._restore_tree(tree, start_deadline, start_limit)
         if self._failures:
             self.raise_outcome()
+        start_ns = self.start_ns = 0 if tree is None else tree["time_ns"]
+        self.wiring.start_at(start_ns)
         for port, value in initial:
             self.wiring.deliver(port, self.wiring.write_copy(value, port))
-        start_ns = self.start_ns = 0 if tree is None else tree["time_ns"]
         if end_s is not None:
             end_ns, grace_ns = start_ns + round(end_s * 1e9), round(self._stop_timeout * 1e9)
             dispatcher.set_end(end_ns, grace_ns)

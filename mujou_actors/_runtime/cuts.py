@@ -3,7 +3,8 @@
 Both run while the dispatcher holds a cut (no hook in flight; simulated time:
 between two instants), or before the start, or after the end. The tree's
 layout is `state.FORMAT` (docs/state.md): every node's state dict, the messages
-each Input keeps, the deliveries not yet applied, each node's last update.
+each Input keeps, the deliveries not yet applied, each node's last update, and
+for a net with synchronizers (`mujou_actors.sync`) each one's state.
 What differs between drivers (CUDA copies for the host, the host's views of
 a write) comes in as functions, so the run and a driven `kernel.Kernel` take
 and load their part of the state the same way.
@@ -22,6 +23,7 @@ from ..state import FORMAT
 from .mailbox import Restore, Snapshot
 
 if TYPE_CHECKING:
+    from ..sync import Synchronizer
     from .actor import Actor
     from .dispatcher import Dispatcher
 
@@ -90,15 +92,23 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
         raise next(iter(errors.values()))
     inputs: dict[str, list[Any]] = {}
     pending: dict[str, list[Any]] = {}
+    syncs: dict[int, Synchronizer] = {}
     for path, port in ports.items():
         if isinstance(port, Input):
             kept = list(port._buffer)
             wait_kept(port)
             inputs[path] = [host_copy(m) for m in kept]
+            if port._sync is not None:
+                syncs[id(port._sync)] = port._sync
     for actor in actors:
         for delivery in dispatcher.pending_deliveries(actor):
-            pending.setdefault(delivery.input.path, []).append(host_copy(delivery.message))
-    return {
+            port, message = delivery.input, delivery.message
+            if port._sync is not None and not port._stamped:
+                # A replay's stand-in took plain messages: stamped as sent, as a
+                # synchronized Input's undelivered messages always are in a tree.
+                message = (delivery.t_ns, message)
+            pending.setdefault(port.path, []).append(host_copy(message))
+    tree = {
         "format": FORMAT,
         "time_ns": time_ns,
         "seeds": dict(seeds),
@@ -107,11 +117,14 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
         "pending": pending,
         "schedule": {a.path: {"last_update_ns": a.last_update_ns} for a in actors},
     }
+    if syncs:  # only a net with synchronizers has the section
+        tree["sync"] = {s.path: s._state(host_copy) for s in syncs.values()}
+    return tree
 
 
 def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, Port],
                  tree: Mapping[str, Any], deadline: float, limit: float,
-                 deliver: Callable[[Input, Any], object]) -> bool:
+                 deliver: Callable[..., object]) -> bool:
     """Load a checked tree into the held (or not started) kernel: Restore envelopes, messages.
 
     Args:
@@ -123,7 +136,9 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             have returned.
         limit: the timeout that deadline stands for (seconds), for the error.
         deliver: delivers an undelivered message of the tree to its Input
-            (as the host's write: before every node's send).
+            (as the host's write: before every node's send), ``deliver(port,
+            message)``; for an Input of a synchronizer with the message's send
+            time, ``stamp_ns=`` (`build.Wiring.deliver`).
 
     Returns:
         bool: True when every node was restored; False when a node's
@@ -141,6 +156,15 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
         port = ports[path]
         assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)
         by_node[port.node._mujou_path][port] = [copy_message(m) for m in messages]
+    # A synchronizer's state goes in with its node's Restore, as what its first Input
+    # keeps (a synchronized Input keeps nothing itself): a CUDA node's Restore puts its
+    # tensors on the node's device, on its stream, as it does with kept messages.
+    syncs = {p._sync.path: p._sync for p in ports.values()
+             if isinstance(p, Input) and p._sync is not None and p._stamped}
+    for path, entry in tree.get("sync", {}).items():
+        if path in syncs:  # (a placed run's group gets its own nodes' part of the tree)
+            first = syncs[path].inputs[0]
+            by_node[first.node._mujou_path][first] = [copy_message(entry)]
     for i, actor in enumerate(actors):
         last = tree["schedule"].get(actor.path, {}).get("last_update_ns")
         envelope = Restore(tree["nodes"][actor.path], by_node[actor.path], last)
@@ -153,6 +177,10 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             return False
     for path, messages in tree["pending"].items():
         port = ports[path]
+        assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)
         for message in messages:
-            deliver(port, copy_message(message))  # type: ignore[arg-type]
+            if port._sync is not None:  # (send time, message): see take_tree
+                deliver(port, copy_message(message[1]), stamp_ns=message[0])
+            else:
+                deliver(port, copy_message(message))
     return True

@@ -50,6 +50,7 @@ from .dispatcher import Dispatcher
 from .keys import CONTROL_KEY, CONTROL_T, HOST_ORDER, MASK, Key, stamp, unstamp
 from .loops import DEFAULT_MAX_DELTA_CYCLES, find_loops
 from .mailbox import STAMP, Restore, Start, Stop
+from .sends import stamped_message
 
 __all__ = ["Kernel", "OutsideSend"]
 
@@ -539,6 +540,8 @@ class Kernel:
         key = (t_ns, delta)
         trigger = (t_ns, delta + 1) if slot in actor.triggers else None
         value = self._wiring.write_copy(port.check(message), port)
+        if port._stamped:  # an Input of a synchronizer: with its send time, as in one process
+            value = stamped_message(t_ns, value)
         seq = self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
                                       not_before=key)
         if not seq:
@@ -604,7 +607,7 @@ class Kernel:
         # delta d + 1, so a ring across processes counts its crossings (Dispatcher.host_deliver).
         hops = origin[1] + 1 if origin is not None and self._kind == "realtime" else 0
         seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port),
-                                   hops)
+                                   hops, None if origin is None else origin[0])
         if origin is not None and self.recorder is not None:
             t_ns, delta, sender = origin
             self.recorder.arrival(HOST_ORDER, seq, port, sender, t_ns, delta)
@@ -796,6 +799,7 @@ class Kernel:
                      self._wiring.deliver)
         self._raise_failures()
         self._start_ns = tree["time_ns"]
+        self._wiring.start_at(self._start_ns)
 
     def trace_part(self) -> dict[str, Any] | None:
         """What the kernel's trace kept, as plain data (`trace.Recorder.export`); None untraced.

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..devices import DeviceMessage
 from ..errors import NotRunningError, PortTypeError
 from ..messages import (
     SCALARS,  # immutable: a send shares them uncopied
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
     from ..ports import Input, Output
     from ..trace import Recorder
 
-__all__ = ["SendTarget", "SendContext", "View", "Outbox", "Wire", "make_send"]
+__all__ = ["SendTarget", "SendContext", "View", "Outbox", "Wire", "make_send",
+           "stamped_message"]
 
 
 # How a send triggers a reader: not at all (0), at once (NOW), or as the hook ends (DEFER).
@@ -236,6 +238,12 @@ def make_send(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire
     # The readers' copier is the plain clone of copy_message (a net without
     # CUDA): a temporary may be handed over instead (see Output.send).
     plain = copy is copy_message
+    # An Input of a synchronizer takes (send time, message) pairs (mujou_actors.sync):
+    # only an Output that feeds one is built the general way, which makes them.
+    synced = [port._stamped for port, _, _ in routes]
+    if any(synced):
+        return _send_traced(ctx, sender, output, routes, plan, view, copy, plain, outbox,
+                            synced)
     if len(plan) == 1 and ctx.trace is None and outbox is None:
         return _send_one(ctx, sender, output, plan[0], view, copy, plain)
     if ctx.trace is None and outbox is None:
@@ -400,10 +408,25 @@ def _send_many(ctx: SendContext, sender: Actor, output: Output, plan: list[Route
     return send
 
 
+def stamped_message(t_ns: int, message: Any) -> Any:
+    """What a synchronized Input receives: ``(t_ns, message)``, the stamp its synchronizer uses.
+
+    A CUDA sender's device message keeps its wrapper (each reader gets its
+    value on its own device), with the pair inside it.
+    """
+    if type(message) is DeviceMessage:
+        return DeviceMessage((t_ns, message.value), message.device, message.event)
+    return (t_ns, message)
+
+
 def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire],
                  plan: list[Route], view: View, copy: Copier, plain: bool,
-                 outbox: Outbox | None) -> Send:
-    """`make_send` for any number of readers with a trace, an outbox or both."""
+                 outbox: Outbox | None, synced: list[bool] | None = None) -> Send:
+    """`make_send` for any number of readers with a trace, an outbox or both.
+
+    Also for an Output that feeds a synchronized Input (``synced``, by
+    route): that reader gets the pair `stamped_message` makes.
+    """
     check = output._check
     order = sender.order
     seen: Any = None
@@ -453,6 +476,8 @@ def _send_traced(ctx: SendContext, sender: Actor, output: Output, routes: list[W
             message = value
             if narrowed is not None and type(narrowed[i]) in SCALARS:
                 message = narrowed[i]
+            if synced is not None and synced[i]:
+                message = stamped_message(t, message)
             if trace is None:
                 box.append((stamped, slot, message))  # a delivery (mailbox.Delivery)
             else:

@@ -198,11 +198,13 @@ def split_tree(tree: Mapping[str, Any], paths: set[str]) -> dict[str, Any]:
         return port_path.rpartition(".")[0]
 
     part = {k: v for k, v in tree.items() if k not in ("nodes", "seeds", "schedule",
-                                                      "inputs", "pending")}
+                                                      "inputs", "pending", "sync")}
     for section in ("nodes", "seeds", "schedule"):
         part[section] = {p: v for p, v in tree.get(section, {}).items() if p in paths}
     for section in ("inputs", "pending"):
         part[section] = {p: v for p, v in tree.get(section, {}).items() if owner(p) in paths}
+    if "sync" in tree:  # a synchronizer's path is its node's and its attribute's, as a port's
+        part["sync"] = {p: v for p, v in tree["sync"].items() if owner(p) in paths}
     return part
 
 

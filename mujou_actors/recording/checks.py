@@ -699,12 +699,14 @@ _DEFAULT_STATE = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
 
 
 def _plain(node: Node) -> dict[str, Any]:
-    """A node's plain attributes: not the framework's, ports, children or default state."""
+    """A node's plain attributes: not the framework's, ports, children, default state or
+    synchronizers (a tree's ``sync`` section holds them)."""
     from ..ports import Port
+    from ..sync import Synchronizer
 
     return {name: value for name, value in vars(node).items()
             if not name.startswith("_mujou_")
-            and not isinstance(value, (Node, Port, *_DEFAULT_STATE))}
+            and not isinstance(value, (Node, Port, Synchronizer, *_DEFAULT_STATE))}
 
 
 def plain_attributes(net: Node | list[Node] | dict[str, Node]) -> dict[str, dict[str, Any]]:
