@@ -723,7 +723,11 @@ def test_a_real_time_placed_run_restarts_a_failed_node_and_keeps_its_snapshots(
         jumps = [i for i in range(1, len(got)) if got[i] != got[i - 1] + 1]
         assert got[0] == 1 and len(jumps) <= 1
         assert all(got[i] <= got[i - 1] for i in jumps)
-    assert got[-1] == n or got[-1] == n - 1  # the last may still be on its way
+    # What count had not taken in when the run ended is in the tree too (kept or
+    # pending): a loaded machine may leave a few of flaky's last messages there.
+    seen = (got + list(tree["inputs"].get("count.inp", []))
+            + list(tree["pending"].get("count.inp", [])))
+    assert seen[-1] == n or seen[-1] == n - 1  # the last may still be on its way
     _every_message_once(tree)
 
 

@@ -261,12 +261,16 @@ def test_subscribe_with_time_gives_each_message_its_sends_time(tmp_path) -> None
         if len(outs) >= 20:
             enough.set()
 
+    # Deep queues: the simulated net runs on while the host thread calls back (a loaded
+    # machine lets it fall a thousand messages behind), and a drop would break the stretch.
     run = mujou.run(net, timer="simulated", record=tmp_path / "r.mcap")
-    run.subscribe(net.sink.inp, lambda t, m: ins.append((t, m)), with_time=True)
-    run.subscribe(net.src.out, on_out, with_time=True)
+    sub_in = run.subscribe(net.sink.inp, lambda t, m: ins.append((t, m)), with_time=True,
+                           depth=1_000_000)
+    sub_out = run.subscribe(net.src.out, on_out, with_time=True, depth=1_000_000)
     assert enough.wait(30)
     run.stop()
     run.join(timeout=30)
+    assert sub_in.dropped == sub_out.dropped == 0
 
     # The recording stores each message at its send's time: the subscriptions, which
     # began after the start, see a stretch of the same pairs.
