@@ -621,3 +621,49 @@ def test_the_server_stops_with_a_placed_run_and_leaves_no_thread_nor_port(
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
     assert server.watched() == []
+
+
+class Talker(mujou.Node):
+    """Logs each command it is given, from inside its hook."""
+
+    cmd = mujou.Input(float, trigger=True, depth=None)
+
+    def on_update(self, dt: float) -> None:
+        for value in self.cmd.drain():
+            logging.getLogger("talker.code").warning("got %s", value)
+
+
+def test_the_log_channel_carries_records_named_after_the_node_that_logged_them() -> None:
+    from mujou_actors.recording.logview import LogTap
+
+    run = mujou.run({"talk": Talker()}, timer="simulated")
+    server = mujou.serve_foxglove(run, 0)
+    try:
+        client = Client(server.port)
+        client.recv_until(lambda: "/mujou/log" in client.channels, "the log's channel")
+        channel = client.channels["/mujou/log"]
+        assert (channel["schemaName"], channel["encoding"]) == ("foxglove.Log", "json")
+        assert not any(isinstance(h, LogTap) for h in logging.getLogger().handlers)
+        client.send({"op": "subscribe", "subscriptions": [{"id": 5, "channelId": channel["id"]}]})
+        _until(lambda: any(isinstance(h, LogTap) for h in logging.getLogger().handlers),
+               "the log's handler")
+
+        run.write("talk.cmd", 3.0)
+        logging.getLogger("outside").error("not in a node")
+        client.recv_until(lambda: len([e for e in client.of(5) if e["name"] in (
+            "talk", "outside")]) == 2, "the two records")
+
+        # (the hook runs on a worker after the write: the two lines come in either order)
+        mine = sorted((e for e in client.of(5) if e["name"] in ("talk", "outside")),
+                      key=lambda e: e["name"], reverse=True)
+        assert [(e["name"], e["level"], e["message"]) for e in mine] == [
+            ("talk", 3, "got 3.0"), ("outside", 4, "not in a node")]
+        assert mine[0]["file"].endswith("test_foxglove.py") and mine[0]["line"] > 0
+        assert set(mine[0]["timestamp"]) == {"sec", "nsec"}
+        client.unsubscribe_and_close(5)
+        _until(lambda: not any(isinstance(h, LogTap) for h in logging.getLogger().handlers),
+               "the handler's removal with the last watcher")
+    finally:
+        server.close()
+        run.stop()
+        run.join(timeout=20)

@@ -147,6 +147,9 @@ class Actor:
         # A fresh, empty context per node: contextvars set in one node's hooks
         # are seen by its later hooks and by no other node, nor by the host.
         self.context = contextvars.Context()
+        # In it, the actor itself: what a send checks (sends.py), and what names a log
+        # record of its hooks (recording/logview.py).
+        self.context.run(CURRENT.set, self)
         # The node's Inputs: a delivery names its Input by index in this tuple
         # (why an index: see mailbox.Delivery). Set when the run wires the net.
         self.inputs: tuple[Input, ...] = ()

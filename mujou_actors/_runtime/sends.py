@@ -231,8 +231,6 @@ def make_send(ctx: SendContext, sender: Actor, output: Output, routes: list[Wire
              port if port in output._strict_readers else None,
              reader.bound != NEVER)
             for port, reader, triggers in routes]
-    if CURRENT not in sender.context:
-        sender.context.run(CURRENT.set, sender)  # what the send checks
     if sender.deferred is None and any(route[3] is DEFER for route in plan):
         sender.deferred = {}  # made once; emptied as each hook ends
     # The readers' copier is the plain clone of copy_message (a net without

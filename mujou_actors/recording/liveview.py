@@ -92,6 +92,7 @@ from .._checks import is_int
 from ..errors import describe
 from ..host import Run
 from ..ports import Input, Output
+from .logview import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC, LogTap
 from .view import Projection, from_json
 from .wsserver import (
     CLIENT_DATA,
@@ -209,7 +210,7 @@ class FoxgloveServer(SocketServer):
         self._ports = dict(run.ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
         self._watchers: dict[str, int] = {}  # topic -> clients subscribed
-        self._subs: dict[str, Subscription] = {}
+        self._subs: dict[str, Subscription | LogTap] = {}  # a port's, or the log's tap
         # topic -> (client, subscription id) of each subscriber: replaced, never changed
         # in place, so that mujou-host reads it without a lock.
         self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
@@ -217,7 +218,8 @@ class FoxgloveServer(SocketServer):
         self._closing = False
         self._counts = dict.fromkeys(["published", "refused", "publishes_dropped",
                                       "advertisements_refused", "dropped"], 0)
-        self._channel_ids = {path: i for i, path in enumerate([*self._ports, GRAPH_TOPIC], 1)}
+        self._channel_ids = {path: i for i, path in enumerate([*self._ports, GRAPH_TOPIC,
+                                                               LOG_TOPIC], 1)}
         self._topic_of = {i: path for path, i in self._channel_ids.items()}
         self._server_info = self._make_server_info(name)
         self._advertise = self._make_advertise()
@@ -297,6 +299,9 @@ class FoxgloveServer(SocketServer):
         channels.append({"id": self._channel_ids[GRAPH_TOPIC], "topic": GRAPH_TOPIC,
                          "encoding": "json", "schemaName": "mujou.Graph",
                          "schemaEncoding": "jsonschema", "schema": json.dumps(_GRAPH_SCHEMA)})
+        channels.append({"id": self._channel_ids[LOG_TOPIC], "topic": LOG_TOPIC,
+                         "encoding": "json", "schemaName": LOG_SCHEMA_NAME,
+                         "schemaEncoding": "jsonschema", "schema": json.dumps(LOG_SCHEMA)})
         return json.dumps({"op": "advertise", "channels": channels})
 
     def _make_connection_graph(self) -> str:
@@ -492,11 +497,16 @@ class FoxgloveServer(SocketServer):
                 return
         # Outside the lock: subscribing may start the mujou-host thread (a wait for it),
         # or, in a placed run, wait for the driver's round in progress.
-        try:
-            sub = self._run.subscribe(topic, self._sender(topic), with_time=True)
-        except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
-            log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
-            return
+        sub: Any
+        if topic == LOG_TOPIC:  # the log: a handler on the root logger, while watched
+            sub = LogTap(self._log_sender(), lambda: self._run.time_ns)
+            sub.attach()
+        else:
+            try:
+                sub = self._run.subscribe(topic, self._sender(topic), with_time=True)
+            except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
+                log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
+                return
         with self._lock:
             keep = self._watchers.get(topic, 0) > 0 and not self._closing \
                 and topic not in self._subs
@@ -547,6 +557,21 @@ class FoxgloveServer(SocketServer):
                     client.push(MESSAGE.pack(1, sub, t), data)
             except RuntimeError:  # the server's loop has ended: nobody to send to
                 return
+
+        return send
+
+    def _log_sender(self) -> Callable[[dict[str, Any]], None]:
+        """The `LogTap`'s delivery (on the thread that logged): the entry to each watcher."""
+        targets = self._targets
+
+        def send(entry: dict[str, Any]) -> None:
+            watchers = targets.get(LOG_TOPIC)
+            if not watchers:
+                return
+            data = json.dumps(entry).encode()
+            t = entry["timestamp"]["sec"] * 1_000_000_000 + entry["timestamp"]["nsec"]
+            for client, sub in watchers:
+                client.push(MESSAGE.pack(1, sub, t), data)  # RuntimeError: the loop ended
 
         return send
 
