@@ -27,7 +27,8 @@ MOVED = {f"mujou_actors.{old}": f"mujou_actors.recording.{new}" for old, new in 
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the old paths of `MOVED`; loads each as its new module."""
 
-    _spec: importlib.machinery.ModuleSpec | None = None
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}  # new path -> spec
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
@@ -42,7 +43,7 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} moved to {new}; import it from there (the old path goes "
                       "in the next release)", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
-        self._spec = module.__spec__
+        self._specs.setdefault(new, module.__spec__)  # before the import system overwrites it
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -51,7 +52,7 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         The import system sets ``__spec__`` on what `create_module` returned
         (the shared module); the new path's spec stays the true one.
         """
-        module.__spec__ = self._spec
+        module.__spec__ = self._specs[module.__name__]
 
 
 def install() -> None:

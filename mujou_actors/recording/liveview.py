@@ -98,7 +98,6 @@ from .wsserver import (
     CLIENT_DATA,
     DEFAULT_PORT,
     GRAPH_TOPIC,
-    JOIN,
     MAX_CLIENT_CHANNELS,
     MESSAGE,
     TIME,
@@ -594,18 +593,7 @@ class FoxgloveServer(SocketServer):
     def close(self) -> None:
         """Stop the server: no port left open, no thread left (bounded waits); idempotent."""
         self._cancel_subscriptions()
-        try:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        except RuntimeError:  # the loop has ended already
-            pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(JOIN)
-
-    def __enter__(self) -> FoxgloveServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._stop_serving(self._thread)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"port {self.port}"

@@ -71,7 +71,6 @@ MIN_SPEED, MAX_SPEED = 0.01, 1000.0
 
 _REQUEST = struct.Struct("<BBfBQI")  # opcode 3, command, speed, had seek, seek time, id length
 _STATE = struct.Struct("<BBQfBI")  # opcode 5, status, time, speed, did seek, id length
-_JOIN = 3.0  # wall seconds close() waits for each thread
 _STATUS_NAMES = {PLAYING: "playing", PAUSED: "paused", BUFFERING: "buffering", ENDED: "ended"}
 
 
@@ -209,19 +208,7 @@ class PlaybackServer(SocketServer):
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        try:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        except RuntimeError:  # the loop has ended already
-            pass
-        for thread in (self._thread, self._player):
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join(_JOIN)
-
-    def __enter__(self) -> PlaybackServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._stop_serving(self._thread, self._player)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"port {self.port}"

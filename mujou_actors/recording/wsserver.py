@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from .._checks import is_int
 from ..errors import describe
@@ -319,6 +319,28 @@ class SocketServer:
     def closed(self) -> bool:
         """bool: True once the server is stopped."""
         return self._closed
+
+    def close(self) -> None:
+        """Stop serving (the subclass's own end first); idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """The server itself: ``with serve_...(...) as server:`` closes it at the end."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`close` it."""
+        self.close()
+
+    def _stop_serving(self, *threads: threading.Thread) -> None:
+        """Ask the loop to stop (from any thread) and wait for ``threads``, `JOIN` s each."""
+        try:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        except RuntimeError:  # the loop has ended already
+            pass
+        for thread in threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(JOIN)
 
     async def _main(self) -> None:
         """Serve until ``_stop`` is set, broadcasting with ``_tick`` meanwhile."""
