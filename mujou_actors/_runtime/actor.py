@@ -47,10 +47,11 @@ __all__ = ["Actor", "LATENESS_SAMPLES", "CURRENT", "NEVER", "DeadlineGuard", "gu
 
 log = logging.getLogger("mujou_actors")
 
-# The actor whose context the calling code runs in: set once in the context of
-# each actor that has Outputs (sends.make_send), whose hooks run in it and
-# only they. A send checks it (a ContextVar read hits a per-thread cache), so
-# that another thread or another node's hook cannot send for the node.
+# The actor whose context the calling code runs in: set in each actor's context
+# as the actor is made (Actor.__init__), and its hooks run in it and only they.
+# A send checks it (a ContextVar read hits a per-thread cache), so that another
+# thread or another node's hook cannot send for the node; a log record of a hook
+# is named after it (recording/logview.py).
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("mujou_actors.current")
 
 # The lateness percentiles in stats() are taken over this many recent updates
