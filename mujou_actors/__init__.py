@@ -28,6 +28,7 @@ if _typing.TYPE_CHECKING:
         NetError,
         NodeError,
         NotRunningError,
+        ParamError,
         PortTypeError,
         RecordingError,
         SnapshotError,
@@ -36,6 +37,7 @@ if _typing.TYPE_CHECKING:
     )
     from .host import Subscription
     from .node import Node
+    from .params import Param
     from .ports import Input, Output, connect
     from .recording.capsule import Capsule
     from .recording.liveview import FoxgloveServer, FoxgloveStats, serve_foxglove
@@ -81,6 +83,8 @@ __all__ = [
     "NodeStats",
     "NotRunningError",
     "Output",
+    "Param",
+    "ParamError",
     "Placement",
     "PortTypeError",
     "Recording",
@@ -119,9 +123,9 @@ _LAZY: dict[str, str] = {
     "Replay": "recording.replay", "Run": "run", "run": "run", "load": "snapshot",
     "save": "snapshot",
     "Supervisor": "supervisor", "latest_snapshot": "supervisor", "Tracer": "trace",
-    "ExactTime": "sync", "ApproximateTime": "sync",
+    "ExactTime": "sync", "ApproximateTime": "sync", "Param": "params",
     **dict.fromkeys(("AlgebraicLoopError", "CallbackError", "GroupDied", "MujouError",
-                     "NetError", "NodeError", "NotRunningError", "PortTypeError",
+                     "NetError", "NodeError", "NotRunningError", "ParamError", "PortTypeError",
                      "RecordingError", "SnapshotError", "StartTimeoutError",
                      "StopTimeoutError"), "errors"),
     **dict.fromkeys(("CapsuleStats", "GroupStats", "MachineStats", "NodeStats",

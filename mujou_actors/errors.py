@@ -25,6 +25,7 @@ __all__ = [
     "PortTypeError",
     "NodeError",
     "AlgebraicLoopError",
+    "ParamError",
     "SnapshotError",
     "RecordingError",
     "StartTimeoutError",
@@ -205,6 +206,28 @@ class DeadlineMissError(MujouError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.miss,))
+
+
+class ParamError(MujouError, ValueError):
+    """A parameter set was refused: no such parameter, or a value that breaks one of its rules.
+
+    Raised by `Run.set_param`, ``mujou run --param``, a node's own attribute
+    write and `Param.parse` (and sent back to a client of the attach endpoint
+    or of Foxglove's Parameters panel) before anything changes.
+
+    Attributes:
+        param (str): what was set, e.g. ``"parameter 'sensor.noise'"``.
+        rule (str): the rule it breaks, in words (its type, range, choices,
+            read-only), or which parameters there are.
+    """
+
+    def __init__(self, param: str, rule: str) -> None:
+        super().__init__(f"{param}: {rule}")
+        self.param = param
+        self.rule = rule
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.param, self.rule))
 
 
 class SnapshotError(MujouError):

@@ -232,6 +232,59 @@ class Run(abc.ABC):
             NotRunningError: the run has ended.
         """
 
+    # -- parameters -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def set_param(self, path: str, value: Any) -> tuple[int, int]:
+        """Set a node's parameter (`mujou.Param`) on the running net.
+
+        The value is checked now; the node applies it at its next delta cycle:
+        its first update at or after the key returned, just before that
+        update's ``on_update``, calling ``on_param(name, old, new)`` first.
+        In simulated time the key is the run's next delta cycle, so the
+        update that applies it does not depend on the workers; in real time
+        it is now. A recorded run keeps the set (and a replay applies it at
+        the same update); a state tree taken before it is applied holds it
+        (``params``). Sets to one node apply in the order they were made.
+
+        Args:
+            path (str): the node's path and the parameter's name,
+                ``"sensor.noise"`` (a root node's: ``"noise"``).
+            value (bool | int | float | str): the new value.
+
+        Returns:
+            tuple[int, int]: ``(t_ns, delta)``, the key the set applies from
+            (``(-1, 0)``: before the timer starts, at the node's first update).
+
+        Raises:
+            ParamError: no such parameter (the message lists them), a read-only
+                one, or a value of the wrong type, outside the range or not
+                among the choices; nothing changes.
+            NotRunningError: the run has ended.
+        """
+
+    @abc.abstractmethod
+    def params(self) -> dict[str, Any]:
+        """Every parameter of the net and its value now (sets not yet applied excluded).
+
+        Returns:
+            dict[str, bool | int | float | str]: by dotted path (``"sensor.noise"``).
+
+        Raises:
+            NotRunningError: a placed run has ended (its groups are gone).
+        """
+
+    @abc.abstractmethod
+    def describe_params(self) -> dict[str, dict[str, Any]]:
+        """Every parameter's declaration and value now: what ``mujou param list`` shows.
+
+        Returns:
+            dict[str, dict]: by dotted path, ``{"type", "default", "range",
+            "choices", "description", "read_only", "value"}`` (JSON-ready).
+
+        Raises:
+            NotRunningError: a placed run has ended.
+        """
+
     @abc.abstractmethod
     def subscribe(self, port: Port | str, callback: Callable[..., None], *,
                   depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:

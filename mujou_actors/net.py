@@ -19,6 +19,7 @@ from .codec import file_problem, from_file
 from .deadlines import overrides
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
+from .params import param_problems
 from .ports import Input, Output, Port
 from .state import check_tree
 from .supervisor import derive_seed
@@ -117,7 +118,7 @@ def settle_seeds(found: list[tuple[str, Node]], tree: dict[str, Any] | None,
     return seeds
 
 
-_HOOKS = {"on_start", "on_update", "on_stop", "on_deadline_miss"}
+_HOOKS = {"on_start", "on_update", "on_stop", "on_deadline_miss", "on_param"}
 
 
 def warn_unknown_hooks(found: list[tuple[str, Node]]) -> None:
@@ -259,6 +260,7 @@ def check_fit(tree: dict[str, Any], found: list[tuple[str, Node]],
         for path in sorted(set(tree[section]) & inputs):
             problems.extend(_message_problems(section, path, tree[section][path], ports[path]))
     problems.extend(_sync_problems(tree, ports))
+    problems.extend(param_problems(tree.get("params", {}), dict(found)))
     for path in sorted(paths & set(tree["seeds"])):
         seed = tree["seeds"][path]
         try:  # the check of Node(seed=) and mujou.run(seed=): a tree's seed is one of those

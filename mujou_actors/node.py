@@ -19,6 +19,8 @@ import torch
 from ._checks import is_int, is_number
 from .deadlines import check_deadlines
 from .devices import validate_device
+from .errors import ParamError
+from .params import params_of_class
 from .ports import Port, ports_of_class
 
 if TYPE_CHECKING:
@@ -348,16 +350,33 @@ class Node:
             miss (DeadlineMiss): what was missed, by how much.
         """
 
+    def on_param(self, name: str, old: Any, new: Any) -> None:
+        """Called when a set from outside the node changed one of its parameters (`Param`).
+
+        In the node's context, on the thread of the update that applies the
+        set (the node's first update at or after the set's key: its next
+        delta cycle), just before that update's ``on_update``; the attribute
+        already holds ``new``. One call per set, in the order they were made
+        (a set to the value it already has is called too). Not called for the
+        node's own attribute writes. What it raises fails the node as
+        ``on_update`` would.
+
+        Args:
+            name (str): the parameter's name (its attribute).
+            old: its value before the set.
+            new: its value now.
+        """
+
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The node's own state (not its children's: they have their own entries).
 
-        Holds ``"generator"`` and every attribute that is a ``torch.Tensor``,
-        ``nn.Module`` or ``torch.optim.Optimizer`` (by their own
-        ``state_dict``). The generator's entry is its state tensor once it has
-        been used, and until then just its seed (an int: a generator that drew
-        nothing is fully given by its seed). Subclasses extend it by calling
-        ``super()``.
+        Holds ``"generator"``, every parameter (`Param`) by its name, and every
+        attribute that is a ``torch.Tensor``, ``nn.Module`` or
+        ``torch.optim.Optimizer`` (by their own ``state_dict``). The
+        generator's entry is its state tensor once it has been used, and
+        until then just its seed (an int: a generator that drew nothing is
+        fully given by its seed). Subclasses extend it by calling ``super()``.
 
         Returns:
             dict[str, Any]: attribute name -> value.
@@ -365,6 +384,8 @@ class Node:
         gen = self._mujou_generator
         state: dict[str, Any] = {
             "generator": self._mujou_seed_now() if gen is None else gen.get_state()}
+        for name in params_of_class(type(self)):
+            state[name] = getattr(self, name)
         for name, value in vars(self).items():
             if name.startswith(_PREFIX):
                 continue
@@ -380,7 +401,9 @@ class Node:
         Strict, like ``nn.Module.load_state_dict(strict=True)``: every problem is
         collected into one error before anything changes. Keys of the default
         state (the generator, tensor, module and optimizer attributes) must all
-        be there, with tensors of the same shape and dtype; any other key sets a
+        be there, with tensors of the same shape and dtype; a parameter's key
+        may be left out (a tree from before it was declared: the value stays),
+        and its value must keep the parameter's rules; any other key sets a
         plain attribute that exists already (a subclass's own state), but never
         a port, a method, a child node or a framework attribute.
 
@@ -423,13 +446,20 @@ class Node:
             yield f"a state is a dict, got {type(state).__name__}"
             return
         expected = Node.state_dict(self)
-        missing = sorted(set(expected) - set(state))
+        params = params_of_class(type(self))
+        missing = sorted(set(expected) - set(state) - set(params))
         if missing:
             yield f"missing key(s) {missing}"
         if "generator" in state:
             yield from _generator_problems(state["generator"], self._mujou_device)
         for name, value in state.items():
             if name == "generator":
+                continue
+            if name in params:
+                try:
+                    params[name].check(value, f"parameter {name!r}")
+                except ParamError as exc:
+                    yield str(exc)
                 continue
             yield from self._mujou_key_problems(name, value)
 

@@ -32,7 +32,7 @@ from ._runtime.requests import StateRequest
 from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
 from .distributed.placement import Placement, as_placement
-from .errors import NetError, NotRunningError
+from .errors import NetError, NotRunningError, ParamError
 from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, check_depth
 from .net import (
     check_fit,
@@ -47,6 +47,7 @@ from .net import (
     warn_unknown_hooks,
 )
 from .node import Node, check_seed
+from .params import RunParams
 from .ports import Input, Output, Port
 from .recording.capsule import Capsule, CapsuleKeeper, as_capsule
 from .recording.mcapfile import ChannelSpec
@@ -57,7 +58,7 @@ from .recording.recorder import (
     run_metadata,
     select_outputs,
 )
-from .recording.replay import Replay, as_replay, check_timer, warn_no_duration
+from .recording.replay import RecordedParams, Replay, as_replay, check_timer, warn_no_duration
 from .recording.replay import plan as plan_replay
 from .stats import NodeStats, RunStats, WorkerStats, percentile
 from .supervisor import Supervisor
@@ -78,8 +79,9 @@ class LocalRun(Run):
     """
 
     def __init__(self, coordinator: Coordinator, host: Host, ports: dict[str, Port],
-                 seeds: dict[str, int]) -> None:
+                 seeds: dict[str, int], params: RunParams) -> None:
         self._coordinator = coordinator
+        self._params = params  # the nodes' parameters: resolve, check, queue (params.py)
         self._dispatcher = coordinator.dispatcher
         self._wiring = coordinator.wiring
         self._host = host  # subscriptions, waiters and the mujou-host thread (host.py)
@@ -195,6 +197,27 @@ class LocalRun(Run):
         if self._coordinator.ending:
             raise NotRunningError(f"write to {p.path!r}: the run has ended")
         self._wiring.deliver(p, message)  # type: ignore[arg-type]
+
+    def set_param(self, path: str, value: Any) -> tuple[int, int]:
+        """`Run.set_param`: checked here, queued on the node at the next delta cycle, recorded."""
+        node_path, name, checked = self._params.check(path, value)
+        if node_path not in self._params.sets:
+            raise ParamError(f"parameter {path!r}", f"node {node_path or '<root>'!r} is "
+                             "replaced by the replay: its code does not run")
+        if self._coordinator.ending:
+            raise NotRunningError(f"set_param {path!r}: the run has ended")
+        key = self._dispatcher.param_set(self._params.sets[node_path], name, checked)
+        if self._recorder is not None:
+            self._recorder.param(key, node_path, name, checked)
+        return key
+
+    def params(self) -> dict[str, Any]:
+        """`Run.params`: every parameter's applied value, read from the nodes."""
+        return self._params.values()
+
+    def describe_params(self) -> dict[str, dict[str, Any]]:
+        """`Run.describe_params`: each parameter's declaration and applied value."""
+        return self._params.describe()
 
     def subscribe(self, port: Port | str, callback: Callable[..., None], *,
                   depth: int = HOST_QUEUE_DEPTH, with_time: bool = False) -> Subscription:
@@ -686,8 +709,8 @@ def _start(
     plan = _check_net(net, args, inputs, state)
     if replaying is not None:
         plan = _plan_replay(plan, args, replaying)
-    coordinator, host = _build(plan, args, seams)
-    return _begin(coordinator, host, plan, args, net)
+    coordinator, host, params = _build(plan, args, seams)
+    return _begin(coordinator, host, params, plan, args, net)
 
 
 def _attach(run: Run, args: _Arguments, net: Any) -> Run:
@@ -789,6 +812,7 @@ class _Plan:
     previous: list[tuple[Node, str | None]]
     recorded: list[str] = dataclasses.field(default_factory=list)  # Output paths
     replaced: Mapping[str, Feed] | None = None  # a replay's stand-ins' feeds, by node path
+    params: RecordedParams | None = None  # a replay's recorded parameters and sets
 
     def give_back_paths(self) -> None:
         """A refused run leaves the nodes named as they were."""
@@ -864,10 +888,12 @@ def _plan_replay(plan: _Plan, args: _Arguments, replay: Replay) -> _Plan:
         for path_, node in plan.found:
             if node._mujou_seed is None and path_ not in tree_seeds and path_ in planned.seeds:
                 seeds[path_] = planned.seeds[path_]
-    return dataclasses.replace(plan, seeds=seeds, replaced=planned.feeds)
+    return dataclasses.replace(plan, seeds=seeds, replaced=planned.feeds,
+                               params=planned.params)
 
 
-def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Host]:
+def _build(plan: _Plan, args: _Arguments, seams: Seams
+           ) -> tuple[Coordinator, Host, RunParams]:
     """Claim the nodes, build the kernel and start its threads (no hook has run yet).
 
     Every argument is checked: the nodes are claimed from here on, and a
@@ -891,6 +917,12 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
         coordinator.dispatcher.set_loop_limit(
             args.max_delta_cycles, warn_loops(plan.found, args.max_delta_cycles))
         dispatcher = coordinator.dispatcher
+        # Nodes with parameters only: their sets are applied inside the budget's measure.
+        params = RunParams(plan.found)
+        params.guard(actors, skip=plan.replaced or ())
+        if plan.params is not None:
+            assert plan.replaced is not None  # a replay's
+            params.preload(plan.params.initial, plan.params.sets, "the recording")
         # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
         # so that the read-only check's time is not charged to the node's budget.
         for actor in actors:
@@ -911,7 +943,7 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams) -> tuple[Coordinator, Ho
             coordinator.abandon()
         _unclaim(plan, token)
         raise
-    return coordinator, host
+    return coordinator, host, params
 
 
 def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: int) -> None:
@@ -964,11 +996,11 @@ def _unclaim(plan: _Plan, token: object) -> None:
     plan.give_back_paths()
 
 
-def _begin(coordinator: Coordinator, host: Host, plan: _Plan, args: _Arguments,
-           net: Any) -> Run:
+def _begin(coordinator: Coordinator, host: Host, params: RunParams, plan: _Plan,
+           args: _Arguments, net: Any) -> Run:
     """Run the start phase, open the endpoint, then start the timer; a failure stops the
     run first."""
-    run = LocalRun(coordinator, host, plan.ports, plan.seeds)
+    run = LocalRun(coordinator, host, plan.ports, plan.seeds, params)
     try:
         # Inside the try: a KeyboardInterrupt while the host waits stops the run too.
         coordinator.begin(tree=args.tree, initial=plan.initial, end_s=args.end_s,

@@ -7,13 +7,16 @@ A tree is a plain nested structure (DESIGN.md section 5)::
      "inputs": {input path: [kept messages, oldest first]},
      "pending": {input path: [messages sent but not yet delivered, in order]},
      "schedule": {path: {"last_update_ns": int}},
-     "sync": {synchronizer path: its state}}      # only a net with synchronizers
+     "sync": {synchronizer path: its state},      # only a net with synchronizers
+     "params": {node path: [[t_ns, delta, name, value], ...]}}  # only with sets queued
 
 It is taken at a consistent cut (no hook in flight), so restoring it loses
 and doubles nothing. ``pending`` holds messages still in a mailbox at the
 cut (for an Input of a synchronizer, ``(send time ns, message)`` pairs);
 ``schedule`` what ``dt`` is measured from, so a resumed run is
-bit-identical to one that never stopped.
+bit-identical to one that never stopped. ``params`` holds the parameter sets
+made on the net that its nodes have not applied yet, each with the key it
+applies from (`params.ParamState`); the values applied are in ``nodes``.
 """
 
 from __future__ import annotations
@@ -111,9 +114,10 @@ def check_tree(tree: Any, source: str) -> dict[str, Any]:
     if type(time_ns) is not int or not 0 <= time_ns < 2**63:
         raise SnapshotError(f"{source}: time_ns must be an int in [0, 2**63) (a timer's "
                             f"nanoseconds), got {time_ns!r}")
-    # "sync" is there only for a net with synchronizers (mujou_actors.sync).
-    for section in ("seeds", "nodes", "inputs", "pending", "schedule", "sync"):
-        if section == "sync" and section not in tree:
+    # "sync" is there only for a net with synchronizers (mujou_actors.sync), "params"
+    # only while parameter sets wait to be applied (mujou_actors.params).
+    for section in ("seeds", "nodes", "inputs", "pending", "schedule", "sync", "params"):
+        if section in ("sync", "params") and section not in tree:
             continue
         if not isinstance(tree[section], dict):
             raise SnapshotError(f"{source}: {section} must be a dict")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NodeError, StartTimeoutError
 from ..messages import copy_message
+from ..params import SETS
 from ..ports import Input, Port
 from ..state import FORMAT
 from .mailbox import Restore, Snapshot
@@ -119,6 +120,10 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
     }
     if syncs:  # only a net with synchronizers has the section
         tree["sync"] = {s.path: s._state(host_copy) for s in syncs.values()}
+    sets = {a.path: queued.pending() for a in actors
+            if (queued := a.node.__dict__.get(SETS)) is not None and queued}
+    if sets:  # only a tree with parameter sets not yet applied has the section
+        tree["params"] = sets
     return tree
 
 
@@ -175,6 +180,10 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             raise StartTimeoutError(stuck, rest, limit)
         if actor.failed:  # set before run_control returned; a success clears it
             return False
+    for actor in actors:  # parameter sets not yet applied: exactly the tree's (none if absent)
+        queued = actor.node.__dict__.get(SETS)
+        if queued is not None:
+            queued.replace(tree.get("params", {}).get(actor.path, []))
     for path, messages in tree["pending"].items():
         port = ports[path]
         assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)

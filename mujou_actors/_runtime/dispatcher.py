@@ -1732,6 +1732,28 @@ class Dispatcher:
             self._deliver(actor, slot, message, stamp, trigger, driven=True)
             return self._host_seq  # this delivery's: numbered under the same lock
 
+    def param_set(self, sets: Any, name: str, value: Any) -> Key:
+        """Queue a checked parameter set on its node's `params.ParamState`; return its key.
+
+        The key is the one a host's triggering write gets (`TimePolicy.host_trigger`:
+        the next delta cycle in simulated time, now in real time, the first
+        update before the start); the set is added under the same lock, so no
+        update at that key or after can start without it (`params.guard_params`).
+
+        Args:
+            sets (ParamState): the node's queue of sets.
+            name (str): the parameter's name.
+            value: the checked value.
+
+        Returns:
+            Key: ``(t_ns, delta)``, the key the set applies from (what a
+            recording keeps).
+        """
+        with self._cond:
+            key = self.policy.host_trigger(self._frontier, self.timer.now_ns())
+            sets.add(key[0], key[1], name, value)
+        return key
+
     def host_deliver(self, actor: Actor, slot: int, message: Any, triggers: bool,
                      hops: int = 0) -> int:
         """Deliver a message written by the host (run.write, inputs=) to ``actor.inputs[slot]``.

@@ -40,6 +40,7 @@ from .._checks import check_workers, is_int
 from ..errors import AlgebraicLoopError, NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
+from ..params import RunParams, join
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
 from ..trace import Recorder
@@ -312,7 +313,11 @@ class Kernel:
         rt = setup_cuda(self.actors, "block", seams or Seams())
         self._wiring = wire(self.actors, self.ports, self.dispatcher, rt, self._outbox,
                             self._outside_device)
-        for actor in self.actors:  # nodes with a budget or deadline only, first (as mujou.run)
+        # Nodes with parameters (their sets applied inside the budget's measure), then
+        # those with a budget or deadline, first (as mujou.run).
+        self.params = RunParams((a.path, a.node) for a in self.actors)
+        self.params.guard(self.actors)
+        for actor in self.actors:
             guard_deadlines(actor, clock, self._kind == "simulated")
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
@@ -611,6 +616,36 @@ class Kernel:
         if origin is not None and self.recorder is not None:
             t_ns, delta, sender = origin
             self.recorder.arrival(HOST_ORDER, seq, port, sender, t_ns, delta)
+
+    def set_param(self, node: str, name: str, value: Any, key: Key | None = None) -> Key:
+        """Queue a parameter set on one of the kernel's nodes (``run.set_param``).
+
+        Args:
+            node (str): the node's path.
+            name (str): the parameter's name.
+            value: the value (checked again here).
+            key (Key | None): the key it applies from, chosen by the driver
+                (a simulated placed run's next delta cycle, which no group has
+                entered: the group is between grants); None: this kernel's
+                next delta cycle, or now in real time (`Dispatcher.param_set`).
+
+        Returns:
+            Key: the key it applies from.
+
+        Raises:
+            RuntimeError: the kernel is stopped.
+            ParamError: no such parameter in this kernel, or a refused value.
+        """
+        if self._stopped:
+            raise RuntimeError("Kernel.set_param: the kernel is stopped")
+        node_path, name, checked = self.params.check(join(node, name), value)
+        sets = self.params.sets[node_path]
+        if key is None:
+            return self.dispatcher.param_set(sets, name, checked)
+        if not _is_key(key):
+            raise TypeError(f"Kernel.set_param: key must be (t_ns, delta) or None, got {key!r}")
+        sets.add(key[0], key[1], name, checked)
+        return (key[0], key[1])
 
     def read(self, port: str) -> Any:
         """The newest message of one of the kernel's ports, as a copy (``run.read``).

@@ -118,6 +118,9 @@ class RecorderSide(Protocol):
     def snapshot(self, tree: dict[str, Any]) -> None:
         """A supervisor snapshot was taken (its tree): attach it if asked to; never blocks."""
 
+    def param(self, key: tuple[int, int], node: str, name: str, value: Any) -> None:
+        """A parameter set was made on the running net, applying from ``key``: keep it."""
+
     def close(self, end_ns: int | None, failure: str, timeout: float) -> BaseException | None:
         """Write what is queued within ``timeout`` wall seconds, then the file's end.
 

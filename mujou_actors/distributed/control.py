@@ -64,6 +64,12 @@ class GroupControl(Protocol):
     def read(self, port: str) -> Any:
         """The newest message of a port of the group (`Run.read`)."""
 
+    def set_param(self, node: str, name: str, value: Any, key: Key | None) -> Key:
+        """Queue a checked parameter set on a node of the group; the key it applies from."""
+
+    def params(self) -> dict[str, Any]:
+        """Every parameter of the group's nodes and its value now, by dotted path."""
+
     def subscribe(self, output: str) -> None:
         """Publish every later message of an Output of the group to the host."""
 
@@ -140,6 +146,14 @@ class LocalControl:
         """`GroupControl.read`."""
         return self.kernel.read(port)
 
+    def set_param(self, node: str, name: str, value: Any, key: Key | None) -> Key:
+        """`GroupControl.set_param`."""
+        return self.kernel.set_param(node, name, value, key)
+
+    def params(self) -> dict[str, Any]:
+        """`GroupControl.params`."""
+        return self.kernel.params.values()
+
     def subscribe(self, output: str) -> None:
         """`GroupControl.subscribe`."""
         link = self._entry.link
@@ -211,6 +225,16 @@ class RemoteControl:
     def read(self, port: str) -> Any:
         """`GroupControl.read`."""
         return snapshot.loads(self._ask(self.name, group.Read(port), QUICK_S))
+
+    def set_param(self, node: str, name: str, value: Any, key: Key | None) -> Key:
+        """`GroupControl.set_param`."""
+        t_ns, delta = self._ask(self.name, group.SetParam(node, name, value, key), QUICK_S)
+        return (int(t_ns), int(delta))
+
+    def params(self) -> dict[str, Any]:
+        """`GroupControl.params`."""
+        values: dict[str, Any] = self._ask(self.name, group.Params(), QUICK_S)
+        return values
 
     def subscribe(self, output: str) -> None:
         """`GroupControl.subscribe`."""

@@ -446,6 +446,27 @@ class _Driver:
         if not initial:
             self.timing.written(g)
 
+    def set_param(self, node: str, name: str, value: Any) -> Key:
+        """Queue a checked parameter set in the node's group; the key it applies from.
+
+        In simulated time the key is the delta cycle after the latest any
+        group has entered (as a host write's, plus one: the next delta cycle,
+        as in one process), so no group has run an update at or past it; the
+        key is None before the timers start and in real time, where the
+        group's kernel picks it.
+        """
+        key = self.timing.write_key()
+        if key is not None:
+            key = (key[0], key[1] + 1)
+        return self.groups[self.owner[node]].control.set_param(node, name, value, key)
+
+    def params(self) -> dict[str, Any]:
+        """Every parameter's value now, asked of each group that has some."""
+        values: dict[str, Any] = {}
+        for g in self.groups.values():
+            values.update(g.control.params())
+        return values
+
     def read(self, path: str) -> Any:
         owner = self.ports[path].node._mujou_path
         return self.groups[self.owner[owner]].control.read(path)

@@ -53,7 +53,7 @@ from .tracing import KernelTraces
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
+           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -108,6 +108,29 @@ class Read(NamedTuple):
     """The newest message of one of the group's ports (``run.read``), snapshot-encoded."""
 
     port: str
+
+
+class SetParam(NamedTuple):
+    """Queue a parameter set on one of the group's nodes (``run.set_param``); the reply is its key.
+
+    Attributes:
+        node (str): the node's path.
+        name (str): the parameter's name.
+        value (bool | int | float | str): the value, checked by the host.
+        key (tuple[int, int] | None): the key it applies from (a simulated
+            run's next delta cycle, chosen by the driver); None: the group's
+            kernel picks it (real time: now; before the timers start: the
+            node's first update).
+    """
+
+    node: str
+    name: str
+    value: Any
+    key: tuple[int, int] | None = None
+
+
+class Params(NamedTuple):
+    """Every parameter of the group's nodes and its value now (``run.params``)."""
 
 
 class Subscribe(NamedTuple):
@@ -198,7 +221,9 @@ def split_tree(tree: Mapping[str, Any], paths: set[str]) -> dict[str, Any]:
         return port_path.rpartition(".")[0]
 
     part = {k: v for k, v in tree.items() if k not in ("nodes", "seeds", "schedule",
-                                                      "inputs", "pending", "sync")}
+                                                      "inputs", "pending", "sync", "params")}
+    if "params" in tree:
+        part["params"] = {p: v for p, v in tree["params"].items() if p in paths}
     for section in ("nodes", "seeds", "schedule"):
         part[section] = {p: v for p, v in tree.get(section, {}).items() if p in paths}
     for section in ("inputs", "pending"):
@@ -817,6 +842,11 @@ class GroupServer:
             return None
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
+        if isinstance(request, SetParam):
+            return list(kernel.set_param(request.node, request.name, request.value,
+                                         None if request.key is None else tuple(request.key)))
+        if isinstance(request, Params):
+            return kernel.params.values()
         if isinstance(request, RunFree):
             kernel.run_free()
             return clock_origin(kernel)

@@ -53,6 +53,7 @@ class PlacedRun(Run):
         # The host's own writes, by Input path: what observes that Input sees them as one
         # process's subscriptions do (they come from no Output that the groups publish).
         self._writes: dict[str, list[Callable[[Any], None]]] = {}
+        self._params = RunParams(found)  # resolves and checks; the groups' kernels queue
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -214,6 +215,30 @@ class PlacedRun(Run):
         self._driver.call(lambda: self._driver.write(path, checked), 60.0, f"write({path!r})")
         for put in list(self._writes.get(path, ())):
             put(checked)
+
+    def set_param(self, path: str, value: Any) -> tuple[int, int]:
+        """`Run.set_param`: checked here, queued in the node's group, recorded here."""
+        self._check_caller("set_param()")
+        node, name, checked = self._params.check(path, value)
+        drv = self._driver
+        key = drv.call(lambda: drv.set_param(node, name, checked), 60.0, f"set_param({path!r})")
+        if drv.recorder is not None:
+            drv.recorder.param(key, node, name, checked)
+        return key
+
+    def params(self) -> dict[str, Any]:
+        """`Run.params`: asked of the groups."""
+        self._check_caller("params()")
+        drv = self._driver
+        return drv.call(drv.params, 60.0, "params()")  # type: ignore[no-any-return]
+
+    def describe_params(self) -> dict[str, dict[str, Any]]:
+        """`Run.describe_params`: the host's declarations, the groups' values."""
+        values = self.params()
+        found = self._params.describe()
+        for path, entry in found.items():
+            entry["value"] = values.get(path, entry["value"])
+        return found
 
     def _watch_writes(self, path: str, put: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``put`` with every later host write to ``path`` if it is an Input; the undo."""

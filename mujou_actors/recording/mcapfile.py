@@ -54,7 +54,12 @@ the reader also reads format 1, see below):
 * **Attachments**: the supervisor's snapshots, named ``snapshot-<t_ns>.mujou``,
   media type ``application/x-mujou-snapshot`` (`SNAPSHOT_MEDIA_TYPE`),
   ``log_time`` and ``create_time`` the snapshot's time, data the snapshot
-  file's bytes.
+  file's bytes; and each parameter set made on the running net, named
+  ``param-<t_ns>-<delta>.json``, media type ``application/json``
+  (`PARAM_MEDIA_TYPE`), data ``{"t_ns", "delta", "node", "name", "value"}``:
+  the key the set applies from (``t_ns`` -1 before the start; ``log_time``
+  then 0), the node's path, the parameter and its value (`attach_param`,
+  `read_param`).
 
 Format 1 (the first recordings, written with the ``mcap`` package's writer)
 differs in three points: the header's library is ``"mujou_actors <version>"``,
@@ -131,6 +136,8 @@ PROFILE = "mujou"
 MESSAGE_ENCODING = "mujou.snapshot"
 SCHEMA_ENCODING = "mujou.port"
 SNAPSHOT_MEDIA_TYPE = "application/x-mujou-snapshot"
+PARAM_MEDIA_TYPE = "application/json"
+PARAM_PREFIX = "param-"
 VIEW_ENCODING = "json"
 VIEW_SCHEMA_ENCODING = "jsonschema"
 VIEW_PREFIX = "/view/"
@@ -704,6 +711,23 @@ class Writer:
             OSError: the file cannot be written.
         """
         self.attach(f"snapshot-{t_ns}.mujou", t_ns, dumps(tree))
+
+    def attach_param(self, t_ns: int, delta: int, node: str, name: str, value: Any) -> None:
+        """Attach a parameter set: the key it applies from, its node, name and value.
+
+        Args:
+            t_ns (int): the key's time, ns of the run's timer (-1: before the start).
+            delta (int): the key's delta cycle.
+            node (str): the node's dotted path.
+            name (str): the parameter's name.
+            value (bool | int | float | str): the value set.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        data = json.dumps({"t_ns": t_ns, "delta": delta, "node": node, "name": name,
+                           "value": value}, sort_keys=True).encode()
+        self.attach(f"{PARAM_PREFIX}{t_ns}-{delta}.json", t_ns, data, PARAM_MEDIA_TYPE)
 
     def flush(self) -> None:
         """Close the chunk in progress, so that its messages are in the file now.
@@ -1822,6 +1846,53 @@ class Reader:
             if isinstance(record, Attachment):
                 yield (AttachmentInfo(record.name, record.media_type, record.log_time,
                                       len(record.data)), record.data)
+
+
+def is_param(attachment: AttachmentInfo) -> bool:
+    """Whether an attachment is a parameter set (`Writer.attach_param`)."""
+    return (attachment.name.startswith(PARAM_PREFIX)
+            and attachment.media_type == PARAM_MEDIA_TYPE)
+
+
+# A set's JSON is a few fields and a str parameter's value (params.MAX_STR characters).
+_MAX_PARAM_BYTES = 64 * 1024
+
+
+def read_param(path: str, attachment: AttachmentInfo, data: bytes
+               ) -> tuple[int, int, str, str, bool | int | float | str]:
+    """A parameter set attachment's ``(t_ns, delta, node, name, value)``, checked.
+
+    Args:
+        path (str): the file, for errors.
+        attachment (AttachmentInfo): the attachment (`is_param` holds).
+        data (bytes): its bytes.
+
+    Raises:
+        RecordingError: bigger than 64 KiB, not JSON, or not the fields of a
+            set (ints for the key, strs for the node and name, a bool, int,
+            float or str value); names the attachment.
+    """
+    where = f"parameter set {attachment.name!r}"
+    if len(data) > _MAX_PARAM_BYTES:
+        raise RecordingError(path, f"{where} is {len(data)} bytes, more than a set's "
+                             f"{_MAX_PARAM_BYTES}")
+    try:
+        found = parse_json(data)
+    except ValueError as exc:
+        raise RecordingError(path, f"{where} is not JSON: {exc}") from None
+    fields = ("delta", "name", "node", "t_ns", "value")
+    if not isinstance(found, dict) or sorted(found) != list(fields):
+        raise RecordingError(path, f"{where} must hold exactly the fields {list(fields)}")
+    t_ns, delta, node, name, value = (found[k] for k in ("t_ns", "delta", "node", "name",
+                                                          "value"))
+    if type(t_ns) is not int or type(delta) is not int or not -1 <= t_ns < 2**63 \
+            or not 0 <= delta < 2**31:
+        raise RecordingError(path, f"{where}: t_ns and delta must be the ints of a key")
+    if type(node) is not str or type(name) is not str \
+            or type(value) not in (bool, int, float, str):
+        raise RecordingError(path, f"{where}: node and name must be str, value a bool, int, "
+                             "float or str")
+    return t_ns, delta, node, name, value
 
 
 def _check_declared(channel: ChannelInfo, declared: type) -> None:

@@ -45,6 +45,7 @@ import torch
 from .._checks import is_int, settings_repr
 from ..devices import numerics
 from ..errors import describe
+from ..params import iter_params
 from ..stats import RecordingChannelStats, RecordingStats
 from . import mcapfile
 from .view import Projection
@@ -275,6 +276,11 @@ def describe_net(found: list[tuple[str, Node]], ports: Mapping[str, Port]) -> di
     return {"nodes": nodes, "connections": connections}
 
 
+def values_of_net(found: list[tuple[str, Node]]) -> dict[str, Any]:
+    """Every parameter of the net and its value as the run starts, by dotted path."""
+    return {path: getattr(node, param.name) for path, node, param in iter_params(found)}
+
+
 def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
                  seeds: Mapping[str, int], seed: int | None, timer: str, workers: int | None,
                  placement: Mapping[str, str] | None,
@@ -295,6 +301,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
         "numerics": json.dumps(numerics()),
+        "params": json.dumps(values_of_net(found)),
     }
 
 
@@ -412,6 +419,7 @@ class Recorder:
         self._pending = [0]  # bytes queued
         self._waiting = 0  # senders waiting for room
         self._trees: deque[dict[str, Any]] = deque()  # snapshots to attach, never dropped
+        self._params: deque[tuple[int, int, str, str, Any]] = deque()  # sets, never dropped
         self._wake = threading.Event()  # close() and snapshots wake the writer
         self._closing = False
         self._deadline: float | None = None  # monotonic: the end's drain stops here
@@ -520,6 +528,15 @@ class Recorder:
             self._trees.append(tree)
             self._wake.set()
 
+    def param(self, key: tuple[int, int], node: str, name: str, value: Any) -> None:
+        """Attach a parameter set made on the running net: the key it applies from, its value.
+
+        Never dropped (a replay needs every one); the host makes them, one call each.
+        """
+        if not self._done:
+            self._params.append((key[0], key[1], node, name, value))
+            self._wake.set()
+
     # -- the writer thread ------------------------------------------------------------------
     def start(self) -> None:
         """Start the ``mujou-recorder`` thread."""
@@ -560,10 +577,7 @@ class Recorder:
     def _write_batch(self) -> bool:
         """Write up to `_BATCH` queued messages and the snapshots waiting; True if any."""
         queue, writer, ids = self._queue, self._writer, self._ids
-        trees = self._trees
-        while trees:
-            tree = trees.popleft()
-            writer.attach_snapshot(tree["time_ns"], tree)
+        self._write_attachments()
         if not queue:
             return False
         freed = 0
@@ -598,6 +612,15 @@ class Recorder:
             if self._waiting:
                 self._room.notify_all()
         return True
+
+    def _write_attachments(self) -> None:
+        """Attach the snapshots and parameter sets waiting, in the order they came."""
+        trees, params, writer = self._trees, self._params, self._writer
+        while trees:
+            tree = trees.popleft()
+            writer.attach_snapshot(tree["time_ns"], tree)
+        while params:
+            writer.attach_param(*params.popleft())
 
     def _write_view(self, ch: int, t_ns: int, message: Any) -> None:
         """Write the view of a message just written (same time); never fails it."""
@@ -636,9 +659,7 @@ class Recorder:
         for ch, *_ in left:
             self._dropped[ch] += 1
         self._skipped += len(left)
-        while self._trees:
-            tree = self._trees.popleft()
-            self._writer.attach_snapshot(tree["time_ns"], tree)
+        self._write_attachments()
         end = self._end or {}
         self._writer.close({
             "time_ns": end.get("time_ns", ""),

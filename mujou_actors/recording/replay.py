@@ -42,7 +42,8 @@ from .._runtime.keys import CONTROL_KEY, Key
 from .._runtime.replay import Feed, Group
 from ..node import Node
 from ..ports import Output, Port
-from .mcapfile import Reader, RecordingInfo, info, type_name
+from ..errors import RecordingError
+from .mcapfile import Reader, RecordingInfo, info, is_param, parse_json, read_param, type_name
 
 # What users import (mujou.Replay); the rest is the run's.
 __all__ = ["Replay"]
@@ -174,6 +175,9 @@ class ReplayPlan:
         length_ns (int): the recording's length, ns (its run's end time, or its
             last message's time for a run that did not end cleanly).
         info (RecordingInfo): what the file holds.
+        params (RecordedParams | None): the parameters' values as the
+            recorded run started and the sets made on it (None: a file from
+            before parameters were recorded).
     """
 
     path: str
@@ -181,6 +185,57 @@ class ReplayPlan:
     seeds: dict[str, int]
     length_ns: int
     info: RecordingInfo
+    params: RecordedParams | None = None
+
+
+@dataclass(frozen=True)
+class RecordedParams:
+    """The parameters of a recorded run: their values at its start, and the sets made on it.
+
+    Attributes:
+        initial (dict[str, bool | int | float | str]): each parameter's value
+            as the run started, by dotted path (the ``mujou.run`` metadata's
+            ``params``).
+        sets (list[tuple[int, int, str, str, Any]]): each set made on the
+            running net, ``(t_ns, delta, node, name, value)``, in file order
+            (the ``param-*.json`` attachments).
+    """
+
+    initial: dict[str, Any]
+    sets: list[tuple[int, int, str, str, Any]]
+
+
+def recorded_params(path: str, found: RecordingInfo,
+                    allow_damaged: bool = False) -> RecordedParams | None:
+    """The parameters a recording keeps, checked; None for a file from before they were kept.
+
+    Args:
+        path (str): the recording.
+        found (RecordingInfo): its `mcapfile.info`.
+        allow_damaged (bool): read a damaged file up to its first damage.
+
+    Raises:
+        RecordingError: the ``params`` metadata is not a JSON object of
+            values, or a set's attachment is not one (`mcapfile.read_param`).
+    """
+    text = found.run.get("params")
+    if text is None:
+        return None
+    try:
+        initial = parse_json(text)
+    except ValueError as exc:
+        raise RecordingError(path, f"the mujou.run metadata's params is not JSON: {exc}") \
+            from None
+    if not isinstance(initial, dict) or not all(
+            type(v) in (bool, int, float, str) for v in initial.values()):
+        raise RecordingError(path, "the mujou.run metadata's params must map each "
+                             "parameter's path to a bool, int, float or str")
+    sets = []
+    if any(is_param(a) for a in found.attachments):
+        for attachment, data in Reader(path, allow_damaged=allow_damaged).attachments():
+            if is_param(attachment):
+                sets.append(read_param(path, attachment, data))
+    return RecordedParams(initial, sets)
 
 
 def recording_length(found: RecordingInfo) -> int:
@@ -287,7 +342,8 @@ def plan(replay: Replay, found: list[tuple[str, Node]], ports: Mapping[str, Port
                                     exact=timer == "simulated",
                                     allow_damaged=replay.allow_damaged)
     _warn_other_net(file, found_info.run.get("net"), found, ports)
-    return ReplayPlan(file, feeds, dict(found_info.seeds), length, found_info)
+    params = recorded_params(file, found_info, replay.allow_damaged)
+    return ReplayPlan(file, feeds, dict(found_info.seeds), length, found_info, params)
 
 
 def _warn_other_net(file: str, recorded: Any, found: list[tuple[str, Node]],
