@@ -25,13 +25,13 @@ import logging
 import math
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._checks import is_int, is_number
 from .errors import ParamError
 
-if TYPE_CHECKING:
-    from .node import Node
+# No import of node.py, even for types: node.py imports this module, and each module
+# imports only those below it (docs/architecture.md, "Imports"). A node is `Any` here.
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
 __all__ = ["Param"]
@@ -296,7 +296,7 @@ def params_of_class(cls: type) -> dict[str, Param]:
     return found
 
 
-def values_of(node: Node) -> dict[str, Any]:
+def values_of(node: Any) -> dict[str, Any]:
     """Every parameter of ``node`` and its current value, by name."""
     return {name: getattr(node, name) for name in params_of_class(type(node))}
 
@@ -347,13 +347,13 @@ class ParamState:
 
     def replace(self, entries: Iterable[Iterable[Any]]) -> None:
         """Put back what `pending` gave (a restore): the queue becomes exactly these."""
-        sets = sorted(((int(t), int(d), str(n), v) for t, d, n, v in entries),
-                      key=lambda s: (s[0], s[1]))
+        sets = sorted(((int(t_ns), int(delta), str(name), value)
+                       for t_ns, delta, name, value in entries), key=lambda s: (s[0], s[1]))
         with self._lock:
             self._sets = sets
 
 
-def iter_params(nodes: Iterable[tuple[str, Node]]) -> Iterator[tuple[str, Node, Param]]:
+def iter_params(nodes: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any, Param]]:
     """``(parameter path, node, Param)`` for every parameter of the nodes given by path."""
     for path, node in nodes:
         for name, param in params_of_class(type(node)).items():
