@@ -53,7 +53,8 @@ from .tracing import KernelTraces
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
+           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
+           "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
