@@ -845,7 +845,8 @@ class GroupServer:
             return snapshot.dumps(kernel.read(request.port))
         if isinstance(request, SetParam):
             return list(kernel.set_param(request.node, request.name, request.value,
-                                         None if request.key is None else tuple(request.key)))
+                                         None if request.key is None
+                                         else (int(request.key[0]), int(request.key[1]))))
         if isinstance(request, Params):
             return kernel.params.values()
         if isinstance(request, RunFree):

@@ -231,7 +231,7 @@ class PlacedRun(Run):
         """`Run.params`: asked of the groups."""
         self._check_caller("params()")
         drv = self._driver
-        return drv.call(drv.params, 60.0, "params()")  # type: ignore[no-any-return]
+        return drv.call(drv.params, 60.0, "params()")
 
     def describe_params(self) -> dict[str, dict[str, Any]]:
         """`Run.describe_params`: the host's declarations, the groups' values."""
