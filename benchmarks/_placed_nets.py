@@ -1,4 +1,4 @@
-"""The nets of benchmarks/processes.py and machines.py: module-level factories a group imports.
+"""The nets of benchmarks/processes.py, machines.py, params.py: factories a group imports.
 
 Every group process imports this module by name (``_placed_nets``): the
 benchmark runs as ``python benchmarks/processes.py``, so this folder is on
@@ -218,6 +218,27 @@ def make_spin(work: int = 100_000, period: float = 0.01) -> dict[str, mujou.Node
     """Two CPU-bound nodes, unconnected, at the same period: what processes are for."""
     return {"a": Spin(work, period), "b": Spin(work, period)}
 
+
+
+# --------------------------------------------------------------------------- benchmarks/params.py
+
+class Tuned(mujou.Node):
+    """A node with a parameter and an Input, every 50 ms: what the host sets and writes."""
+
+    level = mujou.Input(float, trigger=False, depth=1)
+    noise = mujou.Param(0.01, range=(0.0, 1.0), description="what the host sets")
+
+    def __init__(self) -> None:
+        super().__init__(period=0.05)
+        self.total = 0.0
+
+    def on_update(self, dt: float) -> None:
+        self.total += self.noise + (self.level.read() or 0.0)
+
+
+def make_tuned() -> dict[str, mujou.Node]:
+    """One `Tuned` node, ``"tuned"``: placed alone in a group, or run in one process."""
+    return {"tuned": Tuned()}
 
 # --------------------------------------------------------------------------- benchmarks/machines.py
 

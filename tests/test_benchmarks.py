@@ -412,6 +412,35 @@ def test_the_sync_benchmark_measures_each_case_beside_its_plain_twin(tmp_path: P
     assert "µs/set more" in proc.stdout
 
 
+
+# Ten fresh processes, two of them placed runs: 40 s to 100 s on the 2-core machine, loaded.
+@pytest.mark.timeout(240)
+def test_the_params_benchmark_measures_the_guard_the_reads_and_the_host_calls(
+        tmp_path: Path) -> None:
+    out = tmp_path / "params.json"
+    script = str(ROOT / "benchmarks" / "params.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--baseline", str(ROOT),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["samples"]) == ["plain", "plain@baseline", "declared", "access", "write",
+                                    "set_param", "set_param+record", "placed-write", "placed"]
+    updates = {name: doc["samples"][name][0]["updates"]
+               for name in ("plain", "plain@baseline", "declared")}
+    assert updates == {"plain": 400, "plain@baseline": 400, "declared": 400}  # 4 nodes, 0.1 s
+    # Differences of two timed loops: a loaded machine may make one negative, never absent.
+    access = doc["medians"]["access"]
+    assert sorted(access) == ["apply", "guard", "read_default", "read_plain", "read_set",
+                              "write_param", "write_plain"]
+    assert access["apply"] > 0 and access["write_param"] > 0
+    for name in ("write", "set_param", "set_param+record", "placed-write", "placed"):
+        figures = doc["medians"][name]
+        assert 0 < figures["wall_us"] <= figures["p99_us"] and figures["cpu_us"] > 0, name
+    assert doc["samples"]["placed"][0]["calls"] == 20
+    assert "µs/update" in proc.stdout and "queue + apply one set" in proc.stdout
+
 @pytest.mark.timeout(180)
 def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> None:
     out = tmp_path / "wire.json"

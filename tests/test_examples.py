@@ -211,3 +211,23 @@ def test_the_deadlines_example_misses_each_replan_and_acts_on_it_in_real_time_on
     assert int(re.search(r"safe commands\s+(\d+)", real).group(1)) > 0
     assert re.search(r"safe commands\s+0 of 50\b", simulated)  # no policy in simulated time
     assert result.stderr == ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_parameters_example_retunes_at_the_hold_and_replays_bit_for_bit() -> None:
+    runs = [_run("parameters.py", "--duration", "1", "--at", "0.5", "--workers", w)
+            for w in ("1", "2")]
+
+    assert [r.returncode for r in runs] == [0, 0], [r.stdout + r.stderr for r in runs]
+    out = runs[0].stdout
+    assert "they apply from t = 0.500000000 s, delta 1" in out
+    assert "refused      parameter 'controller.kp': 500.0 is above the range's high bound" in out
+    assert "refused      parameter 'controller.limit': is read-only" in out
+    # Applied by the controller's first update after the set's key, in the run and the replay.
+    changes = "kp 2.0 -> 8.0 at t = 0.510 s; ki 0.5 -> 2.0 at t = 0.510 s"
+    assert f"on_param     {changes}" in out and f"replayed     on_param {changes}" in out
+    assert "2 sets: param-500000000-1.json, param-500000000-1.json" in out
+    assert re.search(r"fingerprint  (\w+) recorded, \1 replayed: identical \(1100 messages", out)
+    assert _fingerprint(out) == _fingerprint(runs[1].stdout)  # whatever the workers
+    assert runs[0].stderr == ""  # the library prints nothing
