@@ -24,7 +24,7 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._checks import is_int, is_number
@@ -556,3 +556,37 @@ def param_problems(section: Any, nodes: dict[str, Any]) -> list[str]:
                 except ParamError as exc:
                     problems.append(str(exc))
     return problems
+
+
+def check_values(values: Any, found: Iterable[tuple[str, Any]],
+                 where: str = "mujou.run") -> dict[str, tuple[Any, str, Any]]:
+    """Check ``mujou.run(params=)`` against a net: ``{path: (node, name, value)}``.
+
+    Read-only parameters may be given: the run has not started.
+
+    Raises:
+        TypeError: ``values`` is not a mapping with str keys.
+        ParamError: a path that names no parameter, or a value that breaks
+            its rules (every value is checked before any is set).
+    """
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{where}: params must be a mapping of parameter path to value, "
+                        f"got {type(values).__name__}")
+    table = RunParams(found)
+    checked = {}
+    for path, value in values.items():
+        node_path, name, param = table.resolve(path)
+        checked[path] = (table.nodes[node_path], name, param.check(value, f"parameter {path!r}"))
+    return checked
+
+
+def set_values(values: Any, found: Iterable[tuple[str, Any]], where: str = "mujou.run") -> None:
+    """Set ``mujou.run(params=)`` on a net's nodes before it starts: all checked, then all set.
+
+    Raises:
+        TypeError, ParamError: as `check_values`; nothing is set then.
+    """
+    for node, name, value in check_values(values, found, where).values():
+        setattr(node, name, value)

@@ -47,7 +47,7 @@ from .net import (
     warn_unknown_hooks,
 )
 from .node import Node, check_seed
-from .params import RunParams
+from .params import RunParams, set_values
 from .ports import Input, Output, Port
 from .recording.capsule import Capsule, CapsuleKeeper, as_capsule
 from .recording.mcapfile import ChannelSpec
@@ -388,6 +388,7 @@ def run(
     replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
+    params: Mapping[str, Any] | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool | None = None,
     record_view: bool | None = None,
@@ -526,6 +527,13 @@ def run(
             tensors: they are pickled twice), and nothing when off. With
             ``placement``, each group's kernel checks its own readers.
             Default: False.
+        params (Mapping[str, bool | int | float | str], optional): values of
+            the nodes' parameters (`mujou.Param`) by dotted path
+            (``{"sensor.noise": 0.02}``), set on the nodes before any hook
+            runs, read-only ones included, without ``on_param`` (what ``mujou
+            run --param`` gives); with ``placement``, in every group's
+            process. A replay sets the recorded start values first, then
+            these. Default: None.
 
     Deprecated:
         Each of these keywords sets one field of ``record=``, ``replay=`` or
@@ -586,7 +594,8 @@ def run(
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                   start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
                   placement=placement, record=record, replay=replay,
-                  record_on_failure=record_on_failure, check_read_only=check_read_only)
+                  record_on_failure=record_on_failure, check_read_only=check_read_only,
+                  params=params)
 
 
 # The keywords of `run` that each set one field of record=, replay= or placement=, from
@@ -678,6 +687,7 @@ def _start(
     replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
+    params: Mapping[str, Any] | None = None,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -694,6 +704,11 @@ def _start(
     if check_flag("check_read_only", check_read_only):
         # One process wraps its readers' updates (_build); a placed run's kernels theirs.
         args = dataclasses.replace(args, check_read_only=True)
+    if params is not None:
+        if not isinstance(params, Mapping):
+            raise TypeError(f"mujou.run: params must be a mapping of parameter path to value "
+                            f"(e.g. {{'sensor.noise': 0.02}}), got {type(params).__name__}")
+        args = dataclasses.replace(args, params=dict(params))
     capsule = as_capsule(record_on_failure)
     if capsule is not None:
         if placing is not None:
@@ -742,6 +757,7 @@ class _Arguments:
     recording: Recording | None = None  # record=, checked (its file can be written)
     capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
     check_read_only: bool = False  # wrap each reader's update (actor.guard_read_only)
+    params: dict[str, Any] | None = None  # params=: values set on the nodes before the start
     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES  # an instant's delta cycles, at most
 
 
@@ -923,6 +939,7 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams
         if plan.params is not None:
             assert plan.replaced is not None  # a replay's
             params.preload(plan.params.initial, plan.params.sets, "the recording")
+        set_values(args.params, plan.found)  # after a replay's start values: these win
         # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
         # so that the read-only check's time is not charged to the node's budget.
         for actor in actors:

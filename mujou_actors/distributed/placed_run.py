@@ -24,6 +24,7 @@ from ..errors import (
 from ..host import HOST_QUEUE_DEPTH, Run, Subscription, Waiter, check_depth
 from ..messages import copy_message
 from ..node import Node
+from ..params import RunParams
 from ..ports import Input, Output, Port
 from ..stats import GroupStats, MachineStats, NodeStats, RunStats, SnapshotStats, percentile
 
