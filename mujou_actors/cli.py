@@ -703,11 +703,12 @@ def _count_nodes(net: Any) -> int | None:
 
 
 def _check_foxglove(foxglove: str | None, publish: bool, origins: tuple[str, ...],
-                    allow_remote: bool) -> None:
+                    allow_remote: bool, params: bool = False) -> None:
     """``--foxglove`` and the options that go with it, checked before anything runs."""
     if foxglove is None:
-        if publish or origins:
-            raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
+        if publish or origins or params:
+            raise UsageError("--foxglove-publish, --foxglove-params and --foxglove-origin go "
+                             "with --foxglove")
         return
     from .recording.liveview import parse_listen, parse_origins
 
@@ -756,6 +757,10 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
             click.option("--foxglove-publish", is_flag=True,
                          help="With --foxglove: let clients publish to the Inputs (each "
                               "message a run.write). Off by default."),
+            click.option("--foxglove-params", is_flag=True,
+                         help="With --foxglove: let clients set the nodes' parameters "
+                              "(Foxglove's Parameters panel; each a run.set_param). Off by "
+                              "default: they are shown, a set is refused."),
             click.option("--foxglove-origin", "foxglove_origins", multiple=True,
                          metavar="ORIGIN",
                          help="With --foxglove: also accept connections from web pages of "
@@ -844,8 +849,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
                 record_snapshots: bool, record_view: bool, foxglove: str | None,
-                foxglove_publish: bool, foxglove_origins: tuple[str, ...],
-                capsule_path: str | None, capsule_seconds: float | None,
+                foxglove_publish: bool, foxglove_params: bool,
+                foxglove_origins: tuple[str, ...], capsule_path: str | None, capsule_seconds: float | None,
                 check_read_only: bool, places: tuple[str, ...], net_kwargs: str | None,
                 listen: str | None, join_timeout: float, allow_remote: bool,
                 heartbeat_timeout: float,
@@ -868,7 +873,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         elif record_ports or record_snapshots or record_view:
             raise UsageError("--record-port, --record-snapshots and --record-view go with "
                              "--record FILE")
-        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote,
+                        foxglove_params)
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
             if places:
@@ -920,7 +926,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             if foxglove is not None:
                 try:
                     server = _serve(run, foxglove, allow_remote, quiet,
-                                    publish=foxglove_publish, origins=foxglove_origins)
+                                    publish=foxglove_publish, params=foxglove_params,
+                                    origins=foxglove_origins)
                 except BaseException:
                     run.stop()  # the server could not start (a taken port): nor does the run
                     raise
@@ -966,19 +973,21 @@ def _say_starting(say: Callable[[str], None], net: Any) -> None:
 
 
 def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool, *, publish: bool,
-           origins: tuple[str, ...]) -> Any:
+           params: bool, origins: tuple[str, ...]) -> Any:
     """``--foxglove``: the live view's server (`mujou.serve_foxglove`); says where it listens."""
     try:
         server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote,
-                                      allow_publish=publish, origins=origins)
+                                      allow_publish=publish, allow_params=params,
+                                      origins=origins)
     except RuntimeError as exc:  # the port is taken
         raise UsageError(f"--foxglove {listen}: the server cannot listen ({exc})") from exc
     if not quiet:
         host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         publishing = "on" if publish else "off (--foxglove-publish)"
+        setting = "on" if params else "off (--foxglove-params)"
         click.echo(f"foxglove: live view at ws://{host}:{server.port} (open it in Foxglove: "
-                   f"Open connection, Foxglove WebSocket; publishing to Inputs {publishing})",
-                   err=True)
+                   f"Open connection, Foxglove WebSocket; setting parameters {setting}; "
+                   f"publishing to Inputs {publishing})", err=True)
     return server
 
 
@@ -1040,7 +1049,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
                    loop: bool, duration: float | None, workers: int | None, seed: int | None,
                    stats_json: str | None, record_path: str | None,
                    record_ports: tuple[str, ...], record_view: bool, foxglove: str | None,
-                   foxglove_publish: bool, foxglove_origins: tuple[str, ...],
+                   foxglove_publish: bool, foxglove_params: bool,
+                   foxglove_origins: tuple[str, ...],
                    allow_remote: bool, allow_damaged: bool, quiet: bool,
                    verbose: bool) -> None:
     """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
@@ -1054,7 +1064,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             check_writable(record_path, "--record", make_folders=True)
         elif record_ports or record_view:
             raise UsageError("--record-port and --record-view go with --record FILE")
-        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote,
+                        foxglove_params)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
         from .recording.capsule import capsule_facts
@@ -1100,7 +1111,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             if foxglove is not None:
                 try:
                     server = _serve(run, foxglove, allow_remote, quiet,
-                                    publish=foxglove_publish, origins=foxglove_origins)
+                                    publish=foxglove_publish, params=foxglove_params,
+                                    origins=foxglove_origins)
                 except BaseException:
                     run.stop()  # the server could not start (a taken port): nor does the run
                     raise
