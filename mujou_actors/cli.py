@@ -288,6 +288,48 @@ def parse_net_kwargs(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def parse_params(items: tuple[str, ...], net: Any) -> dict[str, Any]:
+    """``--param PATH=VALUE`` options (repeatable) as ``mujou.run(params=)``'s values.
+
+    Each VALUE is read by the type of the parameter PATH names in ``net``
+    (`Param.parse`: ``true``/``false``/``1``/``0`` for a bool, ``int()``,
+    ``float()``, a str as it is) and checked by its rules; read-only
+    parameters too (the run has not started).
+
+    Args:
+        items (tuple[str, ...]): the options' texts, ``"sensor.noise=0.02"``.
+        net (Node | list | dict): the net, built.
+
+    Returns:
+        dict[str, bool | int | float | str]: the values by parameter path, in
+        the order given.
+
+    Raises:
+        UsageError: an item that is not ``PATH=VALUE``, a PATH given twice, a
+            PATH that names no parameter, or a VALUE that is not of its
+            parameter's type or breaks its rules (the `ParamError`'s words).
+    """
+    from .errors import ParamError
+    from .net import walk
+    from .params import RunParams
+
+    table = RunParams(walk(net))
+    values: dict[str, Any] = {}
+    for item in items:
+        path, equals, text = item.partition("=")
+        path = path.strip()
+        if not equals or not path:
+            raise UsageError(f"--param {item!r}: write PATH=VALUE (as sensor.noise=0.02)")
+        if path in values:
+            raise UsageError(f"--param {path}: given twice")
+        try:
+            _, _, param = table.resolve(path)
+            values[path] = param.parse(text, f"parameter {path!r}")
+        except ParamError as exc:
+            raise UsageError(f"--param {item}: {exc}") from None
+    return values
+
+
 def _import_file(path: str) -> Any:
     # As a placed run's groups load it: named as `import <stem>` names it (see load_file).
     from .distributed.placement import load_file
@@ -829,6 +871,10 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
 @click.option("--net-kwargs", default=None, metavar="JSON",
               help="The keyword arguments of the function NAME that builds the net, a JSON "
                    "object (with --place: of its call in every process).")
+@click.option("--param", "param_items", multiple=True, metavar="PATH=VALUE",
+              help="Set a node's parameter before the run starts (mujou.run(params=...)): "
+                   "VALUE read as its type (true/false, a number, a text), read-only ones "
+                   "too; repeat it for more (sensor.noise=0.02).")
 @click.option("--listen", default=None, metavar="HOST:PORT",
               help="With --place PATH=MACHINE:GROUP: lead the machines' convention here "
                    "(what `mujou worker --join` names).")
@@ -850,11 +896,11 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 record_path: str | None, record_ports: tuple[str, ...],
                 record_snapshots: bool, record_view: bool, foxglove: str | None,
                 foxglove_publish: bool, foxglove_params: bool,
-                foxglove_origins: tuple[str, ...], capsule_path: str | None, capsule_seconds: float | None,
-                check_read_only: bool, places: tuple[str, ...], net_kwargs: str | None,
+                foxglove_origins: tuple[str, ...], capsule_path: str | None,
+                capsule_seconds: float | None, check_read_only: bool,
+                places: tuple[str, ...], net_kwargs: str | None, param_items: tuple[str, ...],
                 listen: str | None, join_timeout: float, allow_remote: bool,
-                heartbeat_timeout: float,
-                quiet: bool, verbose: bool) -> None:
+                heartbeat_timeout: float, quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
@@ -892,10 +938,17 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["placement"] = parse_placement(
                 places, net_kwargs, listen=listen, join_timeout=join_timeout,
                 allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
+            if param_items:
+                # Each process builds its own net in mujou.run; this copy only gives the
+                # parameters' types, so that a bad --param stops before any process starts.
+                built = load_net(target, parse_net_kwargs(net_kwargs), say)
+                kwargs["params"] = parse_params(param_items, built)
         elif listen is not None:
             raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
             net = load_net(target, parse_net_kwargs(net_kwargs), say)
+            if param_items:
+                kwargs["params"] = parse_params(param_items, net)
         if snapshot_every is not None or snapshot_dir is not None or restart != "none":
             kwargs["supervisor"] = mujou.Supervisor(restart, max_restarts=max_restarts,
                                                     snapshot_every=snapshot_every,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from typing import Any
 
@@ -14,7 +16,9 @@ class Sensor(mujou.Node):
 
     ``applied`` is set when ``on_param`` has run; ``changes`` holds ``(name,
     old, new)`` of each set applied. ``reading`` sends the parameters' values
-    at every update, so a placed run's tests read them from another group.
+    at every update, so a placed run's tests read them from another group;
+    ``on_stop`` writes them as JSON to ``$MUJOU_TEST_PARAMS_OUT`` when set (the
+    CLI's tests, whose run is in another process).
     """
 
     noise = mujou.Param(0.01, range=(0.0, 1.0), description="std of the noise, m")
@@ -32,9 +36,19 @@ class Sensor(mujou.Node):
         self.changes.append((name, old, new))
         self.applied.set()
 
+    def values(self) -> dict[str, Any]:
+        """The parameters' values now, by name."""
+        return {"noise": self.noise, "mode": self.mode, "samples": self.samples,
+                "enabled": self.enabled}
+
     def on_update(self, dt: float) -> None:
-        self.reading.send({"noise": self.noise, "mode": self.mode, "samples": self.samples,
-                           "enabled": self.enabled})
+        self.reading.send(self.values())
+
+    def on_stop(self) -> None:
+        out = os.environ.get("MUJOU_TEST_PARAMS_OUT")
+        if out:
+            with open(out, "w") as f:
+                json.dump(self.values(), f)
 
 
 class Idle(mujou.Node):
