@@ -512,9 +512,9 @@ def param_list_command(run: str, as_json: bool) -> None:
         if not params:
             click.echo(f"run {_name(conn.entry)} has no parameters", err=True)
             return
-        _table([[path, d["type"] + (" (read-only)" if d["read_only"] else ""),
-                 _shown(d["value"]), _shown(d["default"]), _rule(d), d["description"] or "-"]
-                for path, d in params.items()],
+        _table([[path, p["type"] + (" (read-only)" if p["read_only"] else ""),
+                 _shown(p["value"]), _shown(p["default"]), _rule(p), p["description"] or "-"]
+                for path, p in params.items()],
                ["parameter", "type", "value", "default", "range/choices", "description"])
 
 

@@ -65,7 +65,7 @@ from .attach import (
 )
 from .errors import AttachError, ParamError, describe
 from .host import Run, Subscription
-from .params import RunParams
+from .params import RunParams, join
 from .ports import Input, Output, Port
 from .recording.view import finite, project
 
@@ -491,11 +491,12 @@ class Endpoint:
             ParamError: no such parameter, a read-only one, a text that is no
                 value of its type, a value that breaks its rules.
         """
-        path, text = request.get("path"), request.get("value")
+        asked, text = request.get("path"), request.get("value")
         if not isinstance(text, str):
             raise AttachError(f"set_param: value must be the value's text (a str), got "
                               f"{type(text).__name__}")
-        _, _, param = self._declarations().resolve(path)
+        node_path, name, param = self._declarations().resolve(asked)
+        path = join(node_path, name)  # what was asked, now known to be a parameter's path
         value = param.parse(text, f"parameter {path!r}")
         old = self._run.params().get(path)
         t_ns, delta = self._run.set_param(path, value)

@@ -220,7 +220,7 @@ class ParamPanel:
     async def _values(self, client: Client) -> dict[str, Any] | None:
         """`Run.params` off the loop; None (the client told) when the run cannot answer."""
         try:
-            return await self._call(self._run.params)  # type: ignore[no-any-return]
+            return await self._call(self._run.params)
         except Exception as exc:  # noqa: BLE001 - a placed run that has ended
             await self._status(client, 2, f"the parameters cannot be read: {describe(exc)}")
             return None
