@@ -111,6 +111,7 @@ class ParamPanel:
 
     # -- the ops ------------------------------------------------------------------------
     async def _get(self, client: Client, op: dict[str, Any]) -> None:
+        """``getParameters``: the named values now (none named: all), with the request's id."""
         names, request_id = self._names(op), _request_id(op)
         values = await self._values(client)
         if values is None:
@@ -122,6 +123,7 @@ class ParamPanel:
                                          if n in values}, request_id)
 
     async def _set(self, client: Client, op: dict[str, Any]) -> None:
+        """``setParameters``: each set checked, made if allowed; refusals said; values sent."""
         items, request_id = op["parameters"], _request_id(op)
         if not isinstance(items, list) or len(items) > MAX_NAMES:
             raise ValueError(f"parameters must be a list of at most {MAX_NAMES} items")
@@ -148,6 +150,7 @@ class ParamPanel:
                                          **done}, request_id)
 
     async def _subscribe(self, client: Client, op: dict[str, Any]) -> None:
+        """``subscribeParameterUpdates``: the named (none named: all) join the client's."""
         names = self._names(op) or list(self._params)
         unknown = [n for n in names if n not in self._params]
         subs = self._subs.setdefault(client, {})
@@ -161,6 +164,7 @@ class ParamPanel:
                                           f"{self._unknown(unknown)}")
 
     async def _unsubscribe(self, client: Client, op: dict[str, Any]) -> None:
+        """``unsubscribeParameterUpdates``: the named (none named: all) leave the client's."""
         names = self._names(op)
         subs = self._subs.get(client, {})
         for name in names or list(subs):
