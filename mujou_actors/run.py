@@ -207,8 +207,9 @@ class LocalRun(Run):
         if self._coordinator.ending:
             raise NotRunningError(f"set_param {path!r}: the run has ended")
         key = self._dispatcher.param_set(self._params.sets[node_path], name, checked)
-        if self._recorder is not None:
-            self._recorder.param(key, node_path, name, checked)
+        for keeper in (self._recorder, self._capsule):
+            if keeper is not None:
+                keeper.param(key, node_path, name, checked)
         return key
 
     def params(self) -> dict[str, Any]:

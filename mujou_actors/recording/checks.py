@@ -580,7 +580,8 @@ def reproduce_failure(capsule: str | os.PathLike[str],
             live = run(net, timer="simulated", duration=duration, workers=workers, state=tree,
                        seed=int(seed_arg) if tree is None and seed_arg else None,
                        record_on_failure=Capsule(again), record=sent,
-                       replay=Replay(path, replace=replaced) if replaced else None,
+                       # (also without replaced nodes: its parameter sets are queued)
+                       replay=Replay(path, replace=replaced),
                        **run_kwargs)
         except Exception as exc:  # noqa: BLE001 - an on_start failing: the answer
             error = exc
