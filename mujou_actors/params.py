@@ -231,7 +231,7 @@ def _declared_type(default: Any, kind: Any) -> type:
     if kind not in _TYPES:
         raise TypeError(f"Param: type must be one of bool, int, float, str; got {kind!r}"
                         + ("" if kind is not type(default) else " (the default's type)"))
-    return kind  # type: ignore[no-any-return]
+    return kind
 
 
 def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
@@ -241,7 +241,7 @@ def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
         raise TypeError(f"Param: range applies to int and float parameters, not {_NAMES[kind]}")
     if not isinstance(bounds, tuple) or len(bounds) != 2:
         raise TypeError(f"Param: range must be a tuple (low, high), got {bounds!r}")
-    found = []
+    found: list[Any] = []
     for bound in bounds:
         if bound is None:
             found.append(None)

@@ -725,8 +725,8 @@ def _start(
     plan = _check_net(net, args, inputs, state)
     if replaying is not None:
         plan = _plan_replay(plan, args, replaying)
-    coordinator, host, params = _build(plan, args, seams)
-    return _begin(coordinator, host, params, plan, args, net)
+    coordinator, host, table = _build(plan, args, seams)
+    return _begin(coordinator, host, table, plan, args, net)
 
 
 def _attach(run: Run, args: _Arguments, net: Any) -> Run:

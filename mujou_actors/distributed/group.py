@@ -54,7 +54,8 @@ from .tracing import KernelTraces
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
+           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
+           "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -852,8 +853,8 @@ class GroupServer:
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
         if isinstance(request, SetParam):
-            return list(kernel.set_param(request.node, request.name, request.value,
-                                         None if request.key is None else tuple(request.key)))
+            key = None if request.key is None else (int(request.key[0]), int(request.key[1]))
+            return list(kernel.set_param(request.node, request.name, request.value, key))
         if isinstance(request, Params):
             return kernel.params.values()
         if isinstance(request, RunFree):

@@ -231,7 +231,8 @@ class PlacedRun(Run):
         """`Run.params`: asked of the groups."""
         self._check_caller("params()")
         drv = self._driver
-        return drv.call(drv.params, 60.0, "params()")  # type: ignore[no-any-return]
+        values: dict[str, Any] = drv.call(drv.params, 60.0, "params()")
+        return values
 
     def describe_params(self) -> dict[str, dict[str, Any]]:
         """`Run.describe_params`: the host's declarations, the groups' values."""
