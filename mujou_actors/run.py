@@ -42,6 +42,7 @@ from .net import (
     load_state,
     resolve_inputs,
     settle_seeds,
+    synchronizers,
     walk,
     warn_suspect_net,
     warn_unknown_hooks,
@@ -357,7 +358,8 @@ class LocalRun(Run):
         capsule = None if self._capsule is None else self._capsule.stats()
         return RunStats(time=self.time, wall=c.wall_seconds(), nodes=nodes, workers=workers,
                         snapshots=c.snapshot_stats(), subscriptions=self._host.stats(),
-                        recording=recording, capsule=capsule)
+                        recording=recording, capsule=capsule,
+                        syncs={s.path: s.stats() for s in synchronizers(self._ports)})
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"

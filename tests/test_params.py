@@ -441,3 +441,20 @@ def test_a_crash_capsule_keeps_the_sets_after_its_snapshot_and_reproduces_with_t
     assert report.reproduced, str(report)
     assert ("param", "gain", 1.0, 5.0) in again.log  # queued from the capsule, at its key
     assert [e[2] for e in again.log if e[0] == "update"][-1] == 5.0
+
+
+def test_inspect_of_a_snapshot_lists_the_sets_not_yet_applied(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    node = Gain(period=1.0, gate_ns=1_000_000_000)
+    run = mujou.run({"g": node}, timer="simulated", duration=1.5)
+    set_at_gate(node, run, [("g.gain", 6.0)])
+    run.join(30)
+    mujou.save(run.state_dict(), tmp_path / "s.mujou")
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "s.mujou")])
+    assert result.exit_code == 0, result.output
+    assert "parameter sets not yet applied: 1\n  g.gain = 6.0 from t=1.000000000 s, delta 1" \
+        in result.output
+    assert "    gain: 1.0" in result.output  # the value applied, in the node's state

@@ -516,6 +516,9 @@ def test_a_placed_run_gives_the_sets_of_one_process() -> None:
     assert run.stats().nodes["fuse"].drops == one_run.stats().nodes["fuse"].drops == {
         "camera": 0, "imu": 110}
     assert len(tree["nodes"]["fuse"]["sets"]) == 14
+    # each synchronizer's counts come back from its group as one process counts them
+    assert run.stats().syncs == one_run.stats().syncs
+    assert run.stats().syncs["fuse.sync"].matched == 14
 
 
 # -- declaring one wrongly -----------------------------------------------------------------
@@ -724,3 +727,12 @@ def test_a_cuda_node_s_sets_and_restored_queues_are_on_its_device() -> None:
     assert tree["sync"]["join.sync"]["queued"][0][2].device.type == "cpu"  # the host's copy
     queued = second["join"].sync._q[0][30_000_000]
     assert queued.device == gpu and torch.equal(fake_cuda.shadow(queued), torch.full((2,), 3.0))
+
+
+def test_run_stats_hold_each_synchronizer_s_counts() -> None:
+    run = run_rig(make_periodic_rig(), duration=0.5)
+    syncs = run.stats().syncs
+    assert list(syncs) == ["fuse.sync"]
+    assert syncs["fuse.sync"].matched == 14
+    assert syncs["fuse.sync"].dropped == run.stats().nodes["fuse"].drops == {
+        "camera": 0, "imu": 110}
