@@ -1703,9 +1703,31 @@ def summarize(info: dict[str, Any]) -> Iterator[str]:
             yield f"{title}: {sum(len(m) for m in entries.values())}"
             for path, messages in entries.items():
                 yield f"  {path}: {len(messages)}"
+        yield from _summarize_extras(tree)
     else:
         for key, line in _describe(tree):
             yield f"{key}: {line}"
+
+
+def _summarize_extras(tree: dict[str, Any]) -> Iterator[str]:
+    """The optional sections of a tree: synchronizers, parameter sets not yet applied."""
+    syncs = tree.get("sync", {})
+    if isinstance(syncs, dict) and syncs:
+        yield f"synchronizers: {len(syncs)}"
+        for path, entry in syncs.items():
+            if not isinstance(entry, dict):
+                continue
+            held = len(entry.get("queued", [])) + len(entry.get("arrived", []))
+            yield (f"  {path} ({entry.get('policy')}): {held} messages waiting, "
+                   f"{len(entry.get('sets', []))} sets kept")
+    params = tree.get("params", {})
+    if isinstance(params, dict) and params:
+        yield f"parameter sets not yet applied: {sum(len(v) for v in params.values())}"
+        for path, entries in params.items():
+            for entry in entries:
+                if isinstance(entry, (list, tuple)) and len(entry) == 4:
+                    t_ns, delta, name, value = entry
+                    yield f"  {path}.{name} = {value!r} from t={t_ns / 1e9:.9f} s, delta {delta}"
 
 
 def _describe(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

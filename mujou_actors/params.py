@@ -231,7 +231,7 @@ def _declared_type(default: Any, kind: Any) -> type:
     if kind not in _TYPES:
         raise TypeError(f"Param: type must be one of bool, int, float, str; got {kind!r}"
                         + ("" if kind is not type(default) else " (the default's type)"))
-    return kind  # type: ignore[no-any-return]
+    return kind
 
 
 def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
@@ -241,7 +241,7 @@ def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
         raise TypeError(f"Param: range applies to int and float parameters, not {_NAMES[kind]}")
     if not isinstance(bounds, tuple) or len(bounds) != 2:
         raise TypeError(f"Param: range must be a tuple (low, high), got {bounds!r}")
-    found = []
+    found: list[Any] = []
     for bound in bounds:
         if bound is None:
             found.append(None)
@@ -337,13 +337,6 @@ class ParamState:
         """What is queued, as ``[t_ns, delta, name, value]`` lists (a state tree's entry)."""
         with self._lock:
             return [list(s) for s in self._sets]
-
-    def replace(self, entries: Iterable[Iterable[Any]]) -> None:
-        """Put back what `pending` gave (a restore): the queue becomes exactly these."""
-        sets = sorted(((int(t), int(d), str(n), v) for t, d, n, v in entries),
-                      key=lambda s: (s[0], s[1]))
-        with self._lock:
-            self._sets = sets
 
 
 def iter_params(nodes: Iterable[tuple[str, Node]]) -> Iterator[tuple[str, Node, Param]]:
@@ -590,3 +583,25 @@ def set_values(values: Any, found: Iterable[tuple[str, Any]], where: str = "mujo
     """
     for node, name, value in check_values(values, found, where).values():
         setattr(node, name, value)
+
+
+def keep_values(state: Any, node: Any) -> Any:
+    """A restart's state for ``node``: ``state`` with each parameter at the node's current value.
+
+    A restart from a snapshot rewinds a node's state, but not its parameters:
+    a set made after the snapshot stays set, as an operator expects of a
+    setting (ROS 2 keeps a node's parameters across its lifecycle's
+    transitions too). The caller holds the node still (no hook in flight).
+
+    Args:
+        state: the node's entry of the snapshot (a dict), or None.
+        node (Node): the node being restarted.
+
+    Returns:
+        A new dict (``state`` itself when the node has no parameters or
+        ``state`` is not a dict).
+    """
+    declared = params_of_class(type(node))
+    if not declared or not isinstance(state, dict):
+        return state
+    return {**state, **{name: getattr(node, name) for name in declared}}

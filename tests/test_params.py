@@ -330,9 +330,8 @@ def test_the_queue_gives_the_sets_due_at_a_key_in_key_order_equal_keys_as_they_c
         sets.add(t, d, name, value)
     assert sets.due((1, 9)) == []
     assert sets.due((5, 1)) == [("b", 2), ("a", 1), ("c", 3)]
-    assert sets.pending() == [[9, 0, "d", 4]]
-    sets.replace([])
-    assert not sets
+    assert sets.pending() == [[9, 0, "d", 4]] and sets
+    assert sets.due((9, 0)) == [("d", 4)] and not sets
 
 
 # -- placed ---------------------------------------------------------------------------------
@@ -387,3 +386,75 @@ def test_in_real_time_a_set_applies_at_the_node_s_next_update() -> None:
     before, param, after = applied_after(node.log, key)
     assert key[1] == 0 and param == ("param", "gain", 1.0, 4.0)
     assert (before[2], after[2]) == (1.0, 4.0)
+
+
+# -- restarts keep what was set -------------------------------------------------------------
+
+class Fragile(Gain):
+    """Fails once, in its update at ``fail_ns``."""
+
+    def __init__(self, fail_ns: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_ns = fail_ns
+        self.failed = False
+
+    def on_update(self, dt: float) -> None:
+        super().on_update(dt)
+        if int(self.t_ns) == self.fail_ns and not self.failed:
+            self.failed = True
+            raise RuntimeError("one failure")
+
+
+@pytest.mark.parametrize("strategy", ["one_for_one", "one_for_all"])
+def test_a_restart_from_a_snapshot_keeps_the_parameters_set_after_it(strategy: str) -> None:
+    node = Fragile(fail_ns=50_000_000, gate_ns=20_000_000)
+    run = mujou.run({"g": node}, timer="simulated", duration=0.08,
+                    supervisor=mujou.Supervisor(strategy, snapshot_every=1.0))
+    set_at_gate(node, run, [("g.gain", 5.0)])
+    run.join(30)
+    # The snapshot is the start's (gain 1.0); the set came after it and survives the
+    # restart at 0.05 s: every later update sends 5.0.
+    i = node.log.index(("param", "gain", 1.0, 5.0))
+    after = [e for e in node.log[i:] if e[0] == "update"]
+    assert len(after) >= 5 and all(e[2] == 5.0 for e in after)
+    assert [e for e in node.log if e[0] == "param"] == [("param", "gain", 1.0, 5.0)]
+    assert run.params()["g.gain"] == 5.0 and run.stats().nodes["g"].restarts == 1
+
+
+def test_a_crash_capsule_keeps_the_sets_after_its_snapshot_and_reproduces_with_them(
+        tmp_path: Path) -> None:
+    from mujou_actors.testing import reproduce_failure
+
+    capsule = tmp_path / "crash.mcap"
+    node = Fragile(fail_ns=50_000_000, gate_ns=20_000_000)
+    run = mujou.run({"g": node}, timer="simulated", duration=0.08, seed=5,
+                    record_on_failure=mujou.Capsule(capsule, seconds=1.0))
+    set_at_gate(node, run, [("g.gain", 5.0)])
+    with pytest.raises(mujou.NodeError):
+        run.join(30)
+    info = mujou.recording.mcapfile.info(capsule)
+    names = [a.name for a in info.attachments]
+    assert names == ["snapshot-0.mujou", "param-20000000-1.json"]  # the set came after it
+
+    again = Fragile(fail_ns=50_000_000)
+    report = reproduce_failure(capsule, {"g": again})
+    assert report.reproduced, str(report)
+    assert ("param", "gain", 1.0, 5.0) in again.log  # queued from the capsule, at its key
+    assert [e[2] for e in again.log if e[0] == "update"][-1] == 5.0
+
+
+def test_inspect_of_a_snapshot_lists_the_sets_not_yet_applied(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors.cli import main
+
+    node = Gain(period=1.0, gate_ns=1_000_000_000)
+    run = mujou.run({"g": node}, timer="simulated", duration=1.5)
+    set_at_gate(node, run, [("g.gain", 6.0)])
+    run.join(30)
+    mujou.save(run.state_dict(), tmp_path / "s.mujou")
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "s.mujou")])
+    assert result.exit_code == 0, result.output
+    assert "parameter sets not yet applied: 1\n  g.gain = 6.0 from t=1.000000000 s, delta 1" \
+        in result.output
+    assert "    gain: 1.0" in result.output  # the value applied, in the node's state

@@ -18,6 +18,7 @@ group has no grant to run, so the kernel is paused for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -40,7 +41,7 @@ from .._runtime.watchdog import Watchdog
 from ..devices import numerics
 from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
-from ..net import walk
+from ..net import synchronizers, walk
 from ..params import set_values
 from ..ports import Input
 from . import cudaipc, dataplane, peers
@@ -54,7 +55,8 @@ from .tracing import KernelTraces
 __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
-           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace", "split_tree", "merge_trees",
+           "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
+           "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -852,8 +854,8 @@ class GroupServer:
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
         if isinstance(request, SetParam):
-            return list(kernel.set_param(request.node, request.name, request.value,
-                                         None if request.key is None else tuple(request.key)))
+            key = None if request.key is None else (int(request.key[0]), int(request.key[1]))
+            return list(kernel.set_param(request.node, request.name, request.value, key))
         if isinstance(request, Params):
             return kernel.params.values()
         if isinstance(request, RunFree):
@@ -1056,7 +1058,8 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
             "nodes": node_stats(kernel, counted),
             "messages_in": traffic[0], "messages_out": traffic[1],
             "bytes_in": traffic[2], "bytes_out": traffic[3],
-            "cuda_ipc": getattr(link, "ipc_stats", None)}
+            "cuda_ipc": getattr(link, "ipc_stats", None),
+            "syncs": {s.path: dataclasses.asdict(s.stats()) for s in synchronizers(kernel.ports)}}
 
 
 def node_stats(kernel: Kernel,

@@ -40,9 +40,9 @@ from typing import Any
 from .._checks import is_number, settings_repr
 from .._runtime.keys import CONTROL_KEY, Key
 from .._runtime.replay import Feed, Group
+from ..errors import RecordingError
 from ..node import Node
 from ..ports import Output, Port
-from ..errors import RecordingError
 from .mcapfile import Reader, RecordingInfo, info, is_param, parse_json, read_param, type_name
 
 # What users import (mujou.Replay); the rest is the run's.
