@@ -458,3 +458,38 @@ def test_inspect_of_a_snapshot_lists_the_sets_not_yet_applied(tmp_path: Path) ->
     assert "parameter sets not yet applied: 1\n  g.gain = 6.0 from t=1.000000000 s, delta 1" \
         in result.output
     assert "    gain: 1.0" in result.output  # the value applied, in the node's state
+
+
+def make_placed_pair() -> dict[str, mujou.Node]:
+    return {"g": Gain(), "p": Plain()}
+
+
+@pytest.mark.parametrize("victim", ["a", "b"])
+def test_a_placed_run_restored_after_a_group_died_keeps_the_parameters_set(
+        victim: str) -> None:
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import group, placed
+    from mujou_actors.run import _check_arguments
+    from tests.test_placed_restarts import DyingSystem
+
+    system = DyingSystem(victim=victim, kind=group.Stats)
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=None, seed=7,
+                            state=None,
+                            supervisor=mujou.Supervisor("one_for_all", snapshot_every=10.0),
+                            trace=None, cuda_sync="block", stats=True, stop_timeout=10.0,
+                            start_timeout=60.0)
+    run = placed.start(make_placed_pair, placement=mujou.Placement({"g": "a", "p": "b"}),
+                       args=args, inputs=None, state=None,
+                       make_system=lambda start_timeout: system)
+    try:
+        run.set_param("g.gain", 2.5)
+        run.wait_for("g.out", lambda m: m == 2.5, timeout=30)
+        run.stats()  # meets the dying group: every group is restored from the t=0 snapshot
+        assert system.deaths == 1
+        run.wait_for("g.out", timeout=30)
+        assert run.params()["g.gain"] == 2.5  # the rewind did not undo the set
+        node = system.servers["a"].kernel.actors[0].node
+        assert node.gain == 2.5
+        assert all(e[2] == 2.5 for e in node.log if e[0] == "update")  # the rebuilt net's
+    finally:
+        run.stop()
