@@ -776,3 +776,58 @@ def test_run_stats_hold_each_synchronizer_s_counts() -> None:
     assert syncs["fuse.sync"].matched == 14
     assert syncs["fuse.sync"].dropped == run.stats().nodes["fuse"].drops == {
         "camera": 0, "imu": 110}
+
+
+# -- each set's stamps ---------------------------------------------------------------------
+
+
+def test_read_and_drain_give_each_message_with_the_stamp_it_was_matched_on() -> None:
+    sync = policy(mujou.ApproximateTime, slop=None)
+    sync._attach()
+    for i, stamp in [(0, 10), (1, 12), (0, 20), (1, 21), (0, 30), (1, 35)]:
+        sync._match(i, stamp * 1_000_000, f"m{i}@{stamp}")
+    assert sync.read(stamped=True) == ((0.02, "m0@20"), (0.021, "m1@21"))
+    assert sync.read() == ("m0@20", "m1@21")
+    assert sync.drain(stamped=True) == [((0.01, "m0@10"), (0.012, "m1@12")),
+                                        ((0.02, "m0@20"), (0.021, "m1@21"))]
+    assert sync.drain(stamped=True) == [] and sync.read(stamped=True) is None
+
+
+def test_a_callback_reads_the_stamps_of_the_set_it_is_given() -> None:
+    seen: list[tuple[Any, ...]] = []
+    node = Pair()
+    node.sync = mujou.ExactTime(node.a, node.b, callback=lambda a, b: seen.append(
+        (a, b, node.sync.stamps)))
+    node.sync._attach()
+    for i, stamp in [(0, 5), (1, 7), (1, 5)]:
+        node.sync._match(i, stamp * 1_000_000_000, f"m{i}")
+    node.sync._settle()
+    assert seen == [("m0", "m1", (5.0, 5.0))]
+    assert node.sync.stamps is None  # outside the callback
+
+
+def test_the_stamps_of_kept_sets_survive_a_snapshot_and_an_old_tree_without_them_loads(
+        tmp_path: pathlib.Path) -> None:
+    class Keep(Fuse):
+        def on_update(self, dt: float) -> None:  # leaves the sets in the synchronizer
+            pass
+
+    net = make_rig(fuse_class=Keep, period=0.01, trigger=False, queue=100)
+    run = run_rig(net, duration=0.2)
+    tree = run.state_dict()
+    entry = tree["sync"]["fuse.sync"]
+    assert len(entry["set_stamps"]) == len(entry["sets"]) > 3
+    assert all(abs(c - i) <= 2_000_000 for c, i in entry["set_stamps"])  # within the slop
+
+    again = make_rig(fuse_class=Keep, period=0.01, trigger=False, queue=100)
+    restored = mujou.run(again, timer="simulated", duration=0.0, state=tree)
+    restored.join()
+    kept = again["fuse"].sync.drain(stamped=True)
+    assert [[round(t * 1e9) for t, _ in s] for s in kept][:len(entry["sets"])] == \
+        entry["set_stamps"]
+
+    old = dict(tree, sync={"fuse.sync": {k: v for k, v in entry.items()
+                                         if k != "set_stamps"}})
+    older = make_rig(fuse_class=Keep, period=0.01, trigger=False, queue=100)
+    mujou.run(older, timer="simulated", duration=0.0, state=old).join()
+    assert older["fuse"].sync.drain(stamped=True)[0][0][0] is None  # unknown, not invented
