@@ -19,9 +19,11 @@ exit). Nothing listens on the network. ``MUJOU_ATTACH=0`` turns it off.
 Frames. A 4-byte big-endian length, then a msgpack map: never pickle, no
 extension types, decoded within msgpack's limits (a request at most
 `MAX_REQUEST` bytes, an answer at most `MAX_FRAME`). A request is ``{"op":
-...}``: ``hello``, ``nodes``, ``ports``, ``stats`` (each answered by one map
-with ``"ok"``), or ``watch`` (a port: answered, then a stream of batches until
-the client goes or the run ends).
+...}``: ``hello``, ``nodes``, ``ports``, ``stats``, ``params`` (``path``
+optional), ``set_param`` (``path``, ``value``: its text) (each answered by one
+map with ``"ok"``; a refused set or an unknown parameter also with
+``"refused": True``: `Refused`), or ``watch`` (a port: answered, then a stream
+of batches until the client goes or the run ends).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ MAX_FRAME = 32 * 1024 * 1024
 
 
 LENGTH = struct.Struct(">I")  # a frame's length, before its msgpack body
+
+
+class Refused(AttachError):
+    """The run refused what a request asked: no such parameter, or a value it cannot take.
+
+    The asker's to fix (the message says what, in the run's words), unlike an
+    `AttachError` of a run that went away.
+    """
 
 
 def runtime_dir(create: bool = True) -> str:
@@ -339,7 +349,8 @@ class Connection:
         """Send one request, return its answer.
 
         Raises:
-            AttachError: the run answered an error, or went away.
+            Refused: the run refused what was asked (a parameter's set).
+            AttachError: the run answered another error, or went away.
         """
         self._sock.sendall(frame({"op": op, **fields}))
         answer = self.receive()
@@ -347,7 +358,8 @@ class Connection:
             raise AttachError(f"run {self.entry.pid} ({os.path.basename(self.entry.file)}) "
                               f"went away (it has ended)")
         if not answer.get("ok", True):
-            raise AttachError(str(answer.get("error")))
+            kind = Refused if answer.get("refused") else AttachError
+            raise kind(str(answer.get("error")))
         return answer
 
     def receive(self, timeout: float | None = -1.0) -> dict[str, Any] | None:

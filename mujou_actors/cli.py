@@ -288,6 +288,48 @@ def parse_net_kwargs(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def parse_params(items: tuple[str, ...], net: Any) -> dict[str, Any]:
+    """``--param PATH=VALUE`` options (repeatable) as ``mujou.run(params=)``'s values.
+
+    Each VALUE is read by the type of the parameter PATH names in ``net``
+    (`Param.parse`: ``true``/``false``/``1``/``0`` for a bool, ``int()``,
+    ``float()``, a str as it is) and checked by its rules; read-only
+    parameters too (the run has not started).
+
+    Args:
+        items (tuple[str, ...]): the options' texts, ``"sensor.noise=0.02"``.
+        net (Node | list | dict): the net, built.
+
+    Returns:
+        dict[str, bool | int | float | str]: the values by parameter path, in
+        the order given.
+
+    Raises:
+        UsageError: an item that is not ``PATH=VALUE``, a PATH given twice, a
+            PATH that names no parameter, or a VALUE that is not of its
+            parameter's type or breaks its rules (the `ParamError`'s words).
+    """
+    from .errors import ParamError
+    from .net import walk
+    from .params import RunParams
+
+    table = RunParams(walk(net))
+    values: dict[str, Any] = {}
+    for item in items:
+        path, equals, text = item.partition("=")
+        path = path.strip()
+        if not equals or not path:
+            raise UsageError(f"--param {item!r}: write PATH=VALUE (as sensor.noise=0.02)")
+        if path in values:
+            raise UsageError(f"--param {path}: given twice")
+        try:
+            _, _, param = table.resolve(path)
+            values[path] = param.parse(text, f"parameter {path!r}")
+        except ParamError as exc:
+            raise UsageError(f"--param {item}: {exc}") from None
+    return values
+
+
 def _import_file(path: str) -> Any:
     # As a placed run's groups load it: named as `import <stem>` names it (see load_file).
     from .distributed.placement import load_file
@@ -703,11 +745,12 @@ def _count_nodes(net: Any) -> int | None:
 
 
 def _check_foxglove(foxglove: str | None, publish: bool, origins: tuple[str, ...],
-                    allow_remote: bool) -> None:
+                    allow_remote: bool, params: bool = False) -> None:
     """``--foxglove`` and the options that go with it, checked before anything runs."""
     if foxglove is None:
-        if publish or origins:
-            raise UsageError("--foxglove-publish and --foxglove-origin go with --foxglove")
+        if publish or origins or params:
+            raise UsageError("--foxglove-publish, --foxglove-params and --foxglove-origin go "
+                             "with --foxglove")
         return
     from .recording.liveview import parse_listen, parse_origins
 
@@ -756,6 +799,10 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
             click.option("--foxglove-publish", is_flag=True,
                          help="With --foxglove: let clients publish to the Inputs (each "
                               "message a run.write). Off by default."),
+            click.option("--foxglove-params", is_flag=True,
+                         help="With --foxglove: let clients set the nodes' parameters "
+                              "(Foxglove's Parameters panel; each a run.set_param). Off by "
+                              "default: they are shown, a set is refused."),
             click.option("--foxglove-origin", "foxglove_origins", multiple=True,
                          metavar="ORIGIN",
                          help="With --foxglove: also accept connections from web pages of "
@@ -824,6 +871,10 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
 @click.option("--net-kwargs", default=None, metavar="JSON",
               help="The keyword arguments of the function NAME that builds the net, a JSON "
                    "object (with --place: of its call in every process).")
+@click.option("--param", "param_items", multiple=True, metavar="PATH=VALUE",
+              help="Set a node's parameter before the run starts (mujou.run(params=...)): "
+                   "VALUE read as its type (true/false, a number, a text), read-only ones "
+                   "too; repeat it for more (sensor.noise=0.02).")
 @click.option("--listen", default=None, metavar="HOST:PORT",
               help="With --place PATH=MACHINE:GROUP: lead the machines' convention here "
                    "(what `mujou worker --join` names).")
@@ -844,12 +895,12 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
                 record_snapshots: bool, record_view: bool, foxglove: str | None,
-                foxglove_publish: bool, foxglove_origins: tuple[str, ...],
-                capsule_path: str | None, capsule_seconds: float | None,
-                check_read_only: bool, places: tuple[str, ...], net_kwargs: str | None,
+                foxglove_publish: bool, foxglove_params: bool,
+                foxglove_origins: tuple[str, ...], capsule_path: str | None,
+                capsule_seconds: float | None, check_read_only: bool,
+                places: tuple[str, ...], net_kwargs: str | None, param_items: tuple[str, ...],
                 listen: str | None, join_timeout: float, allow_remote: bool,
-                heartbeat_timeout: float,
-                quiet: bool, verbose: bool) -> None:
+                heartbeat_timeout: float, quiet: bool, verbose: bool) -> None:
     """Run the net in FILE (NAME: a net, or a function returning one)."""
     live = sys.stdout.isatty() and not quiet
     _setup_logging(live, verbose)
@@ -868,7 +919,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         elif record_ports or record_snapshots or record_view:
             raise UsageError("--record-port, --record-snapshots and --record-view go with "
                              "--record FILE")
-        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote,
+                        foxglove_params)
         if capsule_path is not None:
             check_writable(capsule_path, "--capsule", make_folders=True)
             if places:
@@ -886,10 +938,17 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             kwargs["placement"] = parse_placement(
                 places, net_kwargs, listen=listen, join_timeout=join_timeout,
                 allow_remote=allow_remote, heartbeat_timeout=heartbeat_timeout)
+            if param_items:
+                # Each process builds its own net in mujou.run; this copy only gives the
+                # parameters' types, so that a bad --param stops before any process starts.
+                built = load_net(target, parse_net_kwargs(net_kwargs), say)
+                kwargs["params"] = parse_params(param_items, built)
         elif listen is not None:
             raise UsageError("--listen goes with --place PATH=MACHINE:GROUP")
         else:
             net = load_net(target, parse_net_kwargs(net_kwargs), say)
+            if param_items:
+                kwargs["params"] = parse_params(param_items, net)
         if snapshot_every is not None or snapshot_dir is not None or restart != "none":
             kwargs["supervisor"] = mujou.Supervisor(restart, max_restarts=max_restarts,
                                                     snapshot_every=snapshot_every,
@@ -920,7 +979,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             if foxglove is not None:
                 try:
                     server = _serve(run, foxglove, allow_remote, quiet,
-                                    publish=foxglove_publish, origins=foxglove_origins)
+                                    publish=foxglove_publish, params=foxglove_params,
+                                    origins=foxglove_origins)
                 except BaseException:
                     run.stop()  # the server could not start (a taken port): nor does the run
                     raise
@@ -966,19 +1026,21 @@ def _say_starting(say: Callable[[str], None], net: Any) -> None:
 
 
 def _serve(run: Any, listen: str, allow_remote: bool, quiet: bool, *, publish: bool,
-           origins: tuple[str, ...]) -> Any:
+           params: bool, origins: tuple[str, ...]) -> Any:
     """``--foxglove``: the live view's server (`mujou.serve_foxglove`); says where it listens."""
     try:
         server = mujou.serve_foxglove(run, listen, allow_remote=allow_remote,
-                                      allow_publish=publish, origins=origins)
+                                      allow_publish=publish, allow_params=params,
+                                      origins=origins)
     except RuntimeError as exc:  # the port is taken
         raise UsageError(f"--foxglove {listen}: the server cannot listen ({exc})") from exc
     if not quiet:
         host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         publishing = "on" if publish else "off (--foxglove-publish)"
+        setting = "on" if params else "off (--foxglove-params)"
         click.echo(f"foxglove: live view at ws://{host}:{server.port} (open it in Foxglove: "
-                   f"Open connection, Foxglove WebSocket; publishing to Inputs {publishing})",
-                   err=True)
+                   f"Open connection, Foxglove WebSocket; setting parameters {setting}; "
+                   f"publishing to Inputs {publishing})", err=True)
     return server
 
 
@@ -1040,7 +1102,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
                    loop: bool, duration: float | None, workers: int | None, seed: int | None,
                    stats_json: str | None, record_path: str | None,
                    record_ports: tuple[str, ...], record_view: bool, foxglove: str | None,
-                   foxglove_publish: bool, foxglove_origins: tuple[str, ...],
+                   foxglove_publish: bool, foxglove_params: bool,
+                   foxglove_origins: tuple[str, ...],
                    allow_remote: bool, allow_damaged: bool, quiet: bool,
                    verbose: bool) -> None:
     """Run the net in FILE with the nodes of --replace replayed from RECORDING.mcap."""
@@ -1054,7 +1117,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             check_writable(record_path, "--record", make_folders=True)
         elif record_ports or record_view:
             raise UsageError("--record-port and --record-view go with --record FILE")
-        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote)
+        _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote,
+                        foxglove_params)
         if not os.path.isfile(recording):
             raise UsageError(f"{recording}: no such file")
         from .recording.capsule import capsule_facts
@@ -1100,7 +1164,8 @@ def replay_command(recording: str, target: str, replace: tuple[str, ...], speed:
             if foxglove is not None:
                 try:
                     server = _serve(run, foxglove, allow_remote, quiet,
-                                    publish=foxglove_publish, origins=foxglove_origins)
+                                    publish=foxglove_publish, params=foxglove_params,
+                                    origins=foxglove_origins)
                 except BaseException:
                     run.stop()  # the server could not start (a taken port): nor does the run
                     raise
@@ -1638,9 +1703,31 @@ def summarize(info: dict[str, Any]) -> Iterator[str]:
             yield f"{title}: {sum(len(m) for m in entries.values())}"
             for path, messages in entries.items():
                 yield f"  {path}: {len(messages)}"
+        yield from _summarize_extras(tree)
     else:
         for key, line in _describe(tree):
             yield f"{key}: {line}"
+
+
+def _summarize_extras(tree: dict[str, Any]) -> Iterator[str]:
+    """The optional sections of a tree: synchronizers, parameter sets not yet applied."""
+    syncs = tree.get("sync", {})
+    if isinstance(syncs, dict) and syncs:
+        yield f"synchronizers: {len(syncs)}"
+        for path, entry in syncs.items():
+            if not isinstance(entry, dict):
+                continue
+            held = len(entry.get("queued", [])) + len(entry.get("arrived", []))
+            yield (f"  {path} ({entry.get('policy')}): {held} messages waiting, "
+                   f"{len(entry.get('sets', []))} sets kept")
+    params = tree.get("params", {})
+    if isinstance(params, dict) and params:
+        yield f"parameter sets not yet applied: {sum(len(v) for v in params.values())}"
+        for path, entries in params.items():
+            for entry in entries:
+                if isinstance(entry, (list, tuple)) and len(entry) == 4:
+                    t_ns, delta, name, value = entry
+                    yield f"  {path}.{name} = {value!r} from t={t_ns / 1e9:.9f} s, delta {delta}"
 
 
 def _describe(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -1,10 +1,11 @@
 """The ``mujou`` commands that watch a running net from another process.
 
 ``mujou ls`` lists the running nets of this user; ``nodes``, ``ports``,
-``echo``, ``hz``, ``top`` and ``stats`` talk to one of them, named by RUN (a
-pid, a run's id, or the start of its file's name), through its local endpoint
-(`mujou_actors.attach`). Their names and shapes follow ``ros2 node list``,
-``ros2 topic list/echo/hz`` and ``dora list/top``; docs/cli.md describes each.
+``echo``, ``hz``, ``top``, ``stats`` and ``param list/get/set`` talk to one of
+them, named by RUN (a pid, a run's id, or the start of its file's name),
+through its local endpoint (`mujou_actors.attach`). Their names and shapes
+follow ``ros2 node list``, ``ros2 topic list/echo/hz``, ``ros2 param
+list/get/set`` and ``dora list/top``; docs/cli.md describes each.
 `cli.py` registers them (`register`), handing over the live view's table so
 that ``top`` shows what ``mujou run`` shows.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import click
 
-from .attach import Connection, RunEntry, find_run, list_runs
+from .attach import Connection, Refused, RunEntry, find_run, list_runs
 from .errors import AttachError
 from .stats import (
     CapsuleStats,
@@ -46,7 +47,7 @@ __all__: list[str] = []  # the commands are the interface (cli.py's `main` regis
 Table = Callable[[RunStats, RunStats | None, dict[str, float | None]], list[Any]]
 
 EXIT_FAILURE = 1  # the run went away, or ended before what was asked came
-EXIT_USAGE = 2    # no such run or port, several runs match
+EXIT_USAGE = 2    # no such run, port or parameter, several runs match, a value refused
 REFRESH_S = 0.25  # top's refresh (wall seconds), as `mujou run`'s live view
 PLAIN_EVERY_S = 2.0  # top's table when standard output is no terminal
 RUN_HELP = "RUN is a pid, a run's id or the start of its file's name (see mujou ls)."
@@ -458,11 +459,116 @@ def stats_command(run: str, as_json: bool, table: Table) -> None:
 
 
 # ---------------------------------------------------------------------------
+# param list / get / set
+
+
+def param_text(value: Any) -> str:
+    """A parameter's value as ``mujou param set`` and ``mujou run --param`` take it back.
+
+    ``true``/``false`` for a bool, Python's ``repr`` for a float (``0.01``,
+    ``1.0``), a str as it is.
+    """
+    if type(value) is bool:
+        return "true" if value else "false"
+    if type(value) is float:
+        return repr(value)
+    return str(value)
+
+
+def _shown(value: Any) -> str:
+    """A value in the table: a str in quotes, so that an empty one or a space shows."""
+    return json.dumps(value) if isinstance(value, str) else param_text(value)
+
+
+def _rule(described: dict[str, Any]) -> str:
+    """A parameter's range or choices in words: ``[0.0, 1.0]``, ``>= 0``, ``"a" | "b"``."""
+    if described["choices"] is not None:
+        return " | ".join(_shown(c) for c in described["choices"])
+    if described["range"] is None:
+        return "-"
+    low, high = described["range"]
+    if low is None:
+        return f"<= {_shown(high)}"
+    if high is None:
+        return f">= {_shown(low)}"
+    return f"[{_shown(low)}, {_shown(high)}]"
+
+
+def _refused(request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A request's answer; what the run refused is the user's to fix: exit code 2."""
+    try:
+        return request()
+    except Refused as exc:
+        raise _Usage(str(exc)) from None
+
+
+def param_list_command(run: str, as_json: bool) -> None:
+    """List the parameters of a running net: path, type, value, default, rule, description."""
+    with _errors(), _connect(run) as conn:
+        params = conn.request("params")["params"]
+        if as_json:
+            click.echo(json.dumps(params, indent=2))
+            return
+        if not params:
+            click.echo(f"run {_name(conn.entry)} has no parameters", err=True)
+            return
+        _table([[path, p["type"] + (" (read-only)" if p["read_only"] else ""),
+                 _shown(p["value"]), _shown(p["default"]), _rule(p), p["description"] or "-"]
+                for path, p in params.items()],
+               ["parameter", "type", "value", "default", "range/choices", "description"])
+
+
+def param_get_command(run: str, path: str, as_json: bool) -> None:
+    """Print the value of a parameter of a running net."""
+    with _errors(), _connect(run) as conn:
+        answer = _refused(lambda: conn.request("params", path=path))
+        if as_json:
+            answer.pop("ok", None)
+            click.echo(json.dumps(answer))
+            return
+        click.echo(param_text(answer["value"]))
+
+
+def param_set_command(run: str, path: str, value: str, as_json: bool) -> None:
+    """Set a parameter of a running net: VALUE parsed by its type on the run's side."""
+    with _errors(), _connect(run) as conn:
+        answer = _refused(lambda: conn.request("set_param", path=path, value=value))
+        if as_json:
+            answer.pop("ok", None)
+            click.echo(json.dumps(answer))
+            return
+        click.echo(f"{path}: {param_text(answer['old'])} -> {param_text(answer['value'])} "
+                   f"(set; the node applies it at its next update)")
+
+
+def _register_param(main: click.Group, json_option: Any, run_argument: Any) -> None:
+    """Add ``param`` and its ``list``, ``get`` and ``set`` to ``main``."""
+    path_argument = click.argument("path", metavar="PATH")
+    group = click.Group("param", help=f"List, read and set the parameters (mujou.Param) of "
+                                      f"a running net. {RUN_HELP}")
+    main.add_command(group)
+    group.command("list", help=f"List the parameters of a running net: path, type, value, "
+                               f"default, range or choices, description. {RUN_HELP}")(
+        run_argument(json_option(param_list_command)))
+    group.command("get", help=f"Print the value of the parameter PATH (sensor.noise). "
+                              f"{RUN_HELP}")(
+        run_argument(path_argument(json_option(param_get_command))))
+    # A negative number is a VALUE, not an option: `mujou param set RUN ctrl.bias -0.5`.
+    group.command("set", context_settings={"ignore_unknown_options": True},
+                  help=f"Set the parameter PATH to VALUE, read as its type (true/false, a "
+                       f"number, a text); the node applies it at its next update. "
+                       f"{RUN_HELP}")(
+        run_argument(path_argument(click.argument("value", metavar="VALUE")(
+            json_option(param_set_command)))))
+
+
+# ---------------------------------------------------------------------------
 # Registering them
 
 
 def register(main: click.Group, table: Table) -> None:
-    """Add ``ls``, ``nodes``, ``ports``, ``echo``, ``hz``, ``top`` and ``stats`` to ``main``.
+    """Add ``ls``, ``nodes``, ``ports``, ``echo``, ``hz``, ``top``, ``stats`` and ``param``
+    to ``main``.
 
     Args:
         main (click.Group): the ``mujou`` command.
@@ -506,3 +612,4 @@ def register(main: click.Group, table: Table) -> None:
                                   help="Print the table once, then exit.")(top)))
     main.command("stats", help=f"Print the statistics of a running net (Run.stats()). "
                                f"{RUN_HELP}")(run_argument(json_option(stats)))
+    _register_param(main, json_option, run_argument)

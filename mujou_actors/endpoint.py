@@ -21,6 +21,14 @@ waiting for it: beyond that its queue is not taken, so the oldest messages
 are dropped on the run's side (counted and reported with each batch), and
 the net never waits for a watcher.
 
+Parameters. ``params`` answers `Run.describe_params` (or one parameter's);
+``set_param`` takes a value's text, parses it here by the parameter's type
+(`Param.parse`, as ``mujou run --param`` does) and sets it with
+`Run.set_param`. A set is refused (no such parameter, a read-only one, a text
+that is no value of its type or breaks its rules) with the `ParamError`'s
+words and ``"refused": True``, so the client can tell the user's mistake from
+a run that went away. Whoever may connect (this user's processes only) may
+set; ``MUJOU_ATTACH=0`` opens no endpoint at all.
 """
 
 from __future__ import annotations
@@ -55,8 +63,9 @@ from .attach import (
     runtime_dir,
     unpack,
 )
-from .errors import AttachError, describe
+from .errors import AttachError, ParamError, describe
 from .host import Run, Subscription
+from .params import RunParams, join
 from .ports import Input, Output, Port
 from .recording.view import finite, project
 
@@ -274,6 +283,7 @@ class Endpoint:
         self._pid = os.getpid()
         self._clients: dict[int, _Client] = {}
         self._closed = threading.Event()
+        self._declared: RunParams | None = None  # the parameters' declarations, when first asked
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(self.socket_path)
@@ -423,6 +433,8 @@ class Endpoint:
             answer = self._handle(client, request)
         except AttachError as exc:
             answer = {"ok": False, "error": str(exc)}
+        except ParamError as exc:  # the asker's mistake, in the parameter's own words
+            answer = {"ok": False, "error": str(exc), "refused": True}
         except Exception as exc:  # noqa: BLE001 - a request's failure is the client's answer
             answer = {"ok": False, "error": describe(exc)}
         self._send(sel, client, answer)
@@ -439,9 +451,56 @@ class Endpoint:
             return {"ok": True, "ports": [port_row(p) for p in run.ports.values()]}
         if op == "stats":
             return {"ok": True, "stats": plain(run.stats())}
+        if op == "params":
+            return self._params(request)
+        if op == "set_param":
+            return self._set_param(request)
         if op == "watch":
             return self._watch(client, request)
-        raise AttachError(f"no request {op!r} (hello, nodes, ports, stats, watch)")
+        raise AttachError(f"no request {op!r} (hello, nodes, ports, stats, params, set_param, "
+                          f"watch)")
+
+    def _declarations(self) -> RunParams:
+        """The run's parameters as its nodes declare them (a placed run's host copies too)."""
+        if self._declared is None:
+            self._declared = RunParams(self._run.nodes.items())
+        return self._declared
+
+    def _params(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``params``: every parameter's declaration and value; with ``path``, that one's.
+
+        Raises:
+            ParamError: ``path`` names no parameter (the words list those there are).
+        """
+        path = request.get("path")
+        if path is not None:
+            self._declarations().resolve(path)
+        described = self._run.describe_params()
+        if path is None:
+            return {"ok": True, "params": described}
+        return {"ok": True, "path": path, **described[path]}
+
+    def _set_param(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``set_param``: ``value``, a text, parsed by the parameter's type and set.
+
+        Answers the value set, the one it replaces (applied now) and the key it
+        applies from (``[t_ns, delta]``: the node's first update at or after it).
+
+        Raises:
+            AttachError: ``value`` is not a str.
+            ParamError: no such parameter, a read-only one, a text that is no
+                value of its type, a value that breaks its rules.
+        """
+        asked, text = request.get("path"), request.get("value")
+        if not isinstance(text, str):
+            raise AttachError(f"set_param: value must be the value's text (a str), got "
+                              f"{type(text).__name__}")
+        node_path, name, param = self._declarations().resolve(asked)
+        path = join(node_path, name)  # what was asked, now known to be a parameter's path
+        value = param.parse(text, f"parameter {path!r}")
+        old = self._run.params().get(path)
+        t_ns, delta = self._run.set_param(path, value)
+        return {"ok": True, "path": path, "value": value, "old": old, "key": [t_ns, delta]}
 
     def _watch(self, client: _Client, request: dict[str, Any]) -> dict[str, Any]:
         path, mode = request.get("port"), request.get("mode", "view")

@@ -24,7 +24,7 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ._checks import is_int, is_number
@@ -345,13 +345,6 @@ class ParamState:
         with self._lock:
             return [list(s) for s in self._sets]
 
-    def replace(self, entries: Iterable[Iterable[Any]]) -> None:
-        """Put back what `pending` gave (a restore): the queue becomes exactly these."""
-        sets = sorted(((int(t_ns), int(delta), str(name), value)
-                       for t_ns, delta, name, value in entries), key=lambda s: (s[0], s[1]))
-        with self._lock:
-            self._sets = sets
-
 
 def iter_params(nodes: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any, Param]]:
     """``(parameter path, node, Param)`` for every parameter of the nodes given by path."""
@@ -563,3 +556,59 @@ def param_problems(section: Any, nodes: dict[str, Any]) -> list[str]:
                 except ParamError as exc:
                     problems.append(str(exc))
     return problems
+
+
+def check_values(values: Any, found: Iterable[tuple[str, Any]],
+                 where: str = "mujou.run") -> dict[str, tuple[Any, str, Any]]:
+    """Check ``mujou.run(params=)`` against a net: ``{path: (node, name, value)}``.
+
+    Read-only parameters may be given: the run has not started.
+
+    Raises:
+        TypeError: ``values`` is not a mapping with str keys.
+        ParamError: a path that names no parameter, or a value that breaks
+            its rules (every value is checked before any is set).
+    """
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{where}: params must be a mapping of parameter path to value, "
+                        f"got {type(values).__name__}")
+    table = RunParams(found)
+    checked = {}
+    for path, value in values.items():
+        node_path, name, param = table.resolve(path)
+        checked[path] = (table.nodes[node_path], name, param.check(value, f"parameter {path!r}"))
+    return checked
+
+
+def set_values(values: Any, found: Iterable[tuple[str, Any]], where: str = "mujou.run") -> None:
+    """Set ``mujou.run(params=)`` on a net's nodes before it starts: all checked, then all set.
+
+    Raises:
+        TypeError, ParamError: as `check_values`; nothing is set then.
+    """
+    for node, name, value in check_values(values, found, where).values():
+        setattr(node, name, value)
+
+
+def keep_values(state: Any, node: Any) -> Any:
+    """A restart's state for ``node``: ``state`` with each parameter at the node's current value.
+
+    A restart from a snapshot rewinds a node's state, but not its parameters:
+    a set made after the snapshot stays set, as an operator expects of a
+    setting (ROS 2 keeps a node's parameters across its lifecycle's
+    transitions too). The caller holds the node still (no hook in flight).
+
+    Args:
+        state: the node's entry of the snapshot (a dict), or None.
+        node (Node): the node being restarted.
+
+    Returns:
+        A new dict (``state`` itself when the node has no parameters or
+        ``state`` is not a dict).
+    """
+    declared = params_of_class(type(node))
+    if not declared or not isinstance(state, dict):
+        return state
+    return {**state, **{name: getattr(node, name) for name in declared}}

@@ -42,12 +42,13 @@ from .net import (
     load_state,
     resolve_inputs,
     settle_seeds,
+    synchronizers,
     walk,
     warn_suspect_net,
     warn_unknown_hooks,
 )
 from .node import Node, check_seed
-from .params import RunParams
+from .params import RunParams, set_values
 from .ports import Input, Output, Port
 from .recording.capsule import Capsule, CapsuleKeeper, as_capsule
 from .recording.mcapfile import ChannelSpec
@@ -207,8 +208,9 @@ class LocalRun(Run):
         if self._coordinator.ending:
             raise NotRunningError(f"set_param {path!r}: the run has ended")
         key = self._dispatcher.param_set(self._params.sets[node_path], name, checked)
-        if self._recorder is not None:
-            self._recorder.param(key, node_path, name, checked)
+        for keeper in (self._recorder, self._capsule):
+            if keeper is not None:
+                keeper.param(key, node_path, name, checked)
         return key
 
     def params(self) -> dict[str, Any]:
@@ -356,7 +358,8 @@ class LocalRun(Run):
         capsule = None if self._capsule is None else self._capsule.stats()
         return RunStats(time=self.time, wall=c.wall_seconds(), nodes=nodes, workers=workers,
                         snapshots=c.snapshot_stats(), subscriptions=self._host.stats(),
-                        recording=recording, capsule=capsule)
+                        recording=recording, capsule=capsule,
+                        syncs={s.path: s.stats() for s in synchronizers(self._ports)})
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"
@@ -388,6 +391,7 @@ def run(
     replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
+    params: Mapping[str, Any] | None = None,
     record_ports: Sequence[str] | None = None,
     record_snapshots: bool | None = None,
     record_view: bool | None = None,
@@ -526,6 +530,13 @@ def run(
             tensors: they are pickled twice), and nothing when off. With
             ``placement``, each group's kernel checks its own readers.
             Default: False.
+        params (Mapping[str, bool | int | float | str], optional): values of
+            the nodes' parameters (`mujou.Param`) by dotted path
+            (``{"sensor.noise": 0.02}``), set on the nodes before any hook
+            runs, read-only ones included, without ``on_param`` (what ``mujou
+            run --param`` gives); with ``placement``, in every group's
+            process. A replay sets the recorded start values first, then
+            these. Default: None.
 
     Deprecated:
         Each of these keywords sets one field of ``record=``, ``replay=`` or
@@ -586,7 +597,8 @@ def run(
                   cuda_sync=cuda_sync, stats=stats, stop_timeout=stop_timeout,
                   start_timeout=start_timeout, max_delta_cycles=max_delta_cycles,
                   placement=placement, record=record, replay=replay,
-                  record_on_failure=record_on_failure, check_read_only=check_read_only)
+                  record_on_failure=record_on_failure, check_read_only=check_read_only,
+                  params=params)
 
 
 # The keywords of `run` that each set one field of record=, replay= or placement=, from
@@ -615,31 +627,44 @@ DEPRECATED: dict[str, tuple[str, str, str]] = {
 _SETTINGS: dict[str, Any] = {"record": Recording, "replay": Replay, "placement": Placement}
 
 
-def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement: Any,
+def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement: Any, *,
+                     where: str = "mujou.run", stacklevel: int = 3, owned: Iterable[str] = (),
                      ) -> tuple[Any, Any, Any]:
     """``record``, ``replay`` and ``placement`` with the deprecated keywords ``old`` set in them.
 
-    Each keyword warns (at the line that called `run`), then sets its field
-    of the object its argument is, or becomes: a path ``Recording(path,
-    ports=...)``, a mapping ``Placement(mapping, listen=...)``.
+    Each keyword warns (at the line that called `run`, or what ``stacklevel``
+    names), then sets its field of the object its argument is, or becomes: a
+    path ``Recording(path, ports=...)``, a mapping ``Placement(mapping, listen=...)``.
+
+    Args:
+        where (str): what was called, for the errors. Default: ``"mujou.run"``.
+        stacklevel (int): the warnings' ``stacklevel`` here: 3 is the line that
+            called `run`. Default: 3.
+        owned (Iterable[str]): of ``"record"``, ``"replay"``, ``"placement"``,
+            those that ``where`` (a helper) sets itself. Default: none.
 
     Raises:
         TypeError: a keyword without its argument (``record_ports`` without
             ``record``).
-        ValueError: a keyword whose field the object sets too (names both).
+        ValueError: a keyword whose field the object sets too (names both); one
+            that sets a field of an argument in ``owned``.
     """
     given = {"record": record, "replay": replay, "placement": placement}
     fields: dict[str, dict[str, Any]] = {}
     for name, value in old.items():
         argument, field, new = DEPRECATED[name]
-        # stacklevel 3: here, run(), then the caller's line
-        warnings.warn(f"{name}= is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+        warnings.warn(f"{name}= is deprecated; use {new}", DeprecationWarning,
+                      stacklevel=stacklevel)
+        if argument in owned:
+            # Refused as the argument itself is: the helper's own object would take it.
+            raise ValueError(f"{where}: {name}= sets the {field} of {argument}=, which "
+                             f"{where} sets itself; leave it out")
         settings = given[argument]
         if settings is None:
-            raise TypeError(f"mujou.run: {name}= goes with {argument}= (it sets its {field}): "
+            raise TypeError(f"{where}: {name}= goes with {argument}= (it sets its {field}): "
                             f"use {new}")
         if isinstance(settings, _SETTINGS[argument]) and _sets(settings, field):
-            raise ValueError(f"mujou.run: {name}= and {argument}={settings!r} both set "
+            raise ValueError(f"{where}: {name}= and {argument}={settings!r} both set "
                              f"{field}: use {new} alone")
         fields.setdefault(argument, {})[field] = value
     for argument, values in fields.items():
@@ -648,6 +673,47 @@ def _fold_deprecated(old: Mapping[str, Any], record: Any, replay: Any, placement
         given[argument] = (dataclasses.replace(settings, **values) if isinstance(settings, kind)
                            else kind(settings, **values))
     return given["record"], given["replay"], given["placement"]
+
+
+def _fold_run_kwargs(where: str, run_kwargs: Mapping[str, Any], *,
+                     owned: Iterable[str] = (), stacklevel: int = 3) -> dict[str, Any]:
+    """The ``**run_kwargs`` a helper passes on to `run`, with its deprecated keywords folded in.
+
+    For the helpers of `mujou_actors.testing`, which take `run`'s arguments
+    and start their runs with `_start` (which has no deprecated keywords):
+    each one warns and sets its field of ``record``, ``replay`` or
+    ``placement`` as `run` does, with `run`'s errors. Only the arguments
+    a keyword set are added: a helper passes its own.
+
+    Args:
+        where (str): the helper, for the errors (``"check_restore"``).
+        run_kwargs (Mapping[str, Any]): what the helper was given.
+        owned (Iterable[str]): of ``"record"``, ``"replay"``, ``"placement"``,
+            those the helper sets itself: a keyword that sets a field of one
+            is refused, as the argument is. Default: none.
+        stacklevel (int): the warnings' ``stacklevel`` as seen from here: 3 is
+            the line that called the helper, when the helper calls this.
+            Default: 3.
+
+    Returns:
+        dict[str, Any]: ``run_kwargs`` without the deprecated keywords (None,
+        their default, is not given), with the arguments they set.
+
+    Raises:
+        TypeError / ValueError: as `run` raises them for these keywords, naming ``where``.
+    """
+    old = {name: value for name, value in run_kwargs.items()
+           if name in DEPRECATED and value is not None}
+    kwargs = {name: value for name, value in run_kwargs.items() if name not in DEPRECATED}
+    if not old:
+        return kwargs
+    folded = _fold_deprecated(old, run_kwargs.get("record"), run_kwargs.get("replay"),
+                              run_kwargs.get("placement"), where=where,
+                              stacklevel=stacklevel + 1, owned=owned)
+    for argument, value in zip(("record", "replay", "placement"), folded, strict=True):
+        if value is not run_kwargs.get(argument):
+            kwargs[argument] = value
+    return kwargs
 
 
 def _sets(settings: object, field: str) -> bool:
@@ -678,6 +744,7 @@ def _start(
     replay: str | os.PathLike[str] | Replay | None = None,
     record_on_failure: str | os.PathLike[str] | Capsule | None = None,
     check_read_only: bool = False,
+    params: Mapping[str, Any] | None = None,
 ) -> Run:
     """`run` with the kernel's seams given (the CPU tests put fakes there).
 
@@ -694,6 +761,11 @@ def _start(
     if check_flag("check_read_only", check_read_only):
         # One process wraps its readers' updates (_build); a placed run's kernels theirs.
         args = dataclasses.replace(args, check_read_only=True)
+    if params is not None:
+        if not isinstance(params, Mapping):
+            raise TypeError(f"mujou.run: params must be a mapping of parameter path to value "
+                            f"(e.g. {{'sensor.noise': 0.02}}), got {type(params).__name__}")
+        args = dataclasses.replace(args, params=dict(params))
     capsule = as_capsule(record_on_failure)
     if capsule is not None:
         if placing is not None:
@@ -709,8 +781,8 @@ def _start(
     plan = _check_net(net, args, inputs, state)
     if replaying is not None:
         plan = _plan_replay(plan, args, replaying)
-    coordinator, host, params = _build(plan, args, seams)
-    return _begin(coordinator, host, params, plan, args, net)
+    coordinator, host, table = _build(plan, args, seams)
+    return _begin(coordinator, host, table, plan, args, net)
 
 
 def _attach(run: Run, args: _Arguments, net: Any) -> Run:
@@ -742,6 +814,7 @@ class _Arguments:
     recording: Recording | None = None  # record=, checked (its file can be written)
     capsule: Capsule | None = None  # record_on_failure=, checked (its file can be written)
     check_read_only: bool = False  # wrap each reader's update (actor.guard_read_only)
+    params: dict[str, Any] | None = None  # params=: values set on the nodes before the start
     max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES  # an instant's delta cycles, at most
 
 
@@ -923,6 +996,7 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams
         if plan.params is not None:
             assert plan.replaced is not None  # a replay's
             params.preload(plan.params.initial, plan.params.sets, "the recording")
+        set_values(args.params, plan.found)  # after a replay's start values: these win
         # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
         # so that the read-only check's time is not charged to the node's budget.
         for actor in actors:

@@ -400,6 +400,9 @@ class RunStats:
             (``mujou.run(record=...)``); None when it records nothing.
         capsule (CapsuleStats | None): the run's crash capsule
             (``mujou.run(record_on_failure=...)``); None without one.
+        syncs (Mapping[str, SyncStats]): by path, every synchronizer of the
+            net (`ExactTime`, `ApproximateTime`; empty: none), as each one's
+            ``stats()``, whatever process it runs in.
     """
 
     time: float
@@ -412,8 +415,10 @@ class RunStats:
     machines: Mapping[str, MachineStats] = field(default_factory=dict)
     recording: RecordingStats | None = None
     capsule: CapsuleStats | None = None
+    syncs: Mapping[str, SyncStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "syncs", MappingProxyType(dict(self.syncs)))
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
         object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
         object.__setattr__(self, "subscriptions", MappingProxyType(dict(self.subscriptions)))

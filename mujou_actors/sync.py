@@ -119,33 +119,52 @@ class Synchronizer:
             return f"{type(node).__name__}.{name}"
         return f"{node._mujou_path}.{name}" if node._mujou_path else name
 
-    def read(self) -> tuple[Any, ...] | None:
+    def read(self, *, stamped: bool = False) -> tuple[Any, ...] | None:
         """The newest matched set kept, without consuming it (as `Input.read`).
 
+        Args:
+            stamped (bool): give each message with its stamp, as a pair
+                ``(stamp, message)``, the stamp in seconds of the run's timer
+                (its send time, or what ``stamp=`` gave). Default: False.
+
         Returns:
-            tuple | None: one message per Input, in the order of `inputs`; None
-            when no set is kept (none matched yet, after `drain`, or with a
-            callback, which takes every set). A set once returned here is not
-            counted in ``sets_dropped`` when newer sets push it out.
+            tuple | None: one message (or pair) per Input, in the order of
+            `inputs`; None when no set is kept (none matched yet, after
+            `drain`, or with a callback, which takes every set). A set once
+            returned here is not counted in ``sets_dropped`` when newer sets
+            push it out.
         """
         self._settle()
         if not self._sets:
             return None
         self._seen.add(self._made)
-        return self._sets[-1]
+        return _with_stamps(self._sets[-1]) if stamped else self._sets[-1][1]
 
-    def drain(self) -> list[tuple[Any, ...]]:
+    def drain(self, *, stamped: bool = False) -> list[tuple[Any, ...]]:
         """Return and consume every matched set kept, oldest first (as `Input.drain`).
 
+        Args:
+            stamped (bool): each message as a pair ``(stamp, message)``, the
+                stamp in seconds (as `read`). Default: False.
+
         Returns:
-            list[tuple]: the sets, each one message per Input in the order of
-            `inputs`; empty with a callback, which takes every set.
+            list[tuple]: the sets, each one message (or pair) per Input in the
+            order of `inputs`; empty with a callback, which takes every set.
         """
         self._settle()
-        sets = list(self._sets)
+        sets = [_with_stamps(s) if stamped else s[1] for s in self._sets]
         self._sets.clear()
         self._seen.clear()
         return sets
+
+    @property
+    def stamps(self) -> tuple[float, ...] | None:
+        """The stamps (seconds of the run's timer) of the set being handed to the callback.
+
+        Read it inside the callback: one stamp per Input, in the order of
+        `inputs` (all equal for `ExactTime`). None outside a callback.
+        """
+        return self._handing
 
     def __len__(self) -> int:
         """The number of matched sets kept (0 with a callback)."""
@@ -176,7 +195,9 @@ class Synchronizer:
         """Empty, as a run starts: nothing waits, nothing is kept, nothing counted."""
         n = len(self._inputs)
         self._arrived: deque[tuple[int, int, Any]] = deque()
-        self._sets: deque[tuple[Any, ...]] = deque()
+        # Each kept set: (its stamps, ns, one per Input; its messages).
+        self._sets: deque[tuple[tuple[int, ...], tuple[Any, ...]]] = deque()
+        self._handing: tuple[float, ...] | None = None  # the callback's set's stamps, s
         self._seen: set[int] = set()  # numbers of the kept sets read() returned
         self._made = 0  # the number of the newest set kept (kept ones are consecutive)
         self._made_total = 0
@@ -219,8 +240,13 @@ class Synchronizer:
             self._match(i, t, message)
         if callback is not None:
             sets = self._sets
-            while sets:
-                callback(*sets.popleft())
+            try:
+                while sets:
+                    stamps, messages = sets.popleft()
+                    self._handing = tuple(t / 1e9 for t in stamps)
+                    callback(*messages)
+            finally:
+                self._handing = None
 
     def _stamp_of(self, i: int, message: Any) -> int:
         value = self._stamp(message)  # type: ignore[misc]
@@ -230,7 +256,7 @@ class Synchronizer:
                             "the run's timer (a finite int or float)")
         return round(value * 1_000_000_000)
 
-    def _publish(self, messages: tuple[Any, ...]) -> None:
+    def _publish(self, stamps: tuple[int, ...], messages: tuple[Any, ...]) -> None:
         """A matched set: for the callback, or kept (the oldest unread one dropped when full)."""
         self._made_total += 1
         sets = self._sets
@@ -243,7 +269,7 @@ class Synchronizer:
                 self._sets_dropped += 1
                 self._log_drop("a matched set that was never read")
         self._made += 1
-        sets.append(messages)
+        sets.append((stamps, messages))
 
     def _drop(self, i: int, n: int) -> None:
         """Count ``n`` messages of Input ``i`` given up unmatched (also as the Input's drops)."""
@@ -265,7 +291,8 @@ class Synchronizer:
         """Its state as a tree's entry, each message made by ``copy`` (the host's copy)."""
         raw = {"policy": self._policy, "queued": [list(q) for q in self._queued()],
                "arrived": [list(a) for a in self._arrived],
-               "sets": [list(s) for s in self._sets], **self._policy_state()}
+               "sets": [list(s) for _, s in self._sets],
+               "set_stamps": [list(t) for t, _ in self._sets], **self._policy_state()}
         return map_messages(raw, len(self._inputs), lambda i, m: copy(m))
 
     def _restore(self, kept: list[Any]) -> None:
@@ -280,7 +307,10 @@ class Synchronizer:
         for i, t, m in entry["queued"]:
             self._queue_again(i, t, m)
         self._arrived.extend((i, t, m) for i, t, m in entry["arrived"])
-        self._sets.extend(tuple(s) for s in entry["sets"])
+        # A tree from before the stamps were kept: each set's stamps unknown, -1 ns.
+        stamps = entry.get("set_stamps") or [[-1] * len(self._inputs)] * len(entry["sets"])
+        self._sets.extend((tuple(t), tuple(s)) for t, s in zip(stamps, entry["sets"],
+                                                                strict=True))
         # Restored sets count as read, as an Input's restored messages do.
         self._made = len(self._sets)
         self._seen = set(range(1, self._made + 1))
@@ -376,7 +406,18 @@ def map_messages(entry: dict[str, Any], n: int, fn: Fn) -> dict[str, Any]:
             isinstance(s, (list, tuple)) and len(s) == n for s in sets):
         raise ValueError(f"['sets'] is not a list of sets of {n} messages")
     out["sets"] = [[fn(i, m) for i, m in enumerate(s)] for s in sets]
+    stamps = entry.get("set_stamps")
+    if stamps is not None and not (isinstance(stamps, (list, tuple)) and len(stamps) == len(sets)
+                                   and all(isinstance(t, (list, tuple)) and len(t) == n
+                                           and all(is_int(v) for v in t) for t in stamps)):
+        raise ValueError(f"['set_stamps'] is not a list of {n} stamps (int ns) per set")
     return out
+
+
+def _with_stamps(kept: tuple[tuple[int, ...], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A kept set as ``(stamp s, message)`` pairs (a stamp of -1 ns: unknown, None)."""
+    stamps, messages = kept
+    return tuple((None if t < 0 else t / 1e9, m) for t, m in zip(stamps, messages, strict=True))
 
 
 def _short(value: Any) -> str:
@@ -465,6 +506,7 @@ class ExactTime(Synchronizer):
         waiting[stamp] = message
         if all(stamp in q for q in self._q):
             matched = tuple(q.pop(stamp) for q in self._q)
+            stamps = (stamp,) * len(self._q)
             self._last = stamp
             for k, q in enumerate(self._q):
                 old = [s for s in q if s < stamp]
@@ -472,7 +514,7 @@ class ExactTime(Synchronizer):
                     del q[s]
                 if old:
                     self._drop(k, len(old))
-            self._publish(matched)
+            self._publish(stamps, matched)
         elif len(waiting) > self._queue:
             del waiting[min(waiting)]
             self._drop(i, 1)
@@ -669,10 +711,10 @@ class ApproximateTime(Synchronizer):
         return min(stamps), max(stamps)
 
     def _publish_candidate(self) -> None:
-        matched = tuple(queue.pop(0)[1] for queue in self._q)
+        fronts = [queue.pop(0) for queue in self._q]
         self._swept[:] = [0] * len(self._q)
         self._pivot = -1
-        self._publish(matched)
+        self._publish(tuple(t for t, _ in fronts), tuple(m for _, m in fronts))
 
     def _queued(self) -> Iterator[tuple[int, int, Any]]:
         for i, queue in enumerate(self._q):

@@ -94,7 +94,10 @@ def check_restore(make_net: Callable[[], Node | list[Node] | dict[str, Node]], *
         seed (int): the run's seed (every run of the check uses it). Default: 0.
         workers (int, optional): worker threads. Default: 1.
         timeout (float): wall seconds for each run. Default: 300.
-        **run_kwargs: other arguments of `mujou.run`.
+        **run_kwargs: other arguments of `mujou.run`, its deprecated keywords
+            too (``record_view=``...): each warns once, with the
+            `DeprecationWarning` `mujou.run` gives, and sets its field of
+            ``record=``, ``replay=`` or ``placement=`` for every run of the check.
 
     Returns:
         RestoreCheck: what was found.
@@ -102,12 +105,17 @@ def check_restore(make_net: Callable[[], Node | list[Node] | dict[str, Node]], *
     Raises:
         ValueError: ``at`` not within (0, ``duration``); ``timer``, ``state``,
             ``duration`` or ``seed`` among ``run_kwargs``.
+        TypeError / ValueError: a deprecated keyword that `mujou.run` refuses.
         NodeError: a run failed (its node's error, as `mujou.run` raises it).
         TimeoutError: a run did not end within ``timeout``.
     """
+    from .run import _fold_run_kwargs
+
     for name in ("timer", "state", "duration", "seed"):
         if name in run_kwargs:
             raise ValueError(f"check_restore: it sets {name}= itself; leave it out")
+    # Folded once, as mujou.run would: one warning, at the caller's line, for the three runs.
+    run_kwargs = _fold_run_kwargs("check_restore", run_kwargs)
     if not (is_number(at) and is_number(duration) and 0 < at < duration):
         raise ValueError(f"check_restore: at must be a time within (0, duration); got "
                          f"at={at!r}, duration={duration!r}")

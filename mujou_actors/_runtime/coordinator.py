@@ -38,6 +38,7 @@ from ..errors import (
     describe,
 )
 from ..net import check_file_messages
+from ..params import keep_values
 from ..ports import Input, Port
 from ..stats import SnapshotStats
 from ..supervisor import (
@@ -479,7 +480,7 @@ class Coordinator:
         latest = self._snapshots.latest
         assert latest is not None  # taken right after the start
         actor.restarts += 1
-        state = latest["nodes"].get(actor.path)
+        state = keep_values(latest["nodes"].get(actor.path), actor.node)  # sets stay set
         self.dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
 
     def _restart_all(self) -> None:
@@ -505,9 +506,13 @@ class Coordinator:
         dispatcher.discard_messages()
         for actor in self.actors:
             actor.restarts += 1
-        self._restore_tree(tree, deadline, self._start_timeout)
+        # The parameters are not rewound: the values set stay, the sets queued stay queued.
+        kept = {**tree, "nodes": {a.path: keep_values(tree["nodes"][a.path], a.node)
+                                  for a in self.actors}}
+        restore_tree(self.dispatcher, self.actors, self._ports, kept, deadline,
+                     self._start_timeout, self.wiring.deliver, restart=True)
         if self.capsule is not None:
-            self.capsule.restored(tree)
+            self.capsule.restored(kept)
         at = tree["time_ns"] if dispatcher.simulated else self.timer.now_ns()
         schedule = tree["schedule"]
         for actor in self.actors:

@@ -129,7 +129,7 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
 
 def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, Port],
                  tree: Mapping[str, Any], deadline: float, limit: float,
-                 deliver: Callable[..., object]) -> bool:
+                 deliver: Callable[..., object], restart: bool = False) -> bool:
     """Load a checked tree into the held (or not started) kernel: Restore envelopes, messages.
 
     Args:
@@ -144,6 +144,10 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             (as the host's write: before every node's send), ``deliver(port,
             message)``; for an Input of a synchronizer with the message's send
             time, ``stamp_ns=`` (`build.Wiring.deliver`).
+        restart: a restart's rewind (``one_for_all``): the parameter sets
+            queued now stay queued, and the tree's ``params`` is not loaded
+            (`params.keep_values`). False: the tree's sets are queued, beside
+            what a replay queued from its recording.
 
     Returns:
         bool: True when every node was restored; False when a node's
@@ -180,10 +184,11 @@ def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str
             raise StartTimeoutError(stuck, rest, limit)
         if actor.failed:  # set before run_control returned; a success clears it
             return False
-    for actor in actors:  # parameter sets not yet applied: exactly the tree's (none if absent)
+    for actor in actors:  # parameter sets not yet applied: the tree's join a replay's
         queued = actor.node.__dict__.get(SETS)
-        if queued is not None:
-            queued.replace(tree.get("params", {}).get(actor.path, []))
+        if queued is not None and not restart:
+            for t_ns, delta, name, value in tree.get("params", {}).get(actor.path, []):
+                queued.add(t_ns, delta, name, value)
     for path, messages in tree["pending"].items():
         port = ports[path]
         assert isinstance(port, Input)  # a checked tree names Inputs only (net.check_fit)

@@ -40,7 +40,7 @@ from .._checks import check_workers, is_int
 from ..errors import AlgebraicLoopError, NetError, NodeError, StartTimeoutError, describe
 from ..net import collect_ports, settle_seeds, walk
 from ..node import Node, check_seed
-from ..params import RunParams, join
+from ..params import RunParams, join, keep_values
 from ..ports import Input, Output, Port
 from ..timers import RealtimeTimer, SimulatedTimer
 from ..trace import Recorder
@@ -719,6 +719,7 @@ class Kernel:
         if actor is None:
             raise ValueError(f"Kernel.restart_node: no node {path!r} in this kernel")
         actor.restarts += 1
+        state = keep_values(state, actor.node)  # a set made after the snapshot stays set
         self.dispatcher.post_control(actor, [Stop(), Start(), Restore(state, {}, None)])
         if not self.simulated:
             return

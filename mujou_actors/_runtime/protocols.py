@@ -94,6 +94,9 @@ class CapsuleSide(Protocol):
     def snapshot(self, tree: dict[str, Any]) -> None:
         """A supervisor snapshot was taken (its tree); never blocks."""
 
+    def param(self, key: tuple[int, int], node: str, name: str, value: Any) -> None:
+        """A parameter set was made on the running net, applying from ``key``: keep it."""
+
     def restored(self, tree: dict[str, Any]) -> None:
         """A one_for_all restart took the net back to ``tree``."""
 

@@ -41,6 +41,7 @@ from ..errors import (
 from ..host import Host, Subscription
 from ..messages import copy_message
 from ..node import Node
+from ..params import join
 from ..ports import Input, Port
 from ..supervisor import Supervisor
 from . import control, dataplane, group, segments, tracing
@@ -155,6 +156,7 @@ class _Driver:
         # the recording (placed.py attaches it; the end closes it).
         self.item_listeners: dict[int, list[Callable[[Item], None]]] = {}
         self.recorder: RecorderSide | None = None
+        self.param_log: dict[str, Any] = {}  # the latest set of each parameter, by path
         self.host = Host(copy_message, self._callback_failed)
         self.rounds_started = self.rounds_ended = 0.0
         self.stuck: dict[str, str] = {}
@@ -458,7 +460,9 @@ class _Driver:
         key = self.timing.write_key()
         if key is not None:
             key = (key[0], key[1] + 1)
-        return self.groups[self.owner[node]].control.set_param(node, name, value, key)
+        applies = self.groups[self.owner[node]].control.set_param(node, name, value, key)
+        self.param_log[join(node, name)] = value  # what a rebuilt group keeps (recovery.py)
+        return applies
 
     def params(self) -> dict[str, Any]:
         """Every parameter's value now, asked of each group that has some."""

@@ -18,6 +18,7 @@ group has no grant to run, so the kernel is paused for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -40,7 +41,8 @@ from .._runtime.watchdog import Watchdog
 from ..devices import numerics
 from ..errors import AlgebraicLoopError, NodeError, describe
 from ..messages import copy_message
-from ..net import walk
+from ..net import synchronizers, walk
+from ..params import set_values
 from ..ports import Input
 from . import cudaipc, dataplane, peers
 from ._loopback import alive, signals_blocked
@@ -434,7 +436,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           seeds: dict[str, int] | None = None,
           check_read_only: bool = False,
           max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-          stop_timeout: float = 10.0, cuda_ipc: bool = False) -> GroupServer:
+          stop_timeout: float = 10.0, cuda_ipc: bool = False,
+          params: dict[str, Any] | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -480,6 +483,9 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
             tensors cross by CUDA IPC (`cudaipc`): the group's CUDA senders keep
             messages for other groups on their device, and its link shares and
             opens device memory. Default: False (the host path).
+        params (dict, optional): ``mujou.run(params=)`` for the group's nodes:
+            set on every net the group builds (its first, and each after a
+            restart), before its kernel. Default: None.
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
@@ -495,7 +501,7 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
                        timer=timer, pools=pools, trace=trace, secure=secure,
                        heartbeat=heartbeat, seeds=seeds, check_read_only=check_read_only,
                        max_delta_cycles=max_delta_cycles,
-                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc)
+                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc, params=params)
 
 
 class NodeFailed(Exception):
@@ -533,7 +539,8 @@ class GroupServer:
                  heartbeat: str | None = None, seeds: dict[str, int] | None = None,
                  check_read_only: bool = False,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-                 stop_timeout: float = 10.0, cuda_ipc: bool = False) -> None:
+                 stop_timeout: float = 10.0, cuda_ipc: bool = False,
+                 params: dict[str, Any] | None = None) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
         check_workers(workers, f"placed group {group!r}")
         self._cuda_ipc = cuda_ipc is True
@@ -544,6 +551,7 @@ class GroupServer:
         self._traces = KernelTraces(trace)
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
+        self._params = params  # mujou.run(params=) of this group's nodes, set on each net
         self.kernel, found = self._make_kernel()
         self._counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels (reset)
         self._signature = net_signature(found)
@@ -583,12 +591,14 @@ class GroupServer:
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, nodes, workers, seed, seeds = self._build
         net = build_net(factory, net_kwargs)
+        found = walk(net)
+        set_values(self._params, found, f"placed group {self.group!r}")
         notify = self._wake.set if self._timer == "realtime" else None
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
                         subtrees=False, trace=self._traces.capacity, seeds=seeds,
                         max_delta_cycles=self._max_delta,
                         check_read_only=self._check_read_only, outside_device=self._cuda_ipc)
-        return self._traces.track(kernel), walk(net)
+        return self._traces.track(kernel), found
 
     def reset(self, timeout: float) -> list[str]:
         """Stop the kernel; build a fresh net and kernel (a restart from a snapshot).
@@ -844,9 +854,8 @@ class GroupServer:
         if isinstance(request, Read):
             return snapshot.dumps(kernel.read(request.port))
         if isinstance(request, SetParam):
-            return list(kernel.set_param(request.node, request.name, request.value,
-                                         None if request.key is None
-                                         else (int(request.key[0]), int(request.key[1]))))
+            key = None if request.key is None else (int(request.key[0]), int(request.key[1]))
+            return list(kernel.set_param(request.node, request.name, request.value, key))
         if isinstance(request, Params):
             return kernel.params.values()
         if isinstance(request, RunFree):
@@ -1049,7 +1058,8 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
             "nodes": node_stats(kernel, counted),
             "messages_in": traffic[0], "messages_out": traffic[1],
             "bytes_in": traffic[2], "bytes_out": traffic[3],
-            "cuda_ipc": getattr(link, "ipc_stats", None)}
+            "cuda_ipc": getattr(link, "ipc_stats", None),
+            "syncs": {s.path: dataclasses.asdict(s.stats()) for s in synchronizers(kernel.ports)}}
 
 
 def node_stats(kernel: Kernel,

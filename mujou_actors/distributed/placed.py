@@ -35,6 +35,7 @@ from ..net import (
     warn_unknown_hooks,
 )
 from ..node import Node
+from ..params import set_values
 from ..ports import Input, Port
 from . import cudaipc, dataplane, tracing, wire
 from ._loopback import ANY, LOOPBACK
@@ -108,6 +109,8 @@ def start(net: Any, *, placement: Placement, args: Any,
     warn_unknown_hooks(found)
     for path, node in found:
         node._mujou_path = path
+    # params=: the host's copy (its own group's kernel runs it), and each group's (_launch).
+    set_values(args.params, found)
     ports = collect_ports(found)
     plan = check_placement(placement, found, ports)  # Placement checked listen= against it
     _warn_unused_fallbacks(plan.machines, args.supervisor)
@@ -342,7 +345,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       "check_read_only": args.check_read_only,
                       "max_delta_cycles": args.max_delta_cycles,
                       # Its watchdog logs a hook that does not return, as one process's does.
-                      "stop_timeout": args.stop_timeout}
+                      "stop_timeout": args.stop_timeout,
+                      # params=, the group's nodes' part: set on the net each build makes.
+                      "params": _params_of(args.params, plan.nodes[name])}
             if member is not None:
                 assert conv is not None
                 kwargs["heartbeat"] = conv.advertised(conv.monitor.address, member)
@@ -361,6 +366,7 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
         wake = dataplane.Wake()
 
         def make_local(net: Any) -> Kernel:
+            set_values(args.params, walk(net))  # (a rebuilt net is the factory's again)
             kernel = Kernel(net, host_nodes, workers=workers(len(host_nodes)),
                             seed=args.seed, seeds=seeds, timer=kind,
                             notify=wake.set if kind == "realtime" else None, subtrees=False,
@@ -524,3 +530,12 @@ def _abandon(system: Any, groups: dict[str, _Group], local: Kernel | None, tmpdi
     wire.remove_blocks(run_id)
     if tmpdir:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _params_of(values: dict[str, Any] | None, nodes: list[str]) -> dict[str, Any] | None:
+    """The part of ``mujou.run(params=)`` whose parameters belong to ``nodes`` (paths)."""
+    if not values:
+        return None
+    own = set(nodes)
+    return {path: value for path, value in values.items()
+            if path.rpartition(".")[0] in own}

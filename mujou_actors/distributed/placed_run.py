@@ -26,7 +26,15 @@ from ..messages import copy_message
 from ..node import Node
 from ..params import RunParams
 from ..ports import Input, Output, Port
-from ..stats import GroupStats, MachineStats, NodeStats, RunStats, SnapshotStats, percentile
+from ..stats import (
+    GroupStats,
+    MachineStats,
+    NodeStats,
+    RunStats,
+    SnapshotStats,
+    SyncStats,
+    percentile,
+)
 
 log = logging.getLogger("mujou_actors")
 
@@ -231,7 +239,8 @@ class PlacedRun(Run):
         """`Run.params`: asked of the groups."""
         self._check_caller("params()")
         drv = self._driver
-        return drv.call(drv.params, 60.0, "params()")
+        values: dict[str, Any] = drv.call(drv.params, 60.0, "params()")
+        return values
 
     def describe_params(self) -> dict[str, dict[str, Any]]:
         """`Run.describe_params`: the host's declarations, the groups' values."""
@@ -388,7 +397,10 @@ class PlacedRun(Run):
                 raw = drv.final_stats or {}
         nodes = {}
         groups = {}
+        syncs = {}
         for name, g in raw.items():
+            for path, s in g.get("syncs", {}).items():
+                syncs[path] = SyncStats(**s)
             for path, n in g["nodes"].items():
                 late = n["lateness"]
                 nodes[path] = NodeStats(
@@ -415,7 +427,7 @@ class PlacedRun(Run):
         recording = None if drv.recorder is None else drv.recorder.stats()
         return RunStats(time=self.time, wall=wall, nodes=ordered, workers={},
                         snapshots=snaps, subscriptions=drv.host.stats(), groups=groups,
-                        machines=machine_stats(groups, raw), recording=recording)
+                        machines=machine_stats(groups, raw), recording=recording, syncs=syncs)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "ended"

@@ -223,6 +223,7 @@ class Recovery:
     def restart_all(self, tree: dict[str, Any], dead: str | None) -> None:
         """Every group rebuilt (a dead group's process started anew) and restored from ``tree``."""
         driver = self.driver
+        tree = self._keep_params(tree, dead)  # before the kernels go: their values now
         self.epoch += 1  # replies to grants of the abandoned timeline are dropped from now on
         driver._stop_deadline = None  # a death found by the end's cut: the end comes anew
         for g in driver.groups.values():
@@ -242,6 +243,30 @@ class Recovery:
         driver.start_phase([], tree, driver.start_timeout)
         self.next_cut = None
         self.snapshots.schedule(tree["time_ns"])  # type: ignore[union-attr]
+
+    def _keep_params(self, tree: dict[str, Any], dead: str | None) -> dict[str, Any]:
+        """``tree`` with each parameter at its value now: a rewind does not undo a set.
+
+        As one process's restarts (`params.keep_values`): the live groups give
+        their values; a dead group's nodes get the host's latest set of each
+        parameter (a set still queued when the group died applies at the
+        restart). The tree's queued sets are dropped: the values hold them.
+        """
+        driver = self.driver
+        values = dict(driver.param_log)
+        for g in driver.groups.values():
+            if g.name != dead:
+                values.update(g.control.params())
+        if not values:
+            return tree
+        nodes = dict(tree["nodes"])
+        for path, value in values.items():
+            node, _, name = path.rpartition(".")
+            if isinstance(nodes.get(node), dict):
+                nodes[node] = {**nodes[node], name: value}
+        kept = {**tree, "nodes": nodes}
+        kept.pop("params", None)
+        return kept
 
     def relaunch(self, g: _Group) -> None:
         """Start a dead group's process again, on a fresh data-plane endpoint."""

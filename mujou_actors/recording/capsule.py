@@ -159,6 +159,10 @@ class CapsuleKeeper:
         # older than or at it lacks some of the messages that follow it.
         self._lost_ns = -1
         self._trees: deque[dict[str, Any]] = deque(maxlen=2)
+        # The parameter sets made since the older snapshot kept, each with the count of
+        # snapshots kept before it came (`param`): a capsule holds those after its tree.
+        self._sets: deque[tuple[int, tuple[int, int], str, str, Any]] = deque()
+        self._kept = 0  # snapshots kept so far
         self._lock = threading.Lock()  # a few statements at a time, never across a wait
         self._failure: dict[str, Any] | None = None
         self._taken = False  # the window is taken for the capsule (after the failure's instant)
@@ -221,7 +225,10 @@ class CapsuleKeeper:
             self._restart_window(tree)  # time went back: a rewind we were not told of
             return
         self._trees.append(tree)
+        self._kept += 1
         self._evicted_since = [0] * len(self._evicted_since)
+        while self._sets and self._sets[0][0] < self._kept - 1:  # before the older tree
+            self._sets.popleft()
         start = self._trees[0]["time_ns"]
         ring = self._ring
         while ring and ring[0][2][0] <= start:  # held by the snapshot (see _take)
@@ -237,10 +244,23 @@ class CapsuleKeeper:
         """Keep only ``tree``; what was sent before the rewind is another history (lock held)."""
         self._trees.clear()
         self._trees.append(tree)
+        self._kept += 1
+        self._sets.clear()  # (the rewound tree holds the values they set: restarts keep them)
         self._ring.clear()
         self._bytes[0] = 0
         self._lost_ns = -1
         self._evicted_since = [0] * len(self._evicted_since)
+
+    def param(self, key: tuple[int, int], node: str, name: str, value: Any) -> None:
+        """A parameter set made on the running net: kept until no kept snapshot precedes it.
+
+        The capsule holds the sets made after its snapshot (a replay of it
+        queues them at their keys); their number is bounded by the sets the
+        host makes between two snapshots.
+        """
+        with self._lock:
+            if self._failure is None:
+                self._sets.append((self._kept, key, node, name, value))
 
     def failed(self, path: str, hook: str, exc: BaseException, key: tuple[int, int]) -> None:
         """The first failure of the run: note it; the capsule is taken when its instant ends.
@@ -288,13 +308,18 @@ class CapsuleKeeper:
             else list(self._ring)
         self._ring.clear()
         self._bytes[0] = 0
+        # The sets made after its tree was kept (the tree holds those before).
+        index = self._kept - len(self._trees) + (list(self._trees).index(tree)
+                                                 if tree is not None else 0)
+        sets = [s[1:] for s in self._sets if tree is None or s[0] > index]
+        self._sets.clear()
         # Messages the capsule lacks: none when it starts at a snapshot whose
         # messages are all kept; else (the newest, when even its window did not
         # fit the bounds) those let go since it.
         complete = tree is None and self._lost_ns < 0 or \
             tree is not None and tree["time_ns"] > self._lost_ns
         evicted = [0] * len(self._evicted) if complete else list(self._evicted_since)
-        self._thread = threading.Thread(target=self._write, args=(tree, entries, evicted),
+        self._thread = threading.Thread(target=self._write, args=(tree, entries, evicted, sets),
                                         name="mujou-capsule", daemon=True)
         return self._thread
 
@@ -306,7 +331,7 @@ class CapsuleKeeper:
         return self._trees[-1] if self._trees else None
 
     def _write(self, tree: dict[str, Any] | None, entries: list[_Entry],
-               evicted: list[int]) -> None:
+               evicted: list[int], sets: list[tuple[tuple[int, int], str, str, Any]]) -> None:
         """The ``mujou-capsule`` thread: the file, complete or reported by `close`."""
         failure = self._failure
         assert failure is not None
@@ -324,6 +349,8 @@ class CapsuleKeeper:
                     counts[ch] += 1
                 if tree is not None:
                     writer.attach_snapshot(tree["time_ns"], tree)
+                for (t_ns, delta), node, name, value in sets:
+                    writer.attach_param(t_ns, delta, node, name, value)
                 topics = [spec.topic for spec in self._channels]
                 writer.close({
                     "time_ns": str(max(failure["t_ns"], 0)),

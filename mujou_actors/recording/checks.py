@@ -90,7 +90,11 @@ def assert_replay_matches(golden: str | os.PathLike[str],
         timeout (float): wall seconds the rerun may take; past them it is
             stopped and the assertion fails. Default: 300.
         **run_kwargs: more arguments of `mujou.run` (``inputs=``,
-            ``supervisor=``, ``state=``...); not ``timer`` (always simulated).
+            ``supervisor=``, ``state=``...); not ``timer`` (always simulated)
+            nor ``replay`` (the rerun replays ``golden``). `mujou.run`'s
+            deprecated keywords warn as it does, and do what it does with them;
+            those that set a field of ``replay=`` (``replay_speed=``...) are
+            refused as ``replay=`` is.
 
     Returns:
         int: the number of messages compared.
@@ -104,15 +108,22 @@ def assert_replay_matches(golden: str | os.PathLike[str],
             too, with its error as the cause.
         ValueError: ``golden`` is not a usable golden file: recorded in real
             time, cut short, with messages dropped, or empty; a channel of
-            ``channels`` is not in it; ``timer`` among ``run_kwargs``.
+            ``channels`` is not in it; ``timer`` or ``replay`` among
+            ``run_kwargs``, or a deprecated keyword that sets a field of ``replay``.
+        TypeError / ValueError: another deprecated keyword that `mujou.run` refuses.
         RecordingError: ``golden`` is not a mujou recording, or is damaged.
         FileNotFoundError: there is no such file.
     """
+    from ..run import _fold_run_kwargs
     from .mcapfile import info as read_info
 
     if "timer" in run_kwargs:
         raise ValueError("assert_replay_matches: the rerun is always in simulated time; "
                          "leave out timer=")
+    if "replay" in run_kwargs:
+        raise ValueError("assert_replay_matches: the rerun replays golden itself; leave out "
+                         "replay= (replace= names the nodes it replaces)")
+    run_kwargs = _fold_run_kwargs("assert_replay_matches", run_kwargs, owned=("replay",))
     path = os.fspath(golden)
     found = read_info(path)
     _check_golden(path, found)
@@ -522,13 +533,19 @@ def reproduce_failure(capsule: str | os.PathLike[str],
         workers (int, optional): the rerun's worker threads. Default: mujou's choice.
         timeout (float): wall seconds for the rerun. Default: 300.
         **run_kwargs: other arguments of `mujou.run` (``supervisor=``, ...).
+            Its deprecated keywords warn as it does, and do what it does with
+            them; those that set a field of ``record=`` or ``replay=``
+            (``record_ports=``, ``replay_loop=``...) are refused as those are.
 
     Returns:
         Reproduction: whether the failure came back, with both failures.
 
     Raises:
         ValueError: the file is a recording but no crash capsule; ``timer``,
-            ``state`` or ``duration`` among ``run_kwargs``.
+            ``state``, ``duration``, ``record_on_failure``, ``record`` or
+            ``replay`` among ``run_kwargs``, or a deprecated keyword that sets a
+            field of ``record`` or ``replay``.
+        TypeError / ValueError: another deprecated keyword that `mujou.run` refuses.
         RecordingError: the file is not a mujou recording, or is damaged (a
             capsule cut short, its failure's facts or its snapshot bad).
         FileNotFoundError: there is no such file.
@@ -537,7 +554,7 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     import tempfile
 
     from ..errors import RecordingError
-    from ..run import run
+    from ..run import _fold_run_kwargs, run
     from .capsule import Capsule, capsule_facts
     from .mcapfile import Reader
     from .mcapfile import info as read_info
@@ -546,6 +563,9 @@ def reproduce_failure(capsule: str | os.PathLike[str],
     for name in ("timer", "state", "duration", "record_on_failure", "record", "replay"):
         if name in run_kwargs:
             raise ValueError(f"reproduce_failure: the capsule sets {name}=; leave it out")
+    # Folded here, not by run(): its warnings would name this file's line, and an old
+    # keyword of record= or replay= would change the rerun's own recording or replay.
+    run_kwargs = _fold_run_kwargs("reproduce_failure", run_kwargs, owned=("record", "replay"))
     path = os.fspath(capsule)
     found = read_info(path)
     recorded = capsule_facts(found.end, path)
@@ -580,7 +600,8 @@ def reproduce_failure(capsule: str | os.PathLike[str],
             live = run(net, timer="simulated", duration=duration, workers=workers, state=tree,
                        seed=int(seed_arg) if tree is None and seed_arg else None,
                        record_on_failure=Capsule(again), record=sent,
-                       replay=Replay(path, replace=replaced) if replaced else None,
+                       # (also without replaced nodes: its parameter sets are queued)
+                       replay=Replay(path, replace=replaced),
                        **run_kwargs)
         except Exception as exc:  # noqa: BLE001 - an on_start failing: the answer
             error = exc

@@ -19,7 +19,12 @@ that other clients offer) and advertises:
 * with ``allow_publish=True`` only, client publishing (JSON) to an Input's
   topic: each message becomes ``run.write(input, value)``, the JSON made the
   Input's declared type (`view.from_json`); what the Input refuses is logged
-  and counted (`FoxgloveStats.refused`), never raised.
+  and counted (`FoxgloveStats.refused`), never raised;
+* the run's parameters (`mujou.Param`) in Foxglove's Parameters panel
+  (capabilities ``parameters`` and ``parametersSubscribe``, offered when the
+  net has parameters; `paramview`): each
+  named by its dotted path, read with ``Run.params``; set (``Run.set_param``)
+  with ``allow_params=True`` only, else refused with a status message.
 
 Who may connect
 ---------------
@@ -30,7 +35,9 @@ Foxglove's desktop app) ``file://`` or ``null``. The server answers a handshake 
 not allowed (`DEFAULT_ORIGINS`, plus ``origins=``) with HTTP 403, counts it
 and logs it (one line per `REFUSAL_LOG_EVERY` seconds at most). ``null``, the
 origin of a sandboxed frame of *any* page (and of a local file in Firefox), is
-not allowed unless named. Client publishing is off by default: the
+not allowed unless named. Setting parameters is off by default (a
+watcher reads them; a set is refused with a status message). Client
+publishing is off by default: the
 ``clientPublish`` capability is not offered, and a client's advertisements and
 messages are refused and counted. Each client keeps at most
 `MAX_CLIENT_CHANNELS` advertised channels, `BACKLOG` queued messages and
@@ -71,7 +78,8 @@ Threads: the views are made and queued on the run's ``mujou-host`` thread
 (the subscriptions' callbacks); the ``mujou-foxglove`` thread runs the
 server's asyncio loop (the handshakes, each client's requests and writes, the
 time), and ends the server when the run ends; the run's calls that may wait
-(``subscribe``, ``write``: a placed run's wait for the round in progress) run
+(``subscribe``, ``write``, ``params``, ``set_param``: a placed run's wait for
+the round in progress) run
 on one ``mujou-foxglove-calls`` thread, so that a slow one holds up only the
 client that asked.
 """
@@ -93,6 +101,7 @@ from ..errors import describe
 from ..host import Run
 from ..ports import Input, Output
 from .logview import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC, LogTap
+from .paramview import CAPABILITIES, ParamPanel
 from .view import Projection, from_json
 from .wsserver import (
     CLIENT_DATA,
@@ -182,6 +191,10 @@ class FoxgloveStats:
             allowed (HTTP 403), `MAX_CLIENTS` connected (HTTP 503).
         dropped (int): messages not sent to a client that fell behind
             (its `BACKLOG`).
+        params_set (int): parameter sets that Foxglove clients made
+            (``Run.set_param`` accepted them).
+        params_refused (int): parameter sets refused: setting is off, no such
+            parameter, a read-only one, a value that breaks its rules.
     """
 
     clients: int
@@ -192,6 +205,8 @@ class FoxgloveStats:
     advertisements_refused: int
     handshakes_refused: int
     dropped: int
+    params_set: int
+    params_refused: int
 
 
 class FoxgloveServer(SocketServer):
@@ -202,9 +217,11 @@ class FoxgloveServer(SocketServer):
     """
 
     def __init__(self, run: Run, host: str, port: int, name: str, *,
-                 allow_publish: bool, origins: frozenset[str | None]) -> None:
+                 allow_publish: bool, allow_params: bool,
+                 origins: frozenset[str | None]) -> None:
         self._run = run
         self._allow_publish = allow_publish
+        self._panel = ParamPanel(run, allow_params, self._call)
         self._lock = threading.Lock()  # the watchers and subscriptions (close() is any thread's)
         self._ports = dict(run.ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
@@ -226,7 +243,7 @@ class FoxgloveServer(SocketServer):
         self._ops = {"subscribe": self._subscribe, "unsubscribe": self._unsubscribe,
                      "advertise": self._advertised, "unadvertise": self._unadvertised,
                      "subscribeConnectionGraph": self._graph_subscribe,
-                     "unsubscribeConnectionGraph": self._graph_unsubscribe}
+                     "unsubscribeConnectionGraph": self._graph_unsubscribe, **self._panel.ops}
         # Last: nothing above may leave a socket open.
         super().__init__(host, port, "serve_foxglove", origins)
         # The run's calls that may wait (a placed run's subscribe and write wait for the
@@ -264,7 +281,8 @@ class FoxgloveServer(SocketServer):
             FoxgloveStats: a frozen record.
         """
         clients = list(self._clients.values())
-        counts = dict(self._counts, handshakes_refused=self._handshakes_refused)
+        counts = dict(self._counts, **self._panel.counts,
+                      handshakes_refused=self._handshakes_refused)
         counts["dropped"] += sum(c.dropped for c in clients)
         return FoxgloveStats(clients=len(clients),
                              client_channels=sum(len(c.channels) for c in clients), **counts)
@@ -272,6 +290,8 @@ class FoxgloveServer(SocketServer):
     # -- what every client is told ------------------------------------------------------
     def _make_server_info(self, name: str) -> str:
         capabilities = ["connectionGraph", "time"]
+        if self._panel.names:  # a net without parameters: no Parameters panel to offer
+            capabilities += CAPABILITIES
         info: dict[str, Any] = {"op": "serverInfo", "name": name,
                                 "capabilities": capabilities,
                                 "metadata": {"library": "mujou_actors"},
@@ -336,16 +356,24 @@ class FoxgloveServer(SocketServer):
             self._closed = True
 
     async def _tick(self) -> None:
-        """The run's time to every client every `TIME_EVERY` s; the end when the run ends."""
+        """The run's time to every client every `TIME_EVERY` s; the end when the run ends.
+
+        The parameters' updates go meanwhile, on a task of their own (a look at
+        a placed run's values waits for the driver: not the time's business).
+        """
         run = self._run
-        while True:
-            await asyncio.sleep(TIME_EVERY)
-            frame = TIME.pack(2, max(run.time_ns, 0))
-            for client in list(self._clients.values()):
-                client.push(frame, b"")
-            if not run.running:
-                self._stop.set()
-                return
+        updates = asyncio.ensure_future(self._panel.poll())
+        try:
+            while True:
+                await asyncio.sleep(TIME_EVERY)
+                frame = TIME.pack(2, max(run.time_ns, 0))
+                for client in list(self._clients.values()):
+                    client.push(frame, b"")
+                if not run.running:
+                    self._stop.set()
+                    return
+        finally:
+            updates.cancel()
 
     def _forget(self, client: Client) -> None:
         """A client's end: its unlogged warnings said; its subscriptions, channels and queue go.
@@ -357,6 +385,7 @@ class FoxgloveServer(SocketServer):
             log.warning("foxglove: client %d (origin %s): %d more warnings not logged",
                         client.number, client.origin or "none", client.unlogged)
         super()._forget(client)
+        self._panel.forget(client)
         self._counts["dropped"] += client.dropped
         for topic in list(client.topics):
             self._leave(client, topic)
@@ -610,7 +639,8 @@ def _uint(item: Any, key: str) -> int:
 
 def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
                    allow_remote: bool = False, allow_publish: bool = False,
-                   origins: Iterable[str] = (), name: str = "mujou") -> FoxgloveServer:
+                   allow_params: bool = False, origins: Iterable[str] = (),
+                   name: str = "mujou") -> FoxgloveServer:
     """Serve a live Foxglove view of a running net over WebSocket.
 
     Open ``ws://127.0.0.1:8765`` in Foxglove (Open connection, Foxglove
@@ -619,7 +649,10 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     few times a second; with ``allow_publish=True``, a client that publishes
     JSON to an Input's topic writes to it (``Run.write``). A port costs its
     senders something only while a client watches it (in a placed run: from
-    the first time a client watches it on, docs/recording.md).
+    the first time a client watches it on, docs/recording.md). The nodes'
+    parameters are Foxglove's parameters (the Parameters panel), named by
+    their dotted paths: read by any client, set (``Run.set_param``) only with
+    ``allow_params=True``.
 
     A placed run (``placement=``) is served from the host as one process is,
     through the same host API: every port of every group is a channel, and a
@@ -642,9 +675,13 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
             Default: 8765.
         allow_remote (bool): let ``listen`` be an address off loopback. Anyone
             who reaches it reads every port (and, with ``allow_publish``,
-            writes to every Input): a trusted network only. Default: False.
+            writes to every Input; with ``allow_params``, sets every
+            parameter): a trusted network only. Default: False.
         allow_publish (bool): let clients publish to the Inputs (Foxglove's
             ``clientPublish``): each message a ``Run.write``. Default: False.
+        allow_params (bool): let clients set the nodes' parameters (Foxglove's
+            ``setParameters``): each a ``Run.set_param``. Off, a set is
+            refused with a status message and changes nothing. Default: False.
         origins (Iterable[str]): ``Origin`` headers allowed besides the
             defaults: ``"SCHEME://HOST[:PORT]"`` of a web app that may
             connect (a self-hosted Foxglove: ``"http://localhost:8080"``), or
@@ -658,7 +695,7 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     Raises:
         ImportError: websockets is not installed (the message says what to install).
         TypeError: ``run`` is not a `Run`, or a bad
-            ``allow_remote``, ``allow_publish`` or ``origins``.
+            ``allow_remote``, ``allow_publish``, ``allow_params`` or ``origins``.
         ValueError: a bad ``listen``, or one off loopback without
             ``allow_remote``; an origin that is none.
         NotRunningError: the run has ended.
@@ -669,7 +706,8 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     if not isinstance(run, Run):
         raise TypeError(f"serve_foxglove: run must be what mujou.run returned (a Run), "
                         f"got {type(run).__name__}")
-    for flag, value in (("allow_remote", allow_remote), ("allow_publish", allow_publish)):
+    for flag, value in (("allow_remote", allow_remote), ("allow_publish", allow_publish),
+                        ("allow_params", allow_params)):
         if type(value) is not bool:
             raise TypeError(f"serve_foxglove: {flag} must be a bool, got {value!r}")
     host, port = parse_listen(listen, allow_remote)
@@ -677,4 +715,4 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     if not run.running:
         raise NotRunningError("serve_foxglove: the run has ended")
     return FoxgloveServer(run, host, port, str(name), allow_publish=allow_publish,
-                          origins=allowed)
+                          allow_params=allow_params, origins=allowed)
