@@ -680,6 +680,20 @@ def _setup_logging(live: bool, verbose: bool) -> logging.Handler:
     return handler
 
 
+def _let_through(name: str) -> int:
+    """``--record-log LEVEL``'s level, which the root logger is made to let through.
+
+    The command puts no handler on the root logger, so lowering its level
+    prints nothing more: Python's last resort prints warnings alone (the
+    recording's tap stands in for it, recording/logview.py).
+    """
+    level = int(getattr(logging, name.upper()))
+    root = logging.getLogger()
+    if root.getEffectiveLevel() > level:
+        root.setLevel(level)
+    return level
+
+
 def _stats_json(stats: RunStats) -> dict[str, Any]:
     out = {
         "time": stats.time,
@@ -694,9 +708,10 @@ def _stats_json(stats: RunStats) -> dict[str, Any]:
     if stats.recording is not None:  # --record
         rec = stats.recording
         out["recording"] = {**{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
-                               if f.name != "channels"},
+                               if f.name not in ("channels", "log")},
                             "channels": {p: dataclasses.asdict(c)
-                                         for p, c in rec.channels.items()}}
+                                         for p, c in rec.channels.items()},
+                            "log": None if rec.log is None else dataclasses.asdict(rec.log)}
     if stats.capsule is not None:  # --capsule
         out["capsule"] = dataclasses.asdict(stats.capsule)
     return out
@@ -854,6 +869,12 @@ def _foxglove_options(what: str) -> Callable[[F], F]:
               help="With --record: also write each Output's JSON view (/view/<path>) for "
                    "Foxglove beside its lossless channel.")
 @_foxglove_options("run")
+@click.option("--record-log", "record_log", is_flag=False, flag_value="INFO", default=None,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                                case_sensitive=False), metavar="[LEVEL]",
+              help="With --record: also record the run's log records from LEVEL up (INFO if "
+                   "not given; write it as --record-log=LEVEL) to the channel /mujou/log, as "
+                   "Foxglove's foxglove.Log (docs/recording.md).")
 @click.option("--capsule", "capsule_path", type=click.Path(dir_okay=False), default=None,
               help="Keep a crash capsule: when a node fails, write the last seconds of every "
                    "Output and a snapshot to this MCAP file (docs/recording.md).")
@@ -894,8 +915,8 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
                 max_restarts: int, snapshot_dir: str | None,
                 restore: str | None, trace_path: str | None, stats_json: str | None,
                 record_path: str | None, record_ports: tuple[str, ...],
-                record_snapshots: bool, record_view: bool, foxglove: str | None,
-                foxglove_publish: bool, foxglove_params: bool,
+                record_snapshots: bool, record_view: bool, record_log: str | None,
+                foxglove: str | None, foxglove_publish: bool, foxglove_params: bool,
                 foxglove_origins: tuple[str, ...], capsule_path: str | None,
                 capsule_seconds: float | None, check_read_only: bool,
                 places: tuple[str, ...], net_kwargs: str | None, param_items: tuple[str, ...],
@@ -916,9 +937,9 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
             check_writable(snapshot_dir, "--snapshot-dir", make_folders=True, folder=True)
         if record_path is not None:
             check_writable(record_path, "--record", make_folders=True)
-        elif record_ports or record_snapshots or record_view:
-            raise UsageError("--record-port, --record-snapshots and --record-view go with "
-                             "--record FILE")
+        elif record_ports or record_snapshots or record_view or record_log is not None:
+            raise UsageError("--record-port, --record-snapshots, --record-view and --record-log "
+                             "go with --record FILE")
         _check_foxglove(foxglove, foxglove_publish, foxglove_origins, allow_remote,
                         foxglove_params)
         if capsule_path is not None:
@@ -958,8 +979,10 @@ def run_command(target: str, duration: float | None, timer: str, workers: int | 
         if check_read_only:  # with --place, each group's kernel checks its readers
             kwargs["check_read_only"] = True
         if record_path is not None:
+            level = False if record_log is None else _let_through(record_log)
             kwargs["record"] = mujou.Recording(record_path, ports=record_ports or None,
-                                               snapshots=record_snapshots, view=record_view)
+                                               snapshots=record_snapshots, view=record_view,
+                                               log=level)
         signals.mode = "defer"
         if places:
             groups = set(kwargs["placement"].groups.values())
@@ -1202,8 +1225,13 @@ def _say_recorded(stats: RunStats) -> None:
     """The line on stderr after a run that recorded (``--record``): how many messages, where."""
     recording = stats.recording
     if recording is not None:
-        click.echo(f"recorded {recording.recorded:,} messages to {recording.file}"
-                   + (f" ({recording.dropped:,} dropped)" if recording.dropped else ""),
+        logs = recording.log
+        click.echo(f"recorded {recording.recorded:,} messages"
+                   + ("" if logs is None else f" and {logs.recorded:,} log records")
+                   + f" to {recording.file}"
+                   + (f" ({recording.dropped:,} dropped)" if recording.dropped else "")
+                   + (f" ({logs.dropped:,} log records dropped)" if logs and logs.dropped
+                      else ""),
                    err=True)
 
 
@@ -1457,11 +1485,26 @@ def _cat_time(t_ns: int) -> str:
     return "on_start" if t_ns < 0 else f"{t_ns / 1e9:.9f}"
 
 
+def _printable(text: str) -> str:
+    """A file's text for a terminal: its control characters escaped (a file is untrusted)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _log_line(entry: Any) -> str:
+    """A log record as ``mujou cat`` prints it: level, name, message and where it was logged."""
+    where = f" ({_printable(os.path.basename(entry.file))}:{entry.line})" if entry.file else ""
+    return (f"{entry.level_name} {_printable(entry.name)}: {_printable(entry.message)}"
+            f"{where}")
+
+
 @main.command("cat")
 @click.argument("file", metavar="RECORDING.mcap", type=click.Path(dir_okay=False))
 @click.argument("ports", nargs=-1, metavar="[PORT...]")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object a line: t_ns, delta, topic, sequence, message.")
+              help="One JSON object a line: t_ns, delta, topic, sequence, message (a log "
+                   "record: t_ns, topic, sequence, log).")
 @click.option("--full", is_flag=True,
               help=f"Every value of every tensor (without it, a tensor of more than "
                    f"{CAT_ELEMENTS} elements shows its shape, dtype, min, max and mean).")
@@ -1472,10 +1515,12 @@ def cat_command(file: str, ports: tuple[str, ...], as_json: bool, full: bool,
                 allow_damaged: bool, verbose: bool) -> None:
     """Print a recording's messages: time (s), port, message (as the Foxglove view shows it).
 
-    PORT: Output paths or globs ('sim.*'); default: every recorded Output.
+    PORT: Output paths or globs ('sim.*'), or /mujou/log (the run's log records,
+    recorded with --record-log); default: every recorded Output, and the log.
     """
-    from .recording.mcapfile import Reader
-    from .recording.recview import channel_views, select_topics
+    from .recording.foxlog import LOG_TOPIC
+    from .recording.mcapfile import LogEntry, Reader
+    from .recording.recview import channel_views, merged, select_topics
 
     with _errors(verbose):
         found = _open_recording(file, allow_damaged)
@@ -1487,7 +1532,18 @@ def cat_command(file: str, ports: tuple[str, ...], as_json: bool, full: bool,
         limit = None if full else CAT_ELEMENTS
         keep = frozenset(topics)
         width = max((len(t) for t in topics), default=0)
-        for record in Reader(file, allow_damaged=allow_damaged).messages(keep.__contains__):
+        logs = -1  # the count of the log's records so far
+        for record in merged(file, Reader(file, allow_damaged=allow_damaged).messages(
+                keep.__contains__), allow_damaged, with_logs=LOG_TOPIC in keep):
+            if isinstance(record, LogEntry):
+                logs += 1
+                if as_json:
+                    click.echo(json.dumps({"t_ns": record.t_ns, "topic": LOG_TOPIC,
+                                           "sequence": logs, "log": record.to_json()}))
+                else:
+                    click.echo(f"{_cat_time(record.t_ns):>12}  {LOG_TOPIC:<{width}}  "
+                               f"{_log_line(record)}")
+                continue
             value = views[record.topic].summary(record.message, limit)
             if as_json:
                 click.echo(json.dumps({"t_ns": record.t_ns, "delta": record.delta,
@@ -1524,7 +1580,9 @@ def export_view_command(file: str, out: str, allow_damaged: bool, quiet: bool,
         if not quiet:
             failed = sum(done.failed.values())
             click.echo(f"wrote {done.channels} view channel(s), "
-                       f"{sum(done.messages.values()):,} messages to {done.path}"
+                       f"{sum(done.messages.values()):,} messages"
+                       + (f" and {done.logs:,} log records" if done.logs else "")
+                       + f" to {done.path}"
                        + (f" ({failed:,} messages had no view)" if failed else ""), err=True)
 
 
@@ -1667,6 +1725,12 @@ def _print_recording(info: Any) -> None:
         console.print(f"view channels: {len(info.views)} (JSON, for Foxglove; not replayed)")
         for c in info.views:
             console.print(f"  {c.topic}  {c.type}  {c.count:,} messages  {c.bytes:,} bytes")
+    for c in info.logs:  # Recording(log=True): the run's log records, not replayed
+        level = _int(run.get("record_log"))
+        since = "" if level is None else f" from {logging.getLevelName(level)}"
+        console.print(f"log: {c.topic}  {c.type}  {c.count:,} records{since}  {c.bytes:,} bytes"
+                      f"  {_seconds(c.first_ns)} .. {_seconds(c.last_ns)} s  "
+                      f"{info.log_dropped:,} dropped  (mujou cat {info.path} {c.topic})")
     if info.seeds:
         console.print("seeds: " + ", ".join(f"{p or '<root>'}={s}" for p, s in info.seeds.items()))
     console.print(f"attachments: {len(info.attachments)}")

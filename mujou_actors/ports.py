@@ -10,7 +10,9 @@ checks and the copy a send makes live in `mujou_actors.messages`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -375,15 +377,32 @@ class Output(Port):
         type_ (type): message type, as for `Input`. Default: ``object``.
         shape (tuple[int | None, ...], optional): for tensors, the shape.
         dtype (torch.dtype, optional): for tensors, the dtype.
+        foxglove (str, optional): the name of a Foxglove schema that each
+            message follows, as JSON (``"foxglove.FrameTransform"``,
+            ``"foxglove.SceneUpdate"``): the port's view in Foxglove (the live
+            view, ``Recording(view=True)``, ``mujou view``, ``mujou
+            export-view``) is the message's JSON object under that schema's
+            name, which Foxglove's panels pick channels by (its 3D panel shows
+            these two). The type must be one whose view is a JSON object: a
+            ``dict`` (the schema's fields as keys), a NamedTuple or a
+            dataclass (its fields). A ``timestamp`` the message lacks is its
+            send time (docs/foxglove-3d.md). Default: None (the view's own schema).
 
     An Output may feed any number of Inputs; messages from one Output to one
     Input arrive in send order.
+
+    Raises:
+        TypeError: as `Input`; ``foxglove`` not a str, or given for a type
+            whose view is no JSON object (a tensor, a number, a list).
+        ValueError: ``foxglove`` is not a schema's name (dotted identifiers).
     """
 
     _kind = "output"
 
-    def __init__(self, type_: Any = object, *, shape: Any = None, dtype: Any = None) -> None:
+    def __init__(self, type_: Any = object, *, shape: Any = None, dtype: Any = None,
+                 foxglove: str | None = None) -> None:
         super().__init__(type_, shape=shape, dtype=dtype)
+        self._foxglove = _foxglove_schema(foxglove, self._spec.type)
         self._readers: list[Input] = []
         # Readers whose declared type is narrower than ours: checked at send.
         self._strict_readers: list[Input] = []
@@ -393,7 +412,12 @@ class Output(Port):
 
     def _template_copy(self) -> Output:
         spec = self._spec
-        return Output(spec.type, shape=spec.shape, dtype=spec.dtype)
+        return Output(spec.type, shape=spec.shape, dtype=spec.dtype, foxglove=self._foxglove)
+
+    @property
+    def foxglove(self) -> str | None:
+        """str | None: the Foxglove schema the port's messages follow (its view's name), if any."""
+        return self._foxglove
 
     @property
     def readers(self) -> tuple[Input, ...]:
@@ -486,6 +510,33 @@ def connect(output: Output, input: Input) -> None:
     if not input._spec.accepts_all_of(output._spec):
         output._strict_readers.append(input)
     input._sources.append(output)
+
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[./][A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _foxglove_schema(name: Any, type_: Any) -> str | None:
+    """``Output(foxglove=)`` checked: None, or a schema's name on a type viewed as an object.
+
+    Raises:
+        TypeError: not a str; or a type whose view is no JSON object.
+        ValueError: not dotted identifiers (``foxglove.SceneUpdate``), or over 256 characters.
+    """
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError(f"Output(foxglove=) takes a Foxglove schema's name such as "
+                        f"'foxglove.SceneUpdate', got {name!r}")
+    if len(name) > 256 or not _SCHEMA_NAME.fullmatch(name):
+        raise ValueError(f"Output(foxglove=) takes a schema's name, dotted identifiers such as "
+                         f"'foxglove.SceneUpdate', got {name[:80]!r}")
+    objects = isinstance(type_, type) and (issubclass(type_, dict) or dataclasses.is_dataclass(
+        type_) or (issubclass(type_, tuple) and hasattr(type_, "_fields")))
+    if not objects:
+        raise TypeError(f"Output(foxglove={name!r}) needs messages whose view is a JSON object "
+                        f"(a dict, a NamedTuple or a dataclass of the schema's fields), not "
+                        f"{getattr(type_, '__name__', repr(type_))}")
+    return name
 
 
 _port_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()

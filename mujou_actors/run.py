@@ -1032,10 +1032,12 @@ def _record(coordinator: Coordinator, plan: _Plan, args: _Arguments, workers: in
                (plan.ports[path] for path in plan.recorded) if isinstance(port, Output)]
     metadata = run_metadata(plan.found, plan.ports, seeds=plan.seeds, seed=args.seed,
                             timer="simulated" if args.timer.simulated else "realtime",
-                            workers=workers, placement=None, patterns=args.recording.ports)
+                            workers=workers, placement=None, patterns=args.recording.ports,
+                            log=args.recording.log)
     channels = [ChannelSpec.of(output, actor.path, actor.order) for output, actor in outputs]
     recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
-                        host_copy=None if wiring.rt is None else wiring.host_copy)
+                        host_copy=None if wiring.rt is None else wiring.host_copy,
+                        now_ns=lambda: coordinator.time_ns)
     coordinator.attach_recorder(recorder)
     for ch, (output, actor) in enumerate(outputs):
         wiring.listen(output, recorder.hook(ch, actor))

@@ -335,6 +335,12 @@ class RecordingStats:
         error (str | None): what made the writer stop (it records nothing more
             then; `Run.join` raises it at the end), None while it works.
         channels (Mapping[str, RecordingChannelStats]): by Output path.
+        log (RecordingChannelStats | None): the run's log records
+            (``Recording(log=True)``, the channel ``/mujou/log``): ``sent`` the
+            records taken (at or above the recorded level), ``dropped`` those
+            the full queue left out (a record never waits for room),
+            ``unrecordable`` those whose message could not be made; None
+            without. The totals above are the Outputs' alone.
     """
 
     file: str
@@ -346,6 +352,7 @@ class RecordingStats:
     when_full: str = "drop"
     error: str | None = None
     channels: Mapping[str, RecordingChannelStats] = field(default_factory=dict)
+    log: RecordingChannelStats | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "channels", MappingProxyType(dict(self.channels)))

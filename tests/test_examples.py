@@ -231,3 +231,46 @@ def test_the_parameters_example_retunes_at_the_hold_and_replays_bit_for_bit() ->
     assert re.search(r"fingerprint  (\w+) recorded, \1 replayed: identical \(1100 messages", out)
     assert _fingerprint(out) == _fingerprint(runs[1].stdout)  # whatever the workers
     assert runs[0].stderr == ""  # the library prints nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_3d_example_records_transforms_and_a_scene_for_foxgloves_3d_panel(tmp_path) -> None:
+    import math
+
+    from mujou_actors.recording import mcapfile
+
+    out = tmp_path / "pendulum_3d.mcap"
+    result = _run("pendulum_3d.py", "--duration", "0.5", "--out", str(out))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"/view/scene\.scene\s+foxglove\.SceneUpdate\s+25 messages", result.stdout)
+    info = mcapfile.info(out)
+    assert {c.topic: c.type for c in info.views} == {
+        "/view/pendulum.physics.state": "mujou.view.torch.Tensor",
+        "/view/scene.transforms": "foxglove.FrameTransform",
+        "/view/scene.scene": "foxglove.SceneUpdate"}
+    assert [c.topic for c in info.logs] == ["/mujou/log"]
+    views = list(mcapfile.Reader(out).views())
+    states = {t: v["data"] for of, _, t, v in views if of == "pendulum.physics.state"}
+    at_20ms = [v for of, _, t, v in views if of == "scene.transforms" and t == 20_000_000]
+    x, theta = states[18_000_000][:2]  # the newest state sent before the scene's update
+    stamp = {"sec": 0, "nsec": 20_000_000}
+    assert at_20ms == [
+        {"parent_frame_id": "world", "child_frame_id": "cart", "timestamp": stamp,
+         "translation": {"x": x, "y": 0.0, "z": 0.0},
+         "rotation": {"x": 0.0, "y": 0.0, "z": 0.0, "w": 1.0}},
+        {"parent_frame_id": "cart", "child_frame_id": "pole", "timestamp": stamp,
+         "translation": {"x": 0.0, "y": 0.0, "z": 0.0},
+         "rotation": {"x": 0.0, "y": math.sin(theta / 2), "z": 0.0, "w": math.cos(theta / 2)}}]
+    scene = next(v for of, _, t, v in views if of == "scene.scene" and t == 20_000_000)
+    entities = {e["id"]: e for e in scene["entities"]}
+    assert [(e["id"], e["frame_id"], e["timestamp"]) for e in scene["entities"]] == [
+        ("rail", "world", stamp), ("cart", "cart", stamp), ("pole", "pole", stamp)]
+    bob, rod = entities["pole"]["spheres"][0], entities["pole"]["lines"][0]
+    assert bob["pose"]["position"] == {"x": 0.0, "y": 0.0, "z": 0.6}
+    assert bob["size"] == {"x": 0.1, "y": 0.1, "z": 0.1}
+    assert rod["type"] == 0 and rod["points"] == [{"x": 0.0, "y": 0.0, "z": 0.0},
+                                                  {"x": 0.0, "y": 0.0, "z": 0.6}]
+    assert entities["cart"]["cubes"][0]["size"] == {"x": 0.3, "y": 0.2, "z": 0.2}
+    assert all(e["frame_locked"] for e in scene["entities"])

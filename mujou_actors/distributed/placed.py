@@ -440,9 +440,10 @@ def _record(driver: _Driver, found: list[tuple[str, Node]], ports: dict[str, Por
     metadata = run_metadata(found, ports, seeds=seeds, seed=args.seed,
                             timer="simulated" if args.timer.simulated else "realtime",
                             workers=args.workers, placement=placement,
-                            patterns=args.recording.ports)
+                            patterns=args.recording.ports, log=args.recording.log)
+    # The log's records are the host process's (a group's process logs to its own handlers).
     recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
-                        host_copy=None)
+                        host_copy=None, now_ns=lambda: driver.time_ns)
     driver.recorder = recorder
     for ch, path in enumerate(recorded):
         driver.listen_items(path, recorder.item_hook(ch))

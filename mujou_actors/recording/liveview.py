@@ -100,7 +100,8 @@ from .._checks import is_int
 from ..errors import describe
 from ..host import Run
 from ..ports import Input, Output
-from .logview import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC, LogTap
+from .foxlog import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC
+from .logview import LogTap
 from .paramview import CAPABILITIES, ParamPanel
 from .view import Projection, from_json
 from .wsserver import (

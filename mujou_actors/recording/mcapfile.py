@@ -46,7 +46,16 @@ the reader also reads format 1, see below):
   metadata ``mujou.view_of`` (`VIEW_OF`: the Output's path); each message the
   JSON view (`mujou_actors.recording.view`) of the lossless message written just before
   it, at the same time. Readers list them apart (`RecordingInfo.views`) and
-  never decode them: they are for Foxglove, not for replay.
+  never decode them: they are for Foxglove, not for replay. A channel's metadata
+  ``foxglove`` names the Foxglove schema its Output declares
+  (``Output(dict, foxglove="foxglove.SceneUpdate")``), which its view takes.
+* **The log channel** (``Recording(log=True)``): topic ``/mujou/log``
+  (`foxlog.LOG_TOPIC`), message encoding ``"json"``, schema ``foxglove.Log``
+  (encoding ``"jsonschema"``), metadata ``mujou.log`` (`LOG_MARK`); each
+  message one of the run's log records, a ``foxglove.Log`` object, at its
+  time on the run's timer. Readers list it apart (`RecordingInfo.logs`), read
+  it with `Reader.logs` (each entry at most `foxlog.MAX_ENTRY_BYTES`, checked
+  field by field), and never decode it as a port's message.
 * **Metadata** ``"mujou.run"`` (`RUN_METADATA`, written first) and
   ``"mujou.end"`` (`END_METADATA`, written at a clean close, after the last
   chunk): str values, JSON where structured (see ``docs/recording.md`` for the
@@ -115,6 +124,7 @@ from mcap.records import Attachment, Channel, Header, Metadata, Schema
 from ..codec import encode, from_file, raw_bytes, tensor_ext
 from ..errors import RecordingError, SnapshotError, reason
 from ..snapshot import assemble, dumps, loads
+from .foxlog import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC, MAX_ENTRY_BYTES, LogEntry, parse_entry
 
 Buffer: TypeAlias = "bytes | memoryview | ctypes.Array[ctypes.c_char]"
 
@@ -122,7 +132,7 @@ Buffer: TypeAlias = "bytes | memoryview | ctypes.Array[ctypes.c_char]"
 # lists them under the module).
 __all__ = [
     "ChannelSpec", "Writer", "Record", "ChannelInfo", "AttachmentInfo", "RecordingInfo",
-    "Reader", "read", "info", "encode_message", "decode_message", "type_name",
+    "Reader", "read", "info", "encode_message", "decode_message", "type_name", "LogEntry",
 ]
 
 FORMAT = "2"
@@ -144,6 +154,10 @@ VIEW_PREFIX = "/view/"
 """A view channel's topic is this and the Output's path (``/view/sim.state``)."""
 VIEW_OF = "mujou.view_of"
 """The metadata key of a view channel: the path of the Output it is a view of."""
+LOG_MARK = "mujou.log"
+"""The metadata key that marks the log channel (``/mujou/log``; its value: the schema's name)."""
+FOXGLOVE = "foxglove"
+"""The metadata key of a channel whose Output declares a Foxglove schema (its name)."""
 RUN_METADATA = "mujou.run"
 END_METADATA = "mujou.end"
 CHANNEL_METADATA = "mujou.channel"
@@ -252,6 +266,8 @@ class ChannelSpec:
         type (type): the declared message type.
         shape (tuple[int | None, ...] | None): a tensor port's declared shape.
         dtype (str | None): a tensor port's declared dtype (``"float32"``).
+        foxglove (str | None): the Foxglove schema the Output declares for its
+            view (``"foxglove.SceneUpdate"``), None if none.
     """
 
     topic: str
@@ -261,6 +277,7 @@ class ChannelSpec:
     type: type
     shape: tuple[int | None, ...] | None = None
     dtype: str | None = None
+    foxglove: str | None = None
 
     @classmethod
     def of(cls, output: Any, node_path: str, order: int) -> ChannelSpec:
@@ -276,7 +293,7 @@ class ChannelSpec:
         """
         dtype = None if output.dtype is None else str(output.dtype).removeprefix("torch.")
         return cls(output.path, node_path, output.name, order, output.type,
-                   output.shape, dtype)
+                   output.shape, dtype, getattr(output, "foxglove", None))
 
     def schema(self) -> dict[str, Any]:
         """The schema's JSON object: ``type``, ``shape``, ``dtype``, ``fields``."""
@@ -292,6 +309,8 @@ class ChannelSpec:
             meta["shape"] = json.dumps(list(self.shape))
         if self.dtype is not None:
             meta["dtype"] = self.dtype
+        if self.foxglove is not None:
+            meta[FOXGLOVE] = self.foxglove
         return meta
 
 
@@ -613,6 +632,20 @@ class Writer:
                              VIEW_SCHEMA_ENCODING, json.dumps(schema, sort_keys=True),
                              {VIEW_OF: of})
 
+    def add_log_channel(self) -> int:
+        """Register the log channel (``/mujou/log``, JSON, Foxglove's ``foxglove.Log``).
+
+        Returns:
+            int: the channel's id, for `write` (each message a ``foxglove.Log``
+            object's JSON, at its time).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        return self._channel(LOG_TOPIC, VIEW_ENCODING, LOG_SCHEMA_NAME, VIEW_SCHEMA_ENCODING,
+                             json.dumps(LOG_SCHEMA, sort_keys=True),
+                             {LOG_MARK: LOG_SCHEMA_NAME})
+
     def _channel(self, topic: str, encoding: str, schema_name: str, schema_encoding: str,
                  schema: str, metadata: dict[str, str]) -> int:
         """Declare a channel (its ``mujou.channel`` record) and make it; returns its id."""
@@ -633,10 +666,10 @@ class Writer:
         return len(self._logs) - 1
 
     def write(self, channel_id: int, t_ns: int, data: bytes) -> None:
-        """Write one message record of already encoded data (a view's JSON).
+        """Write one message record of already encoded data (a view's or a log entry's JSON).
 
         Args:
-            channel_id (int): from `add_channel` or `add_view_channel`.
+            channel_id (int): from `add_channel`, `add_view_channel` or `add_log_channel`.
             t_ns (int): its time, ns (>= 0).
             data (bytes): its data.
 
@@ -646,6 +679,9 @@ class Writer:
         self._logs[channel_id](data, t_ns, None)
         if self._stream.error is not None:
             raise self._stream.error
+        counts = self._logged[channel_id]
+        counts[0] += 1
+        counts[1] += len(data)
         self._filled += len(data)
         if self._filled >= self._chunk_size:
             self.flush()
@@ -874,6 +910,9 @@ class ChannelInfo:
         last_ns (int | None): the last message's log time, ns.
         view_of (str | None): for a view channel (`RecordingInfo.views`), the
             path of the Output it is a view of; None for a recorded Output's.
+        log (bool): the log channel (`RecordingInfo.logs`).
+        foxglove (str | None): the Foxglove schema its Output declares for its
+            view (``Output(..., foxglove=...)``), None if none.
     """
 
     id: int
@@ -890,6 +929,8 @@ class ChannelInfo:
     first_ns: int | None = None
     last_ns: int | None = None
     view_of: str | None = None
+    log: bool = False
+    foxglove: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -937,6 +978,12 @@ class RecordingInfo:
             the order of their ids; their messages are not in ``messages``,
             ``start_ns`` or ``end_ns`` (``sender_order`` -1, ``type`` the
             schema's name).
+        logs (list[ChannelInfo]): the log channel (``Recording(log=True)``:
+            ``/mujou/log``, type ``foxglove.Log``), if the file has one; its
+            messages, the run's log records (`Reader.logs`), are not in
+            ``messages``, ``start_ns`` or ``end_ns``.
+        log_dropped (int): log records the run's recorder dropped (its queue
+            was full; from ``mujou.end``).
     """
 
     path: str
@@ -955,6 +1002,13 @@ class RecordingInfo:
     seeds: dict[str, int] = dataclasses.field(default_factory=dict)
     attachments: list[AttachmentInfo] = dataclasses.field(default_factory=list)
     views: list[ChannelInfo] = dataclasses.field(default_factory=list)
+    logs: list[ChannelInfo] = dataclasses.field(default_factory=list)
+    log_dropped: int = 0
+
+
+def _is_log(channel: Channel) -> bool:
+    """Whether a channel record is the log channel (JSON, marked by its ``mujou.log``)."""
+    return channel.message_encoding == VIEW_ENCODING and LOG_MARK in channel.metadata
 
 
 def _is_view(channel: Channel) -> bool:
@@ -996,18 +1050,22 @@ def parse_json(text: str | bytes) -> Any:
 
 
 def _view_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
-    """The `ChannelInfo` of a view channel record (counts zero)."""
+    """The `ChannelInfo` of a view channel record, or of the log channel's (counts zero)."""
     schema = schemas.get(channel.schema_id)
+    log = _is_log(channel)
     try:
         data = parse_json(schema.data) if schema is not None else {}
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
     except ValueError as e:
-        raise RecordingError(path, f"view channel {channel.topic!r}: bad schema "
-                             f"({reason(e)})") from e
+        raise RecordingError(path, f"{'log' if log else 'view'} channel {channel.topic!r}: "
+                             f"bad schema ({reason(e)})") from e
     return ChannelInfo(channel.id, channel.topic, "", "", -1,
                        schema.name if schema is not None else "", None, None, data,
-                       view_of=channel.metadata[VIEW_OF])
+                       view_of=None if log else channel.metadata[VIEW_OF], log=log)
+
+
+_SCHEMA_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[./][A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> ChannelInfo:
@@ -1026,6 +1084,10 @@ def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Ch
         order = int(meta["sender_order"])
         if not -TIME_END <= order < TIME_END:
             raise ValueError(f"sender_order {order} is past 2**63")
+        foxglove = meta.get(FOXGLOVE)
+        if foxglove is not None and not (len(foxglove) <= 256
+                                         and _SCHEMA_NAME_RE.fullmatch(foxglove)):
+            raise ValueError(f"foxglove {foxglove[:80]!r} is not a schema's name")
     except KeyError as e:
         raise RecordingError(path, f"channel {channel.topic!r}: no {e} in its metadata or "
                              "schemas") from e
@@ -1033,7 +1095,8 @@ def _channel_info(channel: Channel, schemas: dict[int, Schema], path: str) -> Ch
         raise RecordingError(path, f"channel {channel.topic!r}: bad schema or metadata "
                              f"({reason(e)})") from e
     return ChannelInfo(channel.id, channel.topic, meta.get("node", ""), meta.get("port", ""),
-                       order, meta.get("type", ""), shape, meta.get("dtype"), schema)
+                       order, meta.get("type", ""), shape, meta.get("dtype"), schema,
+                       foxglove=foxglove)
 
 
 def _check_schema(schema: Any) -> None:
@@ -1098,7 +1161,7 @@ class _Channels:
         return True
 
     def _info(self, channel: Channel, schemas: dict[int, Schema]) -> ChannelInfo:
-        if _is_view(channel):
+        if _is_log(channel) or _is_view(channel):
             return _view_info(channel, schemas, self.path)
         return _channel_info(channel, schemas, self.path)
 
@@ -1110,8 +1173,8 @@ class _Channels:
                                  "channel record defines")
         return channel
 
-    def ordered(self) -> tuple[list[ChannelInfo], list[ChannelInfo]]:
-        """The recorded Outputs' channels and the view channels, in the net's order.
+    def ordered(self) -> tuple[list[ChannelInfo], list[ChannelInfo], list[ChannelInfo]]:
+        """The recorded Outputs' channels, the view channels and the log's, in the net's order.
 
         Format 2: the order of the declarations (the net's); format 1: of the
         channel ids (given in the net's order).
@@ -1119,7 +1182,8 @@ class _Channels:
         infos = list(self.by_topic.values())
         if not self.declared:
             infos.sort(key=lambda c: c.id)
-        return ([c for c in infos if c.view_of is None], [c for c in infos if c.view_of])
+        return ([c for c in infos if c.view_of is None and not c.log],
+                [c for c in infos if c.view_of], [c for c in infos if c.log])
 
 
 # -- the MCAP records, parsed within their bounds ----------------------------------------------
@@ -1716,7 +1780,7 @@ class Reader:
         result.size, result.complete, result.cut_at = scan.size, scan.complete, scan.cut_at
         result.damage = scan.damage
         result.library = scan.header.library if scan.header else ""
-        result.channels, result.views = table.ordered()
+        result.channels, result.views, result.logs = table.ordered()
         result.messages = sum(c.count for c in result.channels)
         firsts = [c.first_ns for c in result.channels if c.first_ns is not None]
         lasts = [c.last_ns for c in result.channels if c.last_ns is not None]
@@ -1724,6 +1788,8 @@ class Reader:
         result.end_ns = max(lasts) if lasts else None
         result.drops = _json_counts(result.end, "drops", self.path, TIME_END)
         result.seeds = _json_counts(result.run, "seeds", self.path, 2**64)
+        result.log_dropped = _json_counts(result.end, "log", self.path, TIME_END).get(
+            "dropped", 0)
         _check_times(result, self.path)
         return result
 
@@ -1758,8 +1824,8 @@ class Reader:
         for record in self._scan():
             if type(record) is _Message:
                 channel = table.of(record.channel_id)
-                if channel.view_of is not None:
-                    continue  # for Foxglove, never decoded here
+                if channel.view_of is not None or channel.log:
+                    continue  # for Foxglove (a view, the log), never decoded here
                 if topics is not None and not topics(channel.topic):
                     continue
                 if channel.topic in self.types and channel.topic not in checked:
@@ -1830,6 +1896,41 @@ class Reader:
                 raise RecordingError(self.path, f"view message {index} of {of!r} is not JSON "
                                      f"({reason(e)})") from e
             yield of, index, record.log_time, value
+
+    def logs(self) -> Iterator[LogEntry]:
+        """The run's log records (``Recording(log=True)``), checked, in file order.
+
+        Each message of the log channel must be a ``foxglove.Log`` object of at
+        most `foxlog.MAX_ENTRY_BYTES` bytes (see `foxlog.parse_entry` for its
+        fields). A file without a log channel yields nothing.
+
+        Yields:
+            LogEntry: each record: its time on the run's timer (ns), level,
+            message, name (the node's path, else the logger's), file and line.
+
+        Raises:
+            FileNotFoundError: there is no such file.
+            RecordingError: the file is not a mujou recording, is damaged, or a
+                log message is too long, not JSON, or not a ``foxglove.Log``
+                (the error names its index).
+        """
+        table = _Channels(self.path)
+        for record in self._scan():
+            if type(record) is not _Message:
+                table.take(record)
+                continue
+            if not table.of(record.channel_id).log:
+                continue
+            index = record.sequence - table.first
+            try:
+                if len(record.data) > MAX_ENTRY_BYTES:
+                    raise ValueError(f"{len(record.data)} bytes, more than the "
+                                     f"{MAX_ENTRY_BYTES} of a log entry")
+                found = parse_entry(parse_json(record.data))
+            except ValueError as e:
+                raise RecordingError(self.path, f"log message {index} of {LOG_TOPIC!r} is not "
+                                     f"a foxglove.Log entry ({reason(e)})") from e
+            yield found
 
     def attachments(self) -> Iterator[tuple[AttachmentInfo, bytes]]:
         """The attachments, with their data, in file order.

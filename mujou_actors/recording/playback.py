@@ -11,6 +11,9 @@ advertises:
 
 * a channel per recorded Output, topic its path, as the live view's;
 * ``/mujou/graph``: the recorded net (``mujou.run``'s ``net`` metadata);
+* ``/mujou/log``, when the file has the run's log records
+  (``Recording(log=True)``): Foxglove's ``foxglove.Log``, as the live view
+  serves it, each record at its recorded time;
 * the playback's time (Foxglove's ``time``), and Foxglove's *playback
   control* (``playbackControl``, with the recording's ``dataStartTime`` and
   ``dataEndTime``): the app's play and pause buttons, its speed and its seek
@@ -46,7 +49,8 @@ from typing import Any
 
 from ..errors import describe
 from . import mcapfile
-from .recview import ChannelView, channel_views
+from .foxlog import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC
+from .recview import ChannelView, channel_views, merged
 from .wsserver import (
     DEFAULT_PORT,
     GRAPH_TOPIC,
@@ -135,8 +139,13 @@ class PlaybackServer(SocketServer):
         self._allow_damaged = allow_damaged
         found = mcapfile.info(path, allow_damaged=allow_damaged)
         self._views: dict[str, ChannelView] = channel_views(found)
-        self.start_ns = max(found.start_ns or 0, 0)
-        self.end_ns = max(found.end_ns or 0, self.start_ns)
+        self._logs = bool(found.logs)
+        # The span the seek bar covers: the log's records too (a record after the last
+        # message is played, not left past the end).
+        firsts = [found.start_ns, *(c.first_ns for c in found.logs)]
+        lasts = [found.end_ns, *(c.last_ns for c in found.logs)]
+        self.start_ns = max(min((t for t in firsts if t is not None), default=0), 0)
+        self.end_ns = max(max((t for t in lasts if t is not None), default=0), self.start_ns)
         self._graph = self._make_graph(found)
         self._loop_at_end = loop
         self._cond = threading.Condition()
@@ -148,7 +157,8 @@ class PlaybackServer(SocketServer):
         self._closing = False
         self._sent = 0
         self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
-        self._channel_ids = {t: i for i, t in enumerate([*self._views, GRAPH_TOPIC], 1)}
+        self._channel_ids = {t: i for i, t in enumerate(
+            [*self._views, GRAPH_TOPIC, *([LOG_TOPIC] if self._logs else [])], 1)}
         self._topic_of = {i: t for t, i in self._channel_ids.items()}
         self._server_info = json.dumps({
             "op": "serverInfo", "name": name, "capabilities": ["time", "playbackControl"],
@@ -242,6 +252,10 @@ class PlaybackServer(SocketServer):
         channels.append({"id": self._channel_ids[GRAPH_TOPIC], "topic": GRAPH_TOPIC,
                          "encoding": "json", "schemaName": "mujou.Graph",
                          "schemaEncoding": "jsonschema", "schema": json.dumps({"type": "object"})})
+        if self._logs:
+            channels.append({"id": self._channel_ids[LOG_TOPIC], "topic": LOG_TOPIC,
+                             "encoding": "json", "schemaName": LOG_SCHEMA_NAME,
+                             "schemaEncoding": "jsonschema", "schema": json.dumps(LOG_SCHEMA)})
         return json.dumps({"op": "advertise", "channels": channels})
 
     # -- the player (mujou-playback) --------------------------------------------------------
@@ -272,7 +286,14 @@ class PlaybackServer(SocketServer):
                 client.push(frame, b"")
 
     def _messages(self) -> Iterator[mcapfile.Record]:
-        return mcapfile.read(self.path, allow_damaged=self._allow_damaged)
+        """The messages, and the log's records as Records of ``/mujou/log``, by time."""
+        items = merged(self.path, mcapfile.read(self.path, allow_damaged=self._allow_damaged),
+                       self._allow_damaged, with_logs=self._logs)
+        for item in items:
+            if isinstance(item, mcapfile.LogEntry):
+                yield mcapfile.Record(LOG_TOPIC, 0, item.t_ns, 0, item.to_json())
+            else:
+                yield item
 
     def _play(self) -> None:
         """``mujou-playback``: send the messages at their times, as the controls say."""
@@ -357,7 +378,8 @@ class PlaybackServer(SocketServer):
             return
         t = max(record.t_ns, 0)
         try:
-            data = self._views[record.topic].encode(record.message, t)
+            data = (json.dumps(record.message).encode() if record.topic == LOG_TOPIC
+                    else self._views[record.topic].encode(record.message, t))
         except Exception as exc:  # noqa: BLE001 - a view never stops the playback
             log.debug("foxglove: no view of a message of %s: %s", record.topic, describe(exc))
             return

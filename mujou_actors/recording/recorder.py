@@ -20,6 +20,12 @@ slices, until the writer has made room. A simulated run has no deadline to
 miss, and a recording that dropped messages cannot be replayed; waiting only
 slows the run down to the writer's pace.
 
+``Recording(log=True)`` also records the run's log records (`logview.LogTap`
+on the root logger, from `start` to `close`) to the channel ``/mujou/log``:
+each entry goes through the same queue, but a full queue drops it, whatever
+``when_full`` says, so that logging never waits (it may happen anywhere, the
+writer thread included).
+
 Nothing of this exists on a run that does not record: no listener, no thread,
 no queue.
 """
@@ -48,6 +54,8 @@ from ..errors import describe
 from ..params import iter_params
 from ..stats import RecordingChannelStats, RecordingStats
 from . import mcapfile
+from .foxlog import LOG_TOPIC
+from .logview import LogTap
 from .view import Projection
 
 if TYPE_CHECKING:
@@ -75,6 +83,7 @@ _SMALL = frozenset((float, int, bool, type(None)))  # charged _BASE alone
 _POLL = 0.005  # wall seconds the writer sleeps when the queue is empty
 _WAIT_SLICE = 0.05  # wall seconds a waiting sender sleeps before it looks again
 _BATCH = 1024  # messages the writer takes per turn
+_LOG = -1  # the queue's channel number of a log entry (the Outputs' are 0, 1, ...)
 # Written messages handed back to the senders to free (see Recorder._dead): at most this
 # many, each of at most _RETURN_MAX bytes (what message_size charges): 4 MiB in all.
 _RETURNED = 256
@@ -115,6 +124,16 @@ class Recording:
         compression (str): ``"none"``, ``"lz4"`` or ``"zstd"`` (per chunk).
             Default: ``"none"``.
         chunk_size (int): bytes of messages per chunk. Default: 1 MiB.
+        log (bool | int): also record the run's log records to the channel
+            ``/mujou/log`` (Foxglove's ``foxglove.Log``), each named after the
+            node whose hook logged it and stamped with the hook's key: True
+            takes ``logging.INFO`` and above, an int (``logging.DEBUG``) that
+            level and above, False none. Only what the loggers let through
+            reaches it (Python's default lets warnings and above through:
+            ``logging.basicConfig(level=logging.INFO)`` lets ``info`` lines
+            through). Kept as the level (True is 20), or False. A record
+            never waits for room in the queue: a full queue drops it (counted
+            in ``stats().recording.log``). Default: False.
 
     Raises:
         TypeError: an argument of the wrong type (``max_messages=1.5``,
@@ -133,12 +152,14 @@ class Recording:
     when_full: str | None
     compression: str
     chunk_size: int
+    log: int  # the lowest level recorded, or False (0): no log
 
     def __init__(self, path: str | os.PathLike[str], *, ports: Iterable[str] | None = None,
                  snapshots: bool = False, view: bool = False,
                  max_messages: int = DEFAULT_MAX_MESSAGES,
                  max_bytes: int = DEFAULT_MAX_BYTES, when_full: str | None = None,
-                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE) -> None:
+                 compression: str = "none", chunk_size: int = mcapfile.CHUNK_SIZE,
+                 log: bool | int = False) -> None:
         if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
             raise TypeError(f"Recording: path must be a non-empty str or os.PathLike, "
                             f"got {path!r}")
@@ -167,12 +188,34 @@ class Recording:
         settings: dict[str, Any] = {
             "path": os.fspath(path), "ports": _patterns(ports), "snapshots": snapshots,
             "view": view, "max_messages": max_messages, "max_bytes": max_bytes,
-            "when_full": when_full, "compression": compression, "chunk_size": chunk_size}
+            "when_full": when_full, "compression": compression, "chunk_size": chunk_size,
+            "log": _log_level(log)}
         for name, setting in settings.items():  # frozen: set once, as a dataclass's __init__
             object.__setattr__(self, name, setting)
 
     def __repr__(self) -> str:
         return settings_repr(self)
+
+
+def _log_level(log: Any) -> int:
+    """``Recording(log=)`` as the lowest level recorded (False: no log).
+
+    Raises:
+        TypeError: neither a bool nor an int.
+        ValueError: an int below 1 (``logging.NOTSET``, 0, would read as "off":
+            ``logging.DEBUG`` records every level).
+    """
+    if log is False:
+        return False
+    if log is True:
+        return logging.INFO
+    if not is_int(log):
+        raise TypeError(f"Recording: log must be a bool or a logging level (an int such as "
+                        f"logging.DEBUG), got {log!r}")
+    if log < 1:
+        raise ValueError(f"Recording: log must be a logging level >= 1 (logging.DEBUG records "
+                         f"every level; False none), got {log!r}")
+    return int(log)
 
 
 def _patterns(ports: Any) -> tuple[str, ...] | None:
@@ -284,7 +327,7 @@ def values_of_net(found: list[tuple[str, Node]]) -> dict[str, Any]:
 def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
                  seeds: Mapping[str, int], seed: int | None, timer: str, workers: int | None,
                  placement: Mapping[str, str] | None,
-                 patterns: tuple[str, ...] | None) -> dict[str, str]:
+                 patterns: tuple[str, ...] | None, log: int = False) -> dict[str, str]:
     """The ``mujou.run`` metadata of a recording (see docs/recording.md for the keys)."""
     return {
         "format": mcapfile.FORMAT,
@@ -302,6 +345,7 @@ def run_metadata(found: list[tuple[str, Node]], ports: Mapping[str, Port], *,
         "record_ports": json.dumps(["*"] if patterns is None else list(patterns)),
         "numerics": json.dumps(numerics()),
         "params": json.dumps(values_of_net(found)),
+        "record_log": str(log) if log else "",  # the lowest level recorded; "": no log
     }
 
 
@@ -365,6 +409,9 @@ class Recorder:
         simulated (bool): the run's timer is simulated (``when_full``'s default).
         host_copy (Callable | None): makes a CPU copy of a message holding CUDA
             tensors once its GPU work is done (None without CUDA nodes).
+        now_ns (Callable[[], int] | None): the run's time (ns), which a log
+            record made outside any hook is stamped with (``Recording(log=)``).
+            Default: None (such records at 0).
 
     Raises:
         OSError: the file cannot be created.
@@ -372,7 +419,8 @@ class Recorder:
 
     def __init__(self, settings: Recording, channels: list[mcapfile.ChannelSpec],
                  metadata: dict[str, str], *, simulated: bool,
-                 host_copy: Callable[[Any], Any] | None) -> None:
+                 host_copy: Callable[[Any], Any] | None,
+                 now_ns: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.path = settings.path
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -389,9 +437,17 @@ class Recorder:
             for spec in channels:
                 projection = Projection(spec.topic, spec.type, spec.shape,
                                         None if spec.dtype is None
-                                        else getattr(torch, spec.dtype))
+                                        else getattr(torch, spec.dtype), spec.foxglove)
                 self._views.append((projection, self._writer.add_view_channel(
                     spec.topic, projection.schema_name, projection.schema)))
+        # Recording(log=...): the log channel, its tap (attached by start) and its counts,
+        # each changed under the lock (records come from any thread).
+        self._tap: LogTap | None = None
+        self._log_id = -1
+        self._log_counts = dict.fromkeys(("sent", "recorded", "dropped", "bytes", "lost"), 0)
+        if settings.log:
+            self._log_id = self._writer.add_log_channel()
+            self._tap = LogTap(self._take_log, now_ns or (lambda: 0), settings.log)
         self._host_copy = host_copy
         self._snapshots = settings.snapshots
         self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
@@ -499,6 +555,27 @@ class Recorder:
 
         return hook
 
+    def _take_log(self, entry: dict[str, Any]) -> None:
+        """The log tap's delivery (on the thread that logged): queue the entry, or drop it.
+
+        Never waits for room: a record may be logged anywhere, by the writer
+        thread itself too.
+        """
+        size = _BASE + len(entry["message"]) + len(entry["name"]) + len(entry["file"])
+        when = entry["timestamp"]
+        key = (when["sec"] * 1_000_000_000 + when["nsec"], 0)
+        counts = self._log_counts
+        with self._lock:
+            if self._closing or self._done:
+                return  # the end: the tap is being taken off
+            counts["sent"] += 1
+            if len(self._queue) < self.settings.max_messages \
+                    and self._pending[0] + size <= self.settings.max_bytes:
+                self._pending[0] += size
+                self._queue.append((_LOG, counts["sent"] - 1, key, entry, size))
+                return
+            counts["dropped"] += 1
+
     def _wait_for_room(self, ch: int, seq: int, key: tuple[int, int], message: Any,
                        size: int) -> bool:
         """``when_full="wait"``: queue the message once the writer made room; False if it stopped.
@@ -539,8 +616,10 @@ class Recorder:
 
     # -- the writer thread ------------------------------------------------------------------
     def start(self) -> None:
-        """Start the ``mujou-recorder`` thread."""
+        """Start the ``mujou-recorder`` thread, and take the log's records (``log=``)."""
         self._thread.start()
+        if self._tap is not None:
+            self._tap.attach()
 
     def _serve(self) -> None:
         """The writer thread: write what is queued until `close`, then the end of the file."""
@@ -586,6 +665,9 @@ class Recorder:
         for _ in range(min(len(queue), _BATCH)):
             ch, seq, (t_ns, delta), message, size = queue.popleft()
             freed += size
+            if ch == _LOG:
+                self._write_log(t_ns, message)
+                continue
             if host_copy is not None:
                 message = host_copy(message)
             try:
@@ -622,6 +704,19 @@ class Recorder:
         while params:
             writer.attach_param(*params.popleft())
 
+    def _write_log(self, t_ns: int, entry: dict[str, Any]) -> None:
+        """Write one log entry (a ``foxglove.Log`` object) at its time."""
+        data = json.dumps(entry, separators=(",", ":")).encode()
+        try:
+            self._writer.write(self._log_id, t_ns, data)
+        except OSError:
+            with self._lock:
+                self._log_counts["lost"] += 1  # not in the file (see _failed)
+            raise
+        with self._lock:
+            self._log_counts["recorded"] += 1
+            self._log_counts["bytes"] += len(data)
+
     def _write_view(self, ch: int, t_ns: int, message: Any) -> None:
         """Write the view of a message just written (same time); never fails it."""
         assert self._views is not None
@@ -649,6 +744,21 @@ class Recorder:
             if self._recorded[ch] > kept:
                 self._lost[ch] += self._recorded[ch] - kept
                 self._recorded[ch], self._bytes[ch] = kept, kept_bytes
+        if self._tap is not None:
+            kept, kept_bytes = self._writer.durable(self._log_id)
+            with self._lock:
+                counts = self._log_counts
+                if counts["recorded"] > kept:
+                    counts["lost"] += counts["recorded"] - kept
+                    counts["recorded"], counts["bytes"] = kept, kept_bytes
+
+    def _count_left(self, left: list[tuple[int, int, tuple[int, int], Any, int]]) -> None:
+        """Count the queued messages and log entries left unwritten as dropped."""
+        for ch, *_ in left:
+            if ch == _LOG:
+                self._log_counts["dropped"] += 1
+            else:
+                self._dropped[ch] += 1
 
     def _finish(self) -> None:
         """The end of the file: what is left unwritten counted, ``mujou.end``, the summary."""
@@ -656,11 +766,12 @@ class Recorder:
         with self._room:
             left = list(self._queue)
             self._queue.clear()
-        for ch, *_ in left:
-            self._dropped[ch] += 1
+            self._count_left(left)
         self._skipped += len(left)
         self._write_attachments()
         end = self._end or {}
+        log = {} if self._tap is None else {"log": json.dumps({
+            "recorded": self._log_counts["recorded"], "dropped": self._log_counts["dropped"]})}
         self._writer.close({
             "time_ns": end.get("time_ns", ""),
             "recorded": json.dumps(dict(zip(self._topics, self._recorded, strict=True))),
@@ -669,6 +780,7 @@ class Recorder:
             "unrecordable": json.dumps({t: n for t, n in zip(self._topics, self._unrecordable,
                                                              strict=True) if n}),
             "failure": end.get("failure", ""),
+            **log,
         })
 
     # -- the end ------------------------------------------------------------------------------
@@ -687,6 +799,8 @@ class Recorder:
             BaseException | None: what made the writer fail (an ``OSError``
             writing the file), None if the file is complete.
         """
+        if self._tap is not None:
+            self._tap.cancel()  # first: what is logged from here on is not the run's
         if not self._closing:
             self._end = {"time_ns": "" if end_ns is None else str(end_ns), "failure": failure}
             self._deadline = time.monotonic() + timeout
@@ -710,8 +824,7 @@ class Recorder:
             with self._room:
                 left = list(self._queue)
                 self._queue.clear()
-            for ch, *_ in left:
-                self._dropped[ch] += 1
+                self._count_left(left)
         return self._error
 
     def stats(self) -> RecordingStats:
@@ -720,9 +833,18 @@ class Recorder:
             port=topic, sent=self._sent[ch], recorded=self._recorded[ch],
             dropped=self._dropped[ch] + self._lost[ch], unrecordable=self._unrecordable[ch],
             bytes=self._bytes[ch]) for ch, topic in enumerate(self._topics)}
+        log = None
+        if self._tap is not None:
+            with self._lock:
+                counts = dict(self._log_counts)
+            log = RecordingChannelStats(
+                port=LOG_TOPIC, sent=counts["sent"], recorded=counts["recorded"],
+                dropped=counts["dropped"] + counts["lost"], unrecordable=self._tap.failed,
+                bytes=counts["bytes"])
         return RecordingStats(
             file=self.path, recorded=sum(self._recorded),
             dropped=sum(self._dropped) + sum(self._lost),
             unrecordable=sum(self._unrecordable), bytes=sum(self._bytes),
             queued=len(self._queue), when_full="wait" if self._wait else "drop",
-            error=None if self._error is None else describe(self._error), channels=channels)
+            error=None if self._error is None else describe(self._error), channels=channels,
+            log=log)

@@ -20,6 +20,14 @@ rules:
   object) with an empty schema;
 * any other type is shown as the live view shows a port typed ``object``.
 
+A channel whose Output declared a Foxglove schema (``Output(dict,
+foxglove="foxglove.SceneUpdate")``, the file's channel metadata ``foxglove``)
+keeps it: its view is made as the live view makes it.
+
+The log channel (``Recording(log=True)``, ``/mujou/log``) is no port's: it is
+listed apart (`mcapfile.RecordingInfo.logs`), and `export_view` copies it as
+it is, beside the views.
+
 Reading goes through `mujou_actors.recording.mcapfile`'s bounded reader: a file that is
 not a recording, or is damaged, raises `mujou.RecordingError`.
 """
@@ -29,9 +37,11 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import fnmatch
+import heapq
+import json
 import keyword
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -97,7 +107,8 @@ class ChannelView:
         dtype = getattr(torch, channel.dtype, None) if channel.dtype else None
         shape = None if channel.shape is None else tuple(channel.shape)
         self.projection = Projection(channel.topic, cls if cls is not None else object,
-                                     shape, dtype if isinstance(dtype, torch.dtype) else None)
+                                     shape, dtype if isinstance(dtype, torch.dtype) else None,
+                                     foxglove=channel.foxglove)
 
     def as_declared(self, message: Any) -> Any:
         """A NamedTuple's or dataclass's message (a tuple or a dict) as the object of its fields.
@@ -155,10 +166,12 @@ def channel_views(info: mcapfile.RecordingInfo) -> dict[str, ChannelView]:
 def select_topics(info: mcapfile.RecordingInfo, patterns: Iterable[str]) -> list[str]:
     """The recorded topics that match any of ``patterns`` (globs), in the file's order.
 
+    The log channel (``/mujou/log``), if the file has one, comes last.
+
     Args:
         info (mcapfile.RecordingInfo): the recording.
-        patterns (Iterable[str]): Output paths, or ``fnmatch`` globs
-            (``"sim.*"``); none: every topic.
+        patterns (Iterable[str]): Output paths or ``/mujou/log``, or ``fnmatch``
+            globs (``"sim.*"``); none: every topic.
 
     Returns:
         list[str]: the topics.
@@ -167,7 +180,7 @@ def select_topics(info: mcapfile.RecordingInfo, patterns: Iterable[str]) -> list
         ValueError: a pattern matches no channel (the message names it and
             lists the channels).
     """
-    topics = [c.topic for c in info.channels]
+    topics = [c.topic for c in (*info.channels, *info.logs)]
     wanted = list(patterns)
     if not wanted:
         return topics
@@ -188,12 +201,37 @@ class Exported:
         messages (dict[str, int]): view messages written per Output path.
         failed (dict[str, int]): messages whose view could not be made, per
             Output path (left out, as ``Recording(view=True)`` leaves them out).
+        logs (int): log records copied (the source's ``/mujou/log``; 0: none).
     """
 
     path: str
     channels: int
     messages: dict[str, int]
     failed: dict[str, int]
+    logs: int = 0
+
+
+def merged(path: str, records: Iterable[mcapfile.Record], allow_damaged: bool = False,
+           with_logs: bool = True) -> Iterator[mcapfile.Record | mcapfile.LogEntry]:
+    """A recording's messages and its log records (`mcapfile.Reader.logs`), by time.
+
+    Two passes over the file side by side: each in its own order (a
+    simulated run's, by time), taken by time (the earlier first; a message
+    before a record of the same time).
+
+    Args:
+        path (str): the recording.
+        records (Iterable[mcapfile.Record]): its messages (`mcapfile.read`, or a part).
+        allow_damaged (bool): read a damaged file up to its damage. Default: False.
+        with_logs (bool): take the log records too; False: the messages alone.
+
+    Returns:
+        Iterator[mcapfile.Record | mcapfile.LogEntry]: both, as one stream.
+    """
+    if not with_logs:
+        return iter(records)
+    logs = mcapfile.Reader(path, allow_damaged=allow_damaged).logs()
+    return heapq.merge(records, logs, key=lambda item: max(item.t_ns, 0))
 
 
 def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], *,
@@ -202,9 +240,11 @@ def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], 
 
     ``target`` gets the ``mujou.run`` metadata of ``source`` and, for each of
     its recorded Outputs, the channel ``/view/<path>`` that
-    ``mujou.Recording(path, view=True)`` would have written (JSON, its JSON Schema
-    or ``foxglove.RawImage``, metadata ``mujou.view_of``), one message per
-    lossless message at its time. Foxglove opens it as it is.
+    ``mujou.Recording(path, view=True)`` would have written (JSON, its JSON Schema,
+    ``foxglove.RawImage`` or the schema its Output declares, metadata
+    ``mujou.view_of``), one message per lossless message at its time; and the
+    source's log channel (``/mujou/log``, ``Recording(log=True)``), copied.
+    Foxglove opens it as it is.
 
     Args:
         source (str | os.PathLike): a recording.
@@ -232,9 +272,17 @@ def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], 
         ids = {topic: writer.add_view_channel(topic, v.projection.schema_name,
                                               v.projection.schema)
                for topic, v in views.items()}
+        log_id = writer.add_log_channel() if found.logs else -1
         counts = dict.fromkeys(views, 0)
         failed: dict[str, int] = {}
-        for record in mcapfile.read(source, allow_damaged=allow_damaged):
+        logs = 0
+        for record in merged(source, mcapfile.read(source, allow_damaged=allow_damaged),
+                             allow_damaged, with_logs=log_id >= 0):
+            if isinstance(record, mcapfile.LogEntry):
+                writer.write(log_id, record.t_ns, json.dumps(
+                    record.to_json(), separators=(",", ":")).encode())
+                logs += 1
+                continue
             view = views[record.topic]
             try:
                 data = view.encode(record.message, record.t_ns)
@@ -250,4 +298,4 @@ def export_view(source: str | os.PathLike[str], target: str | os.PathLike[str], 
             os.unlink(target + ".part")
         raise
     os.replace(target + ".part", target)
-    return Exported(target, len(ids), counts, failed)
+    return Exported(target, len(ids), counts, failed, logs)

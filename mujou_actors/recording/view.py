@@ -36,6 +36,15 @@ beside the lossless channel (``Recording(view=True)``) and the live server
   picks a panel by it.
 * **Anything else** (an object of a port typed ``object``): its ``repr``,
   at most 256 characters.
+* **A Foxglove schema** declared by the Output (``Output(dict,
+  foxglove="foxglove.SceneUpdate")``): the message's view is its JSON object
+  as above (a dict's keys and values, a NamedTuple's or dataclass's fields),
+  which the node makes in that schema's fields, and the channel's schema is
+  named so, which is how Foxglove picks its panels (the 3D panel takes
+  ``foxglove.FrameTransform`` and ``foxglove.SceneUpdate``). A ``timestamp``
+  the object lacks, at its top level and in each object of a list at its top
+  level (a SceneUpdate's entities and deletions), is the message's time, so a
+  node need not know its time to stamp what it sends.
 
 Every view channel has a JSON Schema (`Projection.schema`, draft 2020-12).
 `from_json` goes the other way: the JSON a client publishes, made into a
@@ -359,15 +368,29 @@ class Projection:
         type_ (Any): the declared message type.
         shape (tuple[int | None, ...] | None): a tensor port's declared shape.
         dtype (torch.dtype | None): a tensor port's declared dtype.
+        foxglove (str | None): the Foxglove schema the Output declares
+            (``Output(dict, foxglove="foxglove.SceneUpdate")``): the view's
+            schema name, its messages stamped where they lack a ``timestamp``.
     """
 
     def __init__(self, topic: str, type_: Any, shape: tuple[int | None, ...] | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, foxglove: str | None = None) -> None:
         self.topic = topic
-        self.layout = image_layout(shape, dtype)
-        if self.layout is not None:
+        self.layout = None if foxglove is not None else image_layout(shape, dtype)
+        self.foxglove = foxglove
+        self.schema: dict[str, Any]
+        if foxglove is not None:
+            # Foxglove knows its own schemas by name: the JSON Schema only says what the
+            # declared type says (a NamedTuple's fields), and where the schema is defined.
+            self.schema_name = foxglove
+            self.schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                           **schema_of(type_), "type": "object", "title": foxglove,
+                           "description": f"Foxglove's {foxglove} (see "
+                                          "https://docs.foxglove.dev/docs/visualization/"
+                                          "message-schemas/introduction)"}
+        elif self.layout is not None:
             self.schema_name = IMAGE_SCHEMA_NAME
-            self.schema: dict[str, Any] = IMAGE_SCHEMA
+            self.schema = IMAGE_SCHEMA
         else:
             inner = schema_of(type_)
             wrap = _wraps(type_)
@@ -379,8 +402,9 @@ class Projection:
 
     @classmethod
     def of(cls, port: Any) -> Projection:
-        """The projection of a bound port (its path, type, shape and dtype)."""
-        return cls(port.path, port.type, port.shape, port.dtype)
+        """The projection of a bound port (its path, type, shape, dtype and Foxglove schema)."""
+        return cls(port.path, port.type, port.shape, port.dtype,
+                   getattr(port, "foxglove", None))
 
     def to_json(self, message: Any, t_ns: int) -> dict[str, Any]:
         """The message's view, a JSON object.
@@ -395,7 +419,11 @@ class Projection:
         if self.layout is not None and isinstance(message, torch.Tensor):
             return image(message, self.layout, t_ns, self.topic)
         value = _project(message, 0)
-        return value if type(value) is dict else {"value": value}
+        if type(value) is not dict:
+            return {"value": value}
+        if self.foxglove is not None:
+            _stamp_missing(value, t_ns)
+        return value
 
     def encode(self, message: Any, t_ns: int) -> bytes:
         """The message's view as UTF-8 JSON (always valid JSON: no NaN).
@@ -409,6 +437,20 @@ class Projection:
         """
         return json.dumps(self.to_json(message, t_ns), allow_nan=False,
                           separators=(",", ":")).encode()
+
+
+def _stamp_missing(value: dict[str, Any], t_ns: int) -> None:
+    """Give a Foxglove message's view the time ``t_ns`` where it lacks a ``timestamp``.
+
+    At its top level and in each object of a list at its top level (a
+    SceneUpdate's entities and deletions, a FrameTransforms' transforms).
+    ``value`` is the view just made (`_project` built it): changed in place.
+    """
+    t = max(t_ns, 0)
+    when = {"sec": t // 1_000_000_000, "nsec": t % 1_000_000_000}
+    for item in [value, *(i for v in value.values() if type(v) is list for i in v)]:
+        if type(item) is dict and "timestamp" not in item:
+            item["timestamp"] = dict(when)
 
 
 # -- from JSON: what a client publishes to an Input ----------------------------------------
