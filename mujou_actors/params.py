@@ -477,7 +477,7 @@ class RunParams:
         return found
 
     def preload(self, initial: dict[str, Any], sets: Iterable[tuple[int, int, str, str, Any]],
-                where: str) -> None:
+                where: str) -> list[tuple[int, int, str, str, Any]]:
         """Give the nodes a recorded run's parameters: its start values, and its sets queued.
 
         A replay's: each value goes in as a set of the node's own (checked,
@@ -491,10 +491,15 @@ class RunParams:
             sets (Iterable): ``(t_ns, delta, node, name, value)`` of each set.
             where (str): the recording, for the warning.
 
+        Returns:
+            list: the sets queued, ``(t_ns, delta, node, name, value)`` (what
+            a recording of the replay keeps).
+
         Raises:
             ParamError: a recorded value breaks its parameter's rules here.
         """
         skipped = []
+        queued = []
         for path, value in initial.items():
             try:
                 node_path, name, _ = self.resolve(path)
@@ -512,11 +517,14 @@ class RunParams:
             state = self.sets.get(node_path)
             if state is not None:  # (a replaced node's sets change nothing)
                 param = params_of_class(type(self.nodes[node_path]))[name]
-                state.add(t_ns, delta, name, param.check(value, f"parameter {path!r}"))
+                checked = param.check(value, f"parameter {path!r}")
+                state.add(t_ns, delta, name, checked)
+                queued.append((t_ns, delta, node_path, name, checked))
         if skipped:
             log.warning("replay of %s: the net has no parameter(s) %s that the recorded run "
                         "had; their values and sets are not applied", where,
                         sorted(set(skipped)))
+        return queued
 
 
 def param_problems(section: Any, nodes: dict[str, Any]) -> list[str]:

@@ -993,9 +993,10 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams
         # Nodes with parameters only: their sets are applied inside the budget's measure.
         params = RunParams(plan.found)
         params.guard(actors, skip=plan.replaced or ())
+        replayed: list[tuple[int, int, str, str, Any]] = []
         if plan.params is not None:
             assert plan.replaced is not None  # a replay's
-            params.preload(plan.params.initial, plan.params.sets, "the recording")
+            replayed = params.preload(plan.params.initial, plan.params.sets, "the recording")
         set_values(args.params, plan.found)  # after a replay's start values: these win
         # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
         # so that the read-only check's time is not charged to the node's budget.
@@ -1009,6 +1010,9 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams
         coordinator.attach_host(host)
         if args.recording is not None:
             _record(coordinator, plan, args, n_workers)
+            assert coordinator.recorder is not None
+            for t_ns, delta, owner, name, value in replayed:  # a recording of the replay
+                coordinator.recorder.param((t_ns, delta), owner, name, value)
         if args.capsule is not None:
             _keep_capsule(coordinator, plan, args, n_workers)
         coordinator.start_threads()

@@ -227,7 +227,7 @@ def test_the_parameters_example_retunes_at_the_hold_and_replays_bit_for_bit() ->
     # Applied by the controller's first update after the set's key, in the run and the replay.
     changes = "kp 2.0 -> 8.0 at t = 0.510 s; ki 0.5 -> 2.0 at t = 0.510 s"
     assert f"on_param     {changes}" in out and f"replayed     on_param {changes}" in out
-    assert "2 sets: param-500000000-1.json, param-500000000-1.json" in out
+    assert "2 sets: param-500000000-1-0.json, param-500000000-1-1.json" in out
     assert re.search(r"fingerprint  (\w+) recorded, \1 replayed: identical \(1100 messages", out)
     assert _fingerprint(out) == _fingerprint(runs[1].stdout)  # whatever the workers
     assert runs[0].stderr == ""  # the library prints nothing

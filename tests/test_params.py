@@ -276,13 +276,20 @@ def test_a_replay_applies_the_recorded_start_values_and_sets_at_the_same_updates
     set_at_gate(node, run, [("g.gain", 7.5), ("g.on", False)])
     run.join(30)
     info = mujou.recording.mcapfile.info(path)
-    assert [a.name for a in info.attachments] == ["param-20000000-1.json"] * 2
+    assert [a.name for a in info.attachments] == ["param-20000000-1-0.json",
+                                                  "param-20000000-1-1.json"]
 
     again = Gain()
+    second = tmp_path / "replayed.mcap"
     replayed = mujou.run({"g": again, "p": Plain()}, timer="simulated", duration=0.05,
-                         replay=path)
+                         replay=path, record=second)
     replayed.join(30)
     assert again.log == node.log
+    # The replay's own recording keeps the sets it replayed: replayed in turn, the same.
+    third = Gain()
+    mujou.run({"g": third, "p": Plain()}, timer="simulated", duration=0.05,
+              replay=second).join(30)
+    assert third.log == node.log
     assert [e for e in again.log if e[0] == "param"] == [("param", "gain", 1.0, 7.5),
                                                           ("param", "on", True, False)]
     assert again.log[0] == ("update", 0.01, 1.0, "slow")  # the recorded start value
@@ -434,7 +441,7 @@ def test_a_crash_capsule_keeps_the_sets_after_its_snapshot_and_reproduces_with_t
         run.join(30)
     info = mujou.recording.mcapfile.info(capsule)
     names = [a.name for a in info.attachments]
-    assert names == ["snapshot-0.mujou", "param-20000000-1.json"]  # the set came after it
+    assert names == ["snapshot-0.mujou", "param-20000000-1-0.json"]  # the set came after it
 
     again = Fragile(fail_ns=50_000_000)
     report = reproduce_failure(capsule, {"g": again})

@@ -64,7 +64,8 @@ the reader also reads format 1, see below):
   media type ``application/x-mujou-snapshot`` (`SNAPSHOT_MEDIA_TYPE`),
   ``log_time`` and ``create_time`` the snapshot's time, data the snapshot
   file's bytes; and each parameter set made on the running net, named
-  ``param-<t_ns>-<delta>.json``, media type ``application/json``
+  ``param-<t_ns>-<delta>-<n>.json`` (``n`` the set's number in the file, from
+  0, so that no two share a name), media type ``application/json``
   (`PARAM_MEDIA_TYPE`), data ``{"t_ns", "delta", "node", "name", "value"}``:
   the key the set applies from (``t_ns`` -1 before the start; ``log_time``
   then 0), the node's path, the parameter and its value (`attach_param`,
@@ -547,6 +548,7 @@ class Writer:
 
     def __init__(self, path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
                  compression: str = "none") -> None:
+        self._params_attached = 0  # parameter sets attached: each one's number
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSIONS)}, "
                              f"got {compression!r}")
@@ -763,7 +765,9 @@ class Writer:
         """
         data = json.dumps({"t_ns": t_ns, "delta": delta, "node": node, "name": name,
                            "value": value}, sort_keys=True).encode()
-        self.attach(f"{PARAM_PREFIX}{t_ns}-{delta}.json", t_ns, data, PARAM_MEDIA_TYPE)
+        n = self._params_attached
+        self._params_attached = n + 1
+        self.attach(f"{PARAM_PREFIX}{t_ns}-{delta}-{n}.json", t_ns, data, PARAM_MEDIA_TYPE)
 
     def flush(self) -> None:
         """Close the chunk in progress, so that its messages are in the file now.
