@@ -2,8 +2,9 @@
 
 Each member is a Thespian actor system of its own (`convention.Member`, as
 `mujou worker` starts one) that joins the run's leader; the placement puts
-groups on members by name. The data plane to them runs over TCP with the
-run's secret (CURVE). Each test starts member systems and group processes
+groups on members by name. The data plane to them, and between their groups
+when every node is placed (peer links), runs over TCP with the run's secret
+(CURVE). Each test starts member systems and group processes
 (spawn; each imports torch), so they are few and each checks much.
 """
 

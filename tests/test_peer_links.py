@@ -1,7 +1,7 @@
 """Peer links: simulated placed runs whose groups move their time themselves.
 
 By default (``MUJOU_PEER_LINKS=0`` keeps the host's rounds) a simulated run
-placed on one machine, with no node in the host's group, runs in *segments*
+placed with no node in the host's group runs in *segments*
 (distributed/segments.py): messages go from group to group, and each group
 runs a delta cycle once every group that sends to it has promised nothing
 below it (distributed/peers.py). The
@@ -9,7 +9,10 @@ properties of tests/test_placed_random.py hold unchanged: random nets, placed
 in 1-3 groups (every node placed), end bit-identical to one process, with
 the same counts; a cut taken while they run (a pause of the segment) is one
 process's state; nodes that fail once restart as in one process. The protocol's
-pieces are checked on their own first.
+pieces are checked on their own first. The same properties hold across machines
+(groups of this process standing in for them, `placed_support.across_machines`: their
+links TCP with the run's secret, CURVE, every tensor inline), and a link between
+machines that cannot be made keeps the rounds, said before the timers start.
 """
 
 from __future__ import annotations

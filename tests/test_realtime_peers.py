@@ -6,7 +6,9 @@ What must hold as on the host's relay: every message from one group to another a
 once and in the order it was sent (or is counted as dropped by its Input's depth), a cut
 (``state_dict``, the supervisor's snapshots, the end) holds every message exactly once,
 kept or pending, and a restore goes on from the snapshot's messages only (a new mesh
-generation drops the abandoned timeline's frames).
+generation drops the abandoned timeline's frames). Across machines (groups of this
+process standing in for them: TCP with CURVE) the same holds, and a link that cannot be
+made keeps the host's relay.
 """
 
 from __future__ import annotations

@@ -709,7 +709,12 @@ class CrossLinks:
         for (server, client), endpoint in endpoints.items():
             connects.setdefault(client, {})[server] = endpoint
         for name, reach in connects.items():
-            involved[name].control.connect_peers(generation, reach)
+            try:
+                involved[name].control.connect_peers(generation, reach)
+            except RemoteError as exc:  # an endpoint its machine cannot even name
+                raise Unreachable(f"group {name!r} on {_on(involved[name])} could not "
+                                  f"connect its peer links to {sorted(reach.values())}: "
+                                  f"{exc.exception or exc}") from exc
         deadline = time.monotonic() + self.timeout
         checks = [(n, False) for n in connects] + [(n, True) for n in binds]
         for name, listening in checks:
