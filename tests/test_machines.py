@@ -534,15 +534,20 @@ def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
     finally:
         _stop_worker(robot)
 
-@pytest.mark.parametrize("how", ["vanished", "worker killed"])
+
+@pytest.mark.parametrize("how, placed", [("vanished", {}), ("worker killed", {}),
+                                         ("vanished", {"ctrl": "control", "log": "control"})],
+                         ids=["vanished", "worker killed", "vanished, on peer links"])
 def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_process(
-        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, how: str, placed: dict[str, str]) -> None:
     """The group's machine goes mid-run: at once, every process of it ("vanished": no
     ChildActorExited can come, only the heartbeat finds it), or its ``mujou worker`` is
     killed ("worker killed": its admin and group end by their watchdogs, the admin may
     tell of the group's end first and even take the restart's creation before it goes).
     Either way the group restarts on the fallback member from the latest snapshot, and
-    the run ends as one process does."""
+    the run ends as one process does. With every node placed ("on peer links") the
+    groups talk on their own link, TCP with CURVE, which the restore makes again to the
+    group's new machine."""
     monkeypatch.setenv("MUJOU_SECRET", SECRET)
     sup = lambda: mujou.Supervisor("one_for_all", snapshot_every=1.0)  # noqa: E731
     expected = single(20.0)  # a restart in simulated time ends as a run without one
@@ -551,7 +556,7 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
     try:
         with Member("spare", leader):
             run = mujou.run(placed_support.make_net,
-                            placement=mujou.Placement({"sim": "robot,spare:physics"},
+                            placement=mujou.Placement({"sim": "robot,spare:physics", **placed},
                                                       listen=leader, heartbeat_timeout=1.0),
                             timer="simulated", duration=20.0, seed=7, supervisor=sup())
             try:
@@ -569,6 +574,12 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
                 assert stats.groups["physics"].machine == "spare"
                 assert stats.nodes["sim"].restarts >= 1
                 assert took < 60
+                timing = run._driver.timing  # type: ignore[attr-defined]
+                if placed:  # the link to the new process, on spare, was made again
+                    assert timing.segments > 0 and timing.unreachable is None
+                    assert timing.cross.opened >= 2 and run._driver.relayed == 0
+                else:
+                    assert timing.segments == 0  # a node on the host's: the rounds
             finally:
                 run.stop()
         deadline = time.monotonic() + 15
