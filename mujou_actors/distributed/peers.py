@@ -673,7 +673,8 @@ class CrossLinks:
             empty when every group is on the host's machine.
 
         Raises:
-            Unreachable: a link could not be made (the groups' ends made so far are closed).
+            Unreachable: a link could not be made, or a group did not answer in time
+                (the groups' ends made so far are closed).
             GroupDied: a group died meanwhile (as any control request).
         """
         pairs = self.pairs(groups)
@@ -699,10 +700,10 @@ class CrossLinks:
         for name, hosts in binds.items():
             try:
                 bound = involved[name].control.bind_peers(generation, hosts)
-            except RemoteError as exc:  # an address not of that machine, a port refused
+            except (RemoteError, TimeoutError) as exc:  # not that machine's address; no answer
                 raise Unreachable(f"group {name!r} on {_on(involved[name])} could not listen "
                                   f"for its peer links on {sorted(set(hosts.values()))}: "
-                                  f"{exc.exception or exc}") from exc
+                                  f"{_why(exc)}") from exc
             for peer, endpoint in bound.items():
                 endpoints[(name, peer)] = endpoint
         connects: dict[str, dict[str, str]] = {}
@@ -711,16 +712,20 @@ class CrossLinks:
         for name, reach in connects.items():
             try:
                 involved[name].control.connect_peers(generation, reach)
-            except RemoteError as exc:  # an endpoint its machine cannot even name
+            except (RemoteError, TimeoutError) as exc:  # an endpoint it cannot name; no answer
                 raise Unreachable(f"group {name!r} on {_on(involved[name])} could not "
                                   f"connect its peer links to {sorted(reach.values())}: "
-                                  f"{exc.exception or exc}") from exc
+                                  f"{_why(exc)}") from exc
         deadline = time.monotonic() + self.timeout
         checks = [(n, False) for n in connects] + [(n, True) for n in binds]
         for name, listening in checks:
             g = involved[name]
-            failed = g.control.check_peers(generation, max(0.1, deadline - time.monotonic()),
-                                           listening)
+            try:
+                failed = g.control.check_peers(generation,
+                                               max(0.1, deadline - time.monotonic()), listening)
+            except (RemoteError, TimeoutError) as exc:  # a group too busy to answer in time
+                raise Unreachable(f"group {name!r} on {_on(g)} did not say whether its peer "
+                                  f"links are in: {exc}") from exc
             if failed:
                 peer, why = sorted(failed.items())[0]
                 pair = (name, peer) if (name, peer) in endpoints else (peer, name)
@@ -734,6 +739,11 @@ class CrossLinks:
 
     def _host(self, machine: str, toward: str) -> str:
         return LOOPBACK if self.peer_host is None else self.peer_host(machine, toward)
+
+
+def _why(exc: BaseException) -> BaseException:
+    """What a group's control request raised there (a `RemoteError`'s own), else ``exc``."""
+    return getattr(exc, "exception", None) or exc
 
 
 def _on(g: _Group) -> str:
