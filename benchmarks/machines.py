@@ -6,7 +6,10 @@ Every figure comes from real placed runs, ``mujou.run(make_machines,
 placement=mujou.Placement(..., listen=...), timer="realtime")``: groups started by the leader
 (this process) on member actor systems, port messages on the data plane between
 machines (TCP with the run's secret: CURVE, every message encrypted and
-authenticated) through the host's driver. Three ``mujou worker`` processes,
+authenticated), from group to group on their peer link where peer links apply
+(every node of these nets is placed), else through the host's driver (each
+run's JSON sample says which: ``peer_links``, and ``relayed``, the messages the
+host's driver passed from one group to another). Three ``mujou worker`` processes,
 each a member on a loopback port of this host, stand in for machines:
 ``robot`` and ``gpu-box`` (group ``g1`` on ``robot``, with ``spare`` as its
 fallback: ``robot,spare:g1``; group ``g2`` on ``gpu-box``). Each worker is in
@@ -17,16 +20,18 @@ at once. The other row is the same net placed on one machine (``g1`` and
 the ratio column is machines over one machine. The net is
 ``benchmarks/_placed_nets.py:make_machines``; the start of a run (processes
 spawned, a few seconds each on a loaded 2-core machine) is never timed. Each
-run does the three workloads in turn, ``--repeat`` runs per placement (5;
-``--quick``: 1), the placements interleaved:
+run does the workloads in turn (``steps`` in a placed run of its own),
+``--repeat`` runs per placement (5; ``--quick``: 1), the placements
+interleaved:
 
 * **hop**: ``ping`` in ``g1`` sends a message to ``pong`` in ``g2``, which
   echoes it; ``ping`` times each round trip with ``time.perf_counter_ns`` in its
   own hooks (one clock, on ``robot``) and sends the next once the echo is in.
   A hop is half a round trip: the message crosses from its sender's group to
-  the host's driver and on to its reader's group, over two links (TCP+CURVE
-  across machines, ``ipc://`` on one). Messages: a Python ``int`` (``--rtt``
-  round trips) and a 1 MiB float32 tensor (``--rtt-big``), after 50 (5)
+  its reader's on their peer link (TCP+CURVE across machines, ``ipc://`` on
+  one), or, where the host relays, to the host's driver and on, over two links.
+  Messages: a Python ``int`` (``--rtt`` round trips) and a 1 MiB float32
+  tensor (``--rtt-big``), after 50 (5)
   unmeasured ones; p50 and p99 of every measured round trip of every run,
   halved, in µs.
 * **stream**: ``source`` in ``g1`` sends numbered messages as fast as the run
@@ -38,6 +43,12 @@ run does the three workloads in turn, ``--repeat`` runs per placement (5;
   from the source's first send to the checker's last arrival (both read
   ``time.monotonic_ns``: every member is on this host, one clock); median of
   the runs.
+* **steps** (simulated): ``a`` in ``g1`` and ``b`` in ``g2``, two periodic
+  nodes at 1 kHz that message each other at every tick
+  (``_placed_nets.make_exchange``, benchmarks/processes.py's), for
+  ``--sim-seconds``; figure = global steps (delta cycles with work, one per
+  tick) per wall second of the driver's rounds (or segments), median of the
+  runs. A run of its own, after the others.
 * **recover**: group ``g1`` also holds ``beacon``, which sends its tick count
   every 5 ms; the host subscribes to it. The run has a
   ``Supervisor("one_for_all")`` (its one snapshot: the start's). Every process
@@ -69,8 +80,8 @@ every run stopped, whatever happens.
 
 Usage::
 
-    python benchmarks/machines.py [--quick] [--repeat 5] [--only hop,stream,recover]
-        [--json PATH]
+    python benchmarks/machines.py [--quick] [--repeat 5] [--only hop,stream,steps,recover]
+        [--sim-seconds 2.0] [--json PATH]
 """
 
 from __future__ import annotations
@@ -107,7 +118,7 @@ from mujou_actors.distributed.system import free_port  # noqa: E402
 
 ROOT = HERE.parent
 TREE = Path(mujou.__file__).resolve().parent.parent  # the tree measured
-WORKLOADS = ("hop", "stream", "recover")
+WORKLOADS = ("hop", "stream", "steps", "recover")
 BOUND_S = 120.0  # the bound on any single wait; a healthy run never comes close
 BENCH_SECRET = "benchmarks/machines.py: a fixed secret of this benchmark, for loopback only"
 MARKER = "MUJOU_BENCH_MACHINE"  # in the environment of every process of a worker
@@ -310,6 +321,8 @@ PLACED = {  # where each group goes: across machines, and on one machine
                     "checker": "g2"},
 }
 PLACEMENTS = (("machines", "2 machines (TCP+CURVE)"), ("one machine", "1 machine (ipc+shm)"))
+STEPS = {"machines": {"a": "robot:g1", "b": "gpu-box:g2"},  # make_exchange, placed so
+         "one machine": {"a": "g1", "b": "g2"}}
 
 
 def command(run: Any, go: str, value: Any, done: str) -> tuple[Any, int]:
@@ -407,11 +420,16 @@ def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
         warm = "spare" in machines.workers
         machines.start("robot", "gpu-box", *(["spare"] if "recover" in only else []))
         leader = machines.leader
+    out: dict[str, Any] = {}
+    if "steps" in only:
+        out["steps"] = steps(cfg.sim_seconds, where, leader)
+    if not {"hop", "stream", "recover"} & set(only):
+        return out
     run = start(PLACED[where], nets.make_machines, leader,
                 net_kwargs={"ints": cfg.ints, "tensors": cfg.tensors,
                             "beacon": BEACON_PERIOD_S},
                 supervisor=mujou.Supervisor("one_for_all"))  # one snapshot: the start's
-    out: dict[str, Any] = {}
+    out.update(paths(run))
     try:
         if "hop" in only:
             for kind, n in (("int", cfg.rtt), ("1MiB", cfg.rtt_big)):
@@ -429,6 +447,7 @@ def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
                 assert s["count"] == n and s["wrong"] is None, (where, kind, s)
                 out[f"stream_{kind}"] = {
                     "count": n, "seconds": (s["last"] - nodes["source"]["started"][kind]) / 1e9}
+        out["relayed"] = getattr(run._driver, "relayed", None)  # before the death's restore
         if "recover" in only:
             out["recover"] = recover(run, machines if where == "machines" else None)
             if where == "machines":
@@ -437,6 +456,45 @@ def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
         run.stop()
         run.join(BOUND_S)
     return out
+
+
+def paths(run: Any) -> dict[str, Any]:
+    """Whether the run's groups send to each other on peer links (``peer_links``), and
+    how many links between machines it made (``links``; None where the tree measured
+    has no such links): the benchmark's instrument, read from the driver."""
+    timing = run._driver.timing
+    cross = getattr(timing, "cross", None)
+    return {"peer_links": bool(getattr(timing, "live", False)),
+            "links": None if cross is None else cross.links}
+
+
+def steps(seconds: float, where: str, leader: str | None) -> dict[str, Any]:
+    """Global simulated steps a wall second of ``make_exchange`` placed ``where`` (see the
+    top): ticks over the driver's own time from its first round to its last."""
+    machines = {} if leader is None else {"listen": leader, "join_timeout": 60}
+
+    def run() -> Any:
+        return mujou.run(nets.make_exchange, placement=mujou.Placement(STEPS[where], **machines),
+                         timer="simulated", duration=seconds, seed=0, start_timeout=BOUND_S)
+
+    try:
+        placed = run()
+    except Exception as exc:  # a loaded machine's member may answer the start too late
+        if leader is None:
+            raise
+        print(f"the run's start failed ({type(exc).__name__}: {str(exc)[:300]}); trying "
+              f"once more", file=sys.stderr, flush=True)
+        placed = run()
+    placed.join(BOUND_S)
+    nodes = placed.state_dict()["nodes"]
+    ticks = round(seconds * 1000)
+    assert nodes["a"]["n"] == nodes["b"]["n"] == ticks, nodes  # every step ran, both ways
+    driver = placed._driver
+    wall = driver.rounds_ended - driver.rounds_started
+    timing = driver.timing
+    return {"steps_s": ticks / wall, "wall": wall, "rounds": timing.rounds,
+            "segments": getattr(timing, "segments", 0),
+            "relayed": getattr(driver, "relayed", None), **paths(placed)}
 
 
 def recover(run: Any, machines: Machines | None) -> dict[str, float]:
@@ -487,7 +545,8 @@ def recover(run: Any, machines: Machines | None) -> dict[str, float]:
 HOP_ROWS = (("int_hop_p50", "int hop p50 µs"), ("int_hop_p99", "int hop p99 µs"),
             ("1MiB_hop_p50", "1 MiB hop p50 µs"), ("1MiB_hop_p99", "1 MiB hop p99 µs"),
             ("int_rate", "ints/s, one way"), ("1MiB_MBs", "1 MiB tensors, MB/s"),
-            ("lost", "messages lost or out of order"))
+            ("lost", "messages lost or out of order"),
+            ("steps_s", "global steps/s (simulated)"))
 RECOVER_ROWS = (("detect", "detection"), ("detect_hb", "  of it the heartbeat's decision"),
                 ("restart", "restart"), ("choose", "  of it choosing the machine"),
                 ("spawn", "  of it the new process"), ("restore", "  of it the restore"),
@@ -514,6 +573,9 @@ def figures(samples: list[dict[str, Any]], cfg: argparse.Namespace) -> dict[str,
         out["1MiB_MBs"] = statistics.median(rate(s["stream_1MiB"]) * nets.MiB / MB
                                             for s in streams)
         out["lost"] = 0  # every stream was checked in full (else the run failed)
+    stepped = [s["steps"]["steps_s"] for s in samples if "steps" in s]
+    if stepped:
+        out["steps_s"] = statistics.median(stepped)
     trials = [s["recover"] for s in samples if "recover" in s]
     if trials:
         out["trials"] = len(trials)
@@ -559,8 +621,10 @@ RECOVER_COLUMNS = (("machines p50", "machine lost: p50", "{:,.1f}"),
 # --------------------------------------------------------------------------- main
 
 
-FULL = {"rtt": 2000, "rtt_big": 200, "ints": 64_000, "tensors": 128, "repeat": 5}
-QUICK = {"rtt": 300, "rtt_big": 30, "ints": 6_400, "tensors": 16, "repeat": 1}
+FULL = {"rtt": 2000, "rtt_big": 200, "ints": 64_000, "tensors": 128, "repeat": 5,
+        "sim_seconds": 2.0}
+QUICK = {"rtt": 300, "rtt_big": 30, "ints": 6_400, "tensors": 16, "repeat": 1,
+         "sim_seconds": 0.2}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,12 +636,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ints", type=int, default=None, help="ints of the stream (64,000)")
     ap.add_argument("--per-tick", type=int, default=2000, help="ints sent per 1 ms tick")
     ap.add_argument("--tensors", type=int, default=None, help="1 MiB tensors of the stream (128)")
+    ap.add_argument("--sim-seconds", type=float, default=None,
+                    help="steps: simulated seconds (2.0; --quick: 0.2)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs per placement, each with one death (5; --quick: 1)")
     ap.add_argument("--only", type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
                     default=None, help=f"workloads, from {', '.join(WORKLOADS)}")
     ap.add_argument("--quick", action="store_true",
-                    help="300 + 30 round trips, 6,400 ints and 16 tensors, 1 run each")
+                    help="300 + 30 round trips, 6,400 ints and 16 tensors, 0.2 simulated "
+                         "seconds, 1 run each")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/machines.json")
     cfg = ap.parse_args(argv)
     for key, value in (QUICK if cfg.quick else FULL).items():  # what the command line left
@@ -596,9 +663,10 @@ def main(argv: list[str] | None = None) -> int:
                 samples[where].append(one_run(cfg, where, machines, only))
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     results = {w: figures(samples[w], cfg) for w, _ in PLACEMENTS}
-    if {"hop", "stream"} & set(only):
+    if {"hop", "stream", "steps"} & set(only):
         show_table(f"A placed run across 2 machines (members on loopback) and on 1 machine, "
-                   f"real time, {when}, {machine()}, {repeat} runs each", "figure",
+                   f"real time (steps: simulated), {when}, {machine()}, {repeat} runs each",
+                   "figure",
                    hop_table(results), HOP_COLUMNS)
     if "recover" in only:
         show_table(f"From a death to the group serving again, ms ({repeat} trials each; "

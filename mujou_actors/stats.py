@@ -170,9 +170,11 @@ class GroupStats:
             all its threads; ``os.times``).
         nodes (tuple[str, ...]): the paths of the nodes it runs.
         messages_in (int): port messages it received from other groups.
-        messages_out (int): port messages it sent to other groups.
-        bytes_in (int): bytes it received on the data plane (frames, headers
-            included; tensors through shared memory count their descriptor only).
+        messages_out (int): port messages it sent to other groups (on peer
+            links, a message read in several groups counts once).
+        bytes_in (int): bytes it received on the data plane, its link to the
+            host and its peer links (frames, headers included; tensors through
+            shared memory count their descriptor only).
         bytes_out (int): bytes it sent on the data plane.
         drops (int): messages its nodes' Inputs dropped (QoS depth), summed.
         machine (str): the convention member (machine) it runs on; ``""``:
@@ -184,11 +186,13 @@ class GroupStats:
         clock_uncertainty_ns (int | None): the bound on that estimate's
             error, ns (half the round trip and the clocks' drift since).
         rtt_ns (int | None): the last heartbeat round trip to it, ns.
-        refused (int): on another machine, the connections to the host's
-            end of its data-plane link that failed the CURVE handshake (a
-            peer without the run's secret: another secret, or no CURVE),
-            refused while the host waited for the group's own; each is
-            logged (at most a line every 10 s). 0 on the host's machine.
+        refused (int): the connections that failed the CURVE handshake (a
+            peer without the run's secret: another secret, or no CURVE): on
+            another machine, at the host's end of its data-plane link while
+            the host waited for the group's own; and at its own listening
+            ends of peer links to groups on other machines while it waited
+            for its peer's. Each is logged (at most a line every 10 s). 0 on
+            one machine.
         cuda_ipc (Mapping[str, Any] | None): with CUDA IPC between groups
             (``MUJOU_CUDA_IPC=1``, docs/processes.md), its data-plane end's
             figures: ``exported`` (CUDA tensors sent as IPC handles),
@@ -220,9 +224,9 @@ class GroupStats:
 class MachineStats:
     """One machine of a placed run: the host's, or a convention member that runs groups.
 
-    Every message between groups passes the host's driver, so every byte
-    that a member's groups send or receive on the data plane crosses the
-    network between that member and the host's machine.
+    Its bytes are those that crossed the network into it or out of it: a
+    group's link to the host, and its peer links to groups on other machines
+    (a peer link between two groups of one machine crosses none).
 
     Attributes:
         name (str): the machine's name, as placements name it (the member's
@@ -241,11 +245,13 @@ class MachineStats:
             (user + system, all their threads; `GroupStats.cpu_time`).
         bytes_in (int): data-plane bytes that came into this machine from
             other machines (frames and their headers, as `GroupStats.bytes_in`
-            counts them; not TCP's or CURVE's own): for a member, the sum of
-            its groups' ``bytes_in``; for the host's machine, the sum of
-            every member's ``bytes_out``. The heartbeat's bytes are not in it.
-        bytes_out (int): the same, to other machines: a member's groups'
-            ``bytes_out``; for the host's machine, every member's ``bytes_in``.
+            counts them; not TCP's or CURVE's own): for a member, what its
+            groups received on their links to the host and on their peer
+            links to groups of other machines; for the host's machine, what
+            the members' groups sent on their links to the host and what its
+            own groups received on their peer links from the members'. The
+            heartbeat's bytes are not in it.
+        bytes_out (int): the same, to other machines.
         heartbeat_bytes_in (int): the heartbeat's frames that came into
             this machine (a member: the pings to its groups; the host's
             machine: every member's answers), bytes.
@@ -261,7 +267,8 @@ class MachineStats:
         rtt_ns (int | None): that group's last heartbeat round trip, ns.
         message_age_p50 (float | None): real time only: the median age, in
             seconds, of the messages this member's groups sent to other
-            groups, when they reached the host (from the start of the hook
+            groups that the host relayed, when they reached the host (none
+            go through it on peer links: then None) (from the start of the hook
             that sent one, on the member's clock, to its arrival at the
             host's driver, on the host's clock: the member's time put on the
             host's clock by ``clock_offset_ns``), of the newest 256 messages
@@ -271,8 +278,9 @@ class MachineStats:
             there), before the first heartbeat answer, and before any message.
         message_age_p99 (float | None): the 99th percentile of the same, seconds.
         refused (int): a member's: the connections refused at the host's ends
-            of its groups' data-plane links (`GroupStats.refused`, summed);
-            the host's machine's: every member's.
+            of its groups' data-plane links and at its groups' listening ends
+            of peer links (`GroupStats.refused`, summed); the host's machine's:
+            every member's, and its own groups'.
     """
 
     name: str

@@ -583,7 +583,8 @@ def test_the_replay_benchmark_replays_the_pendulum_bit_for_bit(tmp_path: Path) -
 # About 40 s on the 2-core reference machine (three workers, two placed runs, two restarts;
 # each process imports torch), and up to twice that while other work loads it.
 @pytest.mark.timeout(240)
-def test_the_machines_benchmark_measures_hops_streams_and_a_recovery(tmp_path: Path) -> None:
+def test_the_machines_benchmark_measures_hops_streams_steps_and_a_recovery(
+        tmp_path: Path) -> None:
     out = tmp_path / "machines.json"
     script = str(ROOT / "benchmarks" / "machines.py")
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOU_SECRET", "MUJOU_SECRET_FILE")}
@@ -615,6 +616,15 @@ def test_the_machines_benchmark_measures_hops_streams_and_a_recovery(tmp_path: P
     for where, runs in doc["samples"].items():  # every message of each stream arrived
         assert [r["stream_int"]["count"] for r in runs] == [doc["config"]["ints"]], where
         assert [r["stream_1MiB"]["count"] for r in runs] == [doc["config"]["tensors"]], where
+        # Every node placed: the groups talk on peer links, across machines too (TCP with
+        # CURVE), and the host relays nothing between them.
+        (run,) = runs
+        assert run["peer_links"] and run["relayed"] == 0, (where, run)
+        assert run["links"] == (1 if where == "machines" else 0), (where, run)
+        assert run["steps"]["segments"] > 0 and run["steps"]["relayed"] == 0, (where, run)
+        assert run["steps"]["links"] == run["links"], (where, run)
+    for where, r in results.items():
+        assert 0 < r["steps_s"] < 1e6, (where, r)
 
 
 @pytest.mark.timeout(240)

@@ -2,8 +2,9 @@
 
 Each member is a Thespian actor system of its own (`convention.Member`, as
 `mujou worker` starts one) that joins the run's leader; the placement puts
-groups on members by name. The data plane to them runs over TCP with the
-run's secret (CURVE). Each test starts member systems and group processes
+groups on members by name. The data plane to them, and between their groups
+when every node is placed (peer links), runs over TCP with the run's secret
+(CURVE). Each test starts member systems and group processes
 (spawn; each imports torch), so they are few and each checks much.
 """
 
@@ -32,7 +33,10 @@ from mujou_actors.distributed.placed_run import machine_stats
 from mujou_actors.distributed.realtime import AGE_SAMPLES, MessageAges
 from mujou_actors.errors import JoinTimeoutError
 from tests import placed_support
+from tests.placed_support import in_order_once, make_counters
+from tests.random_nets import make_random_net
 from tests.test_placed import assert_same_tree, single
+from tests.test_placed_random import RICH, _assert_same_counts, _single, _values
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,6 +120,100 @@ def test_groups_on_two_members_match_one_process_and_leave_nothing_behind(
     while _listening(port) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _listening(port)
+
+
+def test_every_node_on_groups_across_machines_talks_on_direct_links_and_matches_one_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node placed, groups on two members and on the host's machine: each pair of
+    groups has a link of its own, TCP with the run's secret (CURVE, made before the
+    timers start), and the host relays no message between them; the run ends as one
+    process, for ``make_net`` (its stats counting what crossed each machine) and for the
+    rich random net (a 1 MiB tensor a tick, inline, from a member to the host's machine;
+    ``on_start`` sends; ``inputs=``)."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    expected = single(0.2)
+    inputs = {"ctl.i1": "float", "box.i1": "tensor"}
+    rich, rich_stats = _single(RICH, 0.02, seed=3, workers=2, inputs=inputs)
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader), Member("gpu-box", leader):
+        placement = mujou.Placement({"sim": "robot:physics", "ctrl": "gpu-box:control",
+                                     "log": "logger"}, listen=leader, join_timeout=30)
+        run = mujou.run(placed_support.make_net, placement=placement,
+                        timer="simulated", duration=0.2, seed=7, workers=2)
+        run.join(60)
+        placement = mujou.Placement({"src": "robot:a", "ctl": "gpu-box:b", "log": "gpu-box:b",
+                                     "box": "c"}, net_kwargs=RICH, listen=leader,
+                                    join_timeout=30)
+        again = mujou.run(make_random_net, placement=placement, timer="simulated",
+                          duration=0.02, seed=3, workers=2, inputs=_values(inputs))
+        try:
+            again.join(120)
+        finally:
+            again.stop()
+    assert_same_tree(run.state_dict(), expected)
+    driver = run._driver  # type: ignore[attr-defined]
+    timing = driver.timing
+    assert timing.segments == timing.rounds > 0 and timing.unreachable is None
+    assert (timing.cross.opened, timing.cross.links) == (1, 3)
+    assert driver.relayed == 0  # nothing between groups through the host
+    assert [g.link.messages_in for g in driver.groups.values()] == [0, 0, 0]
+    stats = run.stats()
+    ticks = expected["nodes"]["ctrl"]["n"]
+    groups = stats.groups
+    assert (groups["physics"].messages_out, groups["control"].messages_in) == (ticks, ticks)
+    assert groups["logger"].messages_in == 2 * ticks
+    # What crossed machines: every byte of a member's links (one group on each, its peers
+    # all elsewhere); of the logger's, its peer links', not its link to the host (which is
+    # on its machine). What one machine sent, another received.
+    machines = stats.machines
+    for name, group in [("robot", "physics"), ("gpu-box", "control")]:
+        assert machines[name].bytes_in == groups[group].bytes_in > 0
+        assert machines[name].bytes_out == groups[group].bytes_out > 0
+    assert 0 < machines[""].bytes_in < groups["logger"].bytes_in
+    assert sum(m.bytes_in for m in machines.values()) == sum(m.bytes_out
+                                                             for m in machines.values())
+    assert machines["robot"].refused == machines[""].refused == 0
+
+    assert_same_tree(again.state_dict(), rich)
+    _assert_same_counts(again.stats(), rich_stats)
+    timing = again._driver.timing  # type: ignore[attr-defined]
+    assert timing.segments > 0 and (timing.cross.opened, timing.cross.links) == (1, 3)
+
+
+@pytest.mark.timeout(120)
+def test_real_time_across_machines_sends_straight_to_the_reading_group_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real time, every node placed (two groups on one member, one on another): each
+    message goes straight from its group to the reader's on their link (TCP with CURVE,
+    the two groups of one member too), once and in order, or counted as dropped; the
+    host's links carry none, and the cuts hold each message once."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader), Member("gpu-box", leader):
+        placement = mujou.Placement({"c1": "robot:a", "c2": "gpu-box:b", "k": "robot:c"},
+                                    listen=leader, join_timeout=30)
+        run = mujou.run(make_counters, placement=placement, timer="realtime", duration=1.0,
+                        seed=7, workers=1)
+        mid = run.state_dict(timeout=30)
+        run.join(60)
+    final = run.state_dict()
+    drops = run.stats().nodes["k"].drops["a"]
+    in_order_once(final, drops)
+    driver = run._driver  # type: ignore[attr-defined]
+    timing = driver.timing
+    assert timing.live and timing.unreachable is None
+    assert (timing.cross.opened, timing.cross.links) == (1, 3)
+    assert driver.relayed == 0
+    assert [g.link.messages_in for g in driver.groups.values()] == [0, 0, 0]
+    assert final["nodes"]["c2"]["sent"] >= 100 and final["nodes"]["c1"]["sent"] >= 100
+    for which in (1, 2):
+        assert mid["nodes"][f"c{which}"]["sent"] <= final["nodes"][f"c{which}"]["sent"]
+    groups = run.stats().groups
+    assert groups["c"].messages_in == final["nodes"]["c1"]["sent"] + final["nodes"]["c2"]["sent"]
+    # a and c share robot: their link crossed no network, b's did.
+    machines = run.stats().machines
+    assert machines["gpu-box"].bytes_out == groups["b"].bytes_out > 0
+    assert machines["robot"].bytes_in < groups["a"].bytes_in + groups["c"].bytes_in
 
 
 @pytest.mark.timeout(120)
@@ -230,6 +328,38 @@ def test_each_machine_sums_its_groups_and_takes_its_tightest_clock() -> None:
     assert host.clock_offset_ns is None and host.message_age_p50 is None
     # Connections refused at the host's data-plane listeners: by member, and in all.
     assert (robot.refused, gpu.refused, host.refused) == (2, 1, 3)
+
+
+def test_peer_links_count_toward_a_machine_only_the_bytes_that_crossed_to_another(
+        ) -> None:
+    """With peer links, a member's groups talk to other members' directly: a machine's
+    bytes are those of its groups' links to the host, and of their peer links to groups
+    on other machines (a link between two groups of one machine crosses no network);
+    the host's machine's, the mirror of the members' links to it and its own groups'
+    peer links to theirs."""
+    groups = {"a": _group("a", "robot", 11, bytes_in=1_000, bytes_out=2_000),
+              "b": _group("b", "robot", 12, bytes_in=300, bytes_out=400),
+              "c": _group("c", "gpu", 13, bytes_in=5_000, bytes_out=6_000),
+              "d": _group("d", "", 14, bytes_in=70, bytes_out=80)}
+    raw = {"a": {"link_bytes": [10, 20],  # a: 100/200 with b (robot), 870/1780 with c
+                 "peer_bytes": {"b": [120, 200], "c": [870, 1780]}},
+           "b": {"link_bytes": [30, 40], "peer_bytes": {"a": [200, 120], "d": [70, 240]}},
+           "c": {"link_bytes": [50, 60], "peer_bytes": {"a": [1780, 870],
+                                                         "d": [3170, 5070]}},
+           "d": {"link_bytes": [0, 0], "peer_bytes": {"b": [240, 70], "c": [5070, 3170]}}}
+
+    machines = machine_stats(groups, raw)
+
+    robot, gpu, host = machines["robot"], machines["gpu"], machines[""]
+    # robot: its links to the host (10+30 in) and its peer links to c and d, not a-b.
+    assert (robot.bytes_in, robot.bytes_out) == (10 + 30 + 870 + 70, 20 + 40 + 1780 + 240)
+    assert (gpu.bytes_in, gpu.bytes_out) == (50 + 1780 + 3170, 60 + 870 + 5070)
+    # The host's machine: the members' links to the host, mirrored, and d's peer links.
+    assert (host.bytes_in, host.bytes_out) == (20 + 40 + 60 + 240 + 5070, 10 + 30 + 50
+                                                + 70 + 3170)
+    # What one machine sent another, it received: the totals agree.
+    assert sum(m.bytes_in for m in machines.values()) == sum(m.bytes_out
+                                                             for m in machines.values())
 
 
 def test_a_group_on_other_cpu_kernels_than_the_host_is_warned_about(
@@ -404,15 +534,20 @@ def test_a_machine_that_builds_another_net_is_refused_naming_the_differences(
     finally:
         _stop_worker(robot)
 
-@pytest.mark.parametrize("how", ["vanished", "worker killed"])
+
+@pytest.mark.parametrize("how, placed", [("vanished", {}), ("worker killed", {}),
+                                         ("vanished", {"ctrl": "control", "log": "control"})],
+                         ids=["vanished", "worker killed", "vanished, on peer links"])
 def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_process(
-        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, how: str, placed: dict[str, str]) -> None:
     """The group's machine goes mid-run: at once, every process of it ("vanished": no
     ChildActorExited can come, only the heartbeat finds it), or its ``mujou worker`` is
     killed ("worker killed": its admin and group end by their watchdogs, the admin may
     tell of the group's end first and even take the restart's creation before it goes).
     Either way the group restarts on the fallback member from the latest snapshot, and
-    the run ends as one process does."""
+    the run ends as one process does. With every node placed ("on peer links") the
+    groups talk on their own link, TCP with CURVE, which the restore makes again to the
+    group's new machine."""
     monkeypatch.setenv("MUJOU_SECRET", SECRET)
     sup = lambda: mujou.Supervisor("one_for_all", snapshot_every=1.0)  # noqa: E731
     expected = single(20.0)  # a restart in simulated time ends as a run without one
@@ -421,7 +556,7 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
     try:
         with Member("spare", leader):
             run = mujou.run(placed_support.make_net,
-                            placement=mujou.Placement({"sim": "robot,spare:physics"},
+                            placement=mujou.Placement({"sim": "robot,spare:physics", **placed},
                                                       listen=leader, heartbeat_timeout=1.0),
                             timer="simulated", duration=20.0, seed=7, supervisor=sup())
             try:
@@ -439,6 +574,12 @@ def test_a_lost_machine_restarts_its_group_on_the_fallback_and_ends_as_one_proce
                 assert stats.groups["physics"].machine == "spare"
                 assert stats.nodes["sim"].restarts >= 1
                 assert took < 60
+                timing = run._driver.timing  # type: ignore[attr-defined]
+                if placed:  # the link to the new process, on spare, was made again
+                    assert timing.segments > 0 and timing.unreachable is None
+                    assert timing.cross.opened >= 2 and run._driver.relayed == 0
+                else:
+                    assert timing.segments == 0  # a node on the host's: the rounds
             finally:
                 run.stop()
         deadline = time.monotonic() + 15

@@ -1,7 +1,7 @@
 """Peer links: simulated placed runs whose groups move their time themselves.
 
 By default (``MUJOU_PEER_LINKS=0`` keeps the host's rounds) a simulated run
-placed on one machine, with no node in the host's group, runs in *segments*
+placed with no node in the host's group runs in *segments*
 (distributed/segments.py): messages go from group to group, and each group
 runs a delta cycle once every group that sends to it has promised nothing
 below it (distributed/peers.py). The
@@ -9,7 +9,10 @@ properties of tests/test_placed_random.py hold unchanged: random nets, placed
 in 1-3 groups (every node placed), end bit-identical to one process, with
 the same counts; a cut taken while they run (a pause of the segment) is one
 process's state; nodes that fail once restart as in one process. The protocol's
-pieces are checked on their own first.
+pieces are checked on their own first. The same properties hold across machines
+(groups of this process standing in for them, `placed_support.across_machines`: their
+links TCP with the run's secret, CURVE, every tensor inline), and a link between
+machines that cannot be made keeps the rounds, said before the timers start.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from mujou_actors.distributed import dataplane, peers, placed, segments
 from mujou_actors.distributed.rounds import SimulatedRounds
 from mujou_actors.errors import NodeError
 from tests import placed_support, random_nets
-from tests.placed_support import InProcessSystem
+from tests.placed_support import InProcessSystem, across_machines
 from tests.random_nets import GROUPS, nets
 from tests.test_placed import assert_same_tree, placed_run, single
 from tests.test_placed_random import (
@@ -60,6 +63,14 @@ def peer_links() -> Iterator[None]:
             del os.environ[segments.ENV]
         else:
             os.environ[segments.ENV] = before
+
+
+def _transports(run: Any) -> dict[tuple[str, str], str]:
+    """How each group's peer link to each other one went (``"tcp"``, ``"ipc"``), as its
+    last mesh kept it (`InProcessSystem` serves the groups here)."""
+    return {(name, peer): endpoint.partition("://")[0]
+            for name, server in run._driver.system.servers.items()
+            for peer, endpoint in server._mesh.endpoints.items()}
 
 
 def _used_segments(run: Any) -> None:
@@ -319,6 +330,213 @@ def test_the_exchange_net_runs_one_segment_and_ends_as_one_process() -> None:
         assert groups[g].messages_out == groups[g].messages_in == 50
         assert groups[g].bytes_out > 0 and groups[g].bytes_in > 0
 
+
+
+# -- across machines (groups of this process standing in for them) -----------------------------
+
+def test_groups_on_three_machines_send_group_to_group_over_curve_and_match_one_process(
+        ) -> None:
+    expected = single(0.1)
+    with peer_links(), across_machines():
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+        assert_same_tree(run.state_dict(), expected)
+        stats = run.stats()
+    timing = run._driver.timing
+    _used_segments(run)
+    assert timing.segments > 0 and timing.unreachable is None
+    assert (timing.cross.opened, timing.cross.links) == (1, 3)  # a-b, a-c, b-c
+    assert set(_transports(run).values()) == {"tcp"}
+    # The host relayed nothing: no port message on its links, none routed by its driver.
+    assert run._driver.relayed == 0
+    assert [g.link.messages_in for g in run._driver.groups.values()] == [0, 0, 0]
+    ticks = expected["nodes"]["ctrl"]["n"]  # a command for each of sim's ticks
+    assert (stats.groups["a"].messages_out, stats.groups["c"].messages_in) == (ticks, 2 * ticks)
+    for server in run._driver.system.servers.values():
+        assert server._held[1] == {}  # every end made for the mesh was taken over
+
+
+def test_a_mesh_over_two_machines_joins_groups_of_one_by_ipc_and_the_others_by_curve(
+        ) -> None:
+    expected = single(0.1)
+    with peer_links(), across_machines({"a": "", "b": "", "c": "robot"}):
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+        assert_same_tree(run.state_dict(), expected)
+    _used_segments(run)
+    assert _transports(run) == {("a", "b"): "ipc", ("b", "a"): "ipc", ("a", "c"): "tcp",
+                                ("c", "a"): "tcp", ("b", "c"): "tcp", ("c", "b"): "tcp"}
+    assert run._driver.timing.cross.links == 2 and run._driver.relayed == 0
+
+
+@st.composite
+def _machines(draw: st.DrawFn) -> dict[str, str]:
+    """A machine for each group: the host's (``""``) or one of two others."""
+    return {g: draw(st.sampled_from(["", "m1", "m2"])) for g in GROUPS}
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(15), **SETTINGS)
+@given(net=_fully_placed(), machines=_machines(), workers=st.integers(1, 3),
+       duration_ms=st.integers(1, 20), seed=st.integers(0, 2**32))
+def test_a_random_net_on_peer_links_across_machines_ends_bit_identical_to_one_process(
+        net: tuple[dict, dict], machines: dict[str, str], workers: int, duration_ms: int,
+        seed: int) -> None:
+    desc, placement = net
+    duration = duration_ms / 1000
+    expected, expected_stats = _single(desc, duration, seed=seed)
+    with peer_links(), across_machines(machines):
+        run = _placed(desc, placement, duration, seed=seed, workers=workers)
+        try:
+            run.join(60)
+        finally:
+            run.stop()
+    assert_same_tree(run.state_dict(), expected)
+    _assert_same_counts(run.stats(), expected_stats)
+    _used_segments(run)
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(5), **SETTINGS)
+@given(net=_fully_placed(clock=True), machines=_machines(), workers=st.integers(1, 3),
+       ticks=st.integers(1, 8), seed=st.integers(0, 2**32))
+def test_a_cut_of_a_random_net_on_peer_links_across_machines_is_one_processs_state(
+        net: tuple[dict, dict], machines: dict[str, str], workers: int, ticks: int,
+        seed: int) -> None:
+    desc, placement = net
+    with peer_links(), across_machines(machines):
+        run = _placed(desc, placement, None, seed=seed, workers=workers)
+        try:
+            count = iter(range(ticks))
+            run.wait_for("clock.o0", lambda v: next(count, None) is None, timeout=30)
+            tree = run.state_dict(timeout=30)
+        finally:
+            run.stop()
+        run.join(30)
+    at_cut, _ = _single(desc, tree["time_ns"] / 1e9, seed=seed)
+    assert_same_tree(tree, at_cut)
+    final = run.state_dict()
+    at_end, _ = _single(desc, final["time_ns"] / 1e9, seed=seed)
+    assert_same_tree(final, at_end)
+
+
+@pytest.mark.timeout(120 * max(1.0, float(os.environ.get("MUJOU_RANDOM_EXAMPLES", "1"))))
+@settings(max_examples=_examples(8), **SETTINGS)
+@given(net=_fully_placed(fail=True), machines=_machines(),
+       strategy=st.sampled_from(["one_for_all", "one_for_one"]),
+       every_us=st.sampled_from([1000, 2000, 2500]), workers=st.integers(1, 3),
+       duration_ms=st.integers(2, 15), seed=st.integers(0, 2**32))
+def test_a_random_net_on_peer_links_across_machines_restarts_a_failed_node_as_one_process(
+        net: tuple[dict, dict], machines: dict[str, str], strategy: str, every_us: int,
+        workers: int, duration_ms: int, seed: int) -> None:
+    desc, placement = net
+    duration = duration_ms / 1000
+
+    def supervisor() -> mujou.Supervisor:
+        return mujou.Supervisor(strategy, snapshot_every=every_us / 1e6)
+
+    expected, expected_stats = _supervised_single(desc, duration, seed, supervisor())
+    random_nets.reset_failures()
+    with peer_links(), across_machines(machines):
+        got, stats = _placed_end(desc, placement, duration, seed=seed, workers=workers,
+                                 supervisor=supervisor())
+    assert_same_tree(got, expected)
+    _assert_same_counts(stats, expected_stats)
+    assert stats.snapshots.count == expected_stats.snapshots.count
+
+
+def test_a_link_no_machine_can_listen_for_keeps_the_rounds_said_before_the_timers_start(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An address that is not the machine's (192.0.2.1, TEST-NET: nothing binds it): the
+    listening end cannot be made, the run keeps the rounds from its start, with a warning
+    naming the group and why, and ends as one process."""
+    monkeypatch.setattr(peers.CrossLinks, "_host", lambda self, m, toward: "192.0.2.1")
+    expected = single(0.1)
+    with peer_links(), across_machines(), caplog.at_level("WARNING", "mujou_actors"):
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    timing = run._driver.timing
+    assert timing.segments == 0 and timing.rounds > 0 and timing.cross.opened == 0
+    assert "group 'a' on machine 'a' could not listen" in timing.unreachable
+    lines = [r.getMessage() for r in caplog.records if "relays every message" in r.message]
+    assert len(lines) == 1 and "for this run (peer links are off)" in lines[0]
+    assert "192.0.2.1" in lines[0]
+    assert all(s._held[1] == {} for s in run._driver.system.servers.values())
+
+
+def test_a_peer_link_refuses_a_group_with_another_secret_and_the_run_keeps_the_rounds(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Group ``c`` holds another secret than ``a`` and ``b``: its ends' handshakes fail (the
+    listener refuses what does not decrypt, the connecting end is refused), nothing of it
+    is delivered, the ends made are closed, and the run keeps the rounds, said so."""
+    from mujou_actors.distributed import group
+
+    real = group.GroupServer._peer_key
+    monkeypatch.setattr(group.GroupServer, "_peer_key", lambda self: (
+        b"another secret, of no run here" if self.group == "c" else real(self)))
+    expected = single(0.1)
+    with peer_links(), across_machines(), caplog.at_level("WARNING", "mujou_actors"):
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    timing = run._driver.timing
+    assert timing.segments == 0 and timing.rounds > 0
+    assert "did not complete its handshake" in timing.unreachable
+    assert "secrets differ" in timing.unreachable
+    assert any("relays every message" in r.getMessage() for r in caplog.records)
+    assert all(s._held[1] == {} for s in run._driver.system.servers.values())
+
+
+def test_cross_links_wait_for_every_end_and_close_them_all_when_one_fails() -> None:
+    """`CrossLinks` with groups' controls of its own: the first group in the mesh's order
+    listens, the other connects, every group checks its ends (the connecting ones first:
+    they fail at once on a wrong secret); one failed check closes every group's ends and
+    says which link, where and why."""
+    asked: list[tuple[str, Any]] = []
+
+    class Control:
+        def __init__(self, name: str, fail: bool = False) -> None:
+            self.name, self.fail = name, fail
+
+        def bind_peers(self, generation: int, hosts: dict) -> dict:
+            asked.append((self.name, ("bind", generation, hosts)))
+            return {p: f"tcp://127.0.0.1:{1000 + len(asked)}" for p in hosts}
+
+        def connect_peers(self, generation: int, endpoints: dict) -> None:
+            asked.append((self.name, ("connect", generation, endpoints)))
+
+        def check_peers(self, generation: int, timeout: float, listening: bool) -> dict:
+            asked.append((self.name, ("check", generation, listening)))
+            return {"a": "refused: the secrets differ"} if self.fail else {}
+
+        def drop_peers(self) -> None:
+            asked.append((self.name, "drop"))
+
+    class G:
+        def __init__(self, name: str, member: str | None, fail: bool = False) -> None:
+            self.name, self.member, self.control = name, member, Control(name, fail)
+
+    groups = [G("c", "robot"), G("a", None), G("b", None)]
+    hosts = {("", "robot"): "10.0.0.1", ("robot", ""): "10.0.0.2"}
+    cross = peers.CrossLinks(lambda m, toward: hosts[(m, toward)])
+    assert cross.open(groups, 4) == {"0-2": "tcp://127.0.0.1:1001",
+                                     "1-2": "tcp://127.0.0.1:1002"}
+    assert asked == [("a", ("bind", 4, {"c": "10.0.0.1"})),
+                     ("b", ("bind", 4, {"c": "10.0.0.1"})),
+                     ("c", ("connect", 4, {"a": "tcp://127.0.0.1:1001",
+                                           "b": "tcp://127.0.0.1:1002"})),
+                     ("c", ("check", 4, False)),  # the connecting ends first
+                     ("a", ("check", 4, True)), ("b", ("check", 4, True))]
+    asked.clear()
+    groups[0] = G("c", "robot", fail=True)
+    with pytest.raises(peers.Unreachable, match=r"between group 'c' on machine 'robot' and "
+                       r"group 'a' on the host's machine \(listening at tcp://127.0.0.1:\d+\)"
+                       r" did not complete its handshake: refused: the secrets differ"):
+        cross.open(groups, 5)
+    assert [a for a in asked if a[1] == "drop"] == [("a", "drop"), ("b", "drop"), ("c", "drop")]
+    assert (cross.opened, cross.links) == (1, 2)
+    assert peers.CrossLinks().open([G("a", None), G("b", None)], 1) == {}  # one machine
 
 
 # -- group processes ---------------------------------------------------------------------------

@@ -6,7 +6,9 @@ What must hold as on the host's relay: every message from one group to another a
 once and in the order it was sent (or is counted as dropped by its Input's depth), a cut
 (``state_dict``, the supervisor's snapshots, the end) holds every message exactly once,
 kept or pending, and a restore goes on from the snapshot's messages only (a new mesh
-generation drops the abandoned timeline's frames).
+generation drops the abandoned timeline's frames). Across machines (groups of this
+process standing in for them: TCP with CURVE) the same holds, and a link that cannot be
+made keeps the host's relay.
 """
 
 from __future__ import annotations
@@ -18,68 +20,15 @@ import pytest
 
 import mujou_actors as mujou
 from mujou_actors._runtime.build import Seams
-from mujou_actors.distributed import group, placed, segments
+from mujou_actors.distributed import group, peers, placed, segments
 from mujou_actors.distributed.realtime import PeerRelay, RealTimeRelay
 from mujou_actors.run import _check_arguments
 from tests import placed_support
-from tests.placed_support import InProcessSystem
+from tests.placed_support import InProcessSystem, across_machines, in_order_once, make_counters
 from tests.test_placed import _every_message_once
 from tests.test_placed_restarts import DyingSystem
 
 pytestmark = pytest.mark.timeout(120)
-
-STRIDE = 1_000_000  # a message is sender * STRIDE + its number
-
-
-class Counter(mujou.Node):
-    """Sends ``burst`` numbered ints per tick (``which * STRIDE + n``)."""
-
-    out = mujou.Output(int)
-
-    def __init__(self, which: int, period: float = 0.002, burst: int = 3) -> None:
-        super().__init__(period=period)
-        self.which, self.burst, self.sent = which, burst, 0
-
-    def on_update(self, dt: float) -> None:
-        for _ in range(self.burst):
-            self.out.send(self.which * STRIDE + self.sent)
-            self.sent += 1
-
-    def state_dict(self) -> dict:
-        return {"sent": self.sent}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sent = state["sent"]
-
-
-class Checker(mujou.Node):
-    """Triggered by both counters; keeps every number it took, in the order it took them."""
-
-    a = mujou.Input(int, depth=16)
-    b = mujou.Input(int, depth=None)
-
-    def __init__(self) -> None:
-        super().__init__(period=None)
-        self.seen: list[int] = []
-
-    def on_update(self, dt: float) -> None:
-        self.seen += self.a.drain()
-        self.seen += self.b.drain()
-
-    def state_dict(self) -> dict:
-        return {"seen": list(self.seen)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.seen = list(state["seen"])
-
-
-def make_counters() -> dict[str, mujou.Node]:
-    """c1 -> k.a and c2 -> k.b (placed in three groups by `COUNTERS`)."""
-    net: dict[str, mujou.Node] = {"c1": Counter(1), "c2": Counter(2), "k": Checker()}
-    mujou.connect(net["c1"].out, net["k"].a)
-    mujou.connect(net["c2"].out, net["k"].b)
-    return net
-
 
 COUNTERS = {"c1": "a", "c2": "b", "k": "c"}
 ALL_PLACED = {"sim": "a", "ctrl": "b", "log": "c"}
@@ -93,22 +42,6 @@ def _start(factory: Any, placement: dict, duration: float | None, *,
                             stats=True, stop_timeout=10.0, start_timeout=60.0)
     return placed.start(factory, placement=mujou.Placement(placement), args=args, inputs=None,
                         state=None, make_system=system)
-
-
-def _in_order_once(tree: dict, drops: int) -> None:
-    """Each counter's numbers reached the checker once, in order, from 0 to what it sent:
-    taken, pending, or (Input ``a`` only, depth 16) dropped as the oldest."""
-    for which, port in ((1, "k.a"), (2, "k.b")):
-        taken = [v - which * STRIDE for v in tree["nodes"]["k"]["seen"]
-                 if v // STRIDE == which]
-        pending = [v - which * STRIDE for v in tree["pending"].get(port, [])]
-        got = taken + pending
-        sent = tree["nodes"][f"c{which}"]["sent"]
-        assert got == sorted(set(got)), f"{port}: out of order or twice"
-        if which == 2:
-            assert got == list(range(sent)), port
-        else:  # the oldest are dropped when 16 wait: whatever is missing is counted
-            assert got[-1] == sent - 1 and len(got) + drops == sent, (len(got), drops, sent)
 
 
 def test_every_node_placed_sends_group_to_group_and_cuts_hold_each_message_once() -> None:
@@ -135,7 +68,7 @@ def test_messages_from_two_groups_arrive_once_in_order_or_counted_as_dropped() -
     drops = run.stats().nodes["k"].drops["a"]
     assert isinstance(run._driver.timing, PeerRelay)  # type: ignore[attr-defined]
     assert run._driver.timing.live  # type: ignore[attr-defined]
-    _in_order_once(final, drops)
+    in_order_once(final, drops)
     assert final["nodes"]["c2"]["sent"] >= 30
     # No port message crossed through the host (its links carried nothing: no copy was
     # asked for either); the peer links carried each once, all of them in by the end.
@@ -156,7 +89,7 @@ def test_peer_links_off_keeps_the_hosts_relay(monkeypatch: pytest.MonkeyPatch) -
     run.join(30)
     timing = run._driver.timing  # type: ignore[attr-defined]
     assert type(timing) is RealTimeRelay
-    _in_order_once(run.state_dict(), run.stats().nodes["k"].drops["a"])
+    in_order_once(run.state_dict(), run.stats().nodes["k"].drops["a"])
     links = [g.link for g in run._driver.groups.values()]  # type: ignore[attr-defined]
     assert sum(link.messages_in for link in links) > 0  # through the host
 
@@ -166,7 +99,7 @@ def test_a_node_in_the_hosts_group_keeps_the_hosts_relay() -> None:
     run.join(30)
     timing = run._driver.timing  # type: ignore[attr-defined]
     assert isinstance(timing, PeerRelay) and not timing.live
-    _in_order_once(run.state_dict(), run.stats().nodes["k"].drops["a"])
+    in_order_once(run.state_dict(), run.stats().nodes["k"].drops["a"])
 
 
 def test_a_group_that_dies_is_restored_on_a_new_mesh_and_the_run_finished() -> None:
@@ -180,7 +113,7 @@ def test_a_group_that_dies_is_restored_on_a_new_mesh_and_the_run_finished() -> N
     timing = run._driver.timing  # type: ignore[attr-defined]
     assert timing.live and timing.generation == 2
     final = run.state_dict()
-    _in_order_once(final, run.stats().nodes["k"].drops["a"])
+    in_order_once(final, run.stats().nodes["k"].drops["a"])
     assert final["time_ns"] >= 300_000_000
     assert {n.restarts for n in run.stats().nodes.values()} == {1}
 
@@ -208,3 +141,63 @@ def test_a_killed_group_process_is_restored_and_every_message_is_once_in_the_end
     assert got == list(range(1, final["nodes"]["crasher"]["n"] + 1))
     stats = run.stats()
     assert stats.nodes["crasher"].restarts == 1 and stats.nodes["sim"].restarts == 1
+
+
+# -- across machines (groups of this process standing in for them: TCP with CURVE) -----------
+
+def test_groups_on_three_machines_send_straight_to_their_readers_over_curve() -> None:
+    with across_machines():
+        run = _start(make_counters, COUNTERS, 0.5)
+        mid = run.state_dict(timeout=10)
+        run.join(30)
+    final = run.state_dict()
+    drops = run.stats().nodes["k"].drops["a"]
+    timing = run._driver.timing  # type: ignore[attr-defined]
+    assert isinstance(timing, PeerRelay) and timing.live and timing.unreachable is None
+    assert (timing.cross.opened, timing.cross.links) == (1, 3)
+    servers = run._driver.system.servers  # type: ignore[attr-defined]
+    assert {e.partition("://")[0] for s in servers.values() for e in s._mesh.endpoints.values()
+            } == {"tcp"}
+    in_order_once(final, drops)
+    assert final["nodes"]["c2"]["sent"] >= 30
+    for which in (1, 2):
+        assert mid["nodes"][f"c{which}"]["sent"] <= final["nodes"][f"c{which}"]["sent"]
+    # Nothing through the host: its links carried no port message, its driver routed none.
+    links = [g.link for g in run._driver.groups.values()]  # type: ignore[attr-defined]
+    assert sum(link.messages_in for link in links) == 0 and run._driver.relayed == 0
+    groups = run.stats().groups
+    sent = [final["nodes"][c]["sent"] for c in ("c1", "c2")]
+    assert [groups["a"].messages_out, groups["b"].messages_out] == sent
+    assert groups["c"].messages_in == sum(sent)
+
+
+def test_a_group_that_dies_across_machines_is_restored_on_new_links_between_them() -> None:
+    system = DyingSystem(victim="a", kind=group.Stats)
+    with across_machines():
+        run = _start(make_counters, COUNTERS, 0.3, system=lambda start_timeout: system,
+                     supervisor=mujou.Supervisor("one_for_all", snapshot_every=0.05))
+        run.join(60)
+    assert system.deaths == 1 and run.failure is None
+    timing = run._driver.timing  # type: ignore[attr-defined]
+    assert timing.live and timing.generation == 2
+    assert (timing.cross.opened, timing.cross.links) == (2, 6)  # made again for the new mesh
+    final = run.state_dict()
+    in_order_once(final, run.stats().nodes["k"].drops["a"])
+    assert final["time_ns"] >= 300_000_000
+    assert run._driver.relayed == 0  # type: ignore[attr-defined]
+
+
+def test_a_link_between_machines_that_cannot_be_made_keeps_the_hosts_relay(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(peers.CrossLinks, "_host", lambda self, m, toward: "192.0.2.1")
+    with across_machines(), caplog.at_level("WARNING", "mujou_actors"):
+        run = _start(make_counters, COUNTERS, 0.2)
+        run.join(30)
+    timing = run._driver.timing  # type: ignore[attr-defined]
+    assert isinstance(timing, PeerRelay) and not timing.live and timing.cross.opened == 0
+    assert "could not listen for its peer links on ['192.0.2.1']" in timing.unreachable
+    assert [r.getMessage() for r in caplog.records if "relays every message" in r.message]
+    in_order_once(run.state_dict(), run.stats().nodes["k"].drops["a"])
+    links = [g.link for g in run._driver.groups.values()]  # type: ignore[attr-defined]
+    assert sum(link.messages_in for link in links) > 0  # through the host
+    assert run._driver.relayed > 0  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """The data plane between machines: links over TCP, authenticated with the shared secret.
 
-Both ends run in this process (a host's and a group's link over TCP loopback
-stand in for two machines: CURVE and its handshake are the same). Every wait
+Both ends run in this process (a host's and a group's link, or two groups'
+peer link, over TCP loopback stand in for two machines: CURVE and its
+handshake are the same). Every wait
 is bounded; a refused handshake is seen on its monitor events, not guessed
 from a silence.
 """
@@ -390,6 +391,91 @@ def test_tcp_takes_no_shared_memory_and_off_loopback_a_secret() -> None:
     with pytest.raises(ValueError, match="needs the run's secret"):
         dataplane.GroupLink("tcp://192.0.2.1:5555", ROUTES)
     assert _zap_threads() == []
+
+
+# ---------------------------------------------------------------------------
+# Peer links between machines: the same CURVE, group to group
+
+
+def _peer(made: list[Any], address: str, key: bytes | None, *,
+          server: bool) -> dataplane.PeerLink:
+    made.append(dataplane.PeerLink(address, ROUTES.declared, server=server, mine=None,
+                                   theirs=None, secret=key))
+    return made[-1]  # type: ignore[no-any-return]
+
+
+def _frame(link: dataplane.PeerLink) -> Any:
+    """The next frame on a peer link, waited for on its socket (bounded: BOUND)."""
+    assert link.sock.poll(int(BOUND * 1000)), f"no frame within {BOUND} s"
+    return link.receive()
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_link_between_machines_carries_items_promises_and_markers_bit_for_bit(
+        links: list[Any]) -> None:
+    listening = _peer(links, "tcp://127.0.0.1:0", A, server=True)
+    connecting = _peer(links, listening.endpoint, A, server=False)
+    big = torch.randn(1 << 18)  # 1 MiB: inline, a frame that views its memory
+    listening.handshake(BOUND)
+    connecting.handshake(BOUND)
+
+    connecting.send(dataplane.PEER_ITEMS, 3, 7, (5, 2), [(5, 1, 2, 1, big),
+                                                        (5, 1, 2, 0, {"n": 3})])
+    got = _frame(listening)
+    listening.send(dataplane.PEER_MARKER, 3, 7, (6, 0), [])
+    marker = _frame(connecting)
+
+    kind, generation, segment, promise, items = got
+    assert (kind, generation, segment, promise) == (dataplane.PEER_ITEMS, 3, 7, (5, 2))
+    assert torch.equal(items[0][4], big) and items[1] == (5, 1, 2, 0, {"n": 3})
+    assert items[0][4].data_ptr() != big.data_ptr()  # the reader's own tensor
+    assert marker == (dataplane.PEER_MARKER, 3, 7, (6, 0), [])
+    for link in (listening, connecting):  # encrypted and authenticated, no shared memory
+        assert link.sock.getsockopt(zmq.MECHANISM) == zmq.CURVE
+        assert link.encoder.pool_name is None and link.refused == 0
+    assert listening.sock.curve_server and not connecting.sock.curve_server
+    assert listening.bytes_in == connecting.bytes_out > big.numel() * 4
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_links_listener_refuses_another_secret_and_plain_zmtp_and_delivers_nothing(
+        links: list[Any]) -> None:
+    """What reaches a group's listening end without the run's secret is refused, counted
+    and never decoded: a peer link with another secret (its own end fails at once, naming
+    the secrets), a plain ZMTP client that sends a frame; the peer holding it gets in after,
+    and its frame is the first one delivered."""
+    listening = _peer(links, "tcp://127.0.0.1:0", A, server=True)
+    other = _peer(links, listening.endpoint, B, server=False)
+    with pytest.raises(HandshakeError, match="secrets differ") as refused:
+        other.handshake(BOUND)
+    assert not refused.value.server and refused.value.address == listening.endpoint
+    _refusals(listening, 1)  # type: ignore[arg-type]
+    links.remove(other)
+    other.close()  # (it would try again, and be refused again)
+    plain = _stranger(links, listening.endpoint, None)
+    plain.send_multipart([b"\x00", b"not a frame of the run"], zmq.NOBLOCK)
+    _refusals(listening, 2)  # type: ignore[arg-type]
+    assert listening.receive() is None
+
+    peer = _peer(links, listening.endpoint, A, server=False)
+    peer.handshake(BOUND)
+    listening.handshake(BOUND)
+    peer.send(dataplane.PEER_ITEMS, 1, 1, (0, 0), [(0, 0, 0, 0, "from the peer")])
+    got = _frame(listening)
+
+    assert got == (dataplane.PEER_ITEMS, 1, 1, (0, 0), [(0, 0, 0, 0, "from the peer")])
+    assert listening.refused == 2 and listening.messages_in == 1
+    assert listening._watch is not None and listening._watch.refusals == {DIFFER: 1,
+                                                                          NO_CURVE: 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_link_over_tcp_takes_no_shared_memory_and_off_loopback_a_secret() -> None:
+    with pytest.raises(ValueError, match="no shared memory over tcp://"):
+        dataplane.PeerLink("tcp://127.0.0.1:0", [int], server=True, mine="mujou-x-p1.0",
+                           theirs=None, secret=A)
+    with pytest.raises(ValueError, match="not a loopback address"):
+        dataplane.PeerLink("tcp://10.1.2.3:0", [int], server=True, mine=None, theirs=None)
 
 
 # ---------------------------------------------------------------------------

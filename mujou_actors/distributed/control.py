@@ -3,7 +3,8 @@
 The driver (`driver._Driver`) controls every group through one interface,
 `GroupControl`: start its nodes, restore part of a tree, take its state, a
 host's write or read, publish an Output to the host, restart one node, its
-figures, its stop. Two implementations keep the same contract:
+figures, the ends of its peer links to other machines, its stop. Two
+implementations keep the same contract:
 
 * `LocalControl`: the host's own group, a `Kernel` in this process, called
   directly on the driver's thread (the kernel of its current link: a restart
@@ -89,6 +90,20 @@ class GroupControl(Protocol):
     def run_free(self) -> int | None:
         """Real time: the group's kernel runs free on its own clock from now; the
         timer's origin on its machine's monotonic clock (ns), None for the host's own."""
+
+    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
+        """Listen for the peer links of mesh ``generation`` to other machines (`group.BindPeers`):
+        peer -> the address to listen on; the reply, peer -> endpoint."""
+
+    def connect_peers(self, generation: int, endpoints: dict[str, str]) -> None:
+        """Connect to the peers' listening ends of mesh ``generation`` (`group.ConnectPeers`)."""
+
+    def check_peers(self, generation: int, timeout: float, listening: bool) -> dict[str, str]:
+        """Wait for the handshake of every end made for mesh ``generation`` that listens
+        (``listening``) or connects (`group.CheckPeers`); peer -> why, for each that failed."""
+
+    def drop_peers(self) -> None:
+        """Close the ends made for a mesh that will not be opened (`group.DropPeers`)."""
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
@@ -181,6 +196,23 @@ class LocalControl:
         self.kernel.run_free()
         return None
 
+    # Peer links never apply with nodes in the host's group (its messages go through the
+    # driver it runs on): nothing asks these of it.
+    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
+        """`GroupControl.bind_peers`: not for the host's group."""
+        raise RuntimeError("the host's own group has no peer links")
+
+    def connect_peers(self, generation: int, endpoints: dict[str, str]) -> None:
+        """`GroupControl.connect_peers`: not for the host's group."""
+        raise RuntimeError("the host's own group has no peer links")
+
+    def check_peers(self, generation: int, timeout: float, listening: bool) -> dict[str, str]:
+        """`GroupControl.check_peers`: not for the host's group."""
+        raise RuntimeError("the host's own group has no peer links")
+
+    def drop_peers(self) -> None:
+        """`GroupControl.drop_peers`: nothing held."""
+
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
         """`GroupControl.stop`."""
@@ -261,6 +293,26 @@ class RemoteControl:
         """`GroupControl.run_free` (`group.RunFree`'s answer: the timer's origin)."""
         origin = self._ask(self.name, group.RunFree(), 30.0)
         return origin if isinstance(origin, int) else None
+
+    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
+        """`GroupControl.bind_peers`."""
+        endpoints: dict[str, str] = self._ask(self.name, group.BindPeers(generation, hosts),
+                                              QUICK_S)
+        return endpoints
+
+    def connect_peers(self, generation: int, endpoints: dict[str, str]) -> None:
+        """`GroupControl.connect_peers`."""
+        self._ask(self.name, group.ConnectPeers(generation, endpoints), QUICK_S)
+
+    def check_peers(self, generation: int, timeout: float, listening: bool) -> dict[str, str]:
+        """`GroupControl.check_peers`."""
+        failed: dict[str, str] = self._ask(
+            self.name, group.CheckPeers(generation, timeout, listening), timeout + TRIP_S)
+        return failed
+
+    def drop_peers(self) -> None:
+        """`GroupControl.drop_peers`."""
+        self._ask(self.name, group.DropPeers(), QUICK_S)
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:

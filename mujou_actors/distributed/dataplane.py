@@ -25,7 +25,10 @@ before the first grant: a group whose secret the host refused is then an
 host's end listens on the network, where anyone may connect: a connection
 that fails the handshake there is counted and logged (`HostLink.refused`),
 not an error, and the host waits on for its group.
-Plain TCP (no secret) is allowed on loopback addresses only.
+Plain TCP (no secret) is allowed on loopback addresses only. A `PeerLink`
+between two groups takes the same transports: ``ipc://`` with shared memory
+between groups of the host's machine, ``tcp://`` with the secret's CURVE
+with an end on another machine (the end that binds is the server).
 
 CUDA tensors on one machine (``cuda_ipc``, `cudaipc`): both ends of a link
 made with it add two entries to every header, the export ids the sender is
@@ -493,31 +496,49 @@ PEER_MARKER = 1  # a paused segment's flush: everything sent before it has arriv
 
 
 class PeerLink(_Link):
-    """One end of the link between two groups of one machine (peer links, `peers`).
+    """One end of the link between two groups (peer links, `peers`).
 
     Port messages go from group to group on it, each frame with the sender's
     *promise* (no send of its will come at a key below it) and the numbers of
     the mesh generation and segment it belongs to; a frame of another
     generation is stale (a restore reopened the mesh) and dropped unread.
-    Large tensors cross through this end's shared-memory pool, and the blocks
-    the other end has freed come back on the frames it sends, as on a link to
-    the host.
+
+    The transport is the link's address, as for a link to the host: between
+    two groups of the host's machine, ``ipc://`` in the run's private folder,
+    large tensors through this end's shared-memory pool (the blocks the other
+    end has freed come back on the frames it sends); between machines,
+    ``tcp://`` with the run's secret: CURVE encrypts and authenticates every
+    frame, the end that binds is the CURVE server and lets in exactly the
+    client key the secret derives, and every tensor goes inline (no shared
+    memory crosses machines). Everything above the socket (frames, codec,
+    promises, markers, generations) is the same on both.
 
     Args:
-        address (str): ``ipc://PATH`` in the run's private folder.
+        address (str): ``ipc://PATH`` in the run's private folder, or
+            ``tcp://HOST:PORT`` between machines (a server's port 0: one the
+            system picks, then read `endpoint`).
         declared (Sequence[type]): the declared type of every Output (`Routes.declared`).
         server (bool): this end binds the address (the other connects).
-        mine (str | None): this end's shared-memory pool name; None: inline.
+        mine (str | None): this end's shared-memory pool name; None: inline
+            (always so over TCP).
         theirs (str | None): the other end's pool name (the only one decoded).
+        secret (bytes | None): the run's shared secret: CURVE on the socket
+            (this end is the server if it binds); None: none, which TCP allows
+            on loopback only. Default None.
 
     Raises:
+        ValueError: a pool over TCP, or TCP off loopback without a secret.
         zmq.ZMQError: the address cannot be bound (the socket is closed).
     """
 
     def __init__(self, address: str, declared: Sequence[type], server: bool,
-                 mine: str | None, theirs: str | None) -> None:
-        sock, watch = _open(address, None, None, server)
+                 mine: str | None, theirs: str | None, secret: bytes | None = None) -> None:
+        if address.startswith("tcp://") and (mine is not None or theirs is not None):
+            raise ValueError(f"{address}: no shared memory over tcp:// (it does not cross "
+                             f"machines): the pools must be None, got {mine!r}, {theirs!r}")
+        sock, watch = _open(address, None, secret, server)
         super().__init__(sock, declared, mine, theirs, watch)
+        self.server = server
 
     def send(self, kind: int, generation: int, segment: int, promise: Key,
              items: list[Item]) -> None:

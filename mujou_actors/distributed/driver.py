@@ -103,8 +103,15 @@ class _Driver:
                  signature: list[list[Any]] | None = None, realtime: bool = False,
                  wake: dataplane.Wake | None = None, run_id: str | None = None,
                  trace: tracing.PlacedTrace | None = None, monitor: Any = None,
-                 choose_member: Callable[[str], str] | None = None) -> None:
+                 choose_member: Callable[[str], str] | None = None,
+                 peer_host: Callable[[str, str], str] | None = None) -> None:
         self.system = system
+        # Where a group on machine m listens for a peer link toward machine n
+        # (`peers.CrossLinks`): the address m advertises; None: loopback.
+        self.peer_host = peer_host
+        # Port messages the driver passed from one group to another (each reading group
+        # counts one): none where peer links carry them (`_route`).
+        self.relayed = 0
         self.trace = trace  # a traced run's (written at the end: Ending._trace_writer)
         self.run_id = run_id
         self.stop_asked = threading.Event()
@@ -292,6 +299,7 @@ class _Driver:
                 if h is g:
                     continue
                 h.queued.append(item)
+                self.relayed += 1
                 # Only a triggering reader has work at the next delta cycle; the
                 # others take the message in with their next grant, before any key.
                 if triggers and lowers and (h.due is None or key < h.due):
@@ -520,8 +528,11 @@ class _Driver:
         mark it dead for good, and the run ended without its final state.)
         ``strict``: raise the `GroupDied` instead (the end's cut: `Ending.last_cut`).
 
-        A group on another machine's have its ``"machine"``, the connections
-        the host's ends of its links refused (``"refused"``), its heartbeat's
+        Every group's ``"refused"`` counts the connections its own listening
+        ends of peer links to other machines refused (``"peer_refused"``:
+        the CURVE handshake failed). A group on another machine's have its
+        ``"machine"``, the connections the host's ends of its links refused
+        (in ``"refused"`` too), its heartbeat's
         frame bytes (``"heartbeat_in"``: the pings to it, ``"heartbeat_out"``:
         its answers), its clock (``"clock"``, once it answered) and, in real
         time, the raw ages of its newest messages (``"ages"``, ns, the clock
@@ -561,6 +572,10 @@ class _Driver:
                     figures["clock"] = {"offset_ns": status.offset.offset_ns,
                                         "uncertainty_ns": status.offset.uncertainty_ns,
                                         "rtt_ns": status.rtt_ns}
+        for name, figures in out.items():
+            if figures.get("peer_refused"):
+                out[name] = {**figures, "refused": figures.get("refused", 0)
+                             + figures["peer_refused"]}
         return out
 
     # -- the end ------------------------------------------------------------------------

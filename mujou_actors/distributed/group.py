@@ -56,7 +56,7 @@ __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_gr
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
            "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
-           "split_tree", "merge_trees",
+           "BindPeers", "ConnectPeers", "CheckPeers", "DropPeers", "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -181,6 +181,59 @@ class RestartNode(NamedTuple):
 
 class Stats(NamedTuple):
     """The group's counts: per node and for the process (pid, CPU time, traffic)."""
+
+
+class BindPeers(NamedTuple):
+    """Listen for the peer links of mesh ``generation`` that cross machines, one per peer.
+
+    Each end is a ``PAIR`` socket bound to ``tcp://HOST:0`` on the address
+    ``hosts`` names (the one this machine advertises), a CURVE server with
+    the run's secret, which this process reads from its own environment (it
+    never travels). The group holds it until its `peers.PeerMesh` of that
+    generation takes it over (`peers.CrossLinks`). The reply is
+    ``{peer: endpoint}``. Ends held of another generation are closed first.
+
+    Attributes:
+        generation (int): the mesh's generation.
+        hosts (dict[str, str]): peer group -> the address to listen on.
+    """
+
+    generation: int
+    hosts: dict[str, str]
+
+
+class ConnectPeers(NamedTuple):
+    """Connect to the peers' listening ends of mesh ``generation`` (CURVE clients with
+    the run's secret), held as `BindPeers`' ends are. No reply.
+
+    Attributes:
+        generation (int): the mesh's generation.
+        endpoints (dict[str, str]): peer group -> its end's endpoint (`BindPeers`' reply).
+    """
+
+    generation: int
+    endpoints: dict[str, str]
+
+
+class CheckPeers(NamedTuple):
+    """Wait up to ``timeout`` s for the CURVE handshake of the ends held for mesh
+    ``generation`` that listen (``listening``) or connect; the reply is ``{peer: why}``
+    for those that failed (empty: all in).
+
+    A connecting end fails at once when its peer refuses it (another secret);
+    a listening end counts the connections it refuses meanwhile (a stranger:
+    `secret.Handshake`) and waits on for its peer. The host asks the
+    connecting ends first, so a wrong secret is known at once, not after the
+    listeners' bound.
+    """
+
+    generation: int
+    timeout: float
+    listening: bool = False
+
+
+class DropPeers(NamedTuple):
+    """Close every end held for a mesh not taken over yet (a failed `peers.CrossLinks`)."""
 
 
 class Busy(NamedTuple):
@@ -564,7 +617,13 @@ class GroupServer:
         self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
         self._peers_rt: peers.RealTimePeers | None = None  # real time, while open
         self._peers_stale = False  # real time: reset for a restore; the links are given up
+        # Ends of peer links between machines made before their mesh (BindPeers,
+        # ConnectPeers) on the control thread, taken over by the data-plane thread's
+        # PeerMesh (`_held_peers`): (generation, {peer: link}), under the lock.
+        self._held: tuple[int, dict[str, dataplane.PeerLink]] = (0, {})
+        self._held_lock = threading.Lock()
         key = load_secret() if secure else None
+        self._key = key  # the run's secret (a group of the host's machine reads it when asked)
         self._link = dataplane.GroupLink(address, self.routes, pools, key,
                                          cudaipc.TorchIpc() if self._cuda_ipc else None)
         self._link.blocked = self._end_if_host_gone
@@ -679,16 +738,15 @@ class GroupServer:
         assert isinstance(segment, dataplane.Segment)
         mesh = self._mesh
         if mesh is None or mesh.generation != segment.generation:
-            before = [0, 0, 0, 0]
             if mesh is not None:
-                before = mesh.traffic()
-                mesh.close()
-                self._mesh = None
+                mesh.close()  # its counts go on in the new one
             if segment.mesh is None:
                 raise RuntimeError(f"group {self.group!r}: a segment of mesh generation "
                                    f"{segment.generation} came without its mesh")
-            mesh = self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
-                                               self.routes.declared, before)
+            self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
+                                        self.routes.declared, mesh,
+                                        self._held_peers(segment.generation))
+            mesh = self._mesh
         peers.run_segment(self.kernel, self.routes, mesh, self._link, grant, self.published,
                           self._end_if_host_gone, _step, failure_of)
 
@@ -789,9 +847,10 @@ class GroupServer:
         """Real time: the links of the host's new mesh generation (the old ones closed)."""
         self._drop_peers()
         assert seg.mesh is not None
-        before = self._mesh.traffic() if self._mesh is not None else None
+        if self._mesh is not None:
+            self._mesh.close()  # (closed already unless the host relayed meanwhile)
         mesh = peers.PeerMesh(self.group, seg.generation, seg.mesh, self.routes.declared,
-                              before)
+                              self._mesh, self._held_peers(seg.generation))
         for peer in mesh.links.values():
             peer.blocked = self._peer_blocked
         self._mesh, self._peers_stale = mesh, False
@@ -812,6 +871,89 @@ class GroupServer:
             self._peers_rt = None
             assert self._mesh is not None
             self._mesh.close()
+
+    # -- peer links between machines, made before their mesh -----------------------------
+    def _held_peers(self, generation: int) -> dict[str, dataplane.PeerLink]:
+        """The ends made for mesh ``generation``, handed to its `peers.PeerMesh` (on the
+        data-plane thread: the control thread made them and touches them no more); those
+        of another generation are closed."""
+        with self._held_lock:
+            held, links = self._held
+            self._held = (generation, {})
+        if held == generation:
+            return links
+        for link in links.values():
+            link.close()
+        return {}
+
+    def _hold_peers(self, generation: int) -> dict[str, dataplane.PeerLink]:
+        """The ends held for ``generation`` (those of another closed first); under the lock."""
+        held, links = self._held
+        if held != generation:
+            for link in links.values():
+                link.close()
+            links = {}
+            self._held = (generation, links)
+        return links
+
+    def _peer_key(self) -> bytes:
+        """The run's secret for the peer links between machines (this machine's own)."""
+        key = self._key
+        if key is None:
+            key = load_secret()  # required: no secret is a SecretError saying how to set one
+            assert key is not None
+            self._key = key
+        return key
+
+    def _bind_peers(self, request: BindPeers) -> dict[str, str]:
+        key = self._peer_key()
+        with self._held_lock:
+            links = self._hold_peers(request.generation)
+            for peer, host in sorted(request.hosts.items()):
+                old = links.pop(peer, None)
+                if old is not None:
+                    old.close()
+                links[peer] = dataplane.PeerLink(f"tcp://{host}:0", self.routes.declared,
+                                                 server=True, mine=None, theirs=None,
+                                                 secret=key)
+            return {peer: links[peer].endpoint for peer in request.hosts}
+
+    def _connect_peers(self, request: ConnectPeers) -> None:
+        key = self._peer_key()
+        with self._held_lock:
+            links = self._hold_peers(request.generation)
+            for peer, endpoint in sorted(request.endpoints.items()):
+                old = links.pop(peer, None)
+                if old is not None:
+                    old.close()
+                links[peer] = dataplane.PeerLink(endpoint, self.routes.declared, server=False,
+                                                 mine=None, theirs=None, secret=key)
+
+    def _check_peers(self, request: CheckPeers) -> dict[str, str]:
+        from ..errors import HandshakeError
+
+        deadline = time.monotonic() + request.timeout
+        failed: dict[str, str] = {}
+        with self._held_lock:
+            held, links = self._held
+            if held != request.generation:
+                return {p: f"no end held for mesh generation {request.generation}"
+                        for p in links}
+            for peer, link in sorted(links.items()):
+                if link.server != request.listening:
+                    continue
+                try:
+                    link.handshake(max(0.0, deadline - time.monotonic()))
+                except HandshakeError as exc:
+                    failed[peer] = str(exc)
+        return failed
+
+    def _drop_held_peers(self) -> None:
+        with self._held_lock:
+            _, links = self._held
+            self._held = (0, {})
+        for link in links.values():
+            link.close()
 
     def _time(self) -> int:
         try:
@@ -876,6 +1018,16 @@ class GroupServer:
             return None
         if isinstance(request, Stats):
             return link_stats(kernel, self._link, self._counted, self._mesh)
+        if isinstance(request, BindPeers):
+            return self._bind_peers(request)
+        if isinstance(request, ConnectPeers):
+            self._connect_peers(request)
+            return None
+        if isinstance(request, CheckPeers):
+            return self._check_peers(request)
+        if isinstance(request, DropPeers):
+            self._drop_held_peers()
+            return None
         if isinstance(request, Busy):
             return kernel.dispatcher.busy_hooks()
         if isinstance(request, TakeTrace):
@@ -902,6 +1054,7 @@ class GroupServer:
         self._watcher.close()
         stuck = stop_kernel(self.kernel, timeout, idle)
         self._thread.join(timeout)
+        self._drop_held_peers()
         if self._responder is not None:
             self._responder.close(timeout)
         return stuck
@@ -1051,13 +1204,18 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
             link's (the meshes a restore closed included); None: none.
     """
     t = os.times()
-    traffic = [link.messages_in, link.messages_out, link.bytes_in, link.bytes_out]
+    own = [link.bytes_in, link.bytes_out]
+    traffic = [link.messages_in, link.messages_out, *own]
     if mesh is not None:
         traffic = [a + b for a, b in zip(traffic, mesh.traffic(), strict=True)]
     return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
             "nodes": node_stats(kernel, counted),
             "messages_in": traffic[0], "messages_out": traffic[1],
             "bytes_in": traffic[2], "bytes_out": traffic[3],
+            # Where the bytes went: the link to the host, and each peer link (which of
+            # them crossed machines: `placed_run.machine_stats`).
+            "link_bytes": own, "peer_bytes": {} if mesh is None else mesh.peer_bytes(),
+            "peer_refused": 0 if mesh is None else mesh.refused,
             "cuda_ipc": getattr(link, "ipc_stats", None),
             "syncs": {s.path: dataclasses.asdict(s.stats()) for s in synchronizers(kernel.ports)}}
 

@@ -2,8 +2,8 @@
 
 With the host's rounds (`rounds.SimulatedRounds`) every delta cycle that
 sends to another group costs a round trip through the host: a grant, the
-reply, the host's routing, the next grant. On peer links (one machine:
-`segments.Segments` says when they apply) the host
+reply, the host's routing, the next grant. On peer links
+(`segments.Segments` says when they apply) the host
 hands every group a *segment*, a key up to which it may run (the next
 snapshot, the end, or none), and the groups move their time between them
 with the conservative protocol of Chandy, Misra and Bryant (Misra, 1986,
@@ -44,22 +44,42 @@ the mesh. A node's failure is told to the host at once (a partial answer)
 and holds the group's promise at the failed delta cycle (a ``one_for_one``
 restart sends its ``on_start`` messages stamped there) until the host ends
 the segment.
+
+One protocol, two transports (`dataplane.PeerLink`): the link between two
+groups of the host's machine is ``ipc://`` in the run's private folder with
+shared memory for large tensors, as their links to the host; a link with an
+end on another machine is ``tcp://`` with the run's secret (CURVE), every
+tensor inline. The mesh's description (`mesh_spec`) says which links are
+TCP; their sockets cannot be named ahead (the listening end's port is the
+system's pick on its own machine), so the host has them made before the
+mesh's first frame (`CrossLinks`: the listening ends bound, the others
+connected, every handshake waited for, through the groups' control
+requests), and each group's `PeerMesh` takes its ends over. Where one cannot
+be made (a firewall, an address one machine cannot reach), the run keeps
+the host's relay: decided when the mesh is opened, before the timers start
+(or at a restore, which reopens the mesh anyway), never in the middle of a
+segment.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from .._runtime.kernel import LAST_DELTA, Kernel
 from .._runtime.keys import Key
-from ..errors import NodeError
+from ..errors import NodeError, RemoteError
 from . import dataplane
+from ._loopback import LOOPBACK
 
 __all__ = ["FAR", "PeerMesh", "run_segment", "RealTimePeers", "Abandoned", "links_between",
-           "mesh_spec"]
+           "mesh_spec", "CrossLinks", "Unreachable", "machine_of", "pair_key", "fall_back"]
+
+log = logging.getLogger("mujou_actors")
 
 _Group = Any  # driver._Group (the driver imports this module through segments)
 
@@ -105,13 +125,38 @@ def links_between(routes: dataplane.Routes, owner: dict[str, str]
 
 
 def mesh_spec(folder: str, groups: list[_Group], out: dict[str, dict[int, list[str]]],
-              ins: dict[str, set[str]], trig_in: dict[str, set[str]]) -> dict[str, Any]:
-    """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only)."""
+              ins: dict[str, set[str]], trig_in: dict[str, set[str]],
+              tcp: dict[str, str] | None = None) -> dict[str, Any]:
+    """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only).
+
+    ``tcp``: the links between machines (`pair_key` -> the listening end's
+    endpoint, `CrossLinks.open`), whose ends the groups already hold; every
+    other link is ``ipc://`` in ``folder``.
+    """
     return {"folder": folder, "groups": sorted(g.name for g in groups),
             "pools": {g.name: g.spawn.get("pools") for g in groups},
             "out": {g: [[o, rs] for o, rs in sorted(by.items())] for g, by in out.items()},
             "ins": {g: sorted(s) for g, s in ins.items()},
-            "trig_in": {g: sorted(s) for g, s in trig_in.items()}}
+            "trig_in": {g: sorted(s) for g, s in trig_in.items()},
+            "tcp": dict(tcp or {})}
+
+
+def pair_key(groups: list[str], a: str, b: str) -> str:
+    """The name of the link between groups ``a`` and ``b``: their indices in the sorted
+    ``groups``, the lower first (its ``ipc://`` address ends with it)."""
+    low, high = sorted((groups.index(a), groups.index(b)))
+    return f"{low}-{high}"
+
+
+def machine_of(g: _Group) -> str:
+    """The machine a group runs on, as its placement names it; ``""``: the host's.
+
+    Two groups whose machines differ, or that share a member's, are joined by
+    TCP with the run's secret; two of the host's machine by ``ipc://`` and
+    shared memory (the run's private folder and pools are on the host's
+    machine). Tests stand machines in for groups of one process here.
+    """
+    return g.member or ""
 
 
 class PeerMesh:
@@ -126,21 +171,33 @@ class PeerMesh:
             ``pools`` (each group's shared-memory prefix, or None), ``out``
             (per group: ``[output, [reader groups]]`` pairs), ``ins`` and
             ``trig_in`` (per group: the groups that send to it, and those
-            whose messages trigger one of its nodes).
+            whose messages trigger one of its nodes), ``tcp`` (the links
+            between machines, `pair_key` -> endpoint).
         declared (list[type]): every Output's declared type (`Routes.declared`).
-        traffic (list[int] | None): the counts of the mesh this one replaces
-            (`traffic`), carried on; None: from zero.
+        before (PeerMesh | None): the mesh this one replaces (closed), whose
+            counts go on here (`traffic`, `peer_bytes`, `refused`); None: from zero.
+        tcp (dict[str, dataplane.PeerLink] | None): this group's ends of the
+            links between machines, by peer, made before the mesh (`CrossLinks`;
+            the group's ``BindPeers`` and ``ConnectPeers``): taken over here,
+            closed with the mesh. Every link the spec names TCP must be in it.
 
     Raises:
         zmq.ZMQError: a link's address cannot be bound (the links opened are closed).
+        RuntimeError: a TCP link of the spec was not made before (the links
+            opened and those of ``tcp`` are closed).
     """
 
     def __init__(self, me: str, generation: int, spec: dict[str, Any],
-                 declared: list[type], traffic: list[int] | None = None) -> None:
+                 declared: list[type], before: PeerMesh | None = None,
+                 tcp: dict[str, dataplane.PeerLink] | None = None) -> None:
         self.me = me
         # Port messages sent (once each, however many groups read it) and received,
-        # bytes sent and received: from `traffic` (the mesh this one replaces) on.
-        self._traffic = list(traffic or (0, 0, 0, 0))
+        # bytes sent and received; the bytes by peer (what crossed machines, for
+        # `placed_run.machine_stats`); the connections its TCP listeners refused:
+        # from ``before`` (the meshes this one replaces) on.
+        self._traffic = before.traffic() if before is not None else [0, 0, 0, 0]
+        self._peer_bytes = before.peer_bytes() if before is not None else {}
+        self._refused = before.refused if before is not None else 0
         self.generation = generation
         groups: list[str] = spec["groups"]
         mine = groups.index(me)
@@ -155,18 +212,34 @@ class PeerMesh:
         self.promise_in: dict[str, Key] = {p: (-1, 0) for p in peers}
         self.announced: Key | None = None
         self.links: dict[str, dataplane.PeerLink] = {}
+        # Each link's endpoint (its transport: ``ipc://`` or ``tcp://``), kept once closed.
+        self.endpoints: dict[str, str] = {}
+        made = dict(tcp or {})
+        across: dict[str, str] = spec.get("tcp") or {}
         try:
             for p in peers:
                 theirs = groups.index(p)
-                low, high = sorted((mine, theirs))
-                address = f"ipc://{spec['folder']}/peer-{generation}-{low}-{high}"
-                self.links[p] = dataplane.PeerLink(
-                    address, declared, server=mine < theirs,
-                    mine=_pool(spec["pools"].get(me), generation, theirs),
-                    theirs=_pool(spec["pools"].get(p), generation, mine))
+                key = pair_key(groups, me, p)
+                if key in across:  # between machines: its end was made before the mesh
+                    link = made.pop(p, None)
+                    if link is None:
+                        raise RuntimeError(f"group {me!r}: the link to group {p!r} crosses "
+                                           f"machines ({across[key]}) but was not made for "
+                                           f"mesh generation {generation}")
+                else:
+                    link = dataplane.PeerLink(
+                        f"ipc://{spec['folder']}/peer-{generation}-{key}", declared,
+                        server=mine < theirs,
+                        mine=_pool(spec["pools"].get(me), generation, theirs),
+                        theirs=_pool(spec["pools"].get(p), generation, mine))
+                self.links[p] = link
+                self.endpoints[p] = link.endpoint
         except BaseException:
             self.close()
             raise
+        finally:
+            for link in made.values():  # made for links this mesh does not have
+                link.close()
 
     def promise(self, due: Key | None) -> Key:
         """This group's promise with ``due`` its next key: the least key it may send at."""
@@ -209,6 +282,23 @@ class PeerMesh:
         return [t[0] + sum(k.messages_in for k in links), t[1],
                 t[2] + sum(k.bytes_in for k in links), t[3] + sum(k.bytes_out for k in links)]
 
+    def peer_bytes(self) -> dict[str, list[int]]:
+        """``{peer: [bytes_in, bytes_out]}`` on the link to each group, these links' and
+        the ones they replaced (which of them crossed machines: `placed_run.machine_stats`)."""
+        out = {p: list(b) for p, b in self._peer_bytes.items()}
+        for p, link in self.links.items():
+            b = out.setdefault(p, [0, 0])
+            b[0] += link.bytes_in
+            b[1] += link.bytes_out
+        return out
+
+    @property
+    def refused(self) -> int:
+        """int: connections the TCP listeners of this mesh and of those it replaced refused
+        (the CURVE handshake failed: a peer without the run's secret), until their own
+        peer was in (`CrossLinks` waits for each)."""
+        return self._refused + sum(link.refused for link in self.links.values())
+
     def by_reader(self, sends: list[Any], index: dict[str, int]) -> dict[str, list[dataplane.Item]]:
         """``sends`` (`Kernel.take_sends`, in order) as items for each reading group, in order;
         each counted once as sent (`traffic`), however many groups read it.
@@ -230,9 +320,11 @@ class PeerMesh:
         return per
 
     def close(self) -> None:
-        """Close every link (its shared-memory pool goes with it); `traffic` keeps
-        their counts."""
+        """Close every link (its shared-memory pool goes with it); `traffic`,
+        `peer_bytes` and `refused` keep their counts."""
         self._traffic = self.traffic()
+        self._peer_bytes = self.peer_bytes()
+        self._refused = self.refused
         for link in self.links.values():
             link.close()
         self.links.clear()
@@ -518,3 +610,152 @@ class RealTimePeers:
             return False
         self.flushing = None
         return True
+
+
+# -- the host's side: the links between machines --------------------------------------------
+
+LINK_SETUP_S = 10.0  # the bound on the handshakes of a generation's links between machines
+
+
+class Unreachable(Exception):
+    """A peer link between machines could not be made (says which, where, and why)."""
+
+
+class CrossLinks:
+    """The host's side of the peer links that cross machines: made for each mesh generation
+    before its first frame, through the groups' control requests.
+
+    A ``tcp://`` link's listening end takes a port its own machine picks, so
+    no address can be named ahead as the ``ipc://`` ones are. For each pair of
+    groups not both on the host's machine (`machine_of`), the group first in
+    the mesh's order listens, the other connects:
+
+    1. every listening end is bound, with the run's secret (CURVE server), on
+       the address its machine advertises (`peer_host`: the member's, the
+       leader's for the host's machine; loopback unless the placement says
+       otherwise), and the group answers with the endpoint (``BindPeers``);
+    2. every connecting end connects to it (``ConnectPeers``);
+    3. every group waits for the handshake of each of its ends, all within one
+       bound (``CheckPeers``), the connecting ends first (a wrong secret fails
+       one at once, where its listener would wait out the bound for the right
+       one): a wrong secret, a port a firewall drops, an address the other
+       machine cannot reach fails here, before any frame.
+
+    The groups hold their ends until their `PeerMesh` of that generation takes
+    them over; `mesh_spec` names these links (`pair_key` -> endpoint).
+
+    Args:
+        peer_host (Callable[[str, str], str] | None): the address to bind on
+            machine ``m`` (``""``: the host's) for a link toward machine ``n``:
+            ``peer_host(m, n)``; None: loopback (machines that tests stand in
+            for groups of one host).
+        timeout (float | None): the bound on step 3, seconds; None: `LINK_SETUP_S`.
+    """
+
+    def __init__(self, peer_host: Callable[[str, str], str] | None = None,
+                 timeout: float | None = None) -> None:
+        self.peer_host = peer_host
+        self.timeout = LINK_SETUP_S if timeout is None else timeout
+        self.opened = 0  # generations whose links between machines were made
+        self.links = 0  # links between machines made so far
+
+    def pairs(self, groups: list[_Group]) -> list[tuple[_Group, _Group]]:
+        """Every pair of groups joined over TCP: (listening end, connecting end)."""
+        ordered = sorted(groups, key=lambda g: g.name)
+        return [(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1:]
+                if machine_of(a) or machine_of(b)]
+
+    def open(self, groups: list[_Group], generation: int) -> dict[str, str]:
+        """Make the links between machines of mesh ``generation`` (see the class's docstring).
+
+        Returns:
+            dict[str, str]: `pair_key` -> the listening end's endpoint (for `mesh_spec`);
+            empty when every group is on the host's machine.
+
+        Raises:
+            Unreachable: a link could not be made, or a group did not answer in time
+                (the groups' ends made so far are closed).
+            GroupDied: a group died meanwhile (as any control request).
+        """
+        pairs = self.pairs(groups)
+        if not pairs:
+            return {}
+        names = sorted(g.name for g in groups)
+        by_name = {g.name: g for pair in pairs for g in pair}
+        involved = {name: by_name[name] for name in sorted(by_name)}
+        try:
+            return self._open(pairs, names, involved, generation)
+        except Unreachable:
+            for g in involved.values():
+                g.control.drop_peers()
+            raise
+
+    def _open(self, pairs: list[tuple[_Group, _Group]], names: list[str],
+              involved: dict[str, _Group], generation: int) -> dict[str, str]:
+        binds: dict[str, dict[str, str]] = {}
+        for server, client in pairs:
+            host = self._host(machine_of(server), machine_of(client))
+            binds.setdefault(server.name, {})[client.name] = host
+        endpoints: dict[tuple[str, str], str] = {}
+        for name, hosts in binds.items():
+            try:
+                bound = involved[name].control.bind_peers(generation, hosts)
+            except (RemoteError, TimeoutError) as exc:  # not that machine's address; no answer
+                raise Unreachable(f"group {name!r} on {_on(involved[name])} could not listen "
+                                  f"for its peer links on {sorted(set(hosts.values()))}: "
+                                  f"{_why(exc)}") from exc
+            for peer, endpoint in bound.items():
+                endpoints[(name, peer)] = endpoint
+        connects: dict[str, dict[str, str]] = {}
+        for (server, client), endpoint in endpoints.items():
+            connects.setdefault(client, {})[server] = endpoint
+        for name, reach in connects.items():
+            try:
+                involved[name].control.connect_peers(generation, reach)
+            except (RemoteError, TimeoutError) as exc:  # an endpoint it cannot name; no answer
+                raise Unreachable(f"group {name!r} on {_on(involved[name])} could not "
+                                  f"connect its peer links to {sorted(reach.values())}: "
+                                  f"{_why(exc)}") from exc
+        deadline = time.monotonic() + self.timeout
+        checks = [(n, False) for n in connects] + [(n, True) for n in binds]
+        for name, listening in checks:
+            g = involved[name]
+            try:
+                failed = g.control.check_peers(generation,
+                                               max(0.1, deadline - time.monotonic()), listening)
+            except (RemoteError, TimeoutError) as exc:  # a group too busy to answer in time
+                raise Unreachable(f"group {name!r} on {_on(g)} did not say whether its peer "
+                                  f"links are in: {exc}") from exc
+            if failed:
+                peer, why = sorted(failed.items())[0]
+                pair = (name, peer) if (name, peer) in endpoints else (peer, name)
+                raise Unreachable(
+                    f"the peer link between group {name!r} on {_on(g)} and group {peer!r} on "
+                    f"{_on(involved[peer])} (listening at {endpoints[pair]}) did not complete "
+                    f"its handshake: {why}")
+        self.opened += 1
+        self.links += len(endpoints)
+        return {pair_key(names, s, c): e for (s, c), e in endpoints.items()}
+
+    def _host(self, machine: str, toward: str) -> str:
+        return LOOPBACK if self.peer_host is None else self.peer_host(machine, toward)
+
+
+def _why(exc: BaseException) -> BaseException:
+    """What a group's control request raised there (a `RemoteError`'s own), else ``exc``."""
+    return getattr(exc, "exception", None) or exc
+
+
+def _on(g: _Group) -> str:
+    """``machine 'robot'``, or ``the host's machine``, for messages."""
+    m = machine_of(g)
+    return f"machine {m!r}" if m else "the host's machine"
+
+
+def fall_back(why: str, started: bool) -> None:
+    """Say that the run's messages between groups take the host's relay from now on,
+    because a peer link between machines could not be made (``started``: at a restore,
+    not at the start)."""
+    log.warning("placed run: the host relays every message between groups %s: %s",
+                "from this restore on" if started else "for this run (peer links are off)",
+                why)

@@ -267,6 +267,32 @@ class _Convention:
         """Where the host binds a group's data plane on another machine (any free port)."""
         return f"tcp://{self.admin.host}:0"
 
+    def member_address(self, member: str) -> str:
+        """The address ``member`` advertises (its admin's, as the leader lists it); loopback
+        for a member the listing no longer has (then no peer reaches it: the relay)."""
+        if member not in self.addresses:
+            from . import convention
+
+            for info in convention.known_members(self._leader, MEMBER_ANSWER_S) or []:
+                self.addresses[info.name] = info.address.rpartition(":")[0]
+        return self.addresses.get(member, LOOPBACK)
+
+    def peer_host(self, machine: str, toward: str) -> str:
+        """Where a group on ``machine`` (``""``: the host's) listens for its peer link to a
+        group on ``toward`` (`peers.CrossLinks`): the address the member advertises, or
+        the leader's for the host's machine; for a wildcard leader, the address this
+        machine reaches ``toward``'s from (loopback unless the placement says otherwise)."""
+        if machine:
+            return self.member_address(machine)
+        if self.admin.host != ANY:
+            return str(self.admin.host)
+        from .convention import _outward_address
+
+        try:
+            return str(_outward_address(self.member_address(toward))) if toward else LOOPBACK
+        except ConnectionError:  # no route to it: no link either (the relay, said so)
+            return LOOPBACK
+
     def advertised(self, endpoint: str, member: str) -> str:
         """``endpoint`` as the member reaches it (a wildcard bind: this machine's address
         toward the member's)."""
@@ -398,7 +424,8 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                          signature=expected, realtime=kind == "realtime", wake=wake,
                          run_id=run_id, trace=trace,
                          monitor=None if conv is None else conv.monitor,
-                         choose_member=None if conv is None else conv.choose)
+                         choose_member=None if conv is None else conv.choose,
+                         peer_host=None if conv is None else conv.peer_host)
         if record is not None:  # before the start phase: on_start's messages are recorded
             _record(driver, found, ports, seeds, args, *record)
     except BaseException:

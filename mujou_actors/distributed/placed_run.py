@@ -9,7 +9,9 @@ refused, as in one process.
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import socket
 import threading
 import time
@@ -439,18 +441,24 @@ def machine_stats(groups: Mapping[str, GroupStats],
                   raw: Mapping[str, Mapping[str, Any]]) -> dict[str, MachineStats]:
     """Each machine's figures from its groups' (`MachineStats`): the host's ``""`` first.
 
-    A member's bytes are its groups' sums (every message between groups
-    passes the host, so each of those bytes crossed the network); the host's
-    machine's are the mirror of all the members' (what they sent came in
-    here). A member's clock is the estimate of its group with the tightest
-    bound (its processes share one clock), and its message ages are the raw
-    ages of all its groups with that offset added.
+    A machine's bytes are those that crossed the network into it or out of
+    it: a member's, its groups' bytes on their links to the host and on their
+    peer links to groups of other machines; the host's machine's, the mirror
+    (every member group's bytes on its link to the host, and the peer links
+    between the host's machine's groups and the members'). A peer link between
+    two groups of one machine crosses no network. A member's clock is the
+    estimate of its group with the tightest bound (its processes share one
+    clock), and its message ages are the raw ages of all its groups with that
+    offset added.
 
     Args:
         groups (Mapping[str, GroupStats]): the run's groups, by name.
         raw (Mapping[str, Mapping]): the driver's plain figures of the same
-            groups (`driver._Driver.group_stats`): ``"host"``, and for a group
-            on another machine ``"heartbeat_in"``, ``"heartbeat_out"`` (bytes)
+            groups (`driver._Driver.group_stats`): ``"host"``, where its bytes
+            went (``"link_bytes"``: ``[in, out]`` on the link to the host;
+            ``"peer_bytes"``: peer -> ``[in, out]``; without them, every byte
+            is taken to be on the link to the host), and for a group on
+            another machine ``"heartbeat_in"``, ``"heartbeat_out"`` (bytes)
             and, in real time, ``"ages"`` (raw ages, ns, `realtime.MessageAges`).
 
     Returns:
@@ -459,9 +467,23 @@ def machine_stats(groups: Mapping[str, GroupStats],
     on: dict[str, list[GroupStats]] = {"": []}
     for g in groups.values():
         on.setdefault(g.machine, []).append(g)
+    machine = {g.name: g.machine for g in groups.values()}
+
+    def host_link(g: GroupStats) -> tuple[int, int]:
+        own = raw.get(g.name, {}).get("link_bytes")
+        return (g.bytes_in, g.bytes_out) if own is None else (own[0], own[1])
+
+    def across(g: GroupStats, where: Callable[[str], bool]) -> tuple[int, int]:
+        """The bytes in and out of ``g``'s peer links to the groups where ``where`` holds."""
+        ins = outs = 0
+        for peer, (b_in, b_out) in raw.get(g.name, {}).get("peer_bytes", {}).items():
+            if where(machine.get(peer, "")):
+                ins, outs = ins + b_in, outs + b_out
+        return ins, outs
+
     members = {}
-    for machine, gs in on.items():
-        if not machine:
+    for name, gs in on.items():
+        if not name:
             continue
         clocked = [g for g in gs if g.clock_uncertainty_ns is not None]
         best = min(clocked, key=lambda g: g.clock_uncertainty_ns or 0, default=None)
@@ -472,11 +494,14 @@ def machine_stats(groups: Mapping[str, GroupStats],
                 ages += [a + offset for a in raw.get(g.name, {}).get("ages", ())]
         ages.sort()
         figures = [raw.get(g.name, {}) for g in gs]
-        members[machine] = MachineStats(
-            name=machine, hostname=next((f["host"] for f in figures if f.get("host")), ""),
+        crossed = [(host_link(g), across(g, functools.partial(operator.ne, name)))
+                   for g in gs]
+        members[name] = MachineStats(
+            name=name, hostname=next((f["host"] for f in figures if f.get("host")), ""),
             groups=tuple(g.name for g in gs), pids=tuple(g.pid for g in gs),
-            cpu_time=sum(g.cpu_time for g in gs), bytes_in=sum(g.bytes_in for g in gs),
-            bytes_out=sum(g.bytes_out for g in gs),
+            cpu_time=sum(g.cpu_time for g in gs),
+            bytes_in=sum(h[0] + p[0] for h, p in crossed),
+            bytes_out=sum(h[1] + p[1] for h, p in crossed),
             heartbeat_bytes_in=sum(f.get("heartbeat_in", 0) for f in figures),
             heartbeat_bytes_out=sum(f.get("heartbeat_out", 0) for f in figures),
             clock_offset_ns=offset,
@@ -487,11 +512,16 @@ def machine_stats(groups: Mapping[str, GroupStats],
             refused=sum(g.refused for g in gs))
     here = on[""]
     them = members.values()
+    # The mirror of the members' links to the host, and the host's machine's groups'
+    # peer links to the members' groups.
+    links = [host_link(g) for n, gs in on.items() if n for g in gs]
+    peered = [across(g, bool) for g in here]
     host = MachineStats(
         name="", hostname=socket.gethostname(), groups=tuple(g.name for g in here),
         pids=tuple(g.pid for g in here), cpu_time=sum(g.cpu_time for g in here),
-        bytes_in=sum(m.bytes_out for m in them), bytes_out=sum(m.bytes_in for m in them),
+        bytes_in=sum(b[1] for b in links) + sum(p[0] for p in peered),
+        bytes_out=sum(b[0] for b in links) + sum(p[1] for p in peered),
         heartbeat_bytes_in=sum(m.heartbeat_bytes_out for m in them),
         heartbeat_bytes_out=sum(m.heartbeat_bytes_in for m in them),
-        refused=sum(m.refused for m in them))
+        refused=sum(m.refused for m in them) + sum(g.refused for g in here))
     return {"": host, **members}

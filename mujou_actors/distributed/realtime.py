@@ -45,7 +45,7 @@ import zmq
 
 from . import dataplane
 from .failures import failed_in, reported_by
-from .peers import links_between, mesh_spec
+from .peers import CrossLinks, Unreachable, fall_back, links_between, mesh_spec
 
 # The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
@@ -338,17 +338,21 @@ class PeerRelay(RealTimeRelay):
     """`RealTimeRelay` with the groups' port messages on peer links where they apply.
 
     Each group sends its messages straight to the groups that read them
-    (`peers.RealTimePeers`), on a ZeroMQ ``PAIR`` link per pair of groups in
-    the run's private folder, large tensors through shared memory: one hop,
-    without the host. The host keeps what must be central: the cuts (hold,
-    then a flush whose markers cross every link: `RealTimePeers.flush`),
-    supervision, published copies (``run.read``, recordings, the live view)
-    and host writes. Every restart (`start_timers`) opens a new mesh
-    generation: frames of the abandoned timeline are dropped.
+    (`peers.RealTimePeers`), on a ZeroMQ ``PAIR`` link per pair of groups
+    (on the host's machine, in the run's private folder, large tensors
+    through shared memory; with an end on another machine, TCP with the
+    run's secret, every tensor inline): one hop, without the host. The host
+    keeps what must be central: the cuts (hold, then a flush whose markers
+    cross every link: `RealTimePeers.flush`), supervision, published copies
+    (``run.read``, recordings, the live view) and host writes. Every restart
+    (`start_timers`) opens a new mesh generation: frames of the abandoned
+    timeline are dropped.
 
-    Peer links apply, as in simulated time (`segments.Segments.applies`), on one
-    machine, to runs with every node in a group process and no CUDA IPC; else
-    the host relays, as `RealTimeRelay`.
+    Peer links apply, as in simulated time (`segments.Segments.applies`), to
+    runs with every node in a group process and no CUDA IPC, and whose links
+    between machines could be made when the mesh opened (`peers.CrossLinks`,
+    before the clocks run); else the host relays, as `RealTimeRelay` (a
+    warning says which link could not be made, and why).
 
     Args:
         driver (driver._Driver): the run's driver.
@@ -359,12 +363,15 @@ class PeerRelay(RealTimeRelay):
         self.generation = 0  # of the mesh the groups were told last
         self.live = False  # the groups' messages cross on peer links
         self._links = links_between(driver.routes, driver.owner)
+        self.cross = CrossLinks(driver.peer_host)  # the links between machines
+        self.unreachable: str | None = None  # why one could not be made (then: the relay)
 
     def applies(self) -> bool:
         """Whether peer links can carry the run's messages (see the class's docstring)."""
         driver = self.driver
-        return all(g.remote and g.member is None and g.link.ipc is None
-                   and g.name not in driver.dead for g in driver.groups.values())
+        return self.unreachable is None and all(
+            g.remote and g.link.ipc is None and g.name not in driver.dead
+            for g in driver.groups.values())
 
     def flush_grant(self, messages: list[dataplane.Item]) -> dataplane.Grant:
         """A flush's pass names itself on peer links: each group's answer waits for the
@@ -382,7 +389,14 @@ class PeerRelay(RealTimeRelay):
         self.live = self.applies()
         if self.live:
             self.generation += 1
-            spec = mesh_spec(driver.tmpdir, groups, *self._links)
+            try:
+                tcp = self.cross.open(groups, self.generation)
+            except Unreachable as exc:
+                self.unreachable = str(exc)
+                fall_back(self.unreachable, started=driver.clock_started)
+                self.live = False
+        if self.live:
+            spec = mesh_spec(driver.tmpdir, groups, *self._links, tcp=tcp)
             for g in groups:
                 g.link.send(dataplane.Grant(None, False, [], None,
                                             dataplane.Segment(0, self.generation, {}, spec)))

@@ -15,12 +15,16 @@ between rounds), a stop, or a node's failure (the supervisor decides then, as
 after a round); a group's death *aborts* it (no flush: the restore that
 follows reopens the mesh under a new generation).
 
-Peer links apply on one machine (``ipc://``), to runs with every node in a
-group process (none in the host's), without CUDA IPC, without a recording of
-ports or a timed subscription (the driver's item listeners: a round at a
-time while one is in force), and when no cycle of triggering links joins
-groups (`triggering_cycle`). ``MUJOU_PEER_LINKS=0`` in the host's environment
-keeps the rounds (docs/processes.md).
+Peer links apply to runs with every node in a group process (none in the
+host's), without CUDA IPC, without a recording of ports or a timed
+subscription (the driver's item listeners: a round at a time while one is in
+force), and when no cycle of triggering links joins groups
+(`triggering_cycle`); on one machine or across machines (a link with an end
+on another machine is TCP with the run's secret, made before the mesh's
+first frame: `peers.CrossLinks`). Where such a link cannot be made, the run
+keeps the rounds (a warning says which link and why), decided as the timers
+start or at a restore, never inside a segment. ``MUJOU_PEER_LINKS=0`` in the
+host's environment keeps the rounds (docs/processes.md).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import zmq
 from .._runtime.keys import Key
 from . import dataplane
 from .failures import GroupLost, Stuck, failed_in, reported_by
-from .peers import FAR, after, links_between, mesh_spec
+from .peers import FAR, CrossLinks, Unreachable, after, fall_back, links_between, mesh_spec
 from .rounds import POLL_S, SimulatedRounds
 
 _Driver = Any
@@ -91,6 +95,11 @@ class Segments(SimulatedRounds):
         self._generation = 0
         self._layout: tuple[Any, ...] | None = None  # the groups' processes and epochs
         self._sent_mesh: set[str] = set()  # groups told this generation's mesh
+        # The links between machines, made for each generation (their endpoints, for
+        # the mesh's spec); why they could not be, once that happened (then: rounds).
+        self.cross = CrossLinks(driver.peer_host)
+        self._tcp: dict[str, str] = {}
+        self.unreachable: str | None = None
         out, ins, trig_in = links_between(driver.routes, driver.owner)
         self._links = out, ins, trig_in
         cycle = triggering_cycle(trig_in)
@@ -102,10 +111,10 @@ class Segments(SimulatedRounds):
     def applies(self) -> bool:
         """Whether the next round may be a segment (see the module's docstring)."""
         driver = self.driver
-        if self._why_not is not None or driver.item_listeners:
+        if self._why_not is not None or self.unreachable is not None or driver.item_listeners:
             return False
-        return all(g.remote and g.member is None and g.link.ipc is None
-                   and g.name not in driver.dead for g in driver.groups.values())
+        return all(g.remote and g.link.ipc is None and g.name not in driver.dead
+                   for g in driver.groups.values())
 
     def round(self, cap: Key | None) -> bool:
         """A segment up to ``cap`` (or the end) where peer links apply, else a round.
@@ -119,7 +128,8 @@ class Segments(SimulatedRounds):
         groups = list(driver.groups.values())
         if not any(g.due is not None and (limit is None or g.due <= limit) for g in groups):
             return False
-        self._renew_mesh(groups)
+        if not self._renew_mesh(groups):  # a link between machines could not be made
+            return super().round(cap)
         promises = self._promises(groups)
         self._number += 1  # a marker names its segment: one of an earlier one is stale
         generation = self._generation
@@ -130,7 +140,7 @@ class Segments(SimulatedRounds):
                 g.waiting = True
                 mesh = None
                 if g.name not in self._sent_mesh:
-                    mesh = mesh_spec(driver.tmpdir, groups, *self._links)
+                    mesh = mesh_spec(driver.tmpdir, groups, *self._links, tcp=self._tcp)
                     self._sent_mesh.add(g.name)
                 seg = dataplane.Segment(self._number, generation,
                                         {p: k for p, k in promises.items() if p != g.name},
@@ -152,6 +162,14 @@ class Segments(SimulatedRounds):
         """A host request was queued: the segment in progress is paused for it."""
         self.driver.wake.set()
 
+    def start_timers(self, tree: dict[str, Any] | None) -> None:
+        """As the rounds start (`SimulatedRounds.start_timers`), then the mesh is opened
+        where peer links apply: whether its links between machines can be made is known
+        before the first delta cycle of the timers (else the run keeps the rounds)."""
+        super().start_timers(tree)
+        if self.applies():
+            self._renew_mesh(list(self.driver.groups.values()))
+
     def settle_end(self) -> None:
         """As the rounds end (`SimulatedRounds.settle_end`), then every group is told the
         least next key of all: a group's own settles in a segment go only as far as the
@@ -162,14 +180,28 @@ class Segments(SimulatedRounds):
             self.deliver(list(driver.groups.values()))
 
     # -- the mesh ---------------------------------------------------------------------------
-    def _renew_mesh(self, groups: list[_Group]) -> None:
+    def _renew_mesh(self, groups: list[_Group]) -> bool:
         """A new generation when a group's process or epoch changed (a restart, a restore):
-        the old links may hold frames of the abandoned timeline."""
+        the old links may hold frames of the abandoned timeline. Its links between
+        machines are made first (`peers.CrossLinks`).
+
+        Returns:
+            bool: False when one of those could not be made: the run keeps the rounds
+            from here on (said once, with why).
+        """
         layout = tuple((g.name, g.pid, g.launches, g.link.epoch) for g in groups)
         if layout != self._layout:
-            self._layout = layout
+            self._layout = None  # until this generation's links are made
             self._generation += 1
             self._sent_mesh.clear()
+            try:
+                self._tcp = self.cross.open(groups, self._generation)
+            except Unreachable as exc:
+                self.unreachable = str(exc)
+                fall_back(self.unreachable, started=self.rounds > 0)
+                return False
+            self._layout = layout
+        return True
 
     def _promises(self, groups: list[_Group]) -> dict[str, Key]:
         """Each group's promise from the next keys the host knows: the least of its
