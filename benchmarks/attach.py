@@ -8,9 +8,9 @@ in one of three modes: **none** (nobody watches), **echo** (``mujou echo PID
 physics.state`` in a second process, its output thrown away) and **hz**
 (``mujou hz PID physics.state``). The modes alternate (none, echo, hz, none,
 ...), ``--repeat`` times each; every figure is the median over a mode's trials.
-Each trial measures ``--seconds`` of wall time once the watcher's subscription
-is up (the run's ``stats().subscriptions`` shows it), after ``--warmup``
-seconds:
+Each trial measures ``--seconds`` of wall time once the watcher's watch
+(`Run.watch`) is up (the run's ``stats().subscriptions`` shows it), after
+``--warmup`` seconds:
 
 * **send ns/msg**: the CPU time of the sending thread per message of
   ``physics.state`` (``time.thread_time_ns`` around each ``send``, the 500 Hz
@@ -20,12 +20,19 @@ seconds:
   thread: the net, the ``mujou-host`` and ``mujou-attach`` threads) over the
   wall time, in % of one core; the watch's cost is this minus the unwatched
   figure.
+* **serve cpu %**: the part of the above spent by the threads that serve the
+  watcher in the watched process, ``mujou-attach`` (the endpoint: it takes
+  the watch's queue, makes the views, writes them) and ``mujou-host`` (only
+  when something subscribes), each thread's own CPU clock: a figure free of
+  the net's threads' noise, though not of what the watch costs them (the
+  sender's share is **send ns/msg**; a GIL handed back and forth costs both).
 * **watcher cpu %**: the ``mujou echo`` or ``mujou hz`` process's own CPU
   over the same window (its start-up left out).
-* **lost**: messages the watcher lost on the run's side (``Subscription``
-  drops), summed over the window; **watcher lost**: those the watcher was
-  told it lost (the watch's own queue and the subscription's, since it began);
-  **received** (echo): messages it printed.
+* **lost**: messages the watcher lost on the run's side (the drops of its
+  watch's queue, ``SubscriptionStats.watch_dropped``, and of any
+  subscription's), summed over the window; **watcher lost**: those the
+  watcher was told it lost (since it began); **received** (echo): messages it
+  printed.
 
 The script imports ``mujou_actors`` from ``sys.path``: set ``PYTHONPATH`` to
 the tree to measure. It needs the examples' extras (MuJoCo).
@@ -84,21 +91,38 @@ def child(mode: str, seconds: float, warmup: float) -> None:
                 raise TimeoutError("the watcher did not subscribe")
             run.wait(0.05)
         run.wait(warmup)
-        subs = run.stats().subscriptions.get(PORT)
-        lost0 = 0 if subs is None else subs.dropped
+        lost0 = _lost(run)
         acc[0] = acc[1] = 0
+        serving = _serving_clocks()
+        serve0 = sum(time.clock_gettime_ns(c) for c in serving)
         cpu0, wall0 = sum(os.times()[:2]), time.monotonic()
         print(json.dumps({"measuring": True}), flush=True)
         run.wait(seconds)
         cpu1, wall1 = sum(os.times()[:2]), time.monotonic()
+        serve1 = sum(time.clock_gettime_ns(c) for c in serving)
         ns, sends = acc
-        subs = run.stats().subscriptions.get(PORT)
-        lost = (0 if subs is None else subs.dropped) - lost0
+        lost = _lost(run) - lost0
         print(json.dumps({"send_ns": ns / max(sends, 1), "sends": sends,
-                          "cpu_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0), "lost": lost}),
+                          "cpu_pct": 100 * (cpu1 - cpu0) / (wall1 - wall0),
+                          "serve_cpu_pct": 100 * (serve1 - serve0) / 1e9 / (wall1 - wall0),
+                          "lost": lost}),
               flush=True)
     finally:
         run.stop()
+
+
+def _serving_clocks() -> list[int]:
+    """The CPU clocks of the threads that serve a watcher: ``mujou-attach``, ``mujou-host``."""
+    import threading
+
+    return [time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+            if t.name in ("mujou-attach", "mujou-host") and t.ident is not None]
+
+
+def _lost(run: Any) -> int:
+    """Messages of `PORT` dropped on the run's side so far (watches' and subscriptions')."""
+    subs = run.stats().subscriptions.get(PORT)
+    return 0 if subs is None else subs.dropped + getattr(subs, "watch_dropped", 0)
 
 
 def _line(proc: subprocess.Popen[str], key: str) -> dict[str, Any]:
@@ -168,7 +192,7 @@ def measure(seconds: float, warmup: float, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, runs in samples.items():
         med = {key: statistics.median(r[key] for r in runs)
-               for key in ("send_ns", "cpu_pct", "lost", "sends")}
+               for key in ("send_ns", "cpu_pct", "serve_cpu_pct", "lost", "sends")}
         if mode != "none":
             for key in ("watcher_cpu_pct", "watcher_lost"):
                 med[key] = statistics.median(r[key] for r in runs)
@@ -205,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
            "cpus": os.cpu_count(), "port": PORT, "modes": result,
            "target": {"send_extra_ns": 1000, "cpu_extra_pct": 1.0}}
     print(f"{'mode':<6} {'send ns':>8} {'+send ns':>9} {'cpu %':>7} {'+cpu %':>7} "
-          f"{'watcher %':>10} {'lost':>6} {'w. lost':>8} {'sends':>7}")
+          f"{'serve %':>8} {'watcher %':>10} {'lost':>6} {'w. lost':>8} {'sends':>7}")
     for mode, r in result.items():
         print(f"{mode:<6} {r['send_ns']:>8.0f} {r.get('send_extra_ns', 0.0):>9.0f} "
               f"{r['cpu_pct']:>7.2f} {r.get('cpu_extra_pct', 0.0):>7.2f} "
+              f"{r['serve_cpu_pct']:>8.2f} "
               f"{r.get('watcher_cpu_pct', 0.0):>10.2f} {r['lost']:>6.0f} "
               f"{r.get('watcher_lost', 0.0):>8.0f} {r['sends']:>7.0f}")
     if args.json is not None:

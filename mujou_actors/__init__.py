@@ -35,7 +35,7 @@ if _typing.TYPE_CHECKING:
         StartTimeoutError,
         StopTimeoutError,
     )
-    from .host import Subscription
+    from .host import Subscription, Watch
     from .node import Node
     from .params import Param
     from .ports import Input, Output, connect
@@ -103,6 +103,7 @@ __all__ = [
     "Supervisor",
     "SyncStats",
     "Tracer",
+    "Watch",
     "WorkerStats",
     "connect",
     "latest_snapshot",
@@ -116,6 +117,7 @@ __all__ = [
 _SUBMODULES = frozenset(("cuda", "testing"))
 _LAZY: dict[str, str] = {
     "cuda": "cuda", "testing": "testing", "Capsule": "recording.capsule", "Subscription": "host",
+    "Watch": "host",
     "FoxgloveServer": "recording.liveview", "FoxgloveStats": "recording.liveview",
     "serve_foxglove": "recording.liveview", "DeadlineMiss": "deadlines",
     "Node": "node", "Input": "ports", "Output": "ports", "connect": "ports",

@@ -8,18 +8,18 @@ Where the files are, who may connect and how frames are made is
 
 Cost. Unwatched, the endpoint is one thread (``mujou-attach``) that waits on
 its sockets and looks whether the run still goes every `IDLE_S`; no port is
-subscribed. A watched port is subscribed with `Run.subscribe` only while a
-client watches it (cancelled when that client goes): on the sending thread,
-that puts the message in the subscription's bounded queue (host.py) and
-nothing more. The ``mujou-host`` thread copies it (as for any subscriber) and
-appends it to the watch's own queue (at most ``depth``: the oldest dropped,
-counted); the ``mujou-attach`` thread takes the queues every `FLUSH_S`, makes
-each message's view there (``view.project``: tensors summarised; ``full``:
-every value; ``stamps``: only the send's time, for ``hz``) and writes it. A
-client that reads slower than the port sends has at most `OUT_LIMIT` bytes
-waiting for it: beyond that its queue is not taken, so the oldest messages
-are dropped on the run's side (counted and reported with each batch), and
-the net never waits for a watcher.
+watched. A watched port has a `Run.watch` only while a client watches it
+(cancelled when that client goes): on the sending thread, that appends a
+reference to the message (or, for ``hz``, only its send time) to the watch's
+bounded queue (at most ``depth``: the oldest dropped, counted) and wakes
+nothing. The ``mujou-attach`` thread takes the queues every `FLUSH_S`, on its
+own schedule, makes each message's view there from the message as sent
+(``view.project``: tensors summarised; ``full``: every value; ``stamps``:
+only the send's time, for ``hz``), without a copy, and writes it. A client
+that reads slower than the port sends has at most `OUT_LIMIT` bytes waiting
+for it: beyond that its queue is not taken, so the oldest messages are
+dropped on the run's side (counted and reported with each batch), and the
+net never waits for a watcher.
 
 Parameters. ``params`` answers `Run.describe_params` (or one parameter's);
 ``set_param`` takes a value's text, parses it here by the parameter's type
@@ -47,7 +47,6 @@ import struct
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +63,7 @@ from .attach import (
     unpack,
 )
 from .errors import AttachError, ParamError, describe
-from .host import Run, Subscription
+from .host import Run, Watch
 from .params import RunParams, join
 from .ports import Input, Output, Port
 from .recording.view import finite, project
@@ -210,42 +209,27 @@ def _nulls(values: Any) -> Any:
 
 
 class _Watch:
-    """One client's watch of a port: the bounded queue the ``mujou-host`` thread fills."""
+    """One client's watch of a port: its mode and its `Run.watch`, which the thread takes."""
 
-    __slots__ = ("port", "mode", "depth", "items", "lock", "dropped", "sent", "sub")
+    __slots__ = ("port", "mode", "depth", "sent", "watch")
 
-    def __init__(self, port: str, mode: str, depth: int) -> None:
+    def __init__(self, port: str, mode: str, depth: int, watch: Watch) -> None:
         self.port = port
         self.mode = mode
         self.depth = depth
-        self.items: deque[Any] = deque()
-        self.lock = threading.Lock()
-        self.dropped = 0  # by this queue (the subscription's own are added: `lost`)
         self.sent = 0
-        self.sub: Subscription | None = None
+        self.watch = watch
 
-    def put(self, t_ns: int, message: Any) -> None:
-        """The subscription's callback (on ``mujou-host``): queue, never raise, never wait long."""
-        try:
-            with self.lock:
-                items = self.items
-                if len(items) >= self.depth:
-                    items.popleft()
-                    self.dropped += 1
-                items.append(t_ns if self.mode == "stamps" else (t_ns, message))
-        except BaseException:  # noqa: BLE001 - a watcher must never fail the run
-            pass
+    def take(self) -> list[Any]:
+        """Everything queued, oldest first: ``(t_ns, message)``, or ``t_ns`` (``stamps``).
 
-    def take(self) -> deque[Any]:
-        """Everything queued, oldest first (the queue is left empty)."""
-        with self.lock:
-            items, self.items = self.items, deque()
-        return items
+        The messages are not copied: the views only read them.
+        """
+        return self.watch.take(copy=False)
 
     def lost(self) -> int:
-        """Messages dropped on the run's side for this watch: its queue's and the subscription's."""
-        sub = self.sub
-        return self.dropped + (0 if sub is None else sub.dropped)
+        """Messages dropped on the run's side for this watch (its full queue's oldest)."""
+        return self.watch.dropped
 
 
 class _Client:
@@ -389,8 +373,8 @@ class Endpoint:
         """Forget a connection: its watch's subscription is cancelled."""
         watch = client.watch
         client.watch = None
-        if watch is not None and watch.sub is not None:
-            watch.sub.cancel()
+        if watch is not None:
+            watch.watch.cancel()
         fd = client.sock.fileno()
         if fd >= 0:
             try:
@@ -512,11 +496,10 @@ class Endpoint:
         ports = self._run.ports
         if not isinstance(path, str) or path not in ports:
             raise AttachError(no_port(path, list(ports)))
-        watch = _Watch(path, mode, depth)
-        # The subscription's own queue as deep as the watch's: the host thread drains it
-        # into the watch's queue at once, so what is dropped is dropped there, counted.
-        watch.sub = self._run.subscribe(path, watch.put, depth=min(depth, 1024),
-                                        with_time=True)
+        # The senders only append to the watch's queue (nothing is woken: this thread
+        # takes it every FLUSH_S); ``stamps`` keeps the send times only.
+        watch = _Watch(path, mode, depth, self._run.watch(
+            path, depth=depth, with_time=True, messages=mode != "stamps"))
         client.watch = watch
         port = ports[path]
         return {"ok": True, "port": path, "mode": mode, "depth": depth,
@@ -534,7 +517,7 @@ class Endpoint:
                 continue
             if watch.mode == "stamps":
                 watch.sent += len(items)
-                self._send(sel, client, {"stamps": list(items), "lost": watch.lost()})
+                self._send(sel, client, {"stamps": items, "lost": watch.lost()})
                 continue
             make = full if watch.mode == "full" else project
             batch: list[Any] = []

@@ -15,9 +15,12 @@ neither slow the net down nor make memory grow without bound:
   oldest message of all subscriptions first (so callbacks see the messages in
   the order they were sent);
 * each `Run.wait_for` has its own queue of at most ``depth`` messages, read by
-  the waiting thread.
+  the waiting thread;
+* each `Run.watch` has its own queue of at most ``depth`` messages that wakes
+  nothing: its consumer takes it on its own schedule (`Watch.take`).
 
-A full queue drops its oldest message, counts it, and logs once per queue.
+A full queue drops its oldest message and counts it (a subscription's and a
+waiter's log it once; a watch's drops are its consumer's to show).
 When the run ends, the thread delivers what is queued for at most
 ``stop_timeout`` seconds; what is left then is counted as undelivered and
 logged. The counts are kept per port for the run's statistics
@@ -43,7 +46,7 @@ from .ports import Input, Port
 from .stats import RunStats, SubscriptionStats
 
 # Only the names users import (docs/reference.md); the package's own helpers stay importable.
-__all__ = ["Run", "Subscription"]
+__all__ = ["Run", "Subscription", "Watch"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -326,6 +329,56 @@ class Run(abc.ABC):
         """
 
     @abc.abstractmethod
+    def watch(self, port: Port | str, *, depth: int = HOST_QUEUE_DEPTH,
+              with_time: bool = False, messages: bool = True) -> Watch:
+        """Keep the later messages of a port in a bounded queue that the caller takes.
+
+        A watch wakes nothing: for each message the sending thread (a worker,
+        or a placed run's driver as it routes the message) appends a
+        reference to the watch's queue and counts it, without a copy, a lock
+        or a notify (well under 1 us; docs/performance.md, "Watching a
+        running net"). The caller takes the queue when it likes with
+        `Watch.take` (a GUI at 30 Hz, ``mujou echo``'s endpoint every 20 ms),
+        which makes the copies then, on the calling thread: a CUDA message is
+        copied once its GPU work is done, as `read` does. When more than
+        ``depth`` messages wait, the oldest is dropped and counted
+        (`Watch.dropped`, ``stats().subscriptions``): a consumer that cannot
+        keep up loses messages on its own side and never slows the net.
+        What is queued when the run ends can still be taken; `Watch.cancel`
+        ends the watch. Unlike `subscribe`, this may be called from inside a
+        hook in a run of one process (it never waits); a placed run attaches
+        it through its driver, so there it is refused from inside a hook.
+
+        Args:
+            port (Port | str): an Output (every message sent on it) or an
+                Input (every message delivered to it: what its Outputs send
+                and what the host writes), or its dotted path.
+            depth (int): the most messages the queue holds, >= 1 (its memory
+                is at most ``depth`` messages of the port). Default:
+                `HOST_QUEUE_DEPTH` (1024).
+            with_time (bool): `Watch.take` returns ``(t_ns, message)`` pairs,
+                ``t_ns`` the send's time on the run's timer in ns (as
+                `subscribe`'s ``with_time``: -1 for ``on_start``'s sends, the
+                run's time for a host write). Default: False.
+            messages (bool): False keeps only the send times, not the
+                messages (``with_time=True`` required): `Watch.take` returns
+                the ``t_ns`` ints, and nothing is copied (``mujou hz``).
+                Default: True.
+
+        Returns:
+            Watch: the queue's handle (``take``, ``dropped``, ``cancel``);
+            thread-safe.
+
+        Raises:
+            ValueError / TypeError: no such port in this run, a bad ``depth``,
+                ``with_time`` or ``messages`` not a bool, ``messages=False``
+                without ``with_time=True``.
+            NotRunningError: the run has ended.
+            RuntimeError: a placed run's, called from inside a hook or a
+                subscriber callback.
+        """
+
+    @abc.abstractmethod
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
                  timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:
         """Wait for the first message of a port, sent after this call, that matches.
@@ -501,6 +554,159 @@ class Subscription:
                 f"dropped={self._dropped}>")
 
 
+def check_watch(what: str, with_time: Any, messages: Any) -> None:
+    """A watch's ``with_time`` and ``messages``, or a TypeError / ValueError naming ``what``."""
+    for name, value in (("with_time", with_time), ("messages", messages)):
+        if type(value) is not bool:
+            raise TypeError(f"{what}: {name} must be a bool, got {value!r}")
+    if not messages and not with_time:
+        raise ValueError(f"{what}: messages=False keeps only the send times: "
+                         f"give with_time=True")
+
+
+class Watch:
+    """A watch made by `Run.watch`: a port's later messages in a bounded queue, taken by the caller.
+
+    The sending thread only appends each message (a reference) to the queue
+    and counts it: no lock, no copy, no wakeup. `take` empties the queue and
+    copies what it returns on the calling thread. When `depth` messages wait,
+    the next one pushes the oldest out: it is counted in `dropped` (and summed
+    per port in ``run.stats().subscriptions``, where the count stays after a
+    cancel). Every method may be called from any thread, by several at once.
+
+    Attributes:
+        port (str): the dotted path of the port watched.
+        depth (int): the most messages the queue holds.
+        with_time (bool): `take` returns ``(t_ns, message)`` pairs.
+        messages (bool): False: `take` returns only the send times (ints).
+    """
+
+    __slots__ = ("port", "depth", "with_time", "messages", "_items", "_put", "_count",
+                 "_reads", "_taken", "_dropped", "_active", "_lock", "_copy", "_view",
+                 "_host", "detach")
+
+    def __init__(self, host: Host, port: str, depth: int, with_time: bool, messages: bool,
+                 copy: Callable[[Any], Any], view: Callable[[Any], Any] | None = None) -> None:
+        self.port = port
+        self.depth = depth
+        self.with_time = with_time
+        self.messages = messages
+        self._host = host
+        # The queue: a full deque drops its oldest itself as the new one comes, so
+        # the sender's append is one call in C, atomic under the GIL (no lock).
+        self._items: deque[Any] = deque(maxlen=depth)
+        # What the run's listeners call for each message, on the sending thread:
+        # ``_put(item)`` then ``_count()`` (see `_settle` for how drops are counted).
+        self._put = self._items.append
+        self._count = itertools.count().__next__
+        self._reads = 0  # calls of _count made by _settle, not by a message
+        self._taken = 0
+        self._dropped = 0
+        self._active = True
+        self._lock = threading.Lock()  # the consumers' (take, dropped, cancel), never a sender's
+        self._copy = copy  # the host's private copy of a message (Run.read's)
+        self._view = view  # take(copy=False): the message as the host sees it; None: as sent
+        self.detach: Callable[[], None] | None = None  # set by the run: takes the listeners off
+
+    def _settle(self) -> int:
+        """Count the drops so far (lock held); returns `dropped`.
+
+        A message is counted after it is appended, and the count is read
+        before the queue's length, so ``counted - taken - queued`` is never
+        more than the drops (a message appended and not yet counted makes it
+        one less for a moment): the highest value seen is kept.
+        """
+        counted = self._count() - self._reads  # this very call advances the count too
+        self._reads += 1
+        dropped = counted - self._taken - len(self._items)
+        if dropped > self._dropped:
+            self._dropped = dropped
+        return self._dropped
+
+    def take(self, *, copy: bool = True) -> list[Any]:
+        """Every message queued now, oldest first; the queue is left empty.
+
+        Args:
+            copy (bool): True: each message is the host's own copy (as
+                `Run.read` makes it: a CUDA message copied to the CPU once its
+                GPU work is done), free to change. False: the message as it
+                was sent, shared with the net's readers (read it, never change
+                it): no copy for a message in host memory, a CUDA one still
+                brought to the CPU once its GPU work is done. Default: True.
+
+        Returns:
+            list: the messages; ``(t_ns, message)`` pairs with ``with_time``;
+            the ``t_ns`` ints with ``messages=False``. Empty once cancelled.
+        """
+        with self._lock:
+            if not self._active:
+                return []
+            items = self._items
+            pop = items.popleft
+            # Only the consumers pop, one at a time: the length read first is there to
+            # pop, whatever the senders append (or push out) meanwhile.
+            got = [pop() for _ in range(len(items))]
+            self._taken += len(got)
+            self._settle()
+        if not self.messages or not got:
+            return got
+        make = self._copy if copy else self._view
+        if make is None:
+            return got
+        if self.with_time:
+            return [(t_ns, make(message)) for t_ns, message in got]
+        return [make(message) for message in got]
+
+    @property
+    def dropped(self) -> int:
+        """int: messages pushed out of the full queue before they were taken, so far."""
+        with self._lock:
+            return self._settle() if self._active else self._dropped
+
+    @property
+    def taken(self) -> int:
+        """int: messages `take` has returned so far."""
+        return self._taken
+
+    @property
+    def pending(self) -> int:
+        """int: messages in the queue now (at most `depth`)."""
+        return len(self._items) if self._active else 0
+
+    @property
+    def active(self) -> bool:
+        """bool: True until cancelled (the run's end does not end it: the queue stays to take)."""
+        return self._active
+
+    def cancel(self) -> None:
+        """End the watch: no later message is queued, what is queued is discarded; idempotent.
+
+        The counts (`taken`, `dropped`) stay as they are, and in
+        ``run.stats().subscriptions``.
+        """
+        detach, self.detach = self.detach, None
+        if detach is not None:
+            detach()
+        with self._lock:
+            if not self._active:
+                return
+            self._settle()
+            self._active = False
+            self._items.clear()
+        self._host.remove_watch(self)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else "cancelled"
+        return (f"<Watch {self.port!r} {state} pending={self.pending} taken={self._taken} "
+                f"dropped={self._dropped}>")
+
+
 class Waiter:
     """The bounded queue of one `Run.wait_for` on ``port``, read by the waiting thread."""
 
@@ -568,11 +774,12 @@ class _Totals:
     """A port's counts of the subscriptions and waiters that have left the host."""
 
     __slots__ = ("subscriptions", "delivered", "dropped", "undelivered", "waits",
-                 "wait_dropped")
+                 "wait_dropped", "watches", "watch_taken", "watch_dropped")
 
     def __init__(self) -> None:
         self.subscriptions = self.delivered = self.dropped = self.undelivered = 0
         self.waits = self.wait_dropped = 0
+        self.watches = self.watch_taken = self.watch_dropped = 0
 
 
 class Host:
@@ -594,6 +801,7 @@ class Host:
         self.order = itertools.count()  # send order across subscriptions (under the lock)
         self._subs: list[Subscription] = []
         self._waiters: list[Waiter] = []
+        self._watches: list[Watch] = []
         self._thread: threading.Thread | None = None
         self._closed = False
         self._deadline: float | None = None  # set at the end: deliver until then
@@ -643,6 +851,27 @@ class Host:
             self._waiters.append(waiter)
             self._total(waiter.port).waits += 1
 
+    def add_watch(self, watch: Watch) -> None:
+        """Register a watch, for `stats` (nothing of the host's thread serves it).
+
+        Raises:
+            NotRunningError: the run has ended.
+        """
+        with self.lock:
+            if self._closed:
+                raise NotRunningError(f"watch({watch.port!r}): the run has ended")
+            self._watches.append(watch)
+            self._total(watch.port).watches += 1
+
+    def remove_watch(self, watch: Watch) -> None:
+        """Forget a cancelled watch (its counts, final now, stay in `stats`)."""
+        with self.lock:
+            if watch in self._watches:
+                self._watches.remove(watch)
+                total = self._total(watch.port)
+                total.watch_taken += watch.taken
+                total.watch_dropped += watch._dropped
+
     def remove_waiter(self, waiter: Waiter) -> None:
         """Forget a waiter that has returned (its drops stay in `stats`)."""
         with self.lock:
@@ -683,7 +912,8 @@ class Host:
             subscriptions and waiters so far, live and gone.
         """
         with self.lock:
-            sums = {port: [t.delivered, t.dropped, t.undelivered, t.wait_dropped]
+            sums = {port: [t.delivered, t.dropped, t.undelivered, t.wait_dropped,
+                           t.watch_taken, t.watch_dropped]
                     for port, t in self._totals.items()}
             for sub in self._subs:
                 row = sums[sub.port]
@@ -691,12 +921,19 @@ class Host:
                 row[1] += sub._dropped
                 row[2] += sub._undelivered
             waiters = list(self._waiters)
-            made = {port: (t.subscriptions, t.waits) for port, t in self._totals.items()}
+            watches = list(self._watches)
+            made = {port: (t.subscriptions, t.waits, t.watches)
+                    for port, t in self._totals.items()}
         for waiter in waiters:  # read without the host's lock: a put takes only the waiter's
             sums[waiter.port][3] += waiter.dropped
+        for watch in watches:  # each under its own lock (a watch cancelled meanwhile: its last)
+            dropped = watch.dropped
+            sums[watch.port][4] += watch.taken
+            sums[watch.port][5] += dropped
         return {port: SubscriptionStats(
                     port=port, subscriptions=made[port][0], delivered=row[0], dropped=row[1],
-                    undelivered=row[2], waits=made[port][1], wait_dropped=row[3])
+                    undelivered=row[2], waits=made[port][1], wait_dropped=row[3],
+                    watches=made[port][2], watch_taken=row[4], watch_dropped=row[5])
                 for port, row in sums.items()}
 
     def close(self, timeout: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ._checks import check_workers, is_int, is_number
 from ._runtime.actor import guard_deadlines, guard_read_only
-from ._runtime.build import Seams, make_actors, setup_cuda, unwire
+from ._runtime.build import Seams, make_actors, setup_cuda, unwire, watch_listener
 from ._runtime.coordinator import ON_COORDINATOR, Coordinator, EndReason
 from ._runtime.cuts import why_no_cut
 from ._runtime.loops import DEFAULT_MAX_DELTA_CYCLES, warn_loops
@@ -33,7 +33,7 @@ from ._runtime.workers import default_workers
 from .cuda import check_cuda_sync
 from .distributed.placement import Placement, as_placement
 from .errors import NetError, NotRunningError, ParamError
-from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, check_depth
+from .host import HOST_QUEUE_DEPTH, Host, Run, Subscription, Waiter, Watch, check_depth, check_watch
 from .net import (
     check_fit,
     check_flag,
@@ -241,6 +241,26 @@ class LocalRun(Run):
         sub = self._host.subscribe(p.path, timed, depth)
         sub.detach = self._wiring.listen(p, sub.put, now=lambda: self.time_ns)
         return sub
+
+    def watch(self, port: Port | str, *, depth: int = HOST_QUEUE_DEPTH,
+              with_time: bool = False, messages: bool = True) -> Watch:
+        """`Run.watch`: a listener on the port's wiring appending to the `Watch`'s queue."""
+        p = self._port(port)
+        what = f"watch({p.path!r})"
+        depth = check_depth(what, depth)
+        check_watch(what, with_time, messages)
+        wiring = self._wiring
+        watch = Watch(self._host, p.path, depth, with_time, messages, wiring.host_copy,
+                      None if wiring.rt is None else wiring.host_view)
+        self._host.add_watch(watch)  # refused once the run has ended
+        put, count = watch._put, watch._count
+
+        def now() -> int:
+            return self.time_ns
+
+        watch.detach = wiring.listen_each(
+            p, lambda sender: watch_listener(put, count, sender, now, with_time, messages))
+        return watch
 
     def wait_for(self, port: Port | str, predicate: Callable[[Any], bool] | None = None,
                  timeout: float | None = None, *, depth: int = HOST_QUEUE_DEPTH) -> Any:

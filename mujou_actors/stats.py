@@ -104,13 +104,15 @@ class SnapshotStats:
 
 @dataclass(frozen=True)
 class SubscriptionStats:
-    """What the host's observers of one port got and lost (`Run.subscribe`, `Run.wait_for`).
+    """What the host's observers of one port got and lost (`Run.subscribe`, `wait_for`, `watch`).
 
-    The counts add up over every subscription and every ``wait_for`` call on
-    the port during the run, cancelled subscriptions and returned calls
-    included. A message counts once for each observer it was queued for:
-    for each subscription, ``delivered + dropped + undelivered`` (plus what
-    was discarded by ``cancel()``) is what was sent after it was made.
+    The counts add up over every subscription, every ``wait_for`` call and
+    every watch on the port during the run, cancelled subscriptions and
+    watches and returned calls included. A message counts once for each
+    observer it was queued for: for each subscription, ``delivered + dropped
+    + undelivered`` (plus what was discarded by ``cancel()``) is what was sent
+    after it was made; for each watch, ``taken + dropped`` plus what it still
+    holds (or discarded by ``cancel()``).
 
     Attributes:
         port (str): the port's dotted path.
@@ -123,6 +125,11 @@ class SubscriptionStats:
         waits (int): `Run.wait_for` calls on the port.
         wait_dropped (int): messages dropped unseen from a full ``wait_for``
             queue: its predicate was ``depth`` messages behind.
+        watches (int): `Run.watch` calls on the port (``mujou echo``'s and
+            ``mujou hz``'s included).
+        watch_taken (int): messages taken from its watches (`Watch.take`).
+        watch_dropped (int): messages pushed out of a watch's full queue
+            before they were taken (`Watch.dropped`).
     """
 
     port: str
@@ -132,6 +139,9 @@ class SubscriptionStats:
     undelivered: int = 0
     waits: int = 0
     wait_dropped: int = 0
+    watches: int = 0
+    watch_taken: int = 0
+    watch_dropped: int = 0
 
 
 @dataclass(frozen=True)

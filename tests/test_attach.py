@@ -279,6 +279,14 @@ def test_a_watcher_that_reads_slowly_loses_messages_on_the_runs_side_counted(
     assert end["lost"] > 0  # the run did not wait for the watcher: it finished all its ticks
     assert run.stats().nodes["beacon"].updates == 20_000
     assert received == sorted(received) and len(received) < 20_000
+    # The endpoint's Run.watch: what the watcher was told it lost is the watch's count, and
+    # what it received is what the endpoint took.
+    watched = run.stats().subscriptions["beacon.count"]
+    assert (watched.watches, watched.subscriptions) == (1, 0)
+    assert watched.watch_dropped == end["lost"]
+    assert watched.watch_taken == len(received) == len(set(received))
+    # Nothing woke a host thread for it: the run has no subscription, so no mujou-host.
+    assert run._host.thread is None  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(120)

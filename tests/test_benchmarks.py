@@ -790,5 +790,6 @@ def test_the_attach_benchmark_measures_the_main_job_unwatched_and_watched(
     assert list(modes) == ["none", "echo", "hz"]
     for mode, figures in modes.items():
         assert figures["sends"] > 100 and figures["send_ns"] > 0 and figures["cpu_pct"] > 0, mode
+        assert 0 <= figures["serve_cpu_pct"] < 100, mode
     assert modes["echo"]["samples"][0]["received"] >= 1
     assert modes["hz"]["watcher_cpu_pct"] >= 0 and "send_extra_ns" in modes["hz"]

@@ -712,3 +712,89 @@ def test_every_hook_of_a_cuda_node_runs_on_its_streams_and_a_cpu_node_after_it_o
                                                 "state_dict")}}
     assert [label for label, _ in rt.current_log if label.startswith("gpu.")] == [
         "gpu.on_start", "gpu.on_update", "gpu.on_stop", "gpu.state_dict"]
+
+
+# -- Run.watch of a CUDA node's Output: nothing on the sender, the copy at the take ----
+
+
+class GoSender(Sender):
+    """Sends once when told (``go``), then stays in that update until released."""
+
+    def __init__(self, rt: FakeRuntime) -> None:
+        super().__init__(rt)
+        self.go, self.sent, self.release = (threading.Event(), threading.Event(),
+                                            threading.Event())
+
+    def on_update(self, dt: float) -> None:
+        if self.sent.is_set():
+            return
+        assert self.go.wait(10), "never told to send"
+        super().on_update(dt)
+        self.sent.set()
+        # Held: the sender's stream is not waited for, so its work is not done.
+        assert self.release.wait(10), "never released"
+
+
+@pytest.mark.timeout(30)
+def test_a_watch_of_a_cuda_port_queues_the_device_message_and_copies_it_once_it_is_ready(
+        monkeypatch) -> None:
+    rt, _, start = fake_cuda.fakes()
+    # The device path: a reader on the sender's GPU, held in its update (its stream, which
+    # waits for the send's ready event, not waited for either).
+    sender, reader = _on(GoSender(rt), GPU0), _on(Blocking(), GPU0)
+    mujou.connect(sender.out, reader.inp)
+    run = start({"s": sender, "r": reader}, timer="realtime", duration=None, workers=2)
+    try:
+        own, shared = run.watch("s.out", with_time=True), run.watch("s.out")
+        sender.go.set()
+        assert sender.sent.wait(10) and reader.inside.wait(10)
+        # The send queued a reference to the device message: no copy, no wait, for either.
+        assert own.pending == shared.pending == 1
+        assert not any(e[0] == "to_host" for e in rt.log)
+        [(_, ready, _)] = [e for e in rt.log if e[0] == "record" and e[2] == "stream1@cuda:0"]
+        assert not next(e for e in rt.events if e.name == ready).query()  # the GPU is behind
+        at = len(rt.log)
+        [(t_ns, copy)] = own.take()
+        [view] = shared.take(copy=False)
+        took = [e for e in rt.log[at:] if "default@cuda:0" in e]  # the host's, not the reader's
+    finally:
+        sender.release.set()
+        reader.release.set()
+        run.stop()
+    run.join()
+
+    # The host's stream waits for the ready event, copies on it, and the host waits for it;
+    # the shared view is that same CPU copy (one copy to the host for both watches).
+    assert took == [("wait_event", "default@cuda:0", ready),
+                    ("to_host", "cuda:0", "default@cuda:0"),
+                    ("waiter", "blocking", "default@cuda:0")]
+    assert copy.device == CPU and torch.equal(copy, torch.arange(3.0)) and t_ns >= 0
+    assert view.device == CPU and torch.equal(view, torch.arange(3.0)) and view is not copy
+    assert [torch.equal(t, torch.arange(3.0)) for t in reader.got] == [True]
+
+
+@pytest.mark.timeout(30)
+def test_a_watch_of_a_cuda_port_read_through_host_memory_adds_no_cuda_work(
+        monkeypatch) -> None:
+    rt, _, start = fake_cuda.fakes()
+    sender, cpu = _on(GoSender(rt), GPU0), Reader()  # only CPU readers: the host path
+    mujou.connect(sender.out, cpu.inp)
+    run = start({"s": sender, "cpu": cpu}, timer="realtime", duration=None)
+    try:
+        own, shared = run.watch("s.out"), run.watch("s.out")
+        sender.go.set()
+        assert sender.sent.wait(10)
+        at = len(rt.log)
+        [copy], [view] = own.take(), shared.take(copy=False)
+        took = rt.log[at:]
+    finally:
+        sender.release.set()
+        run.stop()
+    run.join()
+
+    # The send made its one host copy (for the CPU reader) and waited for it; the watches
+    # take that CPU message: a clone for one, the message itself for the other.
+    assert [e for e in rt.log if e[0] == "to_host"] == [("to_host", "cuda:0", "stream1@cuda:0")]
+    assert took == []
+    assert copy.device == view.device == CPU and copy is not view
+    assert torch.equal(copy, torch.arange(3.0)) and torch.equal(view, torch.arange(3.0))

@@ -136,3 +136,70 @@ def test_a_hooks_failure_reaches_join_failure_and_the_with_block(kind: str) -> N
     assert isinstance(run.failure, NodeError) and run.failure.path == "boom"
     with pytest.raises(NodeError):
         run.join()  # raised again to whoever joins
+
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_watch_keeps_later_messages_for_the_taker_and_counts_what_it_pushes_out(
+        kind: str) -> None:
+    with start(kind, make_echo, None) as run:
+        timed = run.watch("echo.out", with_time=True)
+        small = run.watch("echo.out", depth=2)
+        stamps = run.watch("echo.out", with_time=True, messages=False)
+        written = run.watch("echo.inp")
+        # Attached last, and timed: called after every watch's listener has the message
+        # (a placed run's driver calls the timed listeners after the others).
+        seen = {10: threading.Event(), 12: threading.Event()}
+
+        def sentinel(t_ns: int, message: int) -> None:
+            if message in seen:
+                seen[message].set()
+
+        run.subscribe("echo.out", sentinel, with_time=True)
+        for k in range(1, 6):
+            run.write("echo.inp", k)
+        assert seen[10].wait(20)
+        assert small.pending == 2 and small.dropped == 3
+        pairs = timed.take()
+        assert [m for _, m in pairs] == [2, 4, 6, 8, 10]
+        times = [t for t, _ in pairs]
+        assert all(t >= 0 for t in times) and times == sorted(times)
+        assert stamps.take() == times
+        assert small.take() == [8, 10] and small.take() == []
+        assert written.take() == [1, 2, 3, 4, 5]
+        stats = run.stats().subscriptions
+        assert (stats["echo.out"].watches, stats["echo.out"].watch_taken,
+                stats["echo.out"].watch_dropped) == (3, 12, 3)
+        assert stats["echo.inp"].watches == 1 and stats["echo.inp"].watch_taken == 5
+        small.cancel()
+        run.write("echo.inp", 6)
+        assert seen[12].wait(20)
+        assert not small.active and small.take() == [] and small.pending == 0
+        assert small.taken == 2 and small.dropped == 3  # its counts stay
+        assert timed.pending == 1
+    # What was queued before the end can still be taken once the run has ended.
+    assert written.active and written.take() == [6]
+    assert [m for _, m in timed.take()] == [12]
+    final = run.stats().subscriptions["echo.out"]
+    assert (final.watches, final.watch_taken, final.watch_dropped) == (3, 13, 3)
+    with pytest.raises(NotRunningError):
+        run.watch("echo.out")
+    timed.cancel()
+    timed.cancel()  # idempotent
+    assert run.stats().subscriptions["echo.out"].watch_taken == 13
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_watches_are_refused_alike(kind: str) -> None:
+    with start(kind, make_echo, None) as run:
+        with pytest.raises(ValueError, match="nope"):
+            run.watch("nope")
+        with pytest.raises(ValueError, match="depth"):
+            run.watch("echo.out", depth=0)
+        with pytest.raises(TypeError, match="depth"):
+            run.watch("echo.out", depth=1.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="with_time"):
+            run.watch("echo.out", with_time=1)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="with_time=True"):
+            run.watch("echo.out", messages=False)
+        assert "echo.out" not in run.stats().subscriptions  # nothing was made

@@ -1987,3 +1987,105 @@ def test_the_seamed_start_takes_the_arguments_and_defaults_of_run_but_the_deprec
     assert list(seamed.values()) == [p for name, p in public.items()
                                      if name not in run_module.DEPRECATED]
     assert all(public[name].default is None for name in run_module.DEPRECATED)
+
+
+# -- Run.watch: a queue the host takes, that wakes nothing ----------------------------
+
+
+class Doubler(mujou.Node):
+    """Triggered by the host's tensors: sends each doubled (a fresh tensor, handed over)."""
+
+    inp = mujou.Input(torch.Tensor, depth=None)
+    out = mujou.Output(torch.Tensor)
+
+    def __init__(self, last: int = 3) -> None:
+        super().__init__(period=None)
+        self.n, self.last = 0, last
+        self.done = threading.Event()
+        self.run: mujou.Run | None = None
+        self.watches: list[object] = []
+
+    def on_update(self, dt: float) -> None:
+        for x in self.inp.drain():
+            self.n += 1
+            if self.run is not None and self.n == 1:
+                # In one process a watch never waits: a hook may make one.
+                self.watches.append(self.run.watch(self.out))
+            self.out.send(x * 2)
+        if self.n >= self.last:
+            self.done.set()
+
+
+def test_a_watch_wakes_nothing_and_copies_only_what_it_is_asked_to() -> None:
+    doubler, sink = Doubler(), Collector()
+    mujou.connect(doubler.out, sink.inp)
+    run = mujou.run({"d": doubler, "sink": sink}, timer="simulated")
+    try:
+        shared, own = run.watch("d.out"), run.watch("d.out", with_time=True)
+        doubler.run = run
+        for k in range(3):
+            run.write("d.inp", torch.full((2,), float(k)))
+        assert doubler.done.wait(20)
+        as_sent = shared.take(copy=False)
+        copies = own.take()
+        from_hook = doubler.watches[0].take()  # type: ignore[attr-defined]
+        # No subscription, so no mujou-host thread: no send woke anything.
+        assert run._host.thread is None  # type: ignore[attr-defined]
+    finally:
+        run.stop()
+    run.join()
+    got = sink.received
+    assert [t.tolist() for t in as_sent] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+    # copy=False: the very messages the reader got; copies: the host's own.
+    assert all(a is b for a, b in zip(as_sent, got, strict=True))
+    assert all(torch.equal(c, b) and c is not b for (_, c), b in zip(copies, got, strict=True))
+    copies[0][1].add_(100)
+    assert got[0].tolist() == [0.0, 0.0]
+    assert [t for t, _ in copies] == [0, 0, 0]  # the simulated timer waits at 0 for writes
+    assert [t.tolist() for t in from_hook] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+
+
+class Ticker(mujou.Node):
+    """Sends ``(index, count)`` every millisecond once ``go`` is set."""
+
+    out = mujou.Output(tuple)
+
+    def __init__(self, index: int, go: threading.Event) -> None:
+        super().__init__(period=0.001)
+        self.index, self.go, self.n = index, go, 0
+
+    def on_update(self, dt: float) -> None:
+        assert self.go.wait(20), "never started"
+        self.n += 1
+        self.out.send((self.index, self.n))
+
+
+@pytest.mark.timeout(120)
+def test_a_watch_of_several_sending_threads_counts_each_message_taken_or_dropped() -> None:
+    go = threading.Event()
+    tickers = {f"t{i}": Ticker(i, go) for i in range(3)}
+    sink = Collector()
+    for t in tickers.values():
+        mujou.connect(t.out, sink.inp)
+    run = mujou.run({**tickers, "sink": sink}, timer="simulated", duration=0.5, workers=3)
+    watch = run.watch("sink.inp", depth=4)
+    taken: list[tuple[int, int]] = []
+    drops: list[int] = []
+    go.set()
+    while run.running:  # the taker races the three workers' appends
+        taken += watch.take()
+        drops.append(watch.dropped)
+    run.join()
+    taken += watch.take()
+    drops.append(watch.dropped)
+
+    sent = sink.received  # every message, all sent after the watch was made
+    assert len(sent) == sum(t.n for t in tickers.values()) > 1000
+    assert len(taken) + watch.dropped == len(sent) and watch.pending == 0
+    assert drops == sorted(drops)  # the count never goes back
+    assert watch.taken == len(taken)
+    for i in range(3):  # each sender's messages in its order, none twice
+        counts = [n for j, n in taken if j == i]
+        assert counts == sorted(set(counts))
+    stats = run.stats().subscriptions["sink.inp"]
+    assert stats.watch_taken + stats.watch_dropped == len(sent)

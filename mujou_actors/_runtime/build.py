@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from ..sync import Synchronizer
     from .dispatcher import Dispatcher
 
-__all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire", "attach_syncs"]
+__all__ = ["Seams", "Wiring", "make_actors", "setup_cuda", "wire", "unwire", "attach_syncs",
+           "watch_listener"]
 
 
 def make_actors(found: list[tuple[str, Node]], seeds: dict[str, int],
@@ -146,6 +147,10 @@ class Wiring:
             return copy_message(message)
         return host_message(to_host(message, rt), HostCopier(rt))
 
+    def host_view(self, message: Any) -> Any:
+        """The host's CPU view of a sent message, not a private copy (a CUDA one once ready)."""
+        return to_host(message, self.rt)
+
     def write_copy(self, value: Any, port: Input) -> Any:
         """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
         return write_copy(value, self.actor_of[id(port.node)], self.rt)
@@ -205,6 +210,24 @@ class Wiring:
         Returns:
             Callable[[], None]: detaches it again.
         """
+        if now is None:
+            return self.listen_each(port, lambda sender: listener)
+        return self.listen_each(port, lambda sender: _timed(listener, sender, now))
+
+    def listen_each(self, port: Port,
+                    make: Callable[[Actor | None], Callable[[Any], None]]) -> Callable[[], None]:
+        """Attach a listener of its own to each way a message reaches ``port``.
+
+        Args:
+            port (Port): an Output or an Input of the run.
+            make (Callable): ``make(sender)`` is the listener of the messages
+                of ``sender``, the actor of an Output that sends on ``port``
+                or feeds it (its ``flight`` holds the sending hook's stamp),
+                or None for the host's writes to an Input.
+
+        Returns:
+            Callable[[], None]: detaches them again.
+        """
         if isinstance(port, Output):
             pairs: list[tuple[HostView, Actor | None]] = [
                 (self.view(port), self.actor_of[id(port.node)])]
@@ -212,8 +235,7 @@ class Wiring:
             sources = port._sources  # type: ignore[attr-defined]
             pairs = [(self.view(s), self.actor_of[id(s.node)]) for s in sources]
             pairs.append((self.input_views.setdefault(id(port), HostView()), None))
-        attached = [(view, listener if now is None else _timed(listener, sender, now))
-                    for view, sender in pairs]
+        attached = [(view, make(sender)) for view, sender in pairs]
         for view, fn in attached:
             # Copy-on-write: senders iterate the list without a lock.
             view.listeners = view.listeners + [fn]
@@ -237,6 +259,46 @@ def _timed(listener: Callable[[Any], None], sender: Actor | None,
 
     def sent(message: Any) -> None:
         listener((flight[1][0], message))
+    return sent
+
+
+def watch_listener(put: Callable[[Any], None], count: Callable[[], int], sender: Actor | None,
+                   now: Callable[[], int], with_time: bool,
+                   messages: bool) -> Callable[[Any], None]:
+    """The listener of a watch (`host.Watch`) on the messages of ``sender``: ``put``, ``count``.
+
+    On the sending thread it appends the message (a reference: the watch's
+    consumer copies it when it takes it), or its send time, or both, and
+    counts it: two calls into C, no lock, no copy, no wakeup. The time is the
+    sending hook's (``sender.flight``), or ``now()`` for a host's write
+    (``sender`` None).
+    """
+    if not with_time:
+        def plain(message: Any) -> None:
+            put(message)
+            count()
+        return plain
+    if sender is None:
+        if not messages:
+            def written_at(message: Any) -> None:
+                put(now())
+                count()
+            return written_at
+
+        def written(message: Any) -> None:
+            put((now(), message))
+            count()
+        return written
+    flight = sender.flight  # [hook, stamp] in flight: a list read, as the sends read it
+    if not messages:
+        def sent_at(message: Any) -> None:
+            put(flight[1][0])
+            count()
+        return sent_at
+
+    def sent(message: Any) -> None:
+        put((flight[1][0], message))
+        count()
     return sent
 
 

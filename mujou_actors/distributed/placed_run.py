@@ -23,7 +23,7 @@ from ..errors import (
     NodeError,
     NotRunningError,
 )
-from ..host import HOST_QUEUE_DEPTH, Run, Subscription, Waiter, check_depth
+from ..host import HOST_QUEUE_DEPTH, Run, Subscription, Waiter, Watch, check_depth, check_watch
 from ..messages import copy_message
 from ..node import Node
 from ..params import RunParams
@@ -314,6 +314,64 @@ class PlacedRun(Run):
 
         sub.detach = detach
         return sub
+
+    def watch(self, port: Port | str, *, depth: int = HOST_QUEUE_DEPTH,
+              with_time: bool = False, messages: bool = True) -> Watch:
+        """Keep the later messages of a port in a bounded queue (as `Run.watch`).
+
+        The listeners run on the driver's thread as it routes each message the
+        port's group publishes (and on the writing thread for a host write):
+        they append it to the watch's queue and nothing more. With
+        ``with_time``, the send's time that the group sends with each message.
+        """
+        self._check_caller("watch()")
+        path = self._path(port)
+        what = f"watch({path!r})"
+        depth = check_depth(what, depth)
+        check_watch(what, with_time, messages)
+        driver = self._driver
+        # Published messages come decoded, shared with the other listeners: the host's
+        # copy is a plain one (take(copy=False): the message as it came).
+        watch = Watch(driver.host, path, depth, with_time, messages, copy_message)
+        driver.host.add_watch(watch)  # refused once the run has ended
+        put, count = watch._put, watch._count
+        detaches: list[Callable[[], None]] = []
+        listen: Callable[[str], Callable[[], None]]
+        written: Callable[[Any], None]
+        if not with_time:
+            def routed(message: Any) -> None:
+                put(message)
+                count()
+
+            listen = lambda o: self._listen(o, routed, what)  # noqa: E731
+            written = routed
+        else:
+            def item(published: tuple[int, int, int, int, Any]) -> None:
+                put((published[0], published[4]) if messages else published[0])
+                count()
+
+            def written(message: Any) -> None:  # a host write: the run's time then
+                put((self.time_ns, message) if messages else self.time_ns)
+                count()
+
+            listen = lambda o: driver.call(  # noqa: E731
+                lambda: driver.listen_items(o, item), 60.0, what)
+        detaches.append(self._watch_writes(path, written))
+        try:
+            for o in self._outputs(path):
+                detaches.append(listen(o))
+        except BaseException:  # the run ended meanwhile: no listener is left behind
+            for undo in detaches:
+                undo()
+            watch.cancel()
+            raise
+
+        def detach() -> None:
+            for undo in detaches:
+                undo()
+
+        watch.detach = detach
+        return watch
 
     def _listen(self, output: str, listener: Callable[[Any], None],
                 what: str) -> Callable[[], None]:
