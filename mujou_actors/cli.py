@@ -714,6 +714,8 @@ def _stats_json(stats: RunStats) -> dict[str, Any]:
                             "log": None if rec.log is None else dataclasses.asdict(rec.log)}
     if stats.capsule is not None:  # --capsule
         out["capsule"] = dataclasses.asdict(stats.capsule)
+    if stats.syncs:  # a net with synchronizers
+        out["syncs"] = {p: dataclasses.asdict(s) for p, s in stats.syncs.items()}
     return out
 
 

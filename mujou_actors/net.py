@@ -164,6 +164,7 @@ def collect_ports(found: list[tuple[str, Node]]) -> dict[str, Port]:
                                    "whose node is not part of the net")
     for sync in synchronizers(ports):
         _check_synchronizer(sync)
+    _check_held_synchronizers(found)
     return ports
 
 
@@ -197,6 +198,28 @@ def _check_synchronizer(sync: Synchronizer) -> None:
                        "assign it in that node's __init__ (self.sync = ...), whose Inputs it "
                        "matches; its queues are part of the node's state")
     sync._name = names[0]
+
+
+def _check_held_synchronizers(found: list[tuple[str, Node]]) -> None:
+    """A synchronizer a node holds matches that node's own Inputs: none is left out unseen.
+
+    One made of Inputs that no node of the net holds (a class's port templates,
+    ``Node.a``; Inputs made but never assigned) is found by no Input of the
+    net, so the run would leave it idle without a word.
+
+    Raises:
+        NetError: a synchronizer held by a node matches Inputs that are not
+            that node's (names the node, the attribute and the Inputs).
+    """
+    for path, node in found:
+        for name, value in vars(node).items():
+            if isinstance(value, Synchronizer) and any(
+                    inp.node is not node for inp in value.inputs):
+                raise NetError(
+                    f"node {path or '<root>'!r}: its {type(value).__name__} {name!r} matches "
+                    f"Inputs that are not the node's own ({[i.path for i in value.inputs]}): "
+                    "give it the node's Input ports as attributes (self.camera, self.imu), "
+                    "not the class's (Node.camera) nor Inputs never assigned to the node")
 
 
 def load_state(state: Any) -> dict[str, Any] | None:

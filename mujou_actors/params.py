@@ -94,17 +94,26 @@ class Param:
         self.low, self.high = _bounds(kind, range)
         self.choices: tuple[Any, ...] | None = None
         if choices is not None:
+            if isinstance(choices, (str, bytes)):  # "abc" would be three choices
+                raise TypeError(f"Param: choices must be a tuple or list of values, got the "
+                                f"str {choices!r}; write ({choices!r},) for one")
             found = tuple(choices)
             if not found:
                 raise ValueError("Param: choices must name at least one value")
-            self.choices = tuple(self._convert(c, "a choice") for c in found)
+            self.choices = tuple(self._declared(c, "a choice") for c in found)
+            outside = [c for c in self.choices
+                       if (self.low is not None and c < self.low)
+                       or (self.high is not None and c > self.high)]
+            if outside:
+                raise ValueError(f"Param: the choice(s) {outside} lie outside the range "
+                                 f"({self.low!r}, {self.high!r})")
         if not isinstance(description, str):
             raise TypeError(f"Param: description must be a str, got {description!r}")
         if not isinstance(read_only, bool):
             raise TypeError(f"Param: read_only must be a bool, got {read_only!r}")
         self.description = description
         self.read_only = read_only
-        self.default = self._convert(default, "the default")
+        self.default = self._declared(default, "the default")
         problem = self.problem(self.default)
         if problem is not None:
             raise ValueError(f"Param: the default {default!r} {problem}")
@@ -170,6 +179,13 @@ class Param:
             return f"is above the range's high bound {self.high!r}"
         return None
 
+    def _declared(self, value: Any, what: str) -> Any:
+        """`_convert` for the declaration: its errors start with ``Param:``, as the others'."""
+        try:
+            return self._convert(value, what)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"Param: {exc}") from None
+
     def _convert(self, value: Any, what: str) -> Any:
         kind = self.type
         if kind is bool:
@@ -217,7 +233,10 @@ class Param:
             elif kind is float:
                 value = float(text)
         except ValueError:
-            raise ParamError(where, f"{text!r} is not a {_NAMES[kind]}") from None
+            accepted = " (true, false, 1 or 0)" if kind is bool else ""
+            article = "an" if kind is int else "a"
+            raise ParamError(where, f"{text!r} is not {article} {_NAMES[kind]}{accepted}") \
+                from None
         return self.check(value, where)
 
     def describe(self) -> dict[str, Any]:
@@ -254,7 +273,8 @@ def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
             found.append(None)
             continue
         if not (is_int(bound) if kind is int else is_number(bound)):
-            raise TypeError(f"Param: the range's bound {bound!r} is not a {_NAMES[kind]}")
+            raise TypeError(f"Param: the range's bound {bound!r} is not "
+                            f"{'an' if kind is int else 'a'} {_NAMES[kind]}")
         if not math.isfinite(bound):
             raise ValueError(f"Param: the range's bound {bound!r} is not finite")
         found.append(kind(bound))

@@ -106,7 +106,11 @@ def test_a_write_that_breaks_a_rule_is_refused_and_changes_nothing(
     ({"default": 1.0, "range": (2.0, 1.0)}, ValueError, "low > high"),
     ({"default": 5.0, "range": (0.0, 1.0)}, ValueError, "the default 5.0 is above"),
     ({"default": "a", "range": (0, 1)}, TypeError, "range applies to int and float"),
-    ({"default": 1, "range": (0.5, 2)}, TypeError, "bound 0.5 is not a int"),
+    ({"default": 1, "range": (0.5, 2)}, TypeError, "bound 0.5 is not an int"),
+    ({"default": "a", "choices": "abc"}, TypeError, "choices must be a tuple or list"),
+    ({"default": 1.0, "range": (0, 2), "choices": (1.0, 3.0)}, ValueError,
+     "choice\\(s\\) \\[3.0\\] lie outside the range"),
+    ({"default": float("nan")}, ValueError, "^Param: the default nan is not finite"),
     ({"default": "a", "choices": ()}, ValueError, "at least one value"),
     ({"default": 1.0, "type": int}, TypeError, "is not an int"),
 ])
@@ -121,8 +125,10 @@ def test_parse_reads_a_command_line_value_by_the_parameter_s_type() -> None:
     assert Gain.gain.parse("0.5") == 0.5
     assert [Gain.on.parse(t) for t in ("TRUE", "false", "1", "0")] == [True, False, True, False]
     assert Gain.count.parse("7") == 7
-    with pytest.raises(mujou.ParamError, match="'yes' is not a bool"):
+    with pytest.raises(mujou.ParamError, match="'yes' is not a bool \\(true, false, 1 or 0\\)"):
         Gain.on.parse("yes")
+    with pytest.raises(mujou.ParamError, match="'5.5' is not an int"):
+        Gain.count.parse("5.5")
     with pytest.raises(mujou.ParamError, match="above the range"):
         Gain.gain.parse("12")
 

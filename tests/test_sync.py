@@ -831,3 +831,34 @@ def test_the_stamps_of_kept_sets_survive_a_snapshot_and_an_old_tree_without_them
     older = make_rig(fuse_class=Keep, period=0.01, trigger=False, queue=100)
     mujou.run(older, timer="simulated", duration=0.0, state=old).join()
     assert older["fuse"].sync.drain(stamped=True)[0][0][0] is None  # unknown, not invented
+
+
+def test_a_synchronizer_of_inputs_that_are_not_its_node_s_own_is_refused_as_the_run_starts(
+        ) -> None:
+    class Templates(mujou.Node):
+        a = mujou.Input(int)
+        b = mujou.Input(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.sync = mujou.ExactTime(Templates.a, Templates.b)  # the class's, not its own
+
+    class Loose(mujou.Node):
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.sync = mujou.ExactTime(mujou.Input(int), mujou.Input(int))  # never assigned
+
+    for node in (Templates(), Loose()):
+        with pytest.raises(NetError, match="node '<root>': its ExactTime 'sync' matches Inputs "
+                                           "that are not the node's own"):
+            mujou.run(node, timer="simulated", duration=0.1)
+        assert node.path is None  # a refused run leaves the node as it was
+
+
+def test_the_command_line_s_stats_json_holds_the_synchronizers() -> None:
+    from mujou_actors.cli import _stats_json
+
+    out = _stats_json(run_rig(make_periodic_rig(), duration=0.5).stats())
+    assert out["syncs"] == {"fuse.sync": {"path": "fuse.sync", "matched": 14,
+                                          "dropped": {"camera": 0, "imu": 110},
+                                          "sets_dropped": 0}}
