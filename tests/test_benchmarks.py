@@ -793,3 +793,21 @@ def test_the_attach_benchmark_measures_the_main_job_unwatched_and_watched(
         assert 0 <= figures["serve_cpu_pct"] < 100, mode
     assert modes["echo"]["samples"][0]["received"] >= 1
     assert modes["hz"]["watcher_cpu_pct"] >= 0 and "send_extra_ns" in modes["hz"]
+
+
+# Fifteen fresh processes on the smoke settings: 20 s to 40 s on the 2-core machine.
+@pytest.mark.timeout(240)
+def test_the_deadlines_benchmark_measures_the_guard_of_a_budget_and_a_deadline(
+        tmp_path: Path) -> None:
+    out = tmp_path / "deadlines.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "deadlines.py"), "--quick",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["samples"]) == ["plain", "budget", "deadline", "rt-plain", "rt-deadline"]
+    assert {n: doc["samples"][n][0]["updates"] for n in ("plain", "budget", "deadline")} == {
+        "plain": 400, "budget": 400, "deadline": 400}  # 4 nodes at 1 kHz, 0.1 s
+    assert all(doc["medians"][n] > 0 for n in doc["medians"])
+    assert "µs/update" in proc.stdout and "rt-deadline" in proc.stdout
