@@ -616,13 +616,13 @@ def test_a_send_to_a_peer_that_never_connects_ends_on_the_hosts_abort(tmp_path) 
     told: list[str] = []
 
     class Host:
+        epoch = 0
+
         def receive(self, timeout: float) -> dataplane.Grant | None:
             told.append("asked")
             return dataplane.Grant(None, False, [], None, "abort") if len(told) > 2 else None
 
-    segment = peers._Segment.__new__(peers._Segment)
-    segment.host, segment.ending = Host(), None
-    segment.host_gone = lambda: None
+    segment = _waiting_segment(Host())
     link.blocked = segment._blocked
     try:
         with pytest.raises(peers.Abandoned):
@@ -630,6 +630,112 @@ def test_a_send_to_a_peer_that_never_connects_ends_on_the_hosts_abort(tmp_path) 
     finally:
         link.close()
     assert told == ["asked"] * 3 and segment.ending == "abort"
+
+
+def _waiting_segment(host: Any, stale: Any = None, gone_after: int = 40) -> Any:
+    """A `peers._Segment` with only what a send that waits on a peer asks of it: its host
+    (a fake's ``receive``), its epoch, and `host_gone`, which fails the test once the send
+    has waited ``gone_after`` slices (a send that would wait for good, before the fix)."""
+    segment = peers._Segment.__new__(peers._Segment)
+    segment.host, segment.ending, segment.restored = host, None, False
+    segment.epoch = host.epoch
+    segment.stale = stale or (lambda: False)
+    slices = [0]
+
+    def host_gone() -> None:
+        slices[0] += 1
+        assert slices[0] < gone_after, "the send waited on without hearing the host's abort"
+
+    segment.host_gone = host_gone
+    return segment
+
+
+def _dead_peer(tmp_path: Path) -> Any:
+    """A peer link whose other end is gone: a send to it waits (``PAIR``: no pipe)."""
+    return dataplane.PeerLink(f"ipc://{tmp_path}/p", [int], server=True, mine=None,
+                              theirs=None)
+
+
+def test_a_send_to_a_dead_peer_paused_by_the_host_ends_on_the_abort_after_the_pause(
+        tmp_path) -> None:
+    """The hang of a restore after a group died (tests/test_params.py, 1 run in 20 under
+    load): the host paused the segment for a request (a group's pause goes first), then
+    found the dead group and aborted it; the group, sending to that dead peer (a message,
+    a promise, its pause's marker), read the pause and never looked at the host again, so
+    the abort behind it stayed unread, and the restore waited for that group for good.
+    Now the host is heard while the send waits until its abort, whatever came before."""
+    said = [dataplane.Grant(None, False, [], None, "pause"), None, None,
+            dataplane.Grant(None, False, [], None, "abort")]
+
+    class Host:
+        epoch = 0
+
+        def receive(self, timeout: float) -> dataplane.Grant | None:
+            return said.pop(0) if said else None
+
+    link = _dead_peer(tmp_path)
+    segment = _waiting_segment(Host())
+    link.blocked = segment._blocked
+    try:
+        with pytest.raises(peers.Abandoned):
+            link.send(dataplane.PEER_MARKER, 1, 1, (0, 0), [])
+    finally:
+        link.close()
+    assert said == [] and segment.ending == "abort" and not segment.restored
+
+
+def test_a_send_to_a_dead_peer_ends_when_the_group_is_reset_for_a_restore(tmp_path) -> None:
+    """Whether or not the host's abort reaches it, a segment does not outlive its timeline:
+    the group's reset for a restore (its kernel replaced) ends a send that waits, and the
+    segment goes unanswered (the host waits for no answer of the abandoned timeline)."""
+    class Host:
+        epoch = 0
+
+        def receive(self, timeout: float) -> None:
+            return None
+
+    reset = [False]
+    link = _dead_peer(tmp_path)
+    segment = _waiting_segment(Host(), stale=lambda: reset[0])
+    calls = [0]
+
+    def blocked() -> None:
+        calls[0] += 1
+        reset[0] = calls[0] >= 3  # the control thread's Reset, while the send waits
+        segment._blocked()
+
+    link.blocked = blocked
+    try:
+        with pytest.raises(peers.Abandoned):
+            link.send(dataplane.PEER_ITEMS, 1, 1, (0, 0), [(0, 0, 0, 0, 5)])
+    finally:
+        link.close()
+    assert calls[0] == 3 and segment.ending == "abort" and segment.restored
+
+
+def test_a_grant_of_a_restores_epoch_ends_the_segment_and_is_read_next(tmp_path) -> None:
+    """A segment that reads a grant of a later epoch (the host restored every group
+    without its abort getting there) ends as on an abort, unanswered, and leaves the grant
+    to the group's loop: its next read gives it, under its epoch; replies sent before
+    that answer the segment's epoch."""
+    routes = dataplane.Routes([], {})
+    host = dataplane.HostLink(f"ipc://{tmp_path}/h", routes)
+    group = dataplane.GroupLink(f"ipc://{tmp_path}/h", routes)
+    try:
+        host.send(dataplane.Grant((9, 0), False, [], None, dataplane.Segment(1, 1, {})))
+        assert group.receive(5) is not None and group.epoch == 0
+        segment = _waiting_segment(group)
+        host.epoch = 1  # the restore
+        host.send(dataplane.Grant(None, False, [], (3, 0)))  # its first refresh
+        assert group.sock.poll(5000)  # the grant is in
+        segment.hear()
+        assert segment.ending == "abort" and segment.restored and group.epoch == 0
+        got = group.receive(0)
+        assert got is not None and got.settled == (3, 0) and got.segment is None
+        assert group.epoch == 1 and group.receive(0) is None
+    finally:
+        group.close()
+        host.close()
 
 
 def test_a_group_found_dead_as_its_segment_grant_waits_ends_the_others_segment() -> None:

@@ -404,11 +404,27 @@ class GroupLink(_Link):
         sock, watch = _open(address, prefix, secret, server=False)
         super().__init__(sock, routes.declared, *_pools(prefix, "g", "h"), watch)
         self.epoch = 0
+        self._unread: tuple[Grant, int] | None = None  # put back: the next `receive`'s
         if cuda_ipc is not None:
             self._share_cuda(cudaipc.Exporter(cuda_ipc), cudaipc.Importer(cuda_ipc))
 
+    def put_back(self, grant: Grant, epoch: int) -> None:
+        """Keep ``grant``, just received, for the next `receive`; ``epoch`` is the link's
+        until then (the one before it: replies sent meanwhile answer the earlier grant).
+
+        A segment in progress that reads a grant of a restore's epoch ends, and leaves
+        the grant to the group's loop (`peers._Segment.host_says`).
+        """
+        self._unread = (grant, self.epoch)
+        self.epoch = epoch
+
     def receive(self, timeout: float) -> Grant | None:
-        """The next grant, or None after ``timeout`` seconds without one."""
+        """The next grant (one put back first), or None after ``timeout`` seconds without
+        one."""
+        if self._unread is not None:
+            grant, self.epoch = self._unread
+            self._unread = None
+            return grant
         got = self._receive(timeout)
         if got is None:
             return None

@@ -192,10 +192,12 @@ class _Driver:
         if self.kernel is not None:
             self._watcher = group.Watcher(self.kernel, self.stop_timeout, HOST_GROUP)
         try:
-            if self.recovery.snapshots is not None:
-                self.recovery.snapshot(self.time_ns)  # the first, right after the start
             while True:
                 try:
+                    # The supervisor's first snapshot, unless the start took it (real time,
+                    # before the clocks ran): a group found dead in it is the supervisor's
+                    # as anywhere (no snapshot yet to restore from: the run fails with it).
+                    self._died_as_exit(lambda: self.recovery.first_snapshot(self.time_ns))
                     self._died_as_exit(self.timing.run)
                     # The end's cut is taken before any group stops, as a round would
                     # be: a group found dead there (a death racing the end) is

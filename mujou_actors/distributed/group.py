@@ -747,8 +747,12 @@ class GroupServer:
                                         self.routes.declared, mesh,
                                         self._held_peers(segment.generation))
             mesh = self._mesh
-        peers.run_segment(self.kernel, self.routes, mesh, self._link, grant, self.published,
-                          self._end_if_host_gone, _step, failure_of)
+        kernel = self.kernel
+        # A reset for a restore (`reset`: the kernel replaced) ends the segment: the host has
+        # given it up, whether or not its abort gets here (every wait has a way out).
+        peers.run_segment(kernel, self.routes, mesh, self._link, grant, self.published,
+                          self._end_if_host_gone, _step, failure_of,
+                          stale=lambda: self.kernel is not kernel)
 
     def _serve_realtime(self) -> None:
         """Real time: ship sends as they come, deliver what arrives, until closed."""

@@ -40,10 +40,15 @@ cycle, sends a marker on each of its links, and answers once a marker (or a
 promise past the bound) came from every group that sends to it, so every
 message sent before the pause is in its reader's kernel, as after a round.
 ``abort`` (a group died) answers at once: the restore that follows reopens
-the mesh. A node's failure is told to the host at once (a partial answer)
-and holds the group's promise at the failed delta cycle (a ``one_for_one``
-restart sends its ``on_start`` messages stamped there) until the host ends
-the segment.
+the mesh. An abort may come after a pause (a group found dead as the others
+pause: their flush, or a send, then waits on it for good), so the host is
+heard until the segment ends, a pause never hiding the abort behind it. Nor
+does a segment outlive its timeline: the group's reset for a restore (its
+kernel replaced), or a grant of the restore's epoch read in it, ends it too,
+unanswered (that grant kept for the group's next read). A node's failure is
+told to the host at once (a partial answer) and holds the group's promise at
+the failed delta cycle (a ``one_for_one`` restart sends its ``on_start``
+messages stamped there) until the host ends the segment.
 
 One protocol, two transports (`dataplane.PeerLink`): the link between two
 groups of the host's machine is ``ipc://`` in the run's private folder with
@@ -339,8 +344,12 @@ class _Segment:
 
     def __init__(self, kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
                  host: dataplane.GroupLink, segment: dataplane.Segment, cap: Key,
-                 published: Any, host_gone: Any, step: Any, failure_of: Any) -> None:
+                 published: Any, host_gone: Any, step: Any, failure_of: Any,
+                 stale: Callable[[], bool] | None = None) -> None:
         self.kernel, self.routes, self.mesh, self.host = kernel, routes, mesh, host
+        self.epoch = host.epoch  # the segment grant's: a grant of another is a restore's
+        self.stale = stale or _never  # the group was reset (a restore): the segment is over
+        self.restored = False  # ended by a restore (`stale`, a later epoch): no answer
         self.number, self.cap = segment.number, cap
         self.published, self.host_gone = published, host_gone
         self.step, self.failure_of = step, failure_of
@@ -367,11 +376,31 @@ class _Segment:
         self.poller.register(host.sock, zmq.POLLIN)
 
     def _blocked(self) -> None:
-        """Called while a send to a peer waits: the host's abort (or its end) ends it."""
-        self.ending = self.ending or self.host_says()
+        """Called while a send to a peer waits: the host's abort, the group's reset for a
+        restore (or the host's end) ends it. A pause does not: the host is heard on while
+        the send waits, since the abort that a peer's death brings may follow the pause."""
+        self.hear()
         if self.ending == "abort":
             raise Abandoned
         self.host_gone()
+
+    def hear(self) -> None:
+        """Take what the host said so far (never waits): a pause, then maybe the abort.
+
+        An abort ends the segment whatever came before it, so a pause is no reason to
+        stop listening (it was: a group paused while it sent to a peer that had just
+        died waited for good on that peer, the host's abort unread behind the pause).
+        The group's reset for a restore (`stale`) is an abort too: the host has given
+        the segment up, and the restored kernel is not the one it ran.
+        """
+        while self.ending != "abort":
+            if self.stale():
+                self.ending, self.restored = "abort", True
+                return
+            said = self.host_says()
+            if said is None:
+                return
+            self.ending = said
 
     # -- what comes in ----------------------------------------------------------------
     def take_peers(self) -> None:
@@ -393,10 +422,22 @@ class _Segment:
                     mesh.promise_in[p] = promise
 
     def host_says(self) -> str | None:
-        """``"pause"`` / ``"abort"`` if the host ends the segment (never waits)."""
-        grant = self.host.receive(0)
+        """``"pause"`` / ``"abort"`` if the host ends the segment (never waits).
+
+        A grant of a later epoch than the segment's (the host restored every
+        group without this one's abort reaching it) ends the segment as an
+        abort does; the grant is kept for the group's next read
+        (`dataplane.GroupLink.put_back`), and the segment goes unanswered (the
+        host has moved on to the restored timeline: an answer would be dropped).
+        """
+        host = self.host
+        grant = host.receive(0)
         if grant is None:
             return None
+        if host.epoch != self.epoch:
+            host.put_back(grant, self.epoch)
+            self.restored = True
+            return "abort"
         if grant.segment in ("pause", "abort"):
             return grant.segment
         raise RuntimeError(f"group: a grant came in the middle of a segment: {grant!r}")
@@ -449,13 +490,19 @@ class _Segment:
             self._loop()
         except Abandoned:
             pass  # a send to a dead peer waited: the restore reopens the mesh
+        if self.restored or self.stale():
+            # The host restored every group meanwhile: it waits for no answer of this
+            # segment (one would be dropped as of the abandoned timeline), and what the
+            # restored kernel publishes goes with the answer to its next grant.
+            return
         self.tell_host(final=True)
 
     def _loop(self) -> None:
         mesh, kernel, cap = self.mesh, self.kernel, self.cap
         while True:
             self.take_peers()
-            self.ending = ending = self.ending or self.host_says()
+            self.hear()  # (paused: still heard, an abort may follow)
+            ending = self.ending
             if ending == "abort":
                 break
             due = kernel.next_due()
@@ -519,7 +566,8 @@ class Abandoned(Exception):
 
 def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
                 host: dataplane.GroupLink, grant: dataplane.Grant, published: Any,
-                host_gone: Any, step: Any, failure_of: Any) -> None:
+                host_gone: Any, step: Any, failure_of: Any,
+                stale: Callable[[], bool] | None = None) -> None:
     """Run one segment on the group's data-plane thread (see the module's docstring).
 
     Args:
@@ -535,6 +583,9 @@ def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
             when the host is gone.
         step (Callable): ``step(kernel, due, None)`` runs one delta cycle (`group._step`).
         failure_of (Callable): a `NodeError` as plain data (`group.failure_of`).
+        stale (Callable[[], bool] | None): whether the group was reset for a
+            restore since the segment began (its kernel replaced): the segment
+            ends then, as on the host's abort; None: never asked.
 
     Raises:
         RuntimeError: the host sent a grant other than a pause in the segment.
@@ -546,7 +597,11 @@ def run_segment(kernel: Kernel, routes: dataplane.Routes, mesh: PeerMesh,
             kernel.deliver(reader, message, t, delta, sender)
     cap = NO_BOUND if grant.bound is None else grant.bound
     _Segment(kernel, routes, mesh, host, grant.segment, cap, published, host_gone, step,
-             failure_of).run()
+             failure_of, stale).run()
+
+
+def _never() -> bool:
+    return False
 
 
 class RealTimePeers:

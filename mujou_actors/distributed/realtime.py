@@ -274,9 +274,13 @@ class RealTimeRelay:
 
     def snapshot_tree(self, t: int) -> dict[str, Any] | None:
         """The supervisor's snapshot, cut now (``t`` is its grid time); None when a group
-        cannot be held within the snapshots' bound (the snapshot is missed)."""
+        cannot be held within the snapshots' bound (the snapshot is missed). Before the
+        clocks run (the first, `start_timers`): every group's state at ``t`` as it is
+        (nothing runs, every message was delivered), within the start's bound."""
         driver = self.driver
         try:
+            if not driver.clock_started:
+                return driver._gather(t, driver.start_timeout)
             return self.cut(driver.recovery.snapshots.bound())
         except TimeoutError as exc:
             log.debug("snapshot missed: %s", exc)
@@ -302,9 +306,19 @@ class RealTimeRelay:
         self.flush(timeout=left)
 
     def start_timers(self, tree: dict[str, Any] | None) -> None:
-        """The end of a real-time start: on_start's messages delivered, then every clock runs."""
+        """The end of a real-time start: on_start's messages delivered, the supervisor's
+        first snapshot (the run's first start only), then every clock runs.
+
+        The first snapshot is taken before any clock runs, as one process takes
+        it: the state right after the start, every message delivered, nothing
+        held. Taken once the clocks ran, it was a cut of running groups, and
+        a group that died before it (a crash at an early tick on a loaded
+        machine) left the supervisor nothing to restore from: the run failed.
+        """
         driver = self.driver
         self.flush(timeout=driver.start_timeout)
+        if not driver.clock_started:
+            driver.recovery.first_snapshot(tree["time_ns"] if tree is not None else 0)
         for g in driver.groups.values():
             origin = g.control.run_free()
             # A new process (a restart) has a timer, and maybe a machine, of its own.

@@ -83,6 +83,7 @@ class Recovery:
         self.next_cut: int | None = None
         self.snapshots: Snapshots | None = None
         self.epoch = 0
+        self.first_taken = False  # the supervisor's first snapshot (`first_snapshot`)
         self.intensity = RestartIntensity(0, 1)
         if supervisor is not None:
             self.intensity = RestartIntensity(supervisor.max_restarts,
@@ -128,6 +129,19 @@ class Recovery:
     def hold_at(self, cut_ns: int | None) -> None:
         """The time of the next snapshot's cut (the rounds stop there), or None."""
         self.next_cut = cut_ns
+
+    def first_snapshot(self, t: int) -> None:
+        """The supervisor's first snapshot, at the run's start time ``t``, once.
+
+        As one process takes it: right after the start, before any timer runs
+        (real time: `realtime.RealTimeRelay.start_timers` takes it so, as the
+        groups' clocks are not running yet; simulated time: the driver's first
+        act, before any round). A run without snapshots takes none.
+        """
+        if self.snapshots is None or self.first_taken:
+            return
+        self.first_taken = True
+        self.snapshot(t)
 
     def snapshot(self, t: int) -> None:
         """Take the supervisor's snapshot at ``t`` (every group has finished it); keep it.
