@@ -809,5 +809,7 @@ def test_the_deadlines_benchmark_measures_the_guard_of_a_budget_and_a_deadline(
     assert list(doc["samples"]) == ["plain", "budget", "deadline", "rt-plain", "rt-deadline"]
     assert {n: doc["samples"][n][0]["updates"] for n in ("plain", "budget", "deadline")} == {
         "plain": 400, "budget": 400, "deadline": 400}  # 4 nodes at 1 kHz, 0.1 s
-    assert all(doc["medians"][n] > 0 for n in doc["medians"])
+    # Differences of two timed runs: a loaded machine may make one negative, never absent.
+    assert sorted(doc["medians"]) == sorted(doc["samples"])
+    assert all(s[0]["updates"] > 0 for s in doc["samples"].values())
     assert "µs/update" in proc.stdout and "rt-deadline" in proc.stdout
