@@ -269,6 +269,48 @@ def _closed_by_peers(slow: list[socket.socket], timeout: float, meanwhile: Any) 
     return len(slow) - len(open_)
 
 
+@pytest.mark.timeout(30)
+def test_a_stranger_is_closed_when_thespians_timer_says_its_time_is_up() -> None:
+    """An untrusted connection is closed as soon as Thespian's own timer reads as run out.
+
+    Thespian reads a connection's timer as a ``timedelta`` (whole microseconds):
+    with less than half a microsecond left it takes no more wake-up time from
+    that connection, so a silent one closed only by another clock's reading
+    could stay open, unread, until something else woke the process.
+    """
+    from thespian.system.timing import currentTime
+    from thespian.system.transport import TCPTransport as _tcp
+
+    from mujou_actors.distributed._loopback import _incoming_class, _RunTransport
+
+    auth = _frames.FrameAuth(_frames.new_key())
+    incoming = _incoming_class(_tcp.TCPIncoming, {**vars(_tcp), "serializer": auth})
+    refused: list[str] = []
+
+    class Thespians:  # what Thespian does with a connection still in its time: keeps it
+        def _handlePossibleIncoming(self, inc: Any, fileno: int) -> Any:  # noqa: N802
+            return inc
+
+    class Transport(_RunTransport, Thespians):
+        def __init__(self) -> None:  # no sockets: only the two methods are called
+            self.auth = type("Auth", (), {"refuse": staticmethod(refused.append)})()
+
+    transport = Transport()
+    ours, theirs = socket.socketpair()
+    with theirs:
+        inc = incoming(None, ours, _frames.AuthReceiveBuffer(auth))
+        assert inc.trusted is False and inc.delay()  # just opened: ten seconds to go
+        kept = transport._handlePossibleIncoming(inc, -1)
+        assert kept is inc and inc.socket is ours and refused == []
+
+        inc._expires._time_to_quit = currentTime() + 2e-7  # Thespian reads that as none left
+        assert not inc.delay()
+        closed = transport._handlePossibleIncoming(inc, -1)
+        theirs.settimeout(5)
+        assert closed is None and inc.socket is None and theirs.recv(1) == b""
+        assert refused == ["no valid frame within 10 s"]
+
+
 @pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(180)

@@ -609,9 +609,15 @@ class _RunTransport:
         Thespian keeps a connection whose time is up while reads of it only
         say "nothing yet" (up to 20 tries, backing off); one that has not
         proved the key in `UNTRUSTED_PERIOD` is closed at once.
+
+        "Up" is decided by Thespian's own reading of the connection's timer
+        (a ``timedelta``, so less than half a microsecond left reads as none):
+        from then on its loop takes no wake-up time from this connection, and
+        a connection that sends nothing would be kept, unread, until some
+        other event woke the process (a test caught one kept for minutes).
         """
         if (not getattr(incomingSocket, "trusted", True) and incomingSocket.socket is not None
-                and time.monotonic() - incomingSocket.opened > UNTRUSTED_PERIOD.total_seconds()):
+                and not incomingSocket._expires.view().remaining()):
             incomingSocket.close()
             self.auth.refuse(f"no valid frame within {UNTRUSTED_PERIOD.total_seconds():g} s")
             return None
