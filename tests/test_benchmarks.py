@@ -393,6 +393,37 @@ def test_the_send_benchmark_measures_every_case(tmp_path: Path) -> None:
         assert case[0]["ns"] > 0 and case[0]["ops"] > 0 and case[0]["calls"] >= 1, case
 
 
+# Pure bytecodes of three builds (the base, the A/A, one copy replaced by its call) on two
+# workloads: about 40 s on the loaded 2-core machine.
+@pytest.mark.timeout(240)
+def test_the_inlined_benchmark_counts_a_copy_against_a_call_to_its_rule(tmp_path: Path) -> None:
+    out = tmp_path / "inlined.json"
+    script = str(ROOT / "benchmarks" / "inlined.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, script, "--quick", "--only", "run_due",
+                           "--workloads", "ticks10,pingpong", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
+    bad = subprocess.run([sys.executable, script, "--only", "run_due,nope"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "inlined" and doc["quick"] is True
+    assert list(doc["workloads"]) == ["ticks10", "pingpong"]
+    rows = {row["copy"]: row for row in doc["copies"]}
+    assert list(rows) == ["A/A", "run_due"] and rows["A/A"]["verdict"] == "control"
+    for name in ("ticks10", "pingpong"):  # the base built twice counts the same
+        aa = rows["A/A"]["workloads"][name]
+        assert set(aa) == {"ops"} and aa["ops"]["with"] > 0  # quick: pure Python only
+        assert abs(aa["ops"]["pct"]) < 1, aa
+    # The update of a simulated tick calls run_update without the copy: more bytecodes.
+    ticks = rows["run_due"]["workloads"]["ticks10"]["ops"]
+    assert ticks["delta"] > 10 and "actor.py:run_update" in ticks["functions"], ticks
+    assert rows["run_due"]["verdict"] == "needed" and rows["run_due"]["reasons"]
+    assert "| `run_due` |" in proc.stdout  # the Markdown table of docs/performance.md
+    assert bad.returncode == 2 and "--only: no copy nope; choose from run_due" in bad.stderr
+
+
 @pytest.mark.timeout(180)
 def test_the_sync_benchmark_measures_each_case_beside_its_plain_twin(tmp_path: Path) -> None:
     out = tmp_path / "sync.json"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import pathlib
+import textwrap
+from typing import Any
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mujou_actors"
 
@@ -70,6 +72,11 @@ COPIES: list[tuple[str, str, str, str, str, str]] = [
 
 def _functions(path: pathlib.Path) -> dict[str, ast.AST]:
     """Every function of a module by its qualified name (``Class.method``)."""
+    return _functions_of(ast.parse(path.read_text()))
+
+
+def _functions_of(module: ast.AST) -> dict[str, ast.AST]:
+    """Every function of a parsed module by its qualified name."""
     found: dict[str, ast.AST] = {}
 
     def visit(node: ast.AST, prefix: str) -> None:
@@ -80,7 +87,7 @@ def _functions(path: pathlib.Path) -> dict[str, ast.AST]:
                     found[name] = child
                 visit(child, f"{name}.")
 
-    visit(ast.parse(path.read_text()), "")
+    visit(module, "")
     return found
 
 
@@ -120,3 +127,39 @@ def test_no_rule_or_copy_changed_without_the_other_being_checked() -> None:
                            f"compare them, then pin {now[0]!r}, {now[1]!r}")
 
     assert changed == [], "\n".join(changed)
+
+
+def _benchmark() -> Any:
+    """benchmarks/inlined.py as a module (standard library only at import)."""
+    import importlib.util
+    import sys
+
+    path = PACKAGE.parent / "benchmarks" / "inlined.py"
+    spec = importlib.util.spec_from_file_location("_mujou_bench_inlined", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_the_benchmark_measures_each_copy_against_a_call_to_its_rule() -> None:
+    """benchmarks/inlined.py lists the copies listed here, and can replace each by its call.
+
+    Each replacement is found exactly once in its file (at its indentation),
+    leaves a module that parses, and changes the function that holds the copy:
+    so the benchmark cannot drift from the kernel unnoticed either.
+    """
+    bench = _benchmark()
+
+    assert sorted((c.file, c.mark, c.holder, c.rule) for c in bench.COPIES) == sorted(
+        (file, mark, holder, rule) for file, mark, holder, rule, *_ in COPIES)
+    for copy in bench.COPIES:
+        source = (PACKAGE / copy.file).read_text()
+        changed = bench.without(copy, source)
+        assert textwrap.indent(copy.new, " " * copy.indent) in changed, copy.name
+        holder = _fingerprint(_functions_of(ast.parse(changed))[copy.holder])
+        assert holder != _fingerprint(_functions(PACKAGE / copy.file)[copy.holder]), copy.name
