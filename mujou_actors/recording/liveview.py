@@ -736,7 +736,9 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     few times a second; with ``allow_publish=True``, a client that publishes
     JSON to an Input's topic writes to it (``Run.write``). A port costs its
     senders something only while a client watches it (in a placed run: from
-    the first time a client watches it on, docs/recording.md). The nodes'
+    the first time a client watches it on, docs/recording.md): each send
+    appends the message to the port's `Run.watch`, which the server takes
+    every `FLUSH_S` to make the views. The nodes'
     parameters are Foxglove's parameters (the Parameters panel), named by
     their dotted paths: read by any client, set (``Run.set_param``) only with
     ``allow_params=True``.
