@@ -430,6 +430,34 @@ def test_close_ends_the_taking_thread_at_once_watched_or_not(
     assert idle_s < 2.5 and watching_s < 2.5, (idle_s, watching_s)
 
 
+def test_a_cuda_ports_views_are_made_from_its_host_copy_at_the_take() -> None:
+    """A CUDA node's Output read on its GPU: the watch queues the device message, and the
+    take (copy=False) brings it to the CPU once its GPU work is done (the fake runtime
+    raises on a read before then)."""
+    from tests import fake_cuda
+    from tests.test_devices import GPU0, Reader, Sender, _on
+
+    rt, _, start = fake_cuda.fakes()
+    sender, reader = _on(Sender(rt), GPU0), _on(Reader(rt), GPU0)  # the device path
+    mujou.connect(sender.out, reader.inp)
+    run = start({"s": sender, "r": reader}, timer="simulated", duration=None)
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            client = Client(server.port)
+            client.recv_until(lambda: "s.out" in client.channels, "the advertise")
+            client.send({"op": "subscribe", "subscriptions": [
+                {"id": 1, "channelId": client.channels["s.out"]["id"]}]})
+            client.recv_until(lambda: len(client.of(1)) >= 3, "three views of s.out")
+            client.unsubscribe_and_close(1)
+    finally:
+        run.stop()
+    run.join(timeout=20)
+
+    assert all(view == {"shape": [3], "dtype": "float32", "data": [0.0, 1.0, 2.0]}
+               for view in client.of(1)), client.of(1)[:3]
+    assert any(e[0] == "to_host" and e[2] == "default@cuda:0" for e in rt.log)
+
+
 # -- who may connect, and what a client may do -------------------------------------------
 
 
