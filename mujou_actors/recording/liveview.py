@@ -133,12 +133,14 @@ log = logging.getLogger("mujou_actors")
 FLUSH_S = 0.02
 """Wall seconds between two takes of the watched ports' queues.
 
-The senders wake nothing; the ``mujou-foxglove-take`` thread looks at the
-watches this often instead, so that while a port is watched the view takes the
-GIL from the net 50 times a second, whatever the ports' rates, and a view reaches a
-client at most 20 ms (plus the writer's `wsserver.LINGER`) after its send: less
-than a frame of a panel that refreshes at 60 Hz at most. As ``mujou echo``'s
-endpoint (`mujou_actors.endpoint.FLUSH_S`)."""
+Why a period and not a wakeup per message: the senders wake nothing, and the
+``mujou-foxglove-take`` thread looks at the watches this often instead, so
+that while a port is watched the view wakes and takes the GIL from the net 50
+times a second, whatever the ports' rates (a subscription woke the host's
+thread per message at a sensor's rate). Why 20 ms: a view then reaches a
+client at most about 20 ms after its send (plus the time to make the views
+and the writer's `wsserver.LINGER`), about one frame of a panel that redraws
+at 60 Hz; as ``mujou echo``'s endpoint (`mujou_actors.endpoint.FLUSH_S`)."""
 
 IDLE_S = 0.5
 """Wall seconds the ``mujou-foxglove-take`` thread sleeps when no port is watched.
