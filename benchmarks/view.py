@@ -13,11 +13,12 @@ What is measured
   and the server's work are not the sender's). The sender starts measuring
   only once the server (and the client's subscription) is up. The extra
   cost = that run - the run without a server, the runs interleaved, the
-  median over ``--repeat``. **received**: messages the client got (the
-  subscription queue, 1024 deep, drops the oldest when the host thread falls
-  behind a flood: counted as ``dropped``).
+  median over ``--repeat``. **received**: messages the client got; **dropped**:
+  those lost on the way, counted (the port's watch, 1024 deep, drops the
+  oldest when the view's ``mujou-foxglove-take`` thread falls behind a flood;
+  the client's queue, `wsserver.BACKLOG`, when the client reads too slowly).
 * **projection us/message**: `view.Projection.encode` (the JSON view: what the
-  host thread does per watched message, and the recorder per message with
+  view's thread does per watched message, and the recorder per message with
   ``Recording(view=True)``) of a float, a 16-element tensor, a 1 KiB tensor
   (256 elements), a 64 Ki-element tensor (statistics) and a 64x64 RGB image.
 
@@ -153,8 +154,11 @@ def send_run(case: str, n: int, ticks: int, mode: str) -> dict[str, Any]:
             client.join(_WAIT)
         if server is not None:
             server.close()
-    subs = run.stats().subscriptions
-    dropped = sum(s.dropped for s in subs.values()) if subs else 0
+    # The view's port watch (and a subscription, in a tree that subscribed) and the
+    # client's queue.
+    dropped = sum(s.dropped + s.watch_dropped for s in run.stats().subscriptions.values())
+    if server is not None:
+        dropped += server.stats().dropped
     return {"ns": statistics.median(sender.ns[1:] or sender.ns),
             "received": None if client is None else client.received, "dropped": dropped}
 
@@ -220,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
               "cpus": os.cpu_count(), "sends": sends, "projection_us": projection,
               "target": {"unwatched_extra_ns": 1000}}
     print(f"{'case':<8} {'send ns':>9} {'+server ns':>11} {'+client ns':>11} "
-          f"{'received':>9} {'of sent':>8}")
+          f"{'received':>9} {'dropped':>8} {'of sent':>8}")
     for case, s in sends.items():
         print(f"{case:<8} {s['send_ns']:>9.0f} {s['server_extra_ns']:>11.0f} "
               f"{s['client_extra_ns']:>11.0f} {statistics.median(s['received']):>9.0f} "
-              f"{s['sent']:>8}")
+              f"{statistics.median(s['dropped']):>8.0f} {s['sent']:>8}")
     print("projection (Projection.encode), us per message: "
           + ", ".join(f"{k} {v:.2f}" for k, v in projection.items()))
     if args.json is not None:

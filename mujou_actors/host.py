@@ -338,7 +338,8 @@ class Run(abc.ABC):
         reference to the watch's queue and counts it, without a copy, a lock
         or a notify (well under 1 us; docs/performance.md, "Watching a
         running net"). The caller takes the queue when it likes with
-        `Watch.take` (a GUI at 30 Hz, ``mujou echo``'s endpoint every 20 ms),
+        `Watch.take` (a GUI at 30 Hz, ``mujou echo``'s endpoint and the live
+        Foxglove view every 20 ms),
         which makes the copies then, on the calling thread: a CUDA message is
         copied once its GPU work is done, as `read` does. When more than
         ``depth`` messages wait, the oldest is dropped and counted

@@ -283,6 +283,181 @@ def test_each_message_is_stamped_with_its_sends_time() -> None:
     assert all(t == n * 10_000_000 for t, n in stamped), stamped[:5]
 
 
+# -- how a port is watched: Run.watch, taken by mujou-foxglove-take ------------------------
+
+
+def test_a_watched_port_has_a_watch_not_a_subscription_and_wakes_no_host_thread(
+        served: Any) -> None:
+    run, server, echo = served
+    client = Client(server.port)
+    client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 7, "channelId": client.channels["echo.out"]["id"]}]})
+    _until(lambda: server.watched() == ["echo.out"], "the watch of echo.out")
+
+    for value in (1.0, 2.0, 3.0):
+        run.write("echo.cmd", value)
+    client.recv_until(lambda: len(client.of(7)) == 3, "three messages of echo.out")
+
+    assert client.of(7) == [{"value": 2.0}, {"value": 4.0}, {"value": 6.0}]
+    watched = run.stats().subscriptions["echo.out"]
+    assert (watched.subscriptions, watched.watches) == (0, 1)
+    assert (watched.watch_taken, watched.watch_dropped) == (3, 0)
+    # No mujou-host thread was ever started: nothing but the watch serves the view.
+    assert run._host.thread is None
+    client.unsubscribe_and_close(7)
+    _until(lambda: server.watched() == [], "the watch's end")
+    assert run.stats().subscriptions["echo.out"].watches == 1  # the count stays
+
+
+class _Stuck:
+    """A port's projection whose first view waits for ``go``: the view behind, on purpose."""
+
+    def __init__(self, projection: Any) -> None:
+        self.projection = projection
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def encode(self, message: Any, t_ns: int) -> bytes:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the view go on"
+        return self.projection.encode(message, t_ns)
+
+
+def test_a_view_that_falls_behind_loses_the_oldest_counted_and_the_net_does_not_wait(
+        served: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from mujou_actors.recording import liveview
+
+    run, server, echo = served
+    monkeypatch.setattr(liveview, "WATCH_DEPTH", 4)  # read when the watch is made
+    stuck = _Stuck(server._projections["echo.out"])
+    server._projections["echo.out"] = stuck
+    client = Client(server.port)
+    client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 1, "channelId": client.channels["echo.out"]["id"]}]})
+    _until(lambda: server.watched() == ["echo.out"], "the watch of echo.out")
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        try:
+            run.write("echo.cmd", 0.0)
+            assert stuck.entered.wait(10), "the first message's view was never begun"
+            # The taker waits inside the first view; the net goes on: 100 more sends,
+            # of which the watch keeps the newest 4.
+            for value in range(1, 101):
+                run.write("echo.cmd", float(value))
+            _until(lambda: len(echo.got) == 101, "the net's 101 updates, the view stuck")
+            assert run.stats().subscriptions["echo.out"].watch_dropped == 100 - 4
+        finally:
+            stuck.go.set()
+        client.recv_until(lambda: len(client.of(1)) == 5, "the first and the newest four")
+
+    assert client.of(1) == [{"value": 2.0 * v} for v in (0, 97, 98, 99, 100)]
+    watched = run.stats().subscriptions["echo.out"]
+    assert (watched.watch_taken, watched.watch_dropped) == (5, 96)
+    assert server.stats().dropped == 0  # the client kept up: the view was behind
+    lines = [r.getMessage() for r in caplog.records if "falls behind" in r.getMessage()]
+    assert len(lines) == 1 and "echo.out" in lines[0] and "watch_dropped" in lines[0]
+    client.unsubscribe_and_close(1)
+
+
+def test_a_client_that_reads_nothing_loses_messages_counted_and_the_net_does_not_wait(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mujou_actors.recording import wsserver
+
+    run, server, echo = served
+    client = Client(server.port)
+    client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+    client.send({"op": "subscribe", "subscriptions": [
+        {"id": 1, "channelId": client.channels["echo.out"]["id"]}]})
+    _until(lambda: server.watched() == ["echo.out"], "the watch of echo.out")
+    # The client's writer now finds its socket full for good: nothing more is written to
+    # it, and its queue keeps the newest 8 of what comes (the time broadcasts included).
+    monkeypatch.setattr(wsserver, "WRITE_LIMIT", -1)
+    monkeypatch.setattr(wsserver, "BACKLOG", 8)
+    t0 = time.monotonic()
+
+    for value in range(200):
+        run.write("echo.cmd", float(value))
+    _until(lambda: len(echo.got) == 200, "the net's 200 updates")
+    _until(lambda: run.stats().subscriptions["echo.out"].watch_taken == 200,
+           "the view's take of the 200 messages")
+
+    _until(lambda: server.stats().dropped >= 200 - 8, "the client's drops")
+    stats = server.stats()
+    broadcasts = (time.monotonic() - t0) / wsserver.TIME_EVERY + 2  # the run's time
+    assert run.stats().subscriptions["echo.out"].watch_dropped == 0  # the view kept up
+    assert stats.dropped <= 200 + broadcasts  # nothing counted twice
+    client.ws.close()
+    _until(lambda: server.stats().clients == 0, "the client's end")
+    assert server.stats().dropped >= 200 - 8  # counted after its end too
+
+
+def test_close_ends_the_taking_thread_at_once_watched_or_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mujou_actors.recording import liveview
+
+    monkeypatch.setattr(liveview, "IDLE_S", 3600.0)  # only a wakeup ends its sleep
+    monkeypatch.setattr(liveview, "FLUSH_S", 3600.0)
+    run = mujou.run({"echo": Echo()}, timer="simulated")
+    try:
+        idle = mujou.serve_foxglove(run, 0)
+        assert idle._taker.name == "mujou-foxglove-take" and idle._taker.is_alive()
+        t0 = time.monotonic()
+        idle.close()
+        idle_s = time.monotonic() - t0
+        assert not idle._taker.is_alive()
+
+        watching = mujou.serve_foxglove(run, 0)
+        client = Client(watching.port)
+        client.recv_until(lambda: "echo.out" in client.channels, "the advertise")
+        client.send({"op": "subscribe", "subscriptions": [
+            {"id": 1, "channelId": client.channels["echo.out"]["id"]}]})
+        _until(lambda: watching.watched() == ["echo.out"], "the watch of echo.out")
+        t0 = time.monotonic()
+        watching.close()
+        watching_s = time.monotonic() - t0
+        assert not watching._taker.is_alive()
+        assert run.stats().subscriptions["echo.out"].watches == 1
+        client.ws.close()
+    finally:
+        run.stop()
+        run.join(timeout=20)
+
+    # close() joins the thread for 3 s at most (wsserver.JOIN): woken, it ends well before.
+    assert idle_s < 2.5 and watching_s < 2.5, (idle_s, watching_s)
+
+
+def test_a_cuda_ports_views_are_made_from_its_host_copy_at_the_take() -> None:
+    """A CUDA node's Output read on its GPU: the watch queues the device message, and the
+    take (copy=False) brings it to the CPU once its GPU work is done (the fake runtime
+    raises on a read before then)."""
+    from tests import fake_cuda
+    from tests.test_devices import GPU0, Reader, Sender, _on
+
+    rt, _, start = fake_cuda.fakes()
+    sender, reader = _on(Sender(rt), GPU0), _on(Reader(rt), GPU0)  # the device path
+    mujou.connect(sender.out, reader.inp)
+    run = start({"s": sender, "r": reader}, timer="simulated", duration=None)
+    try:
+        with mujou.serve_foxglove(run, 0) as server:
+            client = Client(server.port)
+            client.recv_until(lambda: "s.out" in client.channels, "the advertise")
+            client.send({"op": "subscribe", "subscriptions": [
+                {"id": 1, "channelId": client.channels["s.out"]["id"]}]})
+            client.recv_until(lambda: len(client.of(1)) >= 3, "three views of s.out")
+            client.unsubscribe_and_close(1)
+    finally:
+        run.stop()
+    run.join(timeout=20)
+
+    assert all(view == {"shape": [3], "dtype": "float32", "data": [0.0, 1.0, 2.0]}
+               for view in client.of(1)), client.of(1)[:3]
+    assert any(e[0] == "to_host" and e[2] == "default@cuda:0" for e in rt.log)
+
+
 # -- who may connect, and what a client may do -------------------------------------------
 
 
@@ -548,6 +723,9 @@ def test_a_placed_run_is_served_from_its_host_and_a_publish_reaches_another_grou
     assert {t for _, t, _ in client.data} == {0} and run.time_ns == 0
     stats = server.stats()
     assert (stats.published, stats.refused, stats.dropped) == (4, 1, 0)
+    for path in ("echo.out", "count.inp"):  # watched through the driver, not subscribed
+        watched = run.stats().subscriptions[path]
+        assert (watched.subscriptions, watched.watches, watched.watch_taken) == (0, 1, 4)
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and "echo.inp" in refusals[0]
     tree = run.state_dict(timeout=20)

@@ -7,9 +7,10 @@ that other clients offer) and advertises:
 * a channel per port, topic its path (``"sim.state"``), JSON encoding, the
   JSON view of its messages (`mujou_actors.recording.view`: a JSON Schema, or
   ``foxglove.RawImage`` for an image port), each message at its send's time
-  on the run's timer. A port's subscription (``Run.subscribe``, with time)
-  exists only while a client subscribes to its channel, and is cancelled
-  when the last one leaves: a port nobody watches costs the senders nothing;
+  on the run's timer. A port's watch (``Run.watch``, with time) exists only
+  while a client subscribes to its channel, and is cancelled when the last
+  one leaves: a port nobody watches costs the senders nothing, and a watched
+  one costs each send an append to the watch's queue (nothing is woken);
 * ``/mujou/graph``: the net (nodes, their ports with type, shape and dtype,
   the connections) as JSON, sent to each new subscriber; and Foxglove's
   connection graph (each Output published by its node, read by its readers'
@@ -65,23 +66,29 @@ takes little of the GIL from the net. That write is below ``websockets``' API
 extension bits): hence the version range in setup.cfg.
 
 The server uses only the host API of `Run`, the same for a run in one
-process and a placed one: ``subscribe`` (with
-time), ``write``, ``time_ns``, ``running``, ``nodes`` and the ports by path.
-So a placed run is served as one process is, from the host: a port of
-another group reaches the view through the driver, as any host subscription
-does, and a client's publish to an Input of another group is a ``write``
-that the driver carries to that group. (One difference is the driver's: once
-a port was watched, its group goes on copying its messages to the host after
-the last client left; docs/recording.md, "A placed run, live".)
+process and a placed one: ``watch`` (with time), ``write``, ``time_ns``,
+``running``, ``nodes`` and the ports by path. So a placed run is served as
+one process is, from the host: a port of another group reaches the view
+through the driver, as any host watch does, and a client's publish to an
+Input of another group is a ``write`` that the driver carries to that group.
+(One difference is the driver's: once a port was watched, its group goes on
+copying its messages to the host after the last client left;
+docs/recording.md, "A placed run, live".)
 
-Threads: the views are made and queued on the run's ``mujou-host`` thread
-(the subscriptions' callbacks); the ``mujou-foxglove`` thread runs the
-server's asyncio loop (the handshakes, each client's requests and writes, the
-time), and ends the server when the run ends; the run's calls that may wait
-(``subscribe``, ``write``, ``params``, ``set_param``: a placed run's wait for
-the round in progress) run
-on one ``mujou-foxglove-calls`` thread, so that a slow one holds up only the
-client that asked.
+Threads: the senders only append each message of a watched port (a
+reference, with its send's time) to the port's watch, a queue of at most
+`WATCH_DEPTH` messages (the oldest dropped and counted, in
+``run.stats().subscriptions``' ``watch_dropped``, and logged once a port);
+the ``mujou-foxglove-take`` thread takes the watches every `FLUSH_S` while a
+port is watched (it sleeps otherwise), makes each message's view there from
+the message as sent (``take(copy=False)``: the view only reads it) and
+queues it for each client that watches the port; the ``mujou-foxglove``
+thread runs the server's asyncio loop (the handshakes, each client's
+requests and writes, the time), and ends the server when the run ends; the
+run's calls that may wait (``watch``, ``write``, ``params``, ``set_param``:
+a placed run's wait for the round in progress) run on one
+``mujou-foxglove-calls`` thread, so that a slow one holds up only the client
+that asked.
 """
 
 from __future__ import annotations
@@ -94,11 +101,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._checks import is_int
 from ..errors import describe
-from ..host import Run
+from ..host import Run, Watch
 from ..ports import Input, Output
 from .foxlog import LOG_SCHEMA, LOG_SCHEMA_NAME, LOG_TOPIC
 from .logview import LogTap
@@ -108,6 +115,7 @@ from .wsserver import (
     CLIENT_DATA,
     DEFAULT_PORT,
     GRAPH_TOPIC,
+    JOIN,
     MAX_CLIENT_CHANNELS,
     MESSAGE,
     TIME,
@@ -118,12 +126,34 @@ from .wsserver import (
     parse_origins,
 )
 
-if TYPE_CHECKING:
-    from ..host import Subscription
-
 __all__ = ["FoxgloveServer", "FoxgloveStats", "serve_foxglove"]
 
 log = logging.getLogger("mujou_actors")
+
+FLUSH_S = 0.02
+"""Wall seconds between two takes of the watched ports' queues.
+
+Why a period and not a wakeup per message: the senders wake nothing, and the
+``mujou-foxglove-take`` thread looks at the watches this often instead, so
+that while a port is watched the view wakes and takes the GIL from the net 50
+times a second, whatever the ports' rates (a subscription woke the host's
+thread per message at a sensor's rate). Why 20 ms: a view then reaches a
+client at most about 20 ms after its send (plus the time to make the views
+and the writer's `wsserver.LINGER`), about one frame of a panel that redraws
+at 60 Hz; as ``mujou echo``'s endpoint (`mujou_actors.endpoint.FLUSH_S`)."""
+
+IDLE_S = 0.5
+"""Wall seconds the ``mujou-foxglove-take`` thread sleeps when no port is watched.
+
+It is woken at once by the first watch and by `FoxgloveServer.close`; this
+bound only keeps its sleep finite."""
+
+WATCH_DEPTH = 1024
+"""The most messages a watched port's queue holds between two takes.
+
+A second of slack for a 1 kHz port, 20 ms of a 51 kHz one; beyond, the
+oldest are dropped (counted) and the net never waits for the view. As much
+as a client's queue keeps (`wsserver.BACKLOG`)."""
 
 _GRAPH_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -223,16 +253,19 @@ class FoxgloveServer(SocketServer):
         self._run = run
         self._allow_publish = allow_publish
         self._panel = ParamPanel(run, allow_params, self._call)
-        self._lock = threading.Lock()  # the watchers and subscriptions (close() is any thread's)
+        self._lock = threading.Lock()  # the watchers and watches (close() is any thread's)
         self._ports = dict(run.ports)
         self._projections = {path: Projection.of(p) for path, p in self._ports.items()}
         self._watchers: dict[str, int] = {}  # topic -> clients subscribed
-        self._subs: dict[str, Subscription | LogTap] = {}  # a port's, or the log's tap
+        self._subs: dict[str, Watch | LogTap] = {}  # a port's watch, or the log's tap
         # topic -> (client, subscription id) of each subscriber: replaced, never changed
-        # in place, so that mujou-host reads it without a lock.
+        # in place, so that mujou-foxglove-take (and a LogTap's logging thread) reads it
+        # without a lock.
         self._targets: dict[str, tuple[tuple[Client, int], ...]] = {}
         self._warned: set[str] = set()
         self._closing = False
+        # Set to wake mujou-foxglove-take: a watch made (it may idle), or the end.
+        self._wake = threading.Event()
         self._counts = dict.fromkeys(["published", "refused", "publishes_dropped",
                                       "advertisements_refused", "dropped"], 0)
         self._channel_ids = {path: i for i, path in enumerate([*self._ports, GRAPH_TOPIC,
@@ -247,13 +280,17 @@ class FoxgloveServer(SocketServer):
                      "unsubscribeConnectionGraph": self._graph_unsubscribe, **self._panel.ops}
         # Last: nothing above may leave a socket open.
         super().__init__(host, port, "serve_foxglove", origins)
-        # The run's calls that may wait (a placed run's subscribe and write wait for the
+        # The run's calls that may wait (a placed run's watch and write wait for the
         # round in progress on its driver's thread) run here, not on the loop: a long
         # round then holds up the client that asked, not every client's messages, the
         # time and the handshakes. One thread, so calls are carried out in the order they
         # were asked; each client awaits its call, so at most MAX_CLIENTS calls wait.
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="mujou-foxglove-calls")
+        # Made before either starts: the loop's end joins the taker.
+        self._taker = threading.Thread(target=self._take_loop, name="mujou-foxglove-take",
+                                       daemon=True)
         self._thread = threading.Thread(target=self._serve, name="mujou-foxglove", daemon=True)
+        self._taker.start()
         self._thread.start()
 
     @property
@@ -267,7 +304,7 @@ class FoxgloveServer(SocketServer):
         return self._counts["refused"]
 
     def watched(self) -> list[str]:
-        """The ports that a client watches now (each has a subscription).
+        """The ports that a client watches now (each has a watch, `Run.watch`).
 
         Returns:
             list[str]: their paths, in the net's order.
@@ -348,7 +385,9 @@ class FoxgloveServer(SocketServer):
         except Exception as exc:  # noqa: BLE001 - logged: the run goes on without its view
             log.warning("foxglove: the live view stopped: %s", describe(exc))
         finally:
-            self._cancel_subscriptions()
+            self._cancel_subscriptions()  # and wakes mujou-foxglove-take, which ends
+            if self._taker.is_alive():
+                self._taker.join(JOIN)
             # Not waited for: a call in progress ends with the run's own bound (a placed
             # run's call waits 60 s at most, and ends at once when the run ends).
             self._calls.shutdown(wait=False, cancel_futures=True)
@@ -507,34 +546,35 @@ class FoxgloveServer(SocketServer):
             return
         self._counts["published"] += 1
 
-    # -- the ports' subscriptions -----------------------------------------------------------
+    # -- the ports' watches ------------------------------------------------------------------
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the ``mujou-foxglove-calls`` thread; its result, once done."""
         return await self._loop.run_in_executor(self._calls, fn, *args)
 
     def _watch(self, topic: str) -> None:
-        """One more client watches a port: subscribe to it if it is the first.
+        """One more client watches a port: watch it (`Run.watch`) if it is the first.
 
-        On ``mujou-foxglove-calls``; a client's end or `close` may come meanwhile
-        (on the loop, or any thread): what they changed is looked at again after
-        the subscription is made.
+        On ``mujou-foxglove-calls`` (a placed run's watch waits for the driver,
+        and is refused from a hook: this thread is none); a client's end or
+        `close` may come meanwhile (on the loop, or any thread): what they
+        changed is looked at again after the watch is made.
         """
         with self._lock:
             n = self._watchers.get(topic, 0) + 1
             self._watchers[topic] = n
             if n > 1 or self._closing:
                 return
-        # Outside the lock: subscribing may start the mujou-host thread (a wait for it),
-        # or, in a placed run, wait for the driver's round in progress.
+        # Outside the lock: in a placed run, watching waits for the driver's round in
+        # progress.
         sub: Any
         if topic == LOG_TOPIC:  # the log: a handler on the root logger, while watched
             sub = LogTap(self._log_sender(), lambda: self._run.time_ns)
             sub.attach()
         else:
             try:
-                sub = self._run.subscribe(topic, self._sender(topic), with_time=True)
+                sub = self._run.watch(topic, depth=WATCH_DEPTH, with_time=True)
             except Exception as exc:  # noqa: BLE001 - the run has ended: nothing to send
-                log.debug("foxglove: no subscription to %s: %s", topic, describe(exc))
+                log.debug("foxglove: no watch of %s: %s", topic, describe(exc))
                 return
         with self._lock:
             keep = self._watchers.get(topic, 0) > 0 and not self._closing \
@@ -543,9 +583,11 @@ class FoxgloveServer(SocketServer):
                 self._subs[topic] = sub
         if not keep:
             sub.cancel()
+        elif isinstance(sub, Watch):
+            self._wake.set()  # mujou-foxglove-take may be idle: it takes from now on
 
     def _leave(self, client: Client, topic: str) -> None:
-        """A client stops watching a port: cancel its subscription if it was the last."""
+        """A client stops watching a port: cancel its watch if it was the last."""
         sub_id = client.topics.pop(topic)
         client.subs.pop(sub_id, None)
         if topic == GRAPH_TOPIC:
@@ -561,33 +603,78 @@ class FoxgloveServer(SocketServer):
         if sub is not None:
             sub.cancel()
 
-    def _sender(self, topic: str) -> Any:
-        """The callback of a watched port (on ``mujou-host``): its view to each watcher.
+    def _take_loop(self) -> None:
+        """``mujou-foxglove-take``: the watches taken every `FLUSH_S`, until the end.
+
+        It sleeps on an event: `IDLE_S` at a time while no port is watched
+        (the first watch wakes it), `FLUSH_S` while one is; the end
+        (`_cancel_subscriptions`) wakes it, and it returns.
+        """
+        wake = self._wake
+        watches: list[tuple[str, Watch]] = []
+        try:
+            while True:
+                wake.wait(FLUSH_S if watches else IDLE_S)
+                wake.clear()  # before the look at _closing: a later set is not lost
+                if self._closing:
+                    return
+                with self._lock:
+                    watches = [(topic, sub) for topic, sub in self._subs.items()
+                               if isinstance(sub, Watch)]
+                if watches and not self._take(watches):
+                    return
+        except Exception as exc:  # noqa: BLE001 - logged: the run goes on without its views
+            log.warning("foxglove: the live view stopped taking the ports' messages: %s",
+                        describe(exc))
+
+    def _take(self, watches: list[tuple[str, Watch]]) -> bool:
+        """Each watch's queued messages, their views made, to each of its port's watchers.
 
         Each message is stamped with its send's time (ns of the run's timer; 0 for
-        ``on_start``'s), as a recording's: not the time the host passed it on.
+        ``on_start``'s), as a recording's: not the time it was taken. Within a
+        port the messages go in the order they were sent. A view that cannot be
+        made is skipped and warned about, once a port; so is the first time a
+        port's watch dropped messages (its queue was full).
+
+        Returns:
+            bool: False once the server's loop has ended (nobody to send to).
         """
         targets = self._targets
-        encode = self._projections[topic].encode
-
-        def send(t_ns: int, message: Any) -> None:
+        for topic, watch in watches:
+            # The message as sent, shared with the net's readers (a CUDA one brought to
+            # the CPU once its GPU work is done; a placed run's as it came): the view
+            # only reads it, so no copy is made.
+            try:
+                items = watch.take(copy=False)
+            except Exception as exc:  # noqa: BLE001 - a view never fails the run
+                self._warn(topic, f"foxglove: the messages of {topic} cannot be taken "
+                                  f"({describe(exc)})")
+                continue
+            if not items:
+                continue
+            drops = f"{topic} dropped"
+            if drops not in self._warned and watch.dropped:
+                self._warn(drops, f"foxglove: the live view falls behind the messages of "
+                                  f"{topic}: dropping the oldest beyond {WATCH_DEPTH} (counted "
+                                  f"in run.stats().subscriptions[{topic!r}].watch_dropped)")
             watchers = targets.get(topic)
             if not watchers:
-                return
-            t = max(t_ns, 0)
-            try:
-                data = encode(message, t)
-            except Exception as exc:  # noqa: BLE001 - a view never fails the run
-                self._warn(topic, f"foxglove: the view of a message of {topic} cannot be "
-                                  f"made ({describe(exc)})")
-                return
-            try:
-                for client, sub in watchers:
-                    client.push(MESSAGE.pack(1, sub, t), data)
-            except RuntimeError:  # the server's loop has ended: nobody to send to
-                return
-
-        return send
+                continue
+            encode = self._projections[topic].encode
+            for t_ns, message in items:
+                t = max(t_ns, 0)
+                try:
+                    data = encode(message, t)
+                except Exception as exc:  # noqa: BLE001 - a view never fails the run
+                    self._warn(topic, f"foxglove: the view of a message of {topic} cannot "
+                                      f"be made ({describe(exc)})")
+                    continue
+                try:
+                    for client, sub in watchers:
+                        client.push(MESSAGE.pack(1, sub, t), data)
+                except RuntimeError:  # the server's loop has ended: nobody to send to
+                    return False
+        return True
 
     def _log_sender(self) -> Callable[[dict[str, Any]], None]:
         """The `LogTap`'s delivery (on the thread that logged): the entry to each watcher."""
@@ -611,19 +698,20 @@ class FoxgloveServer(SocketServer):
 
     # -- the end --------------------------------------------------------------------------
     def _cancel_subscriptions(self) -> None:
-        """Cancel the ports' subscriptions (once): the host stops making views."""
+        """Cancel the ports' watches and the log's tap (once); wake mujou-foxglove-take to end."""
         with self._lock:
             self._closing = True
             subs = list(self._subs.values())
             self._subs.clear()
             self._watchers.clear()
+        self._wake.set()
         for sub in subs:
             sub.cancel()
 
     def close(self) -> None:
         """Stop the server: no port left open, no thread left (bounded waits); idempotent."""
         self._cancel_subscriptions()
-        self._stop_serving(self._thread)
+        self._stop_serving(self._thread, self._taker)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"port {self.port}"
@@ -650,7 +738,9 @@ def serve_foxglove(run: Run, listen: int | str = DEFAULT_PORT, *,
     few times a second; with ``allow_publish=True``, a client that publishes
     JSON to an Input's topic writes to it (``Run.write``). A port costs its
     senders something only while a client watches it (in a placed run: from
-    the first time a client watches it on, docs/recording.md). The nodes'
+    the first time a client watches it on, docs/recording.md): each send
+    appends the message to the port's `Run.watch`, which the server takes
+    every `FLUSH_S` to make the views. The nodes'
     parameters are Foxglove's parameters (the Parameters panel), named by
     their dotted paths: read by any client, set (``Run.set_param``) only with
     ``allow_params=True``.
