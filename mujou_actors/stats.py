@@ -356,7 +356,8 @@ class RecordingStats:
         log (RecordingChannelStats | None): the run's log records
             (``Recording(log=True)``, the channel ``/mujou/log``): ``sent`` the
             records taken (at or above the recorded level), ``dropped`` those
-            the full queue left out (a record never waits for room),
+            the full queue left out (a record never waits for room) and those
+            a placed run's group lost on their way to the host (in ``sent`` too),
             ``unrecordable`` those whose message could not be made; None
             without. The totals above are the Outputs' alone.
     """

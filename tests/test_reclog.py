@@ -16,7 +16,9 @@ import pathlib
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -296,16 +298,134 @@ def test_a_placed_run_records_the_records_of_the_groups_in_the_hosts_process(
 
 
 @pytest.mark.slow
-def test_a_placed_run_in_processes_records_the_hosts_records_only(
+def test_a_placed_run_in_processes_records_the_records_of_every_group(
         tmp_path: pathlib.Path, info_level: None) -> None:
     path = tmp_path / "procs.mcap"
     run = mujou.run("tests.test_reclog:make_talking", placement={"hear": "h"},
                     timer="simulated", duration=0.03, record=mujou.Recording(path, log=True))
     run.join(timeout=120)
 
-    # talk runs in the host's group; hear's process logs to its own handlers (the limit
-    # docs/recording.md names)
-    assert _entries(path) == [e for e in EXPECTED if e[2] == "talk"]
+    # talk runs in the host's group; hear's process forwards its records to the host
+    # (distributed/grouplog.py), its info lines too: it lets through what the host's
+    # root logger does while it forwards
+    assert _entries(path, ("talk",)) == [e for e in EXPECTED if e[2] == "talk"]
+    assert _entries(path, ("hear",)) == [e for e in EXPECTED if e[2] == "hear"]
+    assert run.stats().recording.log.dropped == 0  # type: ignore[union-attr]
+
+
+class _Plain(str):
+    """A str of user code's: its entry's message crosses as a plain str."""
+
+
+def test_a_groups_handler_keeps_plain_entries_within_its_bound_and_only_while_on() -> None:
+    from mujou_actors.distributed.grouplog import MAX_PENDING, GroupLog
+
+    root, ours = logging.getLogger(), logging.getLogger("mujou_actors")
+    levels = root.level, ours.level
+    handler = GroupLog(lambda: 7 * MS)
+    code = logging.getLogger("group.code")
+    code.warning("while off")
+    assert handler not in root.handlers and handler.take() == ([], 0)
+
+    handler.configure(logging.INFO, {"": logging.INFO, "mujou_actors": logging.ERROR,
+                                     "group.code": logging.CRITICAL})
+    try:
+        mirrored = (root.level, ours.level, code.level)
+        assert handler in root.handlers
+        code.info(_Plain("one %d"), 1)
+        code.debug("below the root's level")
+        logging.getLogger("Thespian.ActorManager").warning("the transport's own")
+        for i in range(MAX_PENDING + 5):
+            code.warning("n %d", i)
+        entries, dropped = handler.take()
+        again = handler.take()
+    finally:
+        handler.configure(None, {})
+
+    # the root's and mujou_actors' levels mirrored while on (no other logger's), then back
+    assert mirrored == (logging.INFO, logging.ERROR, logging.NOTSET)
+    assert handler not in root.handlers and (root.level, ours.level) == levels
+    # the oldest MAX_PENDING kept (the info line first), the rest counted; then none
+    assert len(entries) == MAX_PENDING and dropped == 6 and again == ([], 0)
+    level, first = entries[0]
+    assert level == logging.INFO and type(first["message"]) is str
+    assert {k: v for k, v in first.items() if k not in ("file", "line")} == {
+        "timestamp": {"sec": 0, "nsec": 7 * MS}, "level": 2, "message": "one 1",
+        "name": "group.code"}
+    assert first["file"].endswith("test_reclog.py") and first["line"] > 0
+    assert [e["message"] for _, e in entries[1:3]] == ["n 0", "n 1"]
+    # a group server in the host's own process never forwards (the taps see it already)
+    here = GroupLog(lambda: 0, here=True)
+    here.configure(logging.INFO, {})
+    assert here not in root.handlers and here.min_level is None
+
+
+class _Control:
+    """A group's control, answering `logs` with what it is given (or raising it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int | None] = []
+        self.replies: list[Any] = []
+
+    def logs(self, level: int | None, loggers: dict[str, int], timeout: float) -> Any:
+        self.asked.append(level)
+        reply = self.replies.pop(0) if self.replies else ([], 0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def _group(name: str, remote: bool = True) -> Any:
+    return types.SimpleNamespace(name=name, remote=remote, control=_Control())
+
+
+def test_the_host_forwards_the_groups_entries_to_its_taps_only_while_it_has_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from mujou_actors.distributed.grouplog import POLL_S, Forwarding
+    from mujou_actors.recording.logview import LogTap
+
+    a, b, host = _group("a"), _group("b"), _group("host", remote=False)
+    driver = types.SimpleNamespace(groups={"a": a, "b": b, "host": host}, dead=set(),
+                                   time_ns=5 * MS)
+    forwarding = Forwarding(driver)
+    forwarding.start()
+    forwarding.poll()
+    forwarding.finish()
+    assert a.control.asked == b.control.asked == []  # no tap: no group is asked anything
+
+    got: list[dict[str, Any]] = []
+    lost: list[int] = []
+    tap = LogTap(got.append, lambda: 0, logging.WARNING, lost.append)
+    info = {"timestamp": {"sec": 0, "nsec": 1}, "level": 2, "message": "i", "name": "x",
+            "file": "", "line": 0}
+    warn = {**info, "timestamp": {"sec": 0, "nsec": 2 * MS}, "level": 3, "message": "w"}
+    a.control.replies = [([(logging.INFO, info), (logging.WARNING, warn)], 2)]
+    b.control.replies = [RuntimeError("no answer")]
+    tap.attach()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+            forwarding.poll()  # a tap came: every group told at once
+            forwarding.poll()  # not due yet: nobody asked
+            time.sleep(POLL_S * 1.5)
+            forwarding.poll()  # due: a asked again; b, which did not answer, no more
+    finally:
+        tap.cancel()
+    forwarding.poll()  # the tap went: a told to stop, once
+    time.sleep(POLL_S * 1.5)
+    forwarding.poll()
+    forwarding.finish()
+
+    assert a.control.asked == [logging.WARNING, logging.WARNING, None]
+    assert b.control.asked == [logging.WARNING] and host.control.asked == []
+    forwarded = [e for e in got if e["name"] in ("x", "mujou_actors") and e["file"] == ""]
+    assert forwarded == [warn, {
+        "timestamp": {"sec": 0, "nsec": 2 * MS}, "level": 3, "name": "mujou_actors",
+        "file": "", "line": 0,
+        "message": "group 'a': 2 log record(s) lost (more than 1024 waited for the host)"}]
+    assert lost == [2] and forwarding.lost == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert any("group 'b' gave no log records (RuntimeError: no answer)" in m for m in said)
+    assert sum("group 'a' lost 2 log record(s)" in m for m in said) == 1
 
 
 # -- the commands -----------------------------------------------------------------------

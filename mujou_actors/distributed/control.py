@@ -105,6 +105,11 @@ class GroupControl(Protocol):
     def drop_peers(self) -> None:
         """Close the ends made for a mesh that will not be opened (`group.DropPeers`)."""
 
+    def logs(self, level: int | None, loggers: dict[str, int],
+             timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """Forward the group's log records from ``level`` up (None: stop) and take those
+        kept (`group.Logs`): ``(entries, dropped)``, within ``timeout`` wall seconds."""
+
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
         """Stop the group (``on_stop``); its stuck nodes' hooks, and its final tree.
@@ -213,6 +218,11 @@ class LocalControl:
     def drop_peers(self) -> None:
         """`GroupControl.drop_peers`: nothing held."""
 
+    def logs(self, level: int | None, loggers: dict[str, int],
+             timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """`GroupControl.logs`: none (the host's group logs in the host, where the taps are)."""
+        return [], 0
+
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:
         """`GroupControl.stop`."""
@@ -313,6 +323,12 @@ class RemoteControl:
     def drop_peers(self) -> None:
         """`GroupControl.drop_peers`."""
         self._ask(self.name, group.DropPeers(), QUICK_S)
+
+    def logs(self, level: int | None, loggers: dict[str, int],
+             timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """`GroupControl.logs`."""
+        entries, dropped = self._ask(self.name, group.Logs(level, loggers), timeout)
+        return list(entries), int(dropped)
 
     def stop(self, stop_timeout: float, take_state: bool,
              idle: float) -> tuple[Mapping[str, str] | list[str], dict[str, Any] | None]:

@@ -44,7 +44,7 @@ from ..node import Node
 from ..params import join
 from ..ports import Input, Port
 from ..supervisor import Supervisor
-from . import control, dataplane, group, segments, tracing
+from . import control, dataplane, group, grouplog, segments, tracing
 from .dataplane import Item
 from .ending import Ending
 from .failures import Failed, GroupLost, Lost, RemoteTraceback, Stuck, node_error
@@ -164,6 +164,8 @@ class _Driver:
         self.item_listeners: dict[int, list[Callable[[Item], None]]] = {}
         self.recorder: RecorderSide | None = None
         self.param_log: dict[str, Any] = {}  # the latest set of each parameter, by path
+        # The groups' log records for the host's log taps, while it has one (grouplog.py).
+        self.logs = grouplog.Forwarding(self)
         self.host = Host(copy_message, self._callback_failed)
         self.rounds_started = self.rounds_ended = 0.0
         self.stuck: dict[str, str] = {}
@@ -273,6 +275,8 @@ class _Driver:
         job()
 
     def _serve_requests(self) -> None:
+        """Serve the host's requests queued; take the groups' log records when due."""
+        self.logs.poll()
         while True:
             try:
                 job = self.requests.get_nowait()
@@ -375,6 +379,7 @@ class _Driver:
         left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
         for g in self.groups.values():
             g.ages = None  # a restart's processes stamp on timers of their own (start_timers)
+        self.logs.start()  # before on_start: its records are forwarded to the taps too
         for g in self.groups.values():
             g.control.start(left())
         if tree is None:

@@ -69,6 +69,8 @@ class Ending:
         try:
             self._stop_groups(stuck, trees, missing)
         finally:
+            # The groups' last log records (their on_stop's), before the recording closes.
+            driver.logs.finish()
             driver.end_wall = time.monotonic()
             driver.time_ns = driver.timing.ended_at()
             if driver.dead:

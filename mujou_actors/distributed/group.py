@@ -47,6 +47,7 @@ from ..ports import Input
 from . import cudaipc, dataplane, peers
 from ._loopback import alive, signals_blocked
 from .failures import Stuck
+from .grouplog import GroupLog
 from .heartbeat import Responder
 from .placement import HOST_GROUP, build_net, load_factory, net_signature
 from .secret import load_secret
@@ -56,7 +57,8 @@ __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_gr
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
            "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
-           "BindPeers", "ConnectPeers", "CheckPeers", "DropPeers", "split_tree", "merge_trees",
+           "BindPeers", "ConnectPeers", "CheckPeers", "DropPeers", "Logs", "split_tree",
+           "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -239,6 +241,24 @@ class DropPeers(NamedTuple):
 class Busy(NamedTuple):
     """The hooks in flight now, ``{node path: hook}`` (a grant the end gave up on names
     them: answered by the control thread while the grant's hook still runs)."""
+
+
+class Logs(NamedTuple):
+    """Forward the group's log records from ``level`` up (None: stop), and take them.
+
+    The reply is ``(entries, dropped)``: the entries kept since the last
+    `Logs`, oldest first, each ``(logging level, foxglove.Log object)`` of
+    plain str and int, and how many were dropped meanwhile (`grouplog.GroupLog`).
+
+    Attributes:
+        level (int | None): the lowest `logging` level the host's log taps
+            take; None: no tap (the group's handler comes off its root logger).
+        loggers (dict[str, int]): the host's levels of `grouplog.MIRRORED`'s
+            loggers, which the group's take while it forwards.
+    """
+
+    level: int | None
+    loggers: dict[str, int]
 
 
 class TakeTrace(NamedTuple):
@@ -612,6 +632,9 @@ class GroupServer:
         self.published = Published(self.routes,
                                    self._wake.set if timer == "realtime" else None)
         self._host_pid = host_pid
+        # The run's log records made here, for the host's taps (none until it asks: Logs);
+        # a server in the host's own process (the tests') never forwards: the taps see it.
+        self.log = GroupLog(self._time, here=host_pid == os.getpid())
         self._started_ns = time.monotonic_ns()
         self._closing = threading.Event()
         self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
@@ -1036,6 +1059,8 @@ class GroupServer:
             return kernel.dispatcher.busy_hooks()
         if isinstance(request, TakeTrace):
             return self._traces.take()
+        if isinstance(request, Logs):
+            return self.log.answer(request.level, dict(request.loggers))
         if isinstance(request, Stop):
             stuck = self.close(request.timeout, request.idle)
             tree = None
@@ -1057,6 +1082,7 @@ class GroupServer:
         self._closing.set()
         self._watcher.close()
         stuck = stop_kernel(self.kernel, timeout, idle)
+        self.log.configure(None, {})  # after on_stop: the host takes what is kept (Logs)
         self._thread.join(timeout)
         self._drop_held_peers()
         if self._responder is not None:

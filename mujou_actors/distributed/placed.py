@@ -468,7 +468,8 @@ def _record(driver: _Driver, found: list[tuple[str, Node]], ports: dict[str, Por
                             timer="simulated" if args.timer.simulated else "realtime",
                             workers=args.workers, placement=placement,
                             patterns=args.recording.ports, log=args.recording.log)
-    # The log's records are the host process's (a group's process logs to its own handlers).
+    # The log's records: the host process's, and each group process's, forwarded to the
+    # recorder's tap by the driver while it is attached (grouplog.py).
     recorder = Recorder(args.recording, channels, metadata, simulated=args.timer.simulated,
                         host_copy=None, now_ns=lambda: driver.time_ns)
     driver.recorder = recorder

@@ -249,6 +249,7 @@ class Segments(SimulatedRounds):
                         finals.append((g, reply))
                         del pending[name]
                         break
+            driver.logs.poll()  # a long segment: the groups' log records while it runs
             try:  # (a pause to a dead group blocks until its death is found: GroupLost)
                 if not paused and pending and (reported or driver.stop_asked.is_set()
                                                or not driver.requests.empty()):

@@ -568,6 +568,7 @@ class FoxgloveServer(SocketServer):
         # progress.
         sub: Any
         if topic == LOG_TOPIC:  # the log: a handler on the root logger, while watched
+            # (a placed run's driver hands it its groups' records too: logview.forward)
             sub = LogTap(self._log_sender(), lambda: self._run.time_ns)
             sub.attach()
         else:

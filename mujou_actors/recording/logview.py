@@ -21,6 +21,13 @@ A handler on the root logger would stop Python's last resort (the handler
 that prints warnings to stderr when no handler is configured anywhere): the
 first tap on the root logger prints such a record itself, so that a run's
 warnings still reach stderr while it is watched or recorded.
+
+A placed run's group processes log to their own handlers: while a tap is
+attached here (`tapped_level` says from which level), they make their
+records entries where they were logged (`entry`, in the group: named after
+the node, stamped on the group's timer) and the host's driver hands them to
+every tap (`forward`; `distributed/grouplog.py`), with how many a group lost
+(`forward_lost`).
 """
 
 from __future__ import annotations
@@ -64,6 +71,37 @@ def entry(record: logging.LogRecord, now_ns: Callable[[], int]) -> dict[str, Any
             "name": name or "<root>", "file": record.pathname or "", "line": record.lineno or 0}
 
 
+# The taps attached now, oldest first: replaced as a whole under the lock (never changed
+# in place), so `forward` and `tapped_level` read it without one.
+_taps: tuple[LogTap, ...] = ()
+_taps_lock = threading.Lock()
+
+
+def tapped_level() -> int | None:
+    """The lowest level any tap attached now takes (0: every level); None: no tap."""
+    taps = _taps
+    return min(t.min_level for t in taps) if taps else None
+
+
+def forward(levelno: int, entry: dict[str, Any]) -> None:
+    """Hand an entry made elsewhere (a group process's: `entry`) to every tap attached.
+
+    Args:
+        levelno (int): the record's `logging` level (each tap takes it from its own up).
+        entry (dict): the ``foxglove.Log`` object, made where it was logged.
+    """
+    for tap in _taps:
+        tap.take(levelno, entry)
+
+
+def forward_lost(lost: int, entry: dict[str, Any]) -> None:
+    """Tell every tap attached that ``lost`` records made elsewhere were lost on their way,
+    with ``entry`` (a warning) saying so."""
+    for tap in _taps:
+        tap.lose(lost)
+        tap.take(logging.WARNING, entry)
+
+
 def _only_taps(record: logging.LogRecord) -> bool:
     """Whether no handler but taps is on the record's way up (Python's last resort's case)."""
     # The manager's table, not getLogger: that takes logging's module lock, which
@@ -91,15 +129,19 @@ class LogTap(logging.Handler):
             outside a hook is stamped with.
         level (int): the lowest `logging` level taken (what the loggers let
             through below it is left out). Default: every level.
+        lost (Callable[[int], None] | None): told how many records made
+            elsewhere were lost on their way (`forward_lost`). Default: None.
     """
 
     def __init__(self, deliver: Callable[[dict[str, Any]], None],
-                 now_ns: Callable[[], int], level: int = logging.NOTSET) -> None:
+                 now_ns: Callable[[], int], level: int = logging.NOTSET,
+                 lost: Callable[[int], None] | None = None) -> None:
         # The handler's own level stays NOTSET: it sees every record, so that the first
         # tap can stand in for the last resort (see the module's docstring).
         super().__init__(logging.NOTSET)
         self._deliver = deliver
         self._now_ns = now_ns
+        self._lost = lost
         self.min_level = level
         self._attached = False
         self._guard = threading.Lock()
@@ -118,6 +160,23 @@ class LogTap(logging.Handler):
         except Exception:  # noqa: BLE001 - a view of the log never fails what logged
             self.failed += 1
 
+    def take(self, levelno: int, entry: dict[str, Any]) -> None:
+        """Hand on an entry made elsewhere (`forward`), from the tap's level up; never raises."""
+        if levelno < self.min_level:
+            return
+        try:
+            self._deliver(entry)
+        except Exception:  # noqa: BLE001 - a view of the log never fails what forwarded
+            self.failed += 1
+
+    def lose(self, lost: int) -> None:
+        """Count ``lost`` records made elsewhere and lost on their way (`forward_lost`)."""
+        if self._lost is not None:
+            try:
+                self._lost(lost)
+            except Exception:  # noqa: BLE001 - as take
+                self.failed += 1
+
     def _first(self) -> bool:
         """Whether this is the first tap on the root logger (the one that stands in)."""
         for handler in logging.getLogger().handlers:
@@ -126,15 +185,21 @@ class LogTap(logging.Handler):
         return False
 
     def attach(self) -> None:
-        """Put the handler on the root logger (once)."""
+        """Put the handler on the root logger (once); `forward` hands it entries from now."""
+        global _taps
         with self._guard:
             if not self._attached:
                 logging.getLogger().addHandler(self)
                 self._attached = True
+                with _taps_lock:
+                    _taps = (*_taps, self)
 
     def cancel(self) -> None:
         """Take the handler off the root logger; idempotent (as a subscription's cancel)."""
+        global _taps
         with self._guard:
             if self._attached:
+                with _taps_lock:
+                    _taps = tuple(t for t in _taps if t is not self)
                 logging.getLogger().removeHandler(self)
                 self._attached = False

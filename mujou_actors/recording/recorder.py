@@ -24,7 +24,8 @@ slows the run down to the writer's pace.
 on the root logger, from `start` to `close`) to the channel ``/mujou/log``:
 each entry goes through the same queue, but a full queue drops it, whatever
 ``when_full`` says, so that logging never waits (it may happen anywhere, the
-writer thread included).
+writer thread included). A placed run's driver hands the tap its group
+processes' records too (`logview.forward`; distributed/grouplog.py).
 
 Nothing of this exists on a run that does not record: no listener, no thread,
 no queue.
@@ -447,7 +448,8 @@ class Recorder:
         self._log_counts = dict.fromkeys(("sent", "recorded", "dropped", "bytes", "lost"), 0)
         if settings.log:
             self._log_id = self._writer.add_log_channel()
-            self._tap = LogTap(self._take_log, now_ns or (lambda: 0), settings.log)
+            self._tap = LogTap(self._take_log, now_ns or (lambda: 0), settings.log,
+                               self._lose_log)
         self._host_copy = host_copy
         self._snapshots = settings.snapshots
         self._wait = (settings.when_full or ("wait" if simulated else "drop")) == "wait"
@@ -575,6 +577,14 @@ class Recorder:
                 self._queue.append((_LOG, counts["sent"] - 1, key, entry, size))
                 return
             counts["dropped"] += 1
+
+    def _lose_log(self, lost: int) -> None:
+        """Count records lost on their way here (a placed run's group kept too many waiting
+        for the host: `logview.forward_lost`) as sent and dropped."""
+        with self._lock:
+            if not (self._closing or self._done):
+                self._log_counts["sent"] += lost
+                self._log_counts["dropped"] += lost
 
     def _wait_for_room(self, ch: int, seq: int, key: tuple[int, int], message: Any,
                        size: int) -> bool:
