@@ -94,6 +94,7 @@ def _endpoint_threads_end() -> None:
     assert not any(t.name == "mujou-attach" for t in threading.enumerate())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_in_one_process_is_listed_described_and_echoed_from_another_process(
         runtime: Path) -> None:
@@ -148,6 +149,7 @@ def test_hz_reports_about_the_rate_of_a_real_time_node(runtime: Path) -> None:
     assert report["messages"] >= 20 and report["window"] == report["messages"] - 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_placed_run_is_watched_across_its_group_processes(runtime: Path) -> None:
     run = mujou.run(placed_support.make_net, placement={"sim": "physics"}, timer="realtime")

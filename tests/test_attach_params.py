@@ -154,6 +154,7 @@ def test_a_value_is_printed_as_set_takes_it_back(value: Any, text: str) -> None:
     assert param_text(value) == text
 
 
+@pytest.mark.slow
 def test_a_placed_runs_parameters_are_listed_and_set_in_their_group(
         runtime: Path) -> None:  # noqa: F811 - the fixture
     run = mujou.run(param_nets.make_net, placement={"sensor": "physics"}, timer="realtime")

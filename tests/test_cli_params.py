@@ -58,6 +58,7 @@ def _invoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
                                      "0.1", "--quiet"])
 
 
+@pytest.mark.slow
 def test_each_value_is_read_as_its_parameters_type_before_the_run_starts(
         tmp_path: Path) -> None:
     result, values = _run(tmp_path, NETS, "--param", "sensor.noise=0.25", "--param",

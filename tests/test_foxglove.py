@@ -259,6 +259,7 @@ def test_a_host_off_loopback_needs_allow_remote_and_what_is_no_run_is_refused() 
         mujou.serve_foxglove(run, 0)
 
 
+@pytest.mark.slow
 def test_each_message_is_stamped_with_its_sends_time() -> None:
     from tests.conftest import Source
 

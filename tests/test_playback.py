@@ -163,6 +163,7 @@ def test_a_seek_sends_each_channels_newest_message_then_plays_from_there(
     assert position == 30 * MS
 
 
+@pytest.mark.slow
 def test_mujou_view_serves_until_interrupted_and_refuses_what_is_no_recording(
         recording: str, tmp_path: Any) -> None:
     bad = tmp_path / "notes.mcap"

@@ -71,6 +71,7 @@ def test_public_modules_list_only_public_names_in_all() -> None:
     assert wrong == {}
 
 
+@pytest.mark.slow
 def test_the_old_paths_of_the_recording_modules_import_the_moved_module_and_warn() -> None:
     code = ("import warnings, mujou_actors.recording.mcapfile as new\n"
             "with warnings.catch_warnings(record=True) as caught:\n"

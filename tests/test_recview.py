@@ -61,6 +61,7 @@ def test_cat_prints_each_message_with_its_time_and_port_tensors_summarised(
     assert json.loads(lines[13].split(None, 2)[2]) == {"force": 1.0, "step": 2}
 
 
+@pytest.mark.slow
 def test_cat_filters_by_port_and_globs_and_full_shows_every_value(recording: str) -> None:
     some = _mujou("cat", recording, "src.count", "src.p*")
     full = _mujou("cat", recording, "src.wide", "--full")
@@ -71,6 +72,7 @@ def test_cat_filters_by_port_and_globs_and_full_shows_every_value(recording: str
     assert last["data"] == [2 + i / 100 for i in range(40)]
 
 
+@pytest.mark.slow
 def test_cat_json_is_one_object_a_line(recording: str) -> None:
     result = _mujou("cat", recording, "src.pair", "--json")
 
@@ -88,6 +90,7 @@ def test_cat_json_is_one_object_a_line(recording: str) -> None:
     (lambda tmp: _other_profile(tmp / "ros.mcap"),
      "RecordingError: {path}: an MCAP file of profile 'ros2', not a mujou recording"),
 ])
+@pytest.mark.slow
 def test_cat_of_what_is_no_recording_is_one_line_naming_it_and_exit_2(
         tmp_path: pathlib.Path, make: Any, expected: str) -> None:
     path = make(tmp_path)
@@ -102,6 +105,7 @@ def test_cat_of_what_is_no_recording_is_one_line_naming_it_and_exit_2(
     assert len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cat_of_an_unknown_port_names_it_and_lists_the_channels(recording: str) -> None:
     result = _mujou("cat", recording, "src.count", "sim.*")
 
@@ -128,6 +132,7 @@ def _other_profile(path: pathlib.Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_export_view_writes_what_record_view_wrote_byte_for_byte(
         recording: str, tmp_path: pathlib.Path) -> None:
     out = str(tmp_path / "view.mcap")
@@ -164,6 +169,7 @@ def test_export_view_of_a_recording_without_views_counts_each_channels_messages(
     assert values == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
+@pytest.mark.slow
 def test_export_view_refuses_to_overwrite_its_source_and_a_bad_source(
         recording: str, tmp_path: pathlib.Path) -> None:
     same = _mujou("export-view", recording, recording)
