@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +139,60 @@ def test_a_promise_is_the_least_of_the_own_next_key_and_the_triggers_next_delta(
     assert mesh.bound() == (3, 4) and mesh.promise(None) == (5, 3)
     mesh.promise_in = {"a": peers.FAR, "b": peers.FAR}
     assert mesh.promise(None) == peers.FAR and peers.after(peers.FAR) == peers.FAR
+
+
+def test_a_members_ipc_end_is_in_a_private_folder_of_its_own_and_goes_with_its_pools(
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """`peers.LocalFolder` on a member: the listening end's folder (0700) is made in the
+    member's folder (`MEMBER_FOLDER_ENV`); both ends name their pools from the endpoint, a
+    1 MiB tensor crosses through shared memory, no secret is asked; `remove` takes the
+    folder and the pools (mapped still), and a folder a killed group left goes with the
+    member's folder (`remove_folder`), its pools too."""
+    from mujou_actors.distributed._loopback import remove_folder
+
+    # As a member's (pytest's tmp_path would make too long a socket path: 107 bytes at most).
+    member = Path(tempfile.mkdtemp(prefix="mujou-convention-"))
+    request.addfinalizer(lambda: shutil.rmtree(member, ignore_errors=True))
+    monkeypatch.setenv(MEMBER_FOLDER_ENV, str(member))
+    big = torch.arange(2**18, dtype=torch.float32)  # 1 MiB: through shared memory
+
+    def no_secret() -> bytes:
+        raise AssertionError("an ipc:// end asks no secret")
+
+    def link() -> tuple[peers.LocalFolder, dataplane.PeerLink, dataplane.PeerLink, str]:
+        folder = peers.LocalFolder()
+        server = folder.bind("peer-1-0-1", [torch.Tensor])
+        client = peers.connect_end(server.endpoint, [torch.Tensor], no_secret)
+        client.send(dataplane.PEER_ITEMS, 1, 0, (0, 0), [(0, 0, 0, 0, big)])
+        got = None
+        for _ in range(500):
+            if (got := server.receive()) is not None:
+                break
+            time.sleep(0.01)
+        assert got is not None and torch.equal(got[4][0][4], big)
+        pool = client.encoder.pool_name
+        assert pool is not None and os.path.exists(os.path.join("/dev/shm", pool))
+        return folder, server, client, pool
+
+    folder, server, client, pool = link()
+    try:
+        assert folder.path is not None and os.path.dirname(folder.path) == str(member)
+        assert stat.S_IMODE(os.stat(folder.path).st_mode) == 0o700
+        assert server.endpoint == f"ipc://{folder.path}/peer-1-0-1"
+        assert pool.startswith(f"{os.path.basename(folder.path)}.peer-1-0-1.c.")
+        path = folder.path
+        folder.remove()
+        assert not os.path.exists(path) and not os.path.exists(os.path.join("/dev/shm", pool))
+    finally:
+        client.close()
+        server.close()
+    folder, server, client, pool = link()  # a group killed: nothing removed it
+    try:
+        remove_folder(str(member))
+        assert not member.exists() and not os.path.exists(os.path.join("/dev/shm", pool))
+    finally:
+        client.close()
+        server.close()
 
 
 def test_a_segment_and_a_pause_cross_the_link_as_sent(tmp_path) -> None:
