@@ -15,9 +15,12 @@ each a member on a loopback port of this host, stand in for machines:
 fallback: ``robot,spare:g1``; group ``g2`` on ``gpu-box``). Each worker is in
 a session of its own, and every process it starts carries a marker in its
 environment, so that a machine's death is every one of them stopped and killed
-at once. The other row is the same net placed on one machine (``g1`` and
-``g2`` in processes of their own, no members: ``ipc://`` and shared memory);
-the ratio column is machines over one machine. The net is
+at once. The other rows are the same net with both groups on ``robot``
+(``robot:g1``, ``robot:g2``: their link is the member's own, ``ipc://`` and
+shared memory in a private folder there, or TCP+CURVE in a tree before it;
+no recovery is measured there), and placed on one machine (``g1`` and ``g2``
+in processes of their own, no members: ``ipc://`` and shared memory); the
+ratio column is machines over one machine. The net is
 ``benchmarks/_placed_nets.py:make_machines``; the start of a run (processes
 spawned, a few seconds each on a loaded 2-core machine) is never timed. Each
 run does the workloads in turn (``steps`` in a placed run of its own),
@@ -314,14 +317,19 @@ def start(groups: dict[str, str], factory: Callable[..., Any], leader: str | Non
     return run()
 
 
-PLACED = {  # where each group goes: across machines, and on one machine
+PLACED = {  # where each group goes: across machines, on one member, and on one machine
     "machines": {"ping": "robot,spare:g1", "source": "robot,spare:g1",
                  "beacon": "robot,spare:g1", "pong": "gpu-box:g2", "checker": "gpu-box:g2"},
+    "one member": {"ping": "robot:g1", "source": "robot:g1", "beacon": "robot:g1",
+                   "pong": "robot:g2", "checker": "robot:g2"},
     "one machine": {"ping": "g1", "source": "g1", "beacon": "g1", "pong": "g2",
                     "checker": "g2"},
 }
-PLACEMENTS = (("machines", "2 machines (TCP+CURVE)"), ("one machine", "1 machine (ipc+shm)"))
+PLACEMENTS = (("machines", "2 machines (TCP+CURVE)"),
+              ("one member", "1 member (its own link)"),
+              ("one machine", "1 machine (ipc+shm)"))
 STEPS = {"machines": {"a": "robot:g1", "b": "gpu-box:g2"},  # make_exchange, placed so
+         "one member": {"a": "robot:g1", "b": "robot:g2"},
          "one machine": {"a": "g1", "b": "g2"}}
 
 
@@ -416,6 +424,10 @@ def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
         TimeoutError: a step did not end within `BOUND_S`.
     """
     leader = None
+    if where == "one member":  # the link between two groups of a member: no recovery
+        only = [w for w in only if w != "recover"]
+        machines.start("robot")
+        leader = machines.leader
     if where == "machines":
         warm = "spare" in machines.workers
         machines.start("robot", "gpu-box", *(["spare"] if "recover" in only else []))
@@ -459,13 +471,15 @@ def one_run(cfg: argparse.Namespace, where: str, machines: Machines,
 
 
 def paths(run: Any) -> dict[str, Any]:
-    """Whether the run's groups send to each other on peer links (``peer_links``), and
-    how many links between machines it made (``links``; None where the tree measured
-    has no such links): the benchmark's instrument, read from the driver."""
+    """Whether the run's groups send to each other on peer links (``peer_links``), how
+    many TCP links with an end off the host's machine it made (``links``), and how many
+    ``ipc://`` links between two groups of one member (``local``; None where the tree
+    measured has no such links): the benchmark's instrument, read from the driver."""
     timing = run._driver.timing
     cross = getattr(timing, "cross", None)
     return {"peer_links": bool(getattr(timing, "live", False)),
-            "links": None if cross is None else cross.links}
+            "links": None if cross is None else cross.links,
+            "local": getattr(cross, "local", None)}
 
 
 def steps(seconds: float, where: str, leader: str | None) -> dict[str, Any]:
@@ -592,7 +606,7 @@ def hop_table(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float
     rows: dict[str, dict[str, float]] = {}
     for key, label in HOP_ROWS:
         row = {w: results[w][key] for w, _ in PLACEMENTS if key in results[w]}
-        if len(row) == 2 and row["one machine"]:
+        if row.get("one machine") and "machines" in row:
             row["ratio"] = row["machines"] / row["one machine"]
         if row:
             rows[label] = row
@@ -611,7 +625,8 @@ def recover_table(results: dict[str, dict[str, float]]) -> dict[str, dict[str, f
 
 
 HOP_COLUMNS = (("machines", PLACEMENTS[0][1], "{:,.0f}"),
-               ("one machine", PLACEMENTS[1][1], "{:,.0f}"), ("ratio", "ratio", "{:.2f}x"))
+               ("one member", PLACEMENTS[1][1], "{:,.0f}"),
+               ("one machine", PLACEMENTS[2][1], "{:,.0f}"), ("ratio", "ratio", "{:.2f}x"))
 RECOVER_COLUMNS = (("machines p50", "machine lost: p50", "{:,.1f}"),
                    ("machines max", "max", "{:,.1f}"),
                    ("one machine p50", "process killed: p50", "{:,.1f}"),

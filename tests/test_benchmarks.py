@@ -611,9 +611,10 @@ def test_the_replay_benchmark_replays_the_pendulum_bit_for_bit(tmp_path: Path) -
     assert "x real time" in proc.stdout
 
 
-# About 40 s on the 2-core reference machine (three workers, two placed runs, two restarts;
-# each process imports torch), and up to twice that while other work loads it.
-@pytest.mark.timeout(240)
+# About 100 s on the shared 2-core machine under other work (three workers, three placed
+# runs and three of the steps, two restarts; each process imports torch), and up to twice
+# that while more work loads it.
+@pytest.mark.timeout(300)
 def test_the_machines_benchmark_measures_hops_streams_steps_and_a_recovery(
         tmp_path: Path) -> None:
     out = tmp_path / "machines.json"
@@ -621,16 +622,19 @@ def test_the_machines_benchmark_measures_hops_streams_steps_and_a_recovery(
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOU_SECRET", "MUJOU_SECRET_FILE")}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run([sys.executable, script, "--quick", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=230, env=env)
+                          cwd=ROOT, capture_output=True, text=True, timeout=290, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MUJOU_SECRET is the benchmark's fixed one" in proc.stdout  # none was set
     doc = json.loads(out.read_text())
     results = doc["results"]
-    assert list(results) == ["machines", "one machine"]
+    assert list(results) == ["machines", "one member", "one machine"]
     for where, r in results.items():
         assert 0 < r["int_hop_p50"] <= r["int_hop_p99"] < 1e6, (where, r)  # µs
         assert 0 < r["1MiB_hop_p50"] <= r["1MiB_hop_p99"] < 1e7, (where, r)
         assert r["int_rate"] > 100 and r["1MiB_MBs"] > 1 and r["lost"] == 0, (where, r)
+        if where == "one member":  # its link only: no recovery measured
+            assert "trials" not in r, r
+            continue
         assert r["trials"] == 1
         for phase in ("detect", "restart", "spawn", "restore", "total"):  # ms
             assert 0 < r[f"{phase}_p50"] == r[f"{phase}_max"] < 120_000, (where, phase, r)
@@ -648,10 +652,11 @@ def test_the_machines_benchmark_measures_hops_streams_steps_and_a_recovery(
         assert [r["stream_int"]["count"] for r in runs] == [doc["config"]["ints"]], where
         assert [r["stream_1MiB"]["count"] for r in runs] == [doc["config"]["tensors"]], where
         # Every node placed: the groups talk on peer links, across machines too (TCP with
-        # CURVE), and the host relays nothing between them.
+        # CURVE), on one member by ipc://, and the host relays nothing between them.
         (run,) = runs
         assert run["peer_links"] and run["relayed"] == 0, (where, run)
         assert run["links"] == (1 if where == "machines" else 0), (where, run)
+        assert run["local"] == (1 if where == "one member" else 0), (where, run)
         assert run["steps"]["segments"] > 0 and run["steps"]["relayed"] == 0, (where, run)
         assert run["steps"]["links"] == run["links"], (where, run)
     for where, r in results.items():

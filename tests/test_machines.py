@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import pytest
 
 import mujou_actors as mujou
 from mujou_actors.distributed.convention import Member
+from mujou_actors.distributed.peers import pair_key
 from mujou_actors.distributed.placed_run import machine_stats
 from mujou_actors.distributed.realtime import AGE_SAMPLES, MessageAges
 from mujou_actors.errors import JoinTimeoutError
@@ -180,13 +182,85 @@ def test_every_node_on_groups_across_machines_talks_on_direct_links_and_matches_
     assert timing.segments > 0 and (timing.cross.opened, timing.cross.links) == (1, 3)
 
 
+@contextmanager
+def _peer_folders(member: Member) -> Iterator[dict[str, int]]:
+    """Every peer-link folder seen in ``member``'s private folder while inside, with its
+    mode (polled every 5 ms: a group makes one as its mesh opens, removes it at its end)."""
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.005):
+            try:
+                names = os.listdir(member._folder)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(member._folder, name)
+                if name.startswith("mujou-peers-") and path not in seen:
+                    try:
+                        seen[path] = stat.S_IMODE(os.stat(path).st_mode)
+                    except FileNotFoundError:
+                        pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join(10)
+
+
+def test_two_groups_of_one_member_talk_over_ipc_in_a_private_folder_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node placed, groups ``physics`` and ``control`` on ``robot``, ``logger`` on
+    ``gpu-box``: the link between robot's two groups is ``ipc://`` in a private folder
+    (0700) that its listening group makes in robot's member folder and removes at its
+    end; the links to gpu-box stay TCP with the run's secret; the host relays nothing
+    between groups, and the run ends as one process."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    expected = single(1.0)
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader) as robot, Member("gpu-box", leader):
+        with _peer_folders(robot) as seen:
+            placement = mujou.Placement({"sim": "robot:physics", "ctrl": "robot:control",
+                                         "log": "gpu-box:logger"}, listen=leader,
+                                        join_timeout=30)
+            run = mujou.run(placed_support.make_net, placement=placement,
+                            timer="simulated", duration=1.0, seed=7, workers=2)
+            run.join(60)
+        left = [n for n in os.listdir(robot._folder) if n.startswith("mujou-peers-")]
+        stats = run.stats()
+    assert_same_tree(run.state_dict(), expected)
+    driver = run._driver  # type: ignore[attr-defined]
+    timing = driver.timing
+    assert timing.segments == timing.rounds > 0 and timing.unreachable is None
+    cross = timing.cross
+    assert (cross.opened, cross.links, cross.local) == (1, 2, 1)
+    names = ["control", "logger", "physics"]
+    ipc = cross.endpoints[pair_key(names, "control", "physics")]
+    folder = os.path.dirname(ipc.removeprefix("ipc://"))
+    assert ipc.startswith(f"ipc://{robot._folder}/mujou-peers-")
+    assert seen == {folder: 0o700}  # control's (first in the mesh's order: it listens)
+    assert left == []  # removed at the end
+    for a, b in [("control", "logger"), ("logger", "physics")]:
+        assert cross.endpoints[pair_key(names, a, b)].startswith("tcp://")
+    assert driver.relayed == 0
+    # What crossed machines: robot's bytes are those of its links to gpu-box's logger
+    # (and to the host), not of the ipc:// link between its own groups.
+    machines, groups = stats.machines, stats.groups
+    assert machines["gpu-box"].bytes_in == groups["logger"].bytes_in > 0
+    assert machines["robot"].bytes_out < groups["physics"].bytes_out + groups["control"].bytes_out
+
+
 @pytest.mark.timeout(120)
 def test_real_time_across_machines_sends_straight_to_the_reading_group_in_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Real time, every node placed (two groups on one member, one on another): each
-    message goes straight from its group to the reader's on their link (TCP with CURVE,
-    the two groups of one member too), once and in order, or counted as dropped; the
-    host's links carry none, and the cuts hold each message once."""
+    message goes straight from its group to the reader's on their link (TCP with CURVE
+    between the members, ``ipc://`` between the two groups of one), once and in order, or
+    counted as dropped; the host's links carry none, and the cuts hold each message once."""
     monkeypatch.setenv("MUJOU_SECRET", SECRET)
     leader = f"127.0.0.1:{_free_port()}"
     with Member("robot", leader), Member("gpu-box", leader):
@@ -202,7 +276,8 @@ def test_real_time_across_machines_sends_straight_to_the_reading_group_in_order(
     driver = run._driver  # type: ignore[attr-defined]
     timing = driver.timing
     assert timing.live and timing.unreachable is None
-    assert (timing.cross.opened, timing.cross.links) == (1, 3)
+    assert (timing.cross.opened, timing.cross.links, timing.cross.local) == (1, 2, 1)
+    assert timing.cross.endpoints[pair_key(["a", "b", "c"], "a", "c")].startswith("ipc://")
     assert driver.relayed == 0
     assert [g.link.messages_in for g in driver.groups.values()] == [0, 0, 0]
     assert final["nodes"]["c2"]["sent"] >= 100 and final["nodes"]["c1"]["sent"] >= 100

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import stat
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mujou_actors as mujou
-from mujou_actors.distributed import dataplane, peers, placed, segments
+from mujou_actors.distributed import dataplane, peers, placed, segments, wire
+from mujou_actors.distributed._loopback import MEMBER_FOLDER_ENV
 from mujou_actors.distributed.rounds import SimulatedRounds
 from mujou_actors.errors import NodeError
 from tests import placed_support, random_nets
@@ -38,6 +43,7 @@ from tests.placed_support import InProcessSystem, across_machines
 from tests.random_nets import GROUPS, nets
 from tests.test_placed import assert_same_tree, placed_run, single
 from tests.test_placed_random import (
+    RICH,
     SETTINGS,
     _args,
     _assert_same_counts,
@@ -133,6 +139,60 @@ def test_a_promise_is_the_least_of_the_own_next_key_and_the_triggers_next_delta(
     assert mesh.bound() == (3, 4) and mesh.promise(None) == (5, 3)
     mesh.promise_in = {"a": peers.FAR, "b": peers.FAR}
     assert mesh.promise(None) == peers.FAR and peers.after(peers.FAR) == peers.FAR
+
+
+def test_a_members_ipc_end_is_in_a_private_folder_of_its_own_and_goes_with_its_pools(
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """`peers.LocalFolder` on a member: the listening end's folder (0700) is made in the
+    member's folder (`MEMBER_FOLDER_ENV`); both ends name their pools from the endpoint, a
+    1 MiB tensor crosses through shared memory, no secret is asked; `remove` takes the
+    folder and the pools (mapped still), and a folder a killed group left goes with the
+    member's folder (`remove_folder`), its pools too."""
+    from mujou_actors.distributed._loopback import remove_folder
+
+    # As a member's (pytest's tmp_path would make too long a socket path: 107 bytes at most).
+    member = Path(tempfile.mkdtemp(prefix="mujou-convention-"))
+    request.addfinalizer(lambda: shutil.rmtree(member, ignore_errors=True))
+    monkeypatch.setenv(MEMBER_FOLDER_ENV, str(member))
+    big = torch.arange(2**18, dtype=torch.float32)  # 1 MiB: through shared memory
+
+    def no_secret() -> bytes:
+        raise AssertionError("an ipc:// end asks no secret")
+
+    def link() -> tuple[peers.LocalFolder, dataplane.PeerLink, dataplane.PeerLink, str]:
+        folder = peers.LocalFolder()
+        server = folder.bind("peer-1-0-1", [torch.Tensor])
+        client = peers.connect_end(server.endpoint, [torch.Tensor], no_secret)
+        client.send(dataplane.PEER_ITEMS, 1, 0, (0, 0), [(0, 0, 0, 0, big)])
+        got = None
+        for _ in range(500):
+            if (got := server.receive()) is not None:
+                break
+            time.sleep(0.01)
+        assert got is not None and torch.equal(got[4][0][4], big)
+        pool = client.encoder.pool_name
+        assert pool is not None and os.path.exists(os.path.join("/dev/shm", pool))
+        return folder, server, client, pool
+
+    folder, server, client, pool = link()
+    try:
+        assert folder.path is not None and os.path.dirname(folder.path) == str(member)
+        assert stat.S_IMODE(os.stat(folder.path).st_mode) == 0o700
+        assert server.endpoint == f"ipc://{folder.path}/peer-1-0-1"
+        assert pool.startswith(f"{os.path.basename(folder.path)}.peer-1-0-1.c.")
+        path = folder.path
+        folder.remove()
+        assert not os.path.exists(path) and not os.path.exists(os.path.join("/dev/shm", pool))
+    finally:
+        client.close()
+        server.close()
+    folder, server, client, pool = link()  # a group killed: nothing removed it
+    try:
+        remove_folder(str(member))
+        assert not member.exists() and not os.path.exists(os.path.join("/dev/shm", pool))
+    finally:
+        client.close()
+        server.close()
 
 
 def test_a_segment_and_a_pause_cross_the_link_as_sent(tmp_path) -> None:
@@ -369,6 +429,78 @@ def test_a_mesh_over_two_machines_joins_groups_of_one_by_ipc_and_the_others_by_c
     assert run._driver.timing.cross.links == 2 and run._driver.relayed == 0
 
 
+def test_two_groups_of_one_member_are_joined_by_ipc_in_a_private_folder_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups ``a`` and ``b`` on member ``m``, ``c`` on member ``n``: the link a-b is
+    ``ipc://`` in a private folder of ``a``'s (0700, removed at the end), its 1 MiB tensors
+    through shared memory (pools named after the folder, gone at the end too); the links
+    to ``c`` are TCP with the run's secret; the run ends as one process, counts included."""
+    folders: dict[str, int] = {}  # each folder a group bound in -> its mode then
+    pools: list[str] = []  # the shared-memory pools made
+
+    real_bind, real_pool = peers.LocalFolder.bind, wire._Pool.__init__
+
+    def bind(self: peers.LocalFolder, name: str, declared: list[type]) -> dataplane.PeerLink:
+        link = real_bind(self, name, declared)
+        assert self.path is not None
+        folders[self.path] = stat.S_IMODE(os.stat(self.path).st_mode)
+        return link
+
+    def pool(self: Any, name: str, size: int) -> None:
+        pools.append(name)
+        real_pool(self, name, size)
+
+    monkeypatch.setattr(peers.LocalFolder, "bind", bind)
+    monkeypatch.setattr(wire._Pool, "__init__", pool)
+    expected, expected_stats = _single(RICH, 0.02, seed=3, workers=2)
+    with peer_links(), across_machines({"a": "m", "b": "m", "c": "n"}):
+        run = _placed(RICH, {"src": "a", "box": "b", "ctl": "c", "log": "c"}, 0.02, seed=3,
+                      workers=2)
+        try:
+            run.join(60)
+        finally:
+            run.stop()
+    assert_same_tree(run.state_dict(), expected)
+    _assert_same_counts(run.stats(), expected_stats)
+    _used_segments(run)
+    assert _transports(run) == {("a", "b"): "ipc", ("b", "a"): "ipc", ("a", "c"): "tcp",
+                                ("c", "a"): "tcp", ("b", "c"): "tcp", ("c", "b"): "tcp"}
+    cross = run._driver.timing.cross
+    assert (cross.opened, cross.links, cross.local) == (1, 2, 1)
+    endpoint = cross.endpoints[peers.pair_key(["a", "b", "c"], "a", "b")]
+    folder, _, name = endpoint.removeprefix("ipc://").rpartition("/")
+    assert name == "peer-1-0-1" and os.path.basename(folder).startswith("mujou-peers-")
+    assert folders == {folder: 0o700}  # a's, made once: the listening end's
+    # src's 1 MiB tensors to box went through a's pool; the pools went with the folder.
+    mine, theirs = peers.ipc_pools(endpoint, server=True)
+    assert mine is not None and theirs is not None
+    assert any(p.startswith(mine) for p in pools)
+    assert not [p for p in pools if p.startswith(os.path.basename(folder))
+                and os.path.exists(os.path.join("/dev/shm", p))]
+    assert not os.path.exists(folder)
+
+
+def test_a_member_without_a_folder_for_its_groups_links_joins_them_by_tcp_said_why(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The member's folder is gone (no private folder can be made in it): the link between
+    its two groups is TCP with the run's secret, as between machines, the listening group
+    says why, and the run ends as one process."""
+    monkeypatch.setenv(MEMBER_FOLDER_ENV, "/nonexistent/mujou-convention-gone")
+    expected = single(0.1)
+    with peer_links(), across_machines({"a": "m", "b": "m", "c": ""}), \
+            caplog.at_level("WARNING", "mujou_actors"):
+        run = placed_run({"sim": "a", "ctrl": "b", "log": "c"}, 0.1)
+        run.join(30)
+    assert_same_tree(run.state_dict(), expected)
+    _used_segments(run)
+    assert set(_transports(run).values()) == {"tcp"}
+    cross = run._driver.timing.cross
+    assert (cross.links, cross.local, run._driver.timing.unreachable) == (3, 0, None)
+    said = [r.getMessage() for r in caplog.records if "on this machine too" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("group 'a': the peer link to group 'b'")
+    assert "/nonexistent/mujou-convention-gone" in said[0]
+
+
 @st.composite
 def _machines(draw: st.DrawFn) -> dict[str, str]:
     """A machine for each group: the host's (``""``) or one of two others."""
@@ -499,8 +631,9 @@ def test_cross_links_wait_for_every_end_and_close_them_all_when_one_fails() -> N
         def __init__(self, name: str, fail: bool = False) -> None:
             self.name, self.fail = name, fail
 
-        def bind_peers(self, generation: int, hosts: dict) -> dict:
+        def bind_peers(self, generation: int, hosts: dict, local: dict | None = None) -> dict:
             asked.append((self.name, ("bind", generation, hosts)))
+            assert not local  # no two groups of one member here
             return {p: f"tcp://127.0.0.1:{1000 + len(asked)}" for p in hosts}
 
         def connect_peers(self, generation: int, endpoints: dict) -> None:
@@ -537,6 +670,53 @@ def test_cross_links_wait_for_every_end_and_close_them_all_when_one_fails() -> N
     assert [a for a in asked if a[1] == "drop"] == [("a", "drop"), ("b", "drop"), ("c", "drop")]
     assert (cross.opened, cross.links) == (1, 2)
     assert peers.CrossLinks().open([G("a", None), G("b", None)], 1) == {}  # one machine
+
+
+def test_cross_links_ask_two_groups_of_one_member_for_an_ipc_link_named_for_its_pair() -> None:
+    """Groups ``a`` and ``b`` on member ``m``, ``c`` on the host's machine: ``a`` listens
+    toward both, its end toward ``b`` an ``ipc://`` socket named as the host's machine's
+    (``peer-GENERATION-KEY``), a TCP address given too (its fallback); ``b`` connects to
+    whatever ``a`` answered; the links are counted by transport."""
+    asked: list[tuple[str, Any]] = []
+
+    class Control:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def bind_peers(self, generation: int, hosts: dict, local: dict | None = None) -> dict:
+            asked.append((self.name, ("bind", generation, hosts, local)))
+            return {p: f"ipc:///member/mujou-peers-x/{local[p]}" if p in (local or {})
+                    else "tcp://10.0.0.1:1001" for p in hosts}
+
+        def connect_peers(self, generation: int, endpoints: dict) -> None:
+            asked.append((self.name, ("connect", generation, endpoints)))
+
+        def check_peers(self, generation: int, timeout: float, listening: bool) -> dict:
+            return {}
+
+        def drop_peers(self) -> None:
+            raise AssertionError("nothing failed")
+
+    class G:
+        def __init__(self, name: str, member: str | None) -> None:
+            self.name, self.member, self.control = name, member, Control(name)
+
+    cross = peers.CrossLinks(lambda m, toward: {"m": "10.0.0.1", "": "10.0.0.2"}[m])
+    made = cross.open([G("c", None), G("b", "m"), G("a", "m")], 3)
+    assert made == cross.endpoints == {"0-1": "ipc:///member/mujou-peers-x/peer-3-0-1",
+                                       "0-2": "tcp://10.0.0.1:1001",
+                                       "1-2": "tcp://10.0.0.1:1001"}
+    assert asked[:2] == [
+        ("a", ("bind", 3, {"b": "10.0.0.1", "c": "10.0.0.1"}, {"b": "peer-3-0-1"})),
+        ("b", ("bind", 3, {"c": "10.0.0.1"}, {}))]
+    assert ("b", ("connect", 3, {"a": "ipc:///member/mujou-peers-x/peer-3-0-1"})) in asked
+    assert (cross.opened, cross.links, cross.local) == (1, 2, 1)
+    # Both ends name both pools from the endpoint alone, after the folder.
+    assert peers.ipc_pools(made["0-1"], server=True) == (
+        "mujou-peers-x.peer-3-0-1.s.", "mujou-peers-x.peer-3-0-1.c.")
+    assert peers.ipc_pools(made["0-1"], server=False) == (
+        "mujou-peers-x.peer-3-0-1.c.", "mujou-peers-x.peer-3-0-1.s.")
+    assert peers.ipc_pools("ipc:///tmp/other/peer-3-0-1", server=True) == (None, None)
 
 
 # -- group processes ---------------------------------------------------------------------------

@@ -120,6 +120,16 @@ _KEY: bytes | None = globals().get("_KEY")
 # And the host's private folder of the run: removed by the watchdog that finds the host gone.
 _RUN_FOLDER: str | None = globals().get("_RUN_FOLDER")
 
+# A convention member's private folder (`convention.Member`'s ``mujou-convention-*``), in
+# the environment of the processes its admin starts: a group there makes the folder of its
+# peer links' ``ipc://`` ends inside it (`peers.LocalFolder`), so what a killed group left
+# goes with the member's folder (`remove_folder`: its end, or a watchdog that finds it gone).
+MEMBER_FOLDER_ENV = "MUJOU_MEMBER_FOLDER"
+# The name of such a group's folder begins with it, and so do the names of the
+# shared-memory pools of the links whose ends it holds (`remove_peer_folder`).
+PEER_FOLDER_PREFIX = "mujou-peers-"
+_SHM_DIR = "/dev/shm"  # where the pools are (`wire`'s)
+
 # Serializes the windows in which Thespian's addresses default to one host
 # (held for a socket's creation and bind, never across a wait).
 _WINDOW = threading.RLock()
@@ -299,6 +309,51 @@ def _reduce_class(cls: type) -> tuple[Any, tuple[Any, ...]]:
 copyreg.pickle(_PickledByPath, _reduce_class)
 
 
+def remove_peer_folder(path: str) -> None:
+    """Remove a group's folder of peer-link sockets (`peers.LocalFolder`) and the
+    shared-memory pools named after it (those of both ends of each link bound there).
+
+    Mappings that processes still hold stay valid until they close them.
+
+    Args:
+        path (str): the folder (its name begins with `PEER_FOLDER_PREFIX`).
+    """
+    shutil.rmtree(path, ignore_errors=True)
+    _remove_pools(os.path.basename(path) + ".")
+
+
+def remove_folder(folder: str) -> None:
+    """Remove a private folder of a run or of a member, with the pools of the groups' peer
+    folders in it (`remove_peer_folder`: those a killed group left behind).
+
+    Args:
+        folder (str): the folder.
+    """
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith(PEER_FOLDER_PREFIX):
+            _remove_pools(name + ".")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_pools(prefix: str) -> None:
+    """Unlink every file of ``/dev/shm`` whose name begins with ``prefix`` (a peer folder's
+    name and a dot: never a file of another program's)."""
+    if not prefix.startswith(PEER_FOLDER_PREFIX):
+        return
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(_SHM_DIR, name))
+
+
 def run_host() -> tuple[int, int | None]:
     """The host of the run this process belongs to: (pid, start time), this process in the host.
 
@@ -438,7 +493,7 @@ def _watch(watched: list[tuple[int, int | None]]) -> None:
         if _RUN_FOLDER and not alive(*watched[0]):
             # Killed before the coordinator learnt the folder (or with it): the
             # host cannot remove it now; whoever of its run sees it first does.
-            shutil.rmtree(_RUN_FOLDER, ignore_errors=True)
+            remove_folder(_RUN_FOLDER)
         # to the main thread, which Thespian's loop runs on (a signal to the
         # process may go to any thread that does not block it)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)

@@ -91,9 +91,11 @@ class GroupControl(Protocol):
         """Real time: the group's kernel runs free on its own clock from now; the
         timer's origin on its machine's monotonic clock (ns), None for the host's own."""
 
-    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
-        """Listen for the peer links of mesh ``generation`` to other machines (`group.BindPeers`):
-        peer -> the address to listen on; the reply, peer -> endpoint."""
+    def bind_peers(self, generation: int, hosts: dict[str, str],
+                   local: dict[str, str] | None = None) -> dict[str, str]:
+        """Listen for the peer links of mesh ``generation`` made ahead (`group.BindPeers`):
+        peer -> the address to listen on (TCP); ``local``, peer -> the ``ipc://`` socket's
+        name for a peer of the group's own member's machine; the reply, peer -> endpoint."""
 
     def connect_peers(self, generation: int, endpoints: dict[str, str]) -> None:
         """Connect to the peers' listening ends of mesh ``generation`` (`group.ConnectPeers`)."""
@@ -203,7 +205,8 @@ class LocalControl:
 
     # Peer links never apply with nodes in the host's group (its messages go through the
     # driver it runs on): nothing asks these of it.
-    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
+    def bind_peers(self, generation: int, hosts: dict[str, str],
+                   local: dict[str, str] | None = None) -> dict[str, str]:
         """`GroupControl.bind_peers`: not for the host's group."""
         raise RuntimeError("the host's own group has no peer links")
 
@@ -304,10 +307,11 @@ class RemoteControl:
         origin = self._ask(self.name, group.RunFree(), 30.0)
         return origin if isinstance(origin, int) else None
 
-    def bind_peers(self, generation: int, hosts: dict[str, str]) -> dict[str, str]:
+    def bind_peers(self, generation: int, hosts: dict[str, str],
+                   local: dict[str, str] | None = None) -> dict[str, str]:
         """`GroupControl.bind_peers`."""
-        endpoints: dict[str, str] = self._ask(self.name, group.BindPeers(generation, hosts),
-                                              QUICK_S)
+        endpoints: dict[str, str] = self._ask(
+            self.name, group.BindPeers(generation, hosts, dict(local or {})), QUICK_S)
         return endpoints
 
     def connect_peers(self, generation: int, endpoints: dict[str, str]) -> None:

@@ -67,7 +67,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import shutil
 import socket
 import tempfile
 import threading
@@ -93,8 +92,10 @@ from ..errors import JoinTimeoutError
 from ._loopback import (
     ANY,
     LOOPBACK,
+    MEMBER_FOLDER_ENV,
     _frames,
     alive,
+    remove_folder,
     reserve_listener,
     transport_for,
 )
@@ -847,7 +848,7 @@ class _System:
             end_all(self.pids, None, max(deadline - time.monotonic(), 0.0))
             reap_starters(self._starters)  # their pids stay: each is the group of `pids`
             self._ended = True
-            shutil.rmtree(self._folder, ignore_errors=True)
+            remove_folder(self._folder)  # with what a killed group's peer links left
 
     def __enter__(self) -> Self:
         """The system itself."""
@@ -918,6 +919,14 @@ class Member(_System):
                 "Process Startup Method": "spawn", MEMBER: name,
                 "mujou.host": socket.gethostname(), "mujou.pid": os.getpid()}
         super().__init__(what, host, port, caps, MEMBER_ENVIRONMENT, start_timeout, listener)
+
+    def _start(self, capabilities: dict[str, Any], environment: Mapping[str, str],
+               timeout: float, listener: socket.socket | None = None) -> None:
+        """`_System._start`, its processes told the member's private folder
+        (`_loopback.MEMBER_FOLDER_ENV`): a run's groups here make the folders of their
+        peer links on this machine in it (`peers.LocalFolder`)."""
+        super()._start(capabilities, {**environment, MEMBER_FOLDER_ENV: self._folder},
+                       timeout, listener)
 
     @property
     def address(self) -> tuple[str, int]:

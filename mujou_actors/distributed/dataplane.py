@@ -27,8 +27,9 @@ that fails the handshake there is counted and logged (`HostLink.refused`),
 not an error, and the host waits on for its group.
 Plain TCP (no secret) is allowed on loopback addresses only. A `PeerLink`
 between two groups takes the same transports: ``ipc://`` with shared memory
-between groups of the host's machine, ``tcp://`` with the secret's CURVE
-with an end on another machine (the end that binds is the server).
+between groups of one machine (in the run's private folder on the host's, in
+the listening group's on a member's: `peers.LocalFolder`), ``tcp://`` with
+the secret's CURVE between machines (the end that binds is the server).
 
 CUDA tensors on one machine (``cuda_ipc``, `cudaipc`): both ends of a link
 made with it add two entries to every header, the export ids the sender is
@@ -520,7 +521,8 @@ class PeerLink(_Link):
     generation is stale (a restore reopened the mesh) and dropped unread.
 
     The transport is the link's address, as for a link to the host: between
-    two groups of the host's machine, ``ipc://`` in the run's private folder,
+    two groups of one machine, ``ipc://`` in a private folder (the run's on the
+    host's machine, the listening group's on a member's: `peers.LocalFolder`),
     large tensors through this end's shared-memory pool (the blocks the other
     end has freed come back on the frames it sends); between machines,
     ``tcp://`` with the run's secret: CURVE encrypts and authenticates every
@@ -530,7 +532,7 @@ class PeerLink(_Link):
     promises, markers, generations) is the same on both.
 
     Args:
-        address (str): ``ipc://PATH`` in the run's private folder, or
+        address (str): ``ipc://PATH`` in a private folder, or
             ``tcp://HOST:PORT`` between machines (a server's port 0: one the
             system picks, then read `endpoint`).
         declared (Sequence[type]): the declared type of every Output (`Routes.declared`).

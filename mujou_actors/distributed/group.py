@@ -186,27 +186,35 @@ class Stats(NamedTuple):
 
 
 class BindPeers(NamedTuple):
-    """Listen for the peer links of mesh ``generation`` that cross machines, one per peer.
+    """Listen for the peer links of mesh ``generation`` made ahead, one per peer.
 
-    Each end is a ``PAIR`` socket bound to ``tcp://HOST:0`` on the address
-    ``hosts`` names (the one this machine advertises), a CURVE server with
-    the run's secret, which this process reads from its own environment (it
-    never travels). The group holds it until its `peers.PeerMesh` of that
-    generation takes it over (`peers.CrossLinks`). The reply is
-    ``{peer: endpoint}``. Ends held of another generation are closed first.
+    Each end is a ``PAIR`` socket: toward a peer of this member's machine
+    (named in ``local``), bound to ``ipc://`` in the group's private folder
+    (`peers.LocalFolder`, with shared memory); toward another machine, or
+    where that cannot be made (said in the log, with why), bound to
+    ``tcp://HOST:0`` on the address ``hosts`` names (the one this machine
+    advertises), a CURVE server with the run's secret, which this process
+    reads from its own environment (it never travels). The group holds it
+    until its `peers.PeerMesh` of that generation takes it over
+    (`peers.CrossLinks`). The reply is ``{peer: endpoint}``. Ends held of
+    another generation are closed first.
 
     Attributes:
         generation (int): the mesh's generation.
-        hosts (dict[str, str]): peer group -> the address to listen on.
+        hosts (dict[str, str]): peer group -> the address to listen on (TCP).
+        local (dict[str, str]): peer group of this machine -> the ``ipc://``
+            socket's file name (``peer-GENERATION-KEY``).
     """
 
     generation: int
     hosts: dict[str, str]
+    local: dict[str, str] | None = None
 
 
 class ConnectPeers(NamedTuple):
-    """Connect to the peers' listening ends of mesh ``generation`` (CURVE clients with
-    the run's secret), held as `BindPeers`' ends are. No reply.
+    """Connect to the peers' listening ends of mesh ``generation`` (``ipc://`` with shared
+    memory, or CURVE clients with the run's secret over ``tcp://``: `peers.connect_end`),
+    held as `BindPeers`' ends are. No reply.
 
     Attributes:
         generation (int): the mesh's generation.
@@ -645,6 +653,9 @@ class GroupServer:
         # PeerMesh (`_held_peers`): (generation, {peer: link}), under the lock.
         self._held: tuple[int, dict[str, dataplane.PeerLink]] = (0, {})
         self._held_lock = threading.Lock()
+        # The folder of its ipc:// ends toward groups of its member's machine (made at
+        # the first; removed at its close, or when it finds the host gone).
+        self._local = peers.LocalFolder()
         key = load_secret() if secure else None
         self._key = key  # the run's secret (a group of the host's machine reads it when asked)
         self._link = dataplane.GroupLink(address, self.routes, pools, key,
@@ -714,6 +725,7 @@ class GroupServer:
             log.warning("group %r: the host (pid %d) is gone; ending", self.group,
                         self._host_pid)
             self._closing.set()
+            self._local.remove()  # no one else removes it (as the run's folder on the host's)
             os._exit(3)
 
     def _serve(self) -> None:
@@ -933,28 +945,41 @@ class GroupServer:
         return key
 
     def _bind_peers(self, request: BindPeers) -> dict[str, str]:
-        key = self._peer_key()
+        local = request.local or {}
         with self._held_lock:
             links = self._hold_peers(request.generation)
             for peer, host in sorted(request.hosts.items()):
                 old = links.pop(peer, None)
                 if old is not None:
                     old.close()
-                links[peer] = dataplane.PeerLink(f"tcp://{host}:0", self.routes.declared,
-                                                 server=True, mine=None, theirs=None,
-                                                 secret=key)
+                link = self._bind_local(peer, local[peer]) if peer in local else None
+                if link is None:
+                    link = dataplane.PeerLink(f"tcp://{host}:0", self.routes.declared,
+                                              server=True, mine=None, theirs=None,
+                                              secret=self._peer_key())
+                links[peer] = link
             return {peer: links[peer].endpoint for peer in request.hosts}
 
+    def _bind_local(self, peer: str, name: str) -> dataplane.PeerLink | None:
+        """The listening ``ipc://`` end toward a group of this machine, or None (said why):
+        TCP then, as between machines."""
+        try:
+            return self._local.bind(name, self.routes.declared)
+        except (OSError, ValueError, zmq.ZMQError) as exc:
+            log.warning("group %r: the peer link to group %r, on this machine too, takes "
+                        "TCP with the run's secret: its ipc:// socket could not be made in "
+                        "a private folder here: %s", self.group, peer, describe(exc))
+            return None
+
     def _connect_peers(self, request: ConnectPeers) -> None:
-        key = self._peer_key()
         with self._held_lock:
             links = self._hold_peers(request.generation)
             for peer, endpoint in sorted(request.endpoints.items()):
                 old = links.pop(peer, None)
                 if old is not None:
                     old.close()
-                links[peer] = dataplane.PeerLink(endpoint, self.routes.declared, server=False,
-                                                 mine=None, theirs=None, secret=key)
+                links[peer] = peers.connect_end(endpoint, self.routes.declared,
+                                                self._peer_key)
 
     def _check_peers(self, request: CheckPeers) -> dict[str, str]:
         from ..errors import HandshakeError
@@ -1085,6 +1110,7 @@ class GroupServer:
         self.log.configure(None, {})  # after on_stop: the host takes what is kept (Logs)
         self._thread.join(timeout)
         self._drop_held_peers()
+        self._local.remove()  # its links are closed (or their process ends)
         if self._responder is not None:
             self._responder.close(timeout)
         return stuck

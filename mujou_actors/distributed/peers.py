@@ -51,24 +51,29 @@ the failed delta cycle (a ``one_for_one`` restart sends its ``on_start``
 messages stamped there) until the host ends the segment.
 
 One protocol, two transports (`dataplane.PeerLink`): the link between two
-groups of the host's machine is ``ipc://`` in the run's private folder with
-shared memory for large tensors, as their links to the host; a link with an
-end on another machine is ``tcp://`` with the run's secret (CURVE), every
-tensor inline. The mesh's description (`mesh_spec`) says which links are
-TCP; their sockets cannot be named ahead (the listening end's port is the
-system's pick on its own machine), so the host has them made before the
-mesh's first frame (`CrossLinks`: the listening ends bound, the others
+groups of one machine is ``ipc://`` with shared memory for large tensors, as
+their links to the host on the host's machine: in the run's private folder
+there, in the listening group's private folder on a member's
+(`LocalFolder`); a link between two machines is ``tcp://`` with the run's
+secret (CURVE), every tensor inline. The mesh's description (`mesh_spec`)
+names the links with an end off the host's machine; their sockets cannot be
+named ahead (the listening end's port is the system's pick on its own
+machine, a member's folder is made there), so the host has them made before
+the mesh's first frame (`CrossLinks`: the listening ends bound, the others
 connected, every handshake waited for, through the groups' control
-requests), and each group's `PeerMesh` takes its ends over. Where one cannot
-be made (a firewall, an address one machine cannot reach), the run keeps
-the host's relay: decided when the mesh is opened, before the timers start
-(or at a restore, which reopens the mesh anyway), never in the middle of a
-segment.
+requests), and each group's `PeerMesh` takes its ends over. A member's
+``ipc://`` link that cannot be made (no folder) is TCP instead, said in the
+group's log. Where a TCP link cannot be made (a firewall, an address one
+machine cannot reach), the run keeps the host's relay: decided when the mesh
+is opened, before the timers start (or at a restore, which reopens the mesh
+anyway), never in the middle of a segment.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -79,10 +84,11 @@ from .._runtime.kernel import LAST_DELTA, Kernel
 from .._runtime.keys import Key
 from ..errors import NodeError, RemoteError
 from . import dataplane
-from ._loopback import LOOPBACK
+from ._loopback import LOOPBACK, MEMBER_FOLDER_ENV, PEER_FOLDER_PREFIX, remove_peer_folder
 
 __all__ = ["FAR", "PeerMesh", "run_segment", "RealTimePeers", "Abandoned", "links_between",
-           "mesh_spec", "CrossLinks", "Unreachable", "machine_of", "pair_key", "fall_back"]
+           "mesh_spec", "CrossLinks", "Unreachable", "machine_of", "pair_key", "fall_back",
+           "LocalFolder", "connect_end", "ipc_pools"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -131,19 +137,20 @@ def links_between(routes: dataplane.Routes, owner: dict[str, str]
 
 def mesh_spec(folder: str, groups: list[_Group], out: dict[str, dict[int, list[str]]],
               ins: dict[str, set[str]], trig_in: dict[str, set[str]],
-              tcp: dict[str, str] | None = None) -> dict[str, Any]:
+              ahead: dict[str, str] | None = None) -> dict[str, Any]:
     """The mesh as plain data, for `peers.PeerMesh` (msgpack: string keys only).
 
-    ``tcp``: the links between machines (`pair_key` -> the listening end's
-    endpoint, `CrossLinks.open`), whose ends the groups already hold; every
-    other link is ``ipc://`` in ``folder``.
+    ``ahead``: the links made before the mesh, those with an end off the host's
+    machine (`pair_key` -> the listening end's endpoint, `CrossLinks.open`:
+    ``tcp://`` between machines, ``ipc://`` between two groups of one member's),
+    whose ends the groups already hold; every other link is ``ipc://`` in ``folder``.
     """
     return {"folder": folder, "groups": sorted(g.name for g in groups),
             "pools": {g.name: g.spawn.get("pools") for g in groups},
             "out": {g: [[o, rs] for o, rs in sorted(by.items())] for g, by in out.items()},
             "ins": {g: sorted(s) for g, s in ins.items()},
             "trig_in": {g: sorted(s) for g, s in trig_in.items()},
-            "tcp": dict(tcp or {})}
+            "ahead": dict(ahead or {})}
 
 
 def pair_key(groups: list[str], a: str, b: str) -> str:
@@ -156,12 +163,97 @@ def pair_key(groups: list[str], a: str, b: str) -> str:
 def machine_of(g: _Group) -> str:
     """The machine a group runs on, as its placement names it; ``""``: the host's.
 
-    Two groups whose machines differ, or that share a member's, are joined by
-    TCP with the run's secret; two of the host's machine by ``ipc://`` and
-    shared memory (the run's private folder and pools are on the host's
-    machine). Tests stand machines in for groups of one process here.
+    Two groups whose machines differ are joined by TCP with the run's secret;
+    two of one machine by ``ipc://`` and shared memory: in the run's private
+    folder on the host's machine (named ahead, `mesh_spec`), in the listening
+    group's private folder on a member's (`LocalFolder`, its address told by
+    that group, `CrossLinks`; TCP where the folder or the socket cannot be
+    made). Tests stand machines in for groups of one process here.
     """
     return g.member or ""
+
+
+def ipc_pools(endpoint: str, server: bool) -> tuple[str | None, str | None]:
+    """The shared-memory pools of the two ends of an ``ipc://`` link made ahead
+    (`LocalFolder.bind`, `connect_end`): this end's and the other's, named after the
+    folder and the socket, so that both ends know both names from the endpoint alone
+    and the pools go with the folder (`_loopback.remove_peer_folder`).
+
+    Args:
+        endpoint (str): ``ipc://FOLDER/NAME``, FOLDER's name beginning with
+            `_loopback.PEER_FOLDER_PREFIX`.
+        server (bool): this end binds the address.
+
+    Returns:
+        tuple[str | None, str | None]: ``(mine, theirs)``; ``(None, None)``
+        (every tensor inline) for an address of any other form.
+    """
+    folder, _, name = endpoint.removeprefix("ipc://").rpartition("/")
+    tag = f"{os.path.basename(folder)}.{name}."
+    if not (endpoint.startswith("ipc://") and tag.startswith(PEER_FOLDER_PREFIX)
+            and all(c.isalnum() or c in "._-" for c in tag)):
+        return None, None
+    listening, connecting = tag + "s.", tag + "c."
+    return (listening, connecting) if server else (connecting, listening)
+
+
+class LocalFolder:
+    """A group's private folder for the listening ``ipc://`` ends of its peer links to the
+    groups of its own machine, on a member's machine (`CrossLinks`).
+
+    Made at the first such end (``mkdtemp``: mode 0700, this user's) in the
+    member's private folder (`_loopback.MEMBER_FOLDER_ENV`, in the environment
+    of the member's processes; elsewhere the system's temporary folder), as
+    the host's machine's links are in the run's private folder: only this
+    user's processes can reach the sockets, and the frames on them are those
+    of the host's machine's ``ipc://`` links (no CURVE). Removed with the
+    pools of its links by `remove` (the group's close, or its end when it
+    finds the host gone); what a killed group leaves goes with the member's
+    folder (`_loopback.remove_folder`).
+    """
+
+    def __init__(self) -> None:
+        self.path: str | None = None  # made at the first bind
+
+    def bind(self, name: str, declared: list[type]) -> dataplane.PeerLink:
+        """The listening end of a link: ``ipc://FOLDER/NAME``, with the shared-memory
+        pools of `ipc_pools`.
+
+        Args:
+            name (str): the socket's file name (``peer-GENERATION-KEY``).
+            declared (list[type]): every Output's declared type.
+
+        Raises:
+            ValueError: ``name`` is not a plain file name.
+            OSError: the folder cannot be made.
+            zmq.ZMQError: the address cannot be bound (too long a path, ...).
+        """
+        if not name or name.startswith(".") or "/" in name or "\0" in name:
+            raise ValueError(f"not a socket's name: {name!r}")
+        if self.path is None:
+            self.path = tempfile.mkdtemp(prefix=PEER_FOLDER_PREFIX,
+                                         dir=os.environ.get(MEMBER_FOLDER_ENV) or None)
+        address = f"ipc://{self.path}/{name}"
+        mine, theirs = ipc_pools(address, server=True)
+        return dataplane.PeerLink(address, declared, server=True, mine=mine, theirs=theirs)
+
+    def remove(self) -> None:
+        """Remove the folder and its links' pools (idempotent; a later `bind` makes another)."""
+        path, self.path = self.path, None
+        if path is not None:
+            remove_peer_folder(path)
+
+
+def connect_end(endpoint: str, declared: list[type],
+                key: Callable[[], bytes]) -> dataplane.PeerLink:
+    """The connecting end of a link made ahead: to ``endpoint`` as its listening end told
+    it (`CrossLinks`): ``ipc://`` with the pools of `ipc_pools`, or ``tcp://`` with the
+    run's secret (``key()``, asked only then)."""
+    if endpoint.startswith("ipc://"):
+        mine, theirs = ipc_pools(endpoint, server=False)
+        return dataplane.PeerLink(endpoint, declared, server=False, mine=mine, theirs=theirs)
+    return dataplane.PeerLink(endpoint, declared, server=False, mine=None, theirs=None,
+                              secret=key())
 
 
 class PeerMesh:
@@ -176,25 +268,26 @@ class PeerMesh:
             ``pools`` (each group's shared-memory prefix, or None), ``out``
             (per group: ``[output, [reader groups]]`` pairs), ``ins`` and
             ``trig_in`` (per group: the groups that send to it, and those
-            whose messages trigger one of its nodes), ``tcp`` (the links
-            between machines, `pair_key` -> endpoint).
+            whose messages trigger one of its nodes), ``ahead`` (the links
+            made before the mesh, `pair_key` -> endpoint: `CrossLinks`).
         declared (list[type]): every Output's declared type (`Routes.declared`).
         before (PeerMesh | None): the mesh this one replaces (closed), whose
             counts go on here (`traffic`, `peer_bytes`, `refused`); None: from zero.
-        tcp (dict[str, dataplane.PeerLink] | None): this group's ends of the
-            links between machines, by peer, made before the mesh (`CrossLinks`;
-            the group's ``BindPeers`` and ``ConnectPeers``): taken over here,
-            closed with the mesh. Every link the spec names TCP must be in it.
+        ahead (dict[str, dataplane.PeerLink] | None): this group's ends of the
+            links made before the mesh (between machines, or on a member's
+            machine), by peer (`CrossLinks`; the group's ``BindPeers`` and
+            ``ConnectPeers``): taken over here, closed with the mesh. Every link
+            the spec names in ``ahead`` must be in it.
 
     Raises:
         zmq.ZMQError: a link's address cannot be bound (the links opened are closed).
-        RuntimeError: a TCP link of the spec was not made before (the links
-            opened and those of ``tcp`` are closed).
+        RuntimeError: a link the spec names in ``ahead`` was not made before (the
+            links opened and those of ``ahead`` are closed).
     """
 
     def __init__(self, me: str, generation: int, spec: dict[str, Any],
                  declared: list[type], before: PeerMesh | None = None,
-                 tcp: dict[str, dataplane.PeerLink] | None = None) -> None:
+                 ahead: dict[str, dataplane.PeerLink] | None = None) -> None:
         self.me = me
         # Port messages sent (once each, however many groups read it) and received,
         # bytes sent and received; the bytes by peer (what crossed machines, for
@@ -219,17 +312,17 @@ class PeerMesh:
         self.links: dict[str, dataplane.PeerLink] = {}
         # Each link's endpoint (its transport: ``ipc://`` or ``tcp://``), kept once closed.
         self.endpoints: dict[str, str] = {}
-        made = dict(tcp or {})
-        across: dict[str, str] = spec.get("tcp") or {}
+        made = dict(ahead or {})
+        across: dict[str, str] = spec.get("ahead") or {}
         try:
             for p in peers:
                 theirs = groups.index(p)
                 key = pair_key(groups, me, p)
-                if key in across:  # between machines: its end was made before the mesh
+                if key in across:  # an end off the host's machine: made before the mesh
                     link = made.pop(p, None)
                     if link is None:
-                        raise RuntimeError(f"group {me!r}: the link to group {p!r} crosses "
-                                           f"machines ({across[key]}) but was not made for "
+                        raise RuntimeError(f"group {me!r}: the link to group {p!r} is made "
+                                           f"ahead ({across[key]}) but was not made for "
                                            f"mesh generation {generation}")
                 else:
                     link = dataplane.PeerLink(
@@ -677,18 +770,24 @@ class Unreachable(Exception):
 
 
 class CrossLinks:
-    """The host's side of the peer links that cross machines: made for each mesh generation
-    before its first frame, through the groups' control requests.
+    """The host's side of the peer links with an end off the host's machine: made for each
+    mesh generation before its first frame, through the groups' control requests.
 
-    A ``tcp://`` link's listening end takes a port its own machine picks, so
-    no address can be named ahead as the ``ipc://`` ones are. For each pair of
-    groups not both on the host's machine (`machine_of`), the group first in
-    the mesh's order listens, the other connects:
+    A ``tcp://`` link's listening end takes a port its own machine picks, and
+    a member's ``ipc://`` link a folder there (`LocalFolder`), so no address
+    can be named ahead as the host's machine's ``ipc://`` ones are. For each
+    pair of groups not both on the host's machine (`machine_of`), the group
+    first in the mesh's order listens, the other connects:
 
-    1. every listening end is bound, with the run's secret (CURVE server), on
-       the address its machine advertises (`peer_host`: the member's, the
-       leader's for the host's machine; loopback unless the placement says
-       otherwise), and the group answers with the endpoint (``BindPeers``);
+    1. every listening end is bound and the group answers with its endpoint
+       (``BindPeers``): toward a group of another machine, with the run's
+       secret (CURVE server), on the address its machine advertises
+       (`peer_host`: the member's, the leader's for the host's machine;
+       loopback unless the placement says otherwise); toward a group of its
+       own member's machine, ``ipc://`` in its private folder there
+       (``peer-GENERATION-KEY``, as on the host's machine, with shared memory:
+       `LocalFolder`), or, where that cannot be made, TCP as between machines
+       (the group logs why);
     2. every connecting end connects to it (``ConnectPeers``);
     3. every group waits for the handshake of each of its ends, all within one
        bound (``CheckPeers``), the connecting ends first (a wrong secret fails
@@ -697,7 +796,9 @@ class CrossLinks:
        machine cannot reach fails here, before any frame.
 
     The groups hold their ends until their `PeerMesh` of that generation takes
-    them over; `mesh_spec` names these links (`pair_key` -> endpoint).
+    them over; `mesh_spec` names these links (`pair_key` -> endpoint, the
+    transport its scheme). An ``ipc://`` end has no handshake: its check passes
+    at once.
 
     Args:
         peer_host (Callable[[str, str], str] | None): the address to bind on
@@ -711,17 +812,22 @@ class CrossLinks:
                  timeout: float | None = None) -> None:
         self.peer_host = peer_host
         self.timeout = LINK_SETUP_S if timeout is None else timeout
-        self.opened = 0  # generations whose links between machines were made
-        self.links = 0  # links between machines made so far
+        self.opened = 0  # generations whose links were made
+        self.links = 0  # TCP links made so far (between machines, or a member's fallback)
+        self.local = 0  # ipc:// links on a member's machine made so far
+        # The latest generation's links: pair_key -> the listening end's endpoint.
+        self.endpoints: dict[str, str] = {}
 
     def pairs(self, groups: list[_Group]) -> list[tuple[_Group, _Group]]:
-        """Every pair of groups joined over TCP: (listening end, connecting end)."""
+        """Every pair of groups with an end off the host's machine: (listening end,
+        connecting end)."""
         ordered = sorted(groups, key=lambda g: g.name)
         return [(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1:]
                 if machine_of(a) or machine_of(b)]
 
     def open(self, groups: list[_Group], generation: int) -> dict[str, str]:
-        """Make the links between machines of mesh ``generation`` (see the class's docstring).
+        """Make the links of mesh ``generation`` with an end off the host's machine (see the
+        class's docstring).
 
         Returns:
             dict[str, str]: `pair_key` -> the listening end's endpoint (for `mesh_spec`);
@@ -748,13 +854,18 @@ class CrossLinks:
     def _open(self, pairs: list[tuple[_Group, _Group]], names: list[str],
               involved: dict[str, _Group], generation: int) -> dict[str, str]:
         binds: dict[str, dict[str, str]] = {}
+        local: dict[str, dict[str, str]] = {}  # the ipc:// ends' socket names, on a member
         for server, client in pairs:
-            host = self._host(machine_of(server), machine_of(client))
-            binds.setdefault(server.name, {})[client.name] = host
+            machine, toward = machine_of(server), machine_of(client)
+            binds.setdefault(server.name, {})[client.name] = self._host(machine, toward)
+            if machine == toward:
+                local.setdefault(server.name, {})[client.name] = (
+                    f"peer-{generation}-{pair_key(names, server.name, client.name)}")
         endpoints: dict[tuple[str, str], str] = {}
         for name, hosts in binds.items():
             try:
-                bound = involved[name].control.bind_peers(generation, hosts)
+                bound = involved[name].control.bind_peers(generation, hosts,
+                                                          local.get(name, {}))
             except (RemoteError, TimeoutError) as exc:  # not that machine's address; no answer
                 raise Unreachable(f"group {name!r} on {_on(involved[name])} could not listen "
                                   f"for its peer links on {sorted(set(hosts.values()))}: "
@@ -789,8 +900,11 @@ class CrossLinks:
                     f"{_on(involved[peer])} (listening at {endpoints[pair]}) did not complete "
                     f"its handshake: {why}")
         self.opened += 1
-        self.links += len(endpoints)
-        return {pair_key(names, s, c): e for (s, c), e in endpoints.items()}
+        ipc = sum(e.startswith("ipc://") for e in endpoints.values())
+        self.local += ipc
+        self.links += len(endpoints) - ipc
+        self.endpoints = {pair_key(names, s, c): e for (s, c), e in endpoints.items()}
+        return dict(self.endpoints)
 
     def _host(self, machine: str, toward: str) -> str:
         return LOOPBACK if self.peer_host is None else self.peer_host(machine, toward)

@@ -377,7 +377,7 @@ class PeerRelay(RealTimeRelay):
         self.generation = 0  # of the mesh the groups were told last
         self.live = False  # the groups' messages cross on peer links
         self._links = links_between(driver.routes, driver.owner)
-        self.cross = CrossLinks(driver.peer_host)  # the links between machines
+        self.cross = CrossLinks(driver.peer_host)  # the links with an end off the host's machine
         self.unreachable: str | None = None  # why one could not be made (then: the relay)
 
     def applies(self) -> bool:
@@ -404,13 +404,13 @@ class PeerRelay(RealTimeRelay):
         if self.live:
             self.generation += 1
             try:
-                tcp = self.cross.open(groups, self.generation)
+                ahead = self.cross.open(groups, self.generation)
             except Unreachable as exc:
                 self.unreachable = str(exc)
                 fall_back(self.unreachable, started=driver.clock_started)
                 self.live = False
         if self.live:
-            spec = mesh_spec(driver.tmpdir, groups, *self._links, tcp=tcp)
+            spec = mesh_spec(driver.tmpdir, groups, *self._links, ahead=ahead)
             for g in groups:
                 g.link.send(dataplane.Grant(None, False, [], None,
                                             dataplane.Segment(0, self.generation, {}, spec)))

@@ -95,10 +95,11 @@ class Segments(SimulatedRounds):
         self._generation = 0
         self._layout: tuple[Any, ...] | None = None  # the groups' processes and epochs
         self._sent_mesh: set[str] = set()  # groups told this generation's mesh
-        # The links between machines, made for each generation (their endpoints, for
-        # the mesh's spec); why they could not be, once that happened (then: rounds).
+        # The links with an end off the host's machine, made for each generation (their
+        # endpoints, for the mesh's spec); why they could not be, once that happened
+        # (then: rounds).
         self.cross = CrossLinks(driver.peer_host)
-        self._tcp: dict[str, str] = {}
+        self._ahead: dict[str, str] = {}
         self.unreachable: str | None = None
         out, ins, trig_in = links_between(driver.routes, driver.owner)
         self._links = out, ins, trig_in
@@ -140,7 +141,7 @@ class Segments(SimulatedRounds):
                 g.waiting = True
                 mesh = None
                 if g.name not in self._sent_mesh:
-                    mesh = mesh_spec(driver.tmpdir, groups, *self._links, tcp=self._tcp)
+                    mesh = mesh_spec(driver.tmpdir, groups, *self._links, ahead=self._ahead)
                     self._sent_mesh.add(g.name)
                 seg = dataplane.Segment(self._number, generation,
                                         {p: k for p, k in promises.items() if p != g.name},
@@ -195,7 +196,7 @@ class Segments(SimulatedRounds):
             self._generation += 1
             self._sent_mesh.clear()
             try:
-                self._tcp = self.cross.open(groups, self._generation)
+                self._ahead = self.cross.open(groups, self._generation)
             except Unreachable as exc:
                 self.unreachable = str(exc)
                 fall_back(self.unreachable, started=self.rounds > 0)
