@@ -25,12 +25,17 @@ taken then, hold every message exactly once, kept or pending.
 
 Message ages across machines: each group on another machine runs its timer
 on that machine's monotonic clock, whose offset from the host's the
-heartbeat measures. `start` keeps each such group's timer origin (the answer
-to `group.RunFree`), and `relay` notes, for every message it takes from
-one, the host's clock at its arrival minus the send's stamp on the
-member's clock (`MessageAges`): the message's age less the clock offset,
-which `Run.stats` adds back with the estimate of the moment
-(`MachineStats.message_age_p50`).
+heartbeat measures. `start_timers` keeps each group's timer origin (the
+answer to `group.RunFree`), and `relay` notes, for every message it takes
+from a group on another machine, the host's clock at its arrival minus the
+send's stamp on the member's clock (`MessageAges`): the message's age less
+the clock offset, which `Run.stats` adds back with the estimate of the
+moment (`MachineStats.message_age_p50`). On peer links the messages never
+reach the host: `PeerRelay.tell_clocks` gives each group the origins of the
+groups on other machines that send to it, and the group notes the ages of
+their messages as they arrive, on its own clock (`peers.RealTimePeers`),
+for the host to collect with its figures (`placed_run.machine_stats`). Both
+are real-time figures only: simulated time notes none.
 """
 
 from __future__ import annotations
