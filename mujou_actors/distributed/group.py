@@ -1288,15 +1288,16 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
     if mesh is not None:
         traffic = [a + b for a, b in zip(traffic, mesh.traffic(), strict=True)]
     figures = {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
-            "nodes": node_stats(kernel, counted),
-            "messages_in": traffic[0], "messages_out": traffic[1],
-            "bytes_in": traffic[2], "bytes_out": traffic[3],
-            # Where the bytes went: the link to the host, and each peer link (which of
-            # them crossed machines: `placed_run.machine_stats`).
-            "link_bytes": own, "peer_bytes": {} if mesh is None else mesh.peer_bytes(),
-            "peer_refused": 0 if mesh is None else mesh.refused,
-            "cuda_ipc": getattr(link, "ipc_stats", None),
-            "syncs": {s.path: dataclasses.asdict(s.stats()) for s in synchronizers(kernel.ports)}}
+               "nodes": node_stats(kernel, counted),
+               "messages_in": traffic[0], "messages_out": traffic[1],
+               "bytes_in": traffic[2], "bytes_out": traffic[3],
+               # Where the bytes went: the link to the host, and each peer link (which of
+               # them crossed machines: `placed_run.machine_stats`).
+               "link_bytes": own, "peer_bytes": {} if mesh is None else mesh.peer_bytes(),
+               "peer_refused": 0 if mesh is None else mesh.refused,
+               "cuda_ipc": getattr(link, "ipc_stats", None),
+               "syncs": {s.path: dataclasses.asdict(s.stats())
+                         for s in synchronizers(kernel.ports)}}
     if ages:
         figures["peer_ages"] = {machine: ring.raw() for machine, ring in list(ages.items())}
     return figures

@@ -47,18 +47,9 @@ from typing import Any
 
 import zmq
 
-from . import dataplane
+from . import dataplane, peers
 from .failures import failed_in, reported_by
-from .peers import (
-    AGE_SAMPLES,
-    AgeRing,
-    CrossLinks,
-    Unreachable,
-    fall_back,
-    links_between,
-    machine_of,
-    mesh_spec,
-)
+from .peers import CrossLinks, Unreachable, fall_back, links_between, mesh_spec
 
 # The placed run's driver and its groups (driver._Driver, driver._Group): driver.py
 # imports this module, so they are named here, not imported.
@@ -70,9 +61,10 @@ __all__ = ["RealTimeRelay", "PeerRelay", "MessageAges", "AGE_SAMPLES"]
 log = logging.getLogger("mujou_actors")
 
 POLL_S = 0.05
+AGE_SAMPLES = peers.AGE_SAMPLES  # the newest messages whose ages a `MessageAges` keeps
 
 
-class MessageAges(AgeRing):
+class MessageAges(peers.AgeRing):
     """The raw ages of the newest messages from one group on another machine that the
     host's relay took (real time).
 
@@ -427,11 +419,10 @@ class PeerRelay(RealTimeRelay):
         it (`group.PeerClocks`, of this mesh generation), now that every timer runs: it
         notes the ages of their messages from then on (`peers.RealTimePeers`)."""
         ins, origins = self._links[1], self.origins
-        by_name = {g.name: g for g in groups}
+        machine = {g.name: peers.machine_of(g) for g in groups}
         for g in groups:
-            here = machine_of(g)
-            clocks = {p: (machine_of(by_name[p]), origins[p]) for p in sorted(ins.get(g.name, ()))
-                      if p in by_name and p in origins and machine_of(by_name[p]) != here}
+            clocks = {p: (machine[p], origins[p]) for p in sorted(ins.get(g.name, ()))
+                      if p in machine and p in origins and machine[p] != machine[g.name]}
             if clocks:
                 g.control.peer_clocks(self.generation, clocks)
 
