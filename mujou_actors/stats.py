@@ -276,16 +276,20 @@ class MachineStats:
             ``clock_offset_ns ± clock_uncertainty_ns``.
         rtt_ns (int | None): that group's last heartbeat round trip, ns.
         message_age_p50 (float | None): real time only: the median age, in
-            seconds, of the messages this member's groups sent to other
-            groups that the host relayed, when they reached the host (none
-            go through it on peer links: then None) (from the start of the hook
-            that sent one, on the member's clock, to its arrival at the
-            host's driver, on the host's clock: the member's time put on the
-            host's clock by ``clock_offset_ns``), of the newest 256 messages
-            of each of its groups. Each age is within ± ``clock_uncertainty_ns``
-            of the true one. None in simulated time, for the host's machine
-            (its processes share the host's clock: lateness is measured
-            there), before the first heartbeat answer, and before any message.
+            seconds, of the messages this machine's groups sent to groups on
+            other machines, each measured where it first reached another
+            machine (from the start of the hook that sent it, on the sender's
+            clock): at the host's driver for the messages the host relays, at
+            the reading group for those on peer links; the clocks put on the
+            host's by the machines' offsets (``clock_offset_ns``), of the
+            newest 256 messages of each group at the host and of each sending
+            machine at each reading group. Each age is within the two
+            machines' ``clock_uncertainty_ns`` of the true one. Messages
+            between groups of one machine, and those the host sends on, are
+            not measured. None in simulated time, before the machines' first
+            heartbeat answers and before any message; for the host's machine
+            (whose messages the host relays on its own clock) unless its
+            groups send on peer links to the members' groups.
         message_age_p99 (float | None): the 99th percentile of the same, seconds.
         refused (int): a member's: the connections refused at the host's ends
             of its groups' data-plane links and at its groups' listening ends

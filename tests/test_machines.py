@@ -344,6 +344,139 @@ def test_stats_and_the_trace_of_a_real_time_run_carry_each_machines_clock_offset
         assert f["ts"] >= s["ts"] - (uncertainty[s["pid"]] + uncertainty[f["pid"]]) / 1e3
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_time_on_peer_links_across_machines_measures_the_ages_where_messages_arrive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real time, every node placed, two groups on two members that message each other
+    on their peer link (sim -> ctrl, ctrl -> log), none through the host: each group
+    notes the ages of what comes from the other machine, and each member reports its
+    messages' ages (within the two clocks' bounds of the true ones)."""
+    monkeypatch.setenv("MUJOU_SECRET", SECRET)
+    leader = f"127.0.0.1:{_free_port()}"
+    with Member("robot", leader), Member("gpu-box", leader):
+        placement = mujou.Placement({"sim": "robot:physics", "log": "robot:physics",
+                                     "ctrl": "gpu-box:control"}, listen=leader,
+                                    join_timeout=30)
+        run = mujou.run(placed_support.make_net, placement=placement, timer="realtime",
+                        duration=1.5, seed=7, workers=1)
+        run.join(60)
+    driver = run._driver  # type: ignore[attr-defined]
+    timing = driver.timing
+    assert timing.live and timing.unreachable is None
+    assert driver.relayed == 0  # every message between the groups on their peer link
+    assert all(g.link.messages_in == 0 for g in driver.groups.values())
+    stats = run.stats()
+    groups, machines = stats.groups, stats.machines
+    raw = driver.final_stats
+    for group, sender in [("physics", "gpu-box"), ("control", "robot")]:
+        assert not raw[group].get("ages")  # none reached the host's relay
+        # What came from the other machine on the link: one age each, from the moment the
+        # host told the senders' clocks (a few messages may come before), the newest kept.
+        ages = raw[group]["peer_ages"]
+        assert list(ages) == [sender]
+        came = min(groups[group].messages_in, AGE_SAMPLES)
+        assert came >= 50 and came - 30 <= len(ages[sender]) <= came
+        # The stand-in machines share one clock: a raw age is the true age.
+        assert all(0 < a < 1_000_000_000 for a in ages[sender])
+    for name in ("robot", "gpu-box"):
+        m = machines[name]
+        assert m.message_age_p50 is not None and m.message_age_p99 is not None
+        slack = 2 * max(machines[n].clock_uncertainty_ns or 0 for n in ("robot", "gpu-box"))
+        assert -slack / 1e9 < m.message_age_p50 <= m.message_age_p99 < 1.0
+    assert machines[""].message_age_p50 is None  # the host's machine runs no group
+
+
+def test_a_groups_peer_links_note_the_raw_ages_of_what_comes_from_other_machines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiving group's raw age is its clock at the frame's arrival minus the send's
+    stamp put on the sender's clock (its timer origin added); `machine_stats` takes the
+    receiver's clock offset out and puts the sender's in: the true age."""
+    from types import SimpleNamespace
+
+    from mujou_actors.distributed import dataplane, peers
+
+    ITEMS = dataplane.PEER_ITEMS  # noqa: N806
+    ms = 1_000_000
+    offset = {"": 0, "robot": 5 * ms, "gpu": 2 * ms}  # each clock minus the host's
+
+    class Link:
+        def __init__(self) -> None:
+            self.frames: list[tuple] = []
+
+        def receive(self) -> tuple | None:
+            return self.frames.pop(0) if self.frames else None
+
+    links = {"a": Link(), "b": Link(), "h": Link()}  # a: robot, b: gpu (c's own), h: host
+    mesh = SimpleNamespace(links=links, generation=3, ins=["a", "b", "h"])
+    routes = SimpleNamespace(local_readers=lambda output: ["c.inp"])
+    written: list[tuple] = []
+    kernel = SimpleNamespace(write=lambda reader, message, key: written.append(key))
+    rt = peers.RealTimePeers(mesh, routes)  # type: ignore[arg-type]
+    origin = {"a": 40 * ms, "h": 70 * ms}  # each sender's timer origin on its clock
+    rings = {"robot": peers.AgeRing(), "": peers.AgeRing()}
+    host_now = 1_000 * ms
+
+    # Before the host told the clocks: nothing noted.
+    monkeypatch.setattr(peers.time, "monotonic_ns", lambda: host_now + offset["gpu"])
+    links["a"].frames.append((ITEMS, 3, 0, (-1, 0), [(1, 0, 1, 0, "m")]))
+    rt.take(kernel)  # type: ignore[arg-type]
+    assert written == [(1, 0, 1)] and rings["robot"].count == 0
+    rt.clocks = {"a": (origin["a"], rings["robot"]), "h": (origin["h"], rings[""])}
+    # a (robot) sent at run time t: robot's monotonic t + origin, the host's that less
+    # robot's offset; it arrives `age` later on the host's clock, on c's plus gpu's offset.
+    for p, machine, t, age in [("a", "robot", 900 * ms, 1 * ms), ("a", "robot", 901 * ms, 3 * ms),
+                               ("h", "", 850 * ms, 2 * ms)]:
+        sent_host = t + origin[p] - offset[machine]
+        monkeypatch.setattr(peers.time, "monotonic_ns",
+                            lambda s=sent_host, a=age: s + a + offset["gpu"])
+        links[p].frames.append((ITEMS, 3, 0, (-1, 0), [(t, 0, 1, 0, "m")]))
+        rt.take(kernel)  # type: ignore[arg-type]
+    # b is on c's machine (no clock told) and a frame of an abandoned generation: not noted.
+    links["b"].frames.append((ITEMS, 3, 0, (-1, 0), [(5, 0, 1, 0, "m")]))
+    links["a"].frames.append((ITEMS, 2, 0, (-1, 0), [(5, 0, 1, 0, "m")]))
+    rt.take(kernel)  # type: ignore[arg-type]
+    assert (rings["robot"].count, rings[""].count) == (2, 1)
+    # raw = age + c's offset - the sender's
+    assert rings["robot"].raw() == [1 * ms + 2 * ms - 5 * ms, 3 * ms + 2 * ms - 5 * ms]
+    assert rings[""].raw() == [2 * ms + 2 * ms]
+
+    groups = {"a": _group("a", "robot", 11, clock_offset_ns=offset["robot"],
+                          clock_uncertainty_ns=100_000),
+              "c": _group("c", "gpu", 12, clock_offset_ns=offset["gpu"],
+                          clock_uncertainty_ns=100_000),
+              "h": _group("h", "", 13)}
+    raw = {"c": {"peer_ages": {"robot": rings["robot"].raw(), "": rings[""].raw()}},
+           "a": {"ages": [10 * ms - offset["robot"]]},  # one at the host's relay: 10 ms
+           "h": {}}
+    machines = machine_stats(groups, raw)
+    robot, host, gpu = machines["robot"], machines[""], machines["gpu"]
+    # robot's: 1 and 3 ms on the peer link to c, 10 ms at the host's relay.
+    assert (robot.message_age_p50, robot.message_age_p99) == (pytest.approx(0.003),
+                                                              pytest.approx(0.010))
+    # The host's machine's: its group's message on the peer link to c (2 ms).
+    assert host.message_age_p50 == pytest.approx(0.002) == host.message_age_p99
+    assert gpu.message_age_p50 is None  # nothing of gpu's was measured
+    # The receiver's machine without a clock offset yet: its rings are left out.
+    unclocked = {**groups, "c": _group("c", "gpu", 12)}
+    machines = machine_stats(unclocked, raw)
+    assert machines["robot"].message_age_p50 == pytest.approx(0.010)
+    assert machines[""].message_age_p50 is None
+
+
+def test_an_age_ring_keeps_the_newest_raw_ages_in_a_fixed_array() -> None:
+    from mujou_actors.distributed.peers import AgeRing
+
+    ring = AgeRing()
+    assert ring.raw() == [] and ring.count == 0
+    ring.note(1_000, [(10, 0, 1, 0, "a"), (400, 0, 1, 0, "b")])
+    assert ring.raw() == [990, 600] and ring.count == 2
+    for i in range(AGE_SAMPLES + 5):
+        ring.note(i, [(0,)])
+    assert ring.count == AGE_SAMPLES + 7
+    assert ring.raw() == list(range(5, AGE_SAMPLES + 5))
+
+
 def test_message_ages_are_the_raw_ages_of_the_newest_messages_with_the_offset_added(
         ) -> None:
     ages = MessageAges(origin_ns=1_000)

@@ -169,6 +169,14 @@ def test_groups_on_three_machines_send_straight_to_their_readers_over_curve() ->
     sent = [final["nodes"][c]["sent"] for c in ("c1", "c2")]
     assert [groups["a"].messages_out, groups["b"].messages_out] == sent
     assert groups["c"].messages_in == sum(sent)
+    # c notes the ages of what comes from each other machine (a, b), once told their
+    # timers' origins, on its one clock here: each raw age is a true age.
+    ages = servers["c"]._peer_ages
+    assert set(ages) == {"a", "b"} and servers["a"]._peer_ages == {}
+    for machine, c in (("a", "c1"), ("b", "c2")):
+        raw = ages[machine].raw()
+        assert 0 < len(raw) <= min(final["nodes"][c]["sent"], peers.AGE_SAMPLES)
+        assert all(0 < a < 1_000_000_000 for a in raw)
 
 
 def test_a_group_that_dies_across_machines_is_restored_on_new_links_between_them() -> None:
@@ -185,6 +193,10 @@ def test_a_group_that_dies_across_machines_is_restored_on_new_links_between_them
     in_order_once(final, run.stats().nodes["k"].drops["a"])
     assert final["time_ns"] >= 300_000_000
     assert run._driver.relayed == 0  # type: ignore[attr-defined]
+    # The restart's new timers were told to c with the new mesh (its ages go on).
+    c = system.servers["c"]
+    assert c._peer_clocks[0] == 2 and set(c._peer_clocks[1]) == {"a", "b"}
+    assert c._peer_ages["a"].count > 0 and c._peer_ages["b"].count > 0
 
 
 def test_a_link_between_machines_that_cannot_be_made_keeps_the_hosts_relay(

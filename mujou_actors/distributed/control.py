@@ -107,6 +107,11 @@ class GroupControl(Protocol):
     def drop_peers(self) -> None:
         """Close the ends made for a mesh that will not be opened (`group.DropPeers`)."""
 
+    def peer_clocks(self, generation: int, clocks: dict[str, tuple[str, int]]) -> None:
+        """Real time: the timer origins of the groups on other machines that send to this
+        one on the peer links of mesh ``generation``, peer -> (its machine, its origin),
+        for the ages of their messages (`group.PeerClocks`)."""
+
     def logs(self, level: int | None, loggers: dict[str, int],
              timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """Forward the group's log records from ``level`` up (None: stop) and take those
@@ -221,6 +226,10 @@ class LocalControl:
     def drop_peers(self) -> None:
         """`GroupControl.drop_peers`: nothing held."""
 
+    def peer_clocks(self, generation: int, clocks: dict[str, tuple[str, int]]) -> None:
+        """`GroupControl.peer_clocks`: not for the host's group."""
+        raise RuntimeError("the host's own group has no peer links")
+
     def logs(self, level: int | None, loggers: dict[str, int],
              timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """`GroupControl.logs`: none (the host's group logs in the host, where the taps are)."""
@@ -327,6 +336,10 @@ class RemoteControl:
     def drop_peers(self) -> None:
         """`GroupControl.drop_peers`."""
         self._ask(self.name, group.DropPeers(), QUICK_S)
+
+    def peer_clocks(self, generation: int, clocks: dict[str, tuple[str, int]]) -> None:
+        """`GroupControl.peer_clocks`."""
+        self._ask(self.name, group.PeerClocks(generation, clocks), QUICK_S)
 
     def logs(self, level: int | None, loggers: dict[str, int],
              timeout: float) -> tuple[list[tuple[int, dict[str, Any]]], int]:

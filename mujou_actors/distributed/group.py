@@ -57,8 +57,8 @@ __all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_gr
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
            "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
-           "BindPeers", "ConnectPeers", "CheckPeers", "DropPeers", "Logs", "split_tree",
-           "merge_trees",
+           "BindPeers", "ConnectPeers", "CheckPeers", "DropPeers", "PeerClocks", "Logs",
+           "split_tree", "merge_trees",
            "Watcher", "stop_kernel", "Busy", "NodeFailed", "LocalLink"]
 
 log = logging.getLogger("mujou_actors")
@@ -244,6 +244,27 @@ class CheckPeers(NamedTuple):
 
 class DropPeers(NamedTuple):
     """Close every end held for a mesh not taken over yet (a failed `peers.CrossLinks`)."""
+
+
+class PeerClocks(NamedTuple):
+    """Real time: the timer origins of the groups on other machines that send to this one
+    on the peer links of mesh ``generation``, for the ages of their messages.
+
+    From then on the group notes, for each frame from one of them, its own
+    monotonic clock at the arrival minus each send's stamp plus the sender's
+    origin, in a ring per sending machine (`peers.AgeRing`; the figures'
+    ``"peer_ages"``, `link_stats`). Origins of another generation than the
+    group's mesh are kept for that mesh, or dropped by a later one. No reply.
+
+    Attributes:
+        generation (int): the mesh's generation.
+        clocks (dict[str, tuple[str, int]]): peer group -> (its machine, ``""``
+            for the host's; its timer origin on that machine's monotonic clock,
+            `RunFree`'s answer).
+    """
+
+    generation: int
+    clocks: dict[str, tuple[str, int]]
 
 
 class Busy(NamedTuple):
@@ -656,6 +677,11 @@ class GroupServer:
         # The folder of its ipc:// ends toward groups of its member's machine (made at
         # the first; removed at its close, or when it finds the host gone).
         self._local = peers.LocalFolder()
+        # Real time: the raw ages of messages from groups on other machines on peer links,
+        # a ring per sending machine (for `link_stats`), and the senders' clocks of the
+        # latest `PeerClocks`: (generation, {peer: (origin, ring)}).
+        self._peer_ages: dict[str, peers.AgeRing] = {}
+        self._peer_clocks: tuple[int, dict[str, tuple[int, peers.AgeRing]]] = (0, {})
         key = load_secret() if secure else None
         self._key = key  # the run's secret (a group of the host's machine reads it when asked)
         self._link = dataplane.GroupLink(address, self.routes, pools, key,
@@ -893,7 +919,22 @@ class GroupServer:
         for peer in mesh.links.values():
             peer.blocked = self._peer_blocked
         self._mesh, self._peers_stale = mesh, False
-        self._peers_rt = peers.RealTimePeers(mesh, self.routes)
+        rt = peers.RealTimePeers(mesh, self.routes)
+        generation, clocks = self._peer_clocks
+        if generation == seg.generation:  # told before this thread opened the mesh
+            rt.clocks = clocks
+        self._peers_rt = rt
+
+    def _set_peer_clocks(self, request: PeerClocks) -> None:
+        """`PeerClocks` (on the control thread): the senders' clocks for the mesh of that
+        generation, now if it is open, else when it opens (`_open_peers`)."""
+        rings = self._peer_ages
+        clocks = {p: (int(origin), rings.setdefault(machine, peers.AgeRing()))
+                  for p, (machine, origin) in request.clocks.items()}
+        self._peer_clocks = (request.generation, clocks)
+        rt = self._peers_rt
+        if rt is not None and rt.mesh.generation == request.generation:
+            rt.clocks = clocks
 
     def _peer_blocked(self) -> None:
         """Called while a send to a peer waits (the peer not connected yet, or dead): the
@@ -1069,7 +1110,7 @@ class GroupServer:
             self.published.listen(kernel, request.output)
             return None
         if isinstance(request, Stats):
-            return link_stats(kernel, self._link, self._counted, self._mesh)
+            return link_stats(kernel, self._link, self._counted, self._mesh, self._peer_ages)
         if isinstance(request, BindPeers):
             return self._bind_peers(request)
         if isinstance(request, ConnectPeers):
@@ -1079,6 +1120,9 @@ class GroupServer:
             return self._check_peers(request)
         if isinstance(request, DropPeers):
             self._drop_held_peers()
+            return None
+        if isinstance(request, PeerClocks):
+            self._set_peer_clocks(request)
             return None
         if isinstance(request, Busy):
             return kernel.dispatcher.busy_hooks()
@@ -1247,7 +1291,8 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
 
 
 def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | None,
-               mesh: peers.PeerMesh | None = None) -> dict[str, Any]:
+               mesh: peers.PeerMesh | None = None,
+               ages: Mapping[str, peers.AgeRing] | None = None) -> dict[str, Any]:
     """A group's figures as plain counts for `Run.stats` (the host makes the frozen records).
 
     Args:
@@ -1258,22 +1303,30 @@ def link_stats(kernel: Kernel, link: Any, counted: dict[str, dict[str, Any]] | N
         counted: the counts of the group's kernels a restart replaced (`node_stats`).
         mesh (peers.PeerMesh | None): its peer links, whose traffic adds to the
             link's (the meshes a restore closed included); None: none.
+        ages (Mapping[str, peers.AgeRing] | None): real time, the raw ages of the
+            messages that came on its peer links from groups on other machines, by
+            sending machine (`peers.RealTimePeers`): ``"peer_ages"``, machine ->
+            raw ages (ns), when there are any.
     """
     t = os.times()
     own = [link.bytes_in, link.bytes_out]
     traffic = [link.messages_in, link.messages_out, *own]
     if mesh is not None:
         traffic = [a + b for a, b in zip(traffic, mesh.traffic(), strict=True)]
-    return {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
-            "nodes": node_stats(kernel, counted),
-            "messages_in": traffic[0], "messages_out": traffic[1],
-            "bytes_in": traffic[2], "bytes_out": traffic[3],
-            # Where the bytes went: the link to the host, and each peer link (which of
-            # them crossed machines: `placed_run.machine_stats`).
-            "link_bytes": own, "peer_bytes": {} if mesh is None else mesh.peer_bytes(),
-            "peer_refused": 0 if mesh is None else mesh.refused,
-            "cuda_ipc": getattr(link, "ipc_stats", None),
-            "syncs": {s.path: dataclasses.asdict(s.stats()) for s in synchronizers(kernel.ports)}}
+    figures = {"pid": os.getpid(), "cpu": t.user + t.system, "host": socket.gethostname(),
+               "nodes": node_stats(kernel, counted),
+               "messages_in": traffic[0], "messages_out": traffic[1],
+               "bytes_in": traffic[2], "bytes_out": traffic[3],
+               # Where the bytes went: the link to the host, and each peer link (which of
+               # them crossed machines: `placed_run.machine_stats`).
+               "link_bytes": own, "peer_bytes": {} if mesh is None else mesh.peer_bytes(),
+               "peer_refused": 0 if mesh is None else mesh.refused,
+               "cuda_ipc": getattr(link, "ipc_stats", None),
+               "syncs": {s.path: dataclasses.asdict(s.stats())
+                         for s in synchronizers(kernel.ports)}}
+    if ages:
+        figures["peer_ages"] = {machine: ring.raw() for machine, ring in list(ages.items())}
+    return figures
 
 
 def node_stats(kernel: Kernel,

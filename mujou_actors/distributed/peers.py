@@ -75,7 +75,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -88,7 +89,7 @@ from ._loopback import LOOPBACK, MEMBER_FOLDER_ENV, PEER_FOLDER_PREFIX, remove_p
 
 __all__ = ["FAR", "PeerMesh", "run_segment", "RealTimePeers", "Abandoned", "links_between",
            "mesh_spec", "CrossLinks", "Unreachable", "machine_of", "pair_key", "fall_back",
-           "LocalFolder", "connect_end", "ipc_pools"]
+           "LocalFolder", "connect_end", "ipc_pools", "AgeRing", "AGE_SAMPLES"]
 
 log = logging.getLogger("mujou_actors")
 
@@ -697,6 +698,47 @@ def _never() -> bool:
     return False
 
 
+AGE_SAMPLES = 256  # the newest messages whose ages an `AgeRing` keeps (a power of 2)
+
+
+class AgeRing:
+    """The raw ages of the newest `AGE_SAMPLES` messages noted (real time), ns.
+
+    A fixed array written in turn: noting a message costs one subtraction
+    and one store, no allocation, whatever the run's length. What a raw age
+    is, and which clock offsets turn it into the true age, its owner says
+    (`realtime.MessageAges`: the host's relay; `RealTimePeers.clocks`: a
+    group's peer links from another machine).
+    """
+
+    __slots__ = ("_ring", "_count")
+
+    def __init__(self) -> None:
+        self._ring = array("q", bytes(8 * AGE_SAMPLES))
+        self._count = 0
+
+    def note(self, base_ns: int, items: Sequence[tuple[Any, ...]]) -> None:
+        """Note a raw age ``base_ns - t_ns`` for each of ``items`` (stamped ``t_ns`` first)."""
+        ring, n = self._ring, self._count
+        for item in items:
+            ring[n & (AGE_SAMPLES - 1)] = base_ns - item[0]
+            n += 1
+        self._count = n
+
+    @property
+    def count(self) -> int:
+        """int: the messages noted so far (the newest `AGE_SAMPLES` of them are kept)."""
+        return self._count
+
+    def raw(self) -> list[int]:
+        """The raw ages kept (ns), oldest first: the newest `AGE_SAMPLES` at most."""
+        n = self._count
+        if n <= AGE_SAMPLES:
+            return list(self._ring[:n])
+        start = n & (AGE_SAMPLES - 1)
+        return list(self._ring[start:]) + list(self._ring[:start])
+
+
 class RealTimePeers:
     """A group's peer links in real time: its port messages straight to the groups that
     read them, and the flush of a cut on every link (the host's `realtime.PeerRelay`).
@@ -713,6 +755,15 @@ class RealTimePeers:
     marker of that number (or a later one) came from every group that sends to
     it. Every message sent before the flush is then in its reader's kernel.
 
+    Message ages: for each frame from a group on another machine, the
+    group notes its own monotonic clock at the frame's arrival minus each
+    send's stamp put on the sender's monotonic clock (the stamp plus the
+    sender's timer origin), in that machine's `AgeRing`: the age plus this
+    machine's clock offset less the sender's (each machine's clock minus the
+    host's), which the host takes out (`placed_run.machine_stats`). The host
+    tells the senders' origins once their timers run (`group.PeerClocks`):
+    until then, and for links within one machine, nothing is noted.
+
     Args:
         mesh (PeerMesh): the group's links, of the host's latest generation.
         routes (dataplane.Routes): the net's Outputs and this group's readers.
@@ -721,6 +772,9 @@ class RealTimePeers:
     def __init__(self, mesh: PeerMesh, routes: dataplane.Routes) -> None:
         self.mesh = mesh
         self.routes = routes
+        # Sender group on another machine -> (its timer origin on its machine's monotonic
+        # clock, that machine's ring): replaced whole (set by the control thread).
+        self.clocks: dict[str, tuple[int, AgeRing]] = {}
         self.marked: dict[str, int] = {}  # the latest flush marker from each sender
         self.flushing: int | None = None  # the flush waiting for its senders' markers
 
@@ -732,12 +786,15 @@ class RealTimePeers:
 
     def take(self, kernel: Kernel) -> None:
         """Write what the peers sent into ``kernel`` (as host writes); note their markers."""
-        mesh, local = self.mesh, self.routes.local_readers
+        mesh, local, clocks = self.mesh, self.routes.local_readers, self.clocks
         for p, link in mesh.links.items():
+            clock = clocks.get(p)  # a sender on another machine, its timer's origin known
             while (got := link.receive()) is not None:
                 kind, generation, number, _, items = got
                 if generation != mesh.generation:
                     continue  # of an abandoned timeline
+                if clock is not None and items:
+                    clock[1].note(time.monotonic_ns() - clock[0], items)
                 for t, delta, sender, output, message in items:
                     for reader in local(output):
                         kernel.write(reader, message, (t, delta, sender))

@@ -506,8 +506,19 @@ def machine_stats(groups: Mapping[str, GroupStats],
     between the host's machine's groups and the members'). A peer link between
     two groups of one machine crosses no network. A member's clock is the
     estimate of its group with the tightest bound (its processes share one
-    clock), and its message ages are the raw ages of all its groups with that
-    offset added.
+    clock).
+
+    A machine's message ages (real time) are those of the messages its groups
+    sent to groups of other machines, each measured where it first arrived
+    on another machine: at the host's relay (a member's groups' messages the
+    host relays: ``"ages"``, the host's clock less the member's, so the
+    member's offset is added) or at the reading group over a peer link (any
+    machine's groups', the host's machine's too: the reader's
+    ``"peer_ages"``, its clock less the sender's, so the reader's offset is
+    taken off and the sender's added; the host's machine's offset is 0). A
+    ring whose offsets are not known yet (no heartbeat answer) is left out.
+    Messages between groups of one machine, and the host's own messages to
+    the members, are not measured.
 
     Args:
         groups (Mapping[str, GroupStats]): the run's groups, by name.
@@ -517,7 +528,9 @@ def machine_stats(groups: Mapping[str, GroupStats],
             ``"peer_bytes"``: peer -> ``[in, out]``; without them, every byte
             is taken to be on the link to the host), and for a group on
             another machine ``"heartbeat_in"``, ``"heartbeat_out"`` (bytes)
-            and, in real time, ``"ages"`` (raw ages, ns, `realtime.MessageAges`).
+            and, in real time, ``"ages"`` (raw ages at the host's relay, ns,
+            `realtime.MessageAges`); in real time, any group's ``"peer_ages"``
+            (sending machine -> raw ages on its peer links, ns, `peers.AgeRing`).
 
     Returns:
         dict[str, MachineStats]: by machine name.
@@ -539,18 +552,39 @@ def machine_stats(groups: Mapping[str, GroupStats],
                 ins, outs = ins + b_in, outs + b_out
         return ins, outs
 
+    clock: dict[str, GroupStats | None] = {}  # each member's group with the tightest bound
+    offsets: dict[str, int | None] = {"": 0}  # each machine's clock minus the host's
+    for name, gs in on.items():
+        if name:
+            clocked = [g for g in gs if g.clock_uncertainty_ns is not None]
+            best = min(clocked, key=lambda g: g.clock_uncertainty_ns or 0, default=None)
+            clock[name] = best
+            offsets[name] = None if best is None else best.clock_offset_ns
+    ages: dict[str, list[float]] = {name: [] for name in on}  # by sending machine
+    for name, gs in on.items():
+        at = offsets[name]  # the clock the group's rings were noted on
+        for g in gs:
+            own = raw.get(g.name, {})
+            if name and at is not None:  # its messages at the host's relay
+                ages[name] += [a + at for a in own.get("ages", ())]
+            for sender, raw_ages in own.get("peer_ages", {}).items():  # at g, on peer links
+                there = offsets.get(sender)
+                if at is None or there is None or sender == name or sender not in ages:
+                    continue
+                ages[sender] += [a - at + there for a in raw_ages]
+
+    def p50_p99(name: str) -> tuple[float | None, float | None]:
+        kept = sorted(ages[name])
+        if not kept:
+            return None, None
+        return percentile(kept, 50) / 1e9, percentile(kept, 99) / 1e9
+
     members = {}
     for name, gs in on.items():
         if not name:
             continue
-        clocked = [g for g in gs if g.clock_uncertainty_ns is not None]
-        best = min(clocked, key=lambda g: g.clock_uncertainty_ns or 0, default=None)
-        offset = None if best is None else best.clock_offset_ns
-        ages: list[float] = []
-        if offset is not None:
-            for g in gs:
-                ages += [a + offset for a in raw.get(g.name, {}).get("ages", ())]
-        ages.sort()
+        best = clock[name]
+        offset = offsets[name]
         figures = [raw.get(g.name, {}) for g in gs]
         crossed = [(host_link(g), across(g, functools.partial(operator.ne, name)))
                    for g in gs]
@@ -565,8 +599,7 @@ def machine_stats(groups: Mapping[str, GroupStats],
             clock_offset_ns=offset,
             clock_uncertainty_ns=None if best is None else best.clock_uncertainty_ns,
             rtt_ns=None if best is None else best.rtt_ns,
-            message_age_p50=percentile(ages, 50) / 1e9 if ages else None,
-            message_age_p99=percentile(ages, 99) / 1e9 if ages else None,
+            message_age_p50=p50_p99(name)[0], message_age_p99=p50_p99(name)[1],
             refused=sum(g.refused for g in gs))
     here = on[""]
     them = members.values()
@@ -581,5 +614,6 @@ def machine_stats(groups: Mapping[str, GroupStats],
         bytes_out=sum(b[0] for b in links) + sum(p[1] for p in peered),
         heartbeat_bytes_in=sum(m.heartbeat_bytes_out for m in them),
         heartbeat_bytes_out=sum(m.heartbeat_bytes_in for m in them),
+        message_age_p50=p50_p99("")[0], message_age_p99=p50_p99("")[1],
         refused=sum(m.refused for m in them) + sum(g.refused for g in here))
     return {"": host, **members}

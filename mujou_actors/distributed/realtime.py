@@ -25,25 +25,29 @@ taken then, hold every message exactly once, kept or pending.
 
 Message ages across machines: each group on another machine runs its timer
 on that machine's monotonic clock, whose offset from the host's the
-heartbeat measures. `start` keeps each such group's timer origin (the answer
-to `group.RunFree`), and `relay` notes, for every message it takes from
-one, the host's clock at its arrival minus the send's stamp on the
-member's clock (`MessageAges`): the message's age less the clock offset,
-which `Run.stats` adds back with the estimate of the moment
-(`MachineStats.message_age_p50`).
+heartbeat measures. `start_timers` keeps each group's timer origin (the
+answer to `group.RunFree`), and `relay` notes, for every message it takes
+from a group on another machine, the host's clock at its arrival minus the
+send's stamp on the member's clock (`MessageAges`): the message's age less
+the clock offset, which `Run.stats` adds back with the estimate of the
+moment (`MachineStats.message_age_p50`). On peer links the messages never
+reach the host: `PeerRelay.tell_clocks` gives each group the origins of the
+groups on other machines that send to it, and the group notes the ages of
+their messages as they arrive, on its own clock (`peers.RealTimePeers`),
+for the host to collect with its figures (`placed_run.machine_stats`). Both
+are real-time figures only: simulated time notes none.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
 
-from . import dataplane
+from . import dataplane, peers
 from .failures import failed_in, reported_by
 from .peers import CrossLinks, Unreachable, fall_back, links_between, mesh_spec
 
@@ -57,17 +61,18 @@ __all__ = ["RealTimeRelay", "PeerRelay", "MessageAges", "AGE_SAMPLES"]
 log = logging.getLogger("mujou_actors")
 
 POLL_S = 0.05
-AGE_SAMPLES = 256  # the newest messages of a group whose ages `MessageAges` keeps (a power of 2)
+AGE_SAMPLES = peers.AGE_SAMPLES  # the newest messages whose ages a `MessageAges` keeps
 
 
-class MessageAges:
-    """The raw ages of the newest messages from one group on another machine (real time).
+class MessageAges(peers.AgeRing):
+    """The raw ages of the newest messages from one group on another machine that the
+    host's relay took (real time).
 
     A raw age is the host's ``time.monotonic_ns()`` when the message reached
     the driver minus the send's stamp on the member's monotonic clock: the
     true age less the member's clock offset (its clock minus the host's).
-    Adding the offset's estimate gives the age (`ages`); the offset is
-    applied when the figures are asked for, not per message.
+    Adding the offset's estimate gives the age (`placed_run.machine_stats`);
+    the offset is applied when the figures are asked for, not per message.
 
     Args:
         origin_ns (int): the group's timer origin on its machine's monotonic
@@ -75,31 +80,16 @@ class MessageAges:
             made at the member's monotonic ``t_ns + origin_ns``.
     """
 
-    __slots__ = ("origin_ns", "_ring", "_count")
+    __slots__ = ("origin_ns",)
 
     def __init__(self, origin_ns: int) -> None:
+        super().__init__()
         self.origin_ns = origin_ns
-        self._ring = array("q", bytes(8 * AGE_SAMPLES))
-        self._count = 0
 
     def add(self, now_ns: int, sends: Sequence[tuple[Any, ...]]) -> None:
         """Note the messages of one reply (items, stamped ``t_ns`` first) that came at
         ``now_ns`` (the host's monotonic clock)."""
-        base = now_ns - self.origin_ns
-        ring, n = self._ring, self._count
-        for item in sends:
-            ring[n & (AGE_SAMPLES - 1)] = base - item[0]
-            n += 1
-        self._count = n
-
-    def raw(self) -> list[int]:
-        """The raw ages kept (ns, the offset not added), oldest first: the newest
-        `AGE_SAMPLES` at most."""
-        n = self._count
-        if n <= AGE_SAMPLES:
-            return list(self._ring[:n])
-        start = n & (AGE_SAMPLES - 1)
-        return list(self._ring[start:]) + list(self._ring[:start])
+        self.note(now_ns - self.origin_ns, sends)
 
 
 class RealTimeRelay:
@@ -120,6 +110,9 @@ class RealTimeRelay:
     def __init__(self, driver: _Driver) -> None:
         self.driver = driver
         self.flushes = 0  # the passes of flushes so far (a peer link's marker names its pass)
+        # Each group process's timer origin on its machine's monotonic clock (`group.RunFree`'s
+        # answer), from the latest `start_timers`; none for the host's own group.
+        self.origins: dict[str, int] = {}
 
     def now_ns(self) -> int:
         """The run's time: the host's monotonic clock since the start, ns."""
@@ -319,10 +312,13 @@ class RealTimeRelay:
         self.flush(timeout=driver.start_timeout)
         if not driver.clock_started:
             driver.recovery.first_snapshot(tree["time_ns"] if tree is not None else 0)
+        self.origins = {}
         for g in driver.groups.values():
             origin = g.control.run_free()
             # A new process (a restart) has a timer, and maybe a machine, of its own.
             g.ages = MessageAges(origin) if g.member is not None and origin is not None else None
+            if origin is not None:
+                self.origins[g.name] = origin
         if not driver.clock_started:  # a restart does not move the run's clock
             driver.clock_started = True
             driver.start_mono_ns = time.monotonic_ns()
@@ -415,6 +411,20 @@ class PeerRelay(RealTimeRelay):
                 g.link.send(dataplane.Grant(None, False, [], None,
                                             dataplane.Segment(0, self.generation, {}, spec)))
         super().start_timers(tree)
+        if self.live:
+            self.tell_clocks(groups)
+
+    def tell_clocks(self, groups: list[_Group]) -> None:
+        """Tell each group the timer origins of the groups on other machines that send to
+        it (`group.PeerClocks`, of this mesh generation), now that every timer runs: it
+        notes the ages of their messages from then on (`peers.RealTimePeers`)."""
+        ins, origins = self._links[1], self.origins
+        machine = {g.name: peers.machine_of(g) for g in groups}
+        for g in groups:
+            clocks = {p: (machine[p], origins[p]) for p in sorted(ins.get(g.name, ()))
+                      if p in machine and p in origins and machine[p] != machine[g.name]}
+            if clocks:
+                g.control.peer_clocks(self.generation, clocks)
 
 
 class _NotHeld(TimeoutError):
