@@ -217,17 +217,6 @@ COPIES: list[Copy] = [
                         if Calendar.live(actor, key):
                             return actor
         """)),
-    Copy("take", "_runtime/calendar.py", "Calendar.take", "# Calendar.live, inlined",
-         "_runtime/calendar.py:Calendar.live",
-         "the liveness test, per actor of a bucket taken in part", 20, _d("""
-        if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
-            self.queued -= 1
-            continue
-        """), _d("""
-        if not Calendar.live(actor, key):
-            self.queued -= 1
-            continue
-        """)),
     Copy("claim_simulated", "_runtime/dispatcher.py", "_claim_simulated",
          "# Calendar.live, inlined", "_runtime/calendar.py:Calendar.live",
          "the liveness test, per claimed actor (simulated)", 12, _d("""
@@ -242,21 +231,6 @@ COPIES: list[Copy] = [
         actor.queued_key = None
         actor.busy = True
         trig = actor.trigger_key
-        """)),
-    Copy("claim", "_runtime/dispatcher.py", "Dispatcher._claim", "# Calendar.live, inlined",
-         "_runtime/calendar.py:Calendar.live",
-         "the liveness test, per claimed actor (real time)", 20, _d("""
-        if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
-            continue
-        actor.queued_key = None
-        actor.busy = True
-        tick = actor.next_tick_ns
-        """), _d("""
-        if not Calendar.live(actor, key):
-            continue
-        actor.queued_key = None
-        actor.busy = True
-        tick = actor.next_tick_ns
         """)),
     Copy("may_start", "_runtime/dispatcher.py", "Dispatcher._may_start",
          "RealTime.start's common case, inlined", "_runtime/policy.py:RealTime.start",
@@ -273,36 +247,6 @@ COPIES: list[Copy] = [
             self._frontier = key  # SimulatedTime.advance's NEXT_DELTA, inlined: per delta cycle
             return True
         """), ""),
-    Copy("worker_loop", "_runtime/dispatcher.py", "Dispatcher._worker_loop",
-         "(the first test, inlined)", "_runtime/dispatcher.py:Dispatcher._may_start",
-         "_may_start's first test (the frontier's own work, simulated): per batch", 16, _d("""
-        if not (simulated and key == self._frontier and self._mode is RUNNING):
-            ok, wait = self._may_start(key, now)  # (the first test, inlined)
-            if not ok:
-                self._worker_wait(wait)
-                continue
-        """), _d("""
-        ok, wait = self._may_start(key, now)
-        if not ok:
-            self._worker_wait(wait)
-            continue
-        """)),
-    Copy("lone_delta", "_runtime/dispatcher.py", "Dispatcher._lone_loop", "inlined: once per cycle",
-         "_runtime/dispatcher.py:Dispatcher._advance",
-         "_advance's next delta cycle: per delta cycle (lone worker)", 20, _d("""
-        elif key[0] == frontier[0]:
-            # The next delta cycle of the instant (_advance's NEXT_DELTA,
-            # inlined: once per cycle).
-            if key[1] > self._max_delta:
-                self._loop_found(key)
-                continue
-            self._frontier = key
-        """), _d("""
-        elif key[0] == frontier[0]:
-            if not self._advance(key):
-                self._wait(None)
-                continue
-        """)),
     Copy("lone_instant", "_runtime/dispatcher.py", "Dispatcher._lone_loop",
          "(_advance's NEXT_INSTANT, inlined", "_runtime/dispatcher.py:Dispatcher._advance",
          "_advance's next instant (nothing asked of the boundary): per instant (lone worker)",
@@ -326,28 +270,6 @@ COPIES: list[Copy] = [
         for reader in deferred:
             if self._lower_trigger(reader, nkey) and not reader.busy:
                 nxt.append(reader)
-        """)),
-    Copy("flush_triggers", "_runtime/dispatcher.py", "Dispatcher._flush_triggers",
-         "_lower_trigger, inlined: this runs per send",
-         "_runtime/dispatcher.py:Dispatcher._lower_trigger",
-         "lowering a reader's trigger: per deferred trigger (worker pool, real time)", 8, _d("""
-        for reader in deferred:  # type: ignore[union-attr]
-            current = reader.trigger_key  # _lower_trigger, inlined: this runs per send
-            if current is None:
-                reader.trigger_key = key
-            elif key < current:
-                # Real time: the deeper chain's delta stays (see _lower_trigger).
-                reader.trigger_key = (t, current[1]) if real and current[1] > d else key
-            else:
-                if real and d > current[1]:
-                    reader.trigger_key = (current[0], d)
-                continue
-            if not reader.busy:
-                calendar.schedule(reader)
-        """), _d("""
-        for reader in deferred:  # type: ignore[union-attr]
-            if self._lower_trigger(reader, key) and not reader.busy:
-                calendar.schedule(reader)
         """)),
     Copy("run_members", "_runtime/dispatcher.py", "Dispatcher._run_members",
          "`_run_claimed` for simulated time, inlined",
@@ -380,12 +302,6 @@ COPIES: list[Copy] = [
             busy += self._run_claimed(item)
             add(item[0])
         return busy
-        """)),
-    Copy("stamp", "_runtime/keys.py", "stamp", "# pack, inlined", "_runtime/keys.py:pack",
-         "pack, in a delivery's stamp: per hook that sends", 4, _d("""
-        return (((key[0] << SHIFT) | key[1]) << ORDER_BITS) | (order + 1)  # pack, inlined
-        """), _d("""
-        return (pack(key) << ORDER_BITS) | (order + 1)
         """)),
 ]
 
@@ -882,6 +798,21 @@ def verdict(row: dict[str, Any], threshold: float, noise: dict[str, float]) -> s
     return "needed" if reasons else "not needed"
 
 
+def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
+    """The rows as a Markdown table: per workload, what the call costs more than the copy,
+    in % of a unit (bytecodes / instructions / CPU, those measured), and the verdict."""
+    lines = ["| Copy | " + " | ".join(names) + " | Verdict |",
+             "|---|" + "---|" * len(names) + "---|"]
+    for row in rows:
+        cells = []
+        for n in names:
+            w = row["workloads"][n]
+            cells.append(" / ".join(f"{w[fig]['pct']:+.1f}" for fig in ("ops", "ir", "cpu")
+                                    if fig in w))
+        lines.append(f"| `{row['copy']}` | " + " | ".join(cells) + f" | {row['verdict']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only",
@@ -1060,6 +991,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(row["copy"], f"{row.get('file', '')} {row.get('holder', '')}", *cells,
                       row["verdict"])
     console.print(table)
+    print(markdown(rows, names))  # the form of docs/performance.md's table
     if noise:
         console.print("CPU noise (A/A, median |Δ| per round): "
                       + ", ".join(f"{n} {v:.1f} %" for n, v in noise.items()))

@@ -388,7 +388,7 @@ class Calendar:
                 group: list[Actor] = []
                 while bucket and taken < most:
                     actor = bucket.pop()
-                    if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
+                    if not Calendar.live(actor, key):
                         self.queued -= 1
                         continue
                     if budget is not None:

@@ -1162,11 +1162,10 @@ class Dispatcher:
                     continue
                 # Real time: one reading of the clock decides and stamps the claim.
                 now = None if simulated else now_ns()
-                if not (simulated and key == self._frontier and self._mode is RUNNING):
-                    ok, wait = self._may_start(key, now)  # (the first test, inlined)
-                    if not ok:
-                        self._worker_wait(wait)
-                        continue
+                ok, wait = self._may_start(key, now)
+                if not ok:
+                    self._worker_wait(wait)
+                    continue
                 # The batch (see _claim): simulated time, the actors queued at
                 # exactly the frontier; real time, those of the following keys
                 # too while due (and due by the run's end).
@@ -1221,12 +1220,9 @@ class Dispatcher:
                             self._wait(None)
                             continue
                     elif key[0] == frontier[0]:
-                        # The next delta cycle of the instant (_advance's NEXT_DELTA,
-                        # inlined: once per cycle).
-                        if key[1] > self._max_delta:
-                            self._loop_found(key)
+                        if not self._advance(key):
+                            self._wait(None)
                             continue
-                        self._frontier = key
                     elif self._plain_instant(key[0]):
                         # The next instant, nothing asked of its boundary
                         # (_advance's NEXT_INSTANT, inlined: once per instant).
@@ -1396,7 +1392,7 @@ class Dispatcher:
             looping: Key | None = None
             for key, group in groups:
                 for actor in group:
-                    if actor.queued_key is not key or actor.busy:  # Calendar.live, inlined
+                    if not Calendar.live(actor, key):
                         continue
                     actor.queued_key = None
                     actor.busy = True
@@ -1598,8 +1594,9 @@ class Dispatcher:
         """Make ``actor``'s trigger key ``key`` if that is earlier; True if it changed.
 
         The one place a trigger key is lowered: a send, the host, a deferred
-        trigger, an owed one, a claim given back (`_flush_triggers` has a
-        copy of it, for speed). The caller queues the actor (if it is not busy) and notifies.
+        trigger, an owed one, a claim given back (`_finish_lone` has a copy
+        of its simulated case, for speed). The caller queues the
+        actor (if it is not busy) and notifies.
 
         Real time: the delta of a key is the depth of the chain of triggered
         updates that sent the message (`RealTime.delta_step`), and the one
@@ -1629,23 +1626,12 @@ class Dispatcher:
         Their key is that of every send of the hook (see `sends.make_send`).
         """
         t, d = sender.stamp
-        d += self._delta_step
-        key = (t, d)  # see TimePolicy.delta_step
+        key = (t, d + self._delta_step)  # see TimePolicy.delta_step
         deferred = sender.deferred
         calendar = self._calendar
-        real = not self.simulated
+        lower = self._lower_trigger
         for reader in deferred:  # type: ignore[union-attr]
-            current = reader.trigger_key  # _lower_trigger, inlined: this runs per send
-            if current is None:
-                reader.trigger_key = key
-            elif key < current:
-                # Real time: the deeper chain's delta stays (see _lower_trigger).
-                reader.trigger_key = (t, current[1]) if real and current[1] > d else key
-            else:
-                if real and d > current[1]:
-                    reader.trigger_key = (current[0], d)
-                continue
-            if not reader.busy:
+            if lower(reader, key) and not reader.busy:
                 calendar.schedule(reader)
         deferred.clear()  # type: ignore[union-attr]  # the sends hold this very dict
 

@@ -58,7 +58,7 @@ def stamp(key: Key, order: int) -> int:
     One int that sorts like ``(t_ns, delta, order)``; ``order`` is the
     sender's order in the net, or `HOST_ORDER`.
     """
-    return (((key[0] << SHIFT) | key[1]) << ORDER_BITS) | (order + 1)  # pack, inlined
+    return (pack(key) << ORDER_BITS) | (order + 1)
 
 
 def unstamp(value: int) -> tuple[int, int, int]:
