@@ -228,7 +228,10 @@ def test_a_loop_across_two_groups_of_a_placed_run_raises_the_same_error(timer: s
         run.join(30)
 
     err = info.value
-    assert sorted(err.nodes) == ["ctrl", "plant"] and err.delta == 101
+    # In real time both groups find the loop, 'p' at the 101st delta cycle and 'c' one
+    # crossing later, and either report may reach the host first.
+    deltas = (101,) if timer == "simulated" else (101, 102)
+    assert sorted(err.nodes) == ["ctrl", "plant"] and err.delta in deltas, err
     assert err.time_ns == 0 if timer == "simulated" else err.time_ns > 0  # the last crossing
     assert "'plant'.state -> 'ctrl'.state" in err.loop and "in group" in str(err)
     assert not run.running
