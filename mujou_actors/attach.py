@@ -24,6 +24,13 @@ optional), ``set_param`` (``path``, ``value``: its text) (each answered by one
 map with ``"ok"``; a refused set or an unknown parameter also with
 ``"refused": True``: `Refused`), or ``watch`` (a port: answered, then a stream
 of batches until the client goes or the run ends).
+
+Batches. A watch's batch holds ``items`` (``[t_ns, view]``, each view its own
+msgpack bytes, made on the run's side), ``stamps`` (``hz``: send times only)
+or a ``column``: messages that are all plain tensors of one dtype and shape
+(the common case of a sensor's port) sent as their raw bytes back to back,
+whose views the watcher makes (`column_items`), so that the watched process
+spends a stack and a copy per batch, not a view per message.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -48,8 +56,11 @@ __all__: list[str] = []  # nothing public: the `mujou` commands are its clients
 log = logging.getLogger("mujou_actors")
 
 
-PROTOCOL = 1
-"""The version of the frames; ``hello`` answers it, and a client refuses another."""
+PROTOCOL = 2
+"""The version of the frames; ``hello`` answers it, and a client refuses another.
+
+2: a watch's batch may be a ``column`` of tensors (`column_items`).
+"""
 
 
 MAX_REQUEST = 64 * 1024
@@ -61,6 +72,90 @@ MAX_FRAME = 32 * 1024 * 1024
 
 
 LENGTH = struct.Struct(">I")  # a frame's length, before its msgpack body
+
+
+COLUMN_CODES = {"float64": "d", "float32": "f", "float16": "e", "int64": "q", "int32": "i",
+                "int16": "h", "int8": "b", "uint8": "B", "uint16": "H", "uint32": "I",
+                "uint64": "Q", "bool": "?"}
+"""The dtypes (torch's names) a ``column`` may hold, and their `struct` format characters."""
+
+
+COLUMN_ELEMENTS = 1 << 20
+"""The most cells of one ``column``: its rows times each row's cells (the product of
+its shape, a zero dimension counted as one), 8 MiB of float64 at most."""
+
+
+COLUMN_RANK = 8
+"""The most dimensions of a ``column``'s tensors (deeper ones are viewed on the run's side)."""
+
+
+PLOT_ELEMENTS = 64  # the views' ``flat`` bound: recording.view.PLOT_ELEMENTS (a test pins both)
+
+
+def column_items(column: Any) -> list[list[Any]]:
+    """A ``column`` batch's ``[t_ns, view]`` items: each row's view made here, in the watcher.
+
+    A column is ``{"t_ns": [...], "dtype": name, "shape": [...], "data": bytes,
+    "flat": bool}``: one row of ``prod(shape)`` values per send time, native
+    byte order (the run is on this machine). Each view is what the run's side
+    would have made of the tensor (``recording.view.project_tensor``, or
+    ``endpoint.full`` when ``flat`` is false): its shape, dtype and values,
+    NaN and the infinities as None, and ``flat`` (its values in row-major
+    order) for a tensor of two or more dimensions and at most 64 elements.
+
+    Raises:
+        AttachError: a column that is not one (an unknown dtype, a shape or a
+            data length that does not add up): nothing is allocated past
+            what its bytes hold.
+    """
+    try:
+        stamps, dtype, shape = column["t_ns"], column["dtype"], column["shape"]
+        data, with_flat = column["data"], bool(column.get("flat"))
+        code = COLUMN_CODES[dtype]
+        if (not isinstance(stamps, list) or not isinstance(shape, list)
+                or len(shape) > COLUMN_RANK
+                or not all(type(d) is int and d >= 0 for d in shape)
+                or not isinstance(data, bytes)):
+            raise TypeError("fields of the wrong types")
+        n = math.prod(shape)
+        if len(stamps) * cells(shape) > COLUMN_ELEMENTS:
+            raise ValueError(f"{len(stamps)} rows of shape {shape}: over {COLUMN_ELEMENTS} cells")
+        if len(data) != len(stamps) * n * struct.calcsize(code):
+            raise ValueError(f"{len(data)} bytes for {len(stamps)} rows of shape {shape}")
+        values = list(struct.unpack(f"={len(stamps) * n}{code}", data))
+    except (KeyError, TypeError, ValueError, struct.error) as exc:
+        raise AttachError(f"the run sent a column that is not one ({describe(exc)})") from None
+    floating = code in "dfe"
+    plot = with_flat and len(shape) > 1 and n <= PLOT_ELEMENTS
+    items: list[list[Any]] = []
+    for i, t_ns in enumerate(stamps):
+        row = values[i * n:(i + 1) * n]
+        if floating and not all(map(math.isfinite, row)):
+            row = [v if math.isfinite(v) else None for v in row]
+        view: dict[str, Any] = {"shape": shape, "dtype": dtype, "data": _nest(row, shape)}
+        if plot:
+            view["flat"] = row
+        items.append([t_ns, view])
+    return items
+
+
+def cells(shape: Any) -> int:
+    """A ``column`` row's cells: the product of its shape, a zero dimension counted as one.
+
+    It bounds the lists a view of that shape holds as well as its values.
+    """
+    return math.prod(max(d, 1) for d in shape)
+
+
+def _nest(row: list[Any], shape: list[int]) -> Any:
+    """A row of values in row-major order as a tensor's ``tolist()`` of ``shape`` (no recursion)."""
+    if not shape:
+        return row[0]
+    values: list[Any] = row
+    for k in range(len(shape) - 1, 0, -1):
+        dim, count = shape[k], math.prod(shape[:k])
+        values = [values[i * dim:(i + 1) * dim] for i in range(count)]
+    return values
 
 
 class Refused(AttachError):
@@ -407,7 +502,8 @@ class Connection:
         """Watch a port: its batches as they come (``items`` or ``stamps``, ``lost``), then
         an ``end`` frame when the run ends.
 
-        Each item of ``items`` is ``[t_ns, view]``, the view decoded. The
+        Each item of ``items`` is ``[t_ns, view]``, the view decoded (a
+        ``column`` batch is turned into ``items`` here: `column_items`). The
         connection serves nothing else afterwards.
 
         Raises:
@@ -420,6 +516,8 @@ class Connection:
                 return
             if "items" in batch:
                 batch["items"] = [[t, unpack(v, MAX_FRAME)] for t, v in batch["items"]]
+            elif "column" in batch:
+                batch["items"] = column_items(batch.pop("column"))
             yield batch
             if batch.get("end"):
                 return

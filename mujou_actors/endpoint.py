@@ -15,7 +15,11 @@ bounded queue (at most ``depth``: the oldest dropped, counted) and wakes
 nothing. The ``mujou-attach`` thread takes the queues every `FLUSH_S`, on its
 own schedule, makes each message's view there from the message as sent
 (``view.project``: tensors summarised; ``full``: every value; ``stamps``:
-only the send's time, for ``hz``), without a copy, and writes it. A client
+only the send's time, for ``hz``), without a copy, and writes it. A batch
+of plain tensors of one dtype and shape (a sensor's port) goes instead as
+one ``column`` (`columns`): the tensors stacked, their raw bytes sent, the
+views made by the watcher (`attach.column_items`), so the watched process
+pays a stack and a copy per batch rather than a view per message. A client
 that reads slower than the port sends has at most `OUT_LIMIT` bytes waiting
 for it: beyond that its queue is not taken, so the oldest messages are
 dropped on the run's side (counted and reported with each batch), and the
@@ -51,12 +55,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgpack
+import torch
 
 from .attach import (
+    COLUMN_CODES,
+    COLUMN_ELEMENTS,
+    COLUMN_RANK,
     LENGTH,
     MAX_FRAME,
     MAX_REQUEST,
     PROTOCOL,
+    cells,
     enabled,
     frame,
     runtime_dir,
@@ -66,7 +75,7 @@ from .errors import AttachError, ParamError, describe
 from .host import Run, Watch
 from .params import RunParams, join
 from .ports import Input, Output, Port
-from .recording.view import finite, project
+from .recording.view import MAX_ELEMENTS, finite, project
 
 __all__: list[str] = []  # nothing public: mujou.run opens it
 
@@ -519,6 +528,12 @@ class Endpoint:
                 watch.sent += len(items)
                 self._send(sel, client, {"stamps": items, "lost": watch.lost()})
                 continue
+            tensors = columns(items, watch.mode == "full")
+            if tensors is not None:
+                watch.sent += len(items)
+                for column in tensors:
+                    self._send(sel, client, {"column": column, "lost": watch.lost()})
+                continue
             make = full if watch.mode == "full" else project
             batch: list[Any] = []
             size = 0
@@ -568,6 +583,52 @@ class Endpoint:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<Endpoint {self.facts['id']} {state} {self.socket_path}>"
+
+
+def columns(items: list[Any], full_values: bool) -> list[dict[str, Any]] | None:
+    """Taken ``(t_ns, message)`` items as ``column`` batches, when a column can carry them.
+
+    It can when every message is a plain strided tensor (not a subclass) of
+    one dtype that `attach.COLUMN_CODES` names and one shape of at most
+    `attach.COLUMN_RANK` dimensions and at most `MAX_ELEMENTS` elements
+    (`MAX_FULL_ELEMENTS` for ``full_values``): the tensors of each column are
+    stacked (on their device: a CUDA port's batch is copied to the CPU once)
+    and sent as raw bytes, whose views the watcher makes (`attach.column_items`,
+    the same views as `view.project_tensor` or `full`). Columns hold at most
+    `attach.COLUMN_ELEMENTS` cells each.
+
+    Returns:
+        list[dict] | None: the columns, oldest first; None when the messages
+        need a view each, made here (a mix of types, shapes or devices, a
+        larger tensor that a view summarises, a dtype a column cannot hold).
+    """
+    first = items[0][1]
+    if type(first) is not torch.Tensor or first.layout is not torch.strided:
+        return None
+    dtype, shape = first.dtype, first.shape
+    name = str(dtype).removeprefix("torch.")
+    limit = MAX_FULL_ELEMENTS if full_values else MAX_ELEMENTS
+    if (name not in COLUMN_CODES or len(shape) > COLUMN_RANK or first.numel() > limit
+            or cells(shape) > COLUMN_ELEMENTS):
+        return None
+    for _, message in items:
+        if type(message) is not torch.Tensor or message.dtype is not dtype \
+                or message.shape != shape:
+            return None
+    rows = max(1, COLUMN_ELEMENTS // cells(shape))
+    out: list[dict[str, Any]] = []
+    for i in range(0, len(items), rows):
+        chunk = items[i:i + rows]
+        try:
+            stacked = torch.stack([m for _, m in chunk]).detach()
+            if stacked.device.type != "cpu":
+                stacked = stacked.cpu()
+            data = stacked.numpy().tobytes()
+        except Exception:  # noqa: BLE001 - devices or layouts that mix: a view each instead
+            return None
+        out.append({"t_ns": [t for t, _ in chunk], "dtype": name, "shape": list(shape),
+                    "data": data, "flat": not full_values})
+    return out
 
 
 def _item(make: Any, t_ns: int, message: Any) -> list[Any]:
