@@ -114,7 +114,7 @@ def column_items(column: Any) -> list[list[Any]]:
         code = COLUMN_CODES[dtype]
         if (not isinstance(stamps, list) or not isinstance(shape, list)
                 or len(shape) > COLUMN_RANK
-                or not all(type(d) is int and d >= 0 for d in shape)
+                or not all(type(dim) is int and dim >= 0 for dim in shape)
                 or not isinstance(data, bytes)):
             raise TypeError("fields of the wrong types")
         n = math.prod(shape)
@@ -144,7 +144,7 @@ def cells(shape: Any) -> int:
 
     It bounds the lists a view of that shape holds as well as its values.
     """
-    return math.prod(max(d, 1) for d in shape)
+    return math.prod(max(dim, 1) for dim in shape)
 
 
 def _nest(row: list[Any], shape: list[int]) -> Any:
