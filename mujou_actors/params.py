@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ._checks import is_int, is_number
+from ._checks import declaration_of, is_int, is_number
 from .errors import ParamError
 
 # No import of node.py, even for types: node.py imports this module, and each module
@@ -77,7 +77,9 @@ class Param:
             type, a ``range`` on a bool or str parameter.
         ValueError: the default outside ``range`` or ``choices``, a range with
             ``low > high`` or a bound that is not finite, no choices, a str
-            longer than `MAX_STR` characters.
+            longer than `MAX_STR` characters. Declared in a class body, each
+            error names the class and the attribute (``Param 'gain' of Gain:
+            the default 5.0 is above the range's high bound 1.0``).
     """
 
     __slots__ = ("name", "owner", "type", "default", "low", "high", "choices", "description",
@@ -87,6 +89,18 @@ class Param:
                  range: tuple[Any, Any] | None = None,  # noqa: A002 - the field's term
                  choices: Iterable[Any] | None = None, description: str = "",
                  read_only: bool = False) -> None:
+        try:
+            self._declare(default, type, range, choices, description, read_only)
+        except (TypeError, ValueError) as exc:
+            if exc.__class__ not in (TypeError, ValueError):
+                raise
+            # Each rule's words start "Param: "; say which class's parameter broke it.
+            raise exc.__class__(_declared_where(self) + str(exc).removeprefix("Param")) \
+                from None
+
+    def _declare(self, default: Any, type: type | None, range: tuple[Any, Any] | None,  # noqa: A002
+                 choices: Iterable[Any] | None, description: str, read_only: bool) -> None:
+        """`__init__`'s checks and fields; its errors start with ``Param:``."""
         kind = _declared_type(default, type)
         self.name = "?"
         self.owner = "?"
@@ -282,6 +296,20 @@ def _bounds(kind: type, bounds: Any) -> tuple[Any, Any]:
     if low is not None and high is not None and low > high:
         raise ValueError(f"Param: range ({low!r}, {high!r}) has low > high")
     return low, high
+
+
+def _declared_where(param: Param) -> str:
+    """How a declaration error names the parameter: ``Param 'gain' of Gain`` in a class body.
+
+    Read off the statement being run (`declaration_of`), as ``__set_name__``
+    comes only once the class body has run: ``Param of Gain`` when the
+    statement assigns no name, ``Param`` outside a class body.
+    """
+    found = declaration_of(param)
+    if not found.class_body:
+        return "Param"
+    named = "" if found.attribute is None else f" {found.attribute!r}"
+    return f"Param{named} of {found.cls}"
 
 
 def _where(node: Any, name: str) -> str:

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._checks import is_int, is_number
+from ._checks import declaration_of, is_int, is_number
 from .ports import Input
 from .stats import SyncStats
 
@@ -57,6 +57,25 @@ class Synchronizer:
     def __init__(self, inputs: tuple[Any, ...], *, queue: int,
                  stamp: Callable[[Any], float] | None,
                  callback: Callable[..., None] | None) -> None:
+        try:
+            self._check_declaration(inputs, queue, stamp, callback)
+        except (TypeError, ValueError) as exc:
+            raise _named(exc, self, inputs) from None
+        self._inputs: tuple[Input, ...] = inputs
+        self._queue = queue
+        self._stamp = stamp
+        self._callback = callback
+        self._name: str | None = None  # its attribute on the node: found as a run starts
+        self._reset()
+        for inp in inputs:
+            inp._sync = self
+            # It keeps nothing itself, and its mailbox must not drop what waits for it
+            # (the newest `depth` are not what a match needs): `queue` bounds it here.
+            inp._depth = None
+
+    def _check_declaration(self, inputs: tuple[Any, ...], queue: Any, stamp: Any,
+                           callback: Any) -> None:
+        """`__init__`'s checks of its arguments; each error starts with the policy's name."""
         where = type(self).__name__
         if len(inputs) < 2:
             raise ValueError(f"{where}: needs two Inputs or more to match, got {len(inputs)}")
@@ -82,17 +101,6 @@ class Synchronizer:
         for name, fn in (("stamp", stamp), ("callback", callback)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{where}: {name} must be a callable or None, got {fn!r}")
-        self._inputs: tuple[Input, ...] = inputs
-        self._queue = queue
-        self._stamp = stamp
-        self._callback = callback
-        self._name: str | None = None  # its attribute on the node: found as a run starts
-        self._reset()
-        for inp in inputs:
-            inp._sync = self
-            # It keeps nothing itself, and its mailbox must not drop what waits for it
-            # (the newest `depth` are not what a match needs): `queue` bounds it here.
-            inp._depth = None
 
     # -- what the node uses ------------------------------------------------------------
     @property
@@ -369,6 +377,36 @@ class Synchronizer:
         raise NotImplementedError
 
 
+def _named(exc: Exception, sync: Synchronizer, inputs: tuple[Any, ...]) -> Exception:
+    """``exc``, a declaration's error, with the node class and attribute it was declared as.
+
+    Its words start with the policy's name (``"ExactTime: ..."``); they become
+    ``"ExactTime 'Fuse.sync': ..."`` when the node and attribute are known,
+    ``"ExactTime of Fuse: ..."`` when only the node is. The node is the one
+    the Inputs belong to, or the one whose method is making the synchronizer
+    (Inputs made in ``__init__`` learn their node only as it returns); the
+    attribute, the one the statement assigns it to (`declaration_of`).
+    """
+    policy = type(sync).__name__
+    found = declaration_of(sync)
+    node = next((inp.node for inp in inputs if isinstance(inp, Input) and inp.node is not None),
+                None)
+    owner = found.owner if _is_node(found.owner) else None
+    if node is None:
+        node = owner
+    if node is None:
+        return exc
+    named = (f"{policy} '{type(node).__name__}.{found.attribute}'"
+             if owner is node and found.attribute is not None
+             else f"{policy} of {type(node).__name__}")
+    return exc.__class__(named + str(exc).removeprefix(policy))
+
+
+def _is_node(value: Any) -> bool:
+    """Whether ``value`` is a node (node.py imports nothing of this module's: no import)."""
+    return callable(getattr(type(value), "_mujou_bind_ports", None))
+
+
 def map_messages(entry: dict[str, Any], n: int, fn: Fn) -> dict[str, Any]:
     """A synchronizer's state entry with ``fn(input index, message)`` for each message.
 
@@ -592,11 +630,11 @@ class ApproximateTime(Synchronizer):
                  stamp: Callable[[Any], float] | None = None,
                  callback: Callable[..., None] | None = None) -> None:
         if slop is not None and not is_number(slop):
-            raise TypeError(f"ApproximateTime: slop must be a number of seconds or None, "
-                            f"got {slop!r}")
+            raise _named(TypeError(f"ApproximateTime: slop must be a number of seconds or "
+                                   f"None, got {slop!r}"), self, inputs)
         if slop is not None and (not math.isfinite(slop) or slop < 0):
-            raise ValueError(f"ApproximateTime: slop must be a finite number of seconds >= 0, "
-                             f"got {slop!r}")
+            raise _named(ValueError(f"ApproximateTime: slop must be a finite number of "
+                                    f"seconds >= 0, got {slop!r}"), self, inputs)
         self._slop = None if slop is None else round(slop * 1_000_000_000)
         super().__init__(inputs, queue=queue, stamp=stamp, callback=callback)
 

@@ -121,6 +121,33 @@ def test_a_bad_declaration_is_refused(kwargs: dict[str, Any], error: type,
         mujou.Param(default, **kwargs)
 
 
+def test_a_bad_declaration_in_a_class_body_names_the_class_and_the_parameter() -> None:
+    with pytest.raises(ValueError) as caught:
+        class Controller(mujou.Node):
+            kp = mujou.Param(1.0)
+            gain = mujou.Param(5.0, range=(0, 1))
+
+    assert str(caught.value) == ("Param 'gain' of Controller: the default 5.0 is above the "
+                                 "range's high bound 1.0")
+    assert type(caught.value) is ValueError  # not wrapped (as an error of __set_name__ is)
+
+    with pytest.raises(TypeError) as typed:
+        class Sensor(mujou.Node):
+            mode: str = mujou.Param(
+                "fast",
+                choices="fast")
+
+    assert str(typed.value).startswith("Param 'mode' of Sensor: choices must be a tuple or "
+                                       "list of values, got the str 'fast'")
+    # Not assigned to an attribute at once: the class alone; outside a class: Param alone.
+    with pytest.raises(TypeError, match=r"^Param of Holder: range applies to int and float "
+                                        r"parameters, not str$"):
+        class Holder(mujou.Node):
+            table = [mujou.Param("a", range=(0, 1))]
+    with pytest.raises(ValueError, match=r"^Param: range \(2, 1\) has low > high$"):
+        mujou.Param(1, range=(2, 1))
+
+
 def test_parse_reads_a_command_line_value_by_the_parameter_s_type() -> None:
     assert Gain.gain.parse("0.5") == 0.5
     assert [Gain.on.parse(t) for t in ("TRUE", "false", "1", "0")] == [True, False, True, False]

@@ -592,6 +592,34 @@ def test_bad_declarations_raise_errors_that_say_what_was_expected() -> None:
         mujou.ApproximateTime(node.b, node.c)
 
 
+def test_a_bad_declaration_names_the_node_class_and_the_attribute_where_known() -> None:
+    # Inputs made in __init__ learn their node only as it returns: the statement tells.
+    with pytest.raises(ValueError) as caught:
+        make_rig(slop=-0.1)
+    assert str(caught.value) == ("ApproximateTime 'Fuse.sync': slop must be a finite number "
+                                 "of seconds >= 0, got -0.1")
+    with pytest.raises(ValueError, match=r"^ExactTime 'Fuse.sync': queue must be an int >= 1, "
+                                         r"got 0$"):
+        make_rig("exact", queue=0)
+
+    class Listed(mujou.Node):  # Inputs of the class, bound; not assigned to an attribute
+        a = mujou.Input(int)
+        b = mujou.Input(int)
+
+        def __init__(self) -> None:
+            super().__init__(period=None)
+            self.syncs = [mujou.ExactTime(self.a, self.b, callback=3)]
+
+    with pytest.raises(TypeError, match=r"^ExactTime of Listed: callback must be a callable "
+                                        r"or None, got 3$"):
+        Listed()
+    node = Pair()  # outside a node's method: the node of the Inputs, the attribute assigned
+    with pytest.raises(ValueError, match=r"^ExactTime 'Pair.sync': needs two Inputs or more"):
+        node.sync = mujou.ExactTime(node.a)
+    with pytest.raises(TypeError, match=r"^ExactTime: queue must be an int >= 1, got '1'$"):
+        mujou.ExactTime(mujou.Input(int), mujou.Input(int), queue="1")
+
+
 def test_a_synchronizer_its_node_does_not_hold_is_refused_before_the_run_starts() -> None:
     net = make_rig()
     holder = Pair()
