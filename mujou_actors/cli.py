@@ -650,6 +650,9 @@ def _watch_plain(run: mujou.Run, periods: dict[str, float | None]) -> None:
     click.echo("\t".join(NODE_COLUMNS))
     for row in _node_rows(stats, _rates(None, stats), periods):
         click.echo("\t".join(row))
+    missed = _misses(stats)
+    if missed:  # as under the live table: the nodes that missed, their counts of the run
+        click.echo(f"missed: {missed}")
     if _has_members(stats):
         click.echo("\t".join(MACHINE_COLUMNS))
         for row in _machine_rows(stats):

@@ -453,3 +453,99 @@ def test_a_placed_run_s_trace_holds_each_miss_in_its_group_s_process_inside_its_
     fifth = {"due": 0.05, "run_time": 0.007, "finished": 0.007, "budget": 0.002,
              "deadline": 0.005}  # update 5 of a controller: 7 ms
     assert fifth in [e["args"] for e in events if e["name"] == f"warn.on_update {both}"]
+
+
+# -- the command line ----------------------------------------------------------------------
+
+@pytest.fixture
+def cli_logging() -> Any:
+    """The command adds a handler to the library's logger: in-process, take it away again."""
+    import logging
+
+    logger = logging.getLogger("mujou_actors")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+MISSED = ("missed: warn budget 9 deadline 4  warn_f budget 20 deadline 0  "
+          "skip budget 9 deadline 4  skip_f budget 20 deadline 0  "
+          "safe budget 9 deadline 4  safe_f budget 20 deadline 0")
+
+
+@pytest.mark.parametrize("limits", ["declared", "none"])
+def test_mujou_run_s_plain_output_names_under_its_final_table_the_nodes_that_missed(
+        cpu: ThreadClock, tmp_path: pathlib.Path, cli_logging: None, limits: str) -> None:
+    from click.testing import CliRunner
+
+    from mujou_actors import cli
+
+    (tmp_path / "nets.py").write_text("from tests.test_deadlines_state import make_net\n")
+
+    result = CliRunner().invoke(cli.main, [
+        "run", f"{tmp_path / 'nets.py'}:make_net", "--timer", "simulated", "--duration", "0.2",
+        "--seed", "3", "--net-kwargs", json.dumps({"limits": limits})])
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    table = lines.index("\t".join(cli.NODE_COLUMNS))
+    rows = [line.split("\t")[0] for line in lines[table + 1:table + 8]]
+    assert rows == ["keep", "warn", "warn_f", "skip", "skip_f", "safe", "safe_f"]
+    # A run this short prints no status line: the final table, then what was missed.
+    assert lines[table + 8:] == ([MISSED] if limits == "declared" else [])
+
+
+class Gate(mujou.Node):
+    """Holds the run in its 10th update (t = 0.101 s, between two ticks of the controllers)
+    until the test sets `open`, with one worker: every other node waits too."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.0101)
+        self.n = 0
+        self.reached = threading.Event()
+        self.open = threading.Event()
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 10:
+            self.reached.set()
+            assert self.open.wait(60), "the test never opened the gate"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_mujou_top_once_from_another_process_shows_the_misses_under_its_table(
+        cpu: ThreadClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="mj", dir="/tmp")) / "rt"  # a short path
+    monkeypatch.setenv("MUJOU_RUNTIME_DIR", str(folder))
+    monkeypatch.delenv("MUJOU_ATTACH", raising=False)
+    gate = Gate()
+    run = mujou.run({**make_net(), "gate": gate}, timer="simulated", seed=3, workers=1)
+    try:
+        assert gate.reached.wait(60)
+        top = subprocess.run([sys.executable, "-m", "mujou_actors", "top", str(os.getpid()),
+                              "--once"], capture_output=True, text=True, timeout=120,
+                             cwd=pathlib.Path(__file__).resolve().parent.parent)
+        held = misses(run)
+    finally:
+        gate.open.set()
+        run.stop()
+        for path in sorted(folder.parent.rglob("*"), reverse=True):
+            path.unlink() if not path.is_dir() else path.rmdir()
+        folder.parent.rmdir()
+
+    assert top.returncode == 0, top.stderr
+    # Ten ticks of each controller: the first half of the whole run's misses.
+    assert held == {**{n: (10, 5, 2) for n in CTLS}, **{f"{n}_f": (10, 10, 0) for n in CTLS},
+                    "keep": (20, 0, 0), "gate": (10, 0, 0)}  # its 10th: begun
+    words = " ".join(top.stdout.split())  # the caption may wrap at 120 columns
+    assert ("missed: warn budget 5 deadline 2 warn_f budget 10 deadline 0 skip budget 5 "
+            "deadline 2 skip_f budget 10 deadline 0 safe budget 5 deadline 2 safe_f budget 10 "
+            "deadline 0") in words
+    assert words.index("missed:") > words.index("safe_f")  # under the table's rows
