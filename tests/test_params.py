@@ -533,3 +533,72 @@ def test_a_placed_run_restored_after_a_group_died_keeps_the_parameters_set(
         assert all(e[2] == 2.5 for e in node.log if e[0] == "update")  # the rebuilt net's
     finally:
         run.stop()
+
+
+def make_gated_pair() -> dict[str, mujou.Node]:
+    """``g``, whose hook at t = 0.2 s waits for the test, and ``p`` (for two groups)."""
+    return {"g": Gain(gate_ns=200_000_000), "p": Plain()}
+
+
+@pytest.mark.timeout(120)
+def test_a_placed_run_s_recorded_sets_replay_bit_for_bit_as_one_process_runs_them(
+        tmp_path: Path) -> None:
+    import dataclasses
+    import time
+
+    from mujou_actors._runtime.build import Seams
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from mujou_actors.testing import assert_replay_matches
+    from tests.placed_support import InProcessSystem
+
+    path = tmp_path / "placed.mcap"
+    args = _check_arguments(Seams(), workers=1, timer="simulated", duration=0.5, seed=3,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0, record=path)
+    run = placed.start(make_gated_pair, placement=mujou.Placement({"g": "a", "p": "b"}),
+                       args=dataclasses.replace(args, params={"g.mode": "slow"}), inputs=None,
+                       state=None, make_system=InProcessSystem)
+    node = run._driver.system.servers["a"].kernel.actors[0].node  # type: ignore[attr-defined]
+    keys: list[tuple[int, int]] = []
+
+    def sets() -> None:  # each waits for the driver, which waits for the held hook
+        for param, value in [("g.gain", 7.5), ("g.on", False), ("g.gain", 2.0)]:
+            keys.append(run.set_param(param, value))
+
+    assert node.reached.wait(30)
+    setter = threading.Thread(target=sets)
+    setter.start()
+    end = time.monotonic() + 30
+    while run._driver.requests.empty() and time.monotonic() < end:  # type: ignore[attr-defined]
+        time.sleep(0.001)  # the first set is queued: it comes while the run is held
+    node.go.set()
+    setter.join(30)
+    run.join(60)
+
+    # Mid-run: each set applies at a key between the held hook's and the run's end.
+    assert len(keys) == 3 and keys == sorted(keys), keys
+    assert all(200_000_000 <= t < 500_000_000 for t, _ in keys), keys
+    info = mujou.recording.mcapfile.info(path)
+    assert [a.name for a in info.attachments] == [
+        f"param-{t}-{d}-{n}.json" for n, (t, d) in enumerate(keys)]
+    params = [e for e in node.log if e[0] == "param"]
+    assert params == [("param", "gain", 1.0, 7.5), ("param", "on", True, False),
+                      ("param", "gain", 7.5, 2.0)]
+    updates = [e for e in node.log if e[0] == "update"]
+    assert len(updates) == 50 and updates[0] == ("update", 0.01, 1.0, "slow")
+    assert updates[-1] == ("update", 0.5, 2.0, "slow")
+
+    # One process, replaying the file: the whole net runs again with the recorded start
+    # values and sets, each applied by the update that applied it in the groups.
+    assert assert_replay_matches(path, make_placed_pair()) == 50
+    again, second = Gain(), tmp_path / "one.mcap"
+    mujou.run({"g": again, "p": Plain()}, timer="simulated", duration=0.5, replay=path,
+              record=second).join(30)
+    assert again.log == node.log
+    third = Gain()  # and the one-process run's recording of the same sets, replayed in turn
+    mujou.run({"g": third, "p": Plain()}, timer="simulated", duration=0.5,
+              replay=second).join(30)
+    assert third.log == node.log
+    assert [a.name for a in mujou.recording.mcapfile.info(second).attachments] == [
+        a.name for a in info.attachments]
