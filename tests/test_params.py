@@ -602,3 +602,39 @@ def test_a_placed_run_s_recorded_sets_replay_bit_for_bit_as_one_process_runs_the
     assert third.log == node.log
     assert [a.name for a in mujou.recording.mcapfile.info(second).attachments] == [
         a.name for a in info.attachments]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_placed_over_processes_replays_its_recorded_sets_in_one_process(
+        tmp_path: Path) -> None:
+    from mujou_actors.testing import assert_replay_matches
+
+    path = tmp_path / "placed.mcap"
+    run = mujou.run("tests.test_params:make_placed_pair", placement={"g": "a", "p": "b"},
+                    timer="simulated", seed=3, record=path, params={"g.mode": "slow"})
+    try:  # no duration: the sets come while it runs, and it ends when stopped
+        run.wait_for("g.out", timeout=60)
+        first = run.set_param("g.gain", 7.5)
+        run.wait_for("g.out", lambda m: m == 7.5, timeout=60)
+        second = run.set_param("g.gain", 2.0)
+        run.wait_for("g.out", lambda m: m == 2.0, timeout=60)
+    finally:
+        run.stop()
+
+    assert first < second
+    compared = assert_replay_matches(path, make_placed_pair())
+    again = Gain()
+    mujou.run({"g": again, "p": Plain()}, timer="simulated", replay=path,
+              duration=mujou.recording.replay.recording_length(
+                  mujou.recording.mcapfile.info(path)) / 1e9).join(30)
+    updates = [e for e in again.log if e[0] == "update"]
+    assert len(updates) == compared > 2
+    # Each update sees the value of the latest set whose key is not after its own time
+    # (ticks are at delta 0: a set at (t, 1) applies from the first tick after t).
+    for _, t, gain, mode in updates:
+        t_ns = round(t * 1e9)
+        assert mode == "slow"
+        assert gain == (2.0 if t_ns > second[0] else 7.5 if t_ns > first[0] else 1.0), t_ns
+    assert [e for e in again.log if e[0] == "param"] == [("param", "gain", 1.0, 7.5),
+                                                        ("param", "gain", 7.5, 2.0)]
