@@ -592,6 +592,7 @@ def test_bad_declarations_raise_errors_that_say_what_was_expected() -> None:
         mujou.ApproximateTime(node.b, node.c)
 
 
+@pytest.mark.timeout(60)
 def test_a_bad_declaration_names_the_node_class_and_the_attribute_where_known() -> None:
     # Inputs made in __init__ learn their node only as it returns: the statement tells.
     with pytest.raises(ValueError) as caught:
