@@ -12,10 +12,11 @@ watched. A watched port has a `Run.watch` only while a client watches it
 (cancelled when that client goes): on the sending thread, that appends a
 reference to the message (or, for ``hz``, only its send time) to the watch's
 bounded queue (at most ``depth``: the oldest dropped, counted) and wakes
-nothing. The ``mujou-attach`` thread takes the queues every `FLUSH_S`, on its
-own schedule, makes each message's view there from the message as sent
-(``view.project``: tensors summarised; ``full``: every value; ``stamps``:
-only the send's time, for ``hz``), without a copy, and writes it. A batch
+nothing. The ``mujou-attach`` thread takes the queues every `FLUSH_S` (sooner
+while a queue fills past half, down to `MIN_FLUSH_S`), on its own schedule,
+makes each message's view there from the message as sent (``view.project``:
+tensors summarised; ``full``: every value; ``stamps``: only the send's time,
+for ``hz``), without a copy, and writes it. A batch
 of plain tensors of one dtype and shape (a sensor's port) goes instead as
 one ``column`` (`columns`): the tensors stacked, their raw bytes sent, the
 views made by the watcher (`attach.column_items`), so the watched process
@@ -93,8 +94,19 @@ IDLE_S = 0.25
 """Wall seconds between two looks at whether the run still goes, when nothing is watched."""
 
 
-FLUSH_S = 0.02
-"""Wall seconds between two takes of the watched ports' queues (a batch per client)."""
+FLUSH_S = 0.1
+"""The longest wall seconds between two takes of the watched ports' queues.
+
+Each take wakes the ``mujou-attach`` thread, whose fixed cost (a cold cache:
+about 100 us of CPU in the main job) is most of what a watcher costs the
+watched process; a person reads a batch every 0.1 s as live. A watch whose
+queue is more than half full at a take is taken sooner next time (down to
+`MIN_FLUSH_S`), so a fast port does not lose messages to a slow take.
+"""
+
+
+MIN_FLUSH_S = 0.01
+"""The shortest wall seconds between two takes (a port that fills its queue this fast loses)."""
 
 
 OUT_LIMIT = 1024 * 1024
@@ -277,6 +289,7 @@ class Endpoint:
         self._clients: dict[int, _Client] = {}
         self._closed = threading.Event()
         self._declared: RunParams | None = None  # the parameters' declarations, when first asked
+        self._flush_s = FLUSH_S  # the wait for the next take: shorter while queues fill
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(self.socket_path)
@@ -315,7 +328,7 @@ class Endpoint:
         try:
             while not self._closed.is_set() and self._run.running:
                 watching = any(c.watch is not None for c in self._clients.values())
-                for key, events in sel.select(FLUSH_S if watching else IDLE_S):
+                for key, events in sel.select(self._flush_s if watching else IDLE_S):
                     if key.data is None:
                         self._accept(sel)
                         continue
@@ -516,36 +529,50 @@ class Endpoint:
                 "type": _type_name(port.type), "timer_ns": self._run.time_ns}
 
     def _take(self, sel: selectors.BaseSelector) -> None:
-        """Each watching client's queued messages, their views made, as batches."""
+        """Each watching client's queued messages, their views made, as batches.
+
+        Sets the wait for the next take: halved while a queue was more than
+        half full, doubled back (up to `FLUSH_S`) while none was a quarter full.
+        """
+        fill = 0.0
         for client in list(self._clients.values()):
             watch = client.watch
             if watch is None or len(client.out) >= OUT_LIMIT:
                 continue  # a client behind: its queue drops its oldest meanwhile
             items = watch.take()
-            if not items:
-                continue
-            if watch.mode == "stamps":
-                watch.sent += len(items)
-                self._send(sel, client, {"stamps": items, "lost": watch.lost()})
-                continue
-            tensors = columns(items, watch.mode == "full")
-            if tensors is not None:
-                watch.sent += len(items)
-                for column in tensors:
-                    self._send(sel, client, {"column": column, "lost": watch.lost()})
-                continue
-            make = full if watch.mode == "full" else project
-            batch: list[Any] = []
-            size = 0
-            for t_ns, message in items:
-                item = _item(make, t_ns, message)
-                batch.append(item)
-                size += len(item[1]) if isinstance(item[1], bytes) else 0
-                if size > MAX_FRAME // 4:
-                    self._send_batch(sel, client, watch, batch)
-                    batch, size = [], 0
-            if batch:
+            if items:
+                fill = max(fill, len(items) / watch.depth)
+                self._send_items(sel, client, watch, items)
+        if fill > 0.5:
+            self._flush_s = max(MIN_FLUSH_S, self._flush_s / 2)
+        elif fill < 0.25:
+            self._flush_s = min(FLUSH_S, self._flush_s * 2)
+
+    def _send_items(self, sel: selectors.BaseSelector, client: _Client, watch: _Watch,
+                    items: list[Any]) -> None:
+        """A take's items to its client: send times, columns of tensors, or a view each."""
+        if watch.mode == "stamps":
+            watch.sent += len(items)
+            self._send(sel, client, {"stamps": items, "lost": watch.lost()})
+            return
+        tensors = columns(items, watch.mode == "full")
+        if tensors is not None:
+            watch.sent += len(items)
+            for column in tensors:
+                self._send(sel, client, {"column": column, "lost": watch.lost()})
+            return
+        make = full if watch.mode == "full" else project
+        batch: list[Any] = []
+        size = 0
+        for t_ns, message in items:
+            item = _item(make, t_ns, message)
+            batch.append(item)
+            size += len(item[1]) if isinstance(item[1], bytes) else 0
+            if size > MAX_FRAME // 4:
                 self._send_batch(sel, client, watch, batch)
+                batch, size = [], 0
+        if batch:
+            self._send_batch(sel, client, watch, batch)
 
     def _send_batch(self, sel: selectors.BaseSelector, client: _Client, watch: _Watch,
                     batch: list[Any]) -> None:
