@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ import mujou_actors as mujou
 from mujou_actors import attach, endpoint
 from mujou_actors.errors import AttachError
 from mujou_actors.recording import view
+from tests.test_attach import runtime  # noqa: F401 - runtime: a fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -193,19 +192,9 @@ class _Pose(mujou.Node):
         self.pose.send(torch.full((2, 2), float(self.n)))
 
 
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="mj", dir="/tmp")) / "rt"
-    monkeypatch.setenv("MUJOU_RUNTIME_DIR", str(folder))
-    monkeypatch.delenv("MUJOU_ATTACH", raising=False)
-    yield folder
-    for path in sorted(folder.parent.rglob("*"), reverse=True):
-        path.unlink() if not path.is_dir() else path.rmdir()
-    folder.parent.rmdir()
-
-
 def test_a_watcher_of_a_tensor_port_gets_every_message_in_columns(
-        runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        runtime: Path,  # noqa: F811 - the fixture
+        monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[int] = []
     real = attach.column_items
     monkeypatch.setattr(attach, "column_items",
