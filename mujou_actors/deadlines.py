@@ -90,10 +90,11 @@ def check_deadlines(cls: type, base: type, period_ns: int | None, budget: Any, d
         TypeError: ``budget`` or ``deadline`` not a number nor None,
             ``on_miss`` not a str.
         ValueError: the rule each error names: ``budget`` or ``deadline`` not
-            finite and > 0 (or under 1 ns); a deadline without a period; an
-            ``on_miss`` not in `ON_MISS`; ``"skip"`` without a period;
-            ``"safe"`` without an ``on_deadline_miss`` of the class's own; an
-            ``on_miss`` other than ``"warn"`` with neither budget nor deadline.
+            finite and > 0 (or under 1 ns); a deadline without a period; a
+            budget longer than the deadline; an ``on_miss`` not in `ON_MISS`;
+            ``"skip"`` without a period; ``"safe"`` without an
+            ``on_deadline_miss`` of the class's own; an ``on_miss`` other than
+            ``"warn"`` with neither budget nor deadline.
     """
     where = cls.__name__
     budget_ns = _check_limit("budget", budget, where)
@@ -101,6 +102,13 @@ def check_deadlines(cls: type, base: type, period_ns: int | None, budget: Any, d
     if deadline_ns is not None and period_ns is None:
         raise ValueError(f"{where}: deadline needs a period (it counts from each tick's due "
                          "time); give the node a period, or declare a budget instead")
+    if budget_ns is not None and deadline_ns is not None and budget_ns > deadline_ns:
+        # A thread's CPU time grows no faster than the wall clock, and an update starts
+        # no earlier than it is due: one over such a budget is past its deadline already.
+        raise ValueError(f"{where}: budget ({_ms(budget_ns / 1e9)}) must not exceed deadline "
+                         f"({_ms(deadline_ns / 1e9)}): an update over that budget has run "
+                         "past its deadline already, so the budget would never be the one "
+                         "missed; give a budget <= deadline, or only one of them")
     if not isinstance(on_miss, str):
         raise TypeError(f"{where}: on_miss must be one of {', '.join(map(repr, ON_MISS))}, "
                         f"got {on_miss!r}")
@@ -116,6 +124,44 @@ def check_deadlines(cls: type, base: type, period_ns: int | None, budget: Any, d
         raise ValueError(f"{where}: on_miss='safe' calls the node's on_deadline_miss(self, "
                          "miss), which the class does not define")
     return budget_ns, deadline_ns, on_miss
+
+
+def suspect_deadlines(period_ns: int | None, budget_ns: int | None,
+                      deadline_ns: int | None) -> list[str]:
+    """The legal declarations that are likely mistakes, each as the rule it breaks.
+
+    Warned of as the run starts (`net.warn_suspect_net`, naming the node):
+
+    * a ``deadline`` longer than the ``period``: a tick's update should end
+      before the next tick is due; one that ends later (yet in time for its
+      deadline) makes that tick late, an overrun, without a miss;
+    * a ``budget`` longer than the ``period`` (with a deadline, which is no
+      shorter than the budget, both are warned of): an update that uses its
+      whole budget makes the next tick late, and the node needs more than
+      one CPU to keep up.
+
+    Args:
+        period_ns (int | None): the node's period, ns (None: triggered only).
+        budget_ns (int | None): its budget, ns (None: none).
+        deadline_ns (int | None): its deadline, ns (None: none).
+
+    Returns:
+        list[str]: one sentence per rule broken; [] for none.
+    """
+    if period_ns is None:
+        return []
+    period = _ms(period_ns / 1e9)
+    found = []
+    if deadline_ns is not None and deadline_ns > period_ns:
+        found.append(f"deadline ({_ms(deadline_ns / 1e9)}) is longer than its period "
+                     f"({period}): an update may end after the next tick is due and still "
+                     "meet its deadline, making that tick late (an overrun, not a miss); "
+                     "a deadline <= period is what a tick's update must keep")
+    if budget_ns is not None and budget_ns > period_ns:
+        found.append(f"budget ({_ms(budget_ns / 1e9)}) is longer than its period ({period}): "
+                     "an update that uses it makes the next tick late, and the node needs "
+                     "more than one CPU to keep up; a budget <= period is what it can keep")
+    return found
 
 
 def _check_limit(name: str, value: Any, where: str) -> int | None:

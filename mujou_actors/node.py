@@ -111,14 +111,15 @@ class Node:
             shared workers: for hooks that block or rely on per-thread state.
             Default: False.
         budget (float | None): CPU seconds one ``on_update`` may take
-            (``time.thread_time_ns`` of its thread, measured as it returns).
-            Default: None (no budget).
+            (``time.thread_time_ns`` of its thread, measured as it returns);
+            at most ``deadline``. Default: None (no budget).
         deadline (float | None): seconds of the run's timer after an
             update's due time (its tick's, or its trigger's) by which
             ``on_update`` must have returned; needs a ``period``. In
             simulated time, where a hook starts when due and the clock stands
-            still while it runs, its CPU time is what is compared.
-            Default: None (no deadline).
+            still while it runs, its CPU time is what is compared. A deadline
+            or budget longer than the period is legal, and warned of as the
+            run starts. Default: None (no deadline).
         on_miss (str): what a missed budget or deadline does, in real time:
             ``"warn"`` (log it, at most a line every 10 s per node),
             ``"skip"`` (skip the node's next tick), ``"safe"`` (call the
@@ -134,7 +135,8 @@ class Node:
             ``[0, 2**64)``; a device other than the CPU
             or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available;
             ``budget`` or ``deadline`` not > 0, a ``deadline`` without a
-            period, an unknown ``on_miss``, ``"skip"`` without a period,
+            period, a ``budget`` longer than the ``deadline``, an unknown
+            ``on_miss``, ``"skip"`` without a period,
             ``"safe"`` without an ``on_deadline_miss`` of the class's own, or
             a policy other than ``"warn"`` with neither budget nor deadline.
         TypeError: an argument of the wrong type.

@@ -119,6 +119,9 @@ def _tick(actor: Actor, clock: RunClock, due_ns: int) -> None:
     ({"on_miss": "stop"}, ValueError, r"on_miss='stop' without a budget or a deadline"),
     ({"budget": 0.001, "on_miss": "skip", "period": None}, ValueError,
      r"on_miss='skip' skips the next tick and needs a period"),
+    ({"budget": 0.006, "deadline": 0.005}, ValueError,
+     r"Arm: budget \(6.000 ms\) must not exceed deadline \(5.000 ms\): an update over that "
+     r"budget has run past its deadline already"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_node_and_the_rule(
         kwargs: dict, error: type, rule: str) -> None:
@@ -155,6 +158,28 @@ def test_an_on_deadline_miss_that_its_policy_never_calls_is_warned_of(
 
     assert ("node 'arm' (Arm) defines on_deadline_miss but has on_miss='warn': it is never "
             "called") in caplog.text
+
+
+def test_a_budget_equal_to_the_deadline_and_the_period_is_accepted(cpu: CpuClock) -> None:
+    node = Arm(cpu, {}, budget=0.01, deadline=0.01)
+
+    assert (node.budget, node.deadline) == (0.01, 0.01)
+
+
+def test_a_deadline_or_budget_longer_than_the_period_is_warned_of_as_the_run_starts(
+        cpu: CpuClock, caplog: pytest.LogCaptureFixture) -> None:
+    net = {"late": Arm(cpu, {}, deadline=0.02), "heavy": Arm(cpu, {}, budget=0.015),
+           "fine": Arm(cpu, {}, budget=0.01, deadline=0.01)}
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        mujou.run(net, timer="simulated", duration=0.05).join(30)
+
+    lines = [r.getMessage() for r in caplog.records if "longer than its period" in r.getMessage()]
+    assert [line.split(":")[0] for line in lines] == ["node 'late' (Arm)", "node 'heavy' (Arm)"]
+    assert lines[0].startswith("node 'late' (Arm): its deadline (20.000 ms) is longer than its "
+                               "period (10.000 ms): an update may end after the next tick is due")
+    assert lines[1].startswith("node 'heavy' (Arm): its budget (15.000 ms) is longer than its "
+                               "period (10.000 ms)")
 
 
 # -- what a node without them pays --------------------------------------------------------
