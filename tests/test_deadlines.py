@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 import pytest
 
@@ -419,3 +420,51 @@ def test_a_placed_run_counts_the_misses_of_a_node_in_its_group(cpu: CpuClock) ->
     nodes = run.stats().nodes
     assert (nodes["arm"].updates, nodes["arm"].budget_misses) == (10, 2)
     assert (nodes["base"].budget_misses, nodes["base"].deadline_misses) == (0, 0)
+
+
+class Sleeper(mujou.Node):
+    """Its third update sleeps 50 ms, ten times its deadline (real time: a certain miss)."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01, deadline=0.005, on_miss="stop")
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            time.sleep(0.05)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def make_stopping_net() -> dict[str, mujou.Node]:
+    """Built in every process of the run (here, the groups are served in this one)."""
+    return {"arm": Sleeper(), "base": mujou.Node()}
+
+
+def test_stop_stops_a_placed_run_under_a_supervisor_that_restarts_as_in_one_process() -> None:
+    # A restarted node that is too slow would only miss again: no strategy restarts it.
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem
+
+    supervisor = mujou.Supervisor("one_for_one", snapshot_every=0.02)
+    args = _check_arguments(Seams(), workers=1, timer="realtime", duration=2.0, seed=7,
+                            state=None, supervisor=supervisor, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(make_stopping_net, placement=mujou.Placement({"arm": "a", "base": "b"}),
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+
+    with pytest.raises(NodeError, match=r"past its deadline of 5.000 ms \(on_miss='stop'\) "
+                                        r"\(in group 'a'\)") as info:
+        run.join(30)
+
+    assert info.value.path == "arm"
+    assert isinstance(info.value.__cause__, placed.RemoteTraceback)
+    assert info.value.__cause__.type_name == "DeadlineMissError"
+    stats = run.stats().nodes["arm"]
+    assert stats.restarts == 0 and stats.deadline_misses >= 1
