@@ -2,9 +2,12 @@
 
 A node declares them next to its period (``Node(budget=, deadline=,
 on_miss=)``); the run measures each ``on_update`` of such a node as it
-returns (`_runtime.actor.guard_deadlines`) and handles a miss by the node's
-policy. This module holds what the node and the kernel share: the check of
-the declaration and `DeadlineMiss`, the record of one miss.
+returns (`_runtime.actor.guard_deadlines`), in real time catches one still
+running at its deadline (`_runtime.overdue.DeadlineMonitor`), and handles a
+miss by the node's policy. This module holds what the node and the kernel
+share: the check of the declaration (`check_deadlines`), the declarations
+that are legal but suspect (`suspect_deadlines`), and `DeadlineMiss`, the
+record of one miss.
 """
 
 from __future__ import annotations
@@ -33,13 +36,20 @@ class DeadlineMiss:
         due (float): seconds of the run's timer: the time the update stands
             for (its tick's due time, or its trigger's time).
         run_time (float): CPU seconds the hook's thread spent in it
-            (``time.thread_time_ns``).
+            (``time.thread_time_ns``); 0.0 for a miss caught while the hook
+            ran (``running``: a thread's CPU time is read as its hook returns).
         finished (float): seconds after ``due`` at which it returned. Real
             time: read on the run's timer. Simulated time: ``run_time`` (a
             hook starts exactly when due there, and the simulated clock
-            stands still while it runs).
+            stands still while it runs). For a miss caught while the hook
+            ran: the seconds after ``due`` at which it was caught, still
+            running (so it finished later still).
         budget (float | None): the node's budget, seconds; None: none declared.
         deadline (float | None): the node's deadline, seconds; None: none declared.
+        running (bool): caught by the run's deadline monitor while the hook
+            was still running, past its deadline (real time; the record
+            `DeadlineMissError` holds when ``on_miss="stop"`` stopped the run
+            then). False: measured as the hook returned. Default: False.
     """
 
     path: str
@@ -48,6 +58,7 @@ class DeadlineMiss:
     finished: float
     budget: float | None
     deadline: float | None
+    running: bool = False
 
     @property
     def budget_missed(self) -> bool:
@@ -65,7 +76,8 @@ class DeadlineMiss:
             parts.append(f"ran {_ms(self.run_time)} of CPU time, over its budget of "
                          f"{_ms(self.budget)}")  # type: ignore[arg-type]
         if self.deadline_missed:
-            parts.append(f"finished {_ms(self.finished)} after it was due, past its deadline "
+            done = "is still running" if self.running else "finished"
+            parts.append(f"{done} {_ms(self.finished)} after it was due, past its deadline "
                          f"of {_ms(self.deadline)}")  # type: ignore[arg-type]
         return (f"node {self.path or '<root>'!r}: on_update due at t={self.due:.6f} s "
                 + " and ".join(parts))
