@@ -20,7 +20,9 @@ repetition by repetition, and the table gives their medians.
 * **Per update, in real time** (``rt-plain``, ``rt-deadline``): the same
   nodes at 1 kHz on the real-time timer for ``--duration`` wall seconds,
   process CPU time per update (the run's timer is read once more per update
-  with a deadline); noisier: the machine's load moves the wakeups.
+  with a deadline, and the run's deadline monitor, `_runtime.overdue`, adds
+  a lock per update and its thread's wakeups, counted in the process's CPU
+  time); noisier: the machine's load moves the wakeups.
 
 The script imports ``mujou_actors`` from ``sys.path`` in its children: the
 tree that runs it (its parent folder) unless ``PYTHONPATH`` says otherwise.

@@ -194,6 +194,10 @@ class DeadlineMissError(MujouError, RuntimeError):
     The node fails with it (the `NodeError` that ``join()`` raises has it as
     its ``__cause__``) and the run stops, whatever the supervisor's
     ``restart``: restarting a node that is too slow would only miss again.
+    An update still running at its deadline fails the node then, not when it
+    returns (``miss.running``). In a placed run the error stays in its group
+    process: ``join()``'s `NodeError` has a ``RemoteTraceback`` whose
+    ``type_name`` is ``"DeadlineMissError"`` as its cause.
 
     Attributes:
         miss (mujou_actors.DeadlineMiss): the node, the update's due time,

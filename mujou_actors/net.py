@@ -16,7 +16,7 @@ import torch
 
 from ._checks import is_int, is_number
 from .codec import file_problem, from_file
-from .deadlines import overrides
+from .deadlines import overrides, suspect_deadlines
 from .errors import NetError, SnapshotError
 from .node import Node, check_seed, iter_nodes, random_seed
 from .params import param_problems
@@ -458,7 +458,9 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
     * nodes held where the walk does not look (a list inside a list, a helper
       object): they are not part of the net and never run;
     * a node whose class defines ``on_deadline_miss`` with an ``on_miss``
-      other than ``"safe"``: that hook is never called.
+      other than ``"safe"``: that hook is never called;
+    * a node whose ``deadline`` or ``budget`` is longer than its period
+      (`deadlines.suspect_deadlines`): its updates may make its ticks late.
     * a synchronizer whose node never updates (no period, no Input of it
       that triggers): it never matches a message.
 
@@ -492,6 +494,8 @@ def warn_suspect_net(found: list[tuple[str, Node]], ports: Mapping[str, Port],
             log.warning("node %r (%s) defines on_deadline_miss but has on_miss=%r: it is "
                         "never called; declare on_miss='safe' (and a budget or a deadline)",
                         name, type(node).__name__, node._mujou_on_miss)
+        for rule in suspect_deadlines(period, node._mujou_budget_ns, node._mujou_deadline_ns):
+            log.warning("node %r (%s): its %s", name, type(node).__name__, rule)
         for attr, where in _nodes_out_of_net(node, in_net):
             log.warning("node %r (%s) holds a Node in self.%s (%s): it is not part of the net "
                         "and never runs; hold nodes in attributes, or in lists, tuples or "

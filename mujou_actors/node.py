@@ -111,19 +111,25 @@ class Node:
             shared workers: for hooks that block or rely on per-thread state.
             Default: False.
         budget (float | None): CPU seconds one ``on_update`` may take
-            (``time.thread_time_ns`` of its thread, measured as it returns).
-            Default: None (no budget).
+            (``time.thread_time_ns`` of its thread, measured as it returns);
+            at most ``deadline``. Default: None (no budget).
         deadline (float | None): seconds of the run's timer after an
             update's due time (its tick's, or its trigger's) by which
-            ``on_update`` must have returned; needs a ``period``. In
-            simulated time, where a hook starts when due and the clock stands
-            still while it runs, its CPU time is what is compared.
+            ``on_update`` must have returned; needs a ``period``. In real
+            time an update still running at its deadline is caught then, by
+            the run's deadline monitor (a thread started only for nodes with
+            a deadline), not when it returns. In simulated time, where a hook
+            starts when due and the clock stands still while it runs, its CPU
+            time is what is compared. A deadline or budget longer than the
+            period is legal, and warned of as the run starts.
             Default: None (no deadline).
         on_miss (str): what a missed budget or deadline does, in real time:
             ``"warn"`` (log it, at most a line every 10 s per node),
             ``"skip"`` (skip the node's next tick), ``"safe"`` (call the
-            node's ``on_deadline_miss``), ``"stop"`` (stop the run: ``join()``
-            raises a `NodeError` whose cause is a ``DeadlineMissError``). In
+            node's ``on_deadline_miss`` once the update has returned),
+            ``"stop"`` (stop the run, even while the update still runs:
+            ``join()`` raises a `NodeError` whose cause is a
+            ``DeadlineMissError``; no supervisor restarts the node). In
             simulated time every policy only warns, so that results never
             depend on the machine's speed. Every miss is counted in
             `NodeStats`. Default: ``"warn"``. See docs/nodes-and-ports.md,
@@ -134,7 +140,8 @@ class Node:
             ``[0, 2**64)``; a device other than the CPU
             or CUDA (``"mps"``, ``"meta"``), or CUDA when it is not available;
             ``budget`` or ``deadline`` not > 0, a ``deadline`` without a
-            period, an unknown ``on_miss``, ``"skip"`` without a period,
+            period, a ``budget`` longer than the ``deadline``, an unknown
+            ``on_miss``, ``"skip"`` without a period,
             ``"safe"`` without an ``on_deadline_miss`` of the class's own, or
             a policy other than ``"warn"`` with neither budget nor deadline.
         TypeError: an argument of the wrong type.
@@ -342,9 +349,13 @@ class Node:
         """Called after an ``on_update`` that missed its budget or deadline (``on_miss="safe"``).
 
         Real time only, in the node's context on the thread of the update,
-        before its next hook: the place to put the node in a safe state (hold
-        the last command, send a stop). Its time counts in the update's.
-        What it raises fails the node as ``on_update`` would.
+        once the update has returned and before the node's next hook: the
+        place to put the node in a safe state (hold the last command, send a
+        stop). It never runs beside the node's own ``on_update``: an update
+        caught still running at its deadline is counted and logged then, and
+        this hook called only as the update returns (a running hook cannot
+        be interrupted). Its time counts in the update's. What it raises
+        fails the node as ``on_update`` would.
 
         Args:
             miss (DeadlineMiss): what was missed, by how much.

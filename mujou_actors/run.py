@@ -1019,10 +1019,12 @@ def _build(plan: _Plan, args: _Arguments, seams: Seams
             replayed = params.preload(plan.params.initial, plan.params.sets, "the recording")
         set_values(args.params, plan.found)  # after a replay's start values: these win
         # Nodes with a budget or deadline only (a replayed one never runs); wrapped first,
-        # so that the read-only check's time is not charged to the node's budget.
+        # so that the read-only check's time is not charged to the node's budget. In
+        # real time the dispatcher's monitor watches the deadlines as the hooks run.
         for actor in actors:
             if plan.replaced is None or actor.path not in plan.replaced:
-                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated)
+                guard_deadlines(actor, dispatcher.timer, dispatcher.simulated,
+                                dispatcher.deadlines.add)
         if args.check_read_only:  # the update wrapped once here; a run without it pays nothing
             for actor in actors:
                 guard_read_only(actor)

@@ -466,17 +466,32 @@ class Recorder:
         name, _, text = describe(exc).partition(": ")  # never raises, whatever exc does
         self._append((FAIL, time.perf_counter_ns(), thread, actor.order, hook, name, text))
 
-    def miss(self, actor: Actor, miss: DeadlineMiss) -> None:
+    def miss(self, actor: Actor, miss: DeadlineMiss, what: str | None = None) -> None:
         """An update of ``actor`` missed its budget or deadline (rare: kept as a tuple).
 
-        Recorded as its hook returns, inside the hook's slice: an instant event
-        named by what was missed, the figures (seconds) as its args.
+        Recorded as its hook returns, or in real time as the run's deadline
+        monitor catches it still running (``miss.running``), inside the
+        hook's slice either way (on the hook's thread's track): an instant
+        event named by what was missed, the figures (seconds) as its args
+        (``running: true`` added for a catch).
+
+        Args:
+            actor (Actor): the node's actor.
+            miss (DeadlineMiss): the miss.
+            what (str | None): what was missed, as the event names it
+                (``"budget"``, ``"deadline"``, ``"budget and deadline"``).
+                None: what ``miss`` says was missed. Default: None.
         """
         thread = self._code(self.threads, actor.thread_name or "?")
-        what = " and ".join(name for name, hit in (("budget", miss.budget_missed),
-                                                   ("deadline", miss.deadline_missed)) if hit)
-        figures = {"due": miss.due, "run_time": miss.run_time, "finished": miss.finished,
-                   "budget": miss.budget, "deadline": miss.deadline}
+        if what is None:
+            what = " and ".join(name for name, hit in (("budget", miss.budget_missed),
+                                                       ("deadline", miss.deadline_missed))
+                                if hit)
+        figures: dict[str, Any] = {"due": miss.due, "run_time": miss.run_time,
+                                   "finished": miss.finished, "budget": miss.budget,
+                                   "deadline": miss.deadline}
+        if miss.running:
+            figures["running"] = True
         self._append((MISS, time.perf_counter_ns(), thread, actor.order, "on_update", what,
                       json.dumps(figures)))
 

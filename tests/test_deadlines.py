@@ -3,14 +3,20 @@
 A hook's CPU time comes from a scripted clock put where the actor reads it
 (`actor._cpu_clock`): a hook "spends" a known time, so every miss is certain.
 Real time runs on a scripted timer that the hooks move, as tests/test_timers.py
-does; nothing sleeps.
+does; nothing sleeps. A hook caught running past its deadline by the run's
+deadline monitor blocks on an Event that the test sets once it has seen the
+catch (the monitor's log line, `Seen`), after moving the scripted timer past
+the deadline; only the placed run's test, whose groups run on the real clock,
+sleeps, ten times its deadline.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -20,6 +26,7 @@ from mujou_actors._runtime import actor as actor_module
 from mujou_actors._runtime.actor import Actor, DeadlineGuard, guard_deadlines
 from mujou_actors._runtime.build import Seams
 from mujou_actors._runtime.kernel import Kernel
+from mujou_actors._runtime.overdue import DeadlineMonitor
 from mujou_actors.errors import DeadlineMissError, NodeError
 from tests.conftest import Collector
 
@@ -119,6 +126,9 @@ def _tick(actor: Actor, clock: RunClock, due_ns: int) -> None:
     ({"on_miss": "stop"}, ValueError, r"on_miss='stop' without a budget or a deadline"),
     ({"budget": 0.001, "on_miss": "skip", "period": None}, ValueError,
      r"on_miss='skip' skips the next tick and needs a period"),
+    ({"budget": 0.006, "deadline": 0.005}, ValueError,
+     r"Arm: budget \(6.000 ms\) must not exceed deadline \(5.000 ms\): an update over that "
+     r"budget has run past its deadline already"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_node_and_the_rule(
         kwargs: dict, error: type, rule: str) -> None:
@@ -155,6 +165,28 @@ def test_an_on_deadline_miss_that_its_policy_never_calls_is_warned_of(
 
     assert ("node 'arm' (Arm) defines on_deadline_miss but has on_miss='warn': it is never "
             "called") in caplog.text
+
+
+def test_a_budget_equal_to_the_deadline_and_the_period_is_accepted(cpu: CpuClock) -> None:
+    node = Arm(cpu, {}, budget=0.01, deadline=0.01)
+
+    assert (node.budget, node.deadline) == (0.01, 0.01)
+
+
+def test_a_deadline_or_budget_longer_than_the_period_is_warned_of_as_the_run_starts(
+        cpu: CpuClock, caplog: pytest.LogCaptureFixture) -> None:
+    net = {"late": Arm(cpu, {}, deadline=0.02), "heavy": Arm(cpu, {}, budget=0.015),
+           "fine": Arm(cpu, {}, budget=0.01, deadline=0.01)}
+
+    with caplog.at_level(logging.WARNING, logger="mujou_actors"):
+        mujou.run(net, timer="simulated", duration=0.05).join(30)
+
+    lines = [r.getMessage() for r in caplog.records if "longer than its period" in r.getMessage()]
+    assert [line.split(":")[0] for line in lines] == ["node 'late' (Arm)", "node 'heavy' (Arm)"]
+    assert lines[0].startswith("node 'late' (Arm): its deadline (20.000 ms) is longer than its "
+                               "period (10.000 ms): an update may end after the next tick is due")
+    assert lines[1].startswith("node 'heavy' (Arm): its budget (15.000 ms) is longer than its "
+                               "period (10.000 ms)")
 
 
 # -- what a node without them pays --------------------------------------------------------
@@ -318,7 +350,9 @@ def test_stop_ends_a_real_time_run_that_join_reports_even_under_a_restarting_sup
             clock.t_ns = max(clock.t_ns, (self.n + 1) * 10 * MS)
 
     arm = Steady(cpu, {3: 0.012}, run_clock=clock, budget=0.004, on_miss="stop")
-    run = sys.modules["mujou_actors.run"]._start(
+    from mujou_actors.run import _start
+
+    run = _start(
         {"arm": arm}, seams=Seams(make_timer=lambda kind: clock), duration=1.0, workers=1,
         supervisor=mujou.Supervisor("one_for_one"))
 
@@ -330,6 +364,216 @@ def test_stop_ends_a_real_time_run_that_join_reports_even_under_a_restarting_sup
     assert "ran 12.000 ms of CPU time, over its budget of 4.000 ms" in str(info.value)
     stats = run.stats().nodes["arm"]
     assert (stats.updates, stats.budget_misses, stats.restarts) == (3, 1, 0)
+
+
+# -- real time: a hook still running at its deadline --------------------------------------
+
+class Blocker(mujou.Node):
+    """Its first update blocks until the test sets ``release`` (bounded: 30 s)."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(period=0.01, **kw)  # type: ignore[arg-type]
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.returned = False
+        self.misses: list[tuple[DeadlineMiss, bool]] = []
+
+    def on_update(self, dt: float) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(30)
+            self.returned = True
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        self.misses.append((miss, self.returned))
+
+
+class Seen(logging.Handler):
+    """Keeps the ``mujou_actors`` records that contain ``text``; ``seen`` is set at the first."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.records: list[logging.LogRecord] = []
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.records.append(record)
+            self.seen.set()
+
+
+@pytest.fixture
+def still_running() -> Iterator[Seen]:
+    """The monitor's lines about hooks caught past their deadline (any level)."""
+    handler = Seen("is still running")
+    logger = logging.getLogger("mujou_actors")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _watched(node: mujou.Node, clock: RunClock) -> tuple[Actor, DeadlineMonitor, list]:
+    """A real-time actor of ``node`` guarded and watched by a started monitor of its own."""
+    failed: list[tuple[Actor, str, BaseException]] = []
+    monitor = DeadlineMonitor(clock, lambda *report: failed.append(report))
+    actor = Actor(node, "arm", 0)
+    actor.schedule_first_tick(0)
+    guard_deadlines(actor, clock, simulated=False, watch=monitor.add)
+    monitor.start()
+    return actor, monitor, failed
+
+
+def _blocked_tick(actor: Actor, clock: RunClock, node: Blocker) -> threading.Thread:
+    """Start the tick due at 10 ms on a thread of its own; return once its hook blocks."""
+    thread = threading.Thread(target=_tick, args=(actor, clock, 10 * MS), daemon=True)
+    thread.start()
+    assert node.entered.wait(30)
+    return thread
+
+
+def test_a_miss_is_counted_and_logged_while_the_hook_still_runs_and_only_once(
+        still_running: Seen) -> None:
+    clock = RunClock()
+    node = Blocker(deadline=0.005)
+    actor, monitor, failed = _watched(node, clock)
+    try:
+        hook = _blocked_tick(actor, clock, node)
+
+        clock.t_ns = 17 * MS  # 2 ms past the deadline, the hook still blocked
+        assert still_running.seen.wait(30)
+
+        assert not node.returned and hook.is_alive()
+        assert (actor.deadline_misses, actor.budget_misses) == (1, 0)
+        assert [(r.levelno, r.getMessage()) for r in still_running.records] == [
+            (logging.WARNING, "node 'arm': on_update due at t=0.010000 s is still running "
+                              "7.000 ms after it was due, past its deadline of 5.000 ms")]
+        node.release.set()
+        hook.join(30)
+        assert node.returned and actor.deadline_misses == 1  # not counted again as it returns
+        assert len(still_running.records) == 1 and failed == []
+    finally:
+        node.release.set()
+        monitor.stop()
+        monitor.join(30)
+
+
+def test_safe_calls_on_deadline_miss_once_the_caught_hook_has_returned(
+        still_running: Seen) -> None:
+    clock = RunClock()
+    node = Blocker(deadline=0.005, on_miss="safe")
+    actor, monitor, _ = _watched(node, clock)
+    try:
+        hook = _blocked_tick(actor, clock, node)
+        clock.t_ns = 16 * MS
+
+        assert still_running.seen.wait(30)
+        assert node.misses == []  # never beside the node's own hook
+        assert still_running.records[0].getMessage().endswith(
+            "; on_miss='safe' is applied as the hook returns (a running hook is not "
+            "interrupted)")
+        clock.t_ns = 19 * MS
+        node.release.set()
+        hook.join(30)
+
+        (miss, after_the_hook), = node.misses
+        assert after_the_hook  # the hook had returned when it was called
+        assert (miss.due, miss.finished, miss.deadline, miss.running) == (0.01, 0.009, 0.005,
+                                                                          False)
+        assert actor.deadline_misses == 1
+    finally:
+        node.release.set()
+        monitor.stop()
+        monitor.join(30)
+
+
+def test_skip_is_applied_as_the_caught_hook_returns(still_running: Seen) -> None:
+    clock = RunClock()
+    node = Blocker(deadline=0.005, on_miss="skip")
+    actor, monitor, _ = _watched(node, clock)
+    try:
+        hook = _blocked_tick(actor, clock, node)
+        clock.t_ns = 16 * MS
+
+        assert still_running.seen.wait(30)
+        assert actor.next_tick_ns == 20 * MS  # the hook runs: nothing skipped yet
+        node.release.set()
+        hook.join(30)
+
+        assert actor.next_tick_ns == 30 * MS and actor.deadline_misses == 1
+    finally:
+        node.release.set()
+        monitor.stop()
+        monitor.join(30)
+
+
+def test_stop_ends_a_real_time_run_while_the_hook_still_blocks(tmp_path) -> None:
+    from mujou_actors.run import _start
+
+    clock = RunClock(t_ns=10 * MS)  # the first tick is due at once
+    node = Blocker(deadline=0.005, on_miss="stop")
+    failed = Seen("past its deadline")
+    logging.getLogger("mujou_actors").addHandler(failed)
+    path = tmp_path / "trace.json"
+    try:
+        run = _start(
+            {"arm": node}, seams=Seams(make_timer=lambda kind: clock), duration=1.0, workers=1,
+            supervisor=mujou.Supervisor("one_for_one"), trace=path)
+        assert node.entered.wait(30)
+
+        clock.t_ns = 18 * MS
+        assert failed.seen.wait(30)  # the run's error line: the run stops
+
+        assert not node.returned
+        assert [r.levelno for r in failed.records] == [logging.ERROR]  # no warning besides
+        assert run.stats().nodes["arm"].deadline_misses == 1
+        node.release.set()
+        with pytest.raises(NodeError) as info:
+            run.join(30)
+    finally:
+        node.release.set()
+        logging.getLogger("mujou_actors").removeHandler(failed)
+
+    cause = info.value.__cause__
+    assert isinstance(cause, DeadlineMissError) and cause.miss.running
+    assert str(cause) == ("node 'arm': on_update due at t=0.010000 s is still running 8.000 ms "
+                          "after it was due, past its deadline of 5.000 ms (on_miss='stop')")
+    stats = run.stats().nodes["arm"]
+    assert (stats.updates, stats.deadline_misses, stats.restarts) == (1, 1, 0)
+    events = json.loads(path.read_text())["traceEvents"]
+    (miss,) = [e for e in events if e.get("cat") == "deadline"]
+    (hook,) = [e for e in events if e.get("cat") == "hook" and e["name"] == "arm.on_update"]
+    assert miss["name"] == "arm.on_update missed its deadline"
+    assert miss["args"] == {"due": 0.01, "run_time": 0.0, "finished": 0.008, "budget": None,
+                            "deadline": 0.005, "running": True}
+    assert hook["ts"] <= miss["ts"] <= hook["ts"] + hook["dur"]  # inside the hook's slice
+
+
+class Budgeted(mujou.Node):
+    def __init__(self) -> None:
+        super().__init__(period=0.01, budget=0.005)
+
+
+@pytest.mark.parametrize(("make", "timer", "watching"), [
+    (mujou.Node, "realtime", False),  # neither budget nor deadline
+    (Budgeted, "realtime", False),  # a budget alone: checked as the hook returns
+    (lambda: Blocker(deadline=0.005), "simulated", False),  # measured as the hook returns
+    (lambda: Blocker(deadline=0.005), "realtime", True),
+], ids=["plain", "budget", "simulated", "deadline"])
+def test_only_a_real_time_node_with_a_deadline_starts_the_monitors_thread(
+        make: Callable[[], mujou.Node], timer: str, watching: bool) -> None:
+    kernel = Kernel({"n": make()}, timer=timer)
+
+    kernel.start()
+    try:
+        assert kernel.dispatcher.deadlines.watching is watching
+        assert ("mujou-deadlines" in {t.name for t in threading.enumerate()}) or not watching
+    finally:
+        kernel.stop(10)  # no update ran: the kernel's timer never started
 
 
 # -- the trace ----------------------------------------------------------------------------
@@ -394,3 +638,51 @@ def test_a_placed_run_counts_the_misses_of_a_node_in_its_group(cpu: CpuClock) ->
     nodes = run.stats().nodes
     assert (nodes["arm"].updates, nodes["arm"].budget_misses) == (10, 2)
     assert (nodes["base"].budget_misses, nodes["base"].deadline_misses) == (0, 0)
+
+
+class Sleeper(mujou.Node):
+    """Its third update sleeps 50 ms, ten times its deadline (real time: a certain miss)."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01, deadline=0.005, on_miss="stop")
+        self.n = 0
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        if self.n == 3:
+            time.sleep(0.05)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def make_stopping_net() -> dict[str, mujou.Node]:
+    """Built in every process of the run (here, the groups are served in this one)."""
+    return {"arm": Sleeper(), "base": mujou.Node()}
+
+
+def test_stop_stops_a_placed_run_under_a_supervisor_that_restarts_as_in_one_process() -> None:
+    # A restarted node that is too slow would only miss again: no strategy restarts it.
+    from mujou_actors.distributed import placed
+    from mujou_actors.run import _check_arguments
+    from tests.placed_support import InProcessSystem
+
+    supervisor = mujou.Supervisor("one_for_one", snapshot_every=0.02)
+    args = _check_arguments(Seams(), workers=1, timer="realtime", duration=2.0, seed=7,
+                            state=None, supervisor=supervisor, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=10.0, start_timeout=60.0)
+    run = placed.start(make_stopping_net, placement=mujou.Placement({"arm": "a", "base": "b"}),
+                       args=args, inputs=None, state=None, make_system=InProcessSystem)
+
+    with pytest.raises(NodeError, match=r"past its deadline of 5.000 ms \(on_miss='stop'\) "
+                                        r"\(in group 'a'\)") as info:
+        run.join(30)
+
+    assert info.value.path == "arm"
+    assert isinstance(info.value.__cause__, placed.RemoteTraceback)
+    assert info.value.__cause__.type_name == "DeadlineMissError"
+    stats = run.stats().nodes["arm"]
+    assert stats.restarts == 0 and stats.deadline_misses >= 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -742,6 +743,18 @@ class DeadlineGuard:
     In simulated time the policy is always ``"warn"``: a skipped tick, a safe
     state or a stop that depended on how fast the machine ran the hook would
     make the results depend on it too.
+
+    In real time, a guard with a deadline is also watched by the run's
+    deadline monitor (`overdue.DeadlineMonitor`, `watched`): as an update
+    starts, the guard publishes its deadline (`until_ns`); the monitor's
+    thread catches an update still running past it (`overdue`): it counts
+    the miss then, traces and logs it, and for ``"stop"`` fails the node,
+    which stops the run while the hook still runs. What needs the hook to
+    have returned (``"skip"``, ``"safe"``: a hook cannot be interrupted, and
+    ``on_deadline_miss`` never runs beside the node's own hook) is done as it
+    returns, where the miss is not counted again. The hand-over of an update
+    between the two threads (`caught`) is under `lock`, held for a few
+    statements, never across a wait.
     """
 
     def __init__(self, actor: Actor, timer: Any, simulated: bool) -> None:
@@ -756,18 +769,90 @@ class DeadlineGuard:
         self.policy: str = "warn" if simulated else self.declared
         self.logged_at = float("-inf")  # time.monotonic() of the last line logged
         self.unlogged = 0  # misses since then
+        # Set by `watched` (real time, a deadline); None: not watched, nothing to publish.
+        self.lock: threading.Lock | None = None
+        self.until_ns = NEVER  # the deadline (timer ns) of the update in flight; NEVER: none
+        self.caught = False  # the monitor counted the miss of the update in flight
+        self.wake: list[int] = [NEVER]  # the monitor's: the time its thread waits until
+        self.poke: Callable[[], None] = _ignore  # wakes the monitor's thread at once
+        self.fail: Callable[[Actor, str, BaseException], None] | None = None
+
+    def watched(self, wake: list[int], poke: Callable[[], None],
+                fail: Callable[[Actor, str, BaseException], None]) -> None:
+        """Be watched by the run's deadline monitor (`overdue.DeadlineMonitor.add`).
+
+        Args:
+            wake (list[int]): the monitor's one-item list: the time (ns of the
+                run's timer) its thread waits until. An update due by an
+                earlier time wakes it (``poke``) as the update starts.
+            poke (Callable[[], None]): wakes the monitor's thread at once.
+            fail (Callable[[Actor, str, BaseException], None]): fails the node
+                (the dispatcher's report of a hook's exception): what
+                ``"stop"`` does with a miss caught while the hook runs.
+        """
+        self.lock = threading.Lock()
+        self.wake, self.poke, self.fail = wake, poke, fail
 
     def __call__(self, node: Node, dt: float) -> None:
+        """Run the wrapped update of ``node`` (``dt``: seconds of the run's timer), measured.
+
+        Raises:
+            DeadlineMissError: see `measure`; and what the update raises.
+        """
+        lock = self.lock
+        if lock is None:  # not watched: the update as it was
+            t0 = _cpu_clock()
+            self.update(node, dt)
+            self.measure(node, _cpu_clock() - t0, False)
+            return
+        # Published before the hook runs, without the lock: the monitor reads
+        # NEVER (between updates) or this update's deadline, never another's.
+        until = self.actor.flight[1][0] + self.deadline_ns
+        self.until_ns = until
+        if until < self.wake[0]:  # the monitor waits past it: wake it to wait less
+            self.poke()
         t0 = _cpu_clock()
-        self.update(node, dt)
+        try:
+            self.update(node, dt)
+        except BaseException:
+            self.returned()
+            raise
         took = _cpu_clock() - t0
+        self.measure(node, took, self.returned())
+
+    def returned(self) -> bool:
+        """The update in flight returned: unpublish it; whether the monitor caught it."""
+        lock = self.lock
+        assert lock is not None  # a watched guard's
+        with lock:
+            caught = self.caught
+            self.until_ns = NEVER
+            self.caught = False
+        return caught
+
+    def measure(self, node: Node, took: int, caught: bool) -> None:
+        """Check an update that has returned; count, trace, log and handle its miss.
+
+        Args:
+            node (Node): the node (``"safe"`` calls its ``on_deadline_miss``).
+            took (int): the update's CPU time, ns (its thread's).
+            caught (bool): the monitor counted, traced and logged its deadline
+                miss while it ran (and for ``"stop"`` failed the node): not
+                counted again; a budget miss is still this method's, and so
+                is what needs the hook to have returned (``"skip"``,
+                ``"safe"``).
+
+        Raises:
+            DeadlineMissError: a miss of a node with ``on_miss="stop"`` that
+                the monitor did not catch (the node fails with it).
+        """
         actor = self.actor
         due = actor.flight[1][0]  # the stamp's time: Actor.stamp, without the property's call
         finished = took if self.simulated else self.timer.now_ns() - due
         budget, deadline = self.budget_ns, self.deadline_ns
         over = budget is not None and took > budget
-        late = deadline is not None and finished > deadline
-        if not (over or late):
+        late = not caught and deadline is not None and finished > deadline
+        if not (over or late or caught):
             return
         if over:
             actor.budget_misses += 1
@@ -776,17 +861,70 @@ class DeadlineGuard:
         miss = DeadlineMiss(actor.path, due / 1e9, took / 1e9, finished / 1e9,
                             None if budget is None else budget / 1e9,
                             None if deadline is None else deadline / 1e9)
-        if actor.trace is not None:
-            actor.trace.miss(actor, miss)
+        if (over or late) and actor.trace is not None:
+            # After a catch, only the budget is news (the deadline's event is the monitor's).
+            actor.trace.miss(actor, miss, "budget" if caught else None)
         policy = self.policy
         if policy == "stop":
+            if caught:
+                return  # the monitor failed the node already: the run is stopping
             raise DeadlineMissError(miss)  # the node fails; the coordinator stops the run
-        self.log(miss)
+        if over or late:
+            self.log(miss)
         if policy == "skip":
             # Set for this update already (Actor.run_update): the tick after is the next.
             actor.next_tick_ns += actor.period_ns  # type: ignore[operator]  # skip needs one
         elif policy == "safe":
             node.on_deadline_miss(miss)  # in the node's context: the update's own
+
+    def overdue(self, now_ns: int) -> int:
+        """The monitor's look (on its thread): catch the update in flight past its deadline.
+
+        An update still running at ``now_ns``, past its deadline and not
+        caught yet, is caught: its deadline miss counted (once: `measure`
+        will not count it again), traced, logged, and for ``"stop"`` the
+        node failed (`fail`), which stops the run as a miss found as the
+        hook returns would. What else the policy does waits for the hook to
+        return (`measure`).
+
+        Args:
+            now_ns (int): the run's timer, ns.
+
+        Returns:
+            int: when to look again (ns of the run's timer): the deadline of
+            the update in flight; between updates, the deadline of the next
+            tick if it is still ahead (an update due earlier, a triggered
+            one, wakes the monitor as it starts); `NEVER`: nothing to look for.
+        """
+        actor, lock, deadline = self.actor, self.lock, self.deadline_ns
+        assert lock is not None and deadline is not None  # a watched guard's
+        with lock:
+            until = self.until_ns
+            if until == NEVER:  # between updates: the next tick's deadline, if ahead
+                tick = actor.next_tick_ns
+                if tick is None or tick + deadline <= now_ns:
+                    return NEVER
+                return tick + deadline
+            if self.caught or now_ns < until:
+                return NEVER if self.caught else until
+            self.caught = True
+            # Counted and traced before the lock is let go: once `returned`
+            # sees the catch, the count is there (measure counts it no more),
+            # and the trace's event falls inside the hook's slice.
+            actor.deadline_misses += 1
+            due = until - deadline
+            budget = self.budget_ns
+            miss = DeadlineMiss(actor.path, due / 1e9, 0.0, (now_ns - due) / 1e9,
+                                None if budget is None else budget / 1e9, deadline / 1e9,
+                                running=True)
+            if actor.trace is not None:
+                actor.trace.miss(actor, miss, "deadline")
+        if self.policy == "stop":
+            assert self.fail is not None  # set with the lock (watched)
+            self.fail(actor, "on_update", DeadlineMissError(miss))
+        else:
+            self.log(miss)
+        return NEVER
 
     def log(self, miss: DeadlineMiss) -> None:
         """Log a miss: the first at once, then at most a line per `MISS_LOG_S` per node."""
@@ -800,13 +938,21 @@ class DeadlineGuard:
                         "and logs misses", miss, more, self.declared)
         elif self.policy == "warn":
             log.warning("%s%s", miss, more)
+        elif miss.running:
+            log.warning("%s%s; on_miss=%r is applied as the hook returns (a running hook is "
+                        "not interrupted)", miss, more, self.policy)
         else:
             log.info("%s%s; on_miss=%r", miss, more, self.policy)
         self.logged_at = now
         self.unlogged = 0
 
 
-def guard_deadlines(actor: Actor, timer: Any, simulated: bool) -> None:
+def _ignore() -> None:
+    """Nothing to wake (a guard that no monitor watches)."""
+
+
+def guard_deadlines(actor: Actor, timer: Any, simulated: bool,
+                    watch: Callable[[DeadlineGuard], None] | None = None) -> None:
     """Measure ``actor``'s updates against its node's budget and deadline, if it has either.
 
     Wraps ``actor.update`` once, as the run starts (as `guard_read_only`
@@ -817,7 +963,15 @@ def guard_deadlines(actor: Actor, timer: Any, simulated: bool) -> None:
         actor (Actor): an actor of the run, its node's settings checked.
         timer (Timer): the run's timer (real time reads the finish on it).
         simulated (bool): the run's time is simulated.
+        watch (Callable[[DeadlineGuard], None] | None): the run's deadline
+            monitor's ``add`` (`overdue.DeadlineMonitor`), given the guard of
+            a node with a deadline in real time, so that an update still
+            running at its deadline is caught then. None: measured only as
+            each update returns. Default: None.
     """
     node = actor.node
     if node._mujou_budget_ns is not None or node._mujou_deadline_ns is not None:
-        actor.update = DeadlineGuard(actor, timer, simulated)
+        guard = DeadlineGuard(actor, timer, simulated)
+        actor.update = guard
+        if watch is not None and not simulated and guard.deadline_ns is not None:
+            watch(guard)

@@ -42,6 +42,7 @@ from .calendar import Calendar, Group
 from .keys import CONTROL_KEY, CONTROL_T, HOST_STAMP, ORDER_BITS, Key, SharedKey, pack, unstamp
 from .loops import DEFAULT_MAX_DELTA_CYCLES, Loop, describe_loop
 from .mailbox import STAMP, Delivery, Envelope, Snapshot
+from .overdue import DeadlineMonitor
 from .policy import RealTime, SimulatedTime, Step, make_policy
 from .protocols import KernelListener
 from .sends import SendContext
@@ -226,6 +227,11 @@ class Dispatcher:
         self._started_ns = time.perf_counter_ns()
         # What the sends of this run share (sends.make_send).
         self.sends = SendContext(self.policy, workers, self, trace)
+        # Real time: catches an update still running at its deadline. Its thread
+        # starts with the others only if some node's guard is added to it
+        # (actor.guard_deadlines); it fails a node of on_miss="stop" as a hook's
+        # exception does.
+        self.deadlines = DeadlineMonitor(timer, self._fail)
 
     # -- settings from the driver ---------------------------------------------------
     @property
@@ -331,12 +337,14 @@ class Dispatcher:
 
     # -- threads -----------------------------------------------------------------
     def start_threads(self) -> None:
-        """Start the worker threads and one thread per dedicated actor."""
+        """Start the worker threads, one thread per dedicated actor, and the deadline
+        monitor's if it watches any node (`deadlines`)."""
         for i in range(self.n_workers):
             self._spawn(f"mujou-worker-{i}", self._lone_loop if self._lone else self._worker_loop,
                         None)
         for actor in self._dedicated:
             self._spawn(f"mujou-node-{actor.path or 'root'}", self._dedicated_loop, actor)
+        self.deadlines.start()
 
     def _spawn(self, name: str, target: Callable[..., None], arg: Actor | None) -> None:
         args: tuple[Any, ...] = (target,) if arg is None else (target, arg)
@@ -378,13 +386,14 @@ class Dispatcher:
     def join_threads(self, timeout: float, skip: Iterable[str] = ()) -> None:
         """Wait (up to ``timeout`` s in all) for the threads to exit, except ``skip``.
 
-        Helpers of the control phases are joined too.
+        Helpers of the control phases are joined too, and the deadline monitor's.
         """
         deadline = time.monotonic() + timeout
         skip = set(skip)
         for thread in self._threads + self._helpers:
             if thread.name not in skip and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        self.deadlines.join(max(0.0, deadline - time.monotonic()))
 
     # -- modes -------------------------------------------------------------------------
     def _set_mode(self, mode: Mode) -> None:
@@ -565,10 +574,11 @@ class Dispatcher:
         return first is not None and first[0] == self._frontier[0]
 
     def shutdown(self) -> None:
-        """Make every thread exit once it is out of its hook."""
+        """Make every thread exit once it is out of its hook (the deadline monitor's at once)."""
         with self._cond:
             self._set_mode(SHUTDOWN)
             self._cond.notify_all()
+        self.deadlines.stop()
 
     def wait_idle(self, timeout: float) -> list[Actor]:
         """Wait until no hook is in flight; return the actors still busy at timeout."""

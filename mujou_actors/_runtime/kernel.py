@@ -318,7 +318,7 @@ class Kernel:
         self.params = RunParams((a.path, a.node) for a in self.actors)
         self.params.guard(self.actors)
         for actor in self.actors:
-            guard_deadlines(actor, clock, self._kind == "simulated")
+            guard_deadlines(actor, clock, self._kind == "simulated", self.dispatcher.deadlines.add)
         if self._check_read_only:  # the update wrapped once here, as mujou.run does
             for actor in self.actors:
                 guard_read_only(actor)

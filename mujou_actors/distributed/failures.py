@@ -30,15 +30,20 @@ class Failed(Exception):
         others (list[Failed] | None): the other hooks that failed in the same
             round (the same delta cycle, in any group), each the supervisor's
             to handle as one process handles each failure; None: none.
+        restartable (bool): False for a failure no supervisor restarts the
+            node for: a missed budget or deadline with ``on_miss="stop"``
+            (the group's report says so: `group.failure_of`), as in one
+            process (`Coordinator.hook_failed`). Default: True.
     """
 
     def __init__(self, error: NodeError, group: str, node: str,
-                 others: list[Failed] | None = None) -> None:
+                 others: list[Failed] | None = None, restartable: bool = True) -> None:
         super().__init__(str(error))
         self.error = error
         self.group = group
         self.node = node
         self.others = others or []
+        self.restartable = restartable
 
 
 def failed_in(reported: list[tuple[str, Mapping[str, Any]]]) -> Failed | None:
@@ -47,7 +52,8 @@ def failed_in(reported: list[tuple[str, Mapping[str, Any]]]) -> Failed | None:
     failed = []
     for group, failure in reported:
         err = node_error(group, failure)
-        failed.append(Failed(err, group, err.path))
+        failed.append(Failed(err, group, err.path,
+                             restartable=bool(failure.get("restartable", True))))
     if not failed:
         return None
     first = failed[0]

@@ -39,7 +39,7 @@ from .._runtime.keys import HOST_ORDER, Key
 from .._runtime.loops import DEFAULT_MAX_DELTA_CYCLES
 from .._runtime.watchdog import Watchdog
 from ..devices import numerics
-from ..errors import AlgebraicLoopError, NodeError, describe
+from ..errors import AlgebraicLoopError, DeadlineMissError, NodeError, describe
 from ..messages import copy_message
 from ..net import synchronizers, walk
 from ..params import set_values
@@ -1274,7 +1274,12 @@ def _not_crossing(exc: BaseException, reply: dataplane.Reply,
 
 
 def failure_of(exc: BaseException) -> dict[str, Any]:
-    """A failure as plain data for the host: node, hook, message, the remote traceback."""
+    """A failure as plain data for the host: node, hook, message, the remote traceback.
+
+    A node that missed with ``on_miss="stop"`` (its cause a `DeadlineMissError`)
+    is marked ``"restartable": False``: the host's supervisor stops the run for
+    it, as one process's does (`failures.Failed.restartable`).
+    """
     cause = exc.__cause__ if isinstance(exc, NodeError) and exc.__cause__ else exc
     text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     if isinstance(exc, AlgebraicLoopError):  # rebuilt as such on the host (driver)
@@ -1282,8 +1287,11 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
                 "type": type(exc).__name__, "loop": [exc.nodes, exc.time_ns, exc.delta,
                                                      exc.loop]}
     if isinstance(exc, NodeError):
-        return {"path": exc.path, "hook": exc.hook, "message": str(exc), "traceback": text,
-                "type": type(cause).__name__}
+        failure: dict[str, Any] = {"path": exc.path, "hook": exc.hook, "message": str(exc),
+                                   "traceback": text, "type": type(cause).__name__}
+        if isinstance(cause, DeadlineMissError):
+            failure["restartable"] = False
+        return failure
     return {"path": "", "hook": "kernel", "message": f"{type(exc).__name__}: {exc}",
             "traceback": text, "type": type(exc).__name__}
 

@@ -119,7 +119,7 @@ class Recovery:
         driver = self.driver
         if isinstance(failed, Failed):
             return self.recover(failed.error, failed.group, node=failed.node,
-                                others=failed.others)
+                                others=failed.others, restartable=failed.restartable)
         e = failed.exit
         if self.recover(GroupDied(e.group, e.pid, e.reason), e.group, node=None):
             return True
@@ -167,7 +167,7 @@ class Recovery:
         driver.stop_asked.set()
 
     def recover(self, err: BaseException, group_name: str, node: str | None,
-                others: list[Failed] | None = None) -> bool:
+                others: list[Failed] | None = None, restartable: bool = True) -> bool:
         """Carry out the supervisor's verdict on a failure; False when the run must end.
 
         A node's failure restarts that node (``one_for_one``) or the whole net
@@ -180,6 +180,11 @@ class Recovery:
         against the restart intensity): under ``one_for_one`` each node is
         restarted, under ``one_for_all`` the net is restored once; when the
         run ends instead, each failure is recorded.
+
+        ``restartable``: False for a failure that stops the run whatever the
+        strategy (`Failed.restartable`: a missed budget or deadline with
+        ``on_miss="stop"``; a restarted node too slow would only miss again),
+        as in one process. One such failure among ``others`` stops it too.
         """
         others = others or []
         driver = self.driver
@@ -190,7 +195,7 @@ class Recovery:
             # (A group's own failure, not a hook's, is no node's to restart.)
             driver.failures += [err, *(o.error for o in others)]
             return False
-        verdict = failure_verdict(sup, self.intensity, driver.time_ns, restartable=True)
+        verdict = failure_verdict(sup, self.intensity, driver.time_ns, restartable=restartable)
         if verdict.action is Action.STOP:
             if verdict.note:
                 noted = type(err)(*args_of(err, verdict.note))
@@ -205,7 +210,8 @@ class Recovery:
             g.control.restart_node(node, latest["nodes"][node])
             self.restarts[node] = self.restarts.get(node, 0) + 1
             driver.timing.restarted_node(g)
-            return all(self.recover(o.error, o.group, o.node) for o in others)
+            return all(self.recover(o.error, o.group, o.node, restartable=o.restartable)
+                       for o in others)
         if not all(self._count(o) for o in others):
             return False  # (the net is restored once for all of them)
         if node is not None and not driver.timing.before_restore(driver.groups[group_name]):
@@ -228,7 +234,7 @@ class Recovery:
         driver = self.driver
         assert self.supervisor is not None
         verdict = failure_verdict(self.supervisor, self.intensity, driver.time_ns,
-                                  restartable=True)
+                                  restartable=failed.restartable)
         if verdict.action is Action.STOP:
             driver.failures.append(failed.error)
             return False
