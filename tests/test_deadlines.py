@@ -462,6 +462,37 @@ def test_a_miss_is_counted_and_logged_while_the_hook_still_runs_and_only_once(
         monitor.join(30)
 
 
+def test_one_stall_is_one_miss_the_tick_that_catches_up_counting_from_the_tick_it_stands_for(
+        still_running: Seen) -> None:
+    # The tick due at 10 ms blocks until 301 ms: caught as it runs. The next tick, due at
+    # 20 ms, starts at 302 ms and stands for the one due at 300 ms (28 overruns); it ends
+    # at 302 ms, 2 ms after the tick it stands for: in time, not a second miss 282 ms late.
+    clock = RunClock()
+    node = Blocker(deadline=0.005, on_miss="safe")
+    actor, monitor, _ = _watched(node, clock)
+    try:
+        hook = _blocked_tick(actor, clock, node)
+        clock.t_ns = 20 * MS
+        assert still_running.seen.wait(30)
+        clock.t_ns = 301 * MS
+        node.release.set()
+        hook.join(30)
+        assert actor.next_tick_ns == 20 * MS
+
+        clock.t_ns = 302 * MS  # the late tick starts a period and more after it was due
+        actor.stamp = (20 * MS, 0)
+        actor.run_update(now_ns=302 * MS, due_ns=20 * MS, is_tick=True)
+
+        assert (actor.updates, actor.overruns, actor.next_tick_ns) == (2, 28, 310 * MS)
+        assert actor.deadline_misses == 1  # the stall's, caught while it ran; not the catch-up
+        assert [m.due for m, _ in node.misses] == [0.01]  # `safe` called once, for the stall
+        assert len(still_running.records) == 1
+    finally:
+        node.release.set()
+        monitor.stop()
+        monitor.join(30)
+
+
 def test_safe_calls_on_deadline_miss_once_the_caught_hook_has_returned(
         still_running: Seen) -> None:
     clock = RunClock()

@@ -25,10 +25,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mujou_actors"
 COPIES: list[tuple[str, str, str, str, str, str]] = [
     ('_runtime/actor.py', "run_update's common case with now == due, inlined",
      'Actor.run_due', '_runtime/actor.py:Actor.run_update',
-     '369f3e39c418', 'fe43ff36be07'),
+     '369f3e39c418', 'a663fcaaa193'),
     ('_runtime/actor.py', 'What call() does, inlined for the common case',
      'Actor.run_update', '_runtime/actor.py:Actor.call',
-     'fe43ff36be07', 'ad9e374d3384'),
+     'a663fcaaa193', 'ad9e374d3384'),
     ('_runtime/calendar.py', '# Calendar.live, inlined',
      'Calendar.top', '_runtime/calendar.py:Calendar.live',
      '98fbe8125c4f', '2f3ad9d63738'),

@@ -108,6 +108,9 @@ class Actor:
         # identity and the rest
         "path", "order", "device", "mailbox", "triggers", "started",
         "overruns", "restarts",
+        # the latest missed tick a late tick stood for, and that update's number
+        # (written only when a tick is a period late: a DeadlineGuard's due)
+        "stands_for_ns", "stands_for_update",
         # written by a DeadlineGuard only (0 for a node without budget or deadline)
         "budget_misses", "deadline_misses",
         # CUDA (None for a net that uses no CUDA; see devices.py)
@@ -185,6 +188,8 @@ class Actor:
         self.failed = False
         self.updates = 0
         self.overruns = 0
+        self.stands_for_ns = 0
+        self.stands_for_update = -1
         self.budget_misses = 0
         self.deadline_misses = 0
         self.dt_from_ns: int | None = None
@@ -476,6 +481,7 @@ class Actor:
                     missed = (end_ns - due_ns) // period  # the latest tick due by the end
                 self.overruns += missed
                 due_ns += missed * period
+                self.stands_for_ns, self.stands_for_update = due_ns, self.updates + 1
             self.next_tick_ns = due_ns + period
         gap = now_ns - self.last_update_ns  # type: ignore[operator]
         dt = gap / 1e9
@@ -807,7 +813,7 @@ class DeadlineGuard:
             return
         # Published before the hook runs, without the lock: the monitor reads
         # NEVER (between updates) or this update's deadline, never another's.
-        until = self.actor.flight[1][0] + self.deadline_ns
+        until = self.due_ns() + self.deadline_ns  # type: ignore[operator]  # watched: one
         self.until_ns = until
         if until < self.wake[0]:  # the monitor waits past it: wake it to wait less
             self.poke()
@@ -819,6 +825,22 @@ class DeadlineGuard:
             raise
         took = _cpu_clock() - t0
         self.measure(node, took, self.returned())
+
+    def due_ns(self) -> int:
+        """The time (ns of the run's timer) the update in flight stands for, its deadline's start.
+
+        The stamp's time (its tick's due time, or its trigger's), except for a
+        tick that started a period or more late: that one stands for the
+        latest missed tick (`Actor.run_update`, the others counted as
+        overruns), and its deadline counts from that tick, so that one stall
+        is one miss, not a miss for the stalled update and another for the
+        one that catches up.
+        """
+        actor = self.actor
+        if actor.stands_for_update == actor.updates:
+            return actor.stands_for_ns
+        stamp: int = actor.flight[1][0]  # Actor.stamp, without the property's call
+        return stamp
 
     def returned(self) -> bool:
         """The update in flight returned: unpublish it; whether the monitor caught it."""
@@ -847,7 +869,7 @@ class DeadlineGuard:
                 the monitor did not catch (the node fails with it).
         """
         actor = self.actor
-        due = actor.flight[1][0]  # the stamp's time: Actor.stamp, without the property's call
+        due = self.due_ns()
         finished = took if self.simulated else self.timer.now_ns() - due
         budget, deadline = self.budget_ns, self.deadline_ns
         over = budget is not None and took > budget
