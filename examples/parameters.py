@@ -136,8 +136,12 @@ class Hold(mujou.Node):
             self.go.wait(timeout=60.0)
 
 
-def make_net(at: float, hold: bool = False) -> dict[str, mujou.Node]:
-    """The cart, its controller and the hold, connected."""
+def make_net(at: float = 2.0, hold: bool = False) -> dict[str, mujou.Node]:
+    """The cart, its controller and the hold (ticking once at ``at`` s), connected.
+
+    ``mujou run examples/parameters.py`` builds it with the defaults: the hold
+    ticks at 2 s and holds nothing.
+    """
     cart, controller = Cart(), Controller()
     mujou.connect(cart.state, controller.state)
     mujou.connect(controller.force, cart.force)

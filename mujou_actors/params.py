@@ -487,6 +487,9 @@ class RunParams:
                              "(a str, e.g. 'sensor.noise')")
         node_path, _, name = path.rpartition(".")
         node = self.nodes.get(node_path)
+        if node is None and not self.nodes:
+            raise ParamError(f"parameter {path!r}", "this net declares no parameters (a "
+                             "node declares one as a class attribute, mujou.Param)")
         if node is None:
             raise ParamError(f"parameter {path!r}", f"no node {node_path or '<root>'!r} with "
                              f"parameters in this run (nodes with parameters: "

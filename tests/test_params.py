@@ -210,6 +210,16 @@ def test_a_refused_set_names_the_parameter_and_the_rule_and_changes_nothing() ->
         run.set_param("g.gain", 2.0)
 
 
+def test_a_set_on_a_net_without_parameters_says_the_net_declares_none() -> None:
+    with mujou.run({"p": Plain()}, timer="simulated", duration=0.01) as run:
+        with pytest.raises(mujou.ParamError) as caught:
+            run.set_param("p.gain", 1.0)
+        run.join(30)
+
+    assert str(caught.value) == ("parameter 'p.gain': this net declares no parameters (a node "
+                                 "declares one as a class attribute, mujou.Param)")
+
+
 def test_params_are_set_before_on_start_and_may_set_read_only_ones() -> None:
     node = Gain()
     run = mujou.run({"g": node}, timer="simulated", duration=0.02,
