@@ -1703,6 +1703,9 @@ def _print_recording(info: Any) -> None:
                  f"({(info.end_ns - info.start_ns) / 1e9:.3f} s)")
     ended = "" if end is None else f", run ended at {_seconds(_int(end.get('time_ns')))} s"
     console.print(f"time {span}, {info.messages:,} messages, {dropped:,} dropped{ended}")
+    if not info.channels and info.views:
+        console.print("no lossless channels: a file of views only (mujou export-view writes "
+                      "one); its views are listed below")
     if end is not None and end.get("failure"):
         console.print(f"failure: {end['failure']}")
     facts = capsule_facts(end, info.path)

@@ -498,6 +498,10 @@ def test_mujou_run_record_log_then_inspect_cat_and_export_view(tmp_path: pathlib
     assert "2 messages and 4 log records" in exported.stderr
     copied = [e.message for e in mcapfile.Reader(out).logs()]
     assert copied == ["tick\x1b[31m", "tock"] * 2
+    viewed = _mujou("inspect", str(out))
+    assert viewed.returncode == 0, viewed.stderr
+    assert "no lossless channels: a file of views only" in viewed.stdout
+    assert "/view/a.out" in viewed.stdout and "4 records" in viewed.stdout
     assert [c.topic for c in mcapfile.info(out).views] == ["/view/a.out"]
 
 
