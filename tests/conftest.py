@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import sys
+import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -28,6 +31,26 @@ def _convention_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     if "MUJOU_SECRET" not in os.environ and "MUJOU_SECRET_FILE" not in os.environ:
         monkeypatch.setenv("MUJOU_SECRET", "the tests' shared secret, 32+ bytes long")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with the process's SIGINT and SIGTERM handlers as they were.
+
+    A test that leaves one changed (a command run in this process, a library
+    that installs its own) would change what a later one gets from Ctrl-C:
+    the handlers are put back, with a warning that names the test.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+            warnings.warn(f"{request.node.nodeid} left the {signum.name} handler changed; "
+                          f"put back", stacklevel=1)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 
@@ -1649,11 +1650,14 @@ def test_a_keyboard_interrupt_while_mujou_run_waits_for_on_start_stops_the_run()
             super().on_start()
 
     net = {"c": _Starts(log), "i": Interrupts(log), "later": _Starts(log)}
+    # interrupt_main does nothing unless SIGINT has Python's own handler: make sure it has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             mujou.run(net, workers=1, timer="simulated", stop_timeout=0.2)
     finally:
         release.set()
+        signal.signal(signal.SIGINT, previous)
 
     assert net["i"].done.wait(5)  # left behind, it has returned now
     assert log == ["c", "i"]  # 'later' never started, not even once the worker was free
