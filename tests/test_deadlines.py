@@ -12,6 +12,7 @@ sleeps, ten times its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -417,15 +418,23 @@ def still_running() -> Iterator[Seen]:
         logger.setLevel(level)
 
 
-def _watched(node: mujou.Node, clock: RunClock) -> tuple[Actor, DeadlineMonitor, list]:
-    """A real-time actor of ``node`` guarded and watched by a started monitor of its own."""
+@contextlib.contextmanager
+def _watching(node: Blocker, clock: RunClock,
+              ) -> Iterator[tuple[Actor, DeadlineMonitor, list]]:
+    """A real-time actor of ``node`` guarded and watched by a started monitor of its own;
+    on leaving, ``node``'s hook is released and the monitor's thread ended."""
     failed: list[tuple[Actor, str, BaseException]] = []
     monitor = DeadlineMonitor(clock, lambda *report: failed.append(report))
     actor = Actor(node, "arm", 0)
     actor.schedule_first_tick(0)
     guard_deadlines(actor, clock, simulated=False, watch=monitor.add)
     monitor.start()
-    return actor, monitor, failed
+    try:
+        yield actor, monitor, failed
+    finally:
+        node.release.set()
+        monitor.stop()
+        monitor.join(30)
 
 
 def _blocked_tick(actor: Actor, clock: RunClock, node: Blocker) -> threading.Thread:
@@ -440,8 +449,7 @@ def test_a_miss_is_counted_and_logged_while_the_hook_still_runs_and_only_once(
         still_running: Seen) -> None:
     clock = RunClock()
     node = Blocker(deadline=0.005)
-    actor, monitor, failed = _watched(node, clock)
-    try:
+    with _watching(node, clock) as (actor, monitor, failed):
         hook = _blocked_tick(actor, clock, node)
 
         clock.t_ns = 17 * MS  # 2 ms past the deadline, the hook still blocked
@@ -456,10 +464,6 @@ def test_a_miss_is_counted_and_logged_while_the_hook_still_runs_and_only_once(
         hook.join(30)
         assert node.returned and actor.deadline_misses == 1  # not counted again as it returns
         assert len(still_running.records) == 1 and failed == []
-    finally:
-        node.release.set()
-        monitor.stop()
-        monitor.join(30)
 
 
 def test_one_stall_is_one_miss_the_tick_that_catches_up_counting_from_the_tick_it_stands_for(
@@ -469,8 +473,7 @@ def test_one_stall_is_one_miss_the_tick_that_catches_up_counting_from_the_tick_i
     # at 302 ms, 2 ms after the tick it stands for: in time, not a second miss 282 ms late.
     clock = RunClock()
     node = Blocker(deadline=0.005, on_miss="safe")
-    actor, monitor, _ = _watched(node, clock)
-    try:
+    with _watching(node, clock) as (actor, monitor, _):
         hook = _blocked_tick(actor, clock, node)
         clock.t_ns = 20 * MS
         assert still_running.seen.wait(30)
@@ -487,18 +490,13 @@ def test_one_stall_is_one_miss_the_tick_that_catches_up_counting_from_the_tick_i
         assert actor.deadline_misses == 1  # the stall's, caught while it ran; not the catch-up
         assert [m.due for m, _ in node.misses] == [0.01]  # `safe` called once, for the stall
         assert len(still_running.records) == 1
-    finally:
-        node.release.set()
-        monitor.stop()
-        monitor.join(30)
 
 
 def test_safe_calls_on_deadline_miss_once_the_caught_hook_has_returned(
         still_running: Seen) -> None:
     clock = RunClock()
     node = Blocker(deadline=0.005, on_miss="safe")
-    actor, monitor, _ = _watched(node, clock)
-    try:
+    with _watching(node, clock) as (actor, monitor, _):
         hook = _blocked_tick(actor, clock, node)
         clock.t_ns = 16 * MS
 
@@ -516,17 +514,12 @@ def test_safe_calls_on_deadline_miss_once_the_caught_hook_has_returned(
         assert (miss.due, miss.finished, miss.deadline, miss.running) == (0.01, 0.009, 0.005,
                                                                           False)
         assert actor.deadline_misses == 1
-    finally:
-        node.release.set()
-        monitor.stop()
-        monitor.join(30)
 
 
 def test_skip_is_applied_as_the_caught_hook_returns(still_running: Seen) -> None:
     clock = RunClock()
     node = Blocker(deadline=0.005, on_miss="skip")
-    actor, monitor, _ = _watched(node, clock)
-    try:
+    with _watching(node, clock) as (actor, monitor, _):
         hook = _blocked_tick(actor, clock, node)
         clock.t_ns = 16 * MS
 
@@ -536,10 +529,6 @@ def test_skip_is_applied_as_the_caught_hook_returns(still_running: Seen) -> None
         hook.join(30)
 
         assert actor.next_tick_ns == 30 * MS and actor.deadline_misses == 1
-    finally:
-        node.release.set()
-        monitor.stop()
-        monitor.join(30)
 
 
 def test_stop_ends_a_real_time_run_while_the_hook_still_blocks(tmp_path) -> None:
