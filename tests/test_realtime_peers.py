@@ -60,6 +60,9 @@ def test_every_node_placed_sends_group_to_group_and_cuts_hold_each_message_once(
 
 
 def test_messages_from_two_groups_arrive_once_in_order_or_counted_as_dropped() -> None:
+    """Each counter sends 3 messages a tick: the first from its hook's thread (the direct
+    hop), the other two by its group's data-plane thread; they arrive in order all the
+    same."""
     run = _start(make_counters, COUNTERS, 0.5)
     mid = run.state_dict(timeout=10)
     mid_drops = run.stats().nodes["k"].drops["a"]
@@ -79,6 +82,9 @@ def test_messages_from_two_groups_arrive_once_in_order_or_counted_as_dropped() -
     assert [groups["a"].messages_out, groups["b"].messages_out] == sent
     assert groups["c"].messages_in == sum(sent) and groups["c"].messages_out == 0
     assert mid_drops <= drops
+    servers = run._driver.system.servers  # type: ignore[attr-defined]
+    assert servers["a"].direct_ships >= 10 and servers["b"].direct_ships >= 10
+    assert servers["c"].direct_ships == 0  # it sends nothing
     for which in (1, 2):
         assert mid["nodes"][f"c{which}"]["sent"] <= final["nodes"][f"c{which}"]["sent"]
 

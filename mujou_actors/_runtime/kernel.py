@@ -81,22 +81,29 @@ class OutsideSend(NamedTuple):
 class _Outbox:
     """What a local Output sends to Inputs outside the kernel, in send order.
 
-    ``notify`` (a real-time kernel's) is called after each send: the driver
-    ships sends as they come rather than between steps.
+    ``sent`` (a real-time kernel's) is called after each send with the send's
+    stamp: the driver ships sends as they come rather than between steps.
     """
 
-    __slots__ = ("path", "sends", "notify")
+    __slots__ = ("path", "sends", "sent")
 
     def __init__(self, path: str, sends: list[tuple[int, str, Any]],
-                 notify: Callable[[], None] | None) -> None:
+                 sent: Callable[[int], None] | None) -> None:
         self.path = path
         self.sends = sends
-        self.notify = notify
+        self.sent = sent
 
     def __call__(self, stamped: int, message: Any) -> None:
         self.sends.append((stamped, self.path, message))  # list.append: atomic
-        if self.notify is not None:
-            self.notify()
+        if self.sent is not None:
+            self.sent(stamped)
+
+
+def _notify_only(notify: Callable[[], None]) -> Callable[[int], None]:
+    """A ``sent`` that calls ``notify`` (which takes no stamp)."""
+    def sent(stamped: int) -> None:
+        notify()
+    return sent
 
 
 class _Events:
@@ -173,7 +180,15 @@ class Kernel:
             a cut).
         notify (Callable[[], None], optional): called, on the sending
             thread, after each send to an Input outside the kernel (a
-            real-time driver wakes up to ship it). Must not block.
+            real-time driver wakes up to ship it) and after each failure of
+            a hook. Must not block.
+        sent (Callable[[int], None], optional): called instead of ``notify``
+            after each send to an Input outside the kernel, on the sending
+            thread, with the send's stamp (`keys.stamp` of its hook's key and
+            the sender's order: the same for every send of one hook). It may
+            ship the send from that thread (`take_sends`); it may wait only
+            for the reader to take what was sent (the back-pressure of a
+            link), never for another thread of this kernel.
         trace (int, optional): record the kernel's hooks, sends and reads
             as `mujou.run(trace=)` does, into a buffer that keeps the newest
             ``trace`` records (`trace_part` takes them); sends to Inputs
@@ -209,7 +224,8 @@ class Kernel:
                  nodes: Iterable[str] | None = None, *, workers: int = 1,
                  seed: int | None = None, seams: Seams | None = None,
                  timer: str = "simulated", notify: Callable[[], None] | None = None,
-                 subtrees: bool = True, trace: int | None = None,
+                 sent: Callable[[int], None] | None = None, subtrees: bool = True,
+                 trace: int | None = None,
                  seeds: Mapping[str, int] | None = None,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
                  check_read_only: bool = False, outside_device: bool = False) -> None:
@@ -232,6 +248,9 @@ class Kernel:
             raise ValueError(f"Kernel: timer must be 'simulated' or 'realtime', got {timer!r}")
         self._kind = timer
         self._notify = notify
+        if sent is None and notify is not None:
+            sent = _notify_only(notify)
+        self._sent = sent
         if isinstance(nodes, str):
             raise TypeError(f"Kernel: nodes must be an iterable of node paths, not the "
                             f"string {nodes!r} (write [{nodes!r}])")
@@ -333,7 +352,7 @@ class Kernel:
         if self.recorder is not None:
             self.recorder.add_outside(output, [r for r in output.readers
                                                if self.ports.get(r.path) is not r])
-        return _Outbox(output.path, self._sends, self._notify)
+        return _Outbox(output.path, self._sends, self._sent)
 
     # -- the phases -----------------------------------------------------------------
     def start(self, start_ns: int = 0, timeout: float = 60.0) -> None:

@@ -42,6 +42,7 @@ link must agree (the run sets both); ``tcp://`` links never have it.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +55,7 @@ from ..ports import Input, Output, Port
 from . import cudaipc, wire
 from . import secret as secure
 from ._loopback import Wake  # its home; placed, driver and group name it dataplane.Wake
+from .unixstream import UnixStream
 
 __all__ = ["Routes", "Grant", "Segment", "Reply", "GroupLink", "HostLink", "Item", "Wake"]
 
@@ -232,10 +234,17 @@ def _key(value: Any) -> Key | None:
 class _Link:
     """One end of a ``PAIR`` connection, with its codec and traffic counts."""
 
-    def __init__(self, sock: zmq.Socket[Any], declared: Sequence[type], mine: str | None,
-                 theirs: str | None, watch: secure.Handshake | None = None) -> None:
+    def __init__(self, sock: zmq.Socket[Any] | UnixStream, declared: Sequence[type],
+                 mine: str | None, theirs: str | None,
+                 watch: secure.Handshake | None = None) -> None:
+        # What a poller polls: the ZeroMQ socket, or the Unix stream (its descriptor).
         self.sock = sock
+        self._stream = sock if isinstance(sock, UnixStream) else None
         self._watch = watch  # CURVE's handshakes (a link with a secret), until closed
+        # A stream's sends may come from several threads (workers: `post`): the codec's
+        # send side, the ids to give back and the order of the frames, under this lock.
+        self._lock = threading.Lock()
+        self._freed: list[int] = []  # the decoder's freed blocks, for the next frame out
         self.declared = declared
         # Large tensors go through this end's shared-memory pool (named ``mine``);
         # the other end's pool is mapped only under its own name (``theirs``).
@@ -262,22 +271,52 @@ class _Link:
 
     def _send(self, header: list[Any], items: list[Item], messages: int | None = None) -> None:
         """Send a header and items; ``messages`` of them count as port messages (all)."""
-        header.append(self.decoder.take_freed())
-        frames: list[Any] = [b""]
-        frames += self.encoder.encode(items, self.declared)
-        if self.ipc is not None:  # after encode: this batch's descriptors
-            header.append(self.ipc[1].take_released())
-            header.append(self.encoder.take_shared())
-        frames[0] = msgpack.packb(header)
-        self.messages_out += len(items) if messages is None else messages
-        self.bytes_out += sum(len(f) for f in frames)
+        if self._post(header, items, messages):
+            self.drain(read=True)
+
+    def _post(self, header: list[Any], items: list[Item], messages: int | None = None) -> bool:
+        """Encode and queue a frame in order with every other (a stream's: from any
+        thread); whether a wait for the socket to take it is left (`drain`)."""
+        with self._lock:
+            freed, self._freed = self._freed, []
+            header.append(freed + self.decoder.take_freed() if self._stream is None else freed)
+            frames: list[Any] = [b""]
+            frames += self.encoder.encode(items, self.declared)
+            if self.ipc is not None:  # after encode: this batch's descriptors
+                header.append(self.ipc[1].take_released())
+                header.append(self.encoder.take_shared())
+            frames[0] = msgpack.packb(header)
+            self.messages_out += len(items) if messages is None else messages
+            self.bytes_out += sum(len(f) for f in frames)
+            if self._stream is not None:
+                return not self._stream.post(frames)
         # Small frames are copied (half the cost of zmq's zero-copy frames for them);
         # a large one (a tensor inline) goes as a view of its memory.
         copy = max(map(len, frames)) < ZERO_COPY_BYTES
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)  # type: ignore[union-attr]
         except zmq.Again:
             self._send_blocked(frames, copy)
+        return False
+
+    def drain(self, read: bool = False) -> None:
+        """Wait until the socket took every frame queued so far (a stream's; see
+        `unixstream.UnixStream.drain`), asking `blocked` while it waits.
+
+        Args:
+            read (bool): the caller is the link's reader (the data-plane thread):
+                what comes meanwhile is read ahead, so two groups that send to each
+                other at once never wait on each other. Default False.
+        """
+        if self._stream is not None:
+            self._stream.blocked = self.blocked
+            self._stream.drain(read)
+
+    @property
+    def pending(self) -> bool:
+        """bool: frames were read ahead (by a reader's `drain`) and wait for `receive`:
+        the socket will not say so."""
+        return self._stream is not None and self._stream.pending
 
     def _send_blocked(self, frames: list[Any], copy: bool) -> None:
         """Send once the peer takes it; `blocked` is asked every `SEND_SLICE_S` meanwhile.
@@ -288,10 +327,12 @@ class _Link:
         waiting could not see the death it waits on; `blocked` looks for it
         (and a link without one waits, as before, for the peer to connect).
         """
+        sock = self.sock
+        assert not isinstance(sock, UnixStream)
         while True:
-            if self.sock.poll(int(SEND_SLICE_S * 1000), zmq.POLLOUT):
+            if sock.poll(int(SEND_SLICE_S * 1000), zmq.POLLOUT):
                 try:
-                    self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
                     return
                 except zmq.Again:  # the room went again meanwhile: wait on
                     pass
@@ -299,24 +340,39 @@ class _Link:
                 self.blocked()
 
     def _receive(self, timeout: float) -> tuple[list[Any], list[Item]] | None:
-        if not self.sock.poll(int(timeout * 1000)):
-            return None
-        frames = self.sock.recv_multipart(copy=False)
-        header = msgpack.unpackb(frames[0].bytes)
+        stream = self._stream
+        frames: list[Any] | None
+        if stream is not None:  # never waits (peer links are polled)
+            frames = stream.receive()
+            if frames is None:
+                return None
+        else:
+            sock = self.sock
+            assert not isinstance(sock, UnixStream)
+            if not sock.poll(int(timeout * 1000)):
+                return None
+            frames = [f.buffer for f in sock.recv_multipart(copy=False)]
+        header = msgpack.unpackb(frames[0])
         shared = None
         if self.ipc is not None:
             shared = header.pop()
             self.ipc[0].release(header.pop())
-        self.encoder.release(header.pop())
-        items = self.decoder.decode([f.buffer for f in frames[1:]], self.declared, shared)
+        given_back = header.pop()
+        items = self.decoder.decode(frames[1:], self.declared, shared)
+        with self._lock:
+            self.encoder.release(given_back)
+            if stream is not None:
+                self._freed += self.decoder.take_freed()
         self.messages_in += len(items)
-        self.bytes_in += sum(len(f.buffer) for f in frames)
+        self.bytes_in += sum(len(f) for f in frames)
         return header, items
 
     @property
     def endpoint(self) -> str:
         """str: the socket's endpoint (the port chosen for a ``tcp://HOST:0`` bind)."""
-        return secure.endpoint(self.sock)
+        if self._stream is not None:
+            return "ipc://" + self._stream.path
+        return secure.endpoint(self.sock)  # type: ignore[arg-type]
 
     def handshake(self, timeout: float) -> None:
         """Wait until the peer is in (CURVE); at once without a secret.
@@ -365,7 +421,10 @@ class _Link:
         self.decoder.close()
         if self._watch is not None:
             self._watch.close()  # before the socket: it stops the socket's monitor
-        self.sock.close(linger=0)
+        if self._stream is not None:
+            self._stream.close()
+        else:
+            self.sock.close(linger=0)  # type: ignore[call-arg]
 
 
 def _open(address: str, prefix: str | None, secret: bytes | None,
@@ -550,19 +609,38 @@ class PeerLink(_Link):
     """
 
     def __init__(self, address: str, declared: Sequence[type], server: bool,
-                 mine: str | None, theirs: str | None, secret: bytes | None = None) -> None:
+                 mine: str | None, theirs: str | None, secret: bytes | None = None,
+                 waiting: Callable[[], None] | None = None) -> None:
         if address.startswith("tcp://") and (mine is not None or theirs is not None):
             raise ValueError(f"{address}: no shared memory over tcp:// (it does not cross "
                              f"machines): the pools must be None, got {mine!r}, {theirs!r}")
-        sock, watch = _open(address, None, secret, server)
-        super().__init__(sock, declared, mine, theirs, watch)
+        if address.startswith("ipc://"):
+            if secret is not None:
+                raise ValueError(f"{address}: an ipc:// link is this user's own (a private "
+                                 "folder): it takes no secret")
+            path = address[len("ipc://"):]
+            stream = (UnixStream.listen(path) if server
+                      else UnixStream.connect(path, waiting=waiting))
+            super().__init__(stream, declared, mine, theirs)
+        else:
+            sock, watch = _open(address, None, secret, server)
+            super().__init__(sock, declared, mine, theirs, watch)
         self.server = server
 
     def send(self, kind: int, generation: int, segment: int, promise: Key,
              items: list[Item]) -> None:
-        """Send a frame: ``items`` (maybe none) and the promise, or a marker."""
+        """Send a frame: ``items`` (maybe none) and the promise, or a marker (from the
+        link's reader: see `drain`)."""
+        if self.post(kind, generation, segment, promise, items):
+            self.drain(read=True)
+
+    def post(self, kind: int, generation: int, segment: int, promise: Key,
+             items: list[Item]) -> bool:
+        """Queue a frame as `send` does, without waiting (an ``ipc://`` link's may come
+        from any thread); whether a `drain` is left to do before ``items`` are used
+        again."""
         # Counted by the mesh, once per message (a message may cross to several groups).
-        self._send([kind, generation, segment, promise], cudaipc.host_items(items), 0)
+        return self._post([kind, generation, segment, promise], cudaipc.host_items(items), 0)
 
     def receive(self) -> tuple[int, int, int, Key, list[Item]] | None:
         """The next frame if one is here (never waits): kind, generation, segment,

@@ -669,6 +669,13 @@ class GroupServer:
         self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
         self._peers_rt: peers.RealTimePeers | None = None  # real time, while open
         self._peers_stale = False  # real time: reset for a restore; the links are given up
+        # Real time: whoever ships (a worker, the data-plane thread) takes the kernel's sends
+        # and queues them on the peer links under this lock, so each link keeps the order of
+        # the takes; the waits for a link's socket come after it is let go.
+        self._ship_lock = threading.Lock()
+        self._direct = -1  # the stamp of the hook whose first send was shipped directly
+        self.direct_ships = 0  # ships from a hook's own thread (the rest: the data plane's)
+        self._ship_failures: list[BaseException] = []  # a worker's, reported by the data plane
         # Ends of peer links between machines made before their mesh (BindPeers,
         # ConnectPeers) on the control thread, taken over by the data-plane thread's
         # PeerMesh (`_held_peers`): (generation, {peer: link}), under the lock.
@@ -712,9 +719,11 @@ class GroupServer:
         net = build_net(factory, net_kwargs)
         found = walk(net)
         set_values(self._params, found, f"placed group {self.group!r}")
-        notify = self._wake.set if self._timer == "realtime" else None
-        kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer, notify=notify,
-                        subtrees=False, trace=self._traces.capacity, seeds=seeds,
+        realtime = self._timer == "realtime"
+        kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer,
+                        notify=self._wake.set if realtime else None,
+                        sent=self._sent if realtime else None, subtrees=False,
+                        trace=self._traces.capacity, seeds=seeds,
                         max_delta_cycles=self._max_delta,
                         check_read_only=self._check_read_only, outside_device=self._cuda_ipc)
         return self._traces.track(kernel), found
@@ -792,6 +801,7 @@ class GroupServer:
         if self._mesh is not None:
             self._mesh.close()
         link.close()
+        self._wake.close()  # (made for every group; only real time polls it)
 
     def _run_segment(self, grant: dataplane.Grant) -> None:
         """A segment on peer links (`peers`), the mesh reopened for a new generation."""
@@ -804,9 +814,23 @@ class GroupServer:
             if segment.mesh is None:
                 raise RuntimeError(f"group {self.group!r}: a segment of mesh generation "
                                    f"{segment.generation} came without its mesh")
-            self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
-                                        self.routes.declared, mesh,
-                                        self._held_peers(segment.generation))
+            kernel = self.kernel
+
+            def waiting() -> None:
+                """A connecting end waits for its peer to listen: a reset for a restore
+                (the host gave the segment up), a close or the host's end ends it."""
+                self._end_if_host_gone()
+                if self.kernel is not kernel or self._closing.is_set():
+                    raise peers.Abandoned
+
+            try:
+                self._mesh = peers.PeerMesh(self.group, segment.generation, segment.mesh,
+                                            self.routes.declared, mesh,
+                                            self._held_peers(segment.generation),
+                                            waiting=waiting)
+            except peers.Abandoned:
+                self._mesh = mesh  # closed, its counts kept; the restore reopens the links
+                return
             mesh = self._mesh
         kernel = self.kernel
         # A reset for a restore (`reset`: the kernel replaced) ends the segment: the host has
@@ -861,18 +885,61 @@ class GroupServer:
                 poller.register(peer.sock, zmq.POLLIN)
         return poller
 
+    def _sent(self, stamped: int) -> None:
+        """Real time, on the thread of a hook that sent to another group (the kernel's
+        ``sent``): the direct hop.
+
+        The hook's first such send goes to its reading groups from this thread,
+        on the peer links: no thread is woken between the hook and the link. The
+        sends after it in the same hook (the same stamp), and every send while no
+        peer link is open, are shipped by the data-plane thread, woken for them,
+        in batches: a hook that sends many messages pays one frame for them, not
+        one each, and goes on while they are shipped.
+        """
+        if stamped == self._direct or self._peers_rt is None:
+            self._wake.set()
+            return
+        self._direct = stamped
+        try:
+            with self._ship_lock:
+                rt = self._peers_rt
+                if rt is None or self._peers_stale:
+                    self._wake.set()
+                    return
+                left = rt.post(self.kernel.take_sends())
+                self.direct_ships += 1
+            for link in left:
+                link.drain()
+        except peers.Abandoned:  # the links are given up (a reset, or closing): see _drop_peers
+            self._wake.set()
+        except BaseException as exc:  # the data-plane thread reports it: never swallowed
+            self._ship_failures.append(exc)
+            self._wake.set()
+
     def _ship(self) -> None:
         """Real time: what the nodes sent outside goes to the groups that read it (peer
         links) or to the host; published copies and failures go to the host."""
-        to_peers = self._to_peers if self._peers_rt is not None else None
-        for reply in shipped(self.kernel, self.routes, self.published, to_peers):
+        if self._ship_failures:  # a worker's direct ship failed: reported as any ship's
+            raise self._ship_failures.pop(0)
+        left: list[dataplane.PeerLink] = []
+        with self._ship_lock:
+            rt = self._peers_rt
+
+            def to_peers(sends: list[Any]) -> None:
+                assert rt is not None
+                left.extend(rt.post(sends))
+
+            replies = shipped(self.kernel, self.routes, self.published,
+                              to_peers if rt is not None else None)
+        self._drain(left)
+        for reply in replies:
             self._link.send(reply)
 
-    def _to_peers(self, sends: list[Any]) -> None:
-        rt = self._peers_rt
-        assert rt is not None
+    def _drain(self, links: list[dataplane.PeerLink]) -> None:
+        """Wait until the peer links' sockets took what was queued on them (dp thread)."""
         try:
-            rt.ship(sends)
+            for link in links:
+                link.drain(read=True)
         except peers.Abandoned:
             # A send waited for a peer and this group was reset meanwhile (a restore):
             # the messages are of the abandoned timeline.
@@ -892,7 +959,9 @@ class GroupServer:
             self._ship()
             rt = self._peers_rt
             if rt is not None and isinstance(seg, dataplane.Segment):
-                rt.flush(seg.number)  # answered once every sender's marker is in
+                with self._ship_lock:  # after every send taken so far, on every link
+                    left = rt.flush(seg.number)  # answered once every sender's marker is in
+                self._drain(left)
                 self._take_peers()
             else:
                 self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
@@ -914,16 +983,19 @@ class GroupServer:
         assert seg.mesh is not None
         if self._mesh is not None:
             self._mesh.close()  # (closed already unless the host relayed meanwhile)
+        # A connecting end waits for its peer to listen: a reset or the host's end ends it.
         mesh = peers.PeerMesh(self.group, seg.generation, seg.mesh, self.routes.declared,
-                              self._mesh, self._held_peers(seg.generation))
+                              self._mesh, self._held_peers(seg.generation),
+                              waiting=self._peer_blocked)
         for peer in mesh.links.values():
             peer.blocked = self._peer_blocked
-        self._mesh, self._peers_stale = mesh, False
         rt = peers.RealTimePeers(mesh, self.routes)
         generation, clocks = self._peer_clocks
         if generation == seg.generation:  # told before this thread opened the mesh
             rt.clocks = clocks
-        self._peers_rt = rt
+        with self._ship_lock:
+            self._mesh, self._peers_stale = mesh, False
+            self._peers_rt = rt
 
     def _set_peer_clocks(self, request: PeerClocks) -> None:
         """`PeerClocks` (on the control thread): the senders' clocks for the mesh of that
@@ -946,11 +1018,12 @@ class GroupServer:
     def _drop_peers(self) -> None:
         """Real time: give the peer links up (a reset: the timeline they carried is over);
         until the host opens new ones, messages go through the host."""
-        self._peers_stale = False
-        if self._peers_rt is not None:
-            self._peers_rt = None
-            assert self._mesh is not None
-            self._mesh.close()
+        with self._ship_lock:  # no worker ships on a link being closed
+            self._peers_stale = False
+            if self._peers_rt is not None:
+                self._peers_rt = None
+                assert self._mesh is not None
+                self._mesh.close()
 
     # -- peer links between machines, made before their mesh -----------------------------
     def _held_peers(self, generation: int) -> dict[str, dataplane.PeerLink]:

@@ -279,16 +279,22 @@ class PeerMesh:
             machine), by peer (`CrossLinks`; the group's ``BindPeers`` and
             ``ConnectPeers``): taken over here, closed with the mesh. Every link
             the spec names in ``ahead`` must be in it.
+        waiting (Callable[[], None] | None): called while a connecting end waits for
+            its peer to listen (`unixstream.UnixStream.connect`); raises to give up.
 
     Raises:
-        zmq.ZMQError: a link's address cannot be bound (the links opened are closed).
+        zmq.ZMQError, OSError: a link's address cannot be bound (the links opened are
+            closed).
+        unixstream.StreamError: a peer of this machine did not listen within
+            `unixstream.CONNECT_S` (likewise).
         RuntimeError: a link the spec names in ``ahead`` was not made before (the
             links opened and those of ``ahead`` are closed).
     """
 
     def __init__(self, me: str, generation: int, spec: dict[str, Any],
                  declared: list[type], before: PeerMesh | None = None,
-                 ahead: dict[str, dataplane.PeerLink] | None = None) -> None:
+                 ahead: dict[str, dataplane.PeerLink] | None = None,
+                 waiting: Callable[[], None] | None = None) -> None:
         self.me = me
         # Port messages sent (once each, however many groups read it) and received,
         # bytes sent and received; the bytes by peer (what crossed machines, for
@@ -316,7 +322,9 @@ class PeerMesh:
         made = dict(ahead or {})
         across: dict[str, str] = spec.get("ahead") or {}
         try:
-            for p in peers:
+            # The ends this group listens on first, then those it connects: a connect waits
+            # for its peer's listening end, and every group binds before it connects.
+            for p in sorted(peers, key=lambda p: groups.index(p) < mine):
                 theirs = groups.index(p)
                 key = pair_key(groups, me, p)
                 if key in across:  # an end off the host's machine: made before the mesh
@@ -330,9 +338,10 @@ class PeerMesh:
                         f"ipc://{spec['folder']}/peer-{generation}-{key}", declared,
                         server=mine < theirs,
                         mine=_pool(spec["pools"].get(me), generation, theirs),
-                        theirs=_pool(spec["pools"].get(p), generation, mine))
+                        theirs=_pool(spec["pools"].get(p), generation, mine), waiting=waiting)
                 self.links[p] = link
                 self.endpoints[p] = link.endpoint
+            self.links = {p: self.links[p] for p in peers}  # in the groups' order
         except BaseException:
             self.close()
             raise
@@ -649,6 +658,8 @@ class _Segment:
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for a frame from a peer or the host; a gone host
         ends the process."""
+        if any(link.pending for link in self.mesh.links.values()):
+            return  # frames read ahead while a send waited: no socket says so
         if not self.poller.poll(int(timeout * 1000)):
             self.host_gone()
 
@@ -744,8 +755,11 @@ class RealTimePeers:
     read them, and the flush of a cut on every link (the host's `realtime.PeerRelay`).
 
     In real time nothing waits for a promise: a message goes out as soon as
-    the group's data-plane thread ships it and is written into its reader's
-    kernel as it comes (as a host write: it triggers its reader at once).
+    it is shipped (the first send of a hook from the hook's own thread, the
+    others by the group's data-plane thread: `group.GroupServer`), and is
+    written into its reader's kernel as it comes (as a host write: it
+    triggers its reader at once). Whoever ships, the sends are taken and
+    queued under one lock, so each link keeps the order of the takes.
     Each link keeps its order, so the messages from one group to another
     arrive in the order they were sent, as on the host's relay.
 
@@ -778,11 +792,21 @@ class RealTimePeers:
         self.marked: dict[str, int] = {}  # the latest flush marker from each sender
         self.flushing: int | None = None  # the flush waiting for its senders' markers
 
-    def ship(self, sends: list[Any]) -> None:
-        """Send each reading group its part of ``sends`` (`Kernel.take_sends`), in order."""
+    def post(self, sends: list[Any]) -> list[dataplane.PeerLink]:
+        """Queue for each reading group its part of ``sends`` (`Kernel.take_sends`), in
+        order, never waiting (`dataplane.PeerLink.post`).
+
+        Returns:
+            list[dataplane.PeerLink]: the links to `dataplane.PeerLink.drain` before
+            the messages are used again (their sockets have not taken all of it yet).
+        """
         mesh = self.mesh
+        left = []
         for q, items in mesh.by_reader(sends, self.routes.output_index).items():
-            mesh.links[q].send(dataplane.PEER_ITEMS, mesh.generation, 0, (-1, 0), items)
+            link = mesh.links[q]
+            if link.post(dataplane.PEER_ITEMS, mesh.generation, 0, (-1, 0), items):
+                left.append(link)
+        return left
 
     def take(self, kernel: Kernel) -> None:
         """Write what the peers sent into ``kernel`` (as host writes); note their markers."""
@@ -801,12 +825,20 @@ class RealTimePeers:
                 if kind == dataplane.PEER_MARKER and number > self.marked.get(p, -1):
                     self.marked[p] = number
 
-    def flush(self, number: int) -> None:
-        """Start flush ``number``: a marker on every link to a reading group."""
+    def flush(self, number: int) -> list[dataplane.PeerLink]:
+        """Start flush ``number``: a marker queued on every link to a reading group.
+
+        Returns:
+            list[dataplane.PeerLink]: the links to drain (as `post`'s).
+        """
         mesh = self.mesh
+        left = []
         for q in mesh.readers:
-            mesh.links[q].send(dataplane.PEER_MARKER, mesh.generation, number, (-1, 0), [])
+            link = mesh.links[q]
+            if link.post(dataplane.PEER_MARKER, mesh.generation, number, (-1, 0), []):
+                left.append(link)
         self.flushing = number
+        return left
 
     def flushed(self) -> bool:
         """Whether the flush in progress is done (every sender's marker came); it ends then."""
