@@ -142,6 +142,10 @@ class _Events:
             err.__cause__ = exc
         with self.lock:
             self.failures.append(err)
+        if self.notify is not None:
+            # Reported at once, as a hook's failure: a real-time driver is not woken by
+            # the sends that led here when they went to their readers directly.
+            self.notify()
 
 
 def _is_key(value: object) -> bool:
