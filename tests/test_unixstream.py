@@ -237,3 +237,89 @@ def test_two_readers_that_send_to_each_other_at_once_read_ahead_and_both_finish(
     finally:
         a.close()
         b.close()
+
+
+def test_a_write_that_finds_the_peer_gone_still_reads_what_it_sent_then_goes_quiet(
+        tmp_path: Path) -> None:
+    """EPIPE on a send drops the sends, not the frames the peer sent before it went: the
+    reader reads them, then the end of the stream quiets the descriptor (no spin)."""
+    a, b = _pair(tmp_path)
+    try:
+        assert a.receive() is None  # accepted
+        b.send([b"before it went"])
+        b.close()
+        a.send([b"x"])  # may still go into the socket's buffer...
+        for _ in range(5):
+            a.send([b"y" * 1000])  # ...but not for long: EPIPE, dropped and counted
+        assert a.lost >= 1
+        assert _next(a) == [b"before it went"]
+        waiter = select.poll()
+        waiter.register(a.fileno(), select.POLLIN)
+        waiter.poll(BOUND_MS)
+        assert a.receive() is None and a.eof
+        assert waiter.poll(50) == []
+    finally:
+        a.close()
+
+
+def test_pending_means_a_whole_message_was_read_ahead(tmp_path: Path) -> None:
+    """`pending` (what a reader's loop checks before it polls) is true only for a whole
+    message: half of one leaves it false, so the loop waits on the socket, not spins."""
+    path = str(tmp_path / "s")
+    a = UnixStream.listen(path)
+    raw = socket.socket(socket.AF_UNIX)
+    raw.connect(path)
+    try:
+        message = struct.pack("<I", 1) + struct.pack("<Q", 5) + b"hello"
+        raw.sendall(message[:9])
+        waiter = select.poll()
+        waiter.register(a.fileno(), select.POLLIN)
+        assert waiter.poll(BOUND_MS) != []
+        assert a.receive() is None and not a.pending  # half of it is in
+        raw.sendall(message[9:] + message)  # the rest, and a second whole one
+        assert waiter.poll(BOUND_MS) != []
+        assert a.receive() == [b"hello"]
+        assert a.pending  # the second, read with the first: no socket says so
+        assert a.receive() == [b"hello"] and not a.pending
+        raw.sendall(struct.pack("<I", 0))  # a message of no frame
+        assert waiter.poll(BOUND_MS) != []
+        with pytest.raises(StreamError, match="0 frames"):
+            a.receive()
+    finally:
+        raw.close()
+        a.close()
+
+
+def test_a_ring_of_three_readers_sending_at_once_reads_ahead_on_every_link(
+        tmp_path: Path) -> None:
+    """x -> y -> z -> x, each sending more than a socket holds from its reading thread:
+    each one's wait reads ahead on its other link too (``also``), so the ring does not
+    wait on itself."""
+    names = ["x", "y", "z"]
+    ends: dict[tuple[str, str], UnixStream] = {}
+    for i, me in enumerate(names):  # one stream per pair; the first name listens
+        for other in names[i + 1:]:
+            path = str(tmp_path / f"{me}{other}")
+            ends[me, other] = UnixStream.listen(path)
+            ends[other, me] = UnixStream.connect(path, timeout=5)
+    big = [b"r" * (2 << 20)]
+    got: dict[str, list[bytes]] = {}
+
+    def group(me: str, to: str, came_from: str) -> None:
+        out, inp = ends[me, to], ends[me, came_from]
+        if not out.post(big):
+            out.drain(read=True, also=[inp])
+        got[me] = _next(inp)
+
+    threads = [threading.Thread(target=group, args=(me, names[(i + 1) % 3], names[i - 1]))
+               for i, me in enumerate(names)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads)
+        assert got == {"x": big, "y": big, "z": big}
+    finally:
+        for end in ends.values():
+            end.close()

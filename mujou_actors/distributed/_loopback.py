@@ -805,10 +805,14 @@ class Wake:
                 pass  # empty now (BlockingIOError), or closed
 
     def close(self) -> None:
-        """Close both ends; idempotent."""
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._r = self._w = -1
+        """Close both ends; idempotent. Under the lock, the numbers forgotten first: a
+        `set` meanwhile must not write to a descriptor number opened again since."""
+        with self._lock:
+            fds, self._r, self._w = (self._r, self._w), -1, -1
+            self._set = True  # `set` returns at once from now on
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

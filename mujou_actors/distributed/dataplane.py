@@ -245,6 +245,9 @@ class _Link:
         # send side, the ids to give back and the order of the frames, under this lock.
         self._lock = threading.Lock()
         self._freed: list[int] = []  # the decoder's freed blocks, for the next frame out
+        # The other streams its reader reads (its group's other peer links): read ahead
+        # too while the reader's own send waits (`drain`), so no ring of groups deadlocks.
+        self.also: list[UnixStream] = []
         self.declared = declared
         # Large tensors go through this end's shared-memory pool (named ``mine``);
         # the other end's pool is mapped only under its own name (``theirs``).
@@ -279,17 +282,28 @@ class _Link:
         thread); whether a wait for the socket to take it is left (`drain`)."""
         with self._lock:
             freed, self._freed = self._freed, []
+            try:
+                frames: list[Any] = [b""]
+                frames += self.encoder.encode(items, self.declared)
+            except BaseException:
+                self._freed = freed + self._freed  # they go with the next frame
+                raise
             header.append(freed + self.decoder.take_freed() if self._stream is None else freed)
-            frames: list[Any] = [b""]
-            frames += self.encoder.encode(items, self.declared)
             if self.ipc is not None:  # after encode: this batch's descriptors
                 header.append(self.ipc[1].take_released())
                 header.append(self.encoder.take_shared())
             frames[0] = msgpack.packb(header)
+            if self._stream is not None:
+                try:
+                    flushed = self._stream.post(frames)
+                except BaseException:  # over the stream's bounds: nothing was sent
+                    self.encoder.discard(frames)
+                    self._freed = freed + self._freed
+                    raise
             self.messages_out += len(items) if messages is None else messages
             self.bytes_out += sum(len(f) for f in frames)
             if self._stream is not None:
-                return not self._stream.post(frames)
+                return not flushed
         # Small frames are copied (half the cost of zmq's zero-copy frames for them);
         # a large one (a tensor inline) goes as a view of its memory.
         copy = max(map(len, frames)) < ZERO_COPY_BYTES
@@ -310,7 +324,13 @@ class _Link:
         """
         if self._stream is not None:
             self._stream.blocked = self.blocked
-            self._stream.drain(read)
+            self._stream.drain(read, self.also)
+
+    @property
+    def direct(self) -> bool:
+        """bool: any thread may `post` on this link (a Unix stream); a ZeroMQ link is for
+        one thread only."""
+        return self._stream is not None
 
     @property
     def pending(self) -> bool:

@@ -849,8 +849,10 @@ class GroupServer:
             rt = self._peers_rt
             if rt is not polled:  # peer links opened or given up: poll what is open now
                 poller, polled = self._realtime_poller(rt), rt
-            ready = dict(poller.poll(100))
-            if not ready:
+            # Frames read ahead while a send waited (`_drain`) are in no socket any more.
+            pending = rt is not None and rt.mesh.pending()
+            ready = dict(poller.poll(0 if pending else 100))
+            if not ready and not pending:
                 self._end_if_host_gone()
                 continue
             try:
@@ -871,6 +873,7 @@ class GroupServer:
                     break  # stopped under it, the process ending (see `_serve`)
                 link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
                                           failure=failure_of(exc)))
+        self._drop_peers()  # under the ship lock: a closing kernel's hooks may still send
         if self._mesh is not None:
             self._mesh.close()
         link.close()
@@ -896,7 +899,9 @@ class GroupServer:
         in batches: a hook that sends many messages pays one frame for them, not
         one each, and goes on while they are shipped.
         """
-        if stamped == self._direct or self._peers_rt is None:
+        rt = self._peers_rt
+        if stamped == self._direct or rt is None or not rt.mesh.direct:
+            # (A link between machines is a ZeroMQ socket: the data-plane thread's alone.)
             self._wake.set()
             return
         self._direct = stamped

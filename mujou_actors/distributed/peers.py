@@ -342,12 +342,25 @@ class PeerMesh:
                 self.links[p] = link
                 self.endpoints[p] = link.endpoint
             self.links = {p: self.links[p] for p in peers}  # in the groups' order
+            streams = [link.sock for link in self.links.values() if link.direct]
+            for link in self.links.values():
+                link.also = [x for x in streams if x is not link.sock]  # type: ignore[misc]
         except BaseException:
             self.close()
             raise
         finally:
             for link in made.values():  # made for links this mesh does not have
                 link.close()
+
+    @property
+    def direct(self) -> bool:
+        """bool: every link is a Unix stream: any thread may post on them (a link between
+        machines is a ZeroMQ socket, for the data-plane thread only)."""
+        return all(link.direct for link in self.links.values())
+
+    def pending(self) -> bool:
+        """Whether a link holds a whole frame read ahead (no socket says so)."""
+        return any(link.pending for link in self.links.values())
 
     def promise(self, due: Key | None) -> Key:
         """This group's promise with ``due`` its next key: the least key it may send at."""
@@ -658,7 +671,7 @@ class _Segment:
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for a frame from a peer or the host; a gone host
         ends the process."""
-        if any(link.pending for link in self.mesh.links.values()):
+        if self.mesh.pending():
             return  # frames read ahead while a send waited: no socket says so
         if not self.poller.poll(int(timeout * 1000)):
             self.host_gone()

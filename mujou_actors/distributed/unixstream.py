@@ -35,13 +35,18 @@ go, it waits in slices of `SEND_SLICE_S` until the socket has taken the
 backlog, calling ``blocked`` between slices (it raises, or ends the process,
 to give up): the back-pressure of a reader that does not keep up, as a
 ZeroMQ ``PAIR`` blocks at its high-water mark. A send waits likewise while the
-connection is not made yet.
+connection is not made yet. A reader that waits so (a group's data-plane
+thread) reads what comes meanwhile on every stream it reads (``drain(read=True,
+also=...)``, up to `INBOX_BYTES` a stream), so groups that send to each other
+at once, two of them or a ring, never wait on each other for good; `pending`
+then tells its loop that a whole message is in, which no socket says.
 
 A dead peer: its end of the socket closes with its process. Sends then drop
 their bytes (the run restores every group from a snapshot: what they carried
 belongs to the abandoned timeline) and count them (`lost`); the receive side
-reads the end of the stream and goes quiet (its descriptor made one that
-never becomes readable, so a poller does not spin on it).
+reads what the peer sent before it went, then the end of the stream, and goes
+quiet (its descriptor made an eventfd that never becomes readable, so a
+poller does not spin on it).
 """
 
 from __future__ import annotations
@@ -105,9 +110,11 @@ class UnixStream:
         self._lock = threading.Lock()  # the send side: the backlog and the socket's writes
         self._backlog: list[memoryview] = []
         self._inbox = bytearray()  # bytes read, not yet a whole message
+        self._want = _COUNT.size  # the inbox's length from which a message may be whole
         self.blocked: Callable[[], None] | None = None
         self.lost = 0
         self.eof = False
+        self._gone = False  # a write found the peer gone: sends are dropped from then on
         self._closed = False
 
     @classmethod
@@ -166,8 +173,9 @@ class UnixStream:
 
     @property
     def pending(self) -> bool:
-        """bool: bytes were read and wait for `receive` (a poller will not see them)."""
-        return bool(self._inbox)
+        """bool: a whole message was read and waits for `receive` (a poller will not
+        see it: its bytes are out of the socket)."""
+        return len(self._inbox) >= self._want and self._head() is not None
 
     def fileno(self) -> int:
         """int: the descriptor to poll for reading (the same for the stream's life)."""
@@ -227,7 +235,7 @@ class UnixStream:
                               f"(at most {MAX_FRAMES} frames and {MAX_MESSAGE} bytes)")
         head = _COUNT.pack(len(views)) + b"".join(_LENGTH.pack(v.nbytes) for v in views)
         with self._lock:
-            if self._closed or self.eof:
+            if self._closed or self.eof or self._gone:
                 self.lost += 1
                 return True
             self._backlog.append(memoryview(head))
@@ -248,7 +256,9 @@ class UnixStream:
             except (BlockingIOError, InterruptedError):
                 return False
             except (BrokenPipeError, ConnectionResetError):
-                self.eof = True
+                # The peer is gone. What it sent before is still read (to the end of
+                # the stream, which makes the descriptor quiet: see `_end_of_stream`).
+                self._gone = True
                 self.lost += 1
                 backlog.clear()
                 return True
@@ -262,7 +272,7 @@ class UnixStream:
                     n = 0
         return True
 
-    def drain(self, read: bool = False) -> None:
+    def drain(self, read: bool = False, also: Sequence[UnixStream] = ()) -> None:
         """Wait, the lock let go, until the socket took every message queued so far: in
         slices of `SEND_SLICE_S`, ``blocked`` asked after each slice in which nothing
         was written. Returns at once when nothing waits, the peer is gone, or the stream
@@ -270,10 +280,13 @@ class UnixStream:
 
         Args:
             read (bool): the caller is the stream's reader: while it waits, it reads
-                what the peer sends (kept for `receive`, up to `INBOX_BYTES`), so that
-                two ends that send to each other at once, each from its reading
-                thread, never wait on each other for good. Default False (another
-                thread: a worker's direct send).
+                what comes on this stream and on those of ``also`` (kept for their
+                `receive`, up to `INBOX_BYTES` each), so that groups that send to each
+                other at once, each from its reading thread, never wait on each
+                other for good (two of them, or a ring of several, each waiting for
+                the next to read). Default False (another thread: a worker's send).
+            also (Sequence[UnixStream]): the other streams this caller reads (its
+                group's other links), with ``read``.
 
         Raises:
             Whatever ``blocked`` raises (the messages still queued are then kept as
@@ -287,14 +300,19 @@ class UnixStream:
                 listening = self._listening
                 left = sum(v.nbytes for v in self._backlog)
             events = select.POLLIN if listening else select.POLLOUT
-            if read and not listening and len(self._inbox) < INBOX_BYTES:
+            reading = [x for x in (self, *also) if read and x._can_read_ahead()]
+            if self in reading:
                 events |= select.POLLIN
             waiter.register(self._fd, events)
-            ready = waiter.poll(SEND_SLICE_S * 1000)
-            waiter.unregister(self._fd)
-            if read and ready and ready[0][1] & (select.POLLIN | select.POLLHUP) \
-                    and not listening:
-                self._pull()
+            for other in reading:
+                if other is not self:
+                    waiter.register(other._fd, select.POLLIN)
+            ready = dict(waiter.poll(SEND_SLICE_S * 1000))
+            for fd in [self._fd, *(o._fd for o in reading if o is not self)]:
+                waiter.unregister(fd)
+            for other in reading:
+                if ready.get(other._fd, 0) & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    other._pull()
             with self._lock:
                 if self._closed or self._flush():
                     return
@@ -306,6 +324,12 @@ class UnixStream:
                     with self._lock:  # its senders' buffers are theirs again: copies wait
                         self._backlog = [memoryview(bytes(v)) for v in self._backlog]
                     raise
+
+    def _can_read_ahead(self) -> bool:
+        """Whether a reader's wait may read this stream ahead now (connected, open, and
+        its inbox under `INBOX_BYTES`)."""
+        return not (self._listening or self.eof or self._closed
+                    or len(self._inbox) >= INBOX_BYTES)
 
     # -- receiving -------------------------------------------------------------------
     def receive(self) -> list[bytes] | None:
@@ -343,35 +367,54 @@ class UnixStream:
             if len(chunk) < _READ:
                 return
 
-    def _parse(self) -> list[bytes] | None:
-        """The first whole message of the bytes read so far, taken out of them; None if
-        they hold none yet."""
+    def _head(self) -> tuple[int, tuple[int, ...]] | None:
+        """The first message's frame lengths and where its frames start, once the inbox
+        holds all of it; None before (`_want` then says from which length to ask again).
+
+        Raises:
+            StreamError: a message of no frame, or over `MAX_FRAMES` or `MAX_MESSAGE`.
+        """
         inbox = self._inbox
         if len(inbox) < _COUNT.size:
+            self._want = _COUNT.size
             return None
         (count,) = _COUNT.unpack_from(inbox)
-        if count > MAX_FRAMES:
-            self._broken(f"a message of {count} frames (at most {MAX_FRAMES})")
+        if not 0 < count <= MAX_FRAMES:
+            self._broken(f"a message of {count} frames (at least 1, at most {MAX_FRAMES})")
         start = _COUNT.size + _LENGTH.size * count
         if len(inbox) < start:
+            self._want = start
             return None
         lengths = struct.unpack_from(f"<{count}Q", inbox, _COUNT.size)
         total = sum(lengths)
         if total > MAX_MESSAGE:
             self._broken(f"a message of {total} bytes (at most {MAX_MESSAGE})")
         if len(inbox) < start + total:
+            self._want = start + total  # not parsed again before it can be whole
             return None
+        return start, lengths
+
+    def _parse(self) -> list[bytes] | None:
+        """The first whole message of the bytes read so far, taken out of them; None if
+        they hold none yet."""
+        if len(self._inbox) < self._want:
+            return None
+        head = self._head()
+        if head is None:
+            return None
+        pos, lengths = head
         frames = []
-        pos = start
-        with memoryview(inbox) as view:  # released before the bytes are taken out
+        with memoryview(self._inbox) as view:  # released before the bytes are taken out
             for n in lengths:
                 frames.append(bytes(view[pos:pos + n]))
                 pos += n
-        del inbox[:pos]
+        del self._inbox[:pos]
+        self._want = _COUNT.size
         return frames
 
     def _broken(self, why: str) -> None:
         self._inbox.clear()
+        self._want = _COUNT.size
         self._end_of_stream()
         raise StreamError(f"{self.path}: the peer link's bytes are not frames: {why}")
 
