@@ -37,11 +37,16 @@ import sys
 import tempfile
 import time
 
-import torch
+from _numerics import pin_openblas
 
-import mujou_actors as mujou
-from mujou_actors.recording import mcapfile
-from mujou_actors.testing import assert_replay_matches
+if "--golden" in sys.argv:  # before numpy is first imported (torch imports it)
+    pin_openblas()
+
+import torch  # noqa: E402
+
+import mujou_actors as mujou  # noqa: E402
+from mujou_actors.recording import mcapfile  # noqa: E402
+from mujou_actors.testing import assert_replay_matches  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         # Before the net's first tensor operation, as test_pendulum_golden.py does.
         os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
         os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+        if os.environ.get("OPENBLAS_CORETYPE") != "Haswell":
+            print("OPENBLAS_CORETYPE=Haswell is not set (this processor has no AVX2): the "
+                  "golden file may not compare on other machines", file=sys.stderr)
         record(args.golden, args.duration, args.workers)
         return 0
     with tempfile.TemporaryDirectory() as folder:

@@ -29,11 +29,18 @@ import sys
 # the test module, and record the golden file with them too.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+# numpy's OpenBLAS (it computes the controller's gain) also picks its kernels by the
+# processor: its AVX-512 ones (SkylakeX, on an AMD EPYC with AVX-512 too) round the gain
+# otherwise than the AVX2 ones (Haswell) the file was recorded with. Haswell's run on
+# every x86 processor with AVX2 and FMA; set before numpy is first imported.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _numerics import pin_openblas  # noqa: E402
+
+pin_openblas()
 
 from mujou_actors.testing import assert_replay_matches  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 import inverted_pendulum as ip  # noqa: E402
 
 GOLDEN = os.path.join(HERE, "golden", "pendulum.mcap")
