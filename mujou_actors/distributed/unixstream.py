@@ -352,8 +352,12 @@ class UnixStream:
         return self._parse()
 
     def _pull(self) -> None:
-        """Read what the socket holds now into the inbox (the reader's thread)."""
-        while not self.eof:
+        """Read what the socket holds now into the inbox (the reader's thread), up to
+        `INBOX_BYTES` or the message being read, whichever is more: a peer that keeps
+        sending cannot make the inbox grow past that (the rest stays in the socket,
+        whose fullness is the peer's back-pressure)."""
+        limit = max(INBOX_BYTES, self._want)
+        while not self.eof and len(self._inbox) < limit:
             try:
                 chunk = self._sock.recv(_READ)
             except (BlockingIOError, InterruptedError):
