@@ -7,6 +7,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,15 @@ pytestmark = pytest.mark.timeout(30)
 BOUND_MS = 5000
 
 
-def _pair(tmp_path: Path) -> tuple[UnixStream, UnixStream]:
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[UnixStream, UnixStream]]:
+    """A listening end and the end connected to it, both closed after the test."""
     path = str(tmp_path / "s")
     listening = UnixStream.listen(path)
-    return listening, UnixStream.connect(path, timeout=5)
+    connected = UnixStream.connect(path, timeout=5)
+    yield listening, connected
+    listening.close()
+    connected.close()
 
 
 def _next(stream: UnixStream) -> list[bytes]:
@@ -33,88 +39,74 @@ def _next(stream: UnixStream) -> list[bytes]:
     return got
 
 
-def test_messages_cross_whole_and_in_order_both_ways(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    try:
-        a.send([b"head", memoryview(b"x" * 10_000), bytearray(b"")])
-        a.send([b"second"])
-        b.send([b"back"])
-        assert _next(b) == [b"head", b"x" * 10_000, b""]
-        assert _next(b) == [b"second"]
-        assert b.receive() is None
-        assert _next(a) == [b"back"]
-    finally:
-        a.close()
-        b.close()
+def test_messages_cross_whole_and_in_order_both_ways(pair: tuple[UnixStream, UnixStream]) -> None:
+    a, b = pair
+    a.send([b"head", memoryview(b"x" * 10_000), bytearray(b"")])
+    a.send([b"second"])
+    b.send([b"back"])
+    assert _next(b) == [b"head", b"x" * 10_000, b""]
+    assert _next(b) == [b"second"]
+    assert b.receive() is None
+    assert _next(a) == [b"back"]
 
 
-def test_the_listening_ends_descriptor_is_the_connections_once_accepted(tmp_path: Path) -> None:
+def test_the_listening_ends_descriptor_is_the_connections_once_accepted(
+        pair: tuple[UnixStream, UnixStream], tmp_path: Path) -> None:
     """A poller registers the descriptor once: after the accept it is the connection's."""
-    a, b = _pair(tmp_path)
+    a, b = pair
     fd = a.fileno()
-    try:
-        waiter = select.poll()
-        waiter.register(fd, select.POLLIN)
-        assert a.receive() is None  # accepts: nothing sent yet
-        assert a.fileno() == fd
-        assert not os.path.exists(tmp_path / "s")  # nobody else is to connect
-        b.send([b"one"])
-        assert waiter.poll(BOUND_MS) != []
-        assert a.receive() == [b"one"]
-    finally:
-        a.close()
-        b.close()
+    waiter = select.poll()
+    waiter.register(fd, select.POLLIN)
+    assert a.receive() is None  # accepts: nothing sent yet
+    assert a.fileno() == fd
+    assert not os.path.exists(tmp_path / "s")  # nobody else is to connect
+    b.send([b"one"])
+    assert waiter.poll(BOUND_MS) != []
+    assert a.receive() == [b"one"]
 
 
 def test_a_full_socket_keeps_the_rest_in_order_and_drain_waits_for_the_reader(
-        tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+        pair: tuple[UnixStream, UnixStream]) -> None:
+    a, b = pair
     payload = b"y" * 65536
     sent = 0
-    try:
-        while a.post([struct.pack("<I", sent), payload]):  # until the socket is full
-            sent += 1
+    while a.post([struct.pack("<I", sent), payload]):  # until the socket is full
         sent += 1
-        for i in range(sent, sent + 10):  # queued behind, never waiting
-            assert not a.post([struct.pack("<I", i), payload])
-        sent += 10
-        asked = []
-        a.blocked = lambda: asked.append(1)
-        drained = threading.Event()
+    sent += 1
+    for i in range(sent, sent + 10):  # queued behind, never waiting
+        assert not a.post([struct.pack("<I", i), payload])
+    sent += 10
+    asked = []
+    a.blocked = lambda: asked.append(1)
+    drained = threading.Event()
 
-        def drain() -> None:
-            a.drain()
-            drained.set()
+    def drain() -> None:
+        a.drain()
+        drained.set()
 
-        thread = threading.Thread(target=drain)
-        thread.start()
-        got = [struct.unpack("<I", _next(b)[0])[0] for _ in range(sent)]
-        thread.join(10)
-        assert drained.is_set()
-        assert got == list(range(sent))
-        assert a.post([b"after"]) is True and _next(b) == [b"after"]
-    finally:
-        a.close()
-        b.close()
+    thread = threading.Thread(target=drain)
+    thread.start()
+    got = [struct.unpack("<I", _next(b)[0])[0] for _ in range(sent)]
+    thread.join(10)
+    assert drained.is_set()
+    assert got == list(range(sent))
+    assert a.post([b"after"]) is True and _next(b) == [b"after"]
 
 
 def test_a_dead_peer_ends_the_stream_quietly_and_later_sends_are_counted_lost(
-        tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    try:
-        b.send([b"last"])
-        b.close()
-        assert _next(a) == [b"last"]
-        waiter = select.poll()
-        waiter.register(a.fileno(), select.POLLIN)
-        assert waiter.poll(BOUND_MS) != []  # the end of the stream
-        assert a.receive() is None and a.eof
-        assert waiter.poll(50) == []  # quiet now: a poller does not spin on it
-        a.send([b"to nobody"])
-        a.send([b"again"])
-        assert a.lost == 2
-    finally:
-        a.close()
+        pair: tuple[UnixStream, UnixStream]) -> None:
+    a, b = pair
+    b.send([b"last"])
+    b.close()
+    assert _next(a) == [b"last"]
+    waiter = select.poll()
+    waiter.register(a.fileno(), select.POLLIN)
+    assert waiter.poll(BOUND_MS) != []  # the end of the stream
+    assert a.receive() is None and a.eof
+    assert waiter.poll(50) == []  # quiet now: a poller does not spin on it
+    a.send([b"to nobody"])
+    a.send([b"again"])
+    assert a.lost == 2
 
 
 def test_bytes_that_are_not_frames_break_the_stream_with_its_path(tmp_path: Path) -> None:
@@ -147,16 +139,12 @@ def test_bytes_that_are_not_frames_break_the_stream_with_its_path(tmp_path: Path
 
 
 def test_a_message_over_the_limits_is_refused_before_anything_is_queued(
-        tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    try:
-        with pytest.raises(StreamError, match="frames"):
-            a.post([b""] * (unixstream.MAX_FRAMES + 1))
-        a.send([b"fine"])
-        assert _next(b) == [b"fine"]
-    finally:
-        a.close()
-        b.close()
+        pair: tuple[UnixStream, UnixStream]) -> None:
+    a, b = pair
+    with pytest.raises(StreamError, match="frames"):
+        a.post([b""] * (unixstream.MAX_FRAMES + 1))
+    a.send([b"fine"])
+    assert _next(b) == [b"fine"]
 
 
 def test_connect_waits_for_the_listener_within_its_bound_and_can_be_given_up(
@@ -215,11 +203,11 @@ def test_a_send_with_no_peer_connected_waits_and_asks_blocked(tmp_path: Path) ->
 
 
 def test_two_readers_that_send_to_each_other_at_once_read_ahead_and_both_finish(
-        tmp_path: Path) -> None:
+        pair: tuple[UnixStream, UnixStream]) -> None:
     """Each end sends more than the socket holds from its reading thread, then reads (a
     data-plane thread's loop): each `drain` reads what comes meanwhile, so neither waits
     on the other for good."""
-    a, b = _pair(tmp_path)
+    a, b = pair
     big = [b"z" * (4 << 20)]
     got: dict[str, list[bytes]] = {}
 
@@ -227,39 +215,32 @@ def test_two_readers_that_send_to_each_other_at_once_read_ahead_and_both_finish(
         end.send(big, read=True)  # the reader's own send
         got[name] = _next(end)
 
-    try:
-        other = threading.Thread(target=loop, args=("b", b))
-        other.start()
-        loop("a", a)
-        other.join(10)
-        assert not other.is_alive()
-        assert got == {"a": big, "b": big}
-    finally:
-        a.close()
-        b.close()
+    other = threading.Thread(target=loop, args=("b", b))
+    other.start()
+    loop("a", a)
+    other.join(10)
+    assert not other.is_alive()
+    assert got == {"a": big, "b": big}
 
 
 def test_a_write_that_finds_the_peer_gone_still_reads_what_it_sent_then_goes_quiet(
-        tmp_path: Path) -> None:
+        pair: tuple[UnixStream, UnixStream]) -> None:
     """EPIPE on a send drops the sends, not the frames the peer sent before it went: the
     reader reads them, then the end of the stream quiets the descriptor (no spin)."""
-    a, b = _pair(tmp_path)
-    try:
-        assert a.receive() is None  # accepted
-        b.send([b"before it went"])
-        b.close()
-        a.send([b"x"])  # may still go into the socket's buffer...
-        for _ in range(5):
-            a.send([b"y" * 1000])  # ...but not for long: EPIPE, dropped and counted
-        assert a.lost >= 1
-        assert _next(a) == [b"before it went"]
-        waiter = select.poll()
-        waiter.register(a.fileno(), select.POLLIN)
-        waiter.poll(BOUND_MS)
-        assert a.receive() is None and a.eof
-        assert waiter.poll(50) == []
-    finally:
-        a.close()
+    a, b = pair
+    assert a.receive() is None  # accepted
+    b.send([b"before it went"])
+    b.close()
+    a.send([b"x"])  # may still go into the socket's buffer...
+    for _ in range(5):
+        a.send([b"y" * 1000])  # ...but not for long: EPIPE, dropped and counted
+    assert a.lost >= 1
+    assert _next(a) == [b"before it went"]
+    waiter = select.poll()
+    waiter.register(a.fileno(), select.POLLIN)
+    waiter.poll(BOUND_MS)
+    assert a.receive() is None and a.eof
+    assert waiter.poll(50) == []
 
 
 def test_pending_means_a_whole_message_was_read_ahead(tmp_path: Path) -> None:
