@@ -411,7 +411,7 @@ def test_a_groups_peer_links_note_the_raw_ages_of_what_comes_from_other_machines
     mesh = SimpleNamespace(links=links, generation=3, ins=["a", "b", "h"])
     routes = SimpleNamespace(local_readers=lambda output: ["c.inp"])
     written: list[tuple] = []
-    kernel = SimpleNamespace(write=lambda reader, message, key: written.append(key))
+    kernel = SimpleNamespace(write=lambda reader, message, key, owned: written.append(key))
     rt = peers.RealTimePeers(mesh, routes)  # type: ignore[arg-type]
     origin = {"a": 40 * ms, "h": 70 * ms}  # each sender's timer origin on its clock
     rings = {"robot": peers.AgeRing(), "": peers.AgeRing()}

@@ -151,8 +151,12 @@ class Wiring:
         """The host's CPU view of a sent message, not a private copy (a CUDA one once ready)."""
         return to_host(message, self.rt)
 
-    def write_copy(self, value: Any, port: Input) -> Any:
-        """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``."""
+    def write_copy(self, value: Any, port: Input, owned: bool = False) -> Any:
+        """The copy of a value that ``run.write``/``inputs=`` deliver to ``port``; with
+        ``owned`` (a message decoded from another process: nothing else holds it), the
+        value itself in a net without CUDA nodes (where a copy would only copy it)."""
+        if owned and self.rt is None:
+            return value
         return write_copy(value, self.actor_of[id(port.node)], self.rt)
 
     def deliver(self, port: Input, message: Any, hops: int = 0,

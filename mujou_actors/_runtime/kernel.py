@@ -525,7 +525,8 @@ class Kernel:
         self._raise_failures()
         return dispatcher.next_due()
 
-    def deliver(self, input: str, message: Any, t_ns: int, delta: int, sender: int) -> None:
+    def deliver(self, input: str, message: Any, t_ns: int, delta: int, sender: int,
+                owned: bool = False) -> None:
         """Deliver a message sent outside the kernel to one of its Inputs.
 
         It is stamped as the sender's send was, so it sorts among the Input's
@@ -537,6 +538,8 @@ class Kernel:
             message: the message (checked against the Input's type, then copied).
             t_ns (int): the sending hook's time, ns; delta (int): its delta cycle;
             sender (int): the sender's order in the net (`OutsideSend.sender`).
+            owned (bool): as `write`'s (a message decoded from another process
+            is not copied in a net without CUDA nodes). Default False.
 
         Raises:
             RuntimeError: the kernel is stopped.
@@ -567,7 +570,7 @@ class Kernel:
         slot = actor.slot(port)
         key = (t_ns, delta)
         trigger = (t_ns, delta + 1) if slot in actor.triggers else None
-        value = self._wiring.write_copy(port.check(message), port)
+        value = self._wiring.write_copy(port.check(message), port, owned)
         if port._stamped:  # an Input of a synchronizer: with its send time, as in one process
             value = stamped_message(t_ns, value)
         seq = self.dispatcher.deliver(actor, slot, value, stamp(key, sender), trigger,
@@ -607,8 +610,27 @@ class Kernel:
                             f"or None; got {until!r}")
         self.dispatcher.settle(until)
 
+    def set_reader(self, reader: Callable[[float | None], None] | None,
+                   wake: Callable[[], None] | None = None) -> None:
+        """Real time, a placed group's kernel: let an idle worker wait on the group's links
+        to other processes and read them (`Dispatcher.set_reader`, the Leader/Followers
+        pattern): a message then reaches its hook with no thread woken in between.
+
+        Args:
+            reader (Callable[[float | None], None] | None): waits at most the
+                seconds given (None: until woken) on the links and ``wake``,
+                writes what came (`write`) and returns; never raises. None:
+                idle workers wait for the kernel's own work only.
+            wake (Callable[[], None] | None): makes a waiting ``reader`` return
+                (any thread; must not block).
+
+        Raises:
+            ValueError: a reader without a wake.
+        """
+        self.dispatcher.set_reader(reader, wake)
+
     def write(self, input: str, message: Any,
-              origin: tuple[int, int, int] | None = None) -> None:
+              origin: tuple[int, int, int] | None = None, owned: bool = False) -> None:
         """Deliver a message to one of the kernel's Inputs as the host (``run.write``).
 
         Between steps only (the driver's thread): the message is stamped as
@@ -622,6 +644,9 @@ class Kernel:
                 of the send in another kernel that this write delivers (a
                 real-time placed run's messages between groups): a traced
                 kernel records it as the end of that send's arrow.
+            owned (bool): the message is the kernel's to keep (decoded from
+                another process: nothing else holds it): in a net without CUDA
+                nodes it is not copied. Default False.
 
         Raises:
             RuntimeError: the kernel is stopped.
@@ -634,7 +659,7 @@ class Kernel:
         # Real time: a message from another group's update at delta d triggers at
         # delta d + 1, so a ring across processes counts its crossings (Dispatcher.host_deliver).
         hops = origin[1] + 1 if origin is not None and self._kind == "realtime" else 0
-        seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port),
+        seq = self._wiring.deliver(port, self._wiring.write_copy(port.check(message), port, owned),
                                    hops, None if origin is None else origin[0])
         if origin is not None and self.recorder is not None:
             t_ns, delta, sender = origin

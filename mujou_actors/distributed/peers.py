@@ -529,7 +529,7 @@ class _Segment:
                     continue  # of an abandoned mesh (cannot happen on a reopened one)
                 for t, delta, sender, output, message in items:
                     for reader in local(output):
-                        kernel.deliver(reader, message, t, delta, sender)
+                        kernel.deliver(reader, message, t, delta, sender, owned=True)
                 if number != self.number:
                     continue  # a promise or marker of an earlier segment: the host's is newer
                 if kind == dataplane.PEER_MARKER:
@@ -834,7 +834,7 @@ class RealTimePeers:
                     clock[1].note(time.monotonic_ns() - clock[0], items)
                 for t, delta, sender, output, message in items:
                     for reader in local(output):
-                        kernel.write(reader, message, (t, delta, sender))
+                        kernel.write(reader, message, (t, delta, sender), owned=True)
                 if kind == dataplane.PEER_MARKER and number > self.marked.get(p, -1):
                     self.marked[p] = number
 
