@@ -83,7 +83,7 @@ class FakeReader:
         self.threads.append(threading.get_ident())
         self.timeouts.append(timeout)
         try:
-            got = self.box.get(timeout=min(BOUND_S, 1.0 if timeout is None else timeout))
+            got = self.box.get(timeout=BOUND_S if timeout is None else min(BOUND_S, timeout))
         except queue.Empty:
             got = WAKE
         finally:
@@ -217,7 +217,12 @@ def test_the_idle_reader_delivers_what_comes_and_returns_on_its_wake(
     token = object()
     delivered: list[object] = []
     failures: list[BaseException] = []
-    reader = idleread.IdleReader(lambda: (token, [r]), delivered.append, failures.append)
+
+    def deliver(got: object) -> bool:
+        delivered.append(got)
+        return True
+
+    reader = idleread.IdleReader(lambda: (token, [r]), deliver, failures.append)
     try:
         os.write(w, b"x")
         reader.read(BOUND_S)
@@ -254,7 +259,12 @@ def test_the_idle_reader_waits_on_the_links_of_the_current_token_only(
     r, w = pipe
     current: list[tuple[object, list[int]] | None] = [None]
     delivered: list[object] = []
-    reader = idleread.IdleReader(lambda: current[0], delivered.append, pytest.fail)
+
+    def deliver(got: object) -> bool:
+        delivered.append(got)
+        return True
+
+    reader = idleread.IdleReader(lambda: current[0], deliver, pytest.fail)
     try:
         os.write(w, b"x")  # readable, but no links are open: the wake alone is waited on
         reader.read(0.005)

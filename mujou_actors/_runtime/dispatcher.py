@@ -1258,6 +1258,10 @@ class Dispatcher:
                     left = calendar.top()
                     if left is not None and left.queued_key == key:
                         self._cond.notify_all()
+                elif self._reader is not None and not self._reading and self._idle_workers:
+                    # Leader/Followers' promotion: while this worker runs hooks, a
+                    # follower watches the links (or takes the work left over).
+                    self._cond.notify()
                 self._run_batch(batch, name, resumes=True)
 
     def _lone_loop(self) -> None:
@@ -1761,10 +1765,13 @@ class Dispatcher:
         """Wake a thread for newly queued work of ``actor`` (its own, if dedicated)."""
         if actor.dedicated or self._dedicated:
             self._notify_all()  # one notify might wake the wrong dedicated thread
-        else:
+        elif not self._reading:
             self._cond.notify()
-            if self._reading:
-                self._wake_reader()
+        elif threading.get_ident() != self._reader_thread:
+            self._cond.notify()
+            self._wake_reader()
+        # (else the leader wrote it from the links: it finds the work as it takes the
+        # lock again, and wakes a follower only as it starts a batch: _worker_loop)
 
     def _notify_all(self) -> None:
         """Wake every waiting thread (the lock held), the worker waiting on the links too."""

@@ -437,6 +437,8 @@ POLL_S = 0.05
 # milliseconds, so a message waits in its reader's mailbox (its QoS depth keeping the
 # newest), not in the socket pushing back on its sender.
 COVER_MS = 1
+# The frames an idle worker takes from each peer link before it runs what they triggered.
+LEADER_FRAMES = 64
 
 
 def _step(kernel: Kernel, due: Key, keep_waiting: Callable[[], bool] | None) -> Key | None:
@@ -977,22 +979,26 @@ class GroupServer:
 
     def _readable(self) -> tuple[peers.RealTimePeers, list[int]] | None:
         """For an idle worker (`idleread.IdleReader`): the peer links open now and their
-        descriptors; None when none are, or one is a ZeroMQ socket (one thread's only)."""
-        rt = self._peers_rt
-        if rt is None or not rt.mesh.direct:
-            return None
-        return rt, [link.sock.fileno() for link in rt.mesh.links.values()]
+        descriptors; None when none are, they are given up (a reset), or one is a ZeroMQ
+        socket (one thread's only). Under the read lock: no link closes meanwhile."""
+        with self._read_lock:
+            rt = self._peers_rt
+            if rt is None or self._peers_stale or not rt.mesh.direct:
+                return None
+            return rt, [link.sock.fileno() for link in rt.mesh.links.values()]
 
-    def _read_peers(self, kernel: Kernel, rt: peers.RealTimePeers) -> None:
-        """An idle worker of ``kernel`` delivers what the links of ``rt`` brought, if both
-        are still the group's; a flush's markers are then the data-plane thread's to
-        answer (its socket to the host is its own)."""
+    def _read_peers(self, kernel: Kernel, rt: peers.RealTimePeers) -> bool:
+        """An idle worker of ``kernel`` delivers what the links of ``rt`` brought (at most
+        `LEADER_FRAMES` a link: it runs their hooks before it reads on), if both are
+        still the group's; a flush's markers are then the data-plane thread's to answer
+        (its socket to the host is its own). Whether it delivered anything."""
         with self._read_lock:
             if self._peers_rt is not rt or self._peers_stale or self.kernel is not kernel:
-                return
-            rt.take(kernel)
+                return False
+            taken = rt.take(kernel, LEADER_FRAMES)
         if rt.flushing is not None:
             self._wake.set()
+        return taken > 0
 
     def _ship(self) -> None:
         """Real time: what the nodes sent outside goes to the groups that read it (peer

@@ -122,9 +122,10 @@ class IdleReader:
             there are none this worker may read (none open, or one is a
             ZeroMQ socket, which is for one thread only): the worker then
             waits for ``wake`` alone.
-        deliver (Callable[[Any], None]): reads every link of the token that
+        deliver (Callable[[Any], bool]): reads every link of the token that
             `links` gave and writes what came into the kernel (under the
-            group's read lock, the token checked to be current).
+            group's read lock, the token checked to be current); whether
+            anything came.
         failed (Callable[[BaseException], None]): takes what ``deliver`` or
             the wait raised, for the group to report (`read` never raises).
 
@@ -136,7 +137,7 @@ class IdleReader:
     """
 
     def __init__(self, links: Callable[[], tuple[Any, list[int]] | None],
-                 deliver: Callable[[Any], None],
+                 deliver: Callable[[Any], bool],
                  failed: Callable[[BaseException], None]) -> None:
         self.wake = Wake()
         self._links = links
@@ -167,8 +168,7 @@ class IdleReader:
                 self.wake.clear()  # the dispatcher looks at everything as it takes its lock
                 if len(ready) == 1:
                     return
-            if token is not None:
-                self._deliver(token)
+            if token is not None and self._deliver(token):
                 self.reads += 1
         except BaseException as exc:  # noqa: BLE001 - reported by the group, never swallowed
             self._failed(exc)
