@@ -585,3 +585,33 @@ def test_a_kernel_never_renames_a_node_of_another_running_net() -> None:
             Kernel({"elsewhere": lone}, [])
         assert lone.path == "x"
         run.stop()
+
+
+class _Keep(mujou.Node):
+    """Keeps every message it reads, the objects themselves."""
+
+    inp = mujou.Input(object, depth=None)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.got: list[Any] = []
+
+    def on_update(self, dt: float) -> None:
+        self.got.extend(self.inp.drain())
+
+
+def test_an_owned_message_is_delivered_as_it_is_and_another_is_copied() -> None:
+    """``Kernel.write/deliver(owned=True)``: a message decoded from another process is the
+    kernel's alone, so a net without CUDA nodes keeps it uncopied; a host's write is
+    copied (the host may change its object afterwards)."""
+    node = _Keep()
+    owned, written, delivered = torch.ones(4), torch.ones(4), torch.zeros(2)
+    with Kernel({"keep": node}, ["keep"], seed=0) as k:
+        k.start()
+        k.write("keep.inp", owned, owned=True)
+        k.write("keep.inp", written)
+        k.deliver("keep.inp", delivered, 5 * MS, 0, 0, owned=True)
+        k.step(until=(10 * MS, LAST_DELTA))
+    assert len(node.got) == 3
+    assert node.got[0] is owned and node.got[1] is not written
+    assert torch.equal(node.got[1], written) and node.got[2] is delivered

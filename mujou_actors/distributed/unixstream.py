@@ -11,10 +11,10 @@ The peer links between two groups of one machine (`dataplane.PeerLink` on an
   could not send on it while the group's data-plane thread reads from it; a
   send went through the data-plane thread, a third wake-up.
 
-Here either side may be used by any thread: a worker sends its node's
-messages itself (`group.GroupServer`), and the group's data-plane thread or
-an idle worker (`idleread`) receives, one at a time. The socket is a plain
-file descriptor that a `zmq.Poller` polls beside ZeroMQ sockets (`fileno`).
+Here the send side may be used by any thread (a worker sends its node's
+messages itself, `group.GroupServer`), the receive side by one (the
+data-plane thread), and the socket is a plain file descriptor that a
+`zmq.Poller` polls beside ZeroMQ sockets (`fileno`).
 
 Frames: each message is its frame count (4 bytes, little-endian), each
 frame's length (8 bytes each), then the frames. The bytes come from a socket
@@ -108,9 +108,6 @@ class UnixStream:
         self._fd = sock.fileno()
         self._listening = listening  # still the listening socket, not the connection
         self._lock = threading.Lock()  # the send side: the backlog and the socket's writes
-        # The receive side: the inbox, read by `receive` (whichever thread of the group reads
-        # the links) and by a reader's `drain` reading ahead. Taken before `_lock`.
-        self._read_lock = threading.Lock()
         self._backlog: list[memoryview] = []
         self._inbox = bytearray()  # bytes read, not yet a whole message
         self._want = _COUNT.size  # the inbox's length from which a message may be whole
@@ -178,8 +175,7 @@ class UnixStream:
     def pending(self) -> bool:
         """bool: a whole message was read and waits for `receive` (a poller will not
         see it: its bytes are out of the socket)."""
-        with self._read_lock:
-            return len(self._inbox) >= self._want and self._head() is not None
+        return len(self._inbox) >= self._want and self._head() is not None
 
     def fileno(self) -> int:
         """int: the descriptor to poll for reading (the same for the stream's life)."""
@@ -316,8 +312,7 @@ class UnixStream:
                 waiter.unregister(fd)
             for other in reading:
                 if ready.get(other._fd, 0) & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    with other._read_lock:
-                        other._pull()
+                    other._pull()
             with self._lock:
                 if self._closed or self._flush():
                     return
@@ -340,17 +335,12 @@ class UnixStream:
     def receive(self) -> list[bytes] | None:
         """The next whole message's frames, or None if none is here yet (never waits).
 
-        Any thread may receive (one at a time does, under the receive side's lock);
-        messages are whole and in order whichever thread takes each.
+        For one thread at a time (the link's reader).
 
         Raises:
             StreamError: the bytes are not frames of this format, or a message
                 is over the limits (the stream is broken: it reads nothing more).
         """
-        with self._read_lock:
-            return self._receive()
-
-    def _receive(self) -> list[bytes] | None:
         got = self._parse()
         if got is not None or self.eof or self._closed:
             return got
