@@ -535,7 +535,8 @@ class Kernel:
 
         Args:
             input (str): the dotted path of an Input of a node of this kernel.
-            message: the message (checked against the Input's type, then copied).
+            message: the message (checked against the Input's type, then copied
+                unless ``owned``).
             t_ns (int): the sending hook's time, ns; delta (int): its delta cycle;
             sender (int): the sender's order in the net (`OutsideSend.sender`).
             owned (bool): as `write`'s (a message decoded from another process
@@ -620,7 +621,8 @@ class Kernel:
 
         Args:
             input (str): the Input's dotted path.
-            message: the message (checked against the Input's type, then copied).
+            message: the message (checked against the Input's type, then copied
+                unless ``owned``).
             origin (tuple[int, int, int], optional): ``(t_ns, delta, sender)``
                 of the send in another kernel that this write delivers (a
                 real-time placed run's messages between groups): a traced
