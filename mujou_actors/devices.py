@@ -37,6 +37,7 @@ import enum
 import os
 import platform
 import threading
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -592,3 +593,97 @@ def numerics() -> dict[str, str]:
             "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
             "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
             "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "")}
+
+
+# The process-wide torch settings that a group's process takes from the host
+# (`torch_settings`): each a getter and a setter of one value.
+_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "num_threads": (torch.get_num_threads, torch.set_num_threads),
+    "default_dtype": (lambda: str(torch.get_default_dtype()).removeprefix("torch."),
+                      lambda name: torch.set_default_dtype(getattr(torch, name))),
+    "deterministic": (
+        lambda: (torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda both: torch.use_deterministic_algorithms(both[0], warn_only=both[1])),
+    "float32_matmul_precision": (torch.get_float32_matmul_precision,
+                                 torch.set_float32_matmul_precision),
+    "fp16_reduced_precision_reduction": (
+        lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        lambda on: setattr(torch.backends.cuda.matmul,
+                           "allow_fp16_reduced_precision_reduction", on)),
+    "bf16_reduced_precision_reduction": (
+        lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        lambda on: setattr(torch.backends.cuda.matmul,
+                           "allow_bf16_reduced_precision_reduction", on)),
+    "cudnn_deterministic": (lambda: torch.backends.cudnn.deterministic,
+                            lambda on: setattr(torch.backends.cudnn, "deterministic", on)),
+    "cudnn_benchmark": (lambda: torch.backends.cudnn.benchmark,
+                        lambda on: setattr(torch.backends.cudnn, "benchmark", on)),
+    "cudnn_allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
+                         lambda on: setattr(torch.backends.cudnn, "allow_tf32", on)),
+    "mkldnn_enabled": (lambda: torch.backends.mkldnn.enabled,
+                       lambda on: setattr(torch.backends.mkldnn, "enabled", on)),
+}
+
+
+def torch_settings(*, threads: bool = True) -> dict[str, Any]:
+    """This process's torch settings that decide a computation's results or its threads.
+
+    torch keeps these per process: a group's process of a placed run starts
+    with torch's defaults, not with what the host's script set
+    (``torch.set_num_threads``, ``torch.use_deterministic_algorithms``,
+    ``torch.set_default_dtype``, ``torch.set_float32_matmul_precision``, the
+    ``torch.backends.cudnn``/``cuda.matmul``/``mkldnn`` flags). The host
+    takes them here and each group applies them (`apply_torch_settings`)
+    before it imports the net's factory, so that its nodes compute as they
+    would in the host's process.
+
+    Args:
+        threads (bool): include ``num_threads`` (torch's intra-op threads).
+            False for a group on another machine, whose processor count is
+            its own.
+
+    Returns:
+        dict[str, Any]: plain values (bools, ints, strings, a pair of bools for
+        ``deterministic``), by setting name.
+    """
+    return {name: get() for name, (get, _) in _SETTINGS.items()
+            if threads or name != "num_threads"}
+
+
+def apply_torch_settings(settings: dict[str, Any] | None, *, owner: str) -> None:
+    """Set this process's torch settings to the host's (`torch_settings`).
+
+    A setting this process already has is not set again (``torch.set_num_threads``
+    rebuilds the thread pool). A name this version of torch does not know, or a
+    value it refuses or ignores (``set_float32_matmul_precision`` only warns), is
+    an error rather than silently a different computation.
+
+    Args:
+        settings (dict, optional): `torch_settings` of the host; None: leave
+            everything as it is.
+        owner (str): who applies them, for error messages (``"placed group 'a'"``).
+
+    Raises:
+        ValueError: an unknown setting, or a value torch refuses (its error is
+            kept as the cause) or does not keep; names ``owner`` and the setting.
+    """
+    for name, value in (settings or {}).items():
+        if name not in _SETTINGS:
+            raise ValueError(f"{owner}: unknown torch setting {name!r} from the host "
+                             f"(known: {sorted(_SETTINGS)})")
+        get, put = _SETTINGS[name]
+        if isinstance(value, list):  # a pair that crossed a codec as a list
+            value = tuple(value)
+        if get() == value:
+            continue
+        try:
+            with warnings.catch_warnings():  # torch warns, not raises, on some values
+                warnings.simplefilter("ignore")
+                put(value)
+        except (RuntimeError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{owner}: cannot set torch's {name} to the host's {value!r}: "
+                             f"{e}") from e
+        if get() != value:
+            raise ValueError(f"{owner}: cannot set torch's {name} to the host's {value!r}: "
+                             f"torch kept {get()!r}")

@@ -485,3 +485,31 @@ def in_order_once(tree: dict, drops: int) -> None:
             assert got == list(range(sent)), port
         else:  # the oldest are dropped when 16 wait: whatever is missing is counted
             assert got[-1] == sent - 1 and len(got) + drops == sent, (len(got), drops, sent)
+
+
+class TorchProbe(mujou.Node):
+    """Keeps the torch settings of the process it runs in, seen by its hook."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.01)
+        self.seen: dict = {}
+        self.made = torch.zeros(1)  # the default dtype when the net was built
+
+    def on_update(self, dt: float) -> None:
+        from mujou_actors.devices import torch_settings
+        self.seen = {k: list(v) if isinstance(v, tuple) else v
+                     for k, v in torch_settings().items()}
+        self.seen["made"] = str(self.made.dtype)
+
+    def state_dict(self) -> dict:
+        return {"seen": dict(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = dict(state["seen"])
+
+
+def make_probe() -> dict[str, mujou.Node]:
+    """One `TorchProbe` ``probe`` beside the usual ``sim -> ctrl -> log``."""
+    net = make_net()
+    net["probe"] = TorchProbe()
+    return net

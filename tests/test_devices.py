@@ -798,3 +798,40 @@ def test_a_watch_of_a_cuda_port_read_through_host_memory_adds_no_cuda_work(
     assert took == []
     assert copy.device == view.device == CPU and copy is not view
     assert torch.equal(copy, torch.arange(3.0)) and torch.equal(view, torch.arange(3.0))
+
+
+def test_torch_settings_round_trip_and_leave_threads_out_for_another_machine() -> None:
+    from mujou_actors.devices import apply_torch_settings, torch_settings
+    before = torch_settings()
+    assert "num_threads" in before and "num_threads" not in torch_settings(threads=False)
+    assert set(torch_settings(threads=False)) == set(before) - {"num_threads"}
+    try:
+        torch.set_default_dtype(torch.float64)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        changed = torch_settings()
+        apply_torch_settings(before, owner="test")
+        assert torch_settings() == before and torch.get_default_dtype() == torch.float32
+        # As a codec hands it over: the pair as a list.
+        apply_torch_settings({**changed, "deterministic": [True, True]}, owner="test")
+        assert torch_settings() == changed
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        apply_torch_settings(before, owner="test")
+    assert torch_settings() == before
+    apply_torch_settings(None, owner="test")
+    assert torch_settings() == before
+
+
+@pytest.mark.parametrize("settings, match", [
+    ({"num_threadz": 1}, r"placed group 'a': unknown torch setting 'num_threadz'"),
+    ({"default_dtype": "int64"}, r"placed group 'a': cannot set torch's default_dtype to "
+                                 r"the host's 'int64'"),
+    ({"float32_matmul_precision": "fastest"}, r"cannot set torch's float32_matmul_precision"),
+])
+def test_a_torch_setting_this_process_cannot_take_is_a_clear_error(settings: dict,
+                                                                   match: str) -> None:
+    from mujou_actors.devices import apply_torch_settings, torch_settings
+    before = torch_settings()
+    with pytest.raises(ValueError, match=match):
+        apply_torch_settings(settings, owner="placed group 'a'")
+    assert torch_settings() == before

@@ -368,3 +368,27 @@ def test_placed_runs_leave_no_file_descriptor_behind_in_the_host() -> None:
         one()
 
     assert _fds_once_settled(at_most=after_first) <= after_first
+
+
+def test_a_group_process_computes_with_the_hosts_torch_settings() -> None:
+    from mujou_actors.devices import apply_torch_settings, torch_settings
+    before = torch_settings()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.mkldnn.enabled = False
+    try:
+        run = mujou.run(placed_support.make_probe, placement={"probe": "a"},
+                        timer="simulated", duration=0.05, seed=7)
+        run.join(60)
+        seen = run.state_dict()["nodes"]["probe"]["seen"]
+    finally:
+        apply_torch_settings(before, owner="test")
+    assert run.stats().groups["a"].pid != os.getpid()
+    assert seen["num_threads"] == 1
+    assert seen["default_dtype"] == "float64" and seen["made"] == "torch.float64"
+    assert seen["deterministic"] == [True, True]
+    assert seen["float32_matmul_precision"] == "medium"
+    assert seen["mkldnn_enabled"] is False
+    assert torch_settings() == before

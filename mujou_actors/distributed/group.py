@@ -38,7 +38,7 @@ from .._runtime.kernel import Kernel, OutsideSend
 from .._runtime.keys import HOST_ORDER, Key
 from .._runtime.loops import DEFAULT_MAX_DELTA_CYCLES
 from .._runtime.watchdog import Watchdog
-from ..devices import numerics
+from ..devices import apply_torch_settings, numerics
 from ..errors import AlgebraicLoopError, DeadlineMissError, NodeError, describe
 from ..messages import copy_message
 from ..net import synchronizers, walk
@@ -539,7 +539,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
           check_read_only: bool = False,
           max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
           stop_timeout: float = 10.0, cuda_ipc: bool = False,
-          params: dict[str, Any] | None = None) -> GroupServer:
+          params: dict[str, Any] | None = None,
+          torch_settings: dict[str, Any] | None = None) -> GroupServer:
     """Build the group's kernel and connect its data plane; called in the new process.
 
     Args:
@@ -588,12 +589,19 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
         params (dict, optional): ``mujou.run(params=)`` for the group's nodes:
             set on every net the group builds (its first, and each after a
             restart), before its kernel. Default: None.
+        torch_settings (dict, optional): the host's process-wide torch settings
+            (`devices.torch_settings`: threads, deterministic algorithms, the
+            default dtype, matmul precision, the backends' flags), applied
+            before the factory is imported, so the group's nodes compute as
+            they would in the host's process. Default: None (torch's defaults).
 
     Returns:
         GroupServer: serving; the control plane calls its `GroupServer.handle`.
 
     Raises:
         TypeError / ValueError: ``workers`` is not an int / is below 1.
+        ValueError: a torch setting of the host's that this process cannot
+            take (`devices.apply_torch_settings`).
         SecretError: ``secure`` and this machine has no valid secret.
         HandshakeError: the host refused this machine's secret (or did not
             answer within `HANDSHAKE_S`).
@@ -603,7 +611,8 @@ def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed
                        timer=timer, pools=pools, trace=trace, secure=secure,
                        heartbeat=heartbeat, seeds=seeds, check_read_only=check_read_only,
                        max_delta_cycles=max_delta_cycles,
-                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc, params=params)
+                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc, params=params,
+                       torch_settings=torch_settings)
 
 
 class NodeFailed(Exception):
@@ -642,9 +651,12 @@ class GroupServer:
                  check_read_only: bool = False,
                  max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
                  stop_timeout: float = 10.0, cuda_ipc: bool = False,
-                 params: dict[str, Any] | None = None) -> None:
+                 params: dict[str, Any] | None = None,
+                 torch_settings: dict[str, Any] | None = None) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
         check_workers(workers, f"placed group {group!r}")
+        # The host's torch settings before the factory's module makes a tensor.
+        apply_torch_settings(torch_settings, owner=f"placed group {group!r}")
         self._cuda_ipc = cuda_ipc is True
         self.group = group
         self._timer = timer

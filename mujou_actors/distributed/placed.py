@@ -22,6 +22,7 @@ from typing import Any
 
 from .._runtime.kernel import Kernel
 from .._runtime.loops import warn_loops
+from ..devices import torch_settings
 from ..errors import (
     describe,
 )
@@ -373,7 +374,9 @@ def _launch(built: Any, found: list[tuple[str, Node]], ports: dict[str, Port],
                       # Its watchdog logs a hook that does not return, as one process's does.
                       "stop_timeout": args.stop_timeout,
                       # params=, the group's nodes' part: set on the net each build makes.
-                      "params": _params_of(args.params, plan.nodes[name])}
+                      "params": _params_of(args.params, plan.nodes[name]),
+                      # The host's torch settings (threads only on its own machine).
+                      "torch_settings": torch_settings(threads=member is None)}
             if member is not None:
                 assert conv is not None
                 kwargs["heartbeat"] = conv.advertised(conv.monitor.address, member)
