@@ -14,6 +14,8 @@ made keeps the host's relay.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -85,8 +87,68 @@ def test_messages_from_two_groups_arrive_once_in_order_or_counted_as_dropped() -
     servers = run._driver.system.servers  # type: ignore[attr-defined]
     assert servers["a"].direct_ships >= 10 and servers["b"].direct_ships >= 10
     assert servers["c"].direct_ships == 0  # it sends nothing
+    # Most of what c read, its idle worker read itself (one wake-up between socket and hook).
+    assert servers["c"].idle_reads >= 10
     for which in (1, 2):
         assert mid["nodes"][f"c{which}"]["sent"] <= final["nodes"][f"c{which}"]["sent"]
+
+
+RELEASE = threading.Event()  # lets Blocked's hook return (its group runs in this process)
+
+
+class Blocked(mujou.Node):
+    """Its first update blocks until `RELEASE` (bounded): every worker of its group busy."""
+
+    inp = mujou.Input(int, depth=2)
+
+    def __init__(self) -> None:
+        super().__init__(period=None)
+        self.hooks: list[list[int]] = []  # what each update drained
+
+    def on_update(self, dt: float) -> None:
+        if not self.hooks:
+            RELEASE.wait(60)
+        self.hooks.append(list(self.inp.drain()))
+
+    def state_dict(self) -> dict:
+        return {"hooks": [list(h) for h in self.hooks]}
+
+
+def make_blocked() -> dict[str, mujou.Node]:
+    """A counter (one message every 2 ms) -> a reader whose first hook blocks."""
+    net: dict[str, mujou.Node] = {"c1": placed_support.Counter(1, burst=1), "blk": Blocked()}
+    mujou.connect(net["c1"].out, net["blk"].inp)
+    return net
+
+
+def test_what_comes_while_every_worker_is_busy_reaches_the_mailbox_not_the_socket() -> None:
+    """The reading group's only worker blocks in a hook: its data-plane thread still moves
+    what comes into the mailbox (`group.COVER_MS`), where the Input's depth keeps the
+    newest and counts the rest as dropped, instead of leaving it in the socket to push
+    back on the sender."""
+    RELEASE.clear()
+    run = _start(make_blocked, {"c1": "a", "blk": "b"}, None)
+    try:
+        deadline = time.monotonic() + 30
+        while run.stats().nodes["blk"].drops.get("inp", 0) < 20:
+            assert time.monotonic() < deadline, "nothing reached the blocked reader's mailbox"
+            time.sleep(0.01)
+        drops = run.stats().nodes["blk"].drops["inp"]
+    finally:
+        RELEASE.set()
+    try:
+        while len(run.state_dict(timeout=10)["nodes"]["blk"]["hooks"]) < 2:  # the next update
+            assert time.monotonic() < deadline, "the reader's second update did not run"
+            time.sleep(0.01)
+    finally:
+        run.stop()
+    hooks = [[v - placed_support.STRIDE for v in h]
+             for h in run.state_dict()["nodes"]["blk"]["hooks"]]
+    # The first message triggered the update that blocked; the next update got the two
+    # newest of what came meanwhile, the rest dropped (depth 2).
+    assert hooks[0][0] == 0 and len(hooks[0]) <= 2
+    second = hooks[1]
+    assert len(second) == 2 and second[1] - second[0] == 1 and second[0] >= drops
 
 
 def test_peer_links_off_keeps_the_hosts_relay(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -206,6 +206,12 @@ class Dispatcher:
         self._inflight = 0
         self._waiting = 0  # threads in _wait(); notifies are skipped when none
         self._idle_workers = 0  # of those, workers with nothing to start (_worker_wait)
+        # Real time, a placed group's: an idle worker waits on its links and reads them
+        # (set_reader); _reading while one does, on the thread _reader_thread.
+        self._reader: Callable[[float | None], None] | None = None
+        self._reader_wake: Callable[[], None] | None = None
+        self._reading = False
+        self._reader_thread = 0
         # Per control phase (id of its envelope, see run_control): envelopes
         # neither handled nor withdrawn yet. A phase waits for its own only,
         # not for a hook stuck in an earlier phase's.
@@ -251,7 +257,7 @@ class Dispatcher:
         with self._cond:
             self._end_ns = end_ns
             self._grace_ns = grace_ns
-            self._cond.notify_all()
+            self._notify_all()
 
     def set_loop_limit(self, max_delta_cycles: int, loops: Sequence[Loop] = ()) -> None:
         """Simulated time: stop the run when an instant takes more than ``max_delta_cycles``.
@@ -292,7 +298,7 @@ class Dispatcher:
         with self._cond:
             self._bound = bound
             self._paused = False
-            self._cond.notify_all()
+            self._notify_all()
 
     def run_until(self, bound: Key, timeout: float) -> bool:
         """Let the work at keys up to ``bound`` run; wait until it is done.
@@ -305,7 +311,7 @@ class Dispatcher:
         with self._cond:
             self._bound = bound
             self._paused = False
-            self._cond.notify_all()
+            self._notify_all()
             while not self._paused and self._mode is RUNNING:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -421,7 +427,7 @@ class Dispatcher:
         for actor in self.actors:
             if not actor.busy:
                 calendar.schedule(actor)
-        self._cond.notify_all()
+        self._notify_all()
 
     def request_hold(self) -> None:
         """Ask for a consistent cut: no hook in flight, timed work held.
@@ -438,7 +444,7 @@ class Dispatcher:
                 if not self.simulated:
                     self._unclaim()
                 self._try_hold_now()
-            self._cond.notify_all()
+            self._notify_all()
 
     def withdraw_hold(self) -> dict[str, str] | None:
         """Take back one `request_hold` that has not been met yet.
@@ -454,7 +460,7 @@ class Dispatcher:
                 return None
             if self._hold_requested:
                 self._hold_requested -= 1
-            self._cond.notify_all()  # workers that saw the request wait for a notify
+            self._notify_all()  # workers that saw the request wait for a notify
             return self._busy_hooks()
 
     def busy_hooks(self) -> dict[str, str]:
@@ -513,7 +519,7 @@ class Dispatcher:
                 self._settle(None)
         self._set_mode(CONTROL)
         self.held = True
-        self._cond.notify_all()
+        self._notify_all()
         if scheduled:
             self._cut_due = True
         self._listener.held()
@@ -556,7 +562,7 @@ class Dispatcher:
                     self._set_mode(STOPPING)
             elif self._mode in (CONTROL, RUNNING):
                 self._set_mode(STOPPING)
-            self._cond.notify_all()
+            self._notify_all()
 
     def wait_stopping(self, timeout: float) -> bool:
         """Wait until timed work no longer starts; False on timeout."""
@@ -577,7 +583,7 @@ class Dispatcher:
         """Make every thread exit once it is out of its hook (the deadline monitor's at once)."""
         with self._cond:
             self._set_mode(SHUTDOWN)
-            self._cond.notify_all()
+            self._notify_all()
         self.deadlines.stop()
 
     def wait_idle(self, timeout: float) -> list[Actor]:
@@ -640,7 +646,7 @@ class Dispatcher:
             for actor in reversed(actors):
                 if not actor.busy:
                     calendar.schedule(actor)
-            self._cond.notify_all()
+            self._notify_all()
             try:
                 while self._phase_left[phase]:
                     if help and not self._free_helpers and calendar.top_is_control():
@@ -677,7 +683,7 @@ class Dispatcher:
                 actor.queued_key = None  # its control-key entry is stale now
                 self._calendar.schedule(actor)
         if withdrawn:
-            self._cond.notify_all()  # helpers waiting for the phase to end
+            self._notify_all()  # helpers waiting for the phase to end
 
     def post_control(self, actor: Actor, envelopes: list[Envelope]) -> None:
         """Queue control envelopes for one actor while the run goes on (a restart)."""
@@ -686,7 +692,7 @@ class Dispatcher:
             self._calendar.count_control(len(envelopes))
             if not actor.busy:
                 self._calendar.schedule(actor)
-            self._cond.notify_all()
+            self._notify_all()
 
     def hook_of(self, actor: Actor) -> str:
         """The name of the hook ``actor`` is in, for a report of stuck nodes.
@@ -763,7 +769,7 @@ class Dispatcher:
             self._inflight -= 1
             self._finish((actor,))
             if self._waiting:
-                self._cond.notify_all()
+                self._notify_all()
 
     def run_here(self, actors: list[Actor], envelope: Snapshot,
                  timeout: float | None = None) -> list[Actor]:
@@ -814,7 +820,7 @@ class Dispatcher:
                         self._finish(mine)
         finally:
             with self._cond:
-                self._cond.notify_all()
+                self._notify_all()
         return left
 
     def discard_messages(self) -> None:
@@ -849,12 +855,73 @@ class Dispatcher:
             self._waiting -= 1
 
     def _worker_wait(self, timeout: float | None) -> None:
-        """`_wait` for a worker with nothing it may start: counted apart (`_notify_finished`)."""
+        """`_wait` for a worker with nothing it may start: counted apart (`_notify_finished`).
+
+        With a reader set (`set_reader`) and none of the others waiting on the
+        links, the worker waits on them instead (`_read_links`).
+        """
         self._idle_workers += 1
         try:
-            self._wait(timeout)
+            if self._reader is not None and not self._reading:
+                self._read_links(timeout)
+            else:
+                self._wait(timeout)
         finally:
             self._idle_workers -= 1
+
+    def _read_links(self, timeout: float | None) -> None:
+        """Wait in the reader, the lock let go: the one worker that waits on the links.
+
+        The Leader/Followers pattern (Schmidt, O'Ryan, Pyarali, Kircher and
+        Buschmann, "Leader/Followers", PLoP 2000): of the idle workers, one at a
+        time (the leader) waits for the messages of other processes and writes
+        what comes into the kernel itself; the others wait on the condition.
+        The leader then finds the work in the calendar as it takes the lock
+        again, and runs it: no other thread is woken between a message's
+        arrival and its hook. Any notify reaches the leader through the
+        reader's ``wake``, so it misses nothing a waiting worker would see.
+        """
+        reader = self._reader
+        assert reader is not None
+        self._reading = True
+        self._reader_thread = threading.get_ident()
+        self._waiting += 1
+        self._cond.release()
+        try:
+            reader(timeout)  # never raises (set_reader)
+        finally:
+            self._cond.acquire()
+            self._waiting -= 1
+            self._reading = False
+            self._reader_thread = 0
+
+    def set_reader(self, reader: Callable[[float | None], None] | None,
+                   wake: Callable[[], None] | None = None) -> None:
+        """Let an idle worker wait on the run's links and read them (real time, placed).
+
+        Args:
+            reader (Callable[[float | None], None] | None): called by one idle
+                worker at a time, the dispatcher's lock let go, with the
+                longest it may wait (seconds of the timer; None: until
+                woken). It waits on what it reads from (and on what
+                ``wake`` sets), writes what came into the kernel (`write`,
+                which the reader's own thread may call) and returns; it must
+                return once ``wake`` is called and must never raise. None:
+                workers wait on the condition only (the default).
+            wake (Callable[[], None] | None): makes a waiting ``reader``
+                return; called from any thread, the lock held, so it must
+                not block.
+
+        Raises:
+            ValueError: a reader without a wake.
+        """
+        if reader is not None and wake is None:
+            raise ValueError("set_reader: a reader needs its wake")
+        with self._cond:
+            old = self._reader_wake if self._reading else None
+            self._reader, self._reader_wake = reader, wake
+            if old is not None:
+                old()  # the leader waits in the old reader: it looks again, with the new one
 
     def _notify_finished(self, resumes: bool) -> None:
         """Wake the threads that wait for hooks to finish, as a batch has finished (some wait).
@@ -868,7 +935,7 @@ class Dispatcher:
         other than idle workers (the host, a driver) are always woken.
         """
         if not resumes or not self.simulated or self._waiting > self._idle_workers:
-            self._cond.notify_all()
+            self._notify_all()
 
     def _may_start(self, key: Key, now: int | None = None) -> tuple[bool, float | None]:
         """Whether work at ``key`` may start now; else how long to wait (None: a notify).
@@ -1069,7 +1136,7 @@ class Dispatcher:
         if self.simulated and self._end_ns is not None:
             self.timer.advance_to(self._end_ns)  # type: ignore[attr-defined]
         self._set_mode(STOPPING)
-        self._cond.notify_all()
+        self._notify_all()
         self._listener.reached_end()  # posts an event: it never blocks or calls back
 
     # -- pruning mailboxes -------------------------------------------------------------
@@ -1191,6 +1258,10 @@ class Dispatcher:
                     left = calendar.top()
                     if left is not None and left.queued_key == key:
                         self._cond.notify_all()
+                elif self._reader is not None and not self._reading and self._idle_workers:
+                    # Leader/Followers' promotion: while this worker runs hooks, a
+                    # follower watches the links (or takes the work left over).
+                    self._cond.notify()
                 self._run_batch(batch, name, resumes=True)
 
     def _lone_loop(self) -> None:
@@ -1664,7 +1735,7 @@ class Dispatcher:
                 self._inflight -= 1
                 actor.busy = False
                 self._calendar.schedule(actor)
-        self._cond.notify_all()
+        self._notify_all()
 
     def _fail(self, actor: Actor, hook: str, exc: BaseException) -> None:
         """Report that ``actor``'s ``hook`` raised ``exc`` (whatever it is: any BaseException).
@@ -1693,9 +1764,27 @@ class Dispatcher:
     def _wake(self, actor: Actor) -> None:
         """Wake a thread for newly queued work of ``actor`` (its own, if dedicated)."""
         if actor.dedicated or self._dedicated:
-            self._cond.notify_all()  # one notify might wake the wrong dedicated thread
-        else:
+            self._notify_all()  # one notify might wake the wrong dedicated thread
+        elif not self._reading:
             self._cond.notify()
+        elif threading.get_ident() != self._reader_thread:
+            self._cond.notify()
+            self._wake_reader()
+        # (else the leader wrote it from the links: it finds the work as it takes the
+        # lock again, and wakes a follower only as it starts a batch: _worker_loop)
+
+    def _notify_all(self) -> None:
+        """Wake every waiting thread (the lock held), the worker waiting on the links too."""
+        self._cond.notify_all()
+        if self._reading:
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        """Make the worker waiting on the links (`_read_links`) look again; not when it is
+        the caller (a message it read, written into the kernel: it looks anyway)."""
+        wake = self._reader_wake
+        if wake is not None and threading.get_ident() != self._reader_thread:
+            wake()
 
     def deliver(self, actor: Actor, slot: int, message: Any, stamp: int,
                 trigger: Key | None, not_before: Key) -> int:

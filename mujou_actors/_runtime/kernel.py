@@ -611,6 +611,25 @@ class Kernel:
                             f"or None; got {until!r}")
         self.dispatcher.settle(until)
 
+    def set_reader(self, reader: Callable[[float | None], None] | None,
+                   wake: Callable[[], None] | None = None) -> None:
+        """Real time, a placed group's kernel: let an idle worker wait on the group's links
+        to other processes and read them (`Dispatcher.set_reader`, the Leader/Followers
+        pattern): a message then reaches its hook with no thread woken in between.
+
+        Args:
+            reader (Callable[[float | None], None] | None): waits at most the
+                seconds given (None: until woken) on the links and ``wake``,
+                writes what came (`write`) and returns; never raises. None:
+                idle workers wait for the kernel's own work only.
+            wake (Callable[[], None] | None): makes a waiting ``reader`` return
+                (any thread; must not block).
+
+        Raises:
+            ValueError: a reader without a wake.
+        """
+        self.dispatcher.set_reader(reader, wake)
+
     def write(self, input: str, message: Any,
               origin: tuple[int, int, int] | None = None, owned: bool = False) -> None:
         """Deliver a message to one of the kernel's Inputs as the host (``run.write``).

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import re
+import select
 import socket
 import sys
 import threading
@@ -44,7 +45,7 @@ from ..messages import copy_message
 from ..net import synchronizers, walk
 from ..params import set_values
 from ..ports import Input
-from . import cudaipc, dataplane, peers
+from . import cudaipc, dataplane, idleread, peers
 from ._loopback import alive, signals_blocked
 from .failures import Stuck
 from .grouplog import GroupLog
@@ -431,6 +432,13 @@ class Published:
 
 
 POLL_S = 0.05
+# Real time, peer links read by idle workers (`idleread`): while every worker runs a hook,
+# the data-plane thread moves what came on them into the kernel after at most this many
+# milliseconds, so a message waits in its reader's mailbox (its QoS depth keeping the
+# newest), not in the socket pushing back on its sender.
+COVER_MS = 1
+# The frames an idle worker takes from each peer link before it runs what they triggered.
+LEADER_FRAMES = 64
 
 
 def _step(kernel: Kernel, due: Key, keep_waiting: Callable[[], bool] | None) -> Key | None:
@@ -666,6 +674,13 @@ class GroupServer:
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
         self._params = params  # mujou.run(params=) of this group's nodes, set on each net
+        # Real time: whoever reads the peer links (the data-plane thread, or an idle worker:
+        # `idleread`) reads and delivers under this lock, so each link's frames reach the
+        # kernel once and in order; taken before the ship lock where both are.
+        self._read_lock = threading.Lock()
+        self._reader: idleread.IdleReader | None = None  # the current kernel's, real time
+        self._idle_reads = 0  # deliveries by idle workers, of the kernels before this one
+        self._seen_readable = False  # a worker waited on readable links at the last sweep
         self.kernel, found = self._make_kernel()
         self._counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels (reset)
         self._signature = net_signature(found)
@@ -726,6 +741,13 @@ class GroupServer:
         # simulated time it holds every group, and the host only sees a grant unanswered.
         self._watcher = Watcher(self.kernel, stop_timeout, group)
 
+    @property
+    def idle_reads(self) -> int:
+        """int: real time, the waits in which an idle worker delivered what came on the
+        peer links itself (`idleread`), over the group's kernels so far."""
+        reader = self._reader
+        return self._idle_reads + (0 if reader is None else reader.reads)
+
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, nodes, workers, seed, seeds = self._build
         net = build_net(factory, net_kwargs)
@@ -738,6 +760,12 @@ class GroupServer:
                         trace=self._traces.capacity, seeds=seeds,
                         max_delta_cycles=self._max_delta,
                         check_read_only=self._check_read_only, outside_device=self._cuda_ipc)
+        if realtime and idleread.available:
+            reader = idleread.IdleReader(self._readable,
+                                         lambda rt: self._read_peers(kernel, rt),
+                                         self._worker_failed)
+            kernel.set_reader(reader.read, reader.wake.set)
+            self._reader = reader
         return self._traces.track(kernel), found
 
     def reset(self, timeout: float) -> list[str]:
@@ -745,10 +773,15 @@ class GroupServer:
 
         Returns the nodes left stuck by the stop (their threads are left behind).
         """
-        self._peers_stale = True  # real time: the data-plane thread gives its peer links up
+        with self._read_lock:  # no delivery into the kernel being stopped from now on
+            self._peers_stale = True  # real time: the data-plane thread gives its links up
         stuck = self.kernel.stop(timeout)
         self._counted = node_stats(self.kernel, self._counted)
+        reader = self._reader
         self.kernel, _ = self._make_kernel()
+        if reader is not None:  # its kernel's workers are gone (or stuck in a hook)
+            self._idle_reads += reader.reads
+            reader.close()
         self.published.reattach(self.kernel)
         self._watcher.watch(self.kernel)
         return stuck
@@ -854,18 +887,21 @@ class GroupServer:
     def _serve_realtime(self) -> None:
         """Real time: ship sends as they come, deliver what arrives, until closed."""
         link, wake = self._link, self._wake
-        poller, polled = self._realtime_poller(None), None
+        (poller, covered), polled = self._realtime_poller(None), None
+        looked = time.monotonic()  # when the host's process was last looked for
         while not self._closing.is_set():
             if self._peers_stale:
                 self._drop_peers()
             rt = self._peers_rt
             if rt is not polled:  # peer links opened or given up: poll what is open now
-                poller, polled = self._realtime_poller(rt), rt
+                (poller, covered), polled = self._realtime_poller(rt), rt
             # Frames read ahead while a send waited (`_drain`) are in no socket any more.
             pending = rt is not None and rt.mesh.pending()
-            ready = dict(poller.poll(0 if pending else 100))
-            if not ready and not pending:
-                self._end_if_host_gone()
+            ready = dict(poller.poll(0 if pending else COVER_MS if covered else 100))
+            if not ready and not pending and not (covered and self._uncovered(covered)):
+                if time.monotonic() - looked >= 0.1:  # not at each sweep (COVER_MS)
+                    looked = time.monotonic()
+                    self._end_if_host_gone()
                 continue
             try:
                 if wake.fileno() in ready:
@@ -891,14 +927,47 @@ class GroupServer:
         link.close()
         wake.close()
 
-    def _realtime_poller(self, rt: peers.RealTimePeers | None) -> zmq.Poller:
+    def _uncovered(self, covered: Any) -> bool:
+        """Whether something came on the peer links that no idle worker takes (the
+        data-plane thread's sweep, every `COVER_MS`).
+
+        Also when a worker waits but the bytes were there at the sweep before too:
+        it then missed them (the links' `on_replaced` wakes it where that is known
+        to happen), so it is woken to look again and this thread reads them, a
+        millisecond late rather than never.
+        """
+        if not covered.poll(0):
+            self._seen_readable = False
+            return False
+        reader = self._reader
+        if reader is None or not reader.waiting:
+            self._seen_readable = False
+            return True
+        if self._seen_readable:
+            self._seen_readable = False
+            reader.wake.set()
+            return True
+        self._seen_readable = True
+        return False
+
+    def _realtime_poller(self, rt: peers.RealTimePeers | None) -> tuple[zmq.Poller, Any]:
+        """What the data-plane thread waits on: the host's link, the wake, and the peer
+        links of ``rt`` unless idle workers read them (`idleread`); then also a
+        ``select.poll`` of those, which it looks at every `COVER_MS` (else None)."""
         poller = zmq.Poller()
         poller.register(self._link.sock, zmq.POLLIN)
         poller.register(self._wake.fileno(), zmq.POLLIN)
-        if rt is not None:
+        if rt is None:
+            return poller, None
+        covered = None
+        if self._reader is not None and rt.mesh.direct:
+            covered = select.poll()
+            for peer in rt.mesh.links.values():
+                covered.register(peer.sock.fileno(), select.POLLIN)
+        else:
             for peer in rt.mesh.links.values():
                 poller.register(peer.sock, zmq.POLLIN)
-        return poller
+        return poller, covered
 
     def _sent(self, stamped: int) -> None:
         """Real time, on the thread of a hook that sent to another group (the kernel's
@@ -929,9 +998,37 @@ class GroupServer:
                 link.drain()
         except peers.Abandoned:  # the links are given up (a reset, or closing): see _drop_peers
             self._wake.set()
-        except BaseException as exc:  # the data-plane thread reports it: never swallowed
-            self._ship_failures.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - the data-plane thread reports it
+            self._worker_failed(exc)
+
+    def _worker_failed(self, exc: BaseException) -> None:
+        """A worker's direct ship or read failed: the data-plane thread reports it (`_ship`)
+        as its own failures are reported, never swallowed."""
+        self._ship_failures.append(exc)
+        self._wake.set()
+
+    def _readable(self) -> tuple[peers.RealTimePeers, list[int]] | None:
+        """For an idle worker (`idleread.IdleReader`): the peer links open now and their
+        descriptors; None when none are, they are given up (a reset), or one is a ZeroMQ
+        socket (one thread's only). Under the read lock: no link closes meanwhile."""
+        with self._read_lock:
+            rt = self._peers_rt
+            if rt is None or self._peers_stale or not rt.mesh.direct:
+                return None
+            return rt, [link.sock.fileno() for link in rt.mesh.links.values()]
+
+    def _read_peers(self, kernel: Kernel, rt: peers.RealTimePeers) -> bool:
+        """An idle worker of ``kernel`` delivers what the links of ``rt`` brought (at most
+        `LEADER_FRAMES` a link: it runs their hooks before it reads on), if both are
+        still the group's; a flush's markers are then the data-plane thread's to answer
+        (its socket to the host is its own). Whether it delivered anything."""
+        with self._read_lock:
+            if self._peers_rt is not rt or self._peers_stale or self.kernel is not kernel:
+                return False
+            taken = rt.take(kernel, LEADER_FRAMES)
+        if rt.flushing is not None:
             self._wake.set()
+        return taken > 0
 
     def _ship(self) -> None:
         """Real time: what the nodes sent outside goes to the groups that read it (peer
@@ -988,7 +1085,9 @@ class GroupServer:
         """Real time: deliver what the peers sent; answer a flush whose markers are all in."""
         rt = self._peers_rt
         assert rt is not None
-        rt.take(self.kernel)
+        with self._read_lock:
+            if not self._peers_stale:
+                rt.take(self.kernel)
         if rt.flushing is not None and rt.flushed():
             self._ship()
             self._link.send(dataplane.Reply(due=None, time_ns=self.kernel.time_ns, sends=[],
@@ -1006,13 +1105,22 @@ class GroupServer:
                               waiting=self._peer_blocked)
         for peer in mesh.links.values():
             peer.blocked = self._peer_blocked
+            if mesh.direct:  # a connection accepted onto a number a worker waits on
+                peer.sock.on_replaced = self._wake_reader
         rt = peers.RealTimePeers(mesh, self.routes)
         generation, clocks = self._peer_clocks
         if generation == seg.generation:  # told before this thread opened the mesh
             rt.clocks = clocks
-        with self._ship_lock:
+        with self._read_lock, self._ship_lock:
             self._mesh, self._peers_stale = mesh, False
             self._peers_rt = rt
+        self._wake_reader()  # an idle worker waits on the links too, from now on
+
+    def _wake_reader(self) -> None:
+        """Make an idle worker waiting on the peer links look at them again (new ones)."""
+        reader = self._reader
+        if reader is not None:
+            reader.wake.set()
 
     def _set_peer_clocks(self, request: PeerClocks) -> None:
         """`PeerClocks` (on the control thread): the senders' clocks for the mesh of that
@@ -1035,12 +1143,13 @@ class GroupServer:
     def _drop_peers(self) -> None:
         """Real time: give the peer links up (a reset: the timeline they carried is over);
         until the host opens new ones, messages go through the host."""
-        with self._ship_lock:  # no worker ships on a link being closed
+        with self._read_lock, self._ship_lock:  # no worker reads or ships on a link closing
             self._peers_stale = False
             if self._peers_rt is not None:
                 self._peers_rt = None
                 assert self._mesh is not None
                 self._mesh.close()
+        self._wake_reader()  # a worker waiting on the closed links waits without them
 
     # -- peer links between machines, made before their mesh -----------------------------
     def _held_peers(self, generation: int) -> dict[str, dataplane.PeerLink]:
@@ -1241,6 +1350,8 @@ class GroupServer:
         self._closing.set()
         self._watcher.close()
         stuck = stop_kernel(self.kernel, timeout, idle)
+        if self._reader is not None:  # the kernel's workers are gone (or stuck in a hook)
+            self._reader.close()
         self.log.configure(None, {})  # after on_stop: the host takes what is kept (Logs)
         self._thread.join(timeout)
         self._drop_held_peers()

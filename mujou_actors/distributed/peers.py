@@ -821,12 +821,27 @@ class RealTimePeers:
                 left.append(link)
         return left
 
-    def take(self, kernel: Kernel) -> None:
-        """Write what the peers sent into ``kernel`` (as host writes); note their markers."""
+    def take(self, kernel: Kernel, most: int | None = None) -> int:
+        """Write what the peers sent into ``kernel`` (as host writes); note their markers.
+
+        Args:
+            kernel (Kernel): the group's kernel.
+            most (int | None): at most this many frames from each link (an idle
+                worker's read, `group.GroupServer`: it runs the hooks before it
+                reads on, whatever a fast sender keeps sending); None: all that
+                came (the data-plane thread's).
+
+        Returns:
+            int: the frames taken.
+        """
         mesh, local, clocks = self.mesh, self.routes.local_readers, self.clocks
+        taken = 0
         for p, link in mesh.links.items():
             clock = clocks.get(p)  # a sender on another machine, its timer's origin known
-            while (got := link.receive()) is not None:
+            left = -1 if most is None else most
+            while left and (got := link.receive()) is not None:
+                left -= 1
+                taken += 1
                 kind, generation, number, _, items = got
                 if generation != mesh.generation:
                     continue  # of an abandoned timeline
@@ -837,6 +852,7 @@ class RealTimePeers:
                         kernel.write(reader, message, (t, delta, sender), owned=True)
                 if kind == dataplane.PEER_MARKER and number > self.marked.get(p, -1):
                     self.marked[p] = number
+        return taken
 
     def flush(self, number: int) -> list[dataplane.PeerLink]:
         """Start flush ``number``: a marker queued on every link to a reading group.

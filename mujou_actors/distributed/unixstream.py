@@ -11,10 +11,10 @@ The peer links between two groups of one machine (`dataplane.PeerLink` on an
   could not send on it while the group's data-plane thread reads from it; a
   send went through the data-plane thread, a third wake-up.
 
-Here the send side may be used by any thread (a worker sends its node's
-messages itself, `group.GroupServer`), the receive side by one (the
-data-plane thread), and the socket is a plain file descriptor that a
-`zmq.Poller` polls beside ZeroMQ sockets (`fileno`).
+Here either side may be used by any thread: a worker sends its node's
+messages itself (`group.GroupServer`), and the group's data-plane thread or
+an idle worker (`idleread`) receives, one at a time. The socket is a plain
+file descriptor that a `zmq.Poller` polls beside ZeroMQ sockets (`fileno`).
 
 Frames: each message is its frame count (4 bytes, little-endian), each
 frame's length (8 bytes each), then the frames. The bytes come from a socket
@@ -95,6 +95,13 @@ class UnixStream:
         path (str): the socket's path.
         blocked (Callable[[], None] | None): called between a waiting send's
             slices; raises (or ends the process) to give the send up.
+        on_replaced (Callable[[], None] | None): called, from any thread and
+            with a lock held (so it must not block), once the descriptor's
+            number names another open file: the connection accepted onto the
+            listening socket's number, or a quiet descriptor after the peer
+            went. Linux's ``poll`` looks a number up as it starts; a thread
+            already waiting sleeps on the old file and must be woken to look
+            again (`group.GroupServer` wakes its idle reader, `idleread`).
         lost (int): sends dropped because the peer was gone (the bytes in
             flight when it went count as one).
         eof (bool): the peer closed its end (its process ended).
@@ -107,7 +114,14 @@ class UnixStream:
         self._sock = sock
         self._fd = sock.fileno()
         self._listening = listening  # still the listening socket, not the connection
+        # Called (a lock held: it must not block) once the descriptor's number names
+        # another open file (`_accept`, `_end_of_stream`): a poll already waiting on the
+        # number sleeps on the old file and would miss what the new one reads.
+        self.on_replaced: Callable[[], None] | None = None
         self._lock = threading.Lock()  # the send side: the backlog and the socket's writes
+        # The receive side: the inbox, read by `receive` (whichever thread of the group reads
+        # the links) and by a reader's `drain` reading ahead. Taken before `_lock`.
+        self._read_lock = threading.Lock()
         self._backlog: list[memoryview] = []
         self._inbox = bytearray()  # bytes read, not yet a whole message
         self._want = _COUNT.size  # the inbox's length from which a message may be whole
@@ -175,7 +189,8 @@ class UnixStream:
     def pending(self) -> bool:
         """bool: a whole message was read and waits for `receive` (a poller will not
         see it: its bytes are out of the socket)."""
-        return len(self._inbox) >= self._want and self._head() is not None
+        with self._read_lock:
+            return len(self._inbox) >= self._want and self._head() is not None
 
     def fileno(self) -> int:
         """int: the descriptor to poll for reading (the same for the stream's life)."""
@@ -196,6 +211,7 @@ class UnixStream:
         os.dup2(conn.fileno(), self._fd, inheritable=False)
         conn.close()
         self._listening = False
+        self._replaced()
         try:
             os.unlink(self.path)  # nothing else is to connect to it
         except OSError:
@@ -312,7 +328,8 @@ class UnixStream:
                 waiter.unregister(fd)
             for other in reading:
                 if ready.get(other._fd, 0) & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    other._pull()
+                    with other._read_lock:
+                        other._pull()
             with self._lock:
                 if self._closed or self._flush():
                     return
@@ -335,12 +352,17 @@ class UnixStream:
     def receive(self) -> list[bytes] | None:
         """The next whole message's frames, or None if none is here yet (never waits).
 
-        For one thread at a time (the link's reader).
+        Any thread may receive (one at a time does, under the receive side's lock);
+        messages are whole and in order whichever thread takes each.
 
         Raises:
             StreamError: the bytes are not frames of this format, or a message
                 is over the limits (the stream is broken: it reads nothing more).
         """
+        with self._read_lock:
+            return self._receive()
+
+    def _receive(self) -> list[bytes] | None:
         got = self._parse()
         if got is not None or self.eof or self._closed:
             return got
@@ -431,6 +453,12 @@ class UnixStream:
                 quiet = _quiet_fd()
                 os.dup2(quiet, self._fd, inheritable=False)
                 os.close(quiet)
+                self._replaced()
+
+    def _replaced(self) -> None:
+        """Tell `on_replaced` that the descriptor's number names another file now."""
+        if self.on_replaced is not None:
+            self.on_replaced()
 
     def close(self) -> None:
         """Close the socket (idempotent); a listening end's path is removed. Sends after it
