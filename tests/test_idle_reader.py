@@ -357,24 +357,24 @@ class _Poll:
 
 
 def test_the_sweep_reads_what_a_waiting_worker_left_a_sweep_long_and_wakes_it() -> None:
-    """The data-plane thread's sweep (`GroupServer._uncovered`): bytes on the links while no
+    """The data-plane thread's sweep (`RealTimeGroupServer._uncovered`): bytes on the links while no
     worker waits are its own to read at once; while one waits, they are the worker's, but
     bytes still there at the next sweep were missed: the worker is woken and the sweep
     reads them."""
     from types import SimpleNamespace
 
-    from mujou_actors.distributed.group import GroupServer
+    from mujou_actors.distributed.grouprt import RealTimeGroupServer
     woken: list[int] = []
     reader = SimpleNamespace(waiting=True, wake=SimpleNamespace(set=lambda: woken.append(1)))
     server = SimpleNamespace(_reader=reader, _seen_readable=False)
     sweep = [True, True, False, True, False, True, True, True]
     covered = _Poll(list(sweep))
-    got = [GroupServer._uncovered(server, covered) for _ in sweep]  # type: ignore[arg-type]
+    got = [RealTimeGroupServer._uncovered(server, covered) for _ in sweep]  # type: ignore[arg-type]
     assert got == [False, True, False, False, False, False, True, False]
     assert len(woken) == 2
     reader.waiting = False
-    assert GroupServer._uncovered(server, _Poll([True])) is True  # type: ignore[arg-type]
-    assert GroupServer._uncovered(server, _Poll([False])) is False  # type: ignore[arg-type]
+    assert RealTimeGroupServer._uncovered(server, _Poll([True])) is True  # type: ignore[arg-type]
+    assert RealTimeGroupServer._uncovered(server, _Poll([False])) is False  # type: ignore[arg-type]
     server._reader = None
-    assert GroupServer._uncovered(server, _Poll([True])) is True  # type: ignore[arg-type]
+    assert RealTimeGroupServer._uncovered(server, _Poll([True])) is True  # type: ignore[arg-type]
     assert len(woken) == 2

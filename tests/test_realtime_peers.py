@@ -123,7 +123,7 @@ def make_blocked() -> dict[str, mujou.Node]:
 
 def test_what_comes_while_every_worker_is_busy_reaches_the_mailbox_not_the_socket() -> None:
     """The reading group's only worker blocks in a hook: its data-plane thread still moves
-    what comes into the mailbox (`group.COVER_MS`), where the Input's depth keeps the
+    what comes into the mailbox (`grouprt.COVER_MS`), where the Input's depth keeps the
     newest and counts the rest as dropped, instead of leaving it in the socket to push
     back on the sender."""
     RELEASE.clear()

@@ -1,7 +1,8 @@
 """What runs in a group process: the group's nodes on a kernel, driven by the host.
 
-`serve` is the function the control plane calls in a new group process
-(`system.ProcessSystem.start_group`): it builds the whole net from the
+`groupmain.serve`, the function the control plane calls in a new group
+process (`system.ProcessSystem.start_group`), makes a `GroupServer` (or, in
+real time, a `grouprt.RealTimeGroupServer`): it builds the whole net from the
 factory, makes a `Kernel` for the group's nodes and connects to the host's
 data plane. From then on
 
@@ -22,7 +23,6 @@ import dataclasses
 import logging
 import os
 import re
-import select
 import socket
 import sys
 import threading
@@ -45,7 +45,7 @@ from ..messages import copy_message
 from ..net import synchronizers, walk
 from ..params import set_values
 from ..ports import Input
-from . import cudaipc, dataplane, idleread, peers
+from . import cudaipc, dataplane, peers
 from ._loopback import alive, signals_blocked
 from .failures import Stuck
 from .grouplog import GroupLog
@@ -54,7 +54,7 @@ from .placement import HOST_GROUP, build_net, load_factory, net_signature
 from .secret import load_secret
 from .tracing import KernelTraces
 
-__all__ = ["serve", "versions", "shipped", "clock_origin", "host_write", "run_grant",
+__all__ = ["versions", "shipped", "clock_origin", "host_write", "run_grant",
            "node_stats", "failure_of", "Published", "GroupServer", "Subscribe", "Describe",
            "Start", "Load", "TakeState", "Write", "Read", "Stats", "Stop", "Reset",
            "RestartNode", "SetParam", "Params", "RunFree", "Hold", "Release", "TakeTrace",
@@ -432,13 +432,6 @@ class Published:
 
 
 POLL_S = 0.05
-# Real time, peer links read by idle workers (`idleread`): while every worker runs a hook,
-# the data-plane thread moves what came on them into the kernel after at most this many
-# milliseconds, so a message waits in its reader's mailbox (its QoS depth keeping the
-# newest), not in the socket pushing back on its sender.
-COVER_MS = 1
-# The frames an idle worker takes from each peer link before it runs what they triggered.
-LEADER_FRAMES = 64
 
 
 def _step(kernel: Kernel, due: Key, keep_waiting: Callable[[], bool] | None) -> Key | None:
@@ -539,90 +532,6 @@ def host_write(kernel: Kernel, input: str, message: Any, key: Key | None) -> Non
         kernel.deliver(input, message, key[0], key[1], HOST_ORDER)
 
 
-def serve(*, group: str, factory: str, net_kwargs: bytes, nodes: list[str], seed: int | None,
-          workers: int, address: str, host_pid: int, timer: str = "simulated",
-          pools: str | None = None, trace: int | None = None,
-          secure: bool = False, heartbeat: str | None = None,
-          seeds: dict[str, int] | None = None,
-          check_read_only: bool = False,
-          max_delta_cycles: int = DEFAULT_MAX_DELTA_CYCLES,
-          stop_timeout: float = 10.0, cuda_ipc: bool = False,
-          params: dict[str, Any] | None = None,
-          torch_settings: dict[str, Any] | None = None) -> GroupServer:
-    """Build the group's kernel and connect its data plane; called in the new process.
-
-    Args:
-        group (str): the group's name.
-        factory (str): the net factory's reference (`placement.FactoryRef.ref`).
-        net_kwargs (bytes): its keyword arguments, snapshot-encoded.
-        nodes (list[str]): the paths of the group's nodes (exactly these: a
-            child of one of them may run in another group).
-        seed (int, optional): the run's seed.
-        workers (int): the kernel's worker threads.
-        seeds (dict[str, int], optional): the seeds the host settled for the
-            group's nodes (`Run.seeds`: a restored tree's, the nodes' own,
-            derived from ``seed``, or random); they win over ``seed``, so
-            every process seeds its nodes as the host says.
-        address (str): the host's data-plane endpoint for this group.
-        host_pid (int): the host's pid (the loop ends when the host is gone);
-            0: the host is on another machine (its heartbeat tells).
-        timer (str): ``"simulated"`` (the host grants delta cycles) or
-            ``"realtime"`` (the group runs on its own clock and ships its
-            sends as they come).
-        pools (str, optional): the prefix of this link's shared-memory pools
-            (None: large tensors go inline).
-        trace (int, optional): record a trace into a buffer of this many
-            records (the group's share of the Tracer's capacity); the host
-            takes it with `TakeTrace`. None: untraced.
-        secure (bool): the data plane runs over ``tcp://`` between machines,
-            authenticated by the run's shared secret, which this process reads
-            from its own environment (`secret.load_secret`: it never travels).
-        heartbeat (str, optional): the host's heartbeat endpoint
-            (`heartbeat.Monitor`): this process answers its pings, named
-            ``group``, so the host finds it lost within the run's heartbeat
-            timeout; and it ends itself once the host has not pinged it for
-            `ORPHAN_S` (the host, or its machine, is gone).
-        max_delta_cycles (int): ``mujou.run(max_delta_cycles=)``: an instant
-            of the group's kernel past it is an algebraic loop. Default: 10000.
-        check_read_only (bool): ``mujou.run(check_read_only=)``: the group's
-            kernel fails a node that changes a message it received in place
-            (`actor.guard_read_only`). Default: False.
-        stop_timeout (float): ``mujou.run(stop_timeout=)``: a hook still
-            running this many wall seconds after it was first seen is logged,
-            and again with back-off (`Watcher`, as one process does). Default: 10.0.
-        cuda_ipc (bool): the host and this group are on one machine and CUDA
-            tensors cross by CUDA IPC (`cudaipc`): the group's CUDA senders keep
-            messages for other groups on their device, and its link shares and
-            opens device memory. Default: False (the host path).
-        params (dict, optional): ``mujou.run(params=)`` for the group's nodes:
-            set on every net the group builds (its first, and each after a
-            restart), before its kernel. Default: None.
-        torch_settings (dict, optional): the host's process-wide torch settings
-            (`devices.torch_settings`: threads, deterministic algorithms, the
-            default dtype, matmul precision, the backends' flags), applied
-            before the factory is imported, so the group's nodes compute as
-            they would in the host's process. Default: None (torch's defaults).
-
-    Returns:
-        GroupServer: serving; the control plane calls its `GroupServer.handle`.
-
-    Raises:
-        TypeError / ValueError: ``workers`` is not an int / is below 1.
-        ValueError: a torch setting of the host's that this process cannot
-            take (`devices.apply_torch_settings`).
-        SecretError: ``secure`` and this machine has no valid secret.
-        HandshakeError: the host refused this machine's secret (or did not
-            answer within `HANDSHAKE_S`).
-    """
-    return GroupServer(group=group, factory=factory, net_kwargs=net_kwargs, nodes=nodes,
-                       seed=seed, workers=workers, address=address, host_pid=host_pid,
-                       timer=timer, pools=pools, trace=trace, secure=secure,
-                       heartbeat=heartbeat, seeds=seeds, check_read_only=check_read_only,
-                       max_delta_cycles=max_delta_cycles,
-                       stop_timeout=stop_timeout, cuda_ipc=cuda_ipc, params=params,
-                       torch_settings=torch_settings)
-
-
 class NodeFailed(Exception):
     """A node's hook raised in a control request (`GroupServer.handle`): the failure as
     the data plane's replies carry it (`failure_of`), so the host raises the same
@@ -644,12 +553,19 @@ class NodeFailed(Exception):
 class GroupServer:
     """A group's kernel in its process, with its data-plane thread and control requests.
 
-    Args: as `serve`.
+    This class serves a simulated-time group (the host's grants drive its
+    kernel); `grouprt.RealTimeGroupServer` extends it for real time.
+    `groupmain.serve` makes the one for the run's timer.
+
+    Args: as `groupmain.serve`.
 
     Raises:
         NetError, ValueError, TypeError: the factory cannot be imported, raised, or
-            built a net the kernel refuses.
+            built a net the kernel refuses; ValueError also for a ``timer``
+            that is not this class's `TIMER`.
     """
+
+    TIMER = "simulated"  # the timer this class serves
 
     def __init__(self, *, group: str, factory: str, net_kwargs: bytes, nodes: list[str],
                  seed: int | None, workers: int, address: str, host_pid: int,
@@ -663,6 +579,10 @@ class GroupServer:
                  torch_settings: dict[str, Any] | None = None) -> None:
         # Before the factory is imported and run: refused as mujou.run and Kernel refuse it.
         check_workers(workers, f"placed group {group!r}")
+        if timer != self.TIMER:
+            raise ValueError(f"placed group {group!r}: {type(self).__name__} serves the "
+                             f"{self.TIMER!r} timer, not {timer!r} (`groupmain.serve` "
+                             f"picks the server for the timer)")
         # The host's torch settings before the factory's module makes a tensor.
         apply_torch_settings(torch_settings, owner=f"placed group {group!r}")
         self._cuda_ipc = cuda_ipc is True
@@ -674,13 +594,6 @@ class GroupServer:
         self._wake = dataplane.Wake()
         self._build = (load_factory(factory), net_kwargs, nodes, workers, seed, seeds)
         self._params = params  # mujou.run(params=) of this group's nodes, set on each net
-        # Real time: whoever reads the peer links (the data-plane thread, or an idle worker:
-        # `idleread`) reads and delivers under this lock, so each link's frames reach the
-        # kernel once and in order; taken before the ship lock where both are.
-        self._read_lock = threading.Lock()
-        self._reader: idleread.IdleReader | None = None  # the current kernel's, real time
-        self._idle_reads = 0  # deliveries by idle workers, of the kernels before this one
-        self._seen_readable = False  # a worker waited on readable links at the last sweep
         self.kernel, found = self._make_kernel()
         self._counted: dict[str, dict[str, Any]] | None = None  # by replaced kernels (reset)
         self._signature = net_signature(found)
@@ -694,15 +607,6 @@ class GroupServer:
         self._started_ns = time.monotonic_ns()
         self._closing = threading.Event()
         self._mesh: peers.PeerMesh | None = None  # peer links, once asked for
-        self._peers_rt: peers.RealTimePeers | None = None  # real time, while open
-        self._peers_stale = False  # real time: reset for a restore; the links are given up
-        # Real time: whoever ships (a worker, the data-plane thread) takes the kernel's sends
-        # and queues them on the peer links under this lock, so each link keeps the order of
-        # the takes; the waits for a link's socket come after it is let go.
-        self._ship_lock = threading.Lock()
-        self._direct = -1  # the stamp of the hook whose first send was shipped directly
-        self.direct_ships = 0  # ships from a hook's own thread (the rest: the data plane's)
-        self._ship_failures: list[BaseException] = []  # a worker's, reported by the data plane
         # Ends of peer links between machines made before their mesh (BindPeers,
         # ConnectPeers) on the control thread, taken over by the data-plane thread's
         # PeerMesh (`_held_peers`): (generation, {peer: link}), under the lock.
@@ -732,8 +636,7 @@ class GroupServer:
         except BaseException:
             self._link.close()
             raise
-        target = self._serve if timer == "simulated" else self._serve_realtime
-        self._thread = threading.Thread(target=target, name=f"mujou-group-{group}",
+        self._thread = threading.Thread(target=self._serve, name=f"mujou-group-{group}",
                                         daemon=True)
         with signals_blocked():  # SIGCHLD and SIGTERM must reach Thespian's main thread
             self._thread.start()
@@ -741,47 +644,35 @@ class GroupServer:
         # simulated time it holds every group, and the host only sees a grant unanswered.
         self._watcher = Watcher(self.kernel, stop_timeout, group)
 
-    @property
-    def idle_reads(self) -> int:
-        """int: real time, the waits in which an idle worker delivered what came on the
-        peer links itself (`idleread`), over the group's kernels so far."""
-        reader = self._reader
-        return self._idle_reads + (0 if reader is None else reader.reads)
-
     def _make_kernel(self) -> tuple[Kernel, list[tuple[str, Any]]]:
         factory, net_kwargs, nodes, workers, seed, seeds = self._build
         net = build_net(factory, net_kwargs)
         found = walk(net)
         set_values(self._params, found, f"placed group {self.group!r}")
-        realtime = self._timer == "realtime"
         kernel = Kernel(net, nodes, workers=workers, seed=seed, timer=self._timer,
-                        notify=self._wake.set if realtime else None,
-                        sent=self._sent if realtime else None, subtrees=False,
-                        trace=self._traces.capacity, seeds=seeds,
+                        subtrees=False, trace=self._traces.capacity, seeds=seeds,
                         max_delta_cycles=self._max_delta,
-                        check_read_only=self._check_read_only, outside_device=self._cuda_ipc)
-        if realtime and idleread.available:
-            reader = idleread.IdleReader(self._readable,
-                                         lambda rt: self._read_peers(kernel, rt),
-                                         self._worker_failed)
-            kernel.set_reader(reader.read, reader.wake.set)
-            self._reader = reader
+                        check_read_only=self._check_read_only, outside_device=self._cuda_ipc,
+                        **self._kernel_hooks())
+        self._attach(kernel)
         return self._traces.track(kernel), found
+
+    def _kernel_hooks(self) -> dict[str, Any]:
+        """The kernel's ``notify`` and ``sent`` for this group's timer: none in simulated
+        time (the host's grants drive the kernel)."""
+        return {}
+
+    def _attach(self, kernel: Kernel) -> None:
+        """Set up what the group's data plane needs of a new kernel (before it starts)."""
 
     def reset(self, timeout: float) -> list[str]:
         """Stop the kernel; build a fresh net and kernel (a restart from a snapshot).
 
         Returns the nodes left stuck by the stop (their threads are left behind).
         """
-        with self._read_lock:  # no delivery into the kernel being stopped from now on
-            self._peers_stale = True  # real time: the data-plane thread gives its links up
         stuck = self.kernel.stop(timeout)
         self._counted = node_stats(self.kernel, self._counted)
-        reader = self._reader
         self.kernel, _ = self._make_kernel()
-        if reader is not None:  # its kernel's workers are gone (or stuck in a hook)
-            self._idle_reads += reader.reads
-            reader.close()
         self.published.reattach(self.kernel)
         self._watcher.watch(self.kernel)
         return stuck
@@ -884,272 +775,13 @@ class GroupServer:
                           self._end_if_host_gone, _step, failure_of,
                           stale=lambda: self.kernel is not kernel)
 
-    def _serve_realtime(self) -> None:
-        """Real time: ship sends as they come, deliver what arrives, until closed."""
-        link, wake = self._link, self._wake
-        (poller, covered), polled = self._realtime_poller(None), None
-        looked = time.monotonic()  # when the host's process was last looked for
-        while not self._closing.is_set():
-            if self._peers_stale:
-                self._drop_peers()
-            rt = self._peers_rt
-            if rt is not polled:  # peer links opened or given up: poll what is open now
-                (poller, covered), polled = self._realtime_poller(rt), rt
-            # Frames read ahead while a send waited (`_drain`) are in no socket any more.
-            pending = rt is not None and rt.mesh.pending()
-            ready = dict(poller.poll(0 if pending else COVER_MS if covered else 100))
-            if not ready and not pending and not (covered and self._uncovered(covered)):
-                if time.monotonic() - looked >= 0.1:  # not at each sweep (COVER_MS)
-                    looked = time.monotonic()
-                    self._end_if_host_gone()
-                continue
-            try:
-                if wake.fileno() in ready:
-                    wake.clear()
-                    self._ship()
-                if link.sock in ready:
-                    while (grant := link.receive(0)) is not None:
-                        self._take(grant)
-                if self._peers_rt is not None:
-                    self._take_peers()
-            except peers.Abandoned:  # a marker waited for a peer and the group was reset
-                self._drop_peers()
-            except BaseException as exc:  # reported to the host, never swallowed
-                if self._closing.is_set():
-                    log.info("group %r: closing; the messages in flight ended with %s",
-                             self.group, describe(exc))
-                    break  # stopped under it, the process ending (see `_serve`)
-                link.send(dataplane.Reply(due=None, time_ns=self._time(), sends=[],
-                                          failure=failure_of(exc)))
-        self._drop_peers()  # under the ship lock: a closing kernel's hooks may still send
-        if self._mesh is not None:
-            self._mesh.close()
-        link.close()
-        wake.close()
-
-    def _uncovered(self, covered: Any) -> bool:
-        """Whether something came on the peer links that no idle worker takes (the
-        data-plane thread's sweep, every `COVER_MS`).
-
-        Also when a worker waits but the bytes were there at the sweep before too:
-        it then missed them (the links' `on_replaced` wakes it where that is known
-        to happen), so it is woken to look again and this thread reads them, a
-        millisecond late rather than never.
-        """
-        if not covered.poll(0):
-            self._seen_readable = False
-            return False
-        reader = self._reader
-        if reader is None or not reader.waiting:
-            self._seen_readable = False
-            return True
-        if self._seen_readable:
-            self._seen_readable = False
-            reader.wake.set()
-            return True
-        self._seen_readable = True
-        return False
-
-    def _realtime_poller(self, rt: peers.RealTimePeers | None) -> tuple[zmq.Poller, Any]:
-        """What the data-plane thread waits on: the host's link, the wake, and the peer
-        links of ``rt`` unless idle workers read them (`idleread`); then also a
-        ``select.poll`` of those, which it looks at every `COVER_MS` (else None)."""
-        poller = zmq.Poller()
-        poller.register(self._link.sock, zmq.POLLIN)
-        poller.register(self._wake.fileno(), zmq.POLLIN)
-        if rt is None:
-            return poller, None
-        covered = None
-        if self._reader is not None and rt.mesh.direct:
-            covered = select.poll()
-            for peer in rt.mesh.links.values():
-                covered.register(peer.sock.fileno(), select.POLLIN)
-        else:
-            for peer in rt.mesh.links.values():
-                poller.register(peer.sock, zmq.POLLIN)
-        return poller, covered
-
-    def _sent(self, stamped: int) -> None:
-        """Real time, on the thread of a hook that sent to another group (the kernel's
-        ``sent``): the direct hop.
-
-        The hook's first such send goes to its reading groups from this thread,
-        on the peer links: no thread is woken between the hook and the link. The
-        sends after it in the same hook (the same stamp), and every send while no
-        peer link is open, are shipped by the data-plane thread, woken for them,
-        in batches: a hook that sends many messages pays one frame for them, not
-        one each, and goes on while they are shipped.
-        """
-        rt = self._peers_rt
-        if stamped == self._direct or rt is None or not rt.mesh.direct:
-            # (A link between machines is a ZeroMQ socket: the data-plane thread's alone.)
-            self._wake.set()
-            return
-        self._direct = stamped
-        try:
-            with self._ship_lock:
-                rt = self._peers_rt
-                if rt is None or self._peers_stale:
-                    self._wake.set()
-                    return
-                left = rt.post(self.kernel.take_sends())
-                self.direct_ships += 1
-            for link in left:
-                link.drain()
-        except peers.Abandoned:  # the links are given up (a reset, or closing): see _drop_peers
-            self._wake.set()
-        except BaseException as exc:  # noqa: BLE001 - the data-plane thread reports it
-            self._worker_failed(exc)
-
-    def _worker_failed(self, exc: BaseException) -> None:
-        """A worker's direct ship or read failed: the data-plane thread reports it (`_ship`)
-        as its own failures are reported, never swallowed."""
-        self._ship_failures.append(exc)
-        self._wake.set()
-
-    def _readable(self) -> tuple[peers.RealTimePeers, list[int]] | None:
-        """For an idle worker (`idleread.IdleReader`): the peer links open now and their
-        descriptors; None when none are, they are given up (a reset), or one is a ZeroMQ
-        socket (one thread's only). Under the read lock: no link closes meanwhile."""
-        with self._read_lock:
-            rt = self._peers_rt
-            if rt is None or self._peers_stale or not rt.mesh.direct:
-                return None
-            return rt, [link.sock.fileno() for link in rt.mesh.links.values()]
-
-    def _read_peers(self, kernel: Kernel, rt: peers.RealTimePeers) -> bool:
-        """An idle worker of ``kernel`` delivers what the links of ``rt`` brought (at most
-        `LEADER_FRAMES` a link: it runs their hooks before it reads on), if both are
-        still the group's; a flush's markers are then the data-plane thread's to answer
-        (its socket to the host is its own). Whether it delivered anything."""
-        with self._read_lock:
-            if self._peers_rt is not rt or self._peers_stale or self.kernel is not kernel:
-                return False
-            taken = rt.take(kernel, LEADER_FRAMES)
-        if rt.flushing is not None:
-            self._wake.set()
-        return taken > 0
-
-    def _ship(self) -> None:
-        """Real time: what the nodes sent outside goes to the groups that read it (peer
-        links) or to the host; published copies and failures go to the host."""
-        if self._ship_failures:  # a worker's direct ship failed: reported as any ship's
-            raise self._ship_failures.pop(0)
-        left: list[dataplane.PeerLink] = []
-        with self._ship_lock:
-            rt = self._peers_rt
-
-            def to_peers(sends: list[Any]) -> None:
-                assert rt is not None
-                left.extend(rt.post(sends))
-
-            replies = shipped(self.kernel, self.routes, self.published,
-                              to_peers if rt is not None else None)
-        self._drain(left)
-        for reply in replies:
-            self._link.send(reply)
-
-    def _drain(self, links: list[dataplane.PeerLink]) -> None:
-        """Wait until the peer links' sockets took what was queued on them (dp thread)."""
-        try:
-            for link in links:
-                link.drain(read=True)
-        except peers.Abandoned:
-            # A send waited for a peer and this group was reset meanwhile (a restore):
-            # the messages are of the abandoned timeline.
-            self._drop_peers()
-
-    def _take(self, grant: dataplane.Grant) -> None:
-        """Real time: deliver messages from other groups as they come (as host writes);
-        open the peer links the host describes; answer a cut's flush."""
-        kernel = self.kernel
-        seg = grant.segment
-        if isinstance(seg, dataplane.Segment) and seg.mesh is not None:
-            self._open_peers(seg)
-        for t, delta, sender, output, message in grant.messages:  # decoded: the kernel's
-            for reader in self.routes.local_readers(output):
-                kernel.write(reader, message, (t, delta, sender), owned=True)
-        if grant.take:  # a cut's flush: what was sent so far goes first, then the marker
-            self._ship()
-            rt = self._peers_rt
-            if rt is not None and isinstance(seg, dataplane.Segment):
-                with self._ship_lock:  # after every send taken so far, on every link
-                    left = rt.flush(seg.number)  # answered once every sender's marker is in
-                self._drain(left)
-                self._take_peers()
-            else:
-                self._link.send(dataplane.Reply(due=None, time_ns=kernel.time_ns, sends=[],
-                                                marker=True))
-
-    def _take_peers(self) -> None:
-        """Real time: deliver what the peers sent; answer a flush whose markers are all in."""
-        rt = self._peers_rt
-        assert rt is not None
-        with self._read_lock:
-            if not self._peers_stale:
-                rt.take(self.kernel)
-        if rt.flushing is not None and rt.flushed():
-            self._ship()
-            self._link.send(dataplane.Reply(due=None, time_ns=self.kernel.time_ns, sends=[],
-                                            marker=True))
-
-    def _open_peers(self, seg: dataplane.Segment) -> None:
-        """Real time: the links of the host's new mesh generation (the old ones closed)."""
-        self._drop_peers()
-        assert seg.mesh is not None
-        if self._mesh is not None:
-            self._mesh.close()  # (closed already unless the host relayed meanwhile)
-        # A connecting end waits for its peer to listen: a reset or the host's end ends it.
-        mesh = peers.PeerMesh(self.group, seg.generation, seg.mesh, self.routes.declared,
-                              self._mesh, self._held_peers(seg.generation),
-                              waiting=self._peer_blocked)
-        for peer in mesh.links.values():
-            peer.blocked = self._peer_blocked
-            if mesh.direct:  # a connection accepted onto a number a worker waits on
-                peer.sock.on_replaced = self._wake_reader
-        rt = peers.RealTimePeers(mesh, self.routes)
-        generation, clocks = self._peer_clocks
-        if generation == seg.generation:  # told before this thread opened the mesh
-            rt.clocks = clocks
-        with self._read_lock, self._ship_lock:
-            self._mesh, self._peers_stale = mesh, False
-            self._peers_rt = rt
-        self._wake_reader()  # an idle worker waits on the links too, from now on
-
-    def _wake_reader(self) -> None:
-        """Make an idle worker waiting on the peer links look at them again (new ones)."""
-        reader = self._reader
-        if reader is not None:
-            reader.wake.set()
-
     def _set_peer_clocks(self, request: PeerClocks) -> None:
         """`PeerClocks` (on the control thread): the senders' clocks for the mesh of that
-        generation, now if it is open, else when it opens (`_open_peers`)."""
+        generation, kept for when it opens (real time: `grouprt`)."""
         rings = self._peer_ages
         clocks = {p: (int(origin), rings.setdefault(machine, peers.AgeRing()))
                   for p, (machine, origin) in request.clocks.items()}
         self._peer_clocks = (request.generation, clocks)
-        rt = self._peers_rt
-        if rt is not None and rt.mesh.generation == request.generation:
-            rt.clocks = clocks
-
-    def _peer_blocked(self) -> None:
-        """Called while a send to a peer waits (the peer not connected yet, or dead): the
-        host gone ends the process; a reset or a close gives the links up."""
-        self._end_if_host_gone()
-        if self._peers_stale or self._closing.is_set():
-            raise peers.Abandoned
-
-    def _drop_peers(self) -> None:
-        """Real time: give the peer links up (a reset: the timeline they carried is over);
-        until the host opens new ones, messages go through the host."""
-        with self._read_lock, self._ship_lock:  # no worker reads or ships on a link closing
-            self._peers_stale = False
-            if self._peers_rt is not None:
-                self._peers_rt = None
-                assert self._mesh is not None
-                self._mesh.close()
-        self._wake_reader()  # a worker waiting on the closed links waits without them
 
     # -- peer links between machines, made before their mesh -----------------------------
     def _held_peers(self, generation: int) -> dict[str, dataplane.PeerLink]:
@@ -1350,8 +982,6 @@ class GroupServer:
         self._closing.set()
         self._watcher.close()
         stuck = stop_kernel(self.kernel, timeout, idle)
-        if self._reader is not None:  # the kernel's workers are gone (or stuck in a hook)
-            self._reader.close()
         self.log.configure(None, {})  # after on_stop: the host takes what is kept (Logs)
         self._thread.join(timeout)
         self._drop_held_peers()

@@ -45,7 +45,7 @@ __all__ = ["GROUP_TARGET", "Recovery", "check_same_net"]
 
 log = logging.getLogger("mujou_actors")
 
-GROUP_TARGET = "mujou_actors.distributed.group:serve"  # what a group's process runs
+GROUP_TARGET = "mujou_actors.distributed.groupmain:serve"  # what a group's process runs
 
 
 class Recovery:
