@@ -65,3 +65,17 @@ def test_none_is_mujou_runs_choice_and_nowhere_else() -> None:
 
     with pytest.raises(TypeError, match=re.escape(f"Kernel: {EXPECTED}, got None")):
         Kernel(make_net(), workers=None)  # type: ignore[arg-type]
+
+
+def test_a_group_server_refuses_a_timer_it_does_not_serve() -> None:
+    from mujou_actors.distributed.grouprt import RealTimeGroupServer
+
+    kwargs = dict(group="g", factory="tests.placed_support:make_net", net_kwargs=b"",
+                  nodes=["sim"], seed=None, workers=1, address="ipc:///nonexistent",
+                  host_pid=0)
+    with pytest.raises(ValueError, match=r"placed group 'g': GroupServer serves the "
+                                         r"'simulated' timer, not 'realtime'"):
+        GroupServer(timer="realtime", **kwargs)
+    with pytest.raises(ValueError, match=r"RealTimeGroupServer serves the 'realtime' timer, "
+                                         r"not 'simulated'"):
+        RealTimeGroupServer(timer="simulated", **kwargs)
