@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=100, help="stream: ticks")
     ap.add_argument("--sim-seconds", type=float, default=2.0, help="steps: simulated seconds")
     ap.add_argument("--work", type=int, default=100_000, help="cpu: iterations per update")
-    ap.add_argument("--cpu-seconds", type=float, default=0.5, help="cpu: simulated seconds")
+    ap.add_argument("--cpu-seconds", type=float, default=2.0, help="cpu: simulated seconds")
     ap.add_argument("--repeat", type=int, default=None, help="repetitions (3; --quick: 1)")
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--quick", action="store_true", help="small counts, one repetition")
