@@ -769,3 +769,24 @@ def test_listen_and_machines_go_together() -> None:
         mujou.Placement({"sim": "a"}, listen="127.0.0.1:7000")
     with pytest.raises(TypeError, match="listen must be a 'HOST:PORT' str, got int"):
         mujou.Placement({"sim": "a"}, listen=7000)  # type: ignore[arg-type]
+
+
+def test_an_on_start_failure_seen_on_the_data_plane_first_is_the_node_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real time: a group reports a hook's failure as it goes, so an on_start that raised
+    may reach the host on the data plane (a `Failed`, the supervisor's) before the group's
+    answer to Start; mujou.run raises its NodeError, as one process does."""
+    from mujou_actors.distributed import rounds
+    from mujou_actors.distributed.failures import Failed, RemoteTraceback, node_error
+
+    error = node_error("g", {"type": "ValueError", "message": "bad start", "path": "snk",
+                             "hook": "on_start", "traceback": "Traceback ...\n"})
+
+    def start_sends(self: object, left: float) -> None:
+        raise Failed(error, "g", "snk")
+
+    monkeypatch.setattr(rounds.SimulatedRounds, "start_sends", start_sends)
+    with pytest.raises(NodeError) as info:
+        placed_run({"snk": "g"}, 0.1, factory=placed_support.make_refusing)
+    assert info.value is error and (info.value.path, info.value.hook) == ("snk", "on_start")
+    assert isinstance(info.value.__cause__, RemoteTraceback)

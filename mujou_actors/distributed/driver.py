@@ -383,7 +383,13 @@ class _Driver:
         for g in self.groups.values():
             g.control.start(left())
         if tree is None:
-            self.timing.start_sends(left())  # what on_start sent, before any timer starts
+            try:
+                self.timing.start_sends(left())  # what on_start sent, before any timer starts
+            except Failed as failed:
+                # An on_start that raised, seen on the data plane before its group's answer
+                # to Start said so (real time: the group reports as it goes): mujou.run
+                # raises the NodeError itself, as one process does.
+                raise failed.error from failed.error.__cause__
         else:
             for g in self.groups.values():
                 g.control.load(group.split_tree(tree, set(g.nodes)), left())
