@@ -657,7 +657,9 @@ def apply_torch_settings(settings: dict[str, Any] | None, *, owner: str) -> None
     A setting this process already has is not set again (``torch.set_num_threads``
     rebuilds the thread pool). A name this version of torch does not know, or a
     value it refuses or ignores (``set_float32_matmul_precision`` only warns), is
-    an error rather than silently a different computation.
+    an error rather than silently a different computation. The settings before
+    the one that fails stay set: a group process whose settings fail does not
+    start (`group.GroupServer`), so none of its nodes computes with a mix.
 
     Args:
         settings (dict, optional): `torch_settings` of the host; None: leave
