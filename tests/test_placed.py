@@ -7,6 +7,7 @@ tests/test_processes.py runs real group processes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -745,6 +746,55 @@ def test_a_factory_under_the_main_guard_of_a_script_is_refused_at_once(tmp_path)
         load_factory(f"{script}:nested")
     with pytest.raises(ValueError, match=r"'OTHER' is a int, not a function"):
         load_factory(f"{script}:OTHER")
+
+
+def test_a_script_read_from_standard_input_is_not_imported_by_the_groups(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python - < rig.py``: the groups skip the script (no file to import; spawn would
+    fail on it in each), and a factory defined in it is refused at once, by name."""
+    import sys
+    import types
+
+    from mujou_actors.distributed._mainscript import main_of_this_process
+    from mujou_actors.distributed.placement import resolve_factory
+
+    script = tmp_path / "rig.py"
+    script.write_text("X = 1\n")
+    main = types.ModuleType("__main__")
+    main.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    main.__file__ = str(script)
+    assert main_of_this_process() == (("init_main_from_path", str(script)),)
+    main.__file__ = "<stdin>"  # what Python sets for a script on standard input
+    assert main_of_this_process() == ()
+
+    def make() -> dict[str, Any]:
+        return {}
+
+    make.__module__, make.__qualname__ = "__main__", "make"
+    main.make = make  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"'make' is defined in __main__, which has no file "
+                                        r"\(<stdin>: a script read from standard input\?\)"):
+        resolve_factory(make, None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_placed_run_started_from_a_script_on_standard_input_runs(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.procs_support import ROOT
+
+    script = ("import mujou_actors as mujou\n"
+              "from tests.placed_support import make_net\n"
+              "run = mujou.run(make_net, placement={'sim': 'a', 'ctrl': 'b'}, "
+              "timer='simulated', duration=0.05, seed=3)\n"
+              "run.join(60)\nprint('time', run.stats().time)\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "time 0.05"
 
 
 def test_a_machines_run_listens_on_a_port_its_workers_name(

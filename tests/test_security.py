@@ -248,6 +248,43 @@ def _readable(files: list[Any], timeout: float) -> list[Any]:
         return [key.fileobj for key, _ in sel.select(max(timeout, 0.0))]
 
 
+def _server_end(client: socket.socket, roles: dict[int, str]) -> dict[str, Any]:
+    """Where ``client``'s connection ends on the server's side (/proc): for a failure's message.
+
+    Names the process listening on the port (``roles``: pid -> name), the
+    state of the server's socket (01: established), the bytes waiting in it,
+    and whether a process holds it (``accepted``; 0 as inode: still in the
+    listening socket's queue).
+    """
+    port, mine = client.getpeername()[1], client.getsockname()[1]
+    owners = {pid: _links(pid) for pid in roles}
+    end: dict[str, Any] = {"port": port, "listener": [
+        name for pid, name in roles.items() if ("127.0.0.1", port) in listening([pid])]}
+    for line in pathlib.Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and int(fields[2].split(":")[1], 16) == mine:
+            inode = fields[9]
+            end.update(state=fields[3], rx_queue=int(fields[4].split(":")[1], 16), inode=inode,
+                       accepted=[roles[pid] for pid, links in owners.items()
+                                 if f"socket:[{inode}]" in links])
+    return end
+
+
+def _links(pid: int) -> list[str]:
+    """What the open file descriptors of ``pid`` name ([] once it is gone)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []  # gone
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return links
+
+
 def _closed_by_peers(slow: list[socket.socket], timeout: float,
                      meanwhile: Any) -> list[socket.socket]:
     """Those of ``slow`` their peers left open for ``timeout`` s; ``meanwhile()`` between looks.
@@ -335,9 +372,13 @@ def test_no_port_of_a_placed_run_decodes_a_strangers_pickle_or_falls_over(
         after = system.ask("a", ("echo", [1, 2]), 20), system.ask("b", ("echo", "x"), 20)
         left = _closed_by_peers(slow, 40.0,  # UNTRUSTED_PERIOD: 10 s
                                 lambda: system.ask("a", ("echo", 0), 20))
-        # Which port kept a stranger, and whose it is (the host's is served in requests).
-        kept = sorted((s.getpeername()[1], "host" if s.getpeername()[1] in host_ports
-                       else "run") for s in left)
+        # Which process kept a stranger, and the server's end of it (the host's
+        # port is served in requests).
+        roles = {os.getpid(): "host", system._admin_pid: "admin",
+                 system._coordinator.pid: "coordinator",
+                 system.pid("a"): "group a", system.pid("b"): "group b"}
+        kept = [_server_end(s, {pid: roles.get(pid, "logger") for pid in [*run, os.getpid()]})
+                for s in left]
         for s in slow:
             s.close()
         final = system.ask("a", ("pid", None), 20) == system.pid("a")
@@ -345,7 +386,8 @@ def test_no_port_of_a_placed_run_decodes_a_strangers_pickle_or_falls_over(
 
     assert not marker.exists()
     assert before == after == (("a", [1, 2]), ("b", "x")) and final
-    assert len(slow) == 40 * 6 and kept == []
+    assert len(slow) == 40 * 6
+    assert kept == [], "\n".join(map(str, kept))
     assert max(grown.values()) < 16 * 1024, grown  # kB: flat, whatever was declared
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import threading
 from collections.abc import Iterator
 from multiprocessing import spawn
@@ -73,9 +74,17 @@ def main_of_this_process() -> tuple[tuple[str, str], ...]:
         tuple[tuple[str, str], ...]: spawn's preparation data for it
         (``("init_main_from_path", "/abs/script.py")`` or
         ``("init_main_from_name", "package.module")``), or ``()`` where spawn
-        imports nothing (no main module, or one spawn skips).
+        imports nothing (no main module, or one spawn skips) and where the
+        script is no file (read from standard input).
     """
     data = _PLAIN("mujou-group")
+    path = data.get("init_main_from_path")
+    if path is not None and not os.path.isfile(path):
+        # A script read from standard input ("python - < run.py": "<stdin>") has no
+        # file to import again; spawn would fail on it in every child. Skipped, as
+        # an interactive session's: what it defines is checked where it is used
+        # (`placement.factory_ref`).
+        del data["init_main_from_path"]
     return tuple((key, data[key]) for key in _MAIN_KEYS if key in data)
 
 

@@ -84,10 +84,11 @@ def _ref_of(factory: Callable[..., Any]) -> str:
                         f"its name in its module (it is not what {module_name}.{name} is)")
     if _from_a_file(module_name):
         path = getattr(module, "__file__", None)
-        if not path:
+        if not path or not os.path.isfile(path):
             raise TypeError(f"mujou.run: the net factory {name!r} is defined in {module_name}, "
-                            f"which has no file (an interactive session?): a group process "
-                            f"cannot import it; define it in a module or a file")
+                            f"which has no file ({path or 'an interactive session'}: a script "
+                            f"read from standard input?): a group process cannot import it; "
+                            f"define it in a module or a file")
         if not _defined_at_top(path, name):
             raise TypeError(f"mujou.run: the net factory {name!r} is not defined at the top "
                             f"level of {path} (under `if __name__ == \"__main__\":`, say): a "
