@@ -9,6 +9,7 @@ bit-identical to the whole net's single `mujou.run`.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any
 
 import pytest
@@ -615,3 +616,44 @@ def test_an_owned_message_is_delivered_as_it_is_and_another_is_copied() -> None:
     assert len(node.got) == 3
     assert node.got[0] is owned and node.got[1] is not written
     assert torch.equal(node.got[1], written) and node.got[2] is delivered
+
+
+class _Counted(mujou.Node):
+    """Ticks every millisecond; ``ticked`` is set at each update."""
+
+    def __init__(self) -> None:
+        super().__init__(period=0.001)
+        self.n = 0
+        self.ticked = threading.Event()
+
+    def on_update(self, dt: float) -> None:
+        self.n += 1
+        self.ticked.set()
+
+
+@pytest.mark.timeout(30)
+def test_a_real_time_kernel_is_at_a_cut_before_its_timer_starts_and_its_release_starts_nothing(
+        ) -> None:
+    """A run's end after a failed start holds kernels whose timers never started: held at
+    once (they were waited for a whole stop_timeout), and the release leaves them unstarted."""
+    net = {"c": _Counted()}
+    k = Kernel(net, ["c"], workers=2, seed=0, timer="realtime")
+    k.start()
+    try:
+        assert k.hold(0.0) is True  # at once: nothing timed runs, no hook in flight
+        k.release()
+        assert k.hold(0.0) is True
+        k.release()
+        assert not k.timing and not net["c"].ticked.wait(0.05) and net["c"].n == 0
+
+        assert k.hold(0.0) is True  # held before the timer started ...
+        k.run_free()  # ... which the timer's start ends
+        assert net["c"].ticked.wait(10)
+        assert k.hold(10.0) is True  # a real cut now, and its release lets the work go on
+        n = net["c"].n
+        net["c"].ticked.clear()
+        assert not net["c"].ticked.wait(0.05) and net["c"].n == n  # held: no tick
+        k.release()
+        assert net["c"].ticked.wait(10) and net["c"].n > n
+    finally:
+        k.stop(5)

@@ -840,3 +840,22 @@ def test_an_on_start_failure_seen_on_the_data_plane_first_is_the_node_error(
         placed_run({"snk": "g"}, 0.1, factory=placed_support.make_refusing)
     assert info.value is error and (info.value.path, info.value.hook) == ("snk", "on_start")
     assert isinstance(info.value.__cause__, RemoteTraceback)
+
+
+@pytest.mark.timeout(60)
+def test_a_real_time_end_after_a_failed_on_start_does_not_wait_for_groups_that_never_ran(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The groups whose on_start succeeded never ran their clocks: the end's cut takes them
+    as they are (it waited a whole stop_timeout for them, then said they had hooks in
+    flight), and the run raises the failing node's NodeError."""
+    args = _check_arguments(Seams(), workers=1, timer="realtime", duration=1.0, seed=7,
+                            state=None, supervisor=None, trace=None, cuda_sync="block",
+                            stats=True, stop_timeout=600.0, start_timeout=60.0)
+    with caplog.at_level("DEBUG", logger="mujou_actors"), pytest.raises(NodeError) as info:
+        placed.start(placed_support.make_refusing,
+                     placement=mujou.Placement({"snk": "gx", "sim": "a"},
+                                               net_kwargs={"refuse": "on_start"}),
+                     args=args, inputs=None, state=None, make_system=InProcessSystem)
+    assert (info.value.path, info.value.hook) == ("snk", "on_start")
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "could not be delivered" in m or "_NotHeld" in m], said

@@ -300,6 +300,7 @@ class Kernel:
         self._started = False
         self._stopped = False
         self._timing = False  # the timer has started
+        self._held_untimed = False  # a hold taken before the timer started (`hold`)
         self._start_ns = 0
 
     def _build(self, found: list[tuple[str, Node]], local: list[tuple[int, str, Node]],
@@ -349,6 +350,7 @@ class Kernel:
         self._started = False
         self._stopped = False
         self._timing = False  # the timer has started
+        self._held_untimed = False  # a hold taken before the timer started (`hold`)
         self._start_ns = 0
 
     def _outbox(self, output: Output) -> _Outbox:
@@ -388,6 +390,7 @@ class Kernel:
         """Start the timer (at the first `next_due` or `step`), once."""
         if not self._timing:
             self._timing = True
+            self._held_untimed = False  # a hold taken before is over: the timer runs
             self.dispatcher.start_running(self._start_ns)
 
     def stop(self, timeout: float = 10.0, idle: float | None = None) -> list[str]:
@@ -467,10 +470,20 @@ class Kernel:
         no timed work starts; messages may still be delivered (they wait in
         the Inputs' mailboxes, and a state tree holds them as pending).
 
+        Before the timer starts (`run_free`), the kernel is at a cut as it is:
+        no timed work runs, and no hook is in flight once `start` returned.
+        The hold is then True at once, and its `release` leaves the timer as
+        it is (a real-time run's end after a failed start holds the groups
+        whose timers never started: they used to be waited for a whole
+        ``stop_timeout``).
+
         Returns:
             bool: False when the hooks in flight did not return within
             ``timeout`` wall seconds (the hold is taken back: the work goes on).
         """
+        if not self._timing:
+            self._held_untimed = True
+            return True
         dispatcher = self.dispatcher
         self._events.hold_reached.clear()
         dispatcher.request_hold()
@@ -481,6 +494,9 @@ class Kernel:
 
     def release(self) -> None:
         """A real-time kernel: go on after `hold`."""
+        if self._held_untimed:  # held before the timer started: nothing to let go on
+            self._held_untimed = False
+            return
         self.dispatcher.release()
 
     def step(self, until: Key | None = None, timeout: float = 10.0) -> Key | None:
