@@ -316,6 +316,8 @@ def test_a_stranger_is_closed_when_thespians_timer_says_its_time_is_up() -> None
     that connection, so a silent one closed only by another clock's reading
     could stay open, unread, until something else woke the process.
     """
+    from datetime import timedelta
+
     from thespian.system.timing import currentTime
     from thespian.system.transport import TCPTransport as _tcp
 
@@ -342,11 +344,20 @@ def test_a_stranger_is_closed_when_thespians_timer_says_its_time_is_up() -> None
         assert kept is inc and inc.socket is ours and refused == []
 
         inc._expires._time_to_quit = currentTime() + 2e-7  # Thespian reads that as none left
-        assert not inc.delay()
+        assert not inc._expires.view().remaining()
+        # Thespian's loop leaves a zero delay out of its wait: the stranger's never is, so
+        # the loop wakes for it once more (it ran out between two readings: kept for good).
+        assert inc.delay() == timedelta(microseconds=1)
         closed = transport._handlePossibleIncoming(inc, -1)
         theirs.settimeout(5)
         assert closed is None and inc.socket is None and theirs.recv(1) == b""
         assert refused == ["no valid frame within 10 s"]
+
+    trusted = incoming(None, socket.socket(), _frames.AuthReceiveBuffer(auth))
+    trusted.trusted = True  # a frame's header passed: Thespian's own delays from then on
+    trusted._expires._time_to_quit = currentTime() - 1.0
+    assert trusted.delay() == timedelta(0)
+    trusted.socket.close()
 
 
 @pytest.mark.slow

@@ -569,8 +569,24 @@ def _incoming_class(base: type, namespace: dict[str, Any]) -> type:
             self.trusted = True
             self._expires = ExpirationTimer(_tcp.MAX_INCOMING_SOCKET_PERIOD)
 
+    thespians_delay = base.delay
+
+    def delay(self: Any, current_time: Any = None) -> Any:
+        # Thespian's loop leaves a zero delay out of its wait, and a connection's time
+        # runs out between the loop's look at the timers (the run's `_handlePossible
+        # Incoming`, after the wait) and its next reading of them (before the next
+        # wait): one that ran out in that gap was waited for no more and kept open
+        # until some other event came (1 stranger in 240 in a loaded CI run). An
+        # untrusted connection's delay is never zero, so the loop wakes once more
+        # for it, and it is closed then.
+        left = thespians_delay(self, current_time)
+        return left if left or self.trusted else _AT_ONCE
+
     return type(base.__name__, (base,), {"__init__": __init__, "addData": addData,
-                                         "__module__": __name__})
+                                         "delay": delay, "__module__": __name__})
+
+
+_AT_ONCE = timedelta(microseconds=1)  # the least wait Thespian's loop does not leave out
 
 
 class _RunTransport:
@@ -666,10 +682,11 @@ class _RunTransport:
         proved the key in `UNTRUSTED_PERIOD` is closed at once.
 
         "Up" is decided by Thespian's own reading of the connection's timer
-        (a ``timedelta``, so less than half a microsecond left reads as none):
-        from then on its loop takes no wake-up time from this connection, and
-        a connection that sends nothing would be kept, unread, until some
-        other event woke the process (a test caught one kept for minutes).
+        (a ``timedelta``, so less than half a microsecond left reads as none),
+        as its loop reads it; while the connection is open that loop still
+        wakes for it (its ``delay`` is never zero: `_incoming_class`), so one
+        that sends nothing is closed at the next wake-up, not kept until some
+        other event woke the process (tests caught one kept for minutes).
         """
         if (not getattr(incomingSocket, "trusted", True) and incomingSocket.socket is not None
                 and not incomingSocket._expires.view().remaining()):
