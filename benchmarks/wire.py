@@ -17,8 +17,11 @@ Cases: ``float`` (a float on a ``float`` port), ``tensor64`` (a 16-float32
 tensor, 64 bytes, on a ``torch.Tensor`` port) and ``tuple`` (``(tensor64,
 1.0)`` on an ``object`` port), each alone (``x1``) and in batches of 64
 (``x64``); ``1MiB-inline`` (a 1 MiB float32 tensor in a frame of its own, a
-view of its memory) and ``1MiB-shm`` (the same through the Encoder's shared
-memory pool).
+view of its memory), ``1MiB-shm`` (the same through the Encoder's shared
+memory pool, copied out) and ``1MiB-shm-view`` (the same, decoded by a
+``zero_copy`` Decoder, as a peer link on one machine decodes: a view of the
+block, freed when the batch is dropped; its reads cost the reader later,
+where the copy paid them in the decode).
 
 **hop** (two processes, spawn): the parent and a child process connected by
 one pyzmq ``PAIR`` socket over ``ipc://`` (a socket file in a temporary
@@ -97,7 +100,8 @@ def batch(case: str, size: int) -> list[wire.Item]:
 # --------------------------------------------------------------------------- codec
 
 CODEC_CASES = {"float x1": 1, "float x64": 64, "tensor64 x1": 1, "tensor64 x64": 64,
-               "tuple x1": 1, "tuple x64": 64, "1MiB-inline": 1, "1MiB-shm": 1}
+               "tuple x1": 1, "tuple x64": 64, "1MiB-inline": 1, "1MiB-shm": 1,
+               "1MiB-shm-view": 1}
 
 
 def calls_of(fn: Callable[[], Any]) -> int:
@@ -119,9 +123,9 @@ def calls_of(fn: Callable[[], Any]) -> int:
 
 def measure_codec(case: str, n: int, prefix: str) -> dict[str, float]:
     """Encode and decode one case ``n`` times in this process; µs and calls per message."""
-    shm = case == "1MiB-shm"
+    shm = case.startswith("1MiB-shm")
     encoder = wire.Encoder(prefix if shm else None)
-    decoder = wire.Decoder(prefix if shm else None)
+    decoder = wire.Decoder(prefix if shm else None, zero_copy=case == "1MiB-shm-view")
     items = batch(case, CODEC_CASES[case])
     enc_ns: list[int] = []
     dec_ns: list[int] = []

@@ -83,6 +83,15 @@ __all__ = ["MAX_DEPTH", "MEMORY_PER_BYTE", "MEMORY_SLACK", "V2_MEMORY_PER_BYTE"]
 _EXT_TENSOR = 1
 _EXT_TUPLE = 2
 
+
+class TensorSource(Protocol):
+    """Where `decode_batch` may take a tensor's bytes from instead of a new tensor."""
+
+    def __call__(self, index: int, shape: Sequence[int], dtype: torch.dtype,
+                 nbytes: int) -> torch.Tensor | None:
+        """The tensor of data-order ``index`` (``shape``, ``dtype``, ``nbytes`` checked
+        against the data), filled already, or None to make a new one."""
+
 FORMAT = 2
 """The format `encode` and `encode_batch` write; `decode` reads it and format 1."""
 
@@ -788,8 +797,8 @@ def decode(structure: bytes, data_len: int, device: str = "cpu",
     return tree, decoder.tensors
 
 
-def decode_batch(data: bytes, start: int, count: int,
-                 data_len: int) -> tuple[list[Any], list[torch.Tensor]]:
+def decode_batch(data: bytes, start: int, count: int, data_len: int,
+                 source: TensorSource | None = None) -> tuple[list[Any], list[torch.Tensor]]:
     """A batch's messages from the structure `encode_batch` made, and their tensors, unfilled.
 
     As `decode` of ``data[start:]`` in format 2 on the CPU (the same checks and
@@ -801,6 +810,11 @@ def decode_batch(data: bytes, start: int, count: int,
         start (int): where the structure starts in ``data``, bytes.
         count (int): how many messages the batch holds.
         data_len (int): the length of the batch's tensor data, bytes (as `decode`).
+        source (TensorSource | None): asked for each tensor, once its description
+            is checked, ``source(index, shape, dtype, nbytes)``: a tensor of that
+            shape and dtype whose bytes are already where the caller keeps them
+            (a view of shared memory), or None for a new one (``torch.empty``).
+            None (the default): every tensor is new.
 
     Returns:
         tuple[list[Any], list[torch.Tensor]]: the ``count`` messages, and their
@@ -810,7 +824,7 @@ def decode_batch(data: bytes, start: int, count: int,
         ValueError: as `decode`, or the structure is not an array of ``count``
             values.
     """
-    messages, decoder = _decode_v2(data, start, data_len, "cpu")
+    messages, decoder = _decode_v2(data, start, data_len, "cpu", source)
     if decoder.offset != data_len:
         raise ValueError(f"tensors of {decoder.offset} bytes, where the frames hold "
                          f"{data_len}")
@@ -871,8 +885,8 @@ _STACK = 1024
 _DEPTH_PREFIX = b"\x91" * (_STACK - MAX_DEPTH) if _stack_limit_is(_STACK) else None
 
 
-def _decode_v2(data: bytes, start: int, data_len: int,
-               device: str) -> tuple[Any, _V2Decoder]:
+def _decode_v2(data: bytes, start: int, data_len: int, device: str,
+               source: TensorSource | None = None) -> tuple[Any, _V2Decoder]:
     """The tree of the format-2 structure ``data[start:]`` and the decoder that made its tensors.
 
     See `decode`. The structure is proven complete and no deeper than `MAX_DEPTH` first
@@ -886,7 +900,7 @@ def _decode_v2(data: bytes, start: int, data_len: int,
     view = memoryview(data)[start:] if start else data
     if size >= _SMALL:
         _check_complete(view, size)
-    decoder = _V2Decoder(data_len, device)
+    decoder = _V2Decoder(data_len, device, source)
     screen = data.find(b"\xff", start) >= 0
     try:
         tree = msgpack.unpackb(
@@ -957,14 +971,15 @@ class _V2Decoder:
     also refuse an item of a type the format does not make (`_decode_v2` says when).
     """
 
-    __slots__ = ("data_len", "offset", "tensors", "marks", "tuples", "_device")
+    __slots__ = ("data_len", "offset", "tensors", "marks", "tuples", "_device", "_source")
 
-    def __init__(self, data_len: int, device: str) -> None:
+    def __init__(self, data_len: int, device: str, source: TensorSource | None = None) -> None:
         self.data_len = data_len
         self.offset = 0
         self.tensors: list[torch.Tensor] = []
         self.marks = self.tuples = 0
         self._device = _CPU if device == "cpu" else torch.device(device)
+        self._source = source
 
     def ext(self, code: int, payload: bytes) -> Any:
         """A tensor (made, not filled) for type 1, the tuple marker for an empty type 2."""
@@ -1026,8 +1041,11 @@ class _V2Decoder:
         # Checked before allocating, so damaged sizes can never ask for more than the data.
         if offset != self.offset or nbytes != size or offset + nbytes > self.data_len:
             raise ValueError(f"tensor bytes out of place ({offset=}, {nbytes=})")
-        tensor = torch.empty(*shape, dtype=dtype, device=self._device) if shape else \
-            torch.empty((), dtype=dtype, device=self._device)
+        source = self._source
+        tensor = None if source is None else source(len(self.tensors), shape, dtype, nbytes)
+        if tensor is None:
+            tensor = torch.empty(*shape, dtype=dtype, device=self._device) if shape else \
+                torch.empty((), dtype=dtype, device=self._device)
         self.offset += nbytes
         self.tensors.append(tensor)
         return tensor

@@ -946,3 +946,67 @@ def test_a_group_found_dead_as_its_segment_grant_waits_ends_the_others_segment()
         assert_same_tree(run.state_dict(), expected)
         timing = run._driver.timing  # type: ignore[attr-defined]
         assert timing.segments > 0 and timing._generation >= 2
+
+
+# -- large tensors read where their sender put them ------------------------------------------
+
+def _next_frame(link: dataplane.PeerLink) -> tuple[Any, ...]:
+    """The next frame on ``link``, within 10 s (its socket looked at between tries)."""
+    import select
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        got = link.receive()
+        if got is not None:
+            return got
+        select.select([link.sock.fileno()], [], [], 0.05)
+    raise AssertionError("no frame within 10 s")
+
+
+@pytest.mark.timeout(60)
+def test_a_tensor_from_the_peers_pool_is_read_in_place_and_its_block_goes_back(
+        tmp_path: Path) -> None:
+    """On one machine a large tensor is a view of the sender's block: no copy out. The
+    block goes back once the tensor is gone, with the reader's next frame, or, for a
+    reader that never sends to its sender (real time), on a frame of no messages once
+    an eighth of the sender's pool is freed (`RealTimePeers.give_back`)."""
+    import types
+
+    tag = f"mujou-test-{os.getpid()}-{os.urandom(3).hex()}"
+    a = dataplane.PeerLink(f"ipc://{tmp_path}/p", [object], server=True, mine=f"{tag}-a-",
+                           theirs=f"{tag}-b-")
+    b = dataplane.PeerLink(f"ipc://{tmp_path}/p", [object], server=False, mine=f"{tag}-b-",
+                           theirs=f"{tag}-a-")
+    told: list[bool] = []
+    b.decoder.on_freed = lambda: told.append(True)
+    reader = peers.RealTimePeers(types.SimpleNamespace(links={"a": b}, generation=1),
+                                 dataplane.Routes([], {}))
+    try:
+        big = torch.rand(1 << 18)  # 1 MiB: its own block of a's 64 MiB pool
+        a.send(dataplane.PEER_ITEMS, 1, 0, (-1, 0), [(0, 0, 0, 0, big)])
+        kind, generation, _, _, items = _next_frame(b)
+        got = items[0][4]
+        assert torch.equal(got, big) and not got.untyped_storage().resizable()  # a view
+        assert a.encoder.shm_blocks == 1
+        del items, got
+        assert told == [] and reader.give_back() == []  # 1 MiB freed: not an eighth yet
+
+        b.send(dataplane.PEER_ITEMS, 1, 0, (-1, 0), [(0, 0, 0, 0, "an answer")])
+        assert _next_frame(a)[4] == [(0, 0, 0, 0, "an answer")]
+        assert a.encoder.shm_blocks == 0  # it went back with the reader's frame
+
+        for i in range(8):  # 8 MiB: an eighth of the pool, freed only when all are gone
+            a.send(dataplane.PEER_ITEMS, 1, 0, (-1, 0), [(0, 0, 0, 0, big + i)])
+        held = [_next_frame(b)[4][0][4] for _ in range(8)]
+        assert [float(t[0] - big[0]) for t in held] == pytest.approx(list(range(8)))
+        assert a.encoder.shm_blocks == 8
+        del held
+        assert told == [True] and b.decoder.freed_due  # told once, at the eighth MiB
+        for link in reader.give_back():  # the data-plane thread's, woken by the telling
+            link.drain()
+        kind, generation, _, _, items = _next_frame(a)
+        assert (kind, generation, items) == (dataplane.PEER_ITEMS, 1, [])
+        assert a.encoder.shm_blocks == 0 and not b.decoder.freed_due
+    finally:
+        b.close()
+        a.close()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import enum
+import gc
 import multiprocessing as mp
 import os
 import struct
 import tempfile
+import threading
 import tracemalloc
 import typing
 from typing import Any
@@ -79,12 +82,13 @@ def test_any_batch_of_messages_comes_back_bit_for_bit(batch: list[Any]) -> None:
     assert_items(round_trip(items, ANY), items)
 
 
+@pytest.mark.parametrize("zero_copy", [False, True])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=5), st.integers(1, 3 << 10))
 def test_tensors_of_every_dtype_and_layout_come_back_through_shared_memory_too(
-        ts: list[torch.Tensor], threshold: int) -> None:
+        zero_copy: bool, ts: list[torch.Tensor], threshold: int) -> None:
     name = prefix()
-    encoder, decoder = Encoder(name, shm_threshold=threshold), Decoder(name)
+    encoder, decoder = Encoder(name, shm_threshold=threshold), Decoder(name, zero_copy=zero_copy)
     try:
         items = [(i, 0, 0, 0, t) for i, t in enumerate(ts)]
         assert_items(round_trip(items, [torch.Tensor], encoder, decoder), items)
@@ -277,6 +281,109 @@ def test_large_tensors_go_through_shared_memory_and_their_blocks_come_back() -> 
         encoder.close()
         decoder.close()
     assert pools(name) == []
+
+
+def test_a_zero_copy_tensor_views_its_block_until_it_and_its_views_are_gone() -> None:
+    name = prefix()
+    encoder, decoder = Encoder(name, pool_bytes=1 << 20), Decoder(name, zero_copy=True)
+    try:
+        big = torch.rand(64, 1024)  # 256 KiB
+        frames = encoder.encode([(1, 0, 0, 0, big), (2, 0, 0, 0, {"b": big * 2})], [object])
+        assert len(frames) == 1 and encoder.shm_blocks == 2
+        out = decoder.decode(frames, [object])
+        got, other = out[0][4], out[1][4]["b"]
+        assert torch.equal(got, big) and torch.equal(other, big * 2)
+        assert got.is_contiguous() and not got.untyped_storage().resizable()
+        pool = decoder._pool
+        assert pool is not None
+        base = ctypes.addressof(ctypes.c_char.from_buffer(pool.map))
+        assert base <= got.data_ptr() < base + len(pool.map)  # in the sender's pool: no copy
+        got.add_(1.0)  # writable, as a copy is: the block is the reader's alone
+        assert torch.equal(got, big + 1.0)
+
+        assert decoder.take_freed() == []  # both still held
+        row = got[3]  # a view of the view keeps the block too
+        del out, got
+        assert decoder.take_freed() == []  # other holds its block, row the first one
+        del other
+        assert decoder.take_freed() == [2]
+        assert torch.equal(row, big[3] + 1.0)
+        del row
+        assert decoder.take_freed() == [1]
+        encoder.release([1, 2])
+        assert encoder.shm_blocks == 0
+    finally:
+        encoder.close()
+        decoder.close()
+    assert pools(name) == []
+
+
+def test_a_zero_copy_batch_that_fails_to_decode_frees_its_blocks_all_the_same() -> None:
+    name = prefix()
+    encoder, decoder = Encoder(name, shm_threshold=1), Decoder(name, zero_copy=True)
+    try:
+        frames = encoder.encode([(0, 0, 0, 0, torch.ones(2048))], [object])
+        with pytest.raises(WireError, match="declares int"):  # after its tensors were viewed
+            decoder.decode(frames, [int])
+        gc.collect()  # the traceback's frames held the batch
+        assert decoder.take_freed() == [1]
+
+        frames = encoder.encode([(0, 0, 0, 0, torch.ones(2048))], [object])
+        head = bytearray(frames[0])
+        head[-6:] = b"\xc1" * 6  # msgpack's never-used byte: the messages do not decode
+        with pytest.raises(WireError, match="do not decode"):  # before any view was made
+            decoder.decode([bytes(head)], [object])
+        assert decoder.take_freed() == [2]
+    finally:
+        encoder.close()
+        decoder.close()
+
+
+def test_a_restarted_senders_new_pool_leaves_the_old_mapped_while_its_views_live() -> None:
+    name = prefix()
+    old, new = Encoder(name, shm_threshold=1), Encoder(name, shm_threshold=1)
+    decoder = Decoder(name, zero_copy=True)
+    try:
+        kept = decoder.decode(old.encode([(0, 0, 0, 0, torch.full((1024,), 7.0))], ANY),
+                              ANY)[0][4]
+        first = decoder._pool
+        assert first is not None
+        old.close()  # the sender is gone (its file unlinked); the mapping stays valid
+        got = decoder.decode(new.encode([(0, 0, 0, 0, torch.full((1024,), 8.0))], ANY), ANY)
+        assert decoder._pool is not first and not first.map.closed  # kept by the view
+        assert torch.equal(kept, torch.full((1024,), 7.0))
+        del kept  # a block of the old pool: its id means nothing to the new one
+        assert first.map.closed and decoder.take_freed() == []
+        del got
+        assert decoder.take_freed() == [1]
+    finally:
+        new.close()
+        decoder.close()
+    assert pools(name) == []
+
+
+def test_freed_blocks_are_told_once_they_reach_an_eighth_of_the_pool_from_any_thread() -> None:
+    name = prefix()
+    encoder = Encoder(name, shm_threshold=1, pool_bytes=32 * 4096)  # told at 4 pages freed
+    decoder = Decoder(name, zero_copy=True)
+    told: list[str] = []
+    decoder.on_freed = lambda: told.append(threading.current_thread().name)
+    try:
+        batches = [decoder.decode(encoder.encode([(0, 0, 0, 0, torch.ones(1024))], ANY), ANY)
+                   for _ in range(6)]  # one page each
+        assert told == [] and not decoder.freed_due
+        dropper = threading.Thread(target=lambda: [batches.pop() for _ in range(5)],
+                                   name="dropper")
+        dropper.start()
+        dropper.join(10)
+        assert told == ["dropper"] and decoder.freed_due  # once, at the 4th; not at the 5th
+        assert sorted(decoder.take_freed()) == [2, 3, 4, 5, 6]
+        assert not decoder.freed_due
+        batches.clear()
+        assert decoder.take_freed() == [1] and told == ["dropper"]
+    finally:
+        encoder.close()
+        decoder.close()
 
 
 def test_a_full_pool_sends_tensors_inline_and_takes_them_again_once_released() -> None:

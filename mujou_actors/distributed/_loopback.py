@@ -569,7 +569,7 @@ def _incoming_class(base: type, namespace: dict[str, Any]) -> type:
             self.trusted = True
             self._expires = ExpirationTimer(_tcp.MAX_INCOMING_SOCKET_PERIOD)
 
-    thespians_delay = base.delay
+    thespians_delay = base.delay  # type: ignore[attr-defined]  # Thespian's, untyped
 
     def delay(self: Any, current_time: Any = None) -> Any:
         # Thespian's loop leaves a zero delay out of its wait, and a connection's time

@@ -236,7 +236,7 @@ class _Link:
 
     def __init__(self, sock: zmq.Socket[Any] | UnixStream, declared: Sequence[type],
                  mine: str | None, theirs: str | None,
-                 watch: secure.Handshake | None = None) -> None:
+                 watch: secure.Handshake | None = None, zero_copy: bool = False) -> None:
         # What a poller polls: the ZeroMQ socket, or the Unix stream (its descriptor).
         self.sock = sock
         self._stream = sock if isinstance(sock, UnixStream) else None
@@ -252,7 +252,9 @@ class _Link:
         # Large tensors go through this end's shared-memory pool (named ``mine``);
         # the other end's pool is mapped only under its own name (``theirs``).
         self.encoder = wire.Encoder(mine)
-        self.decoder = wire.Decoder(theirs)
+        # ``zero_copy``: a tensor from the other end's pool is a view of its block,
+        # whose id goes back once the tensor is gone (`wire.Decoder`).
+        self.decoder = wire.Decoder(theirs, zero_copy=zero_copy)
         self.messages_in = self.messages_out = 0
         self.bytes_in = self.bytes_out = 0
         # Called while a send cannot go; raises (or ends the process) to give up.
@@ -288,7 +290,8 @@ class _Link:
             except BaseException:
                 self._freed = freed + self._freed  # they go with the next frame
                 raise
-            header.append(freed + self.decoder.take_freed() if self._stream is None else freed)
+            # Blocks freed since: a view's go whenever its tensor goes, on any thread.
+            header.append(freed + self.decoder.take_freed())
             if self.ipc is not None:  # after encode: this batch's descriptors
                 header.append(self.ipc[1].take_released())
                 header.append(self.encoder.take_shared())
@@ -381,8 +384,6 @@ class _Link:
         items = self.decoder.decode(frames[1:], self.declared, shared)
         with self._lock:
             self.encoder.release(given_back)
-            if stream is not None:
-                self._freed += self.decoder.take_freed()
         self.messages_in += len(items)
         self.bytes_in += sum(len(f) for f in frames)
         return header, items
@@ -641,7 +642,8 @@ class PeerLink(_Link):
             path = address[len("ipc://"):]
             stream = (UnixStream.listen(path) if server
                       else UnixStream.connect(path, waiting=waiting))
-            super().__init__(stream, declared, mine, theirs)
+            # A large tensor is read where its sender put it (`wire.Decoder`'s zero_copy).
+            super().__init__(stream, declared, mine, theirs, zero_copy=True)
         else:
             sock, watch = _open(address, None, secret, server)
             super().__init__(sock, declared, mine, theirs, watch)
@@ -661,6 +663,12 @@ class PeerLink(_Link):
         again."""
         # Counted by the mesh, once per message (a message may cross to several groups).
         return self._post([kind, generation, segment, promise], cudaipc.host_items(items), 0)
+
+    def give_back(self, generation: int) -> bool:
+        """Queue a frame of no messages that carries the freed blocks back to the other
+        end (for a reader that sends nothing to its sender: `wire.Decoder.on_freed`);
+        as `post`, whether a `drain` is left to do."""
+        return self.post(PEER_ITEMS, generation, 0, (-1, 0), [])
 
     def receive(self) -> tuple[int, int, int, Key, list[Item]] | None:
         """The next frame if one is here (never waits): kind, generation, segment,

@@ -290,6 +290,8 @@ class RealTimeGroupServer(GroupServer):
 
             replies = shipped(self.kernel, self.routes, self.published,
                               to_peers if rt is not None else None)
+            if rt is not None:
+                left += rt.give_back()
         self._drain(left)
         for reply in replies:
             self._link.send(reply)
@@ -350,6 +352,9 @@ class RealTimeGroupServer(GroupServer):
                               waiting=self._peer_blocked)
         for peer in mesh.links.values():
             peer.blocked = self._peer_blocked
+            # Nothing waits for this group's answers in real time: the blocks of a
+            # sender it never sends to go back once an eighth of its pool is freed.
+            peer.decoder.on_freed = self._wake.set
             if mesh.direct:  # a connection accepted onto a number a worker waits on
                 peer.sock.on_replaced = self._wake_reader
         rt = peers.RealTimePeers(mesh, self.routes)

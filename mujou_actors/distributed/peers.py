@@ -854,6 +854,18 @@ class RealTimePeers:
                     self.marked[p] = number
         return taken
 
+    def give_back(self) -> list[dataplane.PeerLink]:
+        """Give the blocks freed back on every link whose freed blocks reach an eighth of
+        its sender's pool (`wire.Decoder.freed_due`): a group that only reads from a
+        sender sends it no frame that would carry them.
+
+        Returns:
+            list[dataplane.PeerLink]: the links to drain (as `post`'s).
+        """
+        mesh = self.mesh
+        return [link for link in mesh.links.values()
+                if link.decoder.freed_due and link.give_back(mesh.generation)]
+
     def flush(self, number: int) -> list[dataplane.PeerLink]:
         """Start flush ``number``: a marker queued on every link to a reading group.
 

@@ -43,8 +43,11 @@ large inline one over as a view of its memory (`dataplane` sends a batch with
 ``copy=False`` when one of its frames reaches pyzmq's ``COPY_THRESHOLD``, and
 copies the small ones, which costs less than zero-copy frames); the decoder copies each
 into a tensor of its own (``torch.empty``: contiguous, writable, resizable,
-sharing memory with nothing). A tensor on a CUDA device is copied to the CPU
-by the encoder; the receiving kernel puts it on its own device. A
+sharing memory with nothing), but a ``zero_copy`` decoder makes a tensor in
+shared memory a view of its block instead (contiguous, writable, not
+resizable: the block is the reader's until the tensor is gone). A tensor on
+a CUDA device is copied to the CPU by the encoder; the receiving kernel puts
+it on its own device. A
 non-contiguous tensor comes back contiguous, with the same elements.
 
 Shared memory (one machine): an `Encoder` given a ``prefix`` owns a pool of
@@ -52,9 +55,16 @@ Shared memory (one machine): an `Encoder` given a ``prefix`` owns a pool of
 named ``<prefix><pid>-<random>``, made on first use; a tensor of at least
 ``shm_threshold`` bytes (default `SHM_THRESHOLD`, 64 KiB) goes into a block of
 it, and frame 0 carries the block's descriptor. The `Decoder` maps the pool
-(read only), copies the tensor out and records the block as free: the caller
+(read only), copies the tensor out and records the block as free; a
+``zero_copy`` one maps it read-write, makes the tensor a view of the block
+(``torch.frombuffer`` over a slice of the mapping, the tensor's storage its
+only holder) and records the block as free when a weak reference to that
+slice says the storage is gone, on whichever thread let it go. The caller
 carries `Decoder.take_freed`'s ids back to the sender (on its own reply path;
-no acknowledgement per message) and gives them to `Encoder.release`. When the
+no acknowledgement per message; `Decoder.on_freed` tells a reader that never
+answers when to give them back anyway) and gives them to `Encoder.release`.
+A pool whose sender restarted is let go of, and stays mapped until its last
+view goes; its blocks' ids are never given to the new pool. When the
 pool has no room, the tensor goes inline: `Encoder.encode` never blocks and
 never drops. Pages are reserved (``posix_fallocate``) before they are written,
 so a full ``/dev/shm`` sends tensors inline instead of killing the sender with
@@ -82,7 +92,9 @@ not decode raise `WireError` naming what was wrong. There is no checksum (the
 transport delivers whole frames): damage that leaves a valid batch, a flipped
 bit inside a number or a tensor's data, is not seen.
 
-Neither class is thread-safe: each is used by one thread at a time.
+Neither class is thread-safe: each is used by one thread at a time, but
+`Decoder.take_freed` may be called from another thread than `Decoder.decode`
+(a link's sends and reads come from any thread), and views are freed from any.
 """
 
 from __future__ import annotations
@@ -95,14 +107,25 @@ import secrets
 import stat
 import struct
 import sys
+import threading
+import weakref
 from array import array
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ..codec import decode_batch, encode_batch, from_file, is_record_type, raw_bytes, type_problem
+from ..codec import (
+    TensorSource,
+    decode_batch,
+    encode_batch,
+    from_file,
+    is_record_type,
+    raw_bytes,
+    type_problem,
+)
 from ..errors import WireError, reason
 
 __all__ = ["Encoder", "Decoder", "crossing_problem", "remove_blocks", "Item",
@@ -584,23 +607,28 @@ def remove_blocks(prefix: str) -> int:
 
 
 class Decoder:
-    """Decodes the frames of `Encoder.encode` into the batch, copying shared memory out.
+    """Decodes the frames of `Encoder.encode` into the batch; shared memory copied or viewed.
 
     Args:
         prefix (str | None): when given, the only shared-memory pools this
             decoder maps are those whose names start with it (the sender's
             `Encoder` prefix); None: any pool of mujou's (``mujou-...``).
+        zero_copy (bool): a tensor that came through shared memory is a view
+            of its block (mapped read-write), not a copy: its block is freed
+            (`take_freed`) once the tensor's storage is gone, every view of it
+            included. Default False: copied out, the block freed at once.
 
     Raises:
         ValueError: a prefix that is not of the form `Encoder` takes.
     """
 
-    def __init__(self, prefix: str | None = None) -> None:
+    def __init__(self, prefix: str | None = None, *, zero_copy: bool = False) -> None:
         if prefix is not None and (type(prefix) is not str or not _NAME.match(prefix)):
             raise ValueError(f"Decoder: not a prefix of mujou's pools: {prefix!r}")
         self._prefix = prefix or "mujou-"
-        self._pool: tuple[str, mmap.mmap, memoryview] | None = None  # the one mapped
-        self._freed: list[int] = []
+        self._zero_copy = bool(zero_copy)
+        self._pool: _Mapping | None = None  # the one mapped
+        self._on_freed: Any = None
         self._restores: dict[type, bool] = {}  # declared type -> from_file puts it back
         # CUDA IPC (`cudaipc.Importer` in a group, `cudaipc.Relay` in the host), set by the
         # link on one machine; None: a batch with descriptors is refused.
@@ -622,10 +650,13 @@ class Decoder:
 
         Returns:
             list[Item]: the items, in the order they were encoded. Tensors are
-            on the CPU, contiguous, and share memory with nothing; one that
-            crossed by CUDA IPC is on its CUDA device (contiguous, of its own),
-            or, in the host (`cudaipc.Relay`), an unfilled CPU placeholder
-            that the host's encoder forwards.
+            on the CPU, contiguous, writable, and no other object's: a copy
+            (resizable), or with ``zero_copy`` a view of its shared-memory
+            block, which the sender writes again only after `take_freed` gave
+            it back (not resizable); one that crossed by CUDA IPC is on its
+            CUDA device (contiguous, of its own), or, in the host
+            (`cudaipc.Relay`), an unfilled CPU placeholder that the host's
+            encoder forwards.
 
         Raises:
             WireError: the frames are not a batch of this format, are truncated
@@ -655,17 +686,31 @@ class Decoder:
         rows = values[4 * n:]
         data = [f if type(f) is bytes else _byte_view(f) for f in frames[1:]]
         inline = sum(len(f) for f in data)
-        pool_view = self._rows(head[_HEAD.size:pos], rows) if k else None
-        shm_bytes = sum(rows[3::4])
-        ipc = self._shared_rows(shared) if shared else None
-        if ipc:
-            shm_bytes += sum(row[12] for row in ipc.values())
+        pool = self._rows(head[_HEAD.size:pos], rows) if k else None
+        # Blocks not viewed yet: whatever happens next, they are freed at the end (a
+        # view's block is freed when its tensor goes), never read again.
+        unviewed = dict(zip(rows[1::4], rows[3::4], strict=True)) if pool is not None else None
+        ipc = None
+        source = None
+        if unviewed and self._zero_copy:
+            assert pool is not None
+            source = pool.source(rows, unviewed)
         try:
-            messages, tensors = decode_batch(head, start, n, inline + shm_bytes)
-        except Exception as e:  # noqa: BLE001 - anything the bytes make the parser or torch raise
-            raise WireError(f"frame 0: the messages do not decode: {reason(e)}") from None
-        if tensors:
-            self._fill(tensors, data, rows, pool_view, ipc)
+            shm_bytes = sum(rows[3::4])
+            ipc = self._shared_rows(shared) if shared else None
+            if ipc:
+                shm_bytes += sum(row[12] for row in ipc.values())
+            try:
+                messages, tensors = decode_batch(head, start, n, inline + shm_bytes, source)
+            except Exception as e:  # noqa: BLE001 - anything the bytes make the parser raise
+                raise WireError(f"frame 0: the messages do not decode: {reason(e)}") from None
+            if tensors:
+                self._fill(tensors, data, rows, pool, ipc, unviewed)
+        finally:
+            if unviewed:
+                assert pool is not None
+                for block, nbytes in unviewed.items():
+                    pool.free(block, nbytes)
         if ipc:
             messages = self._open_shared(messages, tensors, ipc)
         return self._items(values, n, messages, declared)
@@ -690,13 +735,10 @@ class Decoder:
 
         return swap(messages, got)
 
-    def _rows(self, name: bytes, rows: list[int]) -> memoryview:
-        """Checks the shared-memory table against the pool it names; the pool's bytes.
-
-        Records the blocks as freed at once: whatever happens next, the sender's
-        blocks are not read again.
-        """
-        view = self._map(name)
+    def _rows(self, name: bytes, rows: list[int]) -> _Mapping:
+        """Checks the shared-memory table against the pool it names; the pool's mapping."""
+        pool = self._map(name)
+        view = pool.view
         total = 0
         last = -1
         for r in range(0, len(rows), 4):
@@ -710,22 +752,23 @@ class Decoder:
         if total > len(view):
             raise WireError(f"frame 0: {total} bytes of tensors in shared memory, more than the "
                             f"pool's {len(view)}")
-        self._freed.extend(rows[1::4])
-        return view
+        return pool
 
-    def _map(self, raw: bytes) -> memoryview:
-        """The mapped bytes of the pool named ``raw``, mapped now if it is a new one."""
+    def _map(self, raw: bytes) -> _Mapping:
+        """The pool named ``raw``, mapped now if it is a new one (its sender restarted:
+        the old one is not read again; views of it keep it mapped until they go)."""
         try:
             name = raw.decode("ascii")
         except UnicodeDecodeError:
             name = ""
-        if self._pool is not None and self._pool[0] == name:
-            return self._pool[2]
+        if self._pool is not None and self._pool.name == name:
+            return self._pool
         if not _NAME.match(name) or not name.startswith(self._prefix):
             raise WireError(f"frame 0 names the shared-memory pool {raw!r}, not one of "
                             f"{self._prefix!r}")
+        writable = self._zero_copy  # a view's tensor is writable, as a copy is
         try:
-            fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDONLY)
+            fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDWR if writable else os.O_RDONLY)
         except OSError as e:
             raise WireError(f"the shared-memory pool {name} cannot be opened ({reason(e)}): "
                             "its sender is gone?") from None
@@ -733,20 +776,24 @@ class Decoder:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
                 raise WireError(f"the shared-memory pool {name} is not a pool")
-            mapped = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_READ)
+            mapped = mmap.mmap(fd, info.st_size,
+                               access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:
             os.close(fd)
         self._unmap()  # a new pool: its sender restarted; the old one is not used again
-        self._pool = (name, mapped, memoryview(mapped))
-        return self._pool[2]
+        self._pool = _Mapping(name, mapped, self._on_freed)
+        return self._pool
 
     def _fill(self, tensors: list[torch.Tensor], data: list[Any], rows: list[int],
-              pool: memoryview | None, ipc: dict[int, list[Any]] | None = None) -> None:
-        """Copies each tensor's bytes in: from its shared-memory block or the next frame.
+              pool: _Mapping | None, ipc: dict[int, list[Any]] | None = None,
+              unviewed: dict[int, int] | None = None) -> None:
+        """Puts each tensor's bytes in: copied from its shared-memory block (unless the
+        tensor is a view of it already, its block no more in ``unviewed``) or from the
+        next frame.
 
         The tensors in ``ipc`` (CUDA IPC descriptors by index) have no bytes here.
         """
-        shm = {rows[r]: (rows[r + 2], rows[r + 3]) for r in range(0, len(rows), 4)}
+        shm = {rows[r]: (rows[r + 1], rows[r + 2], rows[r + 3]) for r in range(0, len(rows), 4)}
         if shm and max(shm) >= len(tensors):
             raise WireError(f"frame 0: a shared-memory row names tensor {max(shm)} of "
                             f"{len(tensors)}")
@@ -756,12 +803,13 @@ class Decoder:
         for j, t in enumerate(tensors):
             nbytes = t.nbytes
             if j in shm:
-                offset, size = shm[j]
+                block, offset, size = shm[j]
                 if size != nbytes:
                     raise WireError(f"frame 0: tensor {j} has {nbytes} bytes, its shared-memory "
                                     f"row says {size}")
-                assert pool is not None
-                _view(t, nbytes)[:] = pool[offset : offset + nbytes]
+                assert pool is not None and unviewed is not None
+                if block in unviewed:  # else made a view of it already (`_Mapping.source`)
+                    _view(t, nbytes)[:] = pool.view[offset : offset + nbytes]
                 continue
             if ipc and j in ipc:
                 if ipc[j][12] != nbytes:
@@ -813,25 +861,146 @@ class Decoder:
                         strict=False))
 
     def take_freed(self) -> list[int]:
-        """The ids of the blocks decoded since the last call, for the sender's `Encoder.release`.
+        """The ids of the blocks freed since the last call, for the sender's `Encoder.release`.
+
+        A copied tensor's block is freed as it is decoded; a view's (``zero_copy``)
+        once its storage is gone. Blocks of a pool mapped before the current one
+        are never given: their ids mean nothing to the sender's new pool.
+        Safe to call while other threads free views.
 
         Returns:
             list[int]: block ids (empty when none).
         """
-        freed, self._freed = self._freed, []
-        return freed
+        return [] if self._pool is None else self._pool.take()
+
+    @property
+    def on_freed(self) -> Callable[[], None] | None:
+        """Callable | None: called, from the thread that frees them, once the blocks
+        freed and not taken reach an eighth of the sender's pool (then not again
+        until `take_freed`): the link's owner gives them back then rather than
+        with its next frame, which a reader that never answers its sender does
+        not send. None (the default): not called."""
+        return self._on_freed
+
+    @on_freed.setter
+    def on_freed(self, notify: Callable[[], None] | None) -> None:
+        self._on_freed = notify
+        if self._pool is not None:
+            self._pool.notify = notify
+
+    @property
+    def freed_due(self) -> bool:
+        """bool: the blocks freed and not taken reach an eighth of the sender's pool (the
+        link gives them back now, not with its next frame: `on_freed`)."""
+        return self._pool is not None and self._pool.due()
 
     def _unmap(self) -> None:
-        """Closes the mapping of the pool, if any."""
+        """Lets go of the pool's mapping, if any: unmapped now, or as its last view goes."""
         if self._pool is not None:
-            _, mapped, view = self._pool
-            self._pool = None
-            view.release()
-            mapped.close()
+            pool, self._pool = self._pool, None
+            pool.close()
 
     def close(self) -> None:
         """Unmaps the shared-memory pool; idempotent. The decoder can still be used."""
         self._unmap()
+
+
+class _Mapping:
+    """A sender's pool as a `Decoder` maps it, and the blocks freed that it has not given.
+
+    A tensor viewing a block (`place`) holds a slice of the mapping; a weak
+    reference to that slice reports the block freed once the tensor's storage
+    (the only holder of the slice) is gone, on whichever thread drops it. The
+    mapping stays open while any slice lives (``mmap.close`` refuses then), so a
+    view never outlives its memory.
+
+    Args:
+        name (str): the pool's file name.
+        mapped (mmap.mmap): the pool, mapped.
+        notify (Callable | None): called (from the freeing thread) once the freed
+            bytes not taken reach an eighth of the pool, then not again until `take`.
+    """
+
+    def __init__(self, name: str, mapped: mmap.mmap, notify: Any) -> None:
+        self.name = name
+        self.map = mapped
+        self.view = memoryview(mapped)
+        self.notify = notify
+        self.threshold = max(len(mapped) // 8, 1)
+        self.freed: deque[int] = deque()
+        self.pending = 0  # bytes freed and not taken
+        self.told = False  # notify was called since the last take
+        self.lock = threading.Lock()  # pending, told: frees come from any thread
+        self.views: dict[int, tuple[weakref.ref[memoryview], int, int]] = {}
+        self.closed = False  # let go of by its decoder
+
+    def source(self, rows: list[int], unviewed: dict[int, int]) -> TensorSource:
+        """What `codec.decode_batch` asks for each tensor: a view of its block if it has
+        one here (its block taken out of ``unviewed``), else None (a new tensor)."""
+        where = {rows[r]: (rows[r + 1], rows[r + 2], rows[r + 3])
+                 for r in range(0, len(rows), 4)}
+
+        def view_of(index: int, shape: Sequence[int], dtype: torch.dtype,
+                    nbytes: int) -> torch.Tensor | None:
+            got = where.get(index)
+            if got is None or got[2] != nbytes:  # no block, or the wrong size: `_fill` says
+                return None
+            block, offset, _ = got
+            del unviewed[block]
+            return self.place(shape, dtype, block, offset, nbytes)
+
+        return view_of
+
+    def place(self, shape: Sequence[int], dtype: torch.dtype, block: int, offset: int,
+              nbytes: int) -> torch.Tensor:
+        """A tensor (contiguous) viewing ``block``, which is freed as the tensor goes."""
+        piece = self.view[offset : offset + nbytes]
+        ref = weakref.ref(piece, self._gone)
+        self.views[id(ref)] = (ref, block, nbytes)
+        return torch.frombuffer(piece, dtype=dtype).reshape(shape)
+
+    def _gone(self, ref: weakref.ref[memoryview]) -> None:
+        """A view's slice is gone: its block is free (and a closed pool's last view ends
+        its mapping; were that missed in a race with `close`, the collector ends it)."""
+        _, block, nbytes = self.views.pop(id(ref))
+        self.free(block, nbytes)
+        if self.closed and not self.views:
+            self.close()
+
+    def free(self, block: int, nbytes: int) -> None:
+        """Reports ``block`` (``nbytes``) freed, from any thread."""
+        with self.lock:
+            self.freed.append(block)
+            self.pending += nbytes
+            tell = self.notify is not None and not self.told and self.pending >= self.threshold
+            if tell:
+                self.told = True
+        if tell:
+            self.notify()
+
+    def due(self) -> bool:
+        """Whether the bytes freed and not taken reach the threshold."""
+        return self.pending >= self.threshold
+
+    def take(self) -> list[int]:
+        """The blocks freed since the last take."""
+        freed = self.freed
+        taken = []
+        with self.lock:
+            while freed:
+                taken.append(freed.popleft())
+            self.pending = 0
+            self.told = False
+        return taken
+
+    def close(self) -> None:
+        """Unmaps the pool now if no view holds it; else as the last view goes."""
+        self.closed = True
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:  # views of it live: the mapping goes with the last of them
+            pass
 
 
 def _byte_view(frame: Any) -> Any:
