@@ -386,6 +386,35 @@ def test_freed_blocks_are_told_once_they_reach_an_eighth_of_the_pool_from_any_th
         decoder.close()
 
 
+@pytest.mark.timeout(20)
+def test_a_view_freed_while_the_freed_blocks_are_taken_is_taken_too_and_waits_for_nothing(
+        ) -> None:
+    """A garbage collection run by an allocation inside `take_freed` (or inside a free)
+    may free another view right there, on the same thread: it must not wait for the
+    lock that thread holds, and its block is taken with the others."""
+    name = prefix()
+    encoder, decoder = Encoder(name, shm_threshold=1), Decoder(name, zero_copy=True)
+    try:
+        held = [decoder.decode(encoder.encode([(0, 0, 0, 0, torch.ones(1024))], ANY), ANY)
+                for _ in range(2)]
+        pool = decoder._pool
+        assert pool is not None
+
+        class Collecting(collections.deque):  # type: ignore[type-arg]
+            def popleft(self) -> Any:
+                if held:
+                    held.pop()  # the last view of block 2 goes, inside the take
+                return super().popleft()
+
+        pool.freed = Collecting()
+        held.pop(0)  # block 1 freed: one entry to take
+        assert decoder.take_freed() == [1, 2]
+        assert decoder.take_freed() == [] and not held
+    finally:
+        encoder.close()
+        decoder.close()
+
+
 def test_a_full_pool_sends_tensors_inline_and_takes_them_again_once_released() -> None:
     name = prefix()
     encoder, decoder = Encoder(name, shm_threshold=1024, pool_bytes=3 * 4096), Decoder(name)

@@ -930,7 +930,9 @@ class _Mapping:
         self.freed: deque[int] = deque()
         self.pending = 0  # bytes freed and not taken
         self.told = False  # notify was called since the last take
-        self.lock = threading.Lock()  # pending, told: frees come from any thread
+        # pending, told: frees come from any thread, and from within a take or a free
+        # of this one (a garbage collection run by an allocation there frees a tensor).
+        self.lock = threading.RLock()
         self.views: dict[int, tuple[weakref.ref[memoryview], int, int]] = {}
         self.closed = False  # let go of by its decoder
 
