@@ -1010,3 +1010,32 @@ def test_a_tensor_from_the_peers_pool_is_read_in_place_and_its_block_goes_back(
     finally:
         b.close()
         a.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_poke_never_waits_and_a_waiter_that_cleared_is_woken_again() -> None:
+    """`Wake.poke` (a freed view's telling, from a collector's callback) skips while the
+    lock is held, by this very thread in `clear` say, where `set` would wait for itself;
+    otherwise it wakes as `set` does."""
+    import select
+    import threading
+
+    from mujou_actors.distributed._loopback import Wake
+
+    wake = Wake()
+    try:
+        wake.poke()
+        assert select.select([wake.fileno()], [], [], 0)[0] == [wake.fileno()]
+        wake.clear()
+        assert select.select([wake.fileno()], [], [], 0)[0] == []
+        with wake._lock:  # as inside this thread's own clear: the poke returns at once
+            wake.poke()
+        assert select.select([wake.fileno()], [], [], 0)[0] == []
+        wake.clear()
+        poker = threading.Thread(target=wake.poke)
+        poker.start()
+        poker.join(5)
+        assert select.select([wake.fileno()], [], [], 5)[0] == [wake.fileno()]
+    finally:
+        wake.close()
+    wake.poke()  # closed: nothing

@@ -803,12 +803,29 @@ class Wake:
         if self._set:
             return
         with self._lock:
-            if not self._set:
-                self._set = True
-                try:
-                    os.write(self._w, b"\0")
-                except OSError:
-                    pass  # full: readable anyway; closed: nobody polls it any more
+            self._write()
+
+    def poke(self) -> None:
+        """`set`, but never waiting: skipped while another `set` or the waiter's `clear`
+        holds the lock (the first wakes the waiter anyway; after the second the waiter
+        looks for work). For a caller that may run inside either on the same thread: a
+        weak reference's callback that a garbage collection runs (`wire.Decoder.on_freed`).
+        """
+        if self._set or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._write()
+        finally:
+            self._lock.release()
+
+    def _write(self) -> None:
+        """Under the lock: make the read end readable unless it is already."""
+        if not self._set:
+            self._set = True
+            try:
+                os.write(self._w, b"\0")
+            except OSError:
+                pass  # full: readable anyway; closed: nobody polls it any more
 
     def clear(self) -> None:
         """Read everything written so far; called by the waiter before it looks for work,

@@ -354,7 +354,8 @@ class RealTimeGroupServer(GroupServer):
             peer.blocked = self._peer_blocked
             # Nothing waits for this group's answers in real time: the blocks of a
             # sender it never sends to go back once an eighth of its pool is freed.
-            peer.decoder.on_freed = self._wake.set
+            # (`poke`: it may run inside this thread's own `clear`, from a collection.)
+            peer.decoder.on_freed = self._wake.poke
             if mesh.direct:  # a connection accepted onto a number a worker waits on
                 peer.sock.on_replaced = self._wake_reader
         rt = peers.RealTimePeers(mesh, self.routes)
