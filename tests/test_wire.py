@@ -691,6 +691,36 @@ def test_shared_memory_rows_out_of_place_or_a_pool_that_is_gone_are_refused() ->
         encoder.close()
 
 
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_two_tensors_in_one_block_or_in_overlapping_blocks_are_refused(zero_copy: bool) -> None:
+    """A view of one would write the other: a damaged table is refused, never aliased."""
+    name = prefix()
+    encoder, decoder = Encoder(name, shm_threshold=1), Decoder(name, zero_copy=zero_copy)
+    try:
+        frames = encoder.encode([(0, 0, 0, 0, torch.ones(1024)), (0, 0, 0, 0, torch.ones(1024))],
+                                ANY)
+        head = frames[0]
+        a = struct.unpack_from("<H", head, 12)[0]
+        first, second = 14 + a + 32 * 2, 14 + a + 32 * 3
+        row1 = struct.unpack_from("<4q", head, first)
+        row2 = struct.unpack_from("<4q", head, second)
+        assert row2[2] >= row1[2] + row1[3]  # as encoded: apart
+
+        def with_second(block: int, offset: int) -> list[bytes]:
+            return [head[:second] + struct.pack("<4q", row2[0], block, offset, row2[3])
+                    + head[second + 32:]]
+
+        for damaged in (with_second(row1[1], row2[2]), with_second(row2[1], row1[2] + 8)):
+            with pytest.raises(WireError, match="share a block or overlap"):
+                decoder.decode(damaged, ANY)
+        assert decoder.take_freed() == []  # refused before any block was read
+        got = decoder.decode(frames, ANY)
+        assert [torch.equal(m, torch.ones(1024)) for *_, m in got] == [True, True]
+    finally:
+        encoder.close()
+        decoder.close()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_any_damage_to_frame_0_decodes_or_raises_wire_error(data: st.DataObject) -> None:

@@ -752,6 +752,12 @@ class Decoder:
         if total > len(view):
             raise WireError(f"frame 0: {total} bytes of tensors in shared memory, more than the "
                             f"pool's {len(view)}")
+        if len(rows) > 4:  # two tensors in one block, or in blocks that overlap: refused
+            spans = sorted(zip(rows[2::4], rows[3::4], rows[1::4], strict=True))
+            if len({block for _, _, block in spans}) < len(spans) or any(
+                    a[0] + a[1] > b[0] for a, b in zip(spans, spans[1:], strict=False)):
+                raise WireError("frame 0: two tensors in shared memory share a block or "
+                                "overlap (a view of one would write the other)")
         return pool
 
     def _map(self, raw: bytes) -> _Mapping:
