@@ -776,6 +776,16 @@ def test_a_script_read_from_standard_input_is_not_imported_by_the_groups(
     with pytest.raises(TypeError, match=r"'make' is defined in __main__, which has no file "
                                         r"\(<stdin>: a script read from standard input\?\)"):
         resolve_factory(make, None)
+    with pytest.raises(TypeError, match=r"'make' is defined in __main__, which has no file "
+                                        r"\(<stdin>"):  # named by a string: the same, at once
+        resolve_factory("__main__:make", None)
+    del main.__file__  # python -c, or an interactive session
+    with pytest.raises(TypeError, match=r"which has no file \(an interactive session, or "
+                                        r"python -c\?\)"):
+        resolve_factory(make, None)
+    main.__file__ = str(script)  # a script's file: "__main__:make" becomes its path
+    script.write_text("def make():\n    return {}\n")
+    assert resolve_factory("__main__:make", None)[1].ref == f"{script}:make"
 
 
 @pytest.mark.slow

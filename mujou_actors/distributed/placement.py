@@ -85,9 +85,10 @@ def _ref_of(factory: Callable[..., Any]) -> str:
     if _from_a_file(module_name):
         path = getattr(module, "__file__", None)
         if not path or not os.path.isfile(path):
+            where = (f"{path}: a script read from standard input?" if path else
+                     "an interactive session, or python -c?")
             raise TypeError(f"mujou.run: the net factory {name!r} is defined in {module_name}, "
-                            f"which has no file ({path or 'an interactive session'}: a script "
-                            f"read from standard input?): a group process cannot import it; "
+                            f"which has no file ({where}): a group process cannot import it; "
                             f"define it in a module or a file")
         if not _defined_at_top(path, name):
             raise TypeError(f"mujou.run: the net factory {name!r} is not defined at the top "
@@ -156,8 +157,11 @@ def resolve_factory(net: Any,
                         "object: every group process builds the net itself, nodes are never "
                         "pickled")
     if isinstance(net, str):
-        ref = net
-        factory = load_factory(ref)
+        factory = load_factory(net)
+        # "__main__:make" names the host's script, which a group process loads by its
+        # file (or cannot: a script on standard input): the function's own reference.
+        ref = _ref_of(factory) if net.rpartition(":")[0] in ("__main__", "__mp_main__") \
+            else net
     else:
         ref = _ref_of(net)
         factory = net
