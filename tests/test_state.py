@@ -709,3 +709,34 @@ def test_mj_set_state_and_mj_forward_alone_do_not_restore_a_gymnasium_env(
 
     assert torch.equal(whole.obs, resumed.obs)  # the physics is the same...
     assert not torch.equal(whole.reward, resumed.reward)  # ...what gymnasium read is not
+
+
+class _Draws(mujou.Node):
+    """Draws from its generator each update; ``call_super`` decides what its state holds."""
+
+    def __init__(self, call_super: bool) -> None:
+        super().__init__(period=0.01)
+        self.call_super = call_super
+        self.last = 0.0
+
+    def on_update(self, dt: float) -> None:
+        self.last = float(torch.rand(1, generator=self.generator))
+
+    def state_dict(self) -> dict:
+        state = super().state_dict() if self.call_super else {}
+        state["last"] = self.last
+        return state
+
+
+def test_a_state_that_leaves_out_a_used_generator_is_warned_of_once_naming_the_node(
+        caplog: pytest.LogCaptureFixture) -> None:
+    net = {"keeps": _Draws(True), "drops": _Draws(False)}
+    with caplog.at_level("WARNING", logger="mujou_actors"):
+        run = mujou.run(net, timer="simulated", duration=0.05, seed=3)
+        run.join()
+        first, second = run.state_dict(), run.state_dict()
+    said = [r.getMessage() for r in caplog.records if "self.generator" in r.getMessage()]
+    assert said == ["node 'drops' draws from self.generator, but its state_dict() leaves "
+                    "\"generator\" out (an override that does not call super().state_dict()?): "
+                    "a restore from this state does not go on with the same random numbers"]
+    assert "generator" in first["nodes"]["keeps"] and "generator" not in second["nodes"]["drops"]

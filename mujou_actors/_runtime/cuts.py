@@ -12,6 +12,7 @@ and load their part of the state the same way.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 __all__ = ["NoCut", "take_tree", "restore_tree", "why_no_cut"]
+
+log = logging.getLogger("mujou_actors")
 
 
 def why_no_cut(busy: Mapping[str, str]) -> str:
@@ -91,6 +94,7 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
             raise NoCut(timeout or 0.0, {a.path: dispatcher.hook_of(a) for a in late})
     if errors:
         raise next(iter(errors.values()))
+    _warn_generators_left_out(actors, nodes)
     inputs: dict[str, list[Any]] = {}
     pending: dict[str, list[Any]] = {}
     syncs: dict[int, Synchronizer] = {}
@@ -125,6 +129,26 @@ def take_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, P
     if sets:  # only a tree with parameter sets not yet applied has the section
         tree["params"] = sets
     return tree
+
+
+def _warn_generators_left_out(actors: list[Actor], nodes: dict[str, Any]) -> None:
+    """Warn, once a node, of a state that leaves out the generator the node has used.
+
+    A ``state_dict`` override that does not call ``super().state_dict()``
+    drops ``"generator"``: a restore from the tree then draws other random
+    numbers than the run it was taken from did, silently (a newcomer check
+    found it). Said on the ``mujou_actors`` logger, naming the node.
+    """
+    for actor in actors:
+        node, state = actor.node, nodes.get(actor.path)
+        if (getattr(node, "_mujou_generator", None) is None or not isinstance(state, dict)
+                or "generator" in state or getattr(node, "_mujou_told_generator", False)):
+            continue
+        node._mujou_told_generator = True
+        log.warning("node %r draws from self.generator, but its state_dict() leaves "
+                    "\"generator\" out (an override that does not call super().state_dict()?): "
+                    "a restore from this state does not go on with the same random numbers",
+                    actor.path or "<root>")
 
 
 def restore_tree(dispatcher: Dispatcher, actors: list[Actor], ports: Mapping[str, Port],
