@@ -485,7 +485,8 @@ def test_the_wire_benchmark_measures_the_codec_and_the_hop(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())["results"]
     assert list(results["codec"]) == ["float x1", "float x64", "tensor64 x1", "tensor64 x64",
-                                      "tuple x1", "tuple x64", "1MiB-inline", "1MiB-shm"]
+                                      "tuple x1", "tuple x64", "1MiB-inline", "1MiB-shm",
+                                      "1MiB-shm-view"]
     assert all(r["enc_us"] > 0 and r["dec_us"] > 0 for r in results["codec"].values())
     assert list(results["hop"]) == ["tensor64", "1MiB-inline", "1MiB-shm"]
     assert results["hop"]["tensor64"]["rate"] > 0
