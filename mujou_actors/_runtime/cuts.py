@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["NoCut", "take_tree", "restore_tree", "why_no_cut"]
 
 log = logging.getLogger("mujou_actors")
+_TOLD = "_mujou_told_generator"  # a node's flag: warned of a state without its generator
 
 
 def why_no_cut(busy: Mapping[str, str]) -> str:
@@ -142,9 +143,9 @@ def _warn_generators_left_out(actors: list[Actor], nodes: dict[str, Any]) -> Non
     for actor in actors:
         node, state = actor.node, nodes.get(actor.path)
         if (getattr(node, "_mujou_generator", None) is None or not isinstance(state, dict)
-                or "generator" in state or getattr(node, "_mujou_told_generator", False)):
+                or "generator" in state or node.__dict__.get(_TOLD, False)):
             continue
-        node._mujou_told_generator = True
+        node.__dict__[_TOLD] = True
         log.warning("node %r draws from self.generator, but its state_dict() leaves "
                     "\"generator\" out (an override that does not call super().state_dict()?): "
                     "a restore from this state does not go on with the same random numbers",
